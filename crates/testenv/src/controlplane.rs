@@ -1,0 +1,478 @@
+//! Starting and stopping the control plane processes.
+
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
+
+use k8s_openapi::api::core::v1::Node;
+use kube::api::{Api, PostParams};
+use kube::config::{KubeConfigOptions, Kubeconfig};
+use kube::{Client, Config};
+
+use crate::binaries::{self, Binaries};
+use crate::process::{Process, free_port, log_tail};
+use crate::{Error, eventually};
+
+/// How to start a control plane.
+#[derive(Clone, Debug)]
+pub struct Options {
+    /// Number of kwok nodes to create.
+    pub nodes: usize,
+    /// Keep the temp dir (logs, kubeconfig, etcd data) after drop. Also set by
+    /// `STEWARD_TESTENV_KEEP=1`.
+    pub keep_dir: bool,
+    /// How long to wait for each component to become healthy.
+    pub timeout: Duration,
+}
+
+impl Default for Options {
+    fn default() -> Self {
+        Self {
+            nodes: 2,
+            keep_dir: std::env::var_os("STEWARD_TESTENV_KEEP").is_some(),
+            timeout: Duration::from_secs(60),
+        }
+    }
+}
+
+/// A running control plane. Dropping it kills every process and removes its temp dir.
+pub struct ControlPlane {
+    // Field order matters for drop: processes go before the directory holding their data.
+    processes: Vec<Process>,
+    dir: PathBuf,
+    keep_dir: bool,
+    config: Config,
+    kubeconfig: PathBuf,
+    apiserver_url: String,
+    binaries: Binaries,
+    started_in: Duration,
+}
+
+impl std::fmt::Debug for ControlPlane {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ControlPlane")
+            .field("apiserver", &self.apiserver_url)
+            .field("kubeconfig", &self.kubeconfig)
+            .finish()
+    }
+}
+
+const ADMIN_USER: &str = "steward-admin";
+
+impl ControlPlane {
+    /// Builds the binaries if needed and starts every component, waiting until each is healthy.
+    ///
+    /// # Errors
+    /// [`Error::Build`], [`Error::Start`] or [`Error::Unhealthy`] naming the component and the
+    /// path of its log. On failure the temp dir (with the logs) is kept.
+    pub async fn start(options: Options) -> Result<Self, Error> {
+        let started = Instant::now();
+        let binaries = tokio::task::spawn_blocking(binaries::ensure)
+            .await
+            .map_err(|e| Error::Other(format!("binary build task failed: {e}")))??;
+        let dir = new_run_dir()?;
+        let mut cp = Self {
+            processes: Vec::new(),
+            dir: dir.clone(),
+            keep_dir: options.keep_dir,
+            config: Config::new("https://127.0.0.1".parse().map_err(|_| Error::Other("uri".into()))?),
+            kubeconfig: dir.join("kubeconfig"),
+            apiserver_url: String::new(),
+            binaries,
+            started_in: Duration::ZERO,
+        };
+        match cp.boot(&options).await {
+            Ok(()) => {
+                cp.started_in = started.elapsed();
+                Ok(cp)
+            }
+            Err(e) => {
+                cp.keep_dir = true;
+                Err(e)
+            }
+        }
+    }
+
+    async fn boot(&mut self, options: &Options) -> Result<(), Error> {
+        let dir = self.dir.clone();
+        let io = |what: String| move |source| Error::Io { what, source };
+        let b = self.binaries.clone();
+
+        // etcd
+        let etcd_port = free_port()?;
+        let etcd_url = format!("http://127.0.0.1:{etcd_port}");
+        let etcd = Process::spawn(
+            "etcd",
+            &b.etcd,
+            &[
+                format!("--data-dir={}", dir.join("etcd").display()),
+                format!("--listen-client-urls={etcd_url}"),
+                format!("--advertise-client-urls={etcd_url}"),
+                format!("--listen-peer-urls=http://127.0.0.1:{}", free_port()?),
+                format!("--initial-advertise-peer-urls=http://127.0.0.1:{}", free_port()?),
+                "--unsafe-no-fsync=true".into(),
+                "--quota-backend-bytes=4294967296".into(),
+                "--log-level=warn".into(),
+            ],
+            dir.join("etcd.log"),
+        )?;
+        self.processes.push(etcd);
+        self.wait_healthy(0, options.timeout, || async move {
+            plain_http_get(etcd_port, "/health").await.and_then(|body| {
+                if body.contains("\"health\":\"true\"") { Ok(()) } else { Err(body) }
+            })
+        })
+        .await?;
+
+        // kube-apiserver
+        let token = random_token();
+        std::fs::write(dir.join("tokens.csv"), format!("{token},{ADMIN_USER},{ADMIN_USER},\"system:masters\"\n"))
+            .map_err(io("write tokens.csv".into()))?;
+        let sa_key = dir.join("sa.key");
+        run_openssl(&["genrsa", "-out", &sa_key.display().to_string(), "2048"], &dir)?;
+        let api_port = free_port()?;
+        self.apiserver_url = format!("https://127.0.0.1:{api_port}");
+        let pki = dir.join("pki");
+        let apiserver = Process::spawn(
+            "kube-apiserver",
+            &b.kube_apiserver,
+            &[
+                format!("--etcd-servers={etcd_url}"),
+                "--bind-address=127.0.0.1".into(),
+                "--advertise-address=127.0.0.1".into(),
+                format!("--secure-port={api_port}"),
+                format!("--cert-dir={}", pki.display()),
+                format!("--token-auth-file={}", dir.join("tokens.csv").display()),
+                "--authorization-mode=RBAC".into(),
+                "--service-account-issuer=https://kubernetes.default.svc.cluster.local".into(),
+                format!("--service-account-key-file={}", sa_key.display()),
+                format!("--service-account-signing-key-file={}", sa_key.display()),
+                "--service-cluster-ip-range=10.96.0.0/16".into(),
+                "--allow-privileged=true".into(),
+                "--enable-priority-and-fairness=false".into(),
+                "--endpoint-reconciler-type=none".into(),
+                "--v=1".into(),
+            ],
+            dir.join("kube-apiserver.log"),
+        )?;
+        self.processes.push(apiserver);
+        let cert = pki.join("apiserver.crt");
+        self.wait_healthy(1, options.timeout, {
+            let cert = cert.clone();
+            move || {
+                let cert = cert.clone();
+                async move { if cert.exists() { Ok(()) } else { Err("serving certificate not written yet".into()) } }
+            }
+        })
+        .await?;
+        let ca_pem = std::fs::read(&cert).map_err(io(format!("read {}", cert.display())))?;
+        let kubeconfig = kubeconfig_yaml(&self.apiserver_url, &ca_pem, &token);
+        std::fs::write(&self.kubeconfig, &kubeconfig).map_err(io("write kubeconfig".into()))?;
+        self.config = load_kubeconfig(&self.kubeconfig).await?;
+        let config = self.config.clone();
+        self.wait_healthy(1, options.timeout, move || {
+            let config = config.clone();
+            async move { get_text(&config, "/readyz").await.map(|_| ()) }
+        })
+        .await?;
+
+        // kube-controller-manager, kube-scheduler and kwok share the admin kubeconfig.
+        let kcm_port = free_port()?;
+        let kubeconfig_arg = format!("--kubeconfig={}", self.kubeconfig.display());
+        let kcm = Process::spawn(
+            "kube-controller-manager",
+            &b.kube_controller_manager,
+            &[
+                kubeconfig_arg.clone(),
+                "--bind-address=127.0.0.1".into(),
+                format!("--secure-port={kcm_port}"),
+                format!("--cert-dir={}", dir.join("kcm-pki").display()),
+                "--leader-elect=false".into(),
+                "--controllers=*,-nodeipam,-nodelifecycle,-service-lb-controller,-route,-cloud-node-lifecycle,-persistentvolume-binder,-persistentvolume-attach-detach".into(),
+                format!("--service-account-private-key-file={}", sa_key.display()),
+                format!("--root-ca-file={}", cert.display()),
+                "--use-service-account-credentials=false".into(),
+                "--concurrent-gc-syncs=10".into(),
+                "--v=1".into(),
+            ],
+            dir.join("kube-controller-manager.log"),
+        )?;
+        self.processes.push(kcm);
+        let sched_port = free_port()?;
+        let scheduler = Process::spawn(
+            "kube-scheduler",
+            &b.kube_scheduler,
+            &[
+                kubeconfig_arg.clone(),
+                "--bind-address=127.0.0.1".into(),
+                format!("--secure-port={sched_port}"),
+                format!("--cert-dir={}", dir.join("scheduler-pki").display()),
+                "--leader-elect=false".into(),
+                "--v=1".into(),
+            ],
+            dir.join("kube-scheduler.log"),
+        )?;
+        self.processes.push(scheduler);
+        let kwok = Process::spawn(
+            "kwok",
+            &b.kwok,
+            &[
+                kubeconfig_arg,
+                format!("--config={}", b.kwok_stages.display()),
+                "--manage-all-nodes=false".into(),
+                "--manage-nodes-with-annotation-selector=kwok.x-k8s.io/node=fake".into(),
+                "--node-lease-duration-seconds=40".into(),
+                "--cidr=10.244.0.0/16".into(),
+                "--node-ip=127.0.0.1".into(),
+                format!("--server-address=127.0.0.1:{}", free_port()?),
+            ],
+            dir.join("kwok.log"),
+        )?;
+        self.processes.push(kwok);
+        for (index, port) in [(2, kcm_port), (3, sched_port)] {
+            let url = format!("https://127.0.0.1:{port}");
+            self.wait_healthy(index, options.timeout, move || {
+                let url = url.clone();
+                async move { insecure_healthz(&url).await }
+            })
+            .await?;
+        }
+        self.create_nodes(options).await?;
+        Ok(())
+    }
+
+    /// Creates kwok-managed fake nodes and waits until they are Ready (proving kwok works).
+    async fn create_nodes(&mut self, options: &Options) -> Result<(), Error> {
+        let nodes: Api<Node> = Api::all(self.client()?);
+        for i in 0..options.nodes {
+            let node: Node = serde_json::from_value(serde_json::json!({
+                "apiVersion": "v1",
+                "kind": "Node",
+                "metadata": {
+                    "name": format!("kwok-node-{i}"),
+                    "annotations": {"kwok.x-k8s.io/node": "fake", "node.alpha.kubernetes.io/ttl": "0"},
+                    "labels": {
+                        "type": "kwok",
+                        "kubernetes.io/hostname": format!("kwok-node-{i}"),
+                        "kubernetes.io/os": "linux",
+                        "kubernetes.io/arch": "amd64",
+                        "topology.kubernetes.io/zone": format!("zone-{}", i % 3),
+                    }
+                },
+                "status": {
+                    "allocatable": {"cpu": "64", "memory": "256Gi", "pods": "500"},
+                    "capacity": {"cpu": "64", "memory": "256Gi", "pods": "500"}
+                }
+            }))
+            .map_err(|e| Error::Other(format!("node manifest: {e}")))?;
+            nodes
+                .create(&PostParams::default(), &node)
+                .await
+                .map_err(|source| Error::Kube { what: "create kwok node".into(), source })?;
+        }
+        let kwok_log = self.processes[4].log.clone();
+        eventually("kwok nodes Ready", options.timeout, || {
+            let nodes = nodes.clone();
+            async move {
+                let list = nodes.list(&Default::default()).await.map_err(|e| e.to_string())?;
+                let ready = list
+                    .items
+                    .iter()
+                    .filter(|n| {
+                        n.status.as_ref().and_then(|s| s.conditions.as_ref()).is_some_and(|c| {
+                            c.iter().any(|c| c.type_ == "Ready" && c.status == "True")
+                        })
+                    })
+                    .count();
+                if ready == list.items.len() { Ok(()) } else { Err(format!("{ready}/{} nodes Ready", list.items.len())) }
+            }
+        })
+        .await
+        .map_err(|e| Error::Unhealthy {
+            component: "kwok",
+            log: kwok_log,
+            waited_secs: options.timeout.as_secs(),
+            reason: e.to_string(),
+        })
+    }
+
+    /// Polls `check` until it succeeds, failing early if the component's process exited.
+    async fn wait_healthy<F, Fut>(&mut self, index: usize, timeout: Duration, check: F) -> Result<(), Error>
+    where
+        F: Fn() -> Fut,
+        Fut: std::future::Future<Output = Result<(), String>>,
+    {
+        let deadline = Instant::now() + timeout;
+        loop {
+            let proc = &mut self.processes[index];
+            if let Some(status) = proc.exited() {
+                return Err(Error::Start {
+                    component: proc.name,
+                    log: proc.log.clone(),
+                    reason: format!("exited with {status}; last log lines:\n{}", log_tail(&proc.log, 15)),
+                });
+            }
+            let last = match check().await {
+                Ok(()) => return Ok(()),
+                Err(e) => e,
+            };
+            if Instant::now() > deadline {
+                let proc = &self.processes[index];
+                return Err(Error::Unhealthy {
+                    component: proc.name,
+                    log: proc.log.clone(),
+                    waited_secs: timeout.as_secs(),
+                    reason: last,
+                });
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    }
+
+    /// A new admin client (member of `system:masters`).
+    ///
+    /// Each call makes a new client, so tests running on different tokio runtimes never share
+    /// a connection pool.
+    pub fn client(&self) -> Result<Client, Error> {
+        Client::try_from(self.config.clone()).map_err(|source| Error::Kube { what: "build a client".into(), source })
+    }
+
+    /// The admin client configuration.
+    pub fn config(&self) -> &Config {
+        &self.config
+    }
+
+    /// The kubeconfig file for people and other tools (kubectl, Go programs).
+    pub fn kubeconfig_path(&self) -> &Path {
+        &self.kubeconfig
+    }
+
+    /// The API server's URL.
+    pub fn apiserver_url(&self) -> &str {
+        &self.apiserver_url
+    }
+
+    /// The binaries and versions this control plane runs.
+    pub fn binaries(&self) -> &Binaries {
+        &self.binaries
+    }
+
+    /// Time from [`ControlPlane::start`] to a ready control plane, including any build.
+    pub fn started_in(&self) -> Duration {
+        self.started_in
+    }
+
+    /// The directory holding logs, kubeconfig and etcd data.
+    pub fn dir(&self) -> &Path {
+        &self.dir
+    }
+}
+
+impl Drop for ControlPlane {
+    fn drop(&mut self) {
+        // Stop in reverse start order: clients of the API server first, etcd last.
+        while let Some(p) = self.processes.pop() {
+            drop(p);
+        }
+        if !self.keep_dir {
+            let _ = std::fs::remove_dir_all(&self.dir);
+        }
+    }
+}
+
+/// A fresh directory under `$TMPDIR/steward-testenv/`, sweeping those of dead processes
+/// (a test binary's shared control plane is never dropped, so its dir is removed next time).
+fn new_run_dir() -> Result<PathBuf, Error> {
+    let base = std::env::temp_dir().join("steward-testenv");
+    std::fs::create_dir_all(&base).map_err(|source| Error::Io { what: format!("create {}", base.display()), source })?;
+    if let Ok(entries) = std::fs::read_dir(&base) {
+        for entry in entries.flatten() {
+            let name = entry.file_name().to_string_lossy().to_string();
+            let pid = name.strip_prefix("cp-").and_then(|r| r.split('-').next()).and_then(|p| p.parse::<u32>().ok());
+            if let Some(pid) = pid
+                && !Path::new(&format!("/proc/{pid}")).exists()
+                && !entry.path().join("keep").exists()
+            {
+                let _ = std::fs::remove_dir_all(entry.path());
+            }
+        }
+    }
+    let dir = base.join(format!("cp-{}-{:08x}", std::process::id(), rand::random::<u32>()));
+    std::fs::create_dir_all(&dir).map_err(|source| Error::Io { what: format!("create {}", dir.display()), source })?;
+    Ok(dir)
+}
+
+fn random_token() -> String {
+    hex::encode(rand::random::<[u8; 24]>())
+}
+
+fn run_openssl(args: &[&str], dir: &Path) -> Result<(), Error> {
+    let out = std::process::Command::new("openssl")
+        .args(args)
+        .current_dir(dir)
+        .output()
+        .map_err(|source| Error::Io { what: "run openssl (needed to make the service-account key)".into(), source })?;
+    if out.status.success() {
+        Ok(())
+    } else {
+        Err(Error::Other(format!("openssl {args:?} failed: {}", String::from_utf8_lossy(&out.stderr))))
+    }
+}
+
+fn kubeconfig_yaml(server: &str, ca_pem: &[u8], token: &str) -> String {
+    use base64::Engine;
+    let ca = base64::engine::general_purpose::STANDARD.encode(ca_pem);
+    format!(
+        "apiVersion: v1
+kind: Config
+clusters:
+- name: steward-testenv
+  cluster:
+    server: {server}
+    certificate-authority-data: {ca}
+users:
+- name: {ADMIN_USER}
+  user:
+    token: {token}
+contexts:
+- name: steward-testenv
+  context:
+    cluster: steward-testenv
+    user: {ADMIN_USER}
+    namespace: default
+current-context: steward-testenv
+"
+    )
+}
+
+async fn load_kubeconfig(path: &Path) -> Result<Config, Error> {
+    let kc = Kubeconfig::read_from(path).map_err(|e| Error::Other(format!("read kubeconfig: {e}")))?;
+    Config::from_custom_kubeconfig(kc, &KubeConfigOptions::default())
+        .await
+        .map_err(|e| Error::Other(format!("load kubeconfig: {e}")))
+}
+
+async fn get_text(config: &Config, path: &str) -> Result<String, String> {
+    let client = Client::try_from(config.clone()).map_err(|e| e.to_string())?;
+    let req = http::Request::get(path).body(Vec::new()).map_err(|e| e.to_string())?;
+    client.request_text(req).await.map_err(|e| e.to_string())
+}
+
+async fn insecure_healthz(url: &str) -> Result<(), String> {
+    let mut config = Config::new(url.parse().map_err(|e| format!("{e}"))?);
+    config.accept_invalid_certs = true;
+    let body = get_text(&config, "/healthz").await?;
+    if body.trim() == "ok" { Ok(()) } else { Err(body) }
+}
+
+/// A GET over plain HTTP/1.0 on loopback (etcd's health endpoint).
+async fn plain_http_get(port: u16, path: &str) -> Result<String, String> {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let mut stream = tokio::net::TcpStream::connect(("127.0.0.1", port)).await.map_err(|e| e.to_string())?;
+    stream
+        .write_all(format!("GET {path} HTTP/1.0\r\nHost: 127.0.0.1\r\n\r\n").as_bytes())
+        .await
+        .map_err(|e| e.to_string())?;
+    let mut body = String::new();
+    stream.read_to_string(&mut body).await.map_err(|e| e.to_string())?;
+    Ok(body)
+}

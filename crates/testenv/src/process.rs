@@ -1,0 +1,99 @@
+//! Child processes that die with the test process.
+//!
+//! A test binary keeps its control plane in a `static`, which is never dropped. So that no
+//! etcd or kube-apiserver outlives the test process, every component is started through
+//! `setpriv --pdeathsig KILL`, which asks the kernel to kill it when its parent thread
+//! ends. The parent thread is one long-lived spawner thread, so the children live exactly
+//! as long as the process (a tokio blocking thread would end after idling and take the
+//! children with it).
+
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::sync::{Mutex, OnceLock, mpsc};
+
+use crate::Error;
+
+type Request = (Command, mpsc::Sender<std::io::Result<Child>>);
+
+fn spawner() -> &'static Mutex<mpsc::Sender<Request>> {
+    static SPAWNER: OnceLock<Mutex<mpsc::Sender<Request>>> = OnceLock::new();
+    SPAWNER.get_or_init(|| {
+        let (tx, rx) = mpsc::channel::<Request>();
+        std::thread::Builder::new()
+            .name("steward-testenv-spawner".into())
+            .spawn(move || {
+                for (mut cmd, reply) in rx {
+                    let _ = reply.send(cmd.spawn());
+                }
+                // The sender lives in a static, so this loop never ends while the process runs.
+            })
+            .expect("spawning a thread at startup");
+        Mutex::new(tx)
+    })
+}
+
+/// A running component; killed and reaped on drop.
+#[derive(Debug)]
+pub struct Process {
+    pub name: &'static str,
+    pub log: PathBuf,
+    child: Child,
+}
+
+impl Process {
+    /// Starts `binary args…` with stdout and stderr going to `log`.
+    pub fn spawn(name: &'static str, binary: &Path, args: &[String], log: PathBuf) -> Result<Self, Error> {
+        let start_err = |reason: String| Error::Start { component: name, log: log.clone(), reason };
+        let file = std::fs::File::create(&log).map_err(|e| start_err(format!("cannot create log: {e}")))?;
+        let file_err = file.try_clone().map_err(|e| start_err(format!("cannot open log: {e}")))?;
+        let mut cmd = Command::new("setpriv");
+        cmd.arg("--pdeathsig")
+            .arg("KILL")
+            .arg("--")
+            .arg(binary)
+            .args(args)
+            .stdin(Stdio::null())
+            .stdout(file)
+            .stderr(file_err);
+        let (tx, rx) = mpsc::channel();
+        spawner()
+            .lock()
+            .map_err(|_| start_err("spawner lock poisoned".into()))?
+            .send((cmd, tx))
+            .map_err(|_| start_err("spawner thread is gone".into()))?;
+        let child = rx
+            .recv()
+            .map_err(|_| start_err("spawner thread is gone".into()))?
+            .map_err(|e| start_err(format!("cannot run {} (through setpriv): {e}", binary.display())))?;
+        Ok(Self { name, log, child })
+    }
+
+    /// Whether the process has exited, with its status.
+    pub fn exited(&mut self) -> Option<std::process::ExitStatus> {
+        self.child.try_wait().ok().flatten()
+    }
+}
+
+impl Drop for Process {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// A free TCP port on 127.0.0.1 (bound and released; the window for a race is tiny).
+pub fn free_port() -> Result<u16, Error> {
+    let listener = std::net::TcpListener::bind("127.0.0.1:0")
+        .map_err(|source| Error::Io { what: "bind a free port".into(), source })?;
+    listener
+        .local_addr()
+        .map(|a| a.port())
+        .map_err(|source| Error::Io { what: "read a bound port".into(), source })
+}
+
+/// Last lines of a log, for error messages.
+pub fn log_tail(path: &Path, lines: usize) -> String {
+    let text = std::fs::read_to_string(path).unwrap_or_default();
+    let all: Vec<&str> = text.lines().collect();
+    all[all.len().saturating_sub(lines)..].join("\n")
+}
