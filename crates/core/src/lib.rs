@@ -1,1 +1,10 @@
-//! steward-core
+//! steward-core: the machinery every Steward operator shares, built on kube-runtime.
+//!
+//! Start with [`runtime::Operator`]: it wires a kube-runtime `Controller` with leader
+//! election ([`leader`]), per-object backoff, bounded concurrency, graceful shutdown,
+//! metrics and health endpoints ([`server`]). Inside a reconcile, use [`finalizer`] for safe
+//! deletion, [`apply`] for owned children by server-side apply, [`conditions`] and
+//! [`status`] for one status write per reconcile, and [`events`] to tell users what happened.
+//! Operator binaries flatten [`cli::CommonArgs`] into their own clap parser.
+
+pub mod leader;
