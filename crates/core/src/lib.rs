@@ -8,3 +8,22 @@
 //! Operator binaries flatten [`cli::CommonArgs`] into their own clap parser.
 
 pub mod leader;
+pub mod apply;
+pub mod cli;
+pub mod conditions;
+mod error;
+pub mod events;
+pub mod finalizer;
+mod guard;
+pub mod metrics;
+pub mod runtime;
+pub mod server;
+pub mod status;
+
+pub use error::{Error, ReconcileError, chain};
+pub use leader::{LeaderElector, Leadership, LeaseConfig};
+pub use runtime::{Context, Operator};
+
+/// Re-exports operator crates need, so their versions always match steward-core's.
+pub use kube;
+pub use k8s_openapi;

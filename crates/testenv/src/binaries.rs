@@ -21,6 +21,8 @@ pub struct Binaries {
     pub kube_apiserver: PathBuf,
     pub kube_controller_manager: PathBuf,
     pub kube_scheduler: PathBuf,
+    /// kubectl, for people trying things by hand against the control plane.
+    pub kubectl: PathBuf,
     pub kwok: PathBuf,
     /// kwok Stage definitions (node initialize + lease heartbeat, pod ready/complete/delete),
     /// copied from the kwok module at build time.
@@ -57,6 +59,7 @@ const KUBERNETES: Module = Module {
         "k8s.io/kubernetes/cmd/kube-apiserver",
         "k8s.io/kubernetes/cmd/kube-controller-manager",
         "k8s.io/kubernetes/cmd/kube-scheduler",
+        "k8s.io/kubernetes/cmd/kubectl",
     ],
 };
 const KWOK: Module = Module {
@@ -112,6 +115,7 @@ pub fn ensure() -> Result<Binaries, Error> {
         kube_apiserver: kubernetes.join("kube-apiserver"),
         kube_controller_manager: kubernetes.join("kube-controller-manager"),
         kube_scheduler: kubernetes.join("kube-scheduler"),
+        kubectl: kubernetes.join("kubectl"),
         kwok: kwok.join("kwok"),
         kwok_stages,
         versions: Versions {

@@ -100,6 +100,7 @@ impl ControlPlane {
         // etcd
         let etcd_port = free_port()?;
         let etcd_url = format!("http://127.0.0.1:{etcd_port}");
+        let peer_url = format!("http://127.0.0.1:{}", free_port()?);
         let etcd = Process::spawn(
             "etcd",
             &b.etcd,
@@ -107,8 +108,10 @@ impl ControlPlane {
                 format!("--data-dir={}", dir.join("etcd").display()),
                 format!("--listen-client-urls={etcd_url}"),
                 format!("--advertise-client-urls={etcd_url}"),
-                format!("--listen-peer-urls=http://127.0.0.1:{}", free_port()?),
-                format!("--initial-advertise-peer-urls=http://127.0.0.1:{}", free_port()?),
+                "--name=steward".into(),
+                format!("--listen-peer-urls={peer_url}"),
+                format!("--initial-advertise-peer-urls={peer_url}"),
+                format!("--initial-cluster=steward={peer_url}"),
                 "--unsafe-no-fsync=true".into(),
                 "--quota-backend-bytes=4294967296".into(),
                 "--log-level=warn".into(),
@@ -164,7 +167,12 @@ impl ControlPlane {
             }
         })
         .await?;
-        let ca_pem = std::fs::read(&cert).map_err(io(format!("read {}", cert.display())))?;
+        // apiserver.crt holds the serving certificate followed by the self-signed CA that
+        // issued it; clients and kube-root-ca.crt want only the CA.
+        let chain = std::fs::read_to_string(&cert).map_err(io(format!("read {}", cert.display())))?;
+        let ca_pem = last_pem_block(&chain).into_bytes();
+        let ca_file = dir.join("ca.crt");
+        std::fs::write(&ca_file, &ca_pem).map_err(io("write ca.crt".into()))?;
         let kubeconfig = kubeconfig_yaml(&self.apiserver_url, &ca_pem, &token);
         std::fs::write(&self.kubeconfig, &kubeconfig).map_err(io("write kubeconfig".into()))?;
         self.config = load_kubeconfig(&self.kubeconfig).await?;
@@ -187,9 +195,9 @@ impl ControlPlane {
                 format!("--secure-port={kcm_port}"),
                 format!("--cert-dir={}", dir.join("kcm-pki").display()),
                 "--leader-elect=false".into(),
-                "--controllers=*,-nodeipam,-nodelifecycle,-service-lb-controller,-route,-cloud-node-lifecycle,-persistentvolume-binder,-persistentvolume-attach-detach".into(),
+                "--controllers=*,-node-ipam-controller,-persistentvolume-attach-detach-controller".into(),
                 format!("--service-account-private-key-file={}", sa_key.display()),
-                format!("--root-ca-file={}", cert.display()),
+                format!("--root-ca-file={}", ca_file.display()),
                 "--use-service-account-credentials=false".into(),
                 "--concurrent-gc-syncs=10".into(),
                 "--v=1".into(),
@@ -399,6 +407,14 @@ fn new_run_dir() -> Result<PathBuf, Error> {
     let dir = base.join(format!("cp-{}-{:08x}", std::process::id(), rand::random::<u32>()));
     std::fs::create_dir_all(&dir).map_err(|source| Error::Io { what: format!("create {}", dir.display()), source })?;
     Ok(dir)
+}
+
+/// The last `-----BEGIN ...-----` block of a PEM bundle (the whole text if there is none).
+fn last_pem_block(pem: &str) -> String {
+    match pem.rfind("-----BEGIN") {
+        Some(i) => pem[i..].to_string(),
+        None => pem.to_string(),
+    }
 }
 
 fn random_token() -> String {

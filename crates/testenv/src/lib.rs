@@ -16,6 +16,7 @@
 pub mod binaries;
 mod controlplane;
 mod helpers;
+pub mod postgres;
 mod process;
 
 pub use binaries::{Binaries, Versions};

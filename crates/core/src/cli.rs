@@ -1,0 +1,221 @@
+//! Command-line flags every Steward operator binary shares.
+//!
+//! ```no_run
+//! #[derive(clap::Parser)]
+//! struct Args {
+//!     #[command(flatten)]
+//!     common: steward_core::cli::CommonArgs,
+//! }
+//! ```
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::time::Duration;
+
+use clap::{Args, ValueEnum};
+
+use crate::Error;
+
+/// Flags shared by every operator (names as controller-runtime's where they exist).
+#[derive(Args, Clone, Debug)]
+pub struct CommonArgs {
+    /// Path to a kubeconfig; in-cluster configuration when unset (KUBECONFIG also works).
+    #[arg(long, env = "KUBECONFIG")]
+    pub kubeconfig: Option<PathBuf>,
+
+    /// Elect a leader so only one replica reconciles.
+    #[arg(long, default_value_t = true, action = clap::ArgAction::Set)]
+    pub leader_elect: bool,
+
+    /// Namespace of the leader election Lease (default: the pod's namespace, else `default`).
+    #[arg(long, env = "POD_NAMESPACE")]
+    pub leader_election_namespace: Option<String>,
+
+    /// Name of the leader election Lease (default: the operator's name).
+    #[arg(long)]
+    pub leader_election_id: Option<String>,
+
+    /// How long a non-renewed Lease stays valid.
+    #[arg(long, default_value = "15s", value_parser = parse_duration)]
+    pub leader_election_lease_duration: Duration,
+
+    /// How long the leader keeps trying to renew before it stops leading.
+    #[arg(long, default_value = "10s", value_parser = parse_duration)]
+    pub leader_election_renew_deadline: Duration,
+
+    /// How often candidates retry.
+    #[arg(long, default_value = "2s", value_parser = parse_duration)]
+    pub leader_election_retry_period: Duration,
+
+    /// Address of the Prometheus `/metrics` endpoint (`0` disables).
+    #[arg(long, default_value = "0.0.0.0:8080")]
+    pub metrics_bind_address: String,
+
+    /// Address of `/healthz` and `/readyz` (`0` disables; may equal the metrics address).
+    #[arg(long, default_value = "0.0.0.0:8081")]
+    pub health_probe_bind_address: String,
+
+    /// Watch only this namespace (default: all namespaces).
+    #[arg(long, env = "WATCH_NAMESPACE")]
+    pub watch_namespace: Option<String>,
+
+    /// Maximum concurrent reconciles per controller.
+    #[arg(long, default_value_t = 8)]
+    pub concurrency: u16,
+
+    /// How long graceful shutdown may take before in-flight reconciles are abandoned.
+    #[arg(long, default_value = "30s", value_parser = parse_duration)]
+    pub shutdown_timeout: Duration,
+
+    /// Log format.
+    #[arg(long, value_enum, default_value_t = LogFormat::Text)]
+    pub log_format: LogFormat,
+
+    /// Log filter, e.g. `info` or `info,kube=debug` (RUST_LOG also works and wins).
+    #[arg(long, default_value = "info")]
+    pub log_level: String,
+}
+
+impl Default for CommonArgs {
+    /// The defaults of every flag, as if the binary ran without arguments (tests set fields).
+    fn default() -> Self {
+        #[derive(clap::Parser)]
+        struct Defaults {
+            #[command(flatten)]
+            common: CommonArgs,
+        }
+        <Defaults as clap::Parser>::parse_from(["steward"]).common
+    }
+}
+
+#[derive(ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
+pub enum LogFormat {
+    Text,
+    Json,
+}
+
+impl CommonArgs {
+    /// Installs the tracing subscriber for these flags. Call once, first thing in `main`.
+    pub fn init_logging(&self) {
+        use tracing_subscriber::EnvFilter;
+        let filter = EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new(&self.log_level));
+        let builder = tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr);
+        let _ = match self.log_format {
+            LogFormat::Json => builder.json().try_init(),
+            LogFormat::Text => builder.try_init(),
+        };
+    }
+
+    /// A client from `--kubeconfig`, else the usual inference (KUBECONFIG, in-cluster).
+    ///
+    /// # Errors
+    /// [`Error::Config`] when no configuration can be loaded.
+    pub async fn client(&self) -> Result<kube::Client, Error> {
+        kube::Client::try_from(self.config().await?).map_err(|e| Error::Config(e.to_string()))
+    }
+
+    /// The client configuration from `--kubeconfig`, else the usual inference.
+    ///
+    /// # Errors
+    /// [`Error::Config`] when no configuration can be loaded.
+    pub async fn config(&self) -> Result<kube::Config, Error> {
+        Ok(match &self.kubeconfig {
+            Some(path) => {
+                let kc = kube::config::Kubeconfig::read_from(path)
+                    .map_err(|e| Error::Config(format!("kubeconfig {}: {e}", path.display())))?;
+                kube::Config::from_custom_kubeconfig(kc, &Default::default())
+                    .await
+                    .map_err(|e| Error::Config(format!("kubeconfig {}: {e}", path.display())))?
+            }
+            None => kube::Config::infer().await.map_err(|e| Error::Config(e.to_string()))?,
+        })
+    }
+
+    /// The metrics address, `None` if disabled.
+    ///
+    /// # Errors
+    /// [`Error::Config`] for an unparsable address.
+    pub fn metrics_addr(&self) -> Result<Option<SocketAddr>, Error> {
+        parse_addr("--metrics-bind-address", &self.metrics_bind_address)
+    }
+
+    /// The probe address, `None` if disabled.
+    ///
+    /// # Errors
+    /// [`Error::Config`] for an unparsable address.
+    pub fn health_addr(&self) -> Result<Option<SocketAddr>, Error> {
+        parse_addr("--health-probe-bind-address", &self.health_probe_bind_address)
+    }
+}
+
+fn parse_addr(flag: &str, value: &str) -> Result<Option<SocketAddr>, Error> {
+    if value == "0" || value.is_empty() {
+        return Ok(None);
+    }
+    let value = if value.starts_with(':') { format!("0.0.0.0{value}") } else { value.to_string() };
+    value.parse().map(Some).map_err(|e| Error::Config(format!("{flag} {value}: {e}")))
+}
+
+/// Parses `1500ms`, `15s`, `2m`, `1h` or plain seconds.
+pub fn parse_duration(s: &str) -> Result<Duration, String> {
+    let s = s.trim();
+    let (num, unit) = s.find(|c: char| !c.is_ascii_digit() && c != '.').map_or((s, "s"), |i| s.split_at(i));
+    let n: f64 = num.parse().map_err(|_| format!("invalid duration {s:?} (try 15s, 500ms, 2m)"))?;
+    let secs = match unit {
+        "ms" => n / 1000.0,
+        "s" => n,
+        "m" => n * 60.0,
+        "h" => n * 3600.0,
+        _ => return Err(format!("invalid duration unit in {s:?} (use ms, s, m or h)")),
+    };
+    if !secs.is_finite() || secs < 0.0 {
+        return Err(format!("invalid duration {s:?}"));
+    }
+    Ok(Duration::from_secs_f64(secs))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use clap::Parser;
+
+    #[derive(Parser)]
+    struct Test {
+        #[command(flatten)]
+        common: CommonArgs,
+    }
+
+    #[test]
+    fn defaults_match_client_go() {
+        let t = Test::parse_from(["op"]);
+        assert!(t.common.leader_elect);
+        assert_eq!(t.common.leader_election_lease_duration, Duration::from_secs(15));
+        assert_eq!(t.common.leader_election_renew_deadline, Duration::from_secs(10));
+        assert_eq!(t.common.leader_election_retry_period, Duration::from_secs(2));
+        assert_eq!(t.common.metrics_addr().unwrap(), Some("0.0.0.0:8080".parse().unwrap()));
+    }
+
+    #[test]
+    fn flags_parse() {
+        let t = Test::parse_from([
+            "op",
+            "--leader-elect=false",
+            "--leader-election-lease-duration=1500ms",
+            "--metrics-bind-address=0",
+            "--health-probe-bind-address=:9000",
+            "--log-format=json",
+        ]);
+        assert!(!t.common.leader_elect);
+        assert_eq!(t.common.leader_election_lease_duration, Duration::from_millis(1500));
+        assert_eq!(t.common.metrics_addr().unwrap(), None);
+        assert_eq!(t.common.health_addr().unwrap(), Some("0.0.0.0:9000".parse().unwrap()));
+        assert_eq!(t.common.log_format, LogFormat::Json);
+    }
+
+    #[test]
+    fn bad_durations_are_errors() {
+        assert!(parse_duration("soon").is_err());
+        assert!(parse_duration("5y").is_err());
+        assert_eq!(parse_duration("2m").unwrap(), Duration::from_secs(120));
+    }
+}

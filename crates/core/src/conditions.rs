@@ -1,0 +1,116 @@
+//! Status conditions following `metav1.Condition`.
+//!
+//! `lastTransitionTime` changes only when a condition's status changes, so a reconcile that
+//! finds nothing new computes the same status as before and [`crate::status`] skips the write.
+
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
+
+/// Standard condition types.
+pub const READY: &str = "Ready";
+pub const PROGRESSING: &str = "Progressing";
+pub const DEGRADED: &str = "Degraded";
+
+/// Sets condition `type_` in `conditions`, returning whether anything changed.
+///
+/// # Guarantees
+/// `last_transition_time` is kept when the status is unchanged, set to now otherwise.
+/// Reason must be CamelCase (as the API server requires); an empty reason becomes `Unknown`.
+pub fn set(
+    conditions: &mut Vec<Condition>,
+    type_: &str,
+    status: bool,
+    reason: &str,
+    message: impl Into<String>,
+    observed_generation: Option<i64>,
+) -> bool {
+    set_at(conditions, type_, status, reason, message.into(), observed_generation, now())
+}
+
+/// [`set`] with an explicit time (for tests).
+pub fn set_at(
+    conditions: &mut Vec<Condition>,
+    type_: &str,
+    status: bool,
+    reason: &str,
+    message: String,
+    observed_generation: Option<i64>,
+    at: Time,
+) -> bool {
+    let status = if status { "True" } else { "False" }.to_string();
+    let reason = if reason.is_empty() { "Unknown".to_string() } else { reason.to_string() };
+    match conditions.iter_mut().find(|c| c.type_ == type_) {
+        Some(existing) => {
+            let transition = existing.status != status;
+            let changed = transition
+                || existing.reason != reason
+                || existing.message != message
+                || existing.observed_generation != observed_generation;
+            if transition {
+                existing.last_transition_time = at;
+            }
+            existing.status = status;
+            existing.reason = reason;
+            existing.message = message;
+            existing.observed_generation = observed_generation;
+            changed
+        }
+        None => {
+            conditions.push(Condition {
+                type_: type_.to_string(),
+                status,
+                reason,
+                message,
+                observed_generation,
+                last_transition_time: at,
+            });
+            true
+        }
+    }
+}
+
+/// The condition of `type_`, if present.
+pub fn get<'a>(conditions: &'a [Condition], type_: &str) -> Option<&'a Condition> {
+    conditions.iter().find(|c| c.type_ == type_)
+}
+
+/// Whether condition `type_` is present with status `True`.
+pub fn is_true(conditions: &[Condition], type_: &str) -> bool {
+    get(conditions, type_).is_some_and(|c| c.status == "True")
+}
+
+/// Now, truncated to seconds (as `metav1.Time` serializes), so a re-read compares equal.
+pub fn now() -> Time {
+    use k8s_openapi::jiff::Timestamp;
+    let now = Timestamp::now();
+    Time(Timestamp::from_second(now.as_second()).unwrap_or(now))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn t(secs: i64) -> Time {
+        Time(k8s_openapi::jiff::Timestamp::from_second(secs).unwrap())
+    }
+
+    #[test]
+    fn transition_time_changes_only_with_status() {
+        let mut c = Vec::new();
+        assert!(set_at(&mut c, READY, false, "Creating", "wait".into(), Some(1), t(10)));
+        assert!(!set_at(&mut c, READY, false, "Creating", "wait".into(), Some(1), t(20)));
+        assert_eq!(c[0].last_transition_time, t(10));
+        assert!(set_at(&mut c, READY, false, "Still", "wait more".into(), Some(2), t(30)));
+        assert_eq!(c[0].last_transition_time, t(10), "reason change is not a transition");
+        assert!(set_at(&mut c, READY, true, "Ready", "ok".into(), Some(2), t(40)));
+        assert_eq!(c[0].last_transition_time, t(40));
+        assert!(is_true(&c, READY));
+        assert_eq!(c.len(), 1);
+    }
+
+    #[test]
+    fn empty_reason_is_unknown() {
+        let mut c = Vec::new();
+        set_at(&mut c, DEGRADED, true, "", "x".into(), None, t(1));
+        assert_eq!(c[0].reason, "Unknown");
+    }
+}

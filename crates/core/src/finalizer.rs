@@ -1,0 +1,125 @@
+//! Safe deletion: a finalizer on kube-runtime's [`kube::runtime::finalizer`], and the shared
+//! [`DeletionPolicy`] of Steward's CRDs.
+//!
+//! The top-level reconcile only dispatches:
+//!
+//! ```no_run
+//! # use std::sync::Arc;
+//! # use kube::runtime::controller::Action;
+//! # use steward_core::finalizer::{self, Event};
+//! # #[derive(Debug, thiserror::Error)] #[error("x")] struct MyError;
+//! # async fn apply(_: Arc<k8s_openapi::api::core::v1::ConfigMap>) -> Result<Action, MyError> { todo!() }
+//! # async fn cleanup(_: Arc<k8s_openapi::api::core::v1::ConfigMap>) -> Result<Action, MyError> { todo!() }
+//! # async fn f(api: kube::Api<k8s_openapi::api::core::v1::ConfigMap>, obj: Arc<k8s_openapi::api::core::v1::ConfigMap>) {
+//! let result = finalizer::run(&api, "example.steward.dev/cleanup", obj, |event| async move {
+//!     match event {
+//!         Event::Apply(obj) => apply(obj).await,
+//!         Event::Cleanup(obj) => cleanup(obj).await,
+//!     }
+//! })
+//! .await;
+//! # }
+//! ```
+//!
+//! # Guarantees
+//! The finalizer is added before the first Apply and removed only after Cleanup returned
+//! `Ok`. A failing Cleanup keeps the finalizer and the object; the error goes back to the
+//! runtime, which records a Warning Event and retries with backoff. Operators also set a
+//! condition saying why (see [`crate::conditions`]). Under [`DeletionPolicy::Retain`] the
+//! operator's Cleanup does nothing external and returns `Ok` at once.
+
+use std::fmt::Debug;
+use std::future::Future;
+use std::sync::Arc;
+
+use kube::api::Api;
+use kube::runtime::controller::Action;
+use kube::{Resource, ResourceExt};
+use schemars::JsonSchema;
+use serde::de::DeserializeOwned;
+use serde::{Deserialize, Serialize};
+
+pub use kube::runtime::finalizer::Event;
+
+/// What happens to external state (databases, namespaces, volumes) when the custom resource
+/// is deleted.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+pub enum DeletionPolicy {
+    /// Keep it; only the finalizer is removed. A new object of the same name adopts it again.
+    #[default]
+    Retain,
+    /// Delete it.
+    Delete,
+}
+
+/// Why a finalizer-wrapped reconcile failed.
+#[derive(Debug, thiserror::Error)]
+pub enum Error<E: std::error::Error + 'static> {
+    /// The operator's Apply step failed.
+    #[error(transparent)]
+    Apply(E),
+    /// The operator's Cleanup step failed; the finalizer stays.
+    #[error(transparent)]
+    Cleanup(E),
+    /// Adding the finalizer failed.
+    #[error("failed to add the finalizer")]
+    AddFinalizer(#[source] kube::Error),
+    /// Removing the finalizer failed.
+    #[error("failed to remove the finalizer")]
+    RemoveFinalizer(#[source] kube::Error),
+    /// The object has no name.
+    #[error("object has no name")]
+    UnnamedObject,
+    /// The finalizer name is invalid.
+    #[error("invalid finalizer name")]
+    InvalidFinalizer,
+}
+
+impl<E: crate::ReconcileError> crate::ReconcileError for Error<E> {
+    fn reason(&self) -> &str {
+        match self {
+            Error::Apply(e) => e.reason(),
+            Error::Cleanup(e) => e.reason(),
+            Error::AddFinalizer(_) => "AddFinalizerFailed",
+            Error::RemoveFinalizer(_) => "RemoveFinalizerFailed",
+            Error::UnnamedObject | Error::InvalidFinalizer => "InvalidObject",
+        }
+    }
+
+    fn is_permanent(&self) -> bool {
+        matches!(self, Error::Apply(e) if e.is_permanent())
+    }
+}
+
+/// Runs `reconcile` under finalizer `name` (kube-runtime's finalizer, with its JSON-patch
+/// `test` guard against concurrent edits of the finalizer list).
+///
+/// # Errors
+/// [`Error::Apply`] / [`Error::Cleanup`] carry the operator's error; the others are API failures.
+pub async fn run<K, E, F, Fut>(api: &Api<K>, name: &str, obj: Arc<K>, reconcile: F) -> Result<Action, Error<E>>
+where
+    K: Resource + Clone + DeserializeOwned + Serialize + Debug,
+    E: std::error::Error + Send + 'static,
+    F: FnOnce(Event<K>) -> Fut,
+    Fut: Future<Output = Result<Action, E>>,
+{
+    use kube::runtime::finalizer::Error as KubeErr;
+    kube::runtime::finalizer(api, name, obj, reconcile).await.map_err(|e| match e {
+        KubeErr::ApplyFailed(e) => Error::Apply(e),
+        KubeErr::CleanupFailed(e) => Error::Cleanup(e),
+        KubeErr::AddFinalizer(e) => Error::AddFinalizer(e),
+        KubeErr::RemoveFinalizer(e) => Error::RemoveFinalizer(e),
+        KubeErr::UnnamedObject => Error::UnnamedObject,
+        KubeErr::InvalidFinalizer => Error::InvalidFinalizer,
+    })
+}
+
+/// Whether `obj` is being deleted.
+pub fn is_deleting<K: Resource>(obj: &K) -> bool {
+    obj.meta().deletion_timestamp.is_some()
+}
+
+/// Whether `obj` carries finalizer `name`.
+pub fn has_finalizer<K: Resource>(obj: &K, name: &str) -> bool {
+    obj.finalizers().iter().any(|f| f == name)
+}

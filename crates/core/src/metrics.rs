@@ -1,0 +1,111 @@
+//! Prometheus metrics, named like controller-runtime's so existing dashboards fit.
+//!
+//! | metric | type | labels |
+//! |---|---|---|
+//! | `controller_runtime_reconcile_total` | counter | controller, result (`success`, `error`, `requeue`, `skipped`) |
+//! | `controller_runtime_reconcile_errors_total` | counter | controller |
+//! | `controller_runtime_reconcile_time_seconds` | histogram | controller |
+//! | `controller_runtime_active_workers` | gauge | controller |
+//! | `controller_runtime_max_concurrent_reconciles` | gauge | controller |
+//! | `leader_election_master_status` | gauge | name |
+//! | `steward_status_writes_total` | counter | controller |
+
+use std::sync::{Arc, Mutex};
+
+use prometheus_client::encoding::EncodeLabelSet;
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::gauge::Gauge;
+use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
+use prometheus_client::registry::Registry;
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct ControllerLabels {
+    pub controller: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct ResultLabels {
+    pub controller: String,
+    pub result: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct LeaseLabels {
+    pub name: String,
+}
+
+/// All metrics of one operator process. Cheap to clone.
+#[derive(Clone)]
+pub struct Metrics {
+    registry: Arc<Mutex<Registry>>,
+    pub reconcile_total: Family<ResultLabels, Counter>,
+    pub reconcile_errors: Family<ControllerLabels, Counter>,
+    pub reconcile_time: Family<ControllerLabels, Histogram>,
+    pub active_workers: Family<ControllerLabels, Gauge>,
+    pub max_concurrent: Family<ControllerLabels, Gauge>,
+    pub leader: Family<LeaseLabels, Gauge>,
+    pub status_writes: Family<ControllerLabels, Counter>,
+}
+
+impl Default for Metrics {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl Metrics {
+    pub fn new() -> Self {
+        let mut registry = Registry::default();
+        let reconcile_total = Family::<ResultLabels, Counter>::default();
+        let reconcile_errors = Family::<ControllerLabels, Counter>::default();
+        let reconcile_time = Family::<ControllerLabels, Histogram>::new_with_constructor(|| {
+            Histogram::new(exponential_buckets(0.005, 2.0, 14))
+        });
+        let active_workers = Family::<ControllerLabels, Gauge>::default();
+        let max_concurrent = Family::<ControllerLabels, Gauge>::default();
+        let leader = Family::<LeaseLabels, Gauge>::default();
+        let status_writes = Family::<ControllerLabels, Counter>::default();
+        registry.register("controller_runtime_reconcile", "Total number of reconciliations per controller", reconcile_total.clone());
+        registry.register("controller_runtime_reconcile_errors", "Total number of reconciliation errors per controller", reconcile_errors.clone());
+        registry.register("controller_runtime_reconcile_time_seconds", "Length of time per reconciliation per controller", reconcile_time.clone());
+        registry.register("controller_runtime_active_workers", "Number of currently used workers per controller", active_workers.clone());
+        registry.register("controller_runtime_max_concurrent_reconciles", "Maximum number of concurrent reconciles per controller", max_concurrent.clone());
+        registry.register("leader_election_master_status", "Gauge of if the reporting system is master of the relevant lease, 0 indicates backup, 1 indicates master", leader.clone());
+        registry.register("steward_status_writes", "Status writes per controller (skipped when nothing changed)", status_writes.clone());
+        Self {
+            registry: Arc::new(Mutex::new(registry)),
+            reconcile_total,
+            reconcile_errors,
+            reconcile_time,
+            active_workers,
+            max_concurrent,
+            leader,
+            status_writes,
+        }
+    }
+
+    /// Registers an operator's own metric.
+    pub fn register(&self, name: &str, help: &str, metric: impl prometheus_client::registry::Metric) {
+        if let Ok(mut registry) = self.registry.lock() {
+            registry.register(name, help, metric);
+        }
+    }
+
+    /// Prometheus text exposition of every metric.
+    pub fn encode(&self) -> String {
+        let mut out = String::new();
+        if let Ok(registry) = self.registry.lock() {
+            let _ = prometheus_client::encoding::text::encode(&mut out, &registry);
+        }
+        out
+    }
+
+    pub(crate) fn controller(&self, name: &str) -> ControllerLabels {
+        ControllerLabels { controller: name.to_string() }
+    }
+
+    pub(crate) fn result(&self, controller: &str, result: &str) -> ResultLabels {
+        ResultLabels { controller: controller.to_string(), result: result.to_string() }
+    }
+}
