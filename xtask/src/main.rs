@@ -6,6 +6,7 @@
 //! - `testenv`: start the control plane and print the kubeconfig path; Ctrl-C stops it.
 
 mod crdgen;
+mod prerequisites;
 
 use std::process::Command;
 
@@ -48,6 +49,7 @@ fn test(extra: &[&str]) -> Result<()> {
     crdgen::run(true)?;
     eprintln!("xtask: crds/ is up to date");
 
+    prerequisites::ensure_postgres()?;
     let binaries = steward_testenv::binaries::ensure().context("building the control plane")?;
     eprintln!(
         "xtask: control plane ready: kubernetes {}, etcd {}, kwok {} ({})",

@@ -99,7 +99,8 @@ impl CommonArgs {
     pub fn init_logging(&self) {
         use tracing_subscriber::EnvFilter;
         let filter = EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new(&self.log_level));
-        let builder = tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr);
+        let ansi = std::io::IsTerminal::is_terminal(&std::io::stderr());
+        let builder = tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr).with_ansi(ansi);
         let _ = match self.log_format {
             LogFormat::Json => builder.json().try_init(),
             LogFormat::Text => builder.try_init(),
