@@ -6,6 +6,7 @@
 //! - `testenv`: start the control plane and print the kubeconfig path; Ctrl-C stops it.
 
 mod crdgen;
+mod image;
 mod prerequisites;
 
 use std::process::Command;
@@ -19,13 +20,18 @@ fn main() -> Result<()> {
         Some("crdgen") => crdgen::run(rest.contains(&"--check")),
         Some("test") => test(&rest),
         Some("testenv") => testenv(),
+        Some("image") => match rest.first() {
+            Some(&"all") | None => image::OPERATORS.iter().try_for_each(|op| image::run(op).map(|_| ())),
+            Some(op) => image::run(op).map(|_| ()),
+        },
         _ => {
             eprintln!(
                 "usage: cargo xtask <command>\n\n\
                  commands:\n  \
                  crdgen [--check]   write crds/ from the Rust types (--check: fail if stale)\n  \
                  test [ARGS]        unit tests, crdgen --check, integration tests (ARGS go to cargo test)\n  \
-                 testenv            start a local control plane; Ctrl-C stops it"
+                 testenv            start a local control plane; Ctrl-C stops it\n  \
+                 image [OPERATOR|all]  build an OCI image archive (no daemon) into target/images/"
             );
             bail!("unknown or missing command")
         }
