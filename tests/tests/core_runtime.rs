@@ -19,7 +19,7 @@ use serde::{Deserialize, Serialize};
 use serde_json::json;
 use steward_core::cli::CommonArgs;
 use steward_core::finalizer::{self, DeletionPolicy, Event};
-use steward_core::{Context, Operator, ReconcileError, conditions, status};
+use steward_core::{Context, Operator, ReconcileError, conditions};
 use steward_testenv::eventually;
 
 #[derive(CustomResource, Clone, Debug, Deserialize, Serialize, JsonSchema)]
@@ -81,10 +81,9 @@ async fn write_conditions(
     reason: &str,
     message: &str,
 ) -> Result<(), TestError> {
-    let api: Api<Gadget> = Api::namespaced(ctx.client.clone(), &g.namespace().unwrap_or_default());
     let mut next = g.status.clone().unwrap_or_default();
     conditions::set(&mut next.conditions, conditions::READY, ready, reason, message, g.metadata.generation);
-    status::apply(&api, g, g.status.as_ref(), &next, &ctx.field_manager).await?;
+    ctx.apply_status(g, g.status.as_ref(), &next).await?;
     Ok(())
 }
 
@@ -315,6 +314,8 @@ async fn failing_reconciles_back_off_exponentially_and_success_resets() {
     assert_eq!(value("leader_election_master_status{name=\"coretest\"}"), 1.0);
     assert_eq!(value("controller_runtime_max_concurrent_reconciles{controller=\"gadget\"}"), 8.0);
     assert!(metrics.contains("controller_runtime_reconcile_time_seconds_bucket"));
+    // One status write made Ready=True; the failures before it wrote nothing.
+    assert_eq!(value("steward_status_writes_total{controller=\"gadget\"}"), 1.0);
     assert_eq!(http_get(run.addr, "/healthz").await, (200, "ok".to_string()));
     assert_eq!(http_get(run.addr, "/readyz").await, (200, "ok".to_string()));
     run.stop().await;

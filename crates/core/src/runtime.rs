@@ -56,6 +56,29 @@ pub struct Context<T> {
     pub data: T,
 }
 
+impl<T> Context<T> {
+    /// Writes `status` by server-side apply under this operator's field manager unless it
+    /// equals `current` (see [`crate::status::apply`]), counting writes in
+    /// `steward_status_writes_total`. Call it once, at the end of a reconcile.
+    ///
+    /// # Errors
+    /// [`Error::WriteStatus`] when the API server rejects the patch.
+    pub async fn apply_status<K, S>(&self, obj: &K, current: Option<&S>, status: &S) -> Result<bool, Error>
+    where
+        K: Resource<DynamicType = ()> + Clone + DeserializeOwned + Debug,
+        K::Scope: crate::apply::ScopeApi,
+        S: serde::Serialize + PartialEq,
+    {
+        let api: kube::Api<K> = <K::Scope as crate::apply::ScopeApi>::api(self.client.clone(), obj.namespace().as_deref());
+        let written = crate::status::apply(&api, obj, current, status, &self.field_manager).await?;
+        if written {
+            let kind = K::kind(&()).to_lowercase();
+            self.metrics.status_writes.get_or_create(&self.metrics.controller(&kind)).inc();
+        }
+        Ok(written)
+    }
+}
+
 /// Per-object exponential backoff: `base × 2^(failures-1)`, capped at `max`.
 #[derive(Debug)]
 pub struct Backoff {
