@@ -5,9 +5,11 @@
 //!   control plane (building it first if it is not cached).
 //! - `testenv`: start the control plane and print the kubeconfig path; Ctrl-C stops it.
 
+mod bench;
 mod crdgen;
 mod image;
 mod prerequisites;
+mod up;
 
 use std::process::Command;
 
@@ -20,6 +22,8 @@ fn main() -> Result<()> {
         Some("crdgen") => crdgen::run(rest.contains(&"--check")),
         Some("test") => test(&rest),
         Some("testenv") => testenv(),
+        Some("up") => up::run(),
+        Some("bench") => bench::run(&rest),
         Some("image") => match rest.first() {
             Some(&"all") | None => image::OPERATORS.iter().try_for_each(|op| image::run(op).map(|_| ())),
             Some(op) => image::run(op).map(|_| ()),
@@ -31,6 +35,8 @@ fn main() -> Result<()> {
                  crdgen [--check]   write crds/ from the Rust types (--check: fail if stale)\n  \
                  test [ARGS]        unit tests, crdgen --check, integration tests (ARGS go to cargo test)\n  \
                  testenv            start a local control plane; Ctrl-C stops it\n  \
+                 up                 control plane + PostgreSQL + CRDs + the three operators + samples; Ctrl-C stops\n  \
+                 bench [--smoke]    benchmarks vs controller-runtime; writes docs/benchmarks.md (--help: flags)\n  \
                  image [OPERATOR|all]  build an OCI image archive (no daemon) into target/images/"
             );
             bail!("unknown or missing command")

@@ -1,8 +1,155 @@
-//! Placeholder: the operator's CRDs and reconcile logic land with its own issue.
+//! database-operator: PostgreSQL on Kubernetes, built on steward-core.
+//!
+//! Start with [`api`] (the custom resources: [`api::PostgresCluster`], [`api::Database`],
+//! [`api::DatabaseRole`]) and [`register`] (the three controllers). Each controller is a
+//! module with a `reconcile` that validates, builds with pure functions, applies and writes
+//! status once:
+//!
+//! - [`cluster`]: a StatefulSet of one primary and replicas, its Services, superuser
+//!   Secret, ConfigMap and PodDisruptionBudget; rolling updates replicas first
+//!   ([`cluster::rollout`]).
+//! - [`database`]: a database and its owner role on a server reached through [`server`]
+//!   (a `clusterRef` or an `external` server); drops it on delete if asked, after a dump.
+//! - [`role`]: login roles with privileges and rotated passwords.
+//!
+//! The SQL is built in [`sql`] (identifiers quoted by [`ident`], passwords sent as SCRAM
+//! verifiers from [`password`]) and run by [`pg`].
+
+#![forbid(unsafe_code)]
+#![cfg_attr(test, allow(clippy::unwrap_used))]
+
+pub mod api;
+pub mod cluster;
+pub mod database;
+mod error;
+pub mod observe;
+pub mod ident;
+pub mod password;
+pub mod pg;
+pub mod role;
+pub mod server;
+pub mod sql;
+
+use std::time::Duration;
 
 use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
+use kube::CustomResourceExt;
+
+pub use api::{Database, DatabaseRole, DatabaseRoleSpec, DatabaseSpec, PostgresCluster, PostgresClusterSpec, PostgresClusterStatus};
+pub use error::Error;
+
+/// The operator's name: field manager, Event reporter, Lease name.
+pub const NAME: &str = "database-operator";
 
 /// Every CustomResourceDefinition this operator owns, for `cargo xtask crdgen`.
 pub fn crds() -> Vec<CustomResourceDefinition> {
-    Vec::new()
+    vec![api::PostgresCluster::crd(), api::Database::crd(), api::DatabaseRole::crd()]
+}
+
+/// Flags of the database-operator (next to steward-core's common flags).
+#[derive(clap::Args, Clone, Debug)]
+pub struct Options {
+    /// How often converged objects are reconciled again, to correct drift made by hand
+    /// (changed owners, dropped extensions, changed passwords).
+    #[arg(long, default_value = "5m", value_parser = steward_core::cli::parse_duration)]
+    pub resync_interval: Duration,
+
+    /// Image with `pg_dump` for pre-delete dumps (a Database's `backup.image` wins).
+    #[arg(long, default_value = "postgres:17")]
+    pub backup_image: String,
+}
+
+impl Default for Options {
+    fn default() -> Self {
+        Self { resync_interval: Duration::from_secs(300), backup_image: "postgres:17".into() }
+    }
+}
+
+/// Shared state of the controllers.
+#[derive(Clone, Debug)]
+pub struct State {
+    pub options: Options,
+}
+
+/// Adds the PostgresCluster, Database and DatabaseRole controllers to `operator`.
+///
+/// # Errors
+/// None today; the `Result` leaves room for checks of the options.
+pub fn register(operator: &mut steward_core::Operator, options: Options) -> Result<(), Error> {
+    use k8s_openapi::api::apps::v1::StatefulSet;
+    use k8s_openapi::api::batch::v1::Job;
+    use k8s_openapi::api::core::v1::{ConfigMap, Pod, Secret, Service};
+    use k8s_openapi::api::policy::v1::PodDisruptionBudget;
+    use kube::ResourceExt;
+    use kube::runtime::Controller;
+    use kube::runtime::reflector::ObjectRef;
+    use kube::runtime::watcher::Config;
+
+    let state = State { options };
+    let client = operator.client();
+    let watch_namespace = operator.args().watch_namespace.clone();
+    fn scoped<K>(client: &kube::Client, ns: Option<&str>) -> kube::Api<K>
+    where
+        K: kube::Resource<DynamicType = (), Scope = k8s_openapi::NamespaceResourceScope>,
+    {
+        match ns {
+            Some(ns) => kube::Api::namespaced(client.clone(), ns),
+            None => kube::Api::all(client.clone()),
+        }
+    }
+    let ns = watch_namespace.as_deref();
+    let managed = Config::default().labels(&format!("{}={NAME}", steward_core::apply::MANAGED_BY_LABEL));
+
+    // PostgresCluster: its children and its pods.
+    let clusters = Controller::new(scoped::<PostgresCluster>(&client, ns), Config::default())
+        .owns(scoped::<StatefulSet>(&client, ns), managed.clone())
+        .owns(scoped::<Service>(&client, ns), managed.clone())
+        .owns(scoped::<ConfigMap>(&client, ns), managed.clone())
+        .owns(scoped::<Secret>(&client, ns), managed.clone())
+        .owns(scoped::<PodDisruptionBudget>(&client, ns), managed.clone())
+        .watches(scoped::<Pod>(&client, ns), Config::default().labels(cluster::build::CLUSTER_LABEL), |pod: Pod| {
+            let cluster = pod.labels().get(cluster::build::CLUSTER_LABEL).cloned();
+            cluster.zip(pod.namespace()).map(|(c, ns)| ObjectRef::<PostgresCluster>::new(&c).within(&ns))
+        });
+    operator.controller(clusters, state.clone(), cluster::reconcile);
+
+    // Database: its Secret and backup Job; woken by its DatabaseRoles (deletion waits for
+    // them) and by its PostgresCluster.
+    let databases = Controller::new(scoped::<Database>(&client, ns), Config::default());
+    let store = databases.store();
+    let databases = databases
+        .owns(scoped::<Secret>(&client, ns), managed.clone())
+        .owns(scoped::<Job>(&client, ns), managed.clone())
+        .watches(scoped::<DatabaseRole>(&client, ns), Config::default(), |role: DatabaseRole| {
+            role.namespace().map(|ns| ObjectRef::<Database>::new(&role.spec.database_ref.name).within(&ns))
+        })
+        .watches(scoped::<PostgresCluster>(&client, ns), Config::default(), move |pgc: PostgresCluster| {
+            let (name, ns) = (pgc.name_any(), pgc.namespace());
+            store
+                .state()
+                .into_iter()
+                .filter(|db| db.namespace() == ns && db.spec.cluster_ref.as_ref().is_some_and(|r| r.name == name))
+                .map(|db| ObjectRef::from_obj(db.as_ref()))
+                .collect::<Vec<_>>()
+        });
+    operator.controller(databases, state.clone(), database::reconcile);
+
+    // DatabaseRole: its Secret; woken by its Database.
+    let roles = Controller::new(scoped::<DatabaseRole>(&client, ns), Config::default());
+    let store = roles.store();
+    let roles = roles.owns(scoped::<Secret>(&client, ns), managed).watches(
+        scoped::<Database>(&client, ns),
+        Config::default(),
+        move |db: Database| {
+            let (name, ns) = (db.name_any(), db.namespace());
+            store
+                .state()
+                .into_iter()
+                .filter(|r| r.namespace() == ns && r.spec.database_ref.name == name)
+                .map(|r| ObjectRef::from_obj(r.as_ref()))
+                .collect::<Vec<_>>()
+        },
+    );
+    operator.controller(roles, state, role::reconcile);
+    Ok(())
 }

@@ -1,8 +1,135 @@
-//! Placeholder: the operator's CRDs and reconcile logic land with its own issue.
+//! tenant-operator: gives each team a tenant (namespaces, access, quotas and isolation), as
+//! Capsule does, built on steward-core. API group `tenancy.steward.dev/v1alpha1`, kind
+//! [`Tenant`](crd::Tenant) (cluster-scoped, short name `tnt`).
+//!
+//! Start with [`register`], which wires the controller ([`controller`]) and the admission
+//! policies ([`policy`]) into a steward-core [`Operator`]. One reconcile ([`reconcile`]) runs
+//! the usual pipeline, one module per step:
+//!
+//! ```text
+//! validate   spec checks admission cannot do; quantities parsed          (pure)
+//! namespaces which namespaces the tenant has, keeps, releases, deletes   (pure)
+//! quota      the tenant-wide quota split into per-namespace hard limits  (pure)
+//! build      namespaces, ResourceQuota, LimitRange, NetworkPolicy,
+//!            RoleBindings, shared copies, the owners' ClusterRole        (pure)
+//! apply      server-side apply of what differs; prune what is unwanted
+//! status     namespaces, summed usage, Ready and QuotaExceeded           (pure, one write)
+//! ```
+//!
+//! Enforcement needs no webhook server: [`policy`] generates ValidatingAdmissionPolicies that
+//! keep owners from touching the operator's objects and tenant labels, from creating namespaces
+//! beyond their allowance, and from changing anything in a cordoned tenant.
+
+pub mod apply;
+pub mod build;
+pub mod controller;
+pub mod crd;
+pub mod namespaces;
+pub mod policy;
+pub mod quantity;
+pub mod quota;
+pub mod reconcile;
+pub mod status;
+pub mod validate;
+
+use std::time::Duration;
 
 use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
+use kube::CustomResourceExt;
+use steward_core::Operator;
+
+pub use crd::{Tenant, TenantSpec, TenantStatus};
+
+/// The operator's name: binary, field manager, Lease and Event reporter.
+pub const NAME: &str = "tenant-operator";
 
 /// Every CustomResourceDefinition this operator owns, for `cargo xtask crdgen`.
 pub fn crds() -> Vec<CustomResourceDefinition> {
-    Vec::new()
+    vec![Tenant::crd()]
+}
+
+/// The tenant-operator's own flags.
+#[derive(clap::Args, Clone, Debug)]
+pub struct Options {
+    /// ClusterRole bound to a tenant's owners in its namespaces when the Tenant names none.
+    #[arg(long, default_value = "admin")]
+    pub owner_cluster_role: String,
+
+    /// Reconcile only Tenants matching this label selector (e.g. to shard tenants).
+    #[arg(long)]
+    pub tenant_selector: Option<String>,
+
+    /// Apply the admission policies at startup (when leading).
+    #[arg(long, default_value_t = true, action = clap::ArgAction::Set)]
+    pub apply_policies: bool,
+
+    /// A user the admission policies let through, besides the operator itself and the control
+    /// plane (repeatable).
+    #[arg(long = "exempt-user")]
+    pub exempt_users: Vec<String>,
+
+    /// A group the admission policies let through, besides `system:masters` and
+    /// `system:nodes` (repeatable).
+    #[arg(long = "exempt-group")]
+    pub exempt_groups: Vec<String>,
+
+    /// How often every Tenant is reconciled again without a change.
+    #[arg(long, default_value = "10m", value_parser = steward_core::cli::parse_duration)]
+    pub resync_period: Duration,
+}
+
+impl Default for Options {
+    /// The defaults of every flag.
+    fn default() -> Self {
+        #[derive(clap::Parser)]
+        struct Defaults {
+            #[command(flatten)]
+            options: Options,
+        }
+        <Defaults as clap::Parser>::parse_from([NAME]).options
+    }
+}
+
+/// Why the operator could not be set up.
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    /// A flag has an unusable value.
+    #[error("invalid option {flag}: {reason}")]
+    InvalidOption { flag: &'static str, reason: String },
+}
+
+/// Adds the Tenant controller (and, with `apply_policies`, the leader-only task applying the
+/// admission policies) to `operator`.
+///
+/// # Errors
+/// [`Error::InvalidOption`] for an empty `--owner-cluster-role` or `--tenant-selector`.
+pub fn register(operator: &mut Operator, options: Options) -> Result<(), Error> {
+    if options.owner_cluster_role.trim().is_empty() {
+        return Err(Error::InvalidOption { flag: "--owner-cluster-role", reason: "must name a ClusterRole".into() });
+    }
+    if options.tenant_selector.as_deref().is_some_and(|s| s.trim().is_empty()) {
+        return Err(Error::InvalidOption { flag: "--tenant-selector", reason: "must not be empty".into() });
+    }
+    let (controller, stores) = controller::build(operator.unguarded_client(), options.tenant_selector.as_deref());
+    let writes = apply::Writes::default();
+    operator.metrics().register(
+        "tenant_operator_writes",
+        "Writes to the objects tenant-operator manages (skipped when already as desired)",
+        writes.family.clone(),
+    );
+    let state = controller::State {
+        stores,
+        settings: build::Settings { owner_cluster_role: options.owner_cluster_role.clone() },
+        resync: options.resync_period,
+        writes: writes.clone(),
+    };
+    operator.controller(controller, state, reconcile::reconcile);
+    if options.apply_policies {
+        let client = operator.client();
+        let extra = policy::Exemptions { users: options.exempt_users, groups: options.exempt_groups, user_prefixes: Vec::new() };
+        operator.singleton(move |stop| {
+            policy::apply_until_done(client.clone(), extra.clone(), NAME.to_string(), writes.clone(), stop)
+        });
+    }
+    Ok(())
 }

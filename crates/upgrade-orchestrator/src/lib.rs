@@ -1,8 +1,122 @@
-//! Placeholder: the operator's CRDs and reconcile logic land with its own issue.
+//! upgrade-orchestrator: rolls new versions across several dependent workloads, in order.
+//!
+//! Start with [`crd`] (the `UpgradePlan` resource), then [`reconcile`] (the pipeline), which
+//! calls one module per step:
+//!
+//! ```text
+//! plan      validate: names, dependencies, cycles → waves            (pure)
+//! target    observe:  read each target; its value and health         (health: pure)
+//!           apply:    make the changes the status already records    (JSON patch + test)
+//! progress  build:    the state machine → next status, Events        (pure)
+//! reconcile status:   one write, resourceVersion-guarded; then Events
+//! ```
+//!
+//! # Guarantees
+//! - **Order**: waves run one after the other; a component starts only when all of its
+//!   dependencies succeeded and are healthy right now; at most `maxConcurrent` at once.
+//! - **Write-ahead**: a component's previous value is recorded in the status before its target
+//!   changes, and a change is made only while the target still holds that value. A crash or
+//!   leader change at any point resumes where it stopped and never changes a target twice; a
+//!   rollback restores exactly the recorded value.
+//! - **Watch-driven**: Deployments, StatefulSets, DaemonSets and PostgresClusters are watched
+//!   and mapped to the plans that target them, so a rollout finishing wakes its plan; timers
+//!   are used only for deadlines.
+//!
+//! [`register`] adds the controller to a [`steward_core::Operator`].
 
+#![forbid(unsafe_code)]
+
+pub mod crd;
+pub mod error;
+pub mod health;
+pub mod metrics;
+pub mod plan;
+pub mod progress;
+pub mod reconcile;
+pub mod target;
+
+use std::sync::Arc;
+
+use k8s_openapi::api::apps::v1::{DaemonSet, Deployment, StatefulSet};
 use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
+use kube::api::{Api, DynamicObject};
+use kube::runtime::reflector::{ObjectRef, Store};
+use kube::runtime::{Controller, watcher};
+use kube::{CustomResourceExt, Resource};
+
+pub use crd::{UpgradePlan, UpgradePlanSpec, UpgradePlanStatus};
+pub use error::Error;
+
+/// The operator's name: binary, field manager, Lease, Event reporter.
+pub const NAME: &str = "upgrade-orchestrator";
+/// The controller's name in metrics.
+pub const CONTROLLER: &str = "upgradeplan";
 
 /// Every CustomResourceDefinition this operator owns, for `cargo xtask crdgen`.
 pub fn crds() -> Vec<CustomResourceDefinition> {
-    Vec::new()
+    vec![UpgradePlan::crd()]
+}
+
+/// Flags of the upgrade-orchestrator (next to steward-core's common flags).
+#[derive(clap::Args, Clone, Debug)]
+pub struct Options {
+    /// Watch PostgresClusters (database.steward.dev) so their readiness wakes plans at once.
+    /// Turn off where that CRD is not installed; plans with PostgresCluster components then
+    /// see its readiness only on their deadline timer or other events.
+    #[arg(long, default_value_t = true, action = clap::ArgAction::Set)]
+    pub watch_postgresclusters: bool,
+}
+
+impl Default for Options {
+    fn default() -> Self {
+        Self { watch_postgresclusters: true }
+    }
+}
+
+/// Adds the `UpgradePlan` controller to `operator`, watching the plans and every kind of
+/// target, and registers the metrics.
+///
+/// # Errors
+/// None today; the signature leaves room for option validation.
+pub fn register(operator: &mut steward_core::Operator, options: Options) -> Result<(), Error> {
+    let plans = operator.api::<UpgradePlan>();
+    let controller = Controller::new(plans, watcher::Config::default());
+    let store = controller.store();
+    let mut controller = controller
+        .watches(operator.api::<Deployment>(), watcher::Config::default(), plans_targeting(store.clone(), crd::TargetKind::Deployment))
+        .watches(operator.api::<StatefulSet>(), watcher::Config::default(), plans_targeting(store.clone(), crd::TargetKind::StatefulSet))
+        .watches(operator.api::<DaemonSet>(), watcher::Config::default(), plans_targeting(store.clone(), crd::TargetKind::DaemonSet));
+    if options.watch_postgresclusters {
+        let resource = target::postgres_resource();
+        let client = operator.client();
+        let api: Api<DynamicObject> = match &operator.args().watch_namespace {
+            Some(ns) => Api::namespaced_with(client, ns, &resource),
+            None => Api::all_with(client, &resource),
+        };
+        controller = controller.watches_with(
+            api,
+            resource,
+            watcher::Config::default(),
+            plans_targeting(store.clone(), crd::TargetKind::PostgresCluster),
+        );
+    }
+    let metrics = metrics::PlanMetrics::register(&operator.metrics(), store);
+    operator.controller(controller, reconcile::Data { metrics }, |plan: Arc<UpgradePlan>, ctx| reconcile::reconcile(plan, ctx));
+    Ok(())
+}
+
+/// Maps a changed workload of `kind` to the unfinished plans in its namespace that target it:
+/// an index of targets over the plan cache.
+fn plans_targeting<K: Resource>(plans: Store<UpgradePlan>, kind: crd::TargetKind) -> impl Fn(K) -> Vec<ObjectRef<UpgradePlan>> + Send + Sync + 'static {
+    move |obj: K| {
+        let meta = obj.meta();
+        plans
+            .state()
+            .iter()
+            .filter(|p| p.metadata.namespace == meta.namespace)
+            .filter(|p| !p.status.as_ref().and_then(|s| s.phase).is_some_and(|ph| ph.is_terminal()))
+            .filter(|p| p.spec.components.iter().any(|c| c.target.kind == kind && meta.name.as_deref() == Some(c.target.name.as_str())))
+            .map(|p| ObjectRef::from_obj(p.as_ref()))
+            .collect()
+    }
 }

@@ -1,0 +1,482 @@
+//! The custom resources of `database.steward.dev/v1alpha1`: [`PostgresCluster`],
+//! [`Database`] and [`DatabaseRole`].
+//!
+//! Names are validated twice: by the schema (pattern, at most 63 bytes, CEL rules, so bad
+//! input is rejected at admission with a message naming the field) and again in code
+//! ([`crate::ident::validate`]) before any SQL is built.
+
+// kube-derive takes one `printcolumn(...)` per column; clippy reads them as duplicates.
+#![allow(clippy::duplicated_attributes)]
+
+use std::collections::BTreeMap;
+
+use k8s_openapi::api::core::v1::ResourceRequirements;
+use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
+use kube::{CustomResource, KubeSchema};
+use schemars::JsonSchema;
+use serde::{Deserialize, Serialize};
+pub use steward_core::finalizer::DeletionPolicy;
+
+/// The API group of every resource here.
+pub const GROUP: &str = "database.steward.dev";
+
+/// Annotation that asks for a password rotation of a [`DatabaseRole`]: set it to a new value
+/// (a timestamp, a counter) and the password is rotated once for that value.
+pub const ROTATE_ANNOTATION: &str = "database.steward.dev/rotate-password";
+
+// ---------------------------------------------------------------------------------------
+// PostgresCluster
+// ---------------------------------------------------------------------------------------
+
+/// A PostgreSQL cluster: one primary and `instances - 1` streaming replicas in a StatefulSet.
+#[derive(CustomResource, KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq)]
+#[kube(
+    group = "database.steward.dev",
+    version = "v1alpha1",
+    kind = "PostgresCluster",
+    namespaced,
+    shortname = "pgc",
+    category = "steward",
+    status = "PostgresClusterStatus",
+    derive = "PartialEq",
+    doc = "A PostgreSQL cluster: a StatefulSet of one primary and streaming replicas, its Services, superuser Secret, parameters and PodDisruptionBudget.",
+    printcolumn(name = "Ready", type_ = "string", json_path = ".status.conditions[?(@.type==\"Ready\")].status"),
+    printcolumn(name = "Phase", type_ = "string", json_path = ".status.phase"),
+    printcolumn(name = "Instances", type_ = "integer", json_path = ".spec.instances"),
+    printcolumn(name = "Ready Instances", type_ = "integer", json_path = ".status.readyInstances"),
+    printcolumn(name = "Version", type_ = "integer", json_path = ".status.currentVersion"),
+    printcolumn(name = "Target", type_ = "integer", json_path = ".spec.version", priority = 1),
+    printcolumn(name = "Age", type_ = "date", json_path = ".metadata.creationTimestamp"),
+    validation = Rule::new("size(self.metadata.name) <= 47").message("metadata.name must be at most 47 characters so that the names of its pods and Services stay valid"),
+)]
+#[serde(rename_all = "camelCase")]
+pub struct PostgresClusterSpec {
+    /// Number of instances: one primary and `instances - 1` replicas.
+    #[serde(default = "default_instances")]
+    #[schemars(range(min = 1, max = 9))]
+    pub instances: i32,
+
+    /// PostgreSQL major version, e.g. 16. Changing it rolls the instances one at a time,
+    /// replicas first and the primary last. Downgrades are rejected.
+    #[schemars(range(min = 13, max = 18))]
+    #[x_kube(validation = Rule::new("self >= oldSelf").message("the PostgreSQL major version cannot be lowered"))]
+    pub version: i32,
+
+    /// Container image; default `postgres:<version>`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(min = 1, max = 512))]
+    pub image: Option<String>,
+
+    /// Persistent storage of each instance (immutable: StatefulSet volume claim templates
+    /// cannot change).
+    #[x_kube(validation = Rule::new("self == oldSelf").message("storage is immutable"))]
+    pub storage: StorageSpec,
+
+    /// Compute resources of the PostgreSQL container.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub resources: Option<ResourceRequirements>,
+
+    /// Server parameters (`postgresql.conf`), e.g. `max_connections: "200"`. Changing them
+    /// rolls the instances like a version change.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    #[schemars(extend("maxProperties" = 200))]
+    #[x_kube(validation = Rule::new("self.all(k, k.matches('^[a-z_][a-z0-9_.]*$') && size(k) <= 63)").message("parameter names may contain only lower-case letters, digits, '_' and '.' (at most 63 bytes)"))]
+    #[x_kube(validation = Rule::new("self.all(k, !(k in ['listen_addresses', 'port', 'data_directory', 'config_file', 'hba_file', 'ident_file', 'unix_socket_directories']))").message("listen_addresses, port, data_directory, config_file, hba_file, ident_file and unix_socket_directories are managed by the operator"))]
+    pub parameters: BTreeMap<String, String>,
+
+    /// What happens to the PersistentVolumeClaims (and the superuser Secret) when the cluster
+    /// is deleted: `Retain` (default) keeps them, `Delete` deletes them.
+    #[serde(default)]
+    pub deletion_policy: DeletionPolicy,
+}
+
+fn default_instances() -> i32 {
+    1
+}
+
+/// Storage of each instance.
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct StorageSpec {
+    /// Size of each instance's volume, e.g. `10Gi`.
+    pub size: Quantity,
+    /// StorageClass of the volumes; the cluster default when unset.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(min = 1, max = 253))]
+    pub storage_class_name: Option<String>,
+}
+
+/// Observed state of a [`PostgresCluster`].
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct PostgresClusterStatus {
+    /// `Creating`, `Upgrading`, `Ready` or `Degraded`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub phase: Option<ClusterPhase>,
+    /// Instances whose pod is Ready.
+    #[serde(default)]
+    pub ready_instances: i32,
+    /// Instances running the target revision.
+    #[serde(default)]
+    pub updated_instances: i32,
+    /// Major version the primary runs.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub current_version: Option<i32>,
+    /// Major version the cluster is rolling to (`spec.version`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub target_version: Option<i32>,
+    /// The primary's pod.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub primary: Option<String>,
+    /// Secret with the superuser's credentials (`username`, `password`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub superuser_secret: Option<String>,
+    /// The `metadata.generation` this status describes.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub observed_generation: Option<i64>,
+    /// `Ready`, `Progressing` and `Degraded`.
+    #[serde(default)]
+    pub conditions: Vec<Condition>,
+}
+
+/// Lifecycle phase of a [`PostgresCluster`].
+#[derive(Serialize, Deserialize, Clone, Copy, Debug, PartialEq, Eq, JsonSchema)]
+pub enum ClusterPhase {
+    Creating,
+    Upgrading,
+    Ready,
+    Degraded,
+}
+
+// ---------------------------------------------------------------------------------------
+// Database
+// ---------------------------------------------------------------------------------------
+
+/// A database and its owner role on a PostgreSQL server.
+#[derive(CustomResource, KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq)]
+#[kube(
+    group = "database.steward.dev",
+    version = "v1alpha1",
+    kind = "Database",
+    namespaced,
+    shortname = "pgdb",
+    category = "steward",
+    status = "DatabaseStatus",
+    derive = "PartialEq",
+    doc = "A PostgreSQL database and its owner role, with extensions and schemas, on a PostgresCluster or an external server.",
+    printcolumn(name = "Ready", type_ = "string", json_path = ".status.conditions[?(@.type==\"Ready\")].status"),
+    printcolumn(name = "Phase", type_ = "string", json_path = ".status.phase"),
+    printcolumn(name = "Database", type_ = "string", json_path = ".spec.name"),
+    printcolumn(name = "Owner", type_ = "string", json_path = ".spec.owner"),
+    printcolumn(name = "Server", type_ = "string", json_path = ".status.server"),
+    printcolumn(name = "Policy", type_ = "string", json_path = ".spec.deletionPolicy", priority = 1),
+    printcolumn(name = "Age", type_ = "date", json_path = ".metadata.creationTimestamp"),
+)]
+#[x_kube(validation = Rule::new("has(self.clusterRef) != has(self.external)").message("exactly one of clusterRef and external must be set"))]
+#[serde(rename_all = "camelCase")]
+pub struct DatabaseSpec {
+    /// A PostgresCluster in the same namespace (its read-write Service and superuser Secret).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cluster_ref: Option<LocalRef>,
+
+    /// A server outside this operator's control.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub external: Option<ExternalServer>,
+
+    /// Name of the database in PostgreSQL (immutable).
+    #[schemars(length(min = 1, max = 63), regex(pattern = "^[a-z_][a-z0-9_]*$"))]
+    #[x_kube(validation = Rule::new("self == oldSelf").message("name is immutable"))]
+    #[x_kube(validation = Rule::new("!(self in ['postgres', 'template0', 'template1'])").message("the system databases postgres, template0 and template1 cannot be managed"))]
+    pub name: String,
+
+    /// The role owning the database; created (with login and a generated password) if missing.
+    #[schemars(length(min = 1, max = 63), regex(pattern = "^[a-z_][a-z0-9_]*$"))]
+    #[x_kube(validation = Rule::new("!self.startsWith('pg_') && !(self in ['postgres', 'public', 'none', 'current_user', 'session_user', 'current_role'])").message("owner must not be a reserved role name (pg_*, postgres, public, none, current_user, session_user, current_role)"))]
+    pub owner: String,
+
+    /// Extensions to create or drop.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(length(max = 64))]
+    #[x_kube(validation = Rule::new("self.all(e, self.exists_one(f, f.name == e.name))").message("extension names must be unique"))]
+    pub extensions: Vec<ExtensionSpec>,
+
+    /// Schemas to create or drop.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(length(max = 64))]
+    #[x_kube(validation = Rule::new("self.all(s, self.exists_one(t, t.name == s.name))").message("schema names must be unique"))]
+    pub schemas: Vec<SchemaSpec>,
+
+    /// `Retain` (default): deleting this object leaves the database and role in place;
+    /// `Delete`: they are dropped.
+    #[serde(default)]
+    pub deletion_policy: DeletionPolicy,
+
+    /// With `deletionPolicy: Delete`, dump the database (`pg_dump` in a Job, into a
+    /// PersistentVolumeClaim that is kept) and drop it only after the dump succeeded.
+    #[serde(default)]
+    pub backup_before_delete: bool,
+
+    /// Where and how the pre-delete dump runs.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub backup: Option<BackupSpec>,
+}
+
+/// A reference to an object in the same namespace.
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, JsonSchema)]
+pub struct LocalRef {
+    #[schemars(length(min = 1, max = 253))]
+    pub name: String,
+}
+
+/// A PostgreSQL server reached over the network with an admin role.
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct ExternalServer {
+    /// Host name or IP address.
+    #[schemars(length(min = 1, max = 253))]
+    pub host: String,
+    /// TCP port.
+    #[serde(default = "default_port")]
+    #[schemars(range(min = 1, max = 65535))]
+    pub port: i32,
+    /// libpq `sslmode`: `disable`, `prefer` (default), `require`, `verify-ca` or `verify-full`.
+    #[serde(default)]
+    pub ssl_mode: SslMode,
+    /// Secret in this namespace with the admin role's `username` and `password` (and
+    /// optionally `ca.crt` for `verify-ca`/`verify-full`).
+    pub admin_secret_ref: SecretRef,
+    /// Database the admin connects to for server-wide statements.
+    #[serde(default = "default_admin_database")]
+    #[schemars(length(min = 1, max = 63))]
+    pub admin_database: String,
+}
+
+fn default_port() -> i32 {
+    5432
+}
+
+fn default_admin_database() -> String {
+    "postgres".into()
+}
+
+/// A Secret holding credentials, with the keys to read.
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct SecretRef {
+    #[schemars(length(min = 1, max = 253))]
+    pub name: String,
+    #[serde(default = "default_username_key")]
+    pub username_key: String,
+    #[serde(default = "default_password_key")]
+    pub password_key: String,
+}
+
+fn default_username_key() -> String {
+    "username".into()
+}
+
+fn default_password_key() -> String {
+    "password".into()
+}
+
+/// libpq's `sslmode` values the operator supports.
+#[derive(Serialize, Deserialize, Clone, Copy, Debug, Default, PartialEq, Eq, JsonSchema)]
+#[serde(rename_all = "kebab-case")]
+pub enum SslMode {
+    /// Plain TCP.
+    Disable,
+    /// TLS when the server offers it, without certificate checks; else plain TCP.
+    #[default]
+    Prefer,
+    /// TLS without certificate checks.
+    Require,
+    /// TLS, certificate signed by the CA (`ca.crt` in the admin Secret, else system roots).
+    VerifyCa,
+    /// As `verify-ca`, and the certificate names the host.
+    VerifyFull,
+}
+
+/// `present` or `absent`.
+#[derive(Serialize, Deserialize, Clone, Copy, Debug, Default, PartialEq, Eq, JsonSchema)]
+#[serde(rename_all = "lowercase")]
+pub enum Ensure {
+    #[default]
+    Present,
+    Absent,
+}
+
+/// An extension in the database.
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct ExtensionSpec {
+    /// Extension name as in `pg_available_extensions`, e.g. `pgcrypto`, `uuid-ossp`.
+    #[schemars(length(min = 1, max = 63), regex(pattern = "^[a-z_][a-z0-9_-]*$"))]
+    pub name: String,
+    #[serde(default)]
+    pub ensure: Ensure,
+    /// Schema to create the extension in (must exist); the default schema when unset.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(min = 1, max = 63), regex(pattern = "^[a-z_][a-z0-9_]*$"))]
+    pub schema: Option<String>,
+}
+
+/// A schema in the database, owned by the database owner.
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct SchemaSpec {
+    #[schemars(length(min = 1, max = 63), regex(pattern = "^[a-z_][a-z0-9_]*$"))]
+    pub name: String,
+    /// `absent` drops the schema only if it is empty (never `CASCADE`).
+    #[serde(default)]
+    pub ensure: Ensure,
+}
+
+/// The pre-delete dump.
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct BackupSpec {
+    /// Size of the PersistentVolumeClaim the dump is written to (default 1Gi).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub storage_size: Option<Quantity>,
+    /// StorageClass of that claim; the cluster default when unset.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub storage_class_name: Option<String>,
+    /// Image with `pg_dump` (default `postgres:17`; must not be older than the server).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub image: Option<String>,
+}
+
+/// Observed state of a [`Database`].
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct DatabaseStatus {
+    /// `Pending`, `Ready`, `Failed` or `Deleting`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub phase: Option<ResourcePhase>,
+    /// `host:port` of the server.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub server: Option<String>,
+    /// Secret with `host`, `port`, `dbname`, `user`, `password`, `uri` and `jdbc-uri`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub secret_name: Option<String>,
+    /// The pre-delete dump, once started.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub backup: Option<BackupStatus>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub observed_generation: Option<i64>,
+    /// `Ready`, `ServerReachable` and, while deleting, `Deleting`.
+    #[serde(default)]
+    pub conditions: Vec<Condition>,
+}
+
+/// The pre-delete dump of a [`Database`].
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct BackupStatus {
+    /// The Job running `pg_dump`.
+    pub job: String,
+    /// The PersistentVolumeClaim holding the dump (kept after the Database is gone).
+    pub claim: String,
+    /// File name of the dump inside the claim.
+    pub file: String,
+    /// Whether the Job succeeded.
+    pub succeeded: bool,
+}
+
+/// Lifecycle phase of a [`Database`] or [`DatabaseRole`].
+#[derive(Serialize, Deserialize, Clone, Copy, Debug, PartialEq, Eq, JsonSchema)]
+pub enum ResourcePhase {
+    Pending,
+    Ready,
+    Failed,
+    Deleting,
+}
+
+// ---------------------------------------------------------------------------------------
+// DatabaseRole
+// ---------------------------------------------------------------------------------------
+
+/// A login role with privileges on a [`Database`], with a generated, rotatable password.
+#[derive(CustomResource, KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq)]
+#[kube(
+    group = "database.steward.dev",
+    version = "v1alpha1",
+    kind = "DatabaseRole",
+    namespaced,
+    shortname = "pgrole",
+    category = "steward",
+    status = "DatabaseRoleStatus",
+    derive = "PartialEq",
+    doc = "A PostgreSQL login role with owner, readWrite or readOnly privileges on a Database, and a generated, rotatable password in a Secret.",
+    printcolumn(name = "Ready", type_ = "string", json_path = ".status.conditions[?(@.type==\"Ready\")].status"),
+    printcolumn(name = "Phase", type_ = "string", json_path = ".status.phase"),
+    printcolumn(name = "Role", type_ = "string", json_path = ".spec.roleName"),
+    printcolumn(name = "Database", type_ = "string", json_path = ".spec.databaseRef.name"),
+    printcolumn(name = "Privileges", type_ = "string", json_path = ".spec.privileges"),
+    printcolumn(name = "Rotated", type_ = "date", json_path = ".status.passwordUpdatedAt", priority = 1),
+    printcolumn(name = "Age", type_ = "date", json_path = ".metadata.creationTimestamp"),
+)]
+#[serde(rename_all = "camelCase")]
+pub struct DatabaseRoleSpec {
+    /// The [`Database`] (same namespace) the privileges are on (immutable).
+    #[x_kube(validation = Rule::new("self == oldSelf").message("databaseRef is immutable"))]
+    pub database_ref: LocalRef,
+
+    /// Name of the role in PostgreSQL (immutable).
+    #[schemars(length(min = 1, max = 63), regex(pattern = "^[a-z_][a-z0-9_]*$"))]
+    #[x_kube(validation = Rule::new("self == oldSelf").message("roleName is immutable"))]
+    #[x_kube(validation = Rule::new("!self.startsWith('pg_') && !(self in ['postgres', 'public', 'none', 'current_user', 'session_user', 'current_role'])").message("roleName must not be a reserved role name (pg_*, postgres, public, none, current_user, session_user, current_role)"))]
+    pub role_name: String,
+
+    /// `owner` (member of the database's owner role), `readWrite` (read and write data in
+    /// the database's schemas) or `readOnly` (read data).
+    pub privileges: Privileges,
+
+    /// Rotate the password on an interval. Independently, changing the annotation
+    /// `database.steward.dev/rotate-password` rotates it once.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub password_rotation: Option<PasswordRotation>,
+
+    /// `Retain` (default): deleting this object leaves the role in place; `Delete`: its
+    /// objects are reassigned to the database owner and the role is dropped.
+    #[serde(default)]
+    pub deletion_policy: DeletionPolicy,
+}
+
+/// Privileges of a [`DatabaseRole`].
+#[derive(Serialize, Deserialize, Clone, Copy, Debug, PartialEq, Eq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub enum Privileges {
+    Owner,
+    ReadWrite,
+    ReadOnly,
+}
+
+/// Password rotation of a [`DatabaseRole`].
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct PasswordRotation {
+    /// How often, e.g. `720h`, `30m`, `90s` (at least 1 second).
+    #[schemars(regex(pattern = "^[0-9]+(s|m|h)$"))]
+    pub interval: String,
+}
+
+/// Observed state of a [`DatabaseRole`].
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct DatabaseRoleStatus {
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub phase: Option<ResourcePhase>,
+    /// Secret with `host`, `port`, `dbname`, `user`, `password`, `uri` and `jdbc-uri`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub secret_name: Option<String>,
+    /// When the current password was generated.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub password_updated_at: Option<Time>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub observed_generation: Option<i64>,
+    /// `Ready` and `ServerReachable`.
+    #[serde(default)]
+    pub conditions: Vec<Condition>,
+}

@@ -1,0 +1,426 @@
+//! The Database controller: under the finalizer [`FINALIZER`], Apply converges the
+//! database, its owner role, schemas and extensions on every reconcile; Cleanup drops them
+//! (`deletionPolicy: Delete`, after a dump if `backupBeforeDelete`) or leaves them (`Retain`).
+//!
+//! ```text
+//! apply:   validate → resolve server → credentials Secret → connect
+//!          → owner role (CREATE/ALTER ROLE … PASSWORD '<SCRAM verifier>')
+//!          → database (CREATE DATABASE / ALTER DATABASE … OWNER, REVOKE CONNECT FROM PUBLIC)
+//!          → inside it: schemas, extensions → status (one write)
+//! cleanup: wait for DatabaseRoles → Retain: done | Delete: [dump Job] → terminate sessions
+//!          → DROP DATABASE → REASSIGN/DROP OWNED → DROP ROLE → status on failure
+//! ```
+
+pub mod backup;
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+
+use k8s_openapi::api::batch::v1::Job;
+use k8s_openapi::api::core::v1::Secret;
+use kube::api::{Api, ListParams};
+use kube::runtime::controller::Action;
+use kube::{Resource, ResourceExt};
+use steward_core::Context;
+use steward_core::apply::Children;
+use steward_core::conditions::{self, READY};
+use steward_core::finalizer::{self, Event};
+
+use crate::api::{BackupStatus, Database, DatabaseRole, DatabaseStatus, DeletionPolicy, ResourcePhase};
+use crate::ident::{self, Kind};
+use crate::password::Password;
+use crate::pg::{self, Server};
+use crate::{Error, State, observe, server, sql};
+
+/// The finalizer of Databases.
+pub const FINALIZER: &str = "database.steward.dev/database-cleanup";
+/// Condition: whether the server could be reached at the last attempt.
+pub const SERVER_REACHABLE: &str = "ServerReachable";
+
+/// Name of a Database's credentials Secret.
+pub fn secret_name(db: &Database) -> String {
+    format!("{}-db-credentials", db.name_any())
+}
+
+/// Reconciles one Database.
+///
+/// # Errors
+/// The step that failed, wrapped by the finalizer.
+pub async fn reconcile(db: Arc<Database>, ctx: Arc<Context<State>>) -> Result<Action, finalizer::Error<Error>> {
+    let ns = db.namespace().unwrap_or_default();
+    let api: Api<Database> = Api::namespaced(ctx.client.clone(), &ns);
+    finalizer::run(&api, FINALIZER, db, |event| async {
+        match event {
+            Event::Apply(db) => apply(&db, &ctx).await,
+            Event::Cleanup(db) => cleanup(&db, &ctx).await,
+        }
+    })
+    .await
+}
+
+/// What a reconcile learned, kept for the status even when a later step fails.
+#[derive(Debug, Default)]
+struct Progress {
+    server: Option<String>,
+    reachable: Option<Result<(), String>>,
+    secret: Option<String>,
+    backup: Option<BackupStatus>,
+}
+
+/// Checks in code what the schema checks at admission.
+///
+/// # Errors
+/// [`Error::InvalidSpec`].
+pub fn validate(db: &Database) -> Result<(), Error> {
+    let invalid = |e: ident::InvalidName| Error::InvalidSpec(e.to_string());
+    let spec = &db.spec;
+    ident::validate(Kind::Database, &spec.name).map_err(invalid)?;
+    ident::validate(Kind::Role, &spec.owner).map_err(invalid)?;
+    for s in &spec.schemas {
+        ident::validate(Kind::Schema, &s.name).map_err(invalid)?;
+    }
+    for e in &spec.extensions {
+        ident::validate(Kind::Extension, &e.name).map_err(invalid)?;
+        if let Some(s) = &e.schema {
+            ident::validate(Kind::Schema, s).map_err(invalid)?;
+        }
+    }
+    if spec.cluster_ref.is_some() == spec.external.is_some() {
+        return Err(Error::InvalidSpec("exactly one of clusterRef and external must be set".into()));
+    }
+    Ok(())
+}
+
+async fn apply(db: &Database, ctx: &Context<State>) -> Result<Action, Error> {
+    let mut progress = Progress::default();
+    let result = converge(db, ctx, &mut progress).await;
+    let status = status_of(db, &progress, result.as_ref().map(|_| ()), false);
+    write_status(db, ctx, status).await?;
+    result?;
+    Ok(Action::requeue(ctx.data.options.resync_interval))
+}
+
+async fn converge(db: &Database, ctx: &Context<State>, progress: &mut Progress) -> Result<(), Error> {
+    validate(db)?;
+    let ns = db.namespace().unwrap_or_default();
+    let spec = &db.spec;
+    let server = server::resolve(&ctx.client, &ns, spec).await?;
+    if server.admin_user == spec.owner {
+        return Err(Error::InvalidSpec(format!("owner {:?} is the server's admin role; choose another owner", spec.owner)));
+    }
+    progress.server = Some(server.address());
+
+    // Credentials: the owner's password is generated once and kept in the Secret.
+    let secrets: Api<Secret> = Api::namespaced(ctx.client.clone(), &ns);
+    let name = secret_name(db);
+    let existing = secrets.get_opt(&name).await.map_err(|source| Error::Read { what: format!("Secret {name}"), source })?;
+    let password = existing.as_ref().and_then(server::password_of).unwrap_or_else(Password::generate);
+    let data = server::credentials(&server, &spec.name, &spec.owner, &password);
+    Children::new(ctx.client.clone(), db, &ctx.field_manager)
+        .apply(server::credentials_secret(&name, &ns, data, BTreeMap::new()))
+        .await?;
+    progress.secret = Some(name);
+
+    // The server.
+    let address = server.address();
+    let admin = match pg::connect(&server, &server.admin_database).await {
+        Ok(c) => c,
+        Err(source) => {
+            progress.reachable = Some(Err(steward_core::chain(&source)));
+            return Err(Error::ServerUnreachable { address, source });
+        }
+    };
+    progress.reachable = Some(Ok(()));
+    let sql_err = |step: &str| {
+        let address = address.clone();
+        let step = step.to_string();
+        move |e| Error::sql(step, &address, e)
+    };
+    let (admin_is_superuser, _) = observe::session(&admin).await.map_err(sql_err("read the session"))?;
+    let role_state = observe::role(&admin, &spec.owner).await.map_err(sql_err("read the owner role"))?;
+    let role_plan = sql::plan_login_role(&spec.owner, role_state.as_ref(), &password)?;
+    pg::execute(&admin, &role_plan).await.map_err(sql_err("create or update the owner role"))?;
+    let db_state = observe::database_server(&admin, &spec.name, &spec.owner, admin_is_superuser)
+        .await
+        .map_err(sql_err("read the database"))?;
+    let db_plan = sql::plan_database_server(&spec.name, &spec.owner, &db_state);
+    pg::execute(&admin, &db_plan).await.map_err(sql_err("create or update the database"))?;
+
+    let inside = pg::connect(&server, &spec.name).await.map_err(sql_err(&format!("connect to database {}", spec.name)))?;
+    let in_state = observe::in_database(&inside).await.map_err(sql_err("read schemas and extensions"))?;
+    let in_plan = sql::plan_in_database(&spec.owner, &spec.schemas, &spec.extensions, &in_state);
+    pg::execute(&inside, &in_plan).await.map_err(sql_err("converge schemas and extensions"))?;
+
+    // Tell what changed.
+    let created = db_state.owner.is_none();
+    let changes: Vec<String> = role_plan.iter().chain(&db_plan).chain(&in_plan).map(|s| pg::redact(s)).collect();
+    if created {
+        ctx.recorder
+            .normal(db, "Created", "Create", format!("created database {} owned by {} on {address}", spec.name, spec.owner))
+            .await;
+    } else if db.status.as_ref().and_then(|s| s.observed_generation).is_none() {
+        ctx.recorder
+            .normal(db, "Adopted", "Adopt", format!("adopted the existing database {} on {address}", spec.name))
+            .await;
+    } else if !changes.is_empty() {
+        ctx.recorder.normal(db, "DriftCorrected", "Converge", format!("corrected drift: {}", changes.join("; "))).await;
+    }
+    if role_state.is_none() && !created {
+        tracing::info!(role = %spec.owner, "created the owner role of an existing database");
+    }
+    Ok(())
+}
+
+async fn cleanup(db: &Database, ctx: &Context<State>) -> Result<Action, Error> {
+    let mut progress = Progress::default();
+    let result = drop_all(db, ctx, &mut progress).await;
+    if let Err(e) = &result {
+        let status = status_of(db, &progress, Err(e), true);
+        write_status(db, ctx, status).await?;
+    }
+    result
+}
+
+async fn drop_all(db: &Database, ctx: &Context<State>, progress: &mut Progress) -> Result<Action, Error> {
+    let ns = db.namespace().unwrap_or_default();
+    let spec = &db.spec;
+    progress.backup = db.status.as_ref().and_then(|s| s.backup.clone());
+
+    // DatabaseRoles need this object (its server) for their own cleanup: they go first.
+    let roles: Api<DatabaseRole> = Api::namespaced(ctx.client.clone(), &ns);
+    let waiting: Vec<String> = roles
+        .list(&ListParams::default())
+        .await
+        .map_err(|source| Error::Read { what: "DatabaseRoles".into(), source })?
+        .items
+        .into_iter()
+        .filter(|r| r.spec.database_ref.name == db.name_any())
+        .map(|r| r.name_any())
+        .collect();
+    if !waiting.is_empty() {
+        return Err(Error::WaitingForRoles(waiting.join(", ")));
+    }
+
+    if spec.deletion_policy == DeletionPolicy::Retain {
+        ctx.recorder
+            .normal(
+                db,
+                "Retained",
+                "Delete",
+                format!("deletionPolicy Retain: database {} and role {} were left on the server", spec.name, spec.owner),
+            )
+            .await;
+        return Ok(Action::await_change());
+    }
+    validate(db)?;
+    let server = server::resolve(&ctx.client, &ns, spec).await?;
+    progress.server = Some(server.address());
+
+    if spec.backup_before_delete {
+        let state = ensure_backup(db, ctx, &server).await?;
+        progress.backup = Some(backup::status(db, state));
+        match state {
+            backup::JobState::Succeeded => {}
+            backup::JobState::Running => return Err(Error::WaitingForBackup { job: backup::name(db) }),
+            backup::JobState::Failed => return Err(Error::BackupFailed { job: backup::name(db) }),
+        }
+    }
+
+    let address = server.address();
+    let admin = match pg::connect(&server, &server.admin_database).await {
+        Ok(c) => c,
+        Err(source) => {
+            progress.reachable = Some(Err(steward_core::chain(&source)));
+            return Err(Error::ServerUnreachable { address, source });
+        }
+    };
+    progress.reachable = Some(Ok(()));
+    let sql_err = |step: &'static str| {
+        let address = address.clone();
+        move |e| Error::sql(step, &address, e)
+    };
+    let (_, major) = observe::session(&admin).await.map_err(sql_err("read the session"))?;
+    let terminated = observe::terminate_connections(&admin, &spec.name).await.map_err(sql_err("terminate the database's sessions"))?;
+    let owner_exists = observe::role(&admin, &spec.owner).await.map_err(sql_err("read the owner role"))?.is_some();
+    let others: Vec<String> = if owner_exists {
+        observe::owned_databases(&admin, &spec.owner)
+            .await
+            .map_err(sql_err("read the owner's databases"))?
+            .into_iter()
+            .filter(|d| d != &spec.name)
+            .collect()
+    } else {
+        Vec::new()
+    };
+    let (mut plan, kept) = sql::plan_drop_database(&spec.name, &spec.owner, major, &others);
+    if !owner_exists {
+        plan.truncate(1);
+    }
+    pg::execute(&admin, &plan).await.map_err(sql_err("drop the database and its owner role"))?;
+    let backup_note = progress.backup.as_ref().map(|b| format!(" (dump {} in claim {})", b.file, b.claim)).unwrap_or_default();
+    ctx.recorder
+        .normal(
+            db,
+            "Dropped",
+            "Delete",
+            format!("dropped database {} after terminating {terminated} sessions{backup_note}", spec.name),
+        )
+        .await;
+    if let Some(why) = kept {
+        ctx.recorder.normal(db, "RoleKept", "Delete", why).await;
+    }
+    Ok(Action::await_change())
+}
+
+async fn ensure_backup(db: &Database, ctx: &Context<State>, server: &Server) -> Result<backup::JobState, Error> {
+    let ns = db.namespace().unwrap_or_default();
+    let jobs: Api<Job> = Api::namespaced(ctx.client.clone(), &ns);
+    let name = backup::name(db);
+    let existing = jobs.get_opt(&name).await.map_err(|source| Error::Read { what: format!("Job {name}"), source })?;
+    let job = match existing {
+        Some(job) => job,
+        None => {
+            let children = Children::new(ctx.client.clone(), db, &ctx.field_manager);
+            // The claim outlives the Database: no owner reference.
+            children.clone().without_owner_reference().apply(backup::claim(db)).await?;
+            let job = children.apply(backup::job(db, server, &ctx.data.options.backup_image)).await?;
+            ctx.recorder
+                .normal(db, "BackupStarted", "Backup", format!("started Job {name} to dump database {} before dropping it", db.spec.name))
+                .await;
+            job
+        }
+    };
+    Ok(backup::job_state(&job))
+}
+
+fn status_of(db: &Database, progress: &Progress, result: Result<(), &Error>, deleting: bool) -> DatabaseStatus {
+    use steward_core::ReconcileError;
+    let previous = db.status.clone().unwrap_or_default();
+    let generation = db.meta().generation;
+    let mut conds = previous.conditions.clone();
+    match &progress.reachable {
+        Some(Ok(())) => {
+            conditions::set(&mut conds, SERVER_REACHABLE, true, "Connected", "connected and logged in", generation);
+        }
+        Some(Err(why)) => {
+            conditions::set(&mut conds, SERVER_REACHABLE, false, "ServerUnreachable", why.clone(), generation);
+        }
+        None => {}
+    }
+    let phase = match (&result, deleting) {
+        (_, true) => ResourcePhase::Deleting,
+        (Ok(()), false) => ResourcePhase::Ready,
+        (Err(e), false) if e.is_permanent() => ResourcePhase::Failed,
+        (Err(_), false) => ResourcePhase::Pending,
+    };
+    match &result {
+        Ok(()) => conditions::set(&mut conds, READY, true, "Converged", format!("database {} is owned by {}", db.spec.name, db.spec.owner), generation),
+        Err(e) => conditions::set(&mut conds, READY, false, e.reason(), steward_core::chain(*e), generation),
+    };
+    DatabaseStatus {
+        phase: Some(phase),
+        server: progress.server.clone().or(previous.server),
+        secret_name: progress.secret.clone().or(previous.secret_name),
+        backup: progress.backup.clone().or(previous.backup),
+        observed_generation: generation,
+        conditions: conds,
+    }
+}
+
+async fn write_status(db: &Database, ctx: &Context<State>, status: DatabaseStatus) -> Result<(), Error> {
+    let api: Api<Database> = Api::namespaced(ctx.client.clone(), &db.namespace().unwrap_or_default());
+    steward_core::status::apply(&api, db, db.status.as_ref(), &status, &ctx.field_manager).await?;
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::api::{DatabaseSpec, ExternalServer, SecretRef, SslMode};
+
+    pub(crate) fn database(name: &str) -> Database {
+        let mut db = Database::new(
+            name,
+            DatabaseSpec {
+                cluster_ref: None,
+                external: Some(ExternalServer {
+                    host: "127.0.0.1".into(),
+                    port: 5432,
+                    ssl_mode: SslMode::Disable,
+                    admin_secret_ref: SecretRef { name: "admin".into(), username_key: "username".into(), password_key: "password".into() },
+                    admin_database: "postgres".into(),
+                }),
+                name: "app".into(),
+                owner: "app_owner".into(),
+                extensions: vec![],
+                schemas: vec![],
+                deletion_policy: DeletionPolicy::Delete,
+                backup_before_delete: true,
+                backup: None,
+            },
+        );
+        db.meta_mut().namespace = Some("ns".into());
+        db.meta_mut().uid = Some("0123abcd-ffff".into());
+        db.meta_mut().generation = Some(3);
+        db
+    }
+
+    #[test]
+    fn validate_catches_what_the_schema_does() {
+        let mut db = database("x");
+        validate(&db).unwrap();
+        db.spec.name = "x\"; DROP DATABASE postgres; --".into();
+        assert!(matches!(validate(&db), Err(Error::InvalidSpec(m)) if m.contains("invalid database name")));
+        let mut db = database("x");
+        db.spec.owner = "pg_signal_backend".into();
+        assert!(validate(&db).is_err());
+        let mut db = database("x");
+        db.spec.external = None;
+        assert!(validate(&db).is_err(), "neither clusterRef nor external");
+    }
+
+    #[test]
+    fn unreachable_server_is_a_condition_with_the_error() {
+        let db = database("x");
+        let progress = Progress {
+            server: Some("127.0.0.1:1".into()),
+            reachable: Some(Err("connection refused".into())),
+            secret: Some("x-db-credentials".into()),
+            backup: None,
+        };
+        let err = Error::MissingReference("whatever".into());
+        let s = status_of(&db, &progress, Err(&err), false);
+        let c = conditions::get(&s.conditions, SERVER_REACHABLE).unwrap();
+        assert_eq!((c.status.as_str(), c.reason.as_str(), c.message.as_str()), ("False", "ServerUnreachable", "connection refused"));
+        assert_eq!(s.phase, Some(ResourcePhase::Pending));
+        assert_eq!(s.observed_generation, Some(3));
+        let s = status_of(&db, &progress, Err(&err), true);
+        assert_eq!(s.phase, Some(ResourcePhase::Deleting));
+    }
+
+    #[test]
+    fn backup_job_reads_credentials_from_the_admin_secret() {
+        let mut db = database("orders");
+        db.meta_mut().deletion_timestamp = Some(k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(
+            k8s_openapi::jiff::Timestamp::from_second(1_700_000_000).unwrap(),
+        ));
+        let server = Server {
+            host: "h".into(),
+            port: 5432,
+            ssl_mode: SslMode::Disable,
+            admin_user: "admin".into(),
+            admin_password: Password::from_existing("secret-pw".into()),
+            admin_database: "postgres".into(),
+            ca_pem: None,
+        };
+        let job = backup::job(&db, &server, "postgres:17");
+        let text = serde_json::to_string(&job).unwrap();
+        assert!(!text.contains("secret-pw"), "the password is a secretKeyRef, never inline");
+        assert_eq!(backup::name(&db), "orders-backup-0123abcd");
+        assert_eq!(backup::file_name(&db), "app-20231114T221320Z.dump");
+        assert!(text.contains("--file=/backup/app-20231114T221320Z.dump"));
+        let claim = backup::claim(&db);
+        assert_eq!(claim.metadata.name.as_deref(), Some("orders-backup-0123abcd"));
+        assert_eq!(backup::job_state(&job), backup::JobState::Running);
+    }
+}

@@ -1,0 +1,102 @@
+//! The reconcile errors of the three controllers, each variant named after the step that
+//! failed.
+
+use crate::pg::PgError;
+use crate::sql::PlanError;
+
+/// Why a reconcile (or a cleanup) did not finish.
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    /// The spec is invalid; nothing is retried until it changes.
+    #[error("invalid spec: {0}")]
+    InvalidSpec(String),
+
+    /// Reading an object from the API server failed.
+    #[error("failed to read {what}")]
+    Read {
+        what: String,
+        #[source]
+        source: kube::Error,
+    },
+
+    /// An object this one refers to does not exist (yet).
+    #[error("{0}")]
+    MissingReference(String),
+
+    /// Applying a child, pruning, or writing status failed.
+    #[error(transparent)]
+    Apply(#[from] steward_core::Error),
+
+    /// Labelling a pod with its role failed.
+    #[error("failed to label pod {pod}")]
+    LabelPod {
+        pod: String,
+        #[source]
+        source: kube::Error,
+    },
+
+    /// The PostgreSQL server could not be reached or logged into.
+    #[error("PostgreSQL server {address} is unreachable")]
+    ServerUnreachable {
+        address: String,
+        #[source]
+        source: PgError,
+    },
+
+    /// A statement or query failed on a reachable server.
+    #[error("failed to {step}")]
+    Sql {
+        step: String,
+        #[source]
+        source: PgError,
+    },
+
+    /// The desired state is unsafe to converge (e.g. taking over a superuser).
+    #[error("refusing to converge")]
+    Unsafe(#[from] PlanError),
+
+    /// Deletion waits for DatabaseRoles that still refer to the Database.
+    #[error("waiting for DatabaseRoles that refer to this Database to be deleted first: {0}")]
+    WaitingForRoles(String),
+
+    /// Deletion waits for the pre-delete dump.
+    #[error("waiting for the pre-delete dump (Job {job}) to succeed before dropping the database")]
+    WaitingForBackup { job: String },
+
+    /// The pre-delete dump failed; the database is not dropped.
+    #[error("the pre-delete dump (Job {job}) failed, so the database was not dropped; see the Job's pods, fix the cause and delete the Job to retry")]
+    BackupFailed { job: String },
+}
+
+impl steward_core::ReconcileError for Error {
+    fn reason(&self) -> &str {
+        match self {
+            Error::InvalidSpec(_) => "InvalidSpec",
+            Error::Read { .. } => "ReadFailed",
+            Error::MissingReference(_) => "MissingReference",
+            Error::Apply(_) => "ApplyFailed",
+            Error::LabelPod { .. } => "LabelPodFailed",
+            Error::ServerUnreachable { .. } => "ServerUnreachable",
+            Error::Sql { .. } => "SqlFailed",
+            Error::Unsafe(_) => "Unsafe",
+            Error::WaitingForRoles(_) => "WaitingForRoles",
+            Error::WaitingForBackup { .. } => "WaitingForBackup",
+            Error::BackupFailed { .. } => "BackupFailed",
+        }
+    }
+
+    fn is_permanent(&self) -> bool {
+        matches!(self, Error::InvalidSpec(_) | Error::Unsafe(_))
+    }
+}
+
+impl Error {
+    /// A SQL error at `step`, sorted into unreachable vs. refused.
+    pub fn sql(step: impl Into<String>, address: &str, source: PgError) -> Self {
+        if source.is_connect() {
+            Error::ServerUnreachable { address: address.to_string(), source }
+        } else {
+            Error::Sql { step: step.into(), source }
+        }
+    }
+}

@@ -1,0 +1,302 @@
+//! Connecting to PostgreSQL servers and running plans.
+//!
+//! A [`Server`] is where a Database lives and how to log in as its admin, resolved from a
+//! `clusterRef` (the cluster's read-write Service and superuser Secret) or from `external`
+//! (host, port, sslmode, admin Secret): both take the same path from here on.
+
+use std::fmt;
+use std::sync::Arc;
+use std::time::Duration;
+
+use rustls::client::danger::{HandshakeSignatureValid, ServerCertVerified, ServerCertVerifier};
+use rustls::pki_types::{CertificateDer, ServerName, UnixTime};
+use rustls::{DigitallySignedStruct, Error as TlsError, SignatureScheme};
+use tokio_postgres::{Client, NoTls};
+
+use crate::api::SslMode;
+use crate::password::Password;
+
+/// How long connecting may take before the server counts as unreachable.
+pub const CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// A PostgreSQL server and the admin credentials to manage it.
+#[derive(Clone)]
+pub struct Server {
+    pub host: String,
+    pub port: u16,
+    pub ssl_mode: SslMode,
+    pub admin_user: String,
+    pub admin_password: Password,
+    /// The database the admin connects to for server-wide statements.
+    pub admin_database: String,
+    /// PEM CA bundle for `verify-ca`/`verify-full` (system roots when `None`).
+    pub ca_pem: Option<Vec<u8>>,
+}
+
+impl fmt::Debug for Server {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Server")
+            .field("host", &self.host)
+            .field("port", &self.port)
+            .field("ssl_mode", &self.ssl_mode)
+            .field("admin_user", &self.admin_user)
+            .finish_non_exhaustive()
+    }
+}
+
+impl Server {
+    /// `host:port`.
+    pub fn address(&self) -> String {
+        if self.host.contains(':') { format!("[{}]:{}", self.host, self.port) } else { format!("{}:{}", self.host, self.port) }
+    }
+}
+
+/// What went wrong talking to the server.
+#[derive(Debug, thiserror::Error)]
+pub enum PgError {
+    /// No connection could be made (network, TLS, authentication).
+    #[error("failed to connect to {address} as {user} (database {database})")]
+    Connect {
+        address: String,
+        user: String,
+        database: String,
+        #[source]
+        source: tokio_postgres::Error,
+    },
+    /// The TLS configuration could not be built (bad CA bundle).
+    #[error("failed to set up TLS for {address}: {message}")]
+    Tls { address: String, message: String },
+    /// A query or statement failed.
+    #[error("failed to run `{what}`")]
+    Statement {
+        what: String,
+        #[source]
+        source: tokio_postgres::Error,
+    },
+}
+
+impl PgError {
+    /// Whether the failure is about reaching the server (vs. a statement it refused).
+    pub fn is_connect(&self) -> bool {
+        matches!(self, PgError::Connect { .. } | PgError::Tls { .. })
+            || matches!(self, PgError::Statement { source, .. } if source.is_closed() || source.as_db_error().is_none())
+    }
+
+    /// The SQLSTATE of a statement error, if the server sent one.
+    pub fn sqlstate(&self) -> Option<&str> {
+        match self {
+            PgError::Statement { source, .. } => source.code().map(|c| c.code()),
+            _ => None,
+        }
+    }
+}
+
+/// Connects to `database` on `server` as its admin.
+///
+/// # Errors
+/// [`PgError::Connect`] or [`PgError::Tls`].
+pub async fn connect(server: &Server, database: &str) -> Result<Client, PgError> {
+    connect_as(server, database, &server.admin_user, &server.admin_password).await
+}
+
+/// Connects to `database` on `server` as `user`.
+///
+/// # Errors
+/// [`PgError::Connect`] or [`PgError::Tls`].
+pub async fn connect_as(server: &Server, database: &str, user: &str, password: &Password) -> Result<Client, PgError> {
+    let mut config = tokio_postgres::Config::new();
+    config
+        .host(&server.host)
+        .port(server.port)
+        .user(user)
+        .password(password.expose())
+        .dbname(database)
+        .application_name("steward-database-operator")
+        .connect_timeout(CONNECT_TIMEOUT)
+        .ssl_mode(match server.ssl_mode {
+            SslMode::Disable => tokio_postgres::config::SslMode::Disable,
+            SslMode::Prefer => tokio_postgres::config::SslMode::Prefer,
+            SslMode::Require | SslMode::VerifyCa | SslMode::VerifyFull => tokio_postgres::config::SslMode::Require,
+        });
+    let connect_err = |source| PgError::Connect {
+        address: server.address(),
+        user: user.to_string(),
+        database: database.to_string(),
+        source,
+    };
+    let connect = async {
+        if server.ssl_mode == SslMode::Disable {
+            let (client, connection) = config.connect(NoTls).await.map_err(connect_err)?;
+            tokio::spawn(async move {
+                if let Err(e) = connection.await {
+                    tracing::debug!(error = %e, "PostgreSQL connection ended");
+                }
+            });
+            Ok(client)
+        } else {
+            let tls = tokio_postgres_rustls::MakeRustlsConnect::new(tls_config(server)?);
+            let (client, connection) = config.connect(tls).await.map_err(connect_err)?;
+            tokio::spawn(async move {
+                if let Err(e) = connection.await {
+                    tracing::debug!(error = %e, "PostgreSQL connection ended");
+                }
+            });
+            Ok(client)
+        }
+    };
+    connect.await
+}
+
+/// Runs each statement of `plan` on its own (no implicit transaction).
+///
+/// # Errors
+/// [`PgError::Statement`] naming the first statement that failed (statements are logged by
+/// their first words only; they may hold SCRAM verifiers).
+pub async fn execute(client: &Client, plan: &[String]) -> Result<(), PgError> {
+    for statement in plan {
+        tracing::info!(statement = %redact(statement), "executing");
+        client
+            .batch_execute(statement)
+            .await
+            .map_err(|source| PgError::Statement { what: redact(statement), source })?;
+    }
+    Ok(())
+}
+
+/// A statement as it may appear in logs, Events and conditions: anything after `PASSWORD`
+/// is cut.
+pub fn redact(statement: &str) -> String {
+    match statement.find(" PASSWORD ") {
+        Some(i) => format!("{} PASSWORD <redacted>", &statement[..i]),
+        None => statement.to_string(),
+    }
+}
+
+fn tls_config(server: &Server) -> Result<rustls::ClientConfig, PgError> {
+    let tls_err = |message: String| PgError::Tls { address: server.address(), message };
+    let provider = Arc::new(rustls::crypto::ring::default_provider());
+    let builder = rustls::ClientConfig::builder_with_provider(provider.clone())
+        .with_safe_default_protocol_versions()
+        .map_err(|e| tls_err(e.to_string()))?;
+    let config = match server.ssl_mode {
+        SslMode::Disable | SslMode::Prefer | SslMode::Require => builder
+            .dangerous()
+            .with_custom_certificate_verifier(Arc::new(NoVerification(provider)))
+            .with_no_client_auth(),
+        SslMode::VerifyCa | SslMode::VerifyFull => {
+            let mut roots = rustls::RootCertStore::empty();
+            match &server.ca_pem {
+                Some(pem) => {
+                    for cert in rustls::pki_types::pem::PemObject::pem_slice_iter(pem) {
+                        let cert: CertificateDer<'static> = cert.map_err(|e| tls_err(format!("bad ca.crt: {e}")))?;
+                        roots.add(cert).map_err(|e| tls_err(format!("bad ca.crt: {e}")))?;
+                    }
+                }
+                None => {
+                    for cert in rustls_native_certs::load_native_certs().certs {
+                        let _ = roots.add(cert);
+                    }
+                }
+            }
+            let webpki = rustls::client::WebPkiServerVerifier::builder_with_provider(Arc::new(roots), provider)
+                .build()
+                .map_err(|e| tls_err(e.to_string()))?;
+            if server.ssl_mode == SslMode::VerifyFull {
+                builder.with_webpki_verifier(webpki).with_no_client_auth()
+            } else {
+                builder.dangerous().with_custom_certificate_verifier(Arc::new(IgnoreHostname(webpki))).with_no_client_auth()
+            }
+        }
+    };
+    Ok(config)
+}
+
+/// libpq's `require`/`prefer`: encrypted, certificate not checked.
+#[derive(Debug)]
+struct NoVerification(Arc<rustls::crypto::CryptoProvider>);
+
+impl ServerCertVerifier for NoVerification {
+    fn verify_server_cert(
+        &self,
+        _end_entity: &CertificateDer<'_>,
+        _intermediates: &[CertificateDer<'_>],
+        _server_name: &ServerName<'_>,
+        _ocsp_response: &[u8],
+        _now: UnixTime,
+    ) -> Result<ServerCertVerified, TlsError> {
+        Ok(ServerCertVerified::assertion())
+    }
+
+    fn verify_tls12_signature(&self, message: &[u8], cert: &CertificateDer<'_>, dss: &DigitallySignedStruct) -> Result<HandshakeSignatureValid, TlsError> {
+        rustls::crypto::verify_tls12_signature(message, cert, dss, &self.0.signature_verification_algorithms)
+    }
+
+    fn verify_tls13_signature(&self, message: &[u8], cert: &CertificateDer<'_>, dss: &DigitallySignedStruct) -> Result<HandshakeSignatureValid, TlsError> {
+        rustls::crypto::verify_tls13_signature(message, cert, dss, &self.0.signature_verification_algorithms)
+    }
+
+    fn supported_verify_schemes(&self) -> Vec<SignatureScheme> {
+        self.0.signature_verification_algorithms.supported_schemes()
+    }
+}
+
+/// libpq's `verify-ca`: the chain must verify, the name need not match.
+#[derive(Debug)]
+struct IgnoreHostname(Arc<rustls::client::WebPkiServerVerifier>);
+
+impl ServerCertVerifier for IgnoreHostname {
+    fn verify_server_cert(
+        &self,
+        end_entity: &CertificateDer<'_>,
+        intermediates: &[CertificateDer<'_>],
+        server_name: &ServerName<'_>,
+        ocsp_response: &[u8],
+        now: UnixTime,
+    ) -> Result<ServerCertVerified, TlsError> {
+        match self.0.verify_server_cert(end_entity, intermediates, server_name, ocsp_response, now) {
+            Err(TlsError::InvalidCertificate(rustls::CertificateError::NotValidForName))
+            | Err(TlsError::InvalidCertificate(rustls::CertificateError::NotValidForNameContext { .. })) => {
+                Ok(ServerCertVerified::assertion())
+            }
+            other => other,
+        }
+    }
+
+    fn verify_tls12_signature(&self, message: &[u8], cert: &CertificateDer<'_>, dss: &DigitallySignedStruct) -> Result<HandshakeSignatureValid, TlsError> {
+        self.0.verify_tls12_signature(message, cert, dss)
+    }
+
+    fn verify_tls13_signature(&self, message: &[u8], cert: &CertificateDer<'_>, dss: &DigitallySignedStruct) -> Result<HandshakeSignatureValid, TlsError> {
+        self.0.verify_tls13_signature(message, cert, dss)
+    }
+
+    fn supported_verify_schemes(&self) -> Vec<SignatureScheme> {
+        self.0.supported_verify_schemes()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn redact_cuts_passwords() {
+        assert_eq!(redact("ALTER ROLE \"a\" WITH PASSWORD 'SCRAM-SHA-256$x'"), "ALTER ROLE \"a\" WITH PASSWORD <redacted>");
+        assert_eq!(redact("CREATE DATABASE \"a\""), "CREATE DATABASE \"a\"");
+    }
+
+    #[test]
+    fn debug_hides_the_admin_password() {
+        let s = Server {
+            host: "h".into(),
+            port: 5432,
+            ssl_mode: SslMode::Disable,
+            admin_user: "admin".into(),
+            admin_password: Password::from_existing("topsecret".into()),
+            admin_database: "postgres".into(),
+            ca_pem: None,
+        };
+        assert!(!format!("{s:?}").contains("topsecret"));
+        assert_eq!(s.address(), "h:5432");
+    }
+}

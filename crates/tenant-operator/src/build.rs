@@ -1,0 +1,504 @@
+//! Build: the objects a tenant wants, as pure functions of the Tenant (and, for shared
+//! copies, their sources). Nothing here touches the API server.
+//!
+//! Per namespace: a ResourceQuota `tenant-quota`, a LimitRange `tenant-limits`, a
+//! NetworkPolicy `tenant-isolation`, RoleBindings `tenant-owner-<role>` and `tenant-<role>`,
+//! and copies of the shared Secrets and ConfigMaps. Per tenant: a ClusterRole and
+//! ClusterRoleBinding that let the owners create namespaces for the tenant and mark them as
+//! its owners for the admission policies (the custom verb `own` on their Tenant).
+//! Every object carries the label `tenancy.steward.dev/tenant=<tenant>`.
+
+use std::collections::BTreeMap;
+
+use k8s_openapi::api::core::v1::{
+    ConfigMap, LimitRange, LimitRangeItem, LimitRangeSpec, Namespace, ResourceQuota, ResourceQuotaSpec, Secret,
+};
+use k8s_openapi::api::networking::v1::{
+    NetworkPolicy, NetworkPolicyIngressRule, NetworkPolicyPeer, NetworkPolicySpec,
+};
+use k8s_openapi::api::rbac::v1::{
+    ClusterRole, ClusterRoleBinding, PolicyRule, RoleBinding, RoleRef, Subject as RbacSubject,
+};
+use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{LabelSelector, LabelSelectorRequirement, ObjectMeta};
+use kube::ResourceExt;
+
+use crate::crd::{
+    CORDONED_LABEL, DECLARED_LABEL, GROUP, POD_SECURITY_LABEL, QuantityValue, SOURCE_ANNOTATION, SubjectKind,
+    TENANT_LABEL, Tenant,
+};
+use crate::quantity::Milli;
+
+/// Name of the ResourceQuota in every tenant namespace.
+pub const QUOTA_NAME: &str = "tenant-quota";
+/// Name of the LimitRange in every tenant namespace.
+pub const LIMITS_NAME: &str = "tenant-limits";
+/// Name of the NetworkPolicy in every tenant namespace.
+pub const NETWORK_POLICY_NAME: &str = "tenant-isolation";
+/// The custom RBAC verb on a Tenant that makes a subject one of its owners for the
+/// admission policies.
+pub const OWN_VERB: &str = "own";
+
+/// Operator-wide settings the builders need.
+#[derive(Clone, Debug)]
+pub struct Settings {
+    /// ClusterRole for owners when the Tenant names none.
+    pub owner_cluster_role: String,
+}
+
+fn meta(tenant: &Tenant, name: &str, namespace: Option<&str>) -> ObjectMeta {
+    ObjectMeta {
+        name: Some(name.to_string()),
+        namespace: namespace.map(str::to_string),
+        labels: Some(BTreeMap::from([(TENANT_LABEL.to_string(), tenant.name_any())])),
+        ..Default::default()
+    }
+}
+
+/// The namespace `name` as the tenant wants it: the tenant label (and `declared` for those in
+/// `spec.namespaces`), the Pod Security level, the cordon mark, propagated labels and
+/// annotations.
+pub fn namespace(tenant: &Tenant, name: &str, declared: bool) -> Namespace {
+    let mut m = meta(tenant, name, None);
+    let labels = m.labels.get_or_insert_with(BTreeMap::new);
+    let spec = &tenant.spec;
+    if let Some(md) = &spec.namespace_metadata {
+        for (k, v) in &md.labels {
+            labels.insert(k.clone(), v.clone());
+        }
+        if !md.annotations.is_empty() {
+            m.annotations = Some(md.annotations.clone());
+        }
+    }
+    let labels = m.labels.get_or_insert_with(BTreeMap::new);
+    labels.insert(TENANT_LABEL.to_string(), tenant.name_any());
+    if declared {
+        labels.insert(DECLARED_LABEL.to_string(), "true".to_string());
+    }
+    if spec.cordoned {
+        labels.insert(CORDONED_LABEL.to_string(), "true".to_string());
+    }
+    if let Some(level) = spec.pod_security {
+        labels.insert(POD_SECURITY_LABEL.to_string(), level.as_label().to_string());
+    }
+    Namespace { metadata: m, ..Default::default() }
+}
+
+/// The label keys and annotation keys [`namespace`] sets, for releasing an orphaned namespace.
+pub fn namespace_metadata_keys(tenant: &Tenant) -> (Vec<String>, Vec<String>) {
+    let ns = namespace(tenant, "x", true);
+    let mut labels: Vec<String> = ns.metadata.labels.unwrap_or_default().into_keys().collect();
+    labels.push(CORDONED_LABEL.to_string());
+    labels.push(steward_core::apply::OWNER_LABEL.to_string());
+    labels.push(steward_core::apply::MANAGED_BY_LABEL.to_string());
+    labels.sort();
+    labels.dedup();
+    let annotations = ns.metadata.annotations.unwrap_or_default().into_keys().collect();
+    (labels, annotations)
+}
+
+fn quantities(map: &BTreeMap<String, Milli>) -> BTreeMap<String, Quantity> {
+    map.iter().map(|(k, v)| (k.clone(), Quantity(v.format_for(k)))).collect()
+}
+
+fn spec_quantities(map: &BTreeMap<String, QuantityValue>) -> Option<BTreeMap<String, Quantity>> {
+    (!map.is_empty()).then(|| map.iter().map(|(k, v)| (k.clone(), Quantity(v.0.clone()))).collect())
+}
+
+/// The ResourceQuota of one namespace with the given hard limits (see [`crate::quota`]).
+pub fn resource_quota(tenant: &Tenant, namespace: &str, hard: &BTreeMap<String, Milli>) -> ResourceQuota {
+    ResourceQuota {
+        metadata: meta(tenant, QUOTA_NAME, Some(namespace)),
+        spec: Some(ResourceQuotaSpec { hard: Some(quantities(hard)), ..Default::default() }),
+        ..Default::default()
+    }
+}
+
+/// The LimitRange of one namespace, if the tenant has `limitRange`.
+pub fn limit_range(tenant: &Tenant, namespace: &str) -> Option<LimitRange> {
+    let spec = tenant.spec.limit_range.as_ref()?;
+    let limits = spec
+        .limits
+        .iter()
+        .map(|item| LimitRangeItem {
+            type_: item.type_.as_str().to_string(),
+            default: spec_quantities(&item.default),
+            default_request: spec_quantities(&item.default_request),
+            max: spec_quantities(&item.max),
+            min: spec_quantities(&item.min),
+            ..Default::default()
+        })
+        .collect();
+    Some(LimitRange { metadata: meta(tenant, LIMITS_NAME, Some(namespace)), spec: Some(LimitRangeSpec { limits }) })
+}
+
+/// The isolating NetworkPolicy of one namespace, unless isolation is disabled: ingress to
+/// every pod only from the tenant's namespaces and the explicitly allowed ones.
+pub fn network_policy(tenant: &Tenant, namespace: &str) -> Option<NetworkPolicy> {
+    let isolation = tenant.spec.network_isolation.clone().unwrap_or_default();
+    if !isolation.enabled {
+        return None;
+    }
+    let mut peers = vec![NetworkPolicyPeer {
+        namespace_selector: Some(LabelSelector {
+            match_labels: Some(BTreeMap::from([(TENANT_LABEL.to_string(), tenant.name_any())])),
+            ..Default::default()
+        }),
+        ..Default::default()
+    }];
+    if !isolation.allow_from_namespaces.is_empty() {
+        peers.push(NetworkPolicyPeer {
+            namespace_selector: Some(LabelSelector {
+                match_expressions: Some(vec![LabelSelectorRequirement {
+                    key: "kubernetes.io/metadata.name".to_string(),
+                    operator: "In".to_string(),
+                    values: Some(isolation.allow_from_namespaces.clone()),
+                }]),
+                ..Default::default()
+            }),
+            ..Default::default()
+        });
+    }
+    Some(NetworkPolicy {
+        metadata: meta(tenant, NETWORK_POLICY_NAME, Some(namespace)),
+        spec: Some(NetworkPolicySpec {
+            pod_selector: Some(LabelSelector::default()),
+            policy_types: Some(vec!["Ingress".to_string()]),
+            ingress: Some(vec![NetworkPolicyIngressRule { from: Some(peers), ..Default::default() }]),
+            ..Default::default()
+        }),
+    })
+}
+
+fn rbac_subject(s: &crate::crd::Subject) -> RbacSubject {
+    match s.kind {
+        SubjectKind::ServiceAccount => RbacSubject {
+            kind: "ServiceAccount".to_string(),
+            name: s.name.clone(),
+            namespace: s.namespace.clone(),
+            api_group: None,
+        },
+        kind => RbacSubject {
+            kind: kind.to_string(),
+            name: s.name.clone(),
+            namespace: None,
+            api_group: Some("rbac.authorization.k8s.io".to_string()),
+        },
+    }
+}
+
+fn dedup_subjects<'a>(subjects: impl Iterator<Item = &'a crate::crd::Subject>) -> Vec<RbacSubject> {
+    let mut seen = std::collections::BTreeSet::new();
+    subjects.filter(|s| seen.insert((*s).clone())).map(rbac_subject).collect()
+}
+
+/// The owners' ClusterRole for `tenant`, honouring the spec's override.
+pub fn owner_role<'a>(tenant: &'a Tenant, settings: &'a Settings) -> &'a str {
+    tenant.spec.owner_cluster_role.as_deref().unwrap_or(&settings.owner_cluster_role)
+}
+
+/// The RoleBindings of one namespace: the owners' (named after the role, because a
+/// RoleBinding's roleRef cannot change) and one per additional ClusterRole, subjects merged.
+pub fn role_bindings(tenant: &Tenant, namespace: &str, settings: &Settings) -> Vec<RoleBinding> {
+    let binding = |name: String, role: &str, subjects: Vec<RbacSubject>| RoleBinding {
+        metadata: meta(tenant, &name, Some(namespace)),
+        role_ref: RoleRef {
+            api_group: Some("rbac.authorization.k8s.io".to_string()),
+            kind: "ClusterRole".to_string(),
+            name: role.to_string(),
+        },
+        subjects: Some(subjects),
+    };
+    let role = owner_role(tenant, settings);
+    let mut out = vec![binding(format!("tenant-owner-{role}"), role, dedup_subjects(tenant.spec.owners.iter()))];
+    let mut by_role: BTreeMap<&str, Vec<&crate::crd::Subject>> = BTreeMap::new();
+    for extra in &tenant.spec.additional_role_bindings {
+        by_role.entry(extra.cluster_role.as_str()).or_default().extend(extra.subjects.iter());
+    }
+    for (role, subjects) in by_role {
+        out.push(binding(format!("tenant-{role}"), role, dedup_subjects(subjects.into_iter())));
+    }
+    out
+}
+
+/// Name of the per-tenant ClusterRole and ClusterRoleBinding.
+pub fn owner_cluster_object_name(tenant: &Tenant) -> String {
+    format!("{GROUP}:owner:{}", tenant.name_any())
+}
+
+/// The ClusterRole of the tenant's owners: read their Tenant, the custom verb `own` on it
+/// (which the admission policies check with `authorizer`), and create namespaces (which the
+/// policies limit to namespaces labelled for a tenant they own, within `maxNamespaces`).
+pub fn owner_cluster_role(tenant: &Tenant) -> ClusterRole {
+    ClusterRole {
+        metadata: meta(tenant, &owner_cluster_object_name(tenant), None),
+        rules: Some(vec![
+            PolicyRule {
+                api_groups: Some(vec![GROUP.to_string()]),
+                resources: Some(vec!["tenants".to_string()]),
+                resource_names: Some(vec![tenant.name_any()]),
+                verbs: vec!["get".to_string(), OWN_VERB.to_string()],
+                ..Default::default()
+            },
+            PolicyRule {
+                api_groups: Some(vec![String::new()]),
+                resources: Some(vec!["namespaces".to_string()]),
+                verbs: vec!["create".to_string()],
+                ..Default::default()
+            },
+        ]),
+        ..Default::default()
+    }
+}
+
+/// Binds [`owner_cluster_role`] to the owners.
+pub fn owner_cluster_role_binding(tenant: &Tenant) -> ClusterRoleBinding {
+    let name = owner_cluster_object_name(tenant);
+    ClusterRoleBinding {
+        metadata: meta(tenant, &name, None),
+        role_ref: RoleRef { api_group: Some("rbac.authorization.k8s.io".to_string()), kind: "ClusterRole".to_string(), name },
+        subjects: Some(dedup_subjects(tenant.spec.owners.iter())),
+    }
+}
+
+fn copy_meta(tenant: &Tenant, namespace: &str, source: &ObjectMeta) -> ObjectMeta {
+    let mut m = meta(tenant, source.name.as_deref().unwrap_or_default(), Some(namespace));
+    m.annotations = Some(BTreeMap::from([(
+        SOURCE_ANNOTATION.to_string(),
+        format!("{}/{}", source.namespace.as_deref().unwrap_or_default(), source.name.as_deref().unwrap_or_default()),
+    )]));
+    m
+}
+
+/// A copy of `source` in `namespace` (data and type; not the source's labels).
+pub fn shared_secret(tenant: &Tenant, namespace: &str, source: &Secret) -> Secret {
+    Secret {
+        metadata: copy_meta(tenant, namespace, &source.metadata),
+        data: source.data.clone().filter(|d| !d.is_empty()),
+        type_: source.type_.clone(),
+        ..Default::default()
+    }
+}
+
+/// A copy of `source` in `namespace` (data and binaryData; not the source's labels).
+pub fn shared_config_map(tenant: &Tenant, namespace: &str, source: &ConfigMap) -> ConfigMap {
+    ConfigMap {
+        metadata: copy_meta(tenant, namespace, &source.metadata),
+        data: source.data.clone().filter(|d| !d.is_empty()),
+        binary_data: source.binary_data.clone().filter(|d| !d.is_empty()),
+        ..Default::default()
+    }
+}
+
+#[cfg(test)]
+pub(crate) mod tests {
+    use super::*;
+    use crate::crd::{
+        AdditionalRoleBinding, LimitItem, LimitType, NamespaceMetadata, NetworkIsolation, PodSecurityLevel,
+        Subject, TenantSpec,
+    };
+
+    /// A chainable Tenant fixture: `TenantFixture::new("acme").owner_user("alice").build()`.
+    pub struct TenantFixture(Tenant);
+
+    impl TenantFixture {
+        pub fn new(name: &str) -> Self {
+            let mut t = Tenant::new(name, TenantSpec::default());
+            t.metadata.uid = Some(format!("uid-{name}"));
+            Self(t)
+        }
+        pub fn owner_user(mut self, name: &str) -> Self {
+            self.0.spec.owners.push(Subject { kind: SubjectKind::User, name: name.into(), namespace: None });
+            self
+        }
+        pub fn owner_sa(mut self, namespace: &str, name: &str) -> Self {
+            self.0.spec.owners.push(Subject {
+                kind: SubjectKind::ServiceAccount,
+                name: name.into(),
+                namespace: Some(namespace.into()),
+            });
+            self
+        }
+        pub fn namespaces(mut self, names: &[&str]) -> Self {
+            self.0.spec.namespaces = names.iter().map(|s| s.to_string()).collect();
+            self
+        }
+        pub fn spec(mut self, f: impl FnOnce(&mut TenantSpec)) -> Self {
+            f(&mut self.0.spec);
+            self
+        }
+        pub fn build(self) -> Tenant {
+            self.0
+        }
+    }
+
+    fn settings() -> Settings {
+        Settings { owner_cluster_role: "admin".into() }
+    }
+
+    #[test]
+    fn namespace_carries_tenant_pod_security_and_propagated_metadata() {
+        let t = TenantFixture::new("acme")
+            .owner_user("alice")
+            .spec(|s| {
+                s.pod_security = Some(PodSecurityLevel::Restricted);
+                s.namespace_metadata = Some(NamespaceMetadata {
+                    labels: BTreeMap::from([("team".into(), "a".into())]),
+                    annotations: BTreeMap::from([("contact".into(), "a@example.com".into())]),
+                });
+                s.cordoned = true;
+            })
+            .build();
+        let ns = namespace(&t, "acme-dev", true);
+        let labels = ns.metadata.labels.unwrap();
+        assert_eq!(labels[TENANT_LABEL], "acme");
+        assert_eq!(labels[DECLARED_LABEL], "true");
+        assert_eq!(labels[CORDONED_LABEL], "true");
+        assert_eq!(labels[POD_SECURITY_LABEL], "restricted");
+        assert_eq!(labels["team"], "a");
+        assert_eq!(ns.metadata.annotations.unwrap()["contact"], "a@example.com");
+
+        let owned = namespace(&TenantFixture::new("acme").build(), "self-made", false);
+        let labels = owned.metadata.labels.unwrap();
+        assert!(!labels.contains_key(DECLARED_LABEL), "owner-created namespaces are not declared");
+        assert!(!labels.contains_key(CORDONED_LABEL));
+        assert!(owned.metadata.annotations.is_none(), "no empty annotation map");
+    }
+
+    #[test]
+    fn role_bindings_bind_owners_and_merge_additional_subjects() {
+        let t = TenantFixture::new("acme")
+            .owner_user("alice")
+            .owner_sa("ci", "deployer")
+            .owner_user("alice")
+            .spec(|s| {
+                s.additional_role_bindings = vec![
+                    AdditionalRoleBinding {
+                        cluster_role: "view".into(),
+                        subjects: vec![Subject { kind: SubjectKind::Group, name: "auditors".into(), namespace: None }],
+                    },
+                    AdditionalRoleBinding {
+                        cluster_role: "view".into(),
+                        subjects: vec![Subject { kind: SubjectKind::User, name: "bob".into(), namespace: None }],
+                    },
+                ];
+            })
+            .build();
+        let rbs = role_bindings(&t, "acme-dev", &settings());
+        let names: Vec<_> = rbs.iter().map(|r| r.name_any()).collect();
+        assert_eq!(names, ["tenant-owner-admin", "tenant-view"]);
+        let owners = rbs[0].subjects.as_ref().unwrap();
+        assert_eq!(owners.len(), 2, "duplicate owners bound once");
+        assert_eq!(owners[1].kind, "ServiceAccount");
+        assert_eq!(owners[1].namespace.as_deref(), Some("ci"));
+        assert_eq!(owners[1].api_group, None);
+        assert_eq!(owners[0].api_group.as_deref(), Some("rbac.authorization.k8s.io"));
+        assert_eq!(rbs[1].subjects.as_ref().unwrap().len(), 2, "subjects of one role merged");
+        assert!(rbs.iter().all(|r| r.namespace().as_deref() == Some("acme-dev")));
+
+        let custom = TenantFixture::new("acme").owner_user("alice").spec(|s| s.owner_cluster_role = Some("edit".into())).build();
+        assert_eq!(role_bindings(&custom, "n", &settings())[0].role_ref.name, "edit");
+        assert_eq!(role_bindings(&custom, "n", &settings())[0].name_any(), "tenant-owner-edit");
+    }
+
+    #[test]
+    fn network_policy_admits_the_tenant_and_allowed_namespaces_only() {
+        let t = TenantFixture::new("acme")
+            .spec(|s| {
+                s.network_isolation =
+                    Some(NetworkIsolation { enabled: true, allow_from_namespaces: vec!["ingress".into()] })
+            })
+            .build();
+        let np = network_policy(&t, "acme-dev").unwrap();
+        let spec = np.spec.unwrap();
+        assert_eq!(spec.pod_selector, Some(LabelSelector::default()), "all pods");
+        assert_eq!(spec.policy_types.as_deref(), Some(&["Ingress".to_string()][..]));
+        let from = spec.ingress.unwrap()[0].from.clone().unwrap();
+        assert_eq!(from[0].namespace_selector.as_ref().unwrap().match_labels.as_ref().unwrap()[TENANT_LABEL], "acme");
+        let allowed = &from[1].namespace_selector.as_ref().unwrap().match_expressions.as_ref().unwrap()[0];
+        assert_eq!(allowed.values.as_deref(), Some(&["ingress".to_string()][..]));
+
+        assert!(network_policy(&TenantFixture::new("x").build(), "n").is_some(), "isolation is on by default");
+        let off = TenantFixture::new("x")
+            .spec(|s| s.network_isolation = Some(NetworkIsolation { enabled: false, allow_from_namespaces: vec![] }))
+            .build();
+        assert!(network_policy(&off, "n").is_none());
+    }
+
+    #[test]
+    fn quota_and_limits_render_quantities() {
+        let t = TenantFixture::new("acme")
+            .spec(|s| {
+                s.limit_range = Some(crate::crd::LimitRangeSpec {
+                    limits: vec![LimitItem {
+                        type_: LimitType::Container,
+                        default: BTreeMap::from([("cpu".into(), "500m".into())]),
+                        default_request: BTreeMap::from([("memory".into(), "128Mi".into())]),
+                        max: BTreeMap::new(),
+                        min: BTreeMap::new(),
+                    }],
+                })
+            })
+            .build();
+        let hard = BTreeMap::from([("pods".to_string(), Milli::units(4)), ("requests.memory".to_string(), Milli::units(1 << 30))]);
+        let rq = resource_quota(&t, "acme-dev", &hard);
+        let h = rq.spec.unwrap().hard.unwrap();
+        assert_eq!(h["pods"].0, "4");
+        assert_eq!(h["requests.memory"].0, "1Gi");
+        let lr = limit_range(&t, "acme-dev").unwrap();
+        let item = &lr.spec.unwrap().limits[0];
+        assert_eq!(item.type_, "Container");
+        assert_eq!(item.default.as_ref().unwrap()["cpu"].0, "500m");
+        assert!(item.max.is_none(), "empty maps are left out");
+        assert!(limit_range(&TenantFixture::new("x").build(), "n").is_none());
+    }
+
+    #[test]
+    fn owners_may_own_their_tenant_and_create_namespaces() {
+        let t = TenantFixture::new("acme").owner_user("alice").build();
+        let role = owner_cluster_role(&t);
+        let rules = role.rules.unwrap();
+        assert_eq!(rules[0].resource_names.as_deref(), Some(&["acme".to_string()][..]));
+        assert!(rules[0].verbs.contains(&OWN_VERB.to_string()));
+        assert_eq!(rules[1].verbs, ["create"]);
+        let binding = owner_cluster_role_binding(&t);
+        assert_eq!(binding.role_ref.name, role.metadata.name.unwrap());
+        assert_eq!(binding.subjects.unwrap()[0].name, "alice");
+    }
+
+    #[test]
+    fn shared_copies_keep_data_and_name_their_source() {
+        let t = TenantFixture::new("acme").build();
+        let mut source = Secret::default();
+        source.metadata.name = Some("registry".into());
+        source.metadata.namespace = Some("shared".into());
+        source.metadata.labels = Some(BTreeMap::from([("tenancy.steward.dev/shareable".into(), "true".into())]));
+        source.type_ = Some("kubernetes.io/dockerconfigjson".into());
+        source.data = Some(BTreeMap::from([(".dockerconfigjson".into(), k8s_openapi::ByteString(b"{}".to_vec()))]));
+        let copy = shared_secret(&t, "acme-dev", &source);
+        assert_eq!(copy.metadata.namespace.as_deref(), Some("acme-dev"));
+        assert_eq!(copy.metadata.name.as_deref(), Some("registry"));
+        assert_eq!(copy.type_, source.type_);
+        assert_eq!(copy.data, source.data);
+        assert_eq!(copy.metadata.annotations.unwrap()[SOURCE_ANNOTATION], "shared/registry");
+        assert!(!copy.metadata.labels.unwrap().contains_key("tenancy.steward.dev/shareable"), "copies are not sources");
+    }
+
+    #[test]
+    fn release_keys_cover_everything_namespace_sets() {
+        let t = TenantFixture::new("acme")
+            .spec(|s| {
+                s.pod_security = Some(PodSecurityLevel::Baseline);
+                s.namespace_metadata = Some(NamespaceMetadata {
+                    labels: BTreeMap::from([("team".into(), "a".into())]),
+                    annotations: BTreeMap::from([("contact".into(), "x".into())]),
+                });
+            })
+            .build();
+        let (labels, annotations) = namespace_metadata_keys(&t);
+        for k in [TENANT_LABEL, DECLARED_LABEL, CORDONED_LABEL, POD_SECURITY_LABEL, "team", steward_core::apply::OWNER_LABEL] {
+            assert!(labels.contains(&k.to_string()), "{k}");
+        }
+        assert_eq!(annotations, ["contact"]);
+    }
+}

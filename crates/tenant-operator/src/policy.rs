@@ -1,0 +1,503 @@
+//! Enforcement without a webhook server: ValidatingAdmissionPolicies (CEL evaluated inside the
+//! API server) and their bindings.
+//!
+//! | policy | denies (to everyone but the exempt) |
+//! |---|---|
+//! | `…-managed-objects` | updating or deleting the quotas, limit ranges, network policies, role bindings and shared copies the operator manages in tenant namespaces |
+//! | `…-namespace-labels` | changing, adding or removing `tenancy.steward.dev/*` and `pod-security.kubernetes.io/enforce` labels of tenant namespaces |
+//! | `…-namespace-owner` | creating a namespace labelled for a tenant the requester does not own |
+//! | `…-namespace-allowance` | a tenant owner creating an unlabelled namespace, or one beyond `maxNamespaces`, or for a cordoned tenant (one evaluation per Tenant, the Tenant as `params`) |
+//! | `…-cordon` | any create, update or delete in the namespaces of a cordoned tenant |
+//!
+//! "Owner" is decided by the RBAC authorizer: a subject owns tenant `t` when it may use the
+//! custom verb `own` on `tenants/t`, which the operator grants to the owners (see
+//! [`crate::build::owner_cluster_role`]).
+//!
+//! # Exemptions
+//! The operator's own user (found with a SelfSubjectReview at startup), the control plane
+//! (`system:kube-controller-manager`, `system:kube-scheduler`, kube-system ServiceAccounts such
+//! as the garbage collector and the namespace controller, the `system:nodes` and
+//! `system:masters` groups) and any `--exempt-user`/`--exempt-group` pass every policy.
+//!
+//! # Caveats
+//! `maxNamespaces` is checked against the Tenant's status, so two namespaces created in the same
+//! instant can both pass; the status catches up within a reconcile.
+
+use std::time::Duration;
+
+use k8s_openapi::api::admissionregistration::v1::{
+    MatchCondition, MatchResources, NamedRuleWithOperations, ParamKind, ParamRef, ValidatingAdmissionPolicy,
+    ValidatingAdmissionPolicyBinding, ValidatingAdmissionPolicyBindingSpec, ValidatingAdmissionPolicySpec,
+    Validation, Variable,
+};
+use k8s_openapi::api::authentication::v1::SelfSubjectReview;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{LabelSelector, LabelSelectorRequirement, ObjectMeta};
+use kube::api::{Api, Patch, PatchParams, PostParams};
+use kube::{Client, Resource};
+use tokio_util::sync::CancellationToken;
+
+use crate::apply::{Writes, up_to_date};
+use crate::build::OWN_VERB;
+use crate::crd::{CORDONED_LABEL, GROUP, POD_SECURITY_LABEL, TENANT_LABEL};
+
+/// Who passes every policy.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Exemptions {
+    pub users: Vec<String>,
+    pub groups: Vec<String>,
+    pub user_prefixes: Vec<String>,
+}
+
+impl Exemptions {
+    /// The control plane, plus `users` and `groups` (the operator's own user among them).
+    pub fn new(users: impl IntoIterator<Item = String>, groups: impl IntoIterator<Item = String>) -> Self {
+        let mut u: Vec<String> =
+            ["system:kube-controller-manager", "system:kube-scheduler"].into_iter().map(String::from).collect();
+        u.extend(users);
+        u.sort();
+        u.dedup();
+        let mut g: Vec<String> = ["system:masters", "system:nodes"].into_iter().map(String::from).collect();
+        g.extend(groups);
+        g.sort();
+        g.dedup();
+        Self { users: u, groups: g, user_prefixes: vec!["system:serviceaccount:kube-system:".to_string()] }
+    }
+
+    /// A CEL expression true for exempt requesters.
+    pub fn cel(&self) -> String {
+        let list = |v: &[String]| v.iter().map(|s| cel_string(s)).collect::<Vec<_>>().join(", ");
+        let mut parts = vec![format!("request.userInfo.username in [{}]", list(&self.users))];
+        for p in &self.user_prefixes {
+            parts.push(format!("request.userInfo.username.startsWith({})", cel_string(p)));
+        }
+        parts.push(format!("request.userInfo.groups.exists(g, g in [{}])", list(&self.groups)));
+        parts.join(" || ")
+    }
+}
+
+/// A CEL string literal.
+fn cel_string(s: &str) -> String {
+    format!("'{}'", s.replace('\\', "\\\\").replace('\'', "\\'"))
+}
+
+/// Name prefix of every policy and binding.
+pub const PREFIX: &str = "tenancy.steward.dev";
+
+fn rule(groups: &[&str], resources: &[&str], operations: &[&str], scope: Option<&str>) -> NamedRuleWithOperations {
+    let s = |v: &[&str]| Some(v.iter().map(|x| x.to_string()).collect());
+    NamedRuleWithOperations {
+        api_groups: s(groups),
+        api_versions: s(&["*"]),
+        resources: s(resources),
+        operations: s(operations),
+        scope: scope.map(str::to_string),
+        ..Default::default()
+    }
+}
+
+fn exists(key: &str) -> LabelSelector {
+    LabelSelector {
+        match_expressions: Some(vec![LabelSelectorRequirement {
+            key: key.to_string(),
+            operator: "Exists".to_string(),
+            values: None,
+        }]),
+        ..Default::default()
+    }
+}
+
+fn equals(key: &str, value: &str) -> LabelSelector {
+    LabelSelector { match_labels: Some([(key.to_string(), value.to_string())].into()), ..Default::default() }
+}
+
+fn validation(expression: &str, message: &str, message_expression: Option<&str>) -> Validation {
+    Validation {
+        expression: expression.to_string(),
+        message: Some(message.to_string()),
+        message_expression: message_expression.map(str::to_string),
+        reason: Some("Forbidden".to_string()),
+    }
+}
+
+fn variable(name: &str, expression: &str) -> Variable {
+    Variable { name: name.to_string(), expression: expression.to_string() }
+}
+
+fn metadata(name: &str, manager: &str) -> ObjectMeta {
+    ObjectMeta {
+        name: Some(name.to_string()),
+        labels: Some([(steward_core::apply::MANAGED_BY_LABEL.to_string(), manager.to_string())].into()),
+        ..Default::default()
+    }
+}
+
+/// One policy and its binding.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Policy {
+    pub policy: ValidatingAdmissionPolicy,
+    pub binding: ValidatingAdmissionPolicyBinding,
+}
+
+/// Every policy, exempting `exempt`; `manager` is the operator's field manager (its children
+/// carry `app.kubernetes.io/managed-by=<manager>`).
+pub fn policies(exempt: &Exemptions, manager: &str) -> Vec<Policy> {
+    let not_exempt =
+        vec![MatchCondition { name: "not-exempt".to_string(), expression: format!("!({})", exempt.cel()) }];
+    let tenant_of_object = format!(
+        "has(object.metadata.labels) && '{TENANT_LABEL}' in object.metadata.labels ? object.metadata.labels['{TENANT_LABEL}'] : ''"
+    );
+    let owns = |tenant: &str| {
+        format!("authorizer.group('{GROUP}').resource('tenants').name({tenant}).check('{OWN_VERB}').allowed()")
+    };
+    let protected_labels = format!("k.startsWith('{GROUP}/') || k == '{POD_SECURITY_LABEL}'");
+
+    let make = |suffix: &str, spec: ValidatingAdmissionPolicySpec, param_ref: Option<ParamRef>| {
+        let name = format!("{PREFIX}-{suffix}");
+        Policy {
+            policy: ValidatingAdmissionPolicy { metadata: metadata(&name, manager), spec: Some(spec), ..Default::default() },
+            binding: ValidatingAdmissionPolicyBinding {
+                metadata: metadata(&name, manager),
+                spec: ValidatingAdmissionPolicyBindingSpec {
+                    policy_name: name.clone(),
+                    param_ref,
+                    validation_actions: vec!["Deny".to_string()],
+                    ..Default::default()
+                },
+            },
+        }
+    };
+
+    vec![
+        make(
+            "managed-objects",
+            ValidatingAdmissionPolicySpec {
+                failure_policy: Some("Fail".to_string()),
+                match_constraints: Some(MatchResources {
+                    namespace_selector: Some(exists(TENANT_LABEL)),
+                    object_selector: Some(equals(steward_core::apply::MANAGED_BY_LABEL, manager)),
+                    resource_rules: Some(vec![
+                        rule(&[""], &["resourcequotas", "limitranges", "secrets", "configmaps"], &["UPDATE", "DELETE"], None),
+                        rule(&["networking.k8s.io"], &["networkpolicies"], &["UPDATE", "DELETE"], None),
+                        rule(&["rbac.authorization.k8s.io"], &["rolebindings"], &["UPDATE", "DELETE"], None),
+                    ]),
+                    ..Default::default()
+                }),
+                match_conditions: Some(not_exempt.clone()),
+                validations: Some(vec![validation(
+                    "false",
+                    "this object is managed by tenant-operator for its tenant and cannot be changed or deleted; change the Tenant instead",
+                    Some(&format!(
+                        "request.kind.kind + ' ' + request.namespace + '/' + request.name + ' is managed by {manager} for tenant ' + namespaceObject.metadata.labels['{TENANT_LABEL}'] + ' and cannot be changed or deleted; change the Tenant instead'"
+                    )),
+                )]),
+                ..Default::default()
+            },
+            None,
+        ),
+        make(
+            "namespace-labels",
+            ValidatingAdmissionPolicySpec {
+                failure_policy: Some("Fail".to_string()),
+                match_constraints: Some(MatchResources {
+                    object_selector: Some(exists(TENANT_LABEL)),
+                    resource_rules: Some(vec![rule(&[""], &["namespaces"], &["UPDATE"], None)]),
+                    ..Default::default()
+                }),
+                match_conditions: Some(not_exempt.clone()),
+                variables: Some(vec![
+                    variable("oldLabels", "has(oldObject.metadata.labels) ? oldObject.metadata.labels : {}"),
+                    variable("newLabels", "has(object.metadata.labels) ? object.metadata.labels : {}"),
+                ]),
+                validations: Some(vec![validation(
+                    &format!(
+                        "variables.oldLabels.all(k, !({protected_labels}) || (k in variables.newLabels && variables.newLabels[k] == variables.oldLabels[k])) && variables.newLabels.all(k, !({protected_labels}) || k in variables.oldLabels)"
+                    ),
+                    &format!("the labels {GROUP}/* and {POD_SECURITY_LABEL} of a tenant namespace are managed by tenant-operator; change the Tenant instead"),
+                    None,
+                )]),
+                ..Default::default()
+            },
+            None,
+        ),
+        make(
+            "namespace-owner",
+            ValidatingAdmissionPolicySpec {
+                failure_policy: Some("Fail".to_string()),
+                match_constraints: Some(MatchResources {
+                    object_selector: Some(exists(TENANT_LABEL)),
+                    resource_rules: Some(vec![rule(&[""], &["namespaces"], &["CREATE"], None)]),
+                    ..Default::default()
+                }),
+                match_conditions: Some(not_exempt.clone()),
+                variables: Some(vec![variable("tenant", &format!("object.metadata.labels['{TENANT_LABEL}']"))]),
+                validations: Some(vec![validation(
+                    &owns("variables.tenant"),
+                    "namespaces can only be created for a tenant you own",
+                    Some("'you are not an owner of tenant ' + variables.tenant + '; namespaces can only be created for a tenant you own'"),
+                )]),
+                ..Default::default()
+            },
+            None,
+        ),
+        make(
+            "namespace-allowance",
+            ValidatingAdmissionPolicySpec {
+                failure_policy: Some("Fail".to_string()),
+                param_kind: Some(ParamKind { api_version: Some(format!("{GROUP}/v1alpha1")), kind: Some("Tenant".to_string()) }),
+                match_constraints: Some(MatchResources {
+                    resource_rules: Some(vec![rule(&[""], &["namespaces"], &["CREATE"], None)]),
+                    ..Default::default()
+                }),
+                match_conditions: Some(not_exempt.clone()),
+                variables: Some(vec![
+                    variable("tenant", &tenant_of_object),
+                    variable("declared", "has(params.spec.namespaces) ? params.spec.namespaces : []"),
+                    variable(
+                        "count",
+                        "size(variables.declared) + (has(params.status) && has(params.status.namespaces) ? size(params.status.namespaces.filter(n, !(n in variables.declared))) : 0)",
+                    ),
+                ]),
+                validations: Some(vec![
+                    validation(
+                        &format!("variables.tenant != '' || !({})", owns("params.metadata.name")),
+                        "tenant owners must label new namespaces with tenancy.steward.dev/tenant",
+                        Some(&format!(
+                            "'owners of tenant ' + params.metadata.name + ' must label new namespaces with {TENANT_LABEL}=' + params.metadata.name"
+                        )),
+                    ),
+                    validation(
+                        "variables.tenant != params.metadata.name || !has(params.spec.cordoned) || !params.spec.cordoned",
+                        "the tenant is cordoned: no new namespaces",
+                        Some("'tenant ' + params.metadata.name + ' is cordoned: no new namespaces'"),
+                    ),
+                    validation(
+                        "variables.tenant != params.metadata.name || !has(params.spec.maxNamespaces) || variables.count < params.spec.maxNamespaces",
+                        "the tenant has all the namespaces it may have",
+                        Some("'tenant ' + params.metadata.name + ' already has ' + string(variables.count) + ' of its ' + string(params.spec.maxNamespaces) + ' namespaces (maxNamespaces)'"),
+                    ),
+                ]),
+                ..Default::default()
+            },
+            Some(ParamRef {
+                selector: Some(LabelSelector::default()),
+                parameter_not_found_action: Some("Allow".to_string()),
+                ..Default::default()
+            }),
+        ),
+        make(
+            "cordon",
+            ValidatingAdmissionPolicySpec {
+                failure_policy: Some("Fail".to_string()),
+                match_constraints: Some(MatchResources {
+                    namespace_selector: Some(equals(CORDONED_LABEL, "true")),
+                    resource_rules: Some(vec![rule(&["*"], &["*"], &["CREATE", "UPDATE", "DELETE"], Some("Namespaced"))]),
+                    ..Default::default()
+                }),
+                match_conditions: Some(not_exempt),
+                validations: Some(vec![validation(
+                    "false",
+                    "the tenant is cordoned: its namespaces are frozen",
+                    Some(&format!(
+                        "'tenant ' + namespaceObject.metadata.labels['{TENANT_LABEL}'] + ' is cordoned: its namespaces are frozen'"
+                    )),
+                )]),
+                ..Default::default()
+            },
+            None,
+        ),
+    ]
+}
+
+/// The policies as one multi-document YAML stream (for `tenant-operator policies`).
+///
+/// # Errors
+/// A serialization failure (not expected).
+pub fn to_yaml(policies: &[Policy]) -> Result<String, serde_yaml::Error> {
+    let mut out = String::new();
+    for p in policies {
+        for value in [with_type(&p.policy), with_type(&p.binding)] {
+            out.push_str("---\n");
+            out.push_str(&serde_yaml::to_string(&value)?);
+        }
+    }
+    Ok(out)
+}
+
+fn with_type<K: Resource<DynamicType = ()> + serde::Serialize>(obj: &K) -> serde_json::Value {
+    let mut v = serde_json::to_value(obj).unwrap_or_default();
+    if let Some(o) = v.as_object_mut() {
+        o.insert("apiVersion".into(), K::api_version(&()).into());
+        o.insert("kind".into(), K::kind(&()).into());
+    }
+    v
+}
+
+/// Why the policies could not be applied.
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    /// The SelfSubjectReview asking who the operator is failed.
+    #[error("failed to find the operator's own user with a SelfSubjectReview")]
+    WhoAmI(#[source] kube::Error),
+    /// Reading a policy or binding failed.
+    #[error("failed to read {0}")]
+    Read(String, #[source] kube::Error),
+    /// Applying a policy or binding failed.
+    #[error("failed to apply {0}")]
+    Apply(String, #[source] kube::Error),
+}
+
+/// The user this client authenticates as.
+///
+/// # Errors
+/// [`Error::WhoAmI`].
+pub async fn whoami(client: &Client) -> Result<String, Error> {
+    let api: Api<SelfSubjectReview> = Api::all(client.clone());
+    let review = api.create(&PostParams::default(), &SelfSubjectReview::default()).await.map_err(Error::WhoAmI)?;
+    Ok(review.status.and_then(|s| s.user_info).and_then(|u| u.username).unwrap_or_default())
+}
+
+/// Applies every policy and binding that differs from what is stored. Returns how many were
+/// written.
+///
+/// # Errors
+/// [`Error::Read`] / [`Error::Apply`] for the first failing object.
+pub async fn apply(client: &Client, policies: &[Policy], manager: &str, writes: &Writes) -> Result<usize, Error> {
+    let mut written = 0;
+    for p in policies {
+        written += apply_one(client, &p.policy, manager, writes).await?;
+        written += apply_one(client, &p.binding, manager, writes).await?;
+    }
+    Ok(written)
+}
+
+async fn apply_one<K>(client: &Client, obj: &K, manager: &str, writes: &Writes) -> Result<usize, Error>
+where
+    K: Resource<DynamicType = (), Scope = k8s_openapi::ClusterResourceScope>
+        + Clone
+        + serde::Serialize
+        + serde::de::DeserializeOwned
+        + std::fmt::Debug,
+{
+    let api: Api<K> = Api::all(client.clone());
+    let name = obj.meta().name.clone().unwrap_or_default();
+    let what = || format!("{} {name}", K::kind(&()));
+    let current = api.get_opt(&name).await.map_err(|e| Error::Read(what(), e))?;
+    if current.as_ref().is_some_and(|c| up_to_date(c, obj, manager)) {
+        return Ok(0);
+    }
+    writes.inc(&K::kind(&()), "apply");
+    api.patch(&name, &PatchParams::apply(manager).force(), &Patch::Apply(with_type(obj)))
+        .await
+        .map_err(|e| Error::Apply(what(), e))?;
+    Ok(1)
+}
+
+/// Leader-only startup task: finds the operator's user, then applies the policies exempting it
+/// (and `extra`), retrying with backoff until done or `stop` is cancelled.
+pub async fn apply_until_done(client: Client, extra: Exemptions, manager: String, writes: Writes, stop: CancellationToken) {
+    let mut delay = Duration::from_millis(500);
+    loop {
+        let attempt = async {
+            let me = whoami(&client).await?;
+            let exempt = Exemptions::new(extra.users.iter().cloned().chain([me.clone()]), extra.groups.iter().cloned());
+            let written = apply(&client, &policies(&exempt, &manager), &manager, &writes).await?;
+            Ok::<_, Error>((me, written))
+        };
+        let result = tokio::select! {
+            r = attempt => r,
+            () = stop.cancelled() => return,
+        };
+        match result {
+            Ok((me, written)) => {
+                tracing::info!(exempt_user = %me, written, "admission policies in place");
+                return;
+            }
+            Err(e) => {
+                tracing::warn!(error = %steward_core::chain(&e), retry_in = ?delay, "failed to apply the admission policies");
+                tokio::select! {
+                    () = tokio::time::sleep(delay) => {}
+                    () = stop.cancelled() => return,
+                }
+                delay = (delay * 2).min(Duration::from_secs(30));
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn all() -> Vec<Policy> {
+        policies(&Exemptions::new(["op".to_string()], ["admins".to_string()]), "tenant-operator")
+    }
+
+    #[test]
+    fn exemptions_cover_the_control_plane_and_the_operator() {
+        let e = Exemptions::new(["system:serviceaccount:steward:tenant-operator".to_string()], []);
+        let cel = e.cel();
+        assert!(cel.contains("'system:serviceaccount:steward:tenant-operator'"));
+        assert!(cel.contains("'system:kube-controller-manager'"));
+        assert!(cel.contains("startsWith('system:serviceaccount:kube-system:')"));
+        assert!(cel.contains("'system:masters'"));
+        assert_eq!(cel_string("it's"), r"'it\'s'");
+    }
+
+    #[test]
+    fn every_policy_has_a_deny_binding_and_skips_exempt_users() {
+        let ps = all();
+        assert_eq!(ps.len(), 5);
+        for p in &ps {
+            let spec = p.policy.spec.as_ref().unwrap();
+            let binding = &p.binding.spec;
+            assert_eq!(binding.policy_name, p.policy.metadata.name.clone().unwrap());
+            assert_eq!(binding.validation_actions, ["Deny"]);
+            assert_eq!(spec.failure_policy.as_deref(), Some("Fail"));
+            let mc = spec.match_conditions.as_ref().unwrap();
+            assert!(mc[0].expression.starts_with("!(") && mc[0].expression.contains("'op'"), "{}", mc[0].expression);
+            assert!(p.policy.metadata.name.as_ref().unwrap().starts_with("tenancy.steward.dev-"));
+        }
+    }
+
+    #[test]
+    fn managed_objects_policy_protects_quotas_policies_and_bindings_in_tenant_namespaces() {
+        let p = &all()[0].policy;
+        let mc = p.spec.as_ref().unwrap().match_constraints.as_ref().unwrap();
+        let resources: Vec<String> =
+            mc.resource_rules.iter().flatten().flat_map(|r| r.resources.clone().unwrap_or_default()).collect();
+        for r in ["resourcequotas", "limitranges", "networkpolicies", "rolebindings"] {
+            assert!(resources.contains(&r.to_string()), "{r}");
+        }
+        assert!(mc.resource_rules.iter().flatten().all(|r| r.operations.as_deref() == Some(&["UPDATE".to_string(), "DELETE".to_string()][..])));
+        assert_eq!(mc.object_selector.as_ref().unwrap().match_labels.as_ref().unwrap()["app.kubernetes.io/managed-by"], "tenant-operator");
+        assert_eq!(mc.namespace_selector.as_ref().unwrap().match_expressions.as_ref().unwrap()[0].key, TENANT_LABEL);
+    }
+
+    #[test]
+    fn allowance_policy_is_evaluated_per_tenant() {
+        let p = &all()[3];
+        let spec = p.policy.spec.as_ref().unwrap();
+        assert_eq!(spec.param_kind.as_ref().unwrap().kind.as_deref(), Some("Tenant"));
+        let pr = p.binding.spec.param_ref.as_ref().unwrap();
+        assert_eq!(pr.selector, Some(LabelSelector::default()), "every Tenant");
+        assert_eq!(pr.parameter_not_found_action.as_deref(), Some("Allow"));
+        let exprs: Vec<&str> = spec.validations.iter().flatten().map(|v| v.expression.as_str()).collect();
+        assert!(exprs.iter().any(|e| e.contains("maxNamespaces")));
+        assert!(exprs.iter().any(|e| e.contains("cordoned")));
+    }
+
+    #[test]
+    fn cordon_policy_only_matches_namespaced_resources() {
+        let p = &all()[4].policy;
+        let rules = p.spec.as_ref().unwrap().match_constraints.as_ref().unwrap().resource_rules.clone().unwrap();
+        assert_eq!(rules[0].scope.as_deref(), Some("Namespaced"), "cluster-scoped objects are never frozen");
+    }
+
+    #[test]
+    fn yaml_has_types() {
+        let yaml = to_yaml(&all()).unwrap();
+        assert_eq!(yaml.matches("kind: ValidatingAdmissionPolicy\n").count(), 5);
+        assert_eq!(yaml.matches("kind: ValidatingAdmissionPolicyBinding\n").count(), 5);
+        assert!(yaml.contains("apiVersion: admissionregistration.k8s.io/v1"));
+    }
+}

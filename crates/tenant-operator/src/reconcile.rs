@@ -1,0 +1,590 @@
+//! Reconcile one Tenant: validate → build → apply → status, and the finalizer's cleanup.
+//!
+//! Reads come from the watch caches ([`crate::controller::Stores`]); the only live read is a
+//! consistent LIST of the tenant's ResourceQuotas when it has a tenant-wide quota (the split
+//! must not be computed from stale usage). Writes happen only for objects that differ from
+//! what the operator last applied ([`crate::apply`]), and the status is written once, only
+//! when it changed: a resync with nothing changed writes nothing.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::fmt::Debug;
+use std::sync::Arc;
+use std::time::Duration;
+
+use k8s_openapi::api::core::v1::{Namespace, ResourceQuota};
+use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
+use kube::api::{Api, ListParams, Patch, PatchParams};
+use kube::runtime::controller::Action;
+use kube::runtime::reflector::{ObjectRef, Store};
+use kube::{Client, Resource, ResourceExt};
+use serde::Serialize;
+use serde::de::DeserializeOwned;
+use steward_core::apply::{Children, OWNER_LABEL, ScopeApi};
+use steward_core::finalizer::{self, Event};
+use steward_core::{Context, ReconcileError};
+
+use crate::apply::{Outcome, Writes, delete, ensure, ensure_unchanged_since, is_conflict};
+use crate::build::{self, QUOTA_NAME};
+use crate::controller::State;
+use crate::crd::{FINALIZER, NamespaceDeletionPolicy, SharedKind, TENANT_LABEL, Tenant};
+use crate::namespaces::{self, Existing};
+use crate::quantity::Milli;
+use crate::quota;
+use crate::status::{self, Observation, Problem};
+use crate::validate::{self, InvalidSpec};
+
+/// Why reconciling a Tenant failed; each variant names the step.
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    /// The spec cannot be reconciled until it changes.
+    #[error(transparent)]
+    InvalidSpec(#[from] InvalidSpec),
+    /// A watch cache stopped.
+    #[error("failed to read the operator's caches: a watch ended")]
+    CachesUnavailable,
+    /// Creating or updating a tenant namespace failed.
+    #[error("failed to apply namespace {name}")]
+    ApplyNamespace {
+        name: String,
+        #[source]
+        source: steward_core::Error,
+    },
+    /// Deleting a namespace (policy `Delete`) failed.
+    #[error("failed to delete namespace {name}")]
+    DeleteNamespace {
+        name: String,
+        #[source]
+        source: steward_core::Error,
+    },
+    /// Removing the operator's labels from a namespace (policy `Orphan`) failed.
+    #[error("failed to release namespace {name}")]
+    ReleaseNamespace {
+        name: String,
+        #[source]
+        source: kube::Error,
+    },
+    /// Listing the tenant's ResourceQuotas failed.
+    #[error("failed to list the ResourceQuotas of tenant {tenant}")]
+    ListQuotas {
+        tenant: String,
+        #[source]
+        source: kube::Error,
+    },
+    /// Applying a namespace's ResourceQuota failed.
+    #[error("failed to apply the ResourceQuota of namespace {namespace}")]
+    ApplyQuota {
+        namespace: String,
+        #[source]
+        source: steward_core::Error,
+    },
+    /// Applying a child (LimitRange, NetworkPolicy, RoleBinding, ClusterRole, copy) failed.
+    #[error("failed to apply {kind} {key}")]
+    ApplyChild {
+        kind: &'static str,
+        key: String,
+        #[source]
+        source: steward_core::Error,
+    },
+    /// Checking whether a shared copy's name is taken failed.
+    #[error("failed to read {kind} {key}")]
+    ReadTarget {
+        kind: &'static str,
+        key: String,
+        #[source]
+        source: kube::Error,
+    },
+    /// Deleting a child no longer wanted failed.
+    #[error("failed to prune {kind} {key}")]
+    Prune {
+        kind: &'static str,
+        key: String,
+        #[source]
+        source: steward_core::Error,
+    },
+    /// Writing the status failed.
+    #[error("failed to write the status")]
+    WriteStatus(#[source] steward_core::Error),
+}
+
+impl ReconcileError for Error {
+    fn reason(&self) -> &str {
+        match self {
+            Error::InvalidSpec(_) => "InvalidSpec",
+            Error::CachesUnavailable => "CachesUnavailable",
+            Error::ApplyNamespace { .. } => "NamespaceApplyFailed",
+            Error::DeleteNamespace { .. } => "NamespaceDeleteFailed",
+            Error::ReleaseNamespace { .. } => "NamespaceReleaseFailed",
+            Error::ListQuotas { .. } => "QuotaReadFailed",
+            Error::ApplyQuota { .. } => "QuotaApplyFailed",
+            Error::ApplyChild { .. } => "ApplyFailed",
+            Error::ReadTarget { .. } => "ReadFailed",
+            Error::Prune { .. } => "PruneFailed",
+            Error::WriteStatus(_) => "StatusWriteFailed",
+        }
+    }
+
+    fn is_permanent(&self) -> bool {
+        matches!(self, Error::InvalidSpec(_))
+    }
+}
+
+/// How soon to look again while a quota split waits for the quota controller.
+const SOON: Duration = Duration::from_secs(2);
+
+/// The top-level reconcile: only dispatches the finalizer event.
+///
+/// # Errors
+/// The finalizer's error wrapping [`Error`].
+pub async fn reconcile(tenant: Arc<Tenant>, ctx: Arc<Context<State>>) -> Result<Action, finalizer::Error<Error>> {
+    if !ctx.data.stores.ready().await {
+        return Err(finalizer::Error::Apply(Error::CachesUnavailable));
+    }
+    let api: Api<Tenant> = Api::all(ctx.client.clone());
+    finalizer::run(&api, FINALIZER, tenant, |event| async {
+        match event {
+            Event::Apply(t) => apply(t, &ctx).await,
+            Event::Cleanup(t) => cleanup(t, &ctx).await,
+        }
+    })
+    .await
+}
+
+async fn apply(tenant: Arc<Tenant>, ctx: &Context<State>) -> Result<Action, Error> {
+    let mut obs = Observation {
+        generation: tenant.metadata.generation,
+        cordoned: tenant.spec.cordoned,
+        ..Default::default()
+    };
+    let result = converge(&tenant, ctx, &mut obs).await;
+    if let Err(e) = &result {
+        obs.error = Some((e.reason().to_string(), steward_core::chain(e)));
+    }
+    write_status(&tenant, ctx, &obs).await?;
+    result
+}
+
+async fn write_status(tenant: &Tenant, ctx: &Context<State>, obs: &Observation) -> Result<bool, Error> {
+    let new = status::compute(tenant.status.as_ref(), obs);
+    let written = ctx.apply_status(tenant, tenant.status.as_ref(), &new).await.map_err(Error::WriteStatus)?;
+    if written {
+        ctx.data.writes.inc("Tenant", "status");
+    }
+    Ok(written)
+}
+
+fn key(namespace: Option<&str>, name: &str) -> String {
+    match namespace {
+        Some(ns) => format!("{ns}/{name}"),
+        None => name.to_string(),
+    }
+}
+
+fn labelled_namespaces(stores: &crate::controller::Stores, tenant: &str) -> Vec<Existing> {
+    stores
+        .namespaces
+        .state()
+        .iter()
+        .filter(|n| n.labels().get(TENANT_LABEL).map(String::as_str) == Some(tenant))
+        .map(|n| Existing::of(n))
+        .collect()
+}
+
+async fn converge(tenant: &Arc<Tenant>, ctx: &Context<State>, obs: &mut Observation) -> Result<Action, Error> {
+    let spec = validate::validate(&tenant.spec)?;
+    obs.tenant_hard = spec.tenant.clone();
+    obs.namespace_hard = spec.per_namespace.clone();
+    let name = tenant.name_any();
+    let uid = tenant.uid().unwrap_or_default();
+    let stores = &ctx.data.stores;
+    let client = &ctx.client;
+    let manager = ctx.field_manager.as_str();
+    let children = Children::new(client.clone(), tenant.as_ref(), manager);
+    let ns_children = children.clone().without_owner_reference();
+
+    // Namespaces.
+    let labelled = labelled_namespaces(stores, &name);
+    let plan = namespaces::plan(
+        &name,
+        &tenant.spec.namespaces,
+        |n| stores.namespaces.get(&ObjectRef::new(n)).map(|ns| Existing::of(&ns)),
+        &labelled,
+    );
+    for (ns, other) in &plan.conflicts {
+        obs.problems.push(Problem {
+            reason: "NamespaceConflict",
+            message: format!("namespace {ns} belongs to tenant {other}"),
+        });
+    }
+    for w in &plan.wanted {
+        if w.terminating {
+            if w.declared {
+                obs.problems.push(Problem {
+                    reason: "NamespaceTerminating",
+                    message: format!("namespace {} is being deleted; it is re-created when it is gone", w.name),
+                });
+            }
+            continue;
+        }
+        let current = stores.namespaces.get(&ObjectRef::new(&w.name));
+        let outcome = ensure(&ns_children, manager, &ctx.data.writes, current.as_deref(), build::namespace(tenant, &w.name, w.declared))
+            .await
+            .map_err(|source| Error::ApplyNamespace { name: w.name.clone(), source })?;
+        if outcome == Outcome::Applied && current.is_none() {
+            ctx.recorder
+                .normal(tenant.as_ref(), "NamespaceAdded", "ApplyNamespace", format!("namespace {} belongs to the tenant", w.name))
+                .await;
+        }
+    }
+    for removed in &plan.removed {
+        remove_namespace(tenant, ctx, removed).await?;
+    }
+    let active = plan.active();
+    obs.namespaces = active.clone();
+    let terminating: BTreeSet<String> = labelled.iter().filter(|e| e.terminating).map(|e| e.name.clone()).collect();
+
+    // Per tenant: the owners' ClusterRole and ClusterRoleBinding.
+    let role = build::owner_cluster_role(tenant);
+    let binding = build::owner_cluster_role_binding(tenant);
+    let cluster_keep: BTreeSet<(String, String)> = [(String::new(), build::owner_cluster_object_name(tenant))].into();
+    ensure_child(&children, manager, &ctx.data.writes, &stores.cluster_roles, role).await?;
+    ensure_child(&children, manager, &ctx.data.writes, &stores.cluster_role_bindings, binding).await?;
+
+    // Quotas first, so no namespace is usable before it is limited.
+    let mut keep: Keep = Keep::default();
+    let mut soon = false;
+    if !spec.tenant.is_empty() || !spec.per_namespace.is_empty() {
+        let current: BTreeMap<String, ResourceQuota> = if spec.tenant.is_empty() {
+            stores
+                .quotas
+                .state()
+                .iter()
+                .filter(|q| q.name_any() == QUOTA_NAME && q.labels().get(TENANT_LABEL) == Some(&name))
+                .map(|q| (q.namespace().unwrap_or_default(), q.as_ref().clone()))
+                .collect()
+        } else {
+            // A consistent read: the split must not rest on stale usage.
+            Api::<ResourceQuota>::all(client.clone())
+                .list(&ListParams::default().labels(&format!("{TENANT_LABEL}={name}")))
+                .await
+                .map_err(|source| Error::ListQuotas { tenant: name.clone(), source })?
+                .items
+                .into_iter()
+                .filter(|q| q.name_any() == QUOTA_NAME)
+                .map(|q| (q.namespace().unwrap_or_default(), q))
+                .collect()
+        };
+        let observed: Vec<quota::Observed> = active.iter().map(|ns| observed_quota(ns, current.get(ns))).collect();
+        let plan = quota::plan(&spec.per_namespace, &spec.tenant, &observed);
+        obs.used = observed.iter().map(|o| (o.namespace.clone(), o.used.clone())).collect();
+        soon |= !plan.held_back.is_empty();
+        let mut order: Vec<&quota::Observed> = observed.iter().collect();
+        // Lower limits before raising others.
+        order.sort_by_key(|o| !plan.lowers(&o.namespace, o.spec_hard.as_ref()));
+        for o in order {
+            let ns = &o.namespace;
+            let hard = plan.hard.get(ns).cloned().unwrap_or_default();
+            let desired = build::resource_quota(tenant, ns, &hard);
+            keep.quotas.insert((ns.clone(), QUOTA_NAME.to_string()));
+            let result = if spec.tenant.is_empty() {
+                ensure(&children, manager, &ctx.data.writes, current.get(ns), desired).await
+            } else {
+                ensure_unchanged_since(client, &children, manager, &ctx.data.writes, current.get(ns), desired).await
+            };
+            match result {
+                Ok(_) => {}
+                Err(e) if is_conflict(&e) => {
+                    // Usage changed since the list: plan again with fresh numbers. Nothing else
+                    // is applied meanwhile, so no namespace is reachable without its quota.
+                    tracing::debug!(namespace = %ns, "ResourceQuota changed while splitting the tenant quota; retrying");
+                    return Ok(Action::requeue(Duration::from_millis(200)));
+                }
+                Err(source) => return Err(Error::ApplyQuota { namespace: ns.clone(), source }),
+            }
+        }
+    }
+
+    // Per namespace: limits, isolation, shared copies, and last, access.
+    let mut missing_sources = BTreeSet::new();
+    let mut taken = BTreeSet::new();
+    for ns in &active {
+        if let Some(lr) = build::limit_range(tenant, ns) {
+            keep.limit_ranges.insert((ns.clone(), lr.name_any()));
+            ensure_child(&children, manager, &ctx.data.writes, &stores.limit_ranges, lr).await?;
+        }
+        if let Some(np) = build::network_policy(tenant, ns) {
+            keep.network_policies.insert((ns.clone(), np.name_any()));
+            ensure_child(&children, manager, &ctx.data.writes, &stores.network_policies, np).await?;
+        }
+        for shared in &tenant.spec.shared_objects {
+            if &shared.namespace == ns {
+                continue;
+            }
+            let source_ref = |n: &str| format!("{}/{n}", shared.namespace);
+            let copied = match shared.kind {
+                SharedKind::Secret => {
+                    let source = stores.source_secrets.get(&ObjectRef::new(&shared.name).within(&shared.namespace));
+                    match source {
+                        None => None,
+                        Some(src) => Some(
+                            copy(client, &children, manager, &ctx.data.writes, &uid, &stores.secrets, build::shared_secret(tenant, ns, &src))
+                                .await?,
+                        ),
+                    }
+                }
+                SharedKind::ConfigMap => {
+                    let source = stores.source_config_maps.get(&ObjectRef::new(&shared.name).within(&shared.namespace));
+                    match source {
+                        None => None,
+                        Some(src) => Some(
+                            copy(client, &children, manager, &ctx.data.writes, &uid, &stores.config_maps, build::shared_config_map(tenant, ns, &src))
+                                .await?,
+                        ),
+                    }
+                }
+            };
+            match copied {
+                None => {
+                    missing_sources.insert(format!("{:?} {}", shared.kind, source_ref(&shared.name)));
+                }
+                Some(false) => {
+                    taken.insert(format!("{:?} {ns}/{}", shared.kind, shared.name));
+                }
+                Some(true) => {
+                    let k = (ns.clone(), shared.name.clone());
+                    match shared.kind {
+                        SharedKind::Secret => keep.secrets.insert(k),
+                        SharedKind::ConfigMap => keep.config_maps.insert(k),
+                    };
+                }
+            }
+        }
+        for rb in build::role_bindings(tenant, ns, &ctx.data.settings) {
+            keep.role_bindings.insert((ns.clone(), rb.name_any()));
+            ensure_child(&children, manager, &ctx.data.writes, &stores.role_bindings, rb).await?;
+        }
+    }
+    if !missing_sources.is_empty() {
+        obs.problems.push(Problem {
+            reason: "SharedObjectMissing",
+            message: format!(
+                "{} not found (a source must carry the label tenancy.steward.dev/shareable=true)",
+                missing_sources.into_iter().collect::<Vec<_>>().join(", ")
+            ),
+        });
+    }
+    if !taken.is_empty() {
+        obs.problems.push(Problem {
+            reason: "SharedObjectConflict",
+            message: format!("{} already exist and are not the tenant's copies", taken.into_iter().collect::<Vec<_>>().join(", ")),
+        });
+    }
+
+    // Whatever the tenant no longer wants.
+    prune(client, &ctx.data.writes, &stores.quotas, &uid, &keep.quotas, &terminating).await?;
+    prune(client, &ctx.data.writes, &stores.limit_ranges, &uid, &keep.limit_ranges, &terminating).await?;
+    prune(client, &ctx.data.writes, &stores.network_policies, &uid, &keep.network_policies, &terminating).await?;
+    prune(client, &ctx.data.writes, &stores.role_bindings, &uid, &keep.role_bindings, &terminating).await?;
+    prune(client, &ctx.data.writes, &stores.secrets, &uid, &keep.secrets, &terminating).await?;
+    prune(client, &ctx.data.writes, &stores.config_maps, &uid, &keep.config_maps, &terminating).await?;
+    prune(client, &ctx.data.writes, &stores.cluster_roles, &uid, &cluster_keep, &terminating).await?;
+    prune(client, &ctx.data.writes, &stores.cluster_role_bindings, &uid, &cluster_keep, &terminating).await?;
+
+    Ok(Action::requeue(if soon { SOON } else { ctx.data.resync }))
+}
+
+/// The children to keep, per kind, as `(namespace, name)`.
+#[derive(Default)]
+struct Keep {
+    quotas: BTreeSet<(String, String)>,
+    limit_ranges: BTreeSet<(String, String)>,
+    network_policies: BTreeSet<(String, String)>,
+    role_bindings: BTreeSet<(String, String)>,
+    secrets: BTreeSet<(String, String)>,
+    config_maps: BTreeSet<(String, String)>,
+}
+
+fn parse_quantities(map: Option<&BTreeMap<String, Quantity>>) -> BTreeMap<String, Milli> {
+    map.into_iter().flatten().filter_map(|(k, v)| Milli::parse(&v.0).ok().map(|m| (k.clone(), m))).collect()
+}
+
+fn observed_quota(namespace: &str, rq: Option<&ResourceQuota>) -> quota::Observed {
+    quota::Observed {
+        namespace: namespace.to_string(),
+        spec_hard: rq.map(|q| parse_quantities(q.spec.as_ref().and_then(|s| s.hard.as_ref()))),
+        enforced: parse_quantities(rq.and_then(|q| q.status.as_ref()).and_then(|s| s.hard.as_ref())),
+        used: parse_quantities(rq.and_then(|q| q.status.as_ref()).and_then(|s| s.used.as_ref())),
+    }
+}
+
+/// [`ensure`] with the current object from `store`.
+async fn ensure_child<K>(children: &Children, manager: &str, writes: &Writes, store: &Store<K>, desired: K) -> Result<Outcome, Error>
+where
+    K: Resource<DynamicType = ()> + Clone + Serialize + DeserializeOwned + Debug,
+    K::Scope: ScopeApi,
+{
+    let name = desired.name_any();
+    let namespace = desired.namespace();
+    let mut r = ObjectRef::<K>::new(&name);
+    if let Some(ns) = &namespace {
+        r = r.within(ns);
+    }
+    let current = store.get(&r);
+    ensure(children, manager, writes, current.as_deref(), desired).await.map_err(|source| Error::ApplyChild {
+        kind: kind_name::<K>(),
+        key: key(namespace.as_deref(), &name),
+        source,
+    })
+}
+
+fn kind_name<K: Resource<DynamicType = ()>>() -> &'static str {
+    match K::kind(&()).as_ref() {
+        "ResourceQuota" => "ResourceQuota",
+        "LimitRange" => "LimitRange",
+        "NetworkPolicy" => "NetworkPolicy",
+        "RoleBinding" => "RoleBinding",
+        "ClusterRole" => "ClusterRole",
+        "ClusterRoleBinding" => "ClusterRoleBinding",
+        "Secret" => "Secret",
+        "ConfigMap" => "ConfigMap",
+        "Namespace" => "Namespace",
+        _ => "object",
+    }
+}
+
+/// Applies a shared copy unless its name is taken by an object that is not this tenant's
+/// copy. Returns whether the copy is in place.
+async fn copy<K>(
+    client: &Client,
+    children: &Children,
+    manager: &str,
+    writes: &Writes,
+    uid: &str,
+    store: &Store<K>,
+    desired: K,
+) -> Result<bool, Error>
+where
+    K: Resource<DynamicType = (), Scope = k8s_openapi::NamespaceResourceScope>
+        + Clone
+        + Serialize
+        + DeserializeOwned
+        + Debug,
+{
+    let name = desired.name_any();
+    let namespace = desired.namespace().unwrap_or_default();
+    let cached = store.get(&ObjectRef::new(&name).within(&namespace));
+    let ours = |obj: &K| obj.labels().get(OWNER_LABEL).map(String::as_str) == Some(uid);
+    if cached.as_deref().is_none_or(|c| !ours(c)) {
+        let api: Api<K> = Api::namespaced(client.clone(), &namespace);
+        let existing = api
+            .get_opt(&name)
+            .await
+            .map_err(|source| Error::ReadTarget { kind: kind_name::<K>(), key: key(Some(&namespace), &name), source })?;
+        if existing.as_ref().is_some_and(|e| !ours(e)) {
+            return Ok(false);
+        }
+    }
+    ensure(children, manager, writes, cached.as_deref(), desired).await.map_err(|source| Error::ApplyChild {
+        kind: kind_name::<K>(),
+        key: key(Some(&namespace), &name),
+        source,
+    })?;
+    Ok(true)
+}
+
+/// Deletes this tenant's children of one kind that are not in `keep` (skipping those in
+/// namespaces being deleted anyway).
+async fn prune<K>(
+    client: &Client,
+    writes: &Writes,
+    store: &Store<K>,
+    uid: &str,
+    keep: &BTreeSet<(String, String)>,
+    terminating: &BTreeSet<String>,
+) -> Result<(), Error>
+where
+    K: Resource<DynamicType = ()> + Clone + DeserializeOwned + Debug,
+    K::Scope: ScopeApi,
+{
+    for obj in store.state() {
+        if obj.labels().get(OWNER_LABEL).map(String::as_str) != Some(uid) || obj.meta().deletion_timestamp.is_some() {
+            continue;
+        }
+        let namespace = obj.namespace();
+        let k = (namespace.clone().unwrap_or_default(), obj.name_any());
+        if keep.contains(&k) || namespace.as_ref().is_some_and(|ns| terminating.contains(ns)) {
+            continue;
+        }
+        delete::<K>(client, writes, namespace.as_deref(), &k.1).await.map_err(|source| Error::Prune {
+            kind: kind_name::<K>(),
+            key: key(namespace.as_deref(), &k.1),
+            source,
+        })?;
+    }
+    Ok(())
+}
+
+/// Applies the deletion policy to one namespace the tenant no longer has.
+async fn remove_namespace(tenant: &Tenant, ctx: &Context<State>, ns: &str) -> Result<(), Error> {
+    match tenant.spec.deletion_policy {
+        NamespaceDeletionPolicy::Delete => {
+            delete::<Namespace>(&ctx.client, &ctx.data.writes, None, ns)
+                .await
+                .map_err(|source| Error::DeleteNamespace { name: ns.to_string(), source })?;
+            ctx.recorder.normal(tenant, "NamespaceDeleted", "DeleteNamespace", format!("namespace {ns} deleted (deletionPolicy Delete)")).await;
+        }
+        NamespaceDeletionPolicy::Orphan => {
+            ctx.data.writes.inc("Namespace", "release");
+            release(&ctx.client, &ctx.field_manager, tenant, ns)
+                .await
+                .map_err(|source| Error::ReleaseNamespace { name: ns.to_string(), source })?;
+            ctx.recorder.normal(tenant, "NamespaceReleased", "ReleaseNamespace", format!("namespace {ns} kept without the tenant (deletionPolicy Orphan)")).await;
+        }
+    }
+    Ok(())
+}
+
+/// Removes the labels and annotations the operator put on namespace `ns`; the namespace and
+/// everything in it stay.
+async fn release(client: &Client, manager: &str, tenant: &Tenant, ns: &str) -> Result<(), kube::Error> {
+    let (labels, annotations) = build::namespace_metadata_keys(tenant);
+    let nulls = |keys: Vec<String>| keys.into_iter().map(|k| (k, serde_json::Value::Null)).collect::<serde_json::Map<_, _>>();
+    let patch = serde_json::json!({"metadata": {"labels": nulls(labels), "annotations": nulls(annotations)}});
+    let params = PatchParams { field_manager: Some(manager.to_string()), ..Default::default() };
+    match Api::<Namespace>::all(client.clone()).patch(ns, &params, &Patch::Merge(&patch)).await {
+        Ok(_) => Ok(()),
+        Err(kube::Error::Api(s)) if s.code == 404 => Ok(()),
+        Err(e) => Err(e),
+    }
+}
+
+/// The finalizer's cleanup: applies `deletionPolicy` to every namespace of the tenant. The
+/// other children go with the Tenant (owner references). A failure keeps the finalizer and
+/// says why in the Ready condition.
+async fn cleanup(tenant: Arc<Tenant>, ctx: &Context<State>) -> Result<Action, Error> {
+    let name = tenant.name_any();
+    let namespaces: Vec<String> = labelled_namespaces(&ctx.data.stores, &name)
+        .into_iter()
+        .filter(|e| !e.terminating)
+        .map(|e| e.name)
+        .collect();
+    let mut result = Ok(());
+    for ns in &namespaces {
+        result = remove_namespace(&tenant, ctx, ns).await;
+        if result.is_err() {
+            break;
+        }
+    }
+    if let Err(e) = &result {
+        let obs = Observation {
+            generation: tenant.metadata.generation,
+            namespaces: namespaces.clone(),
+            deleting: true,
+            error: Some(("CleanupFailed".to_string(), steward_core::chain(e))),
+            ..Default::default()
+        };
+        if let Err(status_err) = write_status(&tenant, ctx, &obs).await {
+            tracing::warn!(error = %steward_core::chain(&status_err), "failed to report the cleanup failure in the status");
+        }
+    }
+    result.map(|()| Action::await_change())
+}

@@ -1,0 +1,180 @@
+//! Status: computed in one place from what a reconcile observed and did (pure), written once.
+
+use std::collections::BTreeMap;
+
+use steward_core::conditions;
+
+use crate::crd::{QUOTA_EXCEEDED, QuotaStatus, TenantPhase, TenantStatus};
+use crate::quantity::Milli;
+
+/// Something that keeps the tenant from being Ready.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Problem {
+    /// CamelCase reason.
+    pub reason: &'static str,
+    pub message: String,
+}
+
+/// What a reconcile found.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct Observation {
+    pub generation: Option<i64>,
+    /// The tenant's usable namespaces, sorted.
+    pub namespaces: Vec<String>,
+    /// Tenant-wide limits (empty without `tenantQuota`).
+    pub tenant_hard: BTreeMap<String, Milli>,
+    /// Per-namespace limits (empty without `resourceQuota`).
+    pub namespace_hard: BTreeMap<String, Milli>,
+    /// Usage per namespace, from the ResourceQuotas.
+    pub used: BTreeMap<String, BTreeMap<String, Milli>>,
+    pub problems: Vec<Problem>,
+    /// The reconcile's error, if it failed: `(reason, message)`.
+    pub error: Option<(String, String)>,
+    pub cordoned: bool,
+    pub deleting: bool,
+}
+
+fn reached(used: Milli, hard: Milli) -> bool {
+    used > hard || (used == hard && hard > Milli::ZERO)
+}
+
+/// The status for `obs`, keeping condition transition times from `previous`.
+pub fn compute(previous: Option<&TenantStatus>, obs: &Observation) -> TenantStatus {
+    let mut conds = previous.map(|p| p.conditions.clone()).unwrap_or_default();
+    let generation = obs.generation;
+
+    let ready = obs.error.is_none() && obs.problems.is_empty();
+    match (&obs.error, obs.problems.first()) {
+        (Some((reason, message)), _) => {
+            conditions::set(&mut conds, conditions::READY, false, reason, message.clone(), generation);
+        }
+        (None, Some(first)) => {
+            let message = obs.problems.iter().map(|p| p.message.as_str()).collect::<Vec<_>>().join("; ");
+            conditions::set(&mut conds, conditions::READY, false, first.reason, message, generation);
+        }
+        (None, None) => {
+            let n = obs.namespaces.len();
+            let message = format!("{n} namespace{} reconciled", if n == 1 { "" } else { "s" });
+            conditions::set(&mut conds, conditions::READY, true, "Reconciled", message, generation);
+        }
+    }
+
+    let mut total: BTreeMap<String, Milli> = BTreeMap::new();
+    for per_ns in obs.used.values() {
+        for (r, v) in per_ns {
+            let e = total.entry(r.clone()).or_default();
+            *e = e.saturating_add(*v);
+        }
+    }
+    let has_quota = !obs.tenant_hard.is_empty() || !obs.namespace_hard.is_empty();
+    let mut exceeded = Vec::new();
+    for (r, hard) in &obs.tenant_hard {
+        let used = total.get(r).copied().unwrap_or_default();
+        if reached(used, *hard) {
+            exceeded.push(format!("{r} {}/{} across the tenant", used.format_for(r), hard.format_for(r)));
+        }
+    }
+    for (ns, per_ns) in &obs.used {
+        for (r, hard) in &obs.namespace_hard {
+            let used = per_ns.get(r).copied().unwrap_or_default();
+            if reached(used, *hard) {
+                exceeded.push(format!("{r} {}/{} in {ns}", used.format_for(r), hard.format_for(r)));
+            }
+        }
+    }
+    if exceeded.is_empty() {
+        conditions::set(&mut conds, QUOTA_EXCEEDED, false, "WithinLimits", "", generation);
+    } else {
+        conditions::set(&mut conds, QUOTA_EXCEEDED, true, "LimitReached", exceeded.join(", "), generation);
+    }
+
+    let phase = if obs.deleting {
+        TenantPhase::Terminating
+    } else if !ready {
+        TenantPhase::Degraded
+    } else if obs.cordoned {
+        TenantPhase::Cordoned
+    } else {
+        TenantPhase::Active
+    };
+    TenantStatus {
+        observed_generation: generation,
+        phase: Some(phase),
+        namespaces: obs.namespaces.clone(),
+        namespace_count: i32::try_from(obs.namespaces.len()).unwrap_or(i32::MAX),
+        quota: has_quota.then(|| QuotaStatus {
+            hard: obs.tenant_hard.iter().map(|(k, v)| (k.clone(), v.format_for(k))).collect(),
+            used: total.iter().map(|(k, v)| (k.clone(), v.format_for(k))).collect(),
+        }),
+        conditions: conds,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn obs() -> Observation {
+        Observation {
+            generation: Some(3),
+            namespaces: vec!["a".into(), "b".into()],
+            tenant_hard: BTreeMap::from([("pods".into(), Milli::units(4))]),
+            used: BTreeMap::from([
+                ("a".into(), BTreeMap::from([("pods".into(), Milli::units(1))])),
+                ("b".into(), BTreeMap::from([("pods".into(), Milli::units(2))])),
+            ]),
+            ..Default::default()
+        }
+    }
+
+    #[test]
+    fn ready_tenant_sums_usage() {
+        let s = compute(None, &obs());
+        assert_eq!(s.phase, Some(TenantPhase::Active));
+        assert_eq!(s.namespace_count, 2);
+        assert_eq!(s.observed_generation, Some(3));
+        assert!(conditions::is_true(&s.conditions, conditions::READY));
+        assert!(!conditions::is_true(&s.conditions, QUOTA_EXCEEDED));
+        let q = s.quota.unwrap();
+        assert_eq!(q.used["pods"], "3");
+        assert_eq!(q.hard["pods"], "4");
+    }
+
+    #[test]
+    fn reaching_the_tenant_limit_sets_quota_exceeded() {
+        let mut o = obs();
+        o.used.get_mut("b").unwrap().insert("pods".into(), Milli::units(3));
+        let s = compute(None, &o);
+        let c = conditions::get(&s.conditions, QUOTA_EXCEEDED).unwrap();
+        assert_eq!(c.status, "True");
+        assert_eq!(c.message, "pods 4/4 across the tenant");
+    }
+
+    #[test]
+    fn problems_and_errors_make_it_degraded() {
+        let mut o = obs();
+        o.problems.push(Problem { reason: "NamespaceConflict", message: "x belongs to tenant y".into() });
+        let s = compute(None, &o);
+        assert_eq!(s.phase, Some(TenantPhase::Degraded));
+        assert_eq!(conditions::get(&s.conditions, conditions::READY).unwrap().reason, "NamespaceConflict");
+        o.error = Some(("ApplyFailed".into(), "boom".into()));
+        let s = compute(None, &o);
+        assert_eq!(conditions::get(&s.conditions, conditions::READY).unwrap().reason, "ApplyFailed");
+    }
+
+    #[test]
+    fn unchanged_observation_gives_an_identical_status() {
+        let first = compute(None, &obs());
+        let second = compute(Some(&first), &obs());
+        assert_eq!(first, second, "so the status write is skipped");
+    }
+
+    #[test]
+    fn cordoned_and_deleting_phases() {
+        let mut o = obs();
+        o.cordoned = true;
+        assert_eq!(compute(None, &o).phase, Some(TenantPhase::Cordoned));
+        o.deleting = true;
+        assert_eq!(compute(None, &o).phase, Some(TenantPhase::Terminating));
+    }
+}

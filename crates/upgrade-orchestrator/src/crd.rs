@@ -1,0 +1,388 @@
+//! The `UpgradePlan` custom resource (`upgrade.steward.dev/v1alpha1`).
+//!
+//! ```yaml
+//! apiVersion: upgrade.steward.dev/v1alpha1
+//! kind: UpgradePlan
+//! metadata: {name: release-42}
+//! spec:
+//!   components:
+//!     - name: db
+//!       target: {kind: PostgresCluster, name: main}
+//!       version: "17"
+//!     - name: api
+//!       target: {kind: Deployment, name: api}
+//!       image: {container: api, image: registry.example/api:2.0}
+//!       dependsOn: [db]
+//!   strategy: {maxConcurrent: 1, progressDeadlineSeconds: 600, failurePolicy: Rollback}
+//! ```
+
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, MicroTime};
+use kube::{CustomResource, KubeSchema};
+use schemars::JsonSchema;
+use serde::{Deserialize, Serialize};
+
+/// The API group of this operator.
+pub const GROUP: &str = "upgrade.steward.dev";
+
+/// Rolls new versions across several dependent workloads, one dependency wave at a time.
+#[derive(CustomResource, KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq)]
+#[kube(
+    group = "upgrade.steward.dev",
+    version = "v1alpha1",
+    kind = "UpgradePlan",
+    namespaced,
+    shortname = "uplan",
+    category = "steward",
+    status = "UpgradePlanStatus",
+    derive = "PartialEq",
+    printcolumn(name = "Ready", type_ = "string", json_path = r#".status.conditions[?(@.type=="Ready")].status"#),
+    printcolumn(name = "Phase", type_ = "string", json_path = ".status.phase"),
+    printcolumn(name = "Wave", type_ = "integer", json_path = ".status.currentWave", description = "The dependency wave being worked on (1-based)"),
+    printcolumn(name = "Waves", type_ = "integer", json_path = ".status.waves", priority = 1),
+    printcolumn(name = "Upgraded", type_ = "string", json_path = ".status.progress", description = "Components upgraded / total"),
+    printcolumn(name = "Policy", type_ = "string", json_path = ".spec.strategy.failurePolicy"),
+    printcolumn(name = "Approval", type_ = "string", json_path = ".spec.strategy.approval", priority = 1),
+    printcolumn(name = "Paused", type_ = "boolean", json_path = ".spec.strategy.paused", priority = 1),
+    printcolumn(name = "Age", type_ = "date", json_path = ".metadata.creationTimestamp"),
+    validation = Rule::new(
+        "!has(oldSelf.status) || !has(oldSelf.status.startedAt) || self.spec.components == oldSelf.spec.components"
+    )
+    .message("spec.components is immutable once the plan has started; create a new plan instead")
+)]
+#[serde(rename_all = "camelCase")]
+pub struct UpgradePlanSpec {
+    /// The workloads to upgrade. A component starts only when every component it depends on
+    /// is upgraded and healthy. Immutable once the plan has started.
+    #[schemars(length(min = 1, max = 50))]
+    pub components: Vec<Component>,
+
+    /// How the plan proceeds.
+    #[serde(default)]
+    pub strategy: Strategy,
+
+    /// With `approval: Manual`, the number of waves approved to start: wave N starts only when
+    /// `approvedWaves >= N`. Can only grow.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 0, max = 1000))]
+    #[x_kube(validation = Rule::new("self >= oldSelf").message("approvedWaves cannot decrease"))]
+    pub approved_waves: Option<i32>,
+}
+
+/// One workload to upgrade, and what to change in it.
+#[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq)]
+#[serde(rename_all = "camelCase")]
+#[x_kube(
+    validation = Rule::new(
+        "self.target.kind == 'PostgresCluster' ? (has(self.version) && !has(self.image)) : (has(self.image) && !has(self.version))"
+    )
+    .message("a PostgresCluster component sets version; a Deployment, StatefulSet or DaemonSet component sets image")
+)]
+pub struct Component {
+    /// Unique within the plan; other components name it in `dependsOn`.
+    #[schemars(length(min = 1, max = 63), regex(pattern = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$"))]
+    pub name: String,
+
+    /// The workload to change, in the plan's namespace.
+    pub target: TargetRef,
+
+    /// For a Deployment, StatefulSet or DaemonSet: the container whose image changes.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub image: Option<ImageChange>,
+
+    /// For a PostgresCluster: the new `spec.version`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(min = 1, max = 32), regex(pattern = r"^[0-9A-Za-z][0-9A-Za-z._-]*$"))]
+    pub version: Option<String>,
+
+    /// Names of the components that must be upgraded and healthy before this one starts.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(length(max = 50), inner(length(min = 1, max = 63)))]
+    pub depends_on: Vec<String>,
+}
+
+/// A workload in the plan's namespace.
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Eq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct TargetRef {
+    pub kind: TargetKind,
+    #[schemars(length(min = 1, max = 253), regex(pattern = r"^[a-z0-9]([-a-z0-9.]*[a-z0-9])?$"))]
+    pub name: String,
+}
+
+/// The kinds of workload a component can target.
+#[derive(Serialize, Deserialize, Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, JsonSchema)]
+pub enum TargetKind {
+    Deployment,
+    StatefulSet,
+    DaemonSet,
+    /// `database.steward.dev/v1alpha1` PostgresCluster.
+    PostgresCluster,
+}
+
+impl TargetKind {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            TargetKind::Deployment => "Deployment",
+            TargetKind::StatefulSet => "StatefulSet",
+            TargetKind::DaemonSet => "DaemonSet",
+            TargetKind::PostgresCluster => "PostgresCluster",
+        }
+    }
+}
+
+impl std::fmt::Display for TargetKind {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// A new image for one container of a pod template.
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Eq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct ImageChange {
+    /// The container's name in the pod template (`spec.template.spec.containers[].name`).
+    #[schemars(length(min = 1, max = 63))]
+    pub container: String,
+    /// The new image reference.
+    #[schemars(length(min = 1, max = 512))]
+    pub image: String,
+}
+
+/// How a plan proceeds and what it does on failure.
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Eq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct Strategy {
+    /// At most this many components are upgrading at once.
+    #[serde(default = "default_max_concurrent")]
+    #[schemars(range(min = 1, max = 50))]
+    pub max_concurrent: i32,
+
+    /// How long a component may take to become healthy after its change (and after a
+    /// revert, during rollback) before it counts as failed.
+    #[serde(default = "default_progress_deadline")]
+    #[schemars(range(min = 1, max = 86400))]
+    pub progress_deadline_seconds: i32,
+
+    /// What happens when a component fails.
+    #[serde(default)]
+    pub failure_policy: FailurePolicy,
+
+    /// Whether each wave waits for `spec.approvedWaves`.
+    #[serde(default)]
+    pub approval: Approval,
+
+    /// Stops the plan between components: nothing new starts while set; components already
+    /// upgrading are still followed to the end.
+    #[serde(default)]
+    pub paused: bool,
+}
+
+fn default_max_concurrent() -> i32 {
+    1
+}
+
+fn default_progress_deadline() -> i32 {
+    600
+}
+
+impl Default for Strategy {
+    fn default() -> Self {
+        Self {
+            max_concurrent: default_max_concurrent(),
+            progress_deadline_seconds: default_progress_deadline(),
+            failure_policy: FailurePolicy::default(),
+            approval: Approval::default(),
+            paused: false,
+        }
+    }
+}
+
+/// What a plan does when a component fails (deadline passed, or the workload reports failure).
+#[derive(Serialize, Deserialize, Clone, Copy, Debug, Default, PartialEq, Eq, JsonSchema)]
+pub enum FailurePolicy {
+    /// Stop and wait for the user. Any later change to the spec retries the failed
+    /// component; switching to `Rollback` rolls back.
+    #[default]
+    Pause,
+    /// Revert every changed component to its recorded previous value, in reverse dependency
+    /// order, and end `RolledBack`.
+    Rollback,
+}
+
+/// Whether waves start on their own.
+#[derive(Serialize, Deserialize, Clone, Copy, Debug, Default, PartialEq, Eq, JsonSchema)]
+pub enum Approval {
+    #[default]
+    Automatic,
+    /// Wave N starts only once `spec.approvedWaves >= N`.
+    Manual,
+}
+
+/// Observed state of an `UpgradePlan`.
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct UpgradePlanStatus {
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub phase: Option<PlanPhase>,
+    /// The generation this status was computed from.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub observed_generation: Option<i64>,
+    /// The dependency wave being upgraded (or rolled back), 1-based.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub current_wave: Option<i32>,
+    /// Number of dependency waves.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub waves: Option<i32>,
+    /// Components upgraded / total, e.g. `2/4`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub progress: Option<String>,
+    /// When the first component started.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub started_at: Option<MicroTime>,
+    /// When the plan reached Succeeded, RolledBack or Failed.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub finished_at: Option<MicroTime>,
+    /// One entry per component, in spec order.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub components: Vec<ComponentStatus>,
+    /// `Valid`, `Ready`, `Progressing`, `Degraded`.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub conditions: Vec<Condition>,
+}
+
+/// Where a plan is.
+#[derive(Serialize, Deserialize, Clone, Copy, Debug, PartialEq, Eq, JsonSchema)]
+pub enum PlanPhase {
+    /// Not started (also while the plan is invalid or a target is missing).
+    Pending,
+    Progressing,
+    /// `spec.strategy.paused`, or a component failed under `failurePolicy: Pause`.
+    Paused,
+    /// `approval: Manual` and the next wave is not approved yet.
+    WaitingApproval,
+    /// Reverting changed components after a failure.
+    RollingBack,
+    Succeeded,
+    /// A rollback could not complete; needs a human.
+    Failed,
+    RolledBack,
+}
+
+impl PlanPhase {
+    /// Whether the plan is over (nothing more will happen).
+    pub fn is_terminal(self) -> bool {
+        matches!(self, PlanPhase::Succeeded | PlanPhase::Failed | PlanPhase::RolledBack)
+    }
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            PlanPhase::Pending => "Pending",
+            PlanPhase::Progressing => "Progressing",
+            PlanPhase::Paused => "Paused",
+            PlanPhase::WaitingApproval => "WaitingApproval",
+            PlanPhase::RollingBack => "RollingBack",
+            PlanPhase::Succeeded => "Succeeded",
+            PlanPhase::Failed => "Failed",
+            PlanPhase::RolledBack => "RolledBack",
+        }
+    }
+}
+
+/// The state of one component. `previous` is recorded before the target is changed
+/// (write-ahead), so a rollback restores exactly that value.
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct ComponentStatus {
+    pub name: String,
+    /// The component's dependency wave, 1-based.
+    pub wave: i32,
+    pub phase: ComponentPhase,
+    /// The image or version before the change.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub previous: Option<String>,
+    /// The image or version the change sets.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub target: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub started_at: Option<MicroTime>,
+    /// When the component became healthy (or failed).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub finished_at: Option<MicroTime>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub rollback_started_at: Option<MicroTime>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub rolled_back_at: Option<MicroTime>,
+    /// The plan generation at which the component failed; a newer generation retries it
+    /// (under `failurePolicy: Pause`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub failed_generation: Option<i64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub message: Option<String>,
+}
+
+impl ComponentStatus {
+    /// A component that has not started.
+    pub fn pending(name: &str, wave: i32) -> Self {
+        Self {
+            name: name.to_string(),
+            wave,
+            phase: ComponentPhase::Pending,
+            previous: None,
+            target: None,
+            started_at: None,
+            finished_at: None,
+            rollback_started_at: None,
+            rolled_back_at: None,
+            failed_generation: None,
+            message: None,
+        }
+    }
+}
+
+/// Where a component is.
+#[derive(Serialize, Deserialize, Clone, Copy, Debug, PartialEq, Eq, JsonSchema)]
+pub enum ComponentPhase {
+    Pending,
+    /// Previous value recorded; the change is applied and the workload is rolling.
+    Progressing,
+    /// Changed and healthy.
+    Succeeded,
+    /// Not healthy within the deadline, or the workload reported failure.
+    Failed,
+    /// Being reverted to `previous`.
+    RollingBack,
+    /// Reverted and healthy.
+    RolledBack,
+}
+
+impl ComponentPhase {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            ComponentPhase::Pending => "Pending",
+            ComponentPhase::Progressing => "Progressing",
+            ComponentPhase::Succeeded => "Succeeded",
+            ComponentPhase::Failed => "Failed",
+            ComponentPhase::RollingBack => "RollingBack",
+            ComponentPhase::RolledBack => "RolledBack",
+        }
+    }
+}
+
+impl Component {
+    /// The value this component sets (image or version), if its spec is consistent.
+    pub fn desired(&self) -> Option<&str> {
+        match self.target.kind {
+            TargetKind::PostgresCluster => self.version.as_deref(),
+            _ => self.image.as_ref().map(|i| i.image.as_str()),
+        }
+    }
+
+    /// What changes, for messages: `Deployment web container app image`.
+    pub fn describe(&self) -> String {
+        match (&self.target.kind, &self.image) {
+            (TargetKind::PostgresCluster, _) => format!("PostgresCluster {} version", self.target.name),
+            (kind, Some(i)) => format!("{kind} {} container {} image", self.target.name, i.container),
+            (kind, None) => format!("{kind} {}", self.target.name),
+        }
+    }
+}

@@ -1,0 +1,57 @@
+//! Errors of a reconcile, named after the step that failed.
+
+use crate::crd::TargetKind;
+
+/// Why a reconcile of an `UpgradePlan` failed. All are transient (retried with backoff):
+/// an invalid plan is not an error but `Valid=False` in its status.
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    /// The plan has no namespace (cannot happen for a namespaced kind).
+    #[error("failed to read the plan: UpgradePlan {0} has no namespace")]
+    NoNamespace(String),
+    /// Reading a target failed.
+    #[error("failed to read {kind} {name}")]
+    ReadTarget {
+        kind: TargetKind,
+        name: String,
+        #[source]
+        source: Box<kube::Error>,
+    },
+    /// The recorded change does not fit the target as read.
+    #[error("failed to build the change of {kind} {name}: {message}")]
+    BuildChange { kind: TargetKind, name: String, message: String },
+    /// Changing (or reverting) a target failed; a failed `test` operation means someone else
+    /// changed the value meanwhile.
+    #[error("failed to change {kind} {name} from {from:?} to {to:?}")]
+    ChangeTarget {
+        kind: TargetKind,
+        name: String,
+        from: String,
+        to: String,
+        #[source]
+        source: Box<kube::Error>,
+    },
+    /// Writing the plan's status failed.
+    #[error("failed to write the status of UpgradePlan {name}")]
+    WriteStatus {
+        name: String,
+        #[source]
+        source: Box<kube::Error>,
+    },
+}
+
+impl steward_core::ReconcileError for Error {
+    fn reason(&self) -> &str {
+        match self {
+            Error::NoNamespace(_) => "InvalidObject",
+            Error::ReadTarget { .. } => "ReadTargetFailed",
+            Error::BuildChange { .. } => "BuildChangeFailed",
+            Error::ChangeTarget { .. } => "ChangeTargetFailed",
+            Error::WriteStatus { .. } => "WriteStatusFailed",
+        }
+    }
+
+    fn is_permanent(&self) -> bool {
+        matches!(self, Error::NoNamespace(_))
+    }
+}

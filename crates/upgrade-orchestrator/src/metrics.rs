@@ -1,0 +1,87 @@
+//! The orchestrator's own metrics, next to steward-core's controller metrics.
+//!
+//! | metric | type | labels |
+//! |---|---|---|
+//! | `steward_upgrade_plans_in_progress` | gauge | — plans in Progressing, RollingBack, WaitingApproval or Paused, counted from the watch cache at scrape time |
+//! | `steward_upgrade_component_duration_seconds` | histogram | kind, result (`succeeded`, `failed`, `rolled_back`) |
+
+use prometheus_client::encoding::{EncodeLabelSet, EncodeMetric, MetricEncoder};
+use prometheus_client::metrics::MetricType;
+use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
+use kube::runtime::reflector::Store;
+
+use crate::crd::{PlanPhase, UpgradePlan};
+use crate::progress::Finished;
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct DurationLabels {
+    pub kind: String,
+    pub result: String,
+}
+
+/// Metrics handles the reconcile updates.
+#[derive(Clone)]
+pub struct PlanMetrics {
+    pub component_duration: Family<DurationLabels, Histogram>,
+}
+
+impl PlanMetrics {
+    /// Creates the metrics and registers them (and the in-progress gauge over `plans`).
+    pub fn register(metrics: &steward_core::metrics::Metrics, plans: Store<UpgradePlan>) -> Self {
+        let component_duration = Family::<DurationLabels, Histogram>::new_with_constructor(|| {
+            // 1 s .. ~68 min
+            Histogram::new(exponential_buckets(1.0, 2.0, 13))
+        });
+        metrics.register(
+            "steward_upgrade_component_duration_seconds",
+            "Time from a component's start to its health (or failure), and of its rollback",
+            component_duration.clone(),
+        );
+        metrics.register(
+            "steward_upgrade_plans_in_progress",
+            "UpgradePlans in Progressing, RollingBack, WaitingApproval or Paused",
+            InProgress { plans },
+        );
+        Self { component_duration }
+    }
+
+    /// Records components that finished a step.
+    pub fn observe(&self, finished: &[Finished]) {
+        for f in finished {
+            self.component_duration
+                .get_or_create(&DurationLabels { kind: f.kind.as_str().to_string(), result: f.result.to_string() })
+                .observe(f.seconds);
+        }
+    }
+}
+
+/// A gauge computed from the plan cache when scraped, so deleted plans never linger.
+struct InProgress {
+    plans: Store<UpgradePlan>,
+}
+
+impl std::fmt::Debug for InProgress {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("InProgress").finish_non_exhaustive()
+    }
+}
+
+/// Whether a plan in `phase` counts as in progress.
+pub fn in_progress(phase: Option<PlanPhase>) -> bool {
+    matches!(
+        phase,
+        Some(PlanPhase::Progressing | PlanPhase::RollingBack | PlanPhase::WaitingApproval | PlanPhase::Paused)
+    )
+}
+
+impl EncodeMetric for InProgress {
+    fn encode(&self, mut encoder: MetricEncoder) -> Result<(), std::fmt::Error> {
+        let n = self.plans.state().iter().filter(|p| in_progress(p.status.as_ref().and_then(|s| s.phase))).count();
+        encoder.encode_gauge(&(n as i64))
+    }
+
+    fn metric_type(&self) -> MetricType {
+        MetricType::Gauge
+    }
+}

@@ -1,0 +1,1120 @@
+//! Build: the plan's state machine, as pure functions of (spec, status, observed targets, now).
+//!
+//! ```text
+//! component:  Pending ─start─▶ Progressing ─healthy─▶ Succeeded
+//!                                   │ deadline / workload failed
+//!                                   ▼
+//!                                 Failed ──(Rollback)──▶ RollingBack ─healthy─▶ RolledBack
+//!                                   │ (Pause: the spec changes) ▲
+//!                                   └──────▶ Progressing         └── every changed component,
+//!                                                                    last wave first
+//! ```
+//!
+//! # Guarantees
+//! - Write-ahead: [`step`] only *records* a start (previous value, target, start time) or a
+//!   revert; the change to the target happens in a later reconcile, by [`writes`], which reads
+//!   the recorded intent from the stored status. A crash between the two is resumed exactly:
+//!   the recorded previous value is what a rollback restores.
+//! - A component starts only when every component of earlier waves succeeded and its own
+//!   dependencies are healthy right now; at most `maxConcurrent` are in flight.
+//! - A change is made at most once: [`writes`] asks for it only while the target still holds
+//!   the recorded previous value.
+
+use std::collections::BTreeMap;
+use std::time::Duration;
+
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{MicroTime, Time};
+use k8s_openapi::jiff::Timestamp;
+use steward_core::conditions;
+
+use crate::crd::{
+    Approval, ComponentPhase, ComponentStatus, FailurePolicy, PlanPhase, TargetKind, UpgradePlanSpec,
+    UpgradePlanStatus,
+};
+use crate::health::Health;
+use crate::plan::{Invalid, Plan};
+use crate::target::Observation;
+
+/// The `Valid` condition type.
+pub const VALID: &str = "Valid";
+
+/// Everything [`step`] decides from.
+pub struct Input<'a> {
+    pub spec: &'a UpgradePlanSpec,
+    pub generation: i64,
+    pub status: &'a UpgradePlanStatus,
+    pub plan: &'a Plan,
+    /// Observations of the targets, by component name.
+    pub observed: &'a BTreeMap<String, Observation>,
+    /// Recorded changes the API server refused as invalid (e.g. a PostgresCluster version
+    /// that cannot be lowered), by component name, with the server's message.
+    pub rejected: &'a BTreeMap<String, String>,
+    pub now: Timestamp,
+}
+
+/// What [`step`] decided.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Outcome {
+    /// The status to write (skipped when equal to the current one).
+    pub status: UpgradePlanStatus,
+    /// Events to publish once the status is written.
+    pub notes: Vec<Note>,
+    /// Components that finished a step, for the duration metric.
+    pub finished: Vec<Finished>,
+    /// When to look again if no watch event comes first (the earliest deadline).
+    pub recheck_after: Option<Duration>,
+}
+
+/// An Event to publish about the plan.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Note {
+    pub warning: bool,
+    pub reason: &'static str,
+    pub action: &'static str,
+    pub message: String,
+}
+
+/// A component that finished upgrading (or rolling back) in this step.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Finished {
+    pub kind: TargetKind,
+    /// `succeeded`, `failed` or `rolled_back`.
+    pub result: &'static str,
+    pub seconds: f64,
+}
+
+/// A change to make to a target, recorded in the status before it is made.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Write {
+    /// Index into `spec.components`.
+    pub index: usize,
+    pub from: String,
+    pub to: String,
+    /// `true` for a rollback (target → previous).
+    pub revert: bool,
+}
+
+/// The changes the stored status asks for that the targets do not show yet: a Progressing
+/// component whose target still holds `previous`, a RollingBack one whose target holds `target`.
+pub fn writes(spec: &UpgradePlanSpec, status: &UpgradePlanStatus, observed: &BTreeMap<String, Observation>) -> Vec<Write> {
+    let mut out = Vec::new();
+    for (index, component) in spec.components.iter().enumerate() {
+        let Some(cs) = status.components.iter().find(|s| s.name == component.name) else {
+            continue;
+        };
+        let (Some(previous), Some(target)) = (&cs.previous, &cs.target) else {
+            continue;
+        };
+        if previous == target {
+            continue;
+        }
+        let Some(Ok(value)) = observed.get(&component.name).map(|o| &o.value) else {
+            continue;
+        };
+        match cs.phase {
+            ComponentPhase::Progressing if value == previous => {
+                out.push(Write { index, from: previous.clone(), to: target.clone(), revert: false });
+            }
+            ComponentPhase::RollingBack if value == target => {
+                out.push(Write { index, from: target.clone(), to: previous.clone(), revert: true });
+            }
+            _ => {}
+        }
+    }
+    out
+}
+
+/// The status of a plan whose spec is invalid: `Valid=False`, nothing starts.
+pub fn invalid(status: &UpgradePlanStatus, generation: i64, error: &Invalid, now: Timestamp) -> Outcome {
+    let mut st = status.clone();
+    st.observed_generation = Some(generation);
+    if st.phase.is_none() {
+        st.phase = Some(PlanPhase::Pending);
+    }
+    let at = second(now);
+    let message = error.to_string();
+    set(&mut st, VALID, false, error.reason(), &message, generation, &at);
+    set(&mut st, conditions::READY, false, "InvalidPlan", &message, generation, &at);
+    set(&mut st, conditions::PROGRESSING, false, "InvalidPlan", &message, generation, &at);
+    let degraded = st.components.iter().any(|c| c.phase == ComponentPhase::Failed);
+    set(&mut st, conditions::DEGRADED, degraded, if degraded { "ComponentFailed" } else { "AsExpected" }, "", generation, &at);
+    let mut notes = Vec::new();
+    if conditions::get(&status.conditions, VALID).is_none_or(|c| c.status != "False" || c.message != message) {
+        notes.push(Note { warning: true, reason: "InvalidPlan", action: "Validate", message });
+    }
+    Outcome { status: st, notes, finished: Vec::new(), recheck_after: None }
+}
+
+/// How one component's target compares to what it should be.
+enum Eval {
+    Healthy,
+    Waiting(String),
+    Failed(String),
+}
+
+fn evaluate(observation: Option<&Observation>, expected: &str, other: &str) -> Eval {
+    let Some(o) = observation else {
+        return Eval::Waiting("target not observed yet".into());
+    };
+    match &o.value {
+        Err(why) => Eval::Failed(why.clone()),
+        Ok(v) if v == expected => match &o.health {
+            Health::Healthy => Eval::Healthy,
+            Health::Progressing(m) => Eval::Waiting(m.clone()),
+            Health::Failed(m) => Eval::Failed(m.clone()),
+        },
+        Ok(v) if v == other => Eval::Waiting(format!("the change to {expected:?} is not applied yet")),
+        Ok(v) => Eval::Failed(format!("the target now holds {v:?}, expected {expected:?}: changed by someone else")),
+    }
+}
+
+/// Microseconds since `t`.
+fn elapsed(t: Option<&MicroTime>, now: Timestamp) -> Duration {
+    let start = t.map_or(now.as_microsecond(), |t| t.0.as_microsecond());
+    Duration::from_micros(u64::try_from(now.as_microsecond().saturating_sub(start)).unwrap_or(0))
+}
+
+fn micro(now: Timestamp) -> MicroTime {
+    MicroTime(Timestamp::from_microsecond(now.as_microsecond()).unwrap_or(now))
+}
+
+fn second(now: Timestamp) -> Time {
+    Time(Timestamp::from_second(now.as_second()).unwrap_or(now))
+}
+
+fn set(st: &mut UpgradePlanStatus, type_: &str, value: bool, reason: &str, message: &str, generation: i64, at: &Time) {
+    conditions::set_at(&mut st.conditions, type_, value, reason, message.to_string(), Some(generation), at.clone());
+}
+
+/// Builds the outcome step by step.
+struct Stepper<'a> {
+    i: &'a Input<'a>,
+    comps: Vec<ComponentStatus>,
+    notes: Vec<Note>,
+    finished: Vec<Finished>,
+    recheck: Option<Duration>,
+    deadline: Duration,
+}
+
+impl Stepper<'_> {
+    fn note(&mut self, warning: bool, reason: &'static str, action: &'static str, message: String) {
+        self.notes.push(Note { warning, reason, action, message });
+    }
+
+    fn recheck_in(&mut self, d: Duration) {
+        self.recheck = Some(self.recheck.map_or(d, |r| r.min(d)));
+    }
+
+    fn kind(&self, index: usize) -> TargetKind {
+        self.i.spec.components[index].target.kind
+    }
+
+    fn fail(&mut self, index: usize, message: String) {
+        let now = self.i.now;
+        let kind = self.kind(index);
+        let describe = self.i.spec.components[index].describe();
+        let cs = &mut self.comps[index];
+        let seconds = elapsed(cs.started_at.as_ref(), now).as_secs_f64();
+        cs.phase = ComponentPhase::Failed;
+        cs.finished_at = Some(micro(now));
+        cs.failed_generation = Some(self.i.generation);
+        cs.message = Some(message.clone());
+        let name = cs.name.clone();
+        self.finished.push(Finished { kind, result: "failed", seconds });
+        self.note(true, "ComponentFailed", "Upgrade", format!("component {name} ({describe}) failed: {message}"));
+    }
+
+    /// Follows components that are upgrading.
+    fn track_forward(&mut self) {
+        let now = self.i.now;
+        for index in 0..self.comps.len() {
+            if self.comps[index].phase != ComponentPhase::Progressing {
+                continue;
+            }
+            let cs = &self.comps[index];
+            let (Some(previous), Some(target)) = (cs.previous.clone(), cs.target.clone()) else {
+                self.fail(index, "no previous value was recorded".into());
+                continue;
+            };
+            let spent = elapsed(cs.started_at.as_ref(), now);
+            let name = cs.name.clone();
+            if let Some(why) = self.i.rejected.get(&name) {
+                self.fail(index, format!("the API server refused the change: {why}"));
+                continue;
+            }
+            match evaluate(self.i.observed.get(&name), &target, &previous) {
+                Eval::Healthy => {
+                    let kind = self.kind(index);
+                    let describe = self.i.spec.components[index].describe();
+                    let cs = &mut self.comps[index];
+                    cs.phase = ComponentPhase::Succeeded;
+                    cs.finished_at = Some(micro(now));
+                    cs.message = None;
+                    self.finished.push(Finished { kind, result: "succeeded", seconds: spent.as_secs_f64() });
+                    self.note(
+                        false,
+                        "ComponentSucceeded",
+                        "Upgrade",
+                        format!("component {name}: {describe} is {target:?} and healthy after {:.1}s", spent.as_secs_f64()),
+                    );
+                }
+                Eval::Failed(m) => self.fail(index, m),
+                Eval::Waiting(m) if spent >= self.deadline => {
+                    self.fail(index, format!("not healthy within {}s: {m}", self.deadline.as_secs()));
+                }
+                Eval::Waiting(m) => {
+                    self.comps[index].message = Some(m);
+                    self.recheck_in(self.deadline - spent);
+                }
+            }
+        }
+    }
+
+    /// Follows components that are being reverted; returns why the rollback failed, if it did.
+    fn track_rollback(&mut self) -> Option<String> {
+        let now = self.i.now;
+        let mut failure = None;
+        for index in 0..self.comps.len() {
+            if self.comps[index].phase != ComponentPhase::RollingBack {
+                continue;
+            }
+            let cs = &self.comps[index];
+            let (Some(previous), Some(target)) = (cs.previous.clone(), cs.target.clone()) else {
+                failure = Some(format!("component {}: no previous value was recorded", cs.name));
+                continue;
+            };
+            let spent = elapsed(cs.rollback_started_at.as_ref(), now);
+            let name = cs.name.clone();
+            if let Some(why) = self.i.rejected.get(&name) {
+                let m = format!("the API server refused the revert: {why}");
+                self.comps[index].message = Some(m.clone());
+                failure = Some(format!("component {name}: {m}"));
+                continue;
+            }
+            match evaluate(self.i.observed.get(&name), &previous, &target) {
+                Eval::Healthy => {
+                    let kind = self.kind(index);
+                    let describe = self.i.spec.components[index].describe();
+                    let cs = &mut self.comps[index];
+                    cs.phase = ComponentPhase::RolledBack;
+                    cs.rolled_back_at = Some(micro(now));
+                    cs.message = None;
+                    self.finished.push(Finished { kind, result: "rolled_back", seconds: spent.as_secs_f64() });
+                    self.note(
+                        false,
+                        "ComponentRolledBack",
+                        "Rollback",
+                        format!("component {name}: {describe} is back to {previous:?} and healthy"),
+                    );
+                }
+                Eval::Failed(m) => {
+                    self.comps[index].message = Some(m.clone());
+                    failure = Some(format!("component {name}: {m}"));
+                }
+                Eval::Waiting(m) if spent >= self.deadline => {
+                    let m = format!("not healthy within {}s of the revert: {m}", self.deadline.as_secs());
+                    self.comps[index].message = Some(m.clone());
+                    failure = Some(format!("component {name}: {m}"));
+                }
+                Eval::Waiting(m) => {
+                    self.comps[index].message = Some(m);
+                    self.recheck_in(self.deadline - spent);
+                }
+            }
+        }
+        failure
+    }
+
+    /// Under `failurePolicy: Pause`, a newer spec generation retries failed components.
+    fn retry_failed(&mut self) {
+        let now = self.i.now;
+        for index in 0..self.comps.len() {
+            let cs = &mut self.comps[index];
+            if cs.phase != ComponentPhase::Failed || cs.failed_generation.is_some_and(|g| g >= self.i.generation) {
+                continue;
+            }
+            cs.phase = ComponentPhase::Progressing;
+            cs.started_at = Some(micro(now));
+            cs.finished_at = None;
+            cs.failed_generation = None;
+            cs.message = Some("retrying: the plan changed after the failure".into());
+            let name = cs.name.clone();
+            self.recheck_in(self.deadline);
+            self.note(false, "ComponentRetried", "Upgrade", format!("component {name}: retrying after the plan changed"));
+        }
+    }
+
+    /// Why component `index` cannot start now because of a dependency, if it cannot.
+    fn blocked_by_dependency(&self, index: usize) -> Option<String> {
+        let component = &self.i.spec.components[index];
+        for dep in &component.depends_on {
+            let Some(ds) = self.comps.iter().find(|c| &c.name == dep) else {
+                return Some(format!("dependency {dep} is unknown"));
+            };
+            if ds.phase != ComponentPhase::Succeeded {
+                return Some(format!("dependency {dep} is {}", ds.phase.as_str()));
+            }
+            let expected = ds.target.as_deref().unwrap_or_default();
+            match self.i.observed.get(dep) {
+                Some(o) if o.value.as_deref() == Ok(expected) && o.health.is_healthy() => {}
+                Some(o) => {
+                    let why = match (&o.value, &o.health) {
+                        (Ok(v), _) if v != expected => format!("holds {v:?}, not {expected:?}"),
+                        (Err(e), _) => e.clone(),
+                        (_, Health::Progressing(m) | Health::Failed(m)) => m.clone(),
+                        (_, Health::Healthy) => "unknown".into(),
+                    };
+                    return Some(format!("waiting for dependency {dep} to be healthy again: {why}"));
+                }
+                None => return Some(format!("dependency {dep} not observed")),
+            }
+        }
+        None
+    }
+
+    /// Starts Pending components of wave `wave` (0-based) up to `maxConcurrent` in flight.
+    /// Returns a message about components that could not start.
+    fn start_wave(&mut self, wave: usize) -> Option<String> {
+        let now = self.i.now;
+        let max = usize::try_from(self.i.spec.strategy.max_concurrent.max(1)).unwrap_or(1);
+        let mut in_flight = self.comps.iter().filter(|c| c.phase == ComponentPhase::Progressing).count();
+        let mut blocked = None;
+        let members = self.i.plan.waves.get(wave).cloned().unwrap_or_default();
+        for index in members {
+            if in_flight >= max {
+                break;
+            }
+            if self.comps[index].phase != ComponentPhase::Pending {
+                continue;
+            }
+            if let Some(why) = self.blocked_by_dependency(index) {
+                blocked = Some(format!("component {}: {why}", self.comps[index].name));
+                continue;
+            }
+            let component = &self.i.spec.components[index];
+            let Some(desired) = component.desired().map(str::to_string) else {
+                self.fail(index, "the component sets no value".into());
+                continue;
+            };
+            let value = self.i.observed.get(&component.name).map(|o| o.value.clone());
+            match value {
+                Some(Ok(previous)) => {
+                    let describe = component.describe();
+                    let cs = &mut self.comps[index];
+                    cs.phase = ComponentPhase::Progressing;
+                    cs.previous = Some(previous.clone());
+                    cs.target = Some(desired.clone());
+                    cs.started_at = Some(micro(now));
+                    cs.finished_at = None;
+                    cs.message = Some("recorded the previous value; changing the target".into());
+                    let (name, wave) = (cs.name.clone(), cs.wave);
+                    in_flight += 1;
+                    self.recheck_in(self.deadline);
+                    self.note(
+                        false,
+                        "ComponentStarted",
+                        "Upgrade",
+                        format!("component {name} (wave {wave}): {describe} {previous:?} -> {desired:?}"),
+                    );
+                }
+                Some(Err(why)) => self.fail(index, why),
+                None => blocked = Some(format!("component {}: target not observed", component.name)),
+            }
+        }
+        blocked
+    }
+}
+
+/// One step of the plan: follows what is in flight, applies the failure policy, and records
+/// the next components to start. Pure; see the module's guarantees.
+pub fn step(i: &Input<'_>) -> Outcome {
+    let spec = i.spec;
+    let strategy = &spec.strategy;
+    let mut st = i.status.clone();
+    let old_phase = st.phase;
+    let generation = i.generation;
+    st.observed_generation = Some(generation);
+    st.waves = Some(i32::try_from(i.plan.waves.len()).unwrap_or(i32::MAX));
+    let comps: Vec<ComponentStatus> = spec
+        .components
+        .iter()
+        .enumerate()
+        .map(|(index, c)| {
+            let wave = i.plan.wave_number(index);
+            let mut cs =
+                i.status.components.iter().find(|s| s.name == c.name).cloned().unwrap_or_else(|| ComponentStatus::pending(&c.name, wave));
+            cs.wave = wave;
+            cs
+        })
+        .collect();
+    let deadline = Duration::from_secs(u64::try_from(strategy.progress_deadline_seconds.max(1)).unwrap_or(600));
+    let mut s = Stepper { i, comps, notes: Vec::new(), finished: Vec::new(), recheck: None, deadline };
+    let at = second(i.now);
+    let waves = i.plan.waves.len();
+    set(&mut st, VALID, true, "Valid", &format!("{} components in {waves} waves", spec.components.len()), generation, &at);
+
+    // (phase, reason, message) of the plan after this step.
+    let (phase, reason, message): (PlanPhase, &str, String) = 'decide: {
+        if let Some(p) = old_phase.filter(|p| p.is_terminal()) {
+            let message = conditions::get(&st.conditions, conditions::READY).map(|c| c.message.clone()).unwrap_or_default();
+            let reason = conditions::get(&st.conditions, conditions::READY).map_or(p.as_str(), |c| c.reason.as_str()).to_string();
+            st.components = s.comps;
+            return finish(st, old_phase, p, &reason, &message, generation, i.now, s.notes, s.finished, s.recheck);
+        }
+
+        if st.started_at.is_none() {
+            let missing: Vec<String> = spec
+                .components
+                .iter()
+                .filter_map(|c| match i.observed.get(&c.name).map(|o| &o.value) {
+                    Some(Ok(_)) => None,
+                    Some(Err(why)) => Some(format!("component {}: {why}", c.name)),
+                    None => Some(format!("component {}: target not observed", c.name)),
+                })
+                .collect();
+            if !missing.is_empty() {
+                let message = missing.join("; ");
+                set(&mut st, VALID, false, "TargetNotFound", &message, generation, &at);
+                if conditions::get(&i.status.conditions, VALID).is_none_or(|c| c.message != message) {
+                    s.note(true, "TargetNotFound", "Validate", message.clone());
+                }
+                break 'decide (PlanPhase::Pending, "TargetNotFound", message);
+            }
+        }
+
+        s.track_forward();
+        let rollback_failure = s.track_rollback();
+        if strategy.failure_policy == FailurePolicy::Pause && !strategy.paused && old_phase != Some(PlanPhase::RollingBack) {
+            s.retry_failed();
+        }
+
+        if let Some(why) = rollback_failure {
+            break 'decide (PlanPhase::Failed, "RollbackFailed", format!("the rollback could not complete: {why}"));
+        }
+        let failed: Vec<String> =
+            s.comps.iter().filter(|c| c.phase == ComponentPhase::Failed).map(|c| c.name.clone()).collect();
+        let reverting = s.comps.iter().filter(|c| c.phase == ComponentPhase::RollingBack).map(|c| c.wave).max();
+        let rolling_back = old_phase == Some(PlanPhase::RollingBack) || reverting.is_some();
+        if rolling_back || (!failed.is_empty() && strategy.failure_policy == FailurePolicy::Rollback) {
+            if let Some(wave) = reverting {
+                st.current_wave = Some(wave);
+                break 'decide (PlanPhase::RollingBack, "RollingBack", format!("reverting wave {wave}"));
+            }
+            // Changed = started with a recorded previous value (a component that failed before
+            // its start was recorded has nothing to revert).
+            let changed = |c: &ComponentStatus| {
+                c.previous.is_some()
+                    && matches!(c.phase, ComponentPhase::Progressing | ComponentPhase::Succeeded | ComponentPhase::Failed)
+            };
+            let Some(wave) = s.comps.iter().filter(|c| changed(c)).map(|c| c.wave).max() else {
+                break 'decide (PlanPhase::RolledBack, "RolledBack", "every changed component is back to its previous value".into());
+            };
+            if !rolling_back {
+                s.note(
+                    true,
+                    "RollbackStarted",
+                    "Rollback",
+                    format!("component(s) {} failed; reverting every changed component, last wave first", failed.join(", ")),
+                );
+            }
+            for index in 0..s.comps.len() {
+                if s.comps[index].wave != wave || !changed(&s.comps[index]) {
+                    continue;
+                }
+                let describe = spec.components[index].describe();
+                let cs = &mut s.comps[index];
+                cs.phase = ComponentPhase::RollingBack;
+                cs.rollback_started_at = Some(micro(i.now));
+                cs.message = Some("reverting to the previous value".into());
+                let note = format!(
+                    "component {}: reverting {describe} from {:?} to {:?}",
+                    cs.name,
+                    cs.target.as_deref().unwrap_or_default(),
+                    cs.previous.as_deref().unwrap_or_default()
+                );
+                s.note(true, "ComponentRollingBack", "Rollback", note);
+            }
+            s.recheck_in(deadline);
+            st.current_wave = Some(wave);
+            break 'decide (PlanPhase::RollingBack, "RollingBack", format!("reverting wave {wave}"));
+        }
+        if !failed.is_empty() {
+            break 'decide (
+                PlanPhase::Paused,
+                "ComponentFailed",
+                format!(
+                    "component(s) {} failed; paused. Change the spec to retry, or set failurePolicy: Rollback",
+                    failed.join(", ")
+                ),
+            );
+        }
+        if s.comps.iter().all(|c| c.phase == ComponentPhase::Succeeded) {
+            st.current_wave = st.waves;
+            break 'decide (PlanPhase::Succeeded, "Succeeded", format!("all {} components upgraded", s.comps.len()));
+        }
+        let Some(wave) = i.plan.waves.iter().position(|w| w.iter().any(|&x| s.comps[x].phase != ComponentPhase::Succeeded))
+        else {
+            break 'decide (PlanPhase::Succeeded, "Succeeded", "all components upgraded".into());
+        };
+        let wave_number = i32::try_from(wave + 1).unwrap_or(i32::MAX);
+        st.current_wave = Some(wave_number);
+        let in_flight = s.comps.iter().filter(|c| c.phase == ComponentPhase::Progressing).count();
+        if strategy.paused {
+            let message = if in_flight > 0 {
+                format!("paused: no component starts; {in_flight} in flight still followed")
+            } else {
+                "paused between components: no component starts until spec.strategy.paused is false".to_string()
+            };
+            break 'decide (PlanPhase::Paused, "PausedByUser", message);
+        }
+        let wave_started = i.plan.waves[wave].iter().any(|&x| s.comps[x].phase != ComponentPhase::Pending);
+        if strategy.approval == Approval::Manual && !wave_started && spec.approved_waves.unwrap_or(0) < wave_number {
+            break 'decide (
+                PlanPhase::WaitingApproval,
+                "WaitingApproval",
+                format!("wave {wave_number} waits for approval: set spec.approvedWaves to {wave_number}"),
+            );
+        }
+        let blocked = s.start_wave(wave);
+        if st.started_at.is_none() && s.comps.iter().any(|c| c.phase != ComponentPhase::Pending) {
+            st.started_at = Some(micro(i.now));
+        }
+        let active: Vec<&str> =
+            s.comps.iter().filter(|c| c.phase == ComponentPhase::Progressing).map(|c| c.name.as_str()).collect();
+        let mut message = format!("wave {wave_number} of {waves}: upgrading {}", active.join(", "));
+        if let Some(b) = blocked {
+            message = if active.is_empty() { b } else { format!("{message}; {b}") };
+        }
+        (PlanPhase::Progressing, "Progressing", message)
+    };
+    st.components = s.comps;
+    finish(st, old_phase, phase, reason, &message, generation, i.now, s.notes, s.finished, s.recheck)
+}
+
+#[allow(clippy::too_many_arguments)]
+fn finish(
+    mut st: UpgradePlanStatus,
+    old_phase: Option<PlanPhase>,
+    phase: PlanPhase,
+    reason: &str,
+    message: &str,
+    generation: i64,
+    now: Timestamp,
+    mut notes: Vec<Note>,
+    finished: Vec<Finished>,
+    recheck_after: Option<Duration>,
+) -> Outcome {
+    let at = &second(now);
+    if phase.is_terminal() && st.finished_at.is_none() {
+        st.finished_at = Some(micro(now));
+    }
+    st.phase = Some(phase);
+    let upgraded = st.components.iter().filter(|c| c.phase == ComponentPhase::Succeeded).count();
+    st.progress = Some(format!("{upgraded}/{}", st.components.len()));
+    set(&mut st, conditions::READY, phase == PlanPhase::Succeeded, reason, message, generation, at);
+    let progressing = matches!(phase, PlanPhase::Progressing | PlanPhase::RollingBack);
+    set(&mut st, conditions::PROGRESSING, progressing, reason, message, generation, at);
+    let failed: Vec<&str> =
+        st.components.iter().filter(|c| c.phase == ComponentPhase::Failed).map(|c| c.name.as_str()).collect();
+    let (degraded, degraded_reason, degraded_message) = match phase {
+        PlanPhase::Failed => (true, "RollbackFailed", message.to_string()),
+        PlanPhase::RolledBack | PlanPhase::RollingBack => (true, "RolledBack", "a component failed; the plan was rolled back".into()),
+        _ if !failed.is_empty() => (true, "ComponentFailed", format!("failed: {}", failed.join(", "))),
+        _ => (false, "AsExpected", String::new()),
+    };
+    set(&mut st, conditions::DEGRADED, degraded, degraded_reason, &degraded_message, generation, at);
+
+    if old_phase != Some(phase) {
+        let note = match phase {
+            PlanPhase::Succeeded => Some((false, "PlanSucceeded")),
+            PlanPhase::RolledBack => Some((true, "PlanRolledBack")),
+            PlanPhase::Failed => Some((true, "PlanFailed")),
+            PlanPhase::Paused => Some((reason == "ComponentFailed", "PlanPaused")),
+            PlanPhase::WaitingApproval => Some((false, "WaitingApproval")),
+            PlanPhase::Progressing if old_phase.is_some_and(|p| p != PlanPhase::Pending) => Some((false, "PlanResumed")),
+            PlanPhase::Progressing => Some((false, "PlanStarted")),
+            PlanPhase::Pending | PlanPhase::RollingBack => None,
+        };
+        if let Some((warning, reason)) = note {
+            notes.push(Note { warning, reason, action: "Upgrade", message: message.to_string() });
+        }
+    }
+    Outcome { status: st, notes, finished, recheck_after }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::crd::{Component, ImageChange, Strategy, TargetRef};
+    use crate::plan;
+
+    fn t(secs: i64) -> Timestamp {
+        Timestamp::from_second(1_700_000_000 + secs).unwrap()
+    }
+
+    fn component(name: &str, deps: &[&str]) -> Component {
+        Component {
+            name: name.into(),
+            target: TargetRef { kind: TargetKind::Deployment, name: name.into() },
+            image: Some(ImageChange { container: "app".into(), image: format!("{name}:2") }),
+            version: None,
+            depends_on: deps.iter().map(|d| d.to_string()).collect(),
+        }
+    }
+
+    /// A plan and a simulated cluster: each target holds a value and is healthy or rolling.
+    struct Sim {
+        spec: UpgradePlanSpec,
+        generation: i64,
+        status: UpgradePlanStatus,
+        values: BTreeMap<String, String>,
+        healthy: BTreeMap<String, bool>,
+        changes: Vec<(String, String, String)>,
+        /// Targets whose API refuses to go back to their old value (like a PostgresCluster).
+        one_way: Vec<String>,
+        rejected: BTreeMap<String, String>,
+        now: i64,
+        notes: Vec<Note>,
+    }
+
+    impl Sim {
+        fn diamond() -> Self {
+            Self::new(vec![
+                component("web", &["api", "worker"]),
+                component("api", &["db"]),
+                component("worker", &["db"]),
+                component("db", &[]),
+            ])
+        }
+
+        fn new(components: Vec<Component>) -> Self {
+            let values = components.iter().map(|c| (c.name.clone(), format!("{}:1", c.name))).collect();
+            let healthy = components.iter().map(|c| (c.name.clone(), true)).collect();
+            Self {
+                spec: UpgradePlanSpec { components, strategy: Strategy::default(), approved_waves: None },
+                generation: 1,
+                status: UpgradePlanStatus::default(),
+                values,
+                healthy,
+                changes: Vec::new(),
+                one_way: Vec::new(),
+                rejected: BTreeMap::new(),
+                now: 0,
+                notes: Vec::new(),
+            }
+        }
+
+        fn with(mut self, f: impl FnOnce(&mut Strategy)) -> Self {
+            f(&mut self.spec.strategy);
+            self
+        }
+
+        fn observed(&self) -> BTreeMap<String, Observation> {
+            self.spec
+                .components
+                .iter()
+                .map(|c| {
+                    let value = self.values.get(&c.name).cloned().ok_or_else(|| format!("Deployment {} not found", c.name));
+                    let health =
+                        if self.healthy[&c.name] { Health::Healthy } else { Health::Progressing("rolling".into()) };
+                    (c.name.clone(), Observation { value, health })
+                })
+                .collect()
+        }
+
+        /// One reconcile: make recorded changes (new rollouts start unhealthy), then step.
+        fn reconcile(&mut self) -> Outcome {
+            let observed = self.observed();
+            self.rejected.clear();
+            for w in writes(&self.spec, &self.status, &observed) {
+                let name = self.spec.components[w.index].name.clone();
+                if w.revert && self.one_way.contains(&name) {
+                    self.rejected.insert(name, "the version cannot be lowered".into());
+                    continue;
+                }
+                assert_eq!(self.values[&name], w.from, "a change applies only over its recorded value");
+                self.values.insert(name.clone(), w.to.clone());
+                self.healthy.insert(name.clone(), false);
+                self.changes.push((name, w.from, w.to));
+            }
+            let p = plan::plan(&self.spec.components).unwrap();
+            let observed = self.observed();
+            let out = step(&Input {
+                spec: &self.spec,
+                generation: self.generation,
+                status: &self.status,
+                plan: &p,
+                observed: &observed,
+                rejected: &self.rejected,
+                now: t(self.now),
+            });
+            self.status = out.status.clone();
+            self.notes.extend(out.notes.clone());
+            out
+        }
+
+        fn roll_out(&mut self, name: &str) {
+            self.healthy.insert(name.to_string(), true);
+        }
+
+        fn roll_out_all(&mut self) {
+            for h in self.healthy.values_mut() {
+                *h = true;
+            }
+        }
+
+        fn comp(&self, name: &str) -> &ComponentStatus {
+            self.status.components.iter().find(|c| c.name == name).unwrap()
+        }
+
+        fn phases(&self) -> Vec<(&str, ComponentPhase)> {
+            self.status.components.iter().map(|c| (c.name.as_str(), c.phase)).collect()
+        }
+
+        fn phase(&self) -> PlanPhase {
+            self.status.phase.unwrap()
+        }
+
+        fn reasons(&self) -> Vec<&'static str> {
+            self.notes.iter().map(|n| n.reason).collect()
+        }
+    }
+
+    #[test]
+    fn start_is_recorded_before_the_target_changes() {
+        let mut s = Sim::diamond();
+        s.reconcile();
+        assert_eq!(s.phase(), PlanPhase::Progressing);
+        let db = s.comp("db");
+        assert_eq!(db.phase, ComponentPhase::Progressing);
+        assert_eq!(db.previous.as_deref(), Some("db:1"));
+        assert_eq!(db.target.as_deref(), Some("db:2"));
+        assert!(s.changes.is_empty(), "the first reconcile only records the start");
+        assert_eq!(s.values["db"], "db:1");
+        s.reconcile();
+        assert_eq!(s.changes, vec![("db".into(), "db:1".into(), "db:2".into())]);
+        assert!(s.status.started_at.is_some());
+        assert!(s.reasons().contains(&"ComponentStarted") && s.reasons().contains(&"PlanStarted"));
+    }
+
+    #[test]
+    fn diamond_runs_wave_by_wave_and_changes_each_target_once() {
+        let mut s = Sim::diamond().with(|st| st.max_concurrent = 2);
+        for _ in 0..20 {
+            s.now += 1;
+            s.reconcile();
+            s.roll_out_all();
+        }
+        assert_eq!(s.phase(), PlanPhase::Succeeded);
+        assert_eq!(s.status.progress.as_deref(), Some("4/4"));
+        assert!(conditions::is_true(&s.status.conditions, conditions::READY));
+        let changed: Vec<&str> = s.changes.iter().map(|c| c.0.as_str()).collect();
+        assert_eq!(changed, vec!["db", "api", "worker", "web"]);
+        for c in &s.spec.components {
+            let cs = s.comp(&c.name);
+            for d in &c.depends_on {
+                assert!(cs.started_at >= s.comp(d).finished_at, "{} started before {d} finished", c.name);
+            }
+        }
+        // api and worker ran together (maxConcurrent 2).
+        assert_eq!(s.comp("api").started_at, s.comp("worker").started_at);
+    }
+
+    #[test]
+    fn max_concurrent_limits_a_wave() {
+        let mut s = Sim::diamond();
+        s.reconcile();
+        s.reconcile();
+        s.roll_out("db");
+        s.reconcile();
+        assert_eq!(s.comp("db").phase, ComponentPhase::Succeeded);
+        assert_eq!(s.comp("api").phase, ComponentPhase::Progressing, "names sort: api first");
+        assert_eq!(s.comp("worker").phase, ComponentPhase::Pending);
+        assert_eq!(s.status.current_wave, Some(2));
+    }
+
+    #[test]
+    fn step_is_idempotent_when_nothing_changes() {
+        let mut s = Sim::diamond();
+        s.reconcile();
+        s.reconcile();
+        let before = s.status.clone();
+        s.now += 5;
+        let out = s.reconcile();
+        assert_eq!(out.status, before, "no new fact, same status (the write is skipped)");
+        assert!(out.notes.is_empty());
+        assert!(out.recheck_after.is_some_and(|d| d <= Duration::from_secs(600 - 5)));
+    }
+
+    #[test]
+    fn deadline_with_pause_stops_and_a_spec_change_retries() {
+        let mut s = Sim::diamond().with(|st| st.progress_deadline_seconds = 30);
+        s.reconcile();
+        s.reconcile();
+        s.now = 31;
+        s.reconcile();
+        assert_eq!(s.comp("db").phase, ComponentPhase::Failed);
+        assert!(s.comp("db").message.as_deref().unwrap().contains("not healthy within 30s"));
+        assert_eq!(s.phase(), PlanPhase::Paused);
+        assert_eq!(conditions::get(&s.status.conditions, conditions::READY).unwrap().reason, "ComponentFailed");
+        assert!(conditions::is_true(&s.status.conditions, conditions::DEGRADED));
+        s.now = 100;
+        s.roll_out_all();
+        s.reconcile();
+        assert_eq!(s.phase(), PlanPhase::Paused, "recovery alone does not resume a paused plan");
+        assert_eq!(s.comp("api").phase, ComponentPhase::Pending);
+        s.generation = 2;
+        s.reconcile();
+        assert_eq!(s.comp("db").phase, ComponentPhase::Progressing, "retried");
+        s.reconcile();
+        assert_eq!(s.comp("db").phase, ComponentPhase::Succeeded);
+        assert_eq!(s.changes.len(), 1, "the retry did not change the target again");
+        assert!(s.reasons().contains(&"ComponentRetried"));
+    }
+
+    #[test]
+    fn rollback_reverts_changed_components_last_wave_first() {
+        let mut s = Sim::diamond().with(|st| {
+            st.failure_policy = FailurePolicy::Rollback;
+            st.max_concurrent = 2;
+            st.progress_deadline_seconds = 60;
+        });
+        // db succeeds; api and worker start; worker succeeds, api never becomes healthy.
+        s.reconcile();
+        s.reconcile();
+        s.roll_out("db");
+        s.reconcile();
+        s.reconcile();
+        assert_eq!(s.values["api"], "api:2");
+        s.roll_out("worker");
+        s.now = 10;
+        s.reconcile();
+        assert_eq!(s.comp("worker").phase, ComponentPhase::Succeeded);
+        s.now = 61;
+        s.reconcile();
+        assert_eq!(s.comp("api").phase, ComponentPhase::RollingBack, "the failure starts the rollback at once");
+        assert_eq!(s.comp("worker").phase, ComponentPhase::RollingBack, "same wave");
+        assert_eq!(s.comp("db").phase, ComponentPhase::Succeeded, "earlier wave waits");
+        assert_eq!(s.phase(), PlanPhase::RollingBack);
+        assert_eq!(s.status.current_wave, Some(2));
+        s.reconcile();
+        assert_eq!(s.values["api"], "api:1");
+        assert_eq!(s.values["worker"], "worker:1");
+        assert_eq!(s.values["db"], "db:2", "db is reverted only after wave 2 is healthy again");
+        s.roll_out_all();
+        s.reconcile();
+        assert_eq!(s.comp("api").phase, ComponentPhase::RolledBack);
+        assert_eq!(s.comp("db").phase, ComponentPhase::RollingBack);
+        s.reconcile();
+        assert_eq!(s.values["db"], "db:1");
+        s.roll_out_all();
+        s.reconcile();
+        assert_eq!(s.phase(), PlanPhase::RolledBack);
+        assert_eq!(s.comp("web").phase, ComponentPhase::Pending, "never started, never touched");
+        assert!(s.status.finished_at.is_some());
+        let reverts: Vec<&str> = s.changes.iter().skip(3).map(|c| c.0.as_str()).collect();
+        assert_eq!(reverts, vec!["api", "worker", "db"]);
+        assert!(s.reasons().contains(&"RollbackStarted") && s.reasons().contains(&"PlanRolledBack"));
+        // Terminal: nothing moves any more.
+        let before = s.status.clone();
+        s.now = 1000;
+        s.reconcile();
+        assert_eq!(s.status, before);
+    }
+
+    #[test]
+    fn a_refused_revert_fails_the_plan_instead_of_retrying_forever() {
+        let mut s = Sim::new(vec![component("db", &[]), component("app", &["db"])]).with(|st| {
+            st.failure_policy = FailurePolicy::Rollback;
+            st.progress_deadline_seconds = 10;
+        });
+        s.one_way.push("db".into());
+        s.reconcile();
+        s.reconcile();
+        s.roll_out_all();
+        s.reconcile();
+        s.reconcile();
+        s.now = 20;
+        s.reconcile();
+        s.reconcile();
+        s.roll_out_all();
+        s.reconcile();
+        assert_eq!(s.comp("app").phase, ComponentPhase::RolledBack);
+        assert_eq!(s.comp("db").phase, ComponentPhase::RollingBack);
+        s.reconcile();
+        assert_eq!(s.phase(), PlanPhase::Failed);
+        assert!(s.comp("db").message.as_deref().unwrap().contains("refused the revert"));
+        assert_eq!(s.values["db"], "db:2");
+        assert_eq!(conditions::get(&s.status.conditions, conditions::DEGRADED).unwrap().reason, "RollbackFailed");
+    }
+
+    #[test]
+    fn switching_a_paused_failure_to_rollback_rolls_back() {
+        let mut s = Sim::diamond().with(|st| st.progress_deadline_seconds = 5);
+        s.reconcile();
+        s.reconcile();
+        s.now = 6;
+        s.reconcile();
+        assert_eq!(s.phase(), PlanPhase::Paused);
+        s.spec.strategy.failure_policy = FailurePolicy::Rollback;
+        s.generation = 2;
+        s.reconcile();
+        assert_eq!(s.phase(), PlanPhase::RollingBack);
+        s.reconcile();
+        s.roll_out_all();
+        s.reconcile();
+        assert_eq!(s.phase(), PlanPhase::RolledBack);
+        assert_eq!(s.values["db"], "db:1");
+    }
+
+    #[test]
+    fn workload_failure_fails_the_component_before_the_deadline() {
+        let mut s = Sim::new(vec![component("a", &[])]);
+        s.reconcile();
+        s.reconcile();
+        let p = plan::plan(&s.spec.components).unwrap();
+        let mut observed = s.observed();
+        observed.get_mut("a").unwrap().health = Health::Failed("ProgressDeadlineExceeded: timed out".into());
+        let out = step(&Input { spec: &s.spec, generation: 1, status: &s.status, plan: &p, observed: &observed, rejected: &BTreeMap::new(), now: t(1) });
+        let a = &out.status.components[0];
+        assert_eq!(a.phase, ComponentPhase::Failed);
+        assert!(a.message.as_deref().unwrap().contains("ProgressDeadlineExceeded"));
+        assert_eq!(out.finished, vec![Finished { kind: TargetKind::Deployment, result: "failed", seconds: 1.0 }]);
+    }
+
+    #[test]
+    fn a_change_by_someone_else_is_a_failure_not_overwritten() {
+        let mut s = Sim::new(vec![component("a", &[])]);
+        s.reconcile();
+        s.values.insert("a".into(), "a:hotfix".into());
+        s.reconcile();
+        assert!(s.changes.is_empty(), "the recorded previous value no longer holds: no write");
+        assert_eq!(s.comp("a").phase, ComponentPhase::Failed);
+        assert!(s.comp("a").message.as_deref().unwrap().contains("someone else"));
+    }
+
+    #[test]
+    fn manual_approval_waits_at_each_wave() {
+        let mut s = Sim::new(vec![component("a", &[]), component("b", &["a"])]).with(|st| st.approval = Approval::Manual);
+        s.reconcile();
+        assert_eq!(s.phase(), PlanPhase::WaitingApproval);
+        assert_eq!(s.comp("a").phase, ComponentPhase::Pending);
+        assert!(conditions::get(&s.status.conditions, conditions::READY).unwrap().message.contains("approvedWaves to 1"));
+        s.spec.approved_waves = Some(1);
+        s.generation = 2;
+        s.reconcile();
+        assert_eq!(s.comp("a").phase, ComponentPhase::Progressing);
+        s.reconcile();
+        s.roll_out_all();
+        s.reconcile();
+        assert_eq!(s.phase(), PlanPhase::WaitingApproval);
+        assert_eq!(s.status.current_wave, Some(2));
+        assert_eq!(s.comp("b").phase, ComponentPhase::Pending);
+        s.spec.approved_waves = Some(2);
+        s.reconcile();
+        s.reconcile();
+        s.roll_out_all();
+        s.reconcile();
+        assert_eq!(s.phase(), PlanPhase::Succeeded);
+        assert_eq!(s.reasons().iter().filter(|r| **r == "WaitingApproval").count(), 2);
+    }
+
+    #[test]
+    fn paused_halts_between_components_but_follows_those_in_flight() {
+        let mut s = Sim::new(vec![component("a", &[]), component("b", &["a"])]);
+        s.reconcile();
+        s.reconcile();
+        s.spec.strategy.paused = true;
+        s.reconcile();
+        assert_eq!(s.phase(), PlanPhase::Paused);
+        s.roll_out_all();
+        s.reconcile();
+        assert_eq!(s.comp("a").phase, ComponentPhase::Succeeded, "in flight: followed to the end");
+        assert_eq!(s.comp("b").phase, ComponentPhase::Pending, "nothing new starts");
+        s.spec.strategy.paused = false;
+        s.reconcile();
+        assert_eq!(s.comp("b").phase, ComponentPhase::Progressing);
+        assert!(s.reasons().contains(&"PlanPaused") && s.reasons().contains(&"PlanResumed"));
+    }
+
+    #[test]
+    fn missing_target_before_start_is_invalid_and_starts_nothing() {
+        let mut s = Sim::diamond();
+        s.values.remove("web");
+        s.reconcile();
+        assert_eq!(s.phase(), PlanPhase::Pending);
+        let valid = conditions::get(&s.status.conditions, VALID).unwrap();
+        assert_eq!((valid.status.as_str(), valid.reason.as_str()), ("False", "TargetNotFound"));
+        assert!(valid.message.contains("Deployment web not found"));
+        assert!(s.status.components.iter().all(|c| c.phase == ComponentPhase::Pending));
+        s.reconcile();
+        assert!(s.changes.is_empty());
+        assert_eq!(s.reasons().iter().filter(|r| **r == "TargetNotFound").count(), 1, "one Event, not one per reconcile");
+    }
+
+    #[test]
+    fn invalid_plan_reports_and_records_no_start() {
+        let status = UpgradePlanStatus::default();
+        let err = plan::plan(&[component("a", &["b"]), component("b", &["a"])]).unwrap_err();
+        let out = invalid(&status, 3, &err, t(0));
+        let valid = conditions::get(&out.status.conditions, VALID).unwrap();
+        assert_eq!((valid.status.as_str(), valid.reason.as_str()), ("False", "DependencyCycle"));
+        assert_eq!(out.status.phase, Some(PlanPhase::Pending));
+        assert_eq!(out.status.observed_generation, Some(3));
+        assert!(out.status.components.is_empty());
+        assert_eq!(out.notes.len(), 1);
+        let again = invalid(&out.status, 3, &err, t(10));
+        assert_eq!(again.status, out.status);
+        assert!(again.notes.is_empty());
+    }
+
+    #[test]
+    fn a_dependency_that_turned_unhealthy_blocks_its_dependents() {
+        let mut s = Sim::new(vec![component("a", &[]), component("b", &["a"])]);
+        s.reconcile();
+        s.reconcile();
+        s.roll_out_all();
+        let p = plan::plan(&s.spec.components).unwrap();
+        // a becomes healthy (recorded Succeeded) ...
+        s.reconcile();
+        assert_eq!(s.comp("b").phase, ComponentPhase::Progressing);
+        // ... but had it turned unhealthy first, b would wait.
+        let mut status = s.status.clone();
+        status.components[1] = ComponentStatus::pending("b", 2);
+        let mut observed = s.observed();
+        observed.get_mut("a").unwrap().health = Health::Progressing("1 of 3 replicas available".into());
+        let out = step(&Input { spec: &s.spec, generation: 1, status: &status, plan: &p, observed: &observed, rejected: &BTreeMap::new(), now: t(9) });
+        assert_eq!(out.status.components[1].phase, ComponentPhase::Pending);
+        assert!(conditions::get(&out.status.conditions, conditions::READY).unwrap().message.contains("waiting for dependency a"));
+    }
+
+    /// Crashes at every point: a reconcile whose status write is lost, at every step of the
+    /// plan. The plan still completes, each target changes exactly once, never early.
+    #[test]
+    fn lost_status_writes_never_double_change_or_reorder() {
+        for lose_at in 0..40 {
+            let mut s = Sim::diamond().with(|st| st.max_concurrent = 2);
+            for n in 0..60 {
+                s.now += 1;
+                let saved = s.status.clone();
+                s.reconcile();
+                if n == lose_at || n % 7 == lose_at % 7 {
+                    s.status = saved; // the process died before (or while) writing the status
+                }
+                if n % 3 == 2 {
+                    s.roll_out_all();
+                }
+            }
+            assert_eq!(s.phase(), PlanPhase::Succeeded, "lose_at {lose_at}: {:?}", s.phases());
+            let mut changed: Vec<&str> = s.changes.iter().map(|c| c.0.as_str()).collect();
+            assert_eq!(changed.len(), 4, "lose_at {lose_at}: {:?}", s.changes);
+            changed.sort_unstable();
+            assert_eq!(changed, vec!["api", "db", "web", "worker"]);
+            for c in &s.spec.components {
+                for d in &c.depends_on {
+                    assert!(s.comp(&c.name).started_at >= s.comp(d).finished_at);
+                }
+            }
+        }
+    }
+}

@@ -1,0 +1,188 @@
+//! The reconcile pipeline: validate → observe → apply recorded changes → step → status.
+//!
+//! One status write per reconcile, by server-side apply *with the plan's resourceVersion as a
+//! precondition*: a reconcile that acted on a stale copy of the plan cannot overwrite a newer
+//! status (it gets a conflict and looks again). Events go out only after the write.
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+use std::time::Duration;
+
+use k8s_openapi::jiff::Timestamp;
+use kube::api::{Api, Patch, PatchParams};
+use kube::runtime::controller::Action;
+use kube::{Resource, ResourceExt};
+use steward_core::Context;
+
+use crate::crd::{UpgradePlan, UpgradePlanStatus};
+use crate::error::Error;
+use crate::metrics::PlanMetrics;
+use crate::progress::{self, Input, Outcome};
+use crate::target::{self, Observation, Workload};
+use crate::{plan, CONTROLLER};
+
+/// The operator's state in every reconcile.
+pub struct Data {
+    pub metrics: PlanMetrics,
+}
+
+/// Reconciles one plan.
+///
+/// # Errors
+/// [`Error`] naming the step that failed; the runtime records it as a Warning Event and
+/// retries with backoff.
+pub async fn reconcile(plan: Arc<UpgradePlan>, ctx: Arc<Context<Data>>) -> Result<Action, Error> {
+    let name = plan.name_any();
+    let namespace = plan.namespace().ok_or_else(|| Error::NoNamespace(name.clone()))?;
+    let generation = plan.metadata.generation.unwrap_or(0);
+    let status = plan.status.clone().unwrap_or_default();
+    if status.phase.is_some_and(|p| p.is_terminal()) && status.observed_generation == Some(generation) {
+        return Ok(Action::await_change());
+    }
+    let now = Timestamp::now();
+
+    let outcome = match plan::plan(&plan.spec.components) {
+        Err(invalid) => progress::invalid(&status, generation, &invalid, now),
+        Ok(validated) => {
+            let (mut observed, workloads) = observe(&ctx, &plan, &namespace).await?;
+            let mut rejected = BTreeMap::new();
+            if !status.phase.is_some_and(|p| p.is_terminal()) {
+                apply_recorded(&ctx, &plan, &namespace, &status, &workloads, &mut observed, &mut rejected).await?;
+            }
+            progress::step(&Input {
+                spec: &plan.spec,
+                generation,
+                status: &status,
+                plan: &validated,
+                observed: &observed,
+                rejected: &rejected,
+                now: Timestamp::now(),
+            })
+        }
+    };
+
+    let api: Api<UpgradePlan> = Api::namespaced(ctx.client.clone(), &namespace);
+    match write_status(&api, &plan, &outcome.status, &ctx.field_manager).await {
+        Ok(false) => {}
+        Ok(true) => {
+            ctx.metrics
+                .status_writes
+                .get_or_create(&steward_core::metrics::ControllerLabels { controller: CONTROLLER.into() })
+                .inc();
+            publish(&ctx, &plan, &outcome).await;
+        }
+        Err(kube::Error::Api(s)) if s.code == 409 => {
+            // Our copy of the plan is stale; the newer version's watch event brings us back.
+            tracing::debug!(plan = %name, "status conflict; looking again");
+            return Ok(Action::requeue(Duration::from_secs(1)));
+        }
+        Err(source) => return Err(Error::WriteStatus { name, source: Box::new(source) }),
+    }
+    Ok(match outcome.recheck_after {
+        Some(d) => Action::requeue(d + Duration::from_millis(100)),
+        None => Action::await_change(),
+    })
+}
+
+/// Reads every target of the plan.
+async fn observe(
+    ctx: &Context<Data>,
+    plan: &UpgradePlan,
+    namespace: &str,
+) -> Result<(BTreeMap<String, Observation>, BTreeMap<String, Workload>), Error> {
+    let mut observed = BTreeMap::new();
+    let mut workloads = BTreeMap::new();
+    for c in &plan.spec.components {
+        let workload = target::get(&ctx.client, namespace, &c.target).await.map_err(|source| Error::ReadTarget {
+            kind: c.target.kind,
+            name: c.target.name.clone(),
+            source: Box::new(source),
+        })?;
+        let observation = workload.as_ref().map_or_else(|| Observation::missing(&c.target), |w| Observation::of(c, w));
+        observed.insert(c.name.clone(), observation);
+        if let Some(w) = workload {
+            workloads.insert(c.name.clone(), w);
+        }
+    }
+    Ok((observed, workloads))
+}
+
+/// Makes the changes (and reverts) the stored status records but the targets do not show yet.
+async fn apply_recorded(
+    ctx: &Context<Data>,
+    plan: &UpgradePlan,
+    namespace: &str,
+    status: &UpgradePlanStatus,
+    workloads: &BTreeMap<String, Workload>,
+    observed: &mut BTreeMap<String, Observation>,
+    rejected: &mut BTreeMap<String, String>,
+) -> Result<(), Error> {
+    for write in progress::writes(&plan.spec, status, observed) {
+        let Some(component) = plan.spec.components.get(write.index) else {
+            continue;
+        };
+        let target = &component.target;
+        let Some(workload) = workloads.get(&component.name) else {
+            continue;
+        };
+        let patch = workload.change(component, &write.from, &write.to).map_err(|message| Error::BuildChange {
+            kind: target.kind,
+            name: target.name.clone(),
+            message,
+        })?;
+        let updated = match target::patch(&ctx.client, namespace, target, patch, &ctx.field_manager).await {
+            Ok(updated) => updated,
+            // Refused as invalid (a validation rule, e.g. a version that cannot be lowered):
+            // retrying cannot help, the step fails the component (or the rollback).
+            Err(kube::Error::Api(s)) if s.code == 422 && s.reason == "Invalid" => {
+                tracing::warn!(plan = %plan.name_any(), component = %component.name, message = %s.message, "change refused");
+                rejected.insert(component.name.clone(), s.message.clone());
+                continue;
+            }
+            Err(source) => {
+                return Err(Error::ChangeTarget {
+                    kind: target.kind,
+                    name: target.name.clone(),
+                    from: write.from.clone(),
+                    to: write.to.clone(),
+                    source: Box::new(source),
+                });
+            }
+        };
+        observed.insert(component.name.clone(), Observation::of(component, &updated));
+        let (reason, action, verb) =
+            if write.revert { ("TargetReverted", "Rollback", "reverted") } else { ("TargetChanged", "Upgrade", "changed") };
+        let note = format!("component {}: {verb} {} {:?} -> {:?}", component.name, component.describe(), write.from, write.to);
+        tracing::info!(plan = %plan.name_any(), component = %component.name, from = %write.from, to = %write.to, "{verb} target");
+        ctx.recorder.normal(plan, reason, action, note).await;
+    }
+    Ok(())
+}
+
+/// Writes `status` unless unchanged, with the plan's resourceVersion as a precondition.
+/// Returns whether it wrote.
+async fn write_status(api: &Api<UpgradePlan>, plan: &UpgradePlan, status: &UpgradePlanStatus, field_manager: &str) -> Result<bool, kube::Error> {
+    if plan.status.as_ref() == Some(status) {
+        return Ok(false);
+    }
+    let patch = serde_json::json!({
+        "apiVersion": UpgradePlan::api_version(&()),
+        "kind": UpgradePlan::kind(&()),
+        "metadata": {"name": plan.name_any(), "resourceVersion": plan.resource_version()},
+        "status": status,
+    });
+    api.patch_status(&plan.name_any(), &PatchParams::apply(field_manager).force(), &Patch::Apply(&patch)).await?;
+    Ok(true)
+}
+
+/// Publishes the outcome's Events and records its metrics.
+async fn publish(ctx: &Context<Data>, plan: &UpgradePlan, outcome: &Outcome) {
+    for note in &outcome.notes {
+        if note.warning {
+            ctx.recorder.warning(plan, note.reason, note.action, note.message.clone()).await;
+        } else {
+            ctx.recorder.normal(plan, note.reason, note.action, note.message.clone()).await;
+        }
+    }
+    ctx.data.metrics.observe(&outcome.finished);
+}

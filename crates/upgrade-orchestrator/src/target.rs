@@ -1,0 +1,304 @@
+//! Targets: reading a workload, the value a component changes in it, and the change itself.
+//!
+//! A change is a JSON patch with `test` operations: it replaces the container image (or
+//! `spec.version`) only if the value is still the one recorded as `previous` (and the
+//! container index still holds that container). So a change is applied at most once, and a
+//! concurrent edit by someone else makes the patch fail instead of being overwritten.
+//! (Server-side apply would make the orchestrator the owner of the field for good, and has no
+//! compare-and-swap on a value.)
+
+use k8s_openapi::api::apps::v1::{DaemonSet, Deployment, StatefulSet};
+use k8s_openapi::api::core::v1::PodSpec;
+use kube::api::{Api, ApiResource, DynamicObject, Patch, PatchParams};
+use kube::Client;
+use serde_json::{Value, json};
+
+use crate::crd::{Component, TargetKind, TargetRef};
+use crate::health::{self, Health};
+
+/// `database.steward.dev/v1alpha1` PostgresCluster, addressed dynamically so this crate does
+/// not depend on the database operator's types.
+pub fn postgres_resource() -> ApiResource {
+    ApiResource {
+        group: "database.steward.dev".into(),
+        version: "v1alpha1".into(),
+        api_version: "database.steward.dev/v1alpha1".into(),
+        kind: "PostgresCluster".into(),
+        plural: "postgresclusters".into(),
+    }
+}
+
+/// A target as read from the API server.
+#[derive(Clone, Debug)]
+pub enum Workload {
+    Deployment(Box<Deployment>),
+    StatefulSet(Box<StatefulSet>),
+    DaemonSet(Box<DaemonSet>),
+    Postgres(Box<DynamicObject>),
+}
+
+/// What the reconcile knows about one component's target.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Observation {
+    /// The current image or version, or why there is none (target or container missing).
+    pub value: Result<String, String>,
+    /// The workload's rollout health for its current spec.
+    pub health: Health,
+}
+
+impl Observation {
+    /// A target that does not exist.
+    pub fn missing(target: &TargetRef) -> Self {
+        let why = format!("{} {} not found", target.kind, target.name);
+        Self { value: Err(why.clone()), health: Health::Progressing(why) }
+    }
+
+    /// The observation of `workload` for `component`.
+    pub fn of(component: &Component, workload: &Workload) -> Self {
+        Self { value: workload.value(component), health: workload.health() }
+    }
+}
+
+impl Workload {
+    /// The workload's health (see [`crate::health`]).
+    pub fn health(&self) -> Health {
+        match self {
+            Workload::Deployment(d) => health::deployment(d),
+            Workload::StatefulSet(s) => health::statefulset(s),
+            Workload::DaemonSet(d) => health::daemonset(d),
+            Workload::Postgres(p) => match serde_json::to_value(p.as_ref()) {
+                Ok(v) => health::postgres(&v),
+                Err(e) => Health::Progressing(format!("unreadable PostgresCluster: {e}")),
+            },
+        }
+    }
+
+    fn pod_spec(&self) -> Option<&PodSpec> {
+        match self {
+            Workload::Deployment(d) => d.spec.template.spec.as_ref(),
+            Workload::StatefulSet(s) => s.spec.template.spec.as_ref(),
+            Workload::DaemonSet(d) => d.spec.template.spec.as_ref(),
+            Workload::Postgres(_) => None,
+        }
+    }
+
+    /// The index and image of `container` in the pod template.
+    fn container(&self, container: &str) -> Result<(usize, String), String> {
+        let spec = self.pod_spec().ok_or_else(|| "the workload has no pod template".to_string())?;
+        spec.containers
+            .iter()
+            .enumerate()
+            .find(|(_, c)| c.name == container)
+            .map(|(i, c)| (i, c.image.clone().unwrap_or_default()))
+            .ok_or_else(|| format!("container {container:?} not found in the pod template"))
+    }
+
+    fn version(&self) -> Result<&Value, String> {
+        match self {
+            Workload::Postgres(p) => p.data.pointer("/spec/version").ok_or_else(|| "spec.version is not set".to_string()),
+            _ => Err("only a PostgresCluster has a version".into()),
+        }
+    }
+
+    /// The value `component` changes, as it is now.
+    ///
+    /// # Errors
+    /// Why there is none (missing container, no `spec.version`).
+    pub fn value(&self, component: &Component) -> Result<String, String> {
+        match (&component.target.kind, &component.image) {
+            (TargetKind::PostgresCluster, _) => self.version().map(version_string),
+            (_, Some(change)) => self.container(&change.container).map(|(_, image)| image),
+            (_, None) => Err("the component sets no image".into()),
+        }
+    }
+
+    /// The JSON patch that changes `component`'s value from `from` to `to`, guarded by `test`
+    /// operations so it applies only while the value is still `from`.
+    ///
+    /// # Errors
+    /// A message when the value is not `from` (any more) or cannot be found.
+    pub fn change(&self, component: &Component, from: &str, to: &str) -> Result<json_patch::Patch, String> {
+        let ops = match (&component.target.kind, &component.image) {
+            (TargetKind::PostgresCluster, _) => {
+                let current = self.version()?;
+                if version_string(current) != from {
+                    return Err(format!("spec.version is {}, not {from:?}", version_string(current)));
+                }
+                // Keep the field's JSON type: a number stays a number.
+                let new = match (current, to.parse::<i64>()) {
+                    (Value::Number(_), Ok(n)) => json!(n),
+                    _ => json!(to),
+                };
+                json!([
+                    {"op": "test", "path": "/spec/version", "value": current},
+                    {"op": "replace", "path": "/spec/version", "value": new},
+                ])
+            }
+            (_, Some(change)) => {
+                let (index, image) = self.container(&change.container)?;
+                if image != from {
+                    return Err(format!("container {:?} image is {image:?}, not {from:?}", change.container));
+                }
+                let base = format!("/spec/template/spec/containers/{index}");
+                json!([
+                    {"op": "test", "path": format!("{base}/name"), "value": change.container},
+                    {"op": "test", "path": format!("{base}/image"), "value": from},
+                    {"op": "replace", "path": format!("{base}/image"), "value": to},
+                ])
+            }
+            (_, None) => return Err("the component sets no image".into()),
+        };
+        serde_json::from_value(ops).map_err(|e| format!("invalid JSON patch: {e}"))
+    }
+}
+
+fn version_string(v: &Value) -> String {
+    match v {
+        Value::String(s) => s.clone(),
+        other => other.to_string(),
+    }
+}
+
+/// Reads `target` in `namespace`; `None` when it does not exist.
+///
+/// # Errors
+/// The API error of the read.
+pub async fn get(client: &Client, namespace: &str, target: &TargetRef) -> Result<Option<Workload>, kube::Error> {
+    let name = target.name.as_str();
+    Ok(match target.kind {
+        TargetKind::Deployment => Api::<Deployment>::namespaced(client.clone(), namespace)
+            .get_opt(name)
+            .await?
+            .map(|d| Workload::Deployment(Box::new(d))),
+        TargetKind::StatefulSet => Api::<StatefulSet>::namespaced(client.clone(), namespace)
+            .get_opt(name)
+            .await?
+            .map(|s| Workload::StatefulSet(Box::new(s))),
+        TargetKind::DaemonSet => Api::<DaemonSet>::namespaced(client.clone(), namespace)
+            .get_opt(name)
+            .await?
+            .map(|d| Workload::DaemonSet(Box::new(d))),
+        TargetKind::PostgresCluster => {
+            match Api::<DynamicObject>::namespaced_with(client.clone(), namespace, &postgres_resource()).get_opt(name).await {
+                Ok(p) => p.map(|p| Workload::Postgres(Box::new(p))),
+                // The PostgresCluster CRD is not installed: the target does not exist.
+                Err(kube::Error::Api(s)) if s.code == 404 => None,
+                Err(e) => return Err(e),
+            }
+        }
+    })
+}
+
+/// Applies `patch` to `target` as `field_manager`, returning the workload as stored.
+///
+/// # Errors
+/// The API error (a failed `test` operation included).
+pub async fn patch(
+    client: &Client,
+    namespace: &str,
+    target: &TargetRef,
+    patch: json_patch::Patch,
+    field_manager: &str,
+) -> Result<Workload, kube::Error> {
+    let params = PatchParams { field_manager: Some(field_manager.to_string()), ..PatchParams::default() };
+    let patch = Patch::Json::<()>(patch);
+    let name = target.name.as_str();
+    Ok(match target.kind {
+        TargetKind::Deployment => Workload::Deployment(Box::new(
+            Api::<Deployment>::namespaced(client.clone(), namespace).patch(name, &params, &patch).await?,
+        )),
+        TargetKind::StatefulSet => Workload::StatefulSet(Box::new(
+            Api::<StatefulSet>::namespaced(client.clone(), namespace).patch(name, &params, &patch).await?,
+        )),
+        TargetKind::DaemonSet => Workload::DaemonSet(Box::new(
+            Api::<DaemonSet>::namespaced(client.clone(), namespace).patch(name, &params, &patch).await?,
+        )),
+        TargetKind::PostgresCluster => Workload::Postgres(Box::new(
+            Api::<DynamicObject>::namespaced_with(client.clone(), namespace, &postgres_resource())
+                .patch(name, &params, &patch)
+                .await?,
+        )),
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::crd::ImageChange;
+
+    fn component(kind: TargetKind) -> Component {
+        let pg = kind == TargetKind::PostgresCluster;
+        Component {
+            name: "c".into(),
+            target: TargetRef { kind, name: "t".into() },
+            image: (!pg).then(|| ImageChange { container: "app".into(), image: "app:2".into() }),
+            version: pg.then(|| "17".into()),
+            depends_on: vec![],
+        }
+    }
+
+    fn deployment() -> Workload {
+        Workload::Deployment(Box::new(
+            serde_json::from_value(json!({
+                "metadata": {"name": "t"},
+                "spec": {"selector": {}, "template": {"spec": {"containers": [
+                    {"name": "sidecar", "image": "proxy:1"}, {"name": "app", "image": "app:1"}
+                ]}}}
+            }))
+            .unwrap(),
+        ))
+    }
+
+    fn postgres(version: Value) -> Workload {
+        Workload::Postgres(Box::new(
+            serde_json::from_value(json!({
+                "apiVersion": "database.steward.dev/v1alpha1", "kind": "PostgresCluster",
+                "metadata": {"name": "t"}, "spec": {"version": version}
+            }))
+            .unwrap(),
+        ))
+    }
+
+    #[test]
+    fn image_change_is_guarded_by_name_and_previous_image() {
+        let c = component(TargetKind::Deployment);
+        let w = deployment();
+        assert_eq!(w.value(&c), Ok("app:1".into()));
+        let patch = serde_json::to_value(w.change(&c, "app:1", "app:2").unwrap()).unwrap();
+        assert_eq!(
+            patch,
+            json!([
+                {"op": "test", "path": "/spec/template/spec/containers/1/name", "value": "app"},
+                {"op": "test", "path": "/spec/template/spec/containers/1/image", "value": "app:1"},
+                {"op": "replace", "path": "/spec/template/spec/containers/1/image", "value": "app:2"},
+            ])
+        );
+        assert!(w.change(&c, "app:0", "app:2").unwrap_err().contains("not \"app:0\""));
+    }
+
+    #[test]
+    fn missing_container_has_no_value() {
+        let mut c = component(TargetKind::Deployment);
+        c.image = Some(ImageChange { container: "nope".into(), image: "x".into() });
+        assert!(deployment().value(&c).unwrap_err().contains("\"nope\" not found"));
+    }
+
+    #[test]
+    fn postgres_version_keeps_its_json_type() {
+        let c = component(TargetKind::PostgresCluster);
+        let numeric = postgres(json!(16));
+        assert_eq!(numeric.value(&c), Ok("16".into()));
+        let patch = serde_json::to_value(numeric.change(&c, "16", "17").unwrap()).unwrap();
+        assert_eq!(patch[0], json!({"op": "test", "path": "/spec/version", "value": 16}));
+        assert_eq!(patch[1], json!({"op": "replace", "path": "/spec/version", "value": 17}));
+        let text = postgres(json!("16"));
+        let patch = serde_json::to_value(text.change(&c, "16", "17").unwrap()).unwrap();
+        assert_eq!(patch[1]["value"], json!("17"));
+    }
+
+    #[test]
+    fn missing_target_is_an_observation() {
+        let o = Observation::missing(&TargetRef { kind: TargetKind::StatefulSet, name: "db".into() });
+        assert_eq!(o.value, Err("StatefulSet db not found".into()));
+    }
+}

@@ -1,0 +1,745 @@
+//! The deploy manifests against the real control plane: the repository-root kustomization
+//! (`crds/` + `deploy/`), the samples, and each operator running in-process *as its own
+//! ServiceAccount* with the RBAC of `deploy/<operator>/`.
+//!
+//! - `manifests_*`: the rendered manifests say what the issue asks (2 replicas, probes, the
+//!   restricted profile, the downward API, RBAC without wildcards, args the binary accepts).
+//! - `everything_applies_*`: every object applies by server-side apply, every CRD becomes
+//!   Established, and the operators' Deployments become Available under the namespace's
+//!   enforced `restricted` Pod Security level (kwok runs the pods).
+//! - `samples_are_accepted`: every sample passes the API server's validation and admission.
+//! - `<operator>_runs_as_its_service_account`: the operator, authenticated by a TokenRequest
+//!   token of its ServiceAccount, takes its Lease, syncs its caches, drives a small scenario
+//!   to success without a single "forbidden" in its logs, and is refused (403) outside its role.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::io::Write as _;
+use std::net::SocketAddr;
+use std::path::Path;
+use std::sync::{Arc, Mutex, OnceLock};
+use std::time::Duration;
+
+use anyhow::{Context as _, Result, anyhow, bail, ensure};
+use k8s_openapi::api::authentication::v1::{TokenRequest, TokenRequestSpec};
+use k8s_openapi::api::coordination::v1::Lease;
+use k8s_openapi::api::core::v1::{Secret, ServiceAccount};
+use k8s_openapi::api::rbac::v1::ClusterRoleBinding;
+use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
+use kube::api::{Api, DynamicObject, GroupVersionKind, ListParams, Patch, PatchParams, PostParams};
+use kube::core::TypeMeta;
+use kube::discovery::Scope;
+use kube::{Client, Config};
+use serde::Deserialize;
+use serde_json::{Value, json};
+use steward_core::Operator;
+use steward_core::cli::CommonArgs;
+use steward_testenv::{ControlPlane, eventually, workspace_root};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::sync::OnceCell;
+use tokio::task::JoinHandle;
+use tokio_util::sync::CancellationToken;
+
+const WAIT: Duration = Duration::from_secs(90);
+const OPERATORS: [&str; 3] = ["database-operator", "tenant-operator", "upgrade-orchestrator"];
+const FIELD_MANAGER: &str = "steward-deploy-test";
+
+// ---------------------------------------------------------------------------------------
+// Rendering and applying manifests
+// ---------------------------------------------------------------------------------------
+
+/// The namespace `deploy/<operator>/` installs the operator into.
+fn operator_namespace(operator: &str) -> String {
+    format!("{operator}-system")
+}
+
+/// `kubectl kustomize <dir>` with the control plane's kubectl, as a list of objects.
+fn kustomize(dir: &Path) -> Result<Vec<Value>> {
+    let kubectl = steward_testenv::binaries::ensure()?.kubectl;
+    let out = std::process::Command::new(&kubectl)
+        .arg("kustomize")
+        .arg(dir)
+        .output()
+        .with_context(|| format!("running {} kustomize", kubectl.display()))?;
+    ensure!(
+        out.status.success(),
+        "kubectl kustomize {} failed ({}): {}",
+        dir.display(),
+        out.status,
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let text = String::from_utf8(out.stdout).context("kustomize output is not UTF-8")?;
+    let mut objects = Vec::new();
+    for doc in serde_yaml::Deserializer::from_str(&text) {
+        let value = Value::deserialize(doc).context("kustomize output is not YAML")?;
+        if !value.is_null() {
+            objects.push(value);
+        }
+    }
+    Ok(objects)
+}
+
+fn kind(obj: &Value) -> &str {
+    obj["kind"].as_str().unwrap_or_default()
+}
+
+fn name(obj: &Value) -> &str {
+    obj["metadata"]["name"].as_str().unwrap_or_default()
+}
+
+fn namespace(obj: &Value) -> Option<&str> {
+    obj["metadata"]["namespace"].as_str()
+}
+
+fn describe(obj: &Value) -> String {
+    match namespace(obj) {
+        Some(ns) => format!("{} {ns}/{}", kind(obj), name(obj)),
+        None => format!("{} {}", kind(obj), name(obj)),
+    }
+}
+
+/// The `Api` for `obj`'s kind (by discovery), in its namespace or `default_namespace`.
+async fn dynamic_api(client: &Client, obj: &Value, default_namespace: Option<&str>) -> Result<Api<DynamicObject>> {
+    let types: TypeMeta = serde_json::from_value(obj.clone()).with_context(|| format!("{obj} has no apiVersion/kind"))?;
+    let gvk = GroupVersionKind::try_from(&types).map_err(|e| anyhow!("{}: {e}", describe(obj)))?;
+    let (resource, caps) = kube::discovery::pinned_kind(client, &gvk)
+        .await
+        .with_context(|| format!("discovering {}", types.api_version))?;
+    Ok(match caps.scope {
+        Scope::Namespaced => {
+            let ns = namespace(obj).or(default_namespace).unwrap_or("default");
+            Api::namespaced_with(client.clone(), ns, &resource)
+        }
+        Scope::Cluster => Api::all_with(client.clone(), &resource),
+    })
+}
+
+/// Server-side applies `obj` (forced), optionally as a dry run (`dryRun=All`).
+async fn apply(client: &Client, obj: &Value, default_namespace: Option<&str>, dry_run: bool) -> Result<DynamicObject> {
+    let api = dynamic_api(client, obj, default_namespace).await?;
+    let mut params = PatchParams::apply(FIELD_MANAGER).force();
+    if dry_run {
+        params = params.dry_run();
+    }
+    api.patch(name(obj), &params, &Patch::Apply(obj))
+        .await
+        .with_context(|| format!("server-side apply{} of {}", if dry_run { " (dry run)" } else { "" }, describe(obj)))
+}
+
+/// Applies `crds/` and `deploy/` through the repository-root kustomization, once per test
+/// binary: the CRDs first (each until Established), then everything else.
+async fn installed() -> Result<&'static ControlPlane> {
+    static INSTALLED: OnceCell<std::result::Result<(), String>> = OnceCell::const_new();
+    let cp = steward_testenv::shared().await?;
+    INSTALLED
+        .get_or_init(|| async { install(cp).await.map_err(|e| format!("{e:#}")) })
+        .await
+        .clone()
+        .map_err(|e| anyhow!("installing crds/ and deploy/ failed: {e}"))?;
+    Ok(cp)
+}
+
+async fn install(cp: &ControlPlane) -> Result<()> {
+    let objects = kustomize(&workspace_root())?;
+    let client = cp.client()?;
+    for obj in objects.iter().filter(|o| kind(o) == "CustomResourceDefinition") {
+        let crd: CustomResourceDefinition = serde_json::from_value(obj.clone())?;
+        cp.apply_crd(&crd).await?;
+    }
+    // Namespaces before what lives in them; everything else in kustomize's order.
+    let (namespaces, rest): (Vec<&Value>, Vec<&Value>) =
+        objects.iter().filter(|o| kind(o) != "CustomResourceDefinition").partition(|o| kind(o) == "Namespace");
+    for obj in namespaces.into_iter().chain(rest) {
+        apply(&client, obj, None, false).await?;
+    }
+    Ok(())
+}
+
+// ---------------------------------------------------------------------------------------
+// Static checks of the rendered manifests
+// ---------------------------------------------------------------------------------------
+
+/// The Deployment, ServiceAccount, roles and bindings of one operator, rendered.
+struct Rendered {
+    operator: &'static str,
+    objects: Vec<Value>,
+}
+
+impl Rendered {
+    fn of(operator: &'static str) -> Result<Self> {
+        Ok(Self { operator, objects: kustomize(&workspace_root().join("deploy").join(operator))? })
+    }
+
+    fn one(&self, kind_: &str) -> Result<&Value> {
+        let found: Vec<_> = self.objects.iter().filter(|o| kind(o) == kind_).collect();
+        match found.as_slice() {
+            [one] => Ok(one),
+            other => bail!("deploy/{} renders {} {kind_} objects, expected 1", self.operator, other.len()),
+        }
+    }
+
+    fn of_kind<'a>(&'a self, kind_: &'a str) -> impl Iterator<Item = &'a Value> + 'a {
+        self.objects.iter().filter(move |o| kind(o) == kind_)
+    }
+}
+
+/// Parses the Deployment's args as the operator binary would (steward-core's flags and the
+/// operator's own), so a typo in a flag fails here rather than in a crash-looping pod.
+fn parse_args(operator: &str, args: &[String]) -> Result<CommonArgs> {
+    #[derive(clap::Parser)]
+    struct Db {
+        #[command(flatten)]
+        common: CommonArgs,
+        #[command(flatten)]
+        _options: database_operator::Options,
+    }
+    #[derive(clap::Parser)]
+    struct Tenant {
+        #[command(flatten)]
+        common: CommonArgs,
+        #[command(flatten)]
+        _options: tenant_operator::Options,
+    }
+    #[derive(clap::Parser)]
+    struct Upgrade {
+        #[command(flatten)]
+        common: CommonArgs,
+        #[command(flatten)]
+        _options: upgrade_orchestrator::Options,
+    }
+    use clap::Parser;
+    let argv = std::iter::once(operator.to_string()).chain(args.iter().cloned());
+    Ok(match operator {
+        "database-operator" => Db::try_parse_from(argv)?.common,
+        "tenant-operator" => Tenant::try_parse_from(argv)?.common,
+        "upgrade-orchestrator" => Upgrade::try_parse_from(argv)?.common,
+        other => bail!("unknown operator {other}"),
+    })
+}
+
+fn check_deployment(r: &Rendered) -> Result<()> {
+    let op = r.operator;
+    let ns = operator_namespace(op);
+    let d = r.one("Deployment")?;
+    ensure!(namespace(d) == Some(ns.as_str()), "{op}: Deployment is not in {ns}");
+    ensure!(d["spec"]["replicas"] == 2, "{op}: replicas is {}, expected 2", d["spec"]["replicas"]);
+    let pod = &d["spec"]["template"]["spec"];
+    let sa = pod["serviceAccountName"].as_str().unwrap_or_default();
+    ensure!(sa == op, "{op}: serviceAccountName is {sa:?}");
+    ensure!(
+        r.of_kind("ServiceAccount").any(|s| name(s) == sa && namespace(s) == Some(ns.as_str())),
+        "{op}: ServiceAccount {sa} is not rendered in {ns}"
+    );
+
+    // The restricted Pod Security profile.
+    let psc = &pod["securityContext"];
+    ensure!(psc["runAsNonRoot"] == true, "{op}: pod securityContext.runAsNonRoot is not true");
+    ensure!(psc["seccompProfile"]["type"] == "RuntimeDefault", "{op}: seccompProfile is not RuntimeDefault");
+    let containers = pod["containers"].as_array().context("no containers")?;
+    ensure!(containers.len() == 1, "{op}: expected one container");
+    let c = &containers[0];
+    let sc = &c["securityContext"];
+    ensure!(sc["allowPrivilegeEscalation"] == false, "{op}: allowPrivilegeEscalation is not false");
+    ensure!(sc["readOnlyRootFilesystem"] == true, "{op}: readOnlyRootFilesystem is not true");
+    ensure!(sc["capabilities"]["drop"] == json!(["ALL"]), "{op}: capabilities.drop is not [ALL]");
+    ensure!(sc.get("privileged").is_none_or(|p| p == false), "{op}: privileged");
+    ensure!(c["image"].as_str().is_some_and(|i| i.starts_with(&format!("steward/{op}:"))), "{op}: image is {}", c["image"]);
+
+    // Resources.
+    for (what, res) in [("requests", &c["resources"]["requests"]), ("limits", &c["resources"]["limits"])] {
+        ensure!(res["cpu"].is_string() && res["memory"].is_string(), "{op}: resources.{what} needs cpu and memory");
+    }
+
+    // The downward API, read by steward-core for the identity and the Lease namespace.
+    let env: BTreeMap<&str, &str> = c["env"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter_map(|e| Some((e["name"].as_str()?, e["valueFrom"]["fieldRef"]["fieldPath"].as_str()?)))
+        .collect();
+    ensure!(env.get("POD_NAME") == Some(&"metadata.name"), "{op}: POD_NAME is not the pod's name: {env:?}");
+    ensure!(env.get("POD_NAMESPACE") == Some(&"metadata.namespace"), "{op}: POD_NAMESPACE is not the pod's namespace");
+
+    // Args the binary accepts, ports and probes that match them.
+    let args: Vec<String> = c["args"].as_array().into_iter().flatten().filter_map(|a| a.as_str().map(String::from)).collect();
+    let common = parse_args(op, &args).with_context(|| format!("{op}: the Deployment's args {args:?}"))?;
+    ensure!(common.leader_elect, "{op}: leader election is off");
+    let port = |name_: &str| -> Option<u64> {
+        c["ports"].as_array()?.iter().find(|p| p["name"] == name_)?["containerPort"].as_u64()
+    };
+    let metrics = common.metrics_addr()?.context("metrics disabled")?;
+    let health = common.health_addr()?.context("health probes disabled")?;
+    ensure!(port("metrics") == Some(u64::from(metrics.port())), "{op}: port `metrics` is not the metrics address {metrics}");
+    ensure!(port("health") == Some(u64::from(health.port())), "{op}: port `health` is not the probe address {health}");
+    for (probe, path) in [("livenessProbe", "/healthz"), ("readinessProbe", "/readyz")] {
+        let get = &c[probe]["httpGet"];
+        ensure!(get["path"] == path && get["port"] == "health", "{op}: {probe} is not GET {path} on the health port: {get}");
+    }
+    // Long enough to drain (--shutdown-timeout) and release the Lease.
+    let grace = pod["terminationGracePeriodSeconds"].as_u64().unwrap_or(30);
+    ensure!(grace > common.shutdown_timeout.as_secs(), "{op}: terminationGracePeriodSeconds {grace} <= --shutdown-timeout");
+    Ok(())
+}
+
+fn check_rbac(r: &Rendered) -> Result<()> {
+    let op = r.operator;
+    let ns = operator_namespace(op);
+    let subject = json!([{"kind": "ServiceAccount", "name": op, "namespace": ns}]);
+    let mut bound = BTreeSet::new();
+    for b in r.of_kind("ClusterRoleBinding").chain(r.of_kind("RoleBinding")) {
+        ensure!(b["subjects"] == subject, "{op}: {} binds {} instead of only its ServiceAccount", describe(b), b["subjects"]);
+        bound.insert((b["roleRef"]["kind"].as_str().unwrap_or_default().to_string(), b["roleRef"]["name"].as_str().unwrap_or_default().to_string()));
+    }
+    let mut lease_rules = 0;
+    let mut event_verbs = BTreeSet::new();
+    for role in r.of_kind("ClusterRole").chain(r.of_kind("Role")) {
+        let role_kind = kind(role);
+        ensure!(bound.contains(&(role_kind.to_string(), name(role).to_string())), "{op}: {} is not bound", describe(role));
+        ensure!(role.get("aggregationRule").is_none(), "{op}: {} aggregates other roles", describe(role));
+        for rule in role["rules"].as_array().context("rules")? {
+            for field in ["apiGroups", "resources", "verbs"] {
+                let values = rule[field].as_array().with_context(|| format!("{op}: a rule of {} has no {field}", describe(role)))?;
+                ensure!(!values.is_empty(), "{op}: empty {field} in {}", describe(role));
+                ensure!(!values.iter().any(|v| v == "*"), "{op}: wildcard {field} in {}: {rule}", describe(role));
+            }
+            ensure!(rule.get("nonResourceURLs").is_none(), "{op}: nonResourceURLs in {}", describe(role));
+            let verbs: Vec<&str> = rule["verbs"].as_array().into_iter().flatten().filter_map(Value::as_str).collect();
+            for escalating in ["escalate", "impersonate"] {
+                ensure!(!verbs.contains(&escalating), "{op}: verb {escalating} in {}", describe(role));
+            }
+            let resources: Vec<&str> = rule["resources"].as_array().into_iter().flatten().filter_map(Value::as_str).collect();
+            if resources.contains(&"leases") {
+                // Only the operator's own Lease, in its own namespace.
+                ensure!(role_kind == "Role" && namespace(role) == Some(ns.as_str()), "{op}: leases outside the Role in {ns}");
+                if verbs.iter().any(|v| *v != "create") {
+                    ensure!(rule["resourceNames"] == json!([op]), "{op}: Lease {verbs:?} not limited to resourceNames [{op}]");
+                }
+                lease_rules += 1;
+            }
+            if rule["apiGroups"] == json!(["events.k8s.io"]) && resources == ["events"] {
+                event_verbs.extend(verbs.iter().map(|v| v.to_string()));
+            }
+        }
+    }
+    ensure!(lease_rules > 0, "{op}: no Lease rule");
+    ensure!(event_verbs == BTreeSet::from(["create".to_string(), "patch".to_string()]), "{op}: events.k8s.io events verbs are {event_verbs:?}");
+    Ok(())
+}
+
+#[test]
+fn manifests_have_two_replicas_probes_restricted_pods_and_rbac_without_wildcards() -> Result<()> {
+    let mut problems = Vec::new();
+    for op in OPERATORS {
+        let r = Rendered::of(op)?;
+        for result in [check_deployment(&r), check_rbac(&r)] {
+            if let Err(e) = result {
+                problems.push(format!("{e:#}"));
+            }
+        }
+        let ns = r.one("Namespace")?;
+        ensure!(name(ns) == operator_namespace(op), "{op}: Namespace is {}", name(ns));
+        ensure!(
+            ns["metadata"]["labels"]["pod-security.kubernetes.io/enforce"] == "restricted",
+            "{op}: its namespace does not enforce the restricted Pod Security level"
+        );
+    }
+    ensure!(problems.is_empty(), "{}", problems.join("\n"));
+    Ok(())
+}
+
+#[test]
+fn root_kustomization_lists_every_crd_and_every_operator() -> Result<()> {
+    let objects = kustomize(&workspace_root())?;
+    let rendered: BTreeSet<String> =
+        objects.iter().filter(|o| kind(o) == "CustomResourceDefinition").map(|o| name(o).to_string()).collect();
+    let mut generated = BTreeSet::new();
+    for entry in std::fs::read_dir(workspace_root().join("crds"))? {
+        let path = entry?.path();
+        if path.extension().is_some_and(|e| e == "yaml") {
+            let crd: CustomResourceDefinition = serde_yaml::from_str(&std::fs::read_to_string(&path)?)?;
+            generated.insert(crd.metadata.name.unwrap_or_default());
+        }
+    }
+    ensure!(
+        rendered == generated,
+        "kustomization.yaml (repository root) renders CRDs {rendered:?} but crds/ holds {generated:?}: list every crds/*.yaml file in it"
+    );
+    let deployments: BTreeSet<&str> = objects.iter().filter(|o| kind(o) == "Deployment").map(name).collect();
+    ensure!(deployments == BTreeSet::from(OPERATORS), "the root kustomization renders Deployments {deployments:?}");
+    Ok(())
+}
+
+// ---------------------------------------------------------------------------------------
+// Against the control plane
+// ---------------------------------------------------------------------------------------
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn everything_applies_crds_establish_and_operator_pods_run_under_restricted_pod_security() -> Result<()> {
+    let cp = installed().await?;
+    let client = cp.client()?;
+    let crds: Api<CustomResourceDefinition> = Api::all(client.clone());
+    for obj in kustomize(&workspace_root())?.iter().filter(|o| kind(o) == "CustomResourceDefinition") {
+        let crd = crds.get(name(obj)).await?;
+        let established = crd.status.and_then(|s| s.conditions).unwrap_or_default().iter().any(|c| c.type_ == "Established" && c.status == "True");
+        ensure!(established, "CRD {} is not Established", name(obj));
+    }
+
+    // Pod Security admission really enforces `restricted` in the operators' namespaces ...
+    let privileged = json!({
+        "apiVersion": "v1", "kind": "Pod",
+        "metadata": {"name": "privileged", "namespace": operator_namespace("database-operator")},
+        "spec": {"containers": [{"name": "c", "image": "busybox", "securityContext": {"privileged": true}}]},
+    });
+    match apply(&client, &privileged, None, true).await {
+        Err(e) if format!("{e:#}").contains("PodSecurity") => {}
+        other => bail!("a privileged pod was not refused by Pod Security admission: {other:?}"),
+    }
+    // ... and the operators' pods pass it: each Deployment gets 2 available replicas.
+    for op in OPERATORS {
+        let deployments: Api<k8s_openapi::api::apps::v1::Deployment> = Api::namespaced(client.clone(), &operator_namespace(op));
+        eventually(&format!("Deployment {op} available with 2 replicas"), WAIT, || {
+            let deployments = deployments.clone();
+            async move {
+                let d = deployments.get(op).await.map_err(|e| e.to_string())?;
+                let status = d.status.unwrap_or_default();
+                match status.available_replicas {
+                    Some(2) => Ok(()),
+                    _ => Err(format!("status: {}", serde_json::to_string(&status).unwrap_or_default())),
+                }
+            }
+        })
+        .await?;
+    }
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn samples_are_accepted() -> Result<()> {
+    let cp = installed().await?;
+    let client = cp.client()?;
+    let ns = cp.namespace("deploy-samples").await?;
+    let samples = kustomize(&workspace_root().join("deploy/samples"))?;
+    let crds = kustomize(&workspace_root())?;
+    let kinds: BTreeSet<String> = crds
+        .iter()
+        .filter(|o| kind(o) == "CustomResourceDefinition")
+        .filter_map(|o| o["spec"]["names"]["kind"].as_str().map(String::from))
+        .collect();
+    let sampled: BTreeSet<String> = samples.iter().map(|o| kind(o).to_string()).collect();
+    let missing: Vec<_> = kinds.difference(&sampled).collect();
+    ensure!(missing.is_empty(), "deploy/samples has no sample of {missing:?}");
+    // Samples in kustomize's order (what they reference first), into a fresh namespace.
+    let mut failures = Vec::new();
+    for obj in &samples {
+        if let Err(e) = apply(&client, obj, Some(&ns), false).await {
+            failures.push(format!("{e:#}"));
+        }
+    }
+    ensure!(failures.is_empty(), "samples refused:\n{}", failures.join("\n"));
+    Ok(())
+}
+
+// ---------------------------------------------------------------------------------------
+// Operators in-process, as their ServiceAccounts
+// ---------------------------------------------------------------------------------------
+
+/// Log lines of every in-process operator of this test binary.
+fn logs() -> &'static Arc<Mutex<Vec<u8>>> {
+    static LOGS: OnceLock<Arc<Mutex<Vec<u8>>>> = OnceLock::new();
+    LOGS.get_or_init(|| {
+        let buffer = Arc::new(Mutex::new(Vec::new()));
+        let writer = {
+            let buffer = buffer.clone();
+            move || Capture(buffer.clone())
+        };
+        // Watch and list failures surface at debug level in steward-core's controller loop.
+        let _ = tracing_subscriber::fmt()
+            .with_env_filter(tracing_subscriber::EnvFilter::new("info,steward_core=debug,kube_runtime=debug"))
+            .with_ansi(false)
+            .with_writer(writer)
+            .try_init();
+        buffer
+    })
+}
+
+struct Capture(Arc<Mutex<Vec<u8>>>);
+
+impl std::io::Write for Capture {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        self.0.lock().unwrap_or_else(|p| p.into_inner()).extend_from_slice(buf);
+        Ok(buf.len())
+    }
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
+    }
+}
+
+/// The last `n` log lines, for failure messages.
+fn log_tail(n: usize) -> String {
+    let text = String::from_utf8_lossy(&logs().lock().unwrap_or_else(|p| p.into_inner())).to_string();
+    let lines: Vec<&str> = text.lines().collect();
+    lines[lines.len().saturating_sub(n)..].join("\n")
+}
+
+/// Log lines that say `user` was forbidden something.
+fn forbidden_lines(user: &str) -> Vec<String> {
+    let text = String::from_utf8_lossy(&logs().lock().unwrap_or_else(|p| p.into_inner())).to_string();
+    text.lines()
+        .filter(|l| l.to_lowercase().contains("forbidden") && l.contains(user))
+        .map(String::from)
+        .collect()
+}
+
+/// The admin configuration authenticated instead by a TokenRequest token of ServiceAccount
+/// `namespace/name` (as `cp.service_account_client` builds its client).
+async fn service_account_config(cp: &ControlPlane, namespace: &str, name: &str) -> Result<Config> {
+    let sas: Api<ServiceAccount> = Api::namespaced(cp.client()?, namespace);
+    let request = TokenRequest {
+        spec: Some(TokenRequestSpec { expiration_seconds: Some(3600), ..Default::default() }),
+        ..Default::default()
+    };
+    let token = sas
+        .create_token_request(name, &PostParams::default(), &request)
+        .await
+        .with_context(|| format!("requesting a token for {namespace}/{name}"))?
+        .status
+        .and_then(|s| s.token)
+        .context("TokenRequest returned no token")?;
+    let mut config = cp.config().clone();
+    config.auth_info = kube::config::AuthInfo { token: Some(token.into()), ..Default::default() };
+    Ok(config)
+}
+
+fn free_port() -> Result<u16> {
+    Ok(std::net::TcpListener::bind("127.0.0.1:0")?.local_addr()?.port())
+}
+
+/// `GET path` over HTTP/1.0: the status code and body.
+async fn http_get(addr: SocketAddr, path: &str) -> Result<(u16, String)> {
+    let mut stream = tokio::net::TcpStream::connect(addr).await?;
+    stream.write_all(format!("GET {path} HTTP/1.0\r\nHost: {addr}\r\n\r\n").as_bytes()).await?;
+    let mut response = String::new();
+    stream.read_to_string(&mut response).await?;
+    let code = response.split_whitespace().nth(1).and_then(|c| c.parse().ok()).context("no HTTP status")?;
+    let body = response.split_once("\r\n\r\n").map(|(_, b)| b.to_string()).unwrap_or_default();
+    Ok((code, body))
+}
+
+/// An operator running in-process as its ServiceAccount, with leader election on.
+struct Running {
+    operator: &'static str,
+    /// `system:serviceaccount:<ns>:<operator>`.
+    user: String,
+    /// A client authenticated as the operator's ServiceAccount.
+    client: Client,
+    metrics: SocketAddr,
+    stop: CancellationToken,
+    task: JoinHandle<Result<(), steward_core::Error>>,
+}
+
+impl Running {
+    async fn start(
+        cp: &ControlPlane,
+        operator: &'static str,
+        register: impl FnOnce(&mut Operator) -> Result<()>,
+    ) -> Result<Self> {
+        logs();
+        let ns = operator_namespace(operator);
+        let config = service_account_config(cp, &ns, operator).await?;
+        let health: SocketAddr = format!("127.0.0.1:{}", free_port()?).parse()?;
+        let metrics: SocketAddr = format!("127.0.0.1:{}", free_port()?).parse()?;
+        let args = CommonArgs {
+            leader_elect: true,
+            leader_election_namespace: Some(ns.clone()),
+            leader_election_lease_duration: Duration::from_secs(3),
+            leader_election_renew_deadline: Duration::from_secs(2),
+            leader_election_retry_period: Duration::from_millis(500),
+            metrics_bind_address: metrics.to_string(),
+            health_probe_bind_address: health.to_string(),
+            ..CommonArgs::default()
+        };
+        let mut op = Operator::with_config(operator, args, config.clone())?.backoff(Duration::from_millis(200), Duration::from_secs(5));
+        register(&mut op)?;
+        let identity = op.leadership().identity().to_string();
+        let stop = op.shutdown_token();
+        let task = tokio::spawn(op.run());
+        let running = Self {
+            operator,
+            user: format!("system:serviceaccount:{ns}:{operator}"),
+            client: Client::try_from(config)?,
+            metrics,
+            stop,
+            task,
+        };
+
+        // It leads through its own Lease ...
+        let leases: Api<Lease> = Api::namespaced(cp.client()?, &ns);
+        eventually(&format!("{operator} holds Lease {ns}/{operator}"), WAIT, || {
+            let leases = leases.clone();
+            let identity = identity.clone();
+            async move {
+                let lease = leases.get_opt(operator).await.map_err(|e| e.to_string())?;
+                let holder = lease.and_then(|l| l.spec).and_then(|s| s.holder_identity);
+                if holder.as_deref() == Some(identity.as_str()) { Ok(()) } else { Err(format!("holder {holder:?}")) }
+            }
+        })
+        .await
+        .map_err(|e| anyhow!("{e}\nlast log lines:\n{}", log_tail(30)))?;
+        // ... and its caches sync (list and watch of its own kind are allowed).
+        eventually(&format!("{operator} /readyz"), WAIT, || async move {
+            match http_get(health, "/readyz").await {
+                Ok((200, _)) => Ok(()),
+                Ok((code, body)) => Err(format!("{code} {body}")),
+                Err(e) => Err(e.to_string()),
+            }
+        })
+        .await
+        .map_err(|e| anyhow!("{e}\nlast log lines:\n{}", log_tail(30)))?;
+        Ok(running)
+    }
+
+    /// Asserts no log line says this operator was forbidden something, then that `forbidden`
+    /// requests made with its credentials are refused with 403.
+    async fn check_rbac(&self, cp: &ControlPlane, scenario_namespace: &str) -> Result<()> {
+        let lines = forbidden_lines(&self.user);
+        ensure!(lines.is_empty(), "{} was forbidden requests it needs:\n{}", self.operator, lines.join("\n"));
+        self.expect_forbidden("create a ClusterRoleBinding (no escalation to cluster-admin)", async {
+            let crb: ClusterRoleBinding = serde_json::from_value(json!({
+                "metadata": {"name": format!("{}-escalation", self.operator)},
+                "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": "cluster-admin"},
+                "subjects": [{"kind": "User", "name": self.user}],
+            }))?;
+            Api::<ClusterRoleBinding>::all(self.client.clone()).create(&PostParams::default(), &crb).await.map(drop).map_err(Into::into)
+        })
+        .await?;
+        self.expect_forbidden("delete a CRD", async {
+            let crds = Api::<CustomResourceDefinition>::all(self.client.clone());
+            crds.delete("upgradeplans.upgrade.steward.dev", &Default::default()).await.map(drop).map_err(Into::into)
+        })
+        .await?;
+        for other in OPERATORS.iter().filter(|o| **o != self.operator) {
+            self.expect_forbidden(&format!("read {other}'s Lease"), async {
+                Api::<Lease>::namespaced(self.client.clone(), &operator_namespace(other)).get(other).await.map(drop).map_err(Into::into)
+            })
+            .await?;
+        }
+        self.expect_forbidden("list Secrets in kube-system", async {
+            Api::<Secret>::namespaced(self.client.clone(), "kube-system").list(&ListParams::default()).await.map(drop).map_err(Into::into)
+        })
+        .await?;
+        let _ = (cp, scenario_namespace);
+        Ok(())
+    }
+
+    async fn expect_forbidden(&self, what: &str, request: impl std::future::Future<Output = Result<()>>) -> Result<()> {
+        match request.await {
+            Err(e) => match e.downcast_ref::<kube::Error>() {
+                Some(kube::Error::Api(s)) if s.code == 403 => Ok(()),
+                _ => bail!("{} may not {what}, expected 403, got: {e:#}", self.operator),
+            },
+            Ok(()) => bail!("{} could {what}: its role is too wide", self.operator),
+        }
+    }
+
+    /// The operator's `/metrics` text.
+    async fn metrics(&self) -> Result<String> {
+        let (code, body) = http_get(self.metrics, "/metrics").await?;
+        ensure!(code == 200, "/metrics answered {code}");
+        Ok(body)
+    }
+
+    /// Stops the operator and checks it released its Lease (Lease `update` is allowed).
+    async fn stop(self, cp: &ControlPlane) -> Result<()> {
+        self.stop.cancel();
+        tokio::time::timeout(WAIT, self.task).await.context("operator did not stop")??.context("operator run failed")?;
+        let ns = operator_namespace(self.operator);
+        let lease = Api::<Lease>::namespaced(cp.client()?, &ns).get(self.operator).await?;
+        let holder = lease.spec.and_then(|s| s.holder_identity).unwrap_or_default();
+        ensure!(holder.is_empty(), "{} did not release its Lease (holder {holder:?})", self.operator);
+        Ok(())
+    }
+}
+
+/// `.status.conditions[type=Ready].status` of a dynamic object, and its phase and message.
+fn readiness(obj: &DynamicObject) -> (Option<String>, String) {
+    let status = &obj.data["status"];
+    let ready = status["conditions"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .find(|c| c["type"] == "Ready")
+        .and_then(|c| c["status"].as_str().map(String::from));
+    (ready, format!("phase {} conditions {}", status["phase"], status["conditions"]))
+}
+
+/// Waits until `api`'s object `name` has condition Ready=True.
+async fn wait_ready(api: &Api<DynamicObject>, name_: &str) -> Result<DynamicObject> {
+    Ok(eventually(&format!("{name_} Ready"), WAIT, || {
+        let api = api.clone();
+        let name_ = name_.to_string();
+        async move {
+            let obj = api.get(&name_).await.map_err(|e| e.to_string())?;
+            match readiness(&obj) {
+                (Some(s), _) if s == "True" => Ok(obj),
+                (_, detail) => Err(detail),
+            }
+        }
+    })
+    .await?)
+}
+
+fn write_note(text: &str) {
+    let _ = writeln!(std::io::stderr(), "{text}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn upgrade_orchestrator_runs_as_its_service_account() -> Result<()> {
+    let cp = installed().await?;
+    let admin = cp.client()?;
+    let ns = cp.namespace("deploy-upgrade").await?;
+    let running = Running::start(cp, "upgrade-orchestrator", |op| {
+        upgrade_orchestrator::register(op, upgrade_orchestrator::Options::default()).map_err(Into::into)
+    })
+    .await?;
+
+    // A Deployment at app:1, and a plan that moves it to app:2.
+    let web = json!({
+        "apiVersion": "apps/v1", "kind": "Deployment",
+        "metadata": {"name": "web"},
+        "spec": {
+            "replicas": 1,
+            "selector": {"matchLabels": {"app": "web"}},
+            "template": {"metadata": {"labels": {"app": "web"}}, "spec": {"containers": [{"name": "app", "image": "example.invalid/app:1"}]}},
+        },
+    });
+    apply(&admin, &web, Some(&ns), false).await?;
+    let plan = json!({
+        "apiVersion": "upgrade.steward.dev/v1alpha1", "kind": "UpgradePlan",
+        "metadata": {"name": "web-v2"},
+        "spec": {"components": [{"name": "web", "target": {"kind": "Deployment", "name": "web"}, "image": {"container": "app", "image": "example.invalid/app:2"}}]},
+    });
+    let plans = dynamic_api(&admin, &plan, Some(&ns)).await?;
+    apply(&admin, &plan, Some(&ns), false).await?;
+    let done = eventually("UpgradePlan web-v2 Succeeded", WAIT, || {
+        let plans = plans.clone();
+        async move {
+            let p = plans.get("web-v2").await.map_err(|e| e.to_string())?;
+            if p.data["status"]["phase"] == "Succeeded" { Ok(p) } else { Err(readiness(&p).1) }
+        }
+    })
+    .await?;
+    write_note(&format!("plan status: {}", done.data["status"]));
+    let deployments: Api<k8s_openapi::api::apps::v1::Deployment> = Api::namespaced(admin.clone(), &ns);
+    let web = serde_json::to_value(deployments.get("web").await?)?;
+    let image = &web["spec"]["template"]["spec"]["containers"][0]["image"];
+    ensure!(image == "example.invalid/app:2", "the Deployment was not upgraded: image {image}");
+
+    running.check_rbac(cp, &ns).await?;
+    running
+        .expect_forbidden("list Secrets in the plan's namespace", async {
+            Api::<Secret>::namespaced(running.client.clone(), &ns).list(&ListParams::default()).await.map(drop).map_err(Into::into)
+        })
+        .await?;
+    let metrics = running.metrics().await?;
+    ensure!(metrics.contains("upgradeplan"), "no upgradeplan controller metrics:\n{metrics}");
+    running.stop(cp).await
+}

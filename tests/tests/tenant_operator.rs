@@ -1,0 +1,866 @@
+//! tenant-operator against a real control plane: what a Tenant creates and how it converges,
+//! what its owners can and cannot do (acting as them by impersonation), the tenant-wide quota,
+//! deletion policies, 100 tenants with a write-free resync, and admission of bad input.
+//!
+//! Each test runs its own in-process operator limited to its own Tenants by a label selector,
+//! so tests run concurrently on the shared control plane; the scale test runs alone (it counts
+//! the API server's writes).
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicI64, Ordering};
+use std::time::{Duration, Instant};
+
+use k8s_openapi::api::apps::v1::Deployment;
+use k8s_openapi::api::core::v1::{ConfigMap, LimitRange, Namespace, Pod, ResourceQuota, Secret};
+use k8s_openapi::api::networking::v1::NetworkPolicy;
+use k8s_openapi::api::rbac::v1::{ClusterRole, ClusterRoleBinding, RoleBinding};
+use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams, PostParams};
+use kube::{Client, CustomResourceExt, ResourceExt};
+use serde_json::{Value, json};
+use steward_core::Operator;
+use steward_core::cli::CommonArgs;
+use steward_core::metrics::{Metrics, ResultLabels};
+use steward_testenv::{ControlPlane, eventually};
+use tenant_operator::crd::{QUOTA_EXCEEDED, TENANT_LABEL, Tenant, TenantPhase};
+use tenant_operator::{NAME, Options};
+
+const WAIT: Duration = Duration::from_secs(90);
+const TEST_LABEL: &str = "steward.dev/test";
+
+/// Tests share the control plane; the scale test counts the API server's writes, so it runs
+/// alone (write lock) while the others may run together (read lock).
+static EXCLUSIVE: tokio::sync::RwLock<()> = tokio::sync::RwLock::const_new(());
+
+fn suffix() -> String {
+    format!("{:05x}", rand_u32() & 0xfffff)
+}
+
+fn rand_u32() -> u32 {
+    use std::hash::{BuildHasher, Hasher};
+    let mut h = std::collections::hash_map::RandomState::new().build_hasher();
+    h.write_u128(Instant::now().elapsed().as_nanos() ^ u128::from(std::process::id()));
+    h.finish() as u32
+}
+
+/// A running operator for the Tenants labelled `steward.dev/test=<id>`.
+struct Running {
+    stop: tokio_util::sync::CancellationToken,
+    task: tokio::task::JoinHandle<Result<(), steward_core::Error>>,
+    metrics: Metrics,
+}
+
+impl Running {
+    async fn start(cp: &ControlPlane, id: &str) -> Running {
+        let args = CommonArgs {
+            leader_elect: false,
+            metrics_bind_address: "127.0.0.1:0".into(),
+            health_probe_bind_address: "127.0.0.1:0".into(),
+            ..CommonArgs::default()
+        };
+        let mut operator = Operator::with_config(NAME, args, cp.config().clone())
+            .expect("operator")
+            .backoff(Duration::from_millis(200), Duration::from_secs(5));
+        let options = Options {
+            tenant_selector: Some(format!("{TEST_LABEL}={id}")),
+            resync_period: Duration::from_secs(3600),
+            ..Options::default()
+        };
+        tenant_operator::register(&mut operator, options).expect("register");
+        let stop = operator.shutdown_token();
+        let metrics = operator.metrics();
+        let task = tokio::spawn(operator.run());
+        Running { stop, task, metrics }
+    }
+
+    async fn stop(self) {
+        self.stop.cancel();
+        self.task.await.expect("join").expect("clean shutdown");
+    }
+
+    fn successes(&self) -> u64 {
+        self.metrics
+            .reconcile_total
+            .get_or_create(&ResultLabels { controller: "tenant".into(), result: "success".into() })
+            .get()
+    }
+
+    /// `tenant_operator_writes_total`, summed over kinds and verbs.
+    fn writes(&self) -> u64 {
+        self.metrics
+            .encode()
+            .lines()
+            .filter(|l| l.starts_with("tenant_operator_writes_total{"))
+            .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+            .sum::<f64>() as u64
+    }
+}
+
+/// One test's world: the control plane, an admin client, the Tenant API and the operator.
+struct Env {
+    cp: &'static ControlPlane,
+    client: Client,
+    tenants: Api<Tenant>,
+    id: String,
+    operator: Option<Running>,
+}
+
+impl Env {
+    async fn start(prefix: &str) -> Env {
+        let cp = steward_testenv::shared().await.expect("control plane");
+        cp.apply_crd(&Tenant::crd()).await.expect("Tenant CRD");
+        let client = cp.client().expect("client");
+        let id = format!("{prefix}-{}", suffix());
+        let operator = Some(Running::start(cp, &id).await);
+        Env { cp, tenants: Api::all(client.clone()), client, id, operator }
+    }
+
+    fn operator(&self) -> &Running {
+        self.operator.as_ref().expect("running")
+    }
+
+    async fn stop(&mut self) {
+        if let Some(op) = self.operator.take() {
+            op.stop().await;
+        }
+    }
+
+    /// Creates Tenant `name` (labelled for this test's operator) with `spec`.
+    async fn create(&self, name: &str, spec: Value) -> Tenant {
+        let t: Tenant = serde_json::from_value(json!({
+            "apiVersion": "tenancy.steward.dev/v1alpha1", "kind": "Tenant",
+            "metadata": {"name": name, "labels": {TEST_LABEL: self.id}},
+            "spec": spec,
+        }))
+        .expect("tenant json");
+        self.tenants.create(&PostParams::default(), &t).await.expect("create Tenant")
+    }
+
+    async fn patch_spec(&self, name: &str, spec: Value) {
+        self.tenants
+            .patch(name, &PatchParams::default(), &Patch::Merge(json!({"spec": spec})))
+            .await
+            .expect("patch Tenant");
+    }
+
+    /// Waits until Tenant `name` is Ready for its current generation.
+    async fn ready(&self, name: &str) -> Tenant {
+        let api = self.tenants.clone();
+        eventually(&format!("Tenant {name} Ready"), WAIT, || {
+            let api = api.clone();
+            async move {
+                let t = api.get(name).await.map_err(|e| e.to_string())?;
+                let status = t.status.clone().unwrap_or_default();
+                let ready = status.conditions.iter().find(|c| c.type_ == "Ready");
+                match ready {
+                    Some(c) if c.status == "True" && status.observed_generation == t.metadata.generation => Ok(t),
+                    Some(c) => Err(format!("Ready={} {}: {} (observed {:?} of {:?})", c.status, c.reason, c.message, status.observed_generation, t.metadata.generation)),
+                    None => Err("no Ready condition yet".into()),
+                }
+            }
+        })
+        .await
+        .expect("Tenant Ready")
+    }
+
+    fn api<K>(&self, ns: &str) -> Api<K>
+    where
+        K: kube::Resource<Scope = k8s_openapi::NamespaceResourceScope, DynamicType = ()>,
+    {
+        Api::namespaced(self.client.clone(), ns)
+    }
+
+    /// A client acting as `user` (impersonated; in `system:authenticated`).
+    fn as_user(&self, user: &str) -> Client {
+        self.cp.impersonating_client(user, &[]).expect("impersonating client")
+    }
+
+    async fn gone<K>(&self, api: &Api<K>, name: &str)
+    where
+        K: kube::Resource + Clone + serde::de::DeserializeOwned + std::fmt::Debug,
+    {
+        eventually(&format!("{name} gone"), WAIT, || async {
+            match api.get_opt(name).await {
+                Ok(None) => Ok(()),
+                Ok(Some(_)) => Err("still there".to_string()),
+                Err(e) => Err(e.to_string()),
+            }
+        })
+        .await
+        .expect("gone");
+    }
+}
+
+fn code(err: &kube::Error) -> Option<u16> {
+    match err {
+        kube::Error::Api(s) => Some(s.code),
+        _ => None,
+    }
+}
+
+fn labels(pairs: &[(&str, &str)]) -> BTreeMap<String, String> {
+    pairs.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect()
+}
+
+fn configmap(name: &str, extra_labels: &[(&str, &str)], data: &[(&str, &str)]) -> ConfigMap {
+    ConfigMap {
+        metadata: kube::api::ObjectMeta {
+            name: Some(name.into()),
+            labels: Some(labels(extra_labels)),
+            ..Default::default()
+        },
+        data: Some(labels(data)),
+        ..Default::default()
+    }
+}
+
+fn pod(name: &str) -> Pod {
+    serde_json::from_value(json!({
+        "metadata": {"name": name},
+        "spec": {"containers": [{"name": "app", "image": "registry.k8s.io/pause:3.10"}]}
+    }))
+    .expect("pod")
+}
+
+fn namespace(name: &str, tenant: Option<&str>) -> Namespace {
+    let mut ns = Namespace::default();
+    ns.metadata.name = Some(name.into());
+    ns.metadata.labels = tenant.map(|t| labels(&[(TENANT_LABEL, t)]));
+    ns
+}
+
+/// Retries a dry-run `probe` until the API server denies it with a message containing
+/// `needle` (admission policies take a moment to load), returning that message.
+async fn denied_eventually<F, Fut, T>(what: &str, needle: &str, probe: F) -> String
+where
+    F: Fn() -> Fut,
+    Fut: std::future::Future<Output = Result<T, kube::Error>>,
+{
+    eventually(what, WAIT, || async {
+        match probe().await {
+            Ok(_) => Err("allowed".to_string()),
+            Err(e) if code(&e) == Some(403) && e.to_string().contains(needle) => Ok(e.to_string()),
+            Err(e) => Err(format!("unexpected error: {e}")),
+        }
+    })
+    .await
+    .expect("denied")
+}
+
+fn dry_delete() -> DeleteParams {
+    DeleteParams { dry_run: true, ..Default::default() }
+}
+
+fn dry_post() -> PostParams {
+    PostParams { dry_run: true, ..Default::default() }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn tenant_creates_its_objects_and_converges_on_spec_changes() {
+    let _shared = EXCLUSIVE.read().await;
+    let mut env = Env::start("conv").await;
+    let t = env.id.clone();
+    let owner = format!("alice-{t}");
+
+    // Shared sources, opted in by label.
+    let src = env.cp.namespace("shared").await.expect("source namespace");
+    let secret: Secret = serde_json::from_value(json!({
+        "metadata": {"name": "registry", "labels": {"tenancy.steward.dev/shareable": "true"}},
+        "stringData": {"token": "s3cret"}
+    }))
+    .unwrap();
+    env.api::<Secret>(&src).create(&PostParams::default(), &secret).await.expect("source secret");
+    env.api::<ConfigMap>(&src)
+        .create(&PostParams::default(), &configmap("ca-bundle", &[("tenancy.steward.dev/shareable", "true")], &[("ca.crt", "CERT")]))
+        .await
+        .expect("source configmap");
+
+    let (a, b, c) = (format!("{t}-a"), format!("{t}-b"), format!("{t}-c"));
+    let started = Instant::now();
+    let created = env
+        .create(
+            &t,
+            json!({
+                "owners": [{"kind": "User", "name": owner}],
+                "namespaces": [a, b],
+                "deletionPolicy": "Delete",
+                "podSecurity": "baseline",
+                "namespaceMetadata": {"labels": {"team": t, "cost-center": "42"}, "annotations": {"contact": "team@example.com"}},
+                "resourceQuota": {"hard": {"pods": 5, "requests.cpu": "2"}},
+                "limitRange": {"limits": [{"type": "Container", "default": {"cpu": "200m", "memory": "128Mi"}, "defaultRequest": {"cpu": "100m", "memory": "64Mi"}}]},
+                "networkIsolation": {"allowFromNamespaces": ["monitoring"]},
+                "sharedObjects": [{"kind": "Secret", "namespace": src, "name": "registry"}, {"kind": "ConfigMap", "namespace": src, "name": "ca-bundle"}],
+                "additionalRoleBindings": [{"clusterRole": "view", "subjects": [{"kind": "Group", "name": "auditors"}]}]
+            }),
+        )
+        .await;
+    let uid = created.uid().unwrap();
+    let tenant = env.ready(&t).await;
+    println!("tenant with 2 namespaces Ready after {:?}", started.elapsed());
+    let status = tenant.status.clone().unwrap();
+    assert_eq!(status.namespaces, [a.clone(), b.clone()]);
+    assert_eq!(status.namespace_count, 2);
+    assert_eq!(status.phase, Some(TenantPhase::Active));
+    assert!(tenant.finalizers().iter().any(|f| f == "tenancy.steward.dev/namespaces"));
+
+    for ns in [&a, &b] {
+        let n = Api::<Namespace>::all(env.client.clone()).get(ns).await.expect("namespace");
+        let l = n.labels();
+        assert_eq!(l[TENANT_LABEL], t);
+        assert_eq!(l["pod-security.kubernetes.io/enforce"], "baseline");
+        assert_eq!(l["team"], t);
+        assert_eq!(l["cost-center"], "42");
+        assert_eq!(n.annotations()["contact"], "team@example.com");
+
+        let rq = env.api::<ResourceQuota>(ns).get("tenant-quota").await.expect("ResourceQuota");
+        let hard = rq.spec.clone().unwrap().hard.unwrap();
+        assert_eq!(hard["pods"].0, "5");
+        assert_eq!(hard["requests.cpu"].0, "2");
+        assert_eq!(rq.labels()["steward.dev/owner-uid"], uid);
+        assert_eq!(rq.owner_references()[0].uid, uid, "children are owned by the Tenant");
+
+        let lr = env.api::<LimitRange>(ns).get("tenant-limits").await.expect("LimitRange");
+        assert_eq!(lr.spec.unwrap().limits[0].default.as_ref().unwrap()["cpu"].0, "200m");
+
+        let np = env.api::<NetworkPolicy>(ns).get("tenant-isolation").await.expect("NetworkPolicy");
+        let from = np.spec.unwrap().ingress.unwrap()[0].from.clone().unwrap();
+        assert_eq!(from[0].namespace_selector.as_ref().unwrap().match_labels.as_ref().unwrap()[TENANT_LABEL], t);
+        assert_eq!(from[1].namespace_selector.as_ref().unwrap().match_expressions.as_ref().unwrap()[0].values.as_deref(), Some(&["monitoring".to_string()][..]));
+
+        let owners = env.api::<RoleBinding>(ns).get("tenant-owner-admin").await.expect("owner RoleBinding");
+        assert_eq!(owners.role_ref.name, "admin");
+        assert_eq!(owners.subjects.unwrap()[0].name, owner);
+        let view = env.api::<RoleBinding>(ns).get("tenant-view").await.expect("view RoleBinding");
+        assert_eq!(view.subjects.unwrap()[0].name, "auditors");
+
+        let copy = env.api::<Secret>(ns).get("registry").await.expect("shared Secret");
+        assert_eq!(copy.data.clone().unwrap()["token"].0, b"s3cret");
+        assert_eq!(copy.annotations()["tenancy.steward.dev/source"], format!("{src}/registry"));
+        let cm = env.api::<ConfigMap>(ns).get("ca-bundle").await.expect("shared ConfigMap");
+        assert_eq!(cm.data.unwrap()["ca.crt"], "CERT");
+    }
+    let role = Api::<ClusterRole>::all(env.client.clone()).get(&format!("tenancy.steward.dev:owner:{t}")).await.expect("ClusterRole");
+    assert!(role.rules.unwrap()[0].verbs.contains(&"own".to_string()));
+    let crb = Api::<ClusterRoleBinding>::all(env.client.clone()).get(&format!("tenancy.steward.dev:owner:{t}")).await.expect("CRB");
+    assert_eq!(crb.subjects.unwrap()[0].name, owner);
+
+    // Change the spec: add c, remove b (Delete), raise the pods quota, drop a label and the
+    // shared ConfigMap.
+    env.patch_spec(
+        &t,
+        json!({
+            "namespaces": [a, c],
+            "resourceQuota": {"hard": {"pods": 7, "requests.cpu": "2"}},
+            "namespaceMetadata": {"labels": {"team": t, "cost-center": null}},
+            "sharedObjects": [{"kind": "Secret", "namespace": src, "name": "registry"}],
+        }),
+    )
+    .await;
+    let changed = Instant::now();
+    let tenant = env.ready(&t).await;
+    assert_eq!(tenant.status.clone().unwrap().namespaces, [a.clone(), c.clone()]);
+    let namespaces: Api<Namespace> = Api::all(env.client.clone());
+    env.gone(&namespaces, &b).await;
+    println!("removed namespace {b} really gone {:?} after the spec change", changed.elapsed());
+    for kind_check in [
+        env.api::<ResourceQuota>(&c).get("tenant-quota").await.map(|_| ()),
+        env.api::<RoleBinding>(&c).get("tenant-owner-admin").await.map(|_| ()),
+        env.api::<NetworkPolicy>(&c).get("tenant-isolation").await.map(|_| ()),
+        env.api::<Secret>(&c).get("registry").await.map(|_| ()),
+    ] {
+        kind_check.expect("the added namespace has its objects");
+    }
+    let rq = env.api::<ResourceQuota>(&a).get("tenant-quota").await.unwrap();
+    assert_eq!(rq.spec.unwrap().hard.unwrap()["pods"].0, "7", "quota change converged");
+    let ns_a = namespaces.get(&a).await.unwrap();
+    assert!(!ns_a.labels().contains_key("cost-center"), "a label dropped from the spec is removed");
+    assert_eq!(ns_a.labels()["team"], t);
+    env.gone(&env.api::<ConfigMap>(&a), "ca-bundle").await;
+
+    // A changed source reaches every copy.
+    env.api::<Secret>(&src)
+        .patch("registry", &PatchParams::default(), &Patch::Merge(json!({"stringData": {"token": "rotated"}})))
+        .await
+        .expect("rotate source");
+    for ns in [&a, &c] {
+        let api = env.api::<Secret>(ns);
+        eventually(&format!("copy in {ns} rotated"), WAIT, || async {
+            let s = api.get("registry").await.map_err(|e| e.to_string())?;
+            if s.data.unwrap_or_default()["token"].0 == b"rotated" { Ok(()) } else { Err("old data".into()) }
+        })
+        .await
+        .expect("copy follows source");
+    }
+    env.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn owners_act_in_their_tenant_only_and_cannot_touch_its_guard_rails() {
+    let _shared = EXCLUSIVE.read().await;
+    let mut env = Env::start("own").await;
+    let (ta, tb) = (format!("{}-a", env.id), format!("{}-b", env.id));
+    let (alice, bob) = (format!("alice-{}", env.id), format!("bob-{}", env.id));
+    let (a1, b1) = (format!("{ta}-1"), format!("{tb}-1"));
+
+    // Give alice, through the Tenant, RBAC rights that the admission policies must still
+    // override: delete/update quotas, limit ranges and network policies.
+    let editor = format!("{}-guard-rail-editor", env.id);
+    let role: ClusterRole = serde_json::from_value(json!({
+        "metadata": {"name": editor},
+        "rules": [
+            {"apiGroups": [""], "resources": ["resourcequotas", "limitranges"], "verbs": ["get", "list", "update", "patch", "delete"]},
+            {"apiGroups": ["networking.k8s.io"], "resources": ["networkpolicies"], "verbs": ["get", "list", "update", "patch", "delete"]}
+        ]
+    }))
+    .unwrap();
+    Api::<ClusterRole>::all(env.client.clone()).create(&PostParams::default(), &role).await.expect("editor role");
+
+    env.create(
+        &ta,
+        json!({
+            "owners": [{"kind": "User", "name": alice}],
+            "namespaces": [a1],
+            "maxNamespaces": 2,
+            "podSecurity": "baseline",
+            "resourceQuota": {"hard": {"pods": 2}},
+            "limitRange": {"limits": [{"type": "Container", "defaultRequest": {"cpu": "10m", "memory": "16Mi"}}]},
+            "additionalRoleBindings": [{"clusterRole": editor, "subjects": [{"kind": "User", "name": alice}]}]
+        }),
+    )
+    .await;
+    env.create(&tb, json!({"owners": [{"kind": "User", "name": bob}], "namespaces": [b1]})).await;
+    env.ready(&ta).await;
+    env.ready(&tb).await;
+    let as_alice = env.as_user(&alice);
+
+    // In her own namespace alice can deploy.
+    let deployment: Deployment = serde_json::from_value(json!({
+        "metadata": {"name": "web"},
+        "spec": {
+            "replicas": 1,
+            "selector": {"matchLabels": {"app": "web"}},
+            "template": {"metadata": {"labels": {"app": "web"}}, "spec": {"containers": [{"name": "web", "image": "registry.k8s.io/pause:3.10"}]}}
+        }
+    }))
+    .unwrap();
+    let deployments: Api<Deployment> = Api::namespaced(as_alice.clone(), &a1);
+    eventually("alice may create a Deployment in her namespace", WAIT, || async {
+        deployments.create(&PostParams::default(), &deployment).await.map(|_| ()).map_err(|e| e.to_string())
+    })
+    .await
+    .expect("alice deploys");
+
+    // Nothing of tenant B is visible to her.
+    let err = Api::<Pod>::namespaced(as_alice.clone(), &b1).list(&ListParams::default()).await.expect_err("list pods in B");
+    assert_eq!(code(&err), Some(403), "{err}");
+    let err = Api::<ConfigMap>::namespaced(as_alice.clone(), &b1).get("kube-root-ca.crt").await.expect_err("read configmap in B");
+    assert_eq!(code(&err), Some(403), "{err}");
+    let err = Api::<Secret>::namespaced(as_alice.clone(), &b1).list(&ListParams::default()).await.expect_err("list secrets in B");
+    assert_eq!(code(&err), Some(403), "{err}");
+    Api::<Pod>::namespaced(as_alice.clone(), &a1).list(&ListParams::default()).await.expect("list pods in A");
+
+    // RBAC would let her delete the guard rails; the admission policy does not.
+    let quotas: Api<ResourceQuota> = Api::namespaced(as_alice.clone(), &a1);
+    let msg = denied_eventually("deleting the quota denied", "ValidatingAdmissionPolicy", || async { quotas.delete("tenant-quota", &dry_delete()).await }).await;
+    assert!(msg.contains("tenancy.steward.dev-managed-objects") && msg.contains("is managed by tenant-operator"), "{msg}");
+    let err = quotas.delete("tenant-quota", &DeleteParams::default()).await.expect_err("delete quota");
+    assert_eq!(code(&err), Some(403), "{err}");
+    let err = quotas
+        .patch("tenant-quota", &PatchParams::default(), &Patch::Merge(json!({"spec": {"hard": {"pods": "100"}}})))
+        .await
+        .expect_err("raise own quota");
+    assert!(err.to_string().contains("ValidatingAdmissionPolicy"), "{err}");
+    let err = Api::<NetworkPolicy>::namespaced(as_alice.clone(), &a1)
+        .delete("tenant-isolation", &DeleteParams::default())
+        .await
+        .expect_err("delete network policy");
+    assert!(code(&err) == Some(403) && err.to_string().contains("tenancy.steward.dev-managed-objects"), "{err}");
+    let err = Api::<RoleBinding>::namespaced(as_alice.clone(), &a1)
+        .delete("tenant-owner-admin", &DeleteParams::default())
+        .await
+        .expect_err("delete own RoleBinding");
+    assert!(code(&err) == Some(403) && err.to_string().contains("ValidatingAdmissionPolicy"), "{err}");
+    // ...while her own objects are hers to delete.
+    let mine: Api<ConfigMap> = Api::namespaced(as_alice.clone(), &a1);
+    mine.create(&PostParams::default(), &configmap("mine", &[], &[("k", "v")])).await.expect("own configmap");
+    mine.delete("mine", &DeleteParams::default()).await.expect("delete own configmap");
+    assert!(env.api::<ResourceQuota>(&a1).get_opt("tenant-quota").await.unwrap().is_some(), "quota still there");
+
+    // She cannot exceed her quota (pods: 2, the Deployment's pod included).
+    let pods: Api<Pod> = Api::namespaced(as_alice.clone(), &a1);
+    let rq_api = env.api::<ResourceQuota>(&a1);
+    eventually("quota usage known", WAIT, || async {
+        let rq = rq_api.get("tenant-quota").await.map_err(|e| e.to_string())?;
+        let used = rq.status.and_then(|s| s.used).unwrap_or_default();
+        if used.contains_key("pods") { Ok(()) } else { Err("status.used has no pods yet".into()) }
+    })
+    .await
+    .unwrap();
+    let mut denied = Vec::new();
+    for i in 0..4 {
+        if let Err(e) = pods.create(&PostParams::default(), &pod(&format!("p{i}"))).await {
+            assert_eq!(code(&e), Some(403), "{e}");
+            denied.push(e.to_string());
+        }
+    }
+    assert!(!denied.is_empty() && denied.iter().all(|m| m.contains("exceeded quota")), "{denied:?}");
+    let count = env.api::<Pod>(&a1).list(&ListParams::default()).await.unwrap().items.len();
+    assert!(count <= 2, "{count} pods under a quota of 2");
+
+    // Namespaces: only labelled for her tenant, only up to maxNamespaces (2; one is declared).
+    let ns_as_alice: Api<Namespace> = Api::all(as_alice.clone());
+    let msg = denied_eventually("an unlabelled namespace is denied", "must label", || async {
+        ns_as_alice.create(&dry_post(), &namespace(&format!("{ta}-free"), None)).await
+    })
+    .await;
+    assert!(msg.contains(&format!("owners of tenant {ta}")), "{msg}");
+    let msg = denied_eventually("a namespace for tenant B is denied", "not an owner", || async {
+        ns_as_alice.create(&dry_post(), &namespace(&format!("{tb}-stolen"), Some(&tb))).await
+    })
+    .await;
+    assert!(msg.contains(&tb), "{msg}");
+    let own = format!("{ta}-self");
+    ns_as_alice.create(&PostParams::default(), &namespace(&own, Some(&ta))).await.expect("alice creates a namespace for her tenant");
+    let api = env.tenants.clone();
+    eventually("the owner-made namespace joins the tenant", WAIT, || async {
+        let t = api.get(&ta).await.map_err(|e| e.to_string())?;
+        let s = t.status.unwrap_or_default();
+        if s.namespaces.contains(&own) { Ok(()) } else { Err(format!("{:?}", s.namespaces)) }
+    })
+    .await
+    .unwrap();
+    let rbs = env.api::<RoleBinding>(&own);
+    eventually("owner-made namespace gets the owners' RoleBinding", WAIT, || async {
+        rbs.get("tenant-owner-admin").await.map(|_| ()).map_err(|e| e.to_string())
+    })
+    .await
+    .unwrap();
+    let err = ns_as_alice
+        .create(&PostParams::default(), &namespace(&format!("{ta}-third"), Some(&ta)))
+        .await
+        .expect_err("a third namespace exceeds maxNamespaces");
+    assert!(code(&err) == Some(403) && err.to_string().contains("maxNamespaces"), "{err}");
+
+    // Tenant labels of her namespaces are not hers to change, even with namespace patch rights.
+    let patcher = format!("{}-ns-patcher", env.id);
+    let cr: ClusterRole = serde_json::from_value(json!({"metadata": {"name": patcher}, "rules": [{"apiGroups": [""], "resources": ["namespaces"], "verbs": ["get", "patch", "update"]}]})).unwrap();
+    Api::<ClusterRole>::all(env.client.clone()).create(&PostParams::default(), &cr).await.unwrap();
+    let crb: ClusterRoleBinding = serde_json::from_value(json!({"metadata": {"name": patcher}, "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": patcher}, "subjects": [{"apiGroup": "rbac.authorization.k8s.io", "kind": "User", "name": alice}]})).unwrap();
+    Api::<ClusterRoleBinding>::all(env.client.clone()).create(&PostParams::default(), &crb).await.unwrap();
+    let relabel = |patch: Value| {
+        let api = ns_as_alice.clone();
+        let a1 = a1.clone();
+        async move { api.patch(&a1, &PatchParams::default(), &Patch::Merge(patch)).await }
+    };
+    eventually("alice may patch namespaces", WAIT, || async {
+        relabel(json!({"metadata": {"labels": {"color": "blue"}}})).await.map(|_| ()).map_err(|e| e.to_string())
+    })
+    .await
+    .expect("unrelated labels are hers");
+    let err = relabel(json!({"metadata": {"labels": {TENANT_LABEL: null}}})).await.expect_err("remove tenant label");
+    assert!(code(&err) == Some(403) && err.to_string().contains("tenancy.steward.dev-namespace-labels"), "{err}");
+    let err = relabel(json!({"metadata": {"labels": {TENANT_LABEL: tb}}})).await.expect_err("move to tenant B");
+    assert_eq!(code(&err), Some(403), "{err}");
+    let err = relabel(json!({"metadata": {"labels": {"pod-security.kubernetes.io/enforce": "privileged"}}})).await.expect_err("relax pod security");
+    assert_eq!(code(&err), Some(403), "{err}");
+
+    // Cordoned: frozen.
+    env.patch_spec(&ta, json!({"cordoned": true})).await;
+    let t = env.ready(&ta).await;
+    assert_eq!(t.status.unwrap().phase, Some(TenantPhase::Cordoned));
+    let msg = denied_eventually("cordoned tenant frozen", "cordoned", || async { mine.create(&dry_post(), &configmap("frozen", &[], &[])).await }).await;
+    assert!(msg.contains(&ta), "{msg}");
+    env.patch_spec(&ta, json!({"cordoned": false})).await;
+    eventually("uncordoned tenant thaws", WAIT, || async {
+        mine.create(&dry_post(), &configmap("thawed", &[], &[])).await.map(|_| ()).map_err(|e| e.to_string())
+    })
+    .await
+    .expect("thawed");
+    env.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn tenant_quota_holds_across_namespaces_under_concurrent_creates() {
+    let _shared = EXCLUSIVE.read().await;
+    let mut env = Env::start("quota").await;
+    let t = env.id.clone();
+    let (qa, qb) = (format!("{t}-a"), format!("{t}-b"));
+    const LIMIT: i64 = 6;
+    env.create(
+        &t,
+        json!({
+            "owners": [{"kind": "User", "name": "carol"}],
+            "namespaces": [qa, qb],
+            "tenantQuota": {"hard": {"configmaps": LIMIT}},
+        }),
+    )
+    .await;
+    env.ready(&t).await;
+
+    let quotas = |ns: &str| env.api::<ResourceQuota>(ns);
+    let (qa_api, qb_api) = (quotas(&qa), quotas(&qb));
+    let enforced = |rq: &ResourceQuota| -> i64 {
+        rq.status.as_ref().and_then(|s| s.hard.as_ref()).and_then(|h| h.get("configmaps")).and_then(|q| q.0.parse().ok()).unwrap_or(0)
+    };
+    // Watch the sum of the enforced limits for the whole test.
+    let max_enforced = Arc::new(AtomicI64::new(0));
+    let watcher = {
+        let (qa_api, qb_api, max) = (qa_api.clone(), qb_api.clone(), max_enforced.clone());
+        tokio::spawn(async move {
+            loop {
+                if let (Ok(x), Ok(y)) = (qa_api.get("tenant-quota").await, qb_api.get("tenant-quota").await) {
+                    max.fetch_max(enforced(&x) + enforced(&y), Ordering::SeqCst);
+                }
+                tokio::time::sleep(Duration::from_millis(20)).await;
+            }
+        })
+    };
+    eventually("the split settles", WAIT, || async {
+        let (x, y) = (qa_api.get("tenant-quota").await.map_err(|e| e.to_string())?, qb_api.get("tenant-quota").await.map_err(|e| e.to_string())?);
+        let known = [&x, &y].iter().all(|q| q.status.as_ref().and_then(|s| s.used.as_ref()).is_some_and(|u| u.contains_key("configmaps")));
+        let sum = enforced(&x) + enforced(&y);
+        if known && sum == LIMIT { Ok(()) } else { Err(format!("known={known} enforced sum {sum}")) }
+    })
+    .await
+    .expect("settled");
+
+    // 20 creates at once, 10 per namespace.
+    let creates = (0..20).map(|i| {
+        let ns = if i % 2 == 0 { &qa } else { &qb };
+        let api = env.api::<ConfigMap>(ns);
+        async move { api.create(&PostParams::default(), &configmap(&format!("c{i}"), &[], &[])).await }
+    });
+    let results = futures::future::join_all(creates).await;
+    let ok = results.iter().filter(|r| r.is_ok()).count();
+    for r in &results {
+        if let Err(e) = r {
+            assert!(code(e) == Some(403) && e.to_string().contains("exceeded quota"), "{e}");
+        }
+    }
+    let count = |ns: String| {
+        let api = env.api::<ConfigMap>(&ns);
+        async move { api.list(&ListParams::default()).await.map(|l| l.items.len() as i64).unwrap_or(0) }
+    };
+    let total = count(qa.clone()).await + count(qb.clone()).await;
+    println!("concurrent creates: {ok} of 20 admitted; {total} configmaps in the tenant (limit {LIMIT})");
+    assert!(total <= LIMIT, "{total} configmaps exceed the tenant limit {LIMIT}");
+    assert!(ok >= 1, "some creates fit");
+
+    // Free up B: A's share grows, so A alone can fill the whole tenant, one create at a time.
+    let cms_b = env.api::<ConfigMap>(&qb);
+    for cm in cms_b.list(&ListParams::default()).await.unwrap().items {
+        if cm.name_any() != "kube-root-ca.crt" {
+            cms_b.delete(&cm.name_any(), &DeleteParams::default()).await.unwrap();
+        }
+    }
+    let cms_a = env.api::<ConfigMap>(&qa);
+    let mut n = 100;
+    let filled = Instant::now();
+    eventually("A fills the tenant", WAIT, || {
+        n += 1;
+        let name = format!("more{n}");
+        let (cms_a, count_a, count_b) = (cms_a.clone(), count(qa.clone()), count(qb.clone()));
+        async move {
+            let _ = cms_a.create(&PostParams::default(), &configmap(&name, &[], &[])).await;
+            let (x, y) = (count_a.await, count_b.await);
+            if x + y == LIMIT { Ok(x) } else { Err(format!("{x} + {y}")) }
+        }
+    })
+    .await
+    .expect("A grows into B's freed share");
+    println!("A filled the tenant {:?} after B freed its share", filled.elapsed());
+    let total = count(qa.clone()).await + count(qb.clone()).await;
+    assert_eq!(total, LIMIT);
+    let err = env.api::<ConfigMap>(&qb).create(&PostParams::default(), &configmap("late", &[], &[])).await.expect_err("tenant full");
+    assert!(err.to_string().contains("exceeded quota"), "{err}");
+
+    let api = env.tenants.clone();
+    eventually("status sums the usage", WAIT, || async {
+        let s = api.get(&t).await.map_err(|e| e.to_string())?.status.unwrap_or_default();
+        let used = s.quota.as_ref().and_then(|q| q.used.get("configmaps").cloned()).unwrap_or_default();
+        let exceeded = s.conditions.iter().any(|c| c.type_ == QUOTA_EXCEEDED && c.status == "True");
+        if used == LIMIT.to_string() && exceeded { Ok(()) } else { Err(format!("used {used}, exceeded {exceeded}")) }
+    })
+    .await
+    .expect("status");
+    watcher.abort();
+    let max = max_enforced.load(Ordering::SeqCst);
+    println!("highest sum of enforced limits seen: {max} (limit {LIMIT})");
+    assert!(max <= LIMIT, "the enforced limits summed to {max} > {LIMIT}");
+    env.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn deleting_a_tenant_deletes_or_orphans_its_namespaces() {
+    let _shared = EXCLUSIVE.read().await;
+    let mut env = Env::start("del").await;
+    let (td, to) = (format!("{}-d", env.id), format!("{}-o", env.id));
+    let (d1, d2, o1) = (format!("{td}-1"), format!("{td}-2"), format!("{to}-1"));
+    let spec = |nss: Vec<&String>, policy: &str| {
+        json!({"owners": [{"kind": "User", "name": "dave"}], "namespaces": nss, "deletionPolicy": policy, "resourceQuota": {"hard": {"pods": 3}}})
+    };
+    env.create(&td, spec(vec![&d1, &d2], "Delete")).await;
+    env.create(&to, spec(vec![&o1], "Orphan")).await;
+    env.ready(&td).await;
+    env.ready(&to).await;
+    env.api::<ConfigMap>(&o1).create(&PostParams::default(), &configmap("data", &[], &[("keep", "me")])).await.unwrap();
+
+    let namespaces: Api<Namespace> = Api::all(env.client.clone());
+    let started = Instant::now();
+    env.tenants.delete(&td, &DeleteParams::default()).await.unwrap();
+    env.gone(&env.tenants, &td).await;
+    env.gone(&namespaces, &d1).await;
+    env.gone(&namespaces, &d2).await;
+    println!("Delete: Tenant and both namespaces gone after {:?}", started.elapsed());
+
+    env.tenants.delete(&to, &DeleteParams::default()).await.unwrap();
+    env.gone(&env.tenants, &to).await;
+    let kept = namespaces.get(&o1).await.expect("orphaned namespace stays");
+    assert!(kept.metadata.deletion_timestamp.is_none());
+    assert!(!kept.labels().contains_key(TENANT_LABEL), "released from the tenant: {:?}", kept.labels());
+    assert_eq!(env.api::<ConfigMap>(&o1).get("data").await.unwrap().data.unwrap()["keep"], "me", "contents stay");
+    env.gone(&env.api::<RoleBinding>(&o1), "tenant-owner-admin").await;
+    env.gone(&env.api::<ResourceQuota>(&o1), "tenant-quota").await;
+    env.stop().await;
+}
+
+/// `apiserver_request_total` writes (not GET/LIST/WATCH) to the kinds the operator manages.
+async fn apiserver_writes(client: &Client) -> (u64, BTreeMap<String, u64>) {
+    const KINDS: [&str; 12] = [
+        "namespaces", "resourcequotas", "limitranges", "networkpolicies", "rolebindings", "clusterroles",
+        "clusterrolebindings", "secrets", "configmaps", "tenants", "validatingadmissionpolicies",
+        "validatingadmissionpolicybindings",
+    ];
+    let req = http::Request::get("/metrics").body(Vec::new()).unwrap();
+    let text = client.request_text(req).await.expect("scrape /metrics");
+    let mut by = BTreeMap::new();
+    let mut total = 0;
+    for line in text.lines().filter(|l| l.starts_with("apiserver_request_total{")) {
+        let Some((labels, value)) = line.rsplit_once(' ') else { continue };
+        let get = |k: &str| labels.split(&format!("{k}=\"")).nth(1).and_then(|r| r.split('"').next()).unwrap_or("");
+        let (verb, resource) = (get("verb"), get("resource"));
+        if matches!(verb, "GET" | "LIST" | "WATCH" | "CONNECT") || !KINDS.contains(&resource) {
+            continue;
+        }
+        let n = value.parse::<f64>().unwrap_or(0.0) as u64;
+        total += n;
+        *by.entry(format!("{verb} {resource}")).or_default() += n;
+    }
+    (total, by)
+}
+
+fn diff(before: &BTreeMap<String, u64>, after: &BTreeMap<String, u64>) -> BTreeMap<String, u64> {
+    after.iter().filter_map(|(k, v)| (v > before.get(k).unwrap_or(&0)).then(|| (k.clone(), v - before.get(k).unwrap_or(&0)))).collect()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn hundred_tenants_converge_and_a_resync_writes_nothing() {
+    let _alone = EXCLUSIVE.write().await;
+    let mut env = Env::start("scale").await;
+    const N: usize = 100;
+    let names: Vec<String> = (0..N).map(|i| format!("{}-{i:03}", env.id)).collect();
+    let (w0, by0) = apiserver_writes(&env.client).await;
+    let started = Instant::now();
+    for name in &names {
+        env.create(
+            name,
+            json!({
+                "owners": [{"kind": "User", "name": format!("owner-{name}")}],
+                "namespaces": [format!("{name}-ns")],
+                "resourceQuota": {"hard": {"pods": 10, "requests.memory": "1Gi"}},
+                "limitRange": {"limits": [{"type": "Container", "defaultRequest": {"memory": "64Mi"}}]},
+            }),
+        )
+        .await;
+    }
+    let api = env.tenants.clone();
+    let selector = format!("{TEST_LABEL}={}", env.id);
+    eventually("100 Tenants Ready", Duration::from_secs(600), || async {
+        let list = api.list(&ListParams::default().labels(&selector)).await.map_err(|e| e.to_string())?;
+        let ready = list
+            .items
+            .iter()
+            .filter(|t| {
+                let s = t.status.clone().unwrap_or_default();
+                s.observed_generation == t.metadata.generation
+                    && s.namespace_count == 1
+                    && s.conditions.iter().any(|c| c.type_ == "Ready" && c.status == "True")
+            })
+            .count();
+        if ready == N { Ok(()) } else { Err(format!("{ready}/{N} Ready")) }
+    })
+    .await
+    .expect("converged");
+    let converged = started.elapsed();
+    let (w1, by1) = apiserver_writes(&env.client).await;
+    let op_writes = env.operator().writes();
+    println!(
+        "{N} tenants Ready in {converged:?}; API server writes to managed kinds: {} ({} by the operator's own count)\n  {:?}",
+        w1 - w0,
+        op_writes,
+        diff(&by0, &by1)
+    );
+
+    // Resync with nothing changed: a fresh operator (empty caches, every Tenant reconciled on
+    // start) must not write anything.
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    env.stop().await;
+    let (w2, by2) = apiserver_writes(&env.client).await;
+    let restarted = Running::start(env.cp, &env.id).await;
+    eventually("every Tenant reconciled again", Duration::from_secs(300), || async {
+        let n = restarted.successes();
+        if n >= N as u64 { Ok(()) } else { Err(format!("{n}/{N} reconciles")) }
+    })
+    .await
+    .expect("resync");
+    let resync_took = Instant::now();
+    tokio::time::sleep(Duration::from_secs(5)).await;
+    let (w3, by3) = apiserver_writes(&env.client).await;
+    let op_writes = restarted.writes();
+    println!(
+        "resync of {N} tenants ({} reconciles): {} API server writes to managed kinds, {} by the operator's count: {:?} (settled {:?})",
+        restarted.successes(),
+        w3 - w2,
+        op_writes,
+        diff(&by2, &by3),
+        resync_took.elapsed()
+    );
+    assert_eq!(op_writes, 0, "the operator wrote on a resync with nothing changed");
+    assert_eq!(w3 - w2, 0, "writes on resync: {:?}", diff(&by2, &by3));
+    restarted.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn bad_input_is_rejected_at_admission_with_a_clear_message() {
+    let _shared = EXCLUSIVE.read().await;
+    let cp = steward_testenv::shared().await.expect("control plane");
+    cp.apply_crd(&Tenant::crd()).await.expect("Tenant CRD");
+    let api: Api<Tenant> = Api::all(cp.client().unwrap());
+    let id = format!("bad-{}", suffix());
+    let owner = json!([{"kind": "User", "name": "erin"}]);
+    let cases: Vec<(&str, String, Value, &str)> = vec![
+        ("a name that is not a DNS label", format!("{id}.dotted"), json!({"owners": owner}), "must be a DNS label"),
+        ("an invalid namespace name", format!("{id}-1"), json!({"owners": owner, "namespaces": ["Bad_NS"]}), "spec.namespaces[0]"),
+        ("a system namespace", format!("{id}-2"), json!({"owners": owner, "namespaces": ["kube-system"]}), "system namespaces"),
+        ("a negative quantity", format!("{id}-3"), json!({"owners": owner, "resourceQuota": {"hard": {"pods": "-1"}}}), "must be a non-negative quantity"),
+        ("a malformed quantity", format!("{id}-4"), json!({"owners": owner, "tenantQuota": {"hard": {"requests.cpu": "two"}}}), "must be a non-negative quantity"),
+        ("a malformed limit", format!("{id}-5"), json!({"owners": owner, "limitRange": {"limits": [{"type": "Container", "max": {"memory": "1Gb"}}]}}), "must be a non-negative quantity"),
+        ("an owner of an unknown kind", format!("{id}-6"), json!({"owners": [{"kind": "Robot", "name": "r2"}]}), "supported values: \"User\", \"Group\", \"ServiceAccount\""),
+        ("a ServiceAccount without namespace", format!("{id}-7"), json!({"owners": [{"kind": "ServiceAccount", "name": "ci"}]}), "namespace is required for a ServiceAccount"),
+        ("no owners", format!("{id}-8"), json!({"owners": []}), "spec.owners"),
+        ("more namespaces than allowed", format!("{id}-9"), json!({"owners": owner, "namespaces": ["x1", "x2"], "maxNamespaces": 1}), "more namespaces than maxNamespaces"),
+        ("a duplicate namespace", format!("{id}-10"), json!({"owners": owner, "namespaces": ["x1", "x1"]}), "Duplicate value"),
+        ("an unknown deletion policy", format!("{id}-11"), json!({"owners": owner, "deletionPolicy": "Shred"}), "supported values: \"Orphan\", \"Delete\""),
+        ("an operator label in namespaceMetadata", format!("{id}-12"), json!({"owners": owner, "namespaceMetadata": {"labels": {"tenancy.steward.dev/tenant": "other"}}}), "set by the operator"),
+    ];
+    for (what, name, spec, needle) in cases {
+        let t: Tenant = serde_json::from_value(json!({"apiVersion": "tenancy.steward.dev/v1alpha1", "kind": "Tenant", "metadata": {"name": name}, "spec": spec})).unwrap();
+        let err = api.create(&PostParams::default(), &t).await.expect_err(what);
+        assert_eq!(code(&err), Some(422), "{what}: {err}");
+        assert!(err.to_string().contains(needle), "{what}: {err}");
+        println!("{what}: {err}");
+    }
+    // The integer form of a quantity is accepted.
+    let ok: Tenant = serde_json::from_value(json!({"apiVersion": "tenancy.steward.dev/v1alpha1", "kind": "Tenant", "metadata": {"name": format!("{id}-ok")}, "spec": {"owners": owner, "resourceQuota": {"hard": {"pods": 10, "requests.memory": "1Gi"}}}})).unwrap();
+    api.create(&PostParams { dry_run: true, ..Default::default() }, &ok).await.expect("valid tenant accepted");
+}

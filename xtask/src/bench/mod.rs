@@ -1,0 +1,518 @@
+//! `cargo xtask bench`: Steward's tenant-operator against a controller-runtime reference and a
+//! raw-write floor, on one real control plane, in one run.
+//!
+//! Start with [`run`]: it builds the subjects (the release `tenant-operator`, the Go reference
+//! under `bench/reference-tenant-controller`), starts a control plane, creates the unrelated
+//! ConfigMaps and Secrets, and then for each Tenant count and each subject measures, in order:
+//! convergence and API load ([`workload`], [`apiserver`]), idle writes, memory, startup and
+//! failover ([`procs`]). Subjects run one after another, each starting from a cluster with
+//! none of the previous subject's Tenants or namespaces. [`report`] writes
+//! `docs/benchmarks.md` and `docs/benchmarks.json`.
+
+mod apiserver;
+mod procs;
+mod report;
+mod workload;
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
+
+use anyhow::{Context, Result, bail};
+use kube::Client;
+use serde::Serialize;
+
+use procs::{Launch, Replica};
+
+/// Flags of `cargo xtask bench`.
+#[derive(Clone, Debug, Serialize)]
+pub struct Args {
+    pub smoke: bool,
+    pub tenants: Vec<usize>,
+    pub namespaces_per_tenant: usize,
+    pub unrelated: usize,
+    pub idle: Duration,
+    pub failovers: usize,
+    pub lease: [Duration; 3],
+    pub concurrency: usize,
+    pub subjects: Vec<String>,
+    pub client_go_defaults: bool,
+    pub skip_build: bool,
+    pub out: PathBuf,
+}
+
+const USAGE: &str = "usage: cargo xtask bench [--smoke] [--tenants 100,1000] [--namespaces-per-tenant 1]
+       [--unrelated 10000] [--idle 300s] [--failovers 20] [--lease 15s,10s,2s] [--concurrency 8]
+       [--subjects floor,steward,controller-runtime] [--client-go-defaults] [--skip-build] [--out docs]";
+
+impl Args {
+    pub fn parse(args: &[&str]) -> Result<Self> {
+        let smoke = args.contains(&"--smoke");
+        let mut a = Args {
+            smoke,
+            tenants: if smoke { vec![5] } else { vec![100, 1000] },
+            namespaces_per_tenant: 1,
+            unrelated: if smoke { 100 } else { 10_000 },
+            idle: Duration::from_secs(if smoke { 20 } else { 300 }),
+            failovers: if smoke { 2 } else { 20 },
+            lease: if smoke {
+                [Duration::from_secs(4), Duration::from_secs(3), Duration::from_secs(1)]
+            } else {
+                [Duration::from_secs(15), Duration::from_secs(10), Duration::from_secs(2)]
+            },
+            concurrency: 8,
+            subjects: vec!["floor".into(), "steward".into(), "controller-runtime".into()],
+            client_go_defaults: false,
+            skip_build: false,
+            out: crate::workspace_root().join("docs"),
+        };
+        let mut it = args.iter();
+        while let Some(flag) = it.next() {
+            let mut value = || it.next().copied().with_context(|| format!("{flag} needs a value\n{USAGE}"));
+            let secs = |s: &str| parse_duration(s);
+            match *flag {
+                "--smoke" => {}
+                "--tenants" => a.tenants = value()?.split(',').map(str::parse).collect::<Result<_, _>>()?,
+                "--namespaces-per-tenant" => a.namespaces_per_tenant = value()?.parse()?,
+                "--unrelated" => a.unrelated = value()?.parse()?,
+                "--idle" => a.idle = secs(value()?)?,
+                "--failovers" => a.failovers = value()?.parse()?,
+                "--lease" => {
+                    let v: Vec<Duration> = value()?.split(',').map(secs).collect::<Result<_>>()?;
+                    a.lease = v.try_into().map_err(|_| anyhow::anyhow!("--lease takes LeaseDuration,RenewDeadline,RetryPeriod"))?;
+                }
+                "--concurrency" => a.concurrency = value()?.parse()?,
+                "--subjects" => a.subjects = value()?.split(',').map(String::from).collect(),
+                "--client-go-defaults" => a.client_go_defaults = true,
+                "--skip-build" => a.skip_build = true,
+                "--out" => a.out = PathBuf::from(value()?),
+                other => bail!("unknown flag {other}\n{USAGE}"),
+            }
+        }
+        if a.namespaces_per_tenant == 0 || a.namespaces_per_tenant > 26 {
+            bail!("--namespaces-per-tenant must be 1..=26");
+        }
+        Ok(a)
+    }
+}
+
+fn parse_duration(s: &str) -> Result<Duration> {
+    let (num, unit) = s.find(|c: char| !c.is_ascii_digit() && c != '.').map_or((s, "s"), |i| s.split_at(i));
+    let n: f64 = num.parse().with_context(|| format!("invalid duration {s}"))?;
+    Ok(Duration::from_secs_f64(match unit {
+        "ms" => n / 1000.0,
+        "s" => n,
+        "m" => n * 60.0,
+        _ => bail!("invalid duration unit in {s}"),
+    }))
+}
+
+/// One operator implementation under test.
+#[derive(Clone, Debug)]
+struct Subject {
+    /// `floor`, `steward`, `controller-runtime` or `controller-runtime-qps5`.
+    name: String,
+    /// Prefix of its Tenants' names.
+    short: &'static str,
+    /// How to start it; `None` for the floor (the harness writes itself).
+    launch: Option<Launch>,
+    /// The client-side rate limits it runs with, for the table.
+    limits: String,
+}
+
+/// Everything measured for one subject at one Tenant count.
+#[derive(Clone, Debug, Default, Serialize)]
+pub struct Measured {
+    pub subject: String,
+    pub tenants: usize,
+    pub client_limits: String,
+    pub convergence_secs: f64,
+    pub ready_p50_secs: f64,
+    pub ready_p99_secs: f64,
+    pub load: apiserver::Load,
+    pub requests_per_tenant: BTreeMap<String, f64>,
+    pub idle_window_secs: f64,
+    pub idle: Option<apiserver::Load>,
+    pub rss_bytes: Option<u64>,
+    pub rss_peak_bytes: Option<u64>,
+    pub startup: Option<Startup>,
+    pub failover: Option<Failover>,
+    pub notes: Vec<String>,
+}
+
+#[derive(Clone, Debug, Default, Serialize)]
+pub struct Startup {
+    /// Process start → `/readyz` 200 (caches synced).
+    pub to_ready_secs: f64,
+    /// Process start → the watch delivered a Tenant changed while the operator was down, with
+    /// its new generation observed and Ready.
+    pub to_first_reconcile_secs: f64,
+    /// The difference: first reconcile after cache sync (includes acquiring the free Lease).
+    pub after_ready_secs: f64,
+}
+
+#[derive(Clone, Debug, Default, Serialize)]
+pub struct Failover {
+    pub lease: [f64; 3],
+    /// SIGKILL of the leader → a Tenant changed right after the kill shows the new
+    /// generation observed and Ready (seconds, one per repetition).
+    pub kill_secs: Vec<f64>,
+    /// SIGKILL → the new holder's Lease `acquireTime`.
+    pub kill_lease_secs: Vec<f64>,
+    pub term_secs: Vec<f64>,
+    pub term_lease_secs: Vec<f64>,
+}
+
+/// The whole run, as written to `docs/benchmarks.json`.
+#[derive(Clone, Debug, Serialize)]
+pub struct Results {
+    pub args: Args,
+    pub environment: report::Environment,
+    pub baseline_requests_per_sec: BTreeMap<String, f64>,
+    pub runs: Vec<Measured>,
+    pub binary_sizes: BTreeMap<String, u64>,
+    pub orchestration: String,
+    pub total_secs: f64,
+}
+
+pub fn run(args: &[&str]) -> Result<()> {
+    let args = Args::parse(args)?;
+    let started = Instant::now();
+    let root = crate::workspace_root();
+    let bench_dir = root.join("target/bench");
+    std::fs::create_dir_all(&bench_dir)?;
+    let (steward_bin, go_bin, sizes) = build(&root, &bench_dir, &args)?;
+
+    let rt = tokio::runtime::Runtime::new()?;
+    let results = rt.block_on(async {
+        eprintln!("bench: starting the control plane");
+        let cp = steward_testenv::ControlPlane::start(steward_testenv::Options::default()).await?;
+        let client = cp.client()?;
+        cp.install_crds(&root.join("crds")).await?;
+        let environment = report::environment(&root, cp.binaries());
+        let log_dir = bench_dir.join("logs");
+        let _ = std::fs::remove_dir_all(&log_dir);
+        let subjects = subjects(&args, &steward_bin, &go_bin, &log_dir);
+
+        eprintln!("bench: creating {} unrelated ConfigMaps and Secrets", args.unrelated);
+        let t = Instant::now();
+        workload::create_unrelated(&client, args.unrelated).await?;
+        eprintln!("bench: unrelated objects created in {:.1?}", t.elapsed());
+        eprintln!("bench: measuring the background request rate");
+        let baseline = apiserver::baseline(&client, Duration::from_secs(if args.smoke { 5 } else { 20 })).await?;
+
+        let mut runs = Vec::new();
+        for (ni, &n) in args.tenants.iter().enumerate() {
+            for subject in &subjects {
+                if subject.name == "controller-runtime-qps5" && ni > 0 {
+                    continue;
+                }
+                eprintln!("bench: {} with {n} Tenants", subject.name);
+                let m = measure(&args, &cp, &client, subject, n, ni == 0, &baseline)
+                    .await
+                    .with_context(|| format!("{} with {n} Tenants", subject.name))?;
+                eprintln!("bench: {} with {n} Tenants: converged in {:.2}s", subject.name, m.convergence_secs);
+                runs.push(m);
+                // Partial results survive a failure later in the run.
+                let partial = bench_dir.join("partial.json");
+                std::fs::write(&partial, serde_json::to_string_pretty(&runs)?)?;
+            }
+        }
+        anyhow::Ok(Results {
+            args: args.clone(),
+            environment,
+            baseline_requests_per_sec: baseline
+                .into_iter()
+                .map(|((v, r, s), x)| (format!("{v} {r}{}{s}", if s.is_empty() { "" } else { "/" }), x))
+                .collect(),
+            runs,
+            binary_sizes: sizes,
+            orchestration: "not measured: the upgrade-orchestrator scenario is not implemented in the harness yet".into(),
+            total_secs: 0.0,
+        })
+    })?;
+    let mut results = results;
+    results.total_secs = started.elapsed().as_secs_f64();
+    report::write(&args.out, &results)?;
+    eprintln!("bench: wrote {} in {:.0?}", args.out.join("benchmarks.md").display(), started.elapsed());
+    Ok(())
+}
+
+/// Builds the release tenant-operator and the Go reference; returns their paths and sizes.
+fn build(root: &Path, bench_dir: &Path, args: &Args) -> Result<(PathBuf, PathBuf, BTreeMap<String, u64>)> {
+    let steward = root.join("target/release/tenant-operator");
+    let go = bench_dir.join("reference-tenant-controller");
+    let go_stripped = bench_dir.join("reference-tenant-controller-stripped");
+    if !args.skip_build {
+        if args.subjects.iter().any(|s| s == "steward") {
+            eprintln!("bench: cargo build --release -p tenant-operator");
+            let status = crate::cargo().args(["build", "--release", "-p", "tenant-operator"]).status()?;
+            if !status.success() {
+                bail!("building tenant-operator failed");
+            }
+        }
+        let src = root.join("bench/reference-tenant-controller");
+        for (out, flags) in [(&go, ""), (&go_stripped, "-s -w")] {
+            eprintln!("bench: go build -ldflags={flags:?} {}", src.display());
+            let status = std::process::Command::new("go")
+                .current_dir(&src)
+                .args(["build", "-trimpath", &format!("-ldflags={flags}"), "-o"])
+                .arg(out)
+                .arg(".")
+                .status()
+                .context("running go build")?;
+            if !status.success() {
+                bail!("building the controller-runtime reference failed");
+            }
+        }
+    }
+    let mut sizes = BTreeMap::new();
+    for (name, path) in [
+        ("steward tenant-operator (release, stripped)", &steward),
+        ("controller-runtime reference (go build)", &go),
+        ("controller-runtime reference (-ldflags='-s -w')", &go_stripped),
+    ] {
+        if let Ok(meta) = std::fs::metadata(path) {
+            sizes.insert(name.to_string(), meta.len());
+        }
+    }
+    Ok((steward, go, sizes))
+}
+
+fn subjects(args: &Args, steward: &Path, go: &Path, log_dir: &Path) -> Vec<Subject> {
+    let fmt = |d: Duration| format!("{}ms", d.as_millis());
+    let common = |id: &str| {
+        vec![
+            "--leader-elect=true".to_string(),
+            "--leader-election-namespace=default".into(),
+            format!("--leader-election-id={id}"),
+            format!("--leader-election-lease-duration={}", fmt(args.lease[0])),
+            format!("--leader-election-renew-deadline={}", fmt(args.lease[1])),
+            format!("--leader-election-retry-period={}", fmt(args.lease[2])),
+            format!("--concurrency={}", args.concurrency),
+        ]
+    };
+    let mut out = Vec::new();
+    for name in &args.subjects {
+        match name.as_str() {
+            "floor" => out.push(Subject {
+                name: name.clone(),
+                short: "fl",
+                launch: None,
+                limits: format!("none (kube-rs), {} writers", args.concurrency),
+            }),
+            "steward" => {
+                let mut a = common("bench-steward");
+                // The admission policies stay in the cluster and would tax every later
+                // subject's writes; the reference has none.
+                a.extend(["--apply-policies=false".to_string(), "--log-level=warn".into()]);
+                out.push(Subject {
+                    name: name.clone(),
+                    short: "st",
+                    launch: Some(Launch { binary: steward.to_path_buf(), args: a, log_dir: log_dir.to_path_buf(), label: "steward".into() }),
+                    limits: "none (kube-rs has no client-side limiter)".into(),
+                });
+            }
+            "controller-runtime" => {
+                let mut a = common("bench-controller-runtime");
+                a.extend(["--kube-api-qps=-1".to_string(), "--zap-log-level=error".into()]);
+                out.push(Subject {
+                    name: name.clone(),
+                    short: "cr",
+                    launch: Some(Launch { binary: go.to_path_buf(), args: a, log_dir: log_dir.to_path_buf(), label: "controller-runtime".into() }),
+                    limits: "none (QPS -1, controller-runtime v0.25 default)".into(),
+                });
+            }
+            _ => eprintln!("bench: unknown subject {name}, skipped"),
+        }
+    }
+    if args.client_go_defaults {
+        let mut a = common("bench-controller-runtime-qps5");
+        a.extend(["--kube-api-qps=5".to_string(), "--kube-api-burst=10".into(), "--zap-log-level=error".into()]);
+        out.push(Subject {
+            name: "controller-runtime-qps5".into(),
+            short: "cq",
+            launch: Some(Launch { binary: go.to_path_buf(), args: a, log_dir: log_dir.to_path_buf(), label: "controller-runtime-qps5".into() }),
+            limits: "QPS 5, burst 10 (client-go defaults)".into(),
+        });
+    }
+    out
+}
+
+async fn measure(
+    args: &Args,
+    cp: &steward_testenv::ControlPlane,
+    client: &Client,
+    subject: &Subject,
+    n: usize,
+    first_n: bool,
+    baseline: &BTreeMap<apiserver::Key, f64>,
+) -> Result<Measured> {
+    let run = format!("{}{n}", subject.short);
+    let mut m = Measured { subject: subject.name.clone(), tenants: n, client_limits: subject.limits.clone(), ..Default::default() };
+    let (tracker, watch) = workload::Tracker::start(client, &run);
+    let timeout = Duration::from_secs(120 + n as u64);
+    // What the harness itself sends during the convergence window, removed from the counts.
+    let harness: BTreeMap<apiserver::Key, f64> =
+        BTreeMap::from([(("POST".into(), "tenants".into(), String::new()), n as f64)]);
+    let per_tenant = |load: &apiserver::Load| load.by_verb.iter().map(|(k, v)| (k.clone(), v / n as f64)).collect();
+
+    let Some(launch) = &subject.launch else {
+        // The floor.
+        tokio::time::sleep(Duration::from_secs(1)).await;
+        let m0 = apiserver::read(client).await?;
+        let t0 = Instant::now();
+        workload::floor(client, &run, n, args.namespaces_per_tenant, args.concurrency).await?;
+        let ready = tracker.wait_all_ready(n, timeout).await?;
+        let m1 = apiserver::read(client).await?;
+        fill_convergence(&mut m, t0, &ready);
+        m.load = apiserver::load(&apiserver::delta(&m0, &m1, baseline), &harness);
+        m.requests_per_tenant = per_tenant(&m.load);
+        m.notes.push("the harness writes the objects itself: load counts the floor's own requests".into());
+        watch.abort();
+        workload::cleanup(client, &run, false, Duration::from_secs(300)).await?;
+        return Ok(m);
+    };
+
+    let kubeconfig = cp.kubeconfig_path();
+    let mut index = 0;
+    let mut leader = Replica::spawn(launch, kubeconfig, index)?;
+    index += 1;
+    leader.wait_ready(Duration::from_secs(120)).await?;
+    tokio::time::sleep(Duration::from_secs(2)).await;
+
+    // 1–2. Convergence and API load.
+    let m0 = apiserver::read(client).await?;
+    let t0 = Instant::now();
+    workload::create_tenants(client, &run, n, args.namespaces_per_tenant, None).await?;
+    let ready = tracker.wait_all_ready(n, timeout).await?;
+    let m1 = apiserver::read(client).await?;
+    fill_convergence(&mut m, t0, &ready);
+    m.load = apiserver::load(&apiserver::delta(&m0, &m1, baseline), &harness);
+    m.requests_per_tenant = per_tenant(&m.load);
+
+    // Idle writes.
+    if subject.name != "controller-runtime-qps5" {
+        eprintln!("bench: {}: idle for {:?}", subject.name, args.idle);
+        tokio::time::sleep(args.idle).await;
+        let m2 = apiserver::read(client).await?;
+        m.idle_window_secs = m2.at.duration_since(m1.at).as_secs_f64();
+        m.idle = Some(apiserver::load(&apiserver::delta(&m1, &m2, baseline), &BTreeMap::new()));
+
+        // 3. Memory, after convergence and the idle window.
+        let (rss, hwm) = leader.memory()?;
+        m.rss_bytes = Some(rss);
+        m.rss_peak_bytes = Some(hwm);
+
+        // 6. Startup: stop, change a Tenant while down, start, time the first reconcile.
+        let name = workload::tenant_name(&run, 0);
+        leader.stop().await?;
+        let generation = workload::bump(client, &name, 1_000_000).await?;
+        let mut fresh = Replica::spawn(launch, kubeconfig, index)?;
+        index += 1;
+        let spawned = fresh.started;
+        let ready_at = fresh.wait_ready(Duration::from_secs(120)).await?;
+        let reconciled = tracker.wait_observed(&name, generation, timeout).await?;
+        m.startup = Some(Startup {
+            to_ready_secs: ready_at.duration_since(spawned).as_secs_f64(),
+            to_first_reconcile_secs: reconciled.saturating_duration_since(spawned).as_secs_f64(),
+            after_ready_secs: reconciled.saturating_duration_since(ready_at).as_secs_f64(),
+        });
+        leader = fresh;
+
+        // 4. Failover (at the first Tenant count only: it takes LeaseDuration per repetition).
+        if first_n && args.failovers > 0 {
+            let f = failover(args, client, launch, kubeconfig, &tracker, &name, leader, &mut index).await?;
+            m.failover = Some(f.0);
+            leader = f.1;
+        }
+    }
+
+    workload::cleanup(client, &run, true, Duration::from_secs(300)).await?;
+    watch.abort();
+    leader.stop().await?;
+    Ok(m)
+}
+
+fn fill_convergence(m: &mut Measured, t0: Instant, ready: &[Instant]) {
+    let mut secs: Vec<f64> = ready.iter().map(|t| t.saturating_duration_since(t0).as_secs_f64()).collect();
+    secs.sort_by(|a, b| a.total_cmp(b));
+    m.convergence_secs = secs.last().copied().unwrap_or(f64::NAN);
+    m.ready_p50_secs = workload::percentile(&secs, 50.0);
+    m.ready_p99_secs = workload::percentile(&secs, 99.0);
+}
+
+/// Two replicas; `args.failovers` times each: signal the leader, change a Tenant, time until
+/// its new generation is observed; restart the signalled replica as the new standby.
+#[allow(clippy::too_many_arguments)]
+async fn failover(
+    args: &Args,
+    client: &Client,
+    launch: &Launch,
+    kubeconfig: &Path,
+    tracker: &workload::Tracker,
+    tenant: &str,
+    first: Replica,
+    index: &mut usize,
+) -> Result<(Failover, Replica)> {
+    use k8s_openapi::api::coordination::v1::Lease;
+    let leases: kube::Api<Lease> = kube::Api::namespaced(client.clone(), "default");
+    let lease_name = launch
+        .args
+        .iter()
+        .find_map(|a| a.strip_prefix("--leader-election-id="))
+        .unwrap_or_default()
+        .to_string();
+    let mut replicas = vec![first, Replica::spawn(launch, kubeconfig, *index)?];
+    *index += 1;
+    replicas[1].wait_ready(Duration::from_secs(120)).await?;
+    let mut f = Failover { lease: args.lease.map(|d| d.as_secs_f64()), ..Default::default() };
+    let mut bump = 2_000_000;
+    for signal in ["KILL", "TERM"] {
+        for rep in 0..args.failovers {
+            // The current leader, once exactly one replica says so.
+            let deadline = Instant::now() + Duration::from_secs(60);
+            let leader_idx = loop {
+                let a = replicas[0].is_leader().await;
+                let b = replicas[1].is_leader().await;
+                match (a, b) {
+                    (true, false) => break 0,
+                    (false, true) => break 1,
+                    _ if Instant::now() > deadline => bail!("no single leader after 60s (replica 0: {a}, replica 1: {b})"),
+                    _ => tokio::time::sleep(Duration::from_millis(100)).await,
+                }
+            };
+            let wall0 = k8s_openapi::jiff::Timestamp::now();
+            let t0 = Instant::now();
+            replicas[leader_idx].signal(signal)?;
+            bump += 1;
+            let generation = workload::bump(client, tenant, bump).await?;
+            let observed = tracker.wait_observed(tenant, generation, Duration::from_secs(180)).await?;
+            let secs = observed.saturating_duration_since(t0).as_secs_f64();
+            let lease = leases.get(&lease_name).await?;
+            let acquired = lease
+                .spec
+                .and_then(|s| s.acquire_time)
+                .map(|t| t.0.duration_since(wall0).as_secs_f64())
+                .unwrap_or(f64::NAN);
+            eprintln!("bench: failover {signal} #{rep}: reconciled after {secs:.2}s, lease acquired after {acquired:.2}s");
+            if signal == "KILL" {
+                f.kill_secs.push(secs);
+                f.kill_lease_secs.push(acquired);
+            } else {
+                f.term_secs.push(secs);
+                f.term_lease_secs.push(acquired);
+            }
+            replicas[leader_idx].wait_exit(Duration::from_secs(60)).await?;
+            let mut fresh = Replica::spawn(launch, kubeconfig, *index)?;
+            *index += 1;
+            fresh.wait_ready(Duration::from_secs(120)).await?;
+            replicas[leader_idx] = fresh;
+        }
+    }
+    // Keep the current leader; stop the standby.
+    let leader_idx = if replicas[0].is_leader().await { 0 } else { 1 };
+    let standby = replicas.remove(1 - leader_idx);
+    standby.stop().await?;
+    Ok((f, replicas.remove(0)))
+}

@@ -1,0 +1,157 @@
+//! Operator processes under test: spawning, signals, probes, leader status and memory.
+
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use anyhow::{Context, Result, bail};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+/// A free loopback port (bound and released; good enough on a quiet machine).
+pub fn free_port() -> Result<u16> {
+    let l = std::net::TcpListener::bind("127.0.0.1:0").context("binding a free port")?;
+    Ok(l.local_addr()?.port())
+}
+
+/// `GET http://127.0.0.1:{port}{path}` → (status, body). No client library, so xtask stays small.
+pub async fn http_get(port: u16, path: &str) -> Result<(u16, String)> {
+    let mut s = tokio::time::timeout(Duration::from_secs(2), tokio::net::TcpStream::connect(("127.0.0.1", port)))
+        .await
+        .context("connect timed out")??;
+    s.write_all(format!("GET {path} HTTP/1.0\r\nHost: 127.0.0.1\r\nConnection: close\r\n\r\n").as_bytes()).await?;
+    let mut buf = Vec::new();
+    tokio::time::timeout(Duration::from_secs(5), s.read_to_end(&mut buf)).await.context("read timed out")??;
+    let text = String::from_utf8_lossy(&buf).to_string();
+    let status = text.split_whitespace().nth(1).and_then(|c| c.parse().ok()).unwrap_or(0);
+    let body = text.split_once("\r\n\r\n").map(|(_, b)| b.to_string()).unwrap_or_default();
+    Ok((status, body))
+}
+
+/// How to start one replica of an operator.
+#[derive(Clone, Debug)]
+pub struct Launch {
+    pub binary: PathBuf,
+    pub args: Vec<String>,
+    pub log_dir: PathBuf,
+    pub label: String,
+}
+
+/// One running replica.
+pub struct Replica {
+    pub child: Child,
+    pub pid: u32,
+    pub metrics_port: u16,
+    pub health_port: u16,
+    pub started: Instant,
+    pub log: PathBuf,
+}
+
+impl Replica {
+    /// Starts a replica with fresh probe ports. Spawned through `setpriv --pdeathsig KILL` so
+    /// no operator outlives the harness.
+    pub fn spawn(launch: &Launch, kubeconfig: &Path, index: usize) -> Result<Self> {
+        let metrics_port = free_port()?;
+        let health_port = free_port()?;
+        std::fs::create_dir_all(&launch.log_dir)?;
+        let log = launch.log_dir.join(format!("{}-{index}.log", launch.label));
+        let file = std::fs::OpenOptions::new().create(true).append(true).open(&log)?;
+        let mut cmd = Command::new("setpriv");
+        cmd.args(["--pdeathsig", "KILL", "--"])
+            .arg(&launch.binary)
+            .arg(format!("--kubeconfig={}", kubeconfig.display()))
+            .arg(format!("--metrics-bind-address=127.0.0.1:{metrics_port}"))
+            .arg(format!("--health-probe-bind-address=127.0.0.1:{health_port}"))
+            .args(&launch.args)
+            .env_remove("KUBECONFIG")
+            .env("POD_NAME", format!("{}-{index}", launch.label))
+            .stdin(Stdio::null())
+            .stdout(file.try_clone()?)
+            .stderr(file);
+        let started = Instant::now();
+        let child = cmd.spawn().with_context(|| format!("starting {}", launch.binary.display()))?;
+        let pid = child.id();
+        Ok(Self { child, pid, metrics_port, health_port, started, log })
+    }
+
+    /// Waits until `/readyz` answers 200 (caches synced); returns when that happened.
+    pub async fn wait_ready(&mut self, timeout: Duration) -> Result<Instant> {
+        let deadline = Instant::now() + timeout;
+        loop {
+            if let Ok((200, _)) = http_get(self.health_port, "/readyz").await {
+                return Ok(Instant::now());
+            }
+            if let Some(status) = self.child.try_wait()? {
+                bail!("operator exited ({status}) before it was ready; log: {}", self.log.display());
+            }
+            if Instant::now() > deadline {
+                bail!("operator not ready after {timeout:?}; log: {}", self.log.display());
+            }
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+    }
+
+    /// Whether this replica reports `leader_election_master_status 1`.
+    pub async fn is_leader(&self) -> bool {
+        match http_get(self.metrics_port, "/metrics").await {
+            Ok((200, body)) => body
+                .lines()
+                .filter(|l| l.starts_with("leader_election_master_status"))
+                .any(|l| l.split_whitespace().last().and_then(|v| v.parse::<f64>().ok()) == Some(1.0)),
+            _ => false,
+        }
+    }
+
+    /// Resident set now and its high-water mark, in bytes (`/proc/<pid>/status`).
+    pub fn memory(&self) -> Result<(u64, u64)> {
+        let status = std::fs::read_to_string(format!("/proc/{}/status", self.pid))?;
+        let field = |name: &str| {
+            status
+                .lines()
+                .find(|l| l.starts_with(name))
+                .and_then(|l| l.split_whitespace().nth(1))
+                .and_then(|v| v.parse::<u64>().ok())
+                .map(|kb| kb * 1024)
+        };
+        Ok((field("VmRSS:").context("VmRSS")?, field("VmHWM:").context("VmHWM")?))
+    }
+
+    /// Sends `signal` (`KILL` or `TERM`) to this replica's pid.
+    pub fn signal(&self, signal: &str) -> Result<()> {
+        let status = Command::new("kill").arg(format!("-{signal}")).arg(self.pid.to_string()).status()?;
+        if !status.success() {
+            bail!("kill -{signal} {} failed", self.pid);
+        }
+        Ok(())
+    }
+
+    /// Waits for the process to exit (after a signal).
+    pub async fn wait_exit(&mut self, timeout: Duration) -> Result<()> {
+        let deadline = Instant::now() + timeout;
+        while self.child.try_wait()?.is_none() {
+            if Instant::now() > deadline {
+                self.signal("KILL")?;
+                bail!("operator did not exit within {timeout:?}; killed");
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        Ok(())
+    }
+
+    /// Graceful stop (SIGTERM), falling back to SIGKILL after 40 s.
+    pub async fn stop(mut self) -> Result<()> {
+        if self.child.try_wait()?.is_none() {
+            self.signal("TERM")?;
+            self.wait_exit(Duration::from_secs(40)).await?;
+        }
+        Ok(())
+    }
+}
+
+impl Drop for Replica {
+    fn drop(&mut self) {
+        if let Ok(None) = self.child.try_wait() {
+            let _ = self.child.kill();
+            let _ = self.child.wait();
+        }
+    }
+}
