@@ -392,13 +392,13 @@ func (r *reconciler) clusterObjects(t *unstructured.Unstructured, spec map[strin
 
 func main() {
 	var (
-		kubeconfig, metricsAddr, probeAddr, leNamespace, leID, ownerRole string
-		leaderElect                                                      bool
-		leaseDuration, renewDeadline, retryPeriod                        time.Duration
-		concurrency, burst                                               int
-		qps                                                              float64
+		metricsAddr, probeAddr, leNamespace, leID, ownerRole string
+		leaderElect                                          bool
+		leaseDuration, renewDeadline, retryPeriod            time.Duration
+		concurrency, burst                                   int
+		qps                                                  float64
 	)
-	flag.StringVar(&kubeconfig, "kubeconfig", os.Getenv("KUBECONFIG"), "path to a kubeconfig")
+	// --kubeconfig is registered by controller-runtime (pkg/client/config) and read by GetConfig.
 	flag.BoolVar(&leaderElect, "leader-elect", true, "elect a leader so only one replica reconciles")
 	flag.StringVar(&leNamespace, "leader-election-namespace", "default", "namespace of the Lease")
 	flag.StringVar(&leID, "leader-election-id", "reference-tenant-controller", "name of the Lease")
@@ -417,9 +417,6 @@ func main() {
 	ctrl.SetLogger(zap.New(zap.UseFlagOptions(&opts)))
 	log := ctrl.Log.WithName("setup")
 
-	if kubeconfig != "" {
-		os.Setenv("KUBECONFIG", kubeconfig)
-	}
 	cfg, err := ctrl.GetConfig()
 	if err != nil {
 		log.Error(err, "failed to load kubeconfig")
@@ -444,6 +441,8 @@ func main() {
 		LeaseDuration:                 &leaseDuration,
 		RenewDeadline:                 &renewDeadline,
 		RetryPeriod:                   &retryPeriod,
+		// Tenants are unstructured here; read them from the cache as typed objects would be.
+		Client: client.Options{Cache: &client.CacheOptions{Unstructured: true}},
 		Cache: cache.Options{ByObject: map[client.Object]cache.ByObject{
 			&corev1.Namespace{}:           scoped,
 			&corev1.ResourceQuota{}:       scoped,

@@ -112,6 +112,18 @@ impl Env {
         self.plans().patch(plan, &PatchParams::default(), &Patch::Merge(&patch)).await.expect("patch plan");
     }
 
+    /// Waits until Events about `plan` with each of `reasons` exist (they are published just
+    /// after the status write that a test may have seen first).
+    async fn expect_events(&self, plan: &str, reasons: &[&str]) {
+        eventually(&format!("Events {reasons:?} about {plan}"), Duration::from_secs(10), || async {
+            let seen = self.event_reasons(plan).await;
+            let missing: Vec<&&str> = reasons.iter().filter(|r| !seen.iter().any(|s| s == **r)).collect();
+            if missing.is_empty() { Ok(()) } else { Err(format!("missing {missing:?} in {seen:?}")) }
+        })
+        .await
+        .expect("events");
+    }
+
     /// Reasons of the Events about `plan`.
     async fn event_reasons(&self, plan: &str) -> Vec<String> {
         let events: Api<Event> = self.api();
@@ -436,10 +448,7 @@ async fn diamond_plan_upgrades_in_dependency_order() {
         assert!(*d < Duration::from_secs(5), "{name}: overhead {d:?}");
     }
 
-    let reasons = env.event_reasons("release").await;
-    for r in ["PlanStarted", "ComponentStarted", "TargetChanged", "ComponentSucceeded", "PlanSucceeded"] {
-        assert!(reasons.iter().any(|x| x == r), "no {r} Event in {reasons:?}");
-    }
+    env.expect_events("release", &["PlanStarted", "ComponentStarted", "TargetChanged", "ComponentSucceeded", "PlanSucceeded"]).await;
     let metrics = op.metrics.encode();
     assert!(
         metrics.contains(r#"steward_upgrade_component_duration_seconds_count{kind="Deployment",result="succeeded"} 2"#),
@@ -497,10 +506,7 @@ async fn failed_component_rolls_back_every_upgraded_component() {
     }
     assert!(!steward_core::conditions::is_true(&status.conditions, "Ready"));
     assert!(steward_core::conditions::is_true(&status.conditions, "Degraded"));
-    let reasons = env.event_reasons("risky").await;
-    for r in ["ComponentFailed", "RollbackStarted", "TargetReverted", "ComponentRolledBack", "PlanRolledBack"] {
-        assert!(reasons.iter().any(|x| x == r), "no {r} Event in {reasons:?}");
-    }
+    env.expect_events("risky", &["ComponentFailed", "RollbackStarted", "TargetReverted", "ComponentRolledBack", "PlanRolledBack"]).await;
     eprintln!(
         "rollback: back failed after {:.1}s (deadline {deadline}s); plan started {} -> rolled back {}",
         failed_after as f64 / 1e6,
@@ -602,8 +608,7 @@ async fn manual_approval_waits_at_each_wave() {
     env.patch_plan("gated", json!({"spec": {"approvedWaves": 2}})).await;
     let status = env.wait_phase("gated", &[PlanPhase::Succeeded], ROLL).await;
     assert!(micros(&comp(&status, "b").started_at) >= micros(&comp(&status, "a").finished_at));
-    let reasons = env.event_reasons("gated").await;
-    assert!(reasons.iter().any(|r| r == "WaitingApproval"), "{reasons:?}");
+    env.expect_events("gated", &["WaitingApproval", "PlanSucceeded"]).await;
     op.stop().await;
 }
 
@@ -655,8 +660,7 @@ async fn paused_plan_halts_between_components() {
     env.patch_plan("stepwise", json!({"spec": {"strategy": {"paused": false}}})).await;
     let status = env.wait_phase("stepwise", &[PlanPhase::Succeeded], ROLL).await;
     assert!(micros(&comp(&status, "b").started_at) > a_done + 4_000_000, "b started only after the unpause");
-    let reasons = env.event_reasons("stepwise").await;
-    assert!(reasons.iter().any(|r| r == "PlanPaused") && reasons.iter().any(|r| r == "PlanResumed"), "{reasons:?}");
+    env.expect_events("stepwise", &["PlanPaused", "PlanResumed"]).await;
     op.stop().await;
 }
 
@@ -714,9 +718,26 @@ async fn invalid_plans_are_reported_and_change_nothing() {
         assert_eq!(status.phase, Some(PlanPhase::Pending), "{name}");
         assert!(status.started_at.is_none(), "{name}");
         assert!(status.components.iter().all(|c| c.phase == ComponentPhase::Pending && c.previous.is_none()), "{name}");
-        let reasons = env.event_reasons(name).await;
-        assert!(reasons.iter().any(|r| r == "InvalidPlan" || r == "TargetNotFound"), "{name}: {reasons:?}");
+        env.expect_events(name, &[if *reason == "TargetNotFound" { "TargetNotFound" } else { "InvalidPlan" }]).await;
     }
+    // The sample is accepted by the schema; its targets do not exist here.
+    let sample = std::fs::read_to_string(steward_testenv::workspace_root().join("deploy/samples/upgradeplan.yaml")).expect("sample");
+    let sample: UpgradePlan = serde_yaml::from_str(&sample).expect("sample parses");
+    env.plans().create(&PostParams::default(), &sample).await.expect("the sample is valid");
+    let plans = env.plans();
+    eventually("sample reports its missing targets", Duration::from_secs(30), || {
+        let plans = plans.clone();
+        async move {
+            let s = plans.get("release-2-0").await.map_err(|e| e.to_string())?.status.unwrap_or_default();
+            match steward_core::conditions::get(&s.conditions, "Valid") {
+                Some(c) if c.reason == "TargetNotFound" && c.message.contains("PostgresCluster main not found") => Ok(()),
+                _ => Err(describe(&s)),
+            }
+        }
+    })
+    .await
+    .expect("sample reported");
+
     tokio::time::sleep(Duration::from_secs(2)).await;
     assert_eq!((deployment_image(&env, "a").await, deployment_image(&env, "b").await), generations, "no target touched");
 
@@ -883,6 +904,22 @@ async fn killed_at_every_step_the_plan_completes_once() {
             break;
         }
     }
+    // The status write is guarded by the plan's resourceVersion: a write from a stale copy
+    // (what a killed leader's late request would be) is refused.
+    let current = env.plans().get("resilient").await.expect("plan");
+    env.patch_plan("resilient", json!({"metadata": {"annotations": {"touched": "yes"}}})).await;
+    let stale = json!({
+        "apiVersion": "upgrade.steward.dev/v1alpha1", "kind": "UpgradePlan",
+        "metadata": {"name": "resilient", "resourceVersion": current.resource_version()},
+        "status": {"phase": "Pending"},
+    });
+    let err = env
+        .plans()
+        .patch_status("resilient", &PatchParams::apply(upgrade_orchestrator::NAME).force(), &Patch::Apply(&stale))
+        .await
+        .expect_err("stale status write refused");
+    assert!(matches!(&err, kube::Error::Api(s) if s.code == 409), "{err}");
+
     // One more instance proves nothing is left to do and nothing changes again.
     let instance = Crashable::start(&env, env.args()).await;
     tokio::time::sleep(Duration::from_secs(2)).await;
@@ -1044,8 +1081,7 @@ async fn postgres_cluster_upgrade_is_a_component() {
     assert_eq!(db.phase, ComponentPhase::RollingBack);
     assert!(db.message.as_deref().unwrap_or_default().contains("refused the revert"), "{db:?}");
     assert_eq!(clusters.get("pg").await.expect("pg").data.pointer("/spec/version"), Some(&json!(18)));
-    let reasons = env.event_reasons("one-way").await;
-    assert!(reasons.iter().any(|r| r == "PlanFailed"), "{reasons:?}");
+    env.expect_events("one-way", &["PlanFailed", "TargetReverted"]).await;
 
     token.cancel();
     task.await.expect("join").expect("orchestrator stops");

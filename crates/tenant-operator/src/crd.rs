@@ -389,8 +389,9 @@ fn quantity_schema() -> schemars::Schema {
     schemars::json_schema!({
         "x-kubernetes-int-or-string": true,
         "anyOf": [{"type": "integer"}, {"type": "string"}],
+        "maxLength": 64,
         "x-kubernetes-validations": [{
-            "rule": "isQuantity(string(self)) && quantity(string(self)).sign() >= 0",
+            "rule": "isQuantity(string(self)) && !quantity(string(self)).isLessThan(quantity('0'))",
             "message": "must be a non-negative quantity such as 500m, 2 or 10Gi"
         }]
     })

@@ -30,6 +30,7 @@ pub const GROUP: &str = "upgrade.steward.dev";
     group = "upgrade.steward.dev",
     version = "v1alpha1",
     kind = "UpgradePlan",
+    doc = "An ordered upgrade of several dependent workloads: components in dependency waves, with health gates, write-ahead state and rollback.",
     namespaced,
     shortname = "uplan",
     category = "steward",

@@ -25,6 +25,7 @@
 //! [`register`] adds the controller to a [`steward_core::Operator`].
 
 #![forbid(unsafe_code)]
+#![cfg_attr(test, allow(clippy::unwrap_used))]
 
 pub mod crd;
 pub mod error;

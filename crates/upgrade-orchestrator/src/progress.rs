@@ -12,9 +12,9 @@
 //!
 //! # Guarantees
 //! - Write-ahead: [`step`] only *records* a start (previous value, target, start time) or a
-//!   revert; the change to the target happens in a later reconcile, by [`writes`], which reads
-//!   the recorded intent from the stored status. A crash between the two is resumed exactly:
-//!   the recorded previous value is what a rollback restores.
+//!   revert; the change to the target is made by [`writes`] from a status that is already
+//!   stored (right after the write, or by a later reconcile). A crash between the two is
+//!   resumed exactly: the recorded previous value is what a rollback restores.
 //! - A component starts only when every component of earlier waves succeeded and its own
 //!   dependencies are healthy right now; at most `maxConcurrent` are in flight.
 //! - A change is made at most once: [`writes`] asks for it only while the target still holds

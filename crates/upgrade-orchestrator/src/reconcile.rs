@@ -1,4 +1,5 @@
-//! The reconcile pipeline: validate → observe → apply recorded changes → step → status.
+//! The reconcile pipeline: validate → observe → apply recorded changes → step → status →
+//! apply the changes that status just recorded.
 //!
 //! One status write per reconcile, by server-side apply *with the plan's resourceVersion as a
 //! precondition*: a reconcile that acted on a stale copy of the plan cannot overwrite a newer
@@ -41,6 +42,7 @@ pub async fn reconcile(plan: Arc<UpgradePlan>, ctx: Arc<Context<Data>>) -> Resul
     }
     let now = Timestamp::now();
 
+    let mut targets = None;
     let outcome = match plan::plan(&plan.spec.components) {
         Err(invalid) => progress::invalid(&status, generation, &invalid, now),
         Ok(validated) => {
@@ -49,7 +51,7 @@ pub async fn reconcile(plan: Arc<UpgradePlan>, ctx: Arc<Context<Data>>) -> Resul
             if !status.phase.is_some_and(|p| p.is_terminal()) {
                 apply_recorded(&ctx, &plan, &namespace, &status, &workloads, &mut observed, &mut rejected).await?;
             }
-            progress::step(&Input {
+            let outcome = progress::step(&Input {
                 spec: &plan.spec,
                 generation,
                 status: &status,
@@ -57,7 +59,9 @@ pub async fn reconcile(plan: Arc<UpgradePlan>, ctx: Arc<Context<Data>>) -> Resul
                 observed: &observed,
                 rejected: &rejected,
                 now: Timestamp::now(),
-            })
+            });
+            targets = Some((observed, workloads));
+            outcome
         }
     };
 
@@ -70,6 +74,15 @@ pub async fn reconcile(plan: Arc<UpgradePlan>, ctx: Arc<Context<Data>>) -> Resul
                 .get_or_create(&steward_core::metrics::ControllerLabels { controller: CONTROLLER.into() })
                 .inc();
             publish(&ctx, &plan, &outcome).await;
+            // The starts (and reverts) this write recorded are stored now: make them at once
+            // rather than on the write's own watch event. After a crash here, the next
+            // reconcile makes them from the stored status instead.
+            if let Some((mut observed, workloads)) = targets
+                && !outcome.status.phase.is_some_and(|p| p.is_terminal())
+            {
+                let mut rejected = BTreeMap::new();
+                apply_recorded(&ctx, &plan, &namespace, &outcome.status, &workloads, &mut observed, &mut rejected).await?;
+            }
         }
         Err(kube::Error::Api(s)) if s.code == 409 => {
             // Our copy of the plan is stale; the newer version's watch event brings us back.

@@ -117,7 +117,12 @@ pub fn load(delta: &BTreeMap<Key, f64>, harness: &BTreeMap<Key, f64>) -> Load {
         // other components read through long-lived watches, which the baseline removes);
         // writes count only for the operator's own resources (kube-controller-manager writes
         // ServiceAccounts and ConfigMaps into every new namespace).
-        let ours = if is_write {
+        // GETs of ClusterRoles and ClusterRoleBindings show up for the floor too, which sends
+        // none: they come from the control plane (RBAC and the garbage collector), not a subject.
+        let control_plane_read = verb == "GET" && (resource == "clusterroles" || resource == "clusterrolebindings");
+        let ours = if control_plane_read {
+            false
+        } else if is_write {
             OPERATOR_RESOURCES.iter().any(|(r, s)| r == resource && s == sub)
         } else {
             !resource.is_empty() && !OTHER_READS.contains(&resource.as_str())

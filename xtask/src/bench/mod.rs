@@ -10,6 +10,7 @@
 //! `docs/benchmarks.md` and `docs/benchmarks.json`.
 
 mod apiserver;
+mod orchestration;
 mod procs;
 mod report;
 mod workload;
@@ -37,13 +38,14 @@ pub struct Args {
     pub concurrency: usize,
     pub subjects: Vec<String>,
     pub client_go_defaults: bool,
+    pub orchestration_components: usize,
     pub skip_build: bool,
     pub out: PathBuf,
 }
 
 const USAGE: &str = "usage: cargo xtask bench [--smoke] [--tenants 100,1000] [--namespaces-per-tenant 1]
        [--unrelated 10000] [--idle 300s] [--failovers 20] [--lease 15s,10s,2s] [--concurrency 8]
-       [--subjects floor,steward,controller-runtime] [--client-go-defaults] [--skip-build] [--out docs]";
+       [--subjects floor,steward,controller-runtime] [--client-go-defaults] [--orchestration-components 5] [--skip-build] [--out docs]";
 
 impl Args {
     pub fn parse(args: &[&str]) -> Result<Self> {
@@ -63,6 +65,7 @@ impl Args {
             concurrency: 8,
             subjects: vec!["floor".into(), "steward".into(), "controller-runtime".into()],
             client_go_defaults: false,
+            orchestration_components: 5,
             skip_build: false,
             out: crate::workspace_root().join("docs"),
         };
@@ -84,6 +87,7 @@ impl Args {
                 "--concurrency" => a.concurrency = value()?.parse()?,
                 "--subjects" => a.subjects = value()?.split(',').map(String::from).collect(),
                 "--client-go-defaults" => a.client_go_defaults = true,
+                "--orchestration-components" => a.orchestration_components = value()?.parse()?,
                 "--skip-build" => a.skip_build = true,
                 "--out" => a.out = PathBuf::from(value()?),
                 other => bail!("unknown flag {other}\n{USAGE}"),
@@ -171,7 +175,8 @@ pub struct Results {
     pub baseline_requests_per_sec: BTreeMap<String, f64>,
     pub runs: Vec<Measured>,
     pub binary_sizes: BTreeMap<String, u64>,
-    pub orchestration: String,
+    /// Scenario 5, or why it was not measured.
+    pub orchestration: Result<orchestration::Orchestration, String>,
     pub total_secs: f64,
 }
 
@@ -182,6 +187,7 @@ pub fn run(args: &[&str]) -> Result<()> {
     let bench_dir = root.join("target/bench");
     std::fs::create_dir_all(&bench_dir)?;
     let (steward_bin, go_bin, sizes) = build(&root, &bench_dir, &args)?;
+    let orchestrator_bin = root.join("target/release/upgrade-orchestrator");
 
     let rt = tokio::runtime::Runtime::new()?;
     let results = rt.block_on(async {
@@ -218,6 +224,17 @@ pub fn run(args: &[&str]) -> Result<()> {
                 std::fs::write(&partial, serde_json::to_string_pretty(&runs)?)?;
             }
         }
+        let orchestration = if args.orchestration_components > 1 {
+            eprintln!("bench: upgrade-orchestrator with {} chained Deployments", args.orchestration_components);
+            orchestration::measure(&client, &orchestrator_bin, &log_dir, cp.kubeconfig_path(), args.orchestration_components)
+                .await
+                .map_err(|e| format!("not measured: {e:#}"))
+        } else {
+            Err("not measured (--orchestration-components 0)".to_string())
+        };
+        if let Err(e) = &orchestration {
+            eprintln!("bench: orchestration {e}");
+        }
         anyhow::Ok(Results {
             args: args.clone(),
             environment,
@@ -227,7 +244,7 @@ pub fn run(args: &[&str]) -> Result<()> {
                 .collect(),
             runs,
             binary_sizes: sizes,
-            orchestration: "not measured: the upgrade-orchestrator scenario is not implemented in the harness yet".into(),
+            orchestration,
             total_secs: 0.0,
         })
     })?;
@@ -245,8 +262,10 @@ fn build(root: &Path, bench_dir: &Path, args: &Args) -> Result<(PathBuf, PathBuf
     let go_stripped = bench_dir.join("reference-tenant-controller-stripped");
     if !args.skip_build {
         if args.subjects.iter().any(|s| s == "steward") {
-            eprintln!("bench: cargo build --release -p tenant-operator");
-            let status = crate::cargo().args(["build", "--release", "-p", "tenant-operator"]).status()?;
+            eprintln!("bench: cargo build --release -p tenant-operator -p upgrade-orchestrator");
+            let status = crate::cargo()
+                .args(["build", "--release", "-p", "tenant-operator", "-p", "upgrade-orchestrator"])
+                .status()?;
             if !status.success() {
                 bail!("building tenant-operator failed");
             }
@@ -269,6 +288,7 @@ fn build(root: &Path, bench_dir: &Path, args: &Args) -> Result<(PathBuf, PathBuf
     let mut sizes = BTreeMap::new();
     for (name, path) in [
         ("steward tenant-operator (release, stripped)", &steward),
+        ("steward upgrade-orchestrator (release, stripped)", &root.join("target/release/upgrade-orchestrator")),
         ("controller-runtime reference (go build)", &go),
         ("controller-runtime reference (-ldflags='-s -w')", &go_stripped),
     ] {

@@ -293,6 +293,22 @@ pub async fn cleanup(client: &Client, run: &str, operator_running: bool, timeout
         }
         tokio::time::sleep(Duration::from_secs(1)).await;
     }
+    // The garbage collector removes the ClusterRoles and ClusterRoleBindings; wait for it so its
+    // requests do not land in the next subject's window.
+    let owned_prefix = format!("tenancy.steward.dev:owner:{run}-");
+    let roles: Api<k8s_openapi::api::rbac::v1::ClusterRole> = Api::all(client.clone());
+    let bindings: Api<k8s_openapi::api::rbac::v1::ClusterRoleBinding> = Api::all(client.clone());
+    loop {
+        let left = roles.list_metadata(&ListParams::default()).await?.items.iter().filter(|r| r.name_any().starts_with(&owned_prefix)).count()
+            + bindings.list_metadata(&ListParams::default()).await?.items.iter().filter(|r| r.name_any().starts_with(&owned_prefix)).count();
+        if left == 0 {
+            break;
+        }
+        if Instant::now() > deadline + timeout {
+            bail!("{left} ClusterRoles/ClusterRoleBindings of {run} not garbage-collected after {:?}", timeout * 2);
+        }
+        tokio::time::sleep(Duration::from_secs(1)).await;
+    }
     // Namespaces: wait until the namespace controller has removed them (so the next subject
     // starts on the same cluster), deleting leftovers.
     let prefix = format!("{run}-");
