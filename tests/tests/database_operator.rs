@@ -4,6 +4,8 @@
 //! Each test has its own namespace, its own in-process operator (watching only that
 //! namespace) and, where it needs one, its own PostgreSQL server.
 
+#![allow(clippy::unwrap_used)] // tests fail loudly
+
 use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
 
@@ -766,6 +768,29 @@ async fn cleanup_blocked_by_owned_objects_explains_and_retries() {
     other.batch_execute("ALTER TABLE precious OWNER TO postgres").await.unwrap();
     wait_gone(&roles, "blocker").await;
     assert!(!exists(&admin, ROLE_EXISTS, "blocker").await);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn namespace_deletion_drops_first_thanks_to_the_in_use_finalizer() {
+    let pg = Postgres::start().await.expect("PostgreSQL");
+    let env = env("pgns").await;
+    env.admin_secret(&pg).await;
+    let mut db = database(&pg, "temp", "preview", "preview_owner");
+    db.spec.deletion_policy = DeletionPolicy::Delete;
+    env.api::<Database>().create(&PostParams::default(), &db).await.unwrap();
+    wait_database_ready(&env, "temp").await;
+    let secret = env.api::<Secret>().get("admin").await.unwrap();
+    let _ = secret;
+    let admin = superuser(&pg).await;
+    assert!(exists(&admin, DB_EXISTS, "preview").await);
+
+    // Deleting the namespace deletes the admin Secret too; the finalizer keeps it readable
+    // until the Database has dropped, then releases it, and the namespace goes.
+    let namespaces: Api<k8s_openapi::api::core::v1::Namespace> = Api::all(env.client.clone());
+    namespaces.delete(&env.ns, &DeleteParams::default()).await.unwrap();
+    wait_gone(&namespaces, &env.ns).await;
+    assert!(!exists(&admin, DB_EXISTS, "preview").await, "dropped before the namespace went");
+    assert!(!exists(&admin, ROLE_EXISTS, "preview_owner").await);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

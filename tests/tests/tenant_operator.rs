@@ -660,10 +660,17 @@ async fn tenant_quota_holds_across_namespaces_under_concurrent_creates() {
         n += 1;
         let name = format!("more{n}");
         let (cms_a, count_a, count_b) = (cms_a.clone(), count(qa.clone()), count(qb.clone()));
+        let (qa_api, qb_api) = (qa_api.clone(), qb_api.clone());
         async move {
             let _ = cms_a.create(&PostParams::default(), &configmap(&name, &[], &[])).await;
             let (x, y) = (count_a.await, count_b.await);
-            if x + y == LIMIT { Ok(x) } else { Err(format!("{x} + {y}")) }
+            if x + y == LIMIT {
+                return Ok(x);
+            }
+            let show = |q: Result<ResourceQuota, kube::Error>| {
+                q.map(|q| format!("spec {:?} status {:?}", q.spec.and_then(|s| s.hard), q.status)).unwrap_or_else(|e| e.to_string())
+            };
+            Err(format!("{x} + {y}; A: {}; B: {}", show(qa_api.get("tenant-quota").await), show(qb_api.get("tenant-quota").await)))
         }
     })
     .await

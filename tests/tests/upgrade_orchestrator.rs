@@ -608,7 +608,7 @@ async fn manual_approval_waits_at_each_wave() {
     env.patch_plan("gated", json!({"spec": {"approvedWaves": 2}})).await;
     let status = env.wait_phase("gated", &[PlanPhase::Succeeded], ROLL).await;
     assert!(micros(&comp(&status, "b").started_at) >= micros(&comp(&status, "a").finished_at));
-    env.expect_events("gated", &["WaitingApproval", "PlanSucceeded"]).await;
+    env.expect_events("gated", &["WaitingApproval", "WaveApproved", "PlanSucceeded"]).await;
     op.stop().await;
 }
 
@@ -1087,4 +1087,62 @@ async fn postgres_cluster_upgrade_is_a_component() {
     task.await.expect("join").expect("orchestrator stops");
     db_token.cancel();
     let _ = db_task.await;
+}
+
+/// The state a leader leaves when it dies right after recording a start (or a revert) and
+/// before changing the target — written here by hand, so this window is hit every time.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn resumes_a_recorded_start_and_a_recorded_revert() {
+    let env = Env::new("uo-resume").await;
+    create_and_wait(&env, &[deployment("a", "a:1"), deployment("b", "b:1"), deployment("c", "c:1")], &[], &[]).await;
+    // c already carries the new image, as if the dead leader's change had gone through.
+    env.api::<Deployment>()
+        .patch("c", &PatchParams::default(), &Patch::Merge(&json!({"spec": {"template": {"spec": {"containers": [{"name": "app", "image": "c:2"}]}}}})))
+        .await
+        .expect("pre-change c");
+    let generations = (deployment_image(&env, "a").await.1, deployment_image(&env, "c").await.1);
+    env.create_plan(plan(
+        "forward",
+        vec![component("a", "Deployment", "a:2", &[]), component("b", "Deployment", "b:2", &["a"])],
+        json!({}),
+    ))
+    .await;
+    env.create_plan(plan("backward", vec![component("c", "Deployment", "c:2", &[])], json!({"failurePolicy": "Rollback"})))
+        .await;
+    let recorded = k8s_openapi::jiff::Timestamp::from_microsecond(k8s_openapi::jiff::Timestamp::now().as_microsecond()).expect("now");
+    let now = recorded.to_string();
+    let write = |name: &'static str, status: serde_json::Value| {
+        let plans = env.plans();
+        async move {
+            let body = json!({"apiVersion": "upgrade.steward.dev/v1alpha1", "kind": "UpgradePlan", "metadata": {"name": name}, "status": status});
+            plans.patch_status(name, &PatchParams::apply(upgrade_orchestrator::NAME).force(), &Patch::Apply(&body)).await.expect("status");
+        }
+    };
+    write("forward", json!({
+        "phase": "Progressing", "observedGeneration": 1, "startedAt": now, "currentWave": 1, "waves": 2,
+        "components": [
+            {"name": "a", "wave": 1, "phase": "Progressing", "previous": "a:1", "target": "a:2", "startedAt": now},
+            {"name": "b", "wave": 2, "phase": "Pending"},
+        ],
+    }))
+    .await;
+    write("backward", json!({
+        "phase": "RollingBack", "observedGeneration": 1, "startedAt": now, "currentWave": 1, "waves": 1,
+        "components": [
+            {"name": "c", "wave": 1, "phase": "RollingBack", "previous": "c:1", "target": "c:2", "startedAt": now,
+             "finishedAt": now, "rollbackStartedAt": now, "message": "the previous leader died here"},
+        ],
+    }))
+    .await;
+    assert_eq!(deployment_image(&env, "a").await.0, "a:1", "recorded, not yet changed");
+
+    let op = env.start();
+    let forward = env.wait_phase("forward", &[PlanPhase::Succeeded, PlanPhase::Paused, PlanPhase::RolledBack], ROLL).await;
+    let backward = env.wait_phase("backward", &[PlanPhase::RolledBack, PlanPhase::Failed], ROLL).await;
+    assert_eq!(forward.phase, Some(PlanPhase::Succeeded), "{}", describe(&forward));
+    assert_eq!(micros(&comp(&forward, "a").started_at), recorded.as_microsecond(), "the recorded start is kept");
+    assert_eq!(deployment_image(&env, "a").await, ("a:2".to_string(), generations.0 + 1), "changed once");
+    assert_eq!(backward.phase, Some(PlanPhase::RolledBack), "{}", describe(&backward));
+    assert_eq!(deployment_image(&env, "c").await, ("c:1".to_string(), generations.1 + 1), "reverted once, to the recorded value");
+    op.stop().await;
 }

@@ -92,6 +92,10 @@ async fn up() -> Result<()> {
     let mut samples = kustomize(&cp, &root.join("deploy/samples"))?;
     for sample in &mut samples {
         point_at_local_postgres(sample, pg.host(), pg.port());
+        // kwok has no volume provisioner: PersistentVolumes for a PostgresCluster's claims.
+        for pv in volumes_for(sample) {
+            apply(&client, &pv, None).await?;
+        }
     }
     let mut watched = Vec::new();
     for sample in &samples {
@@ -297,6 +301,34 @@ async fn apply(client: &Client, obj: &Value, default_namespace: Option<&str>) ->
         .with_context(|| format!("applying {} {}", kind(obj), name(obj)))
 }
 
+/// hostPath PersistentVolumes for every instance of a PostgresCluster sample, of its storage
+/// size and class (none: no StorageClass, the claims bind to volumes without one).
+fn volumes_for(obj: &Value) -> Vec<Value> {
+    if kind(obj) != "PostgresCluster" {
+        return Vec::new();
+    }
+    let spec = &obj["spec"];
+    let instances = spec["instances"].as_u64().unwrap_or(1);
+    let size = spec["storage"]["size"].as_str().unwrap_or("1Gi");
+    let class = spec["storage"]["storageClassName"].as_str().unwrap_or_default();
+    (0..instances)
+        .map(|i| {
+            let pv_name = format!("{DEMO_NAMESPACE}-{}-{i}", name(obj));
+            json!({
+                "apiVersion": "v1", "kind": "PersistentVolume",
+                "metadata": {"name": pv_name, "labels": {"app.kubernetes.io/part-of": "steward-demo"}},
+                "spec": {
+                    "capacity": {"storage": size},
+                    "accessModes": ["ReadWriteOnce"],
+                    "storageClassName": class,
+                    "persistentVolumeReclaimPolicy": "Retain",
+                    "hostPath": {"path": format!("/tmp/{pv_name}")},
+                },
+            })
+        })
+        .collect()
+}
+
 fn postgres_secret(pg: &Postgres) -> Value {
     json!({
         "apiVersion": "v1", "kind": "Secret",
@@ -329,6 +361,12 @@ fn point_at_local_postgres(obj: &mut Value, host: &str, port: u16) {
 // Readiness and the summary
 // ---------------------------------------------------------------------------------------
 
+/// Whether `up` stops waiting for an object: it is Ready, or it waits for a person (an
+/// UpgradePlan with `approval: Manual` waiting for `spec.approvedWaves`).
+fn settled(kind: &str, ready: &str, phase: &str) -> bool {
+    ready == "True" || (kind == "UpgradePlan" && phase == "WaitingApproval")
+}
+
 /// `Ready` condition status (`True`, `False`, `Unknown`, or `-`), phase and the Ready message.
 fn readiness(obj: &DynamicObject) -> (String, String, String) {
     let status = &obj.data["status"];
@@ -352,7 +390,7 @@ async fn wait_ready(watched: &[(String, String, Api<DynamicObject>)]) -> bool {
             match api.get(name).await {
                 Ok(obj) => {
                     let (ready, phase, message) = readiness(&obj);
-                    if ready != "True" {
+                    if !settled(kind, &ready, &phase) {
                         waiting.push(format!("{kind}/{name} (Ready={ready}, phase {phase}{})", if message.is_empty() { String::new() } else { format!(": {message}") }));
                     }
                 }
@@ -360,7 +398,7 @@ async fn wait_ready(watched: &[(String, String, Api<DynamicObject>)]) -> bool {
             }
         }
         if waiting.is_empty() {
-            say(&format!("every sample is Ready ({:.0?})", started.elapsed()));
+            say(&format!("every sample is Ready or waits for approval ({:.0?})", started.elapsed()));
             return true;
         }
         if started.elapsed() > READY_TIMEOUT {
@@ -411,10 +449,15 @@ async fn print_summary(cp: &ControlPlane, client: &Client, pg: &Postgres, runnin
     println!("  alias kubectl={kubectl}        # kubectl {}, or any kubectl", cp.binaries().versions.kubernetes);
     println!("  kubectl get steward -A         # every Steward object (the `steward` category)");
     println!("  kubectl get events -n {DEMO_NAMESPACE} --sort-by=.lastTimestamp");
-    println!("  kubectl get leases -A | grep -e operator -e orchestrator   # who leads");
+    println!("  kubectl get leases -A           # who leads: the holder of each operator's Lease");
     println!();
     match steward_objects(client).await {
         Ok(rows) => {
+            for row in rows.iter().filter(|r| r[0] == "UpgradePlan" && r[3] == "WaitingApproval") {
+                let (ns, plan) = row[1].split_once('/').unwrap_or((DEMO_NAMESPACE, &row[1]));
+                println!("  kubectl -n {ns} patch uplan {plan} --type merge -p '{{\"spec\":{{\"approvedWaves\":1}}}}'   # approve wave 1");
+            }
+            println!();
             let mut widths = [4usize, 4, 5, 5, 7];
             let header = ["KIND", "NAME", "READY", "PHASE", "MESSAGE"].map(String::from);
             for row in std::iter::once(&header).chain(&rows) {
@@ -459,6 +502,26 @@ mod tests {
         assert_eq!(readiness(&obj), ("True".into(), "Ready".into(), "all good".into()));
         let bare: DynamicObject = serde_json::from_value(json!({"apiVersion": "v1", "kind": "X", "metadata": {"name": "b"}})).expect("object");
         assert_eq!(readiness(&bare), ("-".into(), "-".into(), String::new()));
+    }
+
+    #[test]
+    fn a_postgres_cluster_gets_one_volume_per_instance_of_its_size_and_class() {
+        let pgc = json!({"apiVersion": "database.steward.dev/v1alpha1", "kind": "PostgresCluster", "metadata": {"name": "main"},
+            "spec": {"instances": 3, "version": 16, "storage": {"size": "10Gi"}}});
+        let pvs = volumes_for(&pgc);
+        assert_eq!(pvs.len(), 3);
+        assert_eq!(pvs[2]["metadata"]["name"], "steward-demo-main-2");
+        assert_eq!(pvs[0]["spec"]["capacity"]["storage"], "10Gi");
+        assert_eq!(pvs[0]["spec"]["storageClassName"], "", "no class: binds claims without one");
+        assert!(volumes_for(&json!({"kind": "Database", "metadata": {"name": "x"}})).is_empty());
+    }
+
+    #[test]
+    fn manual_plans_waiting_for_approval_are_settled() {
+        assert!(settled("Database", "True", "Ready"));
+        assert!(!settled("Database", "False", "Pending"));
+        assert!(settled("UpgradePlan", "False", "WaitingApproval"));
+        assert!(!settled("UpgradePlan", "False", "Pending"));
     }
 
     #[test]

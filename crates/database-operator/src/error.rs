@@ -27,6 +27,14 @@ pub enum Error {
     #[error(transparent)]
     Apply(#[from] steward_core::Error),
 
+    /// Adding or removing the in-use finalizer of an admin Secret failed.
+    #[error("failed to update the in-use finalizer of Secret {name}")]
+    ProtectSecret {
+        name: String,
+        #[source]
+        source: kube::Error,
+    },
+
     /// Labelling a pod with its role failed.
     #[error("failed to label pod {pod}")]
     LabelPod {
@@ -63,6 +71,10 @@ pub enum Error {
     #[error("waiting for the pre-delete dump (Job {job}) to succeed before dropping the database")]
     WaitingForBackup { job: String },
 
+    /// A Delete-policy cleanup failed; the finalizer stays and the cleanup is retried.
+    #[error("cannot finish deleting yet; retrying (to remove the object without dropping anything, set spec.deletionPolicy to Retain)")]
+    CleanupBlocked(#[source] Box<Error>),
+
     /// The pre-delete dump failed; the database is not dropped.
     #[error("the pre-delete dump (Job {job}) failed, so the database was not dropped; see the Job's pods, fix the cause and delete the Job to retry")]
     BackupFailed { job: String },
@@ -76,12 +88,14 @@ impl steward_core::ReconcileError for Error {
             Error::MissingReference(_) => "MissingReference",
             Error::Apply(_) => "ApplyFailed",
             Error::LabelPod { .. } => "LabelPodFailed",
+            Error::ProtectSecret { .. } => "ProtectSecretFailed",
             Error::ServerUnreachable { .. } => "ServerUnreachable",
             Error::Sql { .. } => "SqlFailed",
             Error::Unsafe(_) => "Unsafe",
             Error::WaitingForRoles(_) => "WaitingForRoles",
             Error::WaitingForBackup { .. } => "WaitingForBackup",
             Error::BackupFailed { .. } => "BackupFailed",
+            Error::CleanupBlocked(inner) => inner.reason(),
         }
     }
 
@@ -91,6 +105,14 @@ impl steward_core::ReconcileError for Error {
 }
 
 impl Error {
+    /// Wraps a cleanup failure with the way out (waiting states stay as they are).
+    pub fn blocking_cleanup(self) -> Self {
+        match self {
+            e @ (Error::WaitingForRoles(_) | Error::WaitingForBackup { .. } | Error::CleanupBlocked(_)) => e,
+            e => Error::CleanupBlocked(Box::new(e)),
+        }
+    }
+
     /// A SQL error at `step`, sorted into unreachable vs. refused.
     pub fn sql(step: impl Into<String>, address: &str, source: PgError) -> Self {
         if source.is_connect() {

@@ -153,3 +153,56 @@ pub fn register(operator: &mut steward_core::Operator, options: Options) -> Resu
     operator.controller(roles, state, role::reconcile);
     Ok(())
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn patterns(value: &serde_json::Value, out: &mut Vec<String>) {
+        match value {
+            serde_json::Value::Object(map) => {
+                for (k, v) in map {
+                    if k == "pattern" {
+                        out.push(v.as_str().unwrap_or_default().to_string());
+                    }
+                    patterns(v, out);
+                }
+            }
+            serde_json::Value::Array(items) => items.iter().for_each(|v| patterns(v, out)),
+            _ => {}
+        }
+    }
+
+    #[test]
+    fn every_crd_has_status_columns_short_name_and_category() {
+        for crd in crds() {
+            let names = &crd.spec.names;
+            assert_eq!(names.categories.as_deref(), Some(&["steward".to_string()][..]), "{}", names.kind);
+            assert!(names.short_names.as_ref().is_some_and(|s| !s.is_empty()), "{}", names.kind);
+            let version = &crd.spec.versions[0];
+            assert!(version.subresources.as_ref().and_then(|s| s.status.as_ref()).is_some(), "{}", names.kind);
+            let columns: Vec<&str> = version.additional_printer_columns.iter().flatten().map(|c| c.name.as_str()).collect();
+            for wanted in ["Ready", "Phase", "Age"] {
+                assert!(columns.contains(&wanted), "{} lacks column {wanted}: {columns:?}", names.kind);
+            }
+        }
+    }
+
+    #[test]
+    fn schema_patterns_are_the_ones_code_validates_with() {
+        let mut found = Vec::new();
+        for crd in crds() {
+            patterns(&serde_json::to_value(&crd).unwrap(), &mut found);
+        }
+        let allowed = [ident::NAME_PATTERN, ident::EXTENSION_PATTERN, "^[0-9]+(s|m|h)$"];
+        assert!(found.iter().filter(|p| p.as_str() == ident::NAME_PATTERN).count() >= 4, "{found:?}");
+        for p in &found {
+            assert!(allowed.contains(&p.as_str()), "unexpected pattern {p}");
+        }
+        let text = serde_json::to_string(&crds()).unwrap();
+        assert!(text.contains("\"maxLength\":63"));
+        for message in ["name is immutable", "roleName is immutable", "exactly one of clusterRef and external must be set", "storage is immutable"] {
+            assert!(text.contains(message), "CEL rule with message {message:?}");
+        }
+    }
+}

@@ -64,12 +64,7 @@ pub fn plan(per_namespace: &BTreeMap<String, Milli>, tenant: &BTreeMap<String, M
     for (resource, &total) in tenant {
         let used: Vec<Milli> = namespaces.iter().map(|n| n.used.get(resource).copied().unwrap_or_default()).collect();
         let caps: Vec<Option<Milli>> = namespaces.iter().map(|_| per_namespace.get(resource).copied()).collect();
-        let full: Vec<bool> = namespaces
-            .iter()
-            .zip(&used)
-            .map(|(n, u)| *u >= n.enforced.get(resource).copied().unwrap_or_default())
-            .collect();
-        let target = split(total, &used, &caps, &full);
+        let target = split(total, &used, &caps);
         let raise_allowed = namespaces
             .iter()
             .zip(&target)
@@ -90,10 +85,11 @@ pub fn plan(per_namespace: &BTreeMap<String, Milli>, tenant: &BTreeMap<String, M
 
 /// `used[i] + share[i]` for each namespace: the free amount (`total - Σ used`) water-filled in
 /// equal shares, no namespace above its cap. Whole units when every input is whole; units
-/// that do not divide evenly go to namespaces that are `full` (at their enforced limit, so
-/// they are the ones asking for more). Namespaces over the total keep what they use (never
-/// less; lowering below use would not free anything).
-pub fn split(total: Milli, used: &[Milli], caps: &[Option<Milli>], full: &[bool]) -> Vec<Milli> {
+/// that do not divide evenly go to the namespaces using the most (ties: the later one), a
+/// choice that depends on usage only, so it never flips back and forth by itself.
+/// Namespaces over the total keep what they use (never less; lowering below use would not
+/// free anything).
+pub fn split(total: Milli, used: &[Milli], caps: &[Option<Milli>]) -> Vec<Milli> {
     let whole = total.is_whole() && used.iter().all(|u| u.is_whole()) && caps.iter().flatten().all(|c| c.is_whole());
     let grain: i128 = if whole { 1000 } else { 1 };
     let sum: i128 = used.iter().map(|u| u.0.max(0)).sum();
@@ -104,9 +100,9 @@ pub fn split(total: Milli, used: &[Milli], caps: &[Option<Milli>], full: &[bool]
         .map(|(u, c)| c.map_or(i128::MAX, |c| ((c.0 - u.0.max(0)).max(0)) / grain))
         .collect();
     // Fill the smallest rooms first, so what a capped namespace cannot take goes to the others;
-    // among equal rooms the full namespaces come last, where the remainder accumulates.
+    // among equal rooms the biggest users come last, where the remainder accumulates.
     let mut order: Vec<usize> = (0..used.len()).collect();
-    order.sort_by_key(|&i| (rooms[i], full.get(i).copied().unwrap_or(false), i));
+    order.sort_by_key(|&i| (rooms[i], used[i], i));
     let mut share = vec![0i128; used.len()];
     let mut left = used.len() as i128;
     for &i in &order {
@@ -160,34 +156,32 @@ mod tests {
 
     #[test]
     fn split_gives_use_plus_equal_share_and_sums_to_total() {
-        let no = [false; 3];
-        assert_eq!(split(u(10), &[u(0), u(0)], &[None, None], &no), [u(5), u(5)]);
-        assert_eq!(split(u(10), &[u(4), u(0)], &[None, None], &no), [u(7), u(3)]);
-        assert_eq!(split(u(5), &[u(0), u(0)], &[None, None], &no), [u(2), u(3)], "remainder lands on one namespace");
-        let s = split(u(7), &[u(1), u(2), u(0)], &[None, None, None], &no);
+        assert_eq!(split(u(10), &[u(0), u(0)], &[None, None]), [u(5), u(5)]);
+        assert_eq!(split(u(10), &[u(4), u(0)], &[None, None]), [u(7), u(3)]);
+        assert_eq!(split(u(5), &[u(0), u(0)], &[None, None]), [u(2), u(3)], "remainder lands on one namespace");
+        let s = split(u(7), &[u(1), u(2), u(0)], &[None, None, None]);
         assert_eq!(s.iter().map(|m| m.0).sum::<i128>(), u(7).0, "{s:?}");
     }
 
     #[test]
     fn split_never_goes_below_use_nor_above_caps() {
-        let no = [false; 2];
-        assert_eq!(split(u(4), &[u(3), u(3)], &[None, None], &no), [u(3), u(3)], "over the total: frozen at use");
-        assert_eq!(split(u(10), &[u(0), u(0)], &[Some(u(2)), None], &no), [u(2), u(8)], "the capped share goes to others");
-        assert_eq!(split(u(10), &[u(5), u(0)], &[Some(u(3)), None], &no), [u(3), u(5)], "over its own cap: held at the cap");
+        assert_eq!(split(u(4), &[u(3), u(3)], &[None, None]), [u(3), u(3)], "over the total: frozen at use");
+        assert_eq!(split(u(10), &[u(0), u(0)], &[Some(u(2)), None]), [u(2), u(8)], "the capped share goes to others");
+        assert_eq!(split(u(10), &[u(5), u(0)], &[Some(u(3)), None]), [u(3), u(5)], "over its own cap: held at the cap");
     }
 
     #[test]
-    fn split_gives_the_remainder_to_the_namespace_at_its_limit() {
-        // One unit free; a is at its limit, b has headroom: a gets the unit, in either order.
-        assert_eq!(split(u(6), &[u(4), u(1)], &[None, None], &[true, false]), [u(5), u(1)]);
-        assert_eq!(split(u(6), &[u(1), u(4)], &[None, None], &[false, true]), [u(1), u(5)]);
+    fn split_gives_the_remainder_to_the_biggest_user() {
+        // One unit free: the namespace using more gets it, in either order.
+        assert_eq!(split(u(6), &[u(4), u(1)], &[None, None]), [u(5), u(1)]);
+        assert_eq!(split(u(6), &[u(1), u(4)], &[None, None]), [u(1), u(5)]);
     }
 
     #[test]
     fn split_uses_thousandths_for_fractional_quantities() {
-        let s = split(Milli(1500), &[Milli(0), Milli(0)], &[None, None], &[false, false]);
+        let s = split(Milli(1500), &[Milli(0), Milli(0)], &[None, None]);
         assert_eq!(s, [Milli(750), Milli(750)]);
-        let s = split(u(1), &[Milli(0), Milli(0), Milli(0)], &[None, None, None], &[false; 3]);
+        let s = split(u(1), &[Milli(0), Milli(0), Milli(0)], &[None, None, None]);
         assert_eq!(s.iter().map(|m| m.0).sum::<i128>(), 1000);
     }
 
@@ -203,8 +197,8 @@ mod tests {
     #[test]
     fn plan_raises_only_after_lowered_limits_are_enforced() {
         let tenant = BTreeMap::from([("pods".to_string(), u(6))]);
-        // a uses 3 of 3 (full), b uses 0 of 3: the free 3 is split 2 (the remainder, to the
-        // full a) + 1, so a's target rises to 5 and b's falls to 1.
+        // a uses 3 of 3, b uses 0 of 3: the free 3 is split 2 (the remainder, to the bigger
+        // user a) + 1, so a's target rises to 5 and b's falls to 1.
         let before = [obs("a", Some(3), Some(3), 3), obs("b", Some(3), Some(3), 0)];
         let p = plan(&BTreeMap::new(), &tenant, &before);
         assert_eq!(p.hard["b"]["pods"], u(1), "b is lowered right away");

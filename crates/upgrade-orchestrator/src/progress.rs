@@ -631,8 +631,11 @@ fn finish(
             PlanPhase::Failed => Some((true, "PlanFailed")),
             PlanPhase::Paused => Some((reason == "ComponentFailed", "PlanPaused")),
             PlanPhase::WaitingApproval => Some((false, "WaitingApproval")),
-            PlanPhase::Progressing if old_phase.is_some_and(|p| p != PlanPhase::Pending) => Some((false, "PlanResumed")),
-            PlanPhase::Progressing => Some((false, "PlanStarted")),
+            PlanPhase::Progressing => match old_phase {
+                None | Some(PlanPhase::Pending) => Some((false, "PlanStarted")),
+                Some(PlanPhase::WaitingApproval) => Some((false, "WaveApproved")),
+                Some(_) => Some((false, "PlanResumed")),
+            },
             PlanPhase::Pending | PlanPhase::RollingBack => None,
         };
         if let Some((warning, reason)) = note {

@@ -214,9 +214,25 @@ pub fn run(args: &[&str]) -> Result<()> {
                     continue;
                 }
                 eprintln!("bench: {} with {n} Tenants", subject.name);
-                let m = measure(&args, &cp, &client, subject, n, ni == 0, &baseline)
-                    .await
-                    .with_context(|| format!("{} with {n} Tenants", subject.name))?;
+                let m = match measure(&args, &cp, &client, subject, n, ni == 0, &baseline).await {
+                    Ok(m) => m,
+                    Err(e) => {
+                        // Report what failed and go on with a clean cluster.
+                        eprintln!("bench: {} with {n} Tenants FAILED: {e:#}", subject.name);
+                        let run = format!("{}{n}", subject.short);
+                        if let Err(c) = workload::cleanup(&client, &run, false, Duration::from_secs(300)).await {
+                            eprintln!("bench: cleanup after the failure failed too: {c:#}");
+                        }
+                        Measured {
+                            subject: subject.name.clone(),
+                            tenants: n,
+                            client_limits: subject.limits.clone(),
+                            convergence_secs: f64::NAN,
+                            notes: vec![format!("FAILED: {e:#}")],
+                            ..Default::default()
+                        }
+                    }
+                };
                 eprintln!("bench: {} with {n} Tenants: converged in {:.2}s", subject.name, m.convergence_secs);
                 runs.push(m);
                 // Partial results survive a failure later in the run.

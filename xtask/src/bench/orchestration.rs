@@ -51,14 +51,15 @@ struct Seen {
 fn is_new_and_healthy(d: &Deployment) -> (bool, bool) {
     let image = d
         .spec
+        .template
+        .spec
         .as_ref()
-        .and_then(|s| s.template.spec.as_ref())
         .and_then(|p| p.containers.first())
         .and_then(|c| c.image.clone())
         .unwrap_or_default();
     let changed = image == NEW;
     let Some(st) = &d.status else { return (changed, false) };
-    let desired = d.spec.as_ref().and_then(|s| s.replicas).unwrap_or(1);
+    let desired = d.spec.replicas.unwrap_or(1);
     let healthy = st.observed_generation >= d.metadata.generation
         && st.updated_replicas.unwrap_or(0) >= desired
         && st.replicas.unwrap_or(0) <= st.updated_replicas.unwrap_or(0)

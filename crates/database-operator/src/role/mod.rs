@@ -226,7 +226,7 @@ async fn converge(role: &DatabaseRole, ctx: &Context<State>, progress: &mut Prog
 
 async fn cleanup(role: &DatabaseRole, ctx: &Context<State>) -> Result<Action, Error> {
     let mut progress = Progress::default();
-    let result = drop_role(role, ctx, &mut progress).await;
+    let result = drop_role(role, ctx, &mut progress).await.map_err(Error::blocking_cleanup);
     if let Err(e) = &result {
         let status = status_of(role, &progress, Err(e), true);
         write_status(role, ctx, status).await?;
