@@ -780,7 +780,7 @@ async fn namespace_deletion_drops_first_thanks_to_the_in_use_finalizer() {
     env.api::<Database>().create(&PostParams::default(), &db).await.unwrap();
     wait_database_ready(&env, "temp").await;
     let secret = env.api::<Secret>().get("admin").await.unwrap();
-    let _ = secret;
+    assert!(secret.finalizers().iter().any(|f| f == "database.steward.dev/in-use"), "the admin Secret is protected while used");
     let admin = superuser(&pg).await;
     assert!(exists(&admin, DB_EXISTS, "preview").await);
 

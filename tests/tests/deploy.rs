@@ -382,6 +382,20 @@ fn root_kustomization_lists_every_crd_and_every_operator() -> Result<()> {
     );
     let deployments: BTreeSet<&str> = objects.iter().filter(|o| kind(o) == "Deployment").map(name).collect();
     ensure!(deployments == BTreeSet::from(OPERATORS), "the root kustomization renders Deployments {deployments:?}");
+
+    // No manifest is left out of its directory's kustomization.
+    let dirs = OPERATORS.iter().map(|op| format!("deploy/{op}")).chain(["deploy/samples".to_string()]);
+    for dir in dirs {
+        let path = workspace_root().join(&dir);
+        let kustomization: Value = serde_yaml::from_str(&std::fs::read_to_string(path.join("kustomization.yaml"))?)?;
+        let listed: BTreeSet<&str> = kustomization["resources"].as_array().into_iter().flatten().filter_map(Value::as_str).collect();
+        for entry in std::fs::read_dir(&path)? {
+            let file = entry?.file_name().to_string_lossy().to_string();
+            if file.ends_with(".yaml") && file != "kustomization.yaml" {
+                ensure!(listed.contains(file.as_str()), "{dir}/{file} is not listed in {dir}/kustomization.yaml");
+            }
+        }
+    }
     Ok(())
 }
 

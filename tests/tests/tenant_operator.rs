@@ -52,6 +52,9 @@ struct Running {
 
 impl Running {
     async fn start(cp: &ControlPlane, id: &str) -> Running {
+        if std::env::var_os("RUST_LOG").is_some() {
+            CommonArgs::default().init_logging();
+        }
         let args = CommonArgs {
             leader_elect: false,
             metrics_bind_address: "127.0.0.1:0".into(),
@@ -78,11 +81,12 @@ impl Running {
         self.task.await.expect("join").expect("clean shutdown");
     }
 
+    fn reconciles(&self, result: &str) -> u64 {
+        self.metrics.reconcile_total.get_or_create(&ResultLabels { controller: "tenant".into(), result: result.into() }).get()
+    }
+
     fn successes(&self) -> u64 {
-        self.metrics
-            .reconcile_total
-            .get_or_create(&ResultLabels { controller: "tenant".into(), result: "success".into() })
-            .get()
+        self.reconciles("success")
     }
 
     /// `tenant_operator_writes_total`, summed over kinds and verbs.
@@ -816,7 +820,11 @@ async fn hundred_tenants_converge_and_a_resync_writes_nothing() {
     let restarted = Running::start(env.cp, &env.id).await;
     eventually("every Tenant reconciled again", Duration::from_secs(300), || async {
         let n = restarted.successes();
-        if n >= N as u64 { Ok(()) } else { Err(format!("{n}/{N} reconciles")) }
+        if n >= N as u64 {
+            Ok(())
+        } else {
+            Err(format!("{n}/{N} reconciles, {} errors, {} skipped", restarted.reconciles("error"), restarted.reconciles("skipped")))
+        }
     })
     .await
     .expect("resync");

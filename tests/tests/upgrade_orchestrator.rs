@@ -56,12 +56,13 @@ impl Env {
     }
 
     fn args(&self) -> CommonArgs {
-        let mut args = CommonArgs::default();
-        args.leader_elect = false;
-        args.metrics_bind_address = "127.0.0.1:0".into();
-        args.health_probe_bind_address = "127.0.0.1:0".into();
-        args.watch_namespace = Some(self.ns.clone());
-        args
+        CommonArgs {
+            leader_elect: false,
+            metrics_bind_address: "127.0.0.1:0".into(),
+            health_probe_bind_address: "127.0.0.1:0".into(),
+            watch_namespace: Some(self.ns.clone()),
+            ..Default::default()
+        }
     }
 
     /// Starts an orchestrator for this namespace on the test's runtime.
@@ -302,8 +303,10 @@ struct Seen {
     healthy: Option<Instant>,
 }
 
-fn watch_timeline(env: &Env, new_images: BTreeMap<String, String>) -> (Arc<Mutex<BTreeMap<String, Seen>>>, Vec<JoinHandle<()>>) {
-    let seen: Arc<Mutex<BTreeMap<String, Seen>>> = Arc::default();
+type Timeline = Arc<Mutex<BTreeMap<String, Seen>>>;
+
+fn watch_timeline(env: &Env, new_images: BTreeMap<String, String>) -> (Timeline, Vec<JoinHandle<()>>) {
+    let seen: Timeline = Arc::default();
     let record = {
         let seen = seen.clone();
         move |name: String, image: Option<String>, health: Health| {

@@ -105,10 +105,15 @@ async fn up() -> Result<()> {
             watched.push((resource.kind.clone(), name(sample).to_string(), api));
         }
     }
-    let all_ready = wait_ready(&watched).await;
-
-    print_summary(&cp, &client, &pg, &running, &log, all_ready).await;
-    tokio::signal::ctrl_c().await?;
+    // Ctrl-C while waiting stops as cleanly as Ctrl-C after the summary.
+    let interrupted = tokio::select! {
+        all_ready = wait_ready(&watched) => {
+            print_summary(&cp, &client, &pg, &running, &log, all_ready).await;
+            tokio::signal::ctrl_c().await
+        }
+        signal = tokio::signal::ctrl_c() => signal,
+    };
+    interrupted.context("waiting for Ctrl-C")?;
     say("stopping the operators");
     stop.cancel();
     for op in running {

@@ -101,11 +101,11 @@ impl Metrics {
         out
     }
 
-    pub(crate) fn controller(&self, name: &str) -> ControllerLabels {
+    pub fn controller(&self, name: &str) -> ControllerLabels {
         ControllerLabels { controller: name.to_string() }
     }
 
-    pub(crate) fn result(&self, controller: &str, result: &str) -> ResultLabels {
+    pub fn result(&self, controller: &str, result: &str) -> ResultLabels {
         ResultLabels { controller: controller.to_string(), result: result.to_string() }
     }
 }

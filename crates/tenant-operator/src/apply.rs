@@ -2,10 +2,15 @@
 //! changed issues no writes at all.
 //!
 //! [`up_to_date`] compares the desired object with the current one *as this field manager
-//! owns it*: the set of fields recorded for the manager's last Apply in `managedFields` must
-//! equal the set of fields desired (so a label the operator stopped setting is noticed and
-//! removed by the next apply), and each desired value must be present in the current object
-//! (defaults the API server added are fine; quantities compare by value, `1k` = `1000`).
+//! owns it*: the fields recorded for the manager's last Apply in `managedFields` must be the
+//! fields desired (so a label the operator stopped setting is noticed and removed by the next
+//! apply; an atomic struct such as `roleRef` counts as one field), and each desired value must
+//! be present in the current object (defaults the API server added are fine; quantities
+//! compare by value, `1k` = `1000`).
+//!
+//! # Caveats
+//! Inside an atomic struct or list, a sub-field the operator stops setting is not noticed
+//! (its value is compared by containment); the builders never do that.
 
 use std::collections::BTreeSet;
 use std::fmt::Debug;
@@ -62,7 +67,12 @@ pub fn up_to_date<K: Serialize>(current: &K, desired: &K, manager: &str) -> bool
     let mut wanted = BTreeSet::new();
     leaf_paths(&desired, &mut Vec::new(), &mut wanted);
     wanted.retain(|p| !is_identity(p) && p.first().map(String::as_str) != Some("status"));
-    if owned != wanted {
+    // An atomic struct or list is owned as one field (`f:roleRef: {}`) while the desired
+    // object names its leaves, so a desired field matches an owned one that is its prefix.
+    let related = |owned: &Vec<String>, wanted: &Vec<String>| {
+        owned.len() <= wanted.len() && owned.iter().zip(wanted).all(|(x, y)| x == y)
+    };
+    if !wanted.iter().all(|w| owned.iter().any(|o| related(o, w))) || !owned.iter().all(|o| wanted.iter().any(|w| related(o, w))) {
         return false;
     }
     wanted.iter().all(|path| match (lookup(&current, path), lookup(&desired, path)) {
@@ -323,6 +333,26 @@ mod tests {
         assert!(up_to_date(&current, &same, ME));
         let more = json!({"metadata": {"name": "rb"}, "subjects": [{"kind": "User", "name": "alice"}, {"kind": "User", "name": "bob"}], "roleRef": {"name": "admin"}});
         assert!(!up_to_date(&current, &more, ME));
+    }
+
+    #[test]
+    fn atomic_structs_are_one_owned_field() {
+        let current = json!({
+            "metadata": {"name": "rb", "labels": {"t": "a"}, "managedFields": [{"manager": ME, "operation": "Apply",
+                "fieldsV1": {"f:metadata": {"f:labels": {"f:t": {}}}, "f:roleRef": {}, "f:subjects": {}}}]},
+            "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": "admin"},
+            "subjects": [{"kind": "User", "name": "alice"}]
+        });
+        let want = json!({"metadata": {"name": "rb", "labels": {"t": "a"}},
+            "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": "admin"},
+            "subjects": [{"kind": "User", "name": "alice"}]});
+        assert!(up_to_date(&current, &want, ME));
+        let mut other = want.clone();
+        other["roleRef"]["name"] = json!("edit");
+        assert!(!up_to_date(&current, &other, ME));
+        let mut fewer = want.clone();
+        fewer["metadata"]["labels"] = json!({});
+        assert!(!up_to_date(&current, &fewer, ME), "a label no longer wanted");
     }
 
     #[test]

@@ -3,13 +3,23 @@
 //! (`deletionPolicy: Delete`, after a dump if `backupBeforeDelete`) or leaves them (`Retain`).
 //!
 //! ```text
-//! apply:   validate → resolve server → credentials Secret → connect
+//! apply:   validate → resolve server (+ in-use finalizer on an external admin Secret)
+//!          → credentials Secret → connect
 //!          → owner role (CREATE/ALTER ROLE … PASSWORD '<SCRAM verifier>')
 //!          → database (CREATE DATABASE / ALTER DATABASE … OWNER, REVOKE CONNECT FROM PUBLIC)
 //!          → inside it: schemas, extensions → status (one write)
 //! cleanup: wait for DatabaseRoles → Retain: done | Delete: [dump Job] → terminate sessions
-//!          → DROP DATABASE → REASSIGN/DROP OWNED → DROP ROLE → status on failure
+//!          → DROP DATABASE → REASSIGN/DROP OWNED → DROP ROLE → release the admin Secret
+//!          (any failure: finalizer kept, Ready=False saying why, Warning Event, retry)
 //! ```
+//!
+//! # Caveats
+//! Cleanup needs the server: a Delete-policy Database whose server never comes back stays
+//! until its `deletionPolicy` is set to `Retain` (the condition says so). The admin Secret
+//! of an `external` server carries [`IN_USE_FINALIZER`] so that deleting the namespace
+//! cannot take the credentials away first. A Database whose `clusterRef` cluster is gone or
+//! being deleted finishes without dropping (a Warning Event says so): the database lives and
+//! dies with the cluster's volumes.
 
 pub mod backup;
 
@@ -113,7 +123,7 @@ async fn converge(db: &Database, ctx: &Context<State>, progress: &mut Progress) 
         return Err(Error::InvalidSpec(format!("owner {:?} is the server's admin role; choose another owner", spec.owner)));
     }
     progress.server = Some(server.address());
-    // protect_admin_secret(db, ctx, true).await?;
+    protect_admin_secret(db, ctx, true).await?;
 
     // Credentials: the owner's password is generated once and kept in the Secret.
     let secrets: Api<Secret> = Api::namespaced(ctx.client.clone(), &ns);
@@ -219,6 +229,26 @@ async fn drop_all(db: &Database, ctx: &Context<State>, progress: &mut Progress) 
         return Ok(Action::await_change());
     }
     validate(db)?;
+    if let Some(r) = &spec.cluster_ref {
+        // The cluster (its pods, its superuser Secret) is going away too, e.g. with the
+        // namespace: there is no server left to drop from; say so instead of blocking forever.
+        let clusters: Api<crate::api::PostgresCluster> = Api::namespaced(ctx.client.clone(), &ns);
+        let cluster = clusters.get_opt(&r.name).await.map_err(|source| Error::Read { what: format!("PostgresCluster {}", r.name), source })?;
+        if cluster.as_ref().is_none_or(|c| c.metadata.deletion_timestamp.is_some()) {
+            ctx.recorder
+                .warning(
+                    db,
+                    "ClusterGone",
+                    "Delete",
+                    format!(
+                        "PostgresCluster {} is gone or being deleted, so database {} was not dropped: it goes with the cluster's volumes (deletionPolicy Delete) or stays on the kept ones (Retain)",
+                        r.name, spec.name
+                    ),
+                )
+                .await;
+            return Ok(Action::await_change());
+        }
+    }
     let server = server::resolve(&ctx.client, &ns, spec).await?;
     progress.server = Some(server.address());
 
