@@ -881,4 +881,8 @@ async fn bad_input_is_rejected_at_admission_with_a_clear_message() {
     // The integer form of a quantity is accepted.
     let ok: DynamicObject = serde_json::from_value(json!({"apiVersion": "tenancy.steward.dev/v1alpha1", "kind": "Tenant", "metadata": {"name": format!("{id}-ok")}, "spec": {"owners": owner, "resourceQuota": {"hard": {"pods": 10, "requests.memory": "1Gi"}}}})).unwrap();
     api.create(&PostParams { dry_run: true, ..Default::default() }, &ok).await.expect("valid tenant accepted");
+    // So is the sample.
+    let path = steward_testenv::workspace_root().join("deploy/samples/tenant.yaml");
+    let sample: DynamicObject = serde_yaml::from_str(&std::fs::read_to_string(&path).expect("read the sample")).expect("sample yaml");
+    api.create(&PostParams { dry_run: true, ..Default::default() }, &sample).await.expect("the sample Tenant is valid");
 }

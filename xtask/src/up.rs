@@ -92,9 +92,10 @@ async fn up() -> Result<()> {
     let mut samples = kustomize(&cp, &root.join("deploy/samples"))?;
     for sample in &mut samples {
         point_at_local_postgres(sample, pg.host(), pg.port());
-        // kwok has no volume provisioner: PersistentVolumes for a PostgresCluster's claims.
-        for pv in volumes_for(sample) {
-            apply(&client, &pv, None).await?;
+        // kwok has no volume provisioner: PersistentVolumes for a PostgresCluster's claims;
+        // stand-ins for the Secrets and ConfigMaps a Tenant shares.
+        for prerequisite in volumes_for(sample).into_iter().chain(shared_sources(sample)) {
+            apply(&client, &prerequisite, None).await?;
         }
     }
     let mut watched = Vec::new();
@@ -334,6 +335,30 @@ fn volumes_for(obj: &Value) -> Vec<Value> {
         .collect()
 }
 
+/// For a Tenant sample: each shared Secret or ConfigMap it names, as a labelled shareable
+/// stand-in, after its namespace.
+fn shared_sources(obj: &Value) -> Vec<Value> {
+    if kind(obj) != "Tenant" {
+        return Vec::new();
+    }
+    let mut out = Vec::new();
+    for shared in obj["spec"]["sharedObjects"].as_array().into_iter().flatten() {
+        let (Some(kind_), Some(ns), Some(name_)) = (shared["kind"].as_str(), shared["namespace"].as_str(), shared["name"].as_str()) else {
+            continue;
+        };
+        let metadata = json!({"name": name_, "namespace": ns,
+            "labels": {"tenancy.steward.dev/shareable": "true", "app.kubernetes.io/part-of": "steward-demo"}});
+        let source = match kind_ {
+            "Secret" => json!({"apiVersion": "v1", "kind": "Secret", "metadata": metadata, "stringData": {"note": "a stand-in made by cargo xtask up"}}),
+            "ConfigMap" => json!({"apiVersion": "v1", "kind": "ConfigMap", "metadata": metadata, "data": {"note": "a stand-in made by cargo xtask up"}}),
+            _ => continue,
+        };
+        out.push(json!({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": ns}}));
+        out.push(source);
+    }
+    out
+}
+
 fn postgres_secret(pg: &Postgres) -> Value {
     json!({
         "apiVersion": "v1", "kind": "Secret",
@@ -519,6 +544,18 @@ mod tests {
         assert_eq!(pvs[0]["spec"]["capacity"]["storage"], "10Gi");
         assert_eq!(pvs[0]["spec"]["storageClassName"], "", "no class: binds claims without one");
         assert!(volumes_for(&json!({"kind": "Database", "metadata": {"name": "x"}})).is_empty());
+    }
+
+    #[test]
+    fn a_tenant_gets_labelled_stand_ins_for_what_it_shares() {
+        let tenant = json!({"apiVersion": "tenancy.steward.dev/v1alpha1", "kind": "Tenant", "metadata": {"name": "t"},
+            "spec": {"sharedObjects": [{"kind": "Secret", "namespace": "platform", "name": "registry-pull"}]}});
+        let objs = shared_sources(&tenant);
+        assert_eq!(objs.iter().map(|o| kind(o)).collect::<Vec<_>>(), ["Namespace", "Secret"]);
+        assert_eq!(objs[0]["metadata"]["name"], "platform");
+        assert_eq!(objs[1]["metadata"]["namespace"], "platform");
+        assert_eq!(objs[1]["metadata"]["labels"]["tenancy.steward.dev/shareable"], "true");
+        assert!(shared_sources(&json!({"kind": "Database"})).is_empty());
     }
 
     #[test]
