@@ -20,19 +20,16 @@ use std::sync::{Arc, Mutex, OnceLock};
 use std::time::Duration;
 
 use anyhow::{Context as _, Result, anyhow, bail, ensure};
-use k8s_openapi::api::authentication::v1::{TokenRequest, TokenRequestSpec};
 use k8s_openapi::api::coordination::v1::Lease;
-use k8s_openapi::api::core::v1::{Secret, ServiceAccount};
+use k8s_openapi::api::core::v1::Secret;
 use k8s_openapi::api::rbac::v1::ClusterRoleBinding;
 use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
-use kube::api::{Api, DynamicObject, GroupVersionKind, ListParams, Patch, PatchParams, PostParams};
-use kube::core::TypeMeta;
-use kube::discovery::Scope;
-use kube::{Client, Config};
-use serde::Deserialize;
+use kube::api::{Api, DynamicObject, ListParams, Patch, PatchParams, PostParams};
+use kube::Client;
 use serde_json::{Value, json};
 use steward_core::Operator;
 use steward_core::cli::CommonArgs;
+use steward_testenv::manifests;
 use steward_testenv::{ControlPlane, eventually, workspace_root};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::sync::OnceCell;
@@ -54,28 +51,7 @@ fn operator_namespace(operator: &str) -> String {
 
 /// `kubectl kustomize <dir>` with the control plane's kubectl, as a list of objects.
 fn kustomize(dir: &Path) -> Result<Vec<Value>> {
-    let kubectl = steward_testenv::binaries::ensure()?.kubectl;
-    let out = std::process::Command::new(&kubectl)
-        .arg("kustomize")
-        .arg(dir)
-        .output()
-        .with_context(|| format!("running {} kustomize", kubectl.display()))?;
-    ensure!(
-        out.status.success(),
-        "kubectl kustomize {} failed ({}): {}",
-        dir.display(),
-        out.status,
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let text = String::from_utf8(out.stdout).context("kustomize output is not UTF-8")?;
-    let mut objects = Vec::new();
-    for doc in serde_yaml::Deserializer::from_str(&text) {
-        let value = Value::deserialize(doc).context("kustomize output is not YAML")?;
-        if !value.is_null() {
-            objects.push(value);
-        }
-    }
-    Ok(objects)
+    Ok(manifests::kustomize(&steward_testenv::binaries::ensure()?.kubectl, dir)?)
 }
 
 fn kind(obj: &Value) -> &str {
@@ -99,30 +75,12 @@ fn describe(obj: &Value) -> String {
 
 /// The `Api` for `obj`'s kind (by discovery), in its namespace or `default_namespace`.
 async fn dynamic_api(client: &Client, obj: &Value, default_namespace: Option<&str>) -> Result<Api<DynamicObject>> {
-    let types: TypeMeta = serde_json::from_value(obj.clone()).with_context(|| format!("{obj} has no apiVersion/kind"))?;
-    let gvk = GroupVersionKind::try_from(&types).map_err(|e| anyhow!("{}: {e}", describe(obj)))?;
-    let (resource, caps) = kube::discovery::pinned_kind(client, &gvk)
-        .await
-        .with_context(|| format!("discovering {}", types.api_version))?;
-    Ok(match caps.scope {
-        Scope::Namespaced => {
-            let ns = namespace(obj).or(default_namespace).unwrap_or("default");
-            Api::namespaced_with(client.clone(), ns, &resource)
-        }
-        Scope::Cluster => Api::all_with(client.clone(), &resource),
-    })
+    Ok(manifests::dynamic_api(client, obj, default_namespace).await?.0)
 }
 
 /// Server-side applies `obj` (forced), optionally as a dry run (`dryRun=All`).
 async fn apply(client: &Client, obj: &Value, default_namespace: Option<&str>, dry_run: bool) -> Result<DynamicObject> {
-    let api = dynamic_api(client, obj, default_namespace).await?;
-    let mut params = PatchParams::apply(FIELD_MANAGER).force();
-    if dry_run {
-        params = params.dry_run();
-    }
-    api.patch(name(obj), &params, &Patch::Apply(obj))
-        .await
-        .with_context(|| format!("server-side apply{} of {}", if dry_run { " (dry run)" } else { "" }, describe(obj)))
+    Ok(manifests::apply(client, obj, default_namespace, FIELD_MANAGER, dry_run).await?)
 }
 
 /// Applies `crds/` and `deploy/` through the repository-root kustomization, once per test
@@ -520,30 +478,6 @@ fn forbidden_lines(user: &str) -> Vec<String> {
         .collect()
 }
 
-/// The admin configuration authenticated instead by a TokenRequest token of ServiceAccount
-/// `namespace/name` (as `cp.service_account_client` builds its client).
-async fn service_account_config(cp: &ControlPlane, namespace: &str, name: &str) -> Result<Config> {
-    let sas: Api<ServiceAccount> = Api::namespaced(cp.client()?, namespace);
-    let request = TokenRequest {
-        spec: Some(TokenRequestSpec { expiration_seconds: Some(3600), ..Default::default() }),
-        ..Default::default()
-    };
-    let token = sas
-        .create_token_request(name, &PostParams::default(), &request)
-        .await
-        .with_context(|| format!("requesting a token for {namespace}/{name}"))?
-        .status
-        .and_then(|s| s.token)
-        .context("TokenRequest returned no token")?;
-    let mut config = cp.config().clone();
-    config.auth_info = kube::config::AuthInfo { token: Some(token.into()), ..Default::default() };
-    Ok(config)
-}
-
-fn free_port() -> Result<u16> {
-    Ok(std::net::TcpListener::bind("127.0.0.1:0")?.local_addr()?.port())
-}
-
 /// `GET path` over HTTP/1.0: the status code and body.
 async fn http_get(addr: SocketAddr, path: &str) -> Result<(u16, String)> {
     let mut stream = tokio::net::TcpStream::connect(addr).await?;
@@ -575,9 +509,9 @@ impl Running {
     ) -> Result<Self> {
         logs();
         let ns = operator_namespace(operator);
-        let config = service_account_config(cp, &ns, operator).await?;
-        let health: SocketAddr = format!("127.0.0.1:{}", free_port()?).parse()?;
-        let metrics: SocketAddr = format!("127.0.0.1:{}", free_port()?).parse()?;
+        let config = cp.service_account_config(&ns, operator).await?;
+        let health: SocketAddr = format!("127.0.0.1:{}", steward_testenv::free_port()?).parse()?;
+        let metrics: SocketAddr = format!("127.0.0.1:{}", steward_testenv::free_port()?).parse()?;
         let args = CommonArgs {
             leader_elect: true,
             leader_election_namespace: Some(ns.clone()),

@@ -21,19 +21,18 @@ use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
-use anyhow::{Context, Result, anyhow, ensure};
+use anyhow::{Context, Result, anyhow};
 use k8s_openapi::api::authentication::v1::{TokenRequest, TokenRequestSpec};
 use k8s_openapi::api::core::v1::ServiceAccount;
 use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
-use kube::api::{Api, DynamicObject, GroupVersionKind, ListParams, Patch, PatchParams, PostParams};
-use kube::core::TypeMeta;
-use kube::discovery::{ApiResource, Scope};
+use kube::api::{Api, DynamicObject, ListParams, PostParams};
+use kube::discovery::ApiResource;
 use kube::{Client, Config};
-use serde::Deserialize;
 use serde_json::{Value, json};
 use steward_core::Operator;
 use steward_core::cli::CommonArgs;
 use steward_testenv::ControlPlane;
+use steward_testenv::manifests;
 use steward_testenv::postgres::Postgres;
 use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
@@ -72,7 +71,7 @@ async fn up() -> Result<()> {
     say(&format!("  {} CRDs Established", crds.len()));
 
     say("installing deploy/ (namespaces, ServiceAccounts, RBAC; the operators run here instead of the Deployments)");
-    let deploy = kustomize(&cp, &root.join("deploy"))?;
+    let deploy = cp.kustomize(&root.join("deploy"))?;
     let (namespaces, rest): (Vec<&Value>, Vec<&Value>) =
         deploy.iter().filter(|o| kind(o) != "Deployment").partition(|o| kind(o) == "Namespace");
     for obj in namespaces.into_iter().chain(rest) {
@@ -89,7 +88,7 @@ async fn up() -> Result<()> {
     say(&format!("applying deploy/samples/ into namespace {DEMO_NAMESPACE}"));
     apply(&client, &json!({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": DEMO_NAMESPACE}}), None).await?;
     apply(&client, &postgres_secret(&pg), Some(DEMO_NAMESPACE)).await?;
-    let mut samples = kustomize(&cp, &root.join("deploy/samples"))?;
+    let mut samples = cp.kustomize(&root.join("deploy/samples"))?;
     for sample in &mut samples {
         point_at_local_postgres(sample, pg.host(), pg.port());
         // kwok has no volume provisioner: PersistentVolumes for a PostgresCluster's claims;
@@ -100,7 +99,7 @@ async fn up() -> Result<()> {
     }
     let mut watched = Vec::new();
     for sample in &samples {
-        let (api, resource) = dynamic_api(&client, sample, Some(DEMO_NAMESPACE)).await?;
+        let (api, resource) = manifests::dynamic_api(&client, sample, Some(DEMO_NAMESPACE)).await?;
         apply(&client, sample, Some(DEMO_NAMESPACE)).await?;
         if resource.group.ends_with("steward.dev") {
             watched.push((resource.kind.clone(), name(sample).to_string(), api));
@@ -258,25 +257,6 @@ fn free_addr() -> Result<SocketAddr> {
 // Manifests
 // ---------------------------------------------------------------------------------------
 
-/// `kubectl kustomize <dir>` with the control plane's kubectl.
-fn kustomize(cp: &ControlPlane, dir: &Path) -> Result<Vec<Value>> {
-    let kubectl = &cp.binaries().kubectl;
-    let out = std::process::Command::new(kubectl)
-        .arg("kustomize")
-        .arg(dir)
-        .output()
-        .with_context(|| format!("running {} kustomize", kubectl.display()))?;
-    ensure!(out.status.success(), "kubectl kustomize {} failed: {}", dir.display(), String::from_utf8_lossy(&out.stderr));
-    let mut objects = Vec::new();
-    for doc in serde_yaml::Deserializer::from_str(&String::from_utf8(out.stdout)?) {
-        let value = Value::deserialize(doc)?;
-        if !value.is_null() {
-            objects.push(value);
-        }
-    }
-    Ok(objects)
-}
-
 fn kind(obj: &Value) -> &str {
     obj["kind"].as_str().unwrap_or_default()
 }
@@ -285,26 +265,8 @@ fn name(obj: &Value) -> &str {
     obj["metadata"]["name"].as_str().unwrap_or_default()
 }
 
-async fn dynamic_api(client: &Client, obj: &Value, default_namespace: Option<&str>) -> Result<(Api<DynamicObject>, ApiResource)> {
-    let types: TypeMeta = serde_json::from_value(obj.clone()).with_context(|| format!("{obj} has no apiVersion/kind"))?;
-    let gvk = GroupVersionKind::try_from(&types).map_err(|e| anyhow!("{} {}: {e}", kind(obj), name(obj)))?;
-    let (resource, caps) = kube::discovery::pinned_kind(client, &gvk).await.with_context(|| format!("discovering {}", types.api_version))?;
-    let api = match caps.scope {
-        Scope::Namespaced => {
-            let ns = obj["metadata"]["namespace"].as_str().or(default_namespace).unwrap_or("default");
-            Api::namespaced_with(client.clone(), ns, &resource)
-        }
-        Scope::Cluster => Api::all_with(client.clone(), &resource),
-    };
-    Ok((api, resource))
-}
-
-/// Server-side applies `obj` (forced) as `steward-xtask-up`.
 async fn apply(client: &Client, obj: &Value, default_namespace: Option<&str>) -> Result<DynamicObject> {
-    let (api, _) = dynamic_api(client, obj, default_namespace).await?;
-    api.patch(name(obj), &PatchParams::apply(FIELD_MANAGER).force(), &Patch::Apply(obj))
-        .await
-        .with_context(|| format!("applying {} {}", kind(obj), name(obj)))
+    Ok(manifests::apply(client, obj, default_namespace, FIELD_MANAGER, false).await?)
 }
 
 /// hostPath PersistentVolumes for every instance of a PostgresCluster sample, of its storage

@@ -39,8 +39,8 @@ pub enum Error {
     /// The spec cannot be reconciled until it changes.
     #[error(transparent)]
     InvalidSpec(#[from] InvalidSpec),
-    /// A watch cache stopped.
-    #[error("failed to read the operator's caches: a watch ended")]
+    /// A watch cache stopped or has not listed yet.
+    #[error("failed to read the operator's caches: a watch ended or has not listed yet")]
     CachesUnavailable,
     /// Creating or updating a tenant namespace failed.
     #[error("failed to apply namespace {name}")]
@@ -128,6 +128,9 @@ impl ReconcileError for Error {
     }
 }
 
+/// How long a reconcile waits for the watch caches' first lists.
+const CACHE_WAIT: Duration = Duration::from_secs(30);
+
 /// How soon to look again while a quota split waits for the quota controller.
 const SOON: Duration = Duration::from_secs(2);
 
@@ -136,8 +139,10 @@ const SOON: Duration = Duration::from_secs(2);
 /// # Errors
 /// The finalizer's error wrapping [`Error`].
 pub async fn reconcile(tenant: Arc<Tenant>, ctx: Arc<Context<State>>) -> Result<Action, finalizer::Error<Error>> {
-    if !ctx.data.stores.ready().await {
-        return Err(finalizer::Error::Apply(Error::CachesUnavailable));
+    tracing::debug!(tenant = %tenant.name_any(), "reconcile");
+    match tokio::time::timeout(CACHE_WAIT, ctx.data.stores.ready()).await {
+        Ok(true) => {}
+        Ok(false) | Err(_) => return Err(finalizer::Error::Apply(Error::CachesUnavailable)),
     }
     let api: Api<Tenant> = Api::all(ctx.client.clone());
     finalizer::run(&api, FINALIZER, tenant, |event| async {
@@ -239,6 +244,7 @@ async fn converge(tenant: &Arc<Tenant>, ctx: &Context<State>, obs: &mut Observat
         remove_namespace(tenant, ctx, removed).await?;
     }
     let active = plan.active();
+    tracing::debug!(tenant = %name, namespaces = ?active, "namespaces applied");
     obs.namespaces = active.clone();
     let terminating: BTreeSet<String> = labelled.iter().filter(|e| e.terminating).map(|e| e.name.clone()).collect();
 
@@ -303,6 +309,7 @@ async fn converge(tenant: &Arc<Tenant>, ctx: &Context<State>, obs: &mut Observat
         }
     }
 
+    tracing::debug!(tenant = %name, "quotas applied");
     // Per namespace: limits, isolation, shared copies, and last, access.
     let mut missing_sources = BTreeSet::new();
     let mut taken = BTreeSet::new();
@@ -379,6 +386,7 @@ async fn converge(tenant: &Arc<Tenant>, ctx: &Context<State>, obs: &mut Observat
         });
     }
 
+    tracing::debug!(tenant = %name, "children applied");
     // Whatever the tenant no longer wants.
     prune(client, &ctx.data.writes, &stores.quotas, &uid, &keep.quotas, &terminating).await?;
     prune(client, &ctx.data.writes, &stores.limit_ranges, &uid, &keep.limit_ranges, &terminating).await?;

@@ -141,9 +141,9 @@ impl ControlPlane {
         Ok(name)
     }
 
-    /// A client authenticated as ServiceAccount `namespace/name` by a TokenRequest token
-    /// (valid one hour). The ServiceAccount is created if it does not exist.
-    pub async fn service_account_client(&self, namespace: &str, name: &str) -> Result<Client, Error> {
+    /// A TokenRequest token (valid one hour) for ServiceAccount `namespace/name`, which is
+    /// created if it does not exist.
+    pub async fn service_account_token(&self, namespace: &str, name: &str) -> Result<String, Error> {
         let sas: Api<ServiceAccount> = Api::namespaced(self.client()?, namespace);
         if sas.get_opt(name).await.map_err(kube_err("get ServiceAccount"))?.is_none() {
             let sa: ServiceAccount = serde_json::from_value(serde_json::json!({"metadata": {"name": name}}))
@@ -154,15 +154,28 @@ impl ControlPlane {
             spec: Some(TokenRequestSpec { expiration_seconds: Some(3600), ..Default::default() }),
             ..Default::default()
         };
-        let token = sas
-            .create_token_request(name, &PostParams::default(), &request)
+        sas.create_token_request(name, &PostParams::default(), &request)
             .await
             .map_err(kube_err(format!("request a token for {namespace}/{name}")))?
             .status
             .and_then(|s| s.token)
-            .ok_or_else(|| Error::Other("TokenRequest returned no token".into()))?;
+            .ok_or_else(|| Error::Other("TokenRequest returned no token".into()))
+    }
+
+    /// The admin configuration, authenticated instead as ServiceAccount `namespace/name`
+    /// (see [`ControlPlane::service_account_token`]); for running an operator in-process as
+    /// its own ServiceAccount.
+    pub async fn service_account_config(&self, namespace: &str, name: &str) -> Result<Config, Error> {
+        let token = self.service_account_token(namespace, name).await?;
         let mut config: Config = self.config().clone();
         config.auth_info = kube::config::AuthInfo { token: Some(token.into()), ..Default::default() };
+        Ok(config)
+    }
+
+    /// A client authenticated as ServiceAccount `namespace/name`
+    /// (see [`ControlPlane::service_account_config`]).
+    pub async fn service_account_client(&self, namespace: &str, name: &str) -> Result<Client, Error> {
+        let config = self.service_account_config(namespace, name).await?;
         Client::try_from(config).map_err(kube_err("build a ServiceAccount client"))
     }
 

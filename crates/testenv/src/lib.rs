@@ -16,12 +16,14 @@
 pub mod binaries;
 mod controlplane;
 mod helpers;
+pub mod manifests;
 pub mod postgres;
 mod process;
 
 pub use binaries::{Binaries, Versions};
 pub use controlplane::{ControlPlane, Options};
 pub use helpers::{eventually, shared, workspace_root};
+pub use process::free_port;
 
 use std::path::PathBuf;
 

@@ -459,5 +459,10 @@ pub fn percentile(sorted: &[f64], p: f64) -> f64 {
 pub fn median_max(values: &[f64]) -> (f64, f64) {
     let mut v = values.to_vec();
     v.sort_by(|a, b| a.total_cmp(b));
-    (percentile(&v, 50.0), v.last().copied().unwrap_or(f64::NAN))
+    let median = match v.len() {
+        0 => f64::NAN,
+        n if n % 2 == 1 => v[n / 2],
+        n => (v[n / 2 - 1] + v[n / 2]) / 2.0,
+    };
+    (median, v.last().copied().unwrap_or(f64::NAN))
 }
