@@ -386,9 +386,12 @@ async fn stopped_leader_does_not_write_after_waking() {
     let late: Vec<SystemTime> = read_writes(&e.candidates[e.index_of(&first)].writes)
         .into_iter()
         .map(|w| w.at)
-        .filter(|at| *at > stopped)
+        // A write already in flight when SIGSTOP lands may carry a time just after `stopped`
+        // (the signal takes effect asynchronously); what must never happen is a write after
+        // waking. Overlap with the new leader's term is checked separately below.
+        .filter(|at| *at > woken)
         .collect();
-    assert!(late.is_empty(), "{first} wrote {} times after SIGSTOP\n{}", late.len(), e.logs());
+    assert!(late.is_empty(), "{first} wrote {} times after waking (SIGCONT)\n{}", late.len(), e.logs());
     let lease = e.lease().await.expect("Lease").spec.expect("spec");
     assert_eq!(
         lease.holder_identity.as_deref(),

@@ -29,7 +29,9 @@ impl Default for Options {
         Self {
             nodes: 2,
             keep_dir: std::env::var_os("STEWARD_TESTENV_KEEP").is_some(),
-            timeout: Duration::from_secs(60),
+            // Generous: on a loaded 2-core machine the apiserver has taken over a minute to
+            // listen. A component that exits fails at once, whatever the timeout.
+            timeout: Duration::from_secs(180),
         }
     }
 }
@@ -80,16 +82,25 @@ impl ControlPlane {
             binaries,
             started_in: Duration::ZERO,
         };
+        if cp.keep_dir {
+            cp.keep();
+        }
         match cp.boot(&options).await {
             Ok(()) => {
                 cp.started_in = started.elapsed();
                 Ok(cp)
             }
             Err(e) => {
-                cp.keep_dir = true;
+                cp.keep();
                 Err(e)
             }
         }
+    }
+
+    /// Keeps the temp dir (logs) after drop, and marks it so later runs do not sweep it.
+    fn keep(&mut self) {
+        self.keep_dir = true;
+        let _ = std::fs::write(self.dir.join("keep"), "kept for inspection\n");
     }
 
     async fn boot(&mut self, options: &Options) -> Result<(), Error> {
