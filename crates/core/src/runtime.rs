@@ -323,8 +323,17 @@ impl Operator {
         };
 
         self.tasks.push(Box::pin(async move {
-            if store.wait_until_ready().await.is_ok() {
-                ready();
+            // kube-runtime's `wait_until_ready` can lose a wakeup when several tasks wait on
+            // the same store (the Controller waits too), so ask again every half second.
+            loop {
+                match tokio::time::timeout(Duration::from_millis(500), store.wait_until_ready()).await {
+                    Ok(Ok(())) => {
+                        ready();
+                        break;
+                    }
+                    Ok(Err(_)) => break,
+                    Err(_) => {}
+                }
             }
         }));
         self.tasks.push(Box::pin(async move {

@@ -72,7 +72,9 @@ pub fn up_to_date<K: Serialize>(current: &K, desired: &K, manager: &str) -> bool
     let related = |owned: &Vec<String>, wanted: &Vec<String>| {
         owned.len() <= wanted.len() && owned.iter().zip(wanted).all(|(x, y)| x == y)
     };
-    if !wanted.iter().all(|w| owned.iter().any(|o| related(o, w))) || !owned.iter().all(|o| wanted.iter().any(|w| related(o, w))) {
+    if !wanted.iter().all(|w| owned.iter().any(|o| related(o, w)))
+        || !owned.iter().all(|o| wanted.iter().any(|w| related(o, w)))
+    {
         return false;
     }
     wanted.iter().all(|path| match (lookup(&current, path), lookup(&desired, path)) {
@@ -110,10 +112,8 @@ fn owned_paths(current: &Value, manager: &str) -> Option<BTreeSet<Vec<String>>> 
 /// Leaf paths of a `fieldsV1` set: descends through `f:<field>` keys; a node without such
 /// children (a scalar, or a list keyed by `k:`/`v:`/`i:`) is a leaf.
 fn fields_paths(node: &Value, prefix: &mut Vec<String>, out: &mut BTreeSet<Vec<String>>) {
-    let children: Vec<(&String, &Value)> = node
-        .as_object()
-        .map(|m| m.iter().filter(|(k, _)| k.starts_with("f:")).collect())
-        .unwrap_or_default();
+    let children: Vec<(&String, &Value)> =
+        node.as_object().map(|m| m.iter().filter(|(k, _)| k.starts_with("f:")).collect()).unwrap_or_default();
     if children.is_empty() {
         if !prefix.is_empty() {
             out.insert(prefix.clone());
@@ -240,7 +240,12 @@ where
 ///
 /// # Errors
 /// [`steward_core::Error::PruneChild`].
-pub async fn delete<K>(client: &Client, writes: &Writes, namespace: Option<&str>, name: &str) -> Result<(), steward_core::Error>
+pub async fn delete<K>(
+    client: &Client,
+    writes: &Writes,
+    namespace: Option<&str>,
+    name: &str,
+) -> Result<(), steward_core::Error>
 where
     K: Resource<DynamicType = ()> + Clone + DeserializeOwned + Debug,
     K::Scope: ScopeApi,
@@ -250,7 +255,9 @@ where
     match api.delete(name, &DeleteParams::background()).await {
         Ok(_) => Ok(()),
         Err(kube::Error::Api(s)) if s.code == 404 => Ok(()),
-        Err(source) => Err(steward_core::Error::PruneChild { kind: K::kind(&()).to_string(), name: name.to_string(), source }),
+        Err(source) => {
+            Err(steward_core::Error::PruneChild { kind: K::kind(&()).to_string(), name: name.to_string(), source })
+        }
     }
 }
 
@@ -260,6 +267,7 @@ pub fn is_conflict(err: &steward_core::Error) -> bool {
 }
 
 #[cfg(test)]
+#[allow(clippy::unwrap_used)]
 mod tests {
     use super::*;
     use serde_json::json;
@@ -295,7 +303,11 @@ mod tests {
 
     #[test]
     fn identical_content_is_up_to_date_despite_canonical_quantities_and_extra_fields() {
-        let current = object(json!({"t": "a", "extra": "x"}), json!({"pods": "1k", "cpu": "500m"}), fields(&["t"], &["pods", "cpu"]));
+        let current = object(
+            json!({"t": "a", "extra": "x"}),
+            json!({"pods": "1k", "cpu": "500m"}),
+            fields(&["t"], &["pods", "cpu"]),
+        );
         let want = desired(json!({"t": "a"}), json!({"pods": "1000", "cpu": "0.5"}));
         assert!(up_to_date(&current, &want, ME));
     }
@@ -310,9 +322,15 @@ mod tests {
     #[test]
     fn a_field_no_longer_desired_is_not_up_to_date() {
         let current = object(json!({"t": "a", "old": "1"}), json!({"pods": "4"}), fields(&["t", "old"], &["pods"]));
-        assert!(!up_to_date(&current, &desired(json!({"t": "a"}), json!({"pods": "4"})), ME), "label 'old' must be removed");
+        assert!(
+            !up_to_date(&current, &desired(json!({"t": "a"}), json!({"pods": "4"})), ME),
+            "label 'old' must be removed"
+        );
         let current = object(json!({"t": "a"}), json!({"pods": "4", "cpu": "1"}), fields(&["t"], &["pods", "cpu"]));
-        assert!(!up_to_date(&current, &desired(json!({"t": "a"}), json!({"pods": "4"})), ME), "quota 'cpu' must be removed");
+        assert!(
+            !up_to_date(&current, &desired(json!({"t": "a"}), json!({"pods": "4"})), ME),
+            "quota 'cpu' must be removed"
+        );
     }
 
     #[test]

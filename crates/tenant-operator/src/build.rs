@@ -13,9 +13,7 @@ use std::collections::BTreeMap;
 use k8s_openapi::api::core::v1::{
     ConfigMap, LimitRange, LimitRangeItem, LimitRangeSpec, Namespace, ResourceQuota, ResourceQuotaSpec, Secret,
 };
-use k8s_openapi::api::networking::v1::{
-    NetworkPolicy, NetworkPolicyIngressRule, NetworkPolicyPeer, NetworkPolicySpec,
-};
+use k8s_openapi::api::networking::v1::{NetworkPolicy, NetworkPolicyIngressRule, NetworkPolicyPeer, NetworkPolicySpec};
 use k8s_openapi::api::rbac::v1::{
     ClusterRole, ClusterRoleBinding, PolicyRule, RoleBinding, RoleRef, Subject as RbacSubject,
 };
@@ -256,7 +254,11 @@ pub fn owner_cluster_role_binding(tenant: &Tenant) -> ClusterRoleBinding {
     let name = owner_cluster_object_name(tenant);
     ClusterRoleBinding {
         metadata: meta(tenant, &name, None),
-        role_ref: RoleRef { api_group: Some("rbac.authorization.k8s.io".to_string()), kind: "ClusterRole".to_string(), name },
+        role_ref: RoleRef {
+            api_group: Some("rbac.authorization.k8s.io".to_string()),
+            kind: "ClusterRole".to_string(),
+            name,
+        },
         subjects: Some(dedup_subjects(tenant.spec.owners.iter())),
     }
 }
@@ -291,11 +293,12 @@ pub fn shared_config_map(tenant: &Tenant, namespace: &str, source: &ConfigMap) -
 }
 
 #[cfg(test)]
+#[allow(clippy::unwrap_used)]
 pub(crate) mod tests {
     use super::*;
     use crate::crd::{
-        AdditionalRoleBinding, LimitItem, LimitType, NamespaceMetadata, NetworkIsolation, PodSecurityLevel,
-        Subject, TenantSpec,
+        AdditionalRoleBinding, LimitItem, LimitType, NamespaceMetadata, NetworkIsolation, PodSecurityLevel, Subject,
+        TenantSpec,
     };
 
     /// A chainable Tenant fixture: `TenantFixture::new("acme").owner_user("alice").build()`.
@@ -317,10 +320,6 @@ pub(crate) mod tests {
                 name: name.into(),
                 namespace: Some(namespace.into()),
             });
-            self
-        }
-        pub fn namespaces(mut self, names: &[&str]) -> Self {
-            self.0.spec.namespaces = names.iter().map(|s| s.to_string()).collect();
             self
         }
         pub fn spec(mut self, f: impl FnOnce(&mut TenantSpec)) -> Self {
@@ -396,7 +395,8 @@ pub(crate) mod tests {
         assert_eq!(rbs[1].subjects.as_ref().unwrap().len(), 2, "subjects of one role merged");
         assert!(rbs.iter().all(|r| r.namespace().as_deref() == Some("acme-dev")));
 
-        let custom = TenantFixture::new("acme").owner_user("alice").spec(|s| s.owner_cluster_role = Some("edit".into())).build();
+        let custom =
+            TenantFixture::new("acme").owner_user("alice").spec(|s| s.owner_cluster_role = Some("edit".into())).build();
         assert_eq!(role_bindings(&custom, "n", &settings())[0].role_ref.name, "edit");
         assert_eq!(role_bindings(&custom, "n", &settings())[0].name_any(), "tenant-owner-edit");
     }
@@ -440,7 +440,10 @@ pub(crate) mod tests {
                 })
             })
             .build();
-        let hard = BTreeMap::from([("pods".to_string(), Milli::units(4)), ("requests.memory".to_string(), Milli::units(1 << 30))]);
+        let hard = BTreeMap::from([
+            ("pods".to_string(), Milli::units(4)),
+            ("requests.memory".to_string(), Milli::units(1 << 30)),
+        ]);
         let rq = resource_quota(&t, "acme-dev", &hard);
         let h = rq.spec.unwrap().hard.unwrap();
         assert_eq!(h["pods"].0, "4");
@@ -496,7 +499,9 @@ pub(crate) mod tests {
             })
             .build();
         let (labels, annotations) = namespace_metadata_keys(&t);
-        for k in [TENANT_LABEL, DECLARED_LABEL, CORDONED_LABEL, POD_SECURITY_LABEL, "team", steward_core::apply::OWNER_LABEL] {
+        for k in
+            [TENANT_LABEL, DECLARED_LABEL, CORDONED_LABEL, POD_SECURITY_LABEL, "team", steward_core::apply::OWNER_LABEL]
+        {
             assert!(labels.contains(&k.to_string()), "{k}");
         }
         assert_eq!(annotations, ["contact"]);

@@ -8,9 +8,11 @@
 //! a store older than its trigger.
 
 use std::fmt::Debug;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
-use futures::Stream;
+use futures::{Stream, StreamExt};
 use k8s_openapi::api::core::v1::{ConfigMap, LimitRange, Namespace, ResourceQuota, Secret};
 use k8s_openapi::api::networking::v1::NetworkPolicy;
 use k8s_openapi::api::rbac::v1::{ClusterRole, ClusterRoleBinding, RoleBinding};
@@ -19,6 +21,7 @@ use kube::runtime::reflector::{self, ObjectRef, Store, reflector};
 use kube::runtime::{Controller, WatchStreamExt, watcher};
 use kube::{Client, Resource, ResourceExt};
 use serde::de::DeserializeOwned;
+use tokio::sync::watch;
 
 use crate::build::Settings;
 use crate::crd::{SHAREABLE_LABEL, SharedKind, TENANT_LABEL, Tenant};
@@ -40,37 +43,54 @@ pub struct Stores {
     /// Shared sources (labelled shareable).
     pub source_secrets: Store<Secret>,
     pub source_config_maps: Store<ConfigMap>,
+    /// Whether the child stores have listed.
+    pub readiness: Readiness,
 }
 
 impl Stores {
-    /// Waits until every store has its initial list. `false` if a store's watch ended.
+    /// Waits until every child store has its initial list (the Tenant store is ready before
+    /// the controller runs any reconcile). `false` if the reflectors were dropped.
+    ///
+    /// # Caveats
+    /// This deliberately does not use `Store::wait_until_ready`: in kube-runtime 5 it awaits a
+    /// single oneshot receiver that keeps only the last poller's waker, so of several reconciles
+    /// waiting at startup all but one would never wake.
     pub async fn ready(&self) -> bool {
-        let results = futures::join!(
-            self.tenants.wait_until_ready(),
-            self.namespaces.wait_until_ready(),
-            self.quotas.wait_until_ready(),
-            self.limit_ranges.wait_until_ready(),
-            self.network_policies.wait_until_ready(),
-            self.role_bindings.wait_until_ready(),
-            self.cluster_roles.wait_until_ready(),
-            self.cluster_role_bindings.wait_until_ready(),
-            self.secrets.wait_until_ready(),
-            self.config_maps.wait_until_ready(),
-            self.source_secrets.wait_until_ready(),
-            self.source_config_maps.wait_until_ready(),
-        );
-        results.0.is_ok()
-            && results.1.is_ok()
-            && results.2.is_ok()
-            && results.3.is_ok()
-            && results.4.is_ok()
-            && results.5.is_ok()
-            && results.6.is_ok()
-            && results.7.is_ok()
-            && results.8.is_ok()
-            && results.9.is_ok()
-            && results.10.is_ok()
-            && results.11.is_ok()
+        self.readiness.wait().await
+    }
+}
+
+/// Readiness of the child reflectors, from their `InitDone` events, on a `watch` channel
+/// (which wakes every waiter).
+#[derive(Clone, Debug)]
+pub struct Readiness {
+    tx: Arc<watch::Sender<usize>>,
+    total: Arc<AtomicUsize>,
+}
+
+impl Readiness {
+    fn new() -> Self {
+        Self { tx: Arc::new(watch::channel(0).0), total: Arc::new(AtomicUsize::new(0)) }
+    }
+
+    /// A new reflector to wait for; call the returned closure on each of its events.
+    fn slot<K>(&self) -> impl FnMut(&Result<watcher::Event<K>, watcher::Error>) + Send + 'static {
+        self.total.fetch_add(1, Ordering::SeqCst);
+        let tx = self.tx.clone();
+        let mut done = false;
+        move |event| {
+            if !done && matches!(event, Ok(watcher::Event::InitDone)) {
+                done = true;
+                tx.send_modify(|n| *n += 1);
+            }
+        }
+    }
+
+    /// Waits until every reflector listed once.
+    pub async fn wait(&self) -> bool {
+        let total = self.total.load(Ordering::SeqCst);
+        let mut rx = self.tx.subscribe();
+        rx.wait_for(|n| *n >= total).await.is_ok()
     }
 }
 
@@ -87,14 +107,16 @@ pub struct State {
 type Trigger<K> = std::pin::Pin<Box<dyn Stream<Item = Result<K, watcher::Error>> + Send>>;
 
 /// A reflector over `api` limited by `labels`: its store and the stream of touched objects
-/// (applied or deleted) that drives it.
-fn reflect<K>(api: Api<K>, labels: &str) -> (Store<K>, Trigger<K>)
+/// (applied or deleted) that drives it. Its first complete list is reported to `readiness`.
+fn reflect<K>(api: Api<K>, labels: &str, readiness: &Readiness) -> (Store<K>, Trigger<K>)
 where
     K: Resource<DynamicType = ()> + Clone + DeserializeOwned + Debug + Send + Sync + 'static,
 {
     let (reader, writer) = reflector::store();
+    let mut listed = readiness.slot::<K>();
     let stream = reflector(writer, watcher(api, watcher::Config::default().labels(labels).any_semantic()))
         .default_backoff()
+        .inspect(move |event| listed(event))
         .touched_objects();
     (reader, Box::pin(stream))
 }
@@ -113,18 +135,19 @@ pub fn build(client: Client, tenant_selector: Option<&str>) -> (Controller<Tenan
     let tenants = controller.store();
     let has_tenant = TENANT_LABEL;
     let shareable = format!("{SHAREABLE_LABEL}=true");
+    let r = Readiness::new();
 
-    let (namespaces, ns_stream) = reflect(Api::<Namespace>::all(client.clone()), has_tenant);
-    let (quotas, rq_stream) = reflect(Api::<ResourceQuota>::all(client.clone()), has_tenant);
-    let (limit_ranges, lr_stream) = reflect(Api::<LimitRange>::all(client.clone()), has_tenant);
-    let (network_policies, np_stream) = reflect(Api::<NetworkPolicy>::all(client.clone()), has_tenant);
-    let (role_bindings, rb_stream) = reflect(Api::<RoleBinding>::all(client.clone()), has_tenant);
-    let (cluster_roles, cr_stream) = reflect(Api::<ClusterRole>::all(client.clone()), has_tenant);
-    let (cluster_role_bindings, crb_stream) = reflect(Api::<ClusterRoleBinding>::all(client.clone()), has_tenant);
-    let (secrets, secret_stream) = reflect(Api::<Secret>::all(client.clone()), has_tenant);
-    let (config_maps, cm_stream) = reflect(Api::<ConfigMap>::all(client.clone()), has_tenant);
-    let (source_secrets, src_secret_stream) = reflect(Api::<Secret>::all(client.clone()), &shareable);
-    let (source_config_maps, src_cm_stream) = reflect(Api::<ConfigMap>::all(client), &shareable);
+    let (namespaces, ns_stream) = reflect(Api::<Namespace>::all(client.clone()), has_tenant, &r);
+    let (quotas, rq_stream) = reflect(Api::<ResourceQuota>::all(client.clone()), has_tenant, &r);
+    let (limit_ranges, lr_stream) = reflect(Api::<LimitRange>::all(client.clone()), has_tenant, &r);
+    let (network_policies, np_stream) = reflect(Api::<NetworkPolicy>::all(client.clone()), has_tenant, &r);
+    let (role_bindings, rb_stream) = reflect(Api::<RoleBinding>::all(client.clone()), has_tenant, &r);
+    let (cluster_roles, cr_stream) = reflect(Api::<ClusterRole>::all(client.clone()), has_tenant, &r);
+    let (cluster_role_bindings, crb_stream) = reflect(Api::<ClusterRoleBinding>::all(client.clone()), has_tenant, &r);
+    let (secrets, secret_stream) = reflect(Api::<Secret>::all(client.clone()), has_tenant, &r);
+    let (config_maps, cm_stream) = reflect(Api::<ConfigMap>::all(client.clone()), has_tenant, &r);
+    let (source_secrets, src_secret_stream) = reflect(Api::<Secret>::all(client.clone()), &shareable, &r);
+    let (source_config_maps, src_cm_stream) = reflect(Api::<ConfigMap>::all(client), &shareable, &r);
 
     let sharing = |kind: SharedKind, tenants: Store<Tenant>| {
         move |obj: ObjectRefParts| {
@@ -170,6 +193,7 @@ pub fn build(client: Client, tenant_selector: Option<&str>) -> (Controller<Tenan
         config_maps,
         source_secrets,
         source_config_maps,
+        readiness: r,
     };
     (controller, stores)
 }
@@ -183,5 +207,38 @@ struct ObjectRefParts {
 impl ObjectRefParts {
     fn of<K: Resource>(obj: &K) -> Self {
         Self { namespace: obj.namespace().unwrap_or_default(), name: obj.name_any() }
+    }
+}
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used)]
+mod tests {
+    use std::time::Duration;
+
+    use k8s_openapi::api::core::v1::ConfigMap;
+    use kube::runtime::watcher;
+
+    use super::Readiness;
+
+    #[tokio::test]
+    async fn every_concurrent_waiter_wakes_once_all_reflectors_listed() {
+        let r = Readiness::new();
+        let mut a = r.slot::<ConfigMap>();
+        let mut b = r.slot::<ConfigMap>();
+        let waiters: Vec<_> = (0..4)
+            .map(|_| {
+                let r = r.clone();
+                tokio::spawn(async move { r.wait().await })
+            })
+            .collect();
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        a(&Ok(watcher::Event::Init));
+        a(&Ok(watcher::Event::InitDone));
+        a(&Ok(watcher::Event::InitDone)); // a re-list counts once
+        assert!(waiters.iter().all(|w| !w.is_finished()), "b has not listed yet");
+        b(&Ok(watcher::Event::InitDone));
+        for w in waiters {
+            assert!(tokio::time::timeout(Duration::from_secs(1), w).await.unwrap().unwrap(), "every waiter wakes");
+        }
     }
 }

@@ -478,6 +478,7 @@ pub enum TenantPhase {
 pub const QUOTA_EXCEEDED: &str = "QuotaExceeded";
 
 #[cfg(test)]
+#[allow(clippy::unwrap_used)]
 mod tests {
     use super::*;
     use kube::CustomResourceExt;
@@ -490,8 +491,7 @@ mod tests {
         assert_eq!(crd.spec.names.categories.as_deref(), Some(&["steward".to_string()][..]));
         let version = &crd.spec.versions[0];
         assert!(version.subresources.as_ref().and_then(|s| s.status.as_ref()).is_some());
-        let columns: Vec<_> =
-            version.additional_printer_columns.iter().flatten().map(|c| c.name.as_str()).collect();
+        let columns: Vec<_> = version.additional_printer_columns.iter().flatten().map(|c| c.name.as_str()).collect();
         for c in ["Ready", "Phase", "Namespaces", "Age"] {
             assert!(columns.contains(&c), "{c} column in {columns:?}");
         }

@@ -126,7 +126,11 @@ pub fn register(operator: &mut Operator, options: Options) -> Result<(), Error> 
     operator.controller(controller, state, reconcile::reconcile);
     if options.apply_policies {
         let client = operator.client();
-        let extra = policy::Exemptions { users: options.exempt_users, groups: options.exempt_groups, user_prefixes: Vec::new() };
+        let extra = policy::Exemptions {
+            users: options.exempt_users,
+            groups: options.exempt_groups,
+            user_prefixes: Vec::new(),
+        };
         operator.singleton(move |stop| {
             policy::apply_until_done(client.clone(), extra.clone(), NAME.to_string(), writes.clone(), stop)
         });

@@ -78,7 +78,9 @@ pub fn plan(
             Some(e) if e.tenant.as_deref().is_some_and(|t| t != tenant) => {
                 out.conflicts.push((name.clone(), e.tenant.unwrap_or_default()));
             }
-            Some(e) => out.wanted.push(Wanted { name: name.clone(), declared: true, exists: true, terminating: e.terminating }),
+            Some(e) => {
+                out.wanted.push(Wanted { name: name.clone(), declared: true, exists: true, terminating: e.terminating })
+            }
             None => out.wanted.push(Wanted { name: name.clone(), declared: true, exists: false, terminating: false }),
         }
     }
@@ -100,6 +102,7 @@ pub fn plan(
 }
 
 #[cfg(test)]
+#[allow(clippy::unwrap_used)]
 mod tests {
     use super::*;
 
@@ -131,7 +134,8 @@ mod tests {
 
     #[test]
     fn unlisted_declared_namespaces_are_removed_owner_created_ones_kept() {
-        let p = run(&["a"], &[ns("a", Some("acme"), true), ns("old", Some("acme"), true), ns("mine", Some("acme"), false)]);
+        let p =
+            run(&["a"], &[ns("a", Some("acme"), true), ns("old", Some("acme"), true), ns("mine", Some("acme"), false)]);
         assert_eq!(p.removed, ["old"]);
         assert_eq!(p.active(), ["a", "mine"]);
         assert!(!p.wanted.iter().find(|w| w.name == "mine").unwrap().declared);

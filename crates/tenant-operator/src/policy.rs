@@ -5,7 +5,7 @@
 //! |---|---|
 //! | `…-managed-objects` | updating or deleting the quotas, limit ranges, network policies, role bindings and shared copies the operator manages in tenant namespaces |
 //! | `…-namespace-labels` | changing, adding or removing `tenancy.steward.dev/*` and `pod-security.kubernetes.io/enforce` labels of tenant namespaces |
-//! | `…-namespace-owner` | creating a namespace labelled for a tenant the requester does not own |
+//! | `…-namespace-owner` | creating a namespace labelled for a tenant the requester does not own, or with other `tenancy.steward.dev/*` or Pod Security labels |
 //! | `…-namespace-allowance` | a tenant owner creating an unlabelled namespace, or one beyond `maxNamespaces`, or for a cordoned tenant (one evaluation per Tenant, the Tenant as `params`) |
 //! | `…-cordon` | any create, update or delete in the namespaces of a cordoned tenant |
 //!
@@ -27,8 +27,8 @@ use std::time::Duration;
 
 use k8s_openapi::api::admissionregistration::v1::{
     MatchCondition, MatchResources, NamedRuleWithOperations, ParamKind, ParamRef, ValidatingAdmissionPolicy,
-    ValidatingAdmissionPolicyBinding, ValidatingAdmissionPolicyBindingSpec, ValidatingAdmissionPolicySpec,
-    Validation, Variable,
+    ValidatingAdmissionPolicyBinding, ValidatingAdmissionPolicyBindingSpec, ValidatingAdmissionPolicySpec, Validation,
+    Variable,
 };
 use k8s_openapi::api::authentication::v1::SelfSubjectReview;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{LabelSelector, LabelSelectorRequirement, ObjectMeta};
@@ -154,7 +154,11 @@ pub fn policies(exempt: &Exemptions, manager: &str) -> Vec<Policy> {
     let make = |suffix: &str, spec: ValidatingAdmissionPolicySpec, param_ref: Option<ParamRef>| {
         let name = format!("{PREFIX}-{suffix}");
         Policy {
-            policy: ValidatingAdmissionPolicy { metadata: metadata(&name, manager), spec: Some(spec), ..Default::default() },
+            policy: ValidatingAdmissionPolicy {
+                metadata: metadata(&name, manager),
+                spec: Some(spec),
+                ..Default::default()
+            },
             binding: ValidatingAdmissionPolicyBinding {
                 metadata: metadata(&name, manager),
                 spec: ValidatingAdmissionPolicyBindingSpec {
@@ -176,7 +180,12 @@ pub fn policies(exempt: &Exemptions, manager: &str) -> Vec<Policy> {
                     namespace_selector: Some(exists(TENANT_LABEL)),
                     object_selector: Some(equals(steward_core::apply::MANAGED_BY_LABEL, manager)),
                     resource_rules: Some(vec![
-                        rule(&[""], &["resourcequotas", "limitranges", "secrets", "configmaps"], &["UPDATE", "DELETE"], None),
+                        rule(
+                            &[""],
+                            &["resourcequotas", "limitranges", "secrets", "configmaps"],
+                            &["UPDATE", "DELETE"],
+                            None,
+                        ),
                         rule(&["networking.k8s.io"], &["networkpolicies"], &["UPDATE", "DELETE"], None),
                         rule(&["rbac.authorization.k8s.io"], &["rolebindings"], &["UPDATE", "DELETE"], None),
                     ]),
@@ -212,7 +221,9 @@ pub fn policies(exempt: &Exemptions, manager: &str) -> Vec<Policy> {
                     &format!(
                         "variables.oldLabels.all(k, !({protected_labels}) || (k in variables.newLabels && variables.newLabels[k] == variables.oldLabels[k])) && variables.newLabels.all(k, !({protected_labels}) || k in variables.oldLabels)"
                     ),
-                    &format!("the labels {GROUP}/* and {POD_SECURITY_LABEL} of a tenant namespace are managed by tenant-operator; change the Tenant instead"),
+                    &format!(
+                        "the labels {GROUP}/* and {POD_SECURITY_LABEL} of a tenant namespace are managed by tenant-operator; change the Tenant instead"
+                    ),
                     None,
                 )]),
                 ..Default::default()
@@ -230,11 +241,22 @@ pub fn policies(exempt: &Exemptions, manager: &str) -> Vec<Policy> {
                 }),
                 match_conditions: Some(not_exempt.clone()),
                 variables: Some(vec![variable("tenant", &format!("object.metadata.labels['{TENANT_LABEL}']"))]),
-                validations: Some(vec![validation(
-                    &owns("variables.tenant"),
-                    "namespaces can only be created for a tenant you own",
-                    Some("'you are not an owner of tenant ' + variables.tenant + '; namespaces can only be created for a tenant you own'"),
-                )]),
+                validations: Some(vec![
+                    validation(
+                        &owns("variables.tenant"),
+                        "namespaces can only be created for a tenant you own",
+                        Some(
+                            "'you are not an owner of tenant ' + variables.tenant + '; namespaces can only be created for a tenant you own'",
+                        ),
+                    ),
+                    validation(
+                        &format!("object.metadata.labels.all(k, k == '{TENANT_LABEL}' || !({protected_labels}))"),
+                        &format!(
+                            "a new tenant namespace may carry only the label {TENANT_LABEL} of the {GROUP}/* and {POD_SECURITY_LABEL} labels; the operator sets the others from the Tenant"
+                        ),
+                        None,
+                    ),
+                ]),
                 ..Default::default()
             },
             None,
@@ -243,7 +265,10 @@ pub fn policies(exempt: &Exemptions, manager: &str) -> Vec<Policy> {
             "namespace-allowance",
             ValidatingAdmissionPolicySpec {
                 failure_policy: Some("Fail".to_string()),
-                param_kind: Some(ParamKind { api_version: Some(format!("{GROUP}/v1alpha1")), kind: Some("Tenant".to_string()) }),
+                param_kind: Some(ParamKind {
+                    api_version: Some(format!("{GROUP}/v1alpha1")),
+                    kind: Some("Tenant".to_string()),
+                }),
                 match_constraints: Some(MatchResources {
                     resource_rules: Some(vec![rule(&[""], &["namespaces"], &["CREATE"], None)]),
                     ..Default::default()
@@ -273,7 +298,9 @@ pub fn policies(exempt: &Exemptions, manager: &str) -> Vec<Policy> {
                     validation(
                         "variables.tenant != params.metadata.name || !has(params.spec.maxNamespaces) || variables.count < params.spec.maxNamespaces",
                         "the tenant has all the namespaces it may have",
-                        Some("'tenant ' + params.metadata.name + ' already has ' + string(variables.count) + ' of its ' + string(params.spec.maxNamespaces) + ' namespaces (maxNamespaces)'"),
+                        Some(
+                            "'tenant ' + params.metadata.name + ' already has ' + string(variables.count) + ' of its ' + string(params.spec.maxNamespaces) + ' namespaces (maxNamespaces)'",
+                        ),
                     ),
                 ]),
                 ..Default::default()
@@ -290,7 +317,12 @@ pub fn policies(exempt: &Exemptions, manager: &str) -> Vec<Policy> {
                 failure_policy: Some("Fail".to_string()),
                 match_constraints: Some(MatchResources {
                     namespace_selector: Some(equals(CORDONED_LABEL, "true")),
-                    resource_rules: Some(vec![rule(&["*"], &["*"], &["CREATE", "UPDATE", "DELETE"], Some("Namespaced"))]),
+                    resource_rules: Some(vec![rule(
+                        &["*"],
+                        &["*"],
+                        &["CREATE", "UPDATE", "DELETE"],
+                        Some("Namespaced"),
+                    )]),
                     ..Default::default()
                 }),
                 match_conditions: Some(not_exempt),
@@ -394,7 +426,13 @@ where
 
 /// Leader-only startup task: finds the operator's user, then applies the policies exempting it
 /// (and `extra`), retrying with backoff until done or `stop` is cancelled.
-pub async fn apply_until_done(client: Client, extra: Exemptions, manager: String, writes: Writes, stop: CancellationToken) {
+pub async fn apply_until_done(
+    client: Client,
+    extra: Exemptions,
+    manager: String,
+    writes: Writes,
+    stop: CancellationToken,
+) {
     let mut delay = Duration::from_millis(500);
     loop {
         let attempt = async {
@@ -425,6 +463,7 @@ pub async fn apply_until_done(client: Client, extra: Exemptions, manager: String
 }
 
 #[cfg(test)]
+#[allow(clippy::unwrap_used)]
 mod tests {
     use super::*;
 
@@ -468,8 +507,16 @@ mod tests {
         for r in ["resourcequotas", "limitranges", "networkpolicies", "rolebindings"] {
             assert!(resources.contains(&r.to_string()), "{r}");
         }
-        assert!(mc.resource_rules.iter().flatten().all(|r| r.operations.as_deref() == Some(&["UPDATE".to_string(), "DELETE".to_string()][..])));
-        assert_eq!(mc.object_selector.as_ref().unwrap().match_labels.as_ref().unwrap()["app.kubernetes.io/managed-by"], "tenant-operator");
+        assert!(
+            mc.resource_rules
+                .iter()
+                .flatten()
+                .all(|r| r.operations.as_deref() == Some(&["UPDATE".to_string(), "DELETE".to_string()][..]))
+        );
+        assert_eq!(
+            mc.object_selector.as_ref().unwrap().match_labels.as_ref().unwrap()["app.kubernetes.io/managed-by"],
+            "tenant-operator"
+        );
         assert_eq!(mc.namespace_selector.as_ref().unwrap().match_expressions.as_ref().unwrap()[0].key, TENANT_LABEL);
     }
 

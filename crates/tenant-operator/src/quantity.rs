@@ -54,7 +54,8 @@ impl Milli {
         if digits.len() > 30 {
             return Err(err("too many digits"));
         }
-        let mantissa: i128 = if digits.is_empty() { 0 } else { digits.parse().map_err(|_| err("expected a number"))? };
+        let mantissa: i128 =
+            if digits.is_empty() { 0 } else { digits.parse().map_err(|_| err("expected a number"))? };
         let frac_len = u32::try_from(frac_part.len()).map_err(|_| err("too many digits"))?;
 
         // value = mantissa × 10^-frac_len × multiplier; result in thousandths.
@@ -159,6 +160,7 @@ pub fn same_quantity(a: &str, b: &str) -> bool {
 }
 
 #[cfg(test)]
+#[allow(clippy::unwrap_used)]
 mod tests {
     use super::*;
 

@@ -57,7 +57,11 @@ impl Plan {
 /// Splits `tenant` (tenant-wide limits) over `namespaces`, combined with the per-namespace
 /// limits `per_namespace`. Without a tenant-wide quota every namespace simply gets
 /// `per_namespace`.
-pub fn plan(per_namespace: &BTreeMap<String, Milli>, tenant: &BTreeMap<String, Milli>, namespaces: &[Observed]) -> Plan {
+pub fn plan(
+    per_namespace: &BTreeMap<String, Milli>,
+    tenant: &BTreeMap<String, Milli>,
+    namespaces: &[Observed],
+) -> Plan {
     let mut hard: BTreeMap<String, BTreeMap<String, Milli>> =
         namespaces.iter().map(|n| (n.namespace.clone(), per_namespace.clone())).collect();
     let mut held_back = BTreeSet::new();
@@ -65,10 +69,8 @@ pub fn plan(per_namespace: &BTreeMap<String, Milli>, tenant: &BTreeMap<String, M
         let used: Vec<Milli> = namespaces.iter().map(|n| n.used.get(resource).copied().unwrap_or_default()).collect();
         let caps: Vec<Option<Milli>> = namespaces.iter().map(|_| per_namespace.get(resource).copied()).collect();
         let target = split(total, &used, &caps);
-        let raise_allowed = namespaces
-            .iter()
-            .zip(&target)
-            .all(|(n, t)| n.enforced.get(resource).copied().unwrap_or_default() <= *t);
+        let raise_allowed =
+            namespaces.iter().zip(&target).all(|(n, t)| n.enforced.get(resource).copied().unwrap_or_default() <= *t);
         for (n, t) in namespaces.iter().zip(&target) {
             let current = n.spec_hard.as_ref().and_then(|h| h.get(resource)).copied().unwrap_or_default();
             let value = if *t > current && !raise_allowed {
@@ -94,11 +96,8 @@ pub fn split(total: Milli, used: &[Milli], caps: &[Option<Milli>]) -> Vec<Milli>
     let grain: i128 = if whole { 1000 } else { 1 };
     let sum: i128 = used.iter().map(|u| u.0.max(0)).sum();
     let mut free = (total.0 - sum).max(0) / grain;
-    let rooms: Vec<i128> = used
-        .iter()
-        .zip(caps)
-        .map(|(u, c)| c.map_or(i128::MAX, |c| ((c.0 - u.0.max(0)).max(0)) / grain))
-        .collect();
+    let rooms: Vec<i128> =
+        used.iter().zip(caps).map(|(u, c)| c.map_or(i128::MAX, |c| ((c.0 - u.0.max(0)).max(0)) / grain)).collect();
     // Fill the smallest rooms first, so what a capped namespace cannot take goes to the others;
     // among equal rooms the biggest users come last, where the remainder accumulates.
     let mut order: Vec<usize> = (0..used.len()).collect();
@@ -138,6 +137,7 @@ pub fn total_used(namespaces: &[Observed]) -> BTreeMap<String, Milli> {
 }
 
 #[cfg(test)]
+#[allow(clippy::unwrap_used)]
 mod tests {
     use super::*;
 

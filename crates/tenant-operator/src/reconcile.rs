@@ -155,11 +155,8 @@ pub async fn reconcile(tenant: Arc<Tenant>, ctx: Arc<Context<State>>) -> Result<
 }
 
 async fn apply(tenant: Arc<Tenant>, ctx: &Context<State>) -> Result<Action, Error> {
-    let mut obs = Observation {
-        generation: tenant.metadata.generation,
-        cordoned: tenant.spec.cordoned,
-        ..Default::default()
-    };
+    let mut obs =
+        Observation { generation: tenant.metadata.generation, cordoned: tenant.spec.cordoned, ..Default::default() };
     let result = converge(&tenant, ctx, &mut obs).await;
     if let Err(e) = &result {
         obs.error = Some((e.reason().to_string(), steward_core::chain(e)));
@@ -231,12 +228,23 @@ async fn converge(tenant: &Arc<Tenant>, ctx: &Context<State>, obs: &mut Observat
             continue;
         }
         let current = stores.namespaces.get(&ObjectRef::new(&w.name));
-        let outcome = ensure(&ns_children, manager, &ctx.data.writes, current.as_deref(), build::namespace(tenant, &w.name, w.declared))
-            .await
-            .map_err(|source| Error::ApplyNamespace { name: w.name.clone(), source })?;
+        let outcome = ensure(
+            &ns_children,
+            manager,
+            &ctx.data.writes,
+            current.as_deref(),
+            build::namespace(tenant, &w.name, w.declared),
+        )
+        .await
+        .map_err(|source| Error::ApplyNamespace { name: w.name.clone(), source })?;
         if outcome == Outcome::Applied && current.is_none() {
             ctx.recorder
-                .normal(tenant.as_ref(), "NamespaceAdded", "ApplyNamespace", format!("namespace {} belongs to the tenant", w.name))
+                .normal(
+                    tenant.as_ref(),
+                    "NamespaceAdded",
+                    "ApplyNamespace",
+                    format!("namespace {} belongs to the tenant", w.name),
+                )
                 .await;
         }
     }
@@ -333,8 +341,16 @@ async fn converge(tenant: &Arc<Tenant>, ctx: &Context<State>, obs: &mut Observat
                     match source {
                         None => None,
                         Some(src) => Some(
-                            copy(client, &children, manager, &ctx.data.writes, &uid, &stores.secrets, build::shared_secret(tenant, ns, &src))
-                                .await?,
+                            copy(
+                                client,
+                                &children,
+                                manager,
+                                &ctx.data.writes,
+                                &uid,
+                                &stores.secrets,
+                                build::shared_secret(tenant, ns, &src),
+                            )
+                            .await?,
                         ),
                     }
                 }
@@ -343,8 +359,16 @@ async fn converge(tenant: &Arc<Tenant>, ctx: &Context<State>, obs: &mut Observat
                     match source {
                         None => None,
                         Some(src) => Some(
-                            copy(client, &children, manager, &ctx.data.writes, &uid, &stores.config_maps, build::shared_config_map(tenant, ns, &src))
-                                .await?,
+                            copy(
+                                client,
+                                &children,
+                                manager,
+                                &ctx.data.writes,
+                                &uid,
+                                &stores.config_maps,
+                                build::shared_config_map(tenant, ns, &src),
+                            )
+                            .await?,
                         ),
                     }
                 }
@@ -382,7 +406,10 @@ async fn converge(tenant: &Arc<Tenant>, ctx: &Context<State>, obs: &mut Observat
     if !taken.is_empty() {
         obs.problems.push(Problem {
             reason: "SharedObjectConflict",
-            message: format!("{} already exist and are not the tenant's copies", taken.into_iter().collect::<Vec<_>>().join(", ")),
+            message: format!(
+                "{} already exist and are not the tenant's copies",
+                taken.into_iter().collect::<Vec<_>>().join(", ")
+            ),
         });
     }
 
@@ -425,7 +452,13 @@ fn observed_quota(namespace: &str, rq: Option<&ResourceQuota>) -> quota::Observe
 }
 
 /// [`ensure`] with the current object from `store`.
-async fn ensure_child<K>(children: &Children, manager: &str, writes: &Writes, store: &Store<K>, desired: K) -> Result<Outcome, Error>
+async fn ensure_child<K>(
+    children: &Children,
+    manager: &str,
+    writes: &Writes,
+    store: &Store<K>,
+    desired: K,
+) -> Result<Outcome, Error>
 where
     K: Resource<DynamicType = ()> + Clone + Serialize + DeserializeOwned + Debug,
     K::Scope: ScopeApi,
@@ -483,10 +516,11 @@ where
     let ours = |obj: &K| obj.labels().get(OWNER_LABEL).map(String::as_str) == Some(uid);
     if cached.as_deref().is_none_or(|c| !ours(c)) {
         let api: Api<K> = Api::namespaced(client.clone(), &namespace);
-        let existing = api
-            .get_opt(&name)
-            .await
-            .map_err(|source| Error::ReadTarget { kind: kind_name::<K>(), key: key(Some(&namespace), &name), source })?;
+        let existing = api.get_opt(&name).await.map_err(|source| Error::ReadTarget {
+            kind: kind_name::<K>(),
+            key: key(Some(&namespace), &name),
+            source,
+        })?;
         if existing.as_ref().is_some_and(|e| !ours(e)) {
             return Ok(false);
         }
@@ -538,14 +572,28 @@ async fn remove_namespace(tenant: &Tenant, ctx: &Context<State>, ns: &str) -> Re
             delete::<Namespace>(&ctx.client, &ctx.data.writes, None, ns)
                 .await
                 .map_err(|source| Error::DeleteNamespace { name: ns.to_string(), source })?;
-            ctx.recorder.normal(tenant, "NamespaceDeleted", "DeleteNamespace", format!("namespace {ns} deleted (deletionPolicy Delete)")).await;
+            ctx.recorder
+                .normal(
+                    tenant,
+                    "NamespaceDeleted",
+                    "DeleteNamespace",
+                    format!("namespace {ns} deleted (deletionPolicy Delete)"),
+                )
+                .await;
         }
         NamespaceDeletionPolicy::Orphan => {
             ctx.data.writes.inc("Namespace", "release");
             release(&ctx.client, &ctx.field_manager, tenant, ns)
                 .await
                 .map_err(|source| Error::ReleaseNamespace { name: ns.to_string(), source })?;
-            ctx.recorder.normal(tenant, "NamespaceReleased", "ReleaseNamespace", format!("namespace {ns} kept without the tenant (deletionPolicy Orphan)")).await;
+            ctx.recorder
+                .normal(
+                    tenant,
+                    "NamespaceReleased",
+                    "ReleaseNamespace",
+                    format!("namespace {ns} kept without the tenant (deletionPolicy Orphan)"),
+                )
+                .await;
         }
     }
     Ok(())
@@ -555,7 +603,8 @@ async fn remove_namespace(tenant: &Tenant, ctx: &Context<State>, ns: &str) -> Re
 /// everything in it stay.
 async fn release(client: &Client, manager: &str, tenant: &Tenant, ns: &str) -> Result<(), kube::Error> {
     let (labels, annotations) = build::namespace_metadata_keys(tenant);
-    let nulls = |keys: Vec<String>| keys.into_iter().map(|k| (k, serde_json::Value::Null)).collect::<serde_json::Map<_, _>>();
+    let nulls =
+        |keys: Vec<String>| keys.into_iter().map(|k| (k, serde_json::Value::Null)).collect::<serde_json::Map<_, _>>();
     let patch = serde_json::json!({"metadata": {"labels": nulls(labels), "annotations": nulls(annotations)}});
     let params = PatchParams { field_manager: Some(manager.to_string()), ..Default::default() };
     match Api::<Namespace>::all(client.clone()).patch(ns, &params, &Patch::Merge(&patch)).await {
@@ -570,11 +619,8 @@ async fn release(client: &Client, manager: &str, tenant: &Tenant, ns: &str) -> R
 /// says why in the Ready condition.
 async fn cleanup(tenant: Arc<Tenant>, ctx: &Context<State>) -> Result<Action, Error> {
     let name = tenant.name_any();
-    let namespaces: Vec<String> = labelled_namespaces(&ctx.data.stores, &name)
-        .into_iter()
-        .filter(|e| !e.terminating)
-        .map(|e| e.name)
-        .collect();
+    let namespaces: Vec<String> =
+        labelled_namespaces(&ctx.data.stores, &name).into_iter().filter(|e| !e.terminating).map(|e| e.name).collect();
     let mut result = Ok(());
     for ns in &namespaces {
         result = remove_namespace(&tenant, ctx, ns).await;

@@ -111,6 +111,7 @@ pub fn compute(previous: Option<&TenantStatus>, obs: &Observation) -> TenantStat
 }
 
 #[cfg(test)]
+#[allow(clippy::unwrap_used)]
 mod tests {
     use super::*;
 

@@ -50,7 +50,12 @@ pub fn validate(spec: &TenantSpec) -> Result<Validated, InvalidSpec> {
     let tenant = spec.tenant_quota.as_ref().map(|q| parse("tenantQuota.hard", &q.hard)).transpose()?;
     if let Some(l) = &spec.limit_range {
         for (i, item) in l.limits.iter().enumerate() {
-            for (field, map) in [("default", &item.default), ("defaultRequest", &item.default_request), ("max", &item.max), ("min", &item.min)] {
+            for (field, map) in [
+                ("default", &item.default),
+                ("defaultRequest", &item.default_request),
+                ("max", &item.max),
+                ("min", &item.min),
+            ] {
                 parse(&format!("limitRange.limits[{i}].{field}"), map)?;
             }
         }
@@ -59,6 +64,7 @@ pub fn validate(spec: &TenantSpec) -> Result<Validated, InvalidSpec> {
 }
 
 #[cfg(test)]
+#[allow(clippy::unwrap_used)]
 mod tests {
     use super::*;
     use crate::crd::{QuotaSpec, Subject, SubjectKind};
@@ -73,7 +79,9 @@ mod tests {
     #[test]
     fn parses_quotas() {
         let mut s = spec();
-        s.tenant_quota = Some(QuotaSpec { hard: BTreeMap::from([("pods".into(), "10".into()), ("requests.cpu".into(), "1500m".into())]) });
+        s.tenant_quota = Some(QuotaSpec {
+            hard: BTreeMap::from([("pods".into(), "10".into()), ("requests.cpu".into(), "1500m".into())]),
+        });
         let v = validate(&s).unwrap();
         assert_eq!(v.tenant["pods"], Milli::units(10));
         assert_eq!(v.tenant["requests.cpu"], Milli(1500));
