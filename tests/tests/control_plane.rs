@@ -16,7 +16,12 @@ use steward_testenv::eventually;
 
 /// A throwaway custom resource for these tests.
 #[derive(CustomResource, Clone, Debug, Deserialize, Serialize, JsonSchema)]
-#[kube(group = "testenv.steward.dev", version = "v1", kind = "Widget", namespaced)]
+#[kube(
+    group = "testenv.steward.dev",
+    version = "v1",
+    kind = "Widget",
+    namespaced
+)]
 pub struct WidgetSpec {
     /// Between 1 and 9.
     #[schemars(range(min = 1, max = 9))]
@@ -27,7 +32,9 @@ const WAIT: Duration = Duration::from_secs(60);
 
 async fn widgets(prefix: &str) -> (Api<Widget>, kube::Client, String) {
     let cp = steward_testenv::shared().await.expect("control plane");
-    cp.apply_crd(&Widget::crd()).await.expect("install Widget CRD");
+    cp.apply_crd(&Widget::crd())
+        .await
+        .expect("install Widget CRD");
     let ns = cp.namespace(prefix).await.expect("namespace");
     let client = cp.client().expect("client");
     (Api::namespaced(client.clone(), &ns), client, ns)
@@ -47,13 +54,21 @@ fn api_error_code(err: &kube::Error) -> Option<u16> {
 #[tokio::test]
 async fn crd_becomes_established_and_schema_rejects_bad_objects() {
     let (api, _, _) = widgets("schema").await;
-    api.create(&PostParams::default(), &widget("good", 3)).await.expect("create");
+    api.create(&PostParams::default(), &widget("good", 3))
+        .await
+        .expect("create");
     let back = api.get("good").await.expect("read back");
     assert_eq!(back.spec.size, 3);
 
-    let err = api.create(&PostParams::default(), &widget("bad", 42)).await.expect_err("size 42 must be rejected");
+    let err = api
+        .create(&PostParams::default(), &widget("bad", 42))
+        .await
+        .expect_err("size 42 must be rejected");
     assert_eq!(api_error_code(&err), Some(422), "{err}");
-    assert!(err.to_string().contains("spec.size"), "the error names the field: {err}");
+    assert!(
+        err.to_string().contains("spec.size"),
+        "the error names the field: {err}"
+    );
 }
 
 #[tokio::test]
@@ -61,15 +76,26 @@ async fn finalizer_holds_deletion_until_removed() {
     let (api, _, _) = widgets("finalizer").await;
     let mut w = widget("held", 1);
     w.meta_mut().finalizers = Some(vec!["testenv.steward.dev/hold".into()]);
-    api.create(&PostParams::default(), &w).await.expect("create");
-    api.delete("held", &DeleteParams::default()).await.expect("delete");
+    api.create(&PostParams::default(), &w)
+        .await
+        .expect("create");
+    api.delete("held", &DeleteParams::default())
+        .await
+        .expect("delete");
 
     let held = api.get("held").await.expect("still there");
-    assert!(held.metadata.deletion_timestamp.is_some(), "deletionTimestamp is set");
+    assert!(
+        held.metadata.deletion_timestamp.is_some(),
+        "deletionTimestamp is set"
+    );
 
-    api.patch("held", &PatchParams::default(), &Patch::Merge(json!({"metadata": {"finalizers": null}})))
-        .await
-        .expect("remove finalizer");
+    api.patch(
+        "held",
+        &PatchParams::default(),
+        &Patch::Merge(json!({"metadata": {"finalizers": null}})),
+    )
+    .await
+    .expect("remove finalizer");
     eventually("held widget gone", WAIT, || async {
         match api.get_opt("held").await {
             Ok(None) => Ok(()),
@@ -84,15 +110,22 @@ async fn finalizer_holds_deletion_until_removed() {
 #[tokio::test]
 async fn owned_configmap_is_garbage_collected() {
     let (api, client, ns) = widgets("gc").await;
-    let owner = api.create(&PostParams::default(), &widget("owner", 1)).await.expect("create owner");
+    let owner = api
+        .create(&PostParams::default(), &widget("owner", 1))
+        .await
+        .expect("create owner");
     let cms: Api<ConfigMap> = Api::namespaced(client, &ns);
     let cm: ConfigMap = serde_json::from_value(json!({
         "metadata": {"name": "owned", "ownerReferences": [owner.controller_owner_ref(&()).expect("owner ref")]},
         "data": {"k": "v"}
     }))
     .expect("configmap");
-    cms.create(&PostParams::default(), &cm).await.expect("create configmap");
-    api.delete("owner", &DeleteParams::background()).await.expect("delete owner");
+    cms.create(&PostParams::default(), &cm)
+        .await
+        .expect("create configmap");
+    api.delete("owner", &DeleteParams::background())
+        .await
+        .expect("delete owner");
     eventually("owned ConfigMap garbage-collected", WAIT, || async {
         match cms.get_opt("owned").await {
             Ok(None) => Ok(()),
@@ -107,13 +140,21 @@ async fn owned_configmap_is_garbage_collected() {
 #[tokio::test]
 async fn namespace_with_objects_goes_away() {
     let (api, client, ns) = widgets("nsdelete").await;
-    api.create(&PostParams::default(), &widget("inside", 1)).await.expect("create widget");
-    let cms: Api<ConfigMap> = Api::namespaced(client.clone(), &ns);
-    cms.create(&PostParams::default(), &serde_json::from_value(json!({"metadata": {"name": "c"}})).expect("cm"))
+    api.create(&PostParams::default(), &widget("inside", 1))
         .await
-        .expect("create configmap");
+        .expect("create widget");
+    let cms: Api<ConfigMap> = Api::namespaced(client.clone(), &ns);
+    cms.create(
+        &PostParams::default(),
+        &serde_json::from_value(json!({"metadata": {"name": "c"}})).expect("cm"),
+    )
+    .await
+    .expect("create configmap");
     let namespaces: Api<Namespace> = Api::all(client);
-    namespaces.delete(&ns, &DeleteParams::default()).await.expect("delete namespace");
+    namespaces
+        .delete(&ns, &DeleteParams::default())
+        .await
+        .expect("delete namespace");
     eventually("namespace deleted", WAIT, || async {
         match namespaces.get_opt(&ns).await {
             Ok(None) => Ok(()),
@@ -146,20 +187,34 @@ async fn deployment_and_statefulset_become_ready_on_kwok_nodes() {
     .expect("statefulset");
     let deployments: Api<Deployment> = Api::namespaced(client.clone(), &ns);
     let statefulsets: Api<StatefulSet> = Api::namespaced(client, &ns);
-    deployments.create(&PostParams::default(), &deploy).await.expect("create deployment");
-    statefulsets.create(&PostParams::default(), &sts).await.expect("create statefulset");
+    deployments
+        .create(&PostParams::default(), &deploy)
+        .await
+        .expect("create deployment");
+    statefulsets
+        .create(&PostParams::default(), &sts)
+        .await
+        .expect("create statefulset");
 
     eventually("Deployment availableReplicas == 2", WAIT, || async {
         let d = deployments.get("web").await.map_err(|e| e.to_string())?;
         let available = d.status.and_then(|s| s.available_replicas).unwrap_or(0);
-        if available == 2 { Ok(()) } else { Err(format!("availableReplicas {available}")) }
+        if available == 2 {
+            Ok(())
+        } else {
+            Err(format!("availableReplicas {available}"))
+        }
     })
     .await
     .expect("deployment available");
     eventually("StatefulSet readyReplicas == 2", WAIT, || async {
         let s = statefulsets.get("db").await.map_err(|e| e.to_string())?;
         let ready = s.status.and_then(|s| s.ready_replicas).unwrap_or(0);
-        if ready == 2 { Ok(()) } else { Err(format!("readyReplicas {ready}")) }
+        if ready == 2 {
+            Ok(())
+        } else {
+            Err(format!("readyReplicas {ready}"))
+        }
     })
     .await
     .expect("statefulset ready");
@@ -169,9 +224,15 @@ async fn deployment_and_statefulset_become_ready_on_kwok_nodes() {
 async fn service_account_is_denied_until_bound() {
     let cp = steward_testenv::shared().await.expect("control plane");
     let ns = cp.namespace("rbac").await.expect("namespace");
-    let sa_client = cp.service_account_client(&ns, "reader").await.expect("sa client");
+    let sa_client = cp
+        .service_account_client(&ns, "reader")
+        .await
+        .expect("sa client");
     let as_sa: Api<ConfigMap> = Api::namespaced(sa_client, &ns);
-    let err = as_sa.list(&Default::default()).await.expect_err("no rights yet");
+    let err = as_sa
+        .list(&Default::default())
+        .await
+        .expect_err("no rights yet");
     assert_eq!(api_error_code(&err), Some(403), "{err}");
 
     let admin = cp.client().expect("client");
@@ -186,25 +247,44 @@ async fn service_account_is_denied_until_bound() {
         "subjects": [{"kind": "ServiceAccount", "name": "reader", "namespace": ns}]
     }))
     .expect("rolebinding");
-    Api::<Role>::namespaced(admin.clone(), &ns).create(&PostParams::default(), &role).await.expect("role");
-    Api::<RoleBinding>::namespaced(admin, &ns).create(&PostParams::default(), &binding).await.expect("binding");
+    Api::<Role>::namespaced(admin.clone(), &ns)
+        .create(&PostParams::default(), &role)
+        .await
+        .expect("role");
+    Api::<RoleBinding>::namespaced(admin, &ns)
+        .create(&PostParams::default(), &binding)
+        .await
+        .expect("binding");
     // RBAC is evaluated from an informer cache in the API server: allow it a moment.
     eventually("list allowed after the RoleBinding", WAIT, || async {
-        as_sa.list(&Default::default()).await.map(|_| ()).map_err(|e| e.to_string())
+        as_sa
+            .list(&Default::default())
+            .await
+            .map(|_| ())
+            .map_err(|e| e.to_string())
     })
     .await
     .expect("the same call succeeds once bound");
 
-    let impersonated: Api<ConfigMap> =
-        Api::namespaced(cp.impersonating_client("mallory", &["outsiders"]).expect("impersonate"), &ns);
-    let err = impersonated.list(&Default::default()).await.expect_err("mallory has no rights");
+    let impersonated: Api<ConfigMap> = Api::namespaced(
+        cp.impersonating_client("mallory", &["outsiders"])
+            .expect("impersonate"),
+        &ns,
+    );
+    let err = impersonated
+        .list(&Default::default())
+        .await
+        .expect_err("mallory has no rights");
     assert_eq!(api_error_code(&err), Some(403), "{err}");
 }
 
 #[tokio::test]
 async fn same_resource_version_twice_conflicts_once() {
     let (api, _, _) = widgets("conflict").await;
-    let created = api.create(&PostParams::default(), &widget("racy", 1)).await.expect("create");
+    let created = api
+        .create(&PostParams::default(), &widget("racy", 1))
+        .await
+        .expect("create");
     let mut first = created.clone();
     first.spec.size = 2;
     let mut second = created;

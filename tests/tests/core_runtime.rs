@@ -2,6 +2,8 @@
 //! and the metrics and health endpoints. A test operator for a throwaway `Gadget` CRD runs
 //! in-process.
 
+#![allow(clippy::unwrap_used)] // test helpers: a failed call is a failed test
+
 use std::collections::HashMap;
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
@@ -23,7 +25,13 @@ use steward_core::{Context, Operator, ReconcileError, conditions};
 use steward_testenv::eventually;
 
 #[derive(CustomResource, Clone, Debug, Deserialize, Serialize, JsonSchema)]
-#[kube(group = "coretest.steward.dev", version = "v1", kind = "Gadget", namespaced, status = "GadgetStatus")]
+#[kube(
+    group = "coretest.steward.dev",
+    version = "v1",
+    kind = "Gadget",
+    namespaced,
+    status = "GadgetStatus"
+)]
 #[serde(rename_all = "camelCase")]
 pub struct GadgetSpec {
     #[serde(default)]
@@ -82,15 +90,29 @@ async fn write_conditions(
     message: &str,
 ) -> Result<(), TestError> {
     let mut next = g.status.clone().unwrap_or_default();
-    conditions::set(&mut next.conditions, conditions::READY, ready, reason, message, g.metadata.generation);
+    conditions::set(
+        &mut next.conditions,
+        conditions::READY,
+        ready,
+        reason,
+        message,
+        g.metadata.generation,
+    );
     ctx.apply_status(g, g.status.as_ref(), &next).await?;
     Ok(())
 }
 
 async fn reconcile(obj: Arc<Gadget>, ctx: Arc<Context<Arc<Probe>>>) -> Result<Action, TestError> {
     let probe = ctx.data.clone();
-    probe.attempts.lock().unwrap().entry(obj.name_any()).or_default().push(Instant::now());
-    let api: Api<Gadget> = Api::namespaced(ctx.client.clone(), &obj.namespace().unwrap_or_default());
+    probe
+        .attempts
+        .lock()
+        .unwrap()
+        .entry(obj.name_any())
+        .or_default()
+        .push(Instant::now());
+    let api: Api<Gadget> =
+        Api::namespaced(ctx.client.clone(), &obj.namespace().unwrap_or_default());
     let ctx2 = ctx.clone();
     finalizer::run(&api, FINALIZER, obj, |event| async move {
         match event {
@@ -107,7 +129,14 @@ async fn reconcile(obj: Arc<Gadget>, ctx: Arc<Context<Arc<Probe>>>) -> Result<Ac
                 }
                 probe.cleanup_attempts.fetch_add(1, Ordering::SeqCst);
                 if probe.fail_cleanup.load(Ordering::SeqCst) {
-                    write_conditions(&ctx2, &g, false, "CleanupFailed", "external cleanup failed; will retry").await?;
+                    write_conditions(
+                        &ctx2,
+                        &g,
+                        false,
+                        "CleanupFailed",
+                        "external cleanup failed; will retry",
+                    )
+                    .await?;
                     return Err(TestError::CleanupFailed);
                 }
                 probe.cleanups.fetch_add(1, Ordering::SeqCst);
@@ -145,10 +174,21 @@ async fn start(prefix: &str, backoff_base: Duration) -> Running {
         .backoff(backoff_base, Duration::from_secs(30));
     let probe = Arc::new(Probe::default());
     let api: Api<Gadget> = operator.api();
-    operator.controller(Controller::new(api.clone(), Default::default()), probe.clone(), reconcile);
+    operator.controller(
+        Controller::new(api.clone(), Default::default()),
+        probe.clone(),
+        reconcile,
+    );
     let stop = operator.shutdown_token();
     let task = tokio::spawn(operator.run());
-    Running { api: Api::namespaced(cp.client().unwrap(), &ns), ns, probe, addr, stop, task }
+    Running {
+        api: Api::namespaced(cp.client().unwrap(), &ns),
+        ns,
+        probe,
+        addr,
+        stop,
+        task,
+    }
 }
 
 impl Running {
@@ -159,7 +199,12 @@ impl Running {
 }
 
 fn gadget(name: &str, policy: DeletionPolicy) -> Gadget {
-    Gadget::new(name, GadgetSpec { deletion_policy: policy })
+    Gadget::new(
+        name,
+        GadgetSpec {
+            deletion_policy: policy,
+        },
+    )
 }
 
 async fn gone(api: &Api<Gadget>, name: &str) {
@@ -180,47 +225,89 @@ async fn finalizer_runs_cleanup_once_keeps_object_on_failure_and_retain_skips_cl
     let api = run.api.clone();
 
     // Apply adds the finalizer.
-    api.create(&PostParams::default(), &gadget("doomed", DeletionPolicy::Delete)).await.unwrap();
+    api.create(
+        &PostParams::default(),
+        &gadget("doomed", DeletionPolicy::Delete),
+    )
+    .await
+    .unwrap();
     eventually("finalizer added and Ready", WAIT, || async {
         let g = api.get("doomed").await.map_err(|e| e.to_string())?;
-        let ready = g.status.as_ref().is_some_and(|s| conditions::is_true(&s.conditions, "Ready"));
-        if g.finalizers().iter().any(|f| f == FINALIZER) && ready { Ok(()) } else { Err(format!("{:?}", g.metadata.finalizers)) }
+        let ready = g
+            .status
+            .as_ref()
+            .is_some_and(|s| conditions::is_true(&s.conditions, "Ready"));
+        if g.finalizers().iter().any(|f| f == FINALIZER) && ready {
+            Ok(())
+        } else {
+            Err(format!("{:?}", g.metadata.finalizers))
+        }
     })
     .await
     .unwrap();
 
     // Delete runs Cleanup exactly once.
-    api.delete("doomed", &DeleteParams::default()).await.unwrap();
+    api.delete("doomed", &DeleteParams::default())
+        .await
+        .unwrap();
     gone(&api, "doomed").await;
     assert_eq!(run.probe.cleanups.load(Ordering::SeqCst), 1);
 
     // A failing Cleanup keeps the object, says why, and completes on retry.
     run.probe.fail_cleanup.store(true, Ordering::SeqCst);
-    api.create(&PostParams::default(), &gadget("stubborn", DeletionPolicy::Delete)).await.unwrap();
+    api.create(
+        &PostParams::default(),
+        &gadget("stubborn", DeletionPolicy::Delete),
+    )
+    .await
+    .unwrap();
     eventually("finalizer on stubborn", WAIT, || async {
         let g = api.get("stubborn").await.map_err(|e| e.to_string())?;
-        if g.finalizers().is_empty() { Err("no finalizer yet".to_string()) } else { Ok(()) }
+        if g.finalizers().is_empty() {
+            Err("no finalizer yet".to_string())
+        } else {
+            Ok(())
+        }
     })
     .await
     .unwrap();
-    api.delete("stubborn", &DeleteParams::default()).await.unwrap();
+    api.delete("stubborn", &DeleteParams::default())
+        .await
+        .unwrap();
     let reason = eventually("CleanupFailed condition", WAIT, || async {
         let g = api.get("stubborn").await.map_err(|e| e.to_string())?;
-        let c = g.status.as_ref().and_then(|s| conditions::get(&s.conditions, "Ready").cloned());
+        let c = g
+            .status
+            .as_ref()
+            .and_then(|s| conditions::get(&s.conditions, "Ready").cloned());
         match c {
-            Some(c) if c.reason == "CleanupFailed" && run.probe.cleanup_attempts.load(Ordering::SeqCst) >= 3 => Ok(c.reason),
+            Some(c)
+                if c.reason == "CleanupFailed"
+                    && run.probe.cleanup_attempts.load(Ordering::SeqCst) >= 3 =>
+            {
+                Ok(c.reason)
+            }
             other => Err(format!("condition {other:?}")),
         }
     })
     .await
     .unwrap();
     assert_eq!(reason, "CleanupFailed");
-    let still = api.get("stubborn").await.expect("object kept while cleanup fails");
+    let still = api
+        .get("stubborn")
+        .await
+        .expect("object kept while cleanup fails");
     assert!(still.metadata.deletion_timestamp.is_some());
-    assert!(still.finalizers().iter().any(|f| f == FINALIZER), "finalizer kept");
+    assert!(
+        still.finalizers().iter().any(|f| f == FINALIZER),
+        "finalizer kept"
+    );
     let events: Api<CoreEvent> = Api::namespaced(api.clone().into_client(), &run.ns);
     let warning = eventually("Warning Event for the failed cleanup", WAIT, || async {
-        let list = events.list(&ListParams::default()).await.map_err(|e| e.to_string())?;
+        let list = events
+            .list(&ListParams::default())
+            .await
+            .map_err(|e| e.to_string())?;
         list.items
             .into_iter()
             .find(|e| {
@@ -232,23 +319,45 @@ async fn finalizer_runs_cleanup_once_keeps_object_on_failure_and_retain_skips_cl
     })
     .await
     .unwrap();
-    assert!(warning.message.unwrap_or_default().contains("external cleanup failed"));
+    assert!(
+        warning
+            .message
+            .unwrap_or_default()
+            .contains("external cleanup failed")
+    );
     run.probe.fail_cleanup.store(false, Ordering::SeqCst);
     gone(&api, "stubborn").await;
-    assert_eq!(run.probe.cleanups.load(Ordering::SeqCst), 2, "the retry cleaned up");
+    assert_eq!(
+        run.probe.cleanups.load(Ordering::SeqCst),
+        2,
+        "the retry cleaned up"
+    );
 
     // Retain removes the finalizer without cleanup.
     let attempts_before = run.probe.cleanup_attempts.load(Ordering::SeqCst);
-    api.create(&PostParams::default(), &gadget("kept", DeletionPolicy::Retain)).await.unwrap();
+    api.create(
+        &PostParams::default(),
+        &gadget("kept", DeletionPolicy::Retain),
+    )
+    .await
+    .unwrap();
     eventually("finalizer on kept", WAIT, || async {
         let g = api.get("kept").await.map_err(|e| e.to_string())?;
-        if g.finalizers().is_empty() { Err("no finalizer yet".to_string()) } else { Ok(()) }
+        if g.finalizers().is_empty() {
+            Err("no finalizer yet".to_string())
+        } else {
+            Ok(())
+        }
     })
     .await
     .unwrap();
     api.delete("kept", &DeleteParams::default()).await.unwrap();
     gone(&api, "kept").await;
-    assert_eq!(run.probe.cleanup_attempts.load(Ordering::SeqCst), attempts_before, "Retain runs no cleanup");
+    assert_eq!(
+        run.probe.cleanup_attempts.load(Ordering::SeqCst),
+        attempts_before,
+        "Retain runs no cleanup"
+    );
     run.stop().await;
 }
 
@@ -258,43 +367,86 @@ async fn failing_reconciles_back_off_exponentially_and_success_resets() {
     let run = start("backoff", base).await;
     let api = run.api.clone();
     run.probe.fail_apply.store(true, Ordering::SeqCst);
-    api.create(&PostParams::default(), &gadget("flaky", DeletionPolicy::Retain)).await.unwrap();
+    api.create(
+        &PostParams::default(),
+        &gadget("flaky", DeletionPolicy::Retain),
+    )
+    .await
+    .unwrap();
     let attempts = |n: usize| {
         let probe = run.probe.clone();
         async move {
-            let a = probe.attempts.lock().unwrap().get("flaky").cloned().unwrap_or_default();
-            if a.len() >= n { Ok(a) } else { Err(format!("{} attempts", a.len())) }
+            let a = probe
+                .attempts
+                .lock()
+                .unwrap()
+                .get("flaky")
+                .cloned()
+                .unwrap_or_default();
+            if a.len() >= n {
+                Ok(a)
+            } else {
+                Err(format!("{} attempts", a.len()))
+            }
         }
     };
     // The first attempt only adds the finalizer (and succeeds); the failures start after it.
-    let failing = eventually("5 failed attempts", WAIT, || attempts(6)).await.unwrap();
+    let failing = eventually("5 failed attempts", WAIT, || attempts(6))
+        .await
+        .unwrap();
     let gaps: Vec<Duration> = failing[1..].windows(2).map(|w| w[1] - w[0]).collect();
     println!("gaps between failing attempts: {gaps:?}");
     for (i, gap) in gaps.iter().enumerate() {
         let expected = base * 2u32.pow(i as u32);
-        assert!(*gap >= expected.mul_f64(0.9), "gap {i} = {gap:?}, expected about {expected:?}");
-        assert!(*gap < expected * 2 + Duration::from_millis(500), "gap {i} = {gap:?}, expected about {expected:?}");
+        assert!(
+            *gap >= expected.mul_f64(0.9),
+            "gap {i} = {gap:?}, expected about {expected:?}"
+        );
+        assert!(
+            *gap < expected * 2 + Duration::from_millis(500),
+            "gap {i} = {gap:?}, expected about {expected:?}"
+        );
     }
 
     // Success resets the backoff: the next failure retries after `base` again.
     run.probe.fail_apply.store(false, Ordering::SeqCst);
     let n = failing.len();
-    eventually("a successful attempt", WAIT, || attempts(n + 1)).await.unwrap();
+    eventually("a successful attempt", WAIT, || attempts(n + 1))
+        .await
+        .unwrap();
     eventually("Ready after success", WAIT, || async {
         let g = api.get("flaky").await.map_err(|e| e.to_string())?;
-        if g.status.as_ref().is_some_and(|s| conditions::is_true(&s.conditions, "Ready")) { Ok(()) } else { Err("not ready".into()) }
+        if g.status
+            .as_ref()
+            .is_some_and(|s| conditions::is_true(&s.conditions, "Ready"))
+        {
+            Ok(())
+        } else {
+            Err("not ready".into())
+        }
     })
     .await
     .unwrap();
     run.probe.fail_apply.store(true, Ordering::SeqCst);
     let before = run.probe.attempts.lock().unwrap()["flaky"].len();
-    api.patch("flaky", &PatchParams::default(), &Patch::Merge(json!({"metadata": {"annotations": {"poke": "1"}}})))
-        .await
-        .unwrap();
-    let after = eventually("two failures after the reset", WAIT, || attempts(before + 2)).await.unwrap();
+    api.patch(
+        "flaky",
+        &PatchParams::default(),
+        &Patch::Merge(json!({"metadata": {"annotations": {"poke": "1"}}})),
+    )
+    .await
+    .unwrap();
+    let after = eventually("two failures after the reset", WAIT, || {
+        attempts(before + 2)
+    })
+    .await
+    .unwrap();
     let gap = after[before + 1] - after[before];
     println!("first gap after reset: {gap:?}");
-    assert!(gap < base * 2, "backoff restarted from base after success, got {gap:?}");
+    assert!(
+        gap < base * 2,
+        "backoff restarted from base after success, got {gap:?}"
+    );
 
     // The endpoints say what happened.
     let (code, metrics) = http_get(run.addr, "/metrics").await;
@@ -309,30 +461,61 @@ async fn failing_reconciles_back_off_exponentially_and_success_resets() {
     };
     let errors = value("controller_runtime_reconcile_errors_total{controller=\"gadget\"}");
     let observed_failures = run.probe.attempts.lock().unwrap()["flaky"].len() - 2;
-    assert!(errors >= 5.0 && errors <= observed_failures as f64 + 1.0, "errors {errors}, failures {observed_failures}");
-    assert!(value("controller_runtime_reconcile_total{controller=\"gadget\",result=\"success\"}") >= 1.0);
-    assert_eq!(value("leader_election_master_status{name=\"coretest\"}"), 1.0);
-    assert_eq!(value("controller_runtime_max_concurrent_reconciles{controller=\"gadget\"}"), 8.0);
+    assert!(
+        errors >= 5.0 && errors <= observed_failures as f64 + 1.0,
+        "errors {errors}, failures {observed_failures}"
+    );
+    assert!(
+        value("controller_runtime_reconcile_total{controller=\"gadget\",result=\"success\"}")
+            >= 1.0
+    );
+    assert_eq!(
+        value("leader_election_master_status{name=\"coretest\"}"),
+        1.0
+    );
+    assert_eq!(
+        value("controller_runtime_max_concurrent_reconciles{controller=\"gadget\"}"),
+        8.0
+    );
     assert!(metrics.contains("controller_runtime_reconcile_time_seconds_bucket"));
     // One status write made Ready=True; the failures before it wrote nothing.
-    assert_eq!(value("steward_status_writes_total{controller=\"gadget\"}"), 1.0);
-    assert_eq!(http_get(run.addr, "/healthz").await, (200, "ok".to_string()));
+    assert_eq!(
+        value("steward_status_writes_total{controller=\"gadget\"}"),
+        1.0
+    );
+    assert_eq!(
+        http_get(run.addr, "/healthz").await,
+        (200, "ok".to_string())
+    );
     assert_eq!(http_get(run.addr, "/readyz").await, (200, "ok".to_string()));
     run.stop().await;
 }
 
 fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port()
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
 }
 
 /// GET over HTTP/1.0; returns the status code and body.
 async fn http_get(addr: SocketAddr, path: &str) -> (u16, String) {
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
     let mut s = tokio::net::TcpStream::connect(addr).await.expect("connect");
-    s.write_all(format!("GET {path} HTTP/1.0\r\nHost: localhost\r\n\r\n").as_bytes()).await.unwrap();
+    s.write_all(format!("GET {path} HTTP/1.0\r\nHost: localhost\r\n\r\n").as_bytes())
+        .await
+        .unwrap();
     let mut text = String::new();
     s.read_to_string(&mut text).await.unwrap();
-    let code = text.split_whitespace().nth(1).and_then(|c| c.parse().ok()).unwrap_or(0);
-    let body = text.split_once("\r\n\r\n").map(|(_, b)| b.to_string()).unwrap_or_default();
+    let code = text
+        .split_whitespace()
+        .nth(1)
+        .and_then(|c| c.parse().ok())
+        .unwrap_or(0);
+    let body = text
+        .split_once("\r\n\r\n")
+        .map(|(_, b)| b.to_string())
+        .unwrap_or_default();
     (code, body)
 }

@@ -10,12 +10,15 @@ use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
 
 use database_operator::api::{
-    Database, DatabaseRole, DatabaseRoleSpec, DatabaseSpec, DeletionPolicy, Ensure, ExtensionSpec, ExternalServer, LocalRef,
-    PostgresCluster, Privileges, ROTATE_ANNOTATION, SchemaSpec, SecretRef, SslMode,
+    Database, DatabaseRole, DatabaseRoleSpec, DatabaseSpec, DeletionPolicy, Ensure, ExtensionSpec,
+    ExternalServer, LocalRef, PostgresCluster, Privileges, ROTATE_ANNOTATION, SchemaSpec,
+    SecretRef, SslMode,
 };
 use k8s_openapi::api::apps::v1::StatefulSet;
 use k8s_openapi::api::batch::v1::Job;
-use k8s_openapi::api::core::v1::{ConfigMap, Event, PersistentVolume, PersistentVolumeClaim, Pod, Secret, Service};
+use k8s_openapi::api::core::v1::{
+    ConfigMap, Event, PersistentVolume, PersistentVolumeClaim, Pod, Secret, Service,
+};
 use k8s_openapi::api::policy::v1::PodDisruptionBudget;
 use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams, PostParams};
 use kube::{Client, Resource, ResourceExt};
@@ -57,12 +60,22 @@ async fn env(prefix: &str) -> Env {
     // Only this operator's CRDs, from the committed YAML (so a stale file fails here).
     for crd in database_operator::crds() {
         let name = crd.metadata.name.clone().unwrap();
-        let path = steward_testenv::workspace_root().join("crds").join(format!("{}_{}.yaml", crd.spec.group, crd.spec.names.plural));
-        let text = std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+        let path = steward_testenv::workspace_root()
+            .join("crds")
+            .join(format!("{}_{}.yaml", crd.spec.group, crd.spec.names.plural));
+        let text =
+            std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
         let committed: k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition =
             serde_yaml::from_str(&text).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
-        assert_eq!(committed.spec, crd.spec, "{} is stale: run `cargo xtask crdgen`", path.display());
-        cp.apply_crd(&committed).await.unwrap_or_else(|e| panic!("install CRD {name}: {e}"));
+        assert_eq!(
+            committed.spec,
+            crd.spec,
+            "{} is stale: run `cargo xtask crdgen`",
+            path.display()
+        );
+        cp.apply_crd(&committed)
+            .await
+            .unwrap_or_else(|e| panic!("install CRD {name}: {e}"));
     }
     let ns = cp.namespace(prefix).await.expect("namespace");
     let args = steward_core::cli::CommonArgs {
@@ -73,10 +86,14 @@ async fn env(prefix: &str) -> Env {
         shutdown_timeout: Duration::from_secs(5),
         ..Default::default()
     };
-    let mut operator = steward_core::Operator::with_config(database_operator::NAME, args, cp.config().clone())
-        .expect("operator")
-        .backoff(Duration::from_millis(500), Duration::from_secs(4));
-    let options = database_operator::Options { resync_interval: Duration::from_secs(2), ..Default::default() };
+    let mut operator =
+        steward_core::Operator::with_config(database_operator::NAME, args, cp.config().clone())
+            .expect("operator")
+            .backoff(Duration::from_millis(500), Duration::from_secs(4));
+    let options = database_operator::Options {
+        resync_interval: Duration::from_secs(2),
+        ..Default::default()
+    };
     database_operator::register(&mut operator, options).expect("register");
     let stop = operator.shutdown_token();
     let task = tokio::spawn(async move {
@@ -84,7 +101,14 @@ async fn env(prefix: &str) -> Env {
             eprintln!("operator stopped with an error: {e}");
         }
     });
-    Env { client: cp.client().expect("client"), ns, _operator: Running { stop, task: Some(task) } }
+    Env {
+        client: cp.client().expect("client"),
+        ns,
+        _operator: Running {
+            stop,
+            task: Some(task),
+        },
+    }
 }
 
 impl Env {
@@ -102,31 +126,57 @@ impl Env {
             "stringData": {"username": pg.superuser(), "password": pg.password()}
         }))
         .unwrap();
-        self.api::<Secret>().create(&PostParams::default(), &secret).await.expect("admin Secret");
+        self.api::<Secret>()
+            .create(&PostParams::default(), &secret)
+            .await
+            .expect("admin Secret");
     }
 
     async fn secret(&self, name: &str) -> BTreeMap<String, String> {
-        let s = self.api::<Secret>().get(name).await.unwrap_or_else(|e| panic!("Secret {name}: {e}"));
-        s.data.unwrap_or_default().into_iter().map(|(k, v)| (k, String::from_utf8(v.0).unwrap())).collect()
+        let s = self
+            .api::<Secret>()
+            .get(name)
+            .await
+            .unwrap_or_else(|e| panic!("Secret {name}: {e}"));
+        s.data
+            .unwrap_or_default()
+            .into_iter()
+            .map(|(k, v)| (k, String::from_utf8(v.0).unwrap()))
+            .collect()
     }
 
     async fn events_text(&self) -> String {
-        let events = self.api::<Event>().list(&ListParams::default()).await.unwrap();
+        let events = self
+            .api::<Event>()
+            .list(&ListParams::default())
+            .await
+            .unwrap();
         events
             .items
             .iter()
-            .map(|e| format!("{} {} {}\n", e.type_.clone().unwrap_or_default(), e.reason.clone().unwrap_or_default(), e.message.clone().unwrap_or_default()))
+            .map(|e| {
+                format!(
+                    "{} {} {}\n",
+                    e.type_.clone().unwrap_or_default(),
+                    e.reason.clone().unwrap_or_default(),
+                    e.message.clone().unwrap_or_default()
+                )
+            })
             .collect()
     }
 
     async fn wait_event(&self, reason: &str, needle: &str) -> String {
-        eventually(&format!("an Event {reason} mentioning {needle:?}"), WAIT, || async {
-            let text = self.events_text().await;
-            text.lines()
-                .find(|l| l.contains(&format!(" {reason} ")) && l.contains(needle))
-                .map(str::to_string)
-                .ok_or_else(|| format!("events so far:\n{text}"))
-        })
+        eventually(
+            &format!("an Event {reason} mentioning {needle:?}"),
+            WAIT,
+            || async {
+                let text = self.events_text().await;
+                text.lines()
+                    .find(|l| l.contains(&format!(" {reason} ")) && l.contains(needle))
+                    .map(str::to_string)
+                    .ok_or_else(|| format!("events so far:\n{text}"))
+            },
+        )
         .await
         .unwrap()
     }
@@ -137,7 +187,11 @@ fn external(pg: &Postgres) -> ExternalServer {
         host: "127.0.0.1".into(),
         port: i32::from(pg.port()),
         ssl_mode: SslMode::Disable,
-        admin_secret_ref: SecretRef { name: "admin".into(), username_key: "username".into(), password_key: "password".into() },
+        admin_secret_ref: SecretRef {
+            name: "admin".into(),
+            username_key: "username".into(),
+            password_key: "password".into(),
+        },
         admin_database: "postgres".into(),
     }
 }
@@ -173,8 +227,14 @@ fn role(object: &str, db: &str, role_name: &str, privileges: Privileges) -> Data
     )
 }
 
-async fn connect(pg: &Postgres, db: &str, user: &str, password: &str) -> Result<tokio_postgres::Client, tokio_postgres::Error> {
-    let (client, conn) = tokio_postgres::connect(&pg.conn_str(db, user, password), tokio_postgres::NoTls).await?;
+async fn connect(
+    pg: &Postgres,
+    db: &str,
+    user: &str,
+    password: &str,
+) -> Result<tokio_postgres::Client, tokio_postgres::Error> {
+    let (client, conn) =
+        tokio_postgres::connect(&pg.conn_str(db, user, password), tokio_postgres::NoTls).await?;
     tokio::spawn(async move {
         let _ = conn.await;
     });
@@ -182,11 +242,19 @@ async fn connect(pg: &Postgres, db: &str, user: &str, password: &str) -> Result<
 }
 
 async fn superuser(pg: &Postgres) -> tokio_postgres::Client {
-    connect(pg, "postgres", pg.superuser(), pg.password()).await.expect("superuser login")
+    connect(pg, "postgres", pg.superuser(), pg.password())
+        .await
+        .expect("superuser login")
 }
 
-fn condition(conditions: &[k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition], type_: &str) -> Option<(String, String, String)> {
-    conditions.iter().find(|c| c.type_ == type_).map(|c| (c.status.clone(), c.reason.clone(), c.message.clone()))
+fn condition(
+    conditions: &[k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition],
+    type_: &str,
+) -> Option<(String, String, String)> {
+    conditions
+        .iter()
+        .find(|c| c.type_ == type_)
+        .map(|c| (c.status.clone(), c.reason.clone(), c.message.clone()))
 }
 
 async fn wait_database_ready(env: &Env, name: &str) -> Database {
@@ -195,7 +263,11 @@ async fn wait_database_ready(env: &Env, name: &str) -> Database {
         let db = api.get(name).await.map_err(|e| e.to_string())?;
         let status = db.status.clone().unwrap_or_default();
         match condition(&status.conditions, "Ready") {
-            Some((s, _, _)) if s == "True" && status.observed_generation == db.metadata.generation => Ok(db),
+            Some((s, _, _))
+                if s == "True" && status.observed_generation == db.metadata.generation =>
+            {
+                Ok(db)
+            }
             other => Err(format!("Ready = {other:?}")),
         }
     })
@@ -233,7 +305,11 @@ where
 }
 
 async fn exists(client: &tokio_postgres::Client, query: &str, param: &str) -> bool {
-    client.query_one(query, &[&param]).await.unwrap_or_else(|e| panic!("{query}: {e}")).get(0)
+    client
+        .query_one(query, &[&param])
+        .await
+        .unwrap_or_else(|e| panic!("{query}: {e}"))
+        .get(0)
 }
 
 const DB_EXISTS: &str = "SELECT EXISTS (SELECT 1 FROM pg_database WHERE datname = $1)";
@@ -242,15 +318,43 @@ const ROLE_EXISTS: &str = "SELECT EXISTS (SELECT 1 FROM pg_roles WHERE rolname =
 /// Status, Events and the server's statement log must not contain `passwords`.
 async fn assert_no_password_leaks(env: &Env, pg: &Postgres, passwords: &[String]) {
     let events = env.events_text().await;
-    let dbs = serde_json::to_string(&env.api::<Database>().list(&ListParams::default()).await.unwrap()).unwrap();
-    let roles = serde_json::to_string(&env.api::<DatabaseRole>().list(&ListParams::default()).await.unwrap()).unwrap();
+    let dbs = serde_json::to_string(
+        &env.api::<Database>()
+            .list(&ListParams::default())
+            .await
+            .unwrap(),
+    )
+    .unwrap();
+    let roles = serde_json::to_string(
+        &env.api::<DatabaseRole>()
+            .list(&ListParams::default())
+            .await
+            .unwrap(),
+    )
+    .unwrap();
     let log = pg.log_text();
-    assert!(log.contains("statement:"), "the server logs statements (log_statement=all)");
+    assert!(
+        log.contains("statement:"),
+        "the server logs statements (log_statement=all)"
+    );
     for p in passwords {
-        assert!(p.len() >= 22, "a generated password of ≥128 bits: {} chars", p.len());
-        assert!(!events.contains(p.as_str()), "a password leaked into an Event");
-        assert!(!dbs.contains(p.as_str()) && !roles.contains(p.as_str()), "a password leaked into a status");
-        assert!(!log.contains(p.as_str()), "a password reached the server in clear text (statement log)");
+        assert!(
+            p.len() >= 22,
+            "a generated password of ≥128 bits: {} chars",
+            p.len()
+        );
+        assert!(
+            !events.contains(p.as_str()),
+            "a password leaked into an Event"
+        );
+        assert!(
+            !dbs.contains(p.as_str()) && !roles.contains(p.as_str()),
+            "a password leaked into a status"
+        );
+        assert!(
+            !log.contains(p.as_str()),
+            "a password reached the server in clear text (statement log)"
+        );
     }
 }
 
@@ -274,12 +378,17 @@ async fn volumes(client: &Client, class: &str, count: usize) {
             }
         }))
         .unwrap();
-        pvs.create(&PostParams::default(), &pv).await.expect("create PV");
+        pvs.create(&PostParams::default(), &pv)
+            .await
+            .expect("create PV");
     }
 }
 
 fn owned_by(meta: &k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta, uid: &str) -> bool {
-    meta.owner_references.iter().flatten().any(|o| o.uid == uid && o.controller == Some(true))
+    meta.owner_references
+        .iter()
+        .flatten()
+        .any(|o| o.uid == uid && o.controller == Some(true))
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -295,13 +404,20 @@ async fn cluster_children_rollout_replicas_first_and_retained_claims() {
                  "parameters": {"max_connections": "150"}}
     }))
     .unwrap();
-    let created = clusters.create(&PostParams::default(), &cluster).await.expect("create PostgresCluster");
+    let created = clusters
+        .create(&PostParams::default(), &cluster)
+        .await
+        .expect("create PostgresCluster");
     let uid = created.uid().unwrap();
 
     // Children, each with an owner reference (the superuser Secret under Retain: without,
     // so it outlives the cluster with the claims whose data it opens).
     let sts = eventually("StatefulSet pg", WAIT, || async {
-        env.api::<StatefulSet>().get_opt("pg").await.map_err(|e| e.to_string())?.ok_or("not yet".to_string())
+        env.api::<StatefulSet>()
+            .get_opt("pg")
+            .await
+            .map_err(|e| e.to_string())?
+            .ok_or("not yet".to_string())
     })
     .await
     .unwrap();
@@ -310,32 +426,58 @@ async fn cluster_children_rollout_replicas_first_and_retained_claims() {
         let svc = env.api::<Service>().get(name).await.unwrap();
         assert!(owned_by(&svc.metadata, &uid), "{name} owned");
     }
-    assert_eq!(env.api::<Service>().get("pg-hl").await.unwrap().spec.unwrap().cluster_ip.as_deref(), Some("None"));
+    assert_eq!(
+        env.api::<Service>()
+            .get("pg-hl")
+            .await
+            .unwrap()
+            .spec
+            .unwrap()
+            .cluster_ip
+            .as_deref(),
+        Some("None")
+    );
     let cm = env.api::<ConfigMap>().get("pg-config").await.unwrap();
     assert!(owned_by(&cm.metadata, &uid));
     assert!(cm.data.unwrap()["postgresql.conf"].contains("max_connections = '150'"));
     let pdb = env.api::<PodDisruptionBudget>().get("pg").await.unwrap();
     assert!(owned_by(&pdb.metadata, &uid));
     let secret = env.api::<Secret>().get("pg-superuser").await.unwrap();
-    assert!(secret.owner_references().is_empty(), "Retain: the superuser Secret is kept with the data");
+    assert!(
+        secret.owner_references().is_empty(),
+        "Retain: the superuser Secret is kept with the data"
+    );
     let superuser_password = env.secret("pg-superuser").await["password"].clone();
     assert!(superuser_password.len() >= 22);
 
     // Pods become Ready on the kwok nodes; status reports it.
-    let ready = eventually("PostgresCluster Ready with 3 ready instances", Duration::from_secs(180), || async {
-        let c = clusters.get("pg").await.map_err(|e| e.to_string())?;
-        let s = c.status.clone().unwrap_or_default();
-        let ready = condition(&s.conditions, "Ready");
-        if s.ready_instances == 3 && ready.as_ref().is_some_and(|r| r.0 == "True") && s.observed_generation == c.metadata.generation {
-            Ok(c)
-        } else {
-            Err(format!("readyInstances={} Ready={ready:?} phase={:?}", s.ready_instances, s.phase))
-        }
-    })
+    let ready = eventually(
+        "PostgresCluster Ready with 3 ready instances",
+        Duration::from_secs(180),
+        || async {
+            let c = clusters.get("pg").await.map_err(|e| e.to_string())?;
+            let s = c.status.clone().unwrap_or_default();
+            let ready = condition(&s.conditions, "Ready");
+            if s.ready_instances == 3
+                && ready.as_ref().is_some_and(|r| r.0 == "True")
+                && s.observed_generation == c.metadata.generation
+            {
+                Ok(c)
+            } else {
+                Err(format!(
+                    "readyInstances={} Ready={ready:?} phase={:?}",
+                    s.ready_instances, s.phase
+                ))
+            }
+        },
+    )
     .await
     .unwrap();
     let status = ready.status.unwrap();
-    assert_eq!((status.current_version, status.target_version), (Some(16), Some(16)));
+    assert_eq!(
+        (status.current_version, status.target_version),
+        (Some(16), Some(16))
+    );
     assert_eq!(status.primary.as_deref(), Some("pg-0"));
     let pods = env.api::<Pod>();
     let roles: Vec<(String, String)> = pods
@@ -344,13 +486,29 @@ async fn cluster_children_rollout_replicas_first_and_retained_claims() {
         .unwrap()
         .items
         .iter()
-        .map(|p| (p.name_any(), p.labels().get("database.steward.dev/role").cloned().unwrap_or_default()))
+        .map(|p| {
+            (
+                p.name_any(),
+                p.labels()
+                    .get("database.steward.dev/role")
+                    .cloned()
+                    .unwrap_or_default(),
+            )
+        })
         .collect();
-    assert!(roles.contains(&("pg-0".into(), "primary".into())) && roles.contains(&("pg-2".into(), "replica".into())), "{roles:?}");
+    assert!(
+        roles.contains(&("pg-0".into(), "primary".into()))
+            && roles.contains(&("pg-2".into(), "replica".into())),
+        "{roles:?}"
+    );
 
     // A version change rolls one instance at a time, replicas first, the primary last.
     clusters
-        .patch("pg", &PatchParams::default(), &Patch::Merge(json!({"spec": {"version": 17}})))
+        .patch(
+            "pg",
+            &PatchParams::default(),
+            &Patch::Merge(json!({"spec": {"version": 17}})),
+        )
         .await
         .expect("bump version");
     let generation = clusters.get("pg").await.unwrap().metadata.generation;
@@ -360,17 +518,38 @@ async fn cluster_children_rollout_replicas_first_and_retained_claims() {
     let deadline = Instant::now() + Duration::from_secs(240);
     loop {
         let now = Instant::now();
-        for p in pods.list(&ListParams::default().labels("database.steward.dev/cluster=pg")).await.unwrap().items {
-            if p.labels().get("database.steward.dev/version").map(String::as_str) == Some("17") && p.metadata.deletion_timestamp.is_none() {
+        for p in pods
+            .list(&ListParams::default().labels("database.steward.dev/cluster=pg"))
+            .await
+            .unwrap()
+            .items
+        {
+            if p.labels()
+                .get("database.steward.dev/version")
+                .map(String::as_str)
+                == Some("17")
+                && p.metadata.deletion_timestamp.is_none()
+            {
                 updated_at.entry(p.name_any()).or_insert(now);
-                let is_ready = p.status.as_ref().and_then(|s| s.conditions.clone()).unwrap_or_default().iter().any(|c| c.type_ == "Ready" && c.status == "True");
+                let is_ready = p
+                    .status
+                    .as_ref()
+                    .and_then(|s| s.conditions.clone())
+                    .unwrap_or_default()
+                    .iter()
+                    .any(|c| c.type_ == "Ready" && c.status == "True");
                 if is_ready {
                     ready_at.entry(p.name_any()).or_insert(now);
                 }
             }
         }
         let sts = env.api::<StatefulSet>().get("pg").await.unwrap();
-        let partition = sts.spec.update_strategy.and_then(|u| u.rolling_update).and_then(|r| r.partition).unwrap_or(0);
+        let partition = sts
+            .spec
+            .update_strategy
+            .and_then(|u| u.rolling_update)
+            .and_then(|r| r.partition)
+            .unwrap_or(0);
         if partitions.last() != Some(&partition) {
             partitions.push(partition);
         }
@@ -384,34 +563,69 @@ async fn cluster_children_rollout_replicas_first_and_retained_claims() {
         }
         if !done && s.observed_generation == generation {
             assert!(
-                condition(&s.conditions, "Ready").is_none_or(|r| r.0 != "True") || s.current_version == Some(17),
+                condition(&s.conditions, "Ready").is_none_or(|r| r.0 != "True")
+                    || s.current_version == Some(17),
                 "never Ready at the new generation before the primary runs the new version"
             );
         }
-        assert!(Instant::now() < deadline, "rollout did not finish: updated={updated_at:?} ready={ready_at:?} partitions={partitions:?} status={s:?}");
+        assert!(
+            Instant::now() < deadline,
+            "rollout did not finish: updated={updated_at:?} ready={ready_at:?} partitions={partitions:?} status={s:?}"
+        );
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
     eprintln!("partitions {partitions:?}; updated {updated_at:?}");
     let (u0, u1, u2) = (updated_at["pg-0"], updated_at["pg-1"], updated_at["pg-2"]);
-    assert!(u2 <= u1 && u1 <= u0, "order: pg-2, pg-1, then the primary pg-0");
+    assert!(
+        u2 <= u1 && u1 <= u0,
+        "order: pg-2, pg-1, then the primary pg-0"
+    );
     assert!(ready_at["pg-2"] <= u1, "pg-1 waited until pg-2 was Ready");
-    assert!(ready_at["pg-1"] <= u0, "the primary waited until pg-1 was Ready");
+    assert!(
+        ready_at["pg-1"] <= u0,
+        "the primary waited until pg-1 was Ready"
+    );
     // Before the operator saw the change the partition was 0 (no rollout); then 2 (only the
     // highest replica), 1, and 0 (the primary).
     let rollout: Vec<i32> = partitions.iter().copied().skip_while(|p| *p == 0).collect();
-    assert_eq!(rollout, vec![2, 1, 0], "one instance at a time, from the highest ordinal down: {partitions:?}");
+    assert_eq!(
+        rollout,
+        vec![2, 1, 0],
+        "one instance at a time, from the highest ordinal down: {partitions:?}"
+    );
 
     // Deleting the cluster keeps the claims (and the superuser Secret) by default.
     let claims = env.api::<PersistentVolumeClaim>();
-    let before: Vec<String> = claims.list(&ListParams::default()).await.unwrap().items.iter().map(|c| c.name_any()).collect();
+    let before: Vec<String> = claims
+        .list(&ListParams::default())
+        .await
+        .unwrap()
+        .items
+        .iter()
+        .map(|c| c.name_any())
+        .collect();
     assert_eq!(before.len(), 3, "{before:?}");
-    clusters.delete("pg", &DeleteParams::background()).await.unwrap();
+    clusters
+        .delete("pg", &DeleteParams::background())
+        .await
+        .unwrap();
     wait_gone(&env.api::<StatefulSet>(), "pg").await;
     wait_gone(&env.api::<Service>(), "pg-rw").await;
     tokio::time::sleep(Duration::from_secs(3)).await;
-    let after: Vec<String> = claims.list(&ListParams::default()).await.unwrap().items.iter().map(|c| c.name_any()).collect();
+    let after: Vec<String> = claims
+        .list(&ListParams::default())
+        .await
+        .unwrap()
+        .items
+        .iter()
+        .map(|c| c.name_any())
+        .collect();
     assert_eq!(before, after, "the claims survive the cluster");
-    assert_eq!(env.secret("pg-superuser").await["password"], superuser_password, "and so does the superuser Secret");
+    assert_eq!(
+        env.secret("pg-superuser").await["password"],
+        superuser_password,
+        "and so does the superuser Secret"
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -424,23 +638,47 @@ async fn cluster_delete_policy_deletes_claims_and_secret() {
         "spec": {"instances": 1, "version": 16, "storage": {"size": "1Gi"}, "deletionPolicy": "Delete"}
     }))
     .unwrap();
-    let created = clusters.create(&PostParams::default(), &cluster).await.unwrap();
+    let created = clusters
+        .create(&PostParams::default(), &cluster)
+        .await
+        .unwrap();
     let sts = eventually("StatefulSet gone", WAIT, || async {
-        env.api::<StatefulSet>().get_opt("gone").await.map_err(|e| e.to_string())?.ok_or("not yet".to_string())
+        env.api::<StatefulSet>()
+            .get_opt("gone")
+            .await
+            .map_err(|e| e.to_string())?
+            .ok_or("not yet".to_string())
     })
     .await
     .unwrap();
-    assert_eq!(sts.spec.persistent_volume_claim_retention_policy.unwrap().when_deleted.as_deref(), Some("Delete"));
+    assert_eq!(
+        sts.spec
+            .persistent_volume_claim_retention_policy
+            .unwrap()
+            .when_deleted
+            .as_deref(),
+        Some("Delete")
+    );
     let secret = env.api::<Secret>().get("gone-superuser").await.unwrap();
-    assert!(owned_by(&secret.metadata, &created.uid().unwrap()), "Delete: the superuser Secret goes with the cluster");
+    assert!(
+        owned_by(&secret.metadata, &created.uid().unwrap()),
+        "Delete: the superuser Secret goes with the cluster"
+    );
     // The claim of pod 0 exists (Pending: no provisioner, no volume).
     let claims = env.api::<PersistentVolumeClaim>();
     eventually("claim data-gone-0", WAIT, || async {
-        claims.get_opt("data-gone-0").await.map_err(|e| e.to_string())?.ok_or("not yet".to_string())
+        claims
+            .get_opt("data-gone-0")
+            .await
+            .map_err(|e| e.to_string())?
+            .ok_or("not yet".to_string())
     })
     .await
     .unwrap();
-    clusters.delete("gone", &DeleteParams::background()).await.unwrap();
+    clusters
+        .delete("gone", &DeleteParams::background())
+        .await
+        .unwrap();
     wait_gone(&env.api::<Secret>(), "gone-superuser").await;
     wait_gone(&claims, "data-gone-0").await;
 }
@@ -455,30 +693,62 @@ async fn database_roles_schemas_extensions_and_logins() {
     let env = env("pgdb").await;
     env.admin_secret(&pg).await;
     let mut db = database(&pg, "app", "app", "app_owner");
-    db.spec.schemas = vec![SchemaSpec { name: "reports".into(), ensure: Ensure::Present }];
+    db.spec.schemas = vec![SchemaSpec {
+        name: "reports".into(),
+        ensure: Ensure::Present,
+    }];
     db.spec.extensions = vec![
-        ExtensionSpec { name: "pgcrypto".into(), ensure: Ensure::Present, schema: None },
-        ExtensionSpec { name: "uuid-ossp".into(), ensure: Ensure::Present, schema: Some("reports".into()) },
+        ExtensionSpec {
+            name: "pgcrypto".into(),
+            ensure: Ensure::Present,
+            schema: None,
+        },
+        ExtensionSpec {
+            name: "uuid-ossp".into(),
+            ensure: Ensure::Present,
+            schema: Some("reports".into()),
+        },
     ];
-    env.api::<Database>().create(&PostParams::default(), &db).await.expect("create Database");
+    env.api::<Database>()
+        .create(&PostParams::default(), &db)
+        .await
+        .expect("create Database");
     let ready = wait_database_ready(&env, "app").await;
     let status = ready.status.unwrap();
     assert_eq!(status.secret_name.as_deref(), Some("app-db-credentials"));
     assert_eq!(status.server, Some(format!("127.0.0.1:{}", pg.port())));
-    assert_eq!(condition(&status.conditions, "ServerReachable").unwrap().0, "True");
+    assert_eq!(
+        condition(&status.conditions, "ServerReachable").unwrap().0,
+        "True"
+    );
 
     let admin = superuser(&pg).await;
     let owner: String = admin
-        .query_one("SELECT pg_get_userbyid(datdba) FROM pg_database WHERE datname = $1", &[&"app"])
+        .query_one(
+            "SELECT pg_get_userbyid(datdba) FROM pg_database WHERE datname = $1",
+            &[&"app"],
+        )
         .await
         .unwrap()
         .get(0);
     assert_eq!(owner, "app_owner");
-    let login: bool = admin.query_one("SELECT rolcanlogin FROM pg_roles WHERE rolname = $1", &[&"app_owner"]).await.unwrap().get(0);
+    let login: bool = admin
+        .query_one(
+            "SELECT rolcanlogin FROM pg_roles WHERE rolname = $1",
+            &[&"app_owner"],
+        )
+        .await
+        .unwrap()
+        .get(0);
     assert!(login);
-    let app_admin = connect(&pg, "app", pg.superuser(), pg.password()).await.unwrap();
+    let app_admin = connect(&pg, "app", pg.superuser(), pg.password())
+        .await
+        .unwrap();
     let schema_owner: String = app_admin
-        .query_one("SELECT pg_get_userbyid(nspowner) FROM pg_namespace WHERE nspname = $1", &[&"reports"])
+        .query_one(
+            "SELECT pg_get_userbyid(nspowner) FROM pg_namespace WHERE nspname = $1",
+            &[&"reports"],
+        )
         .await
         .unwrap()
         .get(0);
@@ -490,18 +760,38 @@ async fn database_roles_schemas_extensions_and_logins() {
         .iter()
         .map(|r| (r.get(0), r.get(1)))
         .collect();
-    assert!(ext.contains(&("pgcrypto".into(), "public".into())), "{ext:?}");
-    assert!(ext.contains(&("uuid-ossp".into(), "reports".into())), "{ext:?}");
+    assert!(
+        ext.contains(&("pgcrypto".into(), "public".into())),
+        "{ext:?}"
+    );
+    assert!(
+        ext.contains(&("uuid-ossp".into(), "reports".into())),
+        "{ext:?}"
+    );
 
     // The credentials Secret logs in and creates a table.
     let creds = env.secret("app-db-credentials").await;
-    for key in ["host", "port", "dbname", "user", "password", "uri", "jdbc-uri"] {
+    for key in [
+        "host", "port", "dbname", "user", "password", "uri", "jdbc-uri",
+    ] {
         assert!(creds.contains_key(key), "key {key} in {:?}", creds.keys());
     }
-    assert_eq!((creds["host"].as_str(), creds["dbname"].as_str(), creds["user"].as_str()), ("127.0.0.1", "app", "app_owner"));
+    assert_eq!(
+        (
+            creds["host"].as_str(),
+            creds["dbname"].as_str(),
+            creds["user"].as_str()
+        ),
+        ("127.0.0.1", "app", "app_owner")
+    );
     assert_eq!(creds["port"], pg.port().to_string());
-    assert!(creds["jdbc-uri"].starts_with(&format!("jdbc:postgresql://127.0.0.1:{}/app?user=app_owner&password=", pg.port())));
-    let (via_uri, conn) = tokio_postgres::connect(&creds["uri"], tokio_postgres::NoTls).await.expect("login with the uri");
+    assert!(creds["jdbc-uri"].starts_with(&format!(
+        "jdbc:postgresql://127.0.0.1:{}/app?user=app_owner&password=",
+        pg.port()
+    )));
+    let (via_uri, conn) = tokio_postgres::connect(&creds["uri"], tokio_postgres::NoTls)
+        .await
+        .expect("login with the uri");
     tokio::spawn(conn);
     via_uri
         .batch_execute("CREATE TABLE orders (id serial PRIMARY KEY, item text); INSERT INTO orders (item) VALUES ('first')")
@@ -510,9 +800,27 @@ async fn database_roles_schemas_extensions_and_logins() {
 
     // Roles: readWrite writes, readOnly reads but cannot write, owner acts as the owner.
     let roles = env.api::<DatabaseRole>();
-    roles.create(&PostParams::default(), &role("writer", "app", "app_writer", Privileges::ReadWrite)).await.unwrap();
-    roles.create(&PostParams::default(), &role("reader", "app", "app_reader", Privileges::ReadOnly)).await.unwrap();
-    roles.create(&PostParams::default(), &role("admin", "app", "app_admin", Privileges::Owner)).await.unwrap();
+    roles
+        .create(
+            &PostParams::default(),
+            &role("writer", "app", "app_writer", Privileges::ReadWrite),
+        )
+        .await
+        .unwrap();
+    roles
+        .create(
+            &PostParams::default(),
+            &role("reader", "app", "app_reader", Privileges::ReadOnly),
+        )
+        .await
+        .unwrap();
+    roles
+        .create(
+            &PostParams::default(),
+            &role("admin", "app", "app_admin", Privileges::Owner),
+        )
+        .await
+        .unwrap();
     for r in ["writer", "reader", "admin"] {
         wait_role_ready(&env, r).await;
     }
@@ -520,23 +828,61 @@ async fn database_roles_schemas_extensions_and_logins() {
     let reader = env.secret("reader-role-credentials").await;
     let owner2 = env.secret("admin-role-credentials").await;
     assert_eq!(reader["user"], "app_reader");
-    assert!(reader["password"].len() >= 22 && reader["password"].chars().all(|c| c.is_ascii_alphanumeric() || c == '-' || c == '_'));
+    assert!(
+        reader["password"].len() >= 22
+            && reader["password"]
+                .chars()
+                .all(|c| c.is_ascii_alphanumeric() || c == '-' || c == '_')
+    );
 
-    let w = connect(&pg, "app", "app_writer", &writer["password"]).await.expect("writer logs in");
-    w.execute("INSERT INTO orders (item) VALUES ('by writer')", &[]).await.expect("readWrite inserts");
-    let r = connect(&pg, "app", "app_reader", &reader["password"]).await.expect("reader logs in");
-    let n: i64 = r.query_one("SELECT count(*) FROM orders", &[]).await.expect("readOnly reads").get(0);
+    let w = connect(&pg, "app", "app_writer", &writer["password"])
+        .await
+        .expect("writer logs in");
+    w.execute("INSERT INTO orders (item) VALUES ('by writer')", &[])
+        .await
+        .expect("readWrite inserts");
+    let r = connect(&pg, "app", "app_reader", &reader["password"])
+        .await
+        .expect("reader logs in");
+    let n: i64 = r
+        .query_one("SELECT count(*) FROM orders", &[])
+        .await
+        .expect("readOnly reads")
+        .get(0);
     assert_eq!(n, 2);
-    let denied = r.execute("INSERT INTO orders (item) VALUES ('by reader')", &[]).await.expect_err("readOnly cannot write");
-    assert_eq!(denied.code().map(|c| c.code()), Some("42501"), "permission denied: {denied}");
-    let denied = r.execute("DELETE FROM orders", &[]).await.expect_err("readOnly cannot delete");
+    let denied = r
+        .execute("INSERT INTO orders (item) VALUES ('by reader')", &[])
+        .await
+        .expect_err("readOnly cannot write");
+    assert_eq!(
+        denied.code().map(|c| c.code()),
+        Some("42501"),
+        "permission denied: {denied}"
+    );
+    let denied = r
+        .execute("DELETE FROM orders", &[])
+        .await
+        .expect_err("readOnly cannot delete");
     assert_eq!(denied.code().map(|c| c.code()), Some("42501"));
-    let o = connect(&pg, "app", "app_admin", &owner2["password"]).await.expect("owner-role logs in");
-    o.batch_execute("ALTER TABLE orders ADD COLUMN note text").await.expect("owner privileges alter the owner's table");
+    let o = connect(&pg, "app", "app_admin", &owner2["password"])
+        .await
+        .expect("owner-role logs in");
+    o.batch_execute("ALTER TABLE orders ADD COLUMN note text")
+        .await
+        .expect("owner privileges alter the owner's table");
 
     // A role on the server that is a superuser is never taken over.
-    admin.batch_execute("CREATE ROLE sneaky SUPERUSER").await.unwrap();
-    roles.create(&PostParams::default(), &role("sneaky", "app", "sneaky", Privileges::ReadOnly)).await.unwrap();
+    admin
+        .batch_execute("CREATE ROLE sneaky SUPERUSER")
+        .await
+        .unwrap();
+    roles
+        .create(
+            &PostParams::default(),
+            &role("sneaky", "app", "sneaky", Privileges::ReadOnly),
+        )
+        .await
+        .unwrap();
     eventually("sneaky refused", WAIT, || async {
         let r = roles.get("sneaky").await.map_err(|e| e.to_string())?;
         match condition(&r.status.unwrap_or_default().conditions, "Ready") {
@@ -547,7 +893,17 @@ async fn database_roles_schemas_extensions_and_logins() {
     .await
     .unwrap();
 
-    assert_no_password_leaks(&env, &pg, &[creds["password"].clone(), writer["password"].clone(), reader["password"].clone(), owner2["password"].clone()]).await;
+    assert_no_password_leaks(
+        &env,
+        &pg,
+        &[
+            creds["password"].clone(),
+            writer["password"].clone(),
+            reader["password"].clone(),
+            owner2["password"].clone(),
+        ],
+    )
+    .await;
 }
 
 // ---------------------------------------------------------------------------------------
@@ -560,53 +916,111 @@ async fn drift_is_converged_back() {
     let env = env("pgdrift").await;
     env.admin_secret(&pg).await;
     let mut db = database(&pg, "shop", "shop", "shop_owner");
-    db.spec.extensions = vec![ExtensionSpec { name: "pgcrypto".into(), ensure: Ensure::Present, schema: None }];
-    db.spec.schemas = vec![SchemaSpec { name: "sales".into(), ensure: Ensure::Present }];
-    env.api::<Database>().create(&PostParams::default(), &db).await.unwrap();
+    db.spec.extensions = vec![ExtensionSpec {
+        name: "pgcrypto".into(),
+        ensure: Ensure::Present,
+        schema: None,
+    }];
+    db.spec.schemas = vec![SchemaSpec {
+        name: "sales".into(),
+        ensure: Ensure::Present,
+    }];
+    env.api::<Database>()
+        .create(&PostParams::default(), &db)
+        .await
+        .unwrap();
     wait_database_ready(&env, "shop").await;
     let creds = env.secret("shop-db-credentials").await;
 
     // By hand: another owner, a dropped extension, a schema handed away, a changed password.
     let admin = superuser(&pg).await;
     admin.batch_execute("CREATE ROLE mallory").await.unwrap();
-    admin.batch_execute("ALTER DATABASE shop OWNER TO mallory").await.unwrap();
-    admin.batch_execute("ALTER ROLE shop_owner PASSWORD 'changed-by-hand'").await.unwrap();
-    let inside = connect(&pg, "shop", pg.superuser(), pg.password()).await.unwrap();
-    inside.batch_execute("DROP EXTENSION pgcrypto; ALTER SCHEMA sales OWNER TO mallory").await.unwrap();
+    admin
+        .batch_execute("ALTER DATABASE shop OWNER TO mallory")
+        .await
+        .unwrap();
+    admin
+        .batch_execute("ALTER ROLE shop_owner PASSWORD 'changed-by-hand'")
+        .await
+        .unwrap();
+    let inside = connect(&pg, "shop", pg.superuser(), pg.password())
+        .await
+        .unwrap();
+    inside
+        .batch_execute("DROP EXTENSION pgcrypto; ALTER SCHEMA sales OWNER TO mallory")
+        .await
+        .unwrap();
     // (The operator resyncs every 2 s, so it may already be repairing; the Events below show
     // what it corrected.)
 
-    eventually("owner, extension, schema owner and password converged", WAIT, || async {
-        let owner: String = admin
-            .query_one("SELECT pg_get_userbyid(datdba) FROM pg_database WHERE datname = 'shop'", &[])
-            .await
-            .map_err(|e| e.to_string())?
-            .get(0);
-        let ext: bool = inside
-            .query_one("SELECT EXISTS (SELECT 1 FROM pg_extension WHERE extname = 'pgcrypto')", &[])
-            .await
-            .map_err(|e| e.to_string())?
-            .get(0);
-        let schema_owner: String = inside
-            .query_one("SELECT pg_get_userbyid(nspowner) FROM pg_namespace WHERE nspname = 'sales'", &[])
-            .await
-            .map_err(|e| e.to_string())?
-            .get(0);
-        let login = connect(&pg, "shop", "shop_owner", &creds["password"]).await.is_ok();
-        if owner == "shop_owner" && ext && schema_owner == "shop_owner" && login {
-            Ok(())
-        } else {
-            Err(format!("owner={owner} pgcrypto={ext} sales owner={schema_owner} login={login}"))
-        }
-    })
+    eventually(
+        "owner, extension, schema owner and password converged",
+        WAIT,
+        || async {
+            let owner: String = admin
+                .query_one(
+                    "SELECT pg_get_userbyid(datdba) FROM pg_database WHERE datname = 'shop'",
+                    &[],
+                )
+                .await
+                .map_err(|e| e.to_string())?
+                .get(0);
+            let ext: bool = inside
+                .query_one(
+                    "SELECT EXISTS (SELECT 1 FROM pg_extension WHERE extname = 'pgcrypto')",
+                    &[],
+                )
+                .await
+                .map_err(|e| e.to_string())?
+                .get(0);
+            let schema_owner: String = inside
+                .query_one(
+                    "SELECT pg_get_userbyid(nspowner) FROM pg_namespace WHERE nspname = 'sales'",
+                    &[],
+                )
+                .await
+                .map_err(|e| e.to_string())?
+                .get(0);
+            let login = connect(&pg, "shop", "shop_owner", &creds["password"])
+                .await
+                .is_ok();
+            if owner == "shop_owner" && ext && schema_owner == "shop_owner" && login {
+                Ok(())
+            } else {
+                Err(format!(
+                    "owner={owner} pgcrypto={ext} sales owner={schema_owner} login={login}"
+                ))
+            }
+        },
+    )
     .await
     .unwrap();
-    env.wait_event("DriftCorrected", "ALTER DATABASE \"shop\" OWNER TO \"shop_owner\"").await;
-    env.wait_event("DriftCorrected", "CREATE EXTENSION IF NOT EXISTS \"pgcrypto\"").await;
-    env.wait_event("DriftCorrected", "ALTER SCHEMA \"sales\" OWNER TO \"shop_owner\"").await;
-    env.wait_event("DriftCorrected", "ALTER ROLE \"shop_owner\" WITH PASSWORD <redacted>").await;
+    env.wait_event(
+        "DriftCorrected",
+        "ALTER DATABASE \"shop\" OWNER TO \"shop_owner\"",
+    )
+    .await;
+    env.wait_event(
+        "DriftCorrected",
+        "CREATE EXTENSION IF NOT EXISTS \"pgcrypto\"",
+    )
+    .await;
+    env.wait_event(
+        "DriftCorrected",
+        "ALTER SCHEMA \"sales\" OWNER TO \"shop_owner\"",
+    )
+    .await;
+    env.wait_event(
+        "DriftCorrected",
+        "ALTER ROLE \"shop_owner\" WITH PASSWORD <redacted>",
+    )
+    .await;
     assert_no_password_leaks(&env, &pg, std::slice::from_ref(&creds["password"])).await;
-    assert_eq!(env.secret("shop-db-credentials").await["password"], creds["password"], "the Secret's password is the truth");
+    assert_eq!(
+        env.secret("shop-db-credentials").await["password"],
+        creds["password"],
+        "the Secret's password is the truth"
+    );
 }
 
 // ---------------------------------------------------------------------------------------
@@ -618,28 +1032,57 @@ async fn password_rotation_on_request_and_on_interval() {
     let pg = Postgres::start().await.expect("PostgreSQL");
     let env = env("pgrot").await;
     env.admin_secret(&pg).await;
-    env.api::<Database>().create(&PostParams::default(), &database(&pg, "app", "app", "app_owner")).await.unwrap();
+    env.api::<Database>()
+        .create(
+            &PostParams::default(),
+            &database(&pg, "app", "app", "app_owner"),
+        )
+        .await
+        .unwrap();
     wait_database_ready(&env, "app").await;
     let roles = env.api::<DatabaseRole>();
-    roles.create(&PostParams::default(), &role("svc", "app", "svc", Privileges::ReadWrite)).await.unwrap();
-    let before = wait_role_ready(&env, "svc").await.status.unwrap().password_updated_at;
+    roles
+        .create(
+            &PostParams::default(),
+            &role("svc", "app", "svc", Privileges::ReadWrite),
+        )
+        .await
+        .unwrap();
+    let before = wait_role_ready(&env, "svc")
+        .await
+        .status
+        .unwrap()
+        .password_updated_at;
     let old = env.secret("svc-role-credentials").await["password"].clone();
-    connect(&pg, "app", "svc", &old).await.expect("the first password works");
+    connect(&pg, "app", "svc", &old)
+        .await
+        .expect("the first password works");
     tokio::time::sleep(Duration::from_millis(1100)).await; // passwordUpdatedAt has 1 s resolution
 
     roles
-        .patch("svc", &PatchParams::default(), &Patch::Merge(json!({"metadata": {"annotations": {ROTATE_ANNOTATION: "1"}}})))
+        .patch(
+            "svc",
+            &PatchParams::default(),
+            &Patch::Merge(json!({"metadata": {"annotations": {ROTATE_ANNOTATION: "1"}}})),
+        )
         .await
         .unwrap();
     let new = eventually("rotated password in the Secret", WAIT, || async {
         let p = env.secret("svc-role-credentials").await["password"].clone();
-        if p != old { Ok(p) } else { Err("unchanged".to_string()) }
+        if p != old {
+            Ok(p)
+        } else {
+            Err("unchanged".to_string())
+        }
     })
     .await
     .unwrap();
     eventually("new password works, old does not", WAIT, || async {
         let new_ok = connect(&pg, "app", "svc", &new).await.is_ok();
-        let old_err = connect(&pg, "app", "svc", &old).await.err().and_then(|e| e.code().map(|c| c.code().to_string()));
+        let old_err = connect(&pg, "app", "svc", &old)
+            .await
+            .err()
+            .and_then(|e| e.code().map(|c| c.code().to_string()));
         if new_ok && old_err.as_deref() == Some("28P01") {
             Ok(())
         } else {
@@ -649,26 +1092,48 @@ async fn password_rotation_on_request_and_on_interval() {
     .await
     .unwrap();
     env.wait_event("PasswordRotated", "on request").await;
-    let after = wait_role_ready(&env, "svc").await.status.unwrap().password_updated_at;
-    assert!(after > before, "passwordUpdatedAt moved: {before:?} → {after:?}");
+    let after = wait_role_ready(&env, "svc")
+        .await
+        .status
+        .unwrap()
+        .password_updated_at;
+    assert!(
+        after > before,
+        "passwordUpdatedAt moved: {before:?} → {after:?}"
+    );
     // The same annotation value does not rotate again.
     tokio::time::sleep(Duration::from_secs(5)).await;
-    assert_eq!(env.secret("svc-role-credentials").await["password"], new, "a request is acted on once");
+    assert_eq!(
+        env.secret("svc-role-credentials").await["password"],
+        new,
+        "a request is acted on once"
+    );
 
     // Interval rotation.
     roles
-        .patch("svc", &PatchParams::default(), &Patch::Merge(json!({"spec": {"passwordRotation": {"interval": "3s"}}})))
+        .patch(
+            "svc",
+            &PatchParams::default(),
+            &Patch::Merge(json!({"spec": {"passwordRotation": {"interval": "3s"}}})),
+        )
         .await
         .unwrap();
     let third = eventually("rotated on the interval", WAIT, || async {
         let p = env.secret("svc-role-credentials").await["password"].clone();
-        if p != new { Ok(p) } else { Err("unchanged".to_string()) }
+        if p != new {
+            Ok(p)
+        } else {
+            Err("unchanged".to_string())
+        }
     })
     .await
     .unwrap();
     eventually("interval-rotated password works", WAIT, || async {
         let p = env.secret("svc-role-credentials").await["password"].clone();
-        connect(&pg, "app", "svc", &p).await.map(|_| ()).map_err(|e| e.to_string())
+        connect(&pg, "app", "svc", &p)
+            .await
+            .map(|_| ())
+            .map_err(|e| e.to_string())
     })
     .await
     .unwrap();
@@ -694,42 +1159,94 @@ async fn delete_drops_and_retain_keeps_and_readopts() {
     wait_database_ready(&env, "doomed").await;
     let mut r = role("doomed-ro", "doomed", "doomed_ro", Privileges::ReadOnly);
     r.spec.deletion_policy = DeletionPolicy::Delete;
-    env.api::<DatabaseRole>().create(&PostParams::default(), &r).await.unwrap();
+    env.api::<DatabaseRole>()
+        .create(&PostParams::default(), &r)
+        .await
+        .unwrap();
     wait_role_ready(&env, "doomed-ro").await;
     let creds = env.secret("doomed-db-credentials").await;
     // An open session does not block the drop.
-    let session = connect(&pg, "doomed", "doomed_owner", &creds["password"]).await.unwrap();
-    session.batch_execute("CREATE TABLE t (x int)").await.unwrap();
+    let session = connect(&pg, "doomed", "doomed_owner", &creds["password"])
+        .await
+        .unwrap();
+    session
+        .batch_execute("CREATE TABLE t (x int)")
+        .await
+        .unwrap();
 
     // The Database waits for its DatabaseRole: delete both, the role goes first.
-    dbs.delete("doomed", &DeleteParams::default()).await.unwrap();
-    env.api::<DatabaseRole>().delete("doomed-ro", &DeleteParams::default()).await.unwrap();
+    dbs.delete("doomed", &DeleteParams::default())
+        .await
+        .unwrap();
+    env.api::<DatabaseRole>()
+        .delete("doomed-ro", &DeleteParams::default())
+        .await
+        .unwrap();
     wait_gone(&env.api::<DatabaseRole>(), "doomed-ro").await;
     wait_gone(&dbs, "doomed").await;
-    assert!(!exists(&admin, DB_EXISTS, "doomed").await, "database dropped");
-    assert!(!exists(&admin, ROLE_EXISTS, "doomed_owner").await, "owner role dropped");
-    assert!(!exists(&admin, ROLE_EXISTS, "doomed_ro").await, "DatabaseRole's role dropped");
-    assert!(session.is_closed() || session.simple_query("SELECT 1").await.is_err(), "the open session was terminated");
+    assert!(
+        !exists(&admin, DB_EXISTS, "doomed").await,
+        "database dropped"
+    );
+    assert!(
+        !exists(&admin, ROLE_EXISTS, "doomed_owner").await,
+        "owner role dropped"
+    );
+    assert!(
+        !exists(&admin, ROLE_EXISTS, "doomed_ro").await,
+        "DatabaseRole's role dropped"
+    );
+    assert!(
+        session.is_closed() || session.simple_query("SELECT 1").await.is_err(),
+        "the open session was terminated"
+    );
     env.wait_event("Dropped", "dropped database doomed").await;
     wait_gone(&env.api::<Secret>(), "doomed-db-credentials").await;
 
     // Retain: everything stays; a new object adopts it.
-    dbs.create(&PostParams::default(), &database(&pg, "kept", "kept", "kept_owner")).await.unwrap();
+    dbs.create(
+        &PostParams::default(),
+        &database(&pg, "kept", "kept", "kept_owner"),
+    )
+    .await
+    .unwrap();
     wait_database_ready(&env, "kept").await;
     let creds = env.secret("kept-db-credentials").await;
-    let c = connect(&pg, "kept", "kept_owner", &creds["password"]).await.unwrap();
-    c.batch_execute("CREATE TABLE survivor (x int); INSERT INTO survivor VALUES (42)").await.unwrap();
+    let c = connect(&pg, "kept", "kept_owner", &creds["password"])
+        .await
+        .unwrap();
+    c.batch_execute("CREATE TABLE survivor (x int); INSERT INTO survivor VALUES (42)")
+        .await
+        .unwrap();
     dbs.delete("kept", &DeleteParams::default()).await.unwrap();
     wait_gone(&dbs, "kept").await;
-    assert!(exists(&admin, DB_EXISTS, "kept").await, "Retain keeps the database");
-    assert!(exists(&admin, ROLE_EXISTS, "kept_owner").await, "Retain keeps the role");
+    assert!(
+        exists(&admin, DB_EXISTS, "kept").await,
+        "Retain keeps the database"
+    );
+    assert!(
+        exists(&admin, ROLE_EXISTS, "kept_owner").await,
+        "Retain keeps the role"
+    );
 
-    dbs.create(&PostParams::default(), &database(&pg, "kept-again", "kept", "kept_owner")).await.unwrap();
+    dbs.create(
+        &PostParams::default(),
+        &database(&pg, "kept-again", "kept", "kept_owner"),
+    )
+    .await
+    .unwrap();
     wait_database_ready(&env, "kept-again").await;
-    env.wait_event("Adopted", "adopted the existing database kept").await;
+    env.wait_event("Adopted", "adopted the existing database kept")
+        .await;
     let creds = env.secret("kept-again-db-credentials").await;
-    let c = connect(&pg, "kept", "kept_owner", &creds["password"]).await.expect("the new Secret's password works");
-    let x: i32 = c.query_one("SELECT x FROM survivor", &[]).await.unwrap().get(0);
+    let c = connect(&pg, "kept", "kept_owner", &creds["password"])
+        .await
+        .expect("the new Secret's password works");
+    let x: i32 = c
+        .query_one("SELECT x FROM survivor", &[])
+        .await
+        .unwrap()
+        .get(0);
     assert_eq!(x, 42, "the data survived");
 }
 
@@ -738,7 +1255,13 @@ async fn cleanup_blocked_by_owned_objects_explains_and_retries() {
     let pg = Postgres::start().await.expect("PostgreSQL");
     let env = env("pgblock").await;
     env.admin_secret(&pg).await;
-    env.api::<Database>().create(&PostParams::default(), &database(&pg, "app", "app", "app_owner")).await.unwrap();
+    env.api::<Database>()
+        .create(
+            &PostParams::default(),
+            &database(&pg, "app", "app", "app_owner"),
+        )
+        .await
+        .unwrap();
     wait_database_ready(&env, "app").await;
     let roles = env.api::<DatabaseRole>();
     let mut r = role("blocker", "app", "blocker", Privileges::ReadWrite);
@@ -748,29 +1271,53 @@ async fn cleanup_blocked_by_owned_objects_explains_and_retries() {
 
     // The role owns a table in a database the operator does not manage.
     let admin = superuser(&pg).await;
-    admin.batch_execute("CREATE DATABASE elsewhere").await.unwrap();
-    let other = connect(&pg, "elsewhere", pg.superuser(), pg.password()).await.unwrap();
-    other.batch_execute("CREATE TABLE precious (x int); ALTER TABLE precious OWNER TO blocker").await.unwrap();
+    admin
+        .batch_execute("CREATE DATABASE elsewhere")
+        .await
+        .unwrap();
+    let other = connect(&pg, "elsewhere", pg.superuser(), pg.password())
+        .await
+        .unwrap();
+    other
+        .batch_execute("CREATE TABLE precious (x int); ALTER TABLE precious OWNER TO blocker")
+        .await
+        .unwrap();
 
-    roles.delete("blocker", &DeleteParams::default()).await.unwrap();
+    roles
+        .delete("blocker", &DeleteParams::default())
+        .await
+        .unwrap();
     let message = eventually("the role says why it stays", WAIT, || async {
         let r = roles.get("blocker").await.map_err(|e| e.to_string())?;
         let s = r.status.unwrap_or_default();
         match (condition(&s.conditions, "Ready"), s.phase) {
-            (Some((st, reason, msg)), Some(database_operator::api::ResourcePhase::Deleting)) if st == "False" && reason == "SqlFailed" => Ok(msg),
+            (Some((st, reason, msg)), Some(database_operator::api::ResourcePhase::Deleting))
+                if st == "False" && reason == "SqlFailed" =>
+            {
+                Ok(msg)
+            }
             other => Err(format!("{other:?}")),
         }
     })
     .await
     .unwrap();
-    assert!(message.contains("drop the role") && message.contains("depend"), "{message}");
+    assert!(
+        message.contains("drop the role") && message.contains("depend"),
+        "{message}"
+    );
     env.wait_event("SqlFailed", "depend").await;
     tokio::time::sleep(Duration::from_secs(3)).await;
-    assert!(roles.get_opt("blocker").await.unwrap().is_some(), "kept while the role cannot be dropped");
+    assert!(
+        roles.get_opt("blocker").await.unwrap().is_some(),
+        "kept while the role cannot be dropped"
+    );
     assert!(exists(&admin, ROLE_EXISTS, "blocker").await);
 
     // Once the table has another owner the retry succeeds.
-    other.batch_execute("ALTER TABLE precious OWNER TO postgres").await.unwrap();
+    other
+        .batch_execute("ALTER TABLE precious OWNER TO postgres")
+        .await
+        .unwrap();
     wait_gone(&roles, "blocker").await;
     assert!(!exists(&admin, ROLE_EXISTS, "blocker").await);
 }
@@ -782,19 +1329,34 @@ async fn namespace_deletion_drops_first_thanks_to_the_in_use_finalizer() {
     env.admin_secret(&pg).await;
     let mut db = database(&pg, "temp", "preview", "preview_owner");
     db.spec.deletion_policy = DeletionPolicy::Delete;
-    env.api::<Database>().create(&PostParams::default(), &db).await.unwrap();
+    env.api::<Database>()
+        .create(&PostParams::default(), &db)
+        .await
+        .unwrap();
     wait_database_ready(&env, "temp").await;
     let secret = env.api::<Secret>().get("admin").await.unwrap();
-    assert!(secret.finalizers().iter().any(|f| f == "database.steward.dev/in-use"), "the admin Secret is protected while used");
+    assert!(
+        secret
+            .finalizers()
+            .iter()
+            .any(|f| f == "database.steward.dev/in-use"),
+        "the admin Secret is protected while used"
+    );
     let admin = superuser(&pg).await;
     assert!(exists(&admin, DB_EXISTS, "preview").await);
 
     // Deleting the namespace deletes the admin Secret too; the finalizer keeps it readable
     // until the Database has dropped, then releases it, and the namespace goes.
     let namespaces: Api<k8s_openapi::api::core::v1::Namespace> = Api::all(env.client.clone());
-    namespaces.delete(&env.ns, &DeleteParams::default()).await.unwrap();
+    namespaces
+        .delete(&env.ns, &DeleteParams::default())
+        .await
+        .unwrap();
     wait_gone(&namespaces, &env.ns).await;
-    assert!(!exists(&admin, DB_EXISTS, "preview").await, "dropped before the namespace went");
+    assert!(
+        !exists(&admin, DB_EXISTS, "preview").await,
+        "dropped before the namespace went"
+    );
     assert!(!exists(&admin, ROLE_EXISTS, "preview_owner").await);
 }
 
@@ -812,22 +1374,33 @@ async fn backup_before_delete_waits_for_the_dump_job() {
     db.spec.backup = Some(serde_json::from_value(json!({"storageClassName": class})).unwrap());
     let created = dbs.create(&PostParams::default(), &db).await.unwrap();
     wait_database_ready(&env, "dumped").await;
-    dbs.delete("dumped", &DeleteParams::default()).await.unwrap();
+    dbs.delete("dumped", &DeleteParams::default())
+        .await
+        .unwrap();
 
     // The Job cannot run yet: its claim has no volume (no provisioner for the class).
     let job_name = format!("dumped-backup-{}", &created.uid().unwrap()[..8]);
     let job = eventually("dump Job", WAIT, || async {
-        env.api::<Job>().get_opt(&job_name).await.map_err(|e| e.to_string())?.ok_or("not yet".to_string())
+        env.api::<Job>()
+            .get_opt(&job_name)
+            .await
+            .map_err(|e| e.to_string())?
+            .ok_or("not yet".to_string())
     })
     .await
     .unwrap();
-    let command = job.spec.unwrap().template.spec.unwrap().containers[0].command.clone().unwrap();
+    let command = job.spec.unwrap().template.spec.unwrap().containers[0]
+        .command
+        .clone()
+        .unwrap();
     assert_eq!(command[0], "pg_dump");
     let waiting = eventually("status says it waits for the dump", WAIT, || async {
         let d = dbs.get("dumped").await.map_err(|e| e.to_string())?;
         let s = d.status.unwrap_or_default();
         match (condition(&s.conditions, "Ready"), s.backup) {
-            (Some((st, reason, msg)), Some(b)) if st == "False" && reason == "WaitingForBackup" => Ok((msg, b)),
+            (Some((st, reason, msg)), Some(b)) if st == "False" && reason == "WaitingForBackup" => {
+                Ok((msg, b))
+            }
             other => Err(format!("{other:?}")),
         }
     })
@@ -836,7 +1409,10 @@ async fn backup_before_delete_waits_for_the_dump_job() {
     assert_eq!(waiting.1.job, job_name);
     assert!(!waiting.1.succeeded);
     tokio::time::sleep(Duration::from_secs(4)).await;
-    assert!(exists(&admin, DB_EXISTS, "dumped").await, "not dropped while the dump has not succeeded");
+    assert!(
+        exists(&admin, DB_EXISTS, "dumped").await,
+        "not dropped while the dump has not succeeded"
+    );
     assert!(dbs.get_opt("dumped").await.unwrap().is_some());
 
     // Give the claim a volume: the pod schedules, kwok "completes" it (it runs nothing), the
@@ -845,10 +1421,20 @@ async fn backup_before_delete_waits_for_the_dump_job() {
     wait_gone(&dbs, "dumped").await;
     let job = env.api::<Job>().get_opt(&job_name).await.unwrap();
     if let Some(job) = job {
-        assert!(job.status.and_then(|s| s.succeeded).unwrap_or(0) >= 1, "the Job succeeded before the drop");
+        assert!(
+            job.status.and_then(|s| s.succeeded).unwrap_or(0) >= 1,
+            "the Job succeeded before the drop"
+        );
     }
-    assert!(!exists(&admin, DB_EXISTS, "dumped").await, "dropped after the dump succeeded");
-    let claim = env.api::<PersistentVolumeClaim>().get(&job_name).await.expect("the dump's claim outlives the Database");
+    assert!(
+        !exists(&admin, DB_EXISTS, "dumped").await,
+        "dropped after the dump succeeded"
+    );
+    let claim = env
+        .api::<PersistentVolumeClaim>()
+        .get(&job_name)
+        .await
+        .expect("the dump's claim outlives the Database");
     assert!(claim.owner_references().is_empty());
     env.wait_event("Dropped", "claim").await;
 }
@@ -877,9 +1463,14 @@ async fn server_down_during_delete_keeps_the_object_and_explains() {
     })
     .await
     .unwrap();
-    assert!(msg.contains("127.0.0.1:1") || msg.to_lowercase().contains("connect"), "{msg}");
+    assert!(
+        msg.contains("127.0.0.1:1") || msg.to_lowercase().contains("connect"),
+        "{msg}"
+    );
     env.wait_event("ServerUnreachable", "127.0.0.1:1").await;
-    dbs.delete("nowhere", &DeleteParams::default()).await.unwrap(); // Retain: goes at once
+    dbs.delete("nowhere", &DeleteParams::default())
+        .await
+        .unwrap(); // Retain: goes at once
     wait_gone(&dbs, "nowhere").await;
 
     let mut db = database(&pg, "fragile", "fragile", "fragile_owner");
@@ -888,32 +1479,48 @@ async fn server_down_during_delete_keeps_the_object_and_explains() {
     wait_database_ready(&env, "fragile").await;
 
     pg.stop().await.expect("stop PostgreSQL");
-    dbs.delete("fragile", &DeleteParams::default()).await.unwrap();
+    dbs.delete("fragile", &DeleteParams::default())
+        .await
+        .unwrap();
     let (reason, message) = eventually("the object says why it stays", WAIT, || async {
         let d = dbs.get("fragile").await.map_err(|e| e.to_string())?;
         let s = d.status.unwrap_or_default();
         let reachable = condition(&s.conditions, "ServerReachable");
         match (condition(&s.conditions, "Ready"), reachable, s.phase) {
-            (Some((st, reason, msg)), Some((r, _, _)), Some(database_operator::api::ResourcePhase::Deleting))
-                if st == "False" && r == "False" =>
-            {
-                Ok((reason, msg))
-            }
+            (
+                Some((st, reason, msg)),
+                Some((r, _, _)),
+                Some(database_operator::api::ResourcePhase::Deleting),
+            ) if st == "False" && r == "False" => Ok((reason, msg)),
             other => Err(format!("{other:?}")),
         }
     })
     .await
     .unwrap();
     assert_eq!(reason, "ServerUnreachable");
-    assert!(message.contains(&format!("127.0.0.1:{}", pg.port())), "{message}");
+    assert!(
+        message.contains(&format!("127.0.0.1:{}", pg.port())),
+        "{message}"
+    );
     tokio::time::sleep(Duration::from_secs(5)).await;
-    let still = dbs.get("fragile").await.expect("the object stays while the server is down");
-    assert!(still.finalizers().iter().any(|f| f == "database.steward.dev/database-cleanup"));
+    let still = dbs
+        .get("fragile")
+        .await
+        .expect("the object stays while the server is down");
+    assert!(
+        still
+            .finalizers()
+            .iter()
+            .any(|f| f == "database.steward.dev/database-cleanup")
+    );
 
     pg.start_again().await.expect("start PostgreSQL again");
     wait_gone(&dbs, "fragile").await;
     let admin = superuser(&pg).await;
-    assert!(!exists(&admin, DB_EXISTS, "fragile").await, "dropped once the server was back");
+    assert!(
+        !exists(&admin, DB_EXISTS, "fragile").await,
+        "dropped once the server was back"
+    );
     assert!(!exists(&admin, ROLE_EXISTS, "fragile_owner").await);
 }
 
@@ -925,10 +1532,18 @@ async fn server_down_during_delete_keeps_the_object_and_explains() {
 /// and returns the 422 message.
 async fn rejected<K>(api: &Api<K>, obj: serde_json::Value) -> String
 where
-    K: Resource<DynamicType = ()> + Clone + serde::de::DeserializeOwned + serde::Serialize + std::fmt::Debug,
+    K: Resource<DynamicType = ()>
+        + Clone
+        + serde::de::DeserializeOwned
+        + serde::Serialize
+        + std::fmt::Debug,
 {
     let ar = kube::api::ApiResource::erase::<K>(&());
-    let raw: Api<kube::api::DynamicObject> = Api::namespaced_with(api.clone().into_client(), api.namespace().unwrap_or("default"), &ar);
+    let raw: Api<kube::api::DynamicObject> = Api::namespaced_with(
+        api.clone().into_client(),
+        api.namespace().unwrap_or("default"),
+        &ar,
+    );
     let obj: kube::api::DynamicObject = serde_json::from_value(obj).unwrap();
     match raw.create(&PostParams::default(), &obj).await {
         Err(kube::Error::Api(s)) if s.code == 422 => s.message,
@@ -942,97 +1557,180 @@ async fn schema_rejects_bad_input_and_quoting_defuses_it() {
     let env = env("pgbad").await;
     let dbs = env.api::<Database>();
     let ext = json!({"host": "127.0.0.1", "port": pg.port(), "adminSecretRef": {"name": "admin"}});
-    let db = |spec: serde_json::Value| {
-        json!({"apiVersion": "database.steward.dev/v1alpha1", "kind": "Database", "metadata": {"name": "bad"}, "spec": spec})
-    };
+    let db = |spec: serde_json::Value| json!({"apiVersion": "database.steward.dev/v1alpha1", "kind": "Database", "metadata": {"name": "bad"}, "spec": spec});
 
-    let m = rejected(&dbs, db(json!({"external": ext, "name": EVIL, "owner": "o"}))).await;
+    let m = rejected(
+        &dbs,
+        db(json!({"external": ext, "name": EVIL, "owner": "o"})),
+    )
+    .await;
     assert!(m.contains("spec.name") && m.contains("should match"), "{m}");
-    let m = rejected(&dbs, db(json!({"external": ext, "name": "ok", "owner": EVIL}))).await;
+    let m = rejected(
+        &dbs,
+        db(json!({"external": ext, "name": "ok", "owner": EVIL})),
+    )
+    .await;
     assert!(m.contains("spec.owner"), "{m}");
-    let m = rejected(&dbs, db(json!({"external": ext, "name": "a".repeat(64), "owner": "o"}))).await;
+    let m = rejected(
+        &dbs,
+        db(json!({"external": ext, "name": "a".repeat(64), "owner": "o"})),
+    )
+    .await;
     assert!(m.contains("spec.name") && m.contains("63"), "{m}");
-    let m = rejected(&dbs, db(json!({"external": ext, "name": "postgres", "owner": "o"}))).await;
+    let m = rejected(
+        &dbs,
+        db(json!({"external": ext, "name": "postgres", "owner": "o"})),
+    )
+    .await;
     assert!(m.contains("system databases"), "{m}");
-    let m = rejected(&dbs, db(json!({"external": ext, "name": "ok", "owner": "pg_monitor"}))).await;
+    let m = rejected(
+        &dbs,
+        db(json!({"external": ext, "name": "ok", "owner": "pg_monitor"})),
+    )
+    .await;
     assert!(m.contains("reserved role name"), "{m}");
     let m = rejected(&dbs, db(json!({"name": "ok", "owner": "o"}))).await;
     assert!(m.contains("exactly one of clusterRef and external"), "{m}");
-    let m = rejected(&dbs, db(json!({"external": ext, "clusterRef": {"name": "c"}, "name": "ok", "owner": "o"}))).await;
+    let m = rejected(
+        &dbs,
+        db(json!({"external": ext, "clusterRef": {"name": "c"}, "name": "ok", "owner": "o"})),
+    )
+    .await;
     assert!(m.contains("exactly one of clusterRef and external"), "{m}");
     let m = rejected(&dbs, db(json!({"external": ext, "name": "ok", "owner": "o", "extensions": [{"name": "x; DROP"}]}))).await;
     assert!(m.contains("extensions[0].name"), "{m}");
     let m = rejected(&dbs, db(json!({"external": ext, "name": "ok", "owner": "o", "schemas": [{"name": "s"}, {"name": "s"}]}))).await;
     assert!(m.contains("schema names must be unique"), "{m}");
-    let m = rejected(&dbs, db(json!({"external": ext, "name": "ok", "owner": "o", "deletionPolicy": "Sometimes"}))).await;
+    let m = rejected(
+        &dbs,
+        db(json!({"external": ext, "name": "ok", "owner": "o", "deletionPolicy": "Sometimes"})),
+    )
+    .await;
     assert!(m.contains("deletionPolicy"), "{m}");
 
     // Immutable name.
-    let good: Database = serde_json::from_value(db(json!({"external": ext, "name": "fine", "owner": "o"}))).unwrap();
+    let good: Database =
+        serde_json::from_value(db(json!({"external": ext, "name": "fine", "owner": "o"}))).unwrap();
     dbs.create(&PostParams::default(), &good).await.unwrap();
     let err = dbs
-        .patch("bad", &PatchParams::default(), &Patch::Merge(json!({"spec": {"name": "other"}})))
+        .patch(
+            "bad",
+            &PatchParams::default(),
+            &Patch::Merge(json!({"spec": {"name": "other"}})),
+        )
         .await
         .expect_err("name is immutable");
     assert!(err.to_string().contains("name is immutable"), "{err}");
 
     let roles = env.api::<DatabaseRole>();
-    let role = |spec: serde_json::Value| {
-        json!({"apiVersion": "database.steward.dev/v1alpha1", "kind": "DatabaseRole", "metadata": {"name": "r"}, "spec": spec})
-    };
-    let m = rejected(&roles, role(json!({"databaseRef": {"name": "bad"}, "roleName": EVIL, "privileges": "readOnly"}))).await;
+    let role = |spec: serde_json::Value| json!({"apiVersion": "database.steward.dev/v1alpha1", "kind": "DatabaseRole", "metadata": {"name": "r"}, "spec": spec});
+    let m = rejected(
+        &roles,
+        role(json!({"databaseRef": {"name": "bad"}, "roleName": EVIL, "privileges": "readOnly"})),
+    )
+    .await;
     assert!(m.contains("spec.roleName"), "{m}");
-    let m = rejected(&roles, role(json!({"databaseRef": {"name": "bad"}, "roleName": "r", "privileges": "superuser"}))).await;
+    let m = rejected(
+        &roles,
+        role(json!({"databaseRef": {"name": "bad"}, "roleName": "r", "privileges": "superuser"})),
+    )
+    .await;
     assert!(m.contains("spec.privileges"), "{m}");
     let m = rejected(&roles, role(json!({"databaseRef": {"name": "bad"}, "roleName": "r", "privileges": "readOnly", "passwordRotation": {"interval": "soon"}}))).await;
     assert!(m.contains("interval"), "{m}");
 
     let clusters = env.api::<PostgresCluster>();
-    let pgc = |spec: serde_json::Value| {
-        json!({"apiVersion": "database.steward.dev/v1alpha1", "kind": "PostgresCluster", "metadata": {"name": "c"}, "spec": spec})
-    };
-    let m = rejected(&clusters, pgc(json!({"instances": 10, "version": 16, "storage": {"size": "1Gi"}}))).await;
+    let pgc = |spec: serde_json::Value| json!({"apiVersion": "database.steward.dev/v1alpha1", "kind": "PostgresCluster", "metadata": {"name": "c"}, "spec": spec});
+    let m = rejected(
+        &clusters,
+        pgc(json!({"instances": 10, "version": 16, "storage": {"size": "1Gi"}})),
+    )
+    .await;
     assert!(m.contains("spec.instances"), "{m}");
     let m = rejected(&clusters, pgc(json!({"instances": 1, "version": 16, "storage": {"size": "1Gi"}, "parameters": {"port": "1"}}))).await;
     assert!(m.contains("managed by the operator"), "{m}");
     let m = rejected(&clusters, pgc(json!({"instances": 1, "version": 16, "storage": {"size": "1Gi"}, "parameters": {"bad key'": "1"}}))).await;
     assert!(m.contains("parameter names"), "{m}");
-    let c: PostgresCluster = serde_json::from_value(pgc(json!({"instances": 1, "version": 16, "storage": {"size": "1Gi"}}))).unwrap();
+    let c: PostgresCluster = serde_json::from_value(pgc(
+        json!({"instances": 1, "version": 16, "storage": {"size": "1Gi"}}),
+    ))
+    .unwrap();
     clusters.create(&PostParams::default(), &c).await.unwrap();
-    let err = clusters.patch("c", &PatchParams::default(), &Patch::Merge(json!({"spec": {"version": 15}}))).await.expect_err("no downgrade");
+    let err = clusters
+        .patch(
+            "c",
+            &PatchParams::default(),
+            &Patch::Merge(json!({"spec": {"version": 15}})),
+        )
+        .await
+        .expect_err("no downgrade");
     assert!(err.to_string().contains("cannot be lowered"), "{err}");
     let err = clusters
-        .patch("c", &PatchParams::default(), &Patch::Merge(json!({"spec": {"storage": {"size": "2Gi"}}})))
+        .patch(
+            "c",
+            &PatchParams::default(),
+            &Patch::Merge(json!({"spec": {"storage": {"size": "2Gi"}}})),
+        )
         .await
         .expect_err("storage immutable");
     assert!(err.to_string().contains("storage is immutable"), "{err}");
 
     // The samples are valid objects.
-    for file in ["database-postgrescluster.yaml", "database.yaml", "database-role.yaml"] {
-        let path = steward_testenv::workspace_root().join("deploy/samples").join(file);
+    for file in [
+        "database-postgrescluster.yaml",
+        "database.yaml",
+        "database-role.yaml",
+    ] {
+        let path = steward_testenv::workspace_root()
+            .join("deploy/samples")
+            .join(file);
         let text = std::fs::read_to_string(&path).unwrap();
         let obj: kube::api::DynamicObject = serde_yaml::from_str(&text).unwrap();
         let tm = obj.types.clone().unwrap();
         let (group, version) = tm.api_version.split_once('/').unwrap();
-        let ar = kube::api::ApiResource::from_gvk(&kube::api::GroupVersionKind::gvk(group, version, &tm.kind));
-        let api: Api<kube::api::DynamicObject> = Api::namespaced_with(env.client.clone(), &env.ns, &ar);
-        api.create(&PostParams::default(), &obj).await.unwrap_or_else(|e| panic!("sample {file} rejected: {e}"));
+        let ar = kube::api::ApiResource::from_gvk(&kube::api::GroupVersionKind::gvk(
+            group, version, &tm.kind,
+        ));
+        let api: Api<kube::api::DynamicObject> =
+            Api::namespaced_with(env.client.clone(), &env.ns, &ar);
+        api.create(&PostParams::default(), &obj)
+            .await
+            .unwrap_or_else(|e| panic!("sample {file} rejected: {e}"));
     }
 
     // Had the name got through: the quoted statements touch only an oddly named database.
     use database_operator::sql;
     let admin = superuser(&pg).await;
-    admin.batch_execute(&sql::create_database(EVIL, pg.superuser())).await.expect("a quoted name is just a name");
+    admin
+        .batch_execute(&sql::create_database(EVIL, pg.superuser()))
+        .await
+        .expect("a quoted name is just a name");
     assert!(exists(&admin, DB_EXISTS, EVIL).await);
-    assert!(exists(&admin, DB_EXISTS, "postgres").await, "postgres was not dropped");
-    admin.batch_execute(&sql::create_login_role(EVIL, "SCRAM-SHA-256$4096:AAAA$BBBB:CCCC")).await.expect("role with that name");
+    assert!(
+        exists(&admin, DB_EXISTS, "postgres").await,
+        "postgres was not dropped"
+    );
+    admin
+        .batch_execute(&sql::create_login_role(
+            EVIL,
+            "SCRAM-SHA-256$4096:AAAA$BBBB:CCCC",
+        ))
+        .await
+        .expect("role with that name");
     assert!(exists(&admin, ROLE_EXISTS, EVIL).await);
-    admin.batch_execute(&sql::drop_database(EVIL, true)).await.unwrap();
+    admin
+        .batch_execute(&sql::drop_database(EVIL, true))
+        .await
+        .unwrap();
     admin.batch_execute(&sql::drop_role(EVIL)).await.unwrap();
     assert!(!exists(&admin, DB_EXISTS, EVIL).await && exists(&admin, DB_EXISTS, "postgres").await);
     // A literal with quotes and backslashes stays a literal.
     let lit = database_operator::ident::quote_literal("a'b\\c'; DROP TABLE x; --");
-    let back: String = admin.query_one(&format!("SELECT {lit}::text"), &[]).await.unwrap().get(0);
+    let back: String = admin
+        .query_one(&format!("SELECT {lit}::text"), &[])
+        .await
+        .unwrap()
+        .get(0);
     assert_eq!(back, "a'b\\c'; DROP TABLE x; --");
 }
 
@@ -1040,14 +1738,26 @@ async fn schema_rejects_bad_input_and_quoting_defuses_it() {
 async fn postgres_harness_stops_and_starts_on_the_same_port() {
     let mut pg = Postgres::start().await.expect("PostgreSQL");
     let c = superuser(&pg).await;
-    c.batch_execute("CREATE TABLE kept (x int); INSERT INTO kept VALUES (7)").await.unwrap();
+    c.batch_execute("CREATE TABLE kept (x int); INSERT INTO kept VALUES (7)")
+        .await
+        .unwrap();
     let port = pg.port();
     pg.stop().await.unwrap();
-    assert!(connect(&pg, "postgres", pg.superuser(), pg.password()).await.is_err(), "down");
+    assert!(
+        connect(&pg, "postgres", pg.superuser(), pg.password())
+            .await
+            .is_err(),
+        "down"
+    );
     pg.start_again().await.unwrap();
     assert_eq!(pg.port(), port);
     let c = superuser(&pg).await;
     let x: i32 = c.query_one("SELECT x FROM kept", &[]).await.unwrap().get(0);
     assert_eq!(x, 7, "same data dir");
-    assert!(connect(&pg, "postgres", pg.superuser(), "wrong").await.is_err(), "TCP needs the password");
+    assert!(
+        connect(&pg, "postgres", pg.superuser(), "wrong")
+            .await
+            .is_err(),
+        "TCP needs the password"
+    );
 }

@@ -24,8 +24,8 @@ use k8s_openapi::api::coordination::v1::Lease;
 use k8s_openapi::api::core::v1::Secret;
 use k8s_openapi::api::rbac::v1::ClusterRoleBinding;
 use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
-use kube::api::{Api, DynamicObject, ListParams, Patch, PatchParams, PostParams};
 use kube::Client;
+use kube::api::{Api, DynamicObject, ListParams, Patch, PatchParams, PostParams};
 use serde_json::{Value, json};
 use steward_core::Operator;
 use steward_core::cli::CommonArgs;
@@ -37,7 +37,11 @@ use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 
 const WAIT: Duration = Duration::from_secs(90);
-const OPERATORS: [&str; 3] = ["database-operator", "tenant-operator", "upgrade-orchestrator"];
+const OPERATORS: [&str; 3] = [
+    "database-operator",
+    "tenant-operator",
+    "upgrade-orchestrator",
+];
 const FIELD_MANAGER: &str = "steward-deploy-test";
 
 // ---------------------------------------------------------------------------------------
@@ -51,7 +55,10 @@ fn operator_namespace(operator: &str) -> String {
 
 /// `kubectl kustomize <dir>` with the control plane's kubectl, as a list of objects.
 fn kustomize(dir: &Path) -> Result<Vec<Value>> {
-    Ok(manifests::kustomize(&steward_testenv::binaries::ensure()?.kubectl, dir)?)
+    Ok(manifests::kustomize(
+        &steward_testenv::binaries::ensure()?.kubectl,
+        dir,
+    )?)
 }
 
 fn kind(obj: &Value) -> &str {
@@ -74,12 +81,23 @@ fn describe(obj: &Value) -> String {
 }
 
 /// The `Api` for `obj`'s kind (by discovery), in its namespace or `default_namespace`.
-async fn dynamic_api(client: &Client, obj: &Value, default_namespace: Option<&str>) -> Result<Api<DynamicObject>> {
-    Ok(manifests::dynamic_api(client, obj, default_namespace).await?.0)
+async fn dynamic_api(
+    client: &Client,
+    obj: &Value,
+    default_namespace: Option<&str>,
+) -> Result<Api<DynamicObject>> {
+    Ok(manifests::dynamic_api(client, obj, default_namespace)
+        .await?
+        .0)
 }
 
 /// Server-side applies `obj` (forced), optionally as a dry run (`dryRun=All`).
-async fn apply(client: &Client, obj: &Value, default_namespace: Option<&str>, dry_run: bool) -> Result<DynamicObject> {
+async fn apply(
+    client: &Client,
+    obj: &Value,
+    default_namespace: Option<&str>,
+    dry_run: bool,
+) -> Result<DynamicObject> {
     Ok(manifests::apply(client, obj, default_namespace, FIELD_MANAGER, dry_run).await?)
 }
 
@@ -99,13 +117,18 @@ async fn installed() -> Result<&'static ControlPlane> {
 async fn install(cp: &ControlPlane) -> Result<()> {
     let objects = kustomize(&workspace_root())?;
     let client = cp.client()?;
-    for obj in objects.iter().filter(|o| kind(o) == "CustomResourceDefinition") {
+    for obj in objects
+        .iter()
+        .filter(|o| kind(o) == "CustomResourceDefinition")
+    {
         let crd: CustomResourceDefinition = serde_json::from_value(obj.clone())?;
         cp.apply_crd(&crd).await?;
     }
     // Namespaces before what lives in them; everything else in kustomize's order.
-    let (namespaces, rest): (Vec<&Value>, Vec<&Value>) =
-        objects.iter().filter(|o| kind(o) != "CustomResourceDefinition").partition(|o| kind(o) == "Namespace");
+    let (namespaces, rest): (Vec<&Value>, Vec<&Value>) = objects
+        .iter()
+        .filter(|o| kind(o) != "CustomResourceDefinition")
+        .partition(|o| kind(o) == "Namespace");
     for obj in namespaces.into_iter().chain(rest) {
         apply(&client, obj, None, false).await?;
     }
@@ -124,14 +147,21 @@ struct Rendered {
 
 impl Rendered {
     fn of(operator: &'static str) -> Result<Self> {
-        Ok(Self { operator, objects: kustomize(&workspace_root().join("deploy").join(operator))? })
+        Ok(Self {
+            operator,
+            objects: kustomize(&workspace_root().join("deploy").join(operator))?,
+        })
     }
 
     fn one(&self, kind_: &str) -> Result<&Value> {
         let found: Vec<_> = self.objects.iter().filter(|o| kind(o) == kind_).collect();
         match found.as_slice() {
             [one] => Ok(one),
-            other => bail!("deploy/{} renders {} {kind_} objects, expected 1", self.operator, other.len()),
+            other => bail!(
+                "deploy/{} renders {} {kind_} objects, expected 1",
+                self.operator,
+                other.len()
+            ),
         }
     }
 
@@ -178,33 +208,71 @@ fn check_deployment(r: &Rendered) -> Result<()> {
     let op = r.operator;
     let ns = operator_namespace(op);
     let d = r.one("Deployment")?;
-    ensure!(namespace(d) == Some(ns.as_str()), "{op}: Deployment is not in {ns}");
-    ensure!(d["spec"]["replicas"] == 2, "{op}: replicas is {}, expected 2", d["spec"]["replicas"]);
+    ensure!(
+        namespace(d) == Some(ns.as_str()),
+        "{op}: Deployment is not in {ns}"
+    );
+    ensure!(
+        d["spec"]["replicas"] == 2,
+        "{op}: replicas is {}, expected 2",
+        d["spec"]["replicas"]
+    );
     let pod = &d["spec"]["template"]["spec"];
     let sa = pod["serviceAccountName"].as_str().unwrap_or_default();
     ensure!(sa == op, "{op}: serviceAccountName is {sa:?}");
     ensure!(
-        r.of_kind("ServiceAccount").any(|s| name(s) == sa && namespace(s) == Some(ns.as_str())),
+        r.of_kind("ServiceAccount")
+            .any(|s| name(s) == sa && namespace(s) == Some(ns.as_str())),
         "{op}: ServiceAccount {sa} is not rendered in {ns}"
     );
 
     // The restricted Pod Security profile.
     let psc = &pod["securityContext"];
-    ensure!(psc["runAsNonRoot"] == true, "{op}: pod securityContext.runAsNonRoot is not true");
-    ensure!(psc["seccompProfile"]["type"] == "RuntimeDefault", "{op}: seccompProfile is not RuntimeDefault");
+    ensure!(
+        psc["runAsNonRoot"] == true,
+        "{op}: pod securityContext.runAsNonRoot is not true"
+    );
+    ensure!(
+        psc["seccompProfile"]["type"] == "RuntimeDefault",
+        "{op}: seccompProfile is not RuntimeDefault"
+    );
     let containers = pod["containers"].as_array().context("no containers")?;
     ensure!(containers.len() == 1, "{op}: expected one container");
     let c = &containers[0];
     let sc = &c["securityContext"];
-    ensure!(sc["allowPrivilegeEscalation"] == false, "{op}: allowPrivilegeEscalation is not false");
-    ensure!(sc["readOnlyRootFilesystem"] == true, "{op}: readOnlyRootFilesystem is not true");
-    ensure!(sc["capabilities"]["drop"] == json!(["ALL"]), "{op}: capabilities.drop is not [ALL]");
-    ensure!(sc.get("privileged").is_none_or(|p| p == false), "{op}: privileged");
-    ensure!(c["image"].as_str().is_some_and(|i| i.starts_with(&format!("steward/{op}:"))), "{op}: image is {}", c["image"]);
+    ensure!(
+        sc["allowPrivilegeEscalation"] == false,
+        "{op}: allowPrivilegeEscalation is not false"
+    );
+    ensure!(
+        sc["readOnlyRootFilesystem"] == true,
+        "{op}: readOnlyRootFilesystem is not true"
+    );
+    ensure!(
+        sc["capabilities"]["drop"] == json!(["ALL"]),
+        "{op}: capabilities.drop is not [ALL]"
+    );
+    ensure!(
+        sc.get("privileged").is_none_or(|p| p == false),
+        "{op}: privileged"
+    );
+    ensure!(
+        c["image"]
+            .as_str()
+            .is_some_and(|i| i.starts_with(&format!("steward/{op}:"))),
+        "{op}: image is {}",
+        c["image"]
+    );
 
     // Resources.
-    for (what, res) in [("requests", &c["resources"]["requests"]), ("limits", &c["resources"]["limits"])] {
-        ensure!(res["cpu"].is_string() && res["memory"].is_string(), "{op}: resources.{what} needs cpu and memory");
+    for (what, res) in [
+        ("requests", &c["resources"]["requests"]),
+        ("limits", &c["resources"]["limits"]),
+    ] {
+        ensure!(
+            res["cpu"].is_string() && res["memory"].is_string(),
+            "{op}: resources.{what} needs cpu and memory"
+        );
     }
 
     // The downward API, read by steward-core for the identity and the Lease namespace.
@@ -212,29 +280,58 @@ fn check_deployment(r: &Rendered) -> Result<()> {
         .as_array()
         .into_iter()
         .flatten()
-        .filter_map(|e| Some((e["name"].as_str()?, e["valueFrom"]["fieldRef"]["fieldPath"].as_str()?)))
+        .filter_map(|e| {
+            Some((
+                e["name"].as_str()?,
+                e["valueFrom"]["fieldRef"]["fieldPath"].as_str()?,
+            ))
+        })
         .collect();
-    ensure!(env.get("POD_NAME") == Some(&"metadata.name"), "{op}: POD_NAME is not the pod's name: {env:?}");
-    ensure!(env.get("POD_NAMESPACE") == Some(&"metadata.namespace"), "{op}: POD_NAMESPACE is not the pod's namespace");
+    ensure!(
+        env.get("POD_NAME") == Some(&"metadata.name"),
+        "{op}: POD_NAME is not the pod's name: {env:?}"
+    );
+    ensure!(
+        env.get("POD_NAMESPACE") == Some(&"metadata.namespace"),
+        "{op}: POD_NAMESPACE is not the pod's namespace"
+    );
 
     // Args the binary accepts, ports and probes that match them.
-    let args: Vec<String> = c["args"].as_array().into_iter().flatten().filter_map(|a| a.as_str().map(String::from)).collect();
-    let common = parse_args(op, &args).with_context(|| format!("{op}: the Deployment's args {args:?}"))?;
+    let args: Vec<String> = c["args"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter_map(|a| a.as_str().map(String::from))
+        .collect();
+    let common =
+        parse_args(op, &args).with_context(|| format!("{op}: the Deployment's args {args:?}"))?;
     ensure!(common.leader_elect, "{op}: leader election is off");
     let port = |name_: &str| -> Option<u64> {
         c["ports"].as_array()?.iter().find(|p| p["name"] == name_)?["containerPort"].as_u64()
     };
     let metrics = common.metrics_addr()?.context("metrics disabled")?;
     let health = common.health_addr()?.context("health probes disabled")?;
-    ensure!(port("metrics") == Some(u64::from(metrics.port())), "{op}: port `metrics` is not the metrics address {metrics}");
-    ensure!(port("health") == Some(u64::from(health.port())), "{op}: port `health` is not the probe address {health}");
+    ensure!(
+        port("metrics") == Some(u64::from(metrics.port())),
+        "{op}: port `metrics` is not the metrics address {metrics}"
+    );
+    ensure!(
+        port("health") == Some(u64::from(health.port())),
+        "{op}: port `health` is not the probe address {health}"
+    );
     for (probe, path) in [("livenessProbe", "/healthz"), ("readinessProbe", "/readyz")] {
         let get = &c[probe]["httpGet"];
-        ensure!(get["path"] == path && get["port"] == "health", "{op}: {probe} is not GET {path} on the health port: {get}");
+        ensure!(
+            get["path"] == path && get["port"] == "health",
+            "{op}: {probe} is not GET {path} on the health port: {get}"
+        );
     }
     // Long enough to drain (--shutdown-timeout) and release the Lease.
     let grace = pod["terminationGracePeriodSeconds"].as_u64().unwrap_or(30);
-    ensure!(grace > common.shutdown_timeout.as_secs(), "{op}: terminationGracePeriodSeconds {grace} <= --shutdown-timeout");
+    ensure!(
+        grace > common.shutdown_timeout.as_secs(),
+        "{op}: terminationGracePeriodSeconds {grace} <= --shutdown-timeout"
+    );
     Ok(())
 }
 
@@ -243,33 +340,92 @@ fn check_rbac(r: &Rendered) -> Result<()> {
     let ns = operator_namespace(op);
     let subject = json!([{"kind": "ServiceAccount", "name": op, "namespace": ns}]);
     let mut bound = BTreeSet::new();
-    for b in r.of_kind("ClusterRoleBinding").chain(r.of_kind("RoleBinding")) {
-        ensure!(b["subjects"] == subject, "{op}: {} binds {} instead of only its ServiceAccount", describe(b), b["subjects"]);
-        bound.insert((b["roleRef"]["kind"].as_str().unwrap_or_default().to_string(), b["roleRef"]["name"].as_str().unwrap_or_default().to_string()));
+    for b in r
+        .of_kind("ClusterRoleBinding")
+        .chain(r.of_kind("RoleBinding"))
+    {
+        ensure!(
+            b["subjects"] == subject,
+            "{op}: {} binds {} instead of only its ServiceAccount",
+            describe(b),
+            b["subjects"]
+        );
+        bound.insert((
+            b["roleRef"]["kind"]
+                .as_str()
+                .unwrap_or_default()
+                .to_string(),
+            b["roleRef"]["name"]
+                .as_str()
+                .unwrap_or_default()
+                .to_string(),
+        ));
     }
     let mut lease_rules = 0;
     let mut event_verbs = BTreeSet::new();
     for role in r.of_kind("ClusterRole").chain(r.of_kind("Role")) {
         let role_kind = kind(role);
-        ensure!(bound.contains(&(role_kind.to_string(), name(role).to_string())), "{op}: {} is not bound", describe(role));
-        ensure!(role.get("aggregationRule").is_none(), "{op}: {} aggregates other roles", describe(role));
+        ensure!(
+            bound.contains(&(role_kind.to_string(), name(role).to_string())),
+            "{op}: {} is not bound",
+            describe(role)
+        );
+        ensure!(
+            role.get("aggregationRule").is_none(),
+            "{op}: {} aggregates other roles",
+            describe(role)
+        );
         for rule in role["rules"].as_array().context("rules")? {
             for field in ["apiGroups", "resources", "verbs"] {
-                let values = rule[field].as_array().with_context(|| format!("{op}: a rule of {} has no {field}", describe(role)))?;
-                ensure!(!values.is_empty(), "{op}: empty {field} in {}", describe(role));
-                ensure!(!values.iter().any(|v| v == "*"), "{op}: wildcard {field} in {}: {rule}", describe(role));
+                let values = rule[field].as_array().with_context(|| {
+                    format!("{op}: a rule of {} has no {field}", describe(role))
+                })?;
+                ensure!(
+                    !values.is_empty(),
+                    "{op}: empty {field} in {}",
+                    describe(role)
+                );
+                ensure!(
+                    !values.iter().any(|v| v == "*"),
+                    "{op}: wildcard {field} in {}: {rule}",
+                    describe(role)
+                );
             }
-            ensure!(rule.get("nonResourceURLs").is_none(), "{op}: nonResourceURLs in {}", describe(role));
-            let verbs: Vec<&str> = rule["verbs"].as_array().into_iter().flatten().filter_map(Value::as_str).collect();
+            ensure!(
+                rule.get("nonResourceURLs").is_none(),
+                "{op}: nonResourceURLs in {}",
+                describe(role)
+            );
+            let verbs: Vec<&str> = rule["verbs"]
+                .as_array()
+                .into_iter()
+                .flatten()
+                .filter_map(Value::as_str)
+                .collect();
             for escalating in ["escalate", "impersonate"] {
-                ensure!(!verbs.contains(&escalating), "{op}: verb {escalating} in {}", describe(role));
+                ensure!(
+                    !verbs.contains(&escalating),
+                    "{op}: verb {escalating} in {}",
+                    describe(role)
+                );
             }
-            let resources: Vec<&str> = rule["resources"].as_array().into_iter().flatten().filter_map(Value::as_str).collect();
+            let resources: Vec<&str> = rule["resources"]
+                .as_array()
+                .into_iter()
+                .flatten()
+                .filter_map(Value::as_str)
+                .collect();
             if resources.contains(&"leases") {
                 // Only the operator's own Lease, in its own namespace.
-                ensure!(role_kind == "Role" && namespace(role) == Some(ns.as_str()), "{op}: leases outside the Role in {ns}");
+                ensure!(
+                    role_kind == "Role" && namespace(role) == Some(ns.as_str()),
+                    "{op}: leases outside the Role in {ns}"
+                );
                 if verbs.iter().any(|v| *v != "create") {
-                    ensure!(rule["resourceNames"] == json!([op]), "{op}: Lease {verbs:?} not limited to resourceNames [{op}]");
+                    ensure!(
+                        rule["resourceNames"] == json!([op]),
+                        "{op}: Lease {verbs:?} not limited to resourceNames [{op}]"
+                    );
                 }
                 lease_rules += 1;
             }
@@ -281,22 +437,46 @@ fn check_rbac(r: &Rendered) -> Result<()> {
     ensure!(lease_rules > 0, "{op}: no Lease rule");
     if op == "tenant-operator" {
         // The admission policies it applies are exactly those its role names.
-        let exempt = tenant_operator::policy::Exemptions { users: vec![], groups: vec![], user_prefixes: vec![] };
-        let generated: BTreeSet<String> = tenant_operator::policy::policies(&exempt, tenant_operator::NAME)
-            .iter()
-            .flat_map(|p| [p.policy.metadata.name.clone(), p.binding.metadata.name.clone()])
-            .flatten()
-            .collect();
+        let exempt = tenant_operator::policy::Exemptions {
+            users: vec![],
+            groups: vec![],
+            user_prefixes: vec![],
+        };
+        let generated: BTreeSet<String> =
+            tenant_operator::policy::policies(&exempt, tenant_operator::NAME)
+                .iter()
+                .flat_map(|p| {
+                    [
+                        p.policy.metadata.name.clone(),
+                        p.binding.metadata.name.clone(),
+                    ]
+                })
+                .flatten()
+                .collect();
         let named: BTreeSet<String> = r
             .of_kind("ClusterRole")
             .flat_map(|role| role["rules"].as_array().cloned().unwrap_or_default())
-            .filter(|rule| rule["apiGroups"] == json!(["admissionregistration.k8s.io"]) && !rule["resourceNames"].is_null())
-            .flat_map(|rule| rule["resourceNames"].as_array().cloned().unwrap_or_default())
+            .filter(|rule| {
+                rule["apiGroups"] == json!(["admissionregistration.k8s.io"])
+                    && !rule["resourceNames"].is_null()
+            })
+            .flat_map(|rule| {
+                rule["resourceNames"]
+                    .as_array()
+                    .cloned()
+                    .unwrap_or_default()
+            })
             .filter_map(|n| n.as_str().map(String::from))
             .collect();
-        ensure!(generated == named, "{op}: its role names the admission policies {named:?}, the operator applies {generated:?}");
+        ensure!(
+            generated == named,
+            "{op}: its role names the admission policies {named:?}, the operator applies {generated:?}"
+        );
     }
-    ensure!(event_verbs == BTreeSet::from(["create".to_string(), "patch".to_string()]), "{op}: events.k8s.io events verbs are {event_verbs:?}");
+    ensure!(
+        event_verbs == BTreeSet::from(["create".to_string(), "patch".to_string()]),
+        "{op}: events.k8s.io events verbs are {event_verbs:?}"
+    );
     Ok(())
 }
 
@@ -311,7 +491,11 @@ fn manifests_have_two_replicas_probes_restricted_pods_and_rbac_without_wildcards
             }
         }
         let ns = r.one("Namespace")?;
-        ensure!(name(ns) == operator_namespace(op), "{op}: Namespace is {}", name(ns));
+        ensure!(
+            name(ns) == operator_namespace(op),
+            "{op}: Namespace is {}",
+            name(ns)
+        );
         ensure!(
             ns["metadata"]["labels"]["pod-security.kubernetes.io/enforce"] == "restricted",
             "{op}: its namespace does not enforce the restricted Pod Security level"
@@ -324,13 +508,17 @@ fn manifests_have_two_replicas_probes_restricted_pods_and_rbac_without_wildcards
 #[test]
 fn root_kustomization_lists_every_crd_and_every_operator() -> Result<()> {
     let objects = kustomize(&workspace_root())?;
-    let rendered: BTreeSet<String> =
-        objects.iter().filter(|o| kind(o) == "CustomResourceDefinition").map(|o| name(o).to_string()).collect();
+    let rendered: BTreeSet<String> = objects
+        .iter()
+        .filter(|o| kind(o) == "CustomResourceDefinition")
+        .map(|o| name(o).to_string())
+        .collect();
     let mut generated = BTreeSet::new();
     for entry in std::fs::read_dir(workspace_root().join("crds"))? {
         let path = entry?.path();
         if path.extension().is_some_and(|e| e == "yaml") {
-            let crd: CustomResourceDefinition = serde_yaml::from_str(&std::fs::read_to_string(&path)?)?;
+            let crd: CustomResourceDefinition =
+                serde_yaml::from_str(&std::fs::read_to_string(&path)?)?;
             generated.insert(crd.metadata.name.unwrap_or_default());
         }
     }
@@ -338,19 +526,38 @@ fn root_kustomization_lists_every_crd_and_every_operator() -> Result<()> {
         rendered == generated,
         "kustomization.yaml (repository root) renders CRDs {rendered:?} but crds/ holds {generated:?}: list every crds/*.yaml file in it"
     );
-    let deployments: BTreeSet<&str> = objects.iter().filter(|o| kind(o) == "Deployment").map(name).collect();
-    ensure!(deployments == BTreeSet::from(OPERATORS), "the root kustomization renders Deployments {deployments:?}");
+    let deployments: BTreeSet<&str> = objects
+        .iter()
+        .filter(|o| kind(o) == "Deployment")
+        .map(name)
+        .collect();
+    ensure!(
+        deployments == BTreeSet::from(OPERATORS),
+        "the root kustomization renders Deployments {deployments:?}"
+    );
 
     // No manifest is left out of its directory's kustomization.
-    let dirs = OPERATORS.iter().map(|op| format!("deploy/{op}")).chain(["deploy/samples".to_string()]);
+    let dirs = OPERATORS
+        .iter()
+        .map(|op| format!("deploy/{op}"))
+        .chain(["deploy/samples".to_string()]);
     for dir in dirs {
         let path = workspace_root().join(&dir);
-        let kustomization: Value = serde_yaml::from_str(&std::fs::read_to_string(path.join("kustomization.yaml"))?)?;
-        let listed: BTreeSet<&str> = kustomization["resources"].as_array().into_iter().flatten().filter_map(Value::as_str).collect();
+        let kustomization: Value =
+            serde_yaml::from_str(&std::fs::read_to_string(path.join("kustomization.yaml"))?)?;
+        let listed: BTreeSet<&str> = kustomization["resources"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .filter_map(Value::as_str)
+            .collect();
         for entry in std::fs::read_dir(&path)? {
             let file = entry?.file_name().to_string_lossy().to_string();
             if file.ends_with(".yaml") && file != "kustomization.yaml" {
-                ensure!(listed.contains(file.as_str()), "{dir}/{file} is not listed in {dir}/kustomization.yaml");
+                ensure!(
+                    listed.contains(file.as_str()),
+                    "{dir}/{file} is not listed in {dir}/kustomization.yaml"
+                );
             }
         }
     }
@@ -362,13 +569,22 @@ fn root_kustomization_lists_every_crd_and_every_operator() -> Result<()> {
 // ---------------------------------------------------------------------------------------
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn everything_applies_crds_establish_and_operator_pods_run_under_restricted_pod_security() -> Result<()> {
+async fn everything_applies_crds_establish_and_operator_pods_run_under_restricted_pod_security()
+-> Result<()> {
     let cp = installed().await?;
     let client = cp.client()?;
     let crds: Api<CustomResourceDefinition> = Api::all(client.clone());
-    for obj in kustomize(&workspace_root())?.iter().filter(|o| kind(o) == "CustomResourceDefinition") {
+    for obj in kustomize(&workspace_root())?
+        .iter()
+        .filter(|o| kind(o) == "CustomResourceDefinition")
+    {
         let crd = crds.get(name(obj)).await?;
-        let established = crd.status.and_then(|s| s.conditions).unwrap_or_default().iter().any(|c| c.type_ == "Established" && c.status == "True");
+        let established = crd
+            .status
+            .and_then(|s| s.conditions)
+            .unwrap_or_default()
+            .iter()
+            .any(|c| c.type_ == "Established" && c.status == "True");
         ensure!(established, "CRD {} is not Established", name(obj));
     }
 
@@ -384,18 +600,26 @@ async fn everything_applies_crds_establish_and_operator_pods_run_under_restricte
     }
     // ... and the operators' pods pass it: each Deployment gets 2 available replicas.
     for op in OPERATORS {
-        let deployments: Api<k8s_openapi::api::apps::v1::Deployment> = Api::namespaced(client.clone(), &operator_namespace(op));
-        eventually(&format!("Deployment {op} available with 2 replicas"), WAIT, || {
-            let deployments = deployments.clone();
-            async move {
-                let d = deployments.get(op).await.map_err(|e| e.to_string())?;
-                let status = d.status.unwrap_or_default();
-                match status.available_replicas {
-                    Some(2) => Ok(()),
-                    _ => Err(format!("status: {}", serde_json::to_string(&status).unwrap_or_default())),
+        let deployments: Api<k8s_openapi::api::apps::v1::Deployment> =
+            Api::namespaced(client.clone(), &operator_namespace(op));
+        eventually(
+            &format!("Deployment {op} available with 2 replicas"),
+            WAIT,
+            || {
+                let deployments = deployments.clone();
+                async move {
+                    let d = deployments.get(op).await.map_err(|e| e.to_string())?;
+                    let status = d.status.unwrap_or_default();
+                    match status.available_replicas {
+                        Some(2) => Ok(()),
+                        _ => Err(format!(
+                            "status: {}",
+                            serde_json::to_string(&status).unwrap_or_default()
+                        )),
+                    }
                 }
-            }
-        })
+            },
+        )
         .await?;
     }
     Ok(())
@@ -415,7 +639,10 @@ async fn samples_are_accepted() -> Result<()> {
         .collect();
     let sampled: BTreeSet<String> = samples.iter().map(|o| kind(o).to_string()).collect();
     let missing: Vec<_> = kinds.difference(&sampled).collect();
-    ensure!(missing.is_empty(), "deploy/samples has no sample of {missing:?}");
+    ensure!(
+        missing.is_empty(),
+        "deploy/samples has no sample of {missing:?}"
+    );
     // Samples in kustomize's order (what they reference first), into a fresh namespace.
     let mut failures = Vec::new();
     for obj in &samples {
@@ -423,7 +650,11 @@ async fn samples_are_accepted() -> Result<()> {
             failures.push(format!("{e:#}"));
         }
     }
-    ensure!(failures.is_empty(), "samples refused:\n{}", failures.join("\n"));
+    ensure!(
+        failures.is_empty(),
+        "samples refused:\n{}",
+        failures.join("\n")
+    );
     Ok(())
 }
 
@@ -442,7 +673,9 @@ fn logs() -> &'static Arc<Mutex<Vec<u8>>> {
         };
         // Watch and list failures surface at debug level in steward-core's controller loop.
         let _ = tracing_subscriber::fmt()
-            .with_env_filter(tracing_subscriber::EnvFilter::new("info,steward_core=debug,kube_runtime=debug"))
+            .with_env_filter(tracing_subscriber::EnvFilter::new(
+                "info,steward_core=debug,kube_runtime=debug",
+            ))
             .with_ansi(false)
             .with_writer(writer)
             .try_init();
@@ -454,7 +687,10 @@ struct Capture(Arc<Mutex<Vec<u8>>>);
 
 impl std::io::Write for Capture {
     fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
-        self.0.lock().unwrap_or_else(|p| p.into_inner()).extend_from_slice(buf);
+        self.0
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .extend_from_slice(buf);
         Ok(buf.len())
     }
     fn flush(&mut self) -> std::io::Result<()> {
@@ -464,14 +700,16 @@ impl std::io::Write for Capture {
 
 /// The last `n` log lines, for failure messages.
 fn log_tail(n: usize) -> String {
-    let text = String::from_utf8_lossy(&logs().lock().unwrap_or_else(|p| p.into_inner())).to_string();
+    let text =
+        String::from_utf8_lossy(&logs().lock().unwrap_or_else(|p| p.into_inner())).to_string();
     let lines: Vec<&str> = text.lines().collect();
     lines[lines.len().saturating_sub(n)..].join("\n")
 }
 
 /// Log lines that say `user` was forbidden something.
 fn forbidden_lines(user: &str) -> Vec<String> {
-    let text = String::from_utf8_lossy(&logs().lock().unwrap_or_else(|p| p.into_inner())).to_string();
+    let text =
+        String::from_utf8_lossy(&logs().lock().unwrap_or_else(|p| p.into_inner())).to_string();
     text.lines()
         .filter(|l| l.to_lowercase().contains("forbidden") && l.contains(user))
         .map(String::from)
@@ -481,11 +719,20 @@ fn forbidden_lines(user: &str) -> Vec<String> {
 /// `GET path` over HTTP/1.0: the status code and body.
 async fn http_get(addr: SocketAddr, path: &str) -> Result<(u16, String)> {
     let mut stream = tokio::net::TcpStream::connect(addr).await?;
-    stream.write_all(format!("GET {path} HTTP/1.0\r\nHost: {addr}\r\n\r\n").as_bytes()).await?;
+    stream
+        .write_all(format!("GET {path} HTTP/1.0\r\nHost: {addr}\r\n\r\n").as_bytes())
+        .await?;
     let mut response = String::new();
     stream.read_to_string(&mut response).await?;
-    let code = response.split_whitespace().nth(1).and_then(|c| c.parse().ok()).context("no HTTP status")?;
-    let body = response.split_once("\r\n\r\n").map(|(_, b)| b.to_string()).unwrap_or_default();
+    let code = response
+        .split_whitespace()
+        .nth(1)
+        .and_then(|c| c.parse().ok())
+        .context("no HTTP status")?;
+    let body = response
+        .split_once("\r\n\r\n")
+        .map(|(_, b)| b.to_string())
+        .unwrap_or_default();
     Ok((code, body))
 }
 
@@ -522,7 +769,8 @@ impl Running {
             health_probe_bind_address: health.to_string(),
             ..CommonArgs::default()
         };
-        let mut op = Operator::with_config(operator, args, config.clone())?.backoff(Duration::from_millis(200), Duration::from_secs(5));
+        let mut op = Operator::with_config(operator, args, config.clone())?
+            .backoff(Duration::from_millis(200), Duration::from_secs(5));
         register(&mut op)?;
         let identity = op.leadership().identity().to_string();
         let stop = op.shutdown_token();
@@ -538,15 +786,23 @@ impl Running {
 
         // It leads through its own Lease ...
         let leases: Api<Lease> = Api::namespaced(cp.client()?, &ns);
-        eventually(&format!("{operator} holds Lease {ns}/{operator}"), WAIT, || {
-            let leases = leases.clone();
-            let identity = identity.clone();
-            async move {
-                let lease = leases.get_opt(operator).await.map_err(|e| e.to_string())?;
-                let holder = lease.and_then(|l| l.spec).and_then(|s| s.holder_identity);
-                if holder.as_deref() == Some(identity.as_str()) { Ok(()) } else { Err(format!("holder {holder:?}")) }
-            }
-        })
+        eventually(
+            &format!("{operator} holds Lease {ns}/{operator}"),
+            WAIT,
+            || {
+                let leases = leases.clone();
+                let identity = identity.clone();
+                async move {
+                    let lease = leases.get_opt(operator).await.map_err(|e| e.to_string())?;
+                    let holder = lease.and_then(|l| l.spec).and_then(|s| s.holder_identity);
+                    if holder.as_deref() == Some(identity.as_str()) {
+                        Ok(())
+                    } else {
+                        Err(format!("holder {holder:?}"))
+                    }
+                }
+            },
+        )
         .await
         .map_err(|e| anyhow!("{e}\nlast log lines:\n{}", log_tail(12)))?;
         // ... and its caches sync (list and watch of its own kind are allowed).
@@ -571,9 +827,16 @@ impl Running {
     /// As [`Running::check_rbac`], ignoring log lines that mention one of `expected` (requests
     /// the test provoked on purpose).
     async fn check_rbac_except(&self, expected: &[&str]) -> Result<()> {
-        let lines: Vec<String> =
-            forbidden_lines(&self.user).into_iter().filter(|l| !expected.iter().any(|e| l.contains(e))).collect();
-        ensure!(lines.is_empty(), "{} was forbidden requests it needs:\n{}", self.operator, lines.join("\n"));
+        let lines: Vec<String> = forbidden_lines(&self.user)
+            .into_iter()
+            .filter(|l| !expected.iter().any(|e| l.contains(e)))
+            .collect();
+        ensure!(
+            lines.is_empty(),
+            "{} was forbidden requests it needs:\n{}",
+            self.operator,
+            lines.join("\n")
+        );
         self.expect_forbidden("create a ClusterRoleBinding (no escalation to cluster-admin)", async {
             let crb: ClusterRoleBinding = serde_json::from_value(json!({
                 "metadata": {"name": format!("{}-escalation", self.operator)},
@@ -585,19 +848,30 @@ impl Running {
         .await?;
         self.expect_forbidden("delete a CRD", async {
             let crds = Api::<CustomResourceDefinition>::all(self.client.clone());
-            crds.delete("upgradeplans.upgrade.steward.dev", &Default::default()).await.map(drop).map_err(Into::into)
+            crds.delete("upgradeplans.upgrade.steward.dev", &Default::default())
+                .await
+                .map(drop)
+                .map_err(Into::into)
         })
         .await?;
         for other in OPERATORS.iter().filter(|o| **o != self.operator) {
             self.expect_forbidden(&format!("read {other}'s Lease"), async {
-                Api::<Lease>::namespaced(self.client.clone(), &operator_namespace(other)).get(other).await.map(drop).map_err(Into::into)
+                Api::<Lease>::namespaced(self.client.clone(), &operator_namespace(other))
+                    .get(other)
+                    .await
+                    .map(drop)
+                    .map_err(Into::into)
             })
             .await?;
         }
         Ok(())
     }
 
-    async fn expect_forbidden(&self, what: &str, request: impl std::future::Future<Output = Result<()>>) -> Result<()> {
+    async fn expect_forbidden(
+        &self,
+        what: &str,
+        request: impl std::future::Future<Output = Result<()>>,
+    ) -> Result<()> {
         match request.await {
             Err(e) => match e.downcast_ref::<kube::Error>() {
                 Some(kube::Error::Api(s)) if s.code == 403 => Ok(()),
@@ -617,11 +891,23 @@ impl Running {
     /// Stops the operator and checks it released its Lease (Lease `update` is allowed).
     async fn stop(self, cp: &ControlPlane) -> Result<()> {
         self.stop.cancel();
-        tokio::time::timeout(WAIT, self.task).await.context("operator did not stop")??.context("operator run failed")?;
+        tokio::time::timeout(WAIT, self.task)
+            .await
+            .context("operator did not stop")??
+            .context("operator run failed")?;
         let ns = operator_namespace(self.operator);
-        let lease = Api::<Lease>::namespaced(cp.client()?, &ns).get(self.operator).await?;
-        let holder = lease.spec.and_then(|s| s.holder_identity).unwrap_or_default();
-        ensure!(holder.is_empty(), "{} did not release its Lease (holder {holder:?})", self.operator);
+        let lease = Api::<Lease>::namespaced(cp.client()?, &ns)
+            .get(self.operator)
+            .await?;
+        let holder = lease
+            .spec
+            .and_then(|s| s.holder_identity)
+            .unwrap_or_default();
+        ensure!(
+            holder.is_empty(),
+            "{} did not release its Lease (holder {holder:?})",
+            self.operator
+        );
         Ok(())
     }
 }
@@ -635,7 +921,13 @@ fn readiness(obj: &DynamicObject) -> (Option<String>, String) {
         .flatten()
         .find(|c| c["type"] == "Ready")
         .and_then(|c| c["status"].as_str().map(String::from));
-    (ready, format!("phase {} conditions {}", status["phase"], status["conditions"]))
+    (
+        ready,
+        format!(
+            "phase {} conditions {}",
+            status["phase"], status["conditions"]
+        ),
+    )
 }
 
 /// Waits until `api`'s object `name` has condition Ready=True.
@@ -664,7 +956,8 @@ async fn upgrade_orchestrator_runs_as_its_service_account() -> Result<()> {
     let admin = cp.client()?;
     let ns = cp.namespace("deploy-upgrade").await?;
     let running = Running::start(cp, "upgrade-orchestrator", |op| {
-        upgrade_orchestrator::register(op, upgrade_orchestrator::Options::default()).map_err(Into::into)
+        upgrade_orchestrator::register(op, upgrade_orchestrator::Options::default())
+            .map_err(Into::into)
     })
     .await?;
 
@@ -690,20 +983,32 @@ async fn upgrade_orchestrator_runs_as_its_service_account() -> Result<()> {
         let plans = plans.clone();
         async move {
             let p = plans.get("web-v2").await.map_err(|e| e.to_string())?;
-            if p.data["status"]["phase"] == "Succeeded" { Ok(p) } else { Err(readiness(&p).1) }
+            if p.data["status"]["phase"] == "Succeeded" {
+                Ok(p)
+            } else {
+                Err(readiness(&p).1)
+            }
         }
     })
     .await?;
     write_note(&format!("plan status: {}", done.data["status"]));
-    let deployments: Api<k8s_openapi::api::apps::v1::Deployment> = Api::namespaced(admin.clone(), &ns);
+    let deployments: Api<k8s_openapi::api::apps::v1::Deployment> =
+        Api::namespaced(admin.clone(), &ns);
     let web = serde_json::to_value(deployments.get("web").await?)?;
     let image = &web["spec"]["template"]["spec"]["containers"][0]["image"];
-    ensure!(image == "example.invalid/app:2", "the Deployment was not upgraded: image {image}");
+    ensure!(
+        image == "example.invalid/app:2",
+        "the Deployment was not upgraded: image {image}"
+    );
 
     running.check_rbac().await?;
     running
         .expect_forbidden("list Secrets", async {
-            Api::<Secret>::all(running.client.clone()).list(&ListParams::default()).await.map(drop).map_err(Into::into)
+            Api::<Secret>::all(running.client.clone())
+                .list(&ListParams::default())
+                .await
+                .map(drop)
+                .map_err(Into::into)
         })
         .await?;
     running
@@ -716,7 +1021,10 @@ async fn upgrade_orchestrator_runs_as_its_service_account() -> Result<()> {
         })
         .await?;
     let metrics = running.metrics().await?;
-    ensure!(metrics.contains("upgradeplan"), "no upgradeplan controller metrics:\n{metrics}");
+    ensure!(
+        metrics.contains("upgradeplan"),
+        "no upgradeplan controller metrics:\n{metrics}"
+    );
     running.stop(cp).await
 }
 
@@ -756,18 +1064,36 @@ async fn database_operator_runs_as_its_service_account() -> Result<()> {
         apply(&admin, obj, Some(&ns), false).await?;
     }
     let mut ready = BTreeMap::new();
-    for obj in objects.iter().filter(|o| o["apiVersion"].as_str().is_some_and(|v| v.starts_with("database.steward.dev/"))) {
+    for obj in objects.iter().filter(|o| {
+        o["apiVersion"]
+            .as_str()
+            .is_some_and(|v| v.starts_with("database.steward.dev/"))
+    }) {
         let api = dynamic_api(&admin, obj, Some(&ns)).await?;
-        let done = wait_ready(&api, name(obj)).await.with_context(|| format!("{}\nlast log lines:\n{}", describe(obj), log_tail(12)))?;
+        let done = wait_ready(&api, name(obj))
+            .await
+            .with_context(|| format!("{}\nlast log lines:\n{}", describe(obj), log_tail(12)))?;
         ready.insert(kind(obj).to_string(), done);
     }
     // The Database's connection Secret exists, with the owner's password.
-    let secret_name = ready["Database"].data["status"]["secretName"].as_str().context("Database status names no Secret")?.to_string();
-    let secret = Api::<Secret>::namespaced(admin.clone(), &ns).get(&secret_name).await?;
-    ensure!(secret.data.is_some_and(|d| d.contains_key("password")), "Secret {secret_name} has no password");
+    let secret_name = ready["Database"].data["status"]["secretName"]
+        .as_str()
+        .context("Database status names no Secret")?
+        .to_string();
+    let secret = Api::<Secret>::namespaced(admin.clone(), &ns)
+        .get(&secret_name)
+        .await?;
+    ensure!(
+        secret.data.is_some_and(|d| d.contains_key("password")),
+        "Secret {secret_name} has no password"
+    );
 
     // Deleting removes the finalizers (Retain: the database stays in PostgreSQL).
-    for obj in objects.iter().rev().filter(|o| matches!(kind(o), "DatabaseRole" | "Database")) {
+    for obj in objects
+        .iter()
+        .rev()
+        .filter(|o| matches!(kind(o), "DatabaseRole" | "Database"))
+    {
         let api = dynamic_api(&admin, obj, Some(&ns)).await?;
         api.delete(name(obj), &Default::default()).await?;
         eventually(&format!("{} deleted", describe(obj)), WAIT, || {
@@ -776,7 +1102,10 @@ async fn database_operator_runs_as_its_service_account() -> Result<()> {
             async move {
                 match api.get_opt(&n).await.map_err(|e| e.to_string())? {
                     None => Ok(()),
-                    Some(o) => Err(format!("still there, finalizers {:?}", o.metadata.finalizers)),
+                    Some(o) => Err(format!(
+                        "still there, finalizers {:?}",
+                        o.metadata.finalizers
+                    )),
                 }
             }
         })
@@ -785,9 +1114,16 @@ async fn database_operator_runs_as_its_service_account() -> Result<()> {
 
     running.check_rbac().await?;
     running
-        .expect_forbidden("delete a Secret (it never deletes: owner references do)", async {
-            Api::<Secret>::namespaced(running.client.clone(), &ns).delete(&secret_name, &Default::default()).await.map(drop).map_err(Into::into)
-        })
+        .expect_forbidden(
+            "delete a Secret (it never deletes: owner references do)",
+            async {
+                Api::<Secret>::namespaced(running.client.clone(), &ns)
+                    .delete(&secret_name, &Default::default())
+                    .await
+                    .map(drop)
+                    .map_err(Into::into)
+            },
+        )
         .await?;
     running
         .expect_forbidden("patch Deployments", async {
@@ -800,7 +1136,10 @@ async fn database_operator_runs_as_its_service_account() -> Result<()> {
         })
         .await?;
     let metrics = running.metrics().await?;
-    ensure!(metrics.contains("postgrescluster"), "no postgrescluster controller metrics:\n{metrics}");
+    ensure!(
+        metrics.contains("postgrescluster"),
+        "no postgrescluster controller metrics:\n{metrics}"
+    );
     running.stop(cp).await
 }
 
@@ -834,23 +1173,41 @@ async fn tenant_operator_runs_as_its_service_account() -> Result<()> {
     let obj = json!({"apiVersion": "tenancy.steward.dev/v1alpha1", "kind": "Tenant", "metadata": {"name": tenant}, "spec": spec});
     let tenants = dynamic_api(&admin, &obj, None).await?;
     apply(&admin, &obj, None, false).await?;
-    wait_ready(&tenants, &tenant).await.map_err(|e| anyhow!("{e:#}\nlast log lines:\n{}", log_tail(12)))?;
+    wait_ready(&tenants, &tenant)
+        .await
+        .map_err(|e| anyhow!("{e:#}\nlast log lines:\n{}", log_tail(12)))?;
 
     // What it made, as its ServiceAccount: namespaces, the owners' RoleBindings, the copy,
     // the owners' ClusterRole and binding, the admission policies.
     let rbs: Api<k8s_openapi::api::rbac::v1::RoleBinding> = Api::namespaced(admin.clone(), &a);
     for rb in ["tenant-owner-admin", "tenant-view"] {
-        rbs.get(rb).await.with_context(|| format!("RoleBinding {a}/{rb}"))?;
+        rbs.get(rb)
+            .await
+            .with_context(|| format!("RoleBinding {a}/{rb}"))?;
     }
-    Api::<Secret>::namespaced(admin.clone(), &b).get("registry").await.context("the shared Secret's copy")?;
+    Api::<Secret>::namespaced(admin.clone(), &b)
+        .get("registry")
+        .await
+        .context("the shared Secret's copy")?;
     let owner_role = format!("tenancy.steward.dev:owner:{tenant}");
-    Api::<k8s_openapi::api::rbac::v1::ClusterRole>::all(admin.clone()).get(&owner_role).await.context("the owners' ClusterRole")?;
-    Api::<ClusterRoleBinding>::all(admin.clone()).get(&owner_role).await.context("the owners' ClusterRoleBinding")?;
-    let vaps: Api<k8s_openapi::api::admissionregistration::v1::ValidatingAdmissionPolicy> = Api::all(admin.clone());
+    Api::<k8s_openapi::api::rbac::v1::ClusterRole>::all(admin.clone())
+        .get(&owner_role)
+        .await
+        .context("the owners' ClusterRole")?;
+    Api::<ClusterRoleBinding>::all(admin.clone())
+        .get(&owner_role)
+        .await
+        .context("the owners' ClusterRoleBinding")?;
+    let vaps: Api<k8s_openapi::api::admissionregistration::v1::ValidatingAdmissionPolicy> =
+        Api::all(admin.clone());
     eventually("the admission policies", WAIT, || {
         let vaps = vaps.clone();
         async move {
-            match vaps.get_opt("tenancy.steward.dev-managed-objects").await.map_err(|e| e.to_string())? {
+            match vaps
+                .get_opt("tenancy.steward.dev-managed-objects")
+                .await
+                .map_err(|e| e.to_string())?
+            {
                 Some(_) => Ok(()),
                 None => Err("not applied yet".into()),
             }
@@ -864,18 +1221,31 @@ async fn tenant_operator_runs_as_its_service_account() -> Result<()> {
         "spec": {"owners": [{"kind": "User", "name": "mallory"}], "namespaces": [format!("{greedy}-a")],
                  "additionalRoleBindings": [{"clusterRole": "cluster-admin", "subjects": [{"kind": "User", "name": "mallory"}]}]}});
     apply(&admin, &greedy_obj, None, false).await?;
-    let refused = eventually("the greedy Tenant reports the refused binding", WAIT, || {
-        let tenants = tenants.clone();
-        let greedy = greedy.clone();
-        async move {
-            let t = tenants.get(&greedy).await.map_err(|e| e.to_string())?;
-            let (ready, detail) = readiness(&t);
-            if ready.as_deref() == Some("False") && detail.contains("forbidden") { Ok(detail) } else { Err(detail) }
-        }
-    })
+    let refused = eventually(
+        "the greedy Tenant reports the refused binding",
+        WAIT,
+        || {
+            let tenants = tenants.clone();
+            let greedy = greedy.clone();
+            async move {
+                let t = tenants.get(&greedy).await.map_err(|e| e.to_string())?;
+                let (ready, detail) = readiness(&t);
+                if ready.as_deref() == Some("False") && detail.contains("forbidden") {
+                    Ok(detail)
+                } else {
+                    Err(detail)
+                }
+            }
+        },
+    )
     .await?;
     write_note(&format!("greedy tenant: {refused}"));
-    let crb = Api::<k8s_openapi::api::rbac::v1::RoleBinding>::namespaced(admin.clone(), &format!("{greedy}-a")).get_opt("tenant-cluster-admin").await?;
+    let crb = Api::<k8s_openapi::api::rbac::v1::RoleBinding>::namespaced(
+        admin.clone(),
+        &format!("{greedy}-a"),
+    )
+    .get_opt("tenant-cluster-admin")
+    .await?;
     ensure!(crb.is_none(), "a RoleBinding to cluster-admin was created");
 
     // Deleting the Tenants deletes their namespaces (deletionPolicy Delete) and the finalizers.
@@ -914,17 +1284,31 @@ async fn tenant_operator_runs_as_its_service_account() -> Result<()> {
     running
         .expect_forbidden("patch a ValidatingAdmissionPolicy it does not own", async {
             let patch = json!({"metadata": {"labels": {"x": "y"}}});
-            vaps_as(&running.client).patch("someone-elses-policy", &PatchParams::default(), &Patch::Merge(&patch)).await.map(drop).map_err(Into::into)
+            vaps_as(&running.client)
+                .patch(
+                    "someone-elses-policy",
+                    &PatchParams::default(),
+                    &Patch::Merge(&patch),
+                )
+                .await
+                .map(drop)
+                .map_err(Into::into)
         })
         .await?;
     running
         .expect_forbidden("list Deployments", async {
-            Api::<k8s_openapi::api::apps::v1::Deployment>::all(running.client.clone()).list(&ListParams::default()).await.map(drop).map_err(Into::into)
+            Api::<k8s_openapi::api::apps::v1::Deployment>::all(running.client.clone())
+                .list(&ListParams::default())
+                .await
+                .map(drop)
+                .map_err(Into::into)
         })
         .await?;
     running.stop(cp).await
 }
 
-fn vaps_as(client: &Client) -> Api<k8s_openapi::api::admissionregistration::v1::ValidatingAdmissionPolicy> {
+fn vaps_as(
+    client: &Client,
+) -> Api<k8s_openapi::api::admissionregistration::v1::ValidatingAdmissionPolicy> {
     Api::all(client.clone())
 }

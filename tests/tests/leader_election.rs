@@ -52,8 +52,16 @@ impl Candidate {
 
     /// Sends `signal` (`KILL`, `TERM`, `STOP`, `CONT`) and returns the wall-clock time.
     fn signal(&self, signal: &str) -> SystemTime {
-        let status = std::process::Command::new("kill").arg(format!("-{signal}")).arg(self.pid()).status();
-        assert!(status.is_ok_and(|s| s.success()), "kill -{signal} {} ({})", self.pid(), self.identity);
+        let status = std::process::Command::new("kill")
+            .arg(format!("-{signal}"))
+            .arg(self.pid())
+            .status();
+        assert!(
+            status.is_ok_and(|s| s.success()),
+            "kill -{signal} {} ({})",
+            self.pid(),
+            self.identity
+        );
         SystemTime::now()
     }
 
@@ -61,10 +69,19 @@ impl Candidate {
         let status = tokio::time::timeout(within, self.child.wait())
             .await
             .unwrap_or_else(|_| {
-                panic!("{} did not exit within {within:?}; see {}", self.identity, self.stderr.display())
+                panic!(
+                    "{} did not exit within {within:?}; see {}",
+                    self.identity,
+                    self.stderr.display()
+                )
             })
             .expect("wait for candidate");
-        assert!(status.success(), "{} exited with {status}; see {}", self.identity, self.stderr.display());
+        assert!(
+            status.success(),
+            "{} exited with {status}; see {}",
+            self.identity,
+            self.stderr.display()
+        );
     }
 }
 
@@ -82,8 +99,17 @@ impl Election {
         let cp = steward_testenv::shared().await.expect("control plane");
         let namespace = cp.namespace(prefix).await.expect("namespace");
         let leases = Api::namespaced(cp.client().expect("client"), &namespace);
-        let dir = tempfile::Builder::new().prefix(&format!("steward-{prefix}-")).tempdir().expect("temp dir");
-        Self { cp, namespace, leases, dir, candidates: Vec::new() }
+        let dir = tempfile::Builder::new()
+            .prefix(&format!("steward-{prefix}-"))
+            .tempdir()
+            .expect("temp dir");
+        Self {
+            cp,
+            namespace,
+            leases,
+            dir,
+            candidates: Vec::new(),
+        }
     }
 
     /// Starts a candidate; returns its index.
@@ -106,16 +132,29 @@ impl Election {
             .arg(&writes)
             .stdin(Stdio::null())
             .stdout(std::fs::File::create(&stderr).expect("create candidate log"))
-            .stderr(std::fs::File::options().append(true).open(&stderr).expect("open candidate log"))
+            .stderr(
+                std::fs::File::options()
+                    .append(true)
+                    .open(&stderr)
+                    .expect("open candidate log"),
+            )
             .kill_on_drop(true)
             .spawn()
             .unwrap_or_else(|e| panic!("start {kind:?} candidate {identity}: {e}"));
-        self.candidates.push(Candidate { identity: identity.to_string(), writes, stderr, child });
+        self.candidates.push(Candidate {
+            identity: identity.to_string(),
+            writes,
+            stderr,
+            child,
+        });
         self.candidates.len() - 1
     }
 
     fn index_of(&self, identity: &str) -> usize {
-        self.candidates.iter().position(|c| c.identity == identity).unwrap_or_else(|| panic!("no candidate {identity}"))
+        self.candidates
+            .iter()
+            .position(|c| c.identity == identity)
+            .unwrap_or_else(|| panic!("no candidate {identity}"))
     }
 
     async fn lease(&self) -> Option<Lease> {
@@ -124,17 +163,25 @@ impl Election {
 
     /// Waits until one of `among` holds the Lease; returns it and its `acquireTime`.
     async fn leader_among(&self, among: &[&str]) -> (String, SystemTime) {
-        eventually(&format!("one of {among:?} holds the Lease"), WAIT, || async {
-            let lease = self.leases.get_opt(LEASE).await.map_err(|e| e.to_string())?;
-            let spec = lease.and_then(|l| l.spec).ok_or("no Lease yet")?;
-            let holder = spec.holder_identity.clone().unwrap_or_default();
-            if !among.contains(&holder.as_str()) {
-                return Err(format!("holder {holder:?}"));
-            }
-            let acquired = spec.acquire_time.ok_or("no acquireTime")?.0;
-            let nanos = u64::try_from(acquired.as_nanosecond()).map_err(|e| e.to_string())?;
-            Ok((holder, UNIX_EPOCH + Duration::from_nanos(nanos)))
-        })
+        eventually(
+            &format!("one of {among:?} holds the Lease"),
+            WAIT,
+            || async {
+                let lease = self
+                    .leases
+                    .get_opt(LEASE)
+                    .await
+                    .map_err(|e| e.to_string())?;
+                let spec = lease.and_then(|l| l.spec).ok_or("no Lease yet")?;
+                let holder = spec.holder_identity.clone().unwrap_or_default();
+                if !among.contains(&holder.as_str()) {
+                    return Err(format!("holder {holder:?}"));
+                }
+                let acquired = spec.acquire_time.ok_or("no acquireTime")?.0;
+                let nanos = u64::try_from(acquired.as_nanosecond()).map_err(|e| e.to_string())?;
+                Ok((holder, UNIX_EPOCH + Duration::from_nanos(nanos)))
+            },
+        )
         .await
         .unwrap_or_else(|e| panic!("{e}\n{}", self.logs()))
     }
@@ -158,7 +205,10 @@ impl Election {
         let mut terms: Vec<Term> = Vec::new();
         for candidate in &self.candidates {
             for write in read_writes(&candidate.writes) {
-                match terms.iter_mut().find(|t| t.identity == write.identity && t.term == write.term) {
+                match terms
+                    .iter_mut()
+                    .find(|t| t.identity == write.identity && t.term == write.term)
+                {
                     Some(t) => {
                         t.first = t.first.min(write.at);
                         t.last = t.last.max(write.at);
@@ -189,7 +239,10 @@ impl Election {
                 self.logs()
             );
             let gap = b.first.duration_since(a.last).unwrap_or_default();
-            eprintln!("handover {} → {}: no writes for {gap:?}", a.identity, b.identity);
+            eprintln!(
+                "handover {} → {}: no writes for {gap:?}",
+                a.identity, b.identity
+            );
         }
         terms
     }
@@ -243,7 +296,11 @@ fn read_writes(path: &Path) -> Vec<Write> {
             let identity = words.next()?.to_string();
             let nanos: u64 = words.next()?.parse().ok()?;
             let term = words.next().unwrap_or("1").to_string();
-            Some(Write { identity, at: UNIX_EPOCH + Duration::from_nanos(nanos), term })
+            Some(Write {
+                identity,
+                at: UNIX_EPOCH + Duration::from_nanos(nanos),
+                term,
+            })
         })
         .collect()
 }
@@ -294,13 +351,28 @@ async fn one_of_three_leads_and_others_take_over_on_kill_and_term() {
     e.first_write_after(&first, acquired).await;
     tokio::time::sleep(Duration::from_secs(2)).await;
     let lease = e.lease().await.expect("Lease");
-    assert_eq!(lease.spec.as_ref().and_then(|s| s.holder_identity.as_deref()), Some(first.as_str()));
+    assert_eq!(
+        lease
+            .spec
+            .as_ref()
+            .and_then(|s| s.holder_identity.as_deref()),
+        Some(first.as_str())
+    );
     for c in &e.candidates {
         let writes = read_writes(&c.writes).len();
         if c.identity == first {
-            assert!(writes >= 10, "the leader writes every 100 ms: {writes} writes");
+            assert!(
+                writes >= 10,
+                "the leader writes every 100 ms: {writes} writes"
+            );
         } else {
-            assert_eq!(writes, 0, "{} is not the leader but wrote\n{}", c.identity, e.logs());
+            assert_eq!(
+                writes,
+                0,
+                "{} is not the leader but wrote\n{}",
+                c.identity,
+                e.logs()
+            );
         }
     }
 
@@ -310,10 +382,19 @@ async fn one_of_three_leads_and_others_take_over_on_kill_and_term() {
     let (second, acquired) = e.leader_among(&rest).await;
     let wrote = e.first_write_after(&second, killed).await;
     let failover = since(killed, acquired);
-    eprintln!("SIGKILL {first}: {second} acquired after {failover:?}, first write after {:?}", since(killed, wrote));
+    eprintln!(
+        "SIGKILL {first}: {second} acquired after {failover:?}, first write after {:?}",
+        since(killed, wrote)
+    );
     let bound = LEASE_DURATION + 2 * MAX_RETRY + SLACK;
-    assert!(failover <= bound, "failover after SIGKILL took {failover:?} (bound {bound:?})");
-    assert!(failover >= LEASE_DURATION - 2 * RETRY_PERIOD, "took over before the lease expired: {failover:?}");
+    assert!(
+        failover <= bound,
+        "failover after SIGKILL took {failover:?} (bound {bound:?})"
+    );
+    assert!(
+        failover >= LEASE_DURATION - 2 * RETRY_PERIOD,
+        "took over before the lease expired: {failover:?}"
+    );
 
     // SIGTERM the new leader: it releases the Lease and the last candidate takes over at its next retry.
     let terminated = e.candidates[e.index_of(&second)].signal("TERM");
@@ -326,9 +407,14 @@ async fn one_of_three_leads_and_others_take_over_on_kill_and_term() {
         since(terminated, wrote)
     );
     let bound = MAX_RETRY + SLACK;
-    assert!(failover <= bound, "failover after SIGTERM took {failover:?} (bound {bound:?})");
+    assert!(
+        failover <= bound,
+        "failover after SIGTERM took {failover:?} (bound {bound:?})"
+    );
     let index = e.index_of(&second);
-    e.candidates[index].exits_cleanly(Duration::from_secs(5)).await;
+    e.candidates[index]
+        .exits_cleanly(Duration::from_secs(5))
+        .await;
 
     let lease = e.lease().await.expect("Lease").spec.expect("spec");
     assert_eq!(lease.lease_transitions, Some(2), "two handovers");
@@ -338,12 +424,19 @@ async fn one_of_three_leads_and_others_take_over_on_kill_and_term() {
     // Each acquisition and loss is an Event on the Lease.
     let events: Api<Event> = Api::namespaced(e.cp.client().expect("client"), &e.namespace);
     let notes = eventually("LeaderElection Events", WAIT, || async {
-        let list = events.list(&Default::default()).await.map_err(|e| e.to_string())?;
+        let list = events
+            .list(&Default::default())
+            .await
+            .map_err(|e| e.to_string())?;
         let notes: Vec<String> = list
             .items
             .into_iter()
             .filter(|ev| ev.reason.as_deref() == Some("LeaderElection"))
-            .filter(|ev| ev.regarding.as_ref().is_some_and(|r| r.kind.as_deref() == Some("Lease")))
+            .filter(|ev| {
+                ev.regarding
+                    .as_ref()
+                    .is_some_and(|r| r.kind.as_deref() == Some("Lease"))
+            })
             .filter_map(|ev| ev.note)
             .collect();
         let expected = [
@@ -352,7 +445,11 @@ async fn one_of_three_leads_and_others_take_over_on_kill_and_term() {
             format!("{second} stopped leading"),
             format!("{third} became leader"),
         ];
-        if expected.iter().all(|n| notes.contains(n)) { Ok(notes) } else { Err(format!("{notes:?}")) }
+        if expected.iter().all(|n| notes.contains(n)) {
+            Ok(notes)
+        } else {
+            Err(format!("{notes:?}"))
+        }
     })
     .await
     .expect("Events");
@@ -375,7 +472,10 @@ async fn stopped_leader_does_not_write_after_waking() {
     let stopped = e.candidates[e.index_of(&first)].signal("STOP");
     let (second, acquired) = e.leader_among(&[other]).await;
     e.first_write_after(&second, acquired).await;
-    eprintln!("SIGSTOP {first}: {second} acquired after {:?}", since(stopped, acquired));
+    eprintln!(
+        "SIGSTOP {first}: {second} acquired after {:?}",
+        since(stopped, acquired)
+    );
     tokio::time::sleep(Duration::from_secs(1)).await;
 
     // SIGCONT: the woken process must find its leadership stale and not write.
@@ -391,18 +491,30 @@ async fn stopped_leader_does_not_write_after_waking() {
         // waking. Overlap with the new leader's term is checked separately below.
         .filter(|at| *at > woken)
         .collect();
-    assert!(late.is_empty(), "{first} wrote {} times after waking (SIGCONT)\n{}", late.len(), e.logs());
+    assert!(
+        late.is_empty(),
+        "{first} wrote {} times after waking (SIGCONT)\n{}",
+        late.len(),
+        e.logs()
+    );
     let lease = e.lease().await.expect("Lease").spec.expect("spec");
     assert_eq!(
         lease.holder_identity.as_deref(),
         Some(second.as_str()),
         "the woken process did not take back the Lease"
     );
-    let stderr = std::fs::read_to_string(&e.candidates[e.index_of(&first)].stderr).unwrap_or_default();
-    let after_wake: Vec<&str> =
-        stderr.lines().filter(|l| l.contains("stopped leading") || l.contains("skipped")).collect();
+    let stderr =
+        std::fs::read_to_string(&e.candidates[e.index_of(&first)].stderr).unwrap_or_default();
+    let after_wake: Vec<&str> = stderr
+        .lines()
+        .filter(|l| l.contains("stopped leading") || l.contains("skipped"))
+        .collect();
     eprintln!("{first} after waking:\n  {}", after_wake.join("\n  "));
-    assert!(stderr.contains("stopped leading"), "the woken process stepped down\n{}", e.logs());
+    assert!(
+        stderr.contains("stopped leading"),
+        "the woken process stepped down\n{}",
+        e.logs()
+    );
     e.assert_terms_do_not_overlap();
 }
 
@@ -418,13 +530,20 @@ async fn go_and_rust_candidates_take_over_from_each_other() {
     e.first_write_after("go-1", acquired).await;
     e.start(Kind::Rust, "rust-1");
     tokio::time::sleep(Duration::from_secs(2)).await;
-    assert!(read_writes(&e.candidates[e.index_of("rust-1")].writes).is_empty(), "rust-1 follows\n{}", e.logs());
+    assert!(
+        read_writes(&e.candidates[e.index_of("rust-1")].writes).is_empty(),
+        "rust-1 follows\n{}",
+        e.logs()
+    );
     let killed = e.candidates[e.index_of("go-1")].signal("KILL");
     let (_, acquired) = e.leader_among(&["rust-1"]).await;
     e.first_write_after("rust-1", acquired).await;
     let failover = since(killed, acquired);
     eprintln!("SIGKILL go-1: rust-1 acquired after {failover:?}");
-    assert!(failover <= LEASE_DURATION + 2 * MAX_RETRY + SLACK, "{failover:?}");
+    assert!(
+        failover <= LEASE_DURATION + 2 * MAX_RETRY + SLACK,
+        "{failover:?}"
+    );
 
     // SIGTERM the Rust leader: it releases, the Go follower takes over.
     e.start(Kind::Go, "go-2");
@@ -436,7 +555,9 @@ async fn go_and_rust_candidates_take_over_from_each_other() {
     eprintln!("SIGTERM rust-1: go-2 acquired after {failover:?}");
     assert!(failover <= MAX_RETRY + SLACK, "{failover:?}");
     let index = e.index_of("rust-1");
-    e.candidates[index].exits_cleanly(Duration::from_secs(5)).await;
+    e.candidates[index]
+        .exits_cleanly(Duration::from_secs(5))
+        .await;
 
     // SIGTERM the Go leader: client-go releases, the Rust follower takes over.
     e.start(Kind::Rust, "rust-2");
@@ -448,7 +569,9 @@ async fn go_and_rust_candidates_take_over_from_each_other() {
     eprintln!("SIGTERM go-2: rust-2 acquired after {failover:?}");
     assert!(failover <= MAX_RETRY + SLACK, "{failover:?}");
     let index = e.index_of("go-2");
-    e.candidates[index].exits_cleanly(Duration::from_secs(5)).await;
+    e.candidates[index]
+        .exits_cleanly(Duration::from_secs(5))
+        .await;
 
     // SIGKILL the Rust leader: the Go follower takes over the expired Lease.
     e.start(Kind::Go, "go-3");
@@ -458,7 +581,10 @@ async fn go_and_rust_candidates_take_over_from_each_other() {
     e.first_write_after("go-3", acquired).await;
     let failover = since(killed, acquired);
     eprintln!("SIGKILL rust-2: go-3 acquired after {failover:?}");
-    assert!(failover <= LEASE_DURATION + 2 * MAX_RETRY + SLACK, "{failover:?}");
+    assert!(
+        failover <= LEASE_DURATION + 2 * MAX_RETRY + SLACK,
+        "{failover:?}"
+    );
 
     let lease = e.lease().await.expect("Lease").spec.expect("spec");
     assert_eq!(lease.lease_transitions, Some(4), "four handovers");

@@ -17,7 +17,9 @@ use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::api::core::v1::{ConfigMap, LimitRange, Namespace, Pod, ResourceQuota, Secret};
 use k8s_openapi::api::networking::v1::NetworkPolicy;
 use k8s_openapi::api::rbac::v1::{ClusterRole, ClusterRoleBinding, RoleBinding};
-use kube::api::{Api, ApiResource, DeleteParams, DynamicObject, ListParams, Patch, PatchParams, PostParams};
+use kube::api::{
+    Api, ApiResource, DeleteParams, DynamicObject, ListParams, Patch, PatchParams, PostParams,
+};
 use kube::{Client, CustomResourceExt, ResourceExt};
 use serde_json::{Value, json};
 use steward_core::Operator;
@@ -75,7 +77,11 @@ impl Running {
         let stop = operator.shutdown_token();
         let metrics = operator.metrics();
         let task = tokio::spawn(operator.run());
-        Running { stop, task, metrics }
+        Running {
+            stop,
+            task,
+            metrics,
+        }
     }
 
     async fn stop(self) {
@@ -86,7 +92,10 @@ impl Running {
     fn reconciles(&self, result: &str) -> u64 {
         self.metrics
             .reconcile_total
-            .get_or_create(&ResultLabels { controller: "tenant".into(), result: result.into() })
+            .get_or_create(&ResultLabels {
+                controller: "tenant".into(),
+                result: result.into(),
+            })
             .get()
     }
 
@@ -121,7 +130,13 @@ impl Env {
         let client = cp.client().expect("client");
         let id = format!("{prefix}-{}", suffix());
         let operator = Some(Running::start(cp, &id).await);
-        Env { cp, tenants: Api::all(client.clone()), client, id, operator }
+        Env {
+            cp,
+            tenants: Api::all(client.clone()),
+            client,
+            id,
+            operator,
+        }
     }
 
     fn operator(&self) -> &Running {
@@ -142,12 +157,19 @@ impl Env {
             "spec": spec,
         }))
         .expect("tenant json");
-        self.tenants.create(&PostParams::default(), &t).await.expect("create Tenant")
+        self.tenants
+            .create(&PostParams::default(), &t)
+            .await
+            .expect("create Tenant")
     }
 
     async fn patch_spec(&self, name: &str, spec: Value) {
         self.tenants
-            .patch(name, &PatchParams::default(), &Patch::Merge(json!({"spec": spec})))
+            .patch(
+                name,
+                &PatchParams::default(),
+                &Patch::Merge(json!({"spec": spec})),
+            )
             .await
             .expect("patch Tenant");
     }
@@ -162,10 +184,19 @@ impl Env {
                 let status = t.status.clone().unwrap_or_default();
                 let ready = status.conditions.iter().find(|c| c.type_ == "Ready");
                 match ready {
-                    Some(c) if c.status == "True" && status.observed_generation == t.metadata.generation => Ok(t),
+                    Some(c)
+                        if c.status == "True"
+                            && status.observed_generation == t.metadata.generation =>
+                    {
+                        Ok(t)
+                    }
                     Some(c) => Err(format!(
                         "Ready={} {}: {} (observed {:?} of {:?})",
-                        c.status, c.reason, c.message, status.observed_generation, t.metadata.generation
+                        c.status,
+                        c.reason,
+                        c.message,
+                        status.observed_generation,
+                        t.metadata.generation
                     )),
                     None => Err("no Ready condition yet".into()),
                 }
@@ -184,7 +215,9 @@ impl Env {
 
     /// A client acting as `user` (impersonated; in `system:authenticated`).
     fn as_user(&self, user: &str) -> Client {
-        self.cp.impersonating_client(user, &[]).expect("impersonating client")
+        self.cp
+            .impersonating_client(user, &[])
+            .expect("impersonating client")
     }
 
     async fn gone<K>(&self, api: &Api<K>, name: &str)
@@ -211,7 +244,10 @@ fn code(err: &kube::Error) -> Option<u16> {
 }
 
 fn labels(pairs: &[(&str, &str)]) -> BTreeMap<String, String> {
-    pairs.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect()
+    pairs
+        .iter()
+        .map(|(k, v)| (k.to_string(), v.to_string()))
+        .collect()
 }
 
 fn configmap(name: &str, extra_labels: &[(&str, &str)], data: &[(&str, &str)]) -> ConfigMap {
@@ -260,11 +296,17 @@ where
 }
 
 fn dry_delete() -> DeleteParams {
-    DeleteParams { dry_run: true, ..Default::default() }
+    DeleteParams {
+        dry_run: true,
+        ..Default::default()
+    }
 }
 
 fn dry_post() -> PostParams {
-    PostParams { dry_run: true, ..Default::default() }
+    PostParams {
+        dry_run: true,
+        ..Default::default()
+    }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -281,11 +323,18 @@ async fn tenant_creates_its_objects_and_converges_on_spec_changes() {
         "stringData": {"token": "s3cret"}
     }))
     .unwrap();
-    env.api::<Secret>(&src).create(&PostParams::default(), &secret).await.expect("source secret");
+    env.api::<Secret>(&src)
+        .create(&PostParams::default(), &secret)
+        .await
+        .expect("source secret");
     env.api::<ConfigMap>(&src)
         .create(
             &PostParams::default(),
-            &configmap("ca-bundle", &[("tenancy.steward.dev/shareable", "true")], &[("ca.crt", "CERT")]),
+            &configmap(
+                "ca-bundle",
+                &[("tenancy.steward.dev/shareable", "true")],
+                &[("ca.crt", "CERT")],
+            ),
         )
         .await
         .expect("source configmap");
@@ -311,15 +360,26 @@ async fn tenant_creates_its_objects_and_converges_on_spec_changes() {
         .await;
     let uid = created.uid().unwrap();
     let tenant = env.ready(&t).await;
-    println!("tenant with 2 namespaces Ready after {:?}", started.elapsed());
+    println!(
+        "tenant with 2 namespaces Ready after {:?}",
+        started.elapsed()
+    );
     let status = tenant.status.clone().unwrap();
     assert_eq!(status.namespaces, [a.clone(), b.clone()]);
     assert_eq!(status.namespace_count, 2);
     assert_eq!(status.phase, Some(TenantPhase::Active));
-    assert!(tenant.finalizers().iter().any(|f| f == "tenancy.steward.dev/namespaces"));
+    assert!(
+        tenant
+            .finalizers()
+            .iter()
+            .any(|f| f == "tenancy.steward.dev/namespaces")
+    );
 
     for ns in [&a, &b] {
-        let n = Api::<Namespace>::all(env.client.clone()).get(ns).await.expect("namespace");
+        let n = Api::<Namespace>::all(env.client.clone())
+            .get(ns)
+            .await
+            .expect("namespace");
         let l = n.labels();
         assert_eq!(l[TENANT_LABEL], t);
         assert_eq!(l["pod-security.kubernetes.io/enforce"], "baseline");
@@ -327,34 +387,89 @@ async fn tenant_creates_its_objects_and_converges_on_spec_changes() {
         assert_eq!(l["cost-center"], "42");
         assert_eq!(n.annotations()["contact"], "team@example.com");
 
-        let rq = env.api::<ResourceQuota>(ns).get("tenant-quota").await.expect("ResourceQuota");
+        let rq = env
+            .api::<ResourceQuota>(ns)
+            .get("tenant-quota")
+            .await
+            .expect("ResourceQuota");
         let hard = rq.spec.clone().unwrap().hard.unwrap();
         assert_eq!(hard["pods"].0, "5");
         assert_eq!(hard["requests.cpu"].0, "2");
         assert_eq!(rq.labels()["steward.dev/owner-uid"], uid);
-        assert_eq!(rq.owner_references()[0].uid, uid, "children are owned by the Tenant");
-
-        let lr = env.api::<LimitRange>(ns).get("tenant-limits").await.expect("LimitRange");
-        assert_eq!(lr.spec.unwrap().limits[0].default.as_ref().unwrap()["cpu"].0, "200m");
-
-        let np = env.api::<NetworkPolicy>(ns).get("tenant-isolation").await.expect("NetworkPolicy");
-        let from = np.spec.unwrap().ingress.unwrap()[0].from.clone().unwrap();
-        assert_eq!(from[0].namespace_selector.as_ref().unwrap().match_labels.as_ref().unwrap()[TENANT_LABEL], t);
         assert_eq!(
-            from[1].namespace_selector.as_ref().unwrap().match_expressions.as_ref().unwrap()[0].values.as_deref(),
+            rq.owner_references()[0].uid,
+            uid,
+            "children are owned by the Tenant"
+        );
+
+        let lr = env
+            .api::<LimitRange>(ns)
+            .get("tenant-limits")
+            .await
+            .expect("LimitRange");
+        assert_eq!(
+            lr.spec.unwrap().limits[0].default.as_ref().unwrap()["cpu"].0,
+            "200m"
+        );
+
+        let np = env
+            .api::<NetworkPolicy>(ns)
+            .get("tenant-isolation")
+            .await
+            .expect("NetworkPolicy");
+        let from = np.spec.unwrap().ingress.unwrap()[0].from.clone().unwrap();
+        assert_eq!(
+            from[0]
+                .namespace_selector
+                .as_ref()
+                .unwrap()
+                .match_labels
+                .as_ref()
+                .unwrap()[TENANT_LABEL],
+            t
+        );
+        assert_eq!(
+            from[1]
+                .namespace_selector
+                .as_ref()
+                .unwrap()
+                .match_expressions
+                .as_ref()
+                .unwrap()[0]
+                .values
+                .as_deref(),
             Some(&["monitoring".to_string()][..])
         );
 
-        let owners = env.api::<RoleBinding>(ns).get("tenant-owner-admin").await.expect("owner RoleBinding");
+        let owners = env
+            .api::<RoleBinding>(ns)
+            .get("tenant-owner-admin")
+            .await
+            .expect("owner RoleBinding");
         assert_eq!(owners.role_ref.name, "admin");
         assert_eq!(owners.subjects.unwrap()[0].name, owner);
-        let view = env.api::<RoleBinding>(ns).get("tenant-view").await.expect("view RoleBinding");
+        let view = env
+            .api::<RoleBinding>(ns)
+            .get("tenant-view")
+            .await
+            .expect("view RoleBinding");
         assert_eq!(view.subjects.unwrap()[0].name, "auditors");
 
-        let copy = env.api::<Secret>(ns).get("registry").await.expect("shared Secret");
+        let copy = env
+            .api::<Secret>(ns)
+            .get("registry")
+            .await
+            .expect("shared Secret");
         assert_eq!(copy.data.clone().unwrap()["token"].0, b"s3cret");
-        assert_eq!(copy.annotations()["tenancy.steward.dev/source"], format!("{src}/registry"));
-        let cm = env.api::<ConfigMap>(ns).get("ca-bundle").await.expect("shared ConfigMap");
+        assert_eq!(
+            copy.annotations()["tenancy.steward.dev/source"],
+            format!("{src}/registry")
+        );
+        let cm = env
+            .api::<ConfigMap>(ns)
+            .get("ca-bundle")
+            .await
+            .expect("shared ConfigMap");
         assert_eq!(cm.data.unwrap()["ca.crt"], "CERT");
     }
     let role = Api::<ClusterRole>::all(env.client.clone())
@@ -382,35 +497,69 @@ async fn tenant_creates_its_objects_and_converges_on_spec_changes() {
     .await;
     let changed = Instant::now();
     let tenant = env.ready(&t).await;
-    assert_eq!(tenant.status.clone().unwrap().namespaces, [a.clone(), c.clone()]);
+    assert_eq!(
+        tenant.status.clone().unwrap().namespaces,
+        [a.clone(), c.clone()]
+    );
     let namespaces: Api<Namespace> = Api::all(env.client.clone());
     env.gone(&namespaces, &b).await;
-    println!("removed namespace {b} really gone {:?} after the spec change", changed.elapsed());
+    println!(
+        "removed namespace {b} really gone {:?} after the spec change",
+        changed.elapsed()
+    );
     for kind_check in [
-        env.api::<ResourceQuota>(&c).get("tenant-quota").await.map(|_| ()),
-        env.api::<RoleBinding>(&c).get("tenant-owner-admin").await.map(|_| ()),
-        env.api::<NetworkPolicy>(&c).get("tenant-isolation").await.map(|_| ()),
+        env.api::<ResourceQuota>(&c)
+            .get("tenant-quota")
+            .await
+            .map(|_| ()),
+        env.api::<RoleBinding>(&c)
+            .get("tenant-owner-admin")
+            .await
+            .map(|_| ()),
+        env.api::<NetworkPolicy>(&c)
+            .get("tenant-isolation")
+            .await
+            .map(|_| ()),
         env.api::<Secret>(&c).get("registry").await.map(|_| ()),
     ] {
         kind_check.expect("the added namespace has its objects");
     }
-    let rq = env.api::<ResourceQuota>(&a).get("tenant-quota").await.unwrap();
-    assert_eq!(rq.spec.unwrap().hard.unwrap()["pods"].0, "7", "quota change converged");
+    let rq = env
+        .api::<ResourceQuota>(&a)
+        .get("tenant-quota")
+        .await
+        .unwrap();
+    assert_eq!(
+        rq.spec.unwrap().hard.unwrap()["pods"].0,
+        "7",
+        "quota change converged"
+    );
     let ns_a = namespaces.get(&a).await.unwrap();
-    assert!(!ns_a.labels().contains_key("cost-center"), "a label dropped from the spec is removed");
+    assert!(
+        !ns_a.labels().contains_key("cost-center"),
+        "a label dropped from the spec is removed"
+    );
     assert_eq!(ns_a.labels()["team"], t);
     env.gone(&env.api::<ConfigMap>(&a), "ca-bundle").await;
 
     // A changed source reaches every copy.
     env.api::<Secret>(&src)
-        .patch("registry", &PatchParams::default(), &Patch::Merge(json!({"stringData": {"token": "rotated"}})))
+        .patch(
+            "registry",
+            &PatchParams::default(),
+            &Patch::Merge(json!({"stringData": {"token": "rotated"}})),
+        )
         .await
         .expect("rotate source");
     for ns in [&a, &c] {
         let api = env.api::<Secret>(ns);
         eventually(&format!("copy in {ns} rotated"), WAIT, || async {
             let s = api.get("registry").await.map_err(|e| e.to_string())?;
-            if s.data.unwrap_or_default()["token"].0 == b"rotated" { Ok(()) } else { Err("old data".into()) }
+            if s.data.unwrap_or_default()["token"].0 == b"rotated" {
+                Ok(())
+            } else {
+                Err("old data".into())
+            }
         })
         .await
         .expect("copy follows source");
@@ -437,7 +586,10 @@ async fn owners_act_in_their_tenant_only_and_cannot_touch_its_guard_rails() {
         ]
     }))
     .unwrap();
-    Api::<ClusterRole>::all(env.client.clone()).create(&PostParams::default(), &role).await.expect("editor role");
+    Api::<ClusterRole>::all(env.client.clone())
+        .create(&PostParams::default(), &role)
+        .await
+        .expect("editor role");
 
     env.create(
         &ta,
@@ -452,7 +604,11 @@ async fn owners_act_in_their_tenant_only_and_cannot_touch_its_guard_rails() {
         }),
     )
     .await;
-    env.create(&tb, json!({"owners": [{"kind": "User", "name": bob}], "namespaces": [b1]})).await;
+    env.create(
+        &tb,
+        json!({"owners": [{"kind": "User", "name": bob}], "namespaces": [b1]}),
+    )
+    .await;
     env.ready(&ta).await;
     env.ready(&tb).await;
     let as_alice = env.as_user(&alice);
@@ -468,15 +624,25 @@ async fn owners_act_in_their_tenant_only_and_cannot_touch_its_guard_rails() {
     }))
     .unwrap();
     let deployments: Api<Deployment> = Api::namespaced(as_alice.clone(), &a1);
-    eventually("alice may create a Deployment in her namespace", WAIT, || async {
-        deployments.create(&PostParams::default(), &deployment).await.map(|_| ()).map_err(|e| e.to_string())
-    })
+    eventually(
+        "alice may create a Deployment in her namespace",
+        WAIT,
+        || async {
+            deployments
+                .create(&PostParams::default(), &deployment)
+                .await
+                .map(|_| ())
+                .map_err(|e| e.to_string())
+        },
+    )
     .await
     .expect("alice deploys");
 
     // Nothing of tenant B is visible to her.
-    let err =
-        Api::<Pod>::namespaced(as_alice.clone(), &b1).list(&ListParams::default()).await.expect_err("list pods in B");
+    let err = Api::<Pod>::namespaced(as_alice.clone(), &b1)
+        .list(&ListParams::default())
+        .await
+        .expect_err("list pods in B");
     assert_eq!(code(&err), Some(403), "{err}");
     let err = Api::<ConfigMap>::namespaced(as_alice.clone(), &b1)
         .get("kube-root-ca.crt")
@@ -488,80 +654,161 @@ async fn owners_act_in_their_tenant_only_and_cannot_touch_its_guard_rails() {
         .await
         .expect_err("list secrets in B");
     assert_eq!(code(&err), Some(403), "{err}");
-    Api::<Pod>::namespaced(as_alice.clone(), &a1).list(&ListParams::default()).await.expect("list pods in A");
+    Api::<Pod>::namespaced(as_alice.clone(), &a1)
+        .list(&ListParams::default())
+        .await
+        .expect("list pods in A");
 
     // RBAC would let her delete the guard rails; the admission policy does not.
     let quotas: Api<ResourceQuota> = Api::namespaced(as_alice.clone(), &a1);
-    let msg = denied_eventually("deleting the quota denied", "ValidatingAdmissionPolicy", || async {
-        quotas.delete("tenant-quota", &dry_delete()).await
-    })
+    let msg = denied_eventually(
+        "deleting the quota denied",
+        "ValidatingAdmissionPolicy",
+        || async { quotas.delete("tenant-quota", &dry_delete()).await },
+    )
     .await;
     assert!(
-        msg.contains("tenancy.steward.dev-managed-objects") && msg.contains("is managed by tenant-operator"),
+        msg.contains("tenancy.steward.dev-managed-objects")
+            && msg.contains("is managed by tenant-operator"),
         "{msg}"
     );
-    let err = quotas.delete("tenant-quota", &DeleteParams::default()).await.expect_err("delete quota");
+    let err = quotas
+        .delete("tenant-quota", &DeleteParams::default())
+        .await
+        .expect_err("delete quota");
     assert_eq!(code(&err), Some(403), "{err}");
     let err = quotas
-        .patch("tenant-quota", &PatchParams::default(), &Patch::Merge(json!({"spec": {"hard": {"pods": "100"}}})))
+        .patch(
+            "tenant-quota",
+            &PatchParams::default(),
+            &Patch::Merge(json!({"spec": {"hard": {"pods": "100"}}})),
+        )
         .await
         .expect_err("raise own quota");
-    assert!(err.to_string().contains("ValidatingAdmissionPolicy"), "{err}");
+    assert!(
+        err.to_string().contains("ValidatingAdmissionPolicy"),
+        "{err}"
+    );
     let err = Api::<NetworkPolicy>::namespaced(as_alice.clone(), &a1)
         .delete("tenant-isolation", &DeleteParams::default())
         .await
         .expect_err("delete network policy");
-    assert!(code(&err) == Some(403) && err.to_string().contains("tenancy.steward.dev-managed-objects"), "{err}");
+    assert!(
+        code(&err) == Some(403)
+            && err
+                .to_string()
+                .contains("tenancy.steward.dev-managed-objects"),
+        "{err}"
+    );
     let err = Api::<RoleBinding>::namespaced(as_alice.clone(), &a1)
         .delete("tenant-owner-admin", &DeleteParams::default())
         .await
         .expect_err("delete own RoleBinding");
-    assert!(code(&err) == Some(403) && err.to_string().contains("ValidatingAdmissionPolicy"), "{err}");
+    assert!(
+        code(&err) == Some(403) && err.to_string().contains("ValidatingAdmissionPolicy"),
+        "{err}"
+    );
     // ...while her own objects are hers to delete.
     let mine: Api<ConfigMap> = Api::namespaced(as_alice.clone(), &a1);
-    mine.create(&PostParams::default(), &configmap("mine", &[], &[("k", "v")])).await.expect("own configmap");
-    mine.delete("mine", &DeleteParams::default()).await.expect("delete own configmap");
-    assert!(env.api::<ResourceQuota>(&a1).get_opt("tenant-quota").await.unwrap().is_some(), "quota still there");
+    mine.create(
+        &PostParams::default(),
+        &configmap("mine", &[], &[("k", "v")]),
+    )
+    .await
+    .expect("own configmap");
+    mine.delete("mine", &DeleteParams::default())
+        .await
+        .expect("delete own configmap");
+    assert!(
+        env.api::<ResourceQuota>(&a1)
+            .get_opt("tenant-quota")
+            .await
+            .unwrap()
+            .is_some(),
+        "quota still there"
+    );
 
     // She cannot exceed her quota (pods: 2, the Deployment's pod included).
     let pods: Api<Pod> = Api::namespaced(as_alice.clone(), &a1);
     let rq_api = env.api::<ResourceQuota>(&a1);
     eventually("quota usage known", WAIT, || async {
-        let rq = rq_api.get("tenant-quota").await.map_err(|e| e.to_string())?;
+        let rq = rq_api
+            .get("tenant-quota")
+            .await
+            .map_err(|e| e.to_string())?;
         let used = rq.status.and_then(|s| s.used).unwrap_or_default();
-        if used.contains_key("pods") { Ok(()) } else { Err("status.used has no pods yet".into()) }
+        if used.contains_key("pods") {
+            Ok(())
+        } else {
+            Err("status.used has no pods yet".into())
+        }
     })
     .await
     .unwrap();
     let mut denied = Vec::new();
     for i in 0..4 {
-        if let Err(e) = pods.create(&PostParams::default(), &pod(&format!("p{i}"))).await {
+        if let Err(e) = pods
+            .create(&PostParams::default(), &pod(&format!("p{i}")))
+            .await
+        {
             assert_eq!(code(&e), Some(403), "{e}");
             denied.push(e.to_string());
         }
     }
-    assert!(!denied.is_empty() && denied.iter().all(|m| m.contains("exceeded quota")), "{denied:?}");
-    let count = env.api::<Pod>(&a1).list(&ListParams::default()).await.unwrap().items.len();
+    assert!(
+        !denied.is_empty() && denied.iter().all(|m| m.contains("exceeded quota")),
+        "{denied:?}"
+    );
+    let count = env
+        .api::<Pod>(&a1)
+        .list(&ListParams::default())
+        .await
+        .unwrap()
+        .items
+        .len();
     assert!(count <= 2, "{count} pods under a quota of 2");
 
     // Namespaces: only labelled for her tenant, only up to maxNamespaces (2; one is declared).
     let ns_as_alice: Api<Namespace> = Api::all(as_alice.clone());
-    let msg = denied_eventually("an unlabelled namespace is denied", "must label", || async {
-        ns_as_alice.create(&dry_post(), &namespace(&format!("{ta}-free"), None)).await
-    })
+    let msg = denied_eventually(
+        "an unlabelled namespace is denied",
+        "must label",
+        || async {
+            ns_as_alice
+                .create(&dry_post(), &namespace(&format!("{ta}-free"), None))
+                .await
+        },
+    )
     .await;
     assert!(msg.contains(&format!("owners of tenant {ta}")), "{msg}");
-    let msg = denied_eventually("a namespace for tenant B is denied", "not an owner", || async {
-        ns_as_alice.create(&dry_post(), &namespace(&format!("{tb}-stolen"), Some(&tb))).await
-    })
+    let msg = denied_eventually(
+        "a namespace for tenant B is denied",
+        "not an owner",
+        || async {
+            ns_as_alice
+                .create(&dry_post(), &namespace(&format!("{tb}-stolen"), Some(&tb)))
+                .await
+        },
+    )
     .await;
     assert!(msg.contains(&tb), "{msg}");
-    for (key, value) in [("pod-security.kubernetes.io/enforce", "privileged"), ("tenancy.steward.dev/declared", "true")]
-    {
+    for (key, value) in [
+        ("pod-security.kubernetes.io/enforce", "privileged"),
+        ("tenancy.steward.dev/declared", "true"),
+    ] {
         let mut ns = namespace(&format!("{ta}-sneaky"), Some(&ta));
-        ns.metadata.labels.get_or_insert_default().insert(key.into(), value.into());
-        let err = ns_as_alice.create(&dry_post(), &ns).await.expect_err("operator labels at creation");
-        assert!(code(&err) == Some(403) && err.to_string().contains("may carry only the label"), "{key}: {err}");
+        ns.metadata
+            .labels
+            .get_or_insert_default()
+            .insert(key.into(), value.into());
+        let err = ns_as_alice
+            .create(&dry_post(), &ns)
+            .await
+            .expect_err("operator labels at creation");
+        assert!(
+            code(&err) == Some(403) && err.to_string().contains("may carry only the label"),
+            "{key}: {err}"
+        );
     }
     let own = format!("{ta}-self");
     ns_as_alice
@@ -569,48 +816,93 @@ async fn owners_act_in_their_tenant_only_and_cannot_touch_its_guard_rails() {
         .await
         .expect("alice creates a namespace for her tenant");
     let api = env.tenants.clone();
-    eventually("the owner-made namespace joins the tenant", WAIT, || async {
-        let t = api.get(&ta).await.map_err(|e| e.to_string())?;
-        let s = t.status.unwrap_or_default();
-        if s.namespaces.contains(&own) { Ok(()) } else { Err(format!("{:?}", s.namespaces)) }
-    })
+    eventually(
+        "the owner-made namespace joins the tenant",
+        WAIT,
+        || async {
+            let t = api.get(&ta).await.map_err(|e| e.to_string())?;
+            let s = t.status.unwrap_or_default();
+            if s.namespaces.contains(&own) {
+                Ok(())
+            } else {
+                Err(format!("{:?}", s.namespaces))
+            }
+        },
+    )
     .await
     .unwrap();
     let rbs = env.api::<RoleBinding>(&own);
-    eventually("owner-made namespace gets the owners' RoleBinding", WAIT, || async {
-        rbs.get("tenant-owner-admin").await.map(|_| ()).map_err(|e| e.to_string())
-    })
+    eventually(
+        "owner-made namespace gets the owners' RoleBinding",
+        WAIT,
+        || async {
+            rbs.get("tenant-owner-admin")
+                .await
+                .map(|_| ())
+                .map_err(|e| e.to_string())
+        },
+    )
     .await
     .unwrap();
     let err = ns_as_alice
-        .create(&PostParams::default(), &namespace(&format!("{ta}-third"), Some(&ta)))
+        .create(
+            &PostParams::default(),
+            &namespace(&format!("{ta}-third"), Some(&ta)),
+        )
         .await
         .expect_err("a third namespace exceeds maxNamespaces");
-    assert!(code(&err) == Some(403) && err.to_string().contains("maxNamespaces"), "{err}");
+    assert!(
+        code(&err) == Some(403) && err.to_string().contains("maxNamespaces"),
+        "{err}"
+    );
 
     // Tenant labels of her namespaces are not hers to change, even with namespace patch rights.
     let patcher = format!("{}-ns-patcher", env.id);
     let cr: ClusterRole = serde_json::from_value(json!({"metadata": {"name": patcher}, "rules": [{"apiGroups": [""], "resources": ["namespaces"], "verbs": ["get", "patch", "update"]}]})).unwrap();
-    Api::<ClusterRole>::all(env.client.clone()).create(&PostParams::default(), &cr).await.unwrap();
+    Api::<ClusterRole>::all(env.client.clone())
+        .create(&PostParams::default(), &cr)
+        .await
+        .unwrap();
     let crb: ClusterRoleBinding = serde_json::from_value(json!({"metadata": {"name": patcher}, "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": patcher}, "subjects": [{"apiGroup": "rbac.authorization.k8s.io", "kind": "User", "name": alice}]})).unwrap();
-    Api::<ClusterRoleBinding>::all(env.client.clone()).create(&PostParams::default(), &crb).await.unwrap();
+    Api::<ClusterRoleBinding>::all(env.client.clone())
+        .create(&PostParams::default(), &crb)
+        .await
+        .unwrap();
     let relabel = |patch: Value| {
         let api = ns_as_alice.clone();
         let a1 = a1.clone();
-        async move { api.patch(&a1, &PatchParams::default(), &Patch::Merge(patch)).await }
+        async move {
+            api.patch(&a1, &PatchParams::default(), &Patch::Merge(patch))
+                .await
+        }
     };
     eventually("alice may patch namespaces", WAIT, || async {
-        relabel(json!({"metadata": {"labels": {"color": "blue"}}})).await.map(|_| ()).map_err(|e| e.to_string())
+        relabel(json!({"metadata": {"labels": {"color": "blue"}}}))
+            .await
+            .map(|_| ())
+            .map_err(|e| e.to_string())
     })
     .await
     .expect("unrelated labels are hers");
-    let err = relabel(json!({"metadata": {"labels": {TENANT_LABEL: null}}})).await.expect_err("remove tenant label");
-    assert!(code(&err) == Some(403) && err.to_string().contains("tenancy.steward.dev-namespace-labels"), "{err}");
-    let err = relabel(json!({"metadata": {"labels": {TENANT_LABEL: tb}}})).await.expect_err("move to tenant B");
-    assert_eq!(code(&err), Some(403), "{err}");
-    let err = relabel(json!({"metadata": {"labels": {"pod-security.kubernetes.io/enforce": "privileged"}}}))
+    let err = relabel(json!({"metadata": {"labels": {TENANT_LABEL: null}}}))
         .await
-        .expect_err("relax pod security");
+        .expect_err("remove tenant label");
+    assert!(
+        code(&err) == Some(403)
+            && err
+                .to_string()
+                .contains("tenancy.steward.dev-namespace-labels"),
+        "{err}"
+    );
+    let err = relabel(json!({"metadata": {"labels": {TENANT_LABEL: tb}}}))
+        .await
+        .expect_err("move to tenant B");
+    assert_eq!(code(&err), Some(403), "{err}");
+    let err = relabel(
+        json!({"metadata": {"labels": {"pod-security.kubernetes.io/enforce": "privileged"}}}),
+    )
+    .await
+    .expect_err("relax pod security");
     assert_eq!(code(&err), Some(403), "{err}");
 
     // Cordoned: frozen.
@@ -618,13 +910,17 @@ async fn owners_act_in_their_tenant_only_and_cannot_touch_its_guard_rails() {
     let t = env.ready(&ta).await;
     assert_eq!(t.status.unwrap().phase, Some(TenantPhase::Cordoned));
     let msg = denied_eventually("cordoned tenant frozen", "cordoned", || async {
-        mine.create(&dry_post(), &configmap("frozen", &[], &[])).await
+        mine.create(&dry_post(), &configmap("frozen", &[], &[]))
+            .await
     })
     .await;
     assert!(msg.contains(&ta), "{msg}");
     env.patch_spec(&ta, json!({"cordoned": false})).await;
     eventually("uncordoned tenant thaws", WAIT, || async {
-        mine.create(&dry_post(), &configmap("thawed", &[], &[])).await.map(|_| ()).map_err(|e| e.to_string())
+        mine.create(&dry_post(), &configmap("thawed", &[], &[]))
+            .await
+            .map(|_| ())
+            .map_err(|e| e.to_string())
     })
     .await
     .expect("thawed");
@@ -665,7 +961,10 @@ async fn tenant_quota_holds_across_namespaces_under_concurrent_creates() {
         let (qa_api, qb_api, max) = (qa_api.clone(), qb_api.clone(), max_enforced.clone());
         tokio::spawn(async move {
             loop {
-                if let (Ok(x), Ok(y)) = (qa_api.get("tenant-quota").await, qb_api.get("tenant-quota").await) {
+                if let (Ok(x), Ok(y)) = (
+                    qa_api.get("tenant-quota").await,
+                    qb_api.get("tenant-quota").await,
+                ) {
                     max.fetch_max(enforced(&x) + enforced(&y), Ordering::SeqCst);
                 }
                 tokio::time::sleep(Duration::from_millis(20)).await;
@@ -674,14 +973,27 @@ async fn tenant_quota_holds_across_namespaces_under_concurrent_creates() {
     };
     eventually("the split settles", WAIT, || async {
         let (x, y) = (
-            qa_api.get("tenant-quota").await.map_err(|e| e.to_string())?,
-            qb_api.get("tenant-quota").await.map_err(|e| e.to_string())?,
+            qa_api
+                .get("tenant-quota")
+                .await
+                .map_err(|e| e.to_string())?,
+            qb_api
+                .get("tenant-quota")
+                .await
+                .map_err(|e| e.to_string())?,
         );
-        let known = [&x, &y]
-            .iter()
-            .all(|q| q.status.as_ref().and_then(|s| s.used.as_ref()).is_some_and(|u| u.contains_key("configmaps")));
+        let known = [&x, &y].iter().all(|q| {
+            q.status
+                .as_ref()
+                .and_then(|s| s.used.as_ref())
+                .is_some_and(|u| u.contains_key("configmaps"))
+        });
         let sum = enforced(&x) + enforced(&y);
-        if known && sum == LIMIT { Ok(()) } else { Err(format!("known={known} enforced sum {sum}")) }
+        if known && sum == LIMIT {
+            Ok(())
+        } else {
+            Err(format!("known={known} enforced sum {sum}"))
+        }
     })
     .await
     .expect("settled");
@@ -690,29 +1002,51 @@ async fn tenant_quota_holds_across_namespaces_under_concurrent_creates() {
     let creates = (0..20).map(|i| {
         let ns = if i % 2 == 0 { &qa } else { &qb };
         let api = env.api::<ConfigMap>(ns);
-        async move { api.create(&PostParams::default(), &configmap(&format!("c{i}"), &[], &[])).await }
+        async move {
+            api.create(
+                &PostParams::default(),
+                &configmap(&format!("c{i}"), &[], &[]),
+            )
+            .await
+        }
     });
     let results = futures::future::join_all(creates).await;
     let ok = results.iter().filter(|r| r.is_ok()).count();
     for r in &results {
         if let Err(e) = r {
-            assert!(code(e) == Some(403) && e.to_string().contains("exceeded quota"), "{e}");
+            assert!(
+                code(e) == Some(403) && e.to_string().contains("exceeded quota"),
+                "{e}"
+            );
         }
     }
     let count = |ns: String| {
         let api = env.api::<ConfigMap>(&ns);
-        async move { api.list(&ListParams::default()).await.map(|l| l.items.len() as i64).unwrap_or(0) }
+        async move {
+            api.list(&ListParams::default())
+                .await
+                .map(|l| l.items.len() as i64)
+                .unwrap_or(0)
+        }
     };
     let total = count(qa.clone()).await + count(qb.clone()).await;
-    println!("concurrent creates: {ok} of 20 admitted; {total} configmaps in the tenant (limit {LIMIT})");
-    assert!(total <= LIMIT, "{total} configmaps exceed the tenant limit {LIMIT}");
+    println!(
+        "concurrent creates: {ok} of 20 admitted; {total} configmaps in the tenant (limit {LIMIT})"
+    );
+    assert!(
+        total <= LIMIT,
+        "{total} configmaps exceed the tenant limit {LIMIT}"
+    );
     assert!(ok >= 1, "some creates fit");
 
     // Free up B: A's share grows, so A alone can fill the whole tenant, one create at a time.
     let cms_b = env.api::<ConfigMap>(&qb);
     for cm in cms_b.list(&ListParams::default()).await.unwrap().items {
         if cm.name_any() != "kube-root-ca.crt" {
-            cms_b.delete(&cm.name_any(), &DeleteParams::default()).await.unwrap();
+            cms_b
+                .delete(&cm.name_any(), &DeleteParams::default())
+                .await
+                .unwrap();
         }
     }
     let cms_a = env.api::<ConfigMap>(&qa);
@@ -724,14 +1058,22 @@ async fn tenant_quota_holds_across_namespaces_under_concurrent_creates() {
         let (cms_a, count_a, count_b) = (cms_a.clone(), count(qa.clone()), count(qb.clone()));
         let (qa_api, qb_api) = (qa_api.clone(), qb_api.clone());
         async move {
-            let _ = cms_a.create(&PostParams::default(), &configmap(&name, &[], &[])).await;
+            let _ = cms_a
+                .create(&PostParams::default(), &configmap(&name, &[], &[]))
+                .await;
             let (x, y) = (count_a.await, count_b.await);
             if x + y == LIMIT {
                 return Ok(x);
             }
             let show = |q: Result<ResourceQuota, kube::Error>| {
-                q.map(|q| format!("spec {:?} status {:?}", q.spec.and_then(|s| s.hard), q.status))
-                    .unwrap_or_else(|e| e.to_string())
+                q.map(|q| {
+                    format!(
+                        "spec {:?} status {:?}",
+                        q.spec.and_then(|s| s.hard),
+                        q.status
+                    )
+                })
+                .unwrap_or_else(|e| e.to_string())
             };
             Err(format!(
                 "{x} + {y}; A: {}; B: {}",
@@ -742,7 +1084,10 @@ async fn tenant_quota_holds_across_namespaces_under_concurrent_creates() {
     })
     .await
     .expect("A grows into B's freed share");
-    println!("A filled the tenant {:?} after B freed its share", filled.elapsed());
+    println!(
+        "A filled the tenant {:?} after B freed its share",
+        filled.elapsed()
+    );
     let total = count(qa.clone()).await + count(qb.clone()).await;
     assert_eq!(total, LIMIT);
     let err = env
@@ -754,17 +1099,36 @@ async fn tenant_quota_holds_across_namespaces_under_concurrent_creates() {
 
     let api = env.tenants.clone();
     eventually("status sums the usage", WAIT, || async {
-        let s = api.get(&t).await.map_err(|e| e.to_string())?.status.unwrap_or_default();
-        let used = s.quota.as_ref().and_then(|q| q.used.get("configmaps").cloned()).unwrap_or_default();
-        let exceeded = s.conditions.iter().any(|c| c.type_ == QUOTA_EXCEEDED && c.status == "True");
-        if used == LIMIT.to_string() && exceeded { Ok(()) } else { Err(format!("used {used}, exceeded {exceeded}")) }
+        let s = api
+            .get(&t)
+            .await
+            .map_err(|e| e.to_string())?
+            .status
+            .unwrap_or_default();
+        let used = s
+            .quota
+            .as_ref()
+            .and_then(|q| q.used.get("configmaps").cloned())
+            .unwrap_or_default();
+        let exceeded = s
+            .conditions
+            .iter()
+            .any(|c| c.type_ == QUOTA_EXCEEDED && c.status == "True");
+        if used == LIMIT.to_string() && exceeded {
+            Ok(())
+        } else {
+            Err(format!("used {used}, exceeded {exceeded}"))
+        }
     })
     .await
     .expect("status");
     watcher.abort();
     let max = max_enforced.load(Ordering::SeqCst);
     println!("highest sum of enforced limits seen: {max} (limit {LIMIT})");
-    assert!(max <= LIMIT, "the enforced limits summed to {max} > {LIMIT}");
+    assert!(
+        max <= LIMIT,
+        "the enforced limits summed to {max} > {LIMIT}"
+    );
     env.stop().await;
 }
 
@@ -779,24 +1143,54 @@ async fn deleting_a_tenant_deletes_or_orphans_its_namespaces() {
     env.create(&to, spec(vec![&o1], "Orphan")).await;
     env.ready(&td).await;
     env.ready(&to).await;
-    env.api::<ConfigMap>(&o1).create(&PostParams::default(), &configmap("data", &[], &[("keep", "me")])).await.unwrap();
+    env.api::<ConfigMap>(&o1)
+        .create(
+            &PostParams::default(),
+            &configmap("data", &[], &[("keep", "me")]),
+        )
+        .await
+        .unwrap();
 
     let namespaces: Api<Namespace> = Api::all(env.client.clone());
     let started = Instant::now();
-    env.tenants.delete(&td, &DeleteParams::default()).await.unwrap();
+    env.tenants
+        .delete(&td, &DeleteParams::default())
+        .await
+        .unwrap();
     env.gone(&env.tenants, &td).await;
     env.gone(&namespaces, &d1).await;
     env.gone(&namespaces, &d2).await;
-    println!("Delete: Tenant and both namespaces gone after {:?}", started.elapsed());
+    println!(
+        "Delete: Tenant and both namespaces gone after {:?}",
+        started.elapsed()
+    );
 
-    env.tenants.delete(&to, &DeleteParams::default()).await.unwrap();
+    env.tenants
+        .delete(&to, &DeleteParams::default())
+        .await
+        .unwrap();
     env.gone(&env.tenants, &to).await;
     let kept = namespaces.get(&o1).await.expect("orphaned namespace stays");
     assert!(kept.metadata.deletion_timestamp.is_none());
-    assert!(!kept.labels().contains_key(TENANT_LABEL), "released from the tenant: {:?}", kept.labels());
-    assert_eq!(env.api::<ConfigMap>(&o1).get("data").await.unwrap().data.unwrap()["keep"], "me", "contents stay");
-    env.gone(&env.api::<RoleBinding>(&o1), "tenant-owner-admin").await;
-    env.gone(&env.api::<ResourceQuota>(&o1), "tenant-quota").await;
+    assert!(
+        !kept.labels().contains_key(TENANT_LABEL),
+        "released from the tenant: {:?}",
+        kept.labels()
+    );
+    assert_eq!(
+        env.api::<ConfigMap>(&o1)
+            .get("data")
+            .await
+            .unwrap()
+            .data
+            .unwrap()["keep"],
+        "me",
+        "contents stay"
+    );
+    env.gone(&env.api::<RoleBinding>(&o1), "tenant-owner-admin")
+        .await;
+    env.gone(&env.api::<ResourceQuota>(&o1), "tenant-quota")
+        .await;
     env.stop().await;
 }
 
@@ -820,9 +1214,20 @@ async fn apiserver_writes(client: &Client) -> (u64, BTreeMap<String, u64>) {
     let text = client.request_text(req).await.expect("scrape /metrics");
     let mut by = BTreeMap::new();
     let mut total = 0;
-    for line in text.lines().filter(|l| l.starts_with("apiserver_request_total{")) {
-        let Some((labels, value)) = line.rsplit_once(' ') else { continue };
-        let get = |k: &str| labels.split(&format!("{k}=\"")).nth(1).and_then(|r| r.split('"').next()).unwrap_or("");
+    for line in text
+        .lines()
+        .filter(|l| l.starts_with("apiserver_request_total{"))
+    {
+        let Some((labels, value)) = line.rsplit_once(' ') else {
+            continue;
+        };
+        let get = |k: &str| {
+            labels
+                .split(&format!("{k}=\""))
+                .nth(1)
+                .and_then(|r| r.split('"').next())
+                .unwrap_or("")
+        };
         let (verb, resource) = (get("verb"), get("resource"));
         if matches!(verb, "GET" | "LIST" | "WATCH" | "CONNECT") || !KINDS.contains(&resource) {
             continue;
@@ -865,7 +1270,10 @@ async fn hundred_tenants_converge_and_a_resync_writes_nothing() {
     let api = env.tenants.clone();
     let selector = format!("{TEST_LABEL}={}", env.id);
     eventually("100 Tenants Ready", Duration::from_secs(600), || async {
-        let list = api.list(&ListParams::default().labels(&selector)).await.map_err(|e| e.to_string())?;
+        let list = api
+            .list(&ListParams::default().labels(&selector))
+            .await
+            .map_err(|e| e.to_string())?;
         let ready = list
             .items
             .iter()
@@ -873,10 +1281,16 @@ async fn hundred_tenants_converge_and_a_resync_writes_nothing() {
                 let s = t.status.clone().unwrap_or_default();
                 s.observed_generation == t.metadata.generation
                     && s.namespace_count == 1
-                    && s.conditions.iter().any(|c| c.type_ == "Ready" && c.status == "True")
+                    && s.conditions
+                        .iter()
+                        .any(|c| c.type_ == "Ready" && c.status == "True")
             })
             .count();
-        if ready == N { Ok(()) } else { Err(format!("{ready}/{N} Ready")) }
+        if ready == N {
+            Ok(())
+        } else {
+            Err(format!("{ready}/{N} Ready"))
+        }
     })
     .await
     .expect("converged");
@@ -897,18 +1311,22 @@ async fn hundred_tenants_converge_and_a_resync_writes_nothing() {
     let (w2, by2) = apiserver_writes(&env.client).await;
     let restarted_at = Instant::now();
     let restarted = Running::start(env.cp, &env.id).await;
-    eventually("every Tenant reconciled again", Duration::from_secs(300), || async {
-        let n = restarted.successes();
-        if n >= N as u64 {
-            Ok(())
-        } else {
-            Err(format!(
-                "{n}/{N} reconciles, {} errors, {} skipped",
-                restarted.reconciles("error"),
-                restarted.reconciles("skipped")
-            ))
-        }
-    })
+    eventually(
+        "every Tenant reconciled again",
+        Duration::from_secs(300),
+        || async {
+            let n = restarted.successes();
+            if n >= N as u64 {
+                Ok(())
+            } else {
+                Err(format!(
+                    "{n}/{N} reconciles, {} errors, {} skipped",
+                    restarted.reconciles("error"),
+                    restarted.reconciles("skipped")
+                ))
+            }
+        },
+    )
     .await
     .expect("resync");
     let resync_took = restarted_at.elapsed();
@@ -922,7 +1340,10 @@ async fn hundred_tenants_converge_and_a_resync_writes_nothing() {
         op_writes,
         diff(&by2, &by3),
     );
-    assert_eq!(op_writes, 0, "the operator wrote on a resync with nothing changed");
+    assert_eq!(
+        op_writes, 0,
+        "the operator wrote on a resync with nothing changed"
+    );
     assert_eq!(w3 - w2, 0, "writes on resync: {:?}", diff(&by2, &by3));
     restarted.stop().await;
 }
@@ -933,11 +1354,17 @@ async fn bad_input_is_rejected_at_admission_with_a_clear_message() {
     let cp = steward_testenv::shared().await.expect("control plane");
     cp.apply_crd(&Tenant::crd()).await.expect("Tenant CRD");
     // Raw objects: some bad input cannot even be expressed in the Rust types.
-    let api: Api<DynamicObject> = Api::all_with(cp.client().unwrap(), &ApiResource::erase::<Tenant>(&()));
+    let api: Api<DynamicObject> =
+        Api::all_with(cp.client().unwrap(), &ApiResource::erase::<Tenant>(&()));
     let id = format!("bad-{}", suffix());
     let owner = json!([{"kind": "User", "name": "erin"}]);
     let cases: Vec<(&str, String, Value, &str)> = vec![
-        ("a name that is not a DNS label", format!("{id}.dotted"), json!({"owners": owner}), "must be a DNS label"),
+        (
+            "a name that is not a DNS label",
+            format!("{id}.dotted"),
+            json!({"owners": owner}),
+            "must be a DNS label",
+        ),
         (
             "an invalid namespace name",
             format!("{id}-1"),
@@ -980,7 +1407,12 @@ async fn bad_input_is_rejected_at_admission_with_a_clear_message() {
             json!({"owners": [{"kind": "ServiceAccount", "name": "ci"}]}),
             "namespace is required for a ServiceAccount",
         ),
-        ("no owners", format!("{id}-8"), json!({"owners": []}), "spec.owners"),
+        (
+            "no owners",
+            format!("{id}-8"),
+            json!({"owners": []}),
+            "spec.owners",
+        ),
         (
             "more namespaces than allowed",
             format!("{id}-9"),
@@ -1008,7 +1440,10 @@ async fn bad_input_is_rejected_at_admission_with_a_clear_message() {
     ];
     for (what, name, spec, needle) in cases {
         let t: DynamicObject = serde_json::from_value(json!({"apiVersion": "tenancy.steward.dev/v1alpha1", "kind": "Tenant", "metadata": {"name": name}, "spec": spec})).unwrap();
-        let err = api.create(&PostParams::default(), &t).await.expect_err(what);
+        let err = api
+            .create(&PostParams::default(), &t)
+            .await
+            .expect_err(what);
         assert_eq!(code(&err), Some(422), "{what}: {err}");
         assert!(err.to_string().contains(needle), "{what}: {err}");
         if let kube::Error::Api(s) = &err {
@@ -1017,10 +1452,27 @@ async fn bad_input_is_rejected_at_admission_with_a_clear_message() {
     }
     // The integer form of a quantity is accepted.
     let ok: DynamicObject = serde_json::from_value(json!({"apiVersion": "tenancy.steward.dev/v1alpha1", "kind": "Tenant", "metadata": {"name": format!("{id}-ok")}, "spec": {"owners": owner, "resourceQuota": {"hard": {"pods": 10, "requests.memory": "1Gi"}}}})).unwrap();
-    api.create(&PostParams { dry_run: true, ..Default::default() }, &ok).await.expect("valid tenant accepted");
+    api.create(
+        &PostParams {
+            dry_run: true,
+            ..Default::default()
+        },
+        &ok,
+    )
+    .await
+    .expect("valid tenant accepted");
     // So is the sample.
     let path = steward_testenv::workspace_root().join("deploy/samples/tenant.yaml");
     let sample: DynamicObject =
-        serde_yaml::from_str(&std::fs::read_to_string(&path).expect("read the sample")).expect("sample yaml");
-    api.create(&PostParams { dry_run: true, ..Default::default() }, &sample).await.expect("the sample Tenant is valid");
+        serde_yaml::from_str(&std::fs::read_to_string(&path).expect("read the sample"))
+            .expect("sample yaml");
+    api.create(
+        &PostParams {
+            dry_run: true,
+            ..Default::default()
+        },
+        &sample,
+    )
+    .await
+    .expect("the sample Tenant is valid");
 }

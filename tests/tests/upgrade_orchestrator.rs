@@ -39,9 +39,15 @@ struct Env {
 impl Env {
     async fn new(prefix: &str) -> Self {
         let cp = steward_testenv::shared().await.expect("control plane");
-        cp.apply_crd(&<UpgradePlan as kube::CustomResourceExt>::crd()).await.expect("install UpgradePlan CRD");
+        cp.apply_crd(&<UpgradePlan as kube::CustomResourceExt>::crd())
+            .await
+            .expect("install UpgradePlan CRD");
         let ns = cp.namespace(prefix).await.expect("namespace");
-        Self { cp, client: cp.client().expect("client"), ns }
+        Self {
+            cp,
+            client: cp.client().expect("client"),
+            ns,
+        }
     }
 
     fn plans(&self) -> Api<UpgradePlan> {
@@ -71,28 +77,48 @@ impl Env {
     }
 
     fn start_with(&self, args: CommonArgs) -> Orchestrator {
-        let mut op = Operator::with_config(upgrade_orchestrator::NAME, args, self.cp.config().clone())
-            .expect("operator")
-            .backoff(Duration::from_millis(200), Duration::from_secs(2));
-        let options = upgrade_orchestrator::Options { watch_postgresclusters: false };
+        let mut op =
+            Operator::with_config(upgrade_orchestrator::NAME, args, self.cp.config().clone())
+                .expect("operator")
+                .backoff(Duration::from_millis(200), Duration::from_secs(2));
+        let options = upgrade_orchestrator::Options {
+            watch_postgresclusters: false,
+        };
         upgrade_orchestrator::register(&mut op, options).expect("register");
         let token = op.shutdown_token();
         let metrics = op.metrics();
         let task = tokio::spawn(op.run());
-        Orchestrator { token, task, metrics }
+        Orchestrator {
+            token,
+            task,
+            metrics,
+        }
     }
 
     async fn create_plan(&self, plan: serde_json::Value) -> UpgradePlan {
         let plan: UpgradePlan = serde_json::from_value(plan).expect("plan");
-        self.plans().create(&PostParams::default(), &plan).await.expect("create plan")
+        self.plans()
+            .create(&PostParams::default(), &plan)
+            .await
+            .expect("create plan")
     }
 
     async fn status(&self, plan: &str) -> UpgradePlanStatus {
-        self.plans().get(plan).await.expect("get plan").status.unwrap_or_default()
+        self.plans()
+            .get(plan)
+            .await
+            .expect("get plan")
+            .status
+            .unwrap_or_default()
     }
 
     /// Waits until the plan is in one of `phases` and returns its status.
-    async fn wait_phase(&self, plan: &str, phases: &[PlanPhase], timeout: Duration) -> UpgradePlanStatus {
+    async fn wait_phase(
+        &self,
+        plan: &str,
+        phases: &[PlanPhase],
+        timeout: Duration,
+    ) -> UpgradePlanStatus {
         let plans = self.plans();
         eventually(&format!("plan {plan} in {phases:?}"), timeout, || {
             let plans = plans.clone();
@@ -110,17 +136,31 @@ impl Env {
     }
 
     async fn patch_plan(&self, plan: &str, patch: serde_json::Value) {
-        self.plans().patch(plan, &PatchParams::default(), &Patch::Merge(&patch)).await.expect("patch plan");
+        self.plans()
+            .patch(plan, &PatchParams::default(), &Patch::Merge(&patch))
+            .await
+            .expect("patch plan");
     }
 
     /// Waits until Events about `plan` with each of `reasons` exist (they are published just
     /// after the status write that a test may have seen first).
     async fn expect_events(&self, plan: &str, reasons: &[&str]) {
-        eventually(&format!("Events {reasons:?} about {plan}"), Duration::from_secs(10), || async {
-            let seen = self.event_reasons(plan).await;
-            let missing: Vec<&&str> = reasons.iter().filter(|r| !seen.iter().any(|s| s == **r)).collect();
-            if missing.is_empty() { Ok(()) } else { Err(format!("missing {missing:?} in {seen:?}")) }
-        })
+        eventually(
+            &format!("Events {reasons:?} about {plan}"),
+            Duration::from_secs(10),
+            || async {
+                let seen = self.event_reasons(plan).await;
+                let missing: Vec<&&str> = reasons
+                    .iter()
+                    .filter(|r| !seen.iter().any(|s| s == **r))
+                    .collect();
+                if missing.is_empty() {
+                    Ok(())
+                } else {
+                    Err(format!("missing {missing:?} in {seen:?}"))
+                }
+            },
+        )
         .await
         .expect("events");
     }
@@ -140,7 +180,12 @@ impl Env {
     }
 
     async fn node_count(&self) -> usize {
-        Api::<Node>::all(self.client.clone()).list(&ListParams::default()).await.expect("nodes").items.len()
+        Api::<Node>::all(self.client.clone())
+            .list(&ListParams::default())
+            .await
+            .expect("nodes")
+            .items
+            .len()
     }
 }
 
@@ -161,19 +206,43 @@ fn describe(status: &UpgradePlanStatus) -> String {
     let comps: Vec<String> = status
         .components
         .iter()
-        .map(|c| format!("{}={}{}", c.name, c.phase.as_str(), c.message.as_deref().map(|m| format!(" ({m})")).unwrap_or_default()))
+        .map(|c| {
+            format!(
+                "{}={}{}",
+                c.name,
+                c.phase.as_str(),
+                c.message
+                    .as_deref()
+                    .map(|m| format!(" ({m})"))
+                    .unwrap_or_default()
+            )
+        })
         .collect();
-    let ready = steward_core::conditions::get(&status.conditions, "Ready").map(|c| c.message.clone()).unwrap_or_default();
-    let valid = steward_core::conditions::get(&status.conditions, "Valid").map(|c| c.message.clone()).unwrap_or_default();
-    format!("phase {:?}: {ready} [{}] valid: {valid}", status.phase, comps.join(", "))
+    let ready = steward_core::conditions::get(&status.conditions, "Ready")
+        .map(|c| c.message.clone())
+        .unwrap_or_default();
+    let valid = steward_core::conditions::get(&status.conditions, "Valid")
+        .map(|c| c.message.clone())
+        .unwrap_or_default();
+    format!(
+        "phase {:?}: {ready} [{}] valid: {valid}",
+        status.phase,
+        comps.join(", ")
+    )
 }
 
 fn comp<'a>(status: &'a UpgradePlanStatus, name: &str) -> &'a ComponentStatus {
-    status.components.iter().find(|c| c.name == name).unwrap_or_else(|| panic!("no component {name} in {status:?}"))
+    status
+        .components
+        .iter()
+        .find(|c| c.name == name)
+        .unwrap_or_else(|| panic!("no component {name} in {status:?}"))
 }
 
 fn micros(t: &Option<k8s_openapi::apimachinery::pkg::apis::meta::v1::MicroTime>) -> i64 {
-    t.as_ref().map(|t| t.0.as_microsecond()).expect("timestamp set")
+    t.as_ref()
+        .map(|t| t.0.as_microsecond())
+        .expect("timestamp set")
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -216,7 +285,12 @@ fn daemonset(name: &str, image: &str) -> DaemonSet {
 /// its pods, so the surge pod of a new template cannot be scheduled, and the old pods are
 /// never removed. (kwok makes any scheduled pod Ready whatever its image, so the failure has
 /// to come from scheduling.)
-fn stuck_on_update(name: &str, image: &str, replicas: usize, progress_deadline: Option<i32>) -> Deployment {
+fn stuck_on_update(
+    name: &str,
+    image: &str,
+    replicas: usize,
+    progress_deadline: Option<i32>,
+) -> Deployment {
     let mut t = template(name, image);
     t["spec"]["affinity"] = json!({"podAntiAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": [
         {"labelSelector": {"matchLabels": {"app": name}}, "topologyKey": "kubernetes.io/hostname"}
@@ -242,7 +316,11 @@ fn component(name: &str, kind: &str, image: &str, deps: &[&str]) -> serde_json::
     })
 }
 
-fn plan(name: &str, components: Vec<serde_json::Value>, strategy: serde_json::Value) -> serde_json::Value {
+fn plan(
+    name: &str,
+    components: Vec<serde_json::Value>,
+    strategy: serde_json::Value,
+) -> serde_json::Value {
     json!({
         "apiVersion": "upgrade.steward.dev/v1alpha1",
         "kind": "UpgradePlan",
@@ -252,47 +330,98 @@ fn plan(name: &str, components: Vec<serde_json::Value>, strategy: serde_json::Va
 }
 
 /// Creates the workloads and waits until each has rolled out.
-async fn create_and_wait(env: &Env, deployments: &[Deployment], statefulsets: &[StatefulSet], daemonsets: &[DaemonSet]) {
+async fn create_and_wait(
+    env: &Env,
+    deployments: &[Deployment],
+    statefulsets: &[StatefulSet],
+    daemonsets: &[DaemonSet],
+) {
     for d in deployments {
-        env.api::<Deployment>().create(&PostParams::default(), d).await.expect("create deployment");
+        env.api::<Deployment>()
+            .create(&PostParams::default(), d)
+            .await
+            .expect("create deployment");
     }
     for s in statefulsets {
-        env.api::<StatefulSet>().create(&PostParams::default(), s).await.expect("create statefulset");
+        env.api::<StatefulSet>()
+            .create(&PostParams::default(), s)
+            .await
+            .expect("create statefulset");
     }
     for d in daemonsets {
-        env.api::<DaemonSet>().create(&PostParams::default(), d).await.expect("create daemonset");
+        env.api::<DaemonSet>()
+            .create(&PostParams::default(), d)
+            .await
+            .expect("create daemonset");
     }
     let env_ref = &env;
     eventually("workloads rolled out", ROLL, || async move {
         let mut waiting = Vec::new();
-        for d in env_ref.api::<Deployment>().list(&ListParams::default()).await.map_err(|e| e.to_string())?.items {
+        for d in env_ref
+            .api::<Deployment>()
+            .list(&ListParams::default())
+            .await
+            .map_err(|e| e.to_string())?
+            .items
+        {
             if let h @ (Health::Progressing(_) | Health::Failed(_)) = health::deployment(&d) {
                 waiting.push(format!("Deployment {}: {h:?}", d.name_any()));
             }
         }
-        for s in env_ref.api::<StatefulSet>().list(&ListParams::default()).await.map_err(|e| e.to_string())?.items {
+        for s in env_ref
+            .api::<StatefulSet>()
+            .list(&ListParams::default())
+            .await
+            .map_err(|e| e.to_string())?
+            .items
+        {
             if let h @ (Health::Progressing(_) | Health::Failed(_)) = health::statefulset(&s) {
                 waiting.push(format!("StatefulSet {}: {h:?}", s.name_any()));
             }
         }
-        for d in env_ref.api::<DaemonSet>().list(&ListParams::default()).await.map_err(|e| e.to_string())?.items {
+        for d in env_ref
+            .api::<DaemonSet>()
+            .list(&ListParams::default())
+            .await
+            .map_err(|e| e.to_string())?
+            .items
+        {
             if let h @ (Health::Progressing(_) | Health::Failed(_)) = health::daemonset(&d) {
                 waiting.push(format!("DaemonSet {}: {h:?}", d.name_any()));
             }
         }
-        if waiting.is_empty() { Ok(()) } else { Err(waiting.join("; ")) }
+        if waiting.is_empty() {
+            Ok(())
+        } else {
+            Err(waiting.join("; "))
+        }
     })
     .await
     .expect("initial rollout (if this times out, kwok pods are not becoming Ready)");
 }
 
 async fn deployment_image(env: &Env, name: &str) -> (String, i64) {
-    let d = env.api::<Deployment>().get(name).await.expect("get deployment");
-    (d.spec.template.spec.as_ref().expect("pod spec").containers[0].image.clone().unwrap_or_default(), d.metadata.generation.unwrap_or(0))
+    let d = env
+        .api::<Deployment>()
+        .get(name)
+        .await
+        .expect("get deployment");
+    (
+        d.spec.template.spec.as_ref().expect("pod spec").containers[0]
+            .image
+            .clone()
+            .unwrap_or_default(),
+        d.metadata.generation.unwrap_or(0),
+    )
 }
 
-fn managed_by_orchestrator(meta: &k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta) -> bool {
-    meta.managed_fields.iter().flatten().any(|m| m.manager.as_deref() == Some(upgrade_orchestrator::NAME))
+fn managed_by_orchestrator(
+    meta: &k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta,
+) -> bool {
+    meta.managed_fields
+        .iter()
+        .flatten()
+        .any(|m| m.manager.as_deref() == Some(upgrade_orchestrator::NAME))
 }
 
 /// Records, from the test's own watches, when each workload's spec first carried its new
@@ -305,12 +434,17 @@ struct Seen {
 
 type Timeline = Arc<Mutex<BTreeMap<String, Seen>>>;
 
-fn watch_timeline(env: &Env, new_images: BTreeMap<String, String>) -> (Timeline, Vec<JoinHandle<()>>) {
+fn watch_timeline(
+    env: &Env,
+    new_images: BTreeMap<String, String>,
+) -> (Timeline, Vec<JoinHandle<()>>) {
     let seen: Timeline = Arc::default();
     let record = {
         let seen = seen.clone();
         move |name: String, image: Option<String>, health: Health| {
-            let Some(want) = new_images.get(&name) else { return };
+            let Some(want) = new_images.get(&name) else {
+                return;
+            };
             if image.as_ref() != Some(want) {
                 return;
             }
@@ -322,24 +456,36 @@ fn watch_timeline(env: &Env, new_images: BTreeMap<String, String>) -> (Timeline,
             }
         }
     };
-    let image = |spec: Option<&k8s_openapi::api::core::v1::PodSpec>| spec.and_then(|s| s.containers.first()).and_then(|c| c.image.clone());
+    let image = |spec: Option<&k8s_openapi::api::core::v1::PodSpec>| {
+        spec.and_then(|s| s.containers.first())
+            .and_then(|c| c.image.clone())
+    };
     let mut tasks = Vec::new();
     {
         let record = record.clone();
         let stream = watcher(env.api::<Deployment>(), watcher::Config::default()).applied_objects();
         tasks.push(tokio::spawn(stream.for_each(move |d| {
             if let Ok(d) = d {
-                record(d.name_any(), image(d.spec.template.spec.as_ref()), health::deployment(&d));
+                record(
+                    d.name_any(),
+                    image(d.spec.template.spec.as_ref()),
+                    health::deployment(&d),
+                );
             }
             futures::future::ready(())
         })));
     }
     {
         let record = record.clone();
-        let stream = watcher(env.api::<StatefulSet>(), watcher::Config::default()).applied_objects();
+        let stream =
+            watcher(env.api::<StatefulSet>(), watcher::Config::default()).applied_objects();
         tasks.push(tokio::spawn(stream.for_each(move |s| {
             if let Ok(s) = s {
-                record(s.name_any(), image(s.spec.template.spec.as_ref()), health::statefulset(&s));
+                record(
+                    s.name_any(),
+                    image(s.spec.template.spec.as_ref()),
+                    health::statefulset(&s),
+                );
             }
             futures::future::ready(())
         })));
@@ -348,7 +494,11 @@ fn watch_timeline(env: &Env, new_images: BTreeMap<String, String>) -> (Timeline,
         let stream = watcher(env.api::<DaemonSet>(), watcher::Config::default()).applied_objects();
         tasks.push(tokio::spawn(stream.for_each(move |d| {
             if let Ok(d) = d {
-                record(d.name_any(), image(d.spec.template.spec.as_ref()), health::daemonset(&d));
+                record(
+                    d.name_any(),
+                    image(d.spec.template.spec.as_ref()),
+                    health::daemonset(&d),
+                );
             }
             futures::future::ready(())
         })));
@@ -372,11 +522,31 @@ async fn diamond_plan_upgrades_in_dependency_order() {
     let before: BTreeMap<&str, i64> = BTreeMap::from([
         ("api", deployment_image(&env, "api").await.1),
         ("worker", deployment_image(&env, "worker").await.1),
-        ("db", env.api::<StatefulSet>().get("db").await.expect("db").metadata.generation.unwrap_or(0)),
-        ("web", env.api::<DaemonSet>().get("web").await.expect("web").metadata.generation.unwrap_or(0)),
+        (
+            "db",
+            env.api::<StatefulSet>()
+                .get("db")
+                .await
+                .expect("db")
+                .metadata
+                .generation
+                .unwrap_or(0),
+        ),
+        (
+            "web",
+            env.api::<DaemonSet>()
+                .get("web")
+                .await
+                .expect("web")
+                .metadata
+                .generation
+                .unwrap_or(0),
+        ),
     ]);
-    let new_images: BTreeMap<String, String> =
-        ["api", "worker", "db", "web"].iter().map(|n| (n.to_string(), format!("{n}:2"))).collect();
+    let new_images: BTreeMap<String, String> = ["api", "worker", "db", "web"]
+        .iter()
+        .map(|n| (n.to_string(), format!("{n}:2")))
+        .collect();
     let (timeline, watchers) = watch_timeline(&env, new_images);
 
     let op = env.start();
@@ -392,14 +562,35 @@ async fn diamond_plan_upgrades_in_dependency_order() {
         json!({"maxConcurrent": 2, "progressDeadlineSeconds": 120}),
     ))
     .await;
-    let status = env.wait_phase("release", &[PlanPhase::Succeeded, PlanPhase::Failed, PlanPhase::RolledBack, PlanPhase::Paused], ROLL).await;
+    let status = env
+        .wait_phase(
+            "release",
+            &[
+                PlanPhase::Succeeded,
+                PlanPhase::Failed,
+                PlanPhase::RolledBack,
+                PlanPhase::Paused,
+            ],
+            ROLL,
+        )
+        .await;
     let total = started.elapsed();
-    assert_eq!(status.phase, Some(PlanPhase::Succeeded), "{}", describe(&status));
+    assert_eq!(
+        status.phase,
+        Some(PlanPhase::Succeeded),
+        "{}",
+        describe(&status)
+    );
     assert_eq!(status.progress.as_deref(), Some("4/4"));
     assert_eq!(status.waves, Some(3));
 
     // Every component started after each of its dependencies finished (status timestamps, µs).
-    let deps: &[(&str, &[&str])] = &[("db", &[]), ("api", &["db"]), ("worker", &["db"]), ("web", &["api", "worker"])];
+    let deps: &[(&str, &[&str])] = &[
+        ("db", &[]),
+        ("api", &["db"]),
+        ("worker", &["db"]),
+        ("web", &["api", "worker"]),
+    ];
     for (name, ds) in deps {
         let c = comp(&status, name);
         assert_eq!(c.phase, ComponentPhase::Succeeded);
@@ -414,7 +605,10 @@ async fn diamond_plan_upgrades_in_dependency_order() {
         }
     }
     // api and worker ran side by side (maxConcurrent 2): both started in one step.
-    assert_eq!(comp(&status, "api").started_at, comp(&status, "worker").started_at);
+    assert_eq!(
+        comp(&status, "api").started_at,
+        comp(&status, "worker").started_at
+    );
 
     // Each target changed exactly once, by the orchestrator.
     let api = env.api::<Deployment>().get("api").await.expect("api");
@@ -423,8 +617,15 @@ async fn diamond_plan_upgrades_in_dependency_order() {
     assert_eq!(api.metadata.generation, Some(before["api"] + 1));
     assert_eq!(db.metadata.generation, Some(before["db"] + 1));
     assert_eq!(web.metadata.generation, Some(before["web"] + 1));
-    assert_eq!(deployment_image(&env, "worker").await, ("worker:2".to_string(), before["worker"] + 1));
-    assert!(managed_by_orchestrator(&api.metadata) && managed_by_orchestrator(&db.metadata) && managed_by_orchestrator(&web.metadata));
+    assert_eq!(
+        deployment_image(&env, "worker").await,
+        ("worker:2".to_string(), before["worker"] + 1)
+    );
+    assert!(
+        managed_by_orchestrator(&api.metadata)
+            && managed_by_orchestrator(&db.metadata)
+            && managed_by_orchestrator(&web.metadata)
+    );
     assert_eq!(health::statefulset(&db), Health::Healthy);
     assert_eq!(health::daemonset(&web), Health::Healthy);
 
@@ -440,24 +641,42 @@ async fn diamond_plan_upgrades_in_dependency_order() {
         let changed = seen[*name].changed.expect("change seen");
         for d in *ds {
             let healthy = seen[*d].healthy.expect("health seen");
-            assert!(changed > healthy, "{name} changed before {d} was healthy (seen by the test's watch)");
+            assert!(
+                changed > healthy,
+                "{name} changed before {d} was healthy (seen by the test's watch)"
+            );
         }
         if let Some(last_dep) = ds.iter().map(|d| seen[*d].healthy.expect("healthy")).max() {
             overheads.push((name.to_string(), changed.duration_since(last_dep)));
         }
     }
-    eprintln!("diamond plan: {total:.2?} end to end; overhead from last dependency healthy to target changed (test's watch): {overheads:?}");
+    eprintln!(
+        "diamond plan: {total:.2?} end to end; overhead from last dependency healthy to target changed (test's watch): {overheads:?}"
+    );
     for (name, d) in &overheads {
         assert!(*d < Duration::from_secs(5), "{name}: overhead {d:?}");
     }
 
-    env.expect_events("release", &["PlanStarted", "ComponentStarted", "TargetChanged", "ComponentSucceeded", "PlanSucceeded"]).await;
+    env.expect_events(
+        "release",
+        &[
+            "PlanStarted",
+            "ComponentStarted",
+            "TargetChanged",
+            "ComponentSucceeded",
+            "PlanSucceeded",
+        ],
+    )
+    .await;
     let metrics = op.metrics.encode();
     assert!(
         metrics.contains(r#"steward_upgrade_component_duration_seconds_count{kind="Deployment",result="succeeded"} 2"#),
         "{metrics}"
     );
-    assert!(metrics.contains("steward_upgrade_plans_in_progress 0"), "{metrics}");
+    assert!(
+        metrics.contains("steward_upgrade_plans_in_progress 0"),
+        "{metrics}"
+    );
     op.stop().await;
 }
 
@@ -465,18 +684,29 @@ async fn diamond_plan_upgrades_in_dependency_order() {
 // 2. A component that cannot become healthy
 
 /// `front` (fine) then `back` (its new pods cannot be scheduled).
-async fn failing_plan(env: &Env, plan_name: &str, strategy: serde_json::Value, back_progress_deadline: Option<i32>) {
+async fn failing_plan(
+    env: &Env,
+    plan_name: &str,
+    strategy: serde_json::Value,
+    back_progress_deadline: Option<i32>,
+) {
     let nodes = env.node_count().await;
     create_and_wait(
         env,
-        &[deployment("front", "front:1"), stuck_on_update("back", "back:1", nodes, back_progress_deadline)],
+        &[
+            deployment("front", "front:1"),
+            stuck_on_update("back", "back:1", nodes, back_progress_deadline),
+        ],
         &[],
         &[],
     )
     .await;
     env.create_plan(plan(
         plan_name,
-        vec![component("front", "Deployment", "front:2", &[]), component("back", "Deployment", "back:2", &["front"])],
+        vec![
+            component("front", "Deployment", "front:2", &[]),
+            component("back", "Deployment", "back:2", &["front"]),
+        ],
         strategy,
     ))
     .await;
@@ -487,29 +717,85 @@ async fn failed_component_rolls_back_every_upgraded_component() {
     let env = Env::new("uo-rollback").await;
     let op = env.start();
     let deadline = 15;
-    failing_plan(&env, "risky", json!({"failurePolicy": "Rollback", "progressDeadlineSeconds": deadline}), None).await;
+    failing_plan(
+        &env,
+        "risky",
+        json!({"failurePolicy": "Rollback", "progressDeadlineSeconds": deadline}),
+        None,
+    )
+    .await;
     let (_, front_generation) = deployment_image(&env, "front").await;
     let (_, back_generation) = deployment_image(&env, "back").await;
 
-    let status = env.wait_phase("risky", &[PlanPhase::RolledBack, PlanPhase::Failed, PlanPhase::Succeeded], ROLL).await;
-    assert_eq!(status.phase, Some(PlanPhase::RolledBack), "{}", describe(&status));
+    let status = env
+        .wait_phase(
+            "risky",
+            &[
+                PlanPhase::RolledBack,
+                PlanPhase::Failed,
+                PlanPhase::Succeeded,
+            ],
+            ROLL,
+        )
+        .await;
+    assert_eq!(
+        status.phase,
+        Some(PlanPhase::RolledBack),
+        "{}",
+        describe(&status)
+    );
     let front = comp(&status, "front");
     let back = comp(&status, "back");
-    assert_eq!((front.phase, back.phase), (ComponentPhase::RolledBack, ComponentPhase::RolledBack));
+    assert_eq!(
+        (front.phase, back.phase),
+        (ComponentPhase::RolledBack, ComponentPhase::RolledBack)
+    );
     // back failed on the plan's deadline, then reverted first; front was reverted after it.
     let failed_after = micros(&back.finished_at) - micros(&back.started_at);
-    assert!(failed_after >= deadline * 1_000_000, "back failed after {failed_after} µs");
-    assert!(micros(&front.rollback_started_at) >= micros(&back.rolled_back_at), "reverse dependency order");
+    assert!(
+        failed_after >= deadline * 1_000_000,
+        "back failed after {failed_after} µs"
+    );
+    assert!(
+        micros(&front.rollback_started_at) >= micros(&back.rolled_back_at),
+        "reverse dependency order"
+    );
     // Exactly the previous images, each changed once and reverted once.
-    assert_eq!(deployment_image(&env, "front").await, ("front:1".to_string(), front_generation + 2));
-    assert_eq!(deployment_image(&env, "back").await, ("back:1".to_string(), back_generation + 2));
+    assert_eq!(
+        deployment_image(&env, "front").await,
+        ("front:1".to_string(), front_generation + 2)
+    );
+    assert_eq!(
+        deployment_image(&env, "back").await,
+        ("back:1".to_string(), back_generation + 2)
+    );
     for name in ["front", "back"] {
         let d = env.api::<Deployment>().get(name).await.expect("get");
-        assert_eq!(health::deployment(&d), Health::Healthy, "{name} is healthy on its old image again");
+        assert_eq!(
+            health::deployment(&d),
+            Health::Healthy,
+            "{name} is healthy on its old image again"
+        );
     }
-    assert!(!steward_core::conditions::is_true(&status.conditions, "Ready"));
-    assert!(steward_core::conditions::is_true(&status.conditions, "Degraded"));
-    env.expect_events("risky", &["ComponentFailed", "RollbackStarted", "TargetReverted", "ComponentRolledBack", "PlanRolledBack"]).await;
+    assert!(!steward_core::conditions::is_true(
+        &status.conditions,
+        "Ready"
+    ));
+    assert!(steward_core::conditions::is_true(
+        &status.conditions,
+        "Degraded"
+    ));
+    env.expect_events(
+        "risky",
+        &[
+            "ComponentFailed",
+            "RollbackStarted",
+            "TargetReverted",
+            "ComponentRolledBack",
+            "PlanRolledBack",
+        ],
+    )
+    .await;
     eprintln!(
         "rollback: back failed after {:.1}s (deadline {deadline}s); plan started {} -> rolled back {}",
         failed_after as f64 / 1e6,
@@ -525,13 +811,43 @@ async fn failed_component_pauses_the_plan_when_asked() {
     let op = env.start();
     // The Deployment itself reports failure (ProgressDeadlineExceeded after 5 s), long before
     // the plan's 300 s deadline.
-    failing_plan(&env, "careful", json!({"failurePolicy": "Pause", "progressDeadlineSeconds": 300}), Some(5)).await;
-    let status = env.wait_phase("careful", &[PlanPhase::Paused, PlanPhase::RolledBack, PlanPhase::Succeeded], ROLL).await;
-    assert_eq!(status.phase, Some(PlanPhase::Paused), "{}", describe(&status));
+    failing_plan(
+        &env,
+        "careful",
+        json!({"failurePolicy": "Pause", "progressDeadlineSeconds": 300}),
+        Some(5),
+    )
+    .await;
+    let status = env
+        .wait_phase(
+            "careful",
+            &[
+                PlanPhase::Paused,
+                PlanPhase::RolledBack,
+                PlanPhase::Succeeded,
+            ],
+            ROLL,
+        )
+        .await;
+    assert_eq!(
+        status.phase,
+        Some(PlanPhase::Paused),
+        "{}",
+        describe(&status)
+    );
     let back = comp(&status, "back");
     assert_eq!(back.phase, ComponentPhase::Failed);
-    assert!(back.message.as_deref().unwrap_or_default().contains("ProgressDeadlineExceeded"), "{back:?}");
-    assert!(micros(&back.finished_at) - micros(&back.started_at) < 120_000_000, "the workload's own failure, not the plan deadline");
+    assert!(
+        back.message
+            .as_deref()
+            .unwrap_or_default()
+            .contains("ProgressDeadlineExceeded"),
+        "{back:?}"
+    );
+    assert!(
+        micros(&back.finished_at) - micros(&back.started_at) < 120_000_000,
+        "the workload's own failure, not the plan deadline"
+    );
     assert_eq!(comp(&status, "front").phase, ComponentPhase::Succeeded);
     assert_eq!(
         steward_core::conditions::get(&status.conditions, "Ready").map(|c| c.reason.clone()),
@@ -544,15 +860,38 @@ async fn failed_component_pauses_the_plan_when_asked() {
     tokio::time::sleep(Duration::from_secs(4)).await;
     let later = env.status("careful").await;
     assert_eq!(later.phase, Some(PlanPhase::Paused));
-    assert_eq!(later.components, status.components, "nothing moved while paused");
-    assert_eq!(deployment_image(&env, "front").await, (front_image.clone(), front_generation));
-    assert_eq!(deployment_image(&env, "back").await, (back_image.clone(), back_generation));
-    assert_eq!((front_image.as_str(), back_image.as_str()), ("front:2", "back:2"));
+    assert_eq!(
+        later.components, status.components,
+        "nothing moved while paused"
+    );
+    assert_eq!(
+        deployment_image(&env, "front").await,
+        (front_image.clone(), front_generation)
+    );
+    assert_eq!(
+        deployment_image(&env, "back").await,
+        (back_image.clone(), back_generation)
+    );
+    assert_eq!(
+        (front_image.as_str(), back_image.as_str()),
+        ("front:2", "back:2")
+    );
 
     // The user decides: roll back.
-    env.patch_plan("careful", json!({"spec": {"strategy": {"failurePolicy": "Rollback"}}})).await;
-    let status = env.wait_phase("careful", &[PlanPhase::RolledBack, PlanPhase::Failed], ROLL).await;
-    assert_eq!(status.phase, Some(PlanPhase::RolledBack), "{}", describe(&status));
+    env.patch_plan(
+        "careful",
+        json!({"spec": {"strategy": {"failurePolicy": "Rollback"}}}),
+    )
+    .await;
+    let status = env
+        .wait_phase("careful", &[PlanPhase::RolledBack, PlanPhase::Failed], ROLL)
+        .await;
+    assert_eq!(
+        status.phase,
+        Some(PlanPhase::RolledBack),
+        "{}",
+        describe(&status)
+    );
     assert_eq!(deployment_image(&env, "front").await.0, "front:1");
     assert_eq!(deployment_image(&env, "back").await.0, "back:1");
     op.stop().await;
@@ -564,23 +903,48 @@ async fn failed_component_pauses_the_plan_when_asked() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn manual_approval_waits_at_each_wave() {
     let env = Env::new("uo-approval").await;
-    create_and_wait(&env, &[deployment("a", "a:1"), deployment("b", "b:1")], &[], &[]).await;
+    create_and_wait(
+        &env,
+        &[deployment("a", "a:1"), deployment("b", "b:1")],
+        &[],
+        &[],
+    )
+    .await;
     let op = env.start();
     env.create_plan(plan(
         "gated",
-        vec![component("a", "Deployment", "a:2", &[]), component("b", "Deployment", "b:2", &["a"])],
+        vec![
+            component("a", "Deployment", "a:2", &[]),
+            component("b", "Deployment", "b:2", &["a"]),
+        ],
         json!({"approval": "Manual"}),
     ))
     .await;
-    let status = env.wait_phase("gated", &[PlanPhase::WaitingApproval], Duration::from_secs(30)).await;
+    let status = env
+        .wait_phase(
+            "gated",
+            &[PlanPhase::WaitingApproval],
+            Duration::from_secs(30),
+        )
+        .await;
     assert_eq!(status.current_wave, Some(1));
     let (_, a_generation) = deployment_image(&env, "a").await;
     tokio::time::sleep(Duration::from_secs(3)).await;
-    assert_eq!(deployment_image(&env, "a").await, ("a:1".to_string(), a_generation), "nothing changes unapproved");
-    assert_eq!(env.status("gated").await.phase, Some(PlanPhase::WaitingApproval));
+    assert_eq!(
+        deployment_image(&env, "a").await,
+        ("a:1".to_string(), a_generation),
+        "nothing changes unapproved"
+    );
+    assert_eq!(
+        env.status("gated").await.phase,
+        Some(PlanPhase::WaitingApproval)
+    );
 
-    env.patch_plan("gated", json!({"spec": {"approvedWaves": 1}})).await;
-    let status = env.wait_phase("gated", &[PlanPhase::WaitingApproval], ROLL).await;
+    env.patch_plan("gated", json!({"spec": {"approvedWaves": 1}}))
+        .await;
+    let status = env
+        .wait_phase("gated", &[PlanPhase::WaitingApproval], ROLL)
+        .await;
     // Wait for the second wave's gate, not the first one still showing.
     let status = if status.current_wave == Some(2) {
         status
@@ -589,8 +953,17 @@ async fn manual_approval_waits_at_each_wave() {
         eventually("wave 2 waits for approval", ROLL, || {
             let plans = plans.clone();
             async move {
-                let s = plans.get("gated").await.map_err(|e| e.to_string())?.status.unwrap_or_default();
-                if s.current_wave == Some(2) && s.phase == Some(PlanPhase::WaitingApproval) { Ok(s) } else { Err(describe(&s)) }
+                let s = plans
+                    .get("gated")
+                    .await
+                    .map_err(|e| e.to_string())?
+                    .status
+                    .unwrap_or_default();
+                if s.current_wave == Some(2) && s.phase == Some(PlanPhase::WaitingApproval) {
+                    Ok(s)
+                } else {
+                    Err(describe(&s))
+                }
             }
         })
         .await
@@ -603,15 +976,27 @@ async fn manual_approval_waits_at_each_wave() {
     // approvedWaves can only grow (CEL transition rule).
     let err = env
         .plans()
-        .patch("gated", &PatchParams::default(), &Patch::Merge(&json!({"spec": {"approvedWaves": 0}})))
+        .patch(
+            "gated",
+            &PatchParams::default(),
+            &Patch::Merge(&json!({"spec": {"approvedWaves": 0}})),
+        )
         .await
         .expect_err("lowering approvedWaves is rejected");
-    assert!(err.to_string().contains("approvedWaves cannot decrease"), "{err}");
+    assert!(
+        err.to_string().contains("approvedWaves cannot decrease"),
+        "{err}"
+    );
 
-    env.patch_plan("gated", json!({"spec": {"approvedWaves": 2}})).await;
+    env.patch_plan("gated", json!({"spec": {"approvedWaves": 2}}))
+        .await;
     let status = env.wait_phase("gated", &[PlanPhase::Succeeded], ROLL).await;
     assert!(micros(&comp(&status, "b").started_at) >= micros(&comp(&status, "a").finished_at));
-    env.expect_events("gated", &["WaitingApproval", "WaveApproved", "PlanSucceeded"]).await;
+    env.expect_events(
+        "gated",
+        &["WaitingApproval", "WaveApproved", "PlanSucceeded"],
+    )
+    .await;
     op.stop().await;
 }
 
@@ -625,7 +1010,10 @@ async fn paused_plan_halts_between_components() {
     let op = env.start();
     env.create_plan(plan(
         "stepwise",
-        vec![component("a", "Deployment", "a:2", &[]), component("b", "Deployment", "b:2", &["a"])],
+        vec![
+            component("a", "Deployment", "a:2", &[]),
+            component("b", "Deployment", "b:2", &["a"]),
+        ],
         json!({}),
     ))
     .await;
@@ -633,21 +1021,45 @@ async fn paused_plan_halts_between_components() {
     eventually("a in flight", Duration::from_secs(30), || {
         let plans = plans.clone();
         async move {
-            let s = plans.get("stepwise").await.map_err(|e| e.to_string())?.status.unwrap_or_default();
-            if s.components.iter().any(|c| c.name == "a" && c.phase == ComponentPhase::Progressing) { Ok(()) } else { Err(describe(&s)) }
+            let s = plans
+                .get("stepwise")
+                .await
+                .map_err(|e| e.to_string())?
+                .status
+                .unwrap_or_default();
+            if s.components
+                .iter()
+                .any(|c| c.name == "a" && c.phase == ComponentPhase::Progressing)
+            {
+                Ok(())
+            } else {
+                Err(describe(&s))
+            }
         }
     })
     .await
     .expect("a starts");
-    env.patch_plan("stepwise", json!({"spec": {"strategy": {"paused": true}}})).await;
+    env.patch_plan("stepwise", json!({"spec": {"strategy": {"paused": true}}}))
+        .await;
 
     // a still finishes; b does not start.
     let plans = env.plans();
     let status = eventually("a finished while paused", ROLL, || {
         let plans = plans.clone();
         async move {
-            let s = plans.get("stepwise").await.map_err(|e| e.to_string())?.status.unwrap_or_default();
-            if s.phase == Some(PlanPhase::Paused) && comp(&s, "a").phase == ComponentPhase::Succeeded { Ok(s) } else { Err(describe(&s)) }
+            let s = plans
+                .get("stepwise")
+                .await
+                .map_err(|e| e.to_string())?
+                .status
+                .unwrap_or_default();
+            if s.phase == Some(PlanPhase::Paused)
+                && comp(&s, "a").phase == ComponentPhase::Succeeded
+            {
+                Ok(s)
+            } else {
+                Err(describe(&s))
+            }
         }
     })
     .await
@@ -656,14 +1068,28 @@ async fn paused_plan_halts_between_components() {
     tokio::time::sleep(Duration::from_secs(4)).await;
     let later = env.status("stepwise").await;
     assert_eq!(later.phase, Some(PlanPhase::Paused));
-    assert_eq!(comp(&later, "b").phase, ComponentPhase::Pending, "b waits while paused");
-    assert_eq!(deployment_image(&env, "b").await, ("b:1".to_string(), b_generation));
+    assert_eq!(
+        comp(&later, "b").phase,
+        ComponentPhase::Pending,
+        "b waits while paused"
+    );
+    assert_eq!(
+        deployment_image(&env, "b").await,
+        ("b:1".to_string(), b_generation)
+    );
     let a_done = micros(&comp(&status, "a").finished_at);
 
-    env.patch_plan("stepwise", json!({"spec": {"strategy": {"paused": false}}})).await;
-    let status = env.wait_phase("stepwise", &[PlanPhase::Succeeded], ROLL).await;
-    assert!(micros(&comp(&status, "b").started_at) > a_done + 4_000_000, "b started only after the unpause");
-    env.expect_events("stepwise", &["PlanPaused", "PlanResumed"]).await;
+    env.patch_plan("stepwise", json!({"spec": {"strategy": {"paused": false}}}))
+        .await;
+    let status = env
+        .wait_phase("stepwise", &[PlanPhase::Succeeded], ROLL)
+        .await;
+    assert!(
+        micros(&comp(&status, "b").started_at) > a_done + 4_000_000,
+        "b started only after the unpause"
+    );
+    env.expect_events("stepwise", &["PlanPaused", "PlanResumed"])
+        .await;
     op.stop().await;
 }
 
@@ -673,81 +1099,160 @@ async fn paused_plan_halts_between_components() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn invalid_plans_are_reported_and_change_nothing() {
     let env = Env::new("uo-invalid").await;
-    create_and_wait(&env, &[deployment("a", "a:1"), deployment("b", "b:1")], &[], &[]).await;
-    let generations = (deployment_image(&env, "a").await, deployment_image(&env, "b").await);
+    create_and_wait(
+        &env,
+        &[deployment("a", "a:1"), deployment("b", "b:1")],
+        &[],
+        &[],
+    )
+    .await;
+    let generations = (
+        deployment_image(&env, "a").await,
+        deployment_image(&env, "b").await,
+    );
     let op = env.start();
     let cases: Vec<(&str, Vec<serde_json::Value>, &str)> = vec![
         (
             "cycle",
-            vec![component("a", "Deployment", "a:2", &["b"]), component("b", "Deployment", "b:2", &["a"])],
+            vec![
+                component("a", "Deployment", "a:2", &["b"]),
+                component("b", "Deployment", "b:2", &["a"]),
+            ],
             "DependencyCycle",
         ),
-        ("unknown", vec![component("a", "Deployment", "a:2", &["nope"])], "UnknownDependency"),
+        (
+            "unknown",
+            vec![component("a", "Deployment", "a:2", &["nope"])],
+            "UnknownDependency",
+        ),
         (
             "duplicate",
-            vec![component("a", "Deployment", "a:2", &[]), component("a", "Deployment", "a:3", &[])],
+            vec![
+                component("a", "Deployment", "a:2", &[]),
+                component("a", "Deployment", "a:3", &[]),
+            ],
             "DuplicateName",
         ),
         (
             "missing",
-            vec![component("a", "Deployment", "a:2", &[]), component("ghost", "Deployment", "ghost:2", &["a"])],
+            vec![
+                component("a", "Deployment", "a:2", &[]),
+                component("ghost", "Deployment", "ghost:2", &["a"]),
+            ],
             "TargetNotFound",
         ),
         (
             "container",
-            vec![json!({"name": "a", "target": {"kind": "Deployment", "name": "a"}, "image": {"container": "nope", "image": "a:2"}})],
+            vec![
+                json!({"name": "a", "target": {"kind": "Deployment", "name": "a"}, "image": {"container": "nope", "image": "a:2"}}),
+            ],
             "TargetNotFound",
         ),
     ];
     for (name, components, _) in &cases {
-        env.create_plan(plan(name, components.clone(), json!({}))).await;
+        env.create_plan(plan(name, components.clone(), json!({})))
+            .await;
     }
     for (name, _, reason) in &cases {
         let plans = env.plans();
-        let status = eventually(&format!("plan {name} reported invalid"), Duration::from_secs(30), || {
-            let plans = plans.clone();
-            async move {
-                let s = plans.get(name).await.map_err(|e| e.to_string())?.status.unwrap_or_default();
-                match steward_core::conditions::get(&s.conditions, "Valid") {
-                    Some(c) if c.status == "False" => Ok(s),
-                    _ => Err(describe(&s)),
+        let status = eventually(
+            &format!("plan {name} reported invalid"),
+            Duration::from_secs(30),
+            || {
+                let plans = plans.clone();
+                async move {
+                    let s = plans
+                        .get(name)
+                        .await
+                        .map_err(|e| e.to_string())?
+                        .status
+                        .unwrap_or_default();
+                    match steward_core::conditions::get(&s.conditions, "Valid") {
+                        Some(c) if c.status == "False" => Ok(s),
+                        _ => Err(describe(&s)),
+                    }
                 }
-            }
-        })
+            },
+        )
         .await
         .expect("Valid=False");
         let valid = steward_core::conditions::get(&status.conditions, "Valid").expect("Valid");
         assert_eq!(valid.reason, *reason, "{name}: {}", valid.message);
         assert_eq!(status.phase, Some(PlanPhase::Pending), "{name}");
         assert!(status.started_at.is_none(), "{name}");
-        assert!(status.components.iter().all(|c| c.phase == ComponentPhase::Pending && c.previous.is_none()), "{name}");
-        env.expect_events(name, &[if *reason == "TargetNotFound" { "TargetNotFound" } else { "InvalidPlan" }]).await;
+        assert!(
+            status
+                .components
+                .iter()
+                .all(|c| c.phase == ComponentPhase::Pending && c.previous.is_none()),
+            "{name}"
+        );
+        env.expect_events(
+            name,
+            &[if *reason == "TargetNotFound" {
+                "TargetNotFound"
+            } else {
+                "InvalidPlan"
+            }],
+        )
+        .await;
     }
     // The sample is accepted by the schema; its targets do not exist here.
-    let sample = std::fs::read_to_string(steward_testenv::workspace_root().join("deploy/samples/upgradeplan.yaml")).expect("sample");
+    let sample = std::fs::read_to_string(
+        steward_testenv::workspace_root().join("deploy/samples/upgradeplan.yaml"),
+    )
+    .expect("sample");
     let sample: UpgradePlan = serde_yaml::from_str(&sample).expect("sample parses");
-    env.plans().create(&PostParams::default(), &sample).await.expect("the sample is valid");
+    env.plans()
+        .create(&PostParams::default(), &sample)
+        .await
+        .expect("the sample is valid");
     let plans = env.plans();
-    eventually("sample reports its missing targets", Duration::from_secs(30), || {
-        let plans = plans.clone();
-        async move {
-            let s = plans.get("release-2-0").await.map_err(|e| e.to_string())?.status.unwrap_or_default();
-            match steward_core::conditions::get(&s.conditions, "Valid") {
-                Some(c) if c.reason == "TargetNotFound" && c.message.contains("PostgresCluster main not found") => Ok(()),
-                _ => Err(describe(&s)),
+    eventually(
+        "sample reports its missing targets",
+        Duration::from_secs(30),
+        || {
+            let plans = plans.clone();
+            async move {
+                let s = plans
+                    .get("release-2-0")
+                    .await
+                    .map_err(|e| e.to_string())?
+                    .status
+                    .unwrap_or_default();
+                match steward_core::conditions::get(&s.conditions, "Valid") {
+                    Some(c)
+                        if c.reason == "TargetNotFound"
+                            && c.message.contains("PostgresCluster main not found") =>
+                    {
+                        Ok(())
+                    }
+                    _ => Err(describe(&s)),
+                }
             }
-        }
-    })
+        },
+    )
     .await
     .expect("sample reported");
 
     tokio::time::sleep(Duration::from_secs(2)).await;
-    assert_eq!((deployment_image(&env, "a").await, deployment_image(&env, "b").await), generations, "no target touched");
+    assert_eq!(
+        (
+            deployment_image(&env, "a").await,
+            deployment_image(&env, "b").await
+        ),
+        generations,
+        "no target touched"
+    );
 
     // Schema-level rules reject what cannot be expressed at all.
     let rejected = |plan: serde_json::Value| async {
         let plan: UpgradePlan = serde_json::from_value(plan).expect("plan");
-        env.plans().create(&PostParams::default(), &plan).await.expect_err("rejected by the API server").to_string()
+        env.plans()
+            .create(&PostParams::default(), &plan)
+            .await
+            .expect_err("rejected by the API server")
+            .to_string()
     };
     let err = rejected(plan(
         "pg-with-image",
@@ -755,23 +1260,51 @@ async fn invalid_plans_are_reported_and_change_nothing() {
         json!({}),
     ))
     .await;
-    assert!(err.contains("a PostgresCluster component sets version"), "{err}");
-    let err = rejected(plan("bad-name", vec![component("Not_A_Name", "Deployment", "x", &[])], json!({}))).await;
+    assert!(
+        err.contains("a PostgresCluster component sets version"),
+        "{err}"
+    );
+    let err = rejected(plan(
+        "bad-name",
+        vec![component("Not_A_Name", "Deployment", "x", &[])],
+        json!({}),
+    ))
+    .await;
     assert!(err.contains("spec.components[0].name"), "{err}");
     let err = rejected(plan("no-components", vec![], json!({}))).await;
     assert!(err.contains("spec.components"), "{err}");
-    let err = rejected(plan("zero", vec![component("a", "Deployment", "a:2", &[])], json!({"maxConcurrent": 0}))).await;
+    let err = rejected(plan(
+        "zero",
+        vec![component("a", "Deployment", "a:2", &[])],
+        json!({"maxConcurrent": 0}),
+    ))
+    .await;
     assert!(err.contains("maxConcurrent"), "{err}");
 
     // Fixing an invalid plan makes it run; once started, its components are immutable.
-    env.patch_plan("unknown", json!({"spec": {"components": [component("a", "Deployment", "a:2", &[])]}})).await;
-    env.wait_phase("unknown", &[PlanPhase::Succeeded], ROLL).await;
+    env.patch_plan(
+        "unknown",
+        json!({"spec": {"components": [component("a", "Deployment", "a:2", &[])]}}),
+    )
+    .await;
+    env.wait_phase("unknown", &[PlanPhase::Succeeded], ROLL)
+        .await;
     let err = env
         .plans()
-        .patch("unknown", &PatchParams::default(), &Patch::Merge(&json!({"spec": {"components": [component("a", "Deployment", "a:3", &[])]}})))
+        .patch(
+            "unknown",
+            &PatchParams::default(),
+            &Patch::Merge(
+                &json!({"spec": {"components": [component("a", "Deployment", "a:3", &[])]}}),
+            ),
+        )
         .await
         .expect_err("components are immutable once started");
-    assert!(err.to_string().contains("immutable once the plan has started"), "{err}");
+    assert!(
+        err.to_string()
+            .contains("immutable once the plan has started"),
+        "{err}"
+    );
     op.stop().await;
 }
 
@@ -787,19 +1320,31 @@ struct Crashable {
 
 impl Crashable {
     async fn start(env: &Env, args: CommonArgs) -> Self {
-        let runtime = tokio::runtime::Builder::new_multi_thread().worker_threads(1).enable_all().build().expect("runtime");
+        let runtime = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(1)
+            .enable_all()
+            .build()
+            .expect("runtime");
         let config = env.cp.config().clone();
         let (tx, rx) = tokio::sync::oneshot::channel();
         runtime.spawn(async move {
             let mut op = Operator::with_config(upgrade_orchestrator::NAME, args, config)
                 .expect("operator")
                 .backoff(Duration::from_millis(200), Duration::from_secs(2));
-            upgrade_orchestrator::register(&mut op, upgrade_orchestrator::Options { watch_postgresclusters: false })
-                .expect("register");
+            upgrade_orchestrator::register(
+                &mut op,
+                upgrade_orchestrator::Options {
+                    watch_postgresclusters: false,
+                },
+            )
+            .expect("register");
             let _ = tx.send(op.leadership());
             let _ = op.run().await;
         });
-        Self { runtime, leadership: rx.await.expect("operator started") }
+        Self {
+            runtime,
+            leadership: rx.await.expect("operator started"),
+        }
     }
 
     fn kill(self) {
@@ -811,7 +1356,12 @@ impl Crashable {
 async fn crash_fixture(env: &Env) -> BTreeMap<String, i64> {
     create_and_wait(
         env,
-        &[deployment("db", "db:1"), deployment("api", "api:1"), deployment("worker", "worker:1"), deployment("web", "web:1")],
+        &[
+            deployment("db", "db:1"),
+            deployment("api", "api:1"),
+            deployment("worker", "worker:1"),
+            deployment("web", "web:1"),
+        ],
         &[],
         &[],
     )
@@ -841,7 +1391,11 @@ async fn next_change(env: &Env, last: &str) -> UpgradePlan {
         let plans = plans.clone();
         async move {
             let p = plans.get("resilient").await.map_err(|e| e.to_string())?;
-            if p.resource_version().as_deref() != Some(last) { Ok(p) } else { Err("no change".into()) }
+            if p.resource_version().as_deref() != Some(last) {
+                Ok(p)
+            } else {
+                Err("no change".into())
+            }
         }
     })
     .await
@@ -852,7 +1406,11 @@ async fn next_change(env: &Env, last: &str) -> UpgradePlan {
 /// a kill there is the write-ahead window.
 async fn recorded_not_applied(env: &Env, status: &UpgradePlanStatus) -> usize {
     let mut n = 0;
-    for c in status.components.iter().filter(|c| c.phase == ComponentPhase::Progressing) {
+    for c in status
+        .components
+        .iter()
+        .filter(|c| c.phase == ComponentPhase::Progressing)
+    {
         if deployment_image(env, &c.name).await.0 == c.previous.clone().unwrap_or_default() {
             n += 1;
         }
@@ -860,28 +1418,63 @@ async fn recorded_not_applied(env: &Env, status: &UpgradePlanStatus) -> usize {
     n
 }
 
-async fn assert_completed_once(env: &Env, generations: &BTreeMap<String, i64>) -> UpgradePlanStatus {
-    let status = env.wait_phase("resilient", &[PlanPhase::Succeeded, PlanPhase::Failed, PlanPhase::RolledBack, PlanPhase::Paused], ROLL).await;
-    assert_eq!(status.phase, Some(PlanPhase::Succeeded), "{}", describe(&status));
+async fn assert_completed_once(
+    env: &Env,
+    generations: &BTreeMap<String, i64>,
+) -> UpgradePlanStatus {
+    let status = env
+        .wait_phase(
+            "resilient",
+            &[
+                PlanPhase::Succeeded,
+                PlanPhase::Failed,
+                PlanPhase::RolledBack,
+                PlanPhase::Paused,
+            ],
+            ROLL,
+        )
+        .await;
+    assert_eq!(
+        status.phase,
+        Some(PlanPhase::Succeeded),
+        "{}",
+        describe(&status)
+    );
     for (name, generation) in generations {
         let d = env.api::<Deployment>().get(name).await.expect("get");
-        assert_eq!(d.metadata.generation, Some(generation + 1), "{name} changed exactly once");
         assert_eq!(
-            d.annotations().get("deployment.kubernetes.io/revision").map(String::as_str),
+            d.metadata.generation,
+            Some(generation + 1),
+            "{name} changed exactly once"
+        );
+        assert_eq!(
+            d.annotations()
+                .get("deployment.kubernetes.io/revision")
+                .map(String::as_str),
             Some("2"),
             "{name}: one new template, never a third"
         );
         assert!(managed_by_orchestrator(&d.metadata));
     }
-    let deps: &[(&str, &[&str])] = &[("api", &["db"]), ("worker", &["db"]), ("web", &["api", "worker"])];
+    let deps: &[(&str, &[&str])] = &[
+        ("api", &["db"]),
+        ("worker", &["db"]),
+        ("web", &["api", "worker"]),
+    ];
     for (name, ds) in deps {
         for d in *ds {
-            assert!(micros(&comp(&status, name).started_at) >= micros(&comp(&status, d).finished_at), "{name} before {d}");
+            assert!(
+                micros(&comp(&status, name).started_at) >= micros(&comp(&status, d).finished_at),
+                "{name} before {d}"
+            );
         }
     }
     // maxConcurrent 1 held across restarts: no two components' [start, finish] overlap.
-    let mut spans: Vec<(i64, i64)> =
-        status.components.iter().map(|c| (micros(&c.started_at), micros(&c.finished_at))).collect();
+    let mut spans: Vec<(i64, i64)> = status
+        .components
+        .iter()
+        .map(|c| (micros(&c.started_at), micros(&c.finished_at)))
+        .collect();
     spans.sort_unstable();
     for w in spans.windows(2) {
         assert!(w[1].0 >= w[0].1, "overlapping components: {spans:?}");
@@ -910,7 +1503,11 @@ async fn killed_at_every_step_the_plan_completes_once() {
     // The status write is guarded by the plan's resourceVersion: a write from a stale copy
     // (what a killed leader's late request would be) is refused.
     let current = env.plans().get("resilient").await.expect("plan");
-    env.patch_plan("resilient", json!({"metadata": {"annotations": {"touched": "yes"}}})).await;
+    env.patch_plan(
+        "resilient",
+        json!({"metadata": {"annotations": {"touched": "yes"}}}),
+    )
+    .await;
     let stale = json!({
         "apiVersion": "upgrade.steward.dev/v1alpha1", "kind": "UpgradePlan",
         "metadata": {"name": "resilient", "resourceVersion": current.resource_version()},
@@ -918,17 +1515,26 @@ async fn killed_at_every_step_the_plan_completes_once() {
     });
     let err = env
         .plans()
-        .patch_status("resilient", &PatchParams::apply(upgrade_orchestrator::NAME).force(), &Patch::Apply(&stale))
+        .patch_status(
+            "resilient",
+            &PatchParams::apply(upgrade_orchestrator::NAME).force(),
+            &Patch::Apply(&stale),
+        )
         .await
         .expect_err("stale status write refused");
-    assert!(matches!(&err, kube::Error::Api(s) if s.code == 409), "{err}");
+    assert!(
+        matches!(&err, kube::Error::Api(s) if s.code == 409),
+        "{err}"
+    );
 
     // One more instance proves nothing is left to do and nothing changes again.
     let instance = Crashable::start(&env, env.args()).await;
     tokio::time::sleep(Duration::from_secs(2)).await;
     let status = assert_completed_once(&env, &generations).await;
     instance.kill();
-    eprintln!("crash test: {kills} kills, {in_window} of them between recording a start and changing the target");
+    eprintln!(
+        "crash test: {kills} kills, {in_window} of them between recording a start and changing the target"
+    );
     assert!(kills >= 8, "only {kills} kills: {}", describe(&status));
 }
 
@@ -942,7 +1548,10 @@ async fn leadership_moves_and_the_plan_completes_once() {
     args.leader_election_lease_duration = Duration::from_secs(2);
     args.leader_election_renew_deadline = Duration::from_millis(1500);
     args.leader_election_retry_period = Duration::from_millis(400);
-    let mut candidates = vec![Crashable::start(&env, args.clone()).await, Crashable::start(&env, args.clone()).await];
+    let mut candidates = vec![
+        Crashable::start(&env, args.clone()).await,
+        Crashable::start(&env, args.clone()).await,
+    ];
     let generations = crash_fixture(&env).await;
     let mut last = String::new();
     let mut moves = 0;
@@ -961,8 +1570,15 @@ async fn leadership_moves_and_the_plan_completes_once() {
         }
     }
     let status = assert_completed_once(&env, &generations).await;
-    eprintln!("leader test: leadership moved {moves} times; plan took {:.1?}", started.elapsed());
-    assert!(moves >= 4, "leadership moved only {moves} times: {}", describe(&status));
+    eprintln!(
+        "leader test: leadership moved {moves} times; plan took {:.1?}",
+        started.elapsed()
+    );
+    assert!(
+        moves >= 4,
+        "leadership moved only {moves} times: {}",
+        describe(&status)
+    );
     for c in candidates {
         c.kill();
     }
@@ -981,10 +1597,12 @@ async fn postgres_cluster_upgrade_is_a_component() {
         env.cp.apply_crd(&crd).await.expect("install database CRDs");
     }
     // The database operator, for this namespace.
-    let mut db_operator = Operator::with_config(database_operator::NAME, env.args(), env.cp.config().clone())
-        .expect("database operator")
-        .backoff(Duration::from_millis(500), Duration::from_secs(4));
-    database_operator::register(&mut db_operator, database_operator::Options::default()).expect("register");
+    let mut db_operator =
+        Operator::with_config(database_operator::NAME, env.args(), env.cp.config().clone())
+            .expect("database operator")
+            .backoff(Duration::from_millis(500), Duration::from_secs(4));
+    database_operator::register(&mut db_operator, database_operator::Options::default())
+        .expect("register");
     let db_token = db_operator.shutdown_token();
     let db_task = tokio::spawn(db_operator.run());
 
@@ -996,7 +1614,10 @@ async fn postgres_cluster_upgrade_is_a_component() {
                  "persistentVolumeReclaimPolicy": "Delete", "hostPath": {"path": format!("/tmp/{class}-0")}}
     }))
     .expect("pv");
-    Api::<PersistentVolume>::all(env.client.clone()).create(&PostParams::default(), &pv).await.expect("create PV");
+    Api::<PersistentVolume>::all(env.client.clone())
+        .create(&PostParams::default(), &pv)
+        .await
+        .expect("create PV");
     let resource = ApiResource {
         group: "database.steward.dev".into(),
         version: "v1alpha1".into(),
@@ -1011,20 +1632,33 @@ async fn postgres_cluster_upgrade_is_a_component() {
         "spec": {"instances": 1, "version": 16, "storage": {"size": "1Gi", "storageClassName": class}}
     }))
     .expect("cluster");
-    clusters.create(&PostParams::default(), &cluster).await.expect("create PostgresCluster");
+    clusters
+        .create(&PostParams::default(), &cluster)
+        .await
+        .expect("create PostgresCluster");
     let ready_at = |version: i64| {
         let clusters = clusters.clone();
         async move {
-            eventually(&format!("PostgresCluster Ready at version {version}"), ROLL, || {
-                let clusters = clusters.clone();
-                async move {
-                    let c = clusters.get("pg").await.map_err(|e| e.to_string())?;
-                    let v = serde_json::to_value(&c).map_err(|e| e.to_string())?;
-                    let healthy = health::postgres(&v);
-                    let current = v.pointer("/status/currentVersion").and_then(serde_json::Value::as_i64);
-                    if healthy.is_healthy() && current == Some(version) { Ok(v) } else { Err(format!("{healthy:?}, currentVersion {current:?}")) }
-                }
-            })
+            eventually(
+                &format!("PostgresCluster Ready at version {version}"),
+                ROLL,
+                || {
+                    let clusters = clusters.clone();
+                    async move {
+                        let c = clusters.get("pg").await.map_err(|e| e.to_string())?;
+                        let v = serde_json::to_value(&c).map_err(|e| e.to_string())?;
+                        let healthy = health::postgres(&v);
+                        let current = v
+                            .pointer("/status/currentVersion")
+                            .and_then(serde_json::Value::as_i64);
+                        if healthy.is_healthy() && current == Some(version) {
+                            Ok(v)
+                        } else {
+                            Err(format!("{healthy:?}, currentVersion {current:?}"))
+                        }
+                    }
+                },
+            )
             .await
             .expect("cluster ready")
         }
@@ -1037,7 +1671,13 @@ async fn postgres_cluster_upgrade_is_a_component() {
     let mut op = Operator::with_config(upgrade_orchestrator::NAME, args, env.cp.config().clone())
         .expect("operator")
         .backoff(Duration::from_millis(200), Duration::from_secs(2));
-    upgrade_orchestrator::register(&mut op, upgrade_orchestrator::Options { watch_postgresclusters: true }).expect("register");
+    upgrade_orchestrator::register(
+        &mut op,
+        upgrade_orchestrator::Options {
+            watch_postgresclusters: true,
+        },
+    )
+    .expect("register");
     let token = op.shutdown_token();
     let task = tokio::spawn(op.run());
 
@@ -1050,13 +1690,31 @@ async fn postgres_cluster_upgrade_is_a_component() {
         json!({"progressDeadlineSeconds": 180}),
     ))
     .await;
-    let status = env.wait_phase("database-first", &[PlanPhase::Succeeded, PlanPhase::Paused, PlanPhase::Failed], ROLL).await;
-    assert_eq!(status.phase, Some(PlanPhase::Succeeded), "{}", describe(&status));
+    let status = env
+        .wait_phase(
+            "database-first",
+            &[PlanPhase::Succeeded, PlanPhase::Paused, PlanPhase::Failed],
+            ROLL,
+        )
+        .await;
+    assert_eq!(
+        status.phase,
+        Some(PlanPhase::Succeeded),
+        "{}",
+        describe(&status)
+    );
     let db = comp(&status, "db");
-    assert_eq!((db.previous.as_deref(), db.target.as_deref()), (Some("16"), Some("17")));
+    assert_eq!(
+        (db.previous.as_deref(), db.target.as_deref()),
+        (Some("16"), Some("17"))
+    );
     assert!(micros(&comp(&status, "app").started_at) >= micros(&db.finished_at));
     let cluster = ready_at(17).await;
-    assert_eq!(cluster.pointer("/spec/version"), Some(&json!(17)), "the version stays an integer");
+    assert_eq!(
+        cluster.pointer("/spec/version"),
+        Some(&json!(17)),
+        "the version stays an integer"
+    );
     assert_eq!(deployment_image(&env, "app").await.0, "app:2");
     eprintln!(
         "postgres component: {:.1}s from the version change to Ready at 17",
@@ -1066,7 +1724,13 @@ async fn postgres_cluster_upgrade_is_a_component() {
     // A PostgreSQL major version cannot be lowered (the database operator's CEL rule), so a
     // rollback that reaches the cluster fails honestly instead of retrying forever.
     let nodes = env.node_count().await;
-    create_and_wait(&env, &[stuck_on_update("late", "late:1", nodes, None)], &[], &[]).await;
+    create_and_wait(
+        &env,
+        &[stuck_on_update("late", "late:1", nodes, None)],
+        &[],
+        &[],
+    )
+    .await;
     env.create_plan(plan(
         "one-way",
         vec![
@@ -1076,15 +1740,45 @@ async fn postgres_cluster_upgrade_is_a_component() {
         json!({"failurePolicy": "Rollback", "progressDeadlineSeconds": 15}),
     ))
     .await;
-    let status = env.wait_phase("one-way", &[PlanPhase::Failed, PlanPhase::RolledBack, PlanPhase::Succeeded], ROLL).await;
-    assert_eq!(status.phase, Some(PlanPhase::Failed), "{}", describe(&status));
+    let status = env
+        .wait_phase(
+            "one-way",
+            &[
+                PlanPhase::Failed,
+                PlanPhase::RolledBack,
+                PlanPhase::Succeeded,
+            ],
+            ROLL,
+        )
+        .await;
+    assert_eq!(
+        status.phase,
+        Some(PlanPhase::Failed),
+        "{}",
+        describe(&status)
+    );
     assert_eq!(comp(&status, "late").phase, ComponentPhase::RolledBack);
     assert_eq!(deployment_image(&env, "late").await.0, "late:1");
     let db = comp(&status, "db");
     assert_eq!(db.phase, ComponentPhase::RollingBack);
-    assert!(db.message.as_deref().unwrap_or_default().contains("refused the revert"), "{db:?}");
-    assert_eq!(clusters.get("pg").await.expect("pg").data.pointer("/spec/version"), Some(&json!(18)));
-    env.expect_events("one-way", &["PlanFailed", "TargetReverted"]).await;
+    assert!(
+        db.message
+            .as_deref()
+            .unwrap_or_default()
+            .contains("refused the revert"),
+        "{db:?}"
+    );
+    assert_eq!(
+        clusters
+            .get("pg")
+            .await
+            .expect("pg")
+            .data
+            .pointer("/spec/version"),
+        Some(&json!(18))
+    );
+    env.expect_events("one-way", &["PlanFailed", "TargetReverted"])
+        .await;
 
     token.cancel();
     task.await.expect("join").expect("orchestrator stops");
@@ -1097,28 +1791,58 @@ async fn postgres_cluster_upgrade_is_a_component() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn resumes_a_recorded_start_and_a_recorded_revert() {
     let env = Env::new("uo-resume").await;
-    create_and_wait(&env, &[deployment("a", "a:1"), deployment("b", "b:1"), deployment("c", "c:1")], &[], &[]).await;
+    create_and_wait(
+        &env,
+        &[
+            deployment("a", "a:1"),
+            deployment("b", "b:1"),
+            deployment("c", "c:1"),
+        ],
+        &[],
+        &[],
+    )
+    .await;
     // c already carries the new image, as if the dead leader's change had gone through.
     env.api::<Deployment>()
         .patch("c", &PatchParams::default(), &Patch::Merge(&json!({"spec": {"template": {"spec": {"containers": [{"name": "app", "image": "c:2"}]}}}})))
         .await
         .expect("pre-change c");
-    let generations = (deployment_image(&env, "a").await.1, deployment_image(&env, "c").await.1);
+    let generations = (
+        deployment_image(&env, "a").await.1,
+        deployment_image(&env, "c").await.1,
+    );
     env.create_plan(plan(
         "forward",
-        vec![component("a", "Deployment", "a:2", &[]), component("b", "Deployment", "b:2", &["a"])],
+        vec![
+            component("a", "Deployment", "a:2", &[]),
+            component("b", "Deployment", "b:2", &["a"]),
+        ],
         json!({}),
     ))
     .await;
-    env.create_plan(plan("backward", vec![component("c", "Deployment", "c:2", &[])], json!({"failurePolicy": "Rollback"})))
-        .await;
-    let recorded = k8s_openapi::jiff::Timestamp::from_microsecond(k8s_openapi::jiff::Timestamp::now().as_microsecond()).expect("now");
+    env.create_plan(plan(
+        "backward",
+        vec![component("c", "Deployment", "c:2", &[])],
+        json!({"failurePolicy": "Rollback"}),
+    ))
+    .await;
+    let recorded = k8s_openapi::jiff::Timestamp::from_microsecond(
+        k8s_openapi::jiff::Timestamp::now().as_microsecond(),
+    )
+    .expect("now");
     let now = recorded.to_string();
     let write = |name: &'static str, status: serde_json::Value| {
         let plans = env.plans();
         async move {
             let body = json!({"apiVersion": "upgrade.steward.dev/v1alpha1", "kind": "UpgradePlan", "metadata": {"name": name}, "status": status});
-            plans.patch_status(name, &PatchParams::apply(upgrade_orchestrator::NAME).force(), &Patch::Apply(&body)).await.expect("status");
+            plans
+                .patch_status(
+                    name,
+                    &PatchParams::apply(upgrade_orchestrator::NAME).force(),
+                    &Patch::Apply(&body),
+                )
+                .await
+                .expect("status");
         }
     };
     write("forward", json!({
@@ -1137,15 +1861,57 @@ async fn resumes_a_recorded_start_and_a_recorded_revert() {
         ],
     }))
     .await;
-    assert_eq!(deployment_image(&env, "a").await.0, "a:1", "recorded, not yet changed");
+    assert_eq!(
+        deployment_image(&env, "a").await.0,
+        "a:1",
+        "recorded, not yet changed"
+    );
 
     let op = env.start();
-    let forward = env.wait_phase("forward", &[PlanPhase::Succeeded, PlanPhase::Paused, PlanPhase::RolledBack], ROLL).await;
-    let backward = env.wait_phase("backward", &[PlanPhase::RolledBack, PlanPhase::Failed], ROLL).await;
-    assert_eq!(forward.phase, Some(PlanPhase::Succeeded), "{}", describe(&forward));
-    assert_eq!(micros(&comp(&forward, "a").started_at), recorded.as_microsecond(), "the recorded start is kept");
-    assert_eq!(deployment_image(&env, "a").await, ("a:2".to_string(), generations.0 + 1), "changed once");
-    assert_eq!(backward.phase, Some(PlanPhase::RolledBack), "{}", describe(&backward));
-    assert_eq!(deployment_image(&env, "c").await, ("c:1".to_string(), generations.1 + 1), "reverted once, to the recorded value");
+    let forward = env
+        .wait_phase(
+            "forward",
+            &[
+                PlanPhase::Succeeded,
+                PlanPhase::Paused,
+                PlanPhase::RolledBack,
+            ],
+            ROLL,
+        )
+        .await;
+    let backward = env
+        .wait_phase(
+            "backward",
+            &[PlanPhase::RolledBack, PlanPhase::Failed],
+            ROLL,
+        )
+        .await;
+    assert_eq!(
+        forward.phase,
+        Some(PlanPhase::Succeeded),
+        "{}",
+        describe(&forward)
+    );
+    assert_eq!(
+        micros(&comp(&forward, "a").started_at),
+        recorded.as_microsecond(),
+        "the recorded start is kept"
+    );
+    assert_eq!(
+        deployment_image(&env, "a").await,
+        ("a:2".to_string(), generations.0 + 1),
+        "changed once"
+    );
+    assert_eq!(
+        backward.phase,
+        Some(PlanPhase::RolledBack),
+        "{}",
+        describe(&backward)
+    );
+    assert_eq!(
+        deployment_image(&env, "c").await,
+        ("c:1".to_string(), generations.1 + 1),
+        "reverted once, to the recorded value"
+    );
     op.stop().await;
 }

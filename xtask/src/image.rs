@@ -16,7 +16,11 @@ use serde_json::json;
 use sha2::{Digest, Sha256};
 
 /// The operators that have images.
-pub const OPERATORS: &[&str] = &["database-operator", "tenant-operator", "upgrade-orchestrator"];
+pub const OPERATORS: &[&str] = &[
+    "database-operator",
+    "tenant-operator",
+    "upgrade-orchestrator",
+];
 
 /// What was built.
 #[derive(Debug)]
@@ -30,13 +34,20 @@ pub struct Image {
 /// Builds the release binary of `operator` and its image archive under `target/images/`.
 pub fn run(operator: &str) -> Result<Image> {
     if !OPERATORS.contains(&operator) {
-        bail!("unknown operator {operator:?}; one of {}", OPERATORS.join(", "));
+        bail!(
+            "unknown operator {operator:?}; one of {}",
+            OPERATORS.join(", ")
+        );
     }
-    let status = crate::cargo().args(["build", "--release", "--package", operator]).status()?;
+    let status = crate::cargo()
+        .args(["build", "--release", "--package", operator])
+        .status()?;
     if !status.success() {
         bail!("cargo build --release -p {operator} failed");
     }
-    let binary = crate::workspace_root().join("target/release").join(operator);
+    let binary = crate::workspace_root()
+        .join("target/release")
+        .join(operator);
     let out = crate::workspace_root().join("target/images");
     let image = build(&binary, operator, env!("CARGO_PKG_VERSION"), &out)?;
     println!(
@@ -51,7 +62,9 @@ pub fn run(operator: &str) -> Result<Image> {
 
 /// Writes `<out>/<name>.oci.tar` for `binary`.
 pub fn build(binary: &Path, name: &str, version: &str, out: &Path) -> Result<Image> {
-    let binary_size = std::fs::metadata(binary).with_context(|| format!("{} missing", binary.display()))?.len();
+    let binary_size = std::fs::metadata(binary)
+        .with_context(|| format!("{} missing", binary.display()))?
+        .len();
     let layer_tar = layer(binary, name)?;
     let diff_id = sha256(&layer_tar);
     let mut gz = flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::best());
@@ -106,7 +119,12 @@ pub fn build(binary: &Path, name: &str, version: &str, out: &Path) -> Result<Ima
     }
     tar.into_inner()?.flush()?;
     let archive_size = std::fs::metadata(&archive)?.len();
-    Ok(Image { archive, reference, binary_size, archive_size })
+    Ok(Image {
+        archive,
+        reference,
+        binary_size,
+        archive_size,
+    })
 }
 
 fn labels(name: &str, version: &str) -> serde_json::Value {
@@ -132,19 +150,37 @@ fn layer(binary: &Path, name: &str) -> Result<Vec<u8>> {
         tar.append_data(&mut h, format!("{dir}/"), std::io::empty())?;
     }
     append(&mut tar, "etc/passwd", b"root:x:0:0:root:/root:/sbin/nologin\nnonroot:x:65532:65532:nonroot:/home/nonroot:/sbin/nologin\n", 0o644)?;
-    append(&mut tar, "etc/group", b"root:x:0:\nnonroot:x:65532:\n", 0o644)?;
-    append(&mut tar, &format!("usr/local/bin/{name}"), &std::fs::read(binary)?, 0o755)?;
+    append(
+        &mut tar,
+        "etc/group",
+        b"root:x:0:\nnonroot:x:65532:\n",
+        0o644,
+    )?;
+    append(
+        &mut tar,
+        &format!("usr/local/bin/{name}"),
+        &std::fs::read(binary)?,
+        0o755,
+    )?;
     for lib in shared_libraries(binary)? {
         let rel = lib.strip_prefix("/").unwrap_or(&lib).to_path_buf();
         let real = std::fs::canonicalize(&lib)?;
-        append(&mut tar, &rel.to_string_lossy(), &std::fs::read(real)?, 0o755)?;
+        append(
+            &mut tar,
+            &rel.to_string_lossy(),
+            &std::fs::read(real)?,
+            0o755,
+        )?;
     }
     Ok(tar.into_inner()?)
 }
 
 /// The absolute paths `ldd` resolves for `binary`.
 fn shared_libraries(binary: &Path) -> Result<Vec<PathBuf>> {
-    let out = Command::new("ldd").arg(binary).output().context("running ldd")?;
+    let out = Command::new("ldd")
+        .arg(binary)
+        .output()
+        .context("running ldd")?;
     let text = String::from_utf8_lossy(&out.stdout);
     if text.contains("not a dynamic executable") {
         return Ok(Vec::new());
@@ -152,7 +188,12 @@ fn shared_libraries(binary: &Path) -> Result<Vec<PathBuf>> {
     Ok(text
         .lines()
         .filter_map(|l| {
-            let path = l.split("=>").nth(1).unwrap_or(l).split_whitespace().next()?;
+            let path = l
+                .split("=>")
+                .nth(1)
+                .unwrap_or(l)
+                .split_whitespace()
+                .next()?;
             path.starts_with('/').then(|| PathBuf::from(path))
         })
         .collect())
@@ -198,9 +239,15 @@ mod tests {
     fn blob<'a>(files: &'a HashMap<String, Vec<u8>>, descriptor: &serde_json::Value) -> &'a [u8] {
         let digest = descriptor["digest"].as_str().unwrap();
         let hex = digest.strip_prefix("sha256:").unwrap();
-        let data = files.get(&format!("blobs/sha256/{hex}")).unwrap_or_else(|| panic!("blob {digest} missing"));
+        let data = files
+            .get(&format!("blobs/sha256/{hex}"))
+            .unwrap_or_else(|| panic!("blob {digest} missing"));
         assert_eq!(sha256(data), hex, "digest of {digest}");
-        assert_eq!(descriptor["size"].as_u64().unwrap(), data.len() as u64, "size of {digest}");
+        assert_eq!(
+            descriptor["size"].as_u64().unwrap(),
+            data.len() as u64,
+            "size of {digest}"
+        );
         data
     }
 
@@ -210,7 +257,10 @@ mod tests {
     #[test]
     fn image_is_a_valid_oci_layout_whose_binary_runs() {
         let operator = "tenant-operator";
-        let status = crate::cargo().args(["build", "--quiet", "--package", operator]).status().unwrap();
+        let status = crate::cargo()
+            .args(["build", "--quiet", "--package", operator])
+            .status()
+            .unwrap();
         assert!(status.success());
         let binary = crate::workspace_root().join("target/debug").join(operator);
         let out = tempfile::tempdir().unwrap();
@@ -219,23 +269,48 @@ mod tests {
         let files = files(&std::fs::read(&image.archive).unwrap());
         assert_eq!(files["oci-layout"], br#"{"imageLayoutVersion":"1.0.0"}"#);
         let index: serde_json::Value = serde_json::from_slice(&files["index.json"]).unwrap();
-        let manifest: serde_json::Value = serde_json::from_slice(blob(&files, &index["manifests"][0])).unwrap();
-        let config: serde_json::Value = serde_json::from_slice(blob(&files, &manifest["config"])).unwrap();
+        let manifest: serde_json::Value =
+            serde_json::from_slice(blob(&files, &index["manifests"][0])).unwrap();
+        let config: serde_json::Value =
+            serde_json::from_slice(blob(&files, &manifest["config"])).unwrap();
         assert_eq!(config["config"]["User"], "65532:65532");
-        assert_eq!(config["config"]["Labels"]["org.opencontainers.image.title"], operator);
+        assert_eq!(
+            config["config"]["Labels"]["org.opencontainers.image.title"],
+            operator
+        );
         let layer_gz = blob(&files, &manifest["layers"][0]);
         let mut layer = Vec::new();
-        flate2::read::GzDecoder::new(layer_gz).read_to_end(&mut layer).unwrap();
-        assert_eq!(config["rootfs"]["diff_ids"][0], format!("sha256:{}", sha256(&layer)));
+        flate2::read::GzDecoder::new(layer_gz)
+            .read_to_end(&mut layer)
+            .unwrap();
+        assert_eq!(
+            config["rootfs"]["diff_ids"][0],
+            format!("sha256:{}", sha256(&layer))
+        );
 
         let root = tempfile::tempdir().unwrap();
-        tar::Archive::new(layer.as_slice()).unpack(root.path()).unwrap();
+        tar::Archive::new(layer.as_slice())
+            .unpack(root.path())
+            .unwrap();
         let bin = root.path().join("usr/local/bin").join(operator);
         let loader = root.path().join("lib64/ld-linux-x86-64.so.2");
         let libdir = root.path().join("lib/x86_64-linux-gnu");
-        let output = Command::new(&loader).arg("--library-path").arg(&libdir).arg(&bin).arg("--version").output().unwrap();
+        let output = Command::new(&loader)
+            .arg("--library-path")
+            .arg(&libdir)
+            .arg(&bin)
+            .arg("--version")
+            .output()
+            .unwrap();
         let stdout = String::from_utf8_lossy(&output.stdout);
-        assert!(output.status.success(), "{stdout}{}", String::from_utf8_lossy(&output.stderr));
-        assert!(stdout.contains(operator), "version output names the binary: {stdout}");
+        assert!(
+            output.status.success(),
+            "{stdout}{}",
+            String::from_utf8_lossy(&output.stderr)
+        );
+        assert!(
+            stdout.contains(operator),
+            "version output names the binary: {stdout}"
+        );
     }
 }

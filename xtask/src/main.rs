@@ -25,7 +25,9 @@ fn main() -> Result<()> {
         Some("up") => up::run(),
         Some("bench") => bench::run(&rest),
         Some("image") => match rest.first() {
-            Some(&"all") | None => image::OPERATORS.iter().try_for_each(|op| image::run(op).map(|_| ())),
+            Some(&"all") | None => image::OPERATORS
+                .iter()
+                .try_for_each(|op| image::run(op).map(|_| ())),
             Some(op) => image::run(op).map(|_| ()),
         },
         _ => {
@@ -65,7 +67,10 @@ fn test(extra: &[&str]) -> Result<()> {
     let binaries = steward_testenv::binaries::ensure().context("building the control plane")?;
     eprintln!(
         "xtask: control plane ready: kubernetes {}, etcd {}, kwok {} ({})",
-        binaries.versions.kubernetes, binaries.versions.etcd, binaries.versions.kwok, binaries.versions.go
+        binaries.versions.kubernetes,
+        binaries.versions.etcd,
+        binaries.versions.kwok,
+        binaries.versions.go
     );
 
     let status = cargo()

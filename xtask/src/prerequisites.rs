@@ -12,13 +12,26 @@ pub fn ensure_postgres() -> Result<()> {
         return Ok(());
     }
     eprintln!("xtask: PostgreSQL server binaries missing; installing Debian's postgresql package");
-    let is_root = Command::new("id").arg("-u").output().map(|o| o.stdout.starts_with(b"0")).unwrap_or(false);
+    let is_root = Command::new("id")
+        .arg("-u")
+        .output()
+        .map(|o| o.stdout.starts_with(b"0"))
+        .unwrap_or(false);
     if !is_root {
-        bail!("PostgreSQL is not installed; run `sudo apt-get install -y postgresql postgresql-contrib` and retry");
+        bail!(
+            "PostgreSQL is not installed; run `sudo apt-get install -y postgresql postgresql-contrib` and retry"
+        );
     }
     for args in [
         vec!["update", "-qq"],
-        vec!["install", "-y", "-qq", "--no-install-recommends", "postgresql", "postgresql-contrib"],
+        vec![
+            "install",
+            "-y",
+            "-qq",
+            "--no-install-recommends",
+            "postgresql",
+            "postgresql-contrib",
+        ],
     ] {
         let status = Command::new("apt-get")
             .args(&args)
@@ -37,6 +50,9 @@ pub fn ensure_postgres() -> Result<()> {
 
 fn postgres_installed() -> bool {
     std::fs::read_dir("/usr/lib/postgresql")
-        .map(|dirs| dirs.flatten().any(|d| Path::new(&d.path()).join("bin/postgres").exists()))
+        .map(|dirs| {
+            dirs.flatten()
+                .any(|d| Path::new(&d.path()).join("bin/postgres").exists())
+        })
         .unwrap_or(false)
 }

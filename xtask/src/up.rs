@@ -49,31 +49,47 @@ const TOKEN_LIFETIME: Duration = Duration::from_secs(3600);
 
 pub fn run() -> Result<()> {
     crate::prerequisites::ensure_postgres()?;
-    let rt = tokio::runtime::Builder::new_multi_thread().enable_all().build()?;
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()?;
     rt.block_on(up())
 }
 
 async fn up() -> Result<()> {
     let root = crate::workspace_root();
     say("starting the control plane (the first run builds it from Go modules: 10–20 minutes)");
-    let cp = ControlPlane::start(steward_testenv::Options::default()).await.context("starting the control plane")?;
-    say(&format!("control plane ready in {:.1?} at {}", cp.started_in(), cp.apiserver_url()));
+    let cp = ControlPlane::start(steward_testenv::Options::default())
+        .await
+        .context("starting the control plane")?;
+    say(&format!(
+        "control plane ready in {:.1?} at {}",
+        cp.started_in(),
+        cp.apiserver_url()
+    ));
     let log = cp.dir().join("operators.log");
     init_logging(&log)?;
 
     say("starting PostgreSQL");
     let pg = Postgres::start().await.context("starting PostgreSQL")?;
-    say(&format!("PostgreSQL {} on 127.0.0.1:{}", pg.major_version(), pg.port()));
+    say(&format!(
+        "PostgreSQL {} on 127.0.0.1:{}",
+        pg.major_version(),
+        pg.port()
+    ));
 
     let client = cp.client()?;
     say("installing crds/");
     let crds = cp.install_crds(&root.join("crds")).await?;
     say(&format!("  {} CRDs Established", crds.len()));
 
-    say("installing deploy/ (namespaces, ServiceAccounts, RBAC; the operators run here instead of the Deployments)");
+    say(
+        "installing deploy/ (namespaces, ServiceAccounts, RBAC; the operators run here instead of the Deployments)",
+    );
     let deploy = cp.kustomize(&root.join("deploy"))?;
-    let (namespaces, rest): (Vec<&Value>, Vec<&Value>) =
-        deploy.iter().filter(|o| kind(o) != "Deployment").partition(|o| kind(o) == "Namespace");
+    let (namespaces, rest): (Vec<&Value>, Vec<&Value>) = deploy
+        .iter()
+        .filter(|o| kind(o) != "Deployment")
+        .partition(|o| kind(o) == "Namespace");
     for obj in namespaces.into_iter().chain(rest) {
         apply(&client, obj, None).await?;
     }
@@ -82,18 +98,31 @@ async fn up() -> Result<()> {
     let mut running = Vec::new();
     for (name, register) in operators() {
         running.push(start_operator(&cp, name, register, stop.clone()).await?);
-        say(&format!("  {name} running as ServiceAccount {}/{name}", namespace_of(name)));
+        say(&format!(
+            "  {name} running as ServiceAccount {}/{name}",
+            namespace_of(name)
+        ));
     }
 
-    say(&format!("applying deploy/samples/ into namespace {DEMO_NAMESPACE}"));
-    apply(&client, &json!({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": DEMO_NAMESPACE}}), None).await?;
+    say(&format!(
+        "applying deploy/samples/ into namespace {DEMO_NAMESPACE}"
+    ));
+    apply(
+        &client,
+        &json!({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": DEMO_NAMESPACE}}),
+        None,
+    )
+    .await?;
     apply(&client, &postgres_secret(&pg), Some(DEMO_NAMESPACE)).await?;
     let mut samples = cp.kustomize(&root.join("deploy/samples"))?;
     for sample in &mut samples {
         point_at_local_postgres(sample, pg.host(), pg.port());
         // kwok has no volume provisioner: PersistentVolumes for a PostgresCluster's claims;
         // stand-ins for the Secrets and ConfigMaps a Tenant shares.
-        for prerequisite in volumes_for(sample).into_iter().chain(shared_sources(sample)) {
+        for prerequisite in volumes_for(sample)
+            .into_iter()
+            .chain(shared_sources(sample))
+        {
             apply(&client, &prerequisite, None).await?;
         }
     }
@@ -136,8 +165,10 @@ fn say(text: &str) {
 
 /// Operator logs go to a file; the terminal keeps the summary.
 fn init_logging(path: &Path) -> Result<()> {
-    let file = std::fs::File::create(path).with_context(|| format!("creating {}", path.display()))?;
-    let filter = tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
+    let file =
+        std::fs::File::create(path).with_context(|| format!("creating {}", path.display()))?;
+    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
     tracing_subscriber::fmt()
         .with_env_filter(filter)
         .with_ansi(false)
@@ -155,9 +186,15 @@ type Register = fn(&mut Operator) -> Result<()>;
 /// Every operator and how to add its controllers, with default options.
 fn operators() -> [(&'static str, Register); 3] {
     [
-        (database_operator::NAME, |op| database_operator::register(op, Default::default()).map_err(Into::into)),
-        (tenant_operator::NAME, |op| tenant_operator::register(op, Default::default()).map_err(Into::into)),
-        (upgrade_orchestrator::NAME, |op| upgrade_orchestrator::register(op, Default::default()).map_err(Into::into)),
+        (database_operator::NAME, |op| {
+            database_operator::register(op, Default::default()).map_err(Into::into)
+        }),
+        (tenant_operator::NAME, |op| {
+            tenant_operator::register(op, Default::default()).map_err(Into::into)
+        }),
+        (upgrade_orchestrator::NAME, |op| {
+            upgrade_orchestrator::register(op, Default::default()).map_err(Into::into)
+        }),
     ]
 }
 
@@ -174,14 +211,28 @@ struct Running {
 }
 
 /// Starts `name` in this process as its ServiceAccount, with leader election in its namespace.
-async fn start_operator(cp: &ControlPlane, name: &'static str, register: Register, stop: CancellationToken) -> Result<Running> {
+async fn start_operator(
+    cp: &ControlPlane,
+    name: &'static str,
+    register: Register,
+    stop: CancellationToken,
+) -> Result<Running> {
     let namespace = namespace_of(name);
     let token_file = cp.dir().join(format!("{name}.token"));
     write_token(cp, &namespace, name, &token_file).await?;
-    tokio::spawn(renew_token(cp.client()?, namespace.clone(), name, token_file.clone(), stop.clone()));
+    tokio::spawn(renew_token(
+        cp.client()?,
+        namespace.clone(),
+        name,
+        token_file.clone(),
+        stop.clone(),
+    ));
     let mut config: Config = cp.config().clone();
     // kube reloads a token file about once a minute, so renewed tokens are picked up.
-    config.auth_info = kube::config::AuthInfo { token_file: Some(token_file.display().to_string()), ..Default::default() };
+    config.auth_info = kube::config::AuthInfo {
+        token_file: Some(token_file.display().to_string()),
+        ..Default::default()
+    };
 
     let metrics = free_addr()?;
     let health = free_addr()?;
@@ -200,13 +251,21 @@ async fn start_operator(cp: &ControlPlane, name: &'static str, register: Registe
         token.cancel();
     });
     let task = tokio::spawn(operator.run());
-    Ok(Running { name, metrics, health, task })
+    Ok(Running {
+        name,
+        metrics,
+        health,
+        task,
+    })
 }
 
 async fn request_token(client: &Client, namespace: &str, name: &str) -> Result<String> {
     let sas: Api<ServiceAccount> = Api::namespaced(client.clone(), namespace);
     let request = TokenRequest {
-        spec: Some(TokenRequestSpec { expiration_seconds: Some(TOKEN_LIFETIME.as_secs() as i64), ..Default::default() }),
+        spec: Some(TokenRequestSpec {
+            expiration_seconds: Some(TOKEN_LIFETIME.as_secs() as i64),
+            ..Default::default()
+        }),
         ..Default::default()
     };
     sas.create_token_request(name, &PostParams::default(), &request)
@@ -227,13 +286,24 @@ fn write_secret_file(path: &Path, text: &str) -> Result<()> {
     use std::io::Write;
     use std::os::unix::fs::OpenOptionsExt;
     let tmp = path.with_extension("tmp");
-    let mut file = std::fs::OpenOptions::new().write(true).create(true).truncate(true).mode(0o600).open(&tmp)?;
+    let mut file = std::fs::OpenOptions::new()
+        .write(true)
+        .create(true)
+        .truncate(true)
+        .mode(0o600)
+        .open(&tmp)?;
     file.write_all(text.as_bytes())?;
     std::fs::rename(&tmp, path)?;
     Ok(())
 }
 
-async fn renew_token(client: Client, namespace: String, name: &'static str, path: PathBuf, stop: CancellationToken) {
+async fn renew_token(
+    client: Client,
+    namespace: String,
+    name: &'static str,
+    path: PathBuf,
+    stop: CancellationToken,
+) {
     loop {
         tokio::select! {
             () = stop.cancelled() => return,
@@ -244,7 +314,11 @@ async fn renew_token(client: Client, namespace: String, name: &'static str, path
             Err(e) => Err(e),
         };
         if let Err(e) = renewed {
-            tracing::warn!(operator = name, error = format!("{e:#}"), "failed to renew the ServiceAccount token");
+            tracing::warn!(
+                operator = name,
+                error = format!("{e:#}"),
+                "failed to renew the ServiceAccount token"
+            );
         }
     }
 }
@@ -265,7 +339,11 @@ fn name(obj: &Value) -> &str {
     obj["metadata"]["name"].as_str().unwrap_or_default()
 }
 
-async fn apply(client: &Client, obj: &Value, default_namespace: Option<&str>) -> Result<DynamicObject> {
+async fn apply(
+    client: &Client,
+    obj: &Value,
+    default_namespace: Option<&str>,
+) -> Result<DynamicObject> {
     Ok(manifests::apply(client, obj, default_namespace, FIELD_MANAGER, false).await?)
 }
 
@@ -278,7 +356,9 @@ fn volumes_for(obj: &Value) -> Vec<Value> {
     let spec = &obj["spec"];
     let instances = spec["instances"].as_u64().unwrap_or(1);
     let size = spec["storage"]["size"].as_str().unwrap_or("1Gi");
-    let class = spec["storage"]["storageClassName"].as_str().unwrap_or_default();
+    let class = spec["storage"]["storageClassName"]
+        .as_str()
+        .unwrap_or_default();
     (0..instances)
         .map(|i| {
             let pv_name = format!("{DEMO_NAMESPACE}-{}-{i}", name(obj));
@@ -304,15 +384,27 @@ fn shared_sources(obj: &Value) -> Vec<Value> {
         return Vec::new();
     }
     let mut out = Vec::new();
-    for shared in obj["spec"]["sharedObjects"].as_array().into_iter().flatten() {
-        let (Some(kind_), Some(ns), Some(name_)) = (shared["kind"].as_str(), shared["namespace"].as_str(), shared["name"].as_str()) else {
+    for shared in obj["spec"]["sharedObjects"]
+        .as_array()
+        .into_iter()
+        .flatten()
+    {
+        let (Some(kind_), Some(ns), Some(name_)) = (
+            shared["kind"].as_str(),
+            shared["namespace"].as_str(),
+            shared["name"].as_str(),
+        ) else {
             continue;
         };
         let metadata = json!({"name": name_, "namespace": ns,
             "labels": {"tenancy.steward.dev/shareable": "true", "app.kubernetes.io/part-of": "steward-demo"}});
         let source = match kind_ {
-            "Secret" => json!({"apiVersion": "v1", "kind": "Secret", "metadata": metadata, "stringData": {"note": "a stand-in made by cargo xtask up"}}),
-            "ConfigMap" => json!({"apiVersion": "v1", "kind": "ConfigMap", "metadata": metadata, "data": {"note": "a stand-in made by cargo xtask up"}}),
+            "Secret" => {
+                json!({"apiVersion": "v1", "kind": "Secret", "metadata": metadata, "stringData": {"note": "a stand-in made by cargo xtask up"}})
+            }
+            "ConfigMap" => {
+                json!({"apiVersion": "v1", "kind": "ConfigMap", "metadata": metadata, "data": {"note": "a stand-in made by cargo xtask up"}})
+            }
             _ => continue,
         };
         out.push(json!({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": ns}}));
@@ -332,7 +424,12 @@ fn postgres_secret(pg: &Postgres) -> Value {
 /// Points a Database sample at the local PostgreSQL (the operators run on this machine, so
 /// 127.0.0.1 reaches it); other objects are left alone.
 fn point_at_local_postgres(obj: &mut Value, host: &str, port: u16) {
-    if kind(obj) != "Database" || !obj["apiVersion"].as_str().unwrap_or_default().starts_with("database.steward.dev/") {
+    if kind(obj) != "Database"
+        || !obj["apiVersion"]
+            .as_str()
+            .unwrap_or_default()
+            .starts_with("database.steward.dev/")
+    {
         return;
     }
     if let Some(spec) = obj["spec"].as_object_mut() {
@@ -362,7 +459,11 @@ fn settled(kind: &str, ready: &str, phase: &str) -> bool {
 /// `Ready` condition status (`True`, `False`, `Unknown`, or `-`), phase and the Ready message.
 fn readiness(obj: &DynamicObject) -> (String, String, String) {
     let status = &obj.data["status"];
-    let ready = status["conditions"].as_array().into_iter().flatten().find(|c| c["type"] == "Ready");
+    let ready = status["conditions"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .find(|c| c["type"] == "Ready");
     let text = |v: &Value| v.as_str().unwrap_or("-").to_string();
     (
         ready.map_or_else(|| "-".into(), |c| text(&c["status"])),
@@ -383,18 +484,31 @@ async fn wait_ready(watched: &[(String, String, Api<DynamicObject>)]) -> bool {
                 Ok(obj) => {
                     let (ready, phase, message) = readiness(&obj);
                     if !settled(kind, &ready, &phase) {
-                        waiting.push(format!("{kind}/{name} (Ready={ready}, phase {phase}{})", if message.is_empty() { String::new() } else { format!(": {message}") }));
+                        waiting.push(format!(
+                            "{kind}/{name} (Ready={ready}, phase {phase}{})",
+                            if message.is_empty() {
+                                String::new()
+                            } else {
+                                format!(": {message}")
+                            }
+                        ));
                     }
                 }
                 Err(e) => waiting.push(format!("{kind}/{name} ({e})")),
             }
         }
         if waiting.is_empty() {
-            say(&format!("every sample is Ready or waits for approval ({:.0?})", started.elapsed()));
+            say(&format!(
+                "every sample is Ready or waits for approval ({:.0?})",
+                started.elapsed()
+            ));
             return true;
         }
         if started.elapsed() > READY_TIMEOUT {
-            say(&format!("not Ready after {READY_TIMEOUT:?}: {}", waiting.join(", ")));
+            say(&format!(
+                "not Ready after {READY_TIMEOUT:?}: {}",
+                waiting.join(", ")
+            ));
             return false;
         }
         if last_report.elapsed() > Duration::from_secs(10) {
@@ -407,10 +521,18 @@ async fn wait_ready(watched: &[(String, String, Api<DynamicObject>)]) -> bool {
 
 /// Every object of every Steward CRD, as `kind namespace/name Ready phase message` rows.
 async fn steward_objects(client: &Client) -> Result<Vec<[String; 5]>> {
-    let crds = Api::<CustomResourceDefinition>::all(client.clone()).list(&ListParams::default()).await?;
+    let crds = Api::<CustomResourceDefinition>::all(client.clone())
+        .list(&ListParams::default())
+        .await?;
     let mut rows = Vec::new();
-    for crd in crds.items.iter().filter(|c| c.spec.group.ends_with("steward.dev")) {
-        let Some(version) = crd.spec.versions.iter().find(|v| v.storage) else { continue };
+    for crd in crds
+        .items
+        .iter()
+        .filter(|c| c.spec.group.ends_with("steward.dev"))
+    {
+        let Some(version) = crd.spec.versions.iter().find(|v| v.storage) else {
+            continue;
+        };
         let resource = ApiResource {
             group: crd.spec.group.clone(),
             version: version.name.clone(),
@@ -431,23 +553,45 @@ async fn steward_objects(client: &Client) -> Result<Vec<[String; 5]>> {
     Ok(rows)
 }
 
-async fn print_summary(cp: &ControlPlane, client: &Client, pg: &Postgres, running: &[Running], log: &Path, all_ready: bool) {
+async fn print_summary(
+    cp: &ControlPlane,
+    client: &Client,
+    pg: &Postgres,
+    running: &[Running],
+    log: &Path,
+    all_ready: bool,
+) {
     let kubectl = cp.binaries().kubectl.display().to_string();
     let kubeconfig = cp.kubeconfig_path().display().to_string();
     println!();
-    println!("Steward is up{}.", if all_ready { "" } else { " (some samples are not Ready yet; see below)" });
+    println!(
+        "Steward is up{}.",
+        if all_ready {
+            ""
+        } else {
+            " (some samples are not Ready yet; see below)"
+        }
+    );
     println!();
     println!("  export KUBECONFIG={kubeconfig}");
-    println!("  alias kubectl={kubectl}        # kubectl {}, or any kubectl", cp.binaries().versions.kubernetes);
+    println!(
+        "  alias kubectl={kubectl}        # kubectl {}, or any kubectl",
+        cp.binaries().versions.kubernetes
+    );
     println!("  kubectl get steward -A         # every Steward object (the `steward` category)");
     println!("  kubectl get events -n {DEMO_NAMESPACE} --sort-by=.lastTimestamp");
     println!("  kubectl get leases -A           # who leads: the holder of each operator's Lease");
     println!();
     match steward_objects(client).await {
         Ok(rows) => {
-            for row in rows.iter().filter(|r| r[0] == "UpgradePlan" && r[3] == "WaitingApproval") {
+            for row in rows
+                .iter()
+                .filter(|r| r[0] == "UpgradePlan" && r[3] == "WaitingApproval")
+            {
                 let (ns, plan) = row[1].split_once('/').unwrap_or((DEMO_NAMESPACE, &row[1]));
-                println!("  kubectl -n {ns} patch uplan {plan} --type merge -p '{{\"spec\":{{\"approvedWaves\":1}}}}'   # approve wave 1");
+                println!(
+                    "  kubectl -n {ns} patch uplan {plan} --type merge -p '{{\"spec\":{{\"approvedWaves\":1}}}}'   # approve wave 1"
+                );
             }
             println!();
             let mut widths = [4usize, 4, 5, 5, 7];
@@ -458,14 +602,21 @@ async fn print_summary(cp: &ControlPlane, client: &Client, pg: &Postgres, runnin
                 }
             }
             for row in std::iter::once(&header).chain(&rows) {
-                let cells: Vec<String> = row.iter().zip(widths).map(|(c, w)| format!("{c:<w$}")).collect();
+                let cells: Vec<String> = row
+                    .iter()
+                    .zip(widths)
+                    .map(|(c, w)| format!("{c:<w$}"))
+                    .collect();
                 println!("  {}", cells.join("  ").trim_end());
             }
         }
         Err(e) => println!("  (could not list Steward objects: {e:#})"),
     }
     println!();
-    let endpoints: BTreeMap<&str, (SocketAddr, SocketAddr)> = running.iter().map(|r| (r.name, (r.metrics, r.health))).collect();
+    let endpoints: BTreeMap<&str, (SocketAddr, SocketAddr)> = running
+        .iter()
+        .map(|r| (r.name, (r.metrics, r.health)))
+        .collect();
     for (name, (metrics, health)) in endpoints {
         println!("  {name:<22} metrics http://{metrics}/metrics   health http://{health}/readyz");
     }
@@ -491,8 +642,14 @@ mod tests {
             ]},
         }))
         .expect("object");
-        assert_eq!(readiness(&obj), ("True".into(), "Ready".into(), "all good".into()));
-        let bare: DynamicObject = serde_json::from_value(json!({"apiVersion": "v1", "kind": "X", "metadata": {"name": "b"}})).expect("object");
+        assert_eq!(
+            readiness(&obj),
+            ("True".into(), "Ready".into(), "all good".into())
+        );
+        let bare: DynamicObject = serde_json::from_value(
+            json!({"apiVersion": "v1", "kind": "X", "metadata": {"name": "b"}}),
+        )
+        .expect("object");
         assert_eq!(readiness(&bare), ("-".into(), "-".into(), String::new()));
     }
 
@@ -504,7 +661,10 @@ mod tests {
         assert_eq!(pvs.len(), 3);
         assert_eq!(pvs[2]["metadata"]["name"], "steward-demo-main-2");
         assert_eq!(pvs[0]["spec"]["capacity"]["storage"], "10Gi");
-        assert_eq!(pvs[0]["spec"]["storageClassName"], "", "no class: binds claims without one");
+        assert_eq!(
+            pvs[0]["spec"]["storageClassName"], "",
+            "no class: binds claims without one"
+        );
         assert!(volumes_for(&json!({"kind": "Database", "metadata": {"name": "x"}})).is_empty());
     }
 
@@ -513,10 +673,16 @@ mod tests {
         let tenant = json!({"apiVersion": "tenancy.steward.dev/v1alpha1", "kind": "Tenant", "metadata": {"name": "t"},
             "spec": {"sharedObjects": [{"kind": "Secret", "namespace": "platform", "name": "registry-pull"}]}});
         let objs = shared_sources(&tenant);
-        assert_eq!(objs.iter().map(|o| kind(o)).collect::<Vec<_>>(), ["Namespace", "Secret"]);
+        assert_eq!(
+            objs.iter().map(kind).collect::<Vec<_>>(),
+            ["Namespace", "Secret"]
+        );
         assert_eq!(objs[0]["metadata"]["name"], "platform");
         assert_eq!(objs[1]["metadata"]["namespace"], "platform");
-        assert_eq!(objs[1]["metadata"]["labels"]["tenancy.steward.dev/shareable"], "true");
+        assert_eq!(
+            objs[1]["metadata"]["labels"]["tenancy.steward.dev/shareable"],
+            "true"
+        );
         assert!(shared_sources(&json!({"kind": "Database"})).is_empty());
     }
 

@@ -59,24 +59,50 @@ fn build_echo(source: &ConfigMap, suffix: &str) -> ConfigMap {
     echo.metadata.name = Some(format!("{}{suffix}", source.name_any()));
     echo.metadata.namespace = source.namespace();
     echo.data = Some(source.data.clone().unwrap_or_default());
-    echo.metadata.annotations = Some(BTreeMap::from([("example.steward.dev/source".into(), source.name_any())]));
+    echo.metadata.annotations = Some(BTreeMap::from([(
+        "example.steward.dev/source".into(),
+        source.name_any(),
+    )]));
     echo
 }
 
 /// Reconcile: build, apply, prune, tell.
 async fn reconcile(source: Arc<ConfigMap>, ctx: Arc<Context<String>>) -> Result<Action, Error> {
     let children = Children::new(ctx.client.clone(), source.as_ref(), &ctx.field_manager);
-    let labelled = source.labels().get(SOURCE_LABEL).is_some_and(|v| v == "true");
+    let labelled = source
+        .labels()
+        .get(SOURCE_LABEL)
+        .is_some_and(|v| v == "true");
     let mut keep = BTreeSet::new();
     if labelled {
-        let echo = children.apply(build_echo(&source, &ctx.data)).await.map_err(Error::ApplyEcho)?;
+        let echo = children
+            .apply(build_echo(&source, &ctx.data))
+            .await
+            .map_err(Error::ApplyEcho)?;
         keep.insert(echo.name_any());
     }
-    let pruned = children.prune::<ConfigMap>(source.namespace().as_deref(), &keep).await.map_err(Error::Prune)?;
+    let pruned = children
+        .prune::<ConfigMap>(source.namespace().as_deref(), &keep)
+        .await
+        .map_err(Error::Prune)?;
     if labelled {
-        ctx.recorder.normal(source.as_ref(), "Echoed", "Apply", format!("kept {}{}", source.name_any(), ctx.data)).await;
+        ctx.recorder
+            .normal(
+                source.as_ref(),
+                "Echoed",
+                "Apply",
+                format!("kept {}{}", source.name_any(), ctx.data),
+            )
+            .await;
     } else if !pruned.is_empty() {
-        ctx.recorder.normal(source.as_ref(), "EchoRemoved", "Prune", format!("removed {pruned:?}")).await;
+        ctx.recorder
+            .normal(
+                source.as_ref(),
+                "EchoRemoved",
+                "Prune",
+                format!("removed {pruned:?}"),
+            )
+            .await;
     }
     Ok(Action::await_change())
 }
@@ -89,8 +115,10 @@ async fn main() -> anyhow::Result<()> {
     let sources = operator.api::<ConfigMap>();
     let children = operator.api::<ConfigMap>();
     // Watch every ConfigMap (not only labelled ones) so removing the label prunes the echo.
-    let controller = Controller::new(sources, watcher::Config::default())
-        .owns(children, watcher::Config::default().labels("app.kubernetes.io/managed-by=echo-operator"));
+    let controller = Controller::new(sources, watcher::Config::default()).owns(
+        children,
+        watcher::Config::default().labels("app.kubernetes.io/managed-by=echo-operator"),
+    );
     operator.controller(controller, args.suffix, reconcile);
     operator.run().await?;
     Ok(())

@@ -30,7 +30,11 @@ pub struct Children {
 
 impl Children {
     /// Children of `owner`, written as `field_manager` (one per operator).
-    pub fn new<P: Resource<DynamicType = ()>>(client: Client, owner: &P, field_manager: &str) -> Self {
+    pub fn new<P: Resource<DynamicType = ()>>(
+        client: Client,
+        owner: &P,
+        field_manager: &str,
+    ) -> Self {
         Self {
             client,
             field_manager: field_manager.to_string(),
@@ -77,7 +81,10 @@ impl Children {
         let child = self.adopt(child);
         let name = child.name_any();
         let api: Api<K> = K::Scope::api(self.client.clone(), child.namespace().as_deref());
-        let mut value = serde_json::to_value(&child).map_err(|e| Error::Serialize { what: name.clone(), message: e.to_string() })?;
+        let mut value = serde_json::to_value(&child).map_err(|e| Error::Serialize {
+            what: name.clone(),
+            message: e.to_string(),
+        })?;
         if let Some(obj) = value.as_object_mut() {
             obj.insert("apiVersion".into(), K::api_version(&()).into());
             obj.insert("kind".into(), K::kind(&()).into());
@@ -88,9 +95,17 @@ impl Children {
                 meta.remove("creationTimestamp");
             }
         }
-        api.patch(&name, &PatchParams::apply(&self.field_manager).force(), &Patch::Apply(&value))
-            .await
-            .map_err(|source| Error::ApplyChild { kind: K::kind(&()).to_string(), name, source })
+        api.patch(
+            &name,
+            &PatchParams::apply(&self.field_manager).force(),
+            &Patch::Apply(&value),
+        )
+        .await
+        .map_err(|source| Error::ApplyChild {
+            kind: K::kind(&()).to_string(),
+            name,
+            source,
+        })
     }
 
     /// Deletes children of kind `K` (in `namespace`, or cluster-wide) that carry this owner's
@@ -98,14 +113,27 @@ impl Children {
     ///
     /// # Errors
     /// [`Error::PruneChild`] for the first list or delete that fails.
-    pub async fn prune<K>(&self, namespace: Option<&str>, keep: &BTreeSet<String>) -> Result<Vec<String>, Error>
+    pub async fn prune<K>(
+        &self,
+        namespace: Option<&str>,
+        keep: &BTreeSet<String>,
+    ) -> Result<Vec<String>, Error>
     where
         K: Resource<DynamicType = ()> + Clone + DeserializeOwned + Debug,
         K::Scope: ScopeApi,
     {
         let api: Api<K> = K::Scope::api(self.client.clone(), namespace);
-        let err = |name: String| move |source| Error::PruneChild { kind: K::kind(&()).to_string(), name, source };
-        let list = api.list_metadata(&ListParams::default().labels(&self.selector())).await.map_err(err(String::new()))?;
+        let err = |name: String| {
+            move |source| Error::PruneChild {
+                kind: K::kind(&()).to_string(),
+                name,
+                source,
+            }
+        };
+        let list = api
+            .list_metadata(&ListParams::default().labels(&self.selector()))
+            .await
+            .map_err(err(String::new()))?;
         let mut deleted = Vec::new();
         for item in list.items {
             let name = item.name_any();
@@ -124,11 +152,17 @@ impl Children {
 
 /// Builds an `Api` for namespaced or cluster-scoped kinds alike.
 pub trait ScopeApi: Sized {
-    fn api<K: Resource<DynamicType = (), Scope = Self>>(client: Client, namespace: Option<&str>) -> Api<K>;
+    fn api<K: Resource<DynamicType = (), Scope = Self>>(
+        client: Client,
+        namespace: Option<&str>,
+    ) -> Api<K>;
 }
 
 impl ScopeApi for k8s_openapi::NamespaceResourceScope {
-    fn api<K: Resource<DynamicType = (), Scope = Self>>(client: Client, namespace: Option<&str>) -> Api<K> {
+    fn api<K: Resource<DynamicType = (), Scope = Self>>(
+        client: Client,
+        namespace: Option<&str>,
+    ) -> Api<K> {
         match namespace {
             Some(ns) => Api::namespaced(client, ns),
             None => Api::all(client),
@@ -137,7 +171,10 @@ impl ScopeApi for k8s_openapi::NamespaceResourceScope {
 }
 
 impl ScopeApi for k8s_openapi::ClusterResourceScope {
-    fn api<K: Resource<DynamicType = (), Scope = Self>>(client: Client, _namespace: Option<&str>) -> Api<K> {
+    fn api<K: Resource<DynamicType = (), Scope = Self>>(
+        client: Client,
+        _namespace: Option<&str>,
+    ) -> Api<K> {
         Api::all(client)
     }
 }

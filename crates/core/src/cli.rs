@@ -98,9 +98,13 @@ impl CommonArgs {
     /// Installs the tracing subscriber for these flags. Call once, first thing in `main`.
     pub fn init_logging(&self) {
         use tracing_subscriber::EnvFilter;
-        let filter = EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new(&self.log_level));
+        let filter =
+            EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new(&self.log_level));
         let ansi = std::io::IsTerminal::is_terminal(&std::io::stderr());
-        let builder = tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr).with_ansi(ansi);
+        let builder = tracing_subscriber::fmt()
+            .with_env_filter(filter)
+            .with_writer(std::io::stderr)
+            .with_ansi(ansi);
         let _ = match self.log_format {
             LogFormat::Json => builder.json().try_init(),
             LogFormat::Text => builder.try_init(),
@@ -128,7 +132,9 @@ impl CommonArgs {
                     .await
                     .map_err(|e| Error::Config(format!("kubeconfig {}: {e}", path.display())))?
             }
-            None => kube::Config::infer().await.map_err(|e| Error::Config(e.to_string()))?,
+            None => kube::Config::infer()
+                .await
+                .map_err(|e| Error::Config(e.to_string()))?,
         })
     }
 
@@ -145,7 +151,10 @@ impl CommonArgs {
     /// # Errors
     /// [`Error::Config`] for an unparsable address.
     pub fn health_addr(&self) -> Result<Option<SocketAddr>, Error> {
-        parse_addr("--health-probe-bind-address", &self.health_probe_bind_address)
+        parse_addr(
+            "--health-probe-bind-address",
+            &self.health_probe_bind_address,
+        )
     }
 }
 
@@ -153,21 +162,36 @@ fn parse_addr(flag: &str, value: &str) -> Result<Option<SocketAddr>, Error> {
     if value == "0" || value.is_empty() {
         return Ok(None);
     }
-    let value = if value.starts_with(':') { format!("0.0.0.0{value}") } else { value.to_string() };
-    value.parse().map(Some).map_err(|e| Error::Config(format!("{flag} {value}: {e}")))
+    let value = if value.starts_with(':') {
+        format!("0.0.0.0{value}")
+    } else {
+        value.to_string()
+    };
+    value
+        .parse()
+        .map(Some)
+        .map_err(|e| Error::Config(format!("{flag} {value}: {e}")))
 }
 
 /// Parses `1500ms`, `15s`, `2m`, `1h` or plain seconds.
 pub fn parse_duration(s: &str) -> Result<Duration, String> {
     let s = s.trim();
-    let (num, unit) = s.find(|c: char| !c.is_ascii_digit() && c != '.').map_or((s, "s"), |i| s.split_at(i));
-    let n: f64 = num.parse().map_err(|_| format!("invalid duration {s:?} (try 15s, 500ms, 2m)"))?;
+    let (num, unit) = s
+        .find(|c: char| !c.is_ascii_digit() && c != '.')
+        .map_or((s, "s"), |i| s.split_at(i));
+    let n: f64 = num
+        .parse()
+        .map_err(|_| format!("invalid duration {s:?} (try 15s, 500ms, 2m)"))?;
     let secs = match unit {
         "ms" => n / 1000.0,
         "s" => n,
         "m" => n * 60.0,
         "h" => n * 3600.0,
-        _ => return Err(format!("invalid duration unit in {s:?} (use ms, s, m or h)")),
+        _ => {
+            return Err(format!(
+                "invalid duration unit in {s:?} (use ms, s, m or h)"
+            ));
+        }
     };
     if !secs.is_finite() || secs < 0.0 {
         return Err(format!("invalid duration {s:?}"));
@@ -190,10 +214,22 @@ mod tests {
     fn defaults_match_client_go() {
         let t = Test::parse_from(["op"]);
         assert!(t.common.leader_elect);
-        assert_eq!(t.common.leader_election_lease_duration, Duration::from_secs(15));
-        assert_eq!(t.common.leader_election_renew_deadline, Duration::from_secs(10));
-        assert_eq!(t.common.leader_election_retry_period, Duration::from_secs(2));
-        assert_eq!(t.common.metrics_addr().unwrap(), Some("0.0.0.0:8080".parse().unwrap()));
+        assert_eq!(
+            t.common.leader_election_lease_duration,
+            Duration::from_secs(15)
+        );
+        assert_eq!(
+            t.common.leader_election_renew_deadline,
+            Duration::from_secs(10)
+        );
+        assert_eq!(
+            t.common.leader_election_retry_period,
+            Duration::from_secs(2)
+        );
+        assert_eq!(
+            t.common.metrics_addr().unwrap(),
+            Some("0.0.0.0:8080".parse().unwrap())
+        );
     }
 
     #[test]
@@ -207,9 +243,15 @@ mod tests {
             "--log-format=json",
         ]);
         assert!(!t.common.leader_elect);
-        assert_eq!(t.common.leader_election_lease_duration, Duration::from_millis(1500));
+        assert_eq!(
+            t.common.leader_election_lease_duration,
+            Duration::from_millis(1500)
+        );
         assert_eq!(t.common.metrics_addr().unwrap(), None);
-        assert_eq!(t.common.health_addr().unwrap(), Some("0.0.0.0:9000".parse().unwrap()));
+        assert_eq!(
+            t.common.health_addr().unwrap(),
+            Some("0.0.0.0:9000".parse().unwrap())
+        );
         assert_eq!(t.common.log_format, LogFormat::Json);
     }
 

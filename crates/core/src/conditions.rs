@@ -23,7 +23,15 @@ pub fn set(
     message: impl Into<String>,
     observed_generation: Option<i64>,
 ) -> bool {
-    set_at(conditions, type_, status, reason, message.into(), observed_generation, now())
+    set_at(
+        conditions,
+        type_,
+        status,
+        reason,
+        message.into(),
+        observed_generation,
+        now(),
+    )
 }
 
 /// [`set`] with an explicit time (for tests).
@@ -37,7 +45,11 @@ pub fn set_at(
     at: Time,
 ) -> bool {
     let status = if status { "True" } else { "False" }.to_string();
-    let reason = if reason.is_empty() { "Unknown".to_string() } else { reason.to_string() };
+    let reason = if reason.is_empty() {
+        "Unknown".to_string()
+    } else {
+        reason.to_string()
+    };
     match conditions.iter_mut().find(|c| c.type_ == type_) {
         Some(existing) => {
             let transition = existing.status != status;
@@ -96,12 +108,48 @@ mod tests {
     #[test]
     fn transition_time_changes_only_with_status() {
         let mut c = Vec::new();
-        assert!(set_at(&mut c, READY, false, "Creating", "wait".into(), Some(1), t(10)));
-        assert!(!set_at(&mut c, READY, false, "Creating", "wait".into(), Some(1), t(20)));
+        assert!(set_at(
+            &mut c,
+            READY,
+            false,
+            "Creating",
+            "wait".into(),
+            Some(1),
+            t(10)
+        ));
+        assert!(!set_at(
+            &mut c,
+            READY,
+            false,
+            "Creating",
+            "wait".into(),
+            Some(1),
+            t(20)
+        ));
         assert_eq!(c[0].last_transition_time, t(10));
-        assert!(set_at(&mut c, READY, false, "Still", "wait more".into(), Some(2), t(30)));
-        assert_eq!(c[0].last_transition_time, t(10), "reason change is not a transition");
-        assert!(set_at(&mut c, READY, true, "Ready", "ok".into(), Some(2), t(40)));
+        assert!(set_at(
+            &mut c,
+            READY,
+            false,
+            "Still",
+            "wait more".into(),
+            Some(2),
+            t(30)
+        ));
+        assert_eq!(
+            c[0].last_transition_time,
+            t(10),
+            "reason change is not a transition"
+        );
+        assert!(set_at(
+            &mut c,
+            READY,
+            true,
+            "Ready",
+            "ok".into(),
+            Some(2),
+            t(40)
+        ));
         assert_eq!(c[0].last_transition_time, t(40));
         assert!(is_true(&c, READY));
         assert_eq!(c.len(), 1);

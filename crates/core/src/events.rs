@@ -15,21 +15,62 @@ pub struct Recorder {
 
 impl Recorder {
     pub fn new(client: Client, controller: &str, instance: Option<String>) -> Self {
-        Self { inner: KubeRecorder::new(client, Reporter { controller: controller.to_string(), instance }) }
+        Self {
+            inner: KubeRecorder::new(
+                client,
+                Reporter {
+                    controller: controller.to_string(),
+                    instance,
+                },
+            ),
+        }
     }
 
     /// A Normal event on `obj`.
-    pub async fn normal<K: Resource<DynamicType = ()>>(&self, obj: &K, reason: &str, action: &str, note: impl Into<String>) {
-        self.publish(obj.object_ref(&()), EventType::Normal, reason, action, note.into()).await;
+    pub async fn normal<K: Resource<DynamicType = ()>>(
+        &self,
+        obj: &K,
+        reason: &str,
+        action: &str,
+        note: impl Into<String>,
+    ) {
+        self.publish(
+            obj.object_ref(&()),
+            EventType::Normal,
+            reason,
+            action,
+            note.into(),
+        )
+        .await;
     }
 
     /// A Warning event on `obj`.
-    pub async fn warning<K: Resource<DynamicType = ()>>(&self, obj: &K, reason: &str, action: &str, note: impl Into<String>) {
-        self.publish(obj.object_ref(&()), EventType::Warning, reason, action, note.into()).await;
+    pub async fn warning<K: Resource<DynamicType = ()>>(
+        &self,
+        obj: &K,
+        reason: &str,
+        action: &str,
+        note: impl Into<String>,
+    ) {
+        self.publish(
+            obj.object_ref(&()),
+            EventType::Warning,
+            reason,
+            action,
+            note.into(),
+        )
+        .await;
     }
 
     /// An event on any object reference.
-    pub async fn publish(&self, reference: ObjectReference, type_: EventType, reason: &str, action: &str, mut note: String) {
+    pub async fn publish(
+        &self,
+        reference: ObjectReference,
+        type_: EventType,
+        reason: &str,
+        action: &str,
+        mut note: String,
+    ) {
         if note.len() > 1000 {
             let mut cut = 1000;
             while !note.is_char_boundary(cut) {

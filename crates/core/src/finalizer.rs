@@ -96,7 +96,12 @@ impl<E: crate::ReconcileError> crate::ReconcileError for Error<E> {
 ///
 /// # Errors
 /// [`Error::Apply`] / [`Error::Cleanup`] carry the operator's error; the others are API failures.
-pub async fn run<K, E, F, Fut>(api: &Api<K>, name: &str, obj: Arc<K>, reconcile: F) -> Result<Action, Error<E>>
+pub async fn run<K, E, F, Fut>(
+    api: &Api<K>,
+    name: &str,
+    obj: Arc<K>,
+    reconcile: F,
+) -> Result<Action, Error<E>>
 where
     K: Resource + Clone + DeserializeOwned + Serialize + Debug,
     E: std::error::Error + Send + 'static,
@@ -104,14 +109,16 @@ where
     Fut: Future<Output = Result<Action, E>>,
 {
     use kube::runtime::finalizer::Error as KubeErr;
-    kube::runtime::finalizer(api, name, obj, reconcile).await.map_err(|e| match e {
-        KubeErr::ApplyFailed(e) => Error::Apply(e),
-        KubeErr::CleanupFailed(e) => Error::Cleanup(e),
-        KubeErr::AddFinalizer(e) => Error::AddFinalizer(e),
-        KubeErr::RemoveFinalizer(e) => Error::RemoveFinalizer(e),
-        KubeErr::UnnamedObject => Error::UnnamedObject,
-        KubeErr::InvalidFinalizer => Error::InvalidFinalizer,
-    })
+    kube::runtime::finalizer(api, name, obj, reconcile)
+        .await
+        .map_err(|e| match e {
+            KubeErr::ApplyFailed(e) => Error::Apply(e),
+            KubeErr::CleanupFailed(e) => Error::Cleanup(e),
+            KubeErr::AddFinalizer(e) => Error::AddFinalizer(e),
+            KubeErr::RemoveFinalizer(e) => Error::RemoveFinalizer(e),
+            KubeErr::UnnamedObject => Error::UnnamedObject,
+            KubeErr::InvalidFinalizer => Error::InvalidFinalizer,
+        })
 }
 
 /// Whether `obj` is being deleted.

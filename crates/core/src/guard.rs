@@ -34,7 +34,10 @@ impl<S> Layer<S> for GuardLayer {
     type Service = Guard<S>;
 
     fn layer(&self, inner: S) -> Self::Service {
-        Guard { inner, leadership: self.leadership.clone() }
+        Guard {
+            inner,
+            leadership: self.leadership.clone(),
+        }
     }
 }
 
@@ -45,7 +48,10 @@ struct Guard<S> {
 }
 
 fn is_write(method: &Method) -> bool {
-    matches!(*method, Method::POST | Method::PUT | Method::PATCH | Method::DELETE)
+    matches!(
+        *method,
+        Method::POST | Method::PUT | Method::PATCH | Method::DELETE
+    )
 }
 
 impl<S, B> Service<Request<B>> for Guard<S>
@@ -63,11 +69,11 @@ where
     }
 
     fn call(&mut self, req: Request<B>) -> Self::Future {
-        if is_write(req.method()) {
-            if let Err(e) = self.leadership.guard() {
-                let err: BoxError = Box::new(e);
-                return Box::pin(async move { Err(err) });
-            }
+        if is_write(req.method())
+            && let Err(e) = self.leadership.guard()
+        {
+            let err: BoxError = Box::new(e);
+            return Box::pin(async move { Err(err) });
         }
         let fut = self.inner.call(req);
         Box::pin(async move { fut.await.map_err(Into::into) })

@@ -7,7 +7,6 @@
 //! [`status`] for one status write per reconcile, and [`events`] to tell users what happened.
 //! Operator binaries flatten [`cli::CommonArgs`] into their own clap parser.
 
-pub mod leader;
 pub mod apply;
 pub mod cli;
 pub mod conditions;
@@ -15,6 +14,7 @@ mod error;
 pub mod events;
 pub mod finalizer;
 mod guard;
+pub mod leader;
 pub mod metrics;
 pub mod runtime;
 pub mod server;
@@ -24,6 +24,6 @@ pub use error::{Error, ReconcileError, chain};
 pub use leader::{LeaderElector, Leadership, LeaseConfig};
 pub use runtime::{Context, Operator};
 
+pub use k8s_openapi;
 /// Re-exports operator crates need, so their versions always match steward-core's.
 pub use kube;
-pub use k8s_openapi;

@@ -66,13 +66,37 @@ impl Metrics {
         let max_concurrent = Family::<ControllerLabels, Gauge>::default();
         let leader = Family::<LeaseLabels, Gauge>::default();
         let status_writes = Family::<ControllerLabels, Counter>::default();
-        registry.register("controller_runtime_reconcile", "Total number of reconciliations per controller", reconcile_total.clone());
-        registry.register("controller_runtime_reconcile_errors", "Total number of reconciliation errors per controller", reconcile_errors.clone());
-        registry.register("controller_runtime_reconcile_time_seconds", "Length of time per reconciliation per controller", reconcile_time.clone());
-        registry.register("controller_runtime_active_workers", "Number of currently used workers per controller", active_workers.clone());
-        registry.register("controller_runtime_max_concurrent_reconciles", "Maximum number of concurrent reconciles per controller", max_concurrent.clone());
+        registry.register(
+            "controller_runtime_reconcile",
+            "Total number of reconciliations per controller",
+            reconcile_total.clone(),
+        );
+        registry.register(
+            "controller_runtime_reconcile_errors",
+            "Total number of reconciliation errors per controller",
+            reconcile_errors.clone(),
+        );
+        registry.register(
+            "controller_runtime_reconcile_time_seconds",
+            "Length of time per reconciliation per controller",
+            reconcile_time.clone(),
+        );
+        registry.register(
+            "controller_runtime_active_workers",
+            "Number of currently used workers per controller",
+            active_workers.clone(),
+        );
+        registry.register(
+            "controller_runtime_max_concurrent_reconciles",
+            "Maximum number of concurrent reconciles per controller",
+            max_concurrent.clone(),
+        );
         registry.register("leader_election_master_status", "Gauge of if the reporting system is master of the relevant lease, 0 indicates backup, 1 indicates master", leader.clone());
-        registry.register("steward_status_writes", "Status writes per controller (skipped when nothing changed)", status_writes.clone());
+        registry.register(
+            "steward_status_writes",
+            "Status writes per controller (skipped when nothing changed)",
+            status_writes.clone(),
+        );
         Self {
             registry: Arc::new(Mutex::new(registry)),
             reconcile_total,
@@ -86,7 +110,12 @@ impl Metrics {
     }
 
     /// Registers an operator's own metric.
-    pub fn register(&self, name: &str, help: &str, metric: impl prometheus_client::registry::Metric) {
+    pub fn register(
+        &self,
+        name: &str,
+        help: &str,
+        metric: impl prometheus_client::registry::Metric,
+    ) {
         if let Ok(mut registry) = self.registry.lock() {
             registry.register(name, help, metric);
         }
@@ -102,10 +131,15 @@ impl Metrics {
     }
 
     pub fn controller(&self, name: &str) -> ControllerLabels {
-        ControllerLabels { controller: name.to_string() }
+        ControllerLabels {
+            controller: name.to_string(),
+        }
     }
 
     pub fn result(&self, controller: &str, result: &str) -> ResultLabels {
-        ResultLabels { controller: controller.to_string(), result: result.to_string() }
+        ResultLabels {
+            controller: controller.to_string(),
+            result: result.to_string(),
+        }
     }
 }

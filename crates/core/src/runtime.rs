@@ -63,17 +63,28 @@ impl<T> Context<T> {
     ///
     /// # Errors
     /// [`Error::WriteStatus`] when the API server rejects the patch.
-    pub async fn apply_status<K, S>(&self, obj: &K, current: Option<&S>, status: &S) -> Result<bool, Error>
+    pub async fn apply_status<K, S>(
+        &self,
+        obj: &K,
+        current: Option<&S>,
+        status: &S,
+    ) -> Result<bool, Error>
     where
         K: Resource<DynamicType = ()> + Clone + DeserializeOwned + Debug,
         K::Scope: crate::apply::ScopeApi,
         S: serde::Serialize + PartialEq,
     {
-        let api: kube::Api<K> = <K::Scope as crate::apply::ScopeApi>::api(self.client.clone(), obj.namespace().as_deref());
+        let api: kube::Api<K> = <K::Scope as crate::apply::ScopeApi>::api(
+            self.client.clone(),
+            obj.namespace().as_deref(),
+        );
         let written = crate::status::apply(&api, obj, current, status, &self.field_manager).await?;
         if written {
             let kind = K::kind(&()).to_lowercase();
-            self.metrics.status_writes.get_or_create(&self.metrics.controller(&kind)).inc();
+            self.metrics
+                .status_writes
+                .get_or_create(&self.metrics.controller(&kind))
+                .inc();
         }
         Ok(written)
     }
@@ -89,7 +100,11 @@ pub struct Backoff {
 
 impl Backoff {
     pub fn new(base: Duration, max: Duration) -> Self {
-        Self { base, max, failures: Mutex::new(HashMap::new()) }
+        Self {
+            base,
+            max,
+            failures: Mutex::new(HashMap::new()),
+        }
     }
 
     /// Records a failure of `key` and returns how long to wait before the next attempt.
@@ -103,7 +118,10 @@ impl Backoff {
 
     /// Forgets the failures of `key` (after a success).
     pub fn reset(&self, key: &str) {
-        self.failures.lock().unwrap_or_else(|p| p.into_inner()).remove(key);
+        self.failures
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .remove(key);
     }
 }
 
@@ -155,10 +173,17 @@ impl Operator {
             let namespace = args
                 .leader_election_namespace
                 .clone()
-                .or_else(|| std::fs::read_to_string("/var/run/secrets/kubernetes.io/serviceaccount/namespace").ok())
+                .or_else(|| {
+                    std::fs::read_to_string(
+                        "/var/run/secrets/kubernetes.io/serviceaccount/namespace",
+                    )
+                    .ok()
+                })
                 .unwrap_or_else(|| "default".to_string());
             let mut lease = LeaseConfig::new(
-                args.leader_election_id.clone().unwrap_or_else(|| name.to_string()),
+                args.leader_election_id
+                    .clone()
+                    .unwrap_or_else(|| name.to_string()),
                 namespace.trim().to_string(),
                 LeaseConfig::identity_from_env(),
             );
@@ -232,11 +257,19 @@ impl Operator {
         K: Resource<DynamicType = ()>,
         K::Scope: crate::apply::ScopeApi,
     {
-        <K::Scope as crate::apply::ScopeApi>::api(self.guarded.clone(), self.args.watch_namespace.as_deref())
+        <K::Scope as crate::apply::ScopeApi>::api(
+            self.guarded.clone(),
+            self.args.watch_namespace.as_deref(),
+        )
     }
 
     /// Adds a controller. `reconcile` runs only while this process leads.
-    pub fn controller<K, T, F, Fut, E>(&mut self, controller: Controller<K>, data: T, reconcile: F) -> &mut Self
+    pub fn controller<K, T, F, Fut, E>(
+        &mut self,
+        controller: Controller<K>,
+        data: T,
+        reconcile: F,
+    ) -> &mut Self
     where
         K: Resource<DynamicType = ()> + Clone + DeserializeOwned + Debug + Send + Sync + 'static,
         T: Send + Sync + 'static,
@@ -248,7 +281,11 @@ impl Operator {
         let name = kind.to_lowercase();
         let ctx = Arc::new(Context {
             client: self.guarded.clone(),
-            recorder: Recorder::new(self.guarded.clone(), &self.name, Some(self.leadership.identity().to_string())),
+            recorder: Recorder::new(
+                self.guarded.clone(),
+                &self.name,
+                Some(self.leadership.identity().to_string()),
+            ),
             metrics: self.metrics.clone(),
             leadership: self.leadership.clone(),
             field_manager: self.name.clone(),
@@ -256,14 +293,19 @@ impl Operator {
         });
         let backoff = Arc::new(Backoff::new(self.backoff_base, self.backoff_max));
         let metrics = self.metrics.clone();
-        metrics.max_concurrent.get_or_create(&metrics.controller(&name)).set(i64::from(self.args.concurrency));
+        metrics
+            .max_concurrent
+            .get_or_create(&metrics.controller(&name))
+            .set(i64::from(self.args.concurrency));
 
         let ready = self.health.register_cache();
         let store = controller.store();
         let acquired = leadership_acquired(self.leadership.clone());
         let shutdown = self.shutdown.clone();
         let controller = controller
-            .with_config(kube::runtime::controller::Config::default().concurrency(self.args.concurrency))
+            .with_config(
+                kube::runtime::controller::Config::default().concurrency(self.args.concurrency),
+            )
             .reconcile_all_on(acquired)
             .graceful_shutdown_on(async move { shutdown.cancelled_owned().await });
 
@@ -319,14 +361,18 @@ impl Operator {
         let error_policy = move |obj: Arc<K>, err: &RunError<E>, _ctx: Arc<Context<T>>| match err {
             RunError::LostLeadership => Action::await_change(),
             RunError::Reconcile(e) if e.is_permanent() => Action::await_change(),
-            RunError::Reconcile(_) => Action::requeue(backoff.next_delay(&object_key(obj.as_ref()))),
+            RunError::Reconcile(_) => {
+                Action::requeue(backoff.next_delay(&object_key(obj.as_ref())))
+            }
         };
 
         self.tasks.push(Box::pin(async move {
             // kube-runtime's `wait_until_ready` can lose a wakeup when several tasks wait on
             // the same store (the Controller waits too), so ask again every half second.
             loop {
-                match tokio::time::timeout(Duration::from_millis(500), store.wait_until_ready()).await {
+                match tokio::time::timeout(Duration::from_millis(500), store.wait_until_ready())
+                    .await
+                {
                     Ok(Ok(())) => {
                         ready();
                         break;
@@ -358,7 +404,9 @@ impl Operator {
     {
         let leadership = self.leadership.clone();
         let shutdown = self.shutdown.clone();
-        self.tasks.push(Box::pin(crate::leader::run_while_leader(leadership, shutdown, f)));
+        self.tasks.push(Box::pin(crate::leader::run_while_leader(
+            leadership, shutdown, f,
+        )));
         self
     }
 
@@ -370,7 +418,17 @@ impl Operator {
     /// [`Error::Bind`] when an endpoint cannot bind; [`Error::ShutdownTimeout`] when draining
     /// takes too long (the Lease is still released).
     pub async fn run(self) -> Result<(), Error> {
-        let Operator { name, args, metrics, health, leadership, elector, shutdown, tasks, .. } = self;
+        let Operator {
+            name,
+            args,
+            metrics,
+            health,
+            leadership,
+            elector,
+            shutdown,
+            tasks,
+            ..
+        } = self;
         let server_stop = CancellationToken::new();
         let metrics_addr = args.metrics_addr()?;
         let health_addr = args.health_addr()?;
@@ -380,14 +438,18 @@ impl Operator {
             (m, h) => m.into_iter().chain(h).collect(),
         };
         for addr in addrs {
-            let (bound, task) = server::serve(addr, metrics.clone(), health.clone(), server_stop.clone()).await?;
+            let (bound, task) =
+                server::serve(addr, metrics.clone(), health.clone(), server_stop.clone()).await?;
             tracing::info!(%bound, "serving /metrics, /healthz and /readyz");
             servers.push(task);
         }
 
         let elector_stop = CancellationToken::new();
         let elector_task = elector.map(|e| tokio::spawn(e.run(elector_stop.clone())));
-        let gauge = metrics.leader.get_or_create(&crate::metrics::LeaseLabels { name: name.clone() }).clone();
+        let gauge = metrics
+            .leader
+            .get_or_create(&crate::metrics::LeaseLabels { name: name.clone() })
+            .clone();
         let mut leading = leadership.subscribe();
         let gauge_task = tokio::spawn(async move {
             loop {
@@ -413,7 +475,9 @@ impl Operator {
         elector_stop.cancel();
         if let Some(task) = elector_task {
             match task.await {
-                Ok(Err(e)) => tracing::warn!(error = %chain(&e), "leader election ended with an error"),
+                Ok(Err(e)) => {
+                    tracing::warn!(error = %chain(&e), "leader election ended with an error")
+                }
                 Err(e) => tracing::warn!(error = %e, "leader election task failed"),
                 Ok(Ok(())) => {}
             }
@@ -424,7 +488,11 @@ impl Operator {
             let _ = s.await;
         }
         tracing::info!("stopped");
-        if drained.is_err() { Err(Error::ShutdownTimeout(args.shutdown_timeout)) } else { Ok(()) }
+        if drained.is_err() {
+            Err(Error::ShutdownTimeout(args.shutdown_timeout))
+        } else {
+            Ok(())
+        }
     }
 }
 
@@ -485,7 +553,11 @@ mod tests {
         let b = Backoff::new(Duration::from_millis(100), Duration::from_millis(700));
         let delays: Vec<_> = (0..5).map(|_| b.next_delay("ns/a").as_millis()).collect();
         assert_eq!(delays, vec![100, 200, 400, 700, 700]);
-        assert_eq!(b.next_delay("ns/b").as_millis(), 100, "objects back off independently");
+        assert_eq!(
+            b.next_delay("ns/b").as_millis(),
+            100,
+            "objects back off independently"
+        );
         b.reset("ns/a");
         assert_eq!(b.next_delay("ns/a").as_millis(), 100);
     }

@@ -51,7 +51,8 @@ impl Health {
 
     /// Whether every registered cache has synced (and at least one was registered).
     pub fn is_ready(&self) -> bool {
-        self.inner.registered.load(Ordering::SeqCst) && self.inner.pending.load(Ordering::SeqCst) == 0
+        self.inner.registered.load(Ordering::SeqCst)
+            && self.inner.pending.load(Ordering::SeqCst) == 0
     }
 
     /// Marks the process as not alive (`/healthz` then answers 503).
@@ -81,15 +82,21 @@ pub async fn serve(
     health: Health,
     shutdown: CancellationToken,
 ) -> Result<(SocketAddr, tokio::task::JoinHandle<()>), Error> {
-    let listener = tokio::net::TcpListener::bind(addr).await.map_err(|source| Error::Bind { addr, source })?;
-    let bound = listener.local_addr().map_err(|source| Error::Bind { addr, source })?;
+    let listener = tokio::net::TcpListener::bind(addr)
+        .await
+        .map_err(|source| Error::Bind { addr, source })?;
+    let bound = listener
+        .local_addr()
+        .map_err(|source| Error::Bind { addr, source })?;
     let app = Router::new()
         .route("/metrics", get(metrics_handler))
         .route("/healthz", get(healthz))
         .route("/readyz", get(readyz))
         .with_state(AppState { metrics, health });
     let task = tokio::spawn(async move {
-        let result = axum::serve(listener, app).with_graceful_shutdown(async move { shutdown.cancelled().await }).await;
+        let result = axum::serve(listener, app)
+            .with_graceful_shutdown(async move { shutdown.cancelled().await })
+            .await;
         if let Err(e) = result {
             tracing::error!(error = %e, "metrics/health server failed");
         }
@@ -99,13 +106,20 @@ pub async fn serve(
 
 async fn metrics_handler(State(state): State<AppState>) -> impl IntoResponse {
     (
-        [(header::CONTENT_TYPE, "application/openmetrics-text; version=1.0.0; charset=utf-8")],
+        [(
+            header::CONTENT_TYPE,
+            "application/openmetrics-text; version=1.0.0; charset=utf-8",
+        )],
         state.metrics.encode(),
     )
 }
 
 async fn healthz(State(state): State<AppState>) -> impl IntoResponse {
-    if state.health.is_alive() { (StatusCode::OK, "ok") } else { (StatusCode::SERVICE_UNAVAILABLE, "not alive") }
+    if state.health.is_alive() {
+        (StatusCode::OK, "ok")
+    } else {
+        (StatusCode::SERVICE_UNAVAILABLE, "not alive")
+    }
 }
 
 async fn readyz(State(state): State<AppState>) -> impl IntoResponse {

@@ -12,7 +12,13 @@ use crate::Error;
 ///
 /// # Errors
 /// [`Error::WriteStatus`] when the API server rejects the patch.
-pub async fn apply<K, S>(api: &Api<K>, obj: &K, current: Option<&S>, status: &S, field_manager: &str) -> Result<bool, Error>
+pub async fn apply<K, S>(
+    api: &Api<K>,
+    obj: &K,
+    current: Option<&S>,
+    status: &S,
+    field_manager: &str,
+) -> Result<bool, Error>
 where
     K: Resource<DynamicType = ()> + Clone + DeserializeOwned + std::fmt::Debug,
     S: Serialize + PartialEq,
@@ -25,8 +31,15 @@ where
         "kind": K::kind(&()),
         "status": status,
     });
-    api.patch_status(&obj.name_any(), &PatchParams::apply(field_manager).force(), &Patch::Apply(&patch))
-        .await
-        .map_err(|source| Error::WriteStatus { object: obj.name_any(), source })?;
+    api.patch_status(
+        &obj.name_any(),
+        &PatchParams::apply(field_manager).force(),
+        &Patch::Apply(&patch),
+    )
+    .await
+    .map_err(|source| Error::WriteStatus {
+        object: obj.name_any(),
+        source,
+    })?;
     Ok(true)
 }

@@ -165,13 +165,26 @@ pub enum ClusterPhase {
     status = "DatabaseStatus",
     derive = "PartialEq",
     doc = "A PostgreSQL database and its owner role, with extensions and schemas, on a PostgresCluster or an external server.",
-    printcolumn(name = "Ready", type_ = "string", json_path = ".status.conditions[?(@.type==\"Ready\")].status"),
+    printcolumn(
+        name = "Ready",
+        type_ = "string",
+        json_path = ".status.conditions[?(@.type==\"Ready\")].status"
+    ),
     printcolumn(name = "Phase", type_ = "string", json_path = ".status.phase"),
     printcolumn(name = "Database", type_ = "string", json_path = ".spec.name"),
     printcolumn(name = "Owner", type_ = "string", json_path = ".spec.owner"),
     printcolumn(name = "Server", type_ = "string", json_path = ".status.server"),
-    printcolumn(name = "Policy", type_ = "string", json_path = ".spec.deletionPolicy", priority = 1),
-    printcolumn(name = "Age", type_ = "date", json_path = ".metadata.creationTimestamp"),
+    printcolumn(
+        name = "Policy",
+        type_ = "string",
+        json_path = ".spec.deletionPolicy",
+        priority = 1
+    ),
+    printcolumn(
+        name = "Age",
+        type_ = "date",
+        json_path = ".metadata.creationTimestamp"
+    )
 )]
 #[x_kube(validation = Rule::new("has(self.clusterRef) != has(self.external)").message("exactly one of clusterRef and external must be set"))]
 #[serde(rename_all = "camelCase")]
@@ -409,13 +422,30 @@ pub enum ResourcePhase {
     status = "DatabaseRoleStatus",
     derive = "PartialEq",
     doc = "A PostgreSQL login role with owner, readWrite or readOnly privileges on a Database, and a generated, rotatable password in a Secret.",
-    printcolumn(name = "Ready", type_ = "string", json_path = ".status.conditions[?(@.type==\"Ready\")].status"),
+    printcolumn(
+        name = "Ready",
+        type_ = "string",
+        json_path = ".status.conditions[?(@.type==\"Ready\")].status"
+    ),
     printcolumn(name = "Phase", type_ = "string", json_path = ".status.phase"),
     printcolumn(name = "Role", type_ = "string", json_path = ".spec.roleName"),
-    printcolumn(name = "Database", type_ = "string", json_path = ".spec.databaseRef.name"),
+    printcolumn(
+        name = "Database",
+        type_ = "string",
+        json_path = ".spec.databaseRef.name"
+    ),
     printcolumn(name = "Privileges", type_ = "string", json_path = ".spec.privileges"),
-    printcolumn(name = "Rotated", type_ = "date", json_path = ".status.passwordUpdatedAt", priority = 1),
-    printcolumn(name = "Age", type_ = "date", json_path = ".metadata.creationTimestamp"),
+    printcolumn(
+        name = "Rotated",
+        type_ = "date",
+        json_path = ".status.passwordUpdatedAt",
+        priority = 1
+    ),
+    printcolumn(
+        name = "Age",
+        type_ = "date",
+        json_path = ".metadata.creationTimestamp"
+    )
 )]
 #[serde(rename_all = "camelCase")]
 pub struct DatabaseRoleSpec {

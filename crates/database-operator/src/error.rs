@@ -72,11 +72,15 @@ pub enum Error {
     WaitingForBackup { job: String },
 
     /// A Delete-policy cleanup failed; the finalizer stays and the cleanup is retried.
-    #[error("cannot finish deleting yet; retrying (to remove the object without dropping anything, set spec.deletionPolicy to Retain)")]
+    #[error(
+        "cannot finish deleting yet; retrying (to remove the object without dropping anything, set spec.deletionPolicy to Retain)"
+    )]
     CleanupBlocked(#[source] Box<Error>),
 
     /// The pre-delete dump failed; the database is not dropped.
-    #[error("the pre-delete dump (Job {job}) failed, so the database was not dropped; see the Job's pods, fix the cause and delete the Job to retry")]
+    #[error(
+        "the pre-delete dump (Job {job}) failed, so the database was not dropped; see the Job's pods, fix the cause and delete the Job to retry"
+    )]
     BackupFailed { job: String },
 }
 
@@ -108,7 +112,9 @@ impl Error {
     /// Wraps a cleanup failure with the way out (waiting states stay as they are).
     pub fn blocking_cleanup(self) -> Self {
         match self {
-            e @ (Error::WaitingForRoles(_) | Error::WaitingForBackup { .. } | Error::CleanupBlocked(_)) => e,
+            e @ (Error::WaitingForRoles(_)
+            | Error::WaitingForBackup { .. }
+            | Error::CleanupBlocked(_)) => e,
             e => Error::CleanupBlocked(Box::new(e)),
         }
     }
@@ -116,9 +122,15 @@ impl Error {
     /// A SQL error at `step`, sorted into unreachable vs. refused.
     pub fn sql(step: impl Into<String>, address: &str, source: PgError) -> Self {
         if source.is_connect() {
-            Error::ServerUnreachable { address: address.to_string(), source }
+            Error::ServerUnreachable {
+                address: address.to_string(),
+                source,
+            }
         } else {
-            Error::Sql { step: step.into(), source }
+            Error::Sql {
+                step: step.into(),
+                source,
+            }
         }
     }
 }

@@ -20,7 +20,14 @@ pub const EXTENSION_PATTERN: &str = "^[a-z_][a-z0-9_-]*$";
 pub const PARAMETER_PATTERN: &str = "^[a-z_][a-z0-9_.]*$";
 
 /// Role names PostgreSQL reserves or that would hand the operator the superuser.
-pub const RESERVED_ROLES: &[&str] = &["postgres", "public", "none", "current_user", "session_user", "current_role"];
+pub const RESERVED_ROLES: &[&str] = &[
+    "postgres",
+    "public",
+    "none",
+    "current_user",
+    "session_user",
+    "current_role",
+];
 
 /// Database names that must never be managed (and so never dropped).
 pub const RESERVED_DATABASES: &[&str] = &["postgres", "template0", "template1"];
@@ -61,12 +68,21 @@ pub struct InvalidName {
 /// # Errors
 /// [`InvalidName`] saying what is wrong.
 pub fn validate(kind: Kind, name: &str) -> Result<(), InvalidName> {
-    let fail = |reason: String| Err(InvalidName { noun: kind.noun(), name: name.to_string(), reason });
+    let fail = |reason: String| {
+        Err(InvalidName {
+            noun: kind.noun(),
+            name: name.to_string(),
+            reason,
+        })
+    };
     if name.is_empty() {
         return fail("must not be empty".into());
     }
     if name.len() > MAX_IDENT_BYTES {
-        return fail(format!("is {} bytes long; PostgreSQL keeps at most {MAX_IDENT_BYTES}", name.len()));
+        return fail(format!(
+            "is {} bytes long; PostgreSQL keeps at most {MAX_IDENT_BYTES}",
+            name.len()
+        ));
     }
     let extra: &[char] = match kind {
         Kind::Extension => &['-'],
@@ -74,15 +90,20 @@ pub fn validate(kind: Kind, name: &str) -> Result<(), InvalidName> {
         _ => &[],
     };
     let mut chars = name.chars();
-    let first_ok = chars.next().is_some_and(|c| c.is_ascii_lowercase() || c == '_');
-    let rest_ok = chars.all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '_' || extra.contains(&c));
+    let first_ok = chars
+        .next()
+        .is_some_and(|c| c.is_ascii_lowercase() || c == '_');
+    let rest_ok = chars
+        .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '_' || extra.contains(&c));
     if !first_ok || !rest_ok {
         let allowed = match kind {
             Kind::Extension => "lower-case letters, digits, '_' and '-'",
             Kind::Parameter => "lower-case letters, digits, '_' and '.'",
             _ => "lower-case letters, digits and '_'",
         };
-        return fail(format!("may contain only {allowed}, and must start with a letter or '_'"));
+        return fail(format!(
+            "may contain only {allowed}, and must start with a letter or '_'"
+        ));
     }
     if matches!(kind, Kind::Role | Kind::Schema) && name.starts_with("pg_") {
         return fail("the prefix pg_ is reserved by PostgreSQL".into());
@@ -130,7 +151,11 @@ pub fn quote_literal(value: &str) -> String {
             c => body.push(c),
         }
     }
-    if backslash { format!("E'{body}'") } else { format!("'{body}'") }
+    if backslash {
+        format!("E'{body}'")
+    } else {
+        format!("'{body}'")
+    }
 }
 
 #[cfg(test)]
@@ -151,7 +176,10 @@ mod tests {
     fn quote_literal_handles_quotes_and_backslashes() {
         assert_eq!(quote_literal("abc"), "'abc'");
         assert_eq!(quote_literal("it's"), "'it''s'");
-        assert_eq!(quote_literal("a\\'; DROP ROLE x; --"), "E'a\\\\''; DROP ROLE x; --'");
+        assert_eq!(
+            quote_literal("a\\'; DROP ROLE x; --"),
+            "E'a\\\\''; DROP ROLE x; --'"
+        );
         assert_eq!(quote_literal("x\0y"), "'xy'");
     }
 

@@ -22,8 +22,8 @@ pub mod api;
 pub mod cluster;
 pub mod database;
 mod error;
-pub mod observe;
 pub mod ident;
+pub mod observe;
 pub mod password;
 pub mod pg;
 pub mod role;
@@ -35,7 +35,10 @@ use std::time::Duration;
 use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
 use kube::CustomResourceExt;
 
-pub use api::{Database, DatabaseRole, DatabaseRoleSpec, DatabaseSpec, PostgresCluster, PostgresClusterSpec, PostgresClusterStatus};
+pub use api::{
+    Database, DatabaseRole, DatabaseRoleSpec, DatabaseSpec, PostgresCluster, PostgresClusterSpec,
+    PostgresClusterStatus,
+};
 pub use error::Error;
 
 /// The operator's name: field manager, Event reporter, Lease name.
@@ -43,7 +46,11 @@ pub const NAME: &str = "database-operator";
 
 /// Every CustomResourceDefinition this operator owns, for `cargo xtask crdgen`.
 pub fn crds() -> Vec<CustomResourceDefinition> {
-    vec![api::PostgresCluster::crd(), api::Database::crd(), api::DatabaseRole::crd()]
+    vec![
+        api::PostgresCluster::crd(),
+        api::Database::crd(),
+        api::DatabaseRole::crd(),
+    ]
 }
 
 /// Flags of the database-operator (next to steward-core's common flags).
@@ -61,7 +68,10 @@ pub struct Options {
 
 impl Default for Options {
     fn default() -> Self {
-        Self { resync_interval: Duration::from_secs(300), backup_image: "postgres:17".into() }
+        Self {
+            resync_interval: Duration::from_secs(300),
+            backup_image: "postgres:17".into(),
+        }
     }
 }
 
@@ -98,7 +108,8 @@ pub fn register(operator: &mut steward_core::Operator, options: Options) -> Resu
         }
     }
     let ns = watch_namespace.as_deref();
-    let managed = Config::default().labels(&format!("{}={NAME}", steward_core::apply::MANAGED_BY_LABEL));
+    let managed =
+        Config::default().labels(&format!("{}={NAME}", steward_core::apply::MANAGED_BY_LABEL));
 
     // PostgresCluster: its children and its pods.
     let clusters = Controller::new(scoped::<PostgresCluster>(&client, ns), Config::default())
@@ -107,10 +118,16 @@ pub fn register(operator: &mut steward_core::Operator, options: Options) -> Resu
         .owns(scoped::<ConfigMap>(&client, ns), managed.clone())
         .owns(scoped::<Secret>(&client, ns), managed.clone())
         .owns(scoped::<PodDisruptionBudget>(&client, ns), managed.clone())
-        .watches(scoped::<Pod>(&client, ns), Config::default().labels(cluster::build::CLUSTER_LABEL), |pod: Pod| {
-            let cluster = pod.labels().get(cluster::build::CLUSTER_LABEL).cloned();
-            cluster.zip(pod.namespace()).map(|(c, ns)| ObjectRef::<PostgresCluster>::new(&c).within(&ns))
-        });
+        .watches(
+            scoped::<Pod>(&client, ns),
+            Config::default().labels(cluster::build::CLUSTER_LABEL),
+            |pod: Pod| {
+                let cluster = pod.labels().get(cluster::build::CLUSTER_LABEL).cloned();
+                cluster
+                    .zip(pod.namespace())
+                    .map(|(c, ns)| ObjectRef::<PostgresCluster>::new(&c).within(&ns))
+            },
+        );
     operator.controller(clusters, state.clone(), cluster::reconcile);
 
     // Database: its Secret and backup Job; woken by its DatabaseRoles (deletion waits for
@@ -120,18 +137,30 @@ pub fn register(operator: &mut steward_core::Operator, options: Options) -> Resu
     let databases = databases
         .owns(scoped::<Secret>(&client, ns), managed.clone())
         .owns(scoped::<Job>(&client, ns), managed.clone())
-        .watches(scoped::<DatabaseRole>(&client, ns), Config::default(), |role: DatabaseRole| {
-            role.namespace().map(|ns| ObjectRef::<Database>::new(&role.spec.database_ref.name).within(&ns))
-        })
-        .watches(scoped::<PostgresCluster>(&client, ns), Config::default(), move |pgc: PostgresCluster| {
-            let (name, ns) = (pgc.name_any(), pgc.namespace());
-            store
-                .state()
-                .into_iter()
-                .filter(|db| db.namespace() == ns && db.spec.cluster_ref.as_ref().is_some_and(|r| r.name == name))
-                .map(|db| ObjectRef::from_obj(db.as_ref()))
-                .collect::<Vec<_>>()
-        });
+        .watches(
+            scoped::<DatabaseRole>(&client, ns),
+            Config::default(),
+            |role: DatabaseRole| {
+                role.namespace()
+                    .map(|ns| ObjectRef::<Database>::new(&role.spec.database_ref.name).within(&ns))
+            },
+        )
+        .watches(
+            scoped::<PostgresCluster>(&client, ns),
+            Config::default(),
+            move |pgc: PostgresCluster| {
+                let (name, ns) = (pgc.name_any(), pgc.namespace());
+                store
+                    .state()
+                    .into_iter()
+                    .filter(|db| {
+                        db.namespace() == ns
+                            && db.spec.cluster_ref.as_ref().is_some_and(|r| r.name == name)
+                    })
+                    .map(|db| ObjectRef::from_obj(db.as_ref()))
+                    .collect::<Vec<_>>()
+            },
+        );
     operator.controller(databases, state.clone(), database::reconcile);
 
     // DatabaseRole: its Secret; woken by its Database.
@@ -177,13 +206,39 @@ mod tests {
     fn every_crd_has_status_columns_short_name_and_category() {
         for crd in crds() {
             let names = &crd.spec.names;
-            assert_eq!(names.categories.as_deref(), Some(&["steward".to_string()][..]), "{}", names.kind);
-            assert!(names.short_names.as_ref().is_some_and(|s| !s.is_empty()), "{}", names.kind);
+            assert_eq!(
+                names.categories.as_deref(),
+                Some(&["steward".to_string()][..]),
+                "{}",
+                names.kind
+            );
+            assert!(
+                names.short_names.as_ref().is_some_and(|s| !s.is_empty()),
+                "{}",
+                names.kind
+            );
             let version = &crd.spec.versions[0];
-            assert!(version.subresources.as_ref().and_then(|s| s.status.as_ref()).is_some(), "{}", names.kind);
-            let columns: Vec<&str> = version.additional_printer_columns.iter().flatten().map(|c| c.name.as_str()).collect();
+            assert!(
+                version
+                    .subresources
+                    .as_ref()
+                    .and_then(|s| s.status.as_ref())
+                    .is_some(),
+                "{}",
+                names.kind
+            );
+            let columns: Vec<&str> = version
+                .additional_printer_columns
+                .iter()
+                .flatten()
+                .map(|c| c.name.as_str())
+                .collect();
             for wanted in ["Ready", "Phase", "Age"] {
-                assert!(columns.contains(&wanted), "{} lacks column {wanted}: {columns:?}", names.kind);
+                assert!(
+                    columns.contains(&wanted),
+                    "{} lacks column {wanted}: {columns:?}",
+                    names.kind
+                );
             }
         }
     }
@@ -194,14 +249,30 @@ mod tests {
         for crd in crds() {
             patterns(&serde_json::to_value(&crd).unwrap(), &mut found);
         }
-        let allowed = [ident::NAME_PATTERN, ident::EXTENSION_PATTERN, "^[0-9]+(s|m|h)$"];
-        assert!(found.iter().filter(|p| p.as_str() == ident::NAME_PATTERN).count() >= 4, "{found:?}");
+        let allowed = [
+            ident::NAME_PATTERN,
+            ident::EXTENSION_PATTERN,
+            "^[0-9]+(s|m|h)$",
+        ];
+        assert!(
+            found
+                .iter()
+                .filter(|p| p.as_str() == ident::NAME_PATTERN)
+                .count()
+                >= 4,
+            "{found:?}"
+        );
         for p in &found {
             assert!(allowed.contains(&p.as_str()), "unexpected pattern {p}");
         }
         let text = serde_json::to_string(&crds()).unwrap();
         assert!(text.contains("\"maxLength\":63"));
-        for message in ["name is immutable", "roleName is immutable", "exactly one of clusterRef and external must be set", "storage is immutable"] {
+        for message in [
+            "name is immutable",
+            "roleName is immutable",
+            "exactly one of clusterRef and external must be set",
+            "storage is immutable",
+        ] {
             assert!(text.contains(message), "CEL rule with message {message:?}");
         }
     }

@@ -3,7 +3,11 @@
 use clap::Parser;
 
 #[derive(Parser)]
-#[command(name = "database-operator", version, about = "Manages PostgreSQL clusters, databases and roles")]
+#[command(
+    name = "database-operator",
+    version,
+    about = "Manages PostgreSQL clusters, databases and roles"
+)]
 struct Args {
     #[command(flatten)]
     common: steward_core::cli::CommonArgs,

@@ -7,7 +7,10 @@ use crate::pg::PgError;
 use crate::sql::{self, DatabaseServerState, InDatabaseState, RoleState};
 
 fn stmt_err(what: &str) -> impl FnOnce(tokio_postgres::Error) -> PgError + '_ {
-    move |source| PgError::Statement { what: what.to_string(), source }
+    move |source| PgError::Statement {
+        what: what.to_string(),
+        source,
+    }
 }
 
 /// The session user's superuser flag and the server's major version.
@@ -15,7 +18,10 @@ fn stmt_err(what: &str) -> impl FnOnce(tokio_postgres::Error) -> PgError + '_ {
 /// # Errors
 /// [`PgError::Statement`].
 pub async fn session(client: &Client) -> Result<(bool, i32), PgError> {
-    let row = client.query_one(sql::QUERY_SESSION, &[]).await.map_err(stmt_err("read the session user"))?;
+    let row = client
+        .query_one(sql::QUERY_SESSION, &[])
+        .await
+        .map_err(stmt_err("read the session user"))?;
     Ok((row.get(0), row.get(1)))
 }
 
@@ -24,7 +30,11 @@ pub async fn session(client: &Client) -> Result<(bool, i32), PgError> {
 /// # Errors
 /// [`PgError::Statement`].
 pub async fn role(client: &Client, name: &str) -> Result<Option<RoleState>, PgError> {
-    let Some(row) = client.query_opt(sql::QUERY_ROLE, &[&name]).await.map_err(stmt_err("read pg_roles"))? else {
+    let Some(row) = client
+        .query_opt(sql::QUERY_ROLE, &[&name])
+        .await
+        .map_err(stmt_err("read pg_roles"))?
+    else {
         return Ok(None);
     };
     let stored_password = match client.query_opt(sql::QUERY_ROLE_PASSWORD, &[&name]).await {
@@ -34,7 +44,11 @@ pub async fn role(client: &Client, name: &str) -> Result<Option<RoleState>, PgEr
         Err(e) if e.code().is_some_and(|c| c.code() == "42501") => None,
         Err(e) => return Err(stmt_err("read pg_authid")(e)),
     };
-    Ok(Some(RoleState { superuser: row.get(0), can_login: row.get(1), stored_password }))
+    Ok(Some(RoleState {
+        superuser: row.get(0),
+        can_login: row.get(1),
+        stored_password,
+    }))
 }
 
 /// Whether the session user has `role`'s privileges.
@@ -42,7 +56,10 @@ pub async fn role(client: &Client, name: &str) -> Result<Option<RoleState>, PgEr
 /// # Errors
 /// [`PgError::Statement`].
 pub async fn has_role(client: &Client, role: &str) -> Result<bool, PgError> {
-    let row = client.query_one(sql::QUERY_IS_MEMBER, &[&role]).await.map_err(stmt_err("check role membership"))?;
+    let row = client
+        .query_one(sql::QUERY_IS_MEMBER, &[&role])
+        .await
+        .map_err(stmt_err("check role membership"))?;
     Ok(row.get(0))
 }
 
@@ -51,7 +68,10 @@ pub async fn has_role(client: &Client, role: &str) -> Result<bool, PgError> {
 /// # Errors
 /// [`PgError::Statement`].
 pub async fn is_direct_member(client: &Client, member: &str, group: &str) -> Result<bool, PgError> {
-    let row = client.query_one(sql::QUERY_DIRECT_MEMBER, &[&member, &group]).await.map_err(stmt_err("check role membership"))?;
+    let row = client
+        .query_one(sql::QUERY_DIRECT_MEMBER, &[&member, &group])
+        .await
+        .map_err(stmt_err("check role membership"))?;
     Ok(row.get(0))
 }
 
@@ -60,21 +80,39 @@ pub async fn is_direct_member(client: &Client, member: &str, group: &str) -> Res
 /// # Errors
 /// [`PgError::Statement`].
 pub async fn database_owner(client: &Client, db: &str) -> Result<Option<String>, PgError> {
-    Ok(client.query_opt(sql::QUERY_DATABASE_OWNER, &[&db]).await.map_err(stmt_err("read pg_database"))?.map(|r| r.get(0)))
+    Ok(client
+        .query_opt(sql::QUERY_DATABASE_OWNER, &[&db])
+        .await
+        .map_err(stmt_err("read pg_database"))?
+        .map(|r| r.get(0)))
 }
 
 /// Server-level state of database `db` owned (desirably) by `owner`.
 ///
 /// # Errors
 /// [`PgError::Statement`].
-pub async fn database_server(client: &Client, db: &str, owner: &str, admin_is_superuser: bool) -> Result<DatabaseServerState, PgError> {
+pub async fn database_server(
+    client: &Client,
+    db: &str,
+    owner: &str,
+    admin_is_superuser: bool,
+) -> Result<DatabaseServerState, PgError> {
     let current_owner = database_owner(client, db).await?;
     let public_connect = match current_owner {
-        Some(_) => client.query_one(sql::QUERY_PUBLIC_CONNECT, &[&db]).await.map_err(stmt_err("read the database ACL"))?.get(0),
+        Some(_) => client
+            .query_one(sql::QUERY_PUBLIC_CONNECT, &[&db])
+            .await
+            .map_err(stmt_err("read the database ACL"))?
+            .get(0),
         None => false,
     };
     let admin_has_owner_role = admin_is_superuser || has_role(client, owner).await?;
-    Ok(DatabaseServerState { owner: current_owner, public_connect, admin_is_superuser, admin_has_owner_role })
+    Ok(DatabaseServerState {
+        owner: current_owner,
+        public_connect,
+        admin_is_superuser,
+        admin_has_owner_role,
+    })
 }
 
 /// Schemas and extensions of the database `client` is connected to.
@@ -82,10 +120,19 @@ pub async fn database_server(client: &Client, db: &str, owner: &str, admin_is_su
 /// # Errors
 /// [`PgError::Statement`].
 pub async fn in_database(client: &Client) -> Result<InDatabaseState, PgError> {
-    let schemas = client.query(sql::QUERY_SCHEMAS, &[]).await.map_err(stmt_err("read pg_namespace"))?;
-    let extensions = client.query(sql::QUERY_EXTENSIONS, &[]).await.map_err(stmt_err("read pg_extension"))?;
+    let schemas = client
+        .query(sql::QUERY_SCHEMAS, &[])
+        .await
+        .map_err(stmt_err("read pg_namespace"))?;
+    let extensions = client
+        .query(sql::QUERY_EXTENSIONS, &[])
+        .await
+        .map_err(stmt_err("read pg_extension"))?;
     Ok(InDatabaseState {
-        schemas: schemas.iter().map(|r| (r.get::<_, String>(0), r.get::<_, String>(1))).collect(),
+        schemas: schemas
+            .iter()
+            .map(|r| (r.get::<_, String>(0), r.get::<_, String>(1)))
+            .collect(),
         extensions: extensions.iter().map(|r| r.get::<_, String>(0)).collect(),
     })
 }
@@ -95,7 +142,10 @@ pub async fn in_database(client: &Client) -> Result<InDatabaseState, PgError> {
 /// # Errors
 /// [`PgError::Statement`].
 pub async fn owned_databases(client: &Client, role: &str) -> Result<Vec<String>, PgError> {
-    let rows = client.query(sql::QUERY_OWNED_DATABASES, &[&role]).await.map_err(stmt_err("read pg_database"))?;
+    let rows = client
+        .query(sql::QUERY_OWNED_DATABASES, &[&role])
+        .await
+        .map_err(stmt_err("read pg_database"))?;
     Ok(rows.iter().map(|r| r.get(0)).collect())
 }
 
@@ -104,5 +154,9 @@ pub async fn owned_databases(client: &Client, role: &str) -> Result<Vec<String>,
 /// # Errors
 /// [`PgError::Statement`].
 pub async fn terminate_connections(client: &Client, db: &str) -> Result<usize, PgError> {
-    Ok(client.query(sql::TERMINATE_CONNECTIONS, &[&db]).await.map_err(stmt_err("terminate the database's connections"))?.len())
+    Ok(client
+        .query(sql::TERMINATE_CONNECTIONS, &[&db])
+        .await
+        .map_err(stmt_err("terminate the database's connections"))?
+        .len())
 }

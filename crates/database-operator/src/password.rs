@@ -29,7 +29,11 @@ impl Password {
     /// A new random password from the OS-seeded CSPRNG: [`LENGTH`] characters of [`ALPHABET`].
     pub fn generate() -> Self {
         let mut rng = rand::rng();
-        Self((0..LENGTH).map(|_| char::from(ALPHABET[rng.random_range(0..ALPHABET.len())])).collect())
+        Self(
+            (0..LENGTH)
+                .map(|_| char::from(ALPHABET[rng.random_range(0..ALPHABET.len())]))
+                .collect(),
+        )
     }
 
     /// Wraps an existing password (read from a Secret).
@@ -77,13 +81,24 @@ pub fn scram_verifier_with_salt(password: &[u8], salt: &[u8], iterations: u32) -
 /// Whether `stored` (a `pg_authid.rolpassword` value) is a SCRAM-SHA-256 verifier of
 /// `password`. Anything else (NULL, MD5, malformed) is `false`.
 pub fn verifies(stored: &str, password: &Password) -> bool {
-    let Some(rest) = stored.strip_prefix("SCRAM-SHA-256$") else { return false };
-    let Some((params, keys)) = rest.split_once('$') else { return false };
-    let Some((iterations, salt)) = params.split_once(':') else { return false };
-    let Some((stored_key, server_key)) = keys.split_once(':') else { return false };
-    let (Ok(iterations), Ok(salt), Ok(stored_key), Ok(server_key)) =
-        (iterations.parse::<u32>(), STANDARD.decode(salt), STANDARD.decode(stored_key), STANDARD.decode(server_key))
-    else {
+    let Some(rest) = stored.strip_prefix("SCRAM-SHA-256$") else {
+        return false;
+    };
+    let Some((params, keys)) = rest.split_once('$') else {
+        return false;
+    };
+    let Some((iterations, salt)) = params.split_once(':') else {
+        return false;
+    };
+    let Some((stored_key, server_key)) = keys.split_once(':') else {
+        return false;
+    };
+    let (Ok(iterations), Ok(salt), Ok(stored_key), Ok(server_key)) = (
+        iterations.parse::<u32>(),
+        STANDARD.decode(salt),
+        STANDARD.decode(stored_key),
+        STANDARD.decode(server_key),
+    ) else {
         return false;
     };
     if iterations == 0 || iterations > 1_000_000 {

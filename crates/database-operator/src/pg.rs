@@ -47,7 +47,11 @@ impl fmt::Debug for Server {
 impl Server {
     /// `host:port`.
     pub fn address(&self) -> String {
-        if self.host.contains(':') { format!("[{}]:{}", self.host, self.port) } else { format!("{}:{}", self.host, self.port) }
+        if self.host.contains(':') {
+            format!("[{}]:{}", self.host, self.port)
+        } else {
+            format!("{}:{}", self.host, self.port)
+        }
     }
 }
 
@@ -103,7 +107,12 @@ pub async fn connect(server: &Server, database: &str) -> Result<Client, PgError>
 ///
 /// # Errors
 /// [`PgError::Connect`] or [`PgError::Tls`].
-pub async fn connect_as(server: &Server, database: &str, user: &str, password: &Password) -> Result<Client, PgError> {
+pub async fn connect_as(
+    server: &Server,
+    database: &str,
+    user: &str,
+    password: &Password,
+) -> Result<Client, PgError> {
     let mut config = tokio_postgres::Config::new();
     config
         .host(&server.host)
@@ -116,7 +125,9 @@ pub async fn connect_as(server: &Server, database: &str, user: &str, password: &
         .ssl_mode(match server.ssl_mode {
             SslMode::Disable => tokio_postgres::config::SslMode::Disable,
             SslMode::Prefer => tokio_postgres::config::SslMode::Prefer,
-            SslMode::Require | SslMode::VerifyCa | SslMode::VerifyFull => tokio_postgres::config::SslMode::Require,
+            SslMode::Require | SslMode::VerifyCa | SslMode::VerifyFull => {
+                tokio_postgres::config::SslMode::Require
+            }
         });
     let connect_err = |source| PgError::Connect {
         address: server.address(),
@@ -158,7 +169,10 @@ pub async fn execute(client: &Client, plan: &[String]) -> Result<(), PgError> {
         client
             .batch_execute(statement)
             .await
-            .map_err(|source| PgError::Statement { what: redact(statement), source })?;
+            .map_err(|source| PgError::Statement {
+                what: redact(statement),
+                source,
+            })?;
     }
     Ok(())
 }
@@ -173,7 +187,10 @@ pub fn redact(statement: &str) -> String {
 }
 
 fn tls_config(server: &Server) -> Result<rustls::ClientConfig, PgError> {
-    let tls_err = |message: String| PgError::Tls { address: server.address(), message };
+    let tls_err = |message: String| PgError::Tls {
+        address: server.address(),
+        message,
+    };
     let provider = Arc::new(rustls::crypto::ring::default_provider());
     let builder = rustls::ClientConfig::builder_with_provider(provider.clone())
         .with_safe_default_protocol_versions()
@@ -188,8 +205,11 @@ fn tls_config(server: &Server) -> Result<rustls::ClientConfig, PgError> {
             match &server.ca_pem {
                 Some(pem) => {
                     for cert in rustls::pki_types::pem::PemObject::pem_slice_iter(pem) {
-                        let cert: CertificateDer<'static> = cert.map_err(|e| tls_err(format!("bad ca.crt: {e}")))?;
-                        roots.add(cert).map_err(|e| tls_err(format!("bad ca.crt: {e}")))?;
+                        let cert: CertificateDer<'static> =
+                            cert.map_err(|e| tls_err(format!("bad ca.crt: {e}")))?;
+                        roots
+                            .add(cert)
+                            .map_err(|e| tls_err(format!("bad ca.crt: {e}")))?;
                     }
                 }
                 None => {
@@ -198,13 +218,19 @@ fn tls_config(server: &Server) -> Result<rustls::ClientConfig, PgError> {
                     }
                 }
             }
-            let webpki = rustls::client::WebPkiServerVerifier::builder_with_provider(Arc::new(roots), provider)
-                .build()
-                .map_err(|e| tls_err(e.to_string()))?;
+            let webpki = rustls::client::WebPkiServerVerifier::builder_with_provider(
+                Arc::new(roots),
+                provider,
+            )
+            .build()
+            .map_err(|e| tls_err(e.to_string()))?;
             if server.ssl_mode == SslMode::VerifyFull {
                 builder.with_webpki_verifier(webpki).with_no_client_auth()
             } else {
-                builder.dangerous().with_custom_certificate_verifier(Arc::new(IgnoreHostname(webpki))).with_no_client_auth()
+                builder
+                    .dangerous()
+                    .with_custom_certificate_verifier(Arc::new(IgnoreHostname(webpki)))
+                    .with_no_client_auth()
             }
         }
     };
@@ -227,12 +253,32 @@ impl ServerCertVerifier for NoVerification {
         Ok(ServerCertVerified::assertion())
     }
 
-    fn verify_tls12_signature(&self, message: &[u8], cert: &CertificateDer<'_>, dss: &DigitallySignedStruct) -> Result<HandshakeSignatureValid, TlsError> {
-        rustls::crypto::verify_tls12_signature(message, cert, dss, &self.0.signature_verification_algorithms)
+    fn verify_tls12_signature(
+        &self,
+        message: &[u8],
+        cert: &CertificateDer<'_>,
+        dss: &DigitallySignedStruct,
+    ) -> Result<HandshakeSignatureValid, TlsError> {
+        rustls::crypto::verify_tls12_signature(
+            message,
+            cert,
+            dss,
+            &self.0.signature_verification_algorithms,
+        )
     }
 
-    fn verify_tls13_signature(&self, message: &[u8], cert: &CertificateDer<'_>, dss: &DigitallySignedStruct) -> Result<HandshakeSignatureValid, TlsError> {
-        rustls::crypto::verify_tls13_signature(message, cert, dss, &self.0.signature_verification_algorithms)
+    fn verify_tls13_signature(
+        &self,
+        message: &[u8],
+        cert: &CertificateDer<'_>,
+        dss: &DigitallySignedStruct,
+    ) -> Result<HandshakeSignatureValid, TlsError> {
+        rustls::crypto::verify_tls13_signature(
+            message,
+            cert,
+            dss,
+            &self.0.signature_verification_algorithms,
+        )
     }
 
     fn supported_verify_schemes(&self) -> Vec<SignatureScheme> {
@@ -253,20 +299,33 @@ impl ServerCertVerifier for IgnoreHostname {
         ocsp_response: &[u8],
         now: UnixTime,
     ) -> Result<ServerCertVerified, TlsError> {
-        match self.0.verify_server_cert(end_entity, intermediates, server_name, ocsp_response, now) {
+        match self
+            .0
+            .verify_server_cert(end_entity, intermediates, server_name, ocsp_response, now)
+        {
             Err(TlsError::InvalidCertificate(rustls::CertificateError::NotValidForName))
-            | Err(TlsError::InvalidCertificate(rustls::CertificateError::NotValidForNameContext { .. })) => {
-                Ok(ServerCertVerified::assertion())
-            }
+            | Err(TlsError::InvalidCertificate(
+                rustls::CertificateError::NotValidForNameContext { .. },
+            )) => Ok(ServerCertVerified::assertion()),
             other => other,
         }
     }
 
-    fn verify_tls12_signature(&self, message: &[u8], cert: &CertificateDer<'_>, dss: &DigitallySignedStruct) -> Result<HandshakeSignatureValid, TlsError> {
+    fn verify_tls12_signature(
+        &self,
+        message: &[u8],
+        cert: &CertificateDer<'_>,
+        dss: &DigitallySignedStruct,
+    ) -> Result<HandshakeSignatureValid, TlsError> {
         self.0.verify_tls12_signature(message, cert, dss)
     }
 
-    fn verify_tls13_signature(&self, message: &[u8], cert: &CertificateDer<'_>, dss: &DigitallySignedStruct) -> Result<HandshakeSignatureValid, TlsError> {
+    fn verify_tls13_signature(
+        &self,
+        message: &[u8],
+        cert: &CertificateDer<'_>,
+        dss: &DigitallySignedStruct,
+    ) -> Result<HandshakeSignatureValid, TlsError> {
         self.0.verify_tls13_signature(message, cert, dss)
     }
 
@@ -281,7 +340,10 @@ mod tests {
 
     #[test]
     fn redact_cuts_passwords() {
-        assert_eq!(redact("ALTER ROLE \"a\" WITH PASSWORD 'SCRAM-SHA-256$x'"), "ALTER ROLE \"a\" WITH PASSWORD <redacted>");
+        assert_eq!(
+            redact("ALTER ROLE \"a\" WITH PASSWORD 'SCRAM-SHA-256$x'"),
+            "ALTER ROLE \"a\" WITH PASSWORD <redacted>"
+        );
         assert_eq!(redact("CREATE DATABASE \"a\""), "CREATE DATABASE \"a\"");
     }
 

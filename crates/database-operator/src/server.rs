@@ -20,7 +20,11 @@ use crate::pg::Server;
 /// # Errors
 /// [`Error::MissingReference`] when the cluster, the Secret or a key is missing;
 /// [`Error::Read`] when reading fails.
-pub async fn resolve(client: &kube::Client, ns: &str, spec: &DatabaseSpec) -> Result<Server, Error> {
+pub async fn resolve(
+    client: &kube::Client,
+    ns: &str,
+    spec: &DatabaseSpec,
+) -> Result<Server, Error> {
     let secrets: Api<Secret> = Api::namespaced(client.clone(), ns);
     let read_secret = |name: String| {
         let secrets = secrets.clone();
@@ -28,8 +32,13 @@ pub async fn resolve(client: &kube::Client, ns: &str, spec: &DatabaseSpec) -> Re
             secrets
                 .get_opt(&name)
                 .await
-                .map_err(|source| Error::Read { what: format!("Secret {name}"), source })?
-                .ok_or_else(|| Error::MissingReference(format!("Secret {name} not found in namespace {ns}")))
+                .map_err(|source| Error::Read {
+                    what: format!("Secret {name}"),
+                    source,
+                })?
+                .ok_or_else(|| {
+                    Error::MissingReference(format!("Secret {name} not found in namespace {ns}"))
+                })
         }
     };
     let key = |secret: &Secret, key: &str| -> Result<String, Error> {
@@ -52,8 +61,16 @@ pub async fn resolve(client: &kube::Client, ns: &str, spec: &DatabaseSpec) -> Re
             clusters
                 .get_opt(&r.name)
                 .await
-                .map_err(|source| Error::Read { what: format!("PostgresCluster {}", r.name), source })?
-                .ok_or_else(|| Error::MissingReference(format!("PostgresCluster {} not found in namespace {ns}", r.name)))?;
+                .map_err(|source| Error::Read {
+                    what: format!("PostgresCluster {}", r.name),
+                    source,
+                })?
+                .ok_or_else(|| {
+                    Error::MissingReference(format!(
+                        "PostgresCluster {} not found in namespace {ns}",
+                        r.name
+                    ))
+                })?;
             let names = Names::of(&r.name);
             let secret = read_secret(names.superuser_secret.clone()).await?;
             Ok(Server {
@@ -68,25 +85,39 @@ pub async fn resolve(client: &kube::Client, ns: &str, spec: &DatabaseSpec) -> Re
         }
         (None, Some(ext)) => {
             let secret = read_secret(ext.admin_secret_ref.name.clone()).await?;
-            let port = u16::try_from(ext.port).map_err(|_| Error::InvalidSpec(format!("port {} is out of range", ext.port)))?;
+            let port = u16::try_from(ext.port)
+                .map_err(|_| Error::InvalidSpec(format!("port {} is out of range", ext.port)))?;
             Ok(Server {
                 host: ext.host.clone(),
                 port,
                 ssl_mode: ext.ssl_mode,
                 admin_user: key(&secret, &ext.admin_secret_ref.username_key)?,
-                admin_password: Password::from_existing(key(&secret, &ext.admin_secret_ref.password_key)?),
+                admin_password: Password::from_existing(key(
+                    &secret,
+                    &ext.admin_secret_ref.password_key,
+                )?),
                 admin_database: ext.admin_database.clone(),
-                ca_pem: secret.data.as_ref().and_then(|d| d.get("ca.crt")).map(|v| v.0.clone()),
+                ca_pem: secret
+                    .data
+                    .as_ref()
+                    .and_then(|d| d.get("ca.crt"))
+                    .map(|v| v.0.clone()),
             })
         }
-        _ => Err(Error::InvalidSpec("exactly one of clusterRef and external must be set".into())),
+        _ => Err(Error::InvalidSpec(
+            "exactly one of clusterRef and external must be set".into(),
+        )),
     }
 }
 
 /// The admin Secret (name, password key) a Job uses to log in like the operator does.
 pub fn admin_secret_of(spec: &DatabaseSpec) -> Option<(String, String, String)> {
     match (&spec.cluster_ref, &spec.external) {
-        (Some(r), _) => Some((Names::of(&r.name).superuser_secret, "username".into(), "password".into())),
+        (Some(r), _) => Some((
+            Names::of(&r.name).superuser_secret,
+            "username".into(),
+            "password".into(),
+        )),
         (None, Some(ext)) => Some((
             ext.admin_secret_ref.name.clone(),
             ext.admin_secret_ref.username_key.clone(),
@@ -110,8 +141,17 @@ pub fn sslmode_str(mode: SslMode) -> &'static str {
 /// `host`, `port`, `dbname`, `user`, `password`, `uri` and `jdbc-uri` for `user` on `dbname`.
 /// Names are `[a-z0-9_]` and generated passwords URL-safe, so nothing needs escaping; other
 /// characters are percent-encoded anyway.
-pub fn credentials(server: &Server, dbname: &str, user: &str, password: &Password) -> BTreeMap<String, String> {
-    let host = if server.host.contains(':') { format!("[{}]", server.host) } else { server.host.clone() };
+pub fn credentials(
+    server: &Server,
+    dbname: &str,
+    user: &str,
+    password: &Password,
+) -> BTreeMap<String, String> {
+    let host = if server.host.contains(':') {
+        format!("[{}]", server.host)
+    } else {
+        server.host.clone()
+    };
     let ssl = sslmode_str(server.ssl_mode);
     let (u, p, d) = (encode(user), encode(password.expose()), encode(dbname));
     BTreeMap::from([
@@ -120,13 +160,30 @@ pub fn credentials(server: &Server, dbname: &str, user: &str, password: &Passwor
         ("dbname".to_string(), dbname.to_string()),
         ("user".to_string(), user.to_string()),
         ("password".to_string(), password.expose().to_string()),
-        ("uri".to_string(), format!("postgresql://{u}:{p}@{host}:{}/{d}?sslmode={ssl}", server.port)),
-        ("jdbc-uri".to_string(), format!("jdbc:postgresql://{host}:{}/{d}?user={u}&password={p}&sslmode={ssl}", server.port)),
+        (
+            "uri".to_string(),
+            format!(
+                "postgresql://{u}:{p}@{host}:{}/{d}?sslmode={ssl}",
+                server.port
+            ),
+        ),
+        (
+            "jdbc-uri".to_string(),
+            format!(
+                "jdbc:postgresql://{host}:{}/{d}?user={u}&password={p}&sslmode={ssl}",
+                server.port
+            ),
+        ),
     ])
 }
 
 /// A credentials Secret named `name` in `ns` (owner reference added when applied).
-pub fn credentials_secret(name: &str, ns: &str, data: BTreeMap<String, String>, annotations: BTreeMap<String, String>) -> Secret {
+pub fn credentials_secret(
+    name: &str,
+    ns: &str,
+    data: BTreeMap<String, String>,
+    annotations: BTreeMap<String, String>,
+) -> Secret {
     Secret {
         metadata: ObjectMeta {
             name: Some(name.to_string()),
@@ -135,7 +192,11 @@ pub fn credentials_secret(name: &str, ns: &str, data: BTreeMap<String, String>, 
             ..Default::default()
         },
         type_: Some("Opaque".into()),
-        data: Some(data.into_iter().map(|(k, v)| (k, ByteString(v.into_bytes()))).collect()),
+        data: Some(
+            data.into_iter()
+                .map(|(k, v)| (k, ByteString(v.into_bytes())))
+                .collect(),
+        ),
         ..Default::default()
     }
 }
@@ -178,10 +239,26 @@ mod tests {
             admin_database: "postgres".into(),
             ca_pem: None,
         };
-        let c = credentials(&server, "app", "app_owner", &Password::from_existing("p-w_d".into()));
-        assert_eq!(c.keys().cloned().collect::<Vec<_>>(), ["dbname", "host", "jdbc-uri", "password", "port", "uri", "user"]);
-        assert_eq!(c["uri"], "postgresql://app_owner:p-w_d@db.example:5433/app?sslmode=require");
-        assert_eq!(c["jdbc-uri"], "jdbc:postgresql://db.example:5433/app?user=app_owner&password=p-w_d&sslmode=require");
+        let c = credentials(
+            &server,
+            "app",
+            "app_owner",
+            &Password::from_existing("p-w_d".into()),
+        );
+        assert_eq!(
+            c.keys().cloned().collect::<Vec<_>>(),
+            [
+                "dbname", "host", "jdbc-uri", "password", "port", "uri", "user"
+            ]
+        );
+        assert_eq!(
+            c["uri"],
+            "postgresql://app_owner:p-w_d@db.example:5433/app?sslmode=require"
+        );
+        assert_eq!(
+            c["jdbc-uri"],
+            "jdbc:postgresql://db.example:5433/app?user=app_owner&password=p-w_d&sslmode=require"
+        );
         assert_eq!(c["port"], "5433");
         assert_eq!(encode("a b/c"), "a%20b%2Fc");
     }

@@ -18,9 +18,11 @@ use crate::password::{self, Password};
 // ---------------------------------------------------------------------------------------
 
 /// `$1` role name → `rolsuper`, `rolcanlogin`.
-pub const QUERY_ROLE: &str = "SELECT rolsuper, rolcanlogin FROM pg_catalog.pg_roles WHERE rolname = $1";
+pub const QUERY_ROLE: &str =
+    "SELECT rolsuper, rolcanlogin FROM pg_catalog.pg_roles WHERE rolname = $1";
 /// `$1` role name → `rolpassword` (superusers only; others get a permission error).
-pub const QUERY_ROLE_PASSWORD: &str = "SELECT rolpassword FROM pg_catalog.pg_authid WHERE rolname = $1";
+pub const QUERY_ROLE_PASSWORD: &str =
+    "SELECT rolpassword FROM pg_catalog.pg_authid WHERE rolname = $1";
 /// → whether the session user is a superuser, and the server's major version.
 pub const QUERY_SESSION: &str = "SELECT rolsuper, current_setting('server_version_num')::int / 10000 FROM pg_catalog.pg_roles WHERE rolname = current_user";
 /// `$1` role → whether the session user is a member of it (with its privileges).
@@ -30,7 +32,8 @@ pub const QUERY_DIRECT_MEMBER: &str = "SELECT EXISTS (SELECT 1 FROM pg_catalog.p
      JOIN pg_catalog.pg_roles r ON r.oid = m.roleid JOIN pg_catalog.pg_roles u ON u.oid = m.member \
      WHERE u.rolname = $1 AND r.rolname = $2)";
 /// `$1` database → owner's name.
-pub const QUERY_DATABASE_OWNER: &str = "SELECT pg_catalog.pg_get_userbyid(datdba) FROM pg_catalog.pg_database WHERE datname = $1";
+pub const QUERY_DATABASE_OWNER: &str =
+    "SELECT pg_catalog.pg_get_userbyid(datdba) FROM pg_catalog.pg_database WHERE datname = $1";
 /// `$1` database → whether PUBLIC may connect.
 pub const QUERY_PUBLIC_CONNECT: &str = "SELECT EXISTS (SELECT 1 FROM pg_catalog.pg_database d, \
      pg_catalog.aclexplode(COALESCE(d.datacl, pg_catalog.acldefault('d', d.datdba))) a \
@@ -39,7 +42,8 @@ pub const QUERY_PUBLIC_CONNECT: &str = "SELECT EXISTS (SELECT 1 FROM pg_catalog.
 pub const QUERY_OWNED_DATABASES: &str = "SELECT datname FROM pg_catalog.pg_database d \
      JOIN pg_catalog.pg_roles r ON r.oid = d.datdba WHERE r.rolname = $1 ORDER BY datname";
 /// → every schema of the current database and its owner.
-pub const QUERY_SCHEMAS: &str = "SELECT nspname, pg_catalog.pg_get_userbyid(nspowner) FROM pg_catalog.pg_namespace";
+pub const QUERY_SCHEMAS: &str =
+    "SELECT nspname, pg_catalog.pg_get_userbyid(nspowner) FROM pg_catalog.pg_namespace";
 /// → every extension installed in the current database.
 pub const QUERY_EXTENSIONS: &str = "SELECT extname FROM pg_catalog.pg_extension";
 /// `$1` database → terminates every other session on it.
@@ -53,7 +57,11 @@ pub const TERMINATE_CONNECTIONS: &str = "SELECT pg_catalog.pg_terminate_backend(
 /// `CREATE ROLE r WITH LOGIN PASSWORD '<SCRAM verifier>'`: the password itself never
 /// reaches the server.
 pub fn create_login_role(role: &str, scram_verifier: &str) -> String {
-    format!("CREATE ROLE {} WITH LOGIN PASSWORD {}", qi(role), quote_literal(scram_verifier))
+    format!(
+        "CREATE ROLE {} WITH LOGIN PASSWORD {}",
+        qi(role),
+        quote_literal(scram_verifier)
+    )
 }
 
 pub fn alter_role_login(role: &str) -> String {
@@ -61,7 +69,11 @@ pub fn alter_role_login(role: &str) -> String {
 }
 
 pub fn alter_role_password(role: &str, scram_verifier: &str) -> String {
-    format!("ALTER ROLE {} WITH PASSWORD {}", qi(role), quote_literal(scram_verifier))
+    format!(
+        "ALTER ROLE {} WITH PASSWORD {}",
+        qi(role),
+        quote_literal(scram_verifier)
+    )
 }
 
 pub fn grant_role(role: &str, to: &str) -> String {
@@ -85,7 +97,10 @@ pub fn alter_database_owner(db: &str, owner: &str) -> String {
 }
 
 pub fn revoke_public_connect(db: &str) -> String {
-    format!("REVOKE CONNECT, TEMPORARY ON DATABASE {} FROM PUBLIC", qi(db))
+    format!(
+        "REVOKE CONNECT, TEMPORARY ON DATABASE {} FROM PUBLIC",
+        qi(db)
+    )
 }
 
 pub fn grant_connect(db: &str, role: &str) -> String {
@@ -118,7 +133,11 @@ pub fn drop_role(role: &str) -> String {
 }
 
 pub fn create_schema(schema: &str, owner: &str) -> String {
-    format!("CREATE SCHEMA IF NOT EXISTS {} AUTHORIZATION {}", qi(schema), qi(owner))
+    format!(
+        "CREATE SCHEMA IF NOT EXISTS {} AUTHORIZATION {}",
+        qi(schema),
+        qi(owner)
+    )
 }
 
 pub fn alter_schema_owner(schema: &str, owner: &str) -> String {
@@ -132,7 +151,11 @@ pub fn drop_schema(schema: &str) -> String {
 
 pub fn create_extension(extension: &str, schema: Option<&str>) -> String {
     match schema {
-        Some(s) => format!("CREATE EXTENSION IF NOT EXISTS {} WITH SCHEMA {}", qi(extension), qi(s)),
+        Some(s) => format!(
+            "CREATE EXTENSION IF NOT EXISTS {} WITH SCHEMA {}",
+            qi(extension),
+            qi(s)
+        ),
         None => format!("CREATE EXTENSION IF NOT EXISTS {}", qi(extension)),
     }
 }
@@ -168,7 +191,11 @@ pub enum PlanError {
 ///
 /// # Errors
 /// [`PlanError::SuperuserRole`] when `role` is a superuser.
-pub fn plan_login_role(role: &str, state: Option<&RoleState>, password: &Password) -> Result<Vec<String>, PlanError> {
+pub fn plan_login_role(
+    role: &str,
+    state: Option<&RoleState>,
+    password: &Password,
+) -> Result<Vec<String>, PlanError> {
     let Some(state) = state else {
         return Ok(vec![create_login_role(role, &password.scram_verifier())]);
     };
@@ -237,7 +264,12 @@ pub struct InDatabaseState {
 
 /// Statements (inside the database) for its schemas and extensions: schemas are created
 /// first (an extension may go into one) and dropped last.
-pub fn plan_in_database(owner: &str, schemas: &[SchemaSpec], extensions: &[ExtensionSpec], state: &InDatabaseState) -> Vec<String> {
+pub fn plan_in_database(
+    owner: &str,
+    schemas: &[SchemaSpec],
+    extensions: &[ExtensionSpec],
+    state: &InDatabaseState,
+) -> Vec<String> {
     let mut out = Vec::new();
     for s in schemas.iter().filter(|s| s.ensure == Ensure::Present) {
         match state.schemas.get(&s.name) {
@@ -249,7 +281,9 @@ pub fn plan_in_database(owner: &str, schemas: &[SchemaSpec], extensions: &[Exten
     for e in extensions {
         let installed = state.extensions.contains(&e.name);
         match e.ensure {
-            Ensure::Present if !installed => out.push(create_extension(&e.name, e.schema.as_deref())),
+            Ensure::Present if !installed => {
+                out.push(create_extension(&e.name, e.schema.as_deref()))
+            }
             Ensure::Absent if installed => out.push(drop_extension(&e.name)),
             _ => {}
         }
@@ -265,7 +299,14 @@ pub fn plan_in_database(owner: &str, schemas: &[SchemaSpec], extensions: &[Exten
 /// Statements (inside the database) granting `role` the `privileges` on database `db` owned
 /// by `owner`, over `schemas` (those that exist), revoking what the other privilege levels
 /// would have granted so a change of level converges.
-pub fn plan_grants(db: &str, owner: &str, role: &str, privileges: Privileges, schemas: &[String], is_member_of_owner: bool) -> Vec<String> {
+pub fn plan_grants(
+    db: &str,
+    owner: &str,
+    role: &str,
+    privileges: Privileges,
+    schemas: &[String],
+    is_member_of_owner: bool,
+) -> Vec<String> {
     let (r, o) = (qi(role), qi(owner));
     let mut out = vec![grant_connect(db, role)];
     match privileges {
@@ -275,26 +316,45 @@ pub fn plan_grants(db: &str, owner: &str, role: &str, privileges: Privileges, sc
             }
             return out;
         }
-        Privileges::ReadWrite | Privileges::ReadOnly if is_member_of_owner => out.push(revoke_role(owner, role)),
+        Privileges::ReadWrite | Privileges::ReadOnly if is_member_of_owner => {
+            out.push(revoke_role(owner, role))
+        }
         _ => {}
     }
     for schema in schemas {
         let s = qi(schema);
         out.push(format!("GRANT USAGE ON SCHEMA {s} TO {r}"));
-        let default = |what: &str| format!("ALTER DEFAULT PRIVILEGES FOR ROLE {o} IN SCHEMA {s} {what}");
+        let default =
+            |what: &str| format!("ALTER DEFAULT PRIVILEGES FOR ROLE {o} IN SCHEMA {s} {what}");
         match privileges {
             Privileges::ReadWrite => {
-                out.push(format!("GRANT SELECT, INSERT, UPDATE, DELETE ON ALL TABLES IN SCHEMA {s} TO {r}"));
-                out.push(format!("GRANT USAGE, SELECT, UPDATE ON ALL SEQUENCES IN SCHEMA {s} TO {r}"));
-                out.push(default(&format!("GRANT SELECT, INSERT, UPDATE, DELETE ON TABLES TO {r}")));
-                out.push(default(&format!("GRANT USAGE, SELECT, UPDATE ON SEQUENCES TO {r}")));
+                out.push(format!(
+                    "GRANT SELECT, INSERT, UPDATE, DELETE ON ALL TABLES IN SCHEMA {s} TO {r}"
+                ));
+                out.push(format!(
+                    "GRANT USAGE, SELECT, UPDATE ON ALL SEQUENCES IN SCHEMA {s} TO {r}"
+                ));
+                out.push(default(&format!(
+                    "GRANT SELECT, INSERT, UPDATE, DELETE ON TABLES TO {r}"
+                )));
+                out.push(default(&format!(
+                    "GRANT USAGE, SELECT, UPDATE ON SEQUENCES TO {r}"
+                )));
             }
             Privileges::ReadOnly => {
-                out.push(format!("REVOKE INSERT, UPDATE, DELETE, TRUNCATE ON ALL TABLES IN SCHEMA {s} FROM {r}"));
+                out.push(format!(
+                    "REVOKE INSERT, UPDATE, DELETE, TRUNCATE ON ALL TABLES IN SCHEMA {s} FROM {r}"
+                ));
                 out.push(format!("GRANT SELECT ON ALL TABLES IN SCHEMA {s} TO {r}"));
-                out.push(format!("REVOKE UPDATE ON ALL SEQUENCES IN SCHEMA {s} FROM {r}"));
-                out.push(format!("GRANT USAGE, SELECT ON ALL SEQUENCES IN SCHEMA {s} TO {r}"));
-                out.push(default(&format!("REVOKE INSERT, UPDATE, DELETE, TRUNCATE ON TABLES FROM {r}")));
+                out.push(format!(
+                    "REVOKE UPDATE ON ALL SEQUENCES IN SCHEMA {s} FROM {r}"
+                ));
+                out.push(format!(
+                    "GRANT USAGE, SELECT ON ALL SEQUENCES IN SCHEMA {s} TO {r}"
+                ));
+                out.push(default(&format!(
+                    "REVOKE INSERT, UPDATE, DELETE, TRUNCATE ON TABLES FROM {r}"
+                )));
                 out.push(default(&format!("GRANT SELECT ON TABLES TO {r}")));
                 out.push(default(&format!("REVOKE UPDATE ON SEQUENCES FROM {r}")));
                 out.push(default(&format!("GRANT USAGE, SELECT ON SEQUENCES TO {r}")));
@@ -308,7 +368,12 @@ pub fn plan_grants(db: &str, owner: &str, role: &str, privileges: Privileges, sc
 /// How a Database is dropped: statements on the admin database after
 /// [`TERMINATE_CONNECTIONS`]. The owner role is kept (and the reason returned) while it
 /// still owns other databases: `REASSIGN OWNED` would otherwise hand those to the admin.
-pub fn plan_drop_database(db: &str, owner: &str, server_major: i32, other_owned_databases: &[String]) -> (Vec<String>, Option<String>) {
+pub fn plan_drop_database(
+    db: &str,
+    owner: &str,
+    server_major: i32,
+    other_owned_databases: &[String],
+) -> (Vec<String>, Option<String>) {
     let mut out = vec![drop_database(db, server_major >= 13)];
     if other_owned_databases.is_empty() {
         out.push(reassign_owned(owner, None));
@@ -316,15 +381,26 @@ pub fn plan_drop_database(db: &str, owner: &str, server_major: i32, other_owned_
         out.push(drop_role(owner));
         (out, None)
     } else {
-        let why = format!("role {owner:?} was kept: it still owns the databases {}", other_owned_databases.join(", "));
+        let why = format!(
+            "role {owner:?} was kept: it still owns the databases {}",
+            other_owned_databases.join(", ")
+        );
         (out, Some(why))
     }
 }
 
 /// How a DatabaseRole is dropped: statements inside its database (objects go to the
 /// database's owner, privileges are revoked), then on the admin database.
-pub fn plan_drop_role(role: &str, owner: &str, database_exists: bool) -> (Vec<String>, Vec<String>) {
-    let inside = if database_exists { vec![reassign_owned(role, Some(owner)), drop_owned(role)] } else { Vec::new() };
+pub fn plan_drop_role(
+    role: &str,
+    owner: &str,
+    database_exists: bool,
+) -> (Vec<String>, Vec<String>) {
+    let inside = if database_exists {
+        vec![reassign_owned(role, Some(owner)), drop_owned(role)]
+    } else {
+        Vec::new()
+    };
     (inside, vec![drop_role(role)])
 }
 
@@ -353,9 +429,16 @@ mod tests {
         for s in statements {
             // The only double quotes are the doubled one inside the name and the delimiters.
             assert!(s.contains("\"x\"\"; DROP DATABASE postgres; --\""), "{s}");
-            assert_eq!(s.matches("\"x\"\";").count(), s.matches("\"x").count(), "{s}");
+            assert_eq!(
+                s.matches("\"x\"\";").count(),
+                s.matches("\"x").count(),
+                "{s}"
+            );
         }
-        assert_eq!(create_database(EVIL, "o"), "CREATE DATABASE \"x\"\"; DROP DATABASE postgres; --\" OWNER \"o\"");
+        assert_eq!(
+            create_database(EVIL, "o"),
+            "CREATE DATABASE \"x\"\"; DROP DATABASE postgres; --\" OWNER \"o\""
+        );
     }
 
     #[test]
@@ -363,31 +446,66 @@ mod tests {
         let p = Password::from_existing("plain-text-secret".into());
         let plan = plan_login_role("app", None, &p).unwrap();
         assert_eq!(plan.len(), 1);
-        assert!(plan[0].starts_with("CREATE ROLE \"app\" WITH LOGIN PASSWORD 'SCRAM-SHA-256$4096:"), "{}", plan[0]);
+        assert!(
+            plan[0].starts_with("CREATE ROLE \"app\" WITH LOGIN PASSWORD 'SCRAM-SHA-256$4096:"),
+            "{}",
+            plan[0]
+        );
         assert!(!plan[0].contains("plain-text-secret"));
     }
 
     #[test]
     fn role_plan_converges_login_and_password() {
         let p = pw();
-        let good = RoleState { superuser: false, can_login: true, stored_password: Some(Some(p.scram_verifier())) };
-        assert!(plan_login_role("app", Some(&good), &p).unwrap().is_empty(), "converged role needs nothing");
+        let good = RoleState {
+            superuser: false,
+            can_login: true,
+            stored_password: Some(Some(p.scram_verifier())),
+        };
+        assert!(
+            plan_login_role("app", Some(&good), &p).unwrap().is_empty(),
+            "converged role needs nothing"
+        );
 
-        let drifted = RoleState { superuser: false, can_login: false, stored_password: Some(Some("md5x".into())) };
+        let drifted = RoleState {
+            superuser: false,
+            can_login: false,
+            stored_password: Some(Some("md5x".into())),
+        };
         let plan = plan_login_role("app", Some(&drifted), &p).unwrap();
         assert_eq!(plan[0], "ALTER ROLE \"app\" WITH LOGIN");
         assert!(plan[1].starts_with("ALTER ROLE \"app\" WITH PASSWORD 'SCRAM-SHA-256$"));
 
-        let unreadable = RoleState { superuser: false, can_login: true, stored_password: None };
-        assert_eq!(plan_login_role("app", Some(&unreadable), &p).unwrap().len(), 1, "unknown password is set");
+        let unreadable = RoleState {
+            superuser: false,
+            can_login: true,
+            stored_password: None,
+        };
+        assert_eq!(
+            plan_login_role("app", Some(&unreadable), &p).unwrap().len(),
+            1,
+            "unknown password is set"
+        );
 
-        let sup = RoleState { superuser: true, can_login: true, stored_password: None };
-        assert_eq!(plan_login_role("app", Some(&sup), &p), Err(PlanError::SuperuserRole("app".into())));
+        let sup = RoleState {
+            superuser: true,
+            can_login: true,
+            stored_password: None,
+        };
+        assert_eq!(
+            plan_login_role("app", Some(&sup), &p),
+            Err(PlanError::SuperuserRole("app".into()))
+        );
     }
 
     #[test]
     fn database_plan_creates_and_fixes_owner_drift() {
-        let fresh = DatabaseServerState { owner: None, public_connect: false, admin_is_superuser: true, admin_has_owner_role: true };
+        let fresh = DatabaseServerState {
+            owner: None,
+            public_connect: false,
+            admin_is_superuser: true,
+            admin_has_owner_role: true,
+        };
         assert_eq!(
             plan_database_server("app", "app_owner", &fresh),
             vec![
@@ -395,28 +513,69 @@ mod tests {
                 "REVOKE CONNECT, TEMPORARY ON DATABASE \"app\" FROM PUBLIC".to_string()
             ]
         );
-        let drift = DatabaseServerState { owner: Some("mallory".into()), ..fresh.clone() };
-        assert_eq!(plan_database_server("app", "app_owner", &drift), vec!["ALTER DATABASE \"app\" OWNER TO \"app_owner\"".to_string()]);
-        let ok = DatabaseServerState { owner: Some("app_owner".into()), ..fresh.clone() };
+        let drift = DatabaseServerState {
+            owner: Some("mallory".into()),
+            ..fresh.clone()
+        };
+        assert_eq!(
+            plan_database_server("app", "app_owner", &drift),
+            vec!["ALTER DATABASE \"app\" OWNER TO \"app_owner\"".to_string()]
+        );
+        let ok = DatabaseServerState {
+            owner: Some("app_owner".into()),
+            ..fresh.clone()
+        };
         assert!(plan_database_server("app", "app_owner", &ok).is_empty());
-        let not_super = DatabaseServerState { admin_is_superuser: false, admin_has_owner_role: false, ..ok };
-        assert_eq!(plan_database_server("app", "app_owner", &not_super), vec!["GRANT \"app_owner\" TO CURRENT_USER".to_string()]);
+        let not_super = DatabaseServerState {
+            admin_is_superuser: false,
+            admin_has_owner_role: false,
+            ..ok
+        };
+        assert_eq!(
+            plan_database_server("app", "app_owner", &not_super),
+            vec!["GRANT \"app_owner\" TO CURRENT_USER".to_string()]
+        );
     }
 
     #[test]
     fn in_database_plan_orders_schemas_and_extensions() {
         let schemas = vec![
-            SchemaSpec { name: "ext".into(), ensure: Ensure::Present },
-            SchemaSpec { name: "old".into(), ensure: Ensure::Absent },
-            SchemaSpec { name: "reports".into(), ensure: Ensure::Present },
+            SchemaSpec {
+                name: "ext".into(),
+                ensure: Ensure::Present,
+            },
+            SchemaSpec {
+                name: "old".into(),
+                ensure: Ensure::Absent,
+            },
+            SchemaSpec {
+                name: "reports".into(),
+                ensure: Ensure::Present,
+            },
         ];
         let extensions = vec![
-            ExtensionSpec { name: "uuid-ossp".into(), ensure: Ensure::Present, schema: Some("ext".into()) },
-            ExtensionSpec { name: "pgcrypto".into(), ensure: Ensure::Present, schema: None },
-            ExtensionSpec { name: "hstore".into(), ensure: Ensure::Absent, schema: None },
+            ExtensionSpec {
+                name: "uuid-ossp".into(),
+                ensure: Ensure::Present,
+                schema: Some("ext".into()),
+            },
+            ExtensionSpec {
+                name: "pgcrypto".into(),
+                ensure: Ensure::Present,
+                schema: None,
+            },
+            ExtensionSpec {
+                name: "hstore".into(),
+                ensure: Ensure::Absent,
+                schema: None,
+            },
         ];
         let state = InDatabaseState {
-            schemas: [("old".to_string(), "o".to_string()), ("reports".to_string(), "someone".to_string())].into(),
+            schemas: [
+                ("old".to_string(), "o".to_string()),
+                ("reports".to_string(), "someone".to_string()),
+            ]
+            .into(),
             extensions: ["hstore".to_string(), "pgcrypto".to_string()].into(),
         };
         assert_eq!(
@@ -430,7 +589,11 @@ mod tests {
             ]
         );
         let converged = InDatabaseState {
-            schemas: [("ext".to_string(), "o".to_string()), ("reports".to_string(), "o".to_string())].into(),
+            schemas: [
+                ("ext".to_string(), "o".to_string()),
+                ("reports".to_string(), "o".to_string()),
+            ]
+            .into(),
             extensions: ["uuid-ossp".to_string(), "pgcrypto".to_string()].into(),
         };
         assert!(plan_in_database("o", &schemas, &extensions, &converged).is_empty());
@@ -440,17 +603,33 @@ mod tests {
     fn grants_per_privilege_level() {
         let schemas = vec!["public".to_string()];
         let owner = plan_grants("app", "o", "r", Privileges::Owner, &schemas, false);
-        assert_eq!(owner, vec!["GRANT CONNECT ON DATABASE \"app\" TO \"r\"", "GRANT \"o\" TO \"r\""]);
-        assert_eq!(plan_grants("app", "o", "r", Privileges::Owner, &schemas, true).len(), 1);
+        assert_eq!(
+            owner,
+            vec![
+                "GRANT CONNECT ON DATABASE \"app\" TO \"r\"",
+                "GRANT \"o\" TO \"r\""
+            ]
+        );
+        assert_eq!(
+            plan_grants("app", "o", "r", Privileges::Owner, &schemas, true).len(),
+            1
+        );
 
         let rw = plan_grants("app", "o", "r", Privileges::ReadWrite, &schemas, false).join(";\n");
-        assert!(rw.contains("GRANT SELECT, INSERT, UPDATE, DELETE ON ALL TABLES IN SCHEMA \"public\" TO \"r\""));
+        assert!(rw.contains(
+            "GRANT SELECT, INSERT, UPDATE, DELETE ON ALL TABLES IN SCHEMA \"public\" TO \"r\""
+        ));
         assert!(rw.contains("ALTER DEFAULT PRIVILEGES FOR ROLE \"o\" IN SCHEMA \"public\" GRANT SELECT, INSERT, UPDATE, DELETE ON TABLES TO \"r\""));
         assert!(!rw.contains("REVOKE"));
 
         let ro = plan_grants("app", "o", "r", Privileges::ReadOnly, &schemas, true).join(";\n");
-        assert!(ro.contains("REVOKE \"o\" FROM \"r\""), "demoted from owner: membership revoked");
-        assert!(ro.contains("REVOKE INSERT, UPDATE, DELETE, TRUNCATE ON ALL TABLES IN SCHEMA \"public\" FROM \"r\""));
+        assert!(
+            ro.contains("REVOKE \"o\" FROM \"r\""),
+            "demoted from owner: membership revoked"
+        );
+        assert!(ro.contains(
+            "REVOKE INSERT, UPDATE, DELETE, TRUNCATE ON ALL TABLES IN SCHEMA \"public\" FROM \"r\""
+        ));
         assert!(ro.contains("GRANT SELECT ON ALL TABLES IN SCHEMA \"public\" TO \"r\""));
         assert!(!ro.contains("GRANT SELECT, INSERT"));
     }
@@ -473,7 +652,10 @@ mod tests {
         assert!(kept.unwrap().contains("other"));
 
         let (inside, admin) = plan_drop_role("r", "o", true);
-        assert_eq!(inside, vec!["REASSIGN OWNED BY \"r\" TO \"o\"", "DROP OWNED BY \"r\""]);
+        assert_eq!(
+            inside,
+            vec!["REASSIGN OWNED BY \"r\" TO \"o\"", "DROP OWNED BY \"r\""]
+        );
         assert_eq!(admin, vec!["DROP ROLE IF EXISTS \"r\""]);
         assert!(plan_drop_role("r", "o", false).0.is_empty());
     }

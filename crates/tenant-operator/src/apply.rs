@@ -38,14 +38,22 @@ pub struct WriteLabels {
 /// (`tenant_operator_writes_total{kind,verb}`), so "no writes on resync" can be checked.
 #[derive(Clone, Default, Debug)]
 pub struct Writes {
-    pub family: prometheus_client::metrics::family::Family<WriteLabels, prometheus_client::metrics::counter::Counter>,
+    pub family: prometheus_client::metrics::family::Family<
+        WriteLabels,
+        prometheus_client::metrics::counter::Counter,
+    >,
     total: Arc<AtomicU64>,
 }
 
 impl Writes {
     /// Counts one write of `kind`.
     pub fn inc(&self, kind: &str, verb: &str) {
-        self.family.get_or_create(&WriteLabels { kind: kind.to_string(), verb: verb.to_string() }).inc();
+        self.family
+            .get_or_create(&WriteLabels {
+                kind: kind.to_string(),
+                verb: verb.to_string(),
+            })
+            .inc();
         self.total.fetch_add(1, Ordering::Relaxed);
     }
 
@@ -56,14 +64,22 @@ impl Writes {
 }
 
 /// Fields never recorded in managedFields (identity, not content).
-const IDENTITY: [&[&str]; 4] = [&["apiVersion"], &["kind"], &["metadata", "name"], &["metadata", "namespace"]];
+const IDENTITY: [&[&str]; 4] = [
+    &["apiVersion"],
+    &["kind"],
+    &["metadata", "name"],
+    &["metadata", "namespace"],
+];
 
 /// Whether `current` already is what applying `desired` as `manager` would make it.
 pub fn up_to_date<K: Serialize>(current: &K, desired: &K, manager: &str) -> bool {
-    let (Ok(current), Ok(desired)) = (serde_json::to_value(current), serde_json::to_value(desired)) else {
+    let (Ok(current), Ok(desired)) = (serde_json::to_value(current), serde_json::to_value(desired))
+    else {
         return false;
     };
-    let Some(owned) = owned_paths(&current, manager) else { return false };
+    let Some(owned) = owned_paths(&current, manager) else {
+        return false;
+    };
     let mut wanted = BTreeSet::new();
     leaf_paths(&desired, &mut Vec::new(), &mut wanted);
     wanted.retain(|p| !is_identity(p) && p.first().map(String::as_str) != Some("status"));
@@ -77,14 +93,18 @@ pub fn up_to_date<K: Serialize>(current: &K, desired: &K, manager: &str) -> bool
     {
         return false;
     }
-    wanted.iter().all(|path| match (lookup(&current, path), lookup(&desired, path)) {
-        (Some(c), Some(d)) => contains(c, d),
-        _ => false,
-    })
+    wanted.iter().all(
+        |path| match (lookup(&current, path), lookup(&desired, path)) {
+            (Some(c), Some(d)) => contains(c, d),
+            _ => false,
+        },
+    )
 }
 
 fn is_identity(path: &[String]) -> bool {
-    IDENTITY.iter().any(|id| id.len() == path.len() && id.iter().zip(path).all(|(a, b)| a == b))
+    IDENTITY
+        .iter()
+        .any(|id| id.len() == path.len() && id.iter().zip(path).all(|(a, b)| a == b))
 }
 
 /// The leaf field paths `manager` owns through Apply (no subresource), from `managedFields`.
@@ -96,7 +116,10 @@ fn owned_paths(current: &Value, manager: &str) -> Option<BTreeSet<Vec<String>>> 
     for e in entries {
         let is_ours = e.get("manager").and_then(Value::as_str) == Some(manager)
             && e.get("operation").and_then(Value::as_str) == Some("Apply")
-            && e.get("subresource").and_then(Value::as_str).unwrap_or("").is_empty();
+            && e.get("subresource")
+                .and_then(Value::as_str)
+                .unwrap_or("")
+                .is_empty();
         if !is_ours {
             continue;
         }
@@ -112,8 +135,10 @@ fn owned_paths(current: &Value, manager: &str) -> Option<BTreeSet<Vec<String>>> 
 /// Leaf paths of a `fieldsV1` set: descends through `f:<field>` keys; a node without such
 /// children (a scalar, or a list keyed by `k:`/`v:`/`i:`) is a leaf.
 fn fields_paths(node: &Value, prefix: &mut Vec<String>, out: &mut BTreeSet<Vec<String>>) {
-    let children: Vec<(&String, &Value)> =
-        node.as_object().map(|m| m.iter().filter(|(k, _)| k.starts_with("f:")).collect()).unwrap_or_default();
+    let children: Vec<(&String, &Value)> = node
+        .as_object()
+        .map(|m| m.iter().filter(|(k, _)| k.starts_with("f:")).collect())
+        .unwrap_or_default();
     if children.is_empty() {
         if !prefix.is_empty() {
             out.insert(prefix.clone());
@@ -160,9 +185,13 @@ fn contains(current: &Value, desired: &Value) -> bool {
             Some(cv) => contains(cv, dv),
             None => dv.is_null(),
         }),
-        (Value::Array(c), Value::Array(d)) => c.len() == d.len() && c.iter().zip(d).all(|(c, d)| contains(c, d)),
+        (Value::Array(c), Value::Array(d)) => {
+            c.len() == d.len() && c.iter().zip(d).all(|(c, d)| contains(c, d))
+        }
         (Value::String(c), Value::String(d)) => same_quantity(c, d),
-        (Value::Number(c), Value::String(d)) | (Value::String(d), Value::Number(c)) => same_quantity(&c.to_string(), d),
+        (Value::Number(c), Value::String(d)) | (Value::String(d), Value::Number(c)) => {
+            same_quantity(&c.to_string(), d)
+        }
         (c, d) => c == d,
     }
 }
@@ -222,17 +251,27 @@ where
     desired.meta_mut().resource_version = current.and_then(|c| c.resource_version());
     let name = desired.name_any();
     let api: Api<K> = K::Scope::api(client.clone(), desired.namespace().as_deref());
-    let mut value = serde_json::to_value(&desired)
-        .map_err(|e| steward_core::Error::Serialize { what: name.clone(), message: e.to_string() })?;
+    let mut value = serde_json::to_value(&desired).map_err(|e| steward_core::Error::Serialize {
+        what: name.clone(),
+        message: e.to_string(),
+    })?;
     if let Some(obj) = value.as_object_mut() {
         obj.insert("apiVersion".into(), K::api_version(&()).into());
         obj.insert("kind".into(), K::kind(&()).into());
         obj.remove("status");
     }
     writes.inc(&K::kind(&()), "apply");
-    api.patch(&name, &PatchParams::apply(manager).force(), &Patch::Apply(&value))
-        .await
-        .map_err(|source| steward_core::Error::ApplyChild { kind: K::kind(&()).to_string(), name, source })?;
+    api.patch(
+        &name,
+        &PatchParams::apply(manager).force(),
+        &Patch::Apply(&value),
+    )
+    .await
+    .map_err(|source| steward_core::Error::ApplyChild {
+        kind: K::kind(&()).to_string(),
+        name,
+        source,
+    })?;
     Ok(Outcome::Applied)
 }
 
@@ -255,9 +294,11 @@ where
     match api.delete(name, &DeleteParams::background()).await {
         Ok(_) => Ok(()),
         Err(kube::Error::Api(s)) if s.code == 404 => Ok(()),
-        Err(source) => {
-            Err(steward_core::Error::PruneChild { kind: K::kind(&()).to_string(), name: name.to_string(), source })
-        }
+        Err(source) => Err(steward_core::Error::PruneChild {
+            kind: K::kind(&()).to_string(),
+            name: name.to_string(),
+            source,
+        }),
     }
 }
 
@@ -292,8 +333,12 @@ mod tests {
     }
 
     fn fields(labels: &[&str], hard: &[&str]) -> Value {
-        let l: serde_json::Map<String, Value> = labels.iter().map(|k| (format!("f:{k}"), json!({}))).collect();
-        let h: serde_json::Map<String, Value> = hard.iter().map(|k| (format!("f:{k}"), json!({}))).collect();
+        let l: serde_json::Map<String, Value> = labels
+            .iter()
+            .map(|k| (format!("f:{k}"), json!({})))
+            .collect();
+        let h: serde_json::Map<String, Value> =
+            hard.iter().map(|k| (format!("f:{k}"), json!({}))).collect();
         json!({"f:metadata": {"f:labels": l}, "f:spec": {"f:hard": h}})
     }
 
@@ -314,29 +359,65 @@ mod tests {
 
     #[test]
     fn changed_value_is_not_up_to_date() {
-        let current = object(json!({"t": "a"}), json!({"pods": "4"}), fields(&["t"], &["pods"]));
-        assert!(!up_to_date(&current, &desired(json!({"t": "a"}), json!({"pods": "5"})), ME));
-        assert!(!up_to_date(&current, &desired(json!({"t": "b"}), json!({"pods": "4"})), ME));
+        let current = object(
+            json!({"t": "a"}),
+            json!({"pods": "4"}),
+            fields(&["t"], &["pods"]),
+        );
+        assert!(!up_to_date(
+            &current,
+            &desired(json!({"t": "a"}), json!({"pods": "5"})),
+            ME
+        ));
+        assert!(!up_to_date(
+            &current,
+            &desired(json!({"t": "b"}), json!({"pods": "4"})),
+            ME
+        ));
     }
 
     #[test]
     fn a_field_no_longer_desired_is_not_up_to_date() {
-        let current = object(json!({"t": "a", "old": "1"}), json!({"pods": "4"}), fields(&["t", "old"], &["pods"]));
+        let current = object(
+            json!({"t": "a", "old": "1"}),
+            json!({"pods": "4"}),
+            fields(&["t", "old"], &["pods"]),
+        );
         assert!(
-            !up_to_date(&current, &desired(json!({"t": "a"}), json!({"pods": "4"})), ME),
+            !up_to_date(
+                &current,
+                &desired(json!({"t": "a"}), json!({"pods": "4"})),
+                ME
+            ),
             "label 'old' must be removed"
         );
-        let current = object(json!({"t": "a"}), json!({"pods": "4", "cpu": "1"}), fields(&["t"], &["pods", "cpu"]));
+        let current = object(
+            json!({"t": "a"}),
+            json!({"pods": "4", "cpu": "1"}),
+            fields(&["t"], &["pods", "cpu"]),
+        );
         assert!(
-            !up_to_date(&current, &desired(json!({"t": "a"}), json!({"pods": "4"})), ME),
+            !up_to_date(
+                &current,
+                &desired(json!({"t": "a"}), json!({"pods": "4"})),
+                ME
+            ),
             "quota 'cpu' must be removed"
         );
     }
 
     #[test]
     fn never_applied_by_us_is_not_up_to_date() {
-        let current = object(json!({"t": "a"}), json!({"pods": "4"}), fields(&["t"], &["pods"]));
-        assert!(!up_to_date(&current, &desired(json!({"t": "a"}), json!({"pods": "4"})), "someone-else"));
+        let current = object(
+            json!({"t": "a"}),
+            json!({"pods": "4"}),
+            fields(&["t"], &["pods"]),
+        );
+        assert!(!up_to_date(
+            &current,
+            &desired(json!({"t": "a"}), json!({"pods": "4"})),
+            "someone-else"
+        ));
     }
 
     #[test]
@@ -370,7 +451,10 @@ mod tests {
         assert!(!up_to_date(&current, &other, ME));
         let mut fewer = want.clone();
         fewer["metadata"]["labels"] = json!({});
-        assert!(!up_to_date(&current, &fewer, ME), "a label no longer wanted");
+        assert!(
+            !up_to_date(&current, &fewer, ME),
+            "a label no longer wanted"
+        );
     }
 
     #[test]

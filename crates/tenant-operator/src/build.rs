@@ -11,19 +11,24 @@
 use std::collections::BTreeMap;
 
 use k8s_openapi::api::core::v1::{
-    ConfigMap, LimitRange, LimitRangeItem, LimitRangeSpec, Namespace, ResourceQuota, ResourceQuotaSpec, Secret,
+    ConfigMap, LimitRange, LimitRangeItem, LimitRangeSpec, Namespace, ResourceQuota,
+    ResourceQuotaSpec, Secret,
 };
-use k8s_openapi::api::networking::v1::{NetworkPolicy, NetworkPolicyIngressRule, NetworkPolicyPeer, NetworkPolicySpec};
+use k8s_openapi::api::networking::v1::{
+    NetworkPolicy, NetworkPolicyIngressRule, NetworkPolicyPeer, NetworkPolicySpec,
+};
 use k8s_openapi::api::rbac::v1::{
     ClusterRole, ClusterRoleBinding, PolicyRule, RoleBinding, RoleRef, Subject as RbacSubject,
 };
 use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
-use k8s_openapi::apimachinery::pkg::apis::meta::v1::{LabelSelector, LabelSelectorRequirement, ObjectMeta};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{
+    LabelSelector, LabelSelectorRequirement, ObjectMeta,
+};
 use kube::ResourceExt;
 
 use crate::crd::{
-    CORDONED_LABEL, DECLARED_LABEL, GROUP, POD_SECURITY_LABEL, QuantityValue, SOURCE_ANNOTATION, SubjectKind,
-    TENANT_LABEL, Tenant,
+    CORDONED_LABEL, DECLARED_LABEL, GROUP, POD_SECURITY_LABEL, QuantityValue, SOURCE_ANNOTATION,
+    SubjectKind, TENANT_LABEL, Tenant,
 };
 use crate::quantity::Milli;
 
@@ -48,7 +53,10 @@ fn meta(tenant: &Tenant, name: &str, namespace: Option<&str>) -> ObjectMeta {
     ObjectMeta {
         name: Some(name.to_string()),
         namespace: namespace.map(str::to_string),
-        labels: Some(BTreeMap::from([(TENANT_LABEL.to_string(), tenant.name_any())])),
+        labels: Some(BTreeMap::from([(
+            TENANT_LABEL.to_string(),
+            tenant.name_any(),
+        )])),
         ..Default::default()
     }
 }
@@ -79,7 +87,10 @@ pub fn namespace(tenant: &Tenant, name: &str, declared: bool) -> Namespace {
     if let Some(level) = spec.pod_security {
         labels.insert(POD_SECURITY_LABEL.to_string(), level.as_label().to_string());
     }
-    Namespace { metadata: m, ..Default::default() }
+    Namespace {
+        metadata: m,
+        ..Default::default()
+    }
 }
 
 /// The label keys and annotation keys [`namespace`] sets, for releasing an orphaned namespace.
@@ -91,23 +102,41 @@ pub fn namespace_metadata_keys(tenant: &Tenant) -> (Vec<String>, Vec<String>) {
     labels.push(steward_core::apply::MANAGED_BY_LABEL.to_string());
     labels.sort();
     labels.dedup();
-    let annotations = ns.metadata.annotations.unwrap_or_default().into_keys().collect();
+    let annotations = ns
+        .metadata
+        .annotations
+        .unwrap_or_default()
+        .into_keys()
+        .collect();
     (labels, annotations)
 }
 
 fn quantities(map: &BTreeMap<String, Milli>) -> BTreeMap<String, Quantity> {
-    map.iter().map(|(k, v)| (k.clone(), Quantity(v.format_for(k)))).collect()
+    map.iter()
+        .map(|(k, v)| (k.clone(), Quantity(v.format_for(k))))
+        .collect()
 }
 
 fn spec_quantities(map: &BTreeMap<String, QuantityValue>) -> Option<BTreeMap<String, Quantity>> {
-    (!map.is_empty()).then(|| map.iter().map(|(k, v)| (k.clone(), Quantity(v.0.clone()))).collect())
+    (!map.is_empty()).then(|| {
+        map.iter()
+            .map(|(k, v)| (k.clone(), Quantity(v.0.clone())))
+            .collect()
+    })
 }
 
 /// The ResourceQuota of one namespace with the given hard limits (see [`crate::quota`]).
-pub fn resource_quota(tenant: &Tenant, namespace: &str, hard: &BTreeMap<String, Milli>) -> ResourceQuota {
+pub fn resource_quota(
+    tenant: &Tenant,
+    namespace: &str,
+    hard: &BTreeMap<String, Milli>,
+) -> ResourceQuota {
     ResourceQuota {
         metadata: meta(tenant, QUOTA_NAME, Some(namespace)),
-        spec: Some(ResourceQuotaSpec { hard: Some(quantities(hard)), ..Default::default() }),
+        spec: Some(ResourceQuotaSpec {
+            hard: Some(quantities(hard)),
+            ..Default::default()
+        }),
         ..Default::default()
     }
 }
@@ -127,7 +156,10 @@ pub fn limit_range(tenant: &Tenant, namespace: &str) -> Option<LimitRange> {
             ..Default::default()
         })
         .collect();
-    Some(LimitRange { metadata: meta(tenant, LIMITS_NAME, Some(namespace)), spec: Some(LimitRangeSpec { limits }) })
+    Some(LimitRange {
+        metadata: meta(tenant, LIMITS_NAME, Some(namespace)),
+        spec: Some(LimitRangeSpec { limits }),
+    })
 }
 
 /// The isolating NetworkPolicy of one namespace, unless isolation is disabled: ingress to
@@ -139,7 +171,10 @@ pub fn network_policy(tenant: &Tenant, namespace: &str) -> Option<NetworkPolicy>
     }
     let mut peers = vec![NetworkPolicyPeer {
         namespace_selector: Some(LabelSelector {
-            match_labels: Some(BTreeMap::from([(TENANT_LABEL.to_string(), tenant.name_any())])),
+            match_labels: Some(BTreeMap::from([(
+                TENANT_LABEL.to_string(),
+                tenant.name_any(),
+            )])),
             ..Default::default()
         }),
         ..Default::default()
@@ -162,7 +197,10 @@ pub fn network_policy(tenant: &Tenant, namespace: &str) -> Option<NetworkPolicy>
         spec: Some(NetworkPolicySpec {
             pod_selector: Some(LabelSelector::default()),
             policy_types: Some(vec!["Ingress".to_string()]),
-            ingress: Some(vec![NetworkPolicyIngressRule { from: Some(peers), ..Default::default() }]),
+            ingress: Some(vec![NetworkPolicyIngressRule {
+                from: Some(peers),
+                ..Default::default()
+            }]),
             ..Default::default()
         }),
     })
@@ -187,12 +225,19 @@ fn rbac_subject(s: &crate::crd::Subject) -> RbacSubject {
 
 fn dedup_subjects<'a>(subjects: impl Iterator<Item = &'a crate::crd::Subject>) -> Vec<RbacSubject> {
     let mut seen = std::collections::BTreeSet::new();
-    subjects.filter(|s| seen.insert((*s).clone())).map(rbac_subject).collect()
+    subjects
+        .filter(|s| seen.insert((*s).clone()))
+        .map(rbac_subject)
+        .collect()
 }
 
 /// The owners' ClusterRole for `tenant`, honouring the spec's override.
 pub fn owner_role<'a>(tenant: &'a Tenant, settings: &'a Settings) -> &'a str {
-    tenant.spec.owner_cluster_role.as_deref().unwrap_or(&settings.owner_cluster_role)
+    tenant
+        .spec
+        .owner_cluster_role
+        .as_deref()
+        .unwrap_or(&settings.owner_cluster_role)
 }
 
 /// The RoleBindings of one namespace: the owners' (named after the role, because a
@@ -208,13 +253,24 @@ pub fn role_bindings(tenant: &Tenant, namespace: &str, settings: &Settings) -> V
         subjects: Some(subjects),
     };
     let role = owner_role(tenant, settings);
-    let mut out = vec![binding(format!("tenant-owner-{role}"), role, dedup_subjects(tenant.spec.owners.iter()))];
+    let mut out = vec![binding(
+        format!("tenant-owner-{role}"),
+        role,
+        dedup_subjects(tenant.spec.owners.iter()),
+    )];
     let mut by_role: BTreeMap<&str, Vec<&crate::crd::Subject>> = BTreeMap::new();
     for extra in &tenant.spec.additional_role_bindings {
-        by_role.entry(extra.cluster_role.as_str()).or_default().extend(extra.subjects.iter());
+        by_role
+            .entry(extra.cluster_role.as_str())
+            .or_default()
+            .extend(extra.subjects.iter());
     }
     for (role, subjects) in by_role {
-        out.push(binding(format!("tenant-{role}"), role, dedup_subjects(subjects.into_iter())));
+        out.push(binding(
+            format!("tenant-{role}"),
+            role,
+            dedup_subjects(subjects.into_iter()),
+        ));
     }
     out
 }
@@ -264,10 +320,18 @@ pub fn owner_cluster_role_binding(tenant: &Tenant) -> ClusterRoleBinding {
 }
 
 fn copy_meta(tenant: &Tenant, namespace: &str, source: &ObjectMeta) -> ObjectMeta {
-    let mut m = meta(tenant, source.name.as_deref().unwrap_or_default(), Some(namespace));
+    let mut m = meta(
+        tenant,
+        source.name.as_deref().unwrap_or_default(),
+        Some(namespace),
+    );
     m.annotations = Some(BTreeMap::from([(
         SOURCE_ANNOTATION.to_string(),
-        format!("{}/{}", source.namespace.as_deref().unwrap_or_default(), source.name.as_deref().unwrap_or_default()),
+        format!(
+            "{}/{}",
+            source.namespace.as_deref().unwrap_or_default(),
+            source.name.as_deref().unwrap_or_default()
+        ),
     )]));
     m
 }
@@ -297,8 +361,8 @@ pub fn shared_config_map(tenant: &Tenant, namespace: &str, source: &ConfigMap) -
 pub(crate) mod tests {
     use super::*;
     use crate::crd::{
-        AdditionalRoleBinding, LimitItem, LimitType, NamespaceMetadata, NetworkIsolation, PodSecurityLevel, Subject,
-        TenantSpec,
+        AdditionalRoleBinding, LimitItem, LimitType, NamespaceMetadata, NetworkIsolation,
+        PodSecurityLevel, Subject, TenantSpec,
     };
 
     /// A chainable Tenant fixture: `TenantFixture::new("acme").owner_user("alice").build()`.
@@ -311,7 +375,11 @@ pub(crate) mod tests {
             Self(t)
         }
         pub fn owner_user(mut self, name: &str) -> Self {
-            self.0.spec.owners.push(Subject { kind: SubjectKind::User, name: name.into(), namespace: None });
+            self.0.spec.owners.push(Subject {
+                kind: SubjectKind::User,
+                name: name.into(),
+                namespace: None,
+            });
             self
         }
         pub fn owner_sa(mut self, namespace: &str, name: &str) -> Self {
@@ -332,7 +400,9 @@ pub(crate) mod tests {
     }
 
     fn settings() -> Settings {
-        Settings { owner_cluster_role: "admin".into() }
+        Settings {
+            owner_cluster_role: "admin".into(),
+        }
     }
 
     #[test]
@@ -359,9 +429,15 @@ pub(crate) mod tests {
 
         let owned = namespace(&TenantFixture::new("acme").build(), "self-made", false);
         let labels = owned.metadata.labels.unwrap();
-        assert!(!labels.contains_key(DECLARED_LABEL), "owner-created namespaces are not declared");
+        assert!(
+            !labels.contains_key(DECLARED_LABEL),
+            "owner-created namespaces are not declared"
+        );
         assert!(!labels.contains_key(CORDONED_LABEL));
-        assert!(owned.metadata.annotations.is_none(), "no empty annotation map");
+        assert!(
+            owned.metadata.annotations.is_none(),
+            "no empty annotation map"
+        );
     }
 
     #[test]
@@ -374,11 +450,19 @@ pub(crate) mod tests {
                 s.additional_role_bindings = vec![
                     AdditionalRoleBinding {
                         cluster_role: "view".into(),
-                        subjects: vec![Subject { kind: SubjectKind::Group, name: "auditors".into(), namespace: None }],
+                        subjects: vec![Subject {
+                            kind: SubjectKind::Group,
+                            name: "auditors".into(),
+                            namespace: None,
+                        }],
                     },
                     AdditionalRoleBinding {
                         cluster_role: "view".into(),
-                        subjects: vec![Subject { kind: SubjectKind::User, name: "bob".into(), namespace: None }],
+                        subjects: vec![Subject {
+                            kind: SubjectKind::User,
+                            name: "bob".into(),
+                            namespace: None,
+                        }],
                     },
                 ];
             })
@@ -391,36 +475,89 @@ pub(crate) mod tests {
         assert_eq!(owners[1].kind, "ServiceAccount");
         assert_eq!(owners[1].namespace.as_deref(), Some("ci"));
         assert_eq!(owners[1].api_group, None);
-        assert_eq!(owners[0].api_group.as_deref(), Some("rbac.authorization.k8s.io"));
-        assert_eq!(rbs[1].subjects.as_ref().unwrap().len(), 2, "subjects of one role merged");
-        assert!(rbs.iter().all(|r| r.namespace().as_deref() == Some("acme-dev")));
+        assert_eq!(
+            owners[0].api_group.as_deref(),
+            Some("rbac.authorization.k8s.io")
+        );
+        assert_eq!(
+            rbs[1].subjects.as_ref().unwrap().len(),
+            2,
+            "subjects of one role merged"
+        );
+        assert!(
+            rbs.iter()
+                .all(|r| r.namespace().as_deref() == Some("acme-dev"))
+        );
 
-        let custom =
-            TenantFixture::new("acme").owner_user("alice").spec(|s| s.owner_cluster_role = Some("edit".into())).build();
-        assert_eq!(role_bindings(&custom, "n", &settings())[0].role_ref.name, "edit");
-        assert_eq!(role_bindings(&custom, "n", &settings())[0].name_any(), "tenant-owner-edit");
+        let custom = TenantFixture::new("acme")
+            .owner_user("alice")
+            .spec(|s| s.owner_cluster_role = Some("edit".into()))
+            .build();
+        assert_eq!(
+            role_bindings(&custom, "n", &settings())[0].role_ref.name,
+            "edit"
+        );
+        assert_eq!(
+            role_bindings(&custom, "n", &settings())[0].name_any(),
+            "tenant-owner-edit"
+        );
     }
 
     #[test]
     fn network_policy_admits_the_tenant_and_allowed_namespaces_only() {
         let t = TenantFixture::new("acme")
             .spec(|s| {
-                s.network_isolation =
-                    Some(NetworkIsolation { enabled: true, allow_from_namespaces: vec!["ingress".into()] })
+                s.network_isolation = Some(NetworkIsolation {
+                    enabled: true,
+                    allow_from_namespaces: vec!["ingress".into()],
+                })
             })
             .build();
         let np = network_policy(&t, "acme-dev").unwrap();
         let spec = np.spec.unwrap();
-        assert_eq!(spec.pod_selector, Some(LabelSelector::default()), "all pods");
-        assert_eq!(spec.policy_types.as_deref(), Some(&["Ingress".to_string()][..]));
+        assert_eq!(
+            spec.pod_selector,
+            Some(LabelSelector::default()),
+            "all pods"
+        );
+        assert_eq!(
+            spec.policy_types.as_deref(),
+            Some(&["Ingress".to_string()][..])
+        );
         let from = spec.ingress.unwrap()[0].from.clone().unwrap();
-        assert_eq!(from[0].namespace_selector.as_ref().unwrap().match_labels.as_ref().unwrap()[TENANT_LABEL], "acme");
-        let allowed = &from[1].namespace_selector.as_ref().unwrap().match_expressions.as_ref().unwrap()[0];
-        assert_eq!(allowed.values.as_deref(), Some(&["ingress".to_string()][..]));
+        assert_eq!(
+            from[0]
+                .namespace_selector
+                .as_ref()
+                .unwrap()
+                .match_labels
+                .as_ref()
+                .unwrap()[TENANT_LABEL],
+            "acme"
+        );
+        let allowed = &from[1]
+            .namespace_selector
+            .as_ref()
+            .unwrap()
+            .match_expressions
+            .as_ref()
+            .unwrap()[0];
+        assert_eq!(
+            allowed.values.as_deref(),
+            Some(&["ingress".to_string()][..])
+        );
 
-        assert!(network_policy(&TenantFixture::new("x").build(), "n").is_some(), "isolation is on by default");
+        assert!(
+            network_policy(&TenantFixture::new("x").build(), "n").is_some(),
+            "isolation is on by default"
+        );
         let off = TenantFixture::new("x")
-            .spec(|s| s.network_isolation = Some(NetworkIsolation { enabled: false, allow_from_namespaces: vec![] }))
+            .spec(|s| {
+                s.network_isolation = Some(NetworkIsolation {
+                    enabled: false,
+                    allow_from_namespaces: vec![],
+                })
+            })
             .build();
         assert!(network_policy(&off, "n").is_none());
     }
@@ -461,7 +598,10 @@ pub(crate) mod tests {
         let t = TenantFixture::new("acme").owner_user("alice").build();
         let role = owner_cluster_role(&t);
         let rules = role.rules.unwrap();
-        assert_eq!(rules[0].resource_names.as_deref(), Some(&["acme".to_string()][..]));
+        assert_eq!(
+            rules[0].resource_names.as_deref(),
+            Some(&["acme".to_string()][..])
+        );
         assert!(rules[0].verbs.contains(&OWN_VERB.to_string()));
         assert_eq!(rules[1].verbs, ["create"]);
         let binding = owner_cluster_role_binding(&t);
@@ -475,16 +615,32 @@ pub(crate) mod tests {
         let mut source = Secret::default();
         source.metadata.name = Some("registry".into());
         source.metadata.namespace = Some("shared".into());
-        source.metadata.labels = Some(BTreeMap::from([("tenancy.steward.dev/shareable".into(), "true".into())]));
+        source.metadata.labels = Some(BTreeMap::from([(
+            "tenancy.steward.dev/shareable".into(),
+            "true".into(),
+        )]));
         source.type_ = Some("kubernetes.io/dockerconfigjson".into());
-        source.data = Some(BTreeMap::from([(".dockerconfigjson".into(), k8s_openapi::ByteString(b"{}".to_vec()))]));
+        source.data = Some(BTreeMap::from([(
+            ".dockerconfigjson".into(),
+            k8s_openapi::ByteString(b"{}".to_vec()),
+        )]));
         let copy = shared_secret(&t, "acme-dev", &source);
         assert_eq!(copy.metadata.namespace.as_deref(), Some("acme-dev"));
         assert_eq!(copy.metadata.name.as_deref(), Some("registry"));
         assert_eq!(copy.type_, source.type_);
         assert_eq!(copy.data, source.data);
-        assert_eq!(copy.metadata.annotations.unwrap()[SOURCE_ANNOTATION], "shared/registry");
-        assert!(!copy.metadata.labels.unwrap().contains_key("tenancy.steward.dev/shareable"), "copies are not sources");
+        assert_eq!(
+            copy.metadata.annotations.unwrap()[SOURCE_ANNOTATION],
+            "shared/registry"
+        );
+        assert!(
+            !copy
+                .metadata
+                .labels
+                .unwrap()
+                .contains_key("tenancy.steward.dev/shareable"),
+            "copies are not sources"
+        );
     }
 
     #[test]
@@ -499,9 +655,14 @@ pub(crate) mod tests {
             })
             .build();
         let (labels, annotations) = namespace_metadata_keys(&t);
-        for k in
-            [TENANT_LABEL, DECLARED_LABEL, CORDONED_LABEL, POD_SECURITY_LABEL, "team", steward_core::apply::OWNER_LABEL]
-        {
+        for k in [
+            TENANT_LABEL,
+            DECLARED_LABEL,
+            CORDONED_LABEL,
+            POD_SECURITY_LABEL,
+            "team",
+            steward_core::apply::OWNER_LABEL,
+        ] {
             assert!(labels.contains(&k.to_string()), "{k}");
         }
         assert_eq!(annotations, ["contact"]);

@@ -70,7 +70,10 @@ pub struct Readiness {
 
 impl Readiness {
     fn new() -> Self {
-        Self { tx: Arc::new(watch::channel(0).0), total: Arc::new(AtomicUsize::new(0)) }
+        Self {
+            tx: Arc::new(watch::channel(0).0),
+            total: Arc::new(AtomicUsize::new(0)),
+        }
     }
 
     /// A new reflector to wait for; call the returned closure on each of its events.
@@ -114,10 +117,16 @@ where
 {
     let (reader, writer) = reflector::store();
     let mut listed = readiness.slot::<K>();
-    let stream = reflector(writer, watcher(api, watcher::Config::default().labels(labels).any_semantic()))
-        .default_backoff()
-        .inspect(move |event| listed(event))
-        .touched_objects();
+    let stream = reflector(
+        writer,
+        watcher(
+            api,
+            watcher::Config::default().labels(labels).any_semantic(),
+        ),
+    )
+    .default_backoff()
+    .inspect(move |event| listed(event))
+    .touched_objects();
     (reader, Box::pin(stream))
 }
 
@@ -140,14 +149,23 @@ pub fn build(client: Client, tenant_selector: Option<&str>) -> (Controller<Tenan
     let (namespaces, ns_stream) = reflect(Api::<Namespace>::all(client.clone()), has_tenant, &r);
     let (quotas, rq_stream) = reflect(Api::<ResourceQuota>::all(client.clone()), has_tenant, &r);
     let (limit_ranges, lr_stream) = reflect(Api::<LimitRange>::all(client.clone()), has_tenant, &r);
-    let (network_policies, np_stream) = reflect(Api::<NetworkPolicy>::all(client.clone()), has_tenant, &r);
-    let (role_bindings, rb_stream) = reflect(Api::<RoleBinding>::all(client.clone()), has_tenant, &r);
-    let (cluster_roles, cr_stream) = reflect(Api::<ClusterRole>::all(client.clone()), has_tenant, &r);
-    let (cluster_role_bindings, crb_stream) = reflect(Api::<ClusterRoleBinding>::all(client.clone()), has_tenant, &r);
+    let (network_policies, np_stream) =
+        reflect(Api::<NetworkPolicy>::all(client.clone()), has_tenant, &r);
+    let (role_bindings, rb_stream) =
+        reflect(Api::<RoleBinding>::all(client.clone()), has_tenant, &r);
+    let (cluster_roles, cr_stream) =
+        reflect(Api::<ClusterRole>::all(client.clone()), has_tenant, &r);
+    let (cluster_role_bindings, crb_stream) = reflect(
+        Api::<ClusterRoleBinding>::all(client.clone()),
+        has_tenant,
+        &r,
+    );
     let (secrets, secret_stream) = reflect(Api::<Secret>::all(client.clone()), has_tenant, &r);
     let (config_maps, cm_stream) = reflect(Api::<ConfigMap>::all(client.clone()), has_tenant, &r);
-    let (source_secrets, src_secret_stream) = reflect(Api::<Secret>::all(client.clone()), &shareable, &r);
-    let (source_config_maps, src_cm_stream) = reflect(Api::<ConfigMap>::all(client), &shareable, &r);
+    let (source_secrets, src_secret_stream) =
+        reflect(Api::<Secret>::all(client.clone()), &shareable, &r);
+    let (source_config_maps, src_cm_stream) =
+        reflect(Api::<ConfigMap>::all(client), &shareable, &r);
 
     let sharing = |kind: SharedKind, tenants: Store<Tenant>| {
         move |obj: ObjectRefParts| {
@@ -155,10 +173,9 @@ pub fn build(client: Client, tenant_selector: Option<&str>) -> (Controller<Tenan
                 .state()
                 .into_iter()
                 .filter(|t| {
-                    t.spec
-                        .shared_objects
-                        .iter()
-                        .any(|s| s.kind == kind && s.namespace == obj.namespace && s.name == obj.name)
+                    t.spec.shared_objects.iter().any(|s| {
+                        s.kind == kind && s.namespace == obj.namespace && s.name == obj.name
+                    })
                 })
                 .map(|t| ObjectRef::from_obj(t.as_ref()))
                 .collect::<Vec<_>>()
@@ -177,8 +194,12 @@ pub fn build(client: Client, tenant_selector: Option<&str>) -> (Controller<Tenan
         .watches_stream(crb_stream, by_tenant_label)
         .watches_stream(secret_stream, by_tenant_label)
         .watches_stream(cm_stream, by_tenant_label)
-        .watches_stream(src_secret_stream, move |s: Secret| secret_sharing(ObjectRefParts::of(&s)))
-        .watches_stream(src_cm_stream, move |c: ConfigMap| cm_sharing(ObjectRefParts::of(&c)));
+        .watches_stream(src_secret_stream, move |s: Secret| {
+            secret_sharing(ObjectRefParts::of(&s))
+        })
+        .watches_stream(src_cm_stream, move |c: ConfigMap| {
+            cm_sharing(ObjectRefParts::of(&c))
+        });
 
     let stores = Stores {
         tenants,
@@ -206,7 +227,10 @@ struct ObjectRefParts {
 
 impl ObjectRefParts {
     fn of<K: Resource>(obj: &K) -> Self {
-        Self { namespace: obj.namespace().unwrap_or_default(), name: obj.name_any() }
+        Self {
+            namespace: obj.namespace().unwrap_or_default(),
+            name: obj.name_any(),
+        }
     }
 }
 
@@ -235,10 +259,19 @@ mod tests {
         a(&Ok(watcher::Event::Init));
         a(&Ok(watcher::Event::InitDone));
         a(&Ok(watcher::Event::InitDone)); // a re-list counts once
-        assert!(waiters.iter().all(|w| !w.is_finished()), "b has not listed yet");
+        assert!(
+            waiters.iter().all(|w| !w.is_finished()),
+            "b has not listed yet"
+        );
         b(&Ok(watcher::Event::InitDone));
         for w in waiters {
-            assert!(tokio::time::timeout(Duration::from_secs(1), w).await.unwrap().unwrap(), "every waiter wakes");
+            assert!(
+                tokio::time::timeout(Duration::from_secs(1), w)
+                    .await
+                    .unwrap()
+                    .unwrap(),
+                "every waiter wakes"
+            );
         }
     }
 }

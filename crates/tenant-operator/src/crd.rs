@@ -155,11 +155,16 @@ pub struct Subject {
     pub name: String,
     /// The ServiceAccount's namespace (ServiceAccounts only).
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    #[schemars(length(min = 1, max = 63), regex(pattern = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$"))]
+    #[schemars(
+        length(min = 1, max = 63),
+        regex(pattern = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
+    )]
     pub namespace: Option<String>,
 }
 
-#[derive(Serialize, Deserialize, Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, JsonSchema)]
+#[derive(
+    Serialize, Deserialize, Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, JsonSchema,
+)]
 pub enum SubjectKind {
     User,
     Group,
@@ -289,7 +294,10 @@ pub struct NetworkIsolation {
 
 impl Default for NetworkIsolation {
     fn default() -> Self {
-        Self { enabled: true, allow_from_namespaces: Vec::new() }
+        Self {
+            enabled: true,
+            allow_from_namespaces: Vec::new(),
+        }
     }
 }
 
@@ -303,14 +311,22 @@ fn default_true() -> bool {
 pub struct SharedObject {
     pub kind: SharedKind,
     /// The source's namespace.
-    #[schemars(length(min = 1, max = 63), regex(pattern = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$"))]
+    #[schemars(
+        length(min = 1, max = 63),
+        regex(pattern = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
+    )]
     pub namespace: String,
     /// The source's name, also the copies' name.
-    #[schemars(length(min = 1, max = 253), regex(pattern = r"^[a-z0-9]([-a-z0-9.]*[a-z0-9])?$"))]
+    #[schemars(
+        length(min = 1, max = 253),
+        regex(pattern = r"^[a-z0-9]([-a-z0-9.]*[a-z0-9])?$")
+    )]
     pub name: String,
 }
 
-#[derive(Serialize, Deserialize, Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, JsonSchema)]
+#[derive(
+    Serialize, Deserialize, Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, JsonSchema,
+)]
 pub enum SharedKind {
     Secret,
     ConfigMap,
@@ -487,32 +503,60 @@ mod tests {
     fn crd_has_the_required_metadata() {
         let crd = Tenant::crd();
         assert_eq!(crd.spec.scope, "Cluster");
-        assert_eq!(crd.spec.names.short_names.as_deref(), Some(&["tnt".to_string()][..]));
-        assert_eq!(crd.spec.names.categories.as_deref(), Some(&["steward".to_string()][..]));
+        assert_eq!(
+            crd.spec.names.short_names.as_deref(),
+            Some(&["tnt".to_string()][..])
+        );
+        assert_eq!(
+            crd.spec.names.categories.as_deref(),
+            Some(&["steward".to_string()][..])
+        );
         let version = &crd.spec.versions[0];
-        assert!(version.subresources.as_ref().and_then(|s| s.status.as_ref()).is_some());
-        let columns: Vec<_> = version.additional_printer_columns.iter().flatten().map(|c| c.name.as_str()).collect();
+        assert!(
+            version
+                .subresources
+                .as_ref()
+                .and_then(|s| s.status.as_ref())
+                .is_some()
+        );
+        let columns: Vec<_> = version
+            .additional_printer_columns
+            .iter()
+            .flatten()
+            .map(|c| c.name.as_str())
+            .collect();
         for c in ["Ready", "Phase", "Namespaces", "Age"] {
             assert!(columns.contains(&c), "{c} column in {columns:?}");
         }
         let yaml = serde_json::to_string(&crd).unwrap();
         assert!(yaml.contains("isQuantity"), "quantities are CEL-checked");
-        assert!(yaml.contains("x-kubernetes-list-type"), "namespaces are a set");
+        assert!(
+            yaml.contains("x-kubernetes-list-type"),
+            "namespaces are a set"
+        );
     }
 
     #[test]
     fn quantities_accept_integers_and_strings() {
-        let q: BTreeMap<String, QuantityValue> = serde_json::from_str(r#"{"pods": 10, "cpu": "500m"}"#).unwrap();
+        let q: BTreeMap<String, QuantityValue> =
+            serde_json::from_str(r#"{"pods": 10, "cpu": "500m"}"#).unwrap();
         assert_eq!(q["pods"].0, "10");
         assert_eq!(q["cpu"].milli().unwrap(), Milli(500));
-        assert_eq!(serde_json::to_string(&q).unwrap(), r#"{"cpu":"500m","pods":"10"}"#);
+        assert_eq!(
+            serde_json::to_string(&q).unwrap(),
+            r#"{"cpu":"500m","pods":"10"}"#
+        );
     }
 
     #[test]
     fn spec_defaults() {
-        let spec: TenantSpec = serde_json::from_str(r#"{"owners": [{"kind": "User", "name": "alice"}]}"#).unwrap();
+        let spec: TenantSpec =
+            serde_json::from_str(r#"{"owners": [{"kind": "User", "name": "alice"}]}"#).unwrap();
         assert_eq!(spec.deletion_policy, NamespaceDeletionPolicy::Orphan);
         assert!(!spec.cordoned);
-        assert!(spec.network_isolation.is_none(), "absent means on with no exceptions");
+        assert!(
+            spec.network_isolation.is_none(),
+            "absent means on with no exceptions"
+        );
     }
 }

@@ -105,12 +105,25 @@ pub enum Error {
 /// [`Error::InvalidOption`] for an empty `--owner-cluster-role` or `--tenant-selector`.
 pub fn register(operator: &mut Operator, options: Options) -> Result<(), Error> {
     if options.owner_cluster_role.trim().is_empty() {
-        return Err(Error::InvalidOption { flag: "--owner-cluster-role", reason: "must name a ClusterRole".into() });
+        return Err(Error::InvalidOption {
+            flag: "--owner-cluster-role",
+            reason: "must name a ClusterRole".into(),
+        });
     }
-    if options.tenant_selector.as_deref().is_some_and(|s| s.trim().is_empty()) {
-        return Err(Error::InvalidOption { flag: "--tenant-selector", reason: "must not be empty".into() });
+    if options
+        .tenant_selector
+        .as_deref()
+        .is_some_and(|s| s.trim().is_empty())
+    {
+        return Err(Error::InvalidOption {
+            flag: "--tenant-selector",
+            reason: "must not be empty".into(),
+        });
     }
-    let (controller, stores) = controller::build(operator.unguarded_client(), options.tenant_selector.as_deref());
+    let (controller, stores) = controller::build(
+        operator.unguarded_client(),
+        options.tenant_selector.as_deref(),
+    );
     let writes = apply::Writes::default();
     operator.metrics().register(
         "tenant_operator_writes",
@@ -119,7 +132,9 @@ pub fn register(operator: &mut Operator, options: Options) -> Result<(), Error> 
     );
     let state = controller::State {
         stores,
-        settings: build::Settings { owner_cluster_role: options.owner_cluster_role.clone() },
+        settings: build::Settings {
+            owner_cluster_role: options.owner_cluster_role.clone(),
+        },
         resync: options.resync_period,
         writes: writes.clone(),
     };
@@ -132,7 +147,13 @@ pub fn register(operator: &mut Operator, options: Options) -> Result<(), Error> 
             user_prefixes: Vec::new(),
         };
         operator.singleton(move |stop| {
-            policy::apply_until_done(client.clone(), extra.clone(), NAME.to_string(), writes.clone(), stop)
+            policy::apply_until_done(
+                client.clone(),
+                extra.clone(),
+                NAME.to_string(),
+                writes.clone(),
+                stop,
+            )
         });
     }
     Ok(())

@@ -25,7 +25,10 @@ struct Cli {
 async fn main() -> anyhow::Result<()> {
     let cli = Cli::parse();
     if cli.print_policies {
-        let exempt = policy::Exemptions::new(cli.options.exempt_users.clone(), cli.options.exempt_groups.clone());
+        let exempt = policy::Exemptions::new(
+            cli.options.exempt_users.clone(),
+            cli.options.exempt_groups.clone(),
+        );
         print!("{}", policy::to_yaml(&policy::policies(&exempt, NAME))?);
         return Ok(());
     }

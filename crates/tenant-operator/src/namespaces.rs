@@ -26,7 +26,9 @@ impl Existing {
         Existing {
             name: ns.metadata.name.clone().unwrap_or_default(),
             tenant: labels.and_then(|l| l.get(TENANT_LABEL)).cloned(),
-            declared: labels.and_then(|l| l.get(DECLARED_LABEL)).is_some_and(|v| v == "true"),
+            declared: labels
+                .and_then(|l| l.get(DECLARED_LABEL))
+                .is_some_and(|v| v == "true"),
             terminating: ns.metadata.deletion_timestamp.is_some(),
         }
     }
@@ -57,7 +59,12 @@ pub struct NamespacePlan {
 impl NamespacePlan {
     /// Names of the wanted namespaces that are usable now (not terminating), sorted.
     pub fn active(&self) -> Vec<String> {
-        let mut v: Vec<String> = self.wanted.iter().filter(|w| !w.terminating).map(|w| w.name.clone()).collect();
+        let mut v: Vec<String> = self
+            .wanted
+            .iter()
+            .filter(|w| !w.terminating)
+            .map(|w| w.name.clone())
+            .collect();
         v.sort();
         v
     }
@@ -76,12 +83,21 @@ pub fn plan(
     for name in listed {
         match lookup(name) {
             Some(e) if e.tenant.as_deref().is_some_and(|t| t != tenant) => {
-                out.conflicts.push((name.clone(), e.tenant.unwrap_or_default()));
+                out.conflicts
+                    .push((name.clone(), e.tenant.unwrap_or_default()));
             }
-            Some(e) => {
-                out.wanted.push(Wanted { name: name.clone(), declared: true, exists: true, terminating: e.terminating })
-            }
-            None => out.wanted.push(Wanted { name: name.clone(), declared: true, exists: false, terminating: false }),
+            Some(e) => out.wanted.push(Wanted {
+                name: name.clone(),
+                declared: true,
+                exists: true,
+                terminating: e.terminating,
+            }),
+            None => out.wanted.push(Wanted {
+                name: name.clone(),
+                declared: true,
+                exists: false,
+                terminating: false,
+            }),
         }
     }
     for e in labelled {
@@ -93,7 +109,12 @@ pub fn plan(
                 out.removed.push(e.name.clone());
             }
         } else {
-            out.wanted.push(Wanted { name: e.name.clone(), declared: false, exists: true, terminating: e.terminating });
+            out.wanted.push(Wanted {
+                name: e.name.clone(),
+                declared: false,
+                exists: true,
+                terminating: e.terminating,
+            });
         }
     }
     out.wanted.sort_by(|a, b| a.name.cmp(&b.name));
@@ -107,13 +128,27 @@ mod tests {
     use super::*;
 
     fn ns(name: &str, tenant: Option<&str>, declared: bool) -> Existing {
-        Existing { name: name.into(), tenant: tenant.map(Into::into), declared, terminating: false }
+        Existing {
+            name: name.into(),
+            tenant: tenant.map(Into::into),
+            declared,
+            terminating: false,
+        }
     }
 
     fn run(listed: &[&str], existing: &[Existing]) -> NamespacePlan {
         let listed: Vec<String> = listed.iter().map(|s| s.to_string()).collect();
-        let labelled: Vec<Existing> = existing.iter().filter(|e| e.tenant.is_some()).cloned().collect();
-        plan("acme", &listed, |n| existing.iter().find(|e| e.name == n).cloned(), &labelled)
+        let labelled: Vec<Existing> = existing
+            .iter()
+            .filter(|e| e.tenant.is_some())
+            .cloned()
+            .collect();
+        plan(
+            "acme",
+            &listed,
+            |n| existing.iter().find(|e| e.name == n).cloned(),
+            &labelled,
+        )
     }
 
     #[test]
@@ -121,7 +156,10 @@ mod tests {
         let p = run(&["a", "b"], &[ns("b", None, false)]);
         assert_eq!(p.wanted.len(), 2);
         assert!(!p.wanted[0].exists && p.wanted[0].declared);
-        assert!(p.wanted[1].exists, "an unlabelled namespace that is listed is adopted");
+        assert!(
+            p.wanted[1].exists,
+            "an unlabelled namespace that is listed is adopted"
+        );
         assert_eq!(p.active(), ["a", "b"]);
     }
 
@@ -134,8 +172,14 @@ mod tests {
 
     #[test]
     fn unlisted_declared_namespaces_are_removed_owner_created_ones_kept() {
-        let p =
-            run(&["a"], &[ns("a", Some("acme"), true), ns("old", Some("acme"), true), ns("mine", Some("acme"), false)]);
+        let p = run(
+            &["a"],
+            &[
+                ns("a", Some("acme"), true),
+                ns("old", Some("acme"), true),
+                ns("mine", Some("acme"), false),
+            ],
+        );
         assert_eq!(p.removed, ["old"]);
         assert_eq!(p.active(), ["a", "mine"]);
         assert!(!p.wanted.iter().find(|w| w.name == "mine").unwrap().declared);

@@ -26,12 +26,14 @@
 use std::time::Duration;
 
 use k8s_openapi::api::admissionregistration::v1::{
-    MatchCondition, MatchResources, NamedRuleWithOperations, ParamKind, ParamRef, ValidatingAdmissionPolicy,
-    ValidatingAdmissionPolicyBinding, ValidatingAdmissionPolicyBindingSpec, ValidatingAdmissionPolicySpec, Validation,
-    Variable,
+    MatchCondition, MatchResources, NamedRuleWithOperations, ParamKind, ParamRef,
+    ValidatingAdmissionPolicy, ValidatingAdmissionPolicyBinding,
+    ValidatingAdmissionPolicyBindingSpec, ValidatingAdmissionPolicySpec, Validation, Variable,
 };
 use k8s_openapi::api::authentication::v1::SelfSubjectReview;
-use k8s_openapi::apimachinery::pkg::apis::meta::v1::{LabelSelector, LabelSelectorRequirement, ObjectMeta};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{
+    LabelSelector, LabelSelectorRequirement, ObjectMeta,
+};
 use kube::api::{Api, Patch, PatchParams, PostParams};
 use kube::{Client, Resource};
 use tokio_util::sync::CancellationToken;
@@ -50,27 +52,53 @@ pub struct Exemptions {
 
 impl Exemptions {
     /// The control plane, plus `users` and `groups` (the operator's own user among them).
-    pub fn new(users: impl IntoIterator<Item = String>, groups: impl IntoIterator<Item = String>) -> Self {
-        let mut u: Vec<String> =
-            ["system:kube-controller-manager", "system:kube-scheduler"].into_iter().map(String::from).collect();
+    pub fn new(
+        users: impl IntoIterator<Item = String>,
+        groups: impl IntoIterator<Item = String>,
+    ) -> Self {
+        let mut u: Vec<String> = ["system:kube-controller-manager", "system:kube-scheduler"]
+            .into_iter()
+            .map(String::from)
+            .collect();
         u.extend(users);
         u.sort();
         u.dedup();
-        let mut g: Vec<String> = ["system:masters", "system:nodes"].into_iter().map(String::from).collect();
+        let mut g: Vec<String> = ["system:masters", "system:nodes"]
+            .into_iter()
+            .map(String::from)
+            .collect();
         g.extend(groups);
         g.sort();
         g.dedup();
-        Self { users: u, groups: g, user_prefixes: vec!["system:serviceaccount:kube-system:".to_string()] }
+        Self {
+            users: u,
+            groups: g,
+            user_prefixes: vec!["system:serviceaccount:kube-system:".to_string()],
+        }
     }
 
     /// A CEL expression true for exempt requesters.
     pub fn cel(&self) -> String {
-        let list = |v: &[String]| v.iter().map(|s| cel_string(s)).collect::<Vec<_>>().join(", ");
-        let mut parts = vec![format!("request.userInfo.username in [{}]", list(&self.users))];
+        let list = |v: &[String]| {
+            v.iter()
+                .map(|s| cel_string(s))
+                .collect::<Vec<_>>()
+                .join(", ")
+        };
+        let mut parts = vec![format!(
+            "request.userInfo.username in [{}]",
+            list(&self.users)
+        )];
         for p in &self.user_prefixes {
-            parts.push(format!("request.userInfo.username.startsWith({})", cel_string(p)));
+            parts.push(format!(
+                "request.userInfo.username.startsWith({})",
+                cel_string(p)
+            ));
         }
-        parts.push(format!("request.userInfo.groups.exists(g, g in [{}])", list(&self.groups)));
+        parts.push(format!(
+            "request.userInfo.groups.exists(g, g in [{}])",
+            list(&self.groups)
+        ));
         parts.join(" || ")
     }
 }
@@ -83,7 +111,12 @@ fn cel_string(s: &str) -> String {
 /// Name prefix of every policy and binding.
 pub const PREFIX: &str = "tenancy.steward.dev";
 
-fn rule(groups: &[&str], resources: &[&str], operations: &[&str], scope: Option<&str>) -> NamedRuleWithOperations {
+fn rule(
+    groups: &[&str],
+    resources: &[&str],
+    operations: &[&str],
+    scope: Option<&str>,
+) -> NamedRuleWithOperations {
     let s = |v: &[&str]| Some(v.iter().map(|x| x.to_string()).collect());
     NamedRuleWithOperations {
         api_groups: s(groups),
@@ -107,7 +140,10 @@ fn exists(key: &str) -> LabelSelector {
 }
 
 fn equals(key: &str, value: &str) -> LabelSelector {
-    LabelSelector { match_labels: Some([(key.to_string(), value.to_string())].into()), ..Default::default() }
+    LabelSelector {
+        match_labels: Some([(key.to_string(), value.to_string())].into()),
+        ..Default::default()
+    }
 }
 
 fn validation(expression: &str, message: &str, message_expression: Option<&str>) -> Validation {
@@ -120,13 +156,22 @@ fn validation(expression: &str, message: &str, message_expression: Option<&str>)
 }
 
 fn variable(name: &str, expression: &str) -> Variable {
-    Variable { name: name.to_string(), expression: expression.to_string() }
+    Variable {
+        name: name.to_string(),
+        expression: expression.to_string(),
+    }
 }
 
 fn metadata(name: &str, manager: &str) -> ObjectMeta {
     ObjectMeta {
         name: Some(name.to_string()),
-        labels: Some([(steward_core::apply::MANAGED_BY_LABEL.to_string(), manager.to_string())].into()),
+        labels: Some(
+            [(
+                steward_core::apply::MANAGED_BY_LABEL.to_string(),
+                manager.to_string(),
+            )]
+            .into(),
+        ),
         ..Default::default()
     }
 }
@@ -141,13 +186,17 @@ pub struct Policy {
 /// Every policy, exempting `exempt`; `manager` is the operator's field manager (its children
 /// carry `app.kubernetes.io/managed-by=<manager>`).
 pub fn policies(exempt: &Exemptions, manager: &str) -> Vec<Policy> {
-    let not_exempt =
-        vec![MatchCondition { name: "not-exempt".to_string(), expression: format!("!({})", exempt.cel()) }];
+    let not_exempt = vec![MatchCondition {
+        name: "not-exempt".to_string(),
+        expression: format!("!({})", exempt.cel()),
+    }];
     let tenant_of_object = format!(
         "has(object.metadata.labels) && '{TENANT_LABEL}' in object.metadata.labels ? object.metadata.labels['{TENANT_LABEL}'] : ''"
     );
     let owns = |tenant: &str| {
-        format!("authorizer.group('{GROUP}').resource('tenants').name({tenant}).check('{OWN_VERB}').allowed()")
+        format!(
+            "authorizer.group('{GROUP}').resource('tenants').name({tenant}).check('{OWN_VERB}').allowed()"
+        )
     };
     let protected_labels = format!("k.startsWith('{GROUP}/') || k == '{POD_SECURITY_LABEL}'");
 
@@ -186,8 +235,18 @@ pub fn policies(exempt: &Exemptions, manager: &str) -> Vec<Policy> {
                             &["UPDATE", "DELETE"],
                             None,
                         ),
-                        rule(&["networking.k8s.io"], &["networkpolicies"], &["UPDATE", "DELETE"], None),
-                        rule(&["rbac.authorization.k8s.io"], &["rolebindings"], &["UPDATE", "DELETE"], None),
+                        rule(
+                            &["networking.k8s.io"],
+                            &["networkpolicies"],
+                            &["UPDATE", "DELETE"],
+                            None,
+                        ),
+                        rule(
+                            &["rbac.authorization.k8s.io"],
+                            &["rolebindings"],
+                            &["UPDATE", "DELETE"],
+                            None,
+                        ),
                     ]),
                     ..Default::default()
                 }),
@@ -214,8 +273,14 @@ pub fn policies(exempt: &Exemptions, manager: &str) -> Vec<Policy> {
                 }),
                 match_conditions: Some(not_exempt.clone()),
                 variables: Some(vec![
-                    variable("oldLabels", "has(oldObject.metadata.labels) ? oldObject.metadata.labels : {}"),
-                    variable("newLabels", "has(object.metadata.labels) ? object.metadata.labels : {}"),
+                    variable(
+                        "oldLabels",
+                        "has(oldObject.metadata.labels) ? oldObject.metadata.labels : {}",
+                    ),
+                    variable(
+                        "newLabels",
+                        "has(object.metadata.labels) ? object.metadata.labels : {}",
+                    ),
                 ]),
                 validations: Some(vec![validation(
                     &format!(
@@ -240,7 +305,10 @@ pub fn policies(exempt: &Exemptions, manager: &str) -> Vec<Policy> {
                     ..Default::default()
                 }),
                 match_conditions: Some(not_exempt.clone()),
-                variables: Some(vec![variable("tenant", &format!("object.metadata.labels['{TENANT_LABEL}']"))]),
+                variables: Some(vec![variable(
+                    "tenant",
+                    &format!("object.metadata.labels['{TENANT_LABEL}']"),
+                )]),
                 validations: Some(vec![
                     validation(
                         &owns("variables.tenant"),
@@ -250,7 +318,9 @@ pub fn policies(exempt: &Exemptions, manager: &str) -> Vec<Policy> {
                         ),
                     ),
                     validation(
-                        &format!("object.metadata.labels.all(k, k == '{TENANT_LABEL}' || !({protected_labels}))"),
+                        &format!(
+                            "object.metadata.labels.all(k, k == '{TENANT_LABEL}' || !({protected_labels}))"
+                        ),
                         &format!(
                             "a new tenant namespace may carry only the label {TENANT_LABEL} of the {GROUP}/* and {POD_SECURITY_LABEL} labels; the operator sets the others from the Tenant"
                         ),
@@ -276,7 +346,10 @@ pub fn policies(exempt: &Exemptions, manager: &str) -> Vec<Policy> {
                 match_conditions: Some(not_exempt.clone()),
                 variables: Some(vec![
                     variable("tenant", &tenant_of_object),
-                    variable("declared", "has(params.spec.namespaces) ? params.spec.namespaces : []"),
+                    variable(
+                        "declared",
+                        "has(params.spec.namespaces) ? params.spec.namespaces : []",
+                    ),
                     variable(
                         "count",
                         "size(variables.declared) + (has(params.status) && has(params.status.namespaces) ? size(params.status.namespaces.filter(n, !(n in variables.declared))) : 0)",
@@ -284,7 +357,10 @@ pub fn policies(exempt: &Exemptions, manager: &str) -> Vec<Policy> {
                 ]),
                 validations: Some(vec![
                     validation(
-                        &format!("variables.tenant != '' || !({})", owns("params.metadata.name")),
+                        &format!(
+                            "variables.tenant != '' || !({})",
+                            owns("params.metadata.name")
+                        ),
                         "tenant owners must label new namespaces with tenancy.steward.dev/tenant",
                         Some(&format!(
                             "'owners of tenant ' + params.metadata.name + ' must label new namespaces with {TENANT_LABEL}=' + params.metadata.name"
@@ -293,7 +369,9 @@ pub fn policies(exempt: &Exemptions, manager: &str) -> Vec<Policy> {
                     validation(
                         "variables.tenant != params.metadata.name || !has(params.spec.cordoned) || !params.spec.cordoned",
                         "the tenant is cordoned: no new namespaces",
-                        Some("'tenant ' + params.metadata.name + ' is cordoned: no new namespaces'"),
+                        Some(
+                            "'tenant ' + params.metadata.name + ' is cordoned: no new namespaces'",
+                        ),
                     ),
                     validation(
                         "variables.tenant != params.metadata.name || !has(params.spec.maxNamespaces) || variables.count < params.spec.maxNamespaces",
@@ -384,8 +462,15 @@ pub enum Error {
 /// [`Error::WhoAmI`].
 pub async fn whoami(client: &Client) -> Result<String, Error> {
     let api: Api<SelfSubjectReview> = Api::all(client.clone());
-    let review = api.create(&PostParams::default(), &SelfSubjectReview::default()).await.map_err(Error::WhoAmI)?;
-    Ok(review.status.and_then(|s| s.user_info).and_then(|u| u.username).unwrap_or_default())
+    let review = api
+        .create(&PostParams::default(), &SelfSubjectReview::default())
+        .await
+        .map_err(Error::WhoAmI)?;
+    Ok(review
+        .status
+        .and_then(|s| s.user_info)
+        .and_then(|u| u.username)
+        .unwrap_or_default())
 }
 
 /// Applies every policy and binding that differs from what is stored. Returns how many were
@@ -393,7 +478,12 @@ pub async fn whoami(client: &Client) -> Result<String, Error> {
 ///
 /// # Errors
 /// [`Error::Read`] / [`Error::Apply`] for the first failing object.
-pub async fn apply(client: &Client, policies: &[Policy], manager: &str, writes: &Writes) -> Result<usize, Error> {
+pub async fn apply(
+    client: &Client,
+    policies: &[Policy],
+    manager: &str,
+    writes: &Writes,
+) -> Result<usize, Error> {
     let mut written = 0;
     for p in policies {
         written += apply_one(client, &p.policy, manager, writes).await?;
@@ -402,7 +492,12 @@ pub async fn apply(client: &Client, policies: &[Policy], manager: &str, writes: 
     Ok(written)
 }
 
-async fn apply_one<K>(client: &Client, obj: &K, manager: &str, writes: &Writes) -> Result<usize, Error>
+async fn apply_one<K>(
+    client: &Client,
+    obj: &K,
+    manager: &str,
+    writes: &Writes,
+) -> Result<usize, Error>
 where
     K: Resource<DynamicType = (), Scope = k8s_openapi::ClusterResourceScope>
         + Clone
@@ -413,14 +508,24 @@ where
     let api: Api<K> = Api::all(client.clone());
     let name = obj.meta().name.clone().unwrap_or_default();
     let what = || format!("{} {name}", K::kind(&()));
-    let current = api.get_opt(&name).await.map_err(|e| Error::Read(what(), e))?;
-    if current.as_ref().is_some_and(|c| up_to_date(c, obj, manager)) {
+    let current = api
+        .get_opt(&name)
+        .await
+        .map_err(|e| Error::Read(what(), e))?;
+    if current
+        .as_ref()
+        .is_some_and(|c| up_to_date(c, obj, manager))
+    {
         return Ok(0);
     }
     writes.inc(&K::kind(&()), "apply");
-    api.patch(&name, &PatchParams::apply(manager).force(), &Patch::Apply(with_type(obj)))
-        .await
-        .map_err(|e| Error::Apply(what(), e))?;
+    api.patch(
+        &name,
+        &PatchParams::apply(manager).force(),
+        &Patch::Apply(with_type(obj)),
+    )
+    .await
+    .map_err(|e| Error::Apply(what(), e))?;
     Ok(1)
 }
 
@@ -437,7 +542,10 @@ pub async fn apply_until_done(
     loop {
         let attempt = async {
             let me = whoami(&client).await?;
-            let exempt = Exemptions::new(extra.users.iter().cloned().chain([me.clone()]), extra.groups.iter().cloned());
+            let exempt = Exemptions::new(
+                extra.users.iter().cloned().chain([me.clone()]),
+                extra.groups.iter().cloned(),
+            );
             let written = apply(&client, &policies(&exempt, &manager), &manager, &writes).await?;
             Ok::<_, Error>((me, written))
         };
@@ -468,12 +576,18 @@ mod tests {
     use super::*;
 
     fn all() -> Vec<Policy> {
-        policies(&Exemptions::new(["op".to_string()], ["admins".to_string()]), "tenant-operator")
+        policies(
+            &Exemptions::new(["op".to_string()], ["admins".to_string()]),
+            "tenant-operator",
+        )
     }
 
     #[test]
     fn exemptions_cover_the_control_plane_and_the_operator() {
-        let e = Exemptions::new(["system:serviceaccount:steward:tenant-operator".to_string()], []);
+        let e = Exemptions::new(
+            ["system:serviceaccount:steward:tenant-operator".to_string()],
+            [],
+        );
         let cel = e.cel();
         assert!(cel.contains("'system:serviceaccount:steward:tenant-operator'"));
         assert!(cel.contains("'system:kube-controller-manager'"));
@@ -493,8 +607,19 @@ mod tests {
             assert_eq!(binding.validation_actions, ["Deny"]);
             assert_eq!(spec.failure_policy.as_deref(), Some("Fail"));
             let mc = spec.match_conditions.as_ref().unwrap();
-            assert!(mc[0].expression.starts_with("!(") && mc[0].expression.contains("'op'"), "{}", mc[0].expression);
-            assert!(p.policy.metadata.name.as_ref().unwrap().starts_with("tenancy.steward.dev-"));
+            assert!(
+                mc[0].expression.starts_with("!(") && mc[0].expression.contains("'op'"),
+                "{}",
+                mc[0].expression
+            );
+            assert!(
+                p.policy
+                    .metadata
+                    .name
+                    .as_ref()
+                    .unwrap()
+                    .starts_with("tenancy.steward.dev-")
+            );
         }
     }
 
@@ -502,33 +627,65 @@ mod tests {
     fn managed_objects_policy_protects_quotas_policies_and_bindings_in_tenant_namespaces() {
         let p = &all()[0].policy;
         let mc = p.spec.as_ref().unwrap().match_constraints.as_ref().unwrap();
-        let resources: Vec<String> =
-            mc.resource_rules.iter().flatten().flat_map(|r| r.resources.clone().unwrap_or_default()).collect();
-        for r in ["resourcequotas", "limitranges", "networkpolicies", "rolebindings"] {
+        let resources: Vec<String> = mc
+            .resource_rules
+            .iter()
+            .flatten()
+            .flat_map(|r| r.resources.clone().unwrap_or_default())
+            .collect();
+        for r in [
+            "resourcequotas",
+            "limitranges",
+            "networkpolicies",
+            "rolebindings",
+        ] {
             assert!(resources.contains(&r.to_string()), "{r}");
         }
         assert!(
             mc.resource_rules
                 .iter()
                 .flatten()
-                .all(|r| r.operations.as_deref() == Some(&["UPDATE".to_string(), "DELETE".to_string()][..]))
+                .all(|r| r.operations.as_deref()
+                    == Some(&["UPDATE".to_string(), "DELETE".to_string()][..]))
         );
         assert_eq!(
-            mc.object_selector.as_ref().unwrap().match_labels.as_ref().unwrap()["app.kubernetes.io/managed-by"],
+            mc.object_selector
+                .as_ref()
+                .unwrap()
+                .match_labels
+                .as_ref()
+                .unwrap()["app.kubernetes.io/managed-by"],
             "tenant-operator"
         );
-        assert_eq!(mc.namespace_selector.as_ref().unwrap().match_expressions.as_ref().unwrap()[0].key, TENANT_LABEL);
+        assert_eq!(
+            mc.namespace_selector
+                .as_ref()
+                .unwrap()
+                .match_expressions
+                .as_ref()
+                .unwrap()[0]
+                .key,
+            TENANT_LABEL
+        );
     }
 
     #[test]
     fn allowance_policy_is_evaluated_per_tenant() {
         let p = &all()[3];
         let spec = p.policy.spec.as_ref().unwrap();
-        assert_eq!(spec.param_kind.as_ref().unwrap().kind.as_deref(), Some("Tenant"));
+        assert_eq!(
+            spec.param_kind.as_ref().unwrap().kind.as_deref(),
+            Some("Tenant")
+        );
         let pr = p.binding.spec.param_ref.as_ref().unwrap();
         assert_eq!(pr.selector, Some(LabelSelector::default()), "every Tenant");
         assert_eq!(pr.parameter_not_found_action.as_deref(), Some("Allow"));
-        let exprs: Vec<&str> = spec.validations.iter().flatten().map(|v| v.expression.as_str()).collect();
+        let exprs: Vec<&str> = spec
+            .validations
+            .iter()
+            .flatten()
+            .map(|v| v.expression.as_str())
+            .collect();
         assert!(exprs.iter().any(|e| e.contains("maxNamespaces")));
         assert!(exprs.iter().any(|e| e.contains("cordoned")));
     }
@@ -536,15 +693,32 @@ mod tests {
     #[test]
     fn cordon_policy_only_matches_namespaced_resources() {
         let p = &all()[4].policy;
-        let rules = p.spec.as_ref().unwrap().match_constraints.as_ref().unwrap().resource_rules.clone().unwrap();
-        assert_eq!(rules[0].scope.as_deref(), Some("Namespaced"), "cluster-scoped objects are never frozen");
+        let rules = p
+            .spec
+            .as_ref()
+            .unwrap()
+            .match_constraints
+            .as_ref()
+            .unwrap()
+            .resource_rules
+            .clone()
+            .unwrap();
+        assert_eq!(
+            rules[0].scope.as_deref(),
+            Some("Namespaced"),
+            "cluster-scoped objects are never frozen"
+        );
     }
 
     #[test]
     fn yaml_has_types() {
         let yaml = to_yaml(&all()).unwrap();
         assert_eq!(yaml.matches("kind: ValidatingAdmissionPolicy\n").count(), 5);
-        assert_eq!(yaml.matches("kind: ValidatingAdmissionPolicyBinding\n").count(), 5);
+        assert_eq!(
+            yaml.matches("kind: ValidatingAdmissionPolicyBinding\n")
+                .count(),
+            5
+        );
         assert!(yaml.contains("apiVersion: admissionregistration.k8s.io/v1"));
     }
 }

@@ -36,14 +36,19 @@ impl Milli {
     /// # Errors
     /// [`ParseError`] for anything the API server would not accept.
     pub fn parse(input: &str) -> Result<Milli, ParseError> {
-        let err = |why| ParseError { value: input.to_string(), why };
+        let err = |why| ParseError {
+            value: input.to_string(),
+            why,
+        };
         let s = input.trim();
         let (negative, s) = match s.as_bytes().first() {
             Some(b'-') => (true, &s[1..]),
             Some(b'+') => (false, &s[1..]),
             _ => (false, s),
         };
-        let number_end = s.find(|c: char| !(c.is_ascii_digit() || c == '.')).unwrap_or(s.len());
+        let number_end = s
+            .find(|c: char| !(c.is_ascii_digit() || c == '.'))
+            .unwrap_or(s.len());
         let (number, suffix) = s.split_at(number_end);
         if number.is_empty() || number == "." || number.matches('.').count() > 1 {
             return Err(err("expected a number"));
@@ -54,8 +59,11 @@ impl Milli {
         if digits.len() > 30 {
             return Err(err("too many digits"));
         }
-        let mantissa: i128 =
-            if digits.is_empty() { 0 } else { digits.parse().map_err(|_| err("expected a number"))? };
+        let mantissa: i128 = if digits.is_empty() {
+            0
+        } else {
+            digits.parse().map_err(|_| err("expected a number"))?
+        };
         let frac_len = u32::try_from(frac_part.len()).map_err(|_| err("too many digits"))?;
 
         // value = mantissa × 10^-frac_len × multiplier; result in thousandths.
@@ -77,7 +85,9 @@ impl Milli {
             "P" => (0, 15),
             "E" => (0, 18),
             other => {
-                let exp = other.strip_prefix(['e', 'E']).ok_or_else(|| err("unknown suffix"))?;
+                let exp = other
+                    .strip_prefix(['e', 'E'])
+                    .ok_or_else(|| err("unknown suffix"))?;
                 let exp: i32 = exp.parse().map_err(|_| err("malformed exponent"))?;
                 if !(-30..=30).contains(&exp) {
                     return Err(err("exponent out of range"));
@@ -87,12 +97,18 @@ impl Milli {
         };
         let too_large = || err("too large");
         let mut numerator = mantissa.checked_mul(1000).ok_or_else(too_large)?;
-        numerator = numerator.checked_mul(1024i128.pow(binary)).ok_or_else(too_large)?;
+        numerator = numerator
+            .checked_mul(1024i128.pow(binary))
+            .ok_or_else(too_large)?;
         let mut denominator: i128 = 10i128.checked_pow(frac_len).ok_or_else(too_large)?;
         if exp10 >= 0 {
-            numerator = numerator.checked_mul(10i128.pow(exp10.unsigned_abs())).ok_or_else(too_large)?;
+            numerator = numerator
+                .checked_mul(10i128.pow(exp10.unsigned_abs()))
+                .ok_or_else(too_large)?;
         } else {
-            denominator = denominator.checked_mul(10i128.pow(exp10.unsigned_abs())).ok_or_else(too_large)?;
+            denominator = denominator
+                .checked_mul(10i128.pow(exp10.unsigned_abs()))
+                .ok_or_else(too_large)?;
         }
         // Round up away from zero, as the API server does for sub-milli precision.
         let mut value = numerator / denominator + i128::from(numerator % denominator != 0);
@@ -124,7 +140,14 @@ impl Milli {
         let bytes_like = ["memory", "storage"].iter().any(|k| name.contains(k));
         if bytes_like && self.is_whole() && self.0 != 0 {
             let units = self.0 / 1000;
-            for (suffix, power) in [("Ei", 6u32), ("Pi", 5), ("Ti", 4), ("Gi", 3), ("Mi", 2), ("Ki", 1)] {
+            for (suffix, power) in [
+                ("Ei", 6u32),
+                ("Pi", 5),
+                ("Ti", 4),
+                ("Gi", 3),
+                ("Mi", 2),
+                ("Ki", 1),
+            ] {
                 let factor = 1024i128.pow(power);
                 if units % factor == 0 {
                     return format!("{}{suffix}", units / factor);
@@ -138,7 +161,11 @@ impl Milli {
 impl fmt::Display for Milli {
     /// `"2"` for whole numbers, `"1500m"` otherwise.
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        if self.is_whole() { write!(f, "{}", self.0 / 1000) } else { write!(f, "{}m", self.0) }
+        if self.is_whole() {
+            write!(f, "{}", self.0 / 1000)
+        } else {
+            write!(f, "{}m", self.0)
+        }
     }
 }
 
@@ -188,7 +215,9 @@ mod tests {
 
     #[test]
     fn rejects_malformed_input() {
-        for bad in ["", "ten", "1.2.3", "5x", "Gi", "1e", "1eX", ".", "1 Gi", "--1", "1e99"] {
+        for bad in [
+            "", "ten", "1.2.3", "5x", "Gi", "1e", "1eX", ".", "1 Gi", "--1", "1e99",
+        ] {
             assert!(Milli::parse(bad).is_err(), "{bad:?} must be rejected");
         }
     }
@@ -197,9 +226,19 @@ mod tests {
     fn formats_round_trip() {
         assert_eq!(Milli(1500).to_string(), "1500m");
         assert_eq!(Milli(4000).to_string(), "4");
-        assert_eq!(Milli::parse("10Gi").unwrap().format_for("requests.memory"), "10Gi");
-        assert_eq!(Milli::parse("1536Mi").unwrap().format_for("limits.memory"), "1536Mi");
-        assert_eq!(Milli::units(2048).format_for("pods"), "2048", "counts never get binary suffixes");
+        assert_eq!(
+            Milli::parse("10Gi").unwrap().format_for("requests.memory"),
+            "10Gi"
+        );
+        assert_eq!(
+            Milli::parse("1536Mi").unwrap().format_for("limits.memory"),
+            "1536Mi"
+        );
+        assert_eq!(
+            Milli::units(2048).format_for("pods"),
+            "2048",
+            "counts never get binary suffixes"
+        );
         for s in ["1500m", "3", "7Gi", "100Mi"] {
             let m = Milli::parse(s).unwrap();
             assert_eq!(Milli::parse(&m.format_for("memory")).unwrap(), m);

@@ -49,8 +49,12 @@ pub struct Plan {
 impl Plan {
     /// Whether the plan lowers any limit of `namespace` relative to `current`.
     pub fn lowers(&self, namespace: &str, current: Option<&BTreeMap<String, Milli>>) -> bool {
-        let (Some(want), Some(current)) = (self.hard.get(namespace), current) else { return false };
-        want.iter().any(|(r, v)| current.get(r).is_some_and(|c| v < c)) || current.keys().any(|r| !want.contains_key(r))
+        let (Some(want), Some(current)) = (self.hard.get(namespace), current) else {
+            return false;
+        };
+        want.iter()
+            .any(|(r, v)| current.get(r).is_some_and(|c| v < c))
+            || current.keys().any(|r| !want.contains_key(r))
     }
 }
 
@@ -62,24 +66,41 @@ pub fn plan(
     tenant: &BTreeMap<String, Milli>,
     namespaces: &[Observed],
 ) -> Plan {
-    let mut hard: BTreeMap<String, BTreeMap<String, Milli>> =
-        namespaces.iter().map(|n| (n.namespace.clone(), per_namespace.clone())).collect();
+    let mut hard: BTreeMap<String, BTreeMap<String, Milli>> = namespaces
+        .iter()
+        .map(|n| (n.namespace.clone(), per_namespace.clone()))
+        .collect();
     let mut held_back = BTreeSet::new();
     for (resource, &total) in tenant {
-        let used: Vec<Milli> = namespaces.iter().map(|n| n.used.get(resource).copied().unwrap_or_default()).collect();
-        let caps: Vec<Option<Milli>> = namespaces.iter().map(|_| per_namespace.get(resource).copied()).collect();
+        let used: Vec<Milli> = namespaces
+            .iter()
+            .map(|n| n.used.get(resource).copied().unwrap_or_default())
+            .collect();
+        let caps: Vec<Option<Milli>> = namespaces
+            .iter()
+            .map(|_| per_namespace.get(resource).copied())
+            .collect();
         let target = split(total, &used, &caps);
-        let raise_allowed =
-            namespaces.iter().zip(&target).all(|(n, t)| n.enforced.get(resource).copied().unwrap_or_default() <= *t);
+        let raise_allowed = namespaces
+            .iter()
+            .zip(&target)
+            .all(|(n, t)| n.enforced.get(resource).copied().unwrap_or_default() <= *t);
         for (n, t) in namespaces.iter().zip(&target) {
-            let current = n.spec_hard.as_ref().and_then(|h| h.get(resource)).copied().unwrap_or_default();
+            let current = n
+                .spec_hard
+                .as_ref()
+                .and_then(|h| h.get(resource))
+                .copied()
+                .unwrap_or_default();
             let value = if *t > current && !raise_allowed {
                 held_back.insert(resource.clone());
                 current
             } else {
                 *t
             };
-            hard.entry(n.namespace.clone()).or_default().insert(resource.clone(), value);
+            hard.entry(n.namespace.clone())
+                .or_default()
+                .insert(resource.clone(), value);
         }
     }
     Plan { hard, held_back }
@@ -92,12 +113,17 @@ pub fn plan(
 /// Namespaces over the total keep what they use (never less; lowering below use would not
 /// free anything).
 pub fn split(total: Milli, used: &[Milli], caps: &[Option<Milli>]) -> Vec<Milli> {
-    let whole = total.is_whole() && used.iter().all(|u| u.is_whole()) && caps.iter().flatten().all(|c| c.is_whole());
+    let whole = total.is_whole()
+        && used.iter().all(|u| u.is_whole())
+        && caps.iter().flatten().all(|c| c.is_whole());
     let grain: i128 = if whole { 1000 } else { 1 };
     let sum: i128 = used.iter().map(|u| u.0.max(0)).sum();
     let mut free = (total.0 - sum).max(0) / grain;
-    let rooms: Vec<i128> =
-        used.iter().zip(caps).map(|(u, c)| c.map_or(i128::MAX, |c| ((c.0 - u.0.max(0)).max(0)) / grain)).collect();
+    let rooms: Vec<i128> = used
+        .iter()
+        .zip(caps)
+        .map(|(u, c)| c.map_or(i128::MAX, |c| ((c.0 - u.0.max(0)).max(0)) / grain))
+        .collect();
     // Fill the smallest rooms first, so what a capped namespace cannot take goes to the others;
     // among equal rooms the biggest users come last, where the remainder accumulates.
     let mut order: Vec<usize> = (0..used.len()).collect();
@@ -149,7 +175,9 @@ mod tests {
         Observed {
             namespace: ns.into(),
             spec_hard: spec.map(|s| BTreeMap::from([("pods".to_string(), u(s))])),
-            enforced: enforced.map(|e| BTreeMap::from([("pods".to_string(), u(e))])).unwrap_or_default(),
+            enforced: enforced
+                .map(|e| BTreeMap::from([("pods".to_string(), u(e))]))
+                .unwrap_or_default(),
             used: BTreeMap::from([("pods".to_string(), u(used))]),
         }
     }
@@ -158,16 +186,32 @@ mod tests {
     fn split_gives_use_plus_equal_share_and_sums_to_total() {
         assert_eq!(split(u(10), &[u(0), u(0)], &[None, None]), [u(5), u(5)]);
         assert_eq!(split(u(10), &[u(4), u(0)], &[None, None]), [u(7), u(3)]);
-        assert_eq!(split(u(5), &[u(0), u(0)], &[None, None]), [u(2), u(3)], "remainder lands on one namespace");
+        assert_eq!(
+            split(u(5), &[u(0), u(0)], &[None, None]),
+            [u(2), u(3)],
+            "remainder lands on one namespace"
+        );
         let s = split(u(7), &[u(1), u(2), u(0)], &[None, None, None]);
         assert_eq!(s.iter().map(|m| m.0).sum::<i128>(), u(7).0, "{s:?}");
     }
 
     #[test]
     fn split_never_goes_below_use_nor_above_caps() {
-        assert_eq!(split(u(4), &[u(3), u(3)], &[None, None]), [u(3), u(3)], "over the total: frozen at use");
-        assert_eq!(split(u(10), &[u(0), u(0)], &[Some(u(2)), None]), [u(2), u(8)], "the capped share goes to others");
-        assert_eq!(split(u(10), &[u(5), u(0)], &[Some(u(3)), None]), [u(3), u(5)], "over its own cap: held at the cap");
+        assert_eq!(
+            split(u(4), &[u(3), u(3)], &[None, None]),
+            [u(3), u(3)],
+            "over the total: frozen at use"
+        );
+        assert_eq!(
+            split(u(10), &[u(0), u(0)], &[Some(u(2)), None]),
+            [u(2), u(8)],
+            "the capped share goes to others"
+        );
+        assert_eq!(
+            split(u(10), &[u(5), u(0)], &[Some(u(3)), None]),
+            [u(3), u(5)],
+            "over its own cap: held at the cap"
+        );
     }
 
     #[test]
@@ -188,7 +232,11 @@ mod tests {
     #[test]
     fn plan_without_tenant_quota_copies_the_namespace_quota() {
         let per = BTreeMap::from([("pods".to_string(), u(3))]);
-        let p = plan(&per, &BTreeMap::new(), &[obs("a", None, None, 0), obs("b", Some(3), Some(3), 1)]);
+        let p = plan(
+            &per,
+            &BTreeMap::new(),
+            &[obs("a", None, None, 0), obs("b", Some(3), Some(3), 1)],
+        );
         assert_eq!(p.hard["a"], per);
         assert_eq!(p.hard["b"], per);
         assert!(p.held_back.is_empty());
@@ -218,10 +266,25 @@ mod tests {
     #[test]
     fn plan_for_a_new_namespace_starts_it_at_zero_until_others_shrink() {
         let tenant = BTreeMap::from([("pods".to_string(), u(4))]);
-        let p = plan(&BTreeMap::new(), &tenant, &[obs("a", Some(4), Some(4), 0), obs("new", None, None, 0)]);
+        let p = plan(
+            &BTreeMap::new(),
+            &tenant,
+            &[obs("a", Some(4), Some(4), 0), obs("new", None, None, 0)],
+        );
         assert_eq!(p.hard["a"]["pods"], u(2));
-        assert_eq!(p.hard["new"]["pods"], u(0), "no share before a's lower limit is enforced");
-        let p = plan(&BTreeMap::new(), &tenant, &[obs("a", Some(2), Some(2), 0), obs("new", Some(0), Some(0), 0)]);
+        assert_eq!(
+            p.hard["new"]["pods"],
+            u(0),
+            "no share before a's lower limit is enforced"
+        );
+        let p = plan(
+            &BTreeMap::new(),
+            &tenant,
+            &[
+                obs("a", Some(2), Some(2), 0),
+                obs("new", Some(0), Some(0), 0),
+            ],
+        );
         assert_eq!(p.hard["new"]["pods"], u(2));
     }
 
@@ -229,7 +292,11 @@ mod tests {
     fn enforced_sum_never_exceeds_the_tenant_limit_in_any_round() {
         // Simulate: usage arrives, the operator plans, the quota controller enforces, repeat.
         let tenant = BTreeMap::from([("pods".to_string(), u(5))]);
-        let mut state = vec![obs("a", None, None, 0), obs("b", None, None, 0), obs("c", None, None, 0)];
+        let mut state = vec![
+            obs("a", None, None, 0),
+            obs("b", None, None, 0),
+            obs("c", None, None, 0),
+        ];
         let demand = [4i64, 1, 3];
         for _round in 0..20 {
             let p = plan(&BTreeMap::new(), &tenant, &state);

@@ -138,7 +138,10 @@ const SOON: Duration = Duration::from_secs(2);
 ///
 /// # Errors
 /// The finalizer's error wrapping [`Error`].
-pub async fn reconcile(tenant: Arc<Tenant>, ctx: Arc<Context<State>>) -> Result<Action, finalizer::Error<Error>> {
+pub async fn reconcile(
+    tenant: Arc<Tenant>,
+    ctx: Arc<Context<State>>,
+) -> Result<Action, finalizer::Error<Error>> {
     tracing::debug!(tenant = %tenant.name_any(), "reconcile");
     match tokio::time::timeout(CACHE_WAIT, ctx.data.stores.ready()).await {
         Ok(true) => {}
@@ -155,8 +158,11 @@ pub async fn reconcile(tenant: Arc<Tenant>, ctx: Arc<Context<State>>) -> Result<
 }
 
 async fn apply(tenant: Arc<Tenant>, ctx: &Context<State>) -> Result<Action, Error> {
-    let mut obs =
-        Observation { generation: tenant.metadata.generation, cordoned: tenant.spec.cordoned, ..Default::default() };
+    let mut obs = Observation {
+        generation: tenant.metadata.generation,
+        cordoned: tenant.spec.cordoned,
+        ..Default::default()
+    };
     let result = converge(&tenant, ctx, &mut obs).await;
     if let Err(e) = &result {
         obs.error = Some((e.reason().to_string(), steward_core::chain(e)));
@@ -165,9 +171,16 @@ async fn apply(tenant: Arc<Tenant>, ctx: &Context<State>) -> Result<Action, Erro
     result
 }
 
-async fn write_status(tenant: &Tenant, ctx: &Context<State>, obs: &Observation) -> Result<bool, Error> {
+async fn write_status(
+    tenant: &Tenant,
+    ctx: &Context<State>,
+    obs: &Observation,
+) -> Result<bool, Error> {
     let new = status::compute(tenant.status.as_ref(), obs);
-    let written = ctx.apply_status(tenant, tenant.status.as_ref(), &new).await.map_err(Error::WriteStatus)?;
+    let written = ctx
+        .apply_status(tenant, tenant.status.as_ref(), &new)
+        .await
+        .map_err(Error::WriteStatus)?;
     if written {
         ctx.data.writes.inc("Tenant", "status");
     }
@@ -191,7 +204,11 @@ fn labelled_namespaces(stores: &crate::controller::Stores, tenant: &str) -> Vec<
         .collect()
 }
 
-async fn converge(tenant: &Arc<Tenant>, ctx: &Context<State>, obs: &mut Observation) -> Result<Action, Error> {
+async fn converge(
+    tenant: &Arc<Tenant>,
+    ctx: &Context<State>,
+    obs: &mut Observation,
+) -> Result<Action, Error> {
     let spec = validate::validate(&tenant.spec)?;
     obs.tenant_hard = spec.tenant.clone();
     obs.namespace_hard = spec.per_namespace.clone();
@@ -208,7 +225,12 @@ async fn converge(tenant: &Arc<Tenant>, ctx: &Context<State>, obs: &mut Observat
     let plan = namespaces::plan(
         &name,
         &tenant.spec.namespaces,
-        |n| stores.namespaces.get(&ObjectRef::new(n)).map(|ns| Existing::of(&ns)),
+        |n| {
+            stores
+                .namespaces
+                .get(&ObjectRef::new(n))
+                .map(|ns| Existing::of(&ns))
+        },
         &labelled,
     );
     for (ns, other) in &plan.conflicts {
@@ -222,7 +244,10 @@ async fn converge(tenant: &Arc<Tenant>, ctx: &Context<State>, obs: &mut Observat
             if w.declared {
                 obs.problems.push(Problem {
                     reason: "NamespaceTerminating",
-                    message: format!("namespace {} is being deleted; it is re-created when it is gone", w.name),
+                    message: format!(
+                        "namespace {} is being deleted; it is re-created when it is gone",
+                        w.name
+                    ),
                 });
             }
             continue;
@@ -236,7 +261,10 @@ async fn converge(tenant: &Arc<Tenant>, ctx: &Context<State>, obs: &mut Observat
             build::namespace(tenant, &w.name, w.declared),
         )
         .await
-        .map_err(|source| Error::ApplyNamespace { name: w.name.clone(), source })?;
+        .map_err(|source| Error::ApplyNamespace {
+            name: w.name.clone(),
+            source,
+        })?;
         if outcome == Outcome::Applied && current.is_none() {
             ctx.recorder
                 .normal(
@@ -254,14 +282,33 @@ async fn converge(tenant: &Arc<Tenant>, ctx: &Context<State>, obs: &mut Observat
     let active = plan.active();
     tracing::debug!(tenant = %name, namespaces = ?active, "namespaces applied");
     obs.namespaces = active.clone();
-    let terminating: BTreeSet<String> = labelled.iter().filter(|e| e.terminating).map(|e| e.name.clone()).collect();
+    let terminating: BTreeSet<String> = labelled
+        .iter()
+        .filter(|e| e.terminating)
+        .map(|e| e.name.clone())
+        .collect();
 
     // Per tenant: the owners' ClusterRole and ClusterRoleBinding.
     let role = build::owner_cluster_role(tenant);
     let binding = build::owner_cluster_role_binding(tenant);
-    let cluster_keep: BTreeSet<(String, String)> = [(String::new(), build::owner_cluster_object_name(tenant))].into();
-    ensure_child(&children, manager, &ctx.data.writes, &stores.cluster_roles, role).await?;
-    ensure_child(&children, manager, &ctx.data.writes, &stores.cluster_role_bindings, binding).await?;
+    let cluster_keep: BTreeSet<(String, String)> =
+        [(String::new(), build::owner_cluster_object_name(tenant))].into();
+    ensure_child(
+        &children,
+        manager,
+        &ctx.data.writes,
+        &stores.cluster_roles,
+        role,
+    )
+    .await?;
+    ensure_child(
+        &children,
+        manager,
+        &ctx.data.writes,
+        &stores.cluster_role_bindings,
+        binding,
+    )
+    .await?;
 
     // Quotas first, so no namespace is usable before it is limited.
     let mut keep: Keep = Keep::default();
@@ -272,7 +319,9 @@ async fn converge(tenant: &Arc<Tenant>, ctx: &Context<State>, obs: &mut Observat
                 .quotas
                 .state()
                 .iter()
-                .filter(|q| q.name_any() == QUOTA_NAME && q.labels().get(TENANT_LABEL) == Some(&name))
+                .filter(|q| {
+                    q.name_any() == QUOTA_NAME && q.labels().get(TENANT_LABEL) == Some(&name)
+                })
                 .map(|q| (q.namespace().unwrap_or_default(), q.as_ref().clone()))
                 .collect()
         } else {
@@ -280,16 +329,25 @@ async fn converge(tenant: &Arc<Tenant>, ctx: &Context<State>, obs: &mut Observat
             Api::<ResourceQuota>::all(client.clone())
                 .list(&ListParams::default().labels(&format!("{TENANT_LABEL}={name}")))
                 .await
-                .map_err(|source| Error::ListQuotas { tenant: name.clone(), source })?
+                .map_err(|source| Error::ListQuotas {
+                    tenant: name.clone(),
+                    source,
+                })?
                 .items
                 .into_iter()
                 .filter(|q| q.name_any() == QUOTA_NAME)
                 .map(|q| (q.namespace().unwrap_or_default(), q))
                 .collect()
         };
-        let observed: Vec<quota::Observed> = active.iter().map(|ns| observed_quota(ns, current.get(ns))).collect();
+        let observed: Vec<quota::Observed> = active
+            .iter()
+            .map(|ns| observed_quota(ns, current.get(ns)))
+            .collect();
         let plan = quota::plan(&spec.per_namespace, &spec.tenant, &observed);
-        obs.used = observed.iter().map(|o| (o.namespace.clone(), o.used.clone())).collect();
+        obs.used = observed
+            .iter()
+            .map(|o| (o.namespace.clone(), o.used.clone()))
+            .collect();
         soon |= !plan.held_back.is_empty();
         let mut order: Vec<&quota::Observed> = observed.iter().collect();
         // Lower limits before raising others.
@@ -300,9 +358,24 @@ async fn converge(tenant: &Arc<Tenant>, ctx: &Context<State>, obs: &mut Observat
             let desired = build::resource_quota(tenant, ns, &hard);
             keep.quotas.insert((ns.clone(), QUOTA_NAME.to_string()));
             let result = if spec.tenant.is_empty() {
-                ensure(&children, manager, &ctx.data.writes, current.get(ns), desired).await
+                ensure(
+                    &children,
+                    manager,
+                    &ctx.data.writes,
+                    current.get(ns),
+                    desired,
+                )
+                .await
             } else {
-                ensure_unchanged_since(client, &children, manager, &ctx.data.writes, current.get(ns), desired).await
+                ensure_unchanged_since(
+                    client,
+                    &children,
+                    manager,
+                    &ctx.data.writes,
+                    current.get(ns),
+                    desired,
+                )
+                .await
             };
             match result {
                 Ok(_) => {}
@@ -312,7 +385,12 @@ async fn converge(tenant: &Arc<Tenant>, ctx: &Context<State>, obs: &mut Observat
                     tracing::debug!(namespace = %ns, "ResourceQuota changed while splitting the tenant quota; retrying");
                     return Ok(Action::requeue(Duration::from_millis(200)));
                 }
-                Err(source) => return Err(Error::ApplyQuota { namespace: ns.clone(), source }),
+                Err(source) => {
+                    return Err(Error::ApplyQuota {
+                        namespace: ns.clone(),
+                        source,
+                    });
+                }
             }
         }
     }
@@ -324,11 +402,25 @@ async fn converge(tenant: &Arc<Tenant>, ctx: &Context<State>, obs: &mut Observat
     for ns in &active {
         if let Some(lr) = build::limit_range(tenant, ns) {
             keep.limit_ranges.insert((ns.clone(), lr.name_any()));
-            ensure_child(&children, manager, &ctx.data.writes, &stores.limit_ranges, lr).await?;
+            ensure_child(
+                &children,
+                manager,
+                &ctx.data.writes,
+                &stores.limit_ranges,
+                lr,
+            )
+            .await?;
         }
         if let Some(np) = build::network_policy(tenant, ns) {
             keep.network_policies.insert((ns.clone(), np.name_any()));
-            ensure_child(&children, manager, &ctx.data.writes, &stores.network_policies, np).await?;
+            ensure_child(
+                &children,
+                manager,
+                &ctx.data.writes,
+                &stores.network_policies,
+                np,
+            )
+            .await?;
         }
         for shared in &tenant.spec.shared_objects {
             if &shared.namespace == ns {
@@ -337,7 +429,9 @@ async fn converge(tenant: &Arc<Tenant>, ctx: &Context<State>, obs: &mut Observat
             let source_ref = |n: &str| format!("{}/{n}", shared.namespace);
             let copied = match shared.kind {
                 SharedKind::Secret => {
-                    let source = stores.source_secrets.get(&ObjectRef::new(&shared.name).within(&shared.namespace));
+                    let source = stores
+                        .source_secrets
+                        .get(&ObjectRef::new(&shared.name).within(&shared.namespace));
                     match source {
                         None => None,
                         Some(src) => Some(
@@ -355,7 +449,9 @@ async fn converge(tenant: &Arc<Tenant>, ctx: &Context<State>, obs: &mut Observat
                     }
                 }
                 SharedKind::ConfigMap => {
-                    let source = stores.source_config_maps.get(&ObjectRef::new(&shared.name).within(&shared.namespace));
+                    let source = stores
+                        .source_config_maps
+                        .get(&ObjectRef::new(&shared.name).within(&shared.namespace));
                     match source {
                         None => None,
                         Some(src) => Some(
@@ -375,7 +471,11 @@ async fn converge(tenant: &Arc<Tenant>, ctx: &Context<State>, obs: &mut Observat
             };
             match copied {
                 None => {
-                    missing_sources.insert(format!("{:?} {}", shared.kind, source_ref(&shared.name)));
+                    missing_sources.insert(format!(
+                        "{:?} {}",
+                        shared.kind,
+                        source_ref(&shared.name)
+                    ));
                 }
                 Some(false) => {
                     taken.insert(format!("{:?} {ns}/{}", shared.kind, shared.name));
@@ -391,7 +491,14 @@ async fn converge(tenant: &Arc<Tenant>, ctx: &Context<State>, obs: &mut Observat
         }
         for rb in build::role_bindings(tenant, ns, &ctx.data.settings) {
             keep.role_bindings.insert((ns.clone(), rb.name_any()));
-            ensure_child(&children, manager, &ctx.data.writes, &stores.role_bindings, rb).await?;
+            ensure_child(
+                &children,
+                manager,
+                &ctx.data.writes,
+                &stores.role_bindings,
+                rb,
+            )
+            .await?;
         }
     }
     if !missing_sources.is_empty() {
@@ -415,14 +522,78 @@ async fn converge(tenant: &Arc<Tenant>, ctx: &Context<State>, obs: &mut Observat
 
     tracing::debug!(tenant = %name, "children applied");
     // Whatever the tenant no longer wants.
-    prune(client, &ctx.data.writes, &stores.quotas, &uid, &keep.quotas, &terminating).await?;
-    prune(client, &ctx.data.writes, &stores.limit_ranges, &uid, &keep.limit_ranges, &terminating).await?;
-    prune(client, &ctx.data.writes, &stores.network_policies, &uid, &keep.network_policies, &terminating).await?;
-    prune(client, &ctx.data.writes, &stores.role_bindings, &uid, &keep.role_bindings, &terminating).await?;
-    prune(client, &ctx.data.writes, &stores.secrets, &uid, &keep.secrets, &terminating).await?;
-    prune(client, &ctx.data.writes, &stores.config_maps, &uid, &keep.config_maps, &terminating).await?;
-    prune(client, &ctx.data.writes, &stores.cluster_roles, &uid, &cluster_keep, &terminating).await?;
-    prune(client, &ctx.data.writes, &stores.cluster_role_bindings, &uid, &cluster_keep, &terminating).await?;
+    prune(
+        client,
+        &ctx.data.writes,
+        &stores.quotas,
+        &uid,
+        &keep.quotas,
+        &terminating,
+    )
+    .await?;
+    prune(
+        client,
+        &ctx.data.writes,
+        &stores.limit_ranges,
+        &uid,
+        &keep.limit_ranges,
+        &terminating,
+    )
+    .await?;
+    prune(
+        client,
+        &ctx.data.writes,
+        &stores.network_policies,
+        &uid,
+        &keep.network_policies,
+        &terminating,
+    )
+    .await?;
+    prune(
+        client,
+        &ctx.data.writes,
+        &stores.role_bindings,
+        &uid,
+        &keep.role_bindings,
+        &terminating,
+    )
+    .await?;
+    prune(
+        client,
+        &ctx.data.writes,
+        &stores.secrets,
+        &uid,
+        &keep.secrets,
+        &terminating,
+    )
+    .await?;
+    prune(
+        client,
+        &ctx.data.writes,
+        &stores.config_maps,
+        &uid,
+        &keep.config_maps,
+        &terminating,
+    )
+    .await?;
+    prune(
+        client,
+        &ctx.data.writes,
+        &stores.cluster_roles,
+        &uid,
+        &cluster_keep,
+        &terminating,
+    )
+    .await?;
+    prune(
+        client,
+        &ctx.data.writes,
+        &stores.cluster_role_bindings,
+        &uid,
+        &cluster_keep,
+        &terminating,
+    )
+    .await?;
 
     Ok(Action::requeue(if soon { SOON } else { ctx.data.resync }))
 }
@@ -439,15 +610,24 @@ struct Keep {
 }
 
 fn parse_quantities(map: Option<&BTreeMap<String, Quantity>>) -> BTreeMap<String, Milli> {
-    map.into_iter().flatten().filter_map(|(k, v)| Milli::parse(&v.0).ok().map(|m| (k.clone(), m))).collect()
+    map.into_iter()
+        .flatten()
+        .filter_map(|(k, v)| Milli::parse(&v.0).ok().map(|m| (k.clone(), m)))
+        .collect()
 }
 
 fn observed_quota(namespace: &str, rq: Option<&ResourceQuota>) -> quota::Observed {
     quota::Observed {
         namespace: namespace.to_string(),
         spec_hard: rq.map(|q| parse_quantities(q.spec.as_ref().and_then(|s| s.hard.as_ref()))),
-        enforced: parse_quantities(rq.and_then(|q| q.status.as_ref()).and_then(|s| s.hard.as_ref())),
-        used: parse_quantities(rq.and_then(|q| q.status.as_ref()).and_then(|s| s.used.as_ref())),
+        enforced: parse_quantities(
+            rq.and_then(|q| q.status.as_ref())
+                .and_then(|s| s.hard.as_ref()),
+        ),
+        used: parse_quantities(
+            rq.and_then(|q| q.status.as_ref())
+                .and_then(|s| s.used.as_ref()),
+        ),
     }
 }
 
@@ -470,11 +650,13 @@ where
         r = r.within(ns);
     }
     let current = store.get(&r);
-    ensure(children, manager, writes, current.as_deref(), desired).await.map_err(|source| Error::ApplyChild {
-        kind: kind_name::<K>(),
-        key: key(namespace.as_deref(), &name),
-        source,
-    })
+    ensure(children, manager, writes, current.as_deref(), desired)
+        .await
+        .map_err(|source| Error::ApplyChild {
+            kind: kind_name::<K>(),
+            key: key(namespace.as_deref(), &name),
+            source,
+        })
 }
 
 fn kind_name<K: Resource<DynamicType = ()>>() -> &'static str {
@@ -516,20 +698,25 @@ where
     let ours = |obj: &K| obj.labels().get(OWNER_LABEL).map(String::as_str) == Some(uid);
     if cached.as_deref().is_none_or(|c| !ours(c)) {
         let api: Api<K> = Api::namespaced(client.clone(), &namespace);
-        let existing = api.get_opt(&name).await.map_err(|source| Error::ReadTarget {
-            kind: kind_name::<K>(),
-            key: key(Some(&namespace), &name),
-            source,
-        })?;
+        let existing = api
+            .get_opt(&name)
+            .await
+            .map_err(|source| Error::ReadTarget {
+                kind: kind_name::<K>(),
+                key: key(Some(&namespace), &name),
+                source,
+            })?;
         if existing.as_ref().is_some_and(|e| !ours(e)) {
             return Ok(false);
         }
     }
-    ensure(children, manager, writes, cached.as_deref(), desired).await.map_err(|source| Error::ApplyChild {
-        kind: kind_name::<K>(),
-        key: key(Some(&namespace), &name),
-        source,
-    })?;
+    ensure(children, manager, writes, cached.as_deref(), desired)
+        .await
+        .map_err(|source| Error::ApplyChild {
+            kind: kind_name::<K>(),
+            key: key(Some(&namespace), &name),
+            source,
+        })?;
     Ok(true)
 }
 
@@ -548,19 +735,27 @@ where
     K::Scope: ScopeApi,
 {
     for obj in store.state() {
-        if obj.labels().get(OWNER_LABEL).map(String::as_str) != Some(uid) || obj.meta().deletion_timestamp.is_some() {
+        if obj.labels().get(OWNER_LABEL).map(String::as_str) != Some(uid)
+            || obj.meta().deletion_timestamp.is_some()
+        {
             continue;
         }
         let namespace = obj.namespace();
         let k = (namespace.clone().unwrap_or_default(), obj.name_any());
-        if keep.contains(&k) || namespace.as_ref().is_some_and(|ns| terminating.contains(ns)) {
+        if keep.contains(&k)
+            || namespace
+                .as_ref()
+                .is_some_and(|ns| terminating.contains(ns))
+        {
             continue;
         }
-        delete::<K>(client, writes, namespace.as_deref(), &k.1).await.map_err(|source| Error::Prune {
-            kind: kind_name::<K>(),
-            key: key(namespace.as_deref(), &k.1),
-            source,
-        })?;
+        delete::<K>(client, writes, namespace.as_deref(), &k.1)
+            .await
+            .map_err(|source| Error::Prune {
+                kind: kind_name::<K>(),
+                key: key(namespace.as_deref(), &k.1),
+                source,
+            })?;
     }
     Ok(())
 }
@@ -571,7 +766,10 @@ async fn remove_namespace(tenant: &Tenant, ctx: &Context<State>, ns: &str) -> Re
         NamespaceDeletionPolicy::Delete => {
             delete::<Namespace>(&ctx.client, &ctx.data.writes, None, ns)
                 .await
-                .map_err(|source| Error::DeleteNamespace { name: ns.to_string(), source })?;
+                .map_err(|source| Error::DeleteNamespace {
+                    name: ns.to_string(),
+                    source,
+                })?;
             ctx.recorder
                 .normal(
                     tenant,
@@ -585,7 +783,10 @@ async fn remove_namespace(tenant: &Tenant, ctx: &Context<State>, ns: &str) -> Re
             ctx.data.writes.inc("Namespace", "release");
             release(&ctx.client, &ctx.field_manager, tenant, ns)
                 .await
-                .map_err(|source| Error::ReleaseNamespace { name: ns.to_string(), source })?;
+                .map_err(|source| Error::ReleaseNamespace {
+                    name: ns.to_string(),
+                    source,
+                })?;
             ctx.recorder
                 .normal(
                     tenant,
@@ -601,13 +802,27 @@ async fn remove_namespace(tenant: &Tenant, ctx: &Context<State>, ns: &str) -> Re
 
 /// Removes the labels and annotations the operator put on namespace `ns`; the namespace and
 /// everything in it stay.
-async fn release(client: &Client, manager: &str, tenant: &Tenant, ns: &str) -> Result<(), kube::Error> {
+async fn release(
+    client: &Client,
+    manager: &str,
+    tenant: &Tenant,
+    ns: &str,
+) -> Result<(), kube::Error> {
     let (labels, annotations) = build::namespace_metadata_keys(tenant);
-    let nulls =
-        |keys: Vec<String>| keys.into_iter().map(|k| (k, serde_json::Value::Null)).collect::<serde_json::Map<_, _>>();
+    let nulls = |keys: Vec<String>| {
+        keys.into_iter()
+            .map(|k| (k, serde_json::Value::Null))
+            .collect::<serde_json::Map<_, _>>()
+    };
     let patch = serde_json::json!({"metadata": {"labels": nulls(labels), "annotations": nulls(annotations)}});
-    let params = PatchParams { field_manager: Some(manager.to_string()), ..Default::default() };
-    match Api::<Namespace>::all(client.clone()).patch(ns, &params, &Patch::Merge(&patch)).await {
+    let params = PatchParams {
+        field_manager: Some(manager.to_string()),
+        ..Default::default()
+    };
+    match Api::<Namespace>::all(client.clone())
+        .patch(ns, &params, &Patch::Merge(&patch))
+        .await
+    {
         Ok(_) => Ok(()),
         Err(kube::Error::Api(s)) if s.code == 404 => Ok(()),
         Err(e) => Err(e),
@@ -619,8 +834,11 @@ async fn release(client: &Client, manager: &str, tenant: &Tenant, ns: &str) -> R
 /// says why in the Ready condition.
 async fn cleanup(tenant: Arc<Tenant>, ctx: &Context<State>) -> Result<Action, Error> {
     let name = tenant.name_any();
-    let namespaces: Vec<String> =
-        labelled_namespaces(&ctx.data.stores, &name).into_iter().filter(|e| !e.terminating).map(|e| e.name).collect();
+    let namespaces: Vec<String> = labelled_namespaces(&ctx.data.stores, &name)
+        .into_iter()
+        .filter(|e| !e.terminating)
+        .map(|e| e.name)
+        .collect();
     let mut result = Ok(());
     for ns in &namespaces {
         result = remove_namespace(&tenant, ctx, ns).await;

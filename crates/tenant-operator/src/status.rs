@@ -46,16 +46,42 @@ pub fn compute(previous: Option<&TenantStatus>, obs: &Observation) -> TenantStat
     let ready = obs.error.is_none() && obs.problems.is_empty();
     match (&obs.error, obs.problems.first()) {
         (Some((reason, message)), _) => {
-            conditions::set(&mut conds, conditions::READY, false, reason, message.clone(), generation);
+            conditions::set(
+                &mut conds,
+                conditions::READY,
+                false,
+                reason,
+                message.clone(),
+                generation,
+            );
         }
         (None, Some(first)) => {
-            let message = obs.problems.iter().map(|p| p.message.as_str()).collect::<Vec<_>>().join("; ");
-            conditions::set(&mut conds, conditions::READY, false, first.reason, message, generation);
+            let message = obs
+                .problems
+                .iter()
+                .map(|p| p.message.as_str())
+                .collect::<Vec<_>>()
+                .join("; ");
+            conditions::set(
+                &mut conds,
+                conditions::READY,
+                false,
+                first.reason,
+                message,
+                generation,
+            );
         }
         (None, None) => {
             let n = obs.namespaces.len();
             let message = format!("{n} namespace{} reconciled", if n == 1 { "" } else { "s" });
-            conditions::set(&mut conds, conditions::READY, true, "Reconciled", message, generation);
+            conditions::set(
+                &mut conds,
+                conditions::READY,
+                true,
+                "Reconciled",
+                message,
+                generation,
+            );
         }
     }
 
@@ -71,21 +97,43 @@ pub fn compute(previous: Option<&TenantStatus>, obs: &Observation) -> TenantStat
     for (r, hard) in &obs.tenant_hard {
         let used = total.get(r).copied().unwrap_or_default();
         if reached(used, *hard) {
-            exceeded.push(format!("{r} {}/{} across the tenant", used.format_for(r), hard.format_for(r)));
+            exceeded.push(format!(
+                "{r} {}/{} across the tenant",
+                used.format_for(r),
+                hard.format_for(r)
+            ));
         }
     }
     for (ns, per_ns) in &obs.used {
         for (r, hard) in &obs.namespace_hard {
             let used = per_ns.get(r).copied().unwrap_or_default();
             if reached(used, *hard) {
-                exceeded.push(format!("{r} {}/{} in {ns}", used.format_for(r), hard.format_for(r)));
+                exceeded.push(format!(
+                    "{r} {}/{} in {ns}",
+                    used.format_for(r),
+                    hard.format_for(r)
+                ));
             }
         }
     }
     if exceeded.is_empty() {
-        conditions::set(&mut conds, QUOTA_EXCEEDED, false, "WithinLimits", "", generation);
+        conditions::set(
+            &mut conds,
+            QUOTA_EXCEEDED,
+            false,
+            "WithinLimits",
+            "",
+            generation,
+        );
     } else {
-        conditions::set(&mut conds, QUOTA_EXCEEDED, true, "LimitReached", exceeded.join(", "), generation);
+        conditions::set(
+            &mut conds,
+            QUOTA_EXCEEDED,
+            true,
+            "LimitReached",
+            exceeded.join(", "),
+            generation,
+        );
     }
 
     let phase = if obs.deleting {
@@ -103,8 +151,15 @@ pub fn compute(previous: Option<&TenantStatus>, obs: &Observation) -> TenantStat
         namespaces: obs.namespaces.clone(),
         namespace_count: i32::try_from(obs.namespaces.len()).unwrap_or(i32::MAX),
         quota: has_quota.then(|| QuotaStatus {
-            hard: obs.tenant_hard.iter().map(|(k, v)| (k.clone(), v.format_for(k))).collect(),
-            used: total.iter().map(|(k, v)| (k.clone(), v.format_for(k))).collect(),
+            hard: obs
+                .tenant_hard
+                .iter()
+                .map(|(k, v)| (k.clone(), v.format_for(k)))
+                .collect(),
+            used: total
+                .iter()
+                .map(|(k, v)| (k.clone(), v.format_for(k)))
+                .collect(),
         }),
         conditions: conds,
     }
@@ -121,8 +176,14 @@ mod tests {
             namespaces: vec!["a".into(), "b".into()],
             tenant_hard: BTreeMap::from([("pods".into(), Milli::units(4))]),
             used: BTreeMap::from([
-                ("a".into(), BTreeMap::from([("pods".into(), Milli::units(1))])),
-                ("b".into(), BTreeMap::from([("pods".into(), Milli::units(2))])),
+                (
+                    "a".into(),
+                    BTreeMap::from([("pods".into(), Milli::units(1))]),
+                ),
+                (
+                    "b".into(),
+                    BTreeMap::from([("pods".into(), Milli::units(2))]),
+                ),
             ]),
             ..Default::default()
         }
@@ -144,7 +205,10 @@ mod tests {
     #[test]
     fn reaching_the_tenant_limit_sets_quota_exceeded() {
         let mut o = obs();
-        o.used.get_mut("b").unwrap().insert("pods".into(), Milli::units(3));
+        o.used
+            .get_mut("b")
+            .unwrap()
+            .insert("pods".into(), Milli::units(3));
         let s = compute(None, &o);
         let c = conditions::get(&s.conditions, QUOTA_EXCEEDED).unwrap();
         assert_eq!(c.status, "True");
@@ -154,13 +218,26 @@ mod tests {
     #[test]
     fn problems_and_errors_make_it_degraded() {
         let mut o = obs();
-        o.problems.push(Problem { reason: "NamespaceConflict", message: "x belongs to tenant y".into() });
+        o.problems.push(Problem {
+            reason: "NamespaceConflict",
+            message: "x belongs to tenant y".into(),
+        });
         let s = compute(None, &o);
         assert_eq!(s.phase, Some(TenantPhase::Degraded));
-        assert_eq!(conditions::get(&s.conditions, conditions::READY).unwrap().reason, "NamespaceConflict");
+        assert_eq!(
+            conditions::get(&s.conditions, conditions::READY)
+                .unwrap()
+                .reason,
+            "NamespaceConflict"
+        );
         o.error = Some(("ApplyFailed".into(), "boom".into()));
         let s = compute(None, &o);
-        assert_eq!(conditions::get(&s.conditions, conditions::READY).unwrap().reason, "ApplyFailed");
+        assert_eq!(
+            conditions::get(&s.conditions, conditions::READY)
+                .unwrap()
+                .reason,
+            "ApplyFailed"
+        );
     }
 
     #[test]

@@ -22,10 +22,15 @@ pub struct Validated {
 #[error("invalid spec: {0}")]
 pub struct InvalidSpec(pub String);
 
-fn parse(field: &str, map: &BTreeMap<String, QuantityValue>) -> Result<BTreeMap<String, Milli>, InvalidSpec> {
+fn parse(
+    field: &str,
+    map: &BTreeMap<String, QuantityValue>,
+) -> Result<BTreeMap<String, Milli>, InvalidSpec> {
     map.iter()
         .map(|(k, v)| {
-            let m = v.milli().map_err(|e| InvalidSpec(format!("{field}.{k}: {e}")))?;
+            let m = v
+                .milli()
+                .map_err(|e| InvalidSpec(format!("{field}.{k}: {e}")))?;
             if m < Milli::ZERO {
                 return Err(InvalidSpec(format!("{field}.{k}: {} is negative", v.0)));
             }
@@ -46,8 +51,16 @@ pub fn validate(spec: &TenantSpec) -> Result<Validated, InvalidSpec> {
     if let Some(dup) = spec.namespaces.iter().find(|n| !seen.insert(n.as_str())) {
         return Err(InvalidSpec(format!("namespaces: {dup} is listed twice")));
     }
-    let per_namespace = spec.resource_quota.as_ref().map(|q| parse("resourceQuota.hard", &q.hard)).transpose()?;
-    let tenant = spec.tenant_quota.as_ref().map(|q| parse("tenantQuota.hard", &q.hard)).transpose()?;
+    let per_namespace = spec
+        .resource_quota
+        .as_ref()
+        .map(|q| parse("resourceQuota.hard", &q.hard))
+        .transpose()?;
+    let tenant = spec
+        .tenant_quota
+        .as_ref()
+        .map(|q| parse("tenantQuota.hard", &q.hard))
+        .transpose()?;
     if let Some(l) = &spec.limit_range {
         for (i, item) in l.limits.iter().enumerate() {
             for (field, map) in [
@@ -60,7 +73,10 @@ pub fn validate(spec: &TenantSpec) -> Result<Validated, InvalidSpec> {
             }
         }
     }
-    Ok(Validated { per_namespace: per_namespace.unwrap_or_default(), tenant: tenant.unwrap_or_default() })
+    Ok(Validated {
+        per_namespace: per_namespace.unwrap_or_default(),
+        tenant: tenant.unwrap_or_default(),
+    })
 }
 
 #[cfg(test)]
@@ -71,7 +87,11 @@ mod tests {
 
     fn spec() -> TenantSpec {
         TenantSpec {
-            owners: vec![Subject { kind: SubjectKind::User, name: "alice".into(), namespace: None }],
+            owners: vec![Subject {
+                kind: SubjectKind::User,
+                name: "alice".into(),
+                namespace: None,
+            }],
             ..Default::default()
         }
     }
@@ -80,7 +100,10 @@ mod tests {
     fn parses_quotas() {
         let mut s = spec();
         s.tenant_quota = Some(QuotaSpec {
-            hard: BTreeMap::from([("pods".into(), "10".into()), ("requests.cpu".into(), "1500m".into())]),
+            hard: BTreeMap::from([
+                ("pods".into(), "10".into()),
+                ("requests.cpu".into(), "1500m".into()),
+            ]),
         });
         let v = validate(&s).unwrap();
         assert_eq!(v.tenant["pods"], Milli::units(10));
@@ -91,10 +114,19 @@ mod tests {
     #[test]
     fn rejects_what_admission_would() {
         let mut s = spec();
-        s.resource_quota = Some(QuotaSpec { hard: BTreeMap::from([("pods".into(), "-1".into())]) });
-        assert!(validate(&s).unwrap_err().0.contains("resourceQuota.hard.pods"));
+        s.resource_quota = Some(QuotaSpec {
+            hard: BTreeMap::from([("pods".into(), "-1".into())]),
+        });
+        assert!(
+            validate(&s)
+                .unwrap_err()
+                .0
+                .contains("resourceQuota.hard.pods")
+        );
         let mut s = spec();
-        s.tenant_quota = Some(QuotaSpec { hard: BTreeMap::from([("cpu".into(), "lots".into())]) });
+        s.tenant_quota = Some(QuotaSpec {
+            hard: BTreeMap::from([("cpu".into(), "lots".into())]),
+        });
         assert!(validate(&s).is_err());
         let mut s = spec();
         s.namespaces = vec!["a".into(), "a".into()];

@@ -92,7 +92,9 @@ pub fn cache_dir() -> PathBuf {
     if let Some(dir) = std::env::var_os("XDG_CACHE_HOME") {
         return PathBuf::from(dir).join("steward");
     }
-    let home = std::env::var_os("HOME").map(PathBuf::from).unwrap_or_else(std::env::temp_dir);
+    let home = std::env::var_os("HOME")
+        .map(PathBuf::from)
+        .unwrap_or_else(std::env::temp_dir);
     home.join(".cache").join("steward")
 }
 
@@ -133,7 +135,10 @@ fn kubernetes_ldflags(version: &str) -> Vec<String> {
     let major = parts.next().unwrap_or("1").to_string();
     let minor = parts.next().unwrap_or("0").to_string();
     let mut flags = Vec::new();
-    for pkg in ["k8s.io/component-base/version", "k8s.io/client-go/pkg/version"] {
+    for pkg in [
+        "k8s.io/component-base/version",
+        "k8s.io/client-go/pkg/version",
+    ] {
         flags.push(format!("-X {pkg}.gitVersion={version}"));
         flags.push(format!("-X {pkg}.gitMajor={major}"));
         flags.push(format!("-X {pkg}.gitMinor={minor}"));
@@ -185,7 +190,9 @@ fn build(module: &Module, go: &str, ldflags: &[String]) -> Result<PathBuf, Error
     hasher.update(ldflags.join(" ").as_bytes());
     let key = hex::encode(&hasher.finalize()[..8]);
     let version = required_version(module)?;
-    let dest = cache_dir().join("controlplane").join(format!("{}-{version}-{key}", module.dir));
+    let dest = cache_dir()
+        .join("controlplane")
+        .join(format!("{}-{version}-{key}", module.dir));
     if dest.join(".complete").exists() {
         return Ok(dest);
     }
@@ -196,8 +203,11 @@ fn build(module: &Module, go: &str, ldflags: &[String]) -> Result<PathBuf, Error
     let _ = std::fs::remove_dir_all(&staging);
     std::fs::create_dir_all(&staging).map_err(io(format!("create {}", staging.display())))?;
     let log_path = parent.join(format!("{}-build.log", module.dir));
-    let log = std::fs::File::create(&log_path).map_err(io(format!("create {}", log_path.display())))?;
-    let log_err = log.try_clone().map_err(io(format!("open {}", log_path.display())))?;
+    let log =
+        std::fs::File::create(&log_path).map_err(io(format!("create {}", log_path.display())))?;
+    let log_err = log
+        .try_clone()
+        .map_err(io(format!("open {}", log_path.display())))?;
 
     eprintln!(
         "steward-testenv: building {} {version} from Go modules (first run only; log: {})",
@@ -229,11 +239,18 @@ fn build(module: &Module, go: &str, ldflags: &[String]) -> Result<PathBuf, Error
     if module.dir == KWOK.dir {
         write_kwok_stages(&src, &staging.join("kwok-stages.yaml"), &log_path)?;
     }
-    std::fs::write(staging.join(".complete"), format!("built in {:?}\n", started.elapsed()))
-        .map_err(io(format!("write {}", staging.display())))?;
+    std::fs::write(
+        staging.join(".complete"),
+        format!("built in {:?}\n", started.elapsed()),
+    )
+    .map_err(io(format!("write {}", staging.display())))?;
     let _ = std::fs::remove_dir_all(&dest);
     std::fs::rename(&staging, &dest).map_err(io(format!("rename into {}", dest.display())))?;
-    eprintln!("steward-testenv: built {} in {:.0?}", module.dir, started.elapsed());
+    eprintln!(
+        "steward-testenv: built {} in {:.0?}",
+        module.dir,
+        started.elapsed()
+    );
     Ok(dest)
 }
 
@@ -257,7 +274,10 @@ fn write_kwok_stages(module_src: &Path, dest: &Path, log: &Path) -> Result<(), E
         all.push_str(&text);
         all.push('\n');
     }
-    std::fs::write(dest, all).map_err(|source| Error::Io { what: format!("write {}", dest.display()), source })
+    std::fs::write(dest, all).map_err(|source| Error::Io {
+        what: format!("write {}", dest.display()),
+        source,
+    })
 }
 
 #[cfg(test)]

@@ -76,7 +76,11 @@ impl ControlPlane {
             processes: Vec::new(),
             dir: dir.clone(),
             keep_dir: options.keep_dir,
-            config: Config::new("https://127.0.0.1".parse().map_err(|_| Error::Other("uri".into()))?),
+            config: Config::new(
+                "https://127.0.0.1"
+                    .parse()
+                    .map_err(|_| Error::Other("uri".into()))?,
+            ),
             kubeconfig: dir.join("kubeconfig"),
             apiserver_url: String::new(),
             binaries,
@@ -132,17 +136,27 @@ impl ControlPlane {
         self.processes.push(etcd);
         self.wait_healthy(0, options.timeout, || async move {
             plain_http_get(etcd_port, "/health").await.and_then(|body| {
-                if body.contains("\"health\":\"true\"") { Ok(()) } else { Err(body) }
+                if body.contains("\"health\":\"true\"") {
+                    Ok(())
+                } else {
+                    Err(body)
+                }
             })
         })
         .await?;
 
         // kube-apiserver
         let token = random_token();
-        std::fs::write(dir.join("tokens.csv"), format!("{token},{ADMIN_USER},{ADMIN_USER},\"system:masters\"\n"))
-            .map_err(io("write tokens.csv".into()))?;
+        std::fs::write(
+            dir.join("tokens.csv"),
+            format!("{token},{ADMIN_USER},{ADMIN_USER},\"system:masters\"\n"),
+        )
+        .map_err(io("write tokens.csv".into()))?;
         let sa_key = dir.join("sa.key");
-        run_openssl(&["genrsa", "-out", &sa_key.display().to_string(), "2048"], &dir)?;
+        run_openssl(
+            &["genrsa", "-out", &sa_key.display().to_string(), "2048"],
+            &dir,
+        )?;
         let api_port = free_port()?;
         self.apiserver_url = format!("https://127.0.0.1:{api_port}");
         let pki = dir.join("pki");
@@ -174,13 +188,20 @@ impl ControlPlane {
             let cert = cert.clone();
             move || {
                 let cert = cert.clone();
-                async move { if cert.exists() { Ok(()) } else { Err("serving certificate not written yet".into()) } }
+                async move {
+                    if cert.exists() {
+                        Ok(())
+                    } else {
+                        Err("serving certificate not written yet".into())
+                    }
+                }
             }
         })
         .await?;
         // apiserver.crt holds the serving certificate followed by the self-signed CA that
         // issued it; clients and kube-root-ca.crt want only the CA.
-        let chain = std::fs::read_to_string(&cert).map_err(io(format!("read {}", cert.display())))?;
+        let chain =
+            std::fs::read_to_string(&cert).map_err(io(format!("read {}", cert.display())))?;
         let ca_pem = last_pem_block(&chain).into_bytes();
         let ca_file = dir.join("ca.crt");
         std::fs::write(&ca_file, &ca_pem).map_err(io("write ca.crt".into()))?;
@@ -206,7 +227,8 @@ impl ControlPlane {
                 format!("--secure-port={kcm_port}"),
                 format!("--cert-dir={}", dir.join("kcm-pki").display()),
                 "--leader-elect=false".into(),
-                "--controllers=*,-node-ipam-controller,-persistentvolume-attach-detach-controller".into(),
+                "--controllers=*,-node-ipam-controller,-persistentvolume-attach-detach-controller"
+                    .into(),
                 format!("--service-account-private-key-file={}", sa_key.display()),
                 format!("--root-ca-file={}", ca_file.display()),
                 "--use-service-account-credentials=false".into(),
@@ -286,23 +308,36 @@ impl ControlPlane {
             nodes
                 .create(&PostParams::default(), &node)
                 .await
-                .map_err(|source| Error::Kube { what: "create kwok node".into(), source })?;
+                .map_err(|source| Error::Kube {
+                    what: "create kwok node".into(),
+                    source,
+                })?;
         }
         let kwok_log = self.processes[4].log.clone();
         eventually("kwok nodes Ready", options.timeout, || {
             let nodes = nodes.clone();
             async move {
-                let list = nodes.list(&Default::default()).await.map_err(|e| e.to_string())?;
+                let list = nodes
+                    .list(&Default::default())
+                    .await
+                    .map_err(|e| e.to_string())?;
                 let ready = list
                     .items
                     .iter()
                     .filter(|n| {
-                        n.status.as_ref().and_then(|s| s.conditions.as_ref()).is_some_and(|c| {
-                            c.iter().any(|c| c.type_ == "Ready" && c.status == "True")
-                        })
+                        n.status
+                            .as_ref()
+                            .and_then(|s| s.conditions.as_ref())
+                            .is_some_and(|c| {
+                                c.iter().any(|c| c.type_ == "Ready" && c.status == "True")
+                            })
                     })
                     .count();
-                if ready == list.items.len() { Ok(()) } else { Err(format!("{ready}/{} nodes Ready", list.items.len())) }
+                if ready == list.items.len() {
+                    Ok(())
+                } else {
+                    Err(format!("{ready}/{} nodes Ready", list.items.len()))
+                }
             }
         })
         .await
@@ -315,7 +350,12 @@ impl ControlPlane {
     }
 
     /// Polls `check` until it succeeds, failing early if the component's process exited.
-    async fn wait_healthy<F, Fut>(&mut self, index: usize, timeout: Duration, check: F) -> Result<(), Error>
+    async fn wait_healthy<F, Fut>(
+        &mut self,
+        index: usize,
+        timeout: Duration,
+        check: F,
+    ) -> Result<(), Error>
     where
         F: Fn() -> Fut,
         Fut: std::future::Future<Output = Result<(), String>>,
@@ -327,7 +367,10 @@ impl ControlPlane {
                 return Err(Error::Start {
                     component: proc.name,
                     log: proc.log.clone(),
-                    reason: format!("exited with {status}; last log lines:\n{}", log_tail(&proc.log, 15)),
+                    reason: format!(
+                        "exited with {status}; last log lines:\n{}",
+                        log_tail(&proc.log, 15)
+                    ),
                 });
             }
             let last = match check().await {
@@ -352,7 +395,10 @@ impl ControlPlane {
     /// Each call makes a new client, so tests running on different tokio runtimes never share
     /// a connection pool.
     pub fn client(&self) -> Result<Client, Error> {
-        Client::try_from(self.config.clone()).map_err(|source| Error::Kube { what: "build a client".into(), source })
+        Client::try_from(self.config.clone()).map_err(|source| Error::Kube {
+            what: "build a client".into(),
+            source,
+        })
     }
 
     /// The admin client configuration.
@@ -402,11 +448,17 @@ impl Drop for ControlPlane {
 /// (a test binary's shared control plane is never dropped, so its dir is removed next time).
 fn new_run_dir() -> Result<PathBuf, Error> {
     let base = std::env::temp_dir().join("steward-testenv");
-    std::fs::create_dir_all(&base).map_err(|source| Error::Io { what: format!("create {}", base.display()), source })?;
+    std::fs::create_dir_all(&base).map_err(|source| Error::Io {
+        what: format!("create {}", base.display()),
+        source,
+    })?;
     if let Ok(entries) = std::fs::read_dir(&base) {
         for entry in entries.flatten() {
             let name = entry.file_name().to_string_lossy().to_string();
-            let pid = name.strip_prefix("cp-").and_then(|r| r.split('-').next()).and_then(|p| p.parse::<u32>().ok());
+            let pid = name
+                .strip_prefix("cp-")
+                .and_then(|r| r.split('-').next())
+                .and_then(|p| p.parse::<u32>().ok());
             if let Some(pid) = pid
                 && !Path::new(&format!("/proc/{pid}")).exists()
                 && !entry.path().join("keep").exists()
@@ -415,8 +467,15 @@ fn new_run_dir() -> Result<PathBuf, Error> {
             }
         }
     }
-    let dir = base.join(format!("cp-{}-{:08x}", std::process::id(), rand::random::<u32>()));
-    std::fs::create_dir_all(&dir).map_err(|source| Error::Io { what: format!("create {}", dir.display()), source })?;
+    let dir = base.join(format!(
+        "cp-{}-{:08x}",
+        std::process::id(),
+        rand::random::<u32>()
+    ));
+    std::fs::create_dir_all(&dir).map_err(|source| Error::Io {
+        what: format!("create {}", dir.display()),
+        source,
+    })?;
     Ok(dir)
 }
 
@@ -437,11 +496,17 @@ fn run_openssl(args: &[&str], dir: &Path) -> Result<(), Error> {
         .args(args)
         .current_dir(dir)
         .output()
-        .map_err(|source| Error::Io { what: "run openssl (needed to make the service-account key)".into(), source })?;
+        .map_err(|source| Error::Io {
+            what: "run openssl (needed to make the service-account key)".into(),
+            source,
+        })?;
     if out.status.success() {
         Ok(())
     } else {
-        Err(Error::Other(format!("openssl {args:?} failed: {}", String::from_utf8_lossy(&out.stderr))))
+        Err(Error::Other(format!(
+            "openssl {args:?} failed: {}",
+            String::from_utf8_lossy(&out.stderr)
+        )))
     }
 }
 
@@ -472,7 +537,8 @@ current-context: steward-testenv
 }
 
 async fn load_kubeconfig(path: &Path) -> Result<Config, Error> {
-    let kc = Kubeconfig::read_from(path).map_err(|e| Error::Other(format!("read kubeconfig: {e}")))?;
+    let kc =
+        Kubeconfig::read_from(path).map_err(|e| Error::Other(format!("read kubeconfig: {e}")))?;
     Config::from_custom_kubeconfig(kc, &KubeConfigOptions::default())
         .await
         .map_err(|e| Error::Other(format!("load kubeconfig: {e}")))
@@ -480,7 +546,9 @@ async fn load_kubeconfig(path: &Path) -> Result<Config, Error> {
 
 async fn get_text(config: &Config, path: &str) -> Result<String, String> {
     let client = Client::try_from(config.clone()).map_err(|e| e.to_string())?;
-    let req = http::Request::get(path).body(Vec::new()).map_err(|e| e.to_string())?;
+    let req = http::Request::get(path)
+        .body(Vec::new())
+        .map_err(|e| e.to_string())?;
     client.request_text(req).await.map_err(|e| e.to_string())
 }
 
@@ -488,18 +556,27 @@ async fn insecure_healthz(url: &str) -> Result<(), String> {
     let mut config = Config::new(url.parse().map_err(|e| format!("{e}"))?);
     config.accept_invalid_certs = true;
     let body = get_text(&config, "/healthz").await?;
-    if body.trim() == "ok" { Ok(()) } else { Err(body) }
+    if body.trim() == "ok" {
+        Ok(())
+    } else {
+        Err(body)
+    }
 }
 
 /// A GET over plain HTTP/1.0 on loopback (etcd's health endpoint).
 async fn plain_http_get(port: u16, path: &str) -> Result<String, String> {
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
-    let mut stream = tokio::net::TcpStream::connect(("127.0.0.1", port)).await.map_err(|e| e.to_string())?;
+    let mut stream = tokio::net::TcpStream::connect(("127.0.0.1", port))
+        .await
+        .map_err(|e| e.to_string())?;
     stream
         .write_all(format!("GET {path} HTTP/1.0\r\nHost: 127.0.0.1\r\n\r\n").as_bytes())
         .await
         .map_err(|e| e.to_string())?;
     let mut body = String::new();
-    stream.read_to_string(&mut body).await.map_err(|e| e.to_string())?;
+    stream
+        .read_to_string(&mut body)
+        .await
+        .map_err(|e| e.to_string())?;
     Ok(body)
 }

@@ -23,16 +23,22 @@ use crate::{ControlPlane, Error, Options};
 pub async fn shared() -> Result<&'static ControlPlane, Error> {
     static SHARED: OnceCell<Result<ControlPlane, String>> = OnceCell::const_new();
     let cp = SHARED
-        .get_or_init(|| async { ControlPlane::start(Options::default()).await.map_err(|e| format!("{e}")) })
+        .get_or_init(|| async {
+            ControlPlane::start(Options::default())
+                .await
+                .map_err(|e| format!("{e}"))
+        })
         .await;
-    cp.as_ref().map_err(|e| Error::Other(format!("the shared control plane failed to start: {e}")))
+    cp.as_ref()
+        .map_err(|e| Error::Other(format!("the shared control plane failed to start: {e}")))
 }
 
 /// The root of the Steward workspace (for `crds/`, `deploy/`).
 pub fn workspace_root() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("../..").canonicalize().unwrap_or_else(|_| {
-        Path::new(env!("CARGO_MANIFEST_DIR")).join("../..")
-    })
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("../..")
+        .canonicalize()
+        .unwrap_or_else(|_| Path::new(env!("CARGO_MANIFEST_DIR")).join("../.."))
 }
 
 /// Polls `check` every 100 ms until it returns `Ok`, or fails after `timeout` with `what`
@@ -52,7 +58,11 @@ where
             Err(last) => last,
         };
         if Instant::now() >= deadline {
-            return Err(Error::Timeout { what: what.to_string(), waited_secs: timeout.as_secs(), last });
+            return Err(Error::Timeout {
+                what: what.to_string(),
+                waited_secs: timeout.as_secs(),
+                last,
+            });
         }
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
@@ -78,16 +88,20 @@ impl ControlPlane {
             .await
             .map_err(kube_err(format!("create namespace {name}")))?;
         let sas: Api<ServiceAccount> = Api::namespaced(client, &name);
-        eventually(&format!("default ServiceAccount in {name}"), Duration::from_secs(30), || {
-            let sas = sas.clone();
-            async move {
-                match sas.get_opt("default").await {
-                    Ok(Some(_)) => Ok(()),
-                    Ok(None) => Err("not created yet by kube-controller-manager".into()),
-                    Err(e) => Err(e.to_string()),
+        eventually(
+            &format!("default ServiceAccount in {name}"),
+            Duration::from_secs(30),
+            || {
+                let sas = sas.clone();
+                async move {
+                    match sas.get_opt("default").await {
+                        Ok(Some(_)) => Ok(()),
+                        Ok(None) => Err("not created yet by kube-controller-manager".into()),
+                        Err(e) => Err(e.to_string()),
+                    }
                 }
-            }
-        })
+            },
+        )
         .await?;
         Ok(name)
     }
@@ -96,15 +110,20 @@ impl ControlPlane {
     pub async fn install_crds(&self, dir: &Path) -> Result<Vec<String>, Error> {
         let mut crds = Vec::new();
         let mut files: Vec<_> = std::fs::read_dir(dir)
-            .map_err(|source| Error::Io { what: format!("read {}", dir.display()), source })?
+            .map_err(|source| Error::Io {
+                what: format!("read {}", dir.display()),
+                source,
+            })?
             .flatten()
             .map(|e| e.path())
             .filter(|p| p.extension().is_some_and(|e| e == "yaml"))
             .collect();
         files.sort();
         for file in files {
-            let text = std::fs::read_to_string(&file)
-                .map_err(|source| Error::Io { what: format!("read {}", file.display()), source })?;
+            let text = std::fs::read_to_string(&file).map_err(|source| Error::Io {
+                what: format!("read {}", file.display()),
+                source,
+            })?;
             let crd: CustomResourceDefinition = serde_yaml::from_str(&text)
                 .map_err(|e| Error::Other(format!("{} is not a CRD: {e}", file.display())))?;
             crds.push(crd);
@@ -120,38 +139,65 @@ impl ControlPlane {
     pub async fn apply_crd(&self, crd: &CustomResourceDefinition) -> Result<String, Error> {
         let api: Api<CustomResourceDefinition> = Api::all(self.client()?);
         let name = crd.metadata.name.clone().unwrap_or_default();
-        api.patch(&name, &PatchParams::apply("steward-testenv").force(), &Patch::Apply(crd))
-            .await
-            .map_err(kube_err(format!("apply CRD {name}")))?;
-        eventually(&format!("CRD {name} Established"), Duration::from_secs(30), || {
-            let api = api.clone();
-            let name = name.clone();
-            async move {
-                let crd = api.get(&name).await.map_err(|e| e.to_string())?;
-                let established = crd
-                    .status
-                    .and_then(|s| s.conditions)
-                    .unwrap_or_default()
-                    .iter()
-                    .any(|c| c.type_ == "Established" && c.status == "True");
-                if established { Ok(()) } else { Err("not Established".into()) }
-            }
-        })
+        api.patch(
+            &name,
+            &PatchParams::apply("steward-testenv").force(),
+            &Patch::Apply(crd),
+        )
+        .await
+        .map_err(kube_err(format!("apply CRD {name}")))?;
+        eventually(
+            &format!("CRD {name} Established"),
+            Duration::from_secs(30),
+            || {
+                let api = api.clone();
+                let name = name.clone();
+                async move {
+                    let crd = api.get(&name).await.map_err(|e| e.to_string())?;
+                    let established = crd
+                        .status
+                        .and_then(|s| s.conditions)
+                        .unwrap_or_default()
+                        .iter()
+                        .any(|c| c.type_ == "Established" && c.status == "True");
+                    if established {
+                        Ok(())
+                    } else {
+                        Err("not Established".into())
+                    }
+                }
+            },
+        )
         .await?;
         Ok(name)
     }
 
     /// A TokenRequest token (valid one hour) for ServiceAccount `namespace/name`, which is
     /// created if it does not exist.
-    pub async fn service_account_token(&self, namespace: &str, name: &str) -> Result<String, Error> {
+    pub async fn service_account_token(
+        &self,
+        namespace: &str,
+        name: &str,
+    ) -> Result<String, Error> {
         let sas: Api<ServiceAccount> = Api::namespaced(self.client()?, namespace);
-        if sas.get_opt(name).await.map_err(kube_err("get ServiceAccount"))?.is_none() {
-            let sa: ServiceAccount = serde_json::from_value(serde_json::json!({"metadata": {"name": name}}))
-                .map_err(|e| Error::Other(e.to_string()))?;
-            sas.create(&PostParams::default(), &sa).await.map_err(kube_err("create ServiceAccount"))?;
+        if sas
+            .get_opt(name)
+            .await
+            .map_err(kube_err("get ServiceAccount"))?
+            .is_none()
+        {
+            let sa: ServiceAccount =
+                serde_json::from_value(serde_json::json!({"metadata": {"name": name}}))
+                    .map_err(|e| Error::Other(e.to_string()))?;
+            sas.create(&PostParams::default(), &sa)
+                .await
+                .map_err(kube_err("create ServiceAccount"))?;
         }
         let request = TokenRequest {
-            spec: Some(TokenRequestSpec { expiration_seconds: Some(3600), ..Default::default() }),
+            spec: Some(TokenRequestSpec {
+                expiration_seconds: Some(3600),
+                ..Default::default()
+            }),
             ..Default::default()
         };
         sas.create_token_request(name, &PostParams::default(), &request)
@@ -165,16 +211,27 @@ impl ControlPlane {
     /// The admin configuration, authenticated instead as ServiceAccount `namespace/name`
     /// (see [`ControlPlane::service_account_token`]); for running an operator in-process as
     /// its own ServiceAccount.
-    pub async fn service_account_config(&self, namespace: &str, name: &str) -> Result<Config, Error> {
+    pub async fn service_account_config(
+        &self,
+        namespace: &str,
+        name: &str,
+    ) -> Result<Config, Error> {
         let token = self.service_account_token(namespace, name).await?;
         let mut config: Config = self.config().clone();
-        config.auth_info = kube::config::AuthInfo { token: Some(token.into()), ..Default::default() };
+        config.auth_info = kube::config::AuthInfo {
+            token: Some(token.into()),
+            ..Default::default()
+        };
         Ok(config)
     }
 
     /// A client authenticated as ServiceAccount `namespace/name`
     /// (see [`ControlPlane::service_account_config`]).
-    pub async fn service_account_client(&self, namespace: &str, name: &str) -> Result<Client, Error> {
+    pub async fn service_account_client(
+        &self,
+        namespace: &str,
+        name: &str,
+    ) -> Result<Client, Error> {
         let config = self.service_account_config(namespace, name).await?;
         Client::try_from(config).map_err(kube_err("build a ServiceAccount client"))
     }

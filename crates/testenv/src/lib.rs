@@ -38,13 +38,26 @@ pub enum Error {
     },
     /// `go build` failed for a component.
     #[error("failed to build {component}: {reason}; build log: {}", log.display())]
-    Build { component: String, log: PathBuf, reason: String },
+    Build {
+        component: String,
+        log: PathBuf,
+        reason: String,
+    },
     /// A component could not be started or exited early.
     #[error("failed to start {component}: {reason}; log: {}", log.display())]
-    Start { component: &'static str, log: PathBuf, reason: String },
+    Start {
+        component: &'static str,
+        log: PathBuf,
+        reason: String,
+    },
     /// A component did not become healthy in time.
     #[error("{component} did not become healthy within {waited_secs}s: {reason}; log: {}", log.display())]
-    Unhealthy { component: &'static str, log: PathBuf, waited_secs: u64, reason: String },
+    Unhealthy {
+        component: &'static str,
+        log: PathBuf,
+        waited_secs: u64,
+        reason: String,
+    },
     /// A filesystem or process operation failed.
     #[error("failed to {what}")]
     Io {
@@ -61,7 +74,11 @@ pub enum Error {
     },
     /// A condition was not reached in time.
     #[error("timed out after {waited_secs}s waiting for {what}; last observed: {last}")]
-    Timeout { what: String, waited_secs: u64, last: String },
+    Timeout {
+        what: String,
+        waited_secs: u64,
+        last: String,
+    },
     /// Any other failure with a message (kubeconfig, CRD files).
     #[error("{0}")]
     Other(String),

@@ -3,9 +3,9 @@
 
 use std::path::Path;
 
+use kube::Client;
 use kube::api::{Api, ApiResource, DynamicObject, GroupVersionKind, Patch, PatchParams, TypeMeta};
 use kube::discovery::Scope;
-use kube::Client;
 use serde::Deserialize;
 use serde_json::Value;
 
@@ -31,7 +31,10 @@ pub fn kustomize(kubectl: &Path, dir: &Path) -> Result<Vec<Value>, Error> {
             .arg("kustomize")
             .arg(dir)
             .output()
-            .map_err(|source| Error::Io { what: format!("run {} kustomize", kubectl.display()), source })?;
+            .map_err(|source| Error::Io {
+                what: format!("run {} kustomize", kubectl.display()),
+                source,
+            })?;
         if !out.status.success() {
             return Err(Error::Other(format!(
                 "kubectl kustomize {} failed ({}): {}",
@@ -43,7 +46,8 @@ pub fn kustomize(kubectl: &Path, dir: &Path) -> Result<Vec<Value>, Error> {
         let text = String::from_utf8_lossy(&out.stdout);
         let mut objects = Vec::new();
         for doc in serde_yaml::Deserializer::from_str(&text) {
-            let value = Value::deserialize(doc).map_err(|e| Error::Other(format!("kustomize output is not YAML: {e}")))?;
+            let value = Value::deserialize(doc)
+                .map_err(|e| Error::Other(format!("kustomize output is not YAML: {e}")))?;
             if !value.is_null() {
                 objects.push(value);
             }
@@ -72,15 +76,22 @@ pub async fn dynamic_api(
     obj: &Value,
     default_namespace: Option<&str>,
 ) -> Result<(Api<DynamicObject>, ApiResource), Error> {
-    let types: TypeMeta =
-        serde_json::from_value(obj.clone()).map_err(|e| Error::Other(format!("{} has no apiVersion/kind: {e}", describe(obj))))?;
-    let gvk = GroupVersionKind::try_from(&types).map_err(|e| Error::Other(format!("{}: {e}", describe(obj))))?;
+    let types: TypeMeta = serde_json::from_value(obj.clone())
+        .map_err(|e| Error::Other(format!("{} has no apiVersion/kind: {e}", describe(obj))))?;
+    let gvk = GroupVersionKind::try_from(&types)
+        .map_err(|e| Error::Other(format!("{}: {e}", describe(obj))))?;
     let (resource, caps) = kube::discovery::pinned_kind(client, &gvk)
         .await
-        .map_err(|source| Error::Kube { what: format!("discover {}", types.api_version), source })?;
+        .map_err(|source| Error::Kube {
+            what: format!("discover {}", types.api_version),
+            source,
+        })?;
     let api = match caps.scope {
         Scope::Namespaced => {
-            let ns = obj["metadata"]["namespace"].as_str().or(default_namespace).unwrap_or("default");
+            let ns = obj["metadata"]["namespace"]
+                .as_str()
+                .or(default_namespace)
+                .unwrap_or("default");
             Api::namespaced_with(client.clone(), ns, &resource)
         }
         Scope::Cluster => Api::all_with(client.clone(), &resource),
@@ -105,8 +116,14 @@ pub async fn apply(
         params = params.dry_run();
     }
     let name = obj["metadata"]["name"].as_str().unwrap_or_default();
-    api.patch(name, &params, &Patch::Apply(obj)).await.map_err(|source| Error::Kube {
-        what: format!("server-side apply{} {}", if dry_run { " (dry run)" } else { "" }, describe(obj)),
-        source,
-    })
+    api.patch(name, &params, &Patch::Apply(obj))
+        .await
+        .map_err(|source| Error::Kube {
+            what: format!(
+                "server-side apply{} {}",
+                if dry_run { " (dry run)" } else { "" },
+                describe(obj)
+            ),
+            source,
+        })
 }

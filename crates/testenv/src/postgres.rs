@@ -57,12 +57,17 @@ impl Postgres {
         let dir = tempfile::Builder::new()
             .prefix("steward-postgres-")
             .tempdir()
-            .map_err(|source| Error::Io { what: "create the PostgreSQL temp dir".into(), source })?;
+            .map_err(|source| Error::Io {
+                what: "create the PostgreSQL temp dir".into(),
+                source,
+            })?;
         chown_to_postgres(dir.path())?;
         let password = random_password();
         let pwfile = dir.path().join("pwfile");
-        std::fs::write(&pwfile, &password)
-            .map_err(|source| Error::Io { what: "write the PostgreSQL password file".into(), source })?;
+        std::fs::write(&pwfile, &password).map_err(|source| Error::Io {
+            what: "write the PostgreSQL password file".into(),
+            source,
+        })?;
         chown_to_postgres(&pwfile)?;
         let init_log = dir.path().join("initdb.log");
         let data = dir.path().join("data");
@@ -75,7 +80,15 @@ impl Postgres {
             .map_err(|e| Error::Other(format!("initdb task failed: {e}")))??;
         let _ = std::fs::remove_file(&pwfile);
         let port = free_port()?;
-        let mut pg = Self { process: None, bin, dir, port, password, major, runs: 0 };
+        let mut pg = Self {
+            process: None,
+            bin,
+            dir,
+            port,
+            password,
+            major,
+            runs: 0,
+        };
         pg.spawn_server().await?;
         Ok(pg)
     }
@@ -106,7 +119,10 @@ impl Postgres {
 
     /// `postgres://postgres:<password>@127.0.0.1:<port>/<database>`.
     pub fn url(&self, database: &str) -> String {
-        format!("postgres://{SUPERUSER}:{}@127.0.0.1:{}/{database}", self.password, self.port)
+        format!(
+            "postgres://{SUPERUSER}:{}@127.0.0.1:{}/{database}",
+            self.password, self.port
+        )
     }
 
     /// A libpq/tokio-postgres key-value connection string for `user`/`password` on `database`.
@@ -131,7 +147,9 @@ impl Postgres {
 
     /// The server's logs of every run so far, as text.
     pub fn log_text(&self) -> String {
-        (1..=self.runs).map(|run| std::fs::read_to_string(self.log_of_run(run)).unwrap_or_default()).collect()
+        (1..=self.runs)
+            .map(|run| std::fs::read_to_string(self.log_of_run(run)).unwrap_or_default())
+            .collect()
     }
 
     /// Whether the server process is running.
@@ -238,7 +256,19 @@ impl Postgres {
         let isready = self.bin.join("pg_isready");
         let port = self.port.to_string();
         tokio::process::Command::new(isready)
-            .args(["-q", "-h", "127.0.0.1", "-p", &port, "-d", "postgres", "-U", SUPERUSER, "-t", "2"])
+            .args([
+                "-q",
+                "-h",
+                "127.0.0.1",
+                "-p",
+                &port,
+                "-d",
+                "postgres",
+                "-U",
+                SUPERUSER,
+                "-t",
+                "2",
+            ])
             .stdin(Stdio::null())
             .stdout(Stdio::null())
             .stderr(Stdio::null())
@@ -263,10 +293,13 @@ fn find_bin() -> Result<(PathBuf, u32), Error> {
     let not_installed = |reason: String| Error::Start {
         component: "postgres",
         log: PathBuf::from("/usr/lib/postgresql"),
-        reason: format!("{reason}; install it with `apt-get update && apt-get install -y postgresql postgresql-contrib`"),
+        reason: format!(
+            "{reason}; install it with `apt-get update && apt-get install -y postgresql postgresql-contrib`"
+        ),
     };
     let root = Path::new("/usr/lib/postgresql");
-    let entries = std::fs::read_dir(root).map_err(|e| not_installed(format!("cannot read {}: {e}", root.display())))?;
+    let entries = std::fs::read_dir(root)
+        .map_err(|e| not_installed(format!("cannot read {}: {e}", root.display())))?;
     let best = entries
         .flatten()
         .filter_map(|e| e.file_name().to_str().and_then(|n| n.parse::<u32>().ok()))
@@ -282,7 +315,10 @@ fn chown_to_postgres(path: &Path) -> Result<(), Error> {
         .arg(format!("{OS_USER}:{OS_USER}"))
         .arg(path)
         .status()
-        .map_err(|source| Error::Io { what: format!("run chown on {}", path.display()), source })?;
+        .map_err(|source| Error::Io {
+            what: format!("run chown on {}", path.display()),
+            source,
+        })?;
     if !status.success() {
         return Err(Error::Other(format!(
             "chown {OS_USER} {} failed ({status}); is there a `{OS_USER}` OS user (Debian's postgresql package creates it)?",
@@ -305,18 +341,33 @@ fn as_postgres(program: &Path) -> Command {
 }
 
 fn run_initdb(bin: &Path, data: &Path, pwfile: &Path, log: &Path) -> Result<(), Error> {
-    let file = std::fs::File::create(log).map_err(|source| Error::Io { what: "create the initdb log".into(), source })?;
-    let file_err = file.try_clone().map_err(|source| Error::Io { what: "open the initdb log".into(), source })?;
+    let file = std::fs::File::create(log).map_err(|source| Error::Io {
+        what: "create the initdb log".into(),
+        source,
+    })?;
+    let file_err = file.try_clone().map_err(|source| Error::Io {
+        what: "open the initdb log".into(),
+        source,
+    })?;
     let status = as_postgres(&bin.join("initdb"))
         .arg("-D")
         .arg(data)
         .arg(format!("--username={SUPERUSER}"))
         .arg(format!("--pwfile={}", pwfile.display()))
-        .args(["--auth-local=trust", "--auth-host=scram-sha-256", "--encoding=UTF8", "--no-locale", "--no-sync"])
+        .args([
+            "--auth-local=trust",
+            "--auth-host=scram-sha-256",
+            "--encoding=UTF8",
+            "--no-locale",
+            "--no-sync",
+        ])
         .stdout(file)
         .stderr(file_err)
         .status()
-        .map_err(|source| Error::Io { what: "run initdb through setpriv".into(), source })?;
+        .map_err(|source| Error::Io {
+            what: "run initdb through setpriv".into(),
+            source,
+        })?;
     if status.success() {
         Ok(())
     } else {
@@ -335,7 +386,10 @@ fn pg_ctl_stop(bin: &Path, data: &Path, mode: &str) -> Result<(), Error> {
         .arg(data)
         .args(["-m", mode, "-w", "-t", "60"])
         .output()
-        .map_err(|source| Error::Io { what: "run pg_ctl stop through setpriv".into(), source })?;
+        .map_err(|source| Error::Io {
+            what: "run pg_ctl stop through setpriv".into(),
+            source,
+        })?;
     if out.status.success() {
         Ok(())
     } else {
@@ -353,5 +407,7 @@ fn random_password() -> String {
     use rand::Rng;
     const ALPHABET: &[u8] = b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789-_";
     let mut rng = rand::rng();
-    (0..32).map(|_| char::from(ALPHABET[rng.random_range(0..ALPHABET.len())])).collect()
+    (0..32)
+        .map(|_| char::from(ALPHABET[rng.random_range(0..ALPHABET.len())]))
+        .collect()
 }

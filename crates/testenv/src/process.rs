@@ -42,10 +42,22 @@ pub struct Process {
 
 impl Process {
     /// Starts `binary args…` with stdout and stderr going to `log`.
-    pub fn spawn(name: &'static str, binary: &Path, args: &[String], log: PathBuf) -> Result<Self, Error> {
-        let start_err = |reason: String| Error::Start { component: name, log: log.clone(), reason };
-        let file = std::fs::File::create(&log).map_err(|e| start_err(format!("cannot create log: {e}")))?;
-        let file_err = file.try_clone().map_err(|e| start_err(format!("cannot open log: {e}")))?;
+    pub fn spawn(
+        name: &'static str,
+        binary: &Path,
+        args: &[String],
+        log: PathBuf,
+    ) -> Result<Self, Error> {
+        let start_err = |reason: String| Error::Start {
+            component: name,
+            log: log.clone(),
+            reason,
+        };
+        let file = std::fs::File::create(&log)
+            .map_err(|e| start_err(format!("cannot create log: {e}")))?;
+        let file_err = file
+            .try_clone()
+            .map_err(|e| start_err(format!("cannot open log: {e}")))?;
         let mut cmd = Command::new("setpriv");
         cmd.arg("--pdeathsig")
             .arg("KILL")
@@ -64,7 +76,12 @@ impl Process {
         let child = rx
             .recv()
             .map_err(|_| start_err("spawner thread is gone".into()))?
-            .map_err(|e| start_err(format!("cannot run {} (through setpriv): {e}", binary.display())))?;
+            .map_err(|e| {
+                start_err(format!(
+                    "cannot run {} (through setpriv): {e}",
+                    binary.display()
+                ))
+            })?;
         Ok(Self { name, log, child })
     }
 
@@ -83,12 +100,17 @@ impl Drop for Process {
 
 /// A free TCP port on 127.0.0.1 (bound and released; the window for a race is tiny).
 pub fn free_port() -> Result<u16, Error> {
-    let listener = std::net::TcpListener::bind("127.0.0.1:0")
-        .map_err(|source| Error::Io { what: "bind a free port".into(), source })?;
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").map_err(|source| Error::Io {
+        what: "bind a free port".into(),
+        source,
+    })?;
     listener
         .local_addr()
         .map(|a| a.port())
-        .map_err(|source| Error::Io { what: "read a bound port".into(), source })
+        .map_err(|source| Error::Io {
+            what: "read a bound port".into(),
+            source,
+        })
 }
 
 /// Last lines of a log, for error messages.

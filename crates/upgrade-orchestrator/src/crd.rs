@@ -80,7 +80,10 @@ pub struct UpgradePlanSpec {
 )]
 pub struct Component {
     /// Unique within the plan; other components name it in `dependsOn`.
-    #[schemars(length(min = 1, max = 63), regex(pattern = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$"))]
+    #[schemars(
+        length(min = 1, max = 63),
+        regex(pattern = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
+    )]
     pub name: String,
 
     /// The workload to change, in the plan's namespace.
@@ -92,7 +95,10 @@ pub struct Component {
 
     /// For a PostgresCluster: the new `spec.version`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    #[schemars(length(min = 1, max = 32), regex(pattern = r"^[0-9A-Za-z][0-9A-Za-z._-]*$"))]
+    #[schemars(
+        length(min = 1, max = 32),
+        regex(pattern = r"^[0-9A-Za-z][0-9A-Za-z._-]*$")
+    )]
     pub version: Option<String>,
 
     /// Names of the components that must be upgraded and healthy before this one starts.
@@ -106,12 +112,17 @@ pub struct Component {
 #[serde(rename_all = "camelCase")]
 pub struct TargetRef {
     pub kind: TargetKind,
-    #[schemars(length(min = 1, max = 253), regex(pattern = r"^[a-z0-9]([-a-z0-9.]*[a-z0-9])?$"))]
+    #[schemars(
+        length(min = 1, max = 253),
+        regex(pattern = r"^[a-z0-9]([-a-z0-9.]*[a-z0-9])?$")
+    )]
     pub name: String,
 }
 
 /// The kinds of workload a component can target.
-#[derive(Serialize, Deserialize, Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, JsonSchema)]
+#[derive(
+    Serialize, Deserialize, Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, JsonSchema,
+)]
 pub enum TargetKind {
     Deployment,
     StatefulSet,
@@ -272,7 +283,10 @@ pub enum PlanPhase {
 impl PlanPhase {
     /// Whether the plan is over (nothing more will happen).
     pub fn is_terminal(self) -> bool {
-        matches!(self, PlanPhase::Succeeded | PlanPhase::Failed | PlanPhase::RolledBack)
+        matches!(
+            self,
+            PlanPhase::Succeeded | PlanPhase::Failed | PlanPhase::RolledBack
+        )
     }
 
     pub fn as_str(self) -> &'static str {
@@ -381,8 +395,13 @@ impl Component {
     /// What changes, for messages: `Deployment web container app image`.
     pub fn describe(&self) -> String {
         match (&self.target.kind, &self.image) {
-            (TargetKind::PostgresCluster, _) => format!("PostgresCluster {} version", self.target.name),
-            (kind, Some(i)) => format!("{kind} {} container {} image", self.target.name, i.container),
+            (TargetKind::PostgresCluster, _) => {
+                format!("PostgresCluster {} version", self.target.name)
+            }
+            (kind, Some(i)) => format!(
+                "{kind} {} container {} image",
+                self.target.name, i.container
+            ),
             (kind, None) => format!("{kind} {}", self.target.name),
         }
     }

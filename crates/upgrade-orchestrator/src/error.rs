@@ -19,7 +19,11 @@ pub enum Error {
     },
     /// The recorded change does not fit the target as read.
     #[error("failed to build the change of {kind} {name}: {message}")]
-    BuildChange { kind: TargetKind, name: String, message: String },
+    BuildChange {
+        kind: TargetKind,
+        name: String,
+        message: String,
+    },
     /// Changing (or reverting) a target failed; a failed `test` operation means someone else
     /// changed the value meanwhile.
     #[error("failed to change {kind} {name} from {from:?} to {to:?}")]

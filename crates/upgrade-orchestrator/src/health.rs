@@ -24,7 +24,11 @@ impl Health {
     }
 }
 
-fn generation_pending(generation: Option<i64>, observed: Option<i64>, controller: &str) -> Option<Health> {
+fn generation_pending(
+    generation: Option<i64>,
+    observed: Option<i64>,
+    controller: &str,
+) -> Option<Health> {
     let generation = generation.unwrap_or(0);
     match observed {
         Some(o) if o >= generation => None,
@@ -42,18 +46,22 @@ pub fn deployment(d: &Deployment) -> Health {
     let Some(status) = &d.status else {
         return Health::Progressing("no status yet".into());
     };
-    if let Some(h) = generation_pending(d.metadata.generation, status.observed_generation, "deployment") {
+    if let Some(h) = generation_pending(
+        d.metadata.generation,
+        status.observed_generation,
+        "deployment",
+    ) {
         return h;
     }
-    if let Some(c) = status
-        .conditions
-        .iter()
-        .flatten()
-        .find(|c| c.type_.as_deref() == Some("Progressing") && c.reason.as_deref() == Some("ProgressDeadlineExceeded"))
-    {
+    if let Some(c) = status.conditions.iter().flatten().find(|c| {
+        c.type_.as_deref() == Some("Progressing")
+            && c.reason.as_deref() == Some("ProgressDeadlineExceeded")
+    }) {
         return Health::Failed(format!(
             "ProgressDeadlineExceeded: {}",
-            c.message.as_deref().unwrap_or("the deployment did not progress in time")
+            c.message
+                .as_deref()
+                .unwrap_or("the deployment did not progress in time")
         ));
     }
     let desired = d.spec.replicas.unwrap_or(1);
@@ -64,10 +72,15 @@ pub fn deployment(d: &Deployment) -> Health {
         return Health::Progressing(format!("{updated} of {desired} replicas updated"));
     }
     if total > updated {
-        return Health::Progressing(format!("{} old replicas pending termination", total - updated));
+        return Health::Progressing(format!(
+            "{} old replicas pending termination",
+            total - updated
+        ));
     }
     if available < desired {
-        return Health::Progressing(format!("{available} of {desired} updated replicas available"));
+        return Health::Progressing(format!(
+            "{available} of {desired} updated replicas available"
+        ));
     }
     Health::Healthy
 }
@@ -78,7 +91,11 @@ pub fn statefulset(s: &StatefulSet) -> Health {
     let Some(status) = &s.status else {
         return Health::Progressing("no status yet".into());
     };
-    if let Some(h) = generation_pending(s.metadata.generation, status.observed_generation, "statefulset") {
+    if let Some(h) = generation_pending(
+        s.metadata.generation,
+        status.observed_generation,
+        "statefulset",
+    ) {
         return h;
     }
     let desired = s.spec.replicas.unwrap_or(1);
@@ -106,7 +123,11 @@ pub fn daemonset(d: &DaemonSet) -> Health {
     let Some(status) = &d.status else {
         return Health::Progressing("no status yet".into());
     };
-    if let Some(h) = generation_pending(d.metadata.generation, status.observed_generation, "daemonset") {
+    if let Some(h) = generation_pending(
+        d.metadata.generation,
+        status.observed_generation,
+        "daemonset",
+    ) {
         return h;
     }
     let desired = status.desired_number_scheduled;
@@ -125,8 +146,13 @@ pub fn daemonset(d: &DaemonSet) -> Health {
 /// `metadata.generation` and its `Ready` condition is `True` (and, when the condition carries
 /// an `observedGeneration`, that is the current generation too).
 pub fn postgres(obj: &Value) -> Health {
-    let generation = obj.pointer("/metadata/generation").and_then(Value::as_i64).unwrap_or(0);
-    let observed = obj.pointer("/status/observedGeneration").and_then(Value::as_i64);
+    let generation = obj
+        .pointer("/metadata/generation")
+        .and_then(Value::as_i64)
+        .unwrap_or(0);
+    let observed = obj
+        .pointer("/status/observedGeneration")
+        .and_then(Value::as_i64);
     if observed != Some(generation) {
         return Health::Progressing(format!(
             "waiting for the database operator to observe generation {generation} (observed {})",
@@ -136,21 +162,29 @@ pub fn postgres(obj: &Value) -> Health {
     let ready = obj
         .pointer("/status/conditions")
         .and_then(Value::as_array)
-        .and_then(|cs| cs.iter().find(|c| c.get("type").and_then(Value::as_str) == Some("Ready")));
+        .and_then(|cs| {
+            cs.iter()
+                .find(|c| c.get("type").and_then(Value::as_str) == Some("Ready"))
+        });
     let Some(ready) = ready else {
         return Health::Progressing("no Ready condition yet".into());
     };
     if let Some(cg) = ready.get("observedGeneration").and_then(Value::as_i64)
         && cg != generation
     {
-        return Health::Progressing(format!("Ready condition is for generation {cg}, not {generation}"));
+        return Health::Progressing(format!(
+            "Ready condition is for generation {cg}, not {generation}"
+        ));
     }
     if ready.get("status").and_then(Value::as_str) == Some("True") {
         Health::Healthy
     } else {
         Health::Progressing(format!(
             "Ready={}: {}",
-            ready.get("status").and_then(Value::as_str).unwrap_or("Unknown"),
+            ready
+                .get("status")
+                .and_then(Value::as_str)
+                .unwrap_or("Unknown"),
             ready
                 .get("message")
                 .and_then(Value::as_str)
@@ -177,7 +211,10 @@ mod tests {
 
     #[test]
     fn deployment_waits_for_the_controller_to_observe_the_generation() {
-        let d = deploy(5, json!({"observedGeneration": 4, "replicas": 3, "updatedReplicas": 3, "availableReplicas": 3}));
+        let d = deploy(
+            5,
+            json!({"observedGeneration": 4, "replicas": 3, "updatedReplicas": 3, "availableReplicas": 3}),
+        );
         assert!(matches!(deployment(&d), Health::Progressing(m) if m.contains("generation 5")));
     }
 
@@ -186,12 +223,21 @@ mod tests {
         let healthy = json!({"observedGeneration": 2, "replicas": 3, "updatedReplicas": 3, "availableReplicas": 3});
         assert_eq!(deployment(&deploy(2, healthy)), Health::Healthy);
         let rolling = json!({"observedGeneration": 2, "replicas": 4, "updatedReplicas": 1, "availableReplicas": 3});
-        assert!(matches!(deployment(&deploy(2, rolling)), Health::Progressing(m) if m == "1 of 3 replicas updated"));
+        assert!(
+            matches!(deployment(&deploy(2, rolling)), Health::Progressing(m) if m == "1 of 3 replicas updated")
+        );
         let old_left = json!({"observedGeneration": 2, "replicas": 4, "updatedReplicas": 3, "availableReplicas": 3});
-        assert!(matches!(deployment(&deploy(2, old_left)), Health::Progressing(m) if m.contains("old replicas")));
+        assert!(
+            matches!(deployment(&deploy(2, old_left)), Health::Progressing(m) if m.contains("old replicas"))
+        );
         let unavailable = json!({"observedGeneration": 2, "replicas": 3, "updatedReplicas": 3, "availableReplicas": 2});
-        assert!(matches!(deployment(&deploy(2, unavailable)), Health::Progressing(m) if m.contains("2 of 3")));
-        assert!(matches!(deployment(&deploy(2, Value::Null)), Health::Progressing(_)));
+        assert!(
+            matches!(deployment(&deploy(2, unavailable)), Health::Progressing(m) if m.contains("2 of 3"))
+        );
+        assert!(matches!(
+            deployment(&deploy(2, Value::Null)),
+            Health::Progressing(_)
+        ));
     }
 
     #[test]
@@ -201,12 +247,17 @@ mod tests {
             "conditions": [{"type": "Progressing", "status": "False", "reason": "ProgressDeadlineExceeded",
                             "message": "ReplicaSet \"web-2\" has timed out progressing."}]
         });
-        assert!(matches!(deployment(&deploy(2, status)), Health::Failed(m) if m.contains("timed out")));
+        assert!(
+            matches!(deployment(&deploy(2, status)), Health::Failed(m) if m.contains("timed out"))
+        );
     }
 
     #[test]
     fn deployment_defaults_to_one_replica() {
-        let mut d = deploy(1, json!({"observedGeneration": 1, "replicas": 1, "updatedReplicas": 1, "availableReplicas": 1}));
+        let mut d = deploy(
+            1,
+            json!({"observedGeneration": 1, "replicas": 1, "updatedReplicas": 1, "availableReplicas": 1}),
+        );
         d.spec.replicas = None;
         assert_eq!(deployment(&d), Health::Healthy);
     }
@@ -230,7 +281,9 @@ mod tests {
         assert!(matches!(statefulset(&sts(rolling)), Health::Progressing(m) if m.contains("db-1")));
         let not_ready = json!({"observedGeneration": 3, "replicas": 2, "readyReplicas": 1, "updatedReplicas": 2,
                                "currentRevision": "db-2", "updateRevision": "db-2"});
-        assert!(matches!(statefulset(&sts(not_ready)), Health::Progressing(m) if m == "1 of 2 replicas ready"));
+        assert!(
+            matches!(statefulset(&sts(not_ready)), Health::Progressing(m) if m == "1 of 2 replicas ready")
+        );
         let old_gen = json!({"observedGeneration": 2, "replicas": 2, "readyReplicas": 2, "updatedReplicas": 2,
                              "currentRevision": "db-2", "updateRevision": "db-2"});
         assert!(matches!(statefulset(&sts(old_gen)), Health::Progressing(_)));
@@ -253,9 +306,16 @@ mod tests {
                    "numberAvailable": available})
         };
         assert_eq!(daemonset(&ds(base(2, 2, 7))), Health::Healthy);
-        assert!(matches!(daemonset(&ds(base(1, 2, 7))), Health::Progressing(m) if m == "1 of 2 pods updated"));
-        assert!(matches!(daemonset(&ds(base(2, 1, 7))), Health::Progressing(m) if m == "1 of 2 pods available"));
-        assert!(matches!(daemonset(&ds(base(2, 2, 6))), Health::Progressing(_)));
+        assert!(
+            matches!(daemonset(&ds(base(1, 2, 7))), Health::Progressing(m) if m == "1 of 2 pods updated")
+        );
+        assert!(
+            matches!(daemonset(&ds(base(2, 1, 7))), Health::Progressing(m) if m == "1 of 2 pods available")
+        );
+        assert!(matches!(
+            daemonset(&ds(base(2, 2, 6))),
+            Health::Progressing(_)
+        ));
     }
 
     #[test]
@@ -267,9 +327,20 @@ mod tests {
                                               "message": "", "observedGeneration": cond_gen}]}})
         };
         assert_eq!(postgres(&pg(4, "True", 4)), Health::Healthy);
-        assert!(matches!(postgres(&pg(3, "True", 3)), Health::Progressing(_)), "stale status");
-        assert!(matches!(postgres(&pg(4, "True", 3)), Health::Progressing(_)), "stale condition");
-        assert!(matches!(postgres(&pg(4, "False", 4)), Health::Progressing(m) if m == "Ready=False: Upgrading"));
-        assert!(matches!(postgres(&json!({"metadata": {"generation": 1}})), Health::Progressing(_)));
+        assert!(
+            matches!(postgres(&pg(3, "True", 3)), Health::Progressing(_)),
+            "stale status"
+        );
+        assert!(
+            matches!(postgres(&pg(4, "True", 3)), Health::Progressing(_)),
+            "stale condition"
+        );
+        assert!(
+            matches!(postgres(&pg(4, "False", 4)), Health::Progressing(m) if m == "Ready=False: Upgrading")
+        );
+        assert!(matches!(
+            postgres(&json!({"metadata": {"generation": 1}})),
+            Health::Progressing(_)
+        ));
     }
 }

@@ -70,7 +70,9 @@ pub struct Options {
 
 impl Default for Options {
     fn default() -> Self {
-        Self { watch_postgresclusters: true }
+        Self {
+            watch_postgresclusters: true,
+        }
     }
 }
 
@@ -84,9 +86,21 @@ pub fn register(operator: &mut steward_core::Operator, options: Options) -> Resu
     let controller = Controller::new(plans, watcher::Config::default());
     let store = controller.store();
     let mut controller = controller
-        .watches(operator.api::<Deployment>(), watcher::Config::default(), plans_targeting(store.clone(), crd::TargetKind::Deployment))
-        .watches(operator.api::<StatefulSet>(), watcher::Config::default(), plans_targeting(store.clone(), crd::TargetKind::StatefulSet))
-        .watches(operator.api::<DaemonSet>(), watcher::Config::default(), plans_targeting(store.clone(), crd::TargetKind::DaemonSet));
+        .watches(
+            operator.api::<Deployment>(),
+            watcher::Config::default(),
+            plans_targeting(store.clone(), crd::TargetKind::Deployment),
+        )
+        .watches(
+            operator.api::<StatefulSet>(),
+            watcher::Config::default(),
+            plans_targeting(store.clone(), crd::TargetKind::StatefulSet),
+        )
+        .watches(
+            operator.api::<DaemonSet>(),
+            watcher::Config::default(),
+            plans_targeting(store.clone(), crd::TargetKind::DaemonSet),
+        );
     if options.watch_postgresclusters {
         let resource = target::postgres_resource();
         let client = operator.client();
@@ -102,21 +116,37 @@ pub fn register(operator: &mut steward_core::Operator, options: Options) -> Resu
         );
     }
     let metrics = metrics::PlanMetrics::register(&operator.metrics(), store);
-    operator.controller(controller, reconcile::Data { metrics }, |plan: Arc<UpgradePlan>, ctx| reconcile::reconcile(plan, ctx));
+    operator.controller(
+        controller,
+        reconcile::Data { metrics },
+        |plan: Arc<UpgradePlan>, ctx| reconcile::reconcile(plan, ctx),
+    );
     Ok(())
 }
 
 /// Maps a changed workload of `kind` to the unfinished plans in its namespace that target it:
 /// an index of targets over the plan cache.
-fn plans_targeting<K: Resource>(plans: Store<UpgradePlan>, kind: crd::TargetKind) -> impl Fn(K) -> Vec<ObjectRef<UpgradePlan>> + Send + Sync + 'static {
+fn plans_targeting<K: Resource>(
+    plans: Store<UpgradePlan>,
+    kind: crd::TargetKind,
+) -> impl Fn(K) -> Vec<ObjectRef<UpgradePlan>> + Send + Sync + 'static {
     move |obj: K| {
         let meta = obj.meta();
         plans
             .state()
             .iter()
             .filter(|p| p.metadata.namespace == meta.namespace)
-            .filter(|p| !p.status.as_ref().and_then(|s| s.phase).is_some_and(|ph| ph.is_terminal()))
-            .filter(|p| p.spec.components.iter().any(|c| c.target.kind == kind && meta.name.as_deref() == Some(c.target.name.as_str())))
+            .filter(|p| {
+                !p.status
+                    .as_ref()
+                    .and_then(|s| s.phase)
+                    .is_some_and(|ph| ph.is_terminal())
+            })
+            .filter(|p| {
+                p.spec.components.iter().any(|c| {
+                    c.target.kind == kind && meta.name.as_deref() == Some(c.target.name.as_str())
+                })
+            })
             .map(|p| ObjectRef::from_obj(p.as_ref()))
             .collect()
     }

@@ -5,11 +5,11 @@
 //! | `steward_upgrade_plans_in_progress` | gauge | — plans in Progressing, RollingBack, WaitingApproval or Paused, counted from the watch cache at scrape time |
 //! | `steward_upgrade_component_duration_seconds` | histogram | kind, result (`succeeded`, `failed`, `rolled_back`) |
 
+use kube::runtime::reflector::Store;
 use prometheus_client::encoding::{EncodeLabelSet, EncodeMetric, MetricEncoder};
 use prometheus_client::metrics::MetricType;
 use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
-use kube::runtime::reflector::Store;
 
 use crate::crd::{PlanPhase, UpgradePlan};
 use crate::progress::Finished;
@@ -50,7 +50,10 @@ impl PlanMetrics {
     pub fn observe(&self, finished: &[Finished]) {
         for f in finished {
             self.component_duration
-                .get_or_create(&DurationLabels { kind: f.kind.as_str().to_string(), result: f.result.to_string() })
+                .get_or_create(&DurationLabels {
+                    kind: f.kind.as_str().to_string(),
+                    result: f.result.to_string(),
+                })
                 .observe(f.seconds);
         }
     }
@@ -71,13 +74,23 @@ impl std::fmt::Debug for InProgress {
 pub fn in_progress(phase: Option<PlanPhase>) -> bool {
     matches!(
         phase,
-        Some(PlanPhase::Progressing | PlanPhase::RollingBack | PlanPhase::WaitingApproval | PlanPhase::Paused)
+        Some(
+            PlanPhase::Progressing
+                | PlanPhase::RollingBack
+                | PlanPhase::WaitingApproval
+                | PlanPhase::Paused
+        )
     )
 }
 
 impl EncodeMetric for InProgress {
     fn encode(&self, mut encoder: MetricEncoder) -> Result<(), std::fmt::Error> {
-        let n = self.plans.state().iter().filter(|p| in_progress(p.status.as_ref().and_then(|s| s.phase))).count();
+        let n = self
+            .plans
+            .state()
+            .iter()
+            .filter(|p| in_progress(p.status.as_ref().and_then(|s| s.phase)))
+            .count();
         encoder.encode_gauge(&(n as i64))
     }
 

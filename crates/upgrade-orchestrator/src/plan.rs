@@ -21,7 +21,10 @@ pub enum Invalid {
     DuplicateName(String),
     /// `dependsOn` names a component that does not exist.
     #[error("component {component:?} depends on unknown component {dependency:?}")]
-    UnknownDependency { component: String, dependency: String },
+    UnknownDependency {
+        component: String,
+        dependency: String,
+    },
     /// The dependencies form a cycle (a component depending on itself included).
     #[error("dependency cycle: {}", .0.join(" -> "))]
     Cycle(Vec<String>),
@@ -55,7 +58,9 @@ pub struct Plan {
 impl Plan {
     /// The 1-based wave of component `index`.
     pub fn wave_number(&self, index: usize) -> i32 {
-        self.wave_of.get(index).map_or(0, |w| i32::try_from(*w + 1).unwrap_or(i32::MAX))
+        self.wave_of
+            .get(index)
+            .map_or(0, |w| i32::try_from(*w + 1).unwrap_or(i32::MAX))
     }
 }
 
@@ -87,7 +92,10 @@ pub fn plan(components: &[Component]) -> Result<Plan, Invalid> {
                     set.insert(*j);
                 }
                 None => {
-                    return Err(Invalid::UnknownDependency { component: c.name.clone(), dependency: d.clone() });
+                    return Err(Invalid::UnknownDependency {
+                        component: c.name.clone(),
+                        dependency: d.clone(),
+                    });
                 }
             }
         }
@@ -102,7 +110,11 @@ pub fn plan(components: &[Component]) -> Result<Plan, Invalid> {
     while placed < n {
         let ready: Vec<usize> = (0..n)
             .filter(|&i| wave_of[i].is_none())
-            .filter(|&i| deps[i].iter().all(|&d| wave_of[d].is_some_and(|w| w < level)))
+            .filter(|&i| {
+                deps[i]
+                    .iter()
+                    .all(|&d| wave_of[d].is_some_and(|w| w < level))
+            })
             .collect();
         if ready.is_empty() {
             return Err(Invalid::Cycle(find_cycle(components, &deps, &wave_of)));
@@ -125,7 +137,12 @@ pub fn plan(components: &[Component]) -> Result<Plan, Invalid> {
 }
 
 fn check_change(c: &Component) -> Result<(), Invalid> {
-    let err = |message: &str| Err(Invalid::InvalidChange { component: c.name.clone(), message: message.to_string() });
+    let err = |message: &str| {
+        Err(Invalid::InvalidChange {
+            component: c.name.clone(),
+            message: message.to_string(),
+        })
+    };
     match c.target.kind {
         TargetKind::PostgresCluster => {
             if c.version.is_none() || c.image.is_some() {
@@ -134,7 +151,9 @@ fn check_change(c: &Component) -> Result<(), Invalid> {
         }
         TargetKind::Deployment | TargetKind::StatefulSet | TargetKind::DaemonSet => {
             if c.image.is_none() || c.version.is_some() {
-                return err("a Deployment, StatefulSet or DaemonSet component sets image (and not version)");
+                return err(
+                    "a Deployment, StatefulSet or DaemonSet component sets image (and not version)",
+                );
             }
         }
     }
@@ -142,7 +161,11 @@ fn check_change(c: &Component) -> Result<(), Invalid> {
 }
 
 /// One cycle among the components not placed in a wave, as names `a -> b -> a`.
-fn find_cycle(components: &[Component], deps: &[BTreeSet<usize>], placed: &[Option<usize>]) -> Vec<String> {
+fn find_cycle(
+    components: &[Component],
+    deps: &[BTreeSet<usize>],
+    placed: &[Option<usize>],
+) -> Vec<String> {
     // Every unplaced component has an unplaced dependency (or it would have been placed), so
     // walking unplaced dependencies from any unplaced component must revisit one.
     let Some(start) = (0..components.len()).find(|&i| placed[i].is_none()) else {
@@ -152,7 +175,10 @@ fn find_cycle(components: &[Component], deps: &[BTreeSet<usize>], placed: &[Opti
     let mut current = start;
     while let Some(next) = deps[current].iter().copied().find(|&d| placed[d].is_none()) {
         if let Some(pos) = path.iter().position(|&p| p == next) {
-            let mut cycle: Vec<String> = path[pos..].iter().map(|&i| components[i].name.clone()).collect();
+            let mut cycle: Vec<String> = path[pos..]
+                .iter()
+                .map(|&i| components[i].name.clone())
+                .collect();
             cycle.push(components[next].name.clone());
             return cycle;
         }
@@ -170,22 +196,39 @@ mod tests {
     fn c(name: &str, deps: &[&str]) -> Component {
         Component {
             name: name.into(),
-            target: TargetRef { kind: TargetKind::Deployment, name: name.into() },
-            image: Some(ImageChange { container: "app".into(), image: "img:2".into() }),
+            target: TargetRef {
+                kind: TargetKind::Deployment,
+                name: name.into(),
+            },
+            image: Some(ImageChange {
+                container: "app".into(),
+                image: "img:2".into(),
+            }),
             version: None,
             depends_on: deps.iter().map(|d| d.to_string()).collect(),
         }
     }
 
     fn names(components: &[Component], plan: &Plan) -> Vec<Vec<String>> {
-        plan.waves.iter().map(|w| w.iter().map(|&i| components[i].name.clone()).collect()).collect()
+        plan.waves
+            .iter()
+            .map(|w| w.iter().map(|&i| components[i].name.clone()).collect())
+            .collect()
     }
 
     #[test]
     fn diamond_has_three_waves() {
-        let cs = vec![c("web", &["api", "worker"]), c("api", &["db"]), c("worker", &["db"]), c("db", &[])];
+        let cs = vec![
+            c("web", &["api", "worker"]),
+            c("api", &["db"]),
+            c("worker", &["db"]),
+            c("db", &[]),
+        ];
         let p = plan(&cs).unwrap();
-        assert_eq!(names(&cs, &p), vec![vec!["db"], vec!["api", "worker"], vec!["web"]]);
+        assert_eq!(
+            names(&cs, &p),
+            vec![vec!["db"], vec!["api", "worker"], vec!["web"]]
+        );
         assert_eq!(p.wave_number(0), 3);
         assert_eq!(p.wave_number(3), 1);
     }
@@ -220,7 +263,11 @@ mod tests {
         for (i, comp) in cs.iter().enumerate() {
             for d in &comp.depends_on {
                 let j = cs.iter().position(|x| &x.name == d).unwrap();
-                assert!(p.wave_of[j] < p.wave_of[i], "{d} must precede {}", comp.name);
+                assert!(
+                    p.wave_of[j] < p.wave_of[i],
+                    "{d} must precede {}",
+                    comp.name
+                );
             }
         }
         assert_eq!(p.waves.iter().map(Vec::len).sum::<usize>(), cs.len());
@@ -230,7 +277,9 @@ mod tests {
     fn cycle_is_named() {
         let cs = vec![c("a", &["c"]), c("b", &["a"]), c("c", &["b"]), c("d", &[])];
         let err = plan(&cs).unwrap_err();
-        let Invalid::Cycle(path) = &err else { panic!("{err:?}") };
+        let Invalid::Cycle(path) = &err else {
+            panic!("{err:?}")
+        };
         assert_eq!(path.first(), path.last());
         assert_eq!(path.len(), 4, "{path:?}");
         assert_eq!(err.reason(), "DependencyCycle");
@@ -247,9 +296,15 @@ mod tests {
     fn unknown_dependency_and_duplicates_are_invalid() {
         assert_eq!(
             plan(&[c("a", &["nope"])]).unwrap_err(),
-            Invalid::UnknownDependency { component: "a".into(), dependency: "nope".into() }
+            Invalid::UnknownDependency {
+                component: "a".into(),
+                dependency: "nope".into()
+            }
         );
-        assert_eq!(plan(&[c("a", &[]), c("a", &[])]).unwrap_err(), Invalid::DuplicateName("a".into()));
+        assert_eq!(
+            plan(&[c("a", &[]), c("a", &[])]).unwrap_err(),
+            Invalid::DuplicateName("a".into())
+        );
         assert_eq!(plan(&[]).unwrap_err(), Invalid::NoComponents);
     }
 
@@ -257,7 +312,10 @@ mod tests {
     fn change_must_fit_the_kind() {
         let mut pg = c("db", &[]);
         pg.target.kind = TargetKind::PostgresCluster;
-        assert_eq!(plan(std::slice::from_ref(&pg)).unwrap_err().reason(), "InvalidChange");
+        assert_eq!(
+            plan(std::slice::from_ref(&pg)).unwrap_err().reason(),
+            "InvalidChange"
+        );
         pg.image = None;
         pg.version = Some("17".into());
         assert!(plan(&[pg]).is_ok());

@@ -28,8 +28,8 @@ use k8s_openapi::jiff::Timestamp;
 use steward_core::conditions;
 
 use crate::crd::{
-    Approval, ComponentPhase, ComponentStatus, FailurePolicy, PlanPhase, TargetKind, UpgradePlanSpec,
-    UpgradePlanStatus,
+    Approval, ComponentPhase, ComponentStatus, FailurePolicy, PlanPhase, TargetKind,
+    UpgradePlanSpec, UpgradePlanStatus,
 };
 use crate::health::Health;
 use crate::plan::{Invalid, Plan};
@@ -96,7 +96,11 @@ pub struct Write {
 
 /// The changes the stored status asks for that the targets do not show yet: a Progressing
 /// component whose target still holds `previous`, a RollingBack one whose target holds `target`.
-pub fn writes(spec: &UpgradePlanSpec, status: &UpgradePlanStatus, observed: &BTreeMap<String, Observation>) -> Vec<Write> {
+pub fn writes(
+    spec: &UpgradePlanSpec,
+    status: &UpgradePlanStatus,
+    observed: &BTreeMap<String, Observation>,
+) -> Vec<Write> {
     let mut out = Vec::new();
     for (index, component) in spec.components.iter().enumerate() {
         let Some(cs) = status.components.iter().find(|s| s.name == component.name) else {
@@ -113,10 +117,20 @@ pub fn writes(spec: &UpgradePlanSpec, status: &UpgradePlanStatus, observed: &BTr
         };
         match cs.phase {
             ComponentPhase::Progressing if value == previous => {
-                out.push(Write { index, from: previous.clone(), to: target.clone(), revert: false });
+                out.push(Write {
+                    index,
+                    from: previous.clone(),
+                    to: target.clone(),
+                    revert: false,
+                });
             }
             ComponentPhase::RollingBack if value == target => {
-                out.push(Write { index, from: target.clone(), to: previous.clone(), revert: true });
+                out.push(Write {
+                    index,
+                    from: target.clone(),
+                    to: previous.clone(),
+                    revert: true,
+                });
             }
             _ => {}
         }
@@ -125,7 +139,12 @@ pub fn writes(spec: &UpgradePlanSpec, status: &UpgradePlanStatus, observed: &BTr
 }
 
 /// The status of a plan whose spec is invalid: `Valid=False`, nothing starts.
-pub fn invalid(status: &UpgradePlanStatus, generation: i64, error: &Invalid, now: Timestamp) -> Outcome {
+pub fn invalid(
+    status: &UpgradePlanStatus,
+    generation: i64,
+    error: &Invalid,
+    now: Timestamp,
+) -> Outcome {
     let mut st = status.clone();
     st.observed_generation = Some(generation);
     if st.phase.is_none() {
@@ -133,16 +152,67 @@ pub fn invalid(status: &UpgradePlanStatus, generation: i64, error: &Invalid, now
     }
     let at = second(now);
     let message = error.to_string();
-    set(&mut st, VALID, false, error.reason(), &message, generation, &at);
-    set(&mut st, conditions::READY, false, "InvalidPlan", &message, generation, &at);
-    set(&mut st, conditions::PROGRESSING, false, "InvalidPlan", &message, generation, &at);
-    let degraded = st.components.iter().any(|c| c.phase == ComponentPhase::Failed);
-    set(&mut st, conditions::DEGRADED, degraded, if degraded { "ComponentFailed" } else { "AsExpected" }, "", generation, &at);
+    set(
+        &mut st,
+        VALID,
+        false,
+        error.reason(),
+        &message,
+        generation,
+        &at,
+    );
+    set(
+        &mut st,
+        conditions::READY,
+        false,
+        "InvalidPlan",
+        &message,
+        generation,
+        &at,
+    );
+    set(
+        &mut st,
+        conditions::PROGRESSING,
+        false,
+        "InvalidPlan",
+        &message,
+        generation,
+        &at,
+    );
+    let degraded = st
+        .components
+        .iter()
+        .any(|c| c.phase == ComponentPhase::Failed);
+    set(
+        &mut st,
+        conditions::DEGRADED,
+        degraded,
+        if degraded {
+            "ComponentFailed"
+        } else {
+            "AsExpected"
+        },
+        "",
+        generation,
+        &at,
+    );
     let mut notes = Vec::new();
-    if conditions::get(&status.conditions, VALID).is_none_or(|c| c.status != "False" || c.message != message) {
-        notes.push(Note { warning: true, reason: "InvalidPlan", action: "Validate", message });
+    if conditions::get(&status.conditions, VALID)
+        .is_none_or(|c| c.status != "False" || c.message != message)
+    {
+        notes.push(Note {
+            warning: true,
+            reason: "InvalidPlan",
+            action: "Validate",
+            message,
+        });
     }
-    Outcome { status: st, notes, finished: Vec::new(), recheck_after: None }
+    Outcome {
+        status: st,
+        notes,
+        finished: Vec::new(),
+        recheck_after: None,
+    }
 }
 
 /// How one component's target compares to what it should be.
@@ -163,8 +233,12 @@ fn evaluate(observation: Option<&Observation>, expected: &str, other: &str) -> E
             Health::Progressing(m) => Eval::Waiting(m.clone()),
             Health::Failed(m) => Eval::Failed(m.clone()),
         },
-        Ok(v) if v == other => Eval::Waiting(format!("the change to {expected:?} is not applied yet")),
-        Ok(v) => Eval::Failed(format!("the target now holds {v:?}, expected {expected:?}: changed by someone else")),
+        Ok(v) if v == other => {
+            Eval::Waiting(format!("the change to {expected:?} is not applied yet"))
+        }
+        Ok(v) => Eval::Failed(format!(
+            "the target now holds {v:?}, expected {expected:?}: changed by someone else"
+        )),
     }
 }
 
@@ -182,8 +256,24 @@ fn second(now: Timestamp) -> Time {
     Time(Timestamp::from_second(now.as_second()).unwrap_or(now))
 }
 
-fn set(st: &mut UpgradePlanStatus, type_: &str, value: bool, reason: &str, message: &str, generation: i64, at: &Time) {
-    conditions::set_at(&mut st.conditions, type_, value, reason, message.to_string(), Some(generation), at.clone());
+fn set(
+    st: &mut UpgradePlanStatus,
+    type_: &str,
+    value: bool,
+    reason: &str,
+    message: &str,
+    generation: i64,
+    at: &Time,
+) {
+    conditions::set_at(
+        &mut st.conditions,
+        type_,
+        value,
+        reason,
+        message.to_string(),
+        Some(generation),
+        at.clone(),
+    );
 }
 
 /// Builds the outcome step by step.
@@ -198,7 +288,12 @@ struct Stepper<'a> {
 
 impl Stepper<'_> {
     fn note(&mut self, warning: bool, reason: &'static str, action: &'static str, message: String) {
-        self.notes.push(Note { warning, reason, action, message });
+        self.notes.push(Note {
+            warning,
+            reason,
+            action,
+            message,
+        });
     }
 
     fn recheck_in(&mut self, d: Duration) {
@@ -220,8 +315,17 @@ impl Stepper<'_> {
         cs.failed_generation = Some(self.i.generation);
         cs.message = Some(message.clone());
         let name = cs.name.clone();
-        self.finished.push(Finished { kind, result: "failed", seconds });
-        self.note(true, "ComponentFailed", "Upgrade", format!("component {name} ({describe}) failed: {message}"));
+        self.finished.push(Finished {
+            kind,
+            result: "failed",
+            seconds,
+        });
+        self.note(
+            true,
+            "ComponentFailed",
+            "Upgrade",
+            format!("component {name} ({describe}) failed: {message}"),
+        );
     }
 
     /// Follows components that are upgrading.
@@ -250,17 +354,27 @@ impl Stepper<'_> {
                     cs.phase = ComponentPhase::Succeeded;
                     cs.finished_at = Some(micro(now));
                     cs.message = None;
-                    self.finished.push(Finished { kind, result: "succeeded", seconds: spent.as_secs_f64() });
+                    self.finished.push(Finished {
+                        kind,
+                        result: "succeeded",
+                        seconds: spent.as_secs_f64(),
+                    });
                     self.note(
                         false,
                         "ComponentSucceeded",
                         "Upgrade",
-                        format!("component {name}: {describe} is {target:?} and healthy after {:.1}s", spent.as_secs_f64()),
+                        format!(
+                            "component {name}: {describe} is {target:?} and healthy after {:.1}s",
+                            spent.as_secs_f64()
+                        ),
                     );
                 }
                 Eval::Failed(m) => self.fail(index, m),
                 Eval::Waiting(m) if spent >= self.deadline => {
-                    self.fail(index, format!("not healthy within {}s: {m}", self.deadline.as_secs()));
+                    self.fail(
+                        index,
+                        format!("not healthy within {}s: {m}", self.deadline.as_secs()),
+                    );
                 }
                 Eval::Waiting(m) => {
                     self.comps[index].message = Some(m);
@@ -280,7 +394,10 @@ impl Stepper<'_> {
             }
             let cs = &self.comps[index];
             let (Some(previous), Some(target)) = (cs.previous.clone(), cs.target.clone()) else {
-                failure = Some(format!("component {}: no previous value was recorded", cs.name));
+                failure = Some(format!(
+                    "component {}: no previous value was recorded",
+                    cs.name
+                ));
                 continue;
             };
             let spent = elapsed(cs.rollback_started_at.as_ref(), now);
@@ -299,7 +416,11 @@ impl Stepper<'_> {
                     cs.phase = ComponentPhase::RolledBack;
                     cs.rolled_back_at = Some(micro(now));
                     cs.message = None;
-                    self.finished.push(Finished { kind, result: "rolled_back", seconds: spent.as_secs_f64() });
+                    self.finished.push(Finished {
+                        kind,
+                        result: "rolled_back",
+                        seconds: spent.as_secs_f64(),
+                    });
                     self.note(
                         false,
                         "ComponentRolledBack",
@@ -312,7 +433,10 @@ impl Stepper<'_> {
                     failure = Some(format!("component {name}: {m}"));
                 }
                 Eval::Waiting(m) if spent >= self.deadline => {
-                    let m = format!("not healthy within {}s of the revert: {m}", self.deadline.as_secs());
+                    let m = format!(
+                        "not healthy within {}s of the revert: {m}",
+                        self.deadline.as_secs()
+                    );
                     self.comps[index].message = Some(m.clone());
                     failure = Some(format!("component {name}: {m}"));
                 }
@@ -330,7 +454,9 @@ impl Stepper<'_> {
         let now = self.i.now;
         for index in 0..self.comps.len() {
             let cs = &mut self.comps[index];
-            if cs.phase != ComponentPhase::Failed || cs.failed_generation.is_some_and(|g| g >= self.i.generation) {
+            if cs.phase != ComponentPhase::Failed
+                || cs.failed_generation.is_some_and(|g| g >= self.i.generation)
+            {
                 continue;
             }
             cs.phase = ComponentPhase::Progressing;
@@ -340,7 +466,12 @@ impl Stepper<'_> {
             cs.message = Some("retrying: the plan changed after the failure".into());
             let name = cs.name.clone();
             self.recheck_in(self.deadline);
-            self.note(false, "ComponentRetried", "Upgrade", format!("component {name}: retrying after the plan changed"));
+            self.note(
+                false,
+                "ComponentRetried",
+                "Upgrade",
+                format!("component {name}: retrying after the plan changed"),
+            );
         }
     }
 
@@ -364,7 +495,9 @@ impl Stepper<'_> {
                         (_, Health::Progressing(m) | Health::Failed(m)) => m.clone(),
                         (_, Health::Healthy) => "unknown".into(),
                     };
-                    return Some(format!("waiting for dependency {dep} to be healthy again: {why}"));
+                    return Some(format!(
+                        "waiting for dependency {dep} to be healthy again: {why}"
+                    ));
                 }
                 None => return Some(format!("dependency {dep} not observed")),
             }
@@ -377,7 +510,11 @@ impl Stepper<'_> {
     fn start_wave(&mut self, wave: usize) -> Option<String> {
         let now = self.i.now;
         let max = usize::try_from(self.i.spec.strategy.max_concurrent.max(1)).unwrap_or(1);
-        let mut in_flight = self.comps.iter().filter(|c| c.phase == ComponentPhase::Progressing).count();
+        let mut in_flight = self
+            .comps
+            .iter()
+            .filter(|c| c.phase == ComponentPhase::Progressing)
+            .count();
         let mut blocked = None;
         let members = self.i.plan.waves.get(wave).cloned().unwrap_or_default();
         for index in members {
@@ -396,7 +533,11 @@ impl Stepper<'_> {
                 self.fail(index, "the component sets no value".into());
                 continue;
             };
-            let value = self.i.observed.get(&component.name).map(|o| o.value.clone());
+            let value = self
+                .i
+                .observed
+                .get(&component.name)
+                .map(|o| o.value.clone());
             match value {
                 Some(Ok(previous)) => {
                     let describe = component.describe();
@@ -414,11 +555,15 @@ impl Stepper<'_> {
                         false,
                         "ComponentStarted",
                         "Upgrade",
-                        format!("component {name} (wave {wave}): {describe} {previous:?} -> {desired:?}"),
+                        format!(
+                            "component {name} (wave {wave}): {describe} {previous:?} -> {desired:?}"
+                        ),
                     );
                 }
                 Some(Err(why)) => self.fail(index, why),
-                None => blocked = Some(format!("component {}: target not observed", component.name)),
+                None => {
+                    blocked = Some(format!("component {}: target not observed", component.name))
+                }
             }
         }
         blocked
@@ -441,25 +586,54 @@ pub fn step(i: &Input<'_>) -> Outcome {
         .enumerate()
         .map(|(index, c)| {
             let wave = i.plan.wave_number(index);
-            let mut cs =
-                i.status.components.iter().find(|s| s.name == c.name).cloned().unwrap_or_else(|| ComponentStatus::pending(&c.name, wave));
+            let mut cs = i
+                .status
+                .components
+                .iter()
+                .find(|s| s.name == c.name)
+                .cloned()
+                .unwrap_or_else(|| ComponentStatus::pending(&c.name, wave));
             cs.wave = wave;
             cs
         })
         .collect();
-    let deadline = Duration::from_secs(u64::try_from(strategy.progress_deadline_seconds.max(1)).unwrap_or(600));
-    let mut s = Stepper { i, comps, notes: Vec::new(), finished: Vec::new(), recheck: None, deadline };
+    let deadline = Duration::from_secs(
+        u64::try_from(strategy.progress_deadline_seconds.max(1)).unwrap_or(600),
+    );
+    let mut s = Stepper {
+        i,
+        comps,
+        notes: Vec::new(),
+        finished: Vec::new(),
+        recheck: None,
+        deadline,
+    };
     let at = second(i.now);
     let waves = i.plan.waves.len();
-    set(&mut st, VALID, true, "Valid", &format!("{} components in {waves} waves", spec.components.len()), generation, &at);
+    set(
+        &mut st,
+        VALID,
+        true,
+        "Valid",
+        &format!("{} components in {waves} waves", spec.components.len()),
+        generation,
+        &at,
+    );
 
     // (phase, reason, message) of the plan after this step.
     let (phase, reason, message): (PlanPhase, &str, String) = 'decide: {
         if let Some(p) = old_phase.filter(|p| p.is_terminal()) {
-            let message = conditions::get(&st.conditions, conditions::READY).map(|c| c.message.clone()).unwrap_or_default();
-            let reason = conditions::get(&st.conditions, conditions::READY).map_or(p.as_str(), |c| c.reason.as_str()).to_string();
+            let message = conditions::get(&st.conditions, conditions::READY)
+                .map(|c| c.message.clone())
+                .unwrap_or_default();
+            let reason = conditions::get(&st.conditions, conditions::READY)
+                .map_or(p.as_str(), |c| c.reason.as_str())
+                .to_string();
             st.components = s.comps;
-            return finish(st, old_phase, p, &reason, &message, generation, i.now, s.notes, s.finished, s.recheck);
+            return finish(
+                st, old_phase, p, &reason, &message, generation, i.now, s.notes, s.finished,
+                s.recheck,
+            );
         }
 
         if st.started_at.is_none() {
@@ -474,8 +648,17 @@ pub fn step(i: &Input<'_>) -> Outcome {
                 .collect();
             if !missing.is_empty() {
                 let message = missing.join("; ");
-                set(&mut st, VALID, false, "TargetNotFound", &message, generation, &at);
-                if conditions::get(&i.status.conditions, VALID).is_none_or(|c| c.message != message) {
+                set(
+                    &mut st,
+                    VALID,
+                    false,
+                    "TargetNotFound",
+                    &message,
+                    generation,
+                    &at,
+                );
+                if conditions::get(&i.status.conditions, VALID).is_none_or(|c| c.message != message)
+                {
                     s.note(true, "TargetNotFound", "Validate", message.clone());
                 }
                 break 'decide (PlanPhase::Pending, "TargetNotFound", message);
@@ -484,30 +667,61 @@ pub fn step(i: &Input<'_>) -> Outcome {
 
         s.track_forward();
         let rollback_failure = s.track_rollback();
-        if strategy.failure_policy == FailurePolicy::Pause && !strategy.paused && old_phase != Some(PlanPhase::RollingBack) {
+        if strategy.failure_policy == FailurePolicy::Pause
+            && !strategy.paused
+            && old_phase != Some(PlanPhase::RollingBack)
+        {
             s.retry_failed();
         }
 
         if let Some(why) = rollback_failure {
-            break 'decide (PlanPhase::Failed, "RollbackFailed", format!("the rollback could not complete: {why}"));
+            break 'decide (
+                PlanPhase::Failed,
+                "RollbackFailed",
+                format!("the rollback could not complete: {why}"),
+            );
         }
-        let failed: Vec<String> =
-            s.comps.iter().filter(|c| c.phase == ComponentPhase::Failed).map(|c| c.name.clone()).collect();
-        let reverting = s.comps.iter().filter(|c| c.phase == ComponentPhase::RollingBack).map(|c| c.wave).max();
+        let failed: Vec<String> = s
+            .comps
+            .iter()
+            .filter(|c| c.phase == ComponentPhase::Failed)
+            .map(|c| c.name.clone())
+            .collect();
+        let reverting = s
+            .comps
+            .iter()
+            .filter(|c| c.phase == ComponentPhase::RollingBack)
+            .map(|c| c.wave)
+            .max();
         let rolling_back = old_phase == Some(PlanPhase::RollingBack) || reverting.is_some();
-        if rolling_back || (!failed.is_empty() && strategy.failure_policy == FailurePolicy::Rollback) {
+        if rolling_back
+            || (!failed.is_empty() && strategy.failure_policy == FailurePolicy::Rollback)
+        {
             if let Some(wave) = reverting {
                 st.current_wave = Some(wave);
-                break 'decide (PlanPhase::RollingBack, "RollingBack", format!("reverting wave {wave}"));
+                break 'decide (
+                    PlanPhase::RollingBack,
+                    "RollingBack",
+                    format!("reverting wave {wave}"),
+                );
             }
             // Changed = started with a recorded previous value (a component that failed before
             // its start was recorded has nothing to revert).
             let changed = |c: &ComponentStatus| {
                 c.previous.is_some()
-                    && matches!(c.phase, ComponentPhase::Progressing | ComponentPhase::Succeeded | ComponentPhase::Failed)
+                    && matches!(
+                        c.phase,
+                        ComponentPhase::Progressing
+                            | ComponentPhase::Succeeded
+                            | ComponentPhase::Failed
+                    )
             };
             let Some(wave) = s.comps.iter().filter(|c| changed(c)).map(|c| c.wave).max() else {
-                break 'decide (PlanPhase::RolledBack, "RolledBack", "every changed component is back to its previous value".into());
+                break 'decide (
+                    PlanPhase::RolledBack,
+                    "RolledBack",
+                    "every changed component is back to its previous value".into(),
+                );
             };
             if !rolling_back {
                 s.note(
@@ -536,7 +750,11 @@ pub fn step(i: &Input<'_>) -> Outcome {
             }
             s.recheck_in(deadline);
             st.current_wave = Some(wave);
-            break 'decide (PlanPhase::RollingBack, "RollingBack", format!("reverting wave {wave}"));
+            break 'decide (
+                PlanPhase::RollingBack,
+                "RollingBack",
+                format!("reverting wave {wave}"),
+            );
         }
         if !failed.is_empty() {
             break 'decide (
@@ -550,45 +768,80 @@ pub fn step(i: &Input<'_>) -> Outcome {
         }
         if s.comps.iter().all(|c| c.phase == ComponentPhase::Succeeded) {
             st.current_wave = st.waves;
-            break 'decide (PlanPhase::Succeeded, "Succeeded", format!("all {} components upgraded", s.comps.len()));
+            break 'decide (
+                PlanPhase::Succeeded,
+                "Succeeded",
+                format!("all {} components upgraded", s.comps.len()),
+            );
         }
-        let Some(wave) = i.plan.waves.iter().position(|w| w.iter().any(|&x| s.comps[x].phase != ComponentPhase::Succeeded))
-        else {
-            break 'decide (PlanPhase::Succeeded, "Succeeded", "all components upgraded".into());
+        let Some(wave) = i.plan.waves.iter().position(|w| {
+            w.iter()
+                .any(|&x| s.comps[x].phase != ComponentPhase::Succeeded)
+        }) else {
+            break 'decide (
+                PlanPhase::Succeeded,
+                "Succeeded",
+                "all components upgraded".into(),
+            );
         };
         let wave_number = i32::try_from(wave + 1).unwrap_or(i32::MAX);
         st.current_wave = Some(wave_number);
-        let in_flight = s.comps.iter().filter(|c| c.phase == ComponentPhase::Progressing).count();
+        let in_flight = s
+            .comps
+            .iter()
+            .filter(|c| c.phase == ComponentPhase::Progressing)
+            .count();
         if strategy.paused {
             let message = if in_flight > 0 {
                 format!("paused: no component starts; {in_flight} in flight still followed")
             } else {
-                "paused between components: no component starts until spec.strategy.paused is false".to_string()
+                "paused between components: no component starts until spec.strategy.paused is false"
+                    .to_string()
             };
             break 'decide (PlanPhase::Paused, "PausedByUser", message);
         }
-        let wave_started = i.plan.waves[wave].iter().any(|&x| s.comps[x].phase != ComponentPhase::Pending);
-        if strategy.approval == Approval::Manual && !wave_started && spec.approved_waves.unwrap_or(0) < wave_number {
+        let wave_started = i.plan.waves[wave]
+            .iter()
+            .any(|&x| s.comps[x].phase != ComponentPhase::Pending);
+        if strategy.approval == Approval::Manual
+            && !wave_started
+            && spec.approved_waves.unwrap_or(0) < wave_number
+        {
             break 'decide (
                 PlanPhase::WaitingApproval,
                 "WaitingApproval",
-                format!("wave {wave_number} waits for approval: set spec.approvedWaves to {wave_number}"),
+                format!(
+                    "wave {wave_number} waits for approval: set spec.approvedWaves to {wave_number}"
+                ),
             );
         }
         let blocked = s.start_wave(wave);
         if st.started_at.is_none() && s.comps.iter().any(|c| c.phase != ComponentPhase::Pending) {
             st.started_at = Some(micro(i.now));
         }
-        let active: Vec<&str> =
-            s.comps.iter().filter(|c| c.phase == ComponentPhase::Progressing).map(|c| c.name.as_str()).collect();
-        let mut message = format!("wave {wave_number} of {waves}: upgrading {}", active.join(", "));
+        let active: Vec<&str> = s
+            .comps
+            .iter()
+            .filter(|c| c.phase == ComponentPhase::Progressing)
+            .map(|c| c.name.as_str())
+            .collect();
+        let mut message = format!(
+            "wave {wave_number} of {waves}: upgrading {}",
+            active.join(", ")
+        );
         if let Some(b) = blocked {
-            message = if active.is_empty() { b } else { format!("{message}; {b}") };
+            message = if active.is_empty() {
+                b
+            } else {
+                format!("{message}; {b}")
+            };
         }
         (PlanPhase::Progressing, "Progressing", message)
     };
     st.components = s.comps;
-    finish(st, old_phase, phase, reason, &message, generation, i.now, s.notes, s.finished, s.recheck)
+    finish(
+        st, old_phase, phase, reason, &message, generation, i.now, s.notes, s.finished, s.recheck,
+    )
 }
 
 #[allow(clippy::too_many_arguments)]
@@ -609,20 +862,60 @@ fn finish(
         st.finished_at = Some(micro(now));
     }
     st.phase = Some(phase);
-    let upgraded = st.components.iter().filter(|c| c.phase == ComponentPhase::Succeeded).count();
+    let upgraded = st
+        .components
+        .iter()
+        .filter(|c| c.phase == ComponentPhase::Succeeded)
+        .count();
     st.progress = Some(format!("{upgraded}/{}", st.components.len()));
-    set(&mut st, conditions::READY, phase == PlanPhase::Succeeded, reason, message, generation, at);
+    set(
+        &mut st,
+        conditions::READY,
+        phase == PlanPhase::Succeeded,
+        reason,
+        message,
+        generation,
+        at,
+    );
     let progressing = matches!(phase, PlanPhase::Progressing | PlanPhase::RollingBack);
-    set(&mut st, conditions::PROGRESSING, progressing, reason, message, generation, at);
-    let failed: Vec<&str> =
-        st.components.iter().filter(|c| c.phase == ComponentPhase::Failed).map(|c| c.name.as_str()).collect();
+    set(
+        &mut st,
+        conditions::PROGRESSING,
+        progressing,
+        reason,
+        message,
+        generation,
+        at,
+    );
+    let failed: Vec<&str> = st
+        .components
+        .iter()
+        .filter(|c| c.phase == ComponentPhase::Failed)
+        .map(|c| c.name.as_str())
+        .collect();
     let (degraded, degraded_reason, degraded_message) = match phase {
         PlanPhase::Failed => (true, "RollbackFailed", message.to_string()),
-        PlanPhase::RolledBack | PlanPhase::RollingBack => (true, "RolledBack", "a component failed; the plan was rolled back".into()),
-        _ if !failed.is_empty() => (true, "ComponentFailed", format!("failed: {}", failed.join(", "))),
+        PlanPhase::RolledBack | PlanPhase::RollingBack => (
+            true,
+            "RolledBack",
+            "a component failed; the plan was rolled back".into(),
+        ),
+        _ if !failed.is_empty() => (
+            true,
+            "ComponentFailed",
+            format!("failed: {}", failed.join(", ")),
+        ),
         _ => (false, "AsExpected", String::new()),
     };
-    set(&mut st, conditions::DEGRADED, degraded, degraded_reason, &degraded_message, generation, at);
+    set(
+        &mut st,
+        conditions::DEGRADED,
+        degraded,
+        degraded_reason,
+        &degraded_message,
+        generation,
+        at,
+    );
 
     if old_phase != Some(phase) {
         let note = match phase {
@@ -639,10 +932,20 @@ fn finish(
             PlanPhase::Pending | PlanPhase::RollingBack => None,
         };
         if let Some((warning, reason)) = note {
-            notes.push(Note { warning, reason, action: "Upgrade", message: message.to_string() });
+            notes.push(Note {
+                warning,
+                reason,
+                action: "Upgrade",
+                message: message.to_string(),
+            });
         }
     }
-    Outcome { status: st, notes, finished, recheck_after }
+    Outcome {
+        status: st,
+        notes,
+        finished,
+        recheck_after,
+    }
 }
 
 #[cfg(test)]
@@ -658,8 +961,14 @@ mod tests {
     fn component(name: &str, deps: &[&str]) -> Component {
         Component {
             name: name.into(),
-            target: TargetRef { kind: TargetKind::Deployment, name: name.into() },
-            image: Some(ImageChange { container: "app".into(), image: format!("{name}:2") }),
+            target: TargetRef {
+                kind: TargetKind::Deployment,
+                name: name.into(),
+            },
+            image: Some(ImageChange {
+                container: "app".into(),
+                image: format!("{name}:2"),
+            }),
             version: None,
             depends_on: deps.iter().map(|d| d.to_string()).collect(),
         }
@@ -691,10 +1000,17 @@ mod tests {
         }
 
         fn new(components: Vec<Component>) -> Self {
-            let values = components.iter().map(|c| (c.name.clone(), format!("{}:1", c.name))).collect();
+            let values = components
+                .iter()
+                .map(|c| (c.name.clone(), format!("{}:1", c.name)))
+                .collect();
             let healthy = components.iter().map(|c| (c.name.clone(), true)).collect();
             Self {
-                spec: UpgradePlanSpec { components, strategy: Strategy::default(), approved_waves: None },
+                spec: UpgradePlanSpec {
+                    components,
+                    strategy: Strategy::default(),
+                    approved_waves: None,
+                },
                 generation: 1,
                 status: UpgradePlanStatus::default(),
                 values,
@@ -717,9 +1033,16 @@ mod tests {
                 .components
                 .iter()
                 .map(|c| {
-                    let value = self.values.get(&c.name).cloned().ok_or_else(|| format!("Deployment {} not found", c.name));
-                    let health =
-                        if self.healthy[&c.name] { Health::Healthy } else { Health::Progressing("rolling".into()) };
+                    let value = self
+                        .values
+                        .get(&c.name)
+                        .cloned()
+                        .ok_or_else(|| format!("Deployment {} not found", c.name));
+                    let health = if self.healthy[&c.name] {
+                        Health::Healthy
+                    } else {
+                        Health::Progressing("rolling".into())
+                    };
                     (c.name.clone(), Observation { value, health })
                 })
                 .collect()
@@ -732,10 +1055,14 @@ mod tests {
             for w in writes(&self.spec, &self.status, &observed) {
                 let name = self.spec.components[w.index].name.clone();
                 if w.revert && self.one_way.contains(&name) {
-                    self.rejected.insert(name, "the version cannot be lowered".into());
+                    self.rejected
+                        .insert(name, "the version cannot be lowered".into());
                     continue;
                 }
-                assert_eq!(self.values[&name], w.from, "a change applies only over its recorded value");
+                assert_eq!(
+                    self.values[&name], w.from,
+                    "a change applies only over its recorded value"
+                );
                 self.values.insert(name.clone(), w.to.clone());
                 self.healthy.insert(name.clone(), false);
                 self.changes.push((name, w.from, w.to));
@@ -767,11 +1094,19 @@ mod tests {
         }
 
         fn comp(&self, name: &str) -> &ComponentStatus {
-            self.status.components.iter().find(|c| c.name == name).unwrap()
+            self.status
+                .components
+                .iter()
+                .find(|c| c.name == name)
+                .unwrap()
         }
 
         fn phases(&self) -> Vec<(&str, ComponentPhase)> {
-            self.status.components.iter().map(|c| (c.name.as_str(), c.phase)).collect()
+            self.status
+                .components
+                .iter()
+                .map(|c| (c.name.as_str(), c.phase))
+                .collect()
         }
 
         fn phase(&self) -> PlanPhase {
@@ -792,7 +1127,10 @@ mod tests {
         assert_eq!(db.phase, ComponentPhase::Progressing);
         assert_eq!(db.previous.as_deref(), Some("db:1"));
         assert_eq!(db.target.as_deref(), Some("db:2"));
-        assert!(s.changes.is_empty(), "the first reconcile only records the start");
+        assert!(
+            s.changes.is_empty(),
+            "the first reconcile only records the start"
+        );
         assert_eq!(s.values["db"], "db:1");
         s.reconcile();
         assert_eq!(s.changes, vec![("db".into(), "db:1".into(), "db:2".into())]);
@@ -816,7 +1154,11 @@ mod tests {
         for c in &s.spec.components {
             let cs = s.comp(&c.name);
             for d in &c.depends_on {
-                assert!(cs.started_at >= s.comp(d).finished_at, "{} started before {d} finished", c.name);
+                assert!(
+                    cs.started_at >= s.comp(d).finished_at,
+                    "{} started before {d} finished",
+                    c.name
+                );
             }
         }
         // api and worker ran together (maxConcurrent 2).
@@ -831,7 +1173,11 @@ mod tests {
         s.roll_out("db");
         s.reconcile();
         assert_eq!(s.comp("db").phase, ComponentPhase::Succeeded);
-        assert_eq!(s.comp("api").phase, ComponentPhase::Progressing, "names sort: api first");
+        assert_eq!(
+            s.comp("api").phase,
+            ComponentPhase::Progressing,
+            "names sort: api first"
+        );
         assert_eq!(s.comp("worker").phase, ComponentPhase::Pending);
         assert_eq!(s.status.current_wave, Some(2));
     }
@@ -844,9 +1190,15 @@ mod tests {
         let before = s.status.clone();
         s.now += 5;
         let out = s.reconcile();
-        assert_eq!(out.status, before, "no new fact, same status (the write is skipped)");
+        assert_eq!(
+            out.status, before,
+            "no new fact, same status (the write is skipped)"
+        );
         assert!(out.notes.is_empty());
-        assert!(out.recheck_after.is_some_and(|d| d <= Duration::from_secs(600 - 5)));
+        assert!(
+            out.recheck_after
+                .is_some_and(|d| d <= Duration::from_secs(600 - 5))
+        );
     }
 
     #[test]
@@ -857,21 +1209,43 @@ mod tests {
         s.now = 31;
         s.reconcile();
         assert_eq!(s.comp("db").phase, ComponentPhase::Failed);
-        assert!(s.comp("db").message.as_deref().unwrap().contains("not healthy within 30s"));
+        assert!(
+            s.comp("db")
+                .message
+                .as_deref()
+                .unwrap()
+                .contains("not healthy within 30s")
+        );
         assert_eq!(s.phase(), PlanPhase::Paused);
-        assert_eq!(conditions::get(&s.status.conditions, conditions::READY).unwrap().reason, "ComponentFailed");
-        assert!(conditions::is_true(&s.status.conditions, conditions::DEGRADED));
+        assert_eq!(
+            conditions::get(&s.status.conditions, conditions::READY)
+                .unwrap()
+                .reason,
+            "ComponentFailed"
+        );
+        assert!(conditions::is_true(
+            &s.status.conditions,
+            conditions::DEGRADED
+        ));
         s.now = 100;
         s.roll_out_all();
         s.reconcile();
-        assert_eq!(s.phase(), PlanPhase::Paused, "recovery alone does not resume a paused plan");
+        assert_eq!(
+            s.phase(),
+            PlanPhase::Paused,
+            "recovery alone does not resume a paused plan"
+        );
         assert_eq!(s.comp("api").phase, ComponentPhase::Pending);
         s.generation = 2;
         s.reconcile();
         assert_eq!(s.comp("db").phase, ComponentPhase::Progressing, "retried");
         s.reconcile();
         assert_eq!(s.comp("db").phase, ComponentPhase::Succeeded);
-        assert_eq!(s.changes.len(), 1, "the retry did not change the target again");
+        assert_eq!(
+            s.changes.len(),
+            1,
+            "the retry did not change the target again"
+        );
         assert!(s.reasons().contains(&"ComponentRetried"));
     }
 
@@ -895,15 +1269,30 @@ mod tests {
         assert_eq!(s.comp("worker").phase, ComponentPhase::Succeeded);
         s.now = 61;
         s.reconcile();
-        assert_eq!(s.comp("api").phase, ComponentPhase::RollingBack, "the failure starts the rollback at once");
-        assert_eq!(s.comp("worker").phase, ComponentPhase::RollingBack, "same wave");
-        assert_eq!(s.comp("db").phase, ComponentPhase::Succeeded, "earlier wave waits");
+        assert_eq!(
+            s.comp("api").phase,
+            ComponentPhase::RollingBack,
+            "the failure starts the rollback at once"
+        );
+        assert_eq!(
+            s.comp("worker").phase,
+            ComponentPhase::RollingBack,
+            "same wave"
+        );
+        assert_eq!(
+            s.comp("db").phase,
+            ComponentPhase::Succeeded,
+            "earlier wave waits"
+        );
         assert_eq!(s.phase(), PlanPhase::RollingBack);
         assert_eq!(s.status.current_wave, Some(2));
         s.reconcile();
         assert_eq!(s.values["api"], "api:1");
         assert_eq!(s.values["worker"], "worker:1");
-        assert_eq!(s.values["db"], "db:2", "db is reverted only after wave 2 is healthy again");
+        assert_eq!(
+            s.values["db"], "db:2",
+            "db is reverted only after wave 2 is healthy again"
+        );
         s.roll_out_all();
         s.reconcile();
         assert_eq!(s.comp("api").phase, ComponentPhase::RolledBack);
@@ -913,11 +1302,17 @@ mod tests {
         s.roll_out_all();
         s.reconcile();
         assert_eq!(s.phase(), PlanPhase::RolledBack);
-        assert_eq!(s.comp("web").phase, ComponentPhase::Pending, "never started, never touched");
+        assert_eq!(
+            s.comp("web").phase,
+            ComponentPhase::Pending,
+            "never started, never touched"
+        );
         assert!(s.status.finished_at.is_some());
         let reverts: Vec<&str> = s.changes.iter().skip(3).map(|c| c.0.as_str()).collect();
         assert_eq!(reverts, vec!["api", "worker", "db"]);
-        assert!(s.reasons().contains(&"RollbackStarted") && s.reasons().contains(&"PlanRolledBack"));
+        assert!(
+            s.reasons().contains(&"RollbackStarted") && s.reasons().contains(&"PlanRolledBack")
+        );
         // Terminal: nothing moves any more.
         let before = s.status.clone();
         s.now = 1000;
@@ -946,9 +1341,20 @@ mod tests {
         assert_eq!(s.comp("db").phase, ComponentPhase::RollingBack);
         s.reconcile();
         assert_eq!(s.phase(), PlanPhase::Failed);
-        assert!(s.comp("db").message.as_deref().unwrap().contains("refused the revert"));
+        assert!(
+            s.comp("db")
+                .message
+                .as_deref()
+                .unwrap()
+                .contains("refused the revert")
+        );
         assert_eq!(s.values["db"], "db:2");
-        assert_eq!(conditions::get(&s.status.conditions, conditions::DEGRADED).unwrap().reason, "RollbackFailed");
+        assert_eq!(
+            conditions::get(&s.status.conditions, conditions::DEGRADED)
+                .unwrap()
+                .reason,
+            "RollbackFailed"
+        );
     }
 
     #[test]
@@ -977,12 +1383,33 @@ mod tests {
         s.reconcile();
         let p = plan::plan(&s.spec.components).unwrap();
         let mut observed = s.observed();
-        observed.get_mut("a").unwrap().health = Health::Failed("ProgressDeadlineExceeded: timed out".into());
-        let out = step(&Input { spec: &s.spec, generation: 1, status: &s.status, plan: &p, observed: &observed, rejected: &BTreeMap::new(), now: t(1) });
+        observed.get_mut("a").unwrap().health =
+            Health::Failed("ProgressDeadlineExceeded: timed out".into());
+        let out = step(&Input {
+            spec: &s.spec,
+            generation: 1,
+            status: &s.status,
+            plan: &p,
+            observed: &observed,
+            rejected: &BTreeMap::new(),
+            now: t(1),
+        });
         let a = &out.status.components[0];
         assert_eq!(a.phase, ComponentPhase::Failed);
-        assert!(a.message.as_deref().unwrap().contains("ProgressDeadlineExceeded"));
-        assert_eq!(out.finished, vec![Finished { kind: TargetKind::Deployment, result: "failed", seconds: 1.0 }]);
+        assert!(
+            a.message
+                .as_deref()
+                .unwrap()
+                .contains("ProgressDeadlineExceeded")
+        );
+        assert_eq!(
+            out.finished,
+            vec![Finished {
+                kind: TargetKind::Deployment,
+                result: "failed",
+                seconds: 1.0
+            }]
+        );
     }
 
     #[test]
@@ -991,18 +1418,33 @@ mod tests {
         s.reconcile();
         s.values.insert("a".into(), "a:hotfix".into());
         s.reconcile();
-        assert!(s.changes.is_empty(), "the recorded previous value no longer holds: no write");
+        assert!(
+            s.changes.is_empty(),
+            "the recorded previous value no longer holds: no write"
+        );
         assert_eq!(s.comp("a").phase, ComponentPhase::Failed);
-        assert!(s.comp("a").message.as_deref().unwrap().contains("someone else"));
+        assert!(
+            s.comp("a")
+                .message
+                .as_deref()
+                .unwrap()
+                .contains("someone else")
+        );
     }
 
     #[test]
     fn manual_approval_waits_at_each_wave() {
-        let mut s = Sim::new(vec![component("a", &[]), component("b", &["a"])]).with(|st| st.approval = Approval::Manual);
+        let mut s = Sim::new(vec![component("a", &[]), component("b", &["a"])])
+            .with(|st| st.approval = Approval::Manual);
         s.reconcile();
         assert_eq!(s.phase(), PlanPhase::WaitingApproval);
         assert_eq!(s.comp("a").phase, ComponentPhase::Pending);
-        assert!(conditions::get(&s.status.conditions, conditions::READY).unwrap().message.contains("approvedWaves to 1"));
+        assert!(
+            conditions::get(&s.status.conditions, conditions::READY)
+                .unwrap()
+                .message
+                .contains("approvedWaves to 1")
+        );
         s.spec.approved_waves = Some(1);
         s.generation = 2;
         s.reconcile();
@@ -1019,7 +1461,13 @@ mod tests {
         s.roll_out_all();
         s.reconcile();
         assert_eq!(s.phase(), PlanPhase::Succeeded);
-        assert_eq!(s.reasons().iter().filter(|r| **r == "WaitingApproval").count(), 2);
+        assert_eq!(
+            s.reasons()
+                .iter()
+                .filter(|r| **r == "WaitingApproval")
+                .count(),
+            2
+        );
     }
 
     #[test]
@@ -1032,8 +1480,16 @@ mod tests {
         assert_eq!(s.phase(), PlanPhase::Paused);
         s.roll_out_all();
         s.reconcile();
-        assert_eq!(s.comp("a").phase, ComponentPhase::Succeeded, "in flight: followed to the end");
-        assert_eq!(s.comp("b").phase, ComponentPhase::Pending, "nothing new starts");
+        assert_eq!(
+            s.comp("a").phase,
+            ComponentPhase::Succeeded,
+            "in flight: followed to the end"
+        );
+        assert_eq!(
+            s.comp("b").phase,
+            ComponentPhase::Pending,
+            "nothing new starts"
+        );
         s.spec.strategy.paused = false;
         s.reconcile();
         assert_eq!(s.comp("b").phase, ComponentPhase::Progressing);
@@ -1047,12 +1503,27 @@ mod tests {
         s.reconcile();
         assert_eq!(s.phase(), PlanPhase::Pending);
         let valid = conditions::get(&s.status.conditions, VALID).unwrap();
-        assert_eq!((valid.status.as_str(), valid.reason.as_str()), ("False", "TargetNotFound"));
+        assert_eq!(
+            (valid.status.as_str(), valid.reason.as_str()),
+            ("False", "TargetNotFound")
+        );
         assert!(valid.message.contains("Deployment web not found"));
-        assert!(s.status.components.iter().all(|c| c.phase == ComponentPhase::Pending));
+        assert!(
+            s.status
+                .components
+                .iter()
+                .all(|c| c.phase == ComponentPhase::Pending)
+        );
         s.reconcile();
         assert!(s.changes.is_empty());
-        assert_eq!(s.reasons().iter().filter(|r| **r == "TargetNotFound").count(), 1, "one Event, not one per reconcile");
+        assert_eq!(
+            s.reasons()
+                .iter()
+                .filter(|r| **r == "TargetNotFound")
+                .count(),
+            1,
+            "one Event, not one per reconcile"
+        );
     }
 
     #[test]
@@ -1061,7 +1532,10 @@ mod tests {
         let err = plan::plan(&[component("a", &["b"]), component("b", &["a"])]).unwrap_err();
         let out = invalid(&status, 3, &err, t(0));
         let valid = conditions::get(&out.status.conditions, VALID).unwrap();
-        assert_eq!((valid.status.as_str(), valid.reason.as_str()), ("False", "DependencyCycle"));
+        assert_eq!(
+            (valid.status.as_str(), valid.reason.as_str()),
+            ("False", "DependencyCycle")
+        );
         assert_eq!(out.status.phase, Some(PlanPhase::Pending));
         assert_eq!(out.status.observed_generation, Some(3));
         assert!(out.status.components.is_empty());
@@ -1085,10 +1559,24 @@ mod tests {
         let mut status = s.status.clone();
         status.components[1] = ComponentStatus::pending("b", 2);
         let mut observed = s.observed();
-        observed.get_mut("a").unwrap().health = Health::Progressing("1 of 3 replicas available".into());
-        let out = step(&Input { spec: &s.spec, generation: 1, status: &status, plan: &p, observed: &observed, rejected: &BTreeMap::new(), now: t(9) });
+        observed.get_mut("a").unwrap().health =
+            Health::Progressing("1 of 3 replicas available".into());
+        let out = step(&Input {
+            spec: &s.spec,
+            generation: 1,
+            status: &status,
+            plan: &p,
+            observed: &observed,
+            rejected: &BTreeMap::new(),
+            now: t(9),
+        });
         assert_eq!(out.status.components[1].phase, ComponentPhase::Pending);
-        assert!(conditions::get(&out.status.conditions, conditions::READY).unwrap().message.contains("waiting for dependency a"));
+        assert!(
+            conditions::get(&out.status.conditions, conditions::READY)
+                .unwrap()
+                .message
+                .contains("waiting for dependency a")
+        );
     }
 
     /// Crashes at every point: a reconcile whose status write is lost, at every step of the
@@ -1108,7 +1596,12 @@ mod tests {
                     s.roll_out_all();
                 }
             }
-            assert_eq!(s.phase(), PlanPhase::Succeeded, "lose_at {lose_at}: {:?}", s.phases());
+            assert_eq!(
+                s.phase(),
+                PlanPhase::Succeeded,
+                "lose_at {lose_at}: {:?}",
+                s.phases()
+            );
             let mut changed: Vec<&str> = s.changes.iter().map(|c| c.0.as_str()).collect();
             assert_eq!(changed.len(), 4, "lose_at {lose_at}: {:?}", s.changes);
             changed.sort_unstable();

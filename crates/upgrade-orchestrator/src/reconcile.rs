@@ -20,7 +20,7 @@ use crate::error::Error;
 use crate::metrics::PlanMetrics;
 use crate::progress::{self, Input, Outcome};
 use crate::target::{self, Observation, Workload};
-use crate::{plan, CONTROLLER};
+use crate::{CONTROLLER, plan};
 
 /// The operator's state in every reconcile.
 pub struct Data {
@@ -34,10 +34,14 @@ pub struct Data {
 /// retries with backoff.
 pub async fn reconcile(plan: Arc<UpgradePlan>, ctx: Arc<Context<Data>>) -> Result<Action, Error> {
     let name = plan.name_any();
-    let namespace = plan.namespace().ok_or_else(|| Error::NoNamespace(name.clone()))?;
+    let namespace = plan
+        .namespace()
+        .ok_or_else(|| Error::NoNamespace(name.clone()))?;
     let generation = plan.metadata.generation.unwrap_or(0);
     let status = plan.status.clone().unwrap_or_default();
-    if status.phase.is_some_and(|p| p.is_terminal()) && status.observed_generation == Some(generation) {
+    if status.phase.is_some_and(|p| p.is_terminal())
+        && status.observed_generation == Some(generation)
+    {
         return Ok(Action::await_change());
     }
     let now = Timestamp::now();
@@ -49,7 +53,16 @@ pub async fn reconcile(plan: Arc<UpgradePlan>, ctx: Arc<Context<Data>>) -> Resul
             let (mut observed, workloads) = observe(&ctx, &plan, &namespace).await?;
             let mut rejected = BTreeMap::new();
             if !status.phase.is_some_and(|p| p.is_terminal()) {
-                apply_recorded(&ctx, &plan, &namespace, &status, &workloads, &mut observed, &mut rejected).await?;
+                apply_recorded(
+                    &ctx,
+                    &plan,
+                    &namespace,
+                    &status,
+                    &workloads,
+                    &mut observed,
+                    &mut rejected,
+                )
+                .await?;
             }
             let outcome = progress::step(&Input {
                 spec: &plan.spec,
@@ -71,7 +84,9 @@ pub async fn reconcile(plan: Arc<UpgradePlan>, ctx: Arc<Context<Data>>) -> Resul
         Ok(true) => {
             ctx.metrics
                 .status_writes
-                .get_or_create(&steward_core::metrics::ControllerLabels { controller: CONTROLLER.into() })
+                .get_or_create(&steward_core::metrics::ControllerLabels {
+                    controller: CONTROLLER.into(),
+                })
                 .inc();
             publish(&ctx, &plan, &outcome).await;
             // The starts (and reverts) this write recorded are stored now: make them at once
@@ -81,7 +96,16 @@ pub async fn reconcile(plan: Arc<UpgradePlan>, ctx: Arc<Context<Data>>) -> Resul
                 && !outcome.status.phase.is_some_and(|p| p.is_terminal())
             {
                 let mut rejected = BTreeMap::new();
-                apply_recorded(&ctx, &plan, &namespace, &outcome.status, &workloads, &mut observed, &mut rejected).await?;
+                apply_recorded(
+                    &ctx,
+                    &plan,
+                    &namespace,
+                    &outcome.status,
+                    &workloads,
+                    &mut observed,
+                    &mut rejected,
+                )
+                .await?;
             }
         }
         Err(kube::Error::Api(s)) if s.code == 409 => {
@@ -89,7 +113,12 @@ pub async fn reconcile(plan: Arc<UpgradePlan>, ctx: Arc<Context<Data>>) -> Resul
             tracing::debug!(plan = %name, "status conflict; looking again");
             return Ok(Action::requeue(Duration::from_secs(1)));
         }
-        Err(source) => return Err(Error::WriteStatus { name, source: Box::new(source) }),
+        Err(source) => {
+            return Err(Error::WriteStatus {
+                name,
+                source: Box::new(source),
+            });
+        }
     }
     Ok(match outcome.recheck_after {
         Some(d) => Action::requeue(d + Duration::from_millis(100)),
@@ -106,12 +135,17 @@ async fn observe(
     let mut observed = BTreeMap::new();
     let mut workloads = BTreeMap::new();
     for c in &plan.spec.components {
-        let workload = target::get(&ctx.client, namespace, &c.target).await.map_err(|source| Error::ReadTarget {
-            kind: c.target.kind,
-            name: c.target.name.clone(),
-            source: Box::new(source),
-        })?;
-        let observation = workload.as_ref().map_or_else(|| Observation::missing(&c.target), |w| Observation::of(c, w));
+        let workload = target::get(&ctx.client, namespace, &c.target)
+            .await
+            .map_err(|source| Error::ReadTarget {
+                kind: c.target.kind,
+                name: c.target.name.clone(),
+                source: Box::new(source),
+            })?;
+        let observation = workload.as_ref().map_or_else(
+            || Observation::missing(&c.target),
+            |w| Observation::of(c, w),
+        );
         observed.insert(c.name.clone(), observation);
         if let Some(w) = workload {
             workloads.insert(c.name.clone(), w);
@@ -138,12 +172,16 @@ async fn apply_recorded(
         let Some(workload) = workloads.get(&component.name) else {
             continue;
         };
-        let patch = workload.change(component, &write.from, &write.to).map_err(|message| Error::BuildChange {
-            kind: target.kind,
-            name: target.name.clone(),
-            message,
-        })?;
-        let updated = match target::patch(&ctx.client, namespace, target, patch, &ctx.field_manager).await {
+        let patch = workload
+            .change(component, &write.from, &write.to)
+            .map_err(|message| Error::BuildChange {
+                kind: target.kind,
+                name: target.name.clone(),
+                message,
+            })?;
+        let updated = match target::patch(&ctx.client, namespace, target, patch, &ctx.field_manager)
+            .await
+        {
             Ok(updated) => updated,
             // Refused as invalid (a validation rule, e.g. a version that cannot be lowered):
             // retrying cannot help, the step fails the component (or the rollback).
@@ -163,9 +201,18 @@ async fn apply_recorded(
             }
         };
         observed.insert(component.name.clone(), Observation::of(component, &updated));
-        let (reason, action, verb) =
-            if write.revert { ("TargetReverted", "Rollback", "reverted") } else { ("TargetChanged", "Upgrade", "changed") };
-        let note = format!("component {}: {verb} {} {:?} -> {:?}", component.name, component.describe(), write.from, write.to);
+        let (reason, action, verb) = if write.revert {
+            ("TargetReverted", "Rollback", "reverted")
+        } else {
+            ("TargetChanged", "Upgrade", "changed")
+        };
+        let note = format!(
+            "component {}: {verb} {} {:?} -> {:?}",
+            component.name,
+            component.describe(),
+            write.from,
+            write.to
+        );
         tracing::info!(plan = %plan.name_any(), component = %component.name, from = %write.from, to = %write.to, "{verb} target");
         ctx.recorder.normal(plan, reason, action, note).await;
     }
@@ -174,7 +221,12 @@ async fn apply_recorded(
 
 /// Writes `status` unless unchanged, with the plan's resourceVersion as a precondition.
 /// Returns whether it wrote.
-async fn write_status(api: &Api<UpgradePlan>, plan: &UpgradePlan, status: &UpgradePlanStatus, field_manager: &str) -> Result<bool, kube::Error> {
+async fn write_status(
+    api: &Api<UpgradePlan>,
+    plan: &UpgradePlan,
+    status: &UpgradePlanStatus,
+    field_manager: &str,
+) -> Result<bool, kube::Error> {
     if plan.status.as_ref() == Some(status) {
         return Ok(false);
     }
@@ -184,7 +236,12 @@ async fn write_status(api: &Api<UpgradePlan>, plan: &UpgradePlan, status: &Upgra
         "metadata": {"name": plan.name_any(), "resourceVersion": plan.resource_version()},
         "status": status,
     });
-    api.patch_status(&plan.name_any(), &PatchParams::apply(field_manager).force(), &Patch::Apply(&patch)).await?;
+    api.patch_status(
+        &plan.name_any(),
+        &PatchParams::apply(field_manager).force(),
+        &Patch::Apply(&patch),
+    )
+    .await?;
     Ok(true)
 }
 
@@ -192,9 +249,13 @@ async fn write_status(api: &Api<UpgradePlan>, plan: &UpgradePlan, status: &Upgra
 async fn publish(ctx: &Context<Data>, plan: &UpgradePlan, outcome: &Outcome) {
     for note in &outcome.notes {
         if note.warning {
-            ctx.recorder.warning(plan, note.reason, note.action, note.message.clone()).await;
+            ctx.recorder
+                .warning(plan, note.reason, note.action, note.message.clone())
+                .await;
         } else {
-            ctx.recorder.normal(plan, note.reason, note.action, note.message.clone()).await;
+            ctx.recorder
+                .normal(plan, note.reason, note.action, note.message.clone())
+                .await;
         }
     }
     ctx.data.metrics.observe(&outcome.finished);

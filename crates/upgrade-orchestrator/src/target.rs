@@ -9,8 +9,8 @@
 
 use k8s_openapi::api::apps::v1::{DaemonSet, Deployment, StatefulSet};
 use k8s_openapi::api::core::v1::PodSpec;
-use kube::api::{Api, ApiResource, DynamicObject, Patch, PatchParams};
 use kube::Client;
+use kube::api::{Api, ApiResource, DynamicObject, Patch, PatchParams};
 use serde_json::{Value, json};
 
 use crate::crd::{Component, TargetKind, TargetRef};
@@ -50,12 +50,18 @@ impl Observation {
     /// A target that does not exist.
     pub fn missing(target: &TargetRef) -> Self {
         let why = format!("{} {} not found", target.kind, target.name);
-        Self { value: Err(why.clone()), health: Health::Progressing(why) }
+        Self {
+            value: Err(why.clone()),
+            health: Health::Progressing(why),
+        }
     }
 
     /// The observation of `workload` for `component`.
     pub fn of(component: &Component, workload: &Workload) -> Self {
-        Self { value: workload.value(component), health: workload.health() }
+        Self {
+            value: workload.value(component),
+            health: workload.health(),
+        }
     }
 }
 
@@ -84,7 +90,9 @@ impl Workload {
 
     /// The index and image of `container` in the pod template.
     fn container(&self, container: &str) -> Result<(usize, String), String> {
-        let spec = self.pod_spec().ok_or_else(|| "the workload has no pod template".to_string())?;
+        let spec = self
+            .pod_spec()
+            .ok_or_else(|| "the workload has no pod template".to_string())?;
         spec.containers
             .iter()
             .enumerate()
@@ -95,7 +103,10 @@ impl Workload {
 
     fn version(&self) -> Result<&Value, String> {
         match self {
-            Workload::Postgres(p) => p.data.pointer("/spec/version").ok_or_else(|| "spec.version is not set".to_string()),
+            Workload::Postgres(p) => p
+                .data
+                .pointer("/spec/version")
+                .ok_or_else(|| "spec.version is not set".to_string()),
             _ => Err("only a PostgresCluster has a version".into()),
         }
     }
@@ -117,12 +128,20 @@ impl Workload {
     ///
     /// # Errors
     /// A message when the value is not `from` (any more) or cannot be found.
-    pub fn change(&self, component: &Component, from: &str, to: &str) -> Result<json_patch::Patch, String> {
+    pub fn change(
+        &self,
+        component: &Component,
+        from: &str,
+        to: &str,
+    ) -> Result<json_patch::Patch, String> {
         let ops = match (&component.target.kind, &component.image) {
             (TargetKind::PostgresCluster, _) => {
                 let current = self.version()?;
                 if version_string(current) != from {
-                    return Err(format!("spec.version is {}, not {from:?}", version_string(current)));
+                    return Err(format!(
+                        "spec.version is {}, not {from:?}",
+                        version_string(current)
+                    ));
                 }
                 // Keep the field's JSON type: a number stays a number.
                 let new = match (current, to.parse::<i64>()) {
@@ -137,7 +156,10 @@ impl Workload {
             (_, Some(change)) => {
                 let (index, image) = self.container(&change.container)?;
                 if image != from {
-                    return Err(format!("container {:?} image is {image:?}, not {from:?}", change.container));
+                    return Err(format!(
+                        "container {:?} image is {image:?}, not {from:?}",
+                        change.container
+                    ));
                 }
                 let base = format!("/spec/template/spec/containers/{index}");
                 json!([
@@ -163,7 +185,11 @@ fn version_string(v: &Value) -> String {
 ///
 /// # Errors
 /// The API error of the read.
-pub async fn get(client: &Client, namespace: &str, target: &TargetRef) -> Result<Option<Workload>, kube::Error> {
+pub async fn get(
+    client: &Client,
+    namespace: &str,
+    target: &TargetRef,
+) -> Result<Option<Workload>, kube::Error> {
     let name = target.name.as_str();
     Ok(match target.kind {
         TargetKind::Deployment => Api::<Deployment>::namespaced(client.clone(), namespace)
@@ -179,7 +205,14 @@ pub async fn get(client: &Client, namespace: &str, target: &TargetRef) -> Result
             .await?
             .map(|d| Workload::DaemonSet(Box::new(d))),
         TargetKind::PostgresCluster => {
-            match Api::<DynamicObject>::namespaced_with(client.clone(), namespace, &postgres_resource()).get_opt(name).await {
+            match Api::<DynamicObject>::namespaced_with(
+                client.clone(),
+                namespace,
+                &postgres_resource(),
+            )
+            .get_opt(name)
+            .await
+            {
                 Ok(p) => p.map(|p| Workload::Postgres(Box::new(p))),
                 // The PostgresCluster CRD is not installed: the target does not exist.
                 Err(kube::Error::Api(s)) if s.code == 404 => None,
@@ -200,18 +233,27 @@ pub async fn patch(
     patch: json_patch::Patch,
     field_manager: &str,
 ) -> Result<Workload, kube::Error> {
-    let params = PatchParams { field_manager: Some(field_manager.to_string()), ..PatchParams::default() };
+    let params = PatchParams {
+        field_manager: Some(field_manager.to_string()),
+        ..PatchParams::default()
+    };
     let patch = Patch::Json::<()>(patch);
     let name = target.name.as_str();
     Ok(match target.kind {
         TargetKind::Deployment => Workload::Deployment(Box::new(
-            Api::<Deployment>::namespaced(client.clone(), namespace).patch(name, &params, &patch).await?,
+            Api::<Deployment>::namespaced(client.clone(), namespace)
+                .patch(name, &params, &patch)
+                .await?,
         )),
         TargetKind::StatefulSet => Workload::StatefulSet(Box::new(
-            Api::<StatefulSet>::namespaced(client.clone(), namespace).patch(name, &params, &patch).await?,
+            Api::<StatefulSet>::namespaced(client.clone(), namespace)
+                .patch(name, &params, &patch)
+                .await?,
         )),
         TargetKind::DaemonSet => Workload::DaemonSet(Box::new(
-            Api::<DaemonSet>::namespaced(client.clone(), namespace).patch(name, &params, &patch).await?,
+            Api::<DaemonSet>::namespaced(client.clone(), namespace)
+                .patch(name, &params, &patch)
+                .await?,
         )),
         TargetKind::PostgresCluster => Workload::Postgres(Box::new(
             Api::<DynamicObject>::namespaced_with(client.clone(), namespace, &postgres_resource())
@@ -230,8 +272,14 @@ mod tests {
         let pg = kind == TargetKind::PostgresCluster;
         Component {
             name: "c".into(),
-            target: TargetRef { kind, name: "t".into() },
-            image: (!pg).then(|| ImageChange { container: "app".into(), image: "app:2".into() }),
+            target: TargetRef {
+                kind,
+                name: "t".into(),
+            },
+            image: (!pg).then(|| ImageChange {
+                container: "app".into(),
+                image: "app:2".into(),
+            }),
             version: pg.then(|| "17".into()),
             depends_on: vec![],
         }
@@ -273,14 +321,26 @@ mod tests {
                 {"op": "replace", "path": "/spec/template/spec/containers/1/image", "value": "app:2"},
             ])
         );
-        assert!(w.change(&c, "app:0", "app:2").unwrap_err().contains("not \"app:0\""));
+        assert!(
+            w.change(&c, "app:0", "app:2")
+                .unwrap_err()
+                .contains("not \"app:0\"")
+        );
     }
 
     #[test]
     fn missing_container_has_no_value() {
         let mut c = component(TargetKind::Deployment);
-        c.image = Some(ImageChange { container: "nope".into(), image: "x".into() });
-        assert!(deployment().value(&c).unwrap_err().contains("\"nope\" not found"));
+        c.image = Some(ImageChange {
+            container: "nope".into(),
+            image: "x".into(),
+        });
+        assert!(
+            deployment()
+                .value(&c)
+                .unwrap_err()
+                .contains("\"nope\" not found")
+        );
     }
 
     #[test]
@@ -289,8 +349,14 @@ mod tests {
         let numeric = postgres(json!(16));
         assert_eq!(numeric.value(&c), Ok("16".into()));
         let patch = serde_json::to_value(numeric.change(&c, "16", "17").unwrap()).unwrap();
-        assert_eq!(patch[0], json!({"op": "test", "path": "/spec/version", "value": 16}));
-        assert_eq!(patch[1], json!({"op": "replace", "path": "/spec/version", "value": 17}));
+        assert_eq!(
+            patch[0],
+            json!({"op": "test", "path": "/spec/version", "value": 16})
+        );
+        assert_eq!(
+            patch[1],
+            json!({"op": "replace", "path": "/spec/version", "value": 17})
+        );
         let text = postgres(json!("16"));
         let patch = serde_json::to_value(text.change(&c, "16", "17").unwrap()).unwrap();
         assert_eq!(patch[1]["value"], json!("17"));
@@ -298,7 +364,10 @@ mod tests {
 
     #[test]
     fn missing_target_is_an_observation() {
-        let o = Observation::missing(&TargetRef { kind: TargetKind::StatefulSet, name: "db".into() });
+        let o = Observation::missing(&TargetRef {
+            kind: TargetKind::StatefulSet,
+            name: "db".into(),
+        });
         assert_eq!(o.value, Err("StatefulSet db not found".into()));
     }
 }

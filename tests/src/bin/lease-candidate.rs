@@ -44,9 +44,10 @@ async fn main() -> anyhow::Result<()> {
         .init();
     let args = Args::parse();
     let kubeconfig = Kubeconfig::read_from(&args.kubeconfig).context("read kubeconfig")?;
-    let client_config = kube::Config::from_custom_kubeconfig(kubeconfig, &KubeConfigOptions::default())
-        .await
-        .context("load kubeconfig")?;
+    let client_config =
+        kube::Config::from_custom_kubeconfig(kubeconfig, &KubeConfigOptions::default())
+            .await
+            .context("load kubeconfig")?;
     let client = kube::Client::try_from(client_config).context("build client")?;
 
     let mut config = LeaseConfig::new(&args.lease, &args.namespace, &args.identity);
@@ -55,16 +56,24 @@ async fn main() -> anyhow::Result<()> {
     config.retry_period = Duration::from_millis(args.retry_period_ms);
     let elector = LeaderElector::new(client, config)?.with_reporter("lease-candidate");
     let leadership = elector.leadership();
-    let writes = OpenOptions::new().create(true).append(true).open(&args.writes_log).context("open writes log")?;
+    let writes = OpenOptions::new()
+        .create(true)
+        .append(true)
+        .open(&args.writes_log)
+        .context("open writes log")?;
     let writes = Arc::new(writes);
 
     let (work_stop, election_stop) = (CancellationToken::new(), CancellationToken::new());
     let election = tokio::spawn(elector.run(election_stop.clone()));
     let terms = Arc::new(AtomicU64::new(0));
-    let work = tokio::spawn(run_while_leader(leadership.clone(), work_stop.clone(), move |token| {
-        let term = terms.fetch_add(1, Ordering::SeqCst) + 1;
-        write_while_leading(leadership.clone(), token, writes.clone(), term)
-    }));
+    let work = tokio::spawn(run_while_leader(
+        leadership.clone(),
+        work_stop.clone(),
+        move |token| {
+            let term = terms.fetch_add(1, Ordering::SeqCst) + 1;
+            write_while_leading(leadership.clone(), token, writes.clone(), term)
+        },
+    ));
 
     let mut sigterm = signal(SignalKind::terminate()).context("install SIGTERM handler")?;
     tokio::select! {
@@ -81,7 +90,12 @@ async fn main() -> anyhow::Result<()> {
     Ok(())
 }
 
-async fn write_while_leading(leadership: Leadership, token: CancellationToken, writes: Arc<File>, term: u64) {
+async fn write_while_leading(
+    leadership: Leadership,
+    token: CancellationToken,
+    writes: Arc<File>,
+    term: u64,
+) {
     eprintln!("{}: leading, term {term}", leadership.identity());
     loop {
         tokio::select! {
@@ -89,12 +103,18 @@ async fn write_while_leading(leadership: Leadership, token: CancellationToken, w
             () = tokio::time::sleep(Duration::from_millis(100)) => {}
         }
         // The time is taken before the check: every line carries a time at which we led.
-        let nanos = SystemTime::now().duration_since(UNIX_EPOCH).map(|d| d.as_nanos()).unwrap_or(0);
+        let nanos = SystemTime::now()
+            .duration_since(UNIX_EPOCH)
+            .map(|d| d.as_nanos())
+            .unwrap_or(0);
         match leadership.guard() {
             Ok(()) => {
                 let line = format!("{} {nanos} {term}\n", leadership.identity());
                 if let Err(err) = (&*writes).write_all(line.as_bytes()) {
-                    eprintln!("{}: cannot append to the writes log: {err}", leadership.identity());
+                    eprintln!(
+                        "{}: cannot append to the writes log: {err}",
+                        leadership.identity()
+                    );
                 }
             }
             Err(not_leader) => eprintln!("{}: write skipped: {not_leader}", leadership.identity()),

@@ -9,7 +9,14 @@ use kube::Client;
 use serde::Serialize;
 
 /// Verbs that change state, as the API server names them (`APPLY` is server-side apply).
-pub const WRITE_VERBS: &[&str] = &["POST", "PUT", "PATCH", "APPLY", "DELETE", "DELETECOLLECTION"];
+pub const WRITE_VERBS: &[&str] = &[
+    "POST",
+    "PUT",
+    "PATCH",
+    "APPLY",
+    "DELETE",
+    "DELETECOLLECTION",
+];
 
 /// Resources an operator under test reads and writes. Everything else (ServiceAccounts and
 /// `kube-root-ca.crt` ConfigMaps made by kube-controller-manager, quota status, nodes, pods)
@@ -31,7 +38,14 @@ pub const OPERATOR_RESOURCES: &[(&str, &str)] = &[
 ];
 
 /// Resources only other components read (the scheduler, kwok, the garbage collector's discovery).
-const OTHER_READS: &[&str] = &["nodes", "pods", "serviceaccounts", "endpointslices", "services", "nodes/status"];
+const OTHER_READS: &[&str] = &[
+    "nodes",
+    "pods",
+    "serviceaccounts",
+    "endpointslices",
+    "services",
+    "nodes/status",
+];
 
 /// (verb, resource, subresource).
 pub type Key = (String, String, String);
@@ -45,12 +59,22 @@ pub struct Reading {
 
 pub async fn read(client: &Client) -> Result<Reading> {
     let req = http::Request::get("/metrics").body(Vec::new())?;
-    let text = client.request_text(req).await.context("reading the kube-apiserver's /metrics")?;
+    let text = client
+        .request_text(req)
+        .await
+        .context("reading the kube-apiserver's /metrics")?;
     let at = Instant::now();
     let mut counts = BTreeMap::new();
-    for line in text.lines().filter(|l| l.starts_with("apiserver_request_total{")) {
-        let Some((labels, value)) = line.rsplit_once(' ') else { continue };
-        let Ok(value) = value.parse::<f64>() else { continue };
+    for line in text
+        .lines()
+        .filter(|l| l.starts_with("apiserver_request_total{"))
+    {
+        let Some((labels, value)) = line.rsplit_once(' ') else {
+            continue;
+        };
+        let Ok(value) = value.parse::<f64>() else {
+            continue;
+        };
         let label = |name: &str| {
             let pat = format!("{name}=\"");
             labels.find(&pat).map(|i| {
@@ -58,7 +82,11 @@ pub async fn read(client: &Client) -> Result<Reading> {
                 rest[..rest.find('"').unwrap_or(rest.len())].to_string()
             })
         };
-        let key = (label("verb").unwrap_or_default(), label("resource").unwrap_or_default(), label("subresource").unwrap_or_default());
+        let key = (
+            label("verb").unwrap_or_default(),
+            label("resource").unwrap_or_default(),
+            label("subresource").unwrap_or_default(),
+        );
         *counts.entry(key).or_insert(0.0) += value;
     }
     Ok(Reading { at, counts })
@@ -70,7 +98,9 @@ pub fn delta(from: &Reading, to: &Reading, baseline: &BTreeMap<Key, f64>) -> BTr
     let secs = to.at.duration_since(from.at).as_secs_f64();
     let mut out = BTreeMap::new();
     for (k, v) in &to.counts {
-        let d = v - from.counts.get(k).copied().unwrap_or(0.0) - baseline.get(k).copied().unwrap_or(0.0) * secs;
+        let d = v
+            - from.counts.get(k).copied().unwrap_or(0.0)
+            - baseline.get(k).copied().unwrap_or(0.0) * secs;
         if d > 0.5 {
             out.insert(k.clone(), d.round());
         }
@@ -85,7 +115,10 @@ pub async fn baseline(client: &Client, window: Duration) -> Result<BTreeMap<Key,
     let b = read(client).await?;
     let secs = b.at.duration_since(a.at).as_secs_f64();
     let zero = BTreeMap::new();
-    Ok(delta(&a, &b, &zero).into_iter().map(|(k, v)| (k, v / secs)).collect())
+    Ok(delta(&a, &b, &zero)
+        .into_iter()
+        .map(|(k, v)| (k, v / secs))
+        .collect())
 }
 
 /// Requests of the operator's resources, grouped.
@@ -108,7 +141,11 @@ pub struct Load {
 pub fn load(delta: &BTreeMap<Key, f64>, harness: &BTreeMap<Key, f64>) -> Load {
     let mut l = Load::default();
     for ((verb, resource, sub), v) in delta {
-        let v = (v - harness.get(&(verb.clone(), resource.clone(), sub.clone())).copied().unwrap_or(0.0)).max(0.0);
+        let v = (v - harness
+            .get(&(verb.clone(), resource.clone(), sub.clone()))
+            .copied()
+            .unwrap_or(0.0))
+        .max(0.0);
         if v == 0.0 {
             continue;
         }
@@ -119,17 +156,24 @@ pub fn load(delta: &BTreeMap<Key, f64>, harness: &BTreeMap<Key, f64>) -> Load {
         // ServiceAccounts and ConfigMaps into every new namespace).
         // GETs of ClusterRoles and ClusterRoleBindings show up for the floor too, which sends
         // none: they come from the control plane (RBAC and the garbage collector), not a subject.
-        let control_plane_read = verb == "GET" && (resource == "clusterroles" || resource == "clusterrolebindings");
+        let control_plane_read =
+            verb == "GET" && (resource == "clusterroles" || resource == "clusterrolebindings");
         let ours = if control_plane_read {
             false
         } else if is_write {
-            OPERATOR_RESOURCES.iter().any(|(r, s)| r == resource && s == sub)
+            OPERATOR_RESOURCES
+                .iter()
+                .any(|(r, s)| r == resource && s == sub)
         } else {
             !resource.is_empty() && !OTHER_READS.contains(&resource.as_str())
         };
         if !ours {
             if is_write {
-                let name = if sub.is_empty() { resource.clone() } else { format!("{resource}/{sub}") };
+                let name = if sub.is_empty() {
+                    resource.clone()
+                } else {
+                    format!("{resource}/{sub}")
+                };
                 *l.other_writes.entry(name).or_default() += v;
             }
             continue;
@@ -141,7 +185,11 @@ pub fn load(delta: &BTreeMap<Key, f64>, harness: &BTreeMap<Key, f64>) -> Load {
             continue;
         }
         *l.by_verb.entry(verb.clone()).or_default() += v;
-        let name = if sub.is_empty() { resource.clone() } else { format!("{resource}/{sub}") };
+        let name = if sub.is_empty() {
+            resource.clone()
+        } else {
+            format!("{resource}/{sub}")
+        };
         *l.by_resource.entry(format!("{verb} {name}")).or_default() += v;
         if is_write {
             l.writes += v;

@@ -58,12 +58,24 @@ impl Args {
             idle: Duration::from_secs(if smoke { 20 } else { 300 }),
             failovers: if smoke { 2 } else { 20 },
             lease: if smoke {
-                [Duration::from_secs(4), Duration::from_secs(3), Duration::from_secs(1)]
+                [
+                    Duration::from_secs(4),
+                    Duration::from_secs(3),
+                    Duration::from_secs(1),
+                ]
             } else {
-                [Duration::from_secs(15), Duration::from_secs(10), Duration::from_secs(2)]
+                [
+                    Duration::from_secs(15),
+                    Duration::from_secs(10),
+                    Duration::from_secs(2),
+                ]
             },
             concurrency: 8,
-            subjects: vec!["floor".into(), "steward".into(), "controller-runtime".into()],
+            subjects: vec![
+                "floor".into(),
+                "steward".into(),
+                "controller-runtime".into(),
+            ],
             client_go_defaults: false,
             orchestration_components: 5,
             skip_build: false,
@@ -71,18 +83,29 @@ impl Args {
         };
         let mut it = args.iter();
         while let Some(flag) = it.next() {
-            let mut value = || it.next().copied().with_context(|| format!("{flag} needs a value\n{USAGE}"));
+            let mut value = || {
+                it.next()
+                    .copied()
+                    .with_context(|| format!("{flag} needs a value\n{USAGE}"))
+            };
             let secs = |s: &str| parse_duration(s);
             match *flag {
                 "--smoke" => {}
-                "--tenants" => a.tenants = value()?.split(',').map(str::parse).collect::<Result<_, _>>()?,
+                "--tenants" => {
+                    a.tenants = value()?
+                        .split(',')
+                        .map(str::parse)
+                        .collect::<Result<_, _>>()?
+                }
                 "--namespaces-per-tenant" => a.namespaces_per_tenant = value()?.parse()?,
                 "--unrelated" => a.unrelated = value()?.parse()?,
                 "--idle" => a.idle = secs(value()?)?,
                 "--failovers" => a.failovers = value()?.parse()?,
                 "--lease" => {
                     let v: Vec<Duration> = value()?.split(',').map(secs).collect::<Result<_>>()?;
-                    a.lease = v.try_into().map_err(|_| anyhow::anyhow!("--lease takes LeaseDuration,RenewDeadline,RetryPeriod"))?;
+                    a.lease = v.try_into().map_err(|_| {
+                        anyhow::anyhow!("--lease takes LeaseDuration,RenewDeadline,RetryPeriod")
+                    })?;
                 }
                 "--concurrency" => a.concurrency = value()?.parse()?,
                 "--subjects" => a.subjects = value()?.split(',').map(String::from).collect(),
@@ -101,8 +124,12 @@ impl Args {
 }
 
 fn parse_duration(s: &str) -> Result<Duration> {
-    let (num, unit) = s.find(|c: char| !c.is_ascii_digit() && c != '.').map_or((s, "s"), |i| s.split_at(i));
-    let n: f64 = num.parse().with_context(|| format!("invalid duration {s}"))?;
+    let (num, unit) = s
+        .find(|c: char| !c.is_ascii_digit() && c != '.')
+        .map_or((s, "s"), |i| s.split_at(i));
+    let n: f64 = num
+        .parse()
+        .with_context(|| format!("invalid duration {s}"))?;
     Ok(Duration::from_secs_f64(match unit {
         "ms" => n / 1000.0,
         "s" => n,
@@ -200,12 +227,19 @@ pub fn run(args: &[&str]) -> Result<()> {
         let _ = std::fs::remove_dir_all(&log_dir);
         let subjects = subjects(&args, &steward_bin, &go_bin, &log_dir);
 
-        eprintln!("bench: creating {} unrelated ConfigMaps and Secrets", args.unrelated);
+        eprintln!(
+            "bench: creating {} unrelated ConfigMaps and Secrets",
+            args.unrelated
+        );
         let t = Instant::now();
         workload::create_unrelated(&client, args.unrelated).await?;
         eprintln!("bench: unrelated objects created in {:.1?}", t.elapsed());
         eprintln!("bench: measuring the background request rate");
-        let baseline = apiserver::baseline(&client, Duration::from_secs(if args.smoke { 5 } else { 20 })).await?;
+        let baseline = apiserver::baseline(
+            &client,
+            Duration::from_secs(if args.smoke { 5 } else { 20 }),
+        )
+        .await?;
 
         let mut runs = Vec::new();
         for (ni, &n) in args.tenants.iter().enumerate() {
@@ -220,7 +254,9 @@ pub fn run(args: &[&str]) -> Result<()> {
                         // Report what failed and go on with a clean cluster.
                         eprintln!("bench: {} with {n} Tenants FAILED: {e:#}", subject.name);
                         let run = format!("{}{n}", subject.short);
-                        if let Err(c) = workload::cleanup(&client, &run, false, Duration::from_secs(300)).await {
+                        if let Err(c) =
+                            workload::cleanup(&client, &run, false, Duration::from_secs(300)).await
+                        {
                             eprintln!("bench: cleanup after the failure failed too: {c:#}");
                         }
                         Measured {
@@ -233,7 +269,10 @@ pub fn run(args: &[&str]) -> Result<()> {
                         }
                     }
                 };
-                eprintln!("bench: {} with {n} Tenants: converged in {:.2}s", subject.name, m.convergence_secs);
+                eprintln!(
+                    "bench: {} with {n} Tenants: converged in {:.2}s",
+                    subject.name, m.convergence_secs
+                );
                 runs.push(m);
                 // Partial results survive a failure later in the run.
                 let partial = bench_dir.join("partial.json");
@@ -241,10 +280,19 @@ pub fn run(args: &[&str]) -> Result<()> {
             }
         }
         let orchestration = if args.orchestration_components > 1 {
-            eprintln!("bench: upgrade-orchestrator with {} chained Deployments", args.orchestration_components);
-            orchestration::measure(&client, &orchestrator_bin, &log_dir, cp.kubeconfig_path(), args.orchestration_components)
-                .await
-                .map_err(|e| format!("not measured: {e:#}"))
+            eprintln!(
+                "bench: upgrade-orchestrator with {} chained Deployments",
+                args.orchestration_components
+            );
+            orchestration::measure(
+                &client,
+                &orchestrator_bin,
+                &log_dir,
+                cp.kubeconfig_path(),
+                args.orchestration_components,
+            )
+            .await
+            .map_err(|e| format!("not measured: {e:#}"))
         } else {
             Err("not measured (--orchestration-components 0)".to_string())
         };
@@ -256,7 +304,12 @@ pub fn run(args: &[&str]) -> Result<()> {
             environment,
             baseline_requests_per_sec: baseline
                 .into_iter()
-                .map(|((v, r, s), x)| (format!("{v} {r}{}{s}", if s.is_empty() { "" } else { "/" }), x))
+                .map(|((v, r, s), x)| {
+                    (
+                        format!("{v} {r}{}{s}", if s.is_empty() { "" } else { "/" }),
+                        x,
+                    )
+                })
                 .collect(),
             runs,
             binary_sizes: sizes,
@@ -267,12 +320,20 @@ pub fn run(args: &[&str]) -> Result<()> {
     let mut results = results;
     results.total_secs = started.elapsed().as_secs_f64();
     report::write(&args.out, &results)?;
-    eprintln!("bench: wrote {} in {:.0?}", args.out.join("benchmarks.md").display(), started.elapsed());
+    eprintln!(
+        "bench: wrote {} in {:.0?}",
+        args.out.join("benchmarks.md").display(),
+        started.elapsed()
+    );
     Ok(())
 }
 
 /// Builds the release tenant-operator and the Go reference; returns their paths and sizes.
-fn build(root: &Path, bench_dir: &Path, args: &Args) -> Result<(PathBuf, PathBuf, BTreeMap<String, u64>)> {
+fn build(
+    root: &Path,
+    bench_dir: &Path,
+    args: &Args,
+) -> Result<(PathBuf, PathBuf, BTreeMap<String, u64>)> {
     let steward = root.join("target/release/tenant-operator");
     let go = bench_dir.join("reference-tenant-controller");
     let go_stripped = bench_dir.join("reference-tenant-controller-stripped");
@@ -280,7 +341,14 @@ fn build(root: &Path, bench_dir: &Path, args: &Args) -> Result<(PathBuf, PathBuf
         if args.subjects.iter().any(|s| s == "steward") {
             eprintln!("bench: cargo build --release -p tenant-operator -p upgrade-orchestrator");
             let status = crate::cargo()
-                .args(["build", "--release", "-p", "tenant-operator", "-p", "upgrade-orchestrator"])
+                .args([
+                    "build",
+                    "--release",
+                    "-p",
+                    "tenant-operator",
+                    "-p",
+                    "upgrade-orchestrator",
+                ])
                 .status()?;
             if !status.success() {
                 bail!("building tenant-operator failed");
@@ -304,9 +372,15 @@ fn build(root: &Path, bench_dir: &Path, args: &Args) -> Result<(PathBuf, PathBuf
     let mut sizes = BTreeMap::new();
     for (name, path) in [
         ("steward tenant-operator (release, stripped)", &steward),
-        ("steward upgrade-orchestrator (release, stripped)", &root.join("target/release/upgrade-orchestrator")),
+        (
+            "steward upgrade-orchestrator (release, stripped)",
+            &root.join("target/release/upgrade-orchestrator"),
+        ),
         ("controller-runtime reference (go build)", &go),
-        ("controller-runtime reference (-ldflags='-s -w')", &go_stripped),
+        (
+            "controller-runtime reference (-ldflags='-s -w')",
+            &go_stripped,
+        ),
     ] {
         if let Ok(meta) = std::fs::metadata(path) {
             sizes.insert(name.to_string(), meta.len());
@@ -341,21 +415,37 @@ fn subjects(args: &Args, steward: &Path, go: &Path, log_dir: &Path) -> Vec<Subje
                 let mut a = common("bench-steward");
                 // The admission policies stay in the cluster and would tax every later
                 // subject's writes; the reference has none.
-                a.extend(["--apply-policies=false".to_string(), "--log-level=warn".into()]);
+                a.extend([
+                    "--apply-policies=false".to_string(),
+                    "--log-level=warn".into(),
+                ]);
                 out.push(Subject {
                     name: name.clone(),
                     short: "st",
-                    launch: Some(Launch { binary: steward.to_path_buf(), args: a, log_dir: log_dir.to_path_buf(), label: "steward".into() }),
+                    launch: Some(Launch {
+                        binary: steward.to_path_buf(),
+                        args: a,
+                        log_dir: log_dir.to_path_buf(),
+                        label: "steward".into(),
+                    }),
                     limits: "none (kube-rs has no client-side limiter)".into(),
                 });
             }
             "controller-runtime" => {
                 let mut a = common("bench-controller-runtime");
-                a.extend(["--kube-api-qps=-1".to_string(), "--zap-log-level=error".into()]);
+                a.extend([
+                    "--kube-api-qps=-1".to_string(),
+                    "--zap-log-level=error".into(),
+                ]);
                 out.push(Subject {
                     name: name.clone(),
                     short: "cr",
-                    launch: Some(Launch { binary: go.to_path_buf(), args: a, log_dir: log_dir.to_path_buf(), label: "controller-runtime".into() }),
+                    launch: Some(Launch {
+                        binary: go.to_path_buf(),
+                        args: a,
+                        log_dir: log_dir.to_path_buf(),
+                        label: "controller-runtime".into(),
+                    }),
                     limits: "none (QPS -1, controller-runtime v0.25 default)".into(),
                 });
             }
@@ -364,11 +454,20 @@ fn subjects(args: &Args, steward: &Path, go: &Path, log_dir: &Path) -> Vec<Subje
     }
     if args.client_go_defaults {
         let mut a = common("bench-controller-runtime-qps5");
-        a.extend(["--kube-api-qps=5".to_string(), "--kube-api-burst=10".into(), "--zap-log-level=error".into()]);
+        a.extend([
+            "--kube-api-qps=5".to_string(),
+            "--kube-api-burst=10".into(),
+            "--zap-log-level=error".into(),
+        ]);
         out.push(Subject {
             name: "controller-runtime-qps5".into(),
             short: "cq",
-            launch: Some(Launch { binary: go.to_path_buf(), args: a, log_dir: log_dir.to_path_buf(), label: "controller-runtime-qps5".into() }),
+            launch: Some(Launch {
+                binary: go.to_path_buf(),
+                args: a,
+                log_dir: log_dir.to_path_buf(),
+                label: "controller-runtime-qps5".into(),
+            }),
             limits: "QPS 5, burst 10 (client-go defaults)".into(),
         });
     }
@@ -385,26 +484,45 @@ async fn measure(
     baseline: &BTreeMap<apiserver::Key, f64>,
 ) -> Result<Measured> {
     let run = format!("{}{n}", subject.short);
-    let mut m = Measured { subject: subject.name.clone(), tenants: n, client_limits: subject.limits.clone(), ..Default::default() };
+    let mut m = Measured {
+        subject: subject.name.clone(),
+        tenants: n,
+        client_limits: subject.limits.clone(),
+        ..Default::default()
+    };
     let (tracker, watch) = workload::Tracker::start(client, &run);
     let timeout = Duration::from_secs(120 + n as u64);
     // What the harness itself sends during the convergence window, removed from the counts.
     let harness: BTreeMap<apiserver::Key, f64> =
         BTreeMap::from([(("POST".into(), "tenants".into(), String::new()), n as f64)]);
-    let per_tenant = |load: &apiserver::Load| load.by_verb.iter().map(|(k, v)| (k.clone(), v / n as f64)).collect();
+    let per_tenant = |load: &apiserver::Load| {
+        load.by_verb
+            .iter()
+            .map(|(k, v)| (k.clone(), v / n as f64))
+            .collect()
+    };
 
     let Some(launch) = &subject.launch else {
         // The floor.
         tokio::time::sleep(Duration::from_secs(1)).await;
         let m0 = apiserver::read(client).await?;
         let t0 = Instant::now();
-        workload::floor(client, &run, n, args.namespaces_per_tenant, args.concurrency).await?;
+        workload::floor(
+            client,
+            &run,
+            n,
+            args.namespaces_per_tenant,
+            args.concurrency,
+        )
+        .await?;
         let ready = tracker.wait_all_ready(n, timeout).await?;
         let m1 = apiserver::read(client).await?;
         fill_convergence(&mut m, t0, &ready);
         m.load = apiserver::load(&apiserver::delta(&m0, &m1, baseline), &harness);
         m.requests_per_tenant = per_tenant(&m.load);
-        m.notes.push("the harness writes the objects itself: load counts the floor's own requests".into());
+        m.notes.push(
+            "the harness writes the objects itself: load counts the floor's own requests".into(),
+        );
         watch.abort();
         workload::cleanup(client, &run, false, Duration::from_secs(300)).await?;
         return Ok(m);
@@ -433,7 +551,10 @@ async fn measure(
         tokio::time::sleep(args.idle).await;
         let m2 = apiserver::read(client).await?;
         m.idle_window_secs = m2.at.duration_since(m1.at).as_secs_f64();
-        m.idle = Some(apiserver::load(&apiserver::delta(&m1, &m2, baseline), &BTreeMap::new()));
+        m.idle = Some(apiserver::load(
+            &apiserver::delta(&m1, &m2, baseline),
+            &BTreeMap::new(),
+        ));
 
         // 3. Memory, after convergence and the idle window.
         let (rss, hwm) = leader.memory()?;
@@ -458,7 +579,10 @@ async fn measure(
 
         // 4. Failover (at the first Tenant count only: it takes LeaseDuration per repetition).
         if first_n && args.failovers > 0 {
-            let f = failover(args, client, launch, kubeconfig, &tracker, &name, leader, &mut index).await?;
+            let f = failover(
+                args, client, launch, kubeconfig, &tracker, &name, leader, &mut index,
+            )
+            .await?;
             m.failover = Some(f.0);
             leader = f.1;
         }
@@ -471,7 +595,10 @@ async fn measure(
 }
 
 fn fill_convergence(m: &mut Measured, t0: Instant, ready: &[Instant]) {
-    let mut secs: Vec<f64> = ready.iter().map(|t| t.saturating_duration_since(t0).as_secs_f64()).collect();
+    let mut secs: Vec<f64> = ready
+        .iter()
+        .map(|t| t.saturating_duration_since(t0).as_secs_f64())
+        .collect();
     secs.sort_by(|a, b| a.total_cmp(b));
     m.convergence_secs = secs.last().copied().unwrap_or(f64::NAN);
     m.ready_p50_secs = workload::percentile(&secs, 50.0);
@@ -502,7 +629,10 @@ async fn failover(
     let mut replicas = vec![first, Replica::spawn(launch, kubeconfig, *index)?];
     *index += 1;
     replicas[1].wait_ready(Duration::from_secs(120)).await?;
-    let mut f = Failover { lease: args.lease.map(|d| d.as_secs_f64()), ..Default::default() };
+    let mut f = Failover {
+        lease: args.lease.map(|d| d.as_secs_f64()),
+        ..Default::default()
+    };
     let mut bump = 2_000_000;
     for signal in ["KILL", "TERM"] {
         for rep in 0..args.failovers {
@@ -514,7 +644,9 @@ async fn failover(
                 match (a, b) {
                     (true, false) => break 0,
                     (false, true) => break 1,
-                    _ if Instant::now() > deadline => bail!("no single leader after 60s (replica 0: {a}, replica 1: {b})"),
+                    _ if Instant::now() > deadline => {
+                        bail!("no single leader after 60s (replica 0: {a}, replica 1: {b})")
+                    }
                     _ => tokio::time::sleep(Duration::from_millis(100)).await,
                 }
             };
@@ -523,7 +655,9 @@ async fn failover(
             replicas[leader_idx].signal(signal)?;
             bump += 1;
             let generation = workload::bump(client, tenant, bump).await?;
-            let observed = tracker.wait_observed(tenant, generation, Duration::from_secs(180)).await?;
+            let observed = tracker
+                .wait_observed(tenant, generation, Duration::from_secs(180))
+                .await?;
             let secs = observed.saturating_duration_since(t0).as_secs_f64();
             let lease = leases.get(&lease_name).await?;
             let acquired = lease
@@ -531,7 +665,9 @@ async fn failover(
                 .and_then(|s| s.acquire_time)
                 .map(|t| t.0.duration_since(wall0).as_secs_f64())
                 .unwrap_or(f64::NAN);
-            eprintln!("bench: failover {signal} #{rep}: reconciled after {secs:.2}s, lease acquired after {acquired:.2}s");
+            eprintln!(
+                "bench: failover {signal} #{rep}: reconciled after {secs:.2}s, lease acquired after {acquired:.2}s"
+            );
             if signal == "KILL" {
                 f.kill_secs.push(secs);
                 f.kill_lease_secs.push(acquired);
@@ -539,7 +675,9 @@ async fn failover(
                 f.term_secs.push(secs);
                 f.term_lease_secs.push(acquired);
             }
-            replicas[leader_idx].wait_exit(Duration::from_secs(60)).await?;
+            replicas[leader_idx]
+                .wait_exit(Duration::from_secs(60))
+                .await?;
             let mut fresh = Replica::spawn(launch, kubeconfig, *index)?;
             *index += 1;
             fresh.wait_ready(Duration::from_secs(120)).await?;

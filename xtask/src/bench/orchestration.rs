@@ -58,7 +58,9 @@ fn is_new_and_healthy(d: &Deployment) -> (bool, bool) {
         .and_then(|c| c.image.clone())
         .unwrap_or_default();
     let changed = image == NEW;
-    let Some(st) = &d.status else { return (changed, false) };
+    let Some(st) = &d.status else {
+        return (changed, false);
+    };
     let desired = d.spec.replicas.unwrap_or(1);
     let healthy = st.observed_generation >= d.metadata.generation
         && st.updated_replicas.unwrap_or(0) >= desired
@@ -67,10 +69,19 @@ fn is_new_and_healthy(d: &Deployment) -> (bool, bool) {
     (changed, changed && healthy)
 }
 
-pub async fn measure(client: &Client, binary: &Path, log_dir: &Path, kubeconfig: &Path, components: usize) -> Result<Orchestration> {
+pub async fn measure(
+    client: &Client,
+    binary: &Path,
+    log_dir: &Path,
+    kubeconfig: &Path,
+    components: usize,
+) -> Result<Orchestration> {
     let namespaces: Api<Namespace> = Api::all(client.clone());
     let ns: Namespace = serde_json::from_value(json!({"metadata": {"name": NAMESPACE}}))?;
-    namespaces.create(&PostParams::default(), &ns).await.context("creating the upgrade namespace")?;
+    namespaces
+        .create(&PostParams::default(), &ns)
+        .await
+        .context("creating the upgrade namespace")?;
     let deployments: Api<Deployment> = Api::namespaced(client.clone(), NAMESPACE);
     for i in 0..components {
         let d: Deployment = serde_json::from_value(json!({
@@ -86,7 +97,13 @@ pub async fn measure(client: &Client, binary: &Path, log_dir: &Path, kubeconfig:
     let deadline = Instant::now() + Duration::from_secs(120);
     loop {
         let list = deployments.list(&Default::default()).await?;
-        if list.items.iter().all(|d| d.status.as_ref().and_then(|s| s.available_replicas).unwrap_or(0) >= 2) {
+        if list.items.iter().all(|d| {
+            d.status
+                .as_ref()
+                .and_then(|s| s.available_replicas)
+                .unwrap_or(0)
+                >= 2
+        }) {
             break;
         }
         if Instant::now() > deadline {
@@ -132,7 +149,10 @@ pub async fn measure(client: &Client, binary: &Path, log_dir: &Path, kubeconfig:
     let mut op = Replica::spawn(&launch, kubeconfig, 0)?;
     op.wait_ready(Duration::from_secs(120)).await?;
 
-    let ar = ApiResource::from_gvk_with_plural(&GroupVersionKind::gvk("upgrade.steward.dev", "v1alpha1", "UpgradePlan"), "upgradeplans");
+    let ar = ApiResource::from_gvk_with_plural(
+        &GroupVersionKind::gvk("upgrade.steward.dev", "v1alpha1", "UpgradePlan"),
+        "upgradeplans",
+    );
     let plans: Api<DynamicObject> = Api::namespaced_with(client.clone(), NAMESPACE, &ar);
     let comps: Vec<_> = (0..components)
         .map(|i| {
@@ -150,16 +170,25 @@ pub async fn measure(client: &Client, binary: &Path, log_dir: &Path, kubeconfig:
         "spec": {"components": comps, "strategy": {"maxConcurrent": 1, "failurePolicy": "Pause", "approval": "Automatic"}}
     }))?;
     let t0 = Instant::now();
-    plans.create(&PostParams::default(), &plan).await.context("creating the UpgradePlan")?;
+    plans
+        .create(&PostParams::default(), &plan)
+        .await
+        .context("creating the UpgradePlan")?;
     let deadline = Instant::now() + Duration::from_secs(60 + 30 * components as u64);
     let status = loop {
         let p = plans.get("bench").await?;
-        let phase = p.data["status"]["phase"].as_str().unwrap_or_default().to_string();
+        let phase = p.data["status"]["phase"]
+            .as_str()
+            .unwrap_or_default()
+            .to_string();
         if phase == "Succeeded" {
             break p.data["status"].clone();
         }
         if Instant::now() > deadline {
-            bail!("UpgradePlan not Succeeded within the deadline (phase {phase:?}); log: {}", op.log.display());
+            bail!(
+                "UpgradePlan not Succeeded within the deadline (phase {phase:?}); log: {}",
+                op.log.display()
+            );
         }
         tokio::time::sleep(Duration::from_millis(100)).await;
     };
@@ -169,7 +198,11 @@ pub async fn measure(client: &Client, binary: &Path, log_dir: &Path, kubeconfig:
     op.stop().await?;
 
     let map = seen.lock().unwrap_or_else(|p| p.into_inner()).clone();
-    let mut out = Orchestration { components, total_secs: total, ..Default::default() };
+    let mut out = Orchestration {
+        components,
+        total_secs: total,
+        ..Default::default()
+    };
     let ts = |i: usize, field: &str| {
         status["components"][i][field]
             .as_str()
@@ -179,17 +212,26 @@ pub async fn measure(client: &Client, binary: &Path, log_dir: &Path, kubeconfig:
         let prev = map.get(&format!("c{i}")).copied().unwrap_or_default();
         let next = map.get(&format!("c{}", i + 1)).copied().unwrap_or_default();
         if let (Some(h), Some(c)) = (prev.healthy, next.changed) {
-            out.overhead_secs.push(c.saturating_duration_since(h).as_secs_f64() - h.saturating_duration_since(c).as_secs_f64());
+            out.overhead_secs.push(
+                c.saturating_duration_since(h).as_secs_f64()
+                    - h.saturating_duration_since(c).as_secs_f64(),
+            );
         }
         if let (Some(f), Some(s)) = (ts(i, "finishedAt"), ts(i + 1, "startedAt")) {
-            out.status_overhead_secs.push(s.duration_since(f).as_secs_f64());
+            out.status_overhead_secs
+                .push(s.duration_since(f).as_secs_f64());
         }
     }
     // Watch-healthy → finishedAt needs one clock: convert with the plan's startedAt of c0 and
     // the watch's changed time of c0 as the common origin.
-    if let (Some(origin_wall), Some(origin)) = (ts(0, "startedAt"), map.get("c0").and_then(|s| s.changed)) {
+    if let (Some(origin_wall), Some(origin)) =
+        (ts(0, "startedAt"), map.get("c0").and_then(|s| s.changed))
+    {
         for i in 0..components {
-            if let (Some(f), Some(h)) = (ts(i, "finishedAt"), map.get(&format!("c{i}")).and_then(|s| s.healthy)) {
+            if let (Some(f), Some(h)) = (
+                ts(i, "finishedAt"),
+                map.get(&format!("c{i}")).and_then(|s| s.healthy),
+            ) {
                 let finished = f.duration_since(origin_wall).as_secs_f64();
                 let healthy = h.saturating_duration_since(origin).as_secs_f64();
                 out.finished_lag_secs.push(finished - healthy);

@@ -15,15 +15,30 @@ pub fn free_port() -> Result<u16> {
 
 /// `GET http://127.0.0.1:{port}{path}` → (status, body). No client library, so xtask stays small.
 pub async fn http_get(port: u16, path: &str) -> Result<(u16, String)> {
-    let mut s = tokio::time::timeout(Duration::from_secs(2), tokio::net::TcpStream::connect(("127.0.0.1", port)))
-        .await
-        .context("connect timed out")??;
-    s.write_all(format!("GET {path} HTTP/1.0\r\nHost: 127.0.0.1\r\nConnection: close\r\n\r\n").as_bytes()).await?;
+    let mut s = tokio::time::timeout(
+        Duration::from_secs(2),
+        tokio::net::TcpStream::connect(("127.0.0.1", port)),
+    )
+    .await
+    .context("connect timed out")??;
+    s.write_all(
+        format!("GET {path} HTTP/1.0\r\nHost: 127.0.0.1\r\nConnection: close\r\n\r\n").as_bytes(),
+    )
+    .await?;
     let mut buf = Vec::new();
-    tokio::time::timeout(Duration::from_secs(5), s.read_to_end(&mut buf)).await.context("read timed out")??;
+    tokio::time::timeout(Duration::from_secs(5), s.read_to_end(&mut buf))
+        .await
+        .context("read timed out")??;
     let text = String::from_utf8_lossy(&buf).to_string();
-    let status = text.split_whitespace().nth(1).and_then(|c| c.parse().ok()).unwrap_or(0);
-    let body = text.split_once("\r\n\r\n").map(|(_, b)| b.to_string()).unwrap_or_default();
+    let status = text
+        .split_whitespace()
+        .nth(1)
+        .and_then(|c| c.parse().ok())
+        .unwrap_or(0);
+    let body = text
+        .split_once("\r\n\r\n")
+        .map(|(_, b)| b.to_string())
+        .unwrap_or_default();
     Ok((status, body))
 }
 
@@ -54,13 +69,18 @@ impl Replica {
         let health_port = free_port()?;
         std::fs::create_dir_all(&launch.log_dir)?;
         let log = launch.log_dir.join(format!("{}-{index}.log", launch.label));
-        let file = std::fs::OpenOptions::new().create(true).append(true).open(&log)?;
+        let file = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(&log)?;
         let mut cmd = Command::new("setpriv");
         cmd.args(["--pdeathsig", "KILL", "--"])
             .arg(&launch.binary)
             .arg(format!("--kubeconfig={}", kubeconfig.display()))
             .arg(format!("--metrics-bind-address=127.0.0.1:{metrics_port}"))
-            .arg(format!("--health-probe-bind-address=127.0.0.1:{health_port}"))
+            .arg(format!(
+                "--health-probe-bind-address=127.0.0.1:{health_port}"
+            ))
             .args(&launch.args)
             .env_remove("KUBECONFIG")
             .env("POD_NAME", format!("{}-{index}", launch.label))
@@ -68,9 +88,18 @@ impl Replica {
             .stdout(file.try_clone()?)
             .stderr(file);
         let started = Instant::now();
-        let child = cmd.spawn().with_context(|| format!("starting {}", launch.binary.display()))?;
+        let child = cmd
+            .spawn()
+            .with_context(|| format!("starting {}", launch.binary.display()))?;
         let pid = child.id();
-        Ok(Self { child, pid, metrics_port, health_port, started, log })
+        Ok(Self {
+            child,
+            pid,
+            metrics_port,
+            health_port,
+            started,
+            log,
+        })
     }
 
     /// Waits until `/readyz` answers 200 (caches synced); returns when that happened.
@@ -81,10 +110,16 @@ impl Replica {
                 return Ok(Instant::now());
             }
             if let Some(status) = self.child.try_wait()? {
-                bail!("operator exited ({status}) before it was ready; log: {}", self.log.display());
+                bail!(
+                    "operator exited ({status}) before it was ready; log: {}",
+                    self.log.display()
+                );
             }
             if Instant::now() > deadline {
-                bail!("operator not ready after {timeout:?}; log: {}", self.log.display());
+                bail!(
+                    "operator not ready after {timeout:?}; log: {}",
+                    self.log.display()
+                );
             }
             tokio::time::sleep(Duration::from_millis(10)).await;
         }
@@ -96,7 +131,12 @@ impl Replica {
             Ok((200, body)) => body
                 .lines()
                 .filter(|l| l.starts_with("leader_election_master_status"))
-                .any(|l| l.split_whitespace().last().and_then(|v| v.parse::<f64>().ok()) == Some(1.0)),
+                .any(|l| {
+                    l.split_whitespace()
+                        .last()
+                        .and_then(|v| v.parse::<f64>().ok())
+                        == Some(1.0)
+                }),
             _ => false,
         }
     }
@@ -112,12 +152,18 @@ impl Replica {
                 .and_then(|v| v.parse::<u64>().ok())
                 .map(|kb| kb * 1024)
         };
-        Ok((field("VmRSS:").context("VmRSS")?, field("VmHWM:").context("VmHWM")?))
+        Ok((
+            field("VmRSS:").context("VmRSS")?,
+            field("VmHWM:").context("VmHWM")?,
+        ))
     }
 
     /// Sends `signal` (`KILL` or `TERM`) to this replica's pid.
     pub fn signal(&self, signal: &str) -> Result<()> {
-        let status = Command::new("kill").arg(format!("-{signal}")).arg(self.pid.to_string()).status()?;
+        let status = Command::new("kill")
+            .arg(format!("-{signal}"))
+            .arg(self.pid.to_string())
+            .status()?;
         if !status.success() {
             bail!("kill -{signal} {} failed", self.pid);
         }

@@ -7,7 +7,10 @@ use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result, bail};
 use futures::{StreamExt, TryStreamExt, stream};
-use kube::api::{Api, ApiResource, DeleteParams, DynamicObject, GroupVersionKind, ListParams, Patch, PatchParams, PostParams};
+use kube::api::{
+    Api, ApiResource, DeleteParams, DynamicObject, GroupVersionKind, ListParams, Patch,
+    PatchParams, PostParams,
+};
 use kube::runtime::watcher;
 use kube::{Client, ResourceExt};
 use serde_json::{Value, json};
@@ -20,7 +23,10 @@ const FILLER_LABEL: &str = "bench.steward.dev/filler";
 pub const CREATE_CONCURRENCY: usize = 16;
 
 pub fn tenant_resource() -> ApiResource {
-    ApiResource::from_gvk_with_plural(&GroupVersionKind::gvk("tenancy.steward.dev", "v1alpha1", "Tenant"), "tenants")
+    ApiResource::from_gvk_with_plural(
+        &GroupVersionKind::gvk("tenancy.steward.dev", "v1alpha1", "Tenant"),
+        "tenants",
+    )
 }
 
 pub fn tenants(client: &Client) -> Api<DynamicObject> {
@@ -32,7 +38,9 @@ pub fn tenants(client: &Client) -> Api<DynamicObject> {
 /// deletes its namespaces, so runs clean up after themselves.
 pub fn tenant(run: &str, i: usize, namespaces_per_tenant: usize) -> Value {
     let name = tenant_name(run, i);
-    let namespaces: Vec<String> = (0..namespaces_per_tenant).map(|k| format!("{name}-{}", (b'a' + k as u8) as char)).collect();
+    let namespaces: Vec<String> = (0..namespaces_per_tenant)
+        .map(|k| format!("{name}-{}", (b'a' + k as u8) as char))
+        .collect();
     json!({
         "apiVersion": "tenancy.steward.dev/v1alpha1",
         "kind": "Tenant",
@@ -76,11 +84,17 @@ struct Seen {
 fn ready_now(t: &DynamicObject) -> (i64, i64, bool) {
     let generation = t.metadata.generation.unwrap_or(0);
     let status = t.data.get("status");
-    let observed = status.and_then(|s| s.get("observedGeneration")).and_then(Value::as_i64).unwrap_or(0);
+    let observed = status
+        .and_then(|s| s.get("observedGeneration"))
+        .and_then(Value::as_i64)
+        .unwrap_or(0);
     let ready = status
         .and_then(|s| s.get("conditions"))
         .and_then(Value::as_array)
-        .is_some_and(|cs| cs.iter().any(|c| c["type"] == "Ready" && c["status"] == "True"));
+        .is_some_and(|cs| {
+            cs.iter()
+                .any(|c| c["type"] == "Ready" && c["status"] == "True")
+        });
     (generation, observed, ready && observed == generation)
 }
 
@@ -98,7 +112,10 @@ impl Tracker {
                 let obj = match ev {
                     Ok(watcher::Event::Apply(o) | watcher::Event::InitApply(o)) => o,
                     Ok(watcher::Event::Delete(o)) => {
-                        t.state.lock().unwrap_or_else(|p| p.into_inner()).remove(&o.name_any());
+                        t.state
+                            .lock()
+                            .unwrap_or_else(|p| p.into_inner())
+                            .remove(&o.name_any());
                         t.changed.notify_waiters();
                         continue;
                     }
@@ -125,7 +142,12 @@ impl Tracker {
     }
 
     fn count_ready(&self) -> usize {
-        self.state.lock().unwrap_or_else(|p| p.into_inner()).values().filter(|s| s.ready).count()
+        self.state
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .values()
+            .filter(|s| s.ready)
+            .count()
     }
 
     /// Waits until `n` Tenants are Ready at their generation; returns the first-Ready times.
@@ -138,7 +160,10 @@ impl Tracker {
                 return Ok(map.values().filter_map(|s| s.first_ready).collect());
             }
             if Instant::now() > deadline {
-                bail!("only {} of {n} Tenants Ready after {timeout:?}", self.count_ready());
+                bail!(
+                    "only {} of {n} Tenants Ready after {timeout:?}",
+                    self.count_ready()
+                );
             }
             let _ = tokio::time::timeout(Duration::from_millis(500), notified).await;
         }
@@ -146,18 +171,29 @@ impl Tracker {
 
     /// Waits until `name`'s status reports `generation` as observed (and Ready); returns when
     /// the watch delivered that.
-    pub async fn wait_observed(&self, name: &str, generation: i64, timeout: Duration) -> Result<Instant> {
+    pub async fn wait_observed(
+        &self,
+        name: &str,
+        generation: i64,
+        timeout: Duration,
+    ) -> Result<Instant> {
         let deadline = Instant::now() + timeout;
         loop {
             let notified = self.changed.notified();
-            if let Some(s) = self.state.lock().unwrap_or_else(|p| p.into_inner()).get(name)
+            if let Some(s) = self
+                .state
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .get(name)
                 && s.observed >= generation
                 && s.ready
             {
                 return Ok(s.observed_at.unwrap_or_else(Instant::now));
             }
             if Instant::now() > deadline {
-                bail!("Tenant {name} did not report observedGeneration {generation} within {timeout:?}");
+                bail!(
+                    "Tenant {name} did not report observedGeneration {generation} within {timeout:?}"
+                );
             }
             let _ = tokio::time::timeout(Duration::from_millis(200), notified).await;
         }
@@ -179,8 +215,12 @@ pub async fn create_tenants(
             let api = api.clone();
             let created = created.clone();
             async move {
-                let obj: DynamicObject = serde_json::from_value(tenant(run, i, namespaces_per_tenant))?;
-                let obj = api.create(&PostParams::default(), &obj).await.with_context(|| format!("creating Tenant {i}"))?;
+                let obj: DynamicObject =
+                    serde_json::from_value(tenant(run, i, namespaces_per_tenant))?;
+                let obj = api
+                    .create(&PostParams::default(), &obj)
+                    .await
+                    .with_context(|| format!("creating Tenant {i}"))?;
                 if let Some(tx) = created {
                     let _ = tx.send(obj);
                 }
@@ -195,7 +235,8 @@ pub async fn create_tenants(
 
 /// Changes `name`'s spec (a namespace label), so its generation goes up; returns the new generation.
 pub async fn bump(client: &Client, name: &str, value: usize) -> Result<i64> {
-    let patch = json!({"spec": {"namespaceMetadata": {"labels": {"bench-bump": value.to_string()}}}});
+    let patch =
+        json!({"spec": {"namespaceMetadata": {"labels": {"bench-bump": value.to_string()}}}});
     let obj = tenants(client)
         .patch(name, &PatchParams::default(), &Patch::Merge(&patch))
         .await
@@ -209,7 +250,8 @@ pub async fn create_unrelated(client: &Client, count: usize) -> Result<()> {
     use k8s_openapi::api::core::v1::{ConfigMap, Namespace, Secret};
     let namespaces: Api<Namespace> = Api::all(client.clone());
     for k in 0..10 {
-        let ns: Namespace = serde_json::from_value(json!({"metadata": {"name": format!("bench-unrelated-{k}")}}))?;
+        let ns: Namespace =
+            serde_json::from_value(json!({"metadata": {"name": format!("bench-unrelated-{k}")}}))?;
         match namespaces.create(&PostParams::default(), &ns).await {
             Ok(_) => {}
             Err(kube::Error::Api(e)) if e.code == 409 => {}
@@ -247,7 +289,12 @@ pub async fn create_unrelated(client: &Client, count: usize) -> Result<()> {
 /// Deletes the Tenants of `run` and waits until they and their namespaces are gone. With no
 /// operator running (`operator_running = false`, the floor) the harness does the operator's
 /// part: deletes the namespaces and removes the finalizer.
-pub async fn cleanup(client: &Client, run: &str, operator_running: bool, timeout: Duration) -> Result<()> {
+pub async fn cleanup(
+    client: &Client,
+    run: &str,
+    operator_running: bool,
+    timeout: Duration,
+) -> Result<()> {
     use k8s_openapi::api::core::v1::Namespace;
     let api = tenants(client);
     let lp = ListParams::default().labels(&format!("{RUN_LABEL}={run}"));
@@ -260,12 +307,22 @@ pub async fn cleanup(client: &Client, run: &str, operator_running: bool, timeout
             async move {
                 let name = t.name_any();
                 if !operator_running {
-                    let owned = namespaces.list_metadata(&ListParams::default().labels(&format!("{TENANT_LABEL}={name}"))).await?;
+                    let owned = namespaces
+                        .list_metadata(
+                            &ListParams::default().labels(&format!("{TENANT_LABEL}={name}")),
+                        )
+                        .await?;
                     for ns in owned.items {
-                        let _ = namespaces.delete(&ns.name_any(), &DeleteParams::background()).await;
+                        let _ = namespaces
+                            .delete(&ns.name_any(), &DeleteParams::background())
+                            .await;
                     }
                     let _ = api
-                        .patch(&name, &PatchParams::default(), &Patch::Merge(json!({"metadata": {"finalizers": null}})))
+                        .patch(
+                            &name,
+                            &PatchParams::default(),
+                            &Patch::Merge(json!({"metadata": {"finalizers": null}})),
+                        )
                         .await;
                 }
                 match api.delete(&name, &DeleteParams::background()).await {
@@ -285,9 +342,18 @@ pub async fn cleanup(client: &Client, run: &str, operator_running: bool, timeout
             break;
         }
         if Instant::now() > deadline {
-            eprintln!("bench: {} Tenants of {run} still there; removing their finalizers", left.len());
+            eprintln!(
+                "bench: {} Tenants of {run} still there; removing their finalizers",
+                left.len()
+            );
             for t in left {
-                let _ = api.patch(&t.name_any(), &PatchParams::default(), &Patch::Merge(json!({"metadata": {"finalizers": null}}))).await;
+                let _ = api
+                    .patch(
+                        &t.name_any(),
+                        &PatchParams::default(),
+                        &Patch::Merge(json!({"metadata": {"finalizers": null}})),
+                    )
+                    .await;
             }
             break;
         }
@@ -299,13 +365,28 @@ pub async fn cleanup(client: &Client, run: &str, operator_running: bool, timeout
     let roles: Api<k8s_openapi::api::rbac::v1::ClusterRole> = Api::all(client.clone());
     let bindings: Api<k8s_openapi::api::rbac::v1::ClusterRoleBinding> = Api::all(client.clone());
     loop {
-        let left = roles.list_metadata(&ListParams::default()).await?.items.iter().filter(|r| r.name_any().starts_with(&owned_prefix)).count()
-            + bindings.list_metadata(&ListParams::default()).await?.items.iter().filter(|r| r.name_any().starts_with(&owned_prefix)).count();
+        let left = roles
+            .list_metadata(&ListParams::default())
+            .await?
+            .items
+            .iter()
+            .filter(|r| r.name_any().starts_with(&owned_prefix))
+            .count()
+            + bindings
+                .list_metadata(&ListParams::default())
+                .await?
+                .items
+                .iter()
+                .filter(|r| r.name_any().starts_with(&owned_prefix))
+                .count();
         if left == 0 {
             break;
         }
         if Instant::now() > deadline + timeout {
-            bail!("{left} ClusterRoles/ClusterRoleBindings of {run} not garbage-collected after {:?}", timeout * 2);
+            bail!(
+                "{left} ClusterRoles/ClusterRoleBindings of {run} not garbage-collected after {:?}",
+                timeout * 2
+            );
         }
         tokio::time::sleep(Duration::from_secs(1)).await;
     }
@@ -323,11 +404,20 @@ pub async fn cleanup(client: &Client, run: &str, operator_running: bool, timeout
         if left.is_empty() {
             return Ok(());
         }
-        for n in left.iter().filter(|n| n.metadata.deletion_timestamp.is_none()) {
-            let _ = namespaces.delete(&n.name_any(), &DeleteParams::background()).await;
+        for n in left
+            .iter()
+            .filter(|n| n.metadata.deletion_timestamp.is_none())
+        {
+            let _ = namespaces
+                .delete(&n.name_any(), &DeleteParams::background())
+                .await;
         }
         if Instant::now() > deadline + timeout {
-            bail!("{} namespaces of {run} still terminating after {:?}", left.len(), timeout * 2);
+            bail!(
+                "{} namespaces of {run} still terminating after {:?}",
+                left.len(),
+                timeout * 2
+            );
         }
         tokio::time::sleep(Duration::from_secs(2)).await;
     }
@@ -335,14 +425,19 @@ pub async fn cleanup(client: &Client, run: &str, operator_running: bool, timeout
 
 /// The objects a Tenant wants (as the tenant-operator's `build.rs` and the Go reference make
 /// them), for the floor client.
-pub fn children(t: &DynamicObject, field_manager: &str) -> Vec<(ApiResource, Option<String>, Value)> {
+pub fn children(
+    t: &DynamicObject,
+    field_manager: &str,
+) -> Vec<(ApiResource, Option<String>, Value)> {
     let name = t.name_any();
     let uid = t.metadata.uid.clone().unwrap_or_default();
     let spec = &t.data["spec"];
     let labels = json!({TENANT_LABEL: name, "steward.dev/owner-uid": uid, "app.kubernetes.io/managed-by": field_manager});
     let owner = json!([{"apiVersion": "tenancy.steward.dev/v1alpha1", "kind": "Tenant", "name": name, "uid": uid,
         "controller": true, "blockOwnerDeletion": true}]);
-    let ar = |g: &str, v: &str, k: &str, p: &str| ApiResource::from_gvk_with_plural(&GroupVersionKind::gvk(g, v, k), p);
+    let ar = |g: &str, v: &str, k: &str, p: &str| {
+        ApiResource::from_gvk_with_plural(&GroupVersionKind::gvk(g, v, k), p)
+    };
     let owners = spec["owners"].as_array().cloned().unwrap_or_default();
     let subjects = |list: &[Value]| -> Value {
         Value::Array(
@@ -356,15 +451,26 @@ pub fn children(t: &DynamicObject, field_manager: &str) -> Vec<(ApiResource, Opt
         let ns = ns.as_str().unwrap_or_default().to_string();
         let mut ns_labels = labels.clone();
         ns_labels["tenancy.steward.dev/declared"] = json!("true");
-        out.push((ar("", "v1", "Namespace", "namespaces"), None, json!({"apiVersion": "v1", "kind": "Namespace",
-            "metadata": {"name": ns, "labels": ns_labels}})));
+        out.push((
+            ar("", "v1", "Namespace", "namespaces"),
+            None,
+            json!({"apiVersion": "v1", "kind": "Namespace",
+            "metadata": {"name": ns, "labels": ns_labels}}),
+        ));
         let meta = |n: &str| json!({"name": n, "namespace": ns, "labels": labels, "ownerReferences": owner});
         out.push((ar("rbac.authorization.k8s.io", "v1", "RoleBinding", "rolebindings"), Some(ns.clone()), json!({
             "apiVersion": "rbac.authorization.k8s.io/v1", "kind": "RoleBinding", "metadata": meta("tenant-owner-admin"),
             "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": "admin"},
             "subjects": subjects(&owners)})));
-        for extra in spec["additionalRoleBindings"].as_array().cloned().unwrap_or_default() {
-            let role = extra["clusterRole"].as_str().unwrap_or_default().to_string();
+        for extra in spec["additionalRoleBindings"]
+            .as_array()
+            .cloned()
+            .unwrap_or_default()
+        {
+            let role = extra["clusterRole"]
+                .as_str()
+                .unwrap_or_default()
+                .to_string();
             out.push((ar("rbac.authorization.k8s.io", "v1", "RoleBinding", "rolebindings"), Some(ns.clone()), json!({
                 "apiVersion": "rbac.authorization.k8s.io/v1", "kind": "RoleBinding", "metadata": meta(&format!("tenant-{role}")),
                 "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": role},
@@ -372,8 +478,12 @@ pub fn children(t: &DynamicObject, field_manager: &str) -> Vec<(ApiResource, Opt
         }
         out.push((ar("", "v1", "ResourceQuota", "resourcequotas"), Some(ns.clone()), json!({"apiVersion": "v1",
             "kind": "ResourceQuota", "metadata": meta("tenant-quota"), "spec": {"hard": spec["resourceQuota"]["hard"]}})));
-        out.push((ar("", "v1", "LimitRange", "limitranges"), Some(ns.clone()), json!({"apiVersion": "v1",
-            "kind": "LimitRange", "metadata": meta("tenant-limits"), "spec": spec["limitRange"]})));
+        out.push((
+            ar("", "v1", "LimitRange", "limitranges"),
+            Some(ns.clone()),
+            json!({"apiVersion": "v1",
+            "kind": "LimitRange", "metadata": meta("tenant-limits"), "spec": spec["limitRange"]}),
+        ));
         out.push((ar("networking.k8s.io", "v1", "NetworkPolicy", "networkpolicies"), Some(ns.clone()), json!({
             "apiVersion": "networking.k8s.io/v1", "kind": "NetworkPolicy", "metadata": meta("tenant-isolation"),
             "spec": {"podSelector": {}, "policyTypes": ["Ingress"],
@@ -395,7 +505,13 @@ pub fn children(t: &DynamicObject, field_manager: &str) -> Vec<(ApiResource, Opt
 /// The raw-write floor: `concurrency` workers take each Tenant as soon as the harness created
 /// it and write exactly what an operator writes (finalizer, children by server-side apply,
 /// status), with no watch, cache or queue in between.
-pub async fn floor(client: &Client, run: &str, n: usize, namespaces_per_tenant: usize, concurrency: usize) -> Result<()> {
+pub async fn floor(
+    client: &Client,
+    run: &str,
+    n: usize,
+    namespaces_per_tenant: usize,
+    concurrency: usize,
+) -> Result<()> {
     let (tx, rx) = tokio::sync::mpsc::unbounded_channel::<DynamicObject>();
     let rx = Arc::new(tokio::sync::Mutex::new(rx));
     let mut workers = Vec::new();
@@ -421,9 +537,13 @@ async fn write_tenant(client: &Client, t: &DynamicObject) -> Result<()> {
     const FM: &str = "bench-floor";
     let api = tenants(client);
     let name = t.name_any();
-    api.patch(&name, &PatchParams::default(), &Patch::Merge(json!({"metadata": {"finalizers": ["tenancy.steward.dev/namespaces"]}})))
-        .await
-        .context("floor: finalizer")?;
+    api.patch(
+        &name,
+        &PatchParams::default(),
+        &Patch::Merge(json!({"metadata": {"finalizers": ["tenancy.steward.dev/namespaces"]}})),
+    )
+    .await
+    .context("floor: finalizer")?;
     let pp = PatchParams::apply(FM).force();
     let mut namespaces = Vec::new();
     for (ar, ns, obj) in children(t, FM) {
@@ -431,18 +551,25 @@ async fn write_tenant(client: &Client, t: &DynamicObject) -> Result<()> {
             Some(ns) => Api::namespaced_with(client.clone(), ns, &ar),
             None => Api::all_with(client.clone(), &ar),
         };
-        let child_name = obj["metadata"]["name"].as_str().unwrap_or_default().to_string();
+        let child_name = obj["metadata"]["name"]
+            .as_str()
+            .unwrap_or_default()
+            .to_string();
         if ar.kind == "Namespace" {
             namespaces.push(child_name.clone());
         }
-        api.patch(&child_name, &pp, &Patch::Apply(&obj)).await.with_context(|| format!("floor: {} {child_name}", ar.kind))?;
+        api.patch(&child_name, &pp, &Patch::Apply(&obj))
+            .await
+            .with_context(|| format!("floor: {} {child_name}", ar.kind))?;
     }
     let generation = t.metadata.generation.unwrap_or(1);
     let status = json!({"apiVersion": "tenancy.steward.dev/v1alpha1", "kind": "Tenant", "status": {
         "observedGeneration": generation, "phase": "Active", "namespaces": namespaces, "namespaceCount": namespaces.len(),
         "conditions": [{"type": "Ready", "status": "True", "reason": "Reconciled", "message": "all tenant objects are applied",
             "observedGeneration": generation, "lastTransitionTime": k8s_openapi::jiff::Timestamp::now().strftime("%Y-%m-%dT%H:%M:%SZ").to_string()}]}});
-    api.patch_status(&name, &pp, &Patch::Apply(&status)).await.context("floor: status")?;
+    api.patch_status(&name, &pp, &Patch::Apply(&status))
+        .await
+        .context("floor: status")?;
     Ok(())
 }
 

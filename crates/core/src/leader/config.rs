@@ -45,7 +45,11 @@ impl LeaseConfig {
     pub const DEFAULT_RETRY_PERIOD: Duration = Duration::from_secs(2);
 
     /// A configuration with client-go's default timings: 15 s, 10 s and 2 s.
-    pub fn new(lease_name: impl Into<String>, namespace: impl Into<String>, identity: impl Into<String>) -> Self {
+    pub fn new(
+        lease_name: impl Into<String>,
+        namespace: impl Into<String>,
+        identity: impl Into<String>,
+    ) -> Self {
         Self {
             lease_name: lease_name.into(),
             namespace: namespace.into(),
@@ -86,7 +90,9 @@ impl LeaseConfig {
             });
         }
         if self.lease_duration > Duration::from_secs(i32::MAX as u64) {
-            return Err(ConfigError::LeaseDurationTooLong { lease_duration: self.lease_duration });
+            return Err(ConfigError::LeaseDurationTooLong {
+                lease_duration: self.lease_duration,
+            });
         }
         Ok(())
     }
@@ -94,7 +100,8 @@ impl LeaseConfig {
     /// `leaseDurationSeconds` as written to the Lease: whole seconds rounded up, so other
     /// candidates never wait less than [`LeaseConfig::lease_duration`].
     pub fn lease_duration_seconds(&self) -> i32 {
-        let secs = self.lease_duration.as_secs() + u64::from(self.lease_duration.subsec_nanos() > 0);
+        let secs =
+            self.lease_duration.as_secs() + u64::from(self.lease_duration.subsec_nanos() > 0);
         i32::try_from(secs).unwrap_or(i32::MAX)
     }
 
@@ -138,12 +145,18 @@ pub enum ConfigError {
     #[error(
         "invalid leader election config: the lease duration ({lease_duration:?}) must be greater than the renew deadline ({renew_deadline:?})"
     )]
-    LeaseDurationNotAboveRenewDeadline { lease_duration: Duration, renew_deadline: Duration },
+    LeaseDurationNotAboveRenewDeadline {
+        lease_duration: Duration,
+        renew_deadline: Duration,
+    },
     /// A leader could miss its renew deadline between two jittered retries.
     #[error(
         "invalid leader election config: the renew deadline ({renew_deadline:?}) must be greater than 1.2 × the retry period ({retry_period:?})"
     )]
-    RenewDeadlineNotAboveJitteredRetryPeriod { renew_deadline: Duration, retry_period: Duration },
+    RenewDeadlineNotAboveJitteredRetryPeriod {
+        renew_deadline: Duration,
+        retry_period: Duration,
+    },
     /// `leaseDurationSeconds` is an int32.
     #[error(
         "invalid leader election config: the lease duration ({lease_duration:?}) does not fit leaseDurationSeconds"
@@ -169,7 +182,11 @@ mod tests {
         let c = LeaseConfig::new("lock", "ns", "me");
         assert_eq!(
             (c.lease_duration, c.renew_deadline, c.retry_period),
-            (Duration::from_secs(15), Duration::from_secs(10), Duration::from_secs(2))
+            (
+                Duration::from_secs(15),
+                Duration::from_secs(10),
+                Duration::from_secs(2)
+            )
         );
         assert_eq!(c.validate(), Ok(()));
         assert_eq!(c.lease_duration_seconds(), 15);
@@ -204,7 +221,10 @@ mod tests {
 
     #[test]
     fn zero_retry_period_and_empty_names_are_rejected() {
-        assert_eq!(config(3000, 2000, 0).validate(), Err(ConfigError::ZeroRetryPeriod));
+        assert_eq!(
+            config(3000, 2000, 0).validate(),
+            Err(ConfigError::ZeroRetryPeriod)
+        );
         let mut c = config(3000, 2000, 500);
         c.identity.clear();
         assert_eq!(c.validate(), Err(ConfigError::EmptyIdentity));
@@ -218,8 +238,14 @@ mod tests {
 
     #[test]
     fn error_messages_name_the_values() {
-        let msg = config(2000, 2000, 500).validate().expect_err("invalid").to_string();
-        assert!(msg.contains("lease duration (2s)") && msg.contains("renew deadline (2s)"), "{msg}");
+        let msg = config(2000, 2000, 500)
+            .validate()
+            .expect_err("invalid")
+            .to_string();
+        assert!(
+            msg.contains("lease duration (2s)") && msg.contains("renew deadline (2s)"),
+            "{msg}"
+        );
     }
 
     #[test]

@@ -16,7 +16,10 @@ pub(crate) enum Decision {
     /// Write the Lease with us as holder.
     Write(Write),
     /// Another candidate holds a Lease that has not expired on our clock.
-    Wait { holder: String, expires_in: Duration },
+    Wait {
+        holder: String,
+        expires_in: Duration,
+    },
 }
 
 /// How a candidate writes itself into the Lease.
@@ -36,7 +39,11 @@ pub(crate) enum Write {
 /// `unchanged_for` is how long, on this process's monotonic clock, the Lease spec has been
 /// exactly `observed` (since we first read it). The Lease's own timestamps are never
 /// compared with this process's wall clock.
-pub(crate) fn decide(observed: Option<&LeaseSpec>, unchanged_for: Duration, identity: &str) -> Decision {
+pub(crate) fn decide(
+    observed: Option<&LeaseSpec>,
+    unchanged_for: Duration,
+    identity: &str,
+) -> Decision {
     let Some(spec) = observed else {
         return Decision::Write(Write::Create);
     };
@@ -47,10 +54,16 @@ pub(crate) fn decide(observed: Option<&LeaseSpec>, unchanged_for: Duration, iden
     if holder.is_empty() {
         return Decision::Write(Write::TakeOver { previous: None });
     }
-    let lease_duration = Duration::from_secs(u64::try_from(spec.lease_duration_seconds.unwrap_or(0)).unwrap_or(0));
+    let lease_duration =
+        Duration::from_secs(u64::try_from(spec.lease_duration_seconds.unwrap_or(0)).unwrap_or(0));
     match lease_duration.checked_sub(unchanged_for) {
-        Some(expires_in) if !expires_in.is_zero() => Decision::Wait { holder: holder.to_string(), expires_in },
-        _ => Decision::Write(Write::TakeOver { previous: Some(holder.to_string()) }),
+        Some(expires_in) if !expires_in.is_zero() => Decision::Wait {
+            holder: holder.to_string(),
+            expires_in,
+        },
+        _ => Decision::Write(Write::TakeOver {
+            previous: Some(holder.to_string()),
+        }),
     }
 }
 
@@ -66,7 +79,12 @@ pub(crate) fn next_spec(
     let transitions = observed.and_then(|s| s.lease_transitions).unwrap_or(0);
     let (acquire_time, lease_transitions) = match write {
         Write::Create => (MicroTime(now), 0),
-        Write::Renew => (observed.and_then(|s| s.acquire_time.clone()).unwrap_or(MicroTime(now)), transitions),
+        Write::Renew => (
+            observed
+                .and_then(|s| s.acquire_time.clone())
+                .unwrap_or(MicroTime(now)),
+            transitions,
+        ),
         Write::TakeOver { .. } => (MicroTime(now), transitions.saturating_add(1)),
     };
     LeaseSpec {
@@ -159,48 +177,91 @@ mod tests {
 
     #[test]
     fn missing_lease_is_created() {
-        assert_eq!(decide(None, Duration::ZERO, ME), Decision::Write(Write::Create));
+        assert_eq!(
+            decide(None, Duration::ZERO, ME),
+            Decision::Write(Write::Create)
+        );
     }
 
     #[test]
     fn own_lease_is_renewed_whatever_its_age() {
         let s = spec().held_by(ME).for_secs(3);
         assert_eq!(decide(Some(&s), ms(0), ME), Decision::Write(Write::Renew));
-        assert_eq!(decide(Some(&s), ms(60_000), ME), Decision::Write(Write::Renew));
+        assert_eq!(
+            decide(Some(&s), ms(60_000), ME),
+            Decision::Write(Write::Renew)
+        );
     }
 
     #[test]
     fn fresh_foreign_lease_is_waited_for() {
         let s = spec().held_by("other").for_secs(3);
-        assert_eq!(decide(Some(&s), ms(0), ME), Decision::Wait { holder: "other".into(), expires_in: ms(3000) });
-        assert_eq!(decide(Some(&s), ms(2999), ME), Decision::Wait { holder: "other".into(), expires_in: ms(1) });
+        assert_eq!(
+            decide(Some(&s), ms(0), ME),
+            Decision::Wait {
+                holder: "other".into(),
+                expires_in: ms(3000)
+            }
+        );
+        assert_eq!(
+            decide(Some(&s), ms(2999), ME),
+            Decision::Wait {
+                holder: "other".into(),
+                expires_in: ms(1)
+            }
+        );
     }
 
     #[test]
     fn foreign_lease_unchanged_for_its_duration_is_taken_over() {
         let s = spec().held_by("other").for_secs(3);
-        assert_eq!(decide(Some(&s), ms(3000), ME), Decision::Write(Write::TakeOver { previous: Some("other".into()) }));
-        assert_eq!(decide(Some(&s), ms(9000), ME), Decision::Write(Write::TakeOver { previous: Some("other".into()) }));
+        assert_eq!(
+            decide(Some(&s), ms(3000), ME),
+            Decision::Write(Write::TakeOver {
+                previous: Some("other".into())
+            })
+        );
+        assert_eq!(
+            decide(Some(&s), ms(9000), ME),
+            Decision::Write(Write::TakeOver {
+                previous: Some("other".into())
+            })
+        );
     }
 
     #[test]
     fn the_holders_lease_duration_counts_not_ours() {
         // A released Lease says 1 s: it expires after 1 s even if we were configured for 15 s.
         let s = spec().held_by("other").for_secs(1);
-        assert!(matches!(decide(Some(&s), ms(1000), ME), Decision::Write(Write::TakeOver { .. })));
+        assert!(matches!(
+            decide(Some(&s), ms(1000), ME),
+            Decision::Write(Write::TakeOver { .. })
+        ));
     }
 
     #[test]
     fn released_or_empty_lease_is_taken_over_at_once() {
-        let released = released_spec(Some(&spec().held_by("other").transitions(4)), Timestamp::UNIX_EPOCH);
-        assert_eq!(decide(Some(&released), ms(0), ME), Decision::Write(Write::TakeOver { previous: None }));
-        assert_eq!(decide(Some(&spec()), ms(0), ME), Decision::Write(Write::TakeOver { previous: None }));
+        let released = released_spec(
+            Some(&spec().held_by("other").transitions(4)),
+            Timestamp::UNIX_EPOCH,
+        );
+        assert_eq!(
+            decide(Some(&released), ms(0), ME),
+            Decision::Write(Write::TakeOver { previous: None })
+        );
+        assert_eq!(
+            decide(Some(&spec()), ms(0), ME),
+            Decision::Write(Write::TakeOver { previous: None })
+        );
     }
 
     #[test]
     fn lease_without_duration_is_expired() {
         let s = spec().held_by("other");
-        assert!(matches!(decide(Some(&s), ms(0), ME), Decision::Write(Write::TakeOver { .. })));
+        assert!(matches!(
+            decide(Some(&s), ms(0), ME),
+            Decision::Write(Write::TakeOver { .. })
+        ));
     }
 
     #[test]
@@ -208,8 +269,14 @@ mod tests {
         // renewTime far in the past or future: only the local observation age decides.
         for renewed in [0, 4_000_000_000] {
             let s = spec().held_by("other").for_secs(15).renewed_at(renewed);
-            assert!(matches!(decide(Some(&s), ms(1000), ME), Decision::Wait { .. }));
-            assert!(matches!(decide(Some(&s), ms(15_000), ME), Decision::Write(Write::TakeOver { .. })));
+            assert!(matches!(
+                decide(Some(&s), ms(1000), ME),
+                Decision::Wait { .. }
+            ));
+            assert!(matches!(
+                decide(Some(&s), ms(15_000), ME),
+                Decision::Write(Write::TakeOver { .. })
+            ));
         }
     }
 
@@ -226,7 +293,11 @@ mod tests {
 
     #[test]
     fn renew_keeps_acquire_time_and_transitions() {
-        let old = spec().held_by(ME).for_secs(15).transitions(7).renewed_at(1000);
+        let old = spec()
+            .held_by(ME)
+            .for_secs(15)
+            .transitions(7)
+            .renewed_at(1000);
         let now = at(1002);
         let s = next_spec(&Write::Renew, Some(&old), ME, 15, now);
         assert_eq!(s.acquire_time, old.acquire_time);
@@ -236,9 +307,15 @@ mod tests {
 
     #[test]
     fn take_over_increments_transitions_and_resets_acquire_time() {
-        let old = spec().held_by("other").for_secs(15).transitions(7).renewed_at(1000);
+        let old = spec()
+            .held_by("other")
+            .for_secs(15)
+            .transitions(7)
+            .renewed_at(1000);
         let now = at(1020);
-        let w = Write::TakeOver { previous: Some("other".into()) };
+        let w = Write::TakeOver {
+            previous: Some("other".into()),
+        };
         let s = next_spec(&w, Some(&old), ME, 3, now);
         assert_eq!(s.holder_identity.as_deref(), Some(ME));
         assert_eq!(s.lease_duration_seconds, Some(3));
@@ -248,7 +325,11 @@ mod tests {
 
     #[test]
     fn release_clears_holder_like_client_go() {
-        let old = spec().held_by(ME).for_secs(15).transitions(2).renewed_at(1000);
+        let old = spec()
+            .held_by(ME)
+            .for_secs(15)
+            .transitions(2)
+            .renewed_at(1000);
         let now = at(1005);
         let s = released_spec(Some(&old), now);
         assert_eq!(s.holder_identity.as_deref(), Some(""));
@@ -265,10 +346,17 @@ mod tests {
         let s = spec().held_by("other").for_secs(3).renewed_at(1000);
         let first = Observation::update(None, s.clone(), t0);
         let same = Observation::update(Some(first), s.clone(), t1);
-        assert_eq!(same.since, t0, "an unchanged record keeps its first observation time");
+        assert_eq!(
+            same.since, t0,
+            "an unchanged record keeps its first observation time"
+        );
         let changed = Observation::update(Some(same), s.renewed_at(1001), t1);
         assert_eq!(changed.since, t1, "a renewal restarts the clock");
-        let transitions = Observation::update(Some(changed.clone()), changed.spec.clone().transitions(1), t1 + ms(1));
+        let transitions = Observation::update(
+            Some(changed.clone()),
+            changed.spec.clone().transitions(1),
+            t1 + ms(1),
+        );
         assert_eq!(transitions.since, t1 + ms(1), "any field counts");
     }
 }

@@ -52,7 +52,11 @@ pub enum Error {
     },
     /// The API server did not answer within the renew deadline.
     #[error("failed to {step} Lease {lease} within {timeout:?}")]
-    Timeout { step: &'static str, lease: String, timeout: Duration },
+    Timeout {
+        step: &'static str,
+        lease: String,
+        timeout: Duration,
+    },
 }
 
 impl Error {
@@ -107,7 +111,12 @@ impl LeaderElector {
     /// [`ConfigError`] from [`LeaseConfig::validate`].
     pub fn new(client: Client, config: LeaseConfig) -> Result<Self, ConfigError> {
         config.validate()?;
-        Ok(Self { client, reporter: config.lease_name.clone(), leadership: Leadership::new(&config), config })
+        Ok(Self {
+            client,
+            reporter: config.lease_name.clone(),
+            leadership: Leadership::new(&config),
+            config,
+        })
     }
 
     /// Names the reporting controller of the Events this elector records on the Lease.
@@ -138,7 +147,10 @@ impl LeaderElector {
     /// [`super::run_while_leader`]) and `shutdown` after it finished.
     pub async fn run(self, shutdown: CancellationToken) -> Result<(), Error> {
         let config = self.config;
-        let reporter = Reporter { controller: self.reporter, instance: Some(config.identity.clone()) };
+        let reporter = Reporter {
+            controller: self.reporter,
+            instance: Some(config.identity.clone()),
+        };
         let mut election = Election {
             api: Api::namespaced(self.client.clone(), &config.namespace),
             lease_ref: format!("{}/{}", config.namespace, config.lease_name),
@@ -174,7 +186,10 @@ enum Attempt {
     /// We hold the Lease; the successful write was sent at this instant.
     Leading { sent: Instant },
     /// Another candidate holds an unexpired Lease.
-    Held { holder: String, expires_in: Duration },
+    Held {
+        holder: String,
+        expires_in: Duration,
+    },
 }
 
 /// How the candidate phase ended.
@@ -234,7 +249,11 @@ impl Election {
             // Not raced against `shutdown`: a write in flight must be known, to release it.
             match tokio::time::timeout(timeout, self.attempt(false)).await {
                 Ok(Ok(Attempt::Leading { sent })) if self.fresh(sent) => {
-                    return if shutdown.is_cancelled() { Candidacy::Shutdown } else { Candidacy::Acquired { sent } };
+                    return if shutdown.is_cancelled() {
+                        Candidacy::Shutdown
+                    } else {
+                        Candidacy::Acquired { sent }
+                    };
                 }
                 Ok(Ok(Attempt::Leading { .. })) => {
                     tracing::debug!(lease = %self.lease_ref, "acquired too late to lead (paused?); retrying");
@@ -244,7 +263,11 @@ impl Election {
                 }
                 Ok(Err(err)) => self.log_failure(&err, "failed to acquire lease"),
                 Err(_) => {
-                    let err = Error::Timeout { step: "acquire", lease: self.lease_ref.clone(), timeout };
+                    let err = Error::Timeout {
+                        step: "acquire",
+                        lease: self.lease_ref.clone(),
+                        timeout,
+                    };
                     self.log_failure(&err, "failed to acquire lease");
                 }
             }
@@ -267,12 +290,18 @@ impl Election {
                 () = tokio::time::sleep(self.config.retry_period) => {}
             }
             let Some(renewed) = self.leadership.last_renewal() else {
-                return Term::Lost { reason: "not leading".into() };
+                return Term::Lost {
+                    reason: "not leading".into(),
+                };
             };
             let deadline = renewed + renew_deadline;
             loop {
                 if Instant::now() >= deadline {
-                    return Term::Lost { reason: format!("no renewal within the renew deadline ({renew_deadline:?})") };
+                    return Term::Lost {
+                        reason: format!(
+                            "no renewal within the renew deadline ({renew_deadline:?})"
+                        ),
+                    };
                 }
                 match tokio::time::timeout_at(deadline, self.attempt(true)).await {
                     Ok(Ok(Attempt::Leading { sent })) if self.fresh(sent) => {
@@ -280,15 +309,21 @@ impl Election {
                         break;
                     }
                     Ok(Ok(Attempt::Leading { .. })) => {
-                        return Term::Lost { reason: "renewed too late (process paused?)".into() };
+                        return Term::Lost {
+                            reason: "renewed too late (process paused?)".into(),
+                        };
                     }
                     Ok(Ok(Attempt::Held { holder, .. })) => {
-                        return Term::Lost { reason: format!("the lease is held by {holder}") };
+                        return Term::Lost {
+                            reason: format!("the lease is held by {holder}"),
+                        };
                     }
                     Ok(Err(err)) => self.log_failure(&err, "failed to renew lease"),
                     Err(_) => {
                         return Term::Lost {
-                            reason: format!("no renewal within the renew deadline ({renew_deadline:?})"),
+                            reason: format!(
+                                "no renewal within the renew deadline ({renew_deadline:?})"
+                            ),
                         };
                     }
                 }
@@ -315,8 +350,13 @@ impl Election {
         let identity = self.config.identity.clone();
         if leading && self.holder().as_deref() == Some(identity.as_str()) {
             let sent = Instant::now();
-            let spec =
-                next_spec(&Write::Renew, self.lease_spec().as_ref(), &identity, self.duration_secs(), Timestamp::now());
+            let spec = next_spec(
+                &Write::Renew,
+                self.lease_spec().as_ref(),
+                &identity,
+                self.duration_secs(),
+                Timestamp::now(),
+            );
             match self.update(spec).await {
                 Ok(()) => return Ok(Attempt::Leading { sent }),
                 Err(err) => {
@@ -328,24 +368,44 @@ impl Election {
         let lease = match self.api.get(&self.config.lease_name).await {
             Ok(lease) => lease,
             Err(err) if api_code(&err) == Some(404) => return self.create().await,
-            Err(source) => return Err(Error::GetLease { lease: self.lease_ref.clone(), source }),
+            Err(source) => {
+                return Err(Error::GetLease {
+                    lease: self.lease_ref.clone(),
+                    source,
+                });
+            }
         };
         let read = Instant::now();
         let spec = lease.spec.clone().unwrap_or_default();
         let observed = Observation::update(self.observed.take(), spec, read);
-        let decision = decide(Some(&observed.spec), read.saturating_duration_since(observed.since), &identity);
+        let decision = decide(
+            Some(&observed.spec),
+            read.saturating_duration_since(observed.since),
+            &identity,
+        );
         let current = observed.spec.clone();
         self.observed = Some(observed);
         self.lease = Some(lease);
         let write = match decision {
-            Decision::Wait { holder, expires_in } => return Ok(Attempt::Held { holder, expires_in }),
+            Decision::Wait { holder, expires_in } => {
+                return Ok(Attempt::Held { holder, expires_in });
+            }
             Decision::Write(write) => write,
         };
-        if let Write::TakeOver { previous: Some(previous) } = &write {
+        if let Write::TakeOver {
+            previous: Some(previous),
+        } = &write
+        {
             tracing::info!(lease = %self.lease_ref, %previous, "lease expired, taking over");
         }
         let sent = Instant::now();
-        let spec = next_spec(&write, Some(&current), &identity, self.duration_secs(), Timestamp::now());
+        let spec = next_spec(
+            &write,
+            Some(&current),
+            &identity,
+            self.duration_secs(),
+            Timestamp::now(),
+        );
         self.update(spec).await?;
         Ok(Attempt::Leading { sent })
     }
@@ -353,7 +413,13 @@ impl Election {
     /// Creates the missing Lease with us as holder.
     async fn create(&mut self) -> Result<Attempt, Error> {
         let sent = Instant::now();
-        let spec = Some(next_spec(&Write::Create, None, &self.config.identity, self.duration_secs(), Timestamp::now()));
+        let spec = Some(next_spec(
+            &Write::Create,
+            None,
+            &self.config.identity,
+            self.duration_secs(),
+            Timestamp::now(),
+        ));
         let lease = Lease {
             metadata: ObjectMeta {
                 name: Some(self.config.lease_name.clone()),
@@ -366,7 +432,10 @@ impl Election {
             .api
             .create(&PostParams::default(), &lease)
             .await
-            .map_err(|source| Error::CreateLease { lease: self.lease_ref.clone(), source })?;
+            .map_err(|source| Error::CreateLease {
+                lease: self.lease_ref.clone(),
+                source,
+            })?;
         self.remember(created);
         Ok(Attempt::Leading { sent })
     }
@@ -375,17 +444,27 @@ impl Election {
     async fn update(&mut self, spec: LeaseSpec) -> Result<(), Error> {
         let mut lease = self.lease.clone().unwrap_or_default();
         lease.spec = Some(spec);
-        match self.api.replace(&self.config.lease_name, &PostParams::default(), &lease).await {
+        match self
+            .api
+            .replace(&self.config.lease_name, &PostParams::default(), &lease)
+            .await
+        {
             Ok(updated) => {
                 self.remember(updated);
                 Ok(())
             }
-            Err(source) => Err(Error::UpdateLease { lease: self.lease_ref.clone(), source }),
+            Err(source) => Err(Error::UpdateLease {
+                lease: self.lease_ref.clone(),
+                source,
+            }),
         }
     }
 
     fn remember(&mut self, lease: Lease) {
-        self.observed = Some(Observation { spec: lease.spec.clone().unwrap_or_default(), since: Instant::now() });
+        self.observed = Some(Observation {
+            spec: lease.spec.clone().unwrap_or_default(),
+            since: Instant::now(),
+        });
         self.lease = Some(lease);
     }
 
@@ -399,7 +478,11 @@ impl Election {
         let timeout = self.config.renew_deadline;
         let deadline = Instant::now() + timeout;
         let lease_ref = self.lease_ref.clone();
-        let timed_out = || Error::Timeout { step: "release", lease: lease_ref.clone(), timeout };
+        let timed_out = || Error::Timeout {
+            step: "release",
+            lease: lease_ref.clone(),
+            timeout,
+        };
         loop {
             if self.holder().as_deref() != Some(self.config.identity.as_str()) {
                 return Ok(());
@@ -412,13 +495,22 @@ impl Election {
                 }
                 Ok(Err(err)) if err.is_conflict() => {
                     // Renewed or taken over since we read it: read again and decide.
-                    match tokio::time::timeout_at(deadline, self.api.get(&self.config.lease_name)).await {
+                    match tokio::time::timeout_at(deadline, self.api.get(&self.config.lease_name))
+                        .await
+                    {
                         Ok(Ok(lease)) => self.lease = Some(lease),
-                        Ok(Err(source)) => return Err(Error::GetLease { lease: self.lease_ref.clone(), source }),
+                        Ok(Err(source)) => {
+                            return Err(Error::GetLease {
+                                lease: self.lease_ref.clone(),
+                                source,
+                            });
+                        }
                         Err(_) => return Err(timed_out()),
                     }
                 }
-                Ok(Err(Error::UpdateLease { lease, source })) => return Err(Error::ReleaseLease { lease, source }),
+                Ok(Err(Error::UpdateLease { lease, source })) => {
+                    return Err(Error::ReleaseLease { lease, source });
+                }
                 Ok(Err(err)) => return Err(err),
                 Err(_) => return Err(timed_out()),
             }
@@ -464,7 +556,11 @@ impl Election {
             type_: EventType::Normal,
             reason: "LeaderElection".into(),
             note: Some(format!("{} {what}", self.config.identity)),
-            action: if what == "became leader" { "Acquire".into() } else { "Release".into() },
+            action: if what == "became leader" {
+                "Acquire".into()
+            } else {
+                "Release".into()
+            },
             secondary: None,
         };
         let recorder = self.recorder.clone();
@@ -509,7 +605,10 @@ mod tests {
         let period = Duration::from_millis(500);
         for _ in 0..1000 {
             let d = jittered(period);
-            assert!(d >= period && d <= period.mul_f64(1.0 + JITTER_FACTOR), "{d:?}");
+            assert!(
+                d >= period && d <= period.mul_f64(1.0 + JITTER_FACTOR),
+                "{d:?}"
+            );
         }
     }
 
@@ -525,7 +624,10 @@ mod tests {
         };
         assert!(err.is_conflict());
         let text = error_chain(&err);
-        assert!(text.starts_with("failed to update Lease ns/lock: "), "{text}");
+        assert!(
+            text.starts_with("failed to update Lease ns/lock: "),
+            "{text}"
+        );
         assert!(text.contains("the object has been modified"), "{text}");
     }
 }

@@ -50,7 +50,11 @@ pub enum NotLeader {
     #[error(
         "{identity} is no longer the leader: last renewal {since_renewal:?} ago, renew deadline {renew_deadline:?}"
     )]
-    Stale { identity: String, since_renewal: Duration, renew_deadline: Duration },
+    Stale {
+        identity: String,
+        since_renewal: Duration,
+        renew_deadline: Duration,
+    },
 }
 
 impl Leadership {
@@ -65,7 +69,14 @@ impl Leadership {
 
     fn build(identity: String, renew_deadline: Option<Duration>, leading: bool) -> Self {
         let (tx, _) = watch::channel(leading);
-        Self { shared: Arc::new(Shared { identity, renew_deadline, renewed: Mutex::new(None), leading: tx }) }
+        Self {
+            shared: Arc::new(Shared {
+                identity,
+                renew_deadline,
+                renewed: Mutex::new(None),
+                leading: tx,
+            }),
+        }
     }
 
     /// This candidate's identity.
@@ -88,13 +99,19 @@ impl Leadership {
         let Some(renew_deadline) = self.shared.renew_deadline else {
             return Ok(());
         };
-        let follower = || NotLeader::Follower { identity: self.shared.identity.clone() };
+        let follower = || NotLeader::Follower {
+            identity: self.shared.identity.clone(),
+        };
         let renewed = (*self.renewed()).ok_or_else(follower)?;
         let since_renewal = renewed.elapsed();
         if since_renewal < renew_deadline {
             Ok(())
         } else {
-            Err(NotLeader::Stale { identity: self.shared.identity.clone(), since_renewal, renew_deadline })
+            Err(NotLeader::Stale {
+                identity: self.shared.identity.clone(),
+                since_renewal,
+                renew_deadline,
+            })
         }
     }
 
@@ -119,19 +136,26 @@ impl Leadership {
 
     fn renewed(&self) -> MutexGuard<'_, Option<Instant>> {
         // The lock is never held across code that can panic; recover the value regardless.
-        self.shared.renewed.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
+        self.shared
+            .renewed
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
     }
 
     /// Records a successful acquire or renewal sent at `sent`. Returns true on acquisition.
     pub(crate) fn renewed_at(&self, sent: Instant) -> bool {
         *self.renewed() = Some(sent);
-        self.shared.leading.send_if_modified(|leading| !std::mem::replace(leading, true))
+        self.shared
+            .leading
+            .send_if_modified(|leading| !std::mem::replace(leading, true))
     }
 
     /// Stops leading. Returns true if this process was leading.
     pub(crate) fn step_down(&self) -> bool {
         *self.renewed() = None;
-        self.shared.leading.send_if_modified(|leading| std::mem::replace(leading, false))
+        self.shared
+            .leading
+            .send_if_modified(|leading| std::mem::replace(leading, false))
     }
 
     /// The instant the last successful renewal was sent, while leading.
@@ -218,15 +242,32 @@ mod tests {
     #[tokio::test(start_paused = true)]
     async fn guard_needs_a_fresh_renewal() {
         let l = leadership(2000);
-        assert_eq!(l.guard(), Err(NotLeader::Follower { identity: "me".into() }));
-        assert!(l.renewed_at(Instant::now()), "first renewal is an acquisition");
+        assert_eq!(
+            l.guard(),
+            Err(NotLeader::Follower {
+                identity: "me".into()
+            })
+        );
+        assert!(
+            l.renewed_at(Instant::now()),
+            "first renewal is an acquisition"
+        );
         assert!(l.is_leader());
         tokio::time::advance(Duration::from_millis(1999)).await;
         assert!(l.is_leader());
         tokio::time::advance(Duration::from_millis(1)).await;
-        assert!(matches!(l.guard(), Err(NotLeader::Stale { .. })), "stale at the renew deadline");
-        assert!(*l.subscribe().borrow(), "the watch still says leading: the guard does not rely on it");
-        assert!(!l.renewed_at(Instant::now()), "a renewal is not a new acquisition");
+        assert!(
+            matches!(l.guard(), Err(NotLeader::Stale { .. })),
+            "stale at the renew deadline"
+        );
+        assert!(
+            *l.subscribe().borrow(),
+            "the watch still says leading: the guard does not rely on it"
+        );
+        assert!(
+            !l.renewed_at(Instant::now()),
+            "a renewal is not a new acquisition"
+        );
         assert!(l.is_leader());
         assert!(l.step_down());
         assert!(!l.is_leader());
@@ -281,11 +322,21 @@ mod tests {
             }
         }));
         tokio::time::sleep(Duration::from_millis(10)).await;
-        assert_eq!(starts.load(Ordering::SeqCst), 0, "not started before leading");
+        assert_eq!(
+            starts.load(Ordering::SeqCst),
+            0,
+            "not started before leading"
+        );
 
         l.renewed_at(Instant::now());
         tokio::time::sleep(Duration::from_millis(10)).await;
-        assert_eq!((starts.load(Ordering::SeqCst), running.load(Ordering::SeqCst)), (1, 1));
+        assert_eq!(
+            (
+                starts.load(Ordering::SeqCst),
+                running.load(Ordering::SeqCst)
+            ),
+            (1, 1)
+        );
 
         l.step_down();
         tokio::time::sleep(Duration::from_millis(10)).await;
@@ -293,11 +344,22 @@ mod tests {
 
         l.renewed_at(Instant::now());
         tokio::time::sleep(Duration::from_millis(10)).await;
-        assert_eq!((starts.load(Ordering::SeqCst), running.load(Ordering::SeqCst)), (2, 1), "restarted next term");
+        assert_eq!(
+            (
+                starts.load(Ordering::SeqCst),
+                running.load(Ordering::SeqCst)
+            ),
+            (2, 1),
+            "restarted next term"
+        );
 
         shutdown.cancel();
         task.await.expect("run_while_leader");
-        assert_eq!(running.load(Ordering::SeqCst), 0, "finished before returning");
+        assert_eq!(
+            running.load(Ordering::SeqCst),
+            0,
+            "finished before returning"
+        );
     }
 
     #[tokio::test(start_paused = true)]

@@ -2,19 +2,20 @@
 
 use std::collections::BTreeMap;
 
+use k8s_openapi::ByteString;
 use k8s_openapi::api::apps::v1::{
-    RollingUpdateStatefulSetStrategy, StatefulSet, StatefulSetPersistentVolumeClaimRetentionPolicy, StatefulSetSpec,
-    StatefulSetUpdateStrategy,
+    RollingUpdateStatefulSetStrategy, StatefulSet, StatefulSetPersistentVolumeClaimRetentionPolicy,
+    StatefulSetSpec, StatefulSetUpdateStrategy,
 };
 use k8s_openapi::api::core::v1::{
-    ConfigMap, ConfigMapVolumeSource, Container, ContainerPort, EnvVar, EnvVarSource, ExecAction, ObjectFieldSelector,
-    PersistentVolumeClaim, PersistentVolumeClaimSpec, PodSecurityContext, PodSpec, PodTemplateSpec, Probe, Secret,
-    SecretKeySelector, Service, ServicePort, ServiceSpec, Volume, VolumeMount, VolumeResourceRequirements,
+    ConfigMap, ConfigMapVolumeSource, Container, ContainerPort, EnvVar, EnvVarSource, ExecAction,
+    ObjectFieldSelector, PersistentVolumeClaim, PersistentVolumeClaimSpec, PodSecurityContext,
+    PodSpec, PodTemplateSpec, Probe, Secret, SecretKeySelector, Service, ServicePort, ServiceSpec,
+    Volume, VolumeMount, VolumeResourceRequirements,
 };
 use k8s_openapi::api::policy::v1::{PodDisruptionBudget, PodDisruptionBudgetSpec};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{LabelSelector, ObjectMeta};
 use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
-use k8s_openapi::ByteString;
 use kube::ResourceExt;
 use sha2::{Digest, Sha256};
 
@@ -77,7 +78,10 @@ impl Names {
 pub fn selector_labels(cluster: &str) -> BTreeMap<String, String> {
     BTreeMap::from([
         ("app.kubernetes.io/name".to_string(), "postgres".to_string()),
-        ("app.kubernetes.io/instance".to_string(), cluster.to_string()),
+        (
+            "app.kubernetes.io/instance".to_string(),
+            cluster.to_string(),
+        ),
         (CLUSTER_LABEL.to_string(), cluster.to_string()),
     ])
 }
@@ -93,10 +97,19 @@ fn meta(cluster: &PostgresCluster, name: &str) -> ObjectMeta {
 
 /// The image of the cluster's instances.
 pub fn image(cluster: &PostgresCluster) -> String {
-    cluster.spec.image.clone().unwrap_or_else(|| format!("postgres:{}", cluster.spec.version))
+    cluster
+        .spec
+        .image
+        .clone()
+        .unwrap_or_else(|| format!("postgres:{}", cluster.spec.version))
 }
 
-fn service(cluster: &PostgresCluster, name: &str, selector: BTreeMap<String, String>, headless: bool) -> Service {
+fn service(
+    cluster: &PostgresCluster,
+    name: &str,
+    selector: BTreeMap<String, String>,
+    headless: bool,
+) -> Service {
     Service {
         metadata: meta(cluster, name),
         spec: Some(ServiceSpec {
@@ -121,7 +134,12 @@ fn service(cluster: &PostgresCluster, name: &str, selector: BTreeMap<String, Str
 /// The headless Service governing the StatefulSet (stable pod DNS names).
 pub fn headless_service(cluster: &PostgresCluster) -> Service {
     let names = Names::of(&cluster.name_any());
-    service(cluster, &names.headless, selector_labels(&cluster.name_any()), true)
+    service(
+        cluster,
+        &names.headless,
+        selector_labels(&cluster.name_any()),
+        true,
+    )
 }
 
 /// The read-write Service: the pod labelled `role=primary`.
@@ -150,7 +168,10 @@ pub fn superuser_secret(cluster: &PostgresCluster, password: &Password) -> Secre
         type_: Some("kubernetes.io/basic-auth".into()),
         data: Some(BTreeMap::from([
             ("username".to_string(), ByteString(b"postgres".to_vec())),
-            ("password".to_string(), ByteString(password.expose().as_bytes().to_vec())),
+            (
+                "password".to_string(),
+                ByteString(password.expose().as_bytes().to_vec()),
+            ),
         ])),
         ..Default::default()
     }
@@ -164,7 +185,8 @@ pub fn superuser_secret_owned(cluster: &PostgresCluster) -> bool {
 /// `postgresql.conf` lines for the user's parameters, values quoted as string literals
 /// (PostgreSQL accepts any setting quoted).
 pub fn render_parameters(parameters: &BTreeMap<String, String>) -> String {
-    let mut out = String::from("# Managed by database-operator: spec.parameters of the PostgresCluster.\n");
+    let mut out =
+        String::from("# Managed by database-operator: spec.parameters of the PostgresCluster.\n");
     out.push_str("listen_addresses = '*'\n");
     out.push_str(&format!("port = {PORT}\n"));
     out.push_str(&format!("hba_file = '{CONFIG_DIR}/pg_hba.conf'\n"));
@@ -215,7 +237,10 @@ pub fn config_map(cluster: &PostgresCluster) -> ConfigMap {
     ConfigMap {
         metadata: meta(cluster, &names.config),
         data: Some(BTreeMap::from([
-            ("postgresql.conf".to_string(), render_parameters(&cluster.spec.parameters)),
+            (
+                "postgresql.conf".to_string(),
+                render_parameters(&cluster.spec.parameters),
+            ),
             ("pg_hba.conf".to_string(), PG_HBA.to_string()),
             ("bootstrap.sh".to_string(), BOOTSTRAP.to_string()),
         ])),
@@ -242,7 +267,10 @@ pub fn pod_disruption_budget(cluster: &PostgresCluster) -> PodDisruptionBudget {
         metadata: meta(cluster, &names.pdb),
         spec: Some(PodDisruptionBudgetSpec {
             max_unavailable: Some(IntOrString::Int(1)),
-            selector: Some(LabelSelector { match_labels: Some(selector_labels(&cluster.name_any())), ..Default::default() }),
+            selector: Some(LabelSelector {
+                match_labels: Some(selector_labels(&cluster.name_any())),
+                ..Default::default()
+            }),
             ..Default::default()
         }),
         ..Default::default()
@@ -256,16 +284,26 @@ pub fn statefulset(cluster: &PostgresCluster, config_hash: &str, partition: i32)
     let names = Names::of(&name);
     let mut pod_labels = selector_labels(&name);
     pod_labels.insert(VERSION_LABEL.into(), cluster.spec.version.to_string());
-    let env = |name: &str, value: String| EnvVar { name: name.into(), value: Some(value), ..Default::default() };
+    let env = |name: &str, value: String| EnvVar {
+        name: name.into(),
+        value: Some(value),
+        ..Default::default()
+    };
     let container = Container {
         name: "postgres".into(),
         image: Some(image(cluster)),
-        command: Some(vec!["/bin/bash".into(), format!("{CONFIG_DIR}/bootstrap.sh")]),
+        command: Some(vec![
+            "/bin/bash".into(),
+            format!("{CONFIG_DIR}/bootstrap.sh"),
+        ]),
         env: Some(vec![
             EnvVar {
                 name: "POD_NAME".into(),
                 value_from: Some(EnvVarSource {
-                    field_ref: Some(ObjectFieldSelector { field_path: "metadata.name".into(), ..Default::default() }),
+                    field_ref: Some(ObjectFieldSelector {
+                        field_path: "metadata.name".into(),
+                        ..Default::default()
+                    }),
                     ..Default::default()
                 }),
                 ..Default::default()
@@ -284,12 +322,27 @@ pub fn statefulset(cluster: &PostgresCluster, config_hash: &str, partition: i32)
                 ..Default::default()
             },
             env("PGDATA", format!("{DATA_DIR}/pgdata")),
-            env("PRIMARY_HOST", format!("{}.{}", names.primary_pod, names.headless)),
+            env(
+                "PRIMARY_HOST",
+                format!("{}.{}", names.primary_pod, names.headless),
+            ),
         ]),
-        ports: Some(vec![ContainerPort { name: Some("postgres".into()), container_port: PORT, protocol: Some("TCP".into()), ..Default::default() }]),
+        ports: Some(vec![ContainerPort {
+            name: Some("postgres".into()),
+            container_port: PORT,
+            protocol: Some("TCP".into()),
+            ..Default::default()
+        }]),
         readiness_probe: Some(Probe {
             exec: Some(ExecAction {
-                command: Some(vec!["pg_isready".into(), "-q".into(), "-h".into(), "127.0.0.1".into(), "-U".into(), "postgres".into()]),
+                command: Some(vec![
+                    "pg_isready".into(),
+                    "-q".into(),
+                    "-h".into(),
+                    "127.0.0.1".into(),
+                    "-U".into(),
+                    "postgres".into(),
+                ]),
             }),
             period_seconds: Some(5),
             failure_threshold: Some(3),
@@ -297,18 +350,34 @@ pub fn statefulset(cluster: &PostgresCluster, config_hash: &str, partition: i32)
         }),
         resources: cluster.spec.resources.clone(),
         volume_mounts: Some(vec![
-            VolumeMount { name: "data".into(), mount_path: DATA_DIR.into(), ..Default::default() },
-            VolumeMount { name: "config".into(), mount_path: CONFIG_DIR.into(), read_only: Some(true), ..Default::default() },
+            VolumeMount {
+                name: "data".into(),
+                mount_path: DATA_DIR.into(),
+                ..Default::default()
+            },
+            VolumeMount {
+                name: "config".into(),
+                mount_path: CONFIG_DIR.into(),
+                read_only: Some(true),
+                ..Default::default()
+            },
         ]),
         ..Default::default()
     };
     let claim = PersistentVolumeClaim {
-        metadata: ObjectMeta { name: Some("data".into()), labels: Some(selector_labels(&name)), ..Default::default() },
+        metadata: ObjectMeta {
+            name: Some("data".into()),
+            labels: Some(selector_labels(&name)),
+            ..Default::default()
+        },
         spec: Some(PersistentVolumeClaimSpec {
             access_modes: Some(vec!["ReadWriteOnce".into()]),
             storage_class_name: cluster.spec.storage.storage_class_name.clone(),
             resources: Some(VolumeResourceRequirements {
-                requests: Some(BTreeMap::from([("storage".to_string(), cluster.spec.storage.size.clone())])),
+                requests: Some(BTreeMap::from([(
+                    "storage".to_string(),
+                    cluster.spec.storage.size.clone(),
+                )])),
                 ..Default::default()
             }),
             ..Default::default()
@@ -325,19 +394,30 @@ pub fn statefulset(cluster: &PostgresCluster, config_hash: &str, partition: i32)
             replicas: Some(cluster.spec.instances),
             service_name: Some(names.headless.clone()),
             pod_management_policy: Some("OrderedReady".into()),
-            selector: LabelSelector { match_labels: Some(selector_labels(&name)), ..Default::default() },
+            selector: LabelSelector {
+                match_labels: Some(selector_labels(&name)),
+                ..Default::default()
+            },
             update_strategy: Some(StatefulSetUpdateStrategy {
                 type_: Some("RollingUpdate".into()),
-                rolling_update: Some(RollingUpdateStatefulSetStrategy { partition: Some(partition), max_unavailable: None }),
+                rolling_update: Some(RollingUpdateStatefulSetStrategy {
+                    partition: Some(partition),
+                    max_unavailable: None,
+                }),
             }),
-            persistent_volume_claim_retention_policy: Some(StatefulSetPersistentVolumeClaimRetentionPolicy {
-                when_deleted: Some(when.into()),
-                when_scaled: Some("Retain".into()),
-            }),
+            persistent_volume_claim_retention_policy: Some(
+                StatefulSetPersistentVolumeClaimRetentionPolicy {
+                    when_deleted: Some(when.into()),
+                    when_scaled: Some("Retain".into()),
+                },
+            ),
             template: PodTemplateSpec {
                 metadata: Some(ObjectMeta {
                     labels: Some(pod_labels),
-                    annotations: Some(BTreeMap::from([(CONFIG_HASH_ANNOTATION.to_string(), config_hash.to_string())])),
+                    annotations: Some(BTreeMap::from([(
+                        CONFIG_HASH_ANNOTATION.to_string(),
+                        config_hash.to_string(),
+                    )])),
                     ..Default::default()
                 }),
                 spec: Some(PodSpec {
@@ -352,7 +432,11 @@ pub fn statefulset(cluster: &PostgresCluster, config_hash: &str, partition: i32)
                     termination_grace_period_seconds: Some(60),
                     volumes: Some(vec![Volume {
                         name: "config".into(),
-                        config_map: Some(ConfigMapVolumeSource { name: names.config.clone(), default_mode: Some(0o555), ..Default::default() }),
+                        config_map: Some(ConfigMapVolumeSource {
+                            name: names.config.clone(),
+                            default_mode: Some(0o555),
+                            ..Default::default()
+                        }),
                         ..Default::default()
                     }]),
                     ..Default::default()

@@ -30,13 +30,18 @@ use build::{Names, ROLE_LABEL, TEMPLATE_HASH_ANNOTATION};
 ///
 /// # Errors
 /// [`Error`] naming the step that failed.
-pub async fn reconcile(cluster: Arc<PostgresCluster>, ctx: Arc<Context<State>>) -> Result<Action, Error> {
+pub async fn reconcile(
+    cluster: Arc<PostgresCluster>,
+    ctx: Arc<Context<State>>,
+) -> Result<Action, Error> {
     if steward_core::finalizer::is_deleting(cluster.as_ref()) {
         // The garbage collector removes the children.
         return Ok(Action::await_change());
     }
     validate(&cluster)?;
-    let ns = cluster.namespace().ok_or_else(|| Error::InvalidSpec("PostgresCluster must be namespaced".into()))?;
+    let ns = cluster
+        .namespace()
+        .ok_or_else(|| Error::InvalidSpec("PostgresCluster must be namespaced".into()))?;
     let name = cluster.name_any();
     let names = Names::of(&name);
     let client = ctx.client.clone();
@@ -47,7 +52,10 @@ pub async fn reconcile(cluster: Arc<PostgresCluster>, ctx: Arc<Context<State>>) 
     let existing = secrets
         .get_opt(&names.superuser_secret)
         .await
-        .map_err(|source| Error::Read { what: format!("Secret {}", names.superuser_secret), source })?;
+        .map_err(|source| Error::Read {
+            what: format!("Secret {}", names.superuser_secret),
+            source,
+        })?;
     let password = existing
         .as_ref()
         .and_then(|s| s.data.as_ref()?.get("password"))
@@ -59,7 +67,11 @@ pub async fn reconcile(cluster: Arc<PostgresCluster>, ctx: Arc<Context<State>>) 
     if build::superuser_secret_owned(&cluster) {
         children.apply(secret).await?;
     } else {
-        children.clone().without_owner_reference().apply(secret).await?;
+        children
+            .clone()
+            .without_owner_reference()
+            .apply(secret)
+            .await?;
     }
 
     let config = build::config_map(&cluster);
@@ -68,29 +80,48 @@ pub async fn reconcile(cluster: Arc<PostgresCluster>, ctx: Arc<Context<State>>) 
     children.apply(build::headless_service(&cluster)).await?;
     children.apply(build::rw_service(&cluster)).await?;
     children.apply(build::ro_service(&cluster)).await?;
-    children.apply(build::pod_disruption_budget(&cluster)).await?;
+    children
+        .apply(build::pod_disruption_budget(&cluster))
+        .await?;
 
     // The StatefulSet, with the partition for the next step of a rollout.
     let statefulsets: Api<StatefulSet> = Api::namespaced(client.clone(), &ns);
     let current = statefulsets
         .get_opt(&names.statefulset)
         .await
-        .map_err(|source| Error::Read { what: format!("StatefulSet {}", names.statefulset), source })?;
+        .map_err(|source| Error::Read {
+            what: format!("StatefulSet {}", names.statefulset),
+            source,
+        })?;
     let pods_api: Api<Pod> = Api::namespaced(client.clone(), &ns);
     let pods = pods_api
         .list(&ListParams::default().labels(&format!("{}={name}", build::CLUSTER_LABEL)))
         .await
-        .map_err(|source| Error::Read { what: "the cluster's pods".into(), source })?;
-    let views: Vec<rollout::PodView> = pods.items.iter().filter_map(|p| rollout::PodView::of(p, &names.statefulset)).collect();
+        .map_err(|source| Error::Read {
+            what: "the cluster's pods".into(),
+            source,
+        })?;
+    let views: Vec<rollout::PodView> = pods
+        .items
+        .iter()
+        .filter_map(|p| rollout::PodView::of(p, &names.statefulset))
+        .collect();
 
     let mut desired = build::statefulset(&cluster, &config_hash, 0);
     let template_hash = build::template_hash(&desired);
     let template_changed = current
         .as_ref()
         .is_some_and(|s| s.annotations().get(TEMPLATE_HASH_ANNOTATION) != Some(&template_hash));
-    let partition = rollout::partition(cluster.spec.instances, current.as_ref(), template_changed, &views);
+    let partition = rollout::partition(
+        cluster.spec.instances,
+        current.as_ref(),
+        template_changed,
+        &views,
+    );
     desired = build::statefulset(&cluster, &config_hash, partition);
-    desired.annotations_mut().insert(TEMPLATE_HASH_ANNOTATION.into(), template_hash);
+    desired
+        .annotations_mut()
+        .insert(TEMPLATE_HASH_ANNOTATION.into(), template_hash);
     children.apply(desired).await?;
     if template_changed {
         ctx.recorder
@@ -100,14 +131,32 @@ pub async fn reconcile(cluster: Arc<PostgresCluster>, ctx: Arc<Context<State>>) 
 
     // Role labels for the Services: ordinal 0 is the primary.
     for pod in &pods.items {
-        let Some(view) = rollout::PodView::of(pod, &names.statefulset) else { continue };
-        let role = if view.ordinal == 0 { "primary" } else { "replica" };
+        let Some(view) = rollout::PodView::of(pod, &names.statefulset) else {
+            continue;
+        };
+        let role = if view.ordinal == 0 {
+            "primary"
+        } else {
+            "replica"
+        };
         if pod.labels().get(ROLE_LABEL).map(String::as_str) != Some(role) && !view.deleting {
             let patch = serde_json::json!({"metadata": {"labels": {ROLE_LABEL: role}}});
-            match pods_api.patch(&pod.name_any(), &PatchParams::default(), &Patch::Merge(&patch)).await {
+            match pods_api
+                .patch(
+                    &pod.name_any(),
+                    &PatchParams::default(),
+                    &Patch::Merge(&patch),
+                )
+                .await
+            {
                 Ok(_) => {}
                 Err(kube::Error::Api(s)) if s.code == 404 => {}
-                Err(source) => return Err(Error::LabelPod { pod: pod.name_any(), source }),
+                Err(source) => {
+                    return Err(Error::LabelPod {
+                        pod: pod.name_any(),
+                        source,
+                    });
+                }
             }
         }
     }
@@ -117,16 +166,32 @@ pub async fn reconcile(cluster: Arc<PostgresCluster>, ctx: Arc<Context<State>>) 
         generation: cluster.meta().generation,
         instances: cluster.spec.instances,
         target_version: cluster.spec.version,
-        update_revision: if template_changed { None } else { current.as_ref().and_then(rollout::update_revision) },
+        update_revision: if template_changed {
+            None
+        } else {
+            current.as_ref().and_then(rollout::update_revision)
+        },
         pods: &views,
         primary_pod: names.primary_pod.clone(),
         superuser_secret: names.superuser_secret.clone(),
     };
     let status = rollout::status(&observed, cluster.status.as_ref());
-    let ready = steward_core::conditions::is_true(&status.conditions, steward_core::conditions::READY);
+    let ready =
+        steward_core::conditions::is_true(&status.conditions, steward_core::conditions::READY);
     let api: Api<PostgresCluster> = Api::namespaced(client, &ns);
-    steward_core::status::apply(&api, cluster.as_ref(), cluster.status.as_ref(), &status, &ctx.field_manager).await?;
-    Ok(if ready { Action::requeue(ctx.data.options.resync_interval) } else { Action::requeue(Duration::from_secs(10)) })
+    steward_core::status::apply(
+        &api,
+        cluster.as_ref(),
+        cluster.status.as_ref(),
+        &status,
+        &ctx.field_manager,
+    )
+    .await?;
+    Ok(if ready {
+        Action::requeue(ctx.data.options.resync_interval)
+    } else {
+        Action::requeue(Duration::from_secs(10))
+    })
 }
 
 /// Checks in code what the schema checks at admission.
@@ -136,16 +201,24 @@ pub async fn reconcile(cluster: Arc<PostgresCluster>, ctx: Arc<Context<State>>) 
 pub fn validate(cluster: &PostgresCluster) -> Result<(), Error> {
     let spec = &cluster.spec;
     if !(1..=9).contains(&spec.instances) {
-        return Err(Error::InvalidSpec(format!("instances must be between 1 and 9, not {}", spec.instances)));
+        return Err(Error::InvalidSpec(format!(
+            "instances must be between 1 and 9, not {}",
+            spec.instances
+        )));
     }
     if !(13..=18).contains(&spec.version) {
-        return Err(Error::InvalidSpec(format!("version must be a PostgreSQL major version from 13 to 18, not {}", spec.version)));
+        return Err(Error::InvalidSpec(format!(
+            "version must be a PostgreSQL major version from 13 to 18, not {}",
+            spec.version
+        )));
     }
     for key in spec.parameters.keys() {
         ident::validate(Kind::Parameter, key).map_err(|e| Error::InvalidSpec(e.to_string()))?;
     }
     if cluster.name_any().len() > 47 {
-        return Err(Error::InvalidSpec("metadata.name must be at most 47 characters".into()));
+        return Err(Error::InvalidSpec(
+            "metadata.name must be at most 47 characters".into(),
+        ));
     }
     Ok(())
 }
@@ -169,7 +242,10 @@ mod tests {
                 instances: 3,
                 version: 16,
                 image: None,
-                storage: StorageSpec { size: Quantity("1Gi".into()), storage_class_name: Some("fast".into()) },
+                storage: StorageSpec {
+                    size: Quantity("1Gi".into()),
+                    storage_class_name: Some("fast".into()),
+                },
                 resources: None,
                 parameters: BTreeMap::from([("max_connections".to_string(), "200".to_string())]),
                 deletion_policy: DeletionPolicy::Retain,
@@ -187,10 +263,27 @@ mod tests {
         let ro = ro_service(&c);
         let hl = headless_service(&c);
         assert_eq!(rw.metadata.name.as_deref(), Some("pg-rw"));
-        assert_eq!(rw.spec.as_ref().unwrap().selector.as_ref().unwrap()[ROLE_LABEL], "primary");
-        assert_eq!(ro.spec.as_ref().unwrap().selector.as_ref().unwrap()[ROLE_LABEL], "replica");
-        assert_eq!(hl.spec.as_ref().unwrap().cluster_ip.as_deref(), Some("None"));
-        assert!(!hl.spec.as_ref().unwrap().selector.as_ref().unwrap().contains_key(ROLE_LABEL));
+        assert_eq!(
+            rw.spec.as_ref().unwrap().selector.as_ref().unwrap()[ROLE_LABEL],
+            "primary"
+        );
+        assert_eq!(
+            ro.spec.as_ref().unwrap().selector.as_ref().unwrap()[ROLE_LABEL],
+            "replica"
+        );
+        assert_eq!(
+            hl.spec.as_ref().unwrap().cluster_ip.as_deref(),
+            Some("None")
+        );
+        assert!(
+            !hl.spec
+                .as_ref()
+                .unwrap()
+                .selector
+                .as_ref()
+                .unwrap()
+                .contains_key(ROLE_LABEL)
+        );
         assert_eq!(rw.metadata.namespace.as_deref(), Some("ns"));
     }
 
@@ -201,24 +294,66 @@ mod tests {
         let spec = &sts.spec;
         assert_eq!(spec.replicas, Some(3));
         assert_eq!(spec.service_name.as_deref(), Some("pg-hl"));
-        assert_eq!(spec.update_strategy.as_ref().unwrap().rolling_update.as_ref().unwrap().partition, Some(2));
-        assert_eq!(spec.persistent_volume_claim_retention_policy.as_ref().unwrap().when_deleted.as_deref(), Some("Retain"));
+        assert_eq!(
+            spec.update_strategy
+                .as_ref()
+                .unwrap()
+                .rolling_update
+                .as_ref()
+                .unwrap()
+                .partition,
+            Some(2)
+        );
+        assert_eq!(
+            spec.persistent_volume_claim_retention_policy
+                .as_ref()
+                .unwrap()
+                .when_deleted
+                .as_deref(),
+            Some("Retain")
+        );
         let claim = &spec.volume_claim_templates.as_ref().unwrap()[0];
-        assert_eq!(claim.spec.as_ref().unwrap().storage_class_name.as_deref(), Some("fast"));
+        assert_eq!(
+            claim.spec.as_ref().unwrap().storage_class_name.as_deref(),
+            Some("fast")
+        );
         let pod = spec.template.spec.as_ref().unwrap();
         assert_eq!(pod.containers[0].image.as_deref(), Some("postgres:16"));
-        let labels = spec.template.metadata.as_ref().unwrap().labels.as_ref().unwrap();
+        let labels = spec
+            .template
+            .metadata
+            .as_ref()
+            .unwrap()
+            .labels
+            .as_ref()
+            .unwrap();
         assert_eq!(labels[VERSION_LABEL], "16");
         let env = pod.containers[0].env.as_ref().unwrap();
         let pw = env.iter().find(|e| e.name == "POSTGRES_PASSWORD").unwrap();
-        assert!(pw.value.is_none(), "the password comes from the Secret, never inline");
-        assert_eq!(pw.value_from.as_ref().unwrap().secret_key_ref.as_ref().unwrap().name, "pg-superuser");
+        assert!(
+            pw.value.is_none(),
+            "the password comes from the Secret, never inline"
+        );
+        assert_eq!(
+            pw.value_from
+                .as_ref()
+                .unwrap()
+                .secret_key_ref
+                .as_ref()
+                .unwrap()
+                .name,
+            "pg-superuser"
+        );
 
         let mut d = cluster("pg");
         d.spec.deletion_policy = DeletionPolicy::Delete;
         let sts = statefulset(&d, "abc", 0);
         assert_eq!(
-            sts.spec.persistent_volume_claim_retention_policy.unwrap().when_deleted.as_deref(),
+            sts.spec
+                .persistent_volume_claim_retention_policy
+                .unwrap()
+                .when_deleted
+                .as_deref(),
             Some("Delete")
         );
         assert!(superuser_secret_owned(&d));
@@ -229,24 +364,40 @@ mod tests {
     fn template_hash_tracks_version_and_config_not_partition() {
         let c = cluster("pg");
         let a = template_hash(&statefulset(&c, "h1", 0));
-        assert_eq!(a, template_hash(&statefulset(&c, "h1", 2)), "partition is not part of the template");
-        assert_ne!(a, template_hash(&statefulset(&c, "h2", 0)), "config change rolls");
+        assert_eq!(
+            a,
+            template_hash(&statefulset(&c, "h1", 2)),
+            "partition is not part of the template"
+        );
+        assert_ne!(
+            a,
+            template_hash(&statefulset(&c, "h2", 0)),
+            "config change rolls"
+        );
         let mut v = cluster("pg");
         v.spec.version = 17;
-        assert_ne!(a, template_hash(&statefulset(&v, "h1", 0)), "version change rolls");
+        assert_ne!(
+            a,
+            template_hash(&statefulset(&v, "h1", 0)),
+            "version change rolls"
+        );
     }
 
     #[test]
     fn config_renders_quoted_parameters_and_hash_changes() {
         let mut c = cluster("pg");
-        c.spec.parameters.insert("search_path".into(), "a', b".into());
+        c.spec
+            .parameters
+            .insert("search_path".into(), "a', b".into());
         let cm = config_map(&c);
         let conf = &cm.data.as_ref().unwrap()["postgresql.conf"];
         assert!(conf.contains("max_connections = '200'\n"), "{conf}");
         assert!(conf.contains("search_path = 'a'', b'\n"), "{conf}");
         assert!(conf.contains("hba_file = '/etc/steward/pg_hba.conf'"));
         let h1 = config_hash(&cm);
-        c.spec.parameters.insert("max_connections".into(), "300".into());
+        c.spec
+            .parameters
+            .insert("max_connections".into(), "300".into());
         assert_ne!(h1, config_hash(&config_map(&c)));
     }
 
@@ -257,7 +408,10 @@ mod tests {
         assert_eq!(s.metadata.name.as_deref(), Some("pg-superuser"));
         assert_eq!(s.data.as_ref().unwrap()["password"].0, b"pw");
         let pdb = pod_disruption_budget(&c);
-        assert_eq!(pdb.spec.unwrap().max_unavailable, Some(k8s_openapi::apimachinery::pkg::util::intstr::IntOrString::Int(1)));
+        assert_eq!(
+            pdb.spec.unwrap().max_unavailable,
+            Some(k8s_openapi::apimachinery::pkg::util::intstr::IntOrString::Int(1))
+        );
     }
 
     #[test]

@@ -30,7 +30,11 @@ impl PodView {
     /// The view of `pod` of StatefulSet `sts_name`, `None` for pods not named `<sts>-<n>`.
     pub fn of(pod: &Pod, sts_name: &str) -> Option<Self> {
         let name = pod.name_any();
-        let ordinal = name.strip_prefix(sts_name)?.strip_prefix('-')?.parse::<i32>().ok()?;
+        let ordinal = name
+            .strip_prefix(sts_name)?
+            .strip_prefix('-')?
+            .parse::<i32>()
+            .ok()?;
         let ready = pod
             .status
             .as_ref()
@@ -59,16 +63,24 @@ impl PodView {
 /// ordinal + 1). `0` when every instance is updated.
 pub fn next_partition(instances: i32, pods: &[PodView], update_revision: &str) -> i32 {
     let pod = |ordinal: i32| pods.iter().find(|p| p.ordinal == ordinal);
-    let not_updated = (0..instances).rev().find(|&o| !pod(o).is_some_and(|p| p.updated(update_revision)));
+    let not_updated = (0..instances)
+        .rev()
+        .find(|&o| !pod(o).is_some_and(|p| p.updated(update_revision)));
     let Some(next) = not_updated else { return 0 };
-    let above_healthy = (next + 1..instances).all(|o| pod(o).is_some_and(|p| p.healthy(update_revision)));
+    let above_healthy =
+        (next + 1..instances).all(|o| pod(o).is_some_and(|p| p.healthy(update_revision)));
     if above_healthy { next } else { next + 1 }
 }
 
 /// The partition to apply: `0` for a new StatefulSet, `instances - 1` when the template just
 /// changed, else the next step of the rollout, or the current partition while the
 /// StatefulSet controller has not caught up (its status is older than its spec).
-pub fn partition(instances: i32, existing: Option<&StatefulSet>, template_changed: bool, pods: &[PodView]) -> i32 {
+pub fn partition(
+    instances: i32,
+    existing: Option<&StatefulSet>,
+    template_changed: bool,
+    pods: &[PodView],
+) -> i32 {
     let Some(sts) = existing else { return 0 };
     if template_changed {
         return (instances - 1).max(0);
@@ -109,8 +121,15 @@ pub struct Observed<'a> {
 }
 
 /// The status for `observed`, keeping condition transition times from `previous`.
-pub fn status(observed: &Observed<'_>, previous: Option<&PostgresClusterStatus>) -> PostgresClusterStatus {
-    let in_range: Vec<&PodView> = observed.pods.iter().filter(|p| p.ordinal < observed.instances && !p.deleting).collect();
+pub fn status(
+    observed: &Observed<'_>,
+    previous: Option<&PostgresClusterStatus>,
+) -> PostgresClusterStatus {
+    let in_range: Vec<&PodView> = observed
+        .pods
+        .iter()
+        .filter(|p| p.ordinal < observed.instances && !p.deleting)
+        .collect();
     let ready_instances = in_range.iter().filter(|p| p.ready).count() as i32;
     let updated_instances = match observed.update_revision {
         Some(rev) => in_range.iter().filter(|p| p.updated(rev)).count() as i32,
@@ -126,9 +145,23 @@ pub fn status(observed: &Observed<'_>, previous: Option<&PostgresClusterStatus>)
     let ready = rolled_out && all_ready && current_version == Some(observed.target_version);
 
     let (phase, reason, message) = if ready {
-        (ClusterPhase::Ready, "Ready", format!("{} of {} instances ready, PostgreSQL {}", ready_instances, observed.instances, observed.target_version))
+        (
+            ClusterPhase::Ready,
+            "Ready",
+            format!(
+                "{} of {} instances ready, PostgreSQL {}",
+                ready_instances, observed.instances, observed.target_version
+            ),
+        )
     } else if current_version.is_none() {
-        (ClusterPhase::Creating, "Creating", format!("{ready_instances} of {} instances ready", observed.instances))
+        (
+            ClusterPhase::Creating,
+            "Creating",
+            format!(
+                "{ready_instances} of {} instances ready",
+                observed.instances
+            ),
+        )
     } else if !rolled_out {
         (
             ClusterPhase::Upgrading,
@@ -139,19 +172,37 @@ pub fn status(observed: &Observed<'_>, previous: Option<&PostgresClusterStatus>)
             ),
         )
     } else {
-        (ClusterPhase::Degraded, "InstancesNotReady", format!("{ready_instances} of {} instances ready", observed.instances))
+        (
+            ClusterPhase::Degraded,
+            "InstancesNotReady",
+            format!(
+                "{ready_instances} of {} instances ready",
+                observed.instances
+            ),
+        )
     };
 
     let mut conds: Vec<Condition> = previous.map(|s| s.conditions.clone()).unwrap_or_default();
     let generation = observed.generation;
-    conditions::set(&mut conds, READY, ready, reason, message.clone(), generation);
+    conditions::set(
+        &mut conds,
+        READY,
+        ready,
+        reason,
+        message.clone(),
+        generation,
+    );
     let progressing = matches!(phase, ClusterPhase::Creating | ClusterPhase::Upgrading);
     conditions::set(
         &mut conds,
         PROGRESSING,
         progressing,
         if progressing { reason } else { "Stable" },
-        if progressing { message.clone() } else { "no rollout in progress".to_string() },
+        if progressing {
+            message.clone()
+        } else {
+            "no rollout in progress".to_string()
+        },
         generation,
     );
     let degraded = phase == ClusterPhase::Degraded;
@@ -160,7 +211,11 @@ pub fn status(observed: &Observed<'_>, previous: Option<&PostgresClusterStatus>)
         DEGRADED,
         degraded,
         if degraded { reason } else { "AsExpected" },
-        if degraded { message } else { "no instance lost".to_string() },
+        if degraded {
+            message
+        } else {
+            "no instance lost".to_string()
+        },
         generation,
     );
     PostgresClusterStatus {
@@ -181,13 +236,23 @@ mod tests {
     use super::*;
 
     fn pod(ordinal: i32, rev: &str, ready: bool) -> PodView {
-        PodView { ordinal, revision: Some(rev.into()), ready, version: Some(if rev == "new" { 17 } else { 16 }), deleting: false }
+        PodView {
+            ordinal,
+            revision: Some(rev.into()),
+            ready,
+            version: Some(if rev == "new" { 17 } else { 16 }),
+            deleting: false,
+        }
     }
 
     #[test]
     fn rollout_goes_replicas_first_primary_last_one_at_a_time() {
         // Template just changed: nothing updated yet → only ordinal 2 may update.
-        let mut pods = vec![pod(0, "old", true), pod(1, "old", true), pod(2, "old", true)];
+        let mut pods = vec![
+            pod(0, "old", true),
+            pod(1, "old", true),
+            pod(2, "old", true),
+        ];
         assert_eq!(next_partition(3, &pods, "new"), 2);
         // Ordinal 2 recreated, not ready yet → hold at 2.
         pods[2] = pod(2, "new", false);
@@ -209,8 +274,16 @@ mod tests {
 
     #[test]
     fn unready_updated_replica_blocks_the_primary() {
-        let pods = vec![pod(0, "old", true), pod(1, "new", true), pod(2, "new", false)];
-        assert_eq!(next_partition(3, &pods, "new"), 1, "ordinal 2 not ready: ordinal 1 is done, hold before 0");
+        let pods = vec![
+            pod(0, "old", true),
+            pod(1, "new", true),
+            pod(2, "new", false),
+        ];
+        assert_eq!(
+            next_partition(3, &pods, "new"),
+            1,
+            "ordinal 2 not ready: ordinal 1 is done, hold before 0"
+        );
     }
 
     #[test]
@@ -222,7 +295,11 @@ mod tests {
     #[test]
     fn partition_starts_at_highest_ordinal_on_template_change() {
         let sts = StatefulSet::default();
-        assert_eq!(partition(3, None, false, &[]), 0, "new StatefulSet: everything at once");
+        assert_eq!(
+            partition(3, None, false, &[]),
+            0,
+            "new StatefulSet: everything at once"
+        );
         assert_eq!(partition(3, Some(&sts), true, &[]), 2);
     }
 
@@ -246,29 +323,62 @@ mod tests {
         assert!(!conditions::is_true(&s.conditions, READY));
         assert!(conditions::is_true(&s.conditions, PROGRESSING));
 
-        let old = vec![pod(0, "old", true), pod(1, "old", true), pod(2, "old", true)];
+        let old = vec![
+            pod(0, "old", true),
+            pod(1, "old", true),
+            pod(2, "old", true),
+        ];
         let s = status(&observed(&old, Some("old"), 16), Some(&s));
         assert_eq!(s.phase, Some(ClusterPhase::Ready));
-        assert_eq!((s.ready_instances, s.current_version, s.target_version), (3, Some(16), Some(16)));
+        assert_eq!(
+            (s.ready_instances, s.current_version, s.target_version),
+            (3, Some(16), Some(16))
+        );
         assert!(conditions::is_true(&s.conditions, READY));
-        assert_eq!(conditions::get(&s.conditions, READY).unwrap().observed_generation, Some(2));
+        assert_eq!(
+            conditions::get(&s.conditions, READY)
+                .unwrap()
+                .observed_generation,
+            Some(2)
+        );
 
         // Version bumped: the new revision exists, nobody runs it yet.
         let s = status(&observed(&old, Some("new"), 17), Some(&s));
         assert_eq!(s.phase, Some(ClusterPhase::Upgrading));
-        assert!(!conditions::is_true(&s.conditions, READY), "not Ready until the primary runs the target");
+        assert!(
+            !conditions::is_true(&s.conditions, READY),
+            "not Ready until the primary runs the target"
+        );
         assert_eq!(s.current_version, Some(16));
 
         // Replicas updated, the primary not yet: still not Ready.
-        let mid = vec![pod(0, "old", true), pod(1, "new", true), pod(2, "new", true)];
+        let mid = vec![
+            pod(0, "old", true),
+            pod(1, "new", true),
+            pod(2, "new", true),
+        ];
         let s = status(&observed(&mid, Some("new"), 17), Some(&s));
-        assert_eq!((s.phase, s.updated_instances, s.current_version), (Some(ClusterPhase::Upgrading), 2, Some(16)));
+        assert_eq!(
+            (s.phase, s.updated_instances, s.current_version),
+            (Some(ClusterPhase::Upgrading), 2, Some(16))
+        );
 
-        let done = vec![pod(0, "new", true), pod(1, "new", true), pod(2, "new", true)];
+        let done = vec![
+            pod(0, "new", true),
+            pod(1, "new", true),
+            pod(2, "new", true),
+        ];
         let s = status(&observed(&done, Some("new"), 17), Some(&s));
-        assert_eq!((s.phase, s.current_version), (Some(ClusterPhase::Ready), Some(17)));
+        assert_eq!(
+            (s.phase, s.current_version),
+            (Some(ClusterPhase::Ready), Some(17))
+        );
 
-        let lost = vec![pod(0, "new", true), pod(1, "new", false), pod(2, "new", true)];
+        let lost = vec![
+            pod(0, "new", true),
+            pod(1, "new", false),
+            pod(2, "new", true),
+        ];
         let s = status(&observed(&lost, Some("new"), 17), Some(&s));
         assert_eq!(s.phase, Some(ClusterPhase::Degraded));
         assert!(conditions::is_true(&s.conditions, DEGRADED));
@@ -276,9 +386,16 @@ mod tests {
 
     #[test]
     fn status_is_stable_when_nothing_changes() {
-        let pods = vec![pod(0, "old", true), pod(1, "old", true), pod(2, "old", true)];
+        let pods = vec![
+            pod(0, "old", true),
+            pod(1, "old", true),
+            pod(2, "old", true),
+        ];
         let a = status(&observed(&pods, Some("old"), 16), None);
         let b = status(&observed(&pods, Some("old"), 16), Some(&a));
-        assert_eq!(a, b, "an unchanged cluster computes an unchanged status (no write)");
+        assert_eq!(
+            a, b,
+            "an unchanged cluster computes an unchanged status (no write)"
+        );
     }
 }

@@ -5,8 +5,9 @@ use std::collections::BTreeMap;
 
 use k8s_openapi::api::batch::v1::{Job, JobSpec};
 use k8s_openapi::api::core::v1::{
-    Container, EnvVar, EnvVarSource, PersistentVolumeClaim, PersistentVolumeClaimSpec, PersistentVolumeClaimVolumeSource,
-    PodSecurityContext, PodSpec, PodTemplateSpec, SecretKeySelector, Volume, VolumeMount, VolumeResourceRequirements,
+    Container, EnvVar, EnvVarSource, PersistentVolumeClaim, PersistentVolumeClaimSpec,
+    PersistentVolumeClaimVolumeSource, PodSecurityContext, PodSpec, PodTemplateSpec,
+    SecretKeySelector, Volume, VolumeMount, VolumeResourceRequirements,
 };
 use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
@@ -23,7 +24,13 @@ pub const DATABASE_LABEL: &str = "database.steward.dev/database";
 /// characters, unique per Database object).
 pub fn name(db: &Database) -> String {
     let base: String = db.name_any().chars().take(40).collect();
-    let uid: String = db.uid().unwrap_or_default().chars().filter(|c| c.is_ascii_alphanumeric()).take(8).collect();
+    let uid: String = db
+        .uid()
+        .unwrap_or_default()
+        .chars()
+        .filter(|c| c.is_ascii_alphanumeric())
+        .take(8)
+        .collect();
     format!("{}-backup-{uid}", base.trim_end_matches('-'))
 }
 
@@ -45,9 +52,16 @@ fn labels(db: &Database) -> BTreeMap<String, String> {
 /// The claim the dump is written to.
 pub fn claim(db: &Database) -> PersistentVolumeClaim {
     let spec = db.spec.backup.as_ref();
-    let size = spec.and_then(|b| b.storage_size.clone()).unwrap_or_else(|| Quantity("1Gi".into()));
+    let size = spec
+        .and_then(|b| b.storage_size.clone())
+        .unwrap_or_else(|| Quantity("1Gi".into()));
     PersistentVolumeClaim {
-        metadata: ObjectMeta { name: Some(name(db)), namespace: db.namespace(), labels: Some(labels(db)), ..Default::default() },
+        metadata: ObjectMeta {
+            name: Some(name(db)),
+            namespace: db.namespace(),
+            labels: Some(labels(db)),
+            ..Default::default()
+        },
         spec: Some(PersistentVolumeClaimSpec {
             access_modes: Some(vec!["ReadWriteOnce".into()]),
             storage_class_name: spec.and_then(|b| b.storage_class_name.clone()),
@@ -64,23 +78,44 @@ pub fn claim(db: &Database) -> PersistentVolumeClaim {
 /// The Job running `pg_dump --format=custom` as the admin (credentials from the admin Secret,
 /// never inline).
 pub fn job(db: &Database, server: &Server, default_image: &str) -> Job {
-    let image = db.spec.backup.as_ref().and_then(|b| b.image.clone()).unwrap_or_else(|| default_image.to_string());
+    let image = db
+        .spec
+        .backup
+        .as_ref()
+        .and_then(|b| b.image.clone())
+        .unwrap_or_else(|| default_image.to_string());
     let (secret, user_key, password_key) = admin_secret_of(&db.spec).unwrap_or_default();
-    let env = |name: &str, value: String| EnvVar { name: name.into(), value: Some(value), ..Default::default() };
+    let env = |name: &str, value: String| EnvVar {
+        name: name.into(),
+        value: Some(value),
+        ..Default::default()
+    };
     let from_secret = |name: &str, key: String| EnvVar {
         name: name.into(),
         value_from: Some(EnvVarSource {
-            secret_key_ref: Some(SecretKeySelector { name: secret.clone(), key, optional: Some(false) }),
+            secret_key_ref: Some(SecretKeySelector {
+                name: secret.clone(),
+                key,
+                optional: Some(false),
+            }),
             ..Default::default()
         }),
         ..Default::default()
     };
     Job {
-        metadata: ObjectMeta { name: Some(name(db)), namespace: db.namespace(), labels: Some(labels(db)), ..Default::default() },
+        metadata: ObjectMeta {
+            name: Some(name(db)),
+            namespace: db.namespace(),
+            labels: Some(labels(db)),
+            ..Default::default()
+        },
         spec: Some(JobSpec {
             backoff_limit: Some(2),
             template: PodTemplateSpec {
-                metadata: Some(ObjectMeta { labels: Some(labels(db)), ..Default::default() }),
+                metadata: Some(ObjectMeta {
+                    labels: Some(labels(db)),
+                    ..Default::default()
+                }),
                 spec: Some(PodSpec {
                     restart_policy: Some("Never".into()),
                     containers: vec![Container {
@@ -101,7 +136,11 @@ pub fn job(db: &Database, server: &Server, default_image: &str) -> Job {
                             env("PGSSLMODE", sslmode_str(server.ssl_mode).into()),
                             env("PGCONNECT_TIMEOUT", "10".into()),
                         ]),
-                        volume_mounts: Some(vec![VolumeMount { name: "backup".into(), mount_path: "/backup".into(), ..Default::default() }]),
+                        volume_mounts: Some(vec![VolumeMount {
+                            name: "backup".into(),
+                            mount_path: "/backup".into(),
+                            ..Default::default()
+                        }]),
                         ..Default::default()
                     }],
                     security_context: Some(PodSecurityContext {
@@ -113,7 +152,10 @@ pub fn job(db: &Database, server: &Server, default_image: &str) -> Job {
                     }),
                     volumes: Some(vec![Volume {
                         name: "backup".into(),
-                        persistent_volume_claim: Some(PersistentVolumeClaimVolumeSource { claim_name: name(db), read_only: Some(false) }),
+                        persistent_volume_claim: Some(PersistentVolumeClaimVolumeSource {
+                            claim_name: name(db),
+                            read_only: Some(false),
+                        }),
                         ..Default::default()
                     }]),
                     ..Default::default()
@@ -136,7 +178,9 @@ pub enum JobState {
 /// The state of a dump Job from its conditions.
 pub fn job_state(job: &Job) -> JobState {
     let conditions = job.status.as_ref().and_then(|s| s.conditions.as_ref());
-    let is = |t: &str| conditions.is_some_and(|cs| cs.iter().any(|c| c.type_ == t && c.status == "True"));
+    let is = |t: &str| {
+        conditions.is_some_and(|cs| cs.iter().any(|c| c.type_ == t && c.status == "True"))
+    };
     if is("Complete") {
         JobState::Succeeded
     } else if is("Failed") {
@@ -148,5 +192,10 @@ pub fn job_state(job: &Job) -> JobState {
 
 /// The status entry for the dump of `db` in `state`.
 pub fn status(db: &Database, state: JobState) -> BackupStatus {
-    BackupStatus { job: name(db), claim: name(db), file: file_name(db), succeeded: state == JobState::Succeeded }
+    BackupStatus {
+        job: name(db),
+        claim: name(db),
+        file: file_name(db),
+        succeeded: state == JobState::Succeeded,
+    }
 }

@@ -36,7 +36,9 @@ use steward_core::apply::Children;
 use steward_core::conditions::{self, READY};
 use steward_core::finalizer::{self, Event};
 
-use crate::api::{BackupStatus, Database, DatabaseRole, DatabaseStatus, DeletionPolicy, ResourcePhase};
+use crate::api::{
+    BackupStatus, Database, DatabaseRole, DatabaseStatus, DeletionPolicy, ResourcePhase,
+};
 use crate::ident::{self, Kind};
 use crate::password::Password;
 use crate::pg::{self, Server};
@@ -60,7 +62,10 @@ pub fn secret_name(db: &Database) -> String {
 ///
 /// # Errors
 /// The step that failed, wrapped by the finalizer.
-pub async fn reconcile(db: Arc<Database>, ctx: Arc<Context<State>>) -> Result<Action, finalizer::Error<Error>> {
+pub async fn reconcile(
+    db: Arc<Database>,
+    ctx: Arc<Context<State>>,
+) -> Result<Action, finalizer::Error<Error>> {
     let ns = db.namespace().unwrap_or_default();
     let api: Api<Database> = Api::namespaced(ctx.client.clone(), &ns);
     finalizer::run(&api, FINALIZER, db, |event| async {
@@ -100,7 +105,9 @@ pub fn validate(db: &Database) -> Result<(), Error> {
         }
     }
     if spec.cluster_ref.is_some() == spec.external.is_some() {
-        return Err(Error::InvalidSpec("exactly one of clusterRef and external must be set".into()));
+        return Err(Error::InvalidSpec(
+            "exactly one of clusterRef and external must be set".into(),
+        ));
     }
     Ok(())
 }
@@ -114,13 +121,20 @@ async fn apply(db: &Database, ctx: &Context<State>) -> Result<Action, Error> {
     Ok(Action::requeue(ctx.data.options.resync_interval))
 }
 
-async fn converge(db: &Database, ctx: &Context<State>, progress: &mut Progress) -> Result<(), Error> {
+async fn converge(
+    db: &Database,
+    ctx: &Context<State>,
+    progress: &mut Progress,
+) -> Result<(), Error> {
     validate(db)?;
     let ns = db.namespace().unwrap_or_default();
     let spec = &db.spec;
     let server = server::resolve(&ctx.client, &ns, spec).await?;
     if server.admin_user == spec.owner {
-        return Err(Error::InvalidSpec(format!("owner {:?} is the server's admin role; choose another owner", spec.owner)));
+        return Err(Error::InvalidSpec(format!(
+            "owner {:?} is the server's admin role; choose another owner",
+            spec.owner
+        )));
     }
     progress.server = Some(server.address());
     protect_admin_secret(db, ctx, true).await?;
@@ -128,11 +142,22 @@ async fn converge(db: &Database, ctx: &Context<State>, progress: &mut Progress) 
     // Credentials: the owner's password is generated once and kept in the Secret.
     let secrets: Api<Secret> = Api::namespaced(ctx.client.clone(), &ns);
     let name = secret_name(db);
-    let existing = secrets.get_opt(&name).await.map_err(|source| Error::Read { what: format!("Secret {name}"), source })?;
-    let password = existing.as_ref().and_then(server::password_of).unwrap_or_else(Password::generate);
+    let existing = secrets.get_opt(&name).await.map_err(|source| Error::Read {
+        what: format!("Secret {name}"),
+        source,
+    })?;
+    let password = existing
+        .as_ref()
+        .and_then(server::password_of)
+        .unwrap_or_else(Password::generate);
     let data = server::credentials(&server, &spec.name, &spec.owner, &password);
     Children::new(ctx.client.clone(), db, &ctx.field_manager)
-        .apply(server::credentials_secret(&name, &ns, data, BTreeMap::new()))
+        .apply(server::credentials_secret(
+            &name,
+            &ns,
+            data,
+            BTreeMap::new(),
+        ))
         .await?;
     progress.secret = Some(name);
 
@@ -151,34 +176,78 @@ async fn converge(db: &Database, ctx: &Context<State>, progress: &mut Progress) 
         let step = step.to_string();
         move |e| Error::sql(step, &address, e)
     };
-    let (admin_is_superuser, _) = observe::session(&admin).await.map_err(sql_err("read the session"))?;
-    let role_state = observe::role(&admin, &spec.owner).await.map_err(sql_err("read the owner role"))?;
+    let (admin_is_superuser, _) = observe::session(&admin)
+        .await
+        .map_err(sql_err("read the session"))?;
+    let role_state = observe::role(&admin, &spec.owner)
+        .await
+        .map_err(sql_err("read the owner role"))?;
     let role_plan = sql::plan_login_role(&spec.owner, role_state.as_ref(), &password)?;
-    pg::execute(&admin, &role_plan).await.map_err(sql_err("create or update the owner role"))?;
+    pg::execute(&admin, &role_plan)
+        .await
+        .map_err(sql_err("create or update the owner role"))?;
     let db_state = observe::database_server(&admin, &spec.name, &spec.owner, admin_is_superuser)
         .await
         .map_err(sql_err("read the database"))?;
     let db_plan = sql::plan_database_server(&spec.name, &spec.owner, &db_state);
-    pg::execute(&admin, &db_plan).await.map_err(sql_err("create or update the database"))?;
+    pg::execute(&admin, &db_plan)
+        .await
+        .map_err(sql_err("create or update the database"))?;
 
-    let inside = pg::connect(&server, &spec.name).await.map_err(sql_err(&format!("connect to database {}", spec.name)))?;
-    let in_state = observe::in_database(&inside).await.map_err(sql_err("read schemas and extensions"))?;
+    let inside = pg::connect(&server, &spec.name)
+        .await
+        .map_err(sql_err(&format!("connect to database {}", spec.name)))?;
+    let in_state = observe::in_database(&inside)
+        .await
+        .map_err(sql_err("read schemas and extensions"))?;
     let in_plan = sql::plan_in_database(&spec.owner, &spec.schemas, &spec.extensions, &in_state);
-    pg::execute(&inside, &in_plan).await.map_err(sql_err("converge schemas and extensions"))?;
+    pg::execute(&inside, &in_plan)
+        .await
+        .map_err(sql_err("converge schemas and extensions"))?;
 
     // Tell what changed.
     let created = db_state.owner.is_none();
-    let changes: Vec<String> = role_plan.iter().chain(&db_plan).chain(&in_plan).map(|s| pg::redact(s)).collect();
+    let changes: Vec<String> = role_plan
+        .iter()
+        .chain(&db_plan)
+        .chain(&in_plan)
+        .map(|s| pg::redact(s))
+        .collect();
     if created {
         ctx.recorder
-            .normal(db, "Created", "Create", format!("created database {} owned by {} on {address}", spec.name, spec.owner))
+            .normal(
+                db,
+                "Created",
+                "Create",
+                format!(
+                    "created database {} owned by {} on {address}",
+                    spec.name, spec.owner
+                ),
+            )
             .await;
-    } else if db.status.as_ref().and_then(|s| s.observed_generation).is_none() {
+    } else if db
+        .status
+        .as_ref()
+        .and_then(|s| s.observed_generation)
+        .is_none()
+    {
         ctx.recorder
-            .normal(db, "Adopted", "Adopt", format!("adopted the existing database {} on {address}", spec.name))
+            .normal(
+                db,
+                "Adopted",
+                "Adopt",
+                format!("adopted the existing database {} on {address}", spec.name),
+            )
             .await;
     } else if !changes.is_empty() {
-        ctx.recorder.normal(db, "DriftCorrected", "Converge", format!("corrected drift: {}", changes.join("; "))).await;
+        ctx.recorder
+            .normal(
+                db,
+                "DriftCorrected",
+                "Converge",
+                format!("corrected drift: {}", changes.join("; ")),
+            )
+            .await;
     }
     if role_state.is_none() && !created {
         tracing::info!(role = %spec.owner, "created the owner role of an existing database");
@@ -188,7 +257,9 @@ async fn converge(db: &Database, ctx: &Context<State>, progress: &mut Progress) 
 
 async fn cleanup(db: &Database, ctx: &Context<State>) -> Result<Action, Error> {
     let mut progress = Progress::default();
-    let result = drop_all(db, ctx, &mut progress).await.map_err(Error::blocking_cleanup);
+    let result = drop_all(db, ctx, &mut progress)
+        .await
+        .map_err(Error::blocking_cleanup);
     if let Err(e) = &result {
         let status = status_of(db, &progress, Err(e), true);
         write_status(db, ctx, status).await?;
@@ -196,7 +267,11 @@ async fn cleanup(db: &Database, ctx: &Context<State>) -> Result<Action, Error> {
     result
 }
 
-async fn drop_all(db: &Database, ctx: &Context<State>, progress: &mut Progress) -> Result<Action, Error> {
+async fn drop_all(
+    db: &Database,
+    ctx: &Context<State>,
+    progress: &mut Progress,
+) -> Result<Action, Error> {
     let ns = db.namespace().unwrap_or_default();
     let spec = &db.spec;
     progress.backup = db.status.as_ref().and_then(|s| s.backup.clone());
@@ -206,7 +281,10 @@ async fn drop_all(db: &Database, ctx: &Context<State>, progress: &mut Progress) 
     let waiting: Vec<String> = roles
         .list(&ListParams::default())
         .await
-        .map_err(|source| Error::Read { what: "DatabaseRoles".into(), source })?
+        .map_err(|source| Error::Read {
+            what: "DatabaseRoles".into(),
+            source,
+        })?
         .items
         .into_iter()
         .filter(|r| r.spec.database_ref.name == db.name_any())
@@ -222,7 +300,10 @@ async fn drop_all(db: &Database, ctx: &Context<State>, progress: &mut Progress) 
                 db,
                 "Retained",
                 "Delete",
-                format!("deletionPolicy Retain: database {} and role {} were left on the server", spec.name, spec.owner),
+                format!(
+                    "deletionPolicy Retain: database {} and role {} were left on the server",
+                    spec.name, spec.owner
+                ),
             )
             .await;
         protect_admin_secret(db, ctx, false).await?;
@@ -233,8 +314,17 @@ async fn drop_all(db: &Database, ctx: &Context<State>, progress: &mut Progress) 
         // The cluster (its pods, its superuser Secret) is going away too, e.g. with the
         // namespace: there is no server left to drop from; say so instead of blocking forever.
         let clusters: Api<crate::api::PostgresCluster> = Api::namespaced(ctx.client.clone(), &ns);
-        let cluster = clusters.get_opt(&r.name).await.map_err(|source| Error::Read { what: format!("PostgresCluster {}", r.name), source })?;
-        if cluster.as_ref().is_none_or(|c| c.metadata.deletion_timestamp.is_some()) {
+        let cluster = clusters
+            .get_opt(&r.name)
+            .await
+            .map_err(|source| Error::Read {
+                what: format!("PostgresCluster {}", r.name),
+                source,
+            })?;
+        if cluster
+            .as_ref()
+            .is_none_or(|c| c.metadata.deletion_timestamp.is_some())
+        {
             ctx.recorder
                 .warning(
                     db,
@@ -257,8 +347,16 @@ async fn drop_all(db: &Database, ctx: &Context<State>, progress: &mut Progress) 
         progress.backup = Some(backup::status(db, state));
         match state {
             backup::JobState::Succeeded => {}
-            backup::JobState::Running => return Err(Error::WaitingForBackup { job: backup::name(db) }),
-            backup::JobState::Failed => return Err(Error::BackupFailed { job: backup::name(db) }),
+            backup::JobState::Running => {
+                return Err(Error::WaitingForBackup {
+                    job: backup::name(db),
+                });
+            }
+            backup::JobState::Failed => {
+                return Err(Error::BackupFailed {
+                    job: backup::name(db),
+                });
+            }
         }
     }
 
@@ -275,9 +373,16 @@ async fn drop_all(db: &Database, ctx: &Context<State>, progress: &mut Progress) 
         let address = address.clone();
         move |e| Error::sql(step, &address, e)
     };
-    let (_, major) = observe::session(&admin).await.map_err(sql_err("read the session"))?;
-    let terminated = observe::terminate_connections(&admin, &spec.name).await.map_err(sql_err("terminate the database's sessions"))?;
-    let owner_exists = observe::role(&admin, &spec.owner).await.map_err(sql_err("read the owner role"))?.is_some();
+    let (_, major) = observe::session(&admin)
+        .await
+        .map_err(sql_err("read the session"))?;
+    let terminated = observe::terminate_connections(&admin, &spec.name)
+        .await
+        .map_err(sql_err("terminate the database's sessions"))?;
+    let owner_exists = observe::role(&admin, &spec.owner)
+        .await
+        .map_err(sql_err("read the owner role"))?
+        .is_some();
     let others: Vec<String> = if owner_exists {
         observe::owned_databases(&admin, &spec.owner)
             .await
@@ -292,14 +397,23 @@ async fn drop_all(db: &Database, ctx: &Context<State>, progress: &mut Progress) 
     if !owner_exists {
         plan.truncate(1);
     }
-    pg::execute(&admin, &plan).await.map_err(sql_err("drop the database and its owner role"))?;
-    let backup_note = progress.backup.as_ref().map(|b| format!(" (dump {} in claim {})", b.file, b.claim)).unwrap_or_default();
+    pg::execute(&admin, &plan)
+        .await
+        .map_err(sql_err("drop the database and its owner role"))?;
+    let backup_note = progress
+        .backup
+        .as_ref()
+        .map(|b| format!(" (dump {} in claim {})", b.file, b.claim))
+        .unwrap_or_default();
     ctx.recorder
         .normal(
             db,
             "Dropped",
             "Delete",
-            format!("dropped database {} after terminating {terminated} sessions{backup_note}", spec.name),
+            format!(
+                "dropped database {} after terminating {terminated} sessions{backup_note}",
+                spec.name
+            ),
         )
         .await;
     if let Some(why) = kept {
@@ -312,13 +426,24 @@ async fn drop_all(db: &Database, ctx: &Context<State>, progress: &mut Progress) 
 /// Adds (`protect`) or releases this operator's [`IN_USE_FINALIZER`] on the admin Secret of
 /// an `external` server. It is released only when no other Database of the namespace refers
 /// to the Secret. Server-side apply under its own field manager touches only that list entry.
-async fn protect_admin_secret(db: &Database, ctx: &Context<State>, protect: bool) -> Result<(), Error> {
-    let Some(ext) = &db.spec.external else { return Ok(()) };
+async fn protect_admin_secret(
+    db: &Database,
+    ctx: &Context<State>,
+    protect: bool,
+) -> Result<(), Error> {
+    let Some(ext) = &db.spec.external else {
+        return Ok(());
+    };
     let ns = db.namespace().unwrap_or_default();
     let name = &ext.admin_secret_ref.name;
     let secrets: Api<Secret> = Api::namespaced(ctx.client.clone(), &ns);
-    let read_err = |source| Error::Read { what: format!("Secret {name}"), source };
-    let Some(secret) = secrets.get_opt(name).await.map_err(read_err)? else { return Ok(()) };
+    let read_err = |source| Error::Read {
+        what: format!("Secret {name}"),
+        source,
+    };
+    let Some(secret) = secrets.get_opt(name).await.map_err(read_err)? else {
+        return Ok(());
+    };
     let has = secret.finalizers().iter().any(|f| f == IN_USE_FINALIZER);
     if protect {
         // No finalizer can be added to an object already being deleted.
@@ -333,41 +458,85 @@ async fn protect_admin_secret(db: &Database, ctx: &Context<State>, protect: bool
         let others = databases
             .list(&ListParams::default())
             .await
-            .map_err(|source| Error::Read { what: "Databases".into(), source })?
+            .map_err(|source| Error::Read {
+                what: "Databases".into(),
+                source,
+            })?
             .items
             .into_iter()
-            .any(|d| d.uid() != db.uid() && d.spec.external.as_ref().is_some_and(|e| &e.admin_secret_ref.name == name));
+            .any(|d| {
+                d.uid() != db.uid()
+                    && d.spec
+                        .external
+                        .as_ref()
+                        .is_some_and(|e| &e.admin_secret_ref.name == name)
+            });
         if others {
             return Ok(());
         }
     }
-    let finalizers: Vec<&str> = if protect { vec![IN_USE_FINALIZER] } else { vec![] };
+    let finalizers: Vec<&str> = if protect {
+        vec![IN_USE_FINALIZER]
+    } else {
+        vec![]
+    };
     let patch = serde_json::json!({
         "apiVersion": "v1",
         "kind": "Secret",
         "metadata": {"name": name, "finalizers": finalizers},
     });
-    match secrets.patch(name, &kube::api::PatchParams::apply(IN_USE_MANAGER), &kube::api::Patch::Apply(&patch)).await {
+    match secrets
+        .patch(
+            name,
+            &kube::api::PatchParams::apply(IN_USE_MANAGER),
+            &kube::api::Patch::Apply(&patch),
+        )
+        .await
+    {
         Ok(_) => Ok(()),
         Err(kube::Error::Api(s)) if s.code == 404 => Ok(()),
-        Err(source) => Err(Error::ProtectSecret { name: name.clone(), source }),
+        Err(source) => Err(Error::ProtectSecret {
+            name: name.clone(),
+            source,
+        }),
     }
 }
 
-async fn ensure_backup(db: &Database, ctx: &Context<State>, server: &Server) -> Result<backup::JobState, Error> {
+async fn ensure_backup(
+    db: &Database,
+    ctx: &Context<State>,
+    server: &Server,
+) -> Result<backup::JobState, Error> {
     let ns = db.namespace().unwrap_or_default();
     let jobs: Api<Job> = Api::namespaced(ctx.client.clone(), &ns);
     let name = backup::name(db);
-    let existing = jobs.get_opt(&name).await.map_err(|source| Error::Read { what: format!("Job {name}"), source })?;
+    let existing = jobs.get_opt(&name).await.map_err(|source| Error::Read {
+        what: format!("Job {name}"),
+        source,
+    })?;
     let job = match existing {
         Some(job) => job,
         None => {
             let children = Children::new(ctx.client.clone(), db, &ctx.field_manager);
             // The claim outlives the Database: no owner reference.
-            children.clone().without_owner_reference().apply(backup::claim(db)).await?;
-            let job = children.apply(backup::job(db, server, &ctx.data.options.backup_image)).await?;
+            children
+                .clone()
+                .without_owner_reference()
+                .apply(backup::claim(db))
+                .await?;
+            let job = children
+                .apply(backup::job(db, server, &ctx.data.options.backup_image))
+                .await?;
             ctx.recorder
-                .normal(db, "BackupStarted", "Backup", format!("started Job {name} to dump database {} before dropping it", db.spec.name))
+                .normal(
+                    db,
+                    "BackupStarted",
+                    "Backup",
+                    format!(
+                        "started Job {name} to dump database {} before dropping it",
+                        db.spec.name
+                    ),
+                )
                 .await;
             job
         }
@@ -375,17 +544,36 @@ async fn ensure_backup(db: &Database, ctx: &Context<State>, server: &Server) -> 
     Ok(backup::job_state(&job))
 }
 
-fn status_of(db: &Database, progress: &Progress, result: Result<(), &Error>, deleting: bool) -> DatabaseStatus {
+fn status_of(
+    db: &Database,
+    progress: &Progress,
+    result: Result<(), &Error>,
+    deleting: bool,
+) -> DatabaseStatus {
     use steward_core::ReconcileError;
     let previous = db.status.clone().unwrap_or_default();
     let generation = db.meta().generation;
     let mut conds = previous.conditions.clone();
     match &progress.reachable {
         Some(Ok(())) => {
-            conditions::set(&mut conds, SERVER_REACHABLE, true, "Connected", "connected and logged in", generation);
+            conditions::set(
+                &mut conds,
+                SERVER_REACHABLE,
+                true,
+                "Connected",
+                "connected and logged in",
+                generation,
+            );
         }
         Some(Err(why)) => {
-            conditions::set(&mut conds, SERVER_REACHABLE, false, "ServerUnreachable", why.clone(), generation);
+            conditions::set(
+                &mut conds,
+                SERVER_REACHABLE,
+                false,
+                "ServerUnreachable",
+                why.clone(),
+                generation,
+            );
         }
         None => {}
     }
@@ -396,8 +584,22 @@ fn status_of(db: &Database, progress: &Progress, result: Result<(), &Error>, del
         (Err(_), false) => ResourcePhase::Pending,
     };
     match &result {
-        Ok(()) => conditions::set(&mut conds, READY, true, "Converged", format!("database {} is owned by {}", db.spec.name, db.spec.owner), generation),
-        Err(e) => conditions::set(&mut conds, READY, false, e.reason(), steward_core::chain(*e), generation),
+        Ok(()) => conditions::set(
+            &mut conds,
+            READY,
+            true,
+            "Converged",
+            format!("database {} is owned by {}", db.spec.name, db.spec.owner),
+            generation,
+        ),
+        Err(e) => conditions::set(
+            &mut conds,
+            READY,
+            false,
+            e.reason(),
+            steward_core::chain(*e),
+            generation,
+        ),
     };
     DatabaseStatus {
         phase: Some(phase),
@@ -409,8 +611,13 @@ fn status_of(db: &Database, progress: &Progress, result: Result<(), &Error>, del
     }
 }
 
-async fn write_status(db: &Database, ctx: &Context<State>, status: DatabaseStatus) -> Result<(), Error> {
-    let api: Api<Database> = Api::namespaced(ctx.client.clone(), &db.namespace().unwrap_or_default());
+async fn write_status(
+    db: &Database,
+    ctx: &Context<State>,
+    status: DatabaseStatus,
+) -> Result<(), Error> {
+    let api: Api<Database> =
+        Api::namespaced(ctx.client.clone(), &db.namespace().unwrap_or_default());
     steward_core::status::apply(&api, db, db.status.as_ref(), &status, &ctx.field_manager).await?;
     Ok(())
 }
@@ -429,7 +636,11 @@ mod tests {
                     host: "127.0.0.1".into(),
                     port: 5432,
                     ssl_mode: SslMode::Disable,
-                    admin_secret_ref: SecretRef { name: "admin".into(), username_key: "username".into(), password_key: "password".into() },
+                    admin_secret_ref: SecretRef {
+                        name: "admin".into(),
+                        username_key: "username".into(),
+                        password_key: "password".into(),
+                    },
                     admin_database: "postgres".into(),
                 }),
                 name: "app".into(),
@@ -452,7 +663,9 @@ mod tests {
         let mut db = database("x");
         validate(&db).unwrap();
         db.spec.name = "x\"; DROP DATABASE postgres; --".into();
-        assert!(matches!(validate(&db), Err(Error::InvalidSpec(m)) if m.contains("invalid database name")));
+        assert!(
+            matches!(validate(&db), Err(Error::InvalidSpec(m)) if m.contains("invalid database name"))
+        );
         let mut db = database("x");
         db.spec.owner = "pg_signal_backend".into();
         assert!(validate(&db).is_err());
@@ -473,7 +686,10 @@ mod tests {
         let err = Error::MissingReference("whatever".into());
         let s = status_of(&db, &progress, Err(&err), false);
         let c = conditions::get(&s.conditions, SERVER_REACHABLE).unwrap();
-        assert_eq!((c.status.as_str(), c.reason.as_str(), c.message.as_str()), ("False", "ServerUnreachable", "connection refused"));
+        assert_eq!(
+            (c.status.as_str(), c.reason.as_str(), c.message.as_str()),
+            ("False", "ServerUnreachable", "connection refused")
+        );
         assert_eq!(s.phase, Some(ResourcePhase::Pending));
         assert_eq!(s.observed_generation, Some(3));
         let s = status_of(&db, &progress, Err(&err), true);
@@ -483,9 +699,10 @@ mod tests {
     #[test]
     fn backup_job_reads_credentials_from_the_admin_secret() {
         let mut db = database("orders");
-        db.meta_mut().deletion_timestamp = Some(k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(
-            k8s_openapi::jiff::Timestamp::from_second(1_700_000_000).unwrap(),
-        ));
+        db.meta_mut().deletion_timestamp =
+            Some(k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(
+                k8s_openapi::jiff::Timestamp::from_second(1_700_000_000).unwrap(),
+            ));
         let server = Server {
             host: "h".into(),
             port: 5432,
@@ -497,12 +714,18 @@ mod tests {
         };
         let job = backup::job(&db, &server, "postgres:17");
         let text = serde_json::to_string(&job).unwrap();
-        assert!(!text.contains("secret-pw"), "the password is a secretKeyRef, never inline");
+        assert!(
+            !text.contains("secret-pw"),
+            "the password is a secretKeyRef, never inline"
+        );
         assert_eq!(backup::name(&db), "orders-backup-0123abcd");
         assert_eq!(backup::file_name(&db), "app-20231114T221320Z.dump");
         assert!(text.contains("--file=/backup/app-20231114T221320Z.dump"));
         let claim = backup::claim(&db);
-        assert_eq!(claim.metadata.name.as_deref(), Some("orders-backup-0123abcd"));
+        assert_eq!(
+            claim.metadata.name.as_deref(),
+            Some("orders-backup-0123abcd")
+        );
         assert_eq!(backup::job_state(&job), backup::JobState::Running);
     }
 }

@@ -21,7 +21,10 @@ use steward_core::apply::Children;
 use steward_core::conditions::{self, READY};
 use steward_core::finalizer::{self, Event};
 
-use crate::api::{Database, DatabaseRole, DatabaseRoleStatus, DeletionPolicy, Ensure, ROTATE_ANNOTATION, ResourcePhase};
+use crate::api::{
+    Database, DatabaseRole, DatabaseRoleStatus, DeletionPolicy, Ensure, ROTATE_ANNOTATION,
+    ResourcePhase,
+};
 use crate::database::SERVER_REACHABLE;
 use crate::ident::{self, Kind};
 use crate::password::Password;
@@ -43,7 +46,10 @@ pub fn secret_name(role: &DatabaseRole) -> String {
 ///
 /// # Errors
 /// The step that failed, wrapped by the finalizer.
-pub async fn reconcile(role: Arc<DatabaseRole>, ctx: Arc<Context<State>>) -> Result<Action, finalizer::Error<Error>> {
+pub async fn reconcile(
+    role: Arc<DatabaseRole>,
+    ctx: Arc<Context<State>>,
+) -> Result<Action, finalizer::Error<Error>> {
     let ns = role.namespace().unwrap_or_default();
     let api: Api<DatabaseRole> = Api::namespaced(ctx.client.clone(), &ns);
     finalizer::run(&api, FINALIZER, role, |event| async {
@@ -97,10 +103,15 @@ fn due(at: Timestamp, every: Duration) -> Timestamp {
 /// # Errors
 /// [`Error::InvalidSpec`] for an unparsable or zero interval.
 pub fn interval(role: &DatabaseRole) -> Result<Option<Duration>, Error> {
-    let Some(r) = &role.spec.password_rotation else { return Ok(None) };
+    let Some(r) = &role.spec.password_rotation else {
+        return Ok(None);
+    };
     let d = steward_core::cli::parse_duration(&r.interval).map_err(Error::InvalidSpec)?;
     if d < Duration::from_secs(1) {
-        return Err(Error::InvalidSpec(format!("passwordRotation.interval {:?} must be at least 1s", r.interval)));
+        return Err(Error::InvalidSpec(format!(
+            "passwordRotation.interval {:?} must be at least 1s",
+            r.interval
+        )));
     }
     Ok(Some(d))
 }
@@ -119,43 +130,76 @@ async fn apply(role: &DatabaseRole, ctx: &Context<State>) -> Result<Action, Erro
     write_status(role, ctx, status).await?;
     let next_rotation = result?;
     let resync = ctx.data.options.resync_interval;
-    Ok(Action::requeue(next_rotation.map_or(resync, |d| d.min(resync))))
+    Ok(Action::requeue(
+        next_rotation.map_or(resync, |d| d.min(resync)),
+    ))
 }
 
 async fn get_database(ctx: &Context<State>, ns: &str, name: &str) -> Result<Database, Error> {
     Api::<Database>::namespaced(ctx.client.clone(), ns)
         .get_opt(name)
         .await
-        .map_err(|source| Error::Read { what: format!("Database {name}"), source })?
-        .ok_or_else(|| Error::MissingReference(format!("Database {name} not found in namespace {ns}")))
+        .map_err(|source| Error::Read {
+            what: format!("Database {name}"),
+            source,
+        })?
+        .ok_or_else(|| {
+            Error::MissingReference(format!("Database {name} not found in namespace {ns}"))
+        })
 }
 
 /// Converges the role; returns how long until the next interval rotation.
-async fn converge(role: &DatabaseRole, ctx: &Context<State>, progress: &mut Progress) -> Result<Option<Duration>, Error> {
-    ident::validate(Kind::Role, &role.spec.role_name).map_err(|e| Error::InvalidSpec(e.to_string()))?;
+async fn converge(
+    role: &DatabaseRole,
+    ctx: &Context<State>,
+    progress: &mut Progress,
+) -> Result<Option<Duration>, Error> {
+    ident::validate(Kind::Role, &role.spec.role_name)
+        .map_err(|e| Error::InvalidSpec(e.to_string()))?;
     let every = interval(role)?;
     let ns = role.namespace().unwrap_or_default();
     let db = get_database(ctx, &ns, &role.spec.database_ref.name).await?;
     let (dbname, owner) = (db.spec.name.clone(), db.spec.owner.clone());
     if role.spec.role_name == owner {
-        return Err(Error::InvalidSpec(format!("roleName {owner:?} is the owner of Database {}; use another name", db.name_any())));
+        return Err(Error::InvalidSpec(format!(
+            "roleName {owner:?} is the owner of Database {}; use another name",
+            db.name_any()
+        )));
     }
     let server = server::resolve(&ctx.client, &ns, &db.spec).await?;
     if server.admin_user == role.spec.role_name {
-        return Err(Error::InvalidSpec(format!("roleName {:?} is the server's admin role", role.spec.role_name)));
+        return Err(Error::InvalidSpec(format!(
+            "roleName {:?} is the server's admin role",
+            role.spec.role_name
+        )));
     }
 
     // The password: kept, generated, or rotated; written to the Secret before the server.
     let secrets: Api<Secret> = Api::namespaced(ctx.client.clone(), &ns);
     let name = secret_name(role);
-    let existing = secrets.get_opt(&name).await.map_err(|source| Error::Read { what: format!("Secret {name}"), source })?;
-    let annotations = existing.as_ref().map(|s| s.annotations().clone()).unwrap_or_default();
+    let existing = secrets.get_opt(&name).await.map_err(|source| Error::Read {
+        what: format!("Secret {name}"),
+        source,
+    })?;
+    let annotations = existing
+        .as_ref()
+        .map(|s| s.annotations().clone())
+        .unwrap_or_default();
     let current = existing.as_ref().and_then(server::password_of);
-    let mut updated_at = annotations.get(UPDATED_AT_ANNOTATION).and_then(|t| t.parse::<Timestamp>().ok());
+    let mut updated_at = annotations
+        .get(UPDATED_AT_ANNOTATION)
+        .and_then(|t| t.parse::<Timestamp>().ok());
     let requested = role.annotations().get(ROTATE_ANNOTATION).cloned();
     let handled = annotations.get(HANDLED_REQUEST_ANNOTATION).cloned();
     let now = Timestamp::now();
-    let rotate = rotation(current.is_some(), updated_at, handled.as_deref(), requested.as_deref(), every, now);
+    let rotate = rotation(
+        current.is_some(),
+        updated_at,
+        handled.as_deref(),
+        requested.as_deref(),
+        every,
+        now,
+    );
     let password = match (&rotate, current) {
         (None, Some(p)) => p,
         _ => {
@@ -164,13 +208,19 @@ async fn converge(role: &DatabaseRole, ctx: &Context<State>, progress: &mut Prog
         }
     };
     let updated_at = updated_at.unwrap_or(now);
-    let mut new_annotations = BTreeMap::from([(UPDATED_AT_ANNOTATION.to_string(), updated_at.to_string())]);
+    let mut new_annotations =
+        BTreeMap::from([(UPDATED_AT_ANNOTATION.to_string(), updated_at.to_string())]);
     if let Some(r) = requested.clone().or(handled) {
         new_annotations.insert(HANDLED_REQUEST_ANNOTATION.to_string(), r);
     }
     let data = server::credentials(&server, &dbname, &role.spec.role_name, &password);
     Children::new(ctx.client.clone(), role, &ctx.field_manager)
-        .apply(server::credentials_secret(&name, &ns, data, new_annotations))
+        .apply(server::credentials_secret(
+            &name,
+            &ns,
+            data,
+            new_annotations,
+        ))
         .await?;
     progress.secret = Some(name);
     progress.updated_at = Some(updated_at);
@@ -189,44 +239,100 @@ async fn converge(role: &DatabaseRole, ctx: &Context<State>, progress: &mut Prog
         let address = address.clone();
         move |e| Error::sql(step, &address, e)
     };
-    if observe::database_owner(&admin, &dbname).await.map_err(sql_err("read the database"))?.is_none() {
-        return Err(Error::MissingReference(format!("database {dbname} does not exist on {address} yet")));
+    if observe::database_owner(&admin, &dbname)
+        .await
+        .map_err(sql_err("read the database"))?
+        .is_none()
+    {
+        return Err(Error::MissingReference(format!(
+            "database {dbname} does not exist on {address} yet"
+        )));
     }
-    let state = observe::role(&admin, &role.spec.role_name).await.map_err(sql_err("read the role"))?;
+    let state = observe::role(&admin, &role.spec.role_name)
+        .await
+        .map_err(sql_err("read the role"))?;
     let plan = sql::plan_login_role(&role.spec.role_name, state.as_ref(), &password)?;
-    pg::execute(&admin, &plan).await.map_err(sql_err("create or update the role"))?;
+    pg::execute(&admin, &plan)
+        .await
+        .map_err(sql_err("create or update the role"))?;
 
-    let inside = pg::connect(&server, &dbname).await.map_err(sql_err("connect to the database"))?;
-    let in_state = observe::in_database(&inside).await.map_err(sql_err("read the schemas"))?;
+    let inside = pg::connect(&server, &dbname)
+        .await
+        .map_err(sql_err("connect to the database"))?;
+    let in_state = observe::in_database(&inside)
+        .await
+        .map_err(sql_err("read the schemas"))?;
     let mut schemas: Vec<String> = vec!["public".to_string()];
-    schemas.extend(db.spec.schemas.iter().filter(|s| s.ensure == Ensure::Present).map(|s| s.name.clone()));
+    schemas.extend(
+        db.spec
+            .schemas
+            .iter()
+            .filter(|s| s.ensure == Ensure::Present)
+            .map(|s| s.name.clone()),
+    );
     schemas.retain(|s| in_state.schemas.contains_key(s));
     schemas.dedup();
-    let member = observe::is_direct_member(&inside, &role.spec.role_name, &owner).await.map_err(sql_err("read role membership"))?;
-    let grants = sql::plan_grants(&dbname, &owner, &role.spec.role_name, role.spec.privileges, &schemas, member);
-    pg::execute(&inside, &grants).await.map_err(sql_err("grant privileges"))?;
+    let member = observe::is_direct_member(&inside, &role.spec.role_name, &owner)
+        .await
+        .map_err(sql_err("read role membership"))?;
+    let grants = sql::plan_grants(
+        &dbname,
+        &owner,
+        &role.spec.role_name,
+        role.spec.privileges,
+        &schemas,
+        member,
+    );
+    pg::execute(&inside, &grants)
+        .await
+        .map_err(sql_err("grant privileges"))?;
 
     match rotate {
         Some(Rotation::Initial) if state.is_none() => {
-            ctx.recorder.normal(role, "Created", "Create", format!("created role {} on {address}", role.spec.role_name)).await;
+            ctx.recorder
+                .normal(
+                    role,
+                    "Created",
+                    "Create",
+                    format!("created role {} on {address}", role.spec.role_name),
+                )
+                .await;
         }
         Some(Rotation::Requested) => {
-            ctx.recorder.normal(role, "PasswordRotated", "Rotate", "rotated the password on request (annotation)").await;
+            ctx.recorder
+                .normal(
+                    role,
+                    "PasswordRotated",
+                    "Rotate",
+                    "rotated the password on request (annotation)",
+                )
+                .await;
         }
         Some(Rotation::Interval) => {
-            ctx.recorder.normal(role, "PasswordRotated", "Rotate", "rotated the password (interval elapsed)").await;
+            ctx.recorder
+                .normal(
+                    role,
+                    "PasswordRotated",
+                    "Rotate",
+                    "rotated the password (interval elapsed)",
+                )
+                .await;
         }
         _ => {}
     }
     Ok(every.map(|e| {
         let next = due(updated_at, e);
-        Duration::try_from(next.duration_since(Timestamp::now())).unwrap_or(Duration::from_secs(1)).max(Duration::from_secs(1))
+        Duration::try_from(next.duration_since(Timestamp::now()))
+            .unwrap_or(Duration::from_secs(1))
+            .max(Duration::from_secs(1))
     }))
 }
 
 async fn cleanup(role: &DatabaseRole, ctx: &Context<State>) -> Result<Action, Error> {
     let mut progress = Progress::default();
-    let result = drop_role(role, ctx, &mut progress).await.map_err(Error::blocking_cleanup);
+    let result = drop_role(role, ctx, &mut progress)
+        .await
+        .map_err(Error::blocking_cleanup);
     if let Err(e) = &result {
         let status = status_of(role, &progress, Err(e), true);
         write_status(role, ctx, status).await?;
@@ -234,14 +340,27 @@ async fn cleanup(role: &DatabaseRole, ctx: &Context<State>) -> Result<Action, Er
     result
 }
 
-async fn drop_role(role: &DatabaseRole, ctx: &Context<State>, progress: &mut Progress) -> Result<Action, Error> {
+async fn drop_role(
+    role: &DatabaseRole,
+    ctx: &Context<State>,
+    progress: &mut Progress,
+) -> Result<Action, Error> {
     if role.spec.deletion_policy == DeletionPolicy::Retain {
         ctx.recorder
-            .normal(role, "Retained", "Delete", format!("deletionPolicy Retain: role {} was left on the server", role.spec.role_name))
+            .normal(
+                role,
+                "Retained",
+                "Delete",
+                format!(
+                    "deletionPolicy Retain: role {} was left on the server",
+                    role.spec.role_name
+                ),
+            )
             .await;
         return Ok(Action::await_change());
     }
-    ident::validate(Kind::Role, &role.spec.role_name).map_err(|e| Error::InvalidSpec(e.to_string()))?;
+    ident::validate(Kind::Role, &role.spec.role_name)
+        .map_err(|e| Error::InvalidSpec(e.to_string()))?;
     let ns = role.namespace().unwrap_or_default();
     let db = get_database(ctx, &ns, &role.spec.database_ref.name).await.map_err(|e| match e {
         Error::MissingReference(m) => Error::MissingReference(format!(
@@ -264,32 +383,78 @@ async fn drop_role(role: &DatabaseRole, ctx: &Context<State>, progress: &mut Pro
         let address = address.clone();
         move |e| Error::sql(step, &address, e)
     };
-    if observe::role(&admin, &role.spec.role_name).await.map_err(sql_err("read the role"))?.is_none() {
+    if observe::role(&admin, &role.spec.role_name)
+        .await
+        .map_err(sql_err("read the role"))?
+        .is_none()
+    {
         return Ok(Action::await_change());
     }
-    let db_exists = observe::database_owner(&admin, &db.spec.name).await.map_err(sql_err("read the database"))?.is_some();
-    let owner_exists = observe::role(&admin, &db.spec.owner).await.map_err(sql_err("read the owner role"))?.is_some();
-    let (inside_plan, admin_plan) = sql::plan_drop_role(&role.spec.role_name, &db.spec.owner, db_exists && owner_exists);
+    let db_exists = observe::database_owner(&admin, &db.spec.name)
+        .await
+        .map_err(sql_err("read the database"))?
+        .is_some();
+    let owner_exists = observe::role(&admin, &db.spec.owner)
+        .await
+        .map_err(sql_err("read the owner role"))?
+        .is_some();
+    let (inside_plan, admin_plan) = sql::plan_drop_role(
+        &role.spec.role_name,
+        &db.spec.owner,
+        db_exists && owner_exists,
+    );
     if !inside_plan.is_empty() {
-        let inside = pg::connect(&server, &db.spec.name).await.map_err(sql_err("connect to the database"))?;
-        pg::execute(&inside, &inside_plan).await.map_err(sql_err("reassign and drop the role's objects"))?;
+        let inside = pg::connect(&server, &db.spec.name)
+            .await
+            .map_err(sql_err("connect to the database"))?;
+        pg::execute(&inside, &inside_plan)
+            .await
+            .map_err(sql_err("reassign and drop the role's objects"))?;
     }
-    pg::execute(&admin, &admin_plan).await.map_err(sql_err("drop the role"))?;
-    ctx.recorder.normal(role, "Dropped", "Delete", format!("dropped role {}", role.spec.role_name)).await;
+    pg::execute(&admin, &admin_plan)
+        .await
+        .map_err(sql_err("drop the role"))?;
+    ctx.recorder
+        .normal(
+            role,
+            "Dropped",
+            "Delete",
+            format!("dropped role {}", role.spec.role_name),
+        )
+        .await;
     Ok(Action::await_change())
 }
 
-fn status_of(role: &DatabaseRole, progress: &Progress, result: Result<(), &Error>, deleting: bool) -> DatabaseRoleStatus {
+fn status_of(
+    role: &DatabaseRole,
+    progress: &Progress,
+    result: Result<(), &Error>,
+    deleting: bool,
+) -> DatabaseRoleStatus {
     use steward_core::ReconcileError;
     let previous = role.status.clone().unwrap_or_default();
     let generation = role.meta().generation;
     let mut conds = previous.conditions.clone();
     match &progress.reachable {
         Some(Ok(())) => {
-            conditions::set(&mut conds, SERVER_REACHABLE, true, "Connected", "connected and logged in", generation);
+            conditions::set(
+                &mut conds,
+                SERVER_REACHABLE,
+                true,
+                "Connected",
+                "connected and logged in",
+                generation,
+            );
         }
         Some(Err(why)) => {
-            conditions::set(&mut conds, SERVER_REACHABLE, false, "ServerUnreachable", why.clone(), generation);
+            conditions::set(
+                &mut conds,
+                SERVER_REACHABLE,
+                false,
+                "ServerUnreachable",
+                why.clone(),
+                generation,
+            );
         }
         None => {}
     }
@@ -305,23 +470,48 @@ fn status_of(role: &DatabaseRole, progress: &Progress, result: Result<(), &Error
             READY,
             true,
             "Converged",
-            format!("role {} has {:?} privileges", role.spec.role_name, role.spec.privileges),
+            format!(
+                "role {} has {:?} privileges",
+                role.spec.role_name, role.spec.privileges
+            ),
             generation,
         ),
-        Err(e) => conditions::set(&mut conds, READY, false, e.reason(), steward_core::chain(*e), generation),
+        Err(e) => conditions::set(
+            &mut conds,
+            READY,
+            false,
+            e.reason(),
+            steward_core::chain(*e),
+            generation,
+        ),
     };
     DatabaseRoleStatus {
         phase: Some(phase),
         secret_name: progress.secret.clone().or(previous.secret_name),
-        password_updated_at: progress.updated_at.map(Time).or(previous.password_updated_at),
+        password_updated_at: progress
+            .updated_at
+            .map(Time)
+            .or(previous.password_updated_at),
         observed_generation: generation,
         conditions: conds,
     }
 }
 
-async fn write_status(role: &DatabaseRole, ctx: &Context<State>, status: DatabaseRoleStatus) -> Result<(), Error> {
-    let api: Api<DatabaseRole> = Api::namespaced(ctx.client.clone(), &role.namespace().unwrap_or_default());
-    steward_core::status::apply(&api, role, role.status.as_ref(), &status, &ctx.field_manager).await?;
+async fn write_status(
+    role: &DatabaseRole,
+    ctx: &Context<State>,
+    status: DatabaseRoleStatus,
+) -> Result<(), Error> {
+    let api: Api<DatabaseRole> =
+        Api::namespaced(ctx.client.clone(), &role.namespace().unwrap_or_default());
+    steward_core::status::apply(
+        &api,
+        role,
+        role.status.as_ref(),
+        &status,
+        &ctx.field_manager,
+    )
+    .await?;
     Ok(())
 }
 
@@ -336,14 +526,38 @@ mod tests {
     #[test]
     fn rotation_decisions() {
         let hour = Some(Duration::from_secs(3600));
-        assert_eq!(rotation(false, None, None, None, None, t(0)), Some(Rotation::Initial));
-        assert_eq!(rotation(true, Some(t(0)), None, None, None, t(10_000)), None, "no interval, no request");
+        assert_eq!(
+            rotation(false, None, None, None, None, t(0)),
+            Some(Rotation::Initial)
+        );
+        assert_eq!(
+            rotation(true, Some(t(0)), None, None, None, t(10_000)),
+            None,
+            "no interval, no request"
+        );
         assert_eq!(rotation(true, Some(t(0)), None, None, hour, t(3599)), None);
-        assert_eq!(rotation(true, Some(t(0)), None, None, hour, t(3600)), Some(Rotation::Interval));
-        assert_eq!(rotation(true, Some(t(0)), None, Some("1"), None, t(1)), Some(Rotation::Requested));
-        assert_eq!(rotation(true, Some(t(0)), Some("1"), Some("1"), None, t(1)), None, "a request is acted on once");
-        assert_eq!(rotation(true, Some(t(0)), Some("1"), Some("2"), None, t(1)), Some(Rotation::Requested));
-        assert_eq!(rotation(true, None, None, None, hour, t(1)), None, "unknown age: no rotation, the age is recorded");
+        assert_eq!(
+            rotation(true, Some(t(0)), None, None, hour, t(3600)),
+            Some(Rotation::Interval)
+        );
+        assert_eq!(
+            rotation(true, Some(t(0)), None, Some("1"), None, t(1)),
+            Some(Rotation::Requested)
+        );
+        assert_eq!(
+            rotation(true, Some(t(0)), Some("1"), Some("1"), None, t(1)),
+            None,
+            "a request is acted on once"
+        );
+        assert_eq!(
+            rotation(true, Some(t(0)), Some("1"), Some("2"), None, t(1)),
+            Some(Rotation::Requested)
+        );
+        assert_eq!(
+            rotation(true, None, None, None, hour, t(1)),
+            None,
+            "unknown age: no rotation, the age is recorded"
+        );
     }
 
     #[test]
@@ -354,12 +568,19 @@ mod tests {
                 database_ref: crate::api::LocalRef { name: "db".into() },
                 role_name: "r".into(),
                 privileges: crate::api::Privileges::ReadOnly,
-                password_rotation: Some(crate::api::PasswordRotation { interval: "720h".into() }),
+                password_rotation: Some(crate::api::PasswordRotation {
+                    interval: "720h".into(),
+                }),
                 deletion_policy: DeletionPolicy::Retain,
             },
         );
-        assert_eq!(interval(&role).unwrap(), Some(Duration::from_secs(720 * 3600)));
-        role.spec.password_rotation = Some(crate::api::PasswordRotation { interval: "0s".into() });
+        assert_eq!(
+            interval(&role).unwrap(),
+            Some(Duration::from_secs(720 * 3600))
+        );
+        role.spec.password_rotation = Some(crate::api::PasswordRotation {
+            interval: "0s".into(),
+        });
         assert!(interval(&role).is_err());
         role.spec.password_rotation = None;
         assert_eq!(interval(&role).unwrap(), None);
