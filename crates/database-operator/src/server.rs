@@ -224,6 +224,62 @@ fn encode(s: &str) -> String {
     out
 }
 
+/// The part of a Database's and a DatabaseRole's status that both share: `ServerReachable`
+/// from what the reconcile saw of the server (left as it was if it never got that far),
+/// `Ready` from the reconcile's result (`ready_message` on success), and the phase.
+pub(crate) fn server_status(
+    conds: &mut Vec<k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition>,
+    reachable: &Option<Result<(), String>>,
+    result: Result<(), &Error>,
+    deleting: bool,
+    ready_message: String,
+    generation: Option<i64>,
+) -> crate::api::ResourcePhase {
+    use crate::api::ResourcePhase;
+    use steward_core::ReconcileError;
+    use steward_core::conditions::{self, READY};
+    match reachable {
+        Some(Ok(())) => {
+            conditions::set(
+                conds,
+                crate::database::SERVER_REACHABLE,
+                true,
+                "Connected",
+                "connected and logged in",
+                generation,
+            );
+        }
+        Some(Err(why)) => {
+            conditions::set(
+                conds,
+                crate::database::SERVER_REACHABLE,
+                false,
+                "ServerUnreachable",
+                why.clone(),
+                generation,
+            );
+        }
+        None => {}
+    }
+    match &result {
+        Ok(()) => conditions::set(conds, READY, true, "Converged", ready_message, generation),
+        Err(e) => conditions::set(
+            conds,
+            READY,
+            false,
+            e.reason(),
+            steward_core::chain(*e),
+            generation,
+        ),
+    };
+    match (&result, deleting) {
+        (_, true) => ResourcePhase::Deleting,
+        (Ok(()), false) => ResourcePhase::Ready,
+        (Err(e), false) if e.is_permanent() => ResourcePhase::Failed,
+        (Err(_), false) => ResourcePhase::Pending,
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -33,12 +33,9 @@ use kube::runtime::controller::Action;
 use kube::{Resource, ResourceExt};
 use steward_core::Context;
 use steward_core::apply::Children;
-use steward_core::conditions::{self, READY};
 use steward_core::finalizer::{self, Event};
 
-use crate::api::{
-    BackupStatus, Database, DatabaseRole, DatabaseStatus, DeletionPolicy, ResourcePhase,
-};
+use crate::api::{BackupStatus, Database, DatabaseRole, DatabaseStatus, DeletionPolicy};
 use crate::ident::{self, Kind};
 use crate::password::Password;
 use crate::pg::{self, Server};
@@ -550,57 +547,17 @@ fn status_of(
     result: Result<(), &Error>,
     deleting: bool,
 ) -> DatabaseStatus {
-    use steward_core::ReconcileError;
     let previous = db.status.clone().unwrap_or_default();
     let generation = db.meta().generation;
     let mut conds = previous.conditions.clone();
-    match &progress.reachable {
-        Some(Ok(())) => {
-            conditions::set(
-                &mut conds,
-                SERVER_REACHABLE,
-                true,
-                "Connected",
-                "connected and logged in",
-                generation,
-            );
-        }
-        Some(Err(why)) => {
-            conditions::set(
-                &mut conds,
-                SERVER_REACHABLE,
-                false,
-                "ServerUnreachable",
-                why.clone(),
-                generation,
-            );
-        }
-        None => {}
-    }
-    let phase = match (&result, deleting) {
-        (_, true) => ResourcePhase::Deleting,
-        (Ok(()), false) => ResourcePhase::Ready,
-        (Err(e), false) if e.is_permanent() => ResourcePhase::Failed,
-        (Err(_), false) => ResourcePhase::Pending,
-    };
-    match &result {
-        Ok(()) => conditions::set(
-            &mut conds,
-            READY,
-            true,
-            "Converged",
-            format!("database {} is owned by {}", db.spec.name, db.spec.owner),
-            generation,
-        ),
-        Err(e) => conditions::set(
-            &mut conds,
-            READY,
-            false,
-            e.reason(),
-            steward_core::chain(*e),
-            generation,
-        ),
-    };
+    let phase = crate::server::server_status(
+        &mut conds,
+        &progress.reachable,
+        result,
+        deleting,
+        format!("database {} is owned by {}", db.spec.name, db.spec.owner),
+        generation,
+    );
     DatabaseStatus {
         phase: Some(phase),
         server: progress.server.clone().or(previous.server),
@@ -625,7 +582,8 @@ async fn write_status(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::api::{DatabaseSpec, ExternalServer, SecretRef, SslMode};
+    use crate::api::{DatabaseSpec, ExternalServer, ResourcePhase, SecretRef, SslMode};
+    use steward_core::conditions;
 
     pub(crate) fn database(name: &str) -> Database {
         let mut db = Database::new(

@@ -18,14 +18,11 @@ use kube::runtime::controller::Action;
 use kube::{Resource, ResourceExt};
 use steward_core::Context;
 use steward_core::apply::Children;
-use steward_core::conditions::{self, READY};
 use steward_core::finalizer::{self, Event};
 
 use crate::api::{
     Database, DatabaseRole, DatabaseRoleStatus, DeletionPolicy, Ensure, ROTATE_ANNOTATION,
-    ResourcePhase,
 };
-use crate::database::SERVER_REACHABLE;
 use crate::ident::{self, Kind};
 use crate::password::Password;
 use crate::{Error, State, observe, pg, server, sql};
@@ -431,60 +428,20 @@ fn status_of(
     result: Result<(), &Error>,
     deleting: bool,
 ) -> DatabaseRoleStatus {
-    use steward_core::ReconcileError;
     let previous = role.status.clone().unwrap_or_default();
     let generation = role.meta().generation;
     let mut conds = previous.conditions.clone();
-    match &progress.reachable {
-        Some(Ok(())) => {
-            conditions::set(
-                &mut conds,
-                SERVER_REACHABLE,
-                true,
-                "Connected",
-                "connected and logged in",
-                generation,
-            );
-        }
-        Some(Err(why)) => {
-            conditions::set(
-                &mut conds,
-                SERVER_REACHABLE,
-                false,
-                "ServerUnreachable",
-                why.clone(),
-                generation,
-            );
-        }
-        None => {}
-    }
-    let phase = match (&result, deleting) {
-        (_, true) => ResourcePhase::Deleting,
-        (Ok(()), false) => ResourcePhase::Ready,
-        (Err(e), false) if e.is_permanent() => ResourcePhase::Failed,
-        (Err(_), false) => ResourcePhase::Pending,
-    };
-    match &result {
-        Ok(()) => conditions::set(
-            &mut conds,
-            READY,
-            true,
-            "Converged",
-            format!(
-                "role {} has {:?} privileges",
-                role.spec.role_name, role.spec.privileges
-            ),
-            generation,
+    let phase = crate::server::server_status(
+        &mut conds,
+        &progress.reachable,
+        result,
+        deleting,
+        format!(
+            "role {} has {:?} privileges",
+            role.spec.role_name, role.spec.privileges
         ),
-        Err(e) => conditions::set(
-            &mut conds,
-            READY,
-            false,
-            e.reason(),
-            steward_core::chain(*e),
-            generation,
-        ),
-    };
+        generation,
+    );
     DatabaseRoleStatus {
         phase: Some(phase),
         secret_name: progress.secret.clone().or(previous.secret_name),
