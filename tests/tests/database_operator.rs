@@ -7,6 +7,7 @@
 #![allow(clippy::unwrap_used)] // tests fail loudly
 
 use std::collections::BTreeMap;
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use database_operator::api::{
@@ -14,6 +15,7 @@ use database_operator::api::{
     ExternalServer, LocalRef, PostgresCluster, Privileges, ROTATE_ANNOTATION, SchemaSpec,
     SecretRef, SslMode,
 };
+use futures::StreamExt;
 use k8s_openapi::api::apps::v1::StatefulSet;
 use k8s_openapi::api::batch::v1::Job;
 use k8s_openapi::api::core::v1::{
@@ -21,6 +23,7 @@ use k8s_openapi::api::core::v1::{
 };
 use k8s_openapi::api::policy::v1::PodDisruptionBudget;
 use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams, PostParams};
+use kube::runtime::{WatchStreamExt, watcher};
 use kube::{Client, Resource, ResourceExt};
 use serde_json::json;
 use steward_testenv::eventually;
@@ -502,7 +505,41 @@ async fn cluster_children_rollout_replicas_first_and_retained_claims() {
         "{roles:?}"
     );
 
-    // A version change rolls one instance at a time, replicas first, the primary last.
+    // A version change rolls one instance at a time, replicas first, the primary last. On
+    // kwok a pod is Ready within milliseconds, so the StatefulSet's partition is recorded from
+    // a watch (every change), not by polling.
+    let partitions = Arc::new(Mutex::new(Vec::<i32>::new()));
+    let recorder = {
+        let partitions = partitions.clone();
+        let api = env.api::<StatefulSet>();
+        tokio::spawn(async move {
+            let stream = watcher(api, watcher::Config::default().fields("metadata.name=pg"))
+                .applied_objects();
+            let mut stream = std::pin::pin!(stream);
+            while let Some(item) = stream.next().await {
+                let Ok(sts) = item else { continue };
+                let partition = sts
+                    .spec
+                    .update_strategy
+                    .and_then(|u| u.rolling_update)
+                    .and_then(|r| r.partition)
+                    .unwrap_or(0);
+                let mut partitions = partitions.lock().unwrap();
+                if partitions.last() != Some(&partition) {
+                    partitions.push(partition);
+                }
+            }
+        })
+    };
+    eventually("the partition watch started", WAIT, || async {
+        if partitions.lock().unwrap().is_empty() {
+            Err("no StatefulSet seen yet".to_string())
+        } else {
+            Ok(())
+        }
+    })
+    .await
+    .unwrap();
     clusters
         .patch(
             "pg",
@@ -514,7 +551,6 @@ async fn cluster_children_rollout_replicas_first_and_retained_claims() {
     let generation = clusters.get("pg").await.unwrap().metadata.generation;
     let mut updated_at: BTreeMap<String, Instant> = BTreeMap::new();
     let mut ready_at: BTreeMap<String, Instant> = BTreeMap::new();
-    let mut partitions: Vec<i32> = Vec::new();
     let deadline = Instant::now() + Duration::from_secs(240);
     loop {
         let now = Instant::now();
@@ -543,16 +579,6 @@ async fn cluster_children_rollout_replicas_first_and_retained_claims() {
                 }
             }
         }
-        let sts = env.api::<StatefulSet>().get("pg").await.unwrap();
-        let partition = sts
-            .spec
-            .update_strategy
-            .and_then(|u| u.rolling_update)
-            .and_then(|r| r.partition)
-            .unwrap_or(0);
-        if partitions.last() != Some(&partition) {
-            partitions.push(partition);
-        }
         let c = clusters.get("pg").await.unwrap();
         let s = c.status.unwrap_or_default();
         let done = s.observed_generation == generation
@@ -574,6 +600,8 @@ async fn cluster_children_rollout_replicas_first_and_retained_claims() {
         );
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
+    recorder.abort();
+    let partitions = partitions.lock().unwrap().clone();
     eprintln!("partitions {partitions:?}; updated {updated_at:?}");
     let (u0, u1, u2) = (updated_at["pg-0"], updated_at["pg-1"], updated_at["pg-2"]);
     assert!(

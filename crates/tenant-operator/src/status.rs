@@ -92,6 +92,11 @@ pub fn compute(previous: Option<&TenantStatus>, obs: &Observation) -> TenantStat
             *e = e.saturating_add(*v);
         }
     }
+    // A limited resource nobody uses yet is reported as 0 before kube-controller-manager has
+    // filled the quotas' usage, so its first report does not change the status again.
+    for r in obs.tenant_hard.keys().chain(obs.namespace_hard.keys()) {
+        total.entry(r.clone()).or_default();
+    }
     let has_quota = !obs.tenant_hard.is_empty() || !obs.namespace_hard.is_empty();
     let mut exceeded = Vec::new();
     for (r, hard) in &obs.tenant_hard {
@@ -245,6 +250,34 @@ mod tests {
         let first = compute(None, &obs());
         let second = compute(Some(&first), &obs());
         assert_eq!(first, second, "so the status write is skipped");
+    }
+
+    #[test]
+    fn usage_not_reported_yet_reads_as_zero_so_the_first_report_changes_nothing() {
+        let limits = Observation {
+            generation: Some(1),
+            namespaces: vec!["a".into()],
+            namespace_hard: BTreeMap::from([
+                ("pods".into(), Milli::units(10)),
+                ("requests.cpu".into(), Milli::units(2)),
+            ]),
+            ..Default::default()
+        };
+        let before = compute(None, &limits);
+        let q = before.quota.clone().unwrap();
+        assert_eq!(q.used["pods"], "0");
+        assert_eq!(q.used["requests.cpu"], "0");
+        let reported = Observation {
+            used: BTreeMap::from([(
+                "a".into(),
+                BTreeMap::from([
+                    ("pods".into(), Milli::ZERO),
+                    ("requests.cpu".into(), Milli::ZERO),
+                ]),
+            )]),
+            ..limits
+        };
+        assert_eq!(compute(Some(&before), &reported), before);
     }
 
     #[test]

@@ -7,7 +7,6 @@ use k8s_openapi::api::core::v1::ObjectReference;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use k8s_openapi::jiff::Timestamp;
 use kube::api::{Api, PostParams};
-use kube::runtime::events::{Event, EventType, Recorder, Reporter};
 use kube::{Client, Resource};
 use tokio::task::JoinHandle;
 use tokio::time::Instant;
@@ -16,6 +15,7 @@ use tokio_util::sync::CancellationToken;
 use super::config::{ConfigError, JITTER_FACTOR, LeaseConfig};
 use super::decide::{Decision, Observation, Write, decide, next_spec, released_spec};
 use super::leadership::Leadership;
+use crate::events::{EventType, Recorder};
 
 /// A failed step of the election. The loop logs these and retries; only a failed release
 /// is returned from [`LeaderElector::run`].
@@ -147,14 +147,10 @@ impl LeaderElector {
     /// [`super::run_while_leader`]) and `shutdown` after it finished.
     pub async fn run(self, shutdown: CancellationToken) -> Result<(), Error> {
         let config = self.config;
-        let reporter = Reporter {
-            controller: self.reporter,
-            instance: Some(config.identity.clone()),
-        };
         let mut election = Election {
             api: Api::namespaced(self.client.clone(), &config.namespace),
             lease_ref: format!("{}/{}", config.namespace, config.lease_name),
-            recorder: Recorder::new(self.client, reporter),
+            recorder: Recorder::new(self.client, &self.reporter, Some(config.identity.clone())),
             leadership: self.leadership,
             config,
             lease: None,
@@ -552,23 +548,17 @@ impl Election {
             },
             |lease| lease.object_ref(&()),
         );
-        let event = Event {
-            type_: EventType::Normal,
-            reason: "LeaderElection".into(),
-            note: Some(format!("{} {what}", self.config.identity)),
-            action: if what == "became leader" {
-                "Acquire".into()
-            } else {
-                "Release".into()
-            },
-            secondary: None,
+        let note = format!("{} {what}", self.config.identity);
+        let action = if what == "became leader" {
+            "Acquire"
+        } else {
+            "Release"
         };
         let recorder = self.recorder.clone();
-        let lease_ref = self.lease_ref.clone();
         self.events.push(tokio::spawn(async move {
-            if let Err(err) = recorder.publish(&event, &reference).await {
-                tracing::warn!(lease = %lease_ref, error = %err, "failed to record leader election event");
-            }
+            recorder
+                .publish(reference, EventType::Normal, "LeaderElection", action, note)
+                .await;
         }));
     }
 
