@@ -54,11 +54,14 @@ pub struct Context<T> {
     pub field_manager: String,
     /// The operator's own state.
     pub data: T,
+    /// What [`Context::apply_status`] wrote recently.
+    written: crate::status::Written,
 }
 
 impl<T> Context<T> {
     /// Writes `status` by server-side apply under this operator's field manager unless it
-    /// equals `current` (see [`crate::status::apply`]), counting writes in
+    /// equals `current` (see [`crate::status::apply`]) or this process already wrote it on top
+    /// of this version of `obj` (see [`crate::status::Written`]), counting writes in
     /// `steward_status_writes_total`. Call it once, at the end of a reconcile.
     ///
     /// # Errors
@@ -78,8 +81,12 @@ impl<T> Context<T> {
             self.client.clone(),
             obj.namespace().as_deref(),
         );
+        if self.written.already(obj, status) {
+            return Ok(false);
+        }
         let written = crate::status::apply(&api, obj, current, status, &self.field_manager).await?;
         if written {
+            self.written.remember(obj, status);
             let kind = K::kind(&()).to_lowercase();
             self.metrics
                 .status_writes
@@ -290,6 +297,7 @@ impl Operator {
             leadership: self.leadership.clone(),
             field_manager: self.name.clone(),
             data,
+            written: crate::status::Written::default(),
         });
         let backoff = Arc::new(Backoff::new(self.backoff_base, self.backoff_max));
         let metrics = self.metrics.clone();

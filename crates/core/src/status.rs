@@ -1,4 +1,14 @@
 //! One status write per reconcile, by server-side apply, skipped when nothing changed.
+//!
+//! "Nothing changed" is judged against the object the reconcile was given, which comes from
+//! a cache: right after a status write, a reconcile triggered by a child can still see the
+//! version from before that write. [`Written`] remembers what this process wrote on top of
+//! which version, so that stale copy does not cause the same write again.
+
+use std::collections::HashMap;
+use std::hash::{DefaultHasher, Hash, Hasher};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
 
 use kube::api::{Api, Patch, PatchParams};
 use kube::{Resource, ResourceExt};
@@ -42,4 +52,104 @@ where
         source,
     })?;
     Ok(true)
+}
+
+/// How long a write is remembered; by then the cache has long caught up.
+const REMEMBER: Duration = Duration::from_secs(300);
+
+/// The statuses this process wrote recently: per object UID, the resourceVersion the write was
+/// based on and a hash of the status written.
+#[derive(Clone, Debug, Default)]
+pub struct Written {
+    entries: Arc<Mutex<HashMap<String, Entry>>>,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq)]
+struct Entry {
+    based_on: Option<String>,
+    status: u64,
+    at: Instant,
+}
+
+impl Written {
+    /// Whether `status` is what this process already wrote on top of exactly this version of
+    /// `obj` (which is then a stale copy). Forgets the object's entry once a newer version
+    /// is seen.
+    pub fn already<K: Resource, S: Serialize>(&self, obj: &K, status: &S) -> bool {
+        let Some(uid) = obj.meta().uid.as_deref() else {
+            return false;
+        };
+        let Ok(mut entries) = self.entries.lock() else {
+            return false;
+        };
+        let hash = hash(status);
+        let version = obj.meta().resource_version.as_deref();
+        match entries.get(uid) {
+            Some(e) if e.based_on.as_deref() == version => e.status == hash,
+            Some(_) => {
+                entries.remove(uid);
+                false
+            }
+            None => false,
+        }
+    }
+
+    /// Records that `status` was written on top of this version of `obj`.
+    pub fn remember<K: Resource, S: Serialize>(&self, obj: &K, status: &S) {
+        let Some(uid) = obj.meta().uid.clone() else {
+            return;
+        };
+        if let Ok(mut entries) = self.entries.lock() {
+            let now = Instant::now();
+            entries.retain(|_, e| now.duration_since(e.at) < REMEMBER);
+            entries.insert(
+                uid,
+                Entry {
+                    based_on: obj.meta().resource_version.clone(),
+                    status: hash(status),
+                    at: now,
+                },
+            );
+        }
+    }
+}
+
+fn hash<S: Serialize>(status: &S) -> u64 {
+    let mut h = DefaultHasher::new();
+    serde_json::to_string(status)
+        .unwrap_or_default()
+        .hash(&mut h);
+    h.finish()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use k8s_openapi::api::core::v1::ConfigMap;
+    use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
+
+    fn obj(version: &str) -> ConfigMap {
+        ConfigMap {
+            metadata: ObjectMeta {
+                uid: Some("u1".into()),
+                resource_version: Some(version.into()),
+                ..ObjectMeta::default()
+            },
+            ..ConfigMap::default()
+        }
+    }
+
+    #[test]
+    fn a_stale_copy_does_not_repeat_the_write_but_a_newer_version_is_judged_by_itself() {
+        let written = Written::default();
+        assert!(!written.already(&obj("1"), &"ready"));
+        written.remember(&obj("1"), &"ready");
+        // The cache still holds version 1: the same status is not written again...
+        assert!(written.already(&obj("1"), &"ready"));
+        // ...but a different one is.
+        assert!(!written.already(&obj("1"), &"degraded"));
+        // Once version 2 (ours, or anybody's) is seen, the object itself is the truth.
+        assert!(!written.already(&obj("2"), &"ready"));
+        assert!(!written.already(&obj("1"), &"ready"), "forgotten");
+    }
 }

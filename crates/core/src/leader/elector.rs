@@ -12,7 +12,7 @@ use tokio::task::JoinHandle;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
-use super::config::{ConfigError, JITTER_FACTOR, LeaseConfig};
+use super::config::{ConfigError, LeaseConfig};
 use super::decide::{Decision, Observation, Write, decide, next_spec, released_spec};
 use super::leadership::Leadership;
 use crate::events::{EventType, Recorder};
@@ -242,6 +242,7 @@ impl Election {
             if shutdown.is_cancelled() {
                 return Candidacy::Shutdown;
             }
+            let mut expiry = None;
             // Not raced against `shutdown`: a write in flight must be known, to release it.
             match tokio::time::timeout(timeout, self.attempt(false)).await {
                 Ok(Ok(Attempt::Leading { sent })) if self.fresh(sent) => {
@@ -256,6 +257,7 @@ impl Election {
                 }
                 Ok(Ok(Attempt::Held { holder, expires_in })) => {
                     tracing::debug!(lease = %self.lease_ref, %holder, ?expires_in, "lease held by another candidate");
+                    expiry = Some(expires_in);
                 }
                 Ok(Err(err)) => self.log_failure(&err, "failed to acquire lease"),
                 Err(_) => {
@@ -267,7 +269,7 @@ impl Election {
                     self.log_failure(&err, "failed to acquire lease");
                 }
             }
-            let pause = jittered(self.config.retry_period);
+            let pause = follower_pause(self.config.retry_period, expiry, rand::random());
             tokio::select! {
                 biased;
                 () = shutdown.cancelled() => return Candidacy::Shutdown,
@@ -570,9 +572,24 @@ impl Election {
 }
 
 /// `period × (1 + rand × 1.2)`, as client-go's `wait.Jitter(period, JitterFactor)`.
-fn jittered(period: Duration) -> Duration {
-    period.mul_f64(1.0 + rand::random::<f64>() * JITTER_FACTOR)
+/// How long a candidate that does not lead waits before its next attempt: a retry period
+/// with jitter (`random` in 0..1) so candidates do not move in step, but never past the moment
+/// the observed Lease expires, so an abandoned Lease is taken when it expires and not up to
+/// a retry period later.
+///
+/// client-go jitters followers by up to 1.2 × RetryPeriod; Steward by up to 0.5 ×, so a
+/// released Lease (which a follower can take at once) is noticed within 1.5 × RetryPeriod. The
+/// Lease protocol is unchanged: this is only when to look.
+fn follower_pause(retry_period: Duration, expires_in: Option<Duration>, random: f64) -> Duration {
+    let jittered = retry_period.mul_f64(1.0 + random.clamp(0.0, 1.0) * FOLLOWER_JITTER);
+    match expires_in {
+        Some(left) => jittered.min(left.max(Duration::from_millis(1))),
+        None => jittered,
+    }
 }
+
+/// Followers poll every RetryPeriod × (1 + rand × this).
+const FOLLOWER_JITTER: f64 = 0.5;
 
 /// The error and its sources, `: `-separated, for one log line.
 fn error_chain(err: &dyn std::error::Error) -> String {
@@ -591,15 +608,29 @@ mod tests {
     use super::*;
 
     #[test]
-    fn jitter_stays_within_client_go_bounds() {
-        let period = Duration::from_millis(500);
-        for _ in 0..1000 {
-            let d = jittered(period);
-            assert!(
-                d >= period && d <= period.mul_f64(1.0 + JITTER_FACTOR),
-                "{d:?}"
-            );
-        }
+    fn followers_wait_a_jittered_retry_period_but_wake_when_the_lease_expires() {
+        let retry = Duration::from_secs(2);
+        assert_eq!(follower_pause(retry, None, 0.0), retry);
+        assert_eq!(follower_pause(retry, None, 1.0), Duration::from_secs(3));
+        assert_eq!(
+            follower_pause(retry, None, 7.0),
+            Duration::from_secs(3),
+            "clamped"
+        );
+        assert_eq!(
+            follower_pause(retry, Some(Duration::from_millis(700)), 0.9),
+            Duration::from_millis(700),
+            "the Lease expires before the next retry"
+        );
+        assert_eq!(
+            follower_pause(retry, Some(Duration::from_secs(9)), 0.5),
+            Duration::from_millis(2500)
+        );
+        assert_eq!(
+            follower_pause(retry, Some(Duration::ZERO), 0.5),
+            Duration::from_millis(1),
+            "never a busy loop"
+        );
     }
 
     #[test]

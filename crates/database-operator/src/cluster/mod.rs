@@ -178,15 +178,8 @@ pub async fn reconcile(
     let status = rollout::status(&observed, cluster.status.as_ref());
     let ready =
         steward_core::conditions::is_true(&status.conditions, steward_core::conditions::READY);
-    let api: Api<PostgresCluster> = Api::namespaced(client, &ns);
-    steward_core::status::apply(
-        &api,
-        cluster.as_ref(),
-        cluster.status.as_ref(),
-        &status,
-        &ctx.field_manager,
-    )
-    .await?;
+    ctx.apply_status(cluster.as_ref(), cluster.status.as_ref(), &status)
+        .await?;
     Ok(if ready {
         Action::requeue(ctx.data.options.resync_interval)
     } else {

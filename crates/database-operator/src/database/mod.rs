@@ -573,9 +573,7 @@ async fn write_status(
     ctx: &Context<State>,
     status: DatabaseStatus,
 ) -> Result<(), Error> {
-    let api: Api<Database> =
-        Api::namespaced(ctx.client.clone(), &db.namespace().unwrap_or_default());
-    steward_core::status::apply(&api, db, db.status.as_ref(), &status, &ctx.field_manager).await?;
+    ctx.apply_status(db, db.status.as_ref(), &status).await?;
     Ok(())
 }
 

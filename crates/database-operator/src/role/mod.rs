@@ -459,16 +459,8 @@ async fn write_status(
     ctx: &Context<State>,
     status: DatabaseRoleStatus,
 ) -> Result<(), Error> {
-    let api: Api<DatabaseRole> =
-        Api::namespaced(ctx.client.clone(), &role.namespace().unwrap_or_default());
-    steward_core::status::apply(
-        &api,
-        role,
-        role.status.as_ref(),
-        &status,
-        &ctx.field_manager,
-    )
-    .await?;
+    ctx.apply_status(role, role.status.as_ref(), &status)
+        .await?;
     Ok(())
 }
 
