@@ -78,10 +78,19 @@ fn test(extra: &[&str]) -> Result<()> {
         .args(extra)
         .status()
         .context("running cargo test")?;
-    eprintln!("xtask: test finished in {:.0?}", started.elapsed());
+    eprintln!("xtask: cargo test finished in {:.0?}", started.elapsed());
     if !status.success() {
         bail!("cargo test failed ({status})");
     }
+    // The benchmark harness in its tiny configuration, so it does not rot; it asserts no
+    // timing. Skipped when the run is narrowed to some tests.
+    if extra.is_empty() {
+        let out = workspace_root().join("target/bench-smoke");
+        let out = out.to_string_lossy();
+        bench::run(&["--smoke", "--out", &out]).context("cargo xtask bench --smoke")?;
+        eprintln!("xtask: bench --smoke wrote {out}/benchmarks.md");
+    }
+    eprintln!("xtask: test finished in {:.0?}", started.elapsed());
     Ok(())
 }
 
