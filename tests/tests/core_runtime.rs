@@ -519,3 +519,56 @@ async fn http_get(addr: SocketAddr, path: &str) -> (u16, String) {
         .unwrap_or_default();
     (code, body)
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn events_repeat_as_a_series_and_a_new_note_is_a_new_event() {
+    use k8s_openapi::api::core::v1::ConfigMap;
+    use k8s_openapi::api::events::v1::Event as NewEvent;
+    use steward_core::events::Recorder;
+
+    let cp = steward_testenv::shared().await.expect("control plane");
+    let ns = cp.namespace("events").await.expect("namespace");
+    let client = cp.client().unwrap();
+    let cms: Api<ConfigMap> = Api::namespaced(client.clone(), &ns);
+    let cm: ConfigMap = serde_json::from_value(json!({"metadata": {"name": "subject"}})).unwrap();
+    let cm = cms.create(&PostParams::default(), &cm).await.unwrap();
+
+    let recorder = Recorder::new(client.clone(), "events-test", Some("instance-1".into()));
+    recorder.normal(&cm, "DriftCorrected", "Converge", "fixed A").await;
+    recorder.normal(&cm, "DriftCorrected", "Converge", "fixed A").await;
+    recorder.normal(&cm, "DriftCorrected", "Converge", "fixed A").await;
+    recorder.normal(&cm, "DriftCorrected", "Converge", "fixed B").await;
+    recorder.warning(&cm, "DriftCorrected", "Converge", "fixed B").await;
+
+    let events: Api<NewEvent> = Api::namespaced(client, &ns);
+    let mut seen: Vec<(String, String, i32)> = events
+        .list(&ListParams::default())
+        .await
+        .unwrap()
+        .items
+        .into_iter()
+        .filter(|e| e.reporting_controller.as_deref() == Some("events-test"))
+        .map(|e| {
+            assert_eq!(e.reporting_instance.as_deref(), Some("instance-1"));
+            assert_eq!(
+                e.regarding.as_ref().and_then(|r| r.uid.clone()),
+                cm.metadata.uid
+            );
+            (
+                e.type_.unwrap_or_default(),
+                e.note.unwrap_or_default(),
+                e.series.map_or(1, |s| s.count),
+            )
+        })
+        .collect();
+    seen.sort();
+    assert_eq!(
+        seen,
+        vec![
+            ("Normal".to_string(), "fixed A".to_string(), 3),
+            ("Normal".to_string(), "fixed B".to_string(), 1),
+            ("Warning".to_string(), "fixed B".to_string(), 1),
+        ],
+        "one Event per distinct note and type, repeats counted in its series"
+    );
+}

@@ -650,6 +650,11 @@ async fn failover(
                     _ => tokio::time::sleep(Duration::from_millis(100)).await,
                 }
             };
+            // Signal at a random moment in the standby's steady state, not right after it
+            // started: its first read of the Lease would otherwise coincide with the signal
+            // and every failover would take exactly LeaseDuration.
+            let retry = args.lease[2];
+            tokio::time::sleep(retry.mul_f64(1.5 + 2.0 * rand::random::<f64>())).await;
             let wall0 = k8s_openapi::jiff::Timestamp::now();
             let t0 = Instant::now();
             replicas[leader_idx].signal(signal)?;

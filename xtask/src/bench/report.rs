@@ -264,7 +264,7 @@ pub fn write(out: &Path, r: &Results) -> Result<()> {
     writeln!(md, "\n## 4. Failover\n")?;
     writeln!(
         md,
-        "Two replicas. The leader (the replica whose `/metrics` says `leader_election_master_status 1`) gets SIGKILL (or SIGTERM); right after the signal the harness changes a Tenant's spec; \
+        "Two replicas. The leader (the replica whose `/metrics` says `leader_election_master_status 1`) gets SIGKILL (or SIGTERM) at a random moment 1.5–3.5 × RetryPeriod after the standby is ready; right after the signal the harness changes a Tenant's spec; \
         measured: from the signal until the harness's watch sees that Tenant's new generation observed and Ready, i.e. the first reconcile by the new leader that wrote (it includes the new leader's resync of every Tenant, which it queues on acquiring the Lease). \
         Also shown: signal → the Lease's `acquireTime`. The signalled replica is restarted as the new standby before the next repetition.\n"
     )?;
