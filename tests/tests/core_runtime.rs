@@ -534,11 +534,14 @@ async fn events_repeat_as_a_series_and_a_new_note_is_a_new_event() {
     let cm = cms.create(&PostParams::default(), &cm).await.unwrap();
 
     let recorder = Recorder::new(client.clone(), "events-test", Some("instance-1".into()));
-    recorder.normal(&cm, "DriftCorrected", "Converge", "fixed A").await;
-    recorder.normal(&cm, "DriftCorrected", "Converge", "fixed A").await;
-    recorder.normal(&cm, "DriftCorrected", "Converge", "fixed A").await;
-    recorder.normal(&cm, "DriftCorrected", "Converge", "fixed B").await;
-    recorder.warning(&cm, "DriftCorrected", "Converge", "fixed B").await;
+    for note in ["fixed A", "fixed A", "fixed A", "fixed B"] {
+        recorder
+            .normal(&cm, "DriftCorrected", "Converge", note)
+            .await;
+    }
+    recorder
+        .warning(&cm, "DriftCorrected", "Converge", "fixed B")
+        .await;
 
     let events: Api<NewEvent> = Api::namespaced(client, &ns);
     let mut seen: Vec<(String, String, i32)> = events
