@@ -22,7 +22,7 @@ use serde_json::json;
 use steward_core::cli::CommonArgs;
 use steward_core::finalizer::{self, DeletionPolicy, Event};
 use steward_core::{Context, Operator, ReconcileError, conditions};
-use steward_testenv::eventually;
+use steward_testenv::{eventually, free_port, http_get};
 
 #[derive(CustomResource, Clone, Debug, Deserialize, Serialize, JsonSchema)]
 #[kube(
@@ -161,7 +161,9 @@ async fn start(prefix: &str, backoff_base: Duration) -> Running {
     let cp = steward_testenv::shared().await.expect("control plane");
     cp.apply_crd(&Gadget::crd()).await.expect("Gadget CRD");
     let ns = cp.namespace(prefix).await.expect("namespace");
-    let addr: SocketAddr = format!("127.0.0.1:{}", free_port()).parse().unwrap();
+    let addr: SocketAddr = format!("127.0.0.1:{}", free_port().unwrap())
+        .parse()
+        .unwrap();
     let args = CommonArgs {
         leader_elect: false,
         watch_namespace: Some(ns.clone()),
@@ -449,7 +451,7 @@ async fn failing_reconciles_back_off_exponentially_and_success_resets() {
     );
 
     // The endpoints say what happened.
-    let (code, metrics) = http_get(run.addr, "/metrics").await;
+    let (code, metrics) = http_get(run.addr, "/metrics").await.unwrap();
     assert_eq!(code, 200);
     let value = |line_prefix: &str| -> f64 {
         metrics
@@ -484,40 +486,14 @@ async fn failing_reconciles_back_off_exponentially_and_success_resets() {
         1.0
     );
     assert_eq!(
-        http_get(run.addr, "/healthz").await,
+        http_get(run.addr, "/healthz").await.unwrap(),
         (200, "ok".to_string())
     );
-    assert_eq!(http_get(run.addr, "/readyz").await, (200, "ok".to_string()));
+    assert_eq!(
+        http_get(run.addr, "/readyz").await.unwrap(),
+        (200, "ok".to_string())
+    );
     run.stop().await;
-}
-
-fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
-}
-
-/// GET over HTTP/1.0; returns the status code and body.
-async fn http_get(addr: SocketAddr, path: &str) -> (u16, String) {
-    use tokio::io::{AsyncReadExt, AsyncWriteExt};
-    let mut s = tokio::net::TcpStream::connect(addr).await.expect("connect");
-    s.write_all(format!("GET {path} HTTP/1.0\r\nHost: localhost\r\n\r\n").as_bytes())
-        .await
-        .unwrap();
-    let mut text = String::new();
-    s.read_to_string(&mut text).await.unwrap();
-    let code = text
-        .split_whitespace()
-        .nth(1)
-        .and_then(|c| c.parse().ok())
-        .unwrap_or(0);
-    let body = text
-        .split_once("\r\n\r\n")
-        .map(|(_, b)| b.to_string())
-        .unwrap_or_default();
-    (code, body)
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -30,8 +30,7 @@ use serde_json::{Value, json};
 use steward_core::Operator;
 use steward_core::cli::CommonArgs;
 use steward_testenv::manifests;
-use steward_testenv::{ControlPlane, eventually, workspace_root};
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use steward_testenv::{ControlPlane, eventually, http_get, workspace_root};
 use tokio::sync::OnceCell;
 use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
@@ -714,26 +713,6 @@ fn forbidden_lines(user: &str) -> Vec<String> {
         .filter(|l| l.to_lowercase().contains("forbidden") && l.contains(user))
         .map(String::from)
         .collect()
-}
-
-/// `GET path` over HTTP/1.0: the status code and body.
-async fn http_get(addr: SocketAddr, path: &str) -> Result<(u16, String)> {
-    let mut stream = tokio::net::TcpStream::connect(addr).await?;
-    stream
-        .write_all(format!("GET {path} HTTP/1.0\r\nHost: {addr}\r\n\r\n").as_bytes())
-        .await?;
-    let mut response = String::new();
-    stream.read_to_string(&mut response).await?;
-    let code = response
-        .split_whitespace()
-        .nth(1)
-        .and_then(|c| c.parse().ok())
-        .context("no HTTP status")?;
-    let body = response
-        .split_once("\r\n\r\n")
-        .map(|(_, b)| b.to_string())
-        .unwrap_or_default();
-    Ok((code, body))
 }
 
 /// An operator running in-process as its ServiceAccount, with leader election on.

@@ -23,7 +23,7 @@ mod process;
 pub use binaries::{Binaries, Versions};
 pub use controlplane::{ControlPlane, Options};
 pub use helpers::{eventually, shared, workspace_root};
-pub use process::free_port;
+pub use process::{free_port, http_get};
 
 use std::path::PathBuf;
 

@@ -119,3 +119,55 @@ pub fn log_tail(path: &Path, lines: usize) -> String {
     let all: Vec<&str> = text.lines().collect();
     all[all.len().saturating_sub(lines)..].join("\n")
 }
+
+/// `GET path` over plain HTTP/1.0 from `addr` (a metrics or health port): the status code and
+/// the body. Connecting may take 2 s and the whole response 5 s.
+///
+/// # Errors
+/// [`Error::Io`] when the connection, the request or the response fails or times out, or the
+/// response has no status code.
+pub async fn http_get(addr: std::net::SocketAddr, path: &str) -> Result<(u16, String), Error> {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let io = |what: &str, source: std::io::Error| Error::Io {
+        what: format!("GET http://{addr}{path}: {what}"),
+        source,
+    };
+    let timed_out = || std::io::Error::from(std::io::ErrorKind::TimedOut);
+    let mut stream = tokio::time::timeout(
+        std::time::Duration::from_secs(2),
+        tokio::net::TcpStream::connect(addr),
+    )
+    .await
+    .map_err(|_| io("connect", timed_out()))?
+    .map_err(|e| io("connect", e))?;
+    let exchange = async {
+        stream
+            .write_all(
+                format!("GET {path} HTTP/1.0\r\nHost: {addr}\r\nConnection: close\r\n\r\n")
+                    .as_bytes(),
+            )
+            .await?;
+        let mut buf = Vec::new();
+        stream.read_to_end(&mut buf).await?;
+        Ok::<_, std::io::Error>(String::from_utf8_lossy(&buf).into_owned())
+    };
+    let response = tokio::time::timeout(std::time::Duration::from_secs(5), exchange)
+        .await
+        .map_err(|_| io("response", timed_out()))?
+        .map_err(|e| io("response", e))?;
+    let code = response
+        .split_whitespace()
+        .nth(1)
+        .and_then(|c| c.parse().ok())
+        .ok_or_else(|| {
+            io(
+                "response",
+                std::io::Error::new(std::io::ErrorKind::InvalidData, "no HTTP status"),
+            )
+        })?;
+    let body = response
+        .split_once("\r\n\r\n")
+        .map(|(_, b)| b.to_string())
+        .unwrap_or_default();
+    Ok((code, body))
+}

@@ -5,41 +5,10 @@ use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result, bail};
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
-/// A free loopback port (bound and released; good enough on a quiet machine).
-pub fn free_port() -> Result<u16> {
-    let l = std::net::TcpListener::bind("127.0.0.1:0").context("binding a free port")?;
-    Ok(l.local_addr()?.port())
-}
-
-/// `GET http://127.0.0.1:{port}{path}` → (status, body). No client library, so xtask stays small.
+/// `GET http://127.0.0.1:{port}{path}` → (status, body).
 pub async fn http_get(port: u16, path: &str) -> Result<(u16, String)> {
-    let mut s = tokio::time::timeout(
-        Duration::from_secs(2),
-        tokio::net::TcpStream::connect(("127.0.0.1", port)),
-    )
-    .await
-    .context("connect timed out")??;
-    s.write_all(
-        format!("GET {path} HTTP/1.0\r\nHost: 127.0.0.1\r\nConnection: close\r\n\r\n").as_bytes(),
-    )
-    .await?;
-    let mut buf = Vec::new();
-    tokio::time::timeout(Duration::from_secs(5), s.read_to_end(&mut buf))
-        .await
-        .context("read timed out")??;
-    let text = String::from_utf8_lossy(&buf).to_string();
-    let status = text
-        .split_whitespace()
-        .nth(1)
-        .and_then(|c| c.parse().ok())
-        .unwrap_or(0);
-    let body = text
-        .split_once("\r\n\r\n")
-        .map(|(_, b)| b.to_string())
-        .unwrap_or_default();
-    Ok((status, body))
+    Ok(steward_testenv::http_get(([127, 0, 0, 1], port).into(), path).await?)
 }
 
 /// How to start one replica of an operator.
@@ -65,8 +34,8 @@ impl Replica {
     /// Starts a replica with fresh probe ports. Spawned through `setpriv --pdeathsig KILL` so
     /// no operator outlives the harness.
     pub fn spawn(launch: &Launch, kubeconfig: &Path, index: usize) -> Result<Self> {
-        let metrics_port = free_port()?;
-        let health_port = free_port()?;
+        let metrics_port = steward_testenv::free_port()?;
+        let health_port = steward_testenv::free_port()?;
         std::fs::create_dir_all(&launch.log_dir)?;
         let log = launch.log_dir.join(format!("{}-{index}.log", launch.label));
         let file = std::fs::OpenOptions::new()

@@ -571,7 +571,6 @@ impl Election {
     }
 }
 
-/// `period × (1 + rand × 1.2)`, as client-go's `wait.Jitter(period, JitterFactor)`.
 /// How long a candidate that does not lead waits before its next attempt: a retry period
 /// with jitter (`random` in 0..1) so candidates do not move in step, but never past the moment
 /// the observed Lease expires, so an abandoned Lease is taken when it expires and not up to
