@@ -67,6 +67,11 @@ pub struct CommonArgs {
     #[arg(long, default_value = "30s", value_parser = parse_duration)]
     pub shutdown_timeout: Duration,
 
+    /// How long a leading controller may have queued work without starting a reconcile, or
+    /// a watch may keep failing, before `/healthz` fails (so the kubelet restarts the pod).
+    #[arg(long, default_value = "60s", value_parser = parse_duration)]
+    pub stall_timeout: Duration,
+
     /// Log format.
     #[arg(long, value_enum, default_value_t = LogFormat::Text)]
     pub log_format: LogFormat,
@@ -173,30 +178,67 @@ fn parse_addr(flag: &str, value: &str) -> Result<Option<SocketAddr>, Error> {
         .map_err(|e| Error::Config(format!("{flag} {value}: {e}")))
 }
 
-/// Parses `1500ms`, `15s`, `2m`, `1h` or plain seconds.
+/// The longest duration [`parse_duration`] accepts: 100 years, far beyond any timeout or
+/// interval, and far below where arithmetic on `Instant`s or `Duration`s could overflow.
+pub const MAX_DURATION: Duration = Duration::from_secs(100 * 365 * 24 * 3600);
+
+/// Parses a duration in Go's syntax, as `kubectl` and CEL's `duration()` do: a sequence of
+/// decimal numbers with a unit each (`1500ms`, `15s`, `2m`, `1h30m`, `1.5h`; units `ns`, `us`,
+/// `µs`, `ms`, `s`, `m`, `h`), or plain seconds (`30`).
+///
+/// # Errors
+/// A message naming the input for anything else, for a negative or non-finite value, and for
+/// anything longer than [`MAX_DURATION`] (never a panic, whatever the input).
 pub fn parse_duration(s: &str) -> Result<Duration, String> {
-    let s = s.trim();
-    let (num, unit) = s
-        .find(|c: char| !c.is_ascii_digit() && c != '.')
-        .map_or((s, "s"), |i| s.split_at(i));
-    let n: f64 = num
-        .parse()
-        .map_err(|_| format!("invalid duration {s:?} (try 15s, 500ms, 2m)"))?;
-    let secs = match unit {
-        "ms" => n / 1000.0,
-        "s" => n,
-        "m" => n * 60.0,
-        "h" => n * 3600.0,
-        _ => {
-            return Err(format!(
-                "invalid duration unit in {s:?} (use ms, s, m or h)"
-            ));
-        }
-    };
-    if !secs.is_finite() || secs < 0.0 {
-        return Err(format!("invalid duration {s:?}"));
+    let input = s.trim();
+    let invalid = || format!("invalid duration {input:?} (try 15s, 500ms, 2m, 1h30m)");
+    if input.is_empty() {
+        return Err(invalid());
     }
-    Ok(Duration::from_secs_f64(secs))
+    if input.bytes().all(|b| b.is_ascii_digit() || b == b'.') {
+        return from_secs(input.parse::<f64>().map_err(|_| invalid())?, input);
+    }
+    let mut rest = input;
+    let mut total = 0.0_f64;
+    while !rest.is_empty() {
+        let num_len = rest
+            .find(|c: char| !c.is_ascii_digit() && c != '.')
+            .ok_or_else(invalid)?;
+        let (num, tail) = rest.split_at(num_len);
+        let n: f64 = num.parse().map_err(|_| invalid())?;
+        let unit_len = tail
+            .find(|c: char| c.is_ascii_digit() || c == '.')
+            .unwrap_or(tail.len());
+        let (unit, tail) = tail.split_at(unit_len);
+        let scale = match unit {
+            "ns" => 1e-9,
+            "us" | "µs" | "μs" => 1e-6,
+            "ms" => 1e-3,
+            "s" => 1.0,
+            "m" => 60.0,
+            "h" => 3600.0,
+            _ => {
+                return Err(format!(
+                    "invalid duration unit {unit:?} in {input:?} (use ms, s, m or h)"
+                ));
+            }
+        };
+        total += n * scale;
+        rest = tail;
+    }
+    from_secs(total, input)
+}
+
+fn from_secs(secs: f64, input: &str) -> Result<Duration, String> {
+    if !secs.is_finite() || secs < 0.0 {
+        return Err(format!("invalid duration {input:?}"));
+    }
+    if secs > MAX_DURATION.as_secs_f64() {
+        return Err(format!(
+            "duration {input:?} is too long (at most 100 years)"
+        ));
+    }
+    Duration::try_from_secs_f64(secs).map_err(|e| format!("invalid duration {input:?}: {e}"))
 }
 
 #[cfg(test)]
@@ -257,8 +299,36 @@ mod tests {
 
     #[test]
     fn bad_durations_are_errors() {
-        assert!(parse_duration("soon").is_err());
-        assert!(parse_duration("5y").is_err());
+        for bad in [
+            "soon",
+            "5y",
+            "",
+            "h",
+            "1h30",
+            "-5s",
+            "1..5s",
+            "99999999999999999999h",
+            "1e400s",
+            "876001h",
+            "1s2",
+        ] {
+            assert!(parse_duration(bad).is_err(), "{bad:?} accepted");
+        }
         assert_eq!(parse_duration("2m").unwrap(), Duration::from_secs(120));
+    }
+
+    #[test]
+    fn go_durations_parse() {
+        for (text, want) in [
+            ("1500ms", Duration::from_millis(1500)),
+            ("30", Duration::from_secs(30)),
+            ("1h30m", Duration::from_secs(5400)),
+            ("1.5h", Duration::from_secs(5400)),
+            ("2h45m10s", Duration::from_secs(9910)),
+            ("250us", Duration::from_micros(250)),
+            ("876000h", MAX_DURATION),
+        ] {
+            assert_eq!(parse_duration(text).unwrap(), want, "{text}");
+        }
     }
 }

@@ -10,6 +10,7 @@
 pub mod apply;
 pub mod cli;
 pub mod conditions;
+pub mod controller;
 mod error;
 pub mod events;
 pub mod finalizer;
@@ -20,6 +21,7 @@ pub mod runtime;
 pub mod server;
 pub mod status;
 
+pub use controller::Controller;
 pub use error::{Error, ReconcileError, chain};
 pub use leader::{LeaderElector, Leadership, LeaseConfig};
 pub use runtime::{Context, Operator};

@@ -9,6 +9,9 @@
 //! | `controller_runtime_max_concurrent_reconciles` | gauge | controller |
 //! | `leader_election_master_status` | gauge | name |
 //! | `steward_status_writes_total` | counter | controller |
+//! | `steward_watch_errors_total` | counter | controller, kind |
+//! | `steward_reconcile_queue_oldest_seconds` | gauge | controller (age of the oldest trigger not yet reconciled; 0 when none) |
+//! | `steward_reconcile_panics_total` | counter | controller |
 
 use std::sync::{Arc, Mutex};
 
@@ -30,6 +33,13 @@ pub struct ResultLabels {
     pub result: String,
 }
 
+/// Labels of one watch of a controller.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct WatchLabels {
+    pub controller: String,
+    pub kind: String,
+}
+
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct LeaseLabels {
     pub name: String,
@@ -46,6 +56,9 @@ pub struct Metrics {
     pub max_concurrent: Family<ControllerLabels, Gauge>,
     pub leader: Family<LeaseLabels, Gauge>,
     pub status_writes: Family<ControllerLabels, Counter>,
+    pub watch_errors: Family<WatchLabels, Counter>,
+    pub queue_oldest: Family<ControllerLabels, Gauge<f64, std::sync::atomic::AtomicU64>>,
+    pub reconcile_panics: Family<ControllerLabels, Counter>,
 }
 
 impl Default for Metrics {
@@ -66,6 +79,10 @@ impl Metrics {
         let max_concurrent = Family::<ControllerLabels, Gauge>::default();
         let leader = Family::<LeaseLabels, Gauge>::default();
         let status_writes = Family::<ControllerLabels, Counter>::default();
+        let watch_errors = Family::<WatchLabels, Counter>::default();
+        let queue_oldest =
+            Family::<ControllerLabels, Gauge<f64, std::sync::atomic::AtomicU64>>::default();
+        let reconcile_panics = Family::<ControllerLabels, Counter>::default();
         registry.register(
             "controller_runtime_reconcile",
             "Total number of reconciliations per controller",
@@ -97,6 +114,21 @@ impl Metrics {
             "Status writes per controller (skipped when nothing changed)",
             status_writes.clone(),
         );
+        registry.register(
+            "steward_watch_errors",
+            "Errors of a controller's watches, per watched kind (each is retried with its own backoff)",
+            watch_errors.clone(),
+        );
+        registry.register(
+            "steward_reconcile_queue_oldest_seconds",
+            "Age of the oldest reconcile request not yet started (0 when none)",
+            queue_oldest.clone(),
+        );
+        registry.register(
+            "steward_reconcile_panics",
+            "Reconciles that panicked (turned into failed reconciles)",
+            reconcile_panics.clone(),
+        );
         Self {
             registry: Arc::new(Mutex::new(registry)),
             reconcile_total,
@@ -106,6 +138,9 @@ impl Metrics {
             max_concurrent,
             leader,
             status_writes,
+            watch_errors,
+            queue_oldest,
+            reconcile_panics,
         }
     }
 

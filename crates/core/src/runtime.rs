@@ -2,9 +2,14 @@
 //!
 //! ```text
 //! Operator::new(name, args)         client, metrics, health, leader elector from the flags
-//!   .controller(Controller, data, reconcile)   a kube-runtime Controller, wrapped:
+//!   .controller(Controller, data, reconcile)   a steward_core::Controller (kube-runtime's,
+//!                                   with per-watch backoff, see crate::controller), wrapped:
 //!        - runs always, so followers keep warm caches; reconciles only while leader,
 //!          and reconciles everything again when leadership is acquired
+//!        - a panicking reconcile is a failed reconcile (Warning Event, backoff), never a
+//!          dead controller; a controller task that ends anyway fails /healthz
+//!        - queued work without progress, or a watch failing, for longer than
+//!          --stall-timeout fails /healthz
 //!        - in-flight reconciles are cancelled when leadership is lost
 //!        - per-object exponential backoff on errors, reset on success; permanent
 //!          errors (invalid spec) wait for a change instead
@@ -25,9 +30,8 @@ use std::net::SocketAddr;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use futures::StreamExt;
 use futures::future::BoxFuture;
-use kube::runtime::Controller;
+use futures::{FutureExt, StreamExt};
 use kube::runtime::controller::Action;
 use kube::{Client, Resource, ResourceExt};
 use serde::de::DeserializeOwned;
@@ -35,6 +39,7 @@ use tokio_util::sync::CancellationToken;
 use tracing::Instrument;
 
 use crate::cli::CommonArgs;
+use crate::controller::Controller;
 use crate::error::{ReconcileError, chain};
 use crate::events::Recorder;
 use crate::leader::{LeaderElector, Leadership, LeaseConfig};
@@ -141,6 +146,9 @@ pub enum RunError<E: std::error::Error + 'static> {
     /// Leadership was lost while reconciling; the reconcile was cancelled.
     #[error("leadership lost during reconcile")]
     LostLeadership,
+    /// The operator's reconcile panicked; it is retried with backoff like a failure.
+    #[error("reconcile panicked: {0}")]
+    Panicked(String),
 }
 
 /// One operator process.
@@ -204,13 +212,15 @@ impl Operator {
             (None, Leadership::always_leader())
         };
         let guarded = guard::client(config, leadership.clone())?;
+        let health = Health::new();
+        health.set_stall_timeout(args.stall_timeout);
         Ok(Self {
             name: name.to_string(),
             args,
             client,
             guarded,
             metrics: Metrics::new(),
-            health: Health::new(),
+            health,
             leadership,
             elector,
             shutdown: CancellationToken::new(),
@@ -271,6 +281,18 @@ impl Operator {
     }
 
     /// Adds a controller. `reconcile` runs only while this process leads.
+    ///
+    /// # Guarantees
+    /// - `reconcile` runs only while this process leads; every cached object is reconciled
+    ///   again each time leadership is acquired; a reconcile in flight is cancelled when
+    ///   leadership is lost.
+    /// - A failed or panicking reconcile is retried with per-object exponential backoff and
+    ///   reported as a Warning Event; a permanent error waits for a change of the object.
+    /// - A watch error never pauses another watch (see [`crate::controller`]).
+    ///
+    /// # Caveats
+    /// A reconcile that panics while holding a lock of the operator's own `data` may leave it
+    /// poisoned; the runtime only guarantees that the controller keeps running.
     pub fn controller<K, T, F, Fut, E>(
         &mut self,
         controller: Controller<K>,
@@ -307,8 +329,13 @@ impl Operator {
             .set(i64::from(self.args.concurrency));
 
         let ready = self.health.register_cache();
-        let store = controller.store();
-        let acquired = leadership_acquired(self.leadership.clone());
+        let (controller, store, tracker) = controller.into_parts();
+        tracker.attach(&name, &self.metrics, self.leadership.clone());
+        self.health.watch_controller(tracker.clone());
+        let acquired = {
+            let tracker = tracker.clone();
+            leadership_acquired(self.leadership.clone()).inspect(move |()| tracker.triggered_all())
+        };
         let shutdown = self.shutdown.clone();
         let controller = controller
             .with_config(
@@ -322,11 +349,13 @@ impl Operator {
             let backoff = backoff.clone();
             let metrics = metrics.clone();
             let name = name.clone();
+            let tracker = tracker.clone();
             move |obj: Arc<K>, ctx: Arc<Context<T>>| {
                 let reconcile = reconcile.clone();
                 let backoff = backoff.clone();
                 let metrics = metrics.clone();
                 let name = name.clone();
+                let tracker = tracker.clone();
                 let key = object_key(obj.as_ref());
                 let span = tracing::info_span!("reconcile", controller = %name, object = %key);
                 async move {
@@ -335,11 +364,20 @@ impl Operator {
                         metrics.reconcile_total.get_or_create(&metrics.result(&name, "skipped")).inc();
                         return Ok(Action::await_change());
                     }
+                    tracker.started(obj.as_ref());
                     let labels = metrics.controller(&name);
                     metrics.active_workers.get_or_create(&labels).inc();
                     let started = Instant::now();
+                    // Building the future may panic as well as polling it.
+                    let attempt = std::panic::AssertUnwindSafe(async {
+                        reconcile(obj.clone(), ctx.clone()).await
+                    })
+                    .catch_unwind();
                     let result = tokio::select! {
-                        r = reconcile(obj.clone(), ctx.clone()) => r.map_err(RunError::Reconcile),
+                        r = attempt => match r {
+                            Ok(r) => r.map_err(RunError::Reconcile),
+                            Err(panic) => Err(RunError::Panicked(panic_message(panic.as_ref()))),
+                        },
                         () = leadership.lost() => Err(RunError::LostLeadership),
                     };
                     metrics.active_workers.get_or_create(&labels).dec();
@@ -351,6 +389,15 @@ impl Operator {
                         }
                         Err(RunError::LostLeadership) => {
                             metrics.reconcile_total.get_or_create(&metrics.result(&name, "skipped")).inc();
+                        }
+                        Err(RunError::Panicked(message)) => {
+                            metrics.reconcile_total.get_or_create(&metrics.result(&name, "error")).inc();
+                            metrics.reconcile_errors.get_or_create(&labels).inc();
+                            metrics.reconcile_panics.get_or_create(&labels).inc();
+                            tracing::error!(panic = %message, "reconcile panicked; retrying with backoff");
+                            ctx.recorder
+                                .warning(obj.as_ref(), "ReconcilePanicked", "Reconcile", format!("reconcile panicked: {message}"))
+                                .await;
                         }
                         Err(RunError::Reconcile(e)) => {
                             let e: &E = e;
@@ -369,7 +416,7 @@ impl Operator {
         let error_policy = move |obj: Arc<K>, err: &RunError<E>, _ctx: Arc<Context<T>>| match err {
             RunError::LostLeadership => Action::await_change(),
             RunError::Reconcile(e) if e.is_permanent() => Action::await_change(),
-            RunError::Reconcile(_) => {
+            RunError::Reconcile(_) | RunError::Panicked(_) => {
                 Action::requeue(backoff.next_delay(&object_key(obj.as_ref())))
             }
         };
@@ -390,15 +437,28 @@ impl Operator {
                 }
             }
         }));
+        let health = self.health.clone();
+        let stopping = self.shutdown.clone();
         self.tasks.push(Box::pin(async move {
-            controller
+            let run = controller
                 .run(wrapped, error_policy, ctx)
                 .for_each(|result| async move {
                     if let Err(e) = result {
                         tracing::debug!(error = %e, "controller event");
                     }
-                })
-                .await;
+                });
+            let ended = std::panic::AssertUnwindSafe(run).catch_unwind().await;
+            if !stopping.is_cancelled() {
+                let why = match ended {
+                    Ok(()) => format!("controller {name} stopped"),
+                    Err(panic) => format!(
+                        "controller {name} panicked: {}",
+                        panic_message(panic.as_ref())
+                    ),
+                };
+                tracing::error!(reason = %why, "controller is dead; /healthz fails");
+                health.set_dead(why);
+            }
         }));
         self
     }
@@ -502,6 +562,15 @@ impl Operator {
             Ok(())
         }
     }
+}
+
+/// The message of a panic payload (`panic!` with a string or a format).
+fn panic_message(payload: &(dyn std::any::Any + Send)) -> String {
+    payload
+        .downcast_ref::<&str>()
+        .map(|s| (*s).to_string())
+        .or_else(|| payload.downcast_ref::<String>().cloned())
+        .unwrap_or_else(|| "a non-string panic payload".into())
 }
 
 /// `namespace/name` (or `name` for cluster-scoped objects).

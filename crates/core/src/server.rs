@@ -1,12 +1,18 @@
 //! The HTTP endpoints every operator serves: `/metrics`, `/healthz`, `/readyz`.
 //!
-//! `/healthz` answers 200 while the process runs its loops. `/readyz` answers 200 once every
-//! controller's caches have synced (leader or not: a follower with warm caches is ready to
-//! take over), 503 before.
+//! `/healthz` answers 200 while the process does its work, 503 with the reason when it does
+//! not: a controller task ended, a leading controller has had work queued without starting a
+//! reconcile for longer than `--stall-timeout`, or one of its watches has failed for that long.
+//! The kubelet then restarts the pod and a standby takes over.
+//!
+//! `/readyz` answers 200 once every controller's caches have synced (leader or not: a
+//! follower with warm caches is ready to take over) and while every watch is current (its last
+//! event was not an error), 503 with the reason otherwise.
 
 use std::net::SocketAddr;
-use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
 
 use axum::Router;
 use axum::extract::State;
@@ -16,6 +22,7 @@ use axum::routing::get;
 use tokio_util::sync::CancellationToken;
 
 use crate::Error;
+use crate::controller::Liveness;
 use crate::metrics::Metrics;
 
 /// Readiness shared between controllers and the HTTP server.
@@ -24,18 +31,112 @@ pub struct Health {
     inner: Arc<HealthInner>,
 }
 
-#[derive(Default)]
 struct HealthInner {
     pending: AtomicUsize,
     registered: AtomicBool,
     alive: AtomicBool,
+    dead_reason: Mutex<String>,
+    controllers: Mutex<Vec<Arc<dyn Liveness>>>,
+    stall_timeout: Mutex<Duration>,
+}
+
+impl Default for HealthInner {
+    fn default() -> Self {
+        Self {
+            pending: AtomicUsize::new(0),
+            registered: AtomicBool::new(false),
+            alive: AtomicBool::new(true),
+            dead_reason: Mutex::new(String::new()),
+            controllers: Mutex::new(Vec::new()),
+            stall_timeout: Mutex::new(Duration::from_secs(60)),
+        }
+    }
 }
 
 impl Health {
     pub fn new() -> Self {
-        let h = Self::default();
-        h.inner.alive.store(true, Ordering::SeqCst);
-        h
+        Self::default()
+    }
+
+    /// How long a controller may have queued work without progress (or a failing watch)
+    /// before `/healthz` fails.
+    pub fn set_stall_timeout(&self, bound: Duration) {
+        *self
+            .inner
+            .stall_timeout
+            .lock()
+            .unwrap_or_else(|p| p.into_inner()) = bound;
+    }
+
+    pub(crate) fn watch_controller(&self, controller: Arc<dyn Liveness>) {
+        self.inner
+            .controllers
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .push(controller);
+    }
+
+    fn controllers(&self) -> Vec<Arc<dyn Liveness>> {
+        self.inner
+            .controllers
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .clone()
+    }
+
+    /// `Ok` while the process does its work, else why not.
+    ///
+    /// # Errors
+    /// The reason `/healthz` fails.
+    pub fn liveness(&self) -> Result<(), String> {
+        if !self.inner.alive.load(Ordering::SeqCst) {
+            let reason = self
+                .inner
+                .dead_reason
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .clone();
+            return Err(if reason.is_empty() {
+                "not alive".into()
+            } else {
+                reason
+            });
+        }
+        let bound = *self
+            .inner
+            .stall_timeout
+            .lock()
+            .unwrap_or_else(|p| p.into_inner());
+        let now = Instant::now();
+        self.controllers()
+            .iter()
+            .try_for_each(|c| c.check(now, bound))
+    }
+
+    /// `Ok` when every cache synced and every watch is current, else why not.
+    ///
+    /// # Errors
+    /// The reason `/readyz` fails.
+    pub fn readiness(&self) -> Result<(), String> {
+        if !self.is_ready() {
+            return Err("caches not synced".into());
+        }
+        match self.controllers().iter().find(|c| !c.watches_current()) {
+            Some(c) => Err(format!("controller {}: a watch is failing", c.name())),
+            None => Ok(()),
+        }
+    }
+
+    /// Updates `steward_reconcile_queue_oldest_seconds` for every controller.
+    pub(crate) fn export(&self, metrics: &Metrics) {
+        let now = Instant::now();
+        for c in self.controllers() {
+            let age = c.oldest_pending(now).unwrap_or_default();
+            metrics
+                .queue_oldest
+                .get_or_create(&crate::controller::controller_labels(c.name()))
+                .set(age.as_secs_f64());
+        }
     }
 
     /// Registers one cache that must sync before `/readyz` says ready; call the returned
@@ -55,13 +156,19 @@ impl Health {
             && self.inner.pending.load(Ordering::SeqCst) == 0
     }
 
-    /// Marks the process as not alive (`/healthz` then answers 503).
-    pub fn set_dead(&self) {
+    /// Marks the process as not alive (`/healthz` then answers 503 with `reason`).
+    pub fn set_dead(&self, reason: impl Into<String>) {
+        *self
+            .inner
+            .dead_reason
+            .lock()
+            .unwrap_or_else(|p| p.into_inner()) = reason.into();
         self.inner.alive.store(false, Ordering::SeqCst);
     }
 
+    /// Whether `/healthz` answers 200.
     pub fn is_alive(&self) -> bool {
-        self.inner.alive.load(Ordering::SeqCst)
+        self.liveness().is_ok()
     }
 }
 
@@ -105,6 +212,7 @@ pub async fn serve(
 }
 
 async fn metrics_handler(State(state): State<AppState>) -> impl IntoResponse {
+    state.health.export(&state.metrics);
     (
         [(
             header::CONTENT_TYPE,
@@ -115,17 +223,18 @@ async fn metrics_handler(State(state): State<AppState>) -> impl IntoResponse {
 }
 
 async fn healthz(State(state): State<AppState>) -> impl IntoResponse {
-    if state.health.is_alive() {
-        (StatusCode::OK, "ok")
-    } else {
-        (StatusCode::SERVICE_UNAVAILABLE, "not alive")
+    match state.health.liveness() {
+        Ok(()) => (StatusCode::OK, "ok".to_string()),
+        Err(why) => {
+            tracing::warn!(reason = %why, "/healthz failing");
+            (StatusCode::SERVICE_UNAVAILABLE, why)
+        }
     }
 }
 
 async fn readyz(State(state): State<AppState>) -> impl IntoResponse {
-    if state.health.is_ready() {
-        (StatusCode::OK, "ok")
-    } else {
-        (StatusCode::SERVICE_UNAVAILABLE, "caches not synced")
+    match state.health.readiness() {
+        Ok(()) => (StatusCode::OK, "ok".to_string()),
+        Err(why) => (StatusCode::SERVICE_UNAVAILABLE, why),
     }
 }

@@ -91,9 +91,9 @@ pub fn register(operator: &mut steward_core::Operator, options: Options) -> Resu
     use k8s_openapi::api::core::v1::{ConfigMap, Pod, Secret, Service};
     use k8s_openapi::api::policy::v1::PodDisruptionBudget;
     use kube::ResourceExt;
-    use kube::runtime::Controller;
     use kube::runtime::reflector::ObjectRef;
     use kube::runtime::watcher::Config;
+    use steward_core::Controller;
 
     let state = State { options };
     let client = operator.client();

@@ -12,15 +12,16 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
-use futures::{Stream, StreamExt};
 use k8s_openapi::api::core::v1::{ConfigMap, LimitRange, Namespace, ResourceQuota, Secret};
 use k8s_openapi::api::networking::v1::NetworkPolicy;
 use k8s_openapi::api::rbac::v1::{ClusterRole, ClusterRoleBinding, RoleBinding};
 use kube::api::Api;
-use kube::runtime::reflector::{self, ObjectRef, Store, reflector};
-use kube::runtime::{Controller, WatchStreamExt, watcher};
+use kube::runtime::reflector::{ObjectRef, Store};
+use kube::runtime::watcher;
 use kube::{Client, Resource, ResourceExt};
 use serde::de::DeserializeOwned;
+use steward_core::Controller;
+use steward_core::controller::Watch;
 use tokio::sync::watch;
 
 use crate::build::Settings;
@@ -77,12 +78,12 @@ impl Readiness {
     }
 
     /// A new reflector to wait for; call the returned closure on each of its events.
-    fn slot<K>(&self) -> impl FnMut(&Result<watcher::Event<K>, watcher::Error>) + Send + 'static {
+    fn slot<K>(&self) -> impl FnMut(&watcher::Event<K>) + Send + 'static {
         self.total.fetch_add(1, Ordering::SeqCst);
         let tx = self.tx.clone();
         let mut done = false;
         move |event| {
-            if !done && matches!(event, Ok(watcher::Event::InitDone)) {
+            if !done && matches!(event, watcher::Event::InitDone) {
                 done = true;
                 tx.send_modify(|n| *n += 1);
             }
@@ -107,27 +108,19 @@ pub struct State {
     pub writes: crate::apply::Writes,
 }
 
-type Trigger<K> = std::pin::Pin<Box<dyn Stream<Item = Result<K, watcher::Error>> + Send>>;
-
-/// A reflector over `api` limited by `labels`: its store and the stream of touched objects
-/// (applied or deleted) that drives it. Its first complete list is reported to `readiness`.
-fn reflect<K>(api: Api<K>, labels: &str, readiness: &Readiness) -> (Store<K>, Trigger<K>)
+/// A reflector over `api` limited by `labels` (steward-core's watch: its own backoff, errors
+/// counted): its store and the watch that drives it. Its first complete list is reported to
+/// `readiness`.
+fn reflect<K>(api: Api<K>, labels: &str, readiness: &Readiness) -> (Store<K>, Watch<K>)
 where
     K: Resource<DynamicType = ()> + Clone + DeserializeOwned + Debug + Send + Sync + 'static,
 {
-    let (reader, writer) = reflector::store();
     let mut listed = readiness.slot::<K>();
-    let stream = reflector(
-        writer,
-        watcher(
-            api,
-            watcher::Config::default().labels(labels).any_semantic(),
-        ),
-    )
-    .default_backoff()
-    .inspect(move |event| listed(event))
-    .touched_objects();
-    (reader, Box::pin(stream))
+    let (reader, watch) = steward_core::controller::watch(
+        api,
+        watcher::Config::default().labels(labels).any_semantic(),
+    );
+    (reader, watch.inspect(move |event| listed(event)))
 }
 
 fn by_tenant_label<K: Resource>(obj: K) -> Option<ObjectRef<Tenant>> {
@@ -256,14 +249,14 @@ mod tests {
             })
             .collect();
         tokio::time::sleep(Duration::from_millis(50)).await;
-        a(&Ok(watcher::Event::Init));
-        a(&Ok(watcher::Event::InitDone));
-        a(&Ok(watcher::Event::InitDone)); // a re-list counts once
+        a(&watcher::Event::Init);
+        a(&watcher::Event::InitDone);
+        a(&watcher::Event::InitDone); // a re-list counts once
         assert!(
             waiters.iter().all(|w| !w.is_finished()),
             "b has not listed yet"
         );
-        b(&Ok(watcher::Event::InitDone));
+        b(&watcher::Event::InitDone);
         for w in waiters {
             assert!(
                 tokio::time::timeout(Duration::from_secs(1), w)

@@ -42,8 +42,9 @@ use k8s_openapi::api::apps::v1::{DaemonSet, Deployment, StatefulSet};
 use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
 use kube::api::{Api, DynamicObject};
 use kube::runtime::reflector::{ObjectRef, Store};
-use kube::runtime::{Controller, watcher};
+use kube::runtime::watcher;
 use kube::{CustomResourceExt, Resource};
+use steward_core::Controller;
 
 pub use crd::{UpgradePlan, UpgradePlanSpec, UpgradePlanStatus};
 pub use error::Error;
