@@ -55,6 +55,8 @@ struct Probe {
     cleanups: AtomicUsize,
     cleanup_attempts: AtomicUsize,
     attempts: Mutex<HashMap<String, Vec<Instant>>>,
+    /// A reconcile of the object of this name panics.
+    panic_on: Mutex<Option<String>>,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -111,6 +113,9 @@ async fn reconcile(obj: Arc<Gadget>, ctx: Arc<Context<Arc<Probe>>>) -> Result<Ac
         .entry(obj.name_any())
         .or_default()
         .push(Instant::now());
+    if probe.panic_on.lock().unwrap().as_deref() == Some(obj.name_any().as_str()) {
+        panic!("reconcile of {} panicked on purpose", obj.name_any());
+    }
     let api: Api<Gadget> =
         Api::namespaced(ctx.client.clone(), &obj.namespace().unwrap_or_default());
     let ctx2 = ctx.clone();
@@ -550,4 +555,157 @@ async fn events_repeat_as_a_series_and_a_new_note_is_a_new_event() {
         ],
         "one Event per distinct note and type, repeats counted in its series"
     );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_panicking_reconcile_is_a_retried_failure_and_the_controller_keeps_working() {
+    let run = start("panic", Duration::from_millis(200)).await;
+    *run.probe.panic_on.lock().unwrap() = Some("boom".into());
+    let api = run.api.clone();
+    api.create(
+        &PostParams::default(),
+        &gadget("boom", DeletionPolicy::Retain),
+    )
+    .await
+    .unwrap();
+    // The panicking object is retried with backoff...
+    eventually("boom attempted three times", WAIT, || async {
+        let n = run
+            .probe
+            .attempts
+            .lock()
+            .unwrap()
+            .get("boom")
+            .map_or(0, Vec::len);
+        if n >= 3 {
+            Ok(())
+        } else {
+            Err(format!("{n} attempts"))
+        }
+    })
+    .await
+    .unwrap();
+    // ...while another object created afterwards is reconciled by the same controller.
+    api.create(
+        &PostParams::default(),
+        &gadget("fine", DeletionPolicy::Retain),
+    )
+    .await
+    .unwrap();
+    eventually("fine Ready", WAIT, || async {
+        let g = api.get("fine").await.map_err(|e| e.to_string())?;
+        g.status
+            .as_ref()
+            .filter(|s| conditions::is_true(&s.conditions, "Ready"))
+            .map(|_| ())
+            .ok_or_else(|| "not Ready".to_string())
+    })
+    .await
+    .unwrap();
+    let events: Api<CoreEvent> = Api::namespaced(api.clone().into_client(), &run.ns);
+    let warning = eventually("a ReconcilePanicked Event", WAIT, || async {
+        let list = events
+            .list(&ListParams::default())
+            .await
+            .map_err(|e| e.to_string())?;
+        list.items
+            .into_iter()
+            .find(|e| e.reason.as_deref() == Some("ReconcilePanicked"))
+            .ok_or_else(|| "none yet".to_string())
+    })
+    .await
+    .unwrap();
+    assert!(
+        warning
+            .message
+            .unwrap_or_default()
+            .contains("panicked on purpose"),
+        "the Event says what panicked"
+    );
+    let (code, _) = http_get(run.addr, "/healthz").await.unwrap();
+    assert_eq!(
+        code, 200,
+        "a panicking reconcile does not make the process unhealthy"
+    );
+    let (_, metrics) = http_get(run.addr, "/metrics").await.unwrap();
+    assert!(
+        metrics.lines().any(|l| l
+            .starts_with("steward_reconcile_panics_total{controller=\"gadget\"}")
+            && !l.ends_with(" 0")),
+        "panics are counted"
+    );
+    // Once the object stops panicking, it converges.
+    *run.probe.panic_on.lock().unwrap() = None;
+    eventually("boom Ready after the panics stop", WAIT, || async {
+        let g = api.get("boom").await.map_err(|e| e.to_string())?;
+        g.status
+            .as_ref()
+            .filter(|s| conditions::is_true(&s.conditions, "Ready"))
+            .map(|_| ())
+            .ok_or_else(|| "not Ready".to_string())
+    })
+    .await
+    .unwrap();
+    run.stop().await;
+}
+
+/// A controller whose watch cannot work (its ServiceAccount may not list Gadgets: 403 on
+/// every attempt) fails `/healthz` once the stall timeout has passed, naming the watch, so a
+/// kubelet would restart it; `/readyz` fails at once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_watch_that_keeps_failing_fails_healthz_within_the_stall_timeout() {
+    let cp = steward_testenv::shared().await.expect("control plane");
+    cp.apply_crd(&Gadget::crd()).await.expect("Gadget CRD");
+    let ns = cp.namespace("stall").await.expect("namespace");
+    let config = cp
+        .service_account_config(&ns, "no-rights")
+        .await
+        .expect("ServiceAccount config");
+    let addr: SocketAddr = format!("127.0.0.1:{}", free_port().unwrap())
+        .parse()
+        .unwrap();
+    let stall_timeout = Duration::from_secs(3);
+    let args = CommonArgs {
+        leader_elect: false,
+        watch_namespace: Some(ns.clone()),
+        metrics_bind_address: addr.to_string(),
+        health_probe_bind_address: addr.to_string(),
+        stall_timeout,
+        ..CommonArgs::default()
+    };
+    let mut operator = Operator::with_config("coretest", args, config).expect("operator");
+    let api: Api<Gadget> = operator.api();
+    operator.controller(
+        Controller::new(api, Default::default()),
+        Arc::new(Probe::default()),
+        reconcile,
+    );
+    let stop = operator.shutdown_token();
+    let task = tokio::spawn(operator.run());
+    let started = Instant::now();
+    let why = eventually("/healthz failing", Duration::from_secs(30), || async {
+        match http_get(addr, "/healthz").await {
+            Ok((503, body)) => Ok(body),
+            Ok((code, body)) => Err(format!("{code} {body}")),
+            Err(e) => Err(e.to_string()),
+        }
+    })
+    .await
+    .unwrap();
+    let took = started.elapsed();
+    println!("/healthz failed {took:?} after start (stall timeout {stall_timeout:?}): {why}");
+    assert!(took >= stall_timeout, "not before the bound");
+    assert!(why.contains("Gadget watch has failed"), "{why}");
+    assert!(why.contains("forbidden") || why.contains("403"), "{why}");
+    let (code, body) = http_get(addr, "/readyz").await.unwrap();
+    assert_eq!(code, 503, "{body}");
+    let (_, metrics) = http_get(addr, "/metrics").await.unwrap();
+    assert!(
+        metrics.lines().any(|l| l
+            .starts_with("steward_watch_errors_total{controller=\"gadget\",kind=\"Gadget\"}")
+            && !l.ends_with(" 0")),
+        "watch errors are counted: {metrics}"
+    );
+    stop.cancel();
+    task.await.unwrap().unwrap();
 }

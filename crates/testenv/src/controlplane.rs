@@ -36,6 +36,28 @@ impl Default for Options {
     }
 }
 
+/// A component a fault test can kill, restart or pause ([`ControlPlane::kill`],
+/// [`ControlPlane::start_again`], [`ControlPlane::pause`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Component {
+    Etcd,
+    KubeApiserver,
+    KubeControllerManager,
+    KubeScheduler,
+}
+
+impl Component {
+    /// Index in `ControlPlane::processes` (the start order).
+    fn index(self) -> usize {
+        match self {
+            Self::Etcd => 0,
+            Self::KubeApiserver => 1,
+            Self::KubeControllerManager => 2,
+            Self::KubeScheduler => 3,
+        }
+    }
+}
+
 /// A running control plane. Dropping it kills every process and removes its temp dir.
 pub struct ControlPlane {
     // Field order matters for drop: processes go before the directory holding their data.
@@ -47,6 +69,7 @@ pub struct ControlPlane {
     apiserver_url: String,
     binaries: Binaries,
     started_in: Duration,
+    etcd_port: u16,
 }
 
 impl std::fmt::Debug for ControlPlane {
@@ -85,6 +108,7 @@ impl ControlPlane {
             apiserver_url: String::new(),
             binaries,
             started_in: Duration::ZERO,
+            etcd_port: 0,
         };
         if cp.keep_dir {
             cp.keep();
@@ -114,6 +138,7 @@ impl ControlPlane {
 
         // etcd
         let etcd_port = free_port()?;
+        self.etcd_port = etcd_port;
         let etcd_url = format!("http://127.0.0.1:{etcd_port}");
         let peer_url = format!("http://127.0.0.1:{}", free_port()?);
         let etcd = Process::spawn(
@@ -388,6 +413,68 @@ impl ControlPlane {
             }
             tokio::time::sleep(Duration::from_millis(100)).await;
         }
+    }
+
+    /// SIGKILLs `component` (it stays down until [`ControlPlane::start_again`]).
+    pub fn kill(&mut self, component: Component) {
+        self.processes[component.index()].kill();
+    }
+
+    /// Starts a killed `component` again with its arguments and data, and waits until it
+    /// and the API server are healthy (`/readyz`).
+    ///
+    /// # Errors
+    /// [`Error::Start`] or [`Error::Unhealthy`] naming the component and its log.
+    pub async fn start_again(
+        &mut self,
+        component: Component,
+        timeout: Duration,
+    ) -> Result<(), Error> {
+        self.processes[component.index()].restart()?;
+        if component == Component::Etcd {
+            let port = self.etcd_port;
+            self.wait_healthy(0, timeout, move || async move {
+                plain_http_get(port, "/health").await.map(|_| ())
+            })
+            .await?;
+        }
+        self.wait_apiserver_ready(timeout).await
+    }
+
+    /// Sends SIGSTOP to `component` (a paused process: connections stay open, nothing answers).
+    ///
+    /// # Errors
+    /// [`Error::Other`] when the signal cannot be sent.
+    pub fn pause(&self, component: Component) -> Result<(), Error> {
+        self.processes[component.index()].signal("STOP")
+    }
+
+    /// Sends SIGCONT to a paused `component`.
+    ///
+    /// # Errors
+    /// [`Error::Other`] when the signal cannot be sent.
+    pub fn resume(&self, component: Component) -> Result<(), Error> {
+        self.processes[component.index()].signal("CONT")
+    }
+
+    /// Waits until the API server answers `/readyz` with 200 (etcd reachable, informers synced).
+    ///
+    /// # Errors
+    /// [`Error::Unhealthy`] naming the API server's log.
+    pub async fn wait_apiserver_ready(&mut self, timeout: Duration) -> Result<(), Error> {
+        let config = self.config.clone();
+        self.wait_healthy(Component::KubeApiserver.index(), timeout, move || {
+            let config = config.clone();
+            async move {
+                match tokio::time::timeout(Duration::from_secs(5), get_text(&config, "/readyz"))
+                    .await
+                {
+                    Ok(r) => r.map(|_| ()),
+                    Err(_) => Err("/readyz did not answer within 5 s".into()),
+                }
+            }
+        })
+        .await
     }
 
     /// A new admin client (member of `system:masters`).

@@ -8,6 +8,8 @@
 //! - [`ControlPlane::client`], [`ControlPlane::service_account_client`],
 //!   [`ControlPlane::impersonating_client`]: admin and less privileged clients.
 //! - [`ControlPlane::install_crds`] applies `crds/`; [`eventually`] waits with a useful message.
+//! - [`harness::Harness`]: an operator running in the test (metrics, probes, wait, stop).
+//! - [`ControlPlane::kill`], [`ControlPlane::start_again`], [`ControlPlane::pause`]: faults.
 //!
 //! The binaries are built once by [`binaries::ensure`] and cached outside the repository.
 //! A control plane that cannot be built or started is an error naming the component and its
@@ -15,13 +17,14 @@
 
 pub mod binaries;
 mod controlplane;
+pub mod harness;
 mod helpers;
 pub mod manifests;
 pub mod postgres;
 mod process;
 
 pub use binaries::{Binaries, Versions};
-pub use controlplane::{ControlPlane, Options};
+pub use controlplane::{Component, ControlPlane, Options};
 pub use helpers::{eventually, shared, workspace_root};
 pub use process::{free_port, http_get};
 

@@ -37,6 +37,8 @@ fn spawner() -> &'static Mutex<mpsc::Sender<Request>> {
 pub struct Process {
     pub name: &'static str,
     pub log: PathBuf,
+    binary: PathBuf,
+    args: Vec<String>,
     child: Child,
 }
 
@@ -48,47 +50,104 @@ impl Process {
         args: &[String],
         log: PathBuf,
     ) -> Result<Self, Error> {
-        let start_err = |reason: String| Error::Start {
-            component: name,
-            log: log.clone(),
-            reason,
-        };
-        let file = std::fs::File::create(&log)
-            .map_err(|e| start_err(format!("cannot create log: {e}")))?;
-        let file_err = file
-            .try_clone()
-            .map_err(|e| start_err(format!("cannot open log: {e}")))?;
-        let mut cmd = Command::new("setpriv");
-        cmd.arg("--pdeathsig")
-            .arg("KILL")
-            .arg("--")
-            .arg(binary)
-            .args(args)
-            .stdin(Stdio::null())
-            .stdout(file)
-            .stderr(file_err);
-        let (tx, rx) = mpsc::channel();
-        spawner()
-            .lock()
-            .map_err(|_| start_err("spawner lock poisoned".into()))?
-            .send((cmd, tx))
-            .map_err(|_| start_err("spawner thread is gone".into()))?;
-        let child = rx
-            .recv()
-            .map_err(|_| start_err("spawner thread is gone".into()))?
-            .map_err(|e| {
-                start_err(format!(
-                    "cannot run {} (through setpriv): {e}",
-                    binary.display()
-                ))
-            })?;
-        Ok(Self { name, log, child })
+        let child = start(name, binary, args, &log, false)?;
+        Ok(Self {
+            name,
+            log,
+            binary: binary.to_path_buf(),
+            args: args.to_vec(),
+            child,
+        })
     }
 
     /// Whether the process has exited, with its status.
     pub fn exited(&mut self) -> Option<std::process::ExitStatus> {
         self.child.try_wait().ok().flatten()
     }
+
+    /// SIGKILLs the process and reaps it (a crash, as far as anyone else can tell).
+    pub fn kill(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+
+    /// Starts the process again with the same arguments (after [`Process::kill`]); its log
+    /// is appended to.
+    pub fn restart(&mut self) -> Result<(), Error> {
+        self.kill();
+        self.child = start(self.name, &self.binary, &self.args, &self.log, true)?;
+        Ok(())
+    }
+
+    /// Sends `signal` (`STOP`, `CONT`, …) to the process.
+    pub fn signal(&self, signal: &str) -> Result<(), Error> {
+        let status = Command::new("kill")
+            .arg(format!("-{signal}"))
+            .arg(self.child.id().to_string())
+            .status()
+            .map_err(|source| Error::Io {
+                what: format!("send SIG{signal} to {}", self.name),
+                source,
+            })?;
+        if status.success() {
+            Ok(())
+        } else {
+            Err(Error::Other(format!(
+                "kill -{signal} {} ({}) failed: {status}",
+                self.child.id(),
+                self.name
+            )))
+        }
+    }
+}
+
+fn start(
+    name: &'static str,
+    binary: &Path,
+    args: &[String],
+    log: &Path,
+    append: bool,
+) -> Result<Child, Error> {
+    let start_err = |reason: String| Error::Start {
+        component: name,
+        log: log.to_path_buf(),
+        reason,
+    };
+    let file = std::fs::OpenOptions::new()
+        .create(true)
+        .write(true)
+        .append(append)
+        .truncate(!append)
+        .open(log)
+        .map_err(|e| start_err(format!("cannot create log: {e}")))?;
+    let file_err = file
+        .try_clone()
+        .map_err(|e| start_err(format!("cannot open log: {e}")))?;
+    let mut cmd = Command::new("setpriv");
+    cmd.arg("--pdeathsig")
+        .arg("KILL")
+        .arg("--")
+        .arg(binary)
+        .args(args)
+        .stdin(Stdio::null())
+        .stdout(file)
+        .stderr(file_err);
+    let (tx, rx) = mpsc::channel();
+    spawner()
+        .lock()
+        .map_err(|_| start_err("spawner lock poisoned".into()))?
+        .send((cmd, tx))
+        .map_err(|_| start_err("spawner thread is gone".into()))?;
+    let child = rx
+        .recv()
+        .map_err(|_| start_err("spawner thread is gone".into()))?
+        .map_err(|e| {
+            start_err(format!(
+                "cannot run {} (through setpriv): {e}",
+                binary.display()
+            ))
+        })?;
+    Ok(child)
 }
 
 impl Drop for Process {

@@ -1,0 +1,147 @@
+//! Running an operator in a test: [`Harness`] starts a registered [`Operator`] in-process,
+//! reads its metrics and probes, waits for what it does, and stops it.
+//!
+//! ```no_run
+//! # async fn f(cp: &steward_testenv::ControlPlane) {
+//! use steward_testenv::harness::{Harness, test_args};
+//! let mut operator = steward_core::Operator::with_config("demo", test_args(), cp.config().clone()).unwrap();
+//! // my_operator::register(&mut operator, Default::default());
+//! let running = Harness::start(operator).await;
+//! running.wait_reconciles("demo", 1, std::time::Duration::from_secs(30)).await.unwrap();
+//! running.stop().await.unwrap();
+//! # }
+//! ```
+
+use std::net::SocketAddr;
+use std::time::Duration;
+
+use steward_core::Operator;
+use steward_core::cli::CommonArgs;
+use steward_core::metrics::{Metrics, ResultLabels};
+use tokio_util::sync::CancellationToken;
+
+use crate::{Error, eventually, free_port, http_get};
+
+/// Flags for an operator in a test: no leader election, probes on a free loopback port (see
+/// [`Harness::health_addr`]), no metrics port (read [`Harness::metrics`] directly), a 5 s
+/// shutdown bound.
+pub fn test_args() -> CommonArgs {
+    let health = free_port()
+        .map(|p| format!("127.0.0.1:{p}"))
+        .unwrap_or_else(|_| "127.0.0.1:0".into());
+    CommonArgs {
+        leader_elect: false,
+        metrics_bind_address: "0".into(),
+        health_probe_bind_address: health,
+        shutdown_timeout: Duration::from_secs(5),
+        ..CommonArgs::default()
+    }
+}
+
+/// An operator running in this test process.
+pub struct Harness {
+    stop: CancellationToken,
+    task: tokio::task::JoinHandle<Result<(), steward_core::Error>>,
+    metrics: Metrics,
+    health_addr: Option<SocketAddr>,
+}
+
+impl Harness {
+    /// Runs `operator` (already registered) on the current runtime.
+    pub async fn start(operator: Operator) -> Self {
+        if std::env::var_os("RUST_LOG").is_some() {
+            operator.args().init_logging();
+        }
+        let health_addr = operator.args().health_addr().ok().flatten();
+        let stop = operator.shutdown_token();
+        let metrics = operator.metrics();
+        let task = tokio::spawn(operator.run());
+        Self {
+            stop,
+            task,
+            metrics,
+            health_addr,
+        }
+    }
+
+    /// The operator's metrics.
+    pub fn metrics(&self) -> &Metrics {
+        &self.metrics
+    }
+
+    /// Where `/healthz` and `/readyz` are served (when the flags named a port).
+    pub fn health_addr(&self) -> Option<SocketAddr> {
+        self.health_addr
+    }
+
+    /// `controller_runtime_reconcile_total{controller, result}`.
+    pub fn reconciles(&self, controller: &str, result: &str) -> u64 {
+        self.metrics
+            .reconcile_total
+            .get_or_create(&ResultLabels {
+                controller: controller.into(),
+                result: result.into(),
+            })
+            .get()
+    }
+
+    /// Waits until `controller` has `n` more successful reconciles than `from` (use
+    /// [`Harness::reconciles`] for `from`): "the operator looked again", instead of a sleep.
+    ///
+    /// # Errors
+    /// [`Error::Timeout`] with the counts seen.
+    pub async fn wait_reconciles(
+        &self,
+        controller: &str,
+        n: u64,
+        timeout: Duration,
+    ) -> Result<u64, Error> {
+        let from = self.reconciles(controller, "success");
+        eventually(
+            &format!("{n} more successful {controller} reconciles"),
+            timeout,
+            || async move {
+                let now = self.reconciles(controller, "success");
+                if now >= from + n {
+                    Ok(now)
+                } else {
+                    Err(format!(
+                        "{} more ({} errors, {} skipped in all)",
+                        now - from,
+                        self.reconciles(controller, "error"),
+                        self.reconciles(controller, "skipped")
+                    ))
+                }
+            },
+        )
+        .await
+    }
+
+    /// `GET path` on the probe port: the status code and body.
+    ///
+    /// # Errors
+    /// [`Error::Other`] when no probe port was configured; [`Error::Io`] when the request fails.
+    pub async fn probe(&self, path: &str) -> Result<(u16, String), Error> {
+        let addr = self
+            .health_addr
+            .ok_or_else(|| Error::Other("the operator serves no probes".into()))?;
+        http_get(addr, path).await
+    }
+
+    /// Whether the operator is still running (its `run` has not returned).
+    pub fn is_running(&self) -> bool {
+        !self.task.is_finished()
+    }
+
+    /// Stops the operator (SIGTERM-like: drain, release the Lease) and returns how `run` ended.
+    ///
+    /// # Errors
+    /// The operator's own error, or [`Error::Other`] when its task panicked.
+    pub async fn stop(self) -> Result<(), Error> {
+        self.stop.cancel();
+        match self.task.await {
+            Ok(r) => r.map_err(|e| Error::Other(format!("operator stopped with an error: {e}"))),
+            Err(e) => Err(Error::Other(format!("operator task failed: {e}"))),
+        }
+    }
+}
