@@ -1137,12 +1137,24 @@ async fn password_rotation_on_request_and_on_interval() {
         "a request is acted on once"
     );
 
-    // Interval rotation.
+    // Interval rotation (at least 1h): the last rotation is made to look two hours old.
     roles
         .patch(
             "svc",
             &PatchParams::default(),
-            &Patch::Merge(json!({"spec": {"passwordRotation": {"interval": "3s"}}})),
+            &Patch::Merge(json!({"spec": {"passwordRotation": {"interval": "1h"}}})),
+        )
+        .await
+        .unwrap();
+    let two_hours_ago =
+        k8s_openapi::jiff::Timestamp::now() - k8s_openapi::jiff::SignedDuration::from_hours(2);
+    env.api::<Secret>()
+        .patch(
+            "svc-role-credentials",
+            &PatchParams::default(),
+            &Patch::Merge(json!({"metadata": {"annotations": {
+                database_operator::role::UPDATED_AT_ANNOTATION: two_hours_ago.to_string()
+            }}})),
         )
         .await
         .unwrap();
@@ -1666,6 +1678,20 @@ async fn schema_rejects_bad_input_and_quoting_defuses_it() {
     assert!(m.contains("spec.privileges"), "{m}");
     let m = rejected(&roles, role(json!({"databaseRef": {"name": "bad"}, "roleName": "r", "privileges": "readOnly", "passwordRotation": {"interval": "soon"}}))).await;
     assert!(m.contains("interval"), "{m}");
+    // Every duration is bounded at admission: absurdly long (once a panic in the shared
+    // parser that stopped the whole operator), and too short to be a rotation.
+    for interval in ["99999999999999999999h", "9999999h", "1s", "59m"] {
+        let m = rejected(&roles, role(json!({"databaseRef": {"name": "bad"}, "roleName": "r", "privileges": "readOnly", "passwordRotation": {"interval": interval}}))).await;
+        assert!(
+            m.contains("spec.passwordRotation.interval"),
+            "{interval}: {m}"
+        );
+    }
+    // System schemas cannot be managed.
+    for schema in ["information_schema", "pg_catalog"] {
+        let m = rejected(&dbs, db(json!({"external": ext, "name": "ok", "owner": "o", "schemas": [{"name": schema, "ensure": "absent"}]}))).await;
+        assert!(m.contains("system schemas"), "{schema}: {m}");
+    }
 
     let clusters = env.api::<PostgresCluster>();
     let pgc = |spec: serde_json::Value| json!({"apiVersion": "database.steward.dev/v1alpha1", "kind": "PostgresCluster", "metadata": {"name": "c"}, "spec": spec});
@@ -1677,6 +1703,48 @@ async fn schema_rejects_bad_input_and_quoting_defuses_it() {
     assert!(m.contains("spec.instances"), "{m}");
     let m = rejected(&clusters, pgc(json!({"instances": 1, "version": 16, "storage": {"size": "1Gi"}, "parameters": {"port": "1"}}))).await;
     assert!(m.contains("managed by the operator"), "{m}");
+    // Quantities are validated at admission, each naming its field.
+    for (spec, field) in [
+        (
+            json!({"instances": 1, "version": 16, "storage": {"size": "10Gigs"}}),
+            "spec.storage.size",
+        ),
+        (
+            json!({"instances": 1, "version": 16, "storage": {"size": "-5Gi"}}),
+            "spec.storage.size",
+        ),
+        (
+            json!({"instances": 1, "version": 16, "storage": {"size": "1Gi"}, "resources": {"requests": {"cpu": "lots"}}}),
+            "spec.resources",
+        ),
+        (
+            json!({"instances": 1, "version": 16, "storage": {"size": "1Gi"}, "resources": {"limits": {"memory": "-1Gi"}}}),
+            "spec.resources",
+        ),
+    ] {
+        let m = rejected(&clusters, pgc(spec.clone())).await;
+        assert!(m.contains(field), "{spec}: {m}");
+    }
+    let m = rejected(
+        &dbs,
+        db(json!({"external": ext, "name": "ok", "owner": "o", "backup": {"storageSize": "huge"}})),
+    )
+    .await;
+    assert!(m.contains("spec.backup.storageSize"), "{m}");
+    // A value postgresql.conf cannot hold (a newline) is refused; a backslash is fine.
+    let m = rejected(&clusters, pgc(json!({"instances": 1, "version": 16, "storage": {"size": "1Gi"}, "parameters": {"log_line_prefix": "a\nb"}}))).await;
+    assert!(m.contains("control characters"), "{m}");
+    let ok: PostgresCluster = serde_json::from_value(pgc(json!({"instances": 1, "version": 16, "storage": {"size": "1Gi"}, "resources": {"requests": {"cpu": "500m", "memory": 1073741824u64}}, "parameters": {"log_line_prefix": "a\\b"}}))).unwrap();
+    clusters
+        .create(
+            &PostParams {
+                dry_run: true,
+                ..Default::default()
+            },
+            &ok,
+        )
+        .await
+        .expect("valid quantities and a backslash are accepted");
     let m = rejected(&clusters, pgc(json!({"instances": 1, "version": 16, "storage": {"size": "1Gi"}, "parameters": {"bad key'": "1"}}))).await;
     assert!(m.contains("parameter names"), "{m}");
     let c: PostgresCluster = serde_json::from_value(pgc(

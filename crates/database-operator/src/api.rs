@@ -75,12 +75,15 @@ pub struct PostgresClusterSpec {
 
     /// Compute resources of the PostgreSQL container.
     #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[x_kube(validation = Rule::new("!has(self.requests) || self.requests.all(k, isQuantity(string(self.requests[k])) && !quantity(string(self.requests[k])).isLessThan(quantity('0')))").message("resources.requests must be quantities that are not negative, e.g. 500m or 1Gi"))]
+    #[x_kube(validation = Rule::new("!has(self.limits) || self.limits.all(k, isQuantity(string(self.limits[k])) && !quantity(string(self.limits[k])).isLessThan(quantity('0')))").message("resources.limits must be quantities that are not negative, e.g. 500m or 1Gi"))]
     pub resources: Option<ResourceRequirements>,
 
     /// Server parameters (`postgresql.conf`), e.g. `max_connections: "200"`. Changing them
     /// rolls the instances like a version change.
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
-    #[schemars(extend("maxProperties" = 200))]
+    #[schemars(extend("maxProperties" = 200, "additionalProperties" = {"type": "string", "maxLength": 4096}))]
+    #[x_kube(validation = Rule::new("self.all(k, !self[k].matches('[[:cntrl:]]'))").message("parameter values must not contain control characters (newlines included): postgresql.conf holds one setting per line"))]
     #[x_kube(validation = Rule::new("self.all(k, k.matches('^[a-z_][a-z0-9_.]*$') && size(k) <= 63)").message("parameter names may contain only lower-case letters, digits, '_' and '.' (at most 63 bytes)"))]
     #[x_kube(validation = Rule::new("self.all(k, !(k in ['listen_addresses', 'port', 'data_directory', 'config_file', 'hba_file', 'ident_file', 'unix_socket_directories']))").message("listen_addresses, port, data_directory, config_file, hba_file, ident_file and unix_socket_directories are managed by the operator"))]
     pub parameters: BTreeMap<String, String>,
@@ -96,10 +99,11 @@ fn default_instances() -> i32 {
 }
 
 /// Storage of each instance.
-#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, JsonSchema)]
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, KubeSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct StorageSpec {
     /// Size of each instance's volume, e.g. `10Gi`.
+    #[x_kube(validation = Rule::new("isQuantity(string(self)) && quantity(string(self)).isGreaterThan(quantity('0'))").message("storage.size must be a positive quantity, e.g. 10Gi"))]
     pub size: Quantity,
     /// StorageClass of the volumes; the cluster default when unset.
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -335,10 +339,11 @@ pub struct ExtensionSpec {
 }
 
 /// A schema in the database, owned by the database owner.
-#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, JsonSchema)]
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, KubeSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct SchemaSpec {
     #[schemars(length(min = 1, max = 63), regex(pattern = "^[a-z_][a-z0-9_]*$"))]
+    #[x_kube(validation = Rule::new("!self.startsWith('pg_') && self != 'information_schema'").message("system schemas (pg_*, information_schema) cannot be managed"))]
     pub name: String,
     /// `absent` drops the schema only if it is empty (never `CASCADE`).
     #[serde(default)]
@@ -346,11 +351,12 @@ pub struct SchemaSpec {
 }
 
 /// The pre-delete dump.
-#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, JsonSchema)]
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, KubeSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct BackupSpec {
     /// Size of the PersistentVolumeClaim the dump is written to (default 1Gi).
     #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[x_kube(validation = Rule::new("isQuantity(string(self)) && quantity(string(self)).isGreaterThan(quantity('0'))").message("backup.storageSize must be a positive quantity, e.g. 1Gi"))]
     pub storage_size: Option<Quantity>,
     /// StorageClass of that claim; the cluster default when unset.
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -484,11 +490,12 @@ pub enum Privileges {
 }
 
 /// Password rotation of a [`DatabaseRole`].
-#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, JsonSchema)]
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, KubeSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct PasswordRotation {
-    /// How often, e.g. `720h`, `30m`, `90s` (at least 1 second).
-    #[schemars(regex(pattern = "^[0-9]+(s|m|h)$"))]
+    /// How often, e.g. `720h` (at least `1h`, at most `87600h`, ten years).
+    #[schemars(regex(pattern = "^[0-9]{1,7}(s|m|h)$"))]
+    #[x_kube(validation = Rule::new("duration(self) >= duration('1h') && duration(self) <= duration('87600h')").message("passwordRotation.interval must be between 1h and 87600h (ten years)"))]
     pub interval: String,
 }
 

@@ -11,6 +11,11 @@ pub enum Error {
     #[error("invalid spec: {0}")]
     InvalidSpec(String),
 
+    /// A server parameter cannot be written to `postgresql.conf`; no instance is restarted
+    /// with it, nothing is retried until the spec changes.
+    #[error("invalid parameters: {0}")]
+    InvalidParameters(String),
+
     /// Reading an object from the API server failed.
     #[error("failed to read {what}")]
     Read {
@@ -88,6 +93,7 @@ impl steward_core::ReconcileError for Error {
     fn reason(&self) -> &str {
         match self {
             Error::InvalidSpec(_) => "InvalidSpec",
+            Error::InvalidParameters(_) => "InvalidParameters",
             Error::Read { .. } => "ReadFailed",
             Error::MissingReference(_) => "MissingReference",
             Error::Apply(_) => "ApplyFailed",
@@ -104,7 +110,10 @@ impl steward_core::ReconcileError for Error {
     }
 
     fn is_permanent(&self) -> bool {
-        matches!(self, Error::InvalidSpec(_) | Error::Unsafe(_))
+        matches!(
+            self,
+            Error::InvalidSpec(_) | Error::InvalidParameters(_) | Error::Unsafe(_)
+        )
     }
 }
 

@@ -252,7 +252,7 @@ mod tests {
         let allowed = [
             ident::NAME_PATTERN,
             ident::EXTENSION_PATTERN,
-            "^[0-9]+(s|m|h)$",
+            "^[0-9]{1,7}(s|m|h)$",
         ];
         assert!(
             found

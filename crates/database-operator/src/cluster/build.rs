@@ -20,7 +20,6 @@ use kube::ResourceExt;
 use sha2::{Digest, Sha256};
 
 use crate::api::{DeletionPolicy, PostgresCluster};
-use crate::ident::quote_literal;
 use crate::password::Password;
 
 /// Label on every pod of a cluster: the cluster's name.
@@ -182,6 +181,26 @@ pub fn superuser_secret_owned(cluster: &PostgresCluster) -> bool {
     cluster.spec.deletion_policy == DeletionPolicy::Delete
 }
 
+/// A value quoted for `postgresql.conf` (its own syntax, not SQL's): inside single quotes, a
+/// quote is doubled and a backslash is written `\\`, because the configuration file reader
+/// processes backslash escapes (`E'…'` is SQL and makes the file unreadable). Control
+/// characters cannot be written at all; [`super::validate`] refuses them before anything is
+/// rendered (and the schema at admission), so here they only become spaces.
+pub fn conf_quote(value: &str) -> String {
+    let mut out = String::with_capacity(value.len() + 2);
+    out.push('\'');
+    for c in value.chars() {
+        match c {
+            '\'' => out.push_str("''"),
+            '\\' => out.push_str("\\\\"),
+            c if c.is_control() => out.push(' '),
+            c => out.push(c),
+        }
+    }
+    out.push('\'');
+    out
+}
+
 /// `postgresql.conf` lines for the user's parameters, values quoted as string literals
 /// (PostgreSQL accepts any setting quoted).
 pub fn render_parameters(parameters: &BTreeMap<String, String>) -> String {
@@ -191,9 +210,8 @@ pub fn render_parameters(parameters: &BTreeMap<String, String>) -> String {
     out.push_str(&format!("port = {PORT}\n"));
     out.push_str(&format!("hba_file = '{CONFIG_DIR}/pg_hba.conf'\n"));
     for (k, v) in parameters {
-        // The schema and validation restrict keys; a newline in a value could not add a line.
-        let value = quote_literal(&v.replace(['\n', '\r'], " "));
-        out.push_str(&format!("{k} = {value}\n"));
+        // The schema and validation restrict keys and refuse control characters in values.
+        out.push_str(&format!("{k} = {}\n", conf_quote(v)));
     }
     out
 }

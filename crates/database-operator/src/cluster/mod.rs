@@ -38,7 +38,22 @@ pub async fn reconcile(
         // The garbage collector removes the children.
         return Ok(Action::await_change());
     }
-    validate(&cluster)?;
+    if let Err(invalid) = validate(&cluster) {
+        // Say so in status (nothing else changes: no child is applied with an invalid spec).
+        let mut status = cluster.status.clone().unwrap_or_default();
+        steward_core::conditions::set(
+            &mut status.conditions,
+            steward_core::conditions::READY,
+            false,
+            steward_core::ReconcileError::reason(&invalid),
+            &invalid.to_string(),
+            cluster.meta().generation,
+        );
+        status.observed_generation = cluster.meta().generation;
+        ctx.apply_status(cluster.as_ref(), cluster.status.as_ref(), &status)
+            .await?;
+        return Err(invalid);
+    }
     let ns = cluster
         .namespace()
         .ok_or_else(|| Error::InvalidSpec("PostgresCluster must be namespaced".into()))?;
@@ -205,8 +220,13 @@ pub fn validate(cluster: &PostgresCluster) -> Result<(), Error> {
             spec.version
         )));
     }
-    for key in spec.parameters.keys() {
+    for (key, value) in &spec.parameters {
         ident::validate(Kind::Parameter, key).map_err(|e| Error::InvalidSpec(e.to_string()))?;
+        if value.chars().any(char::is_control) {
+            return Err(Error::InvalidParameters(format!(
+                "the value of {key} contains a control character (a newline?), which postgresql.conf cannot hold; no instance was restarted"
+            )));
+        }
     }
     if cluster.name_any().len() > 47 {
         return Err(Error::InvalidSpec(
@@ -392,6 +412,31 @@ mod tests {
             .parameters
             .insert("max_connections".into(), "300".into());
         assert_ne!(h1, config_hash(&config_map(&c)));
+    }
+
+    #[test]
+    fn conf_values_use_the_config_files_quoting() {
+        assert_eq!(conf_quote("abc"), "'abc'");
+        assert_eq!(
+            conf_quote("a\\b"),
+            "'a\\\\b'",
+            "a backslash is doubled, no E prefix"
+        );
+        assert_eq!(conf_quote("it's"), "'it''s'");
+        assert_eq!(conf_quote("a\nb"), "'a b'");
+        let mut c = cluster("pg");
+        c.spec
+            .parameters
+            .insert("log_line_prefix".into(), "a\\b".into());
+        let conf = render_parameters(&c.spec.parameters);
+        assert!(conf.contains("log_line_prefix = 'a\\\\b'\n"), "{conf}");
+        assert!(validate(&c).is_ok());
+        c.spec
+            .parameters
+            .insert("log_line_prefix".into(), "a\nb".into());
+        assert!(
+            matches!(validate(&c), Err(Error::InvalidParameters(m)) if m.contains("log_line_prefix"))
+        );
     }
 
     #[test]

@@ -94,6 +94,12 @@ pub fn validate(db: &Database) -> Result<(), Error> {
     ident::validate(Kind::Role, &spec.owner).map_err(invalid)?;
     for s in &spec.schemas {
         ident::validate(Kind::Schema, &s.name).map_err(invalid)?;
+        if s.name.starts_with("pg_") || s.name == "information_schema" {
+            return Err(Error::InvalidSpec(format!(
+                "schema {:?} is a system schema and cannot be managed",
+                s.name
+            )));
+        }
     }
     for e in &spec.extensions {
         ident::validate(Kind::Extension, &e.name).map_err(invalid)?;

@@ -98,20 +98,27 @@ fn due(at: Timestamp, every: Duration) -> Timestamp {
 /// The rotation interval of `role`, if any.
 ///
 /// # Errors
-/// [`Error::InvalidSpec`] for an unparsable or zero interval.
+/// [`Error::InvalidSpec`] for an unparsable interval or one outside 1h..=87600h (the schema's
+/// bounds, checked again for objects admitted before them).
 pub fn interval(role: &DatabaseRole) -> Result<Option<Duration>, Error> {
     let Some(r) = &role.spec.password_rotation else {
         return Ok(None);
     };
-    let d = steward_core::cli::parse_duration(&r.interval).map_err(Error::InvalidSpec)?;
-    if d < Duration::from_secs(1) {
+    let d = steward_core::cli::parse_duration(&r.interval)
+        .map_err(|e| Error::InvalidSpec(format!("passwordRotation.interval: {e}")))?;
+    if !(MIN_ROTATION..=MAX_ROTATION).contains(&d) {
         return Err(Error::InvalidSpec(format!(
-            "passwordRotation.interval {:?} must be at least 1s",
+            "passwordRotation.interval {:?} must be between 1h and 87600h",
             r.interval
         )));
     }
     Ok(Some(d))
 }
+
+/// The shortest rotation interval: rotating more often only breaks clients mid-deploy.
+pub const MIN_ROTATION: Duration = Duration::from_secs(3600);
+/// The longest rotation interval (ten years).
+pub const MAX_ROTATION: Duration = Duration::from_secs(87600 * 3600);
 
 #[derive(Debug, Default)]
 struct Progress {
