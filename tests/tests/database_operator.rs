@@ -1857,3 +1857,60 @@ async fn postgres_harness_stops_and_starts_on_the_same_port() {
         "TCP needs the password"
     );
 }
+
+/// A user's Secret that happens to have the name of a Database's credentials Secret is never
+/// modified, adopted or deleted with the Database; the Database says why it cannot proceed.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_users_secret_with_the_credentials_name_is_never_taken_over() {
+    let pg = Postgres::start().await.expect("PostgreSQL");
+    let env = env("pgsecret").await;
+    env.admin_secret(&pg).await;
+    let mine: Secret = serde_json::from_value(json!({
+        "metadata": {"name": "app-db-credentials", "labels": {"team": "payments"}},
+        "stringData": {"mine": "keep me"}
+    }))
+    .unwrap();
+    let secrets = env.api::<Secret>();
+    secrets.create(&PostParams::default(), &mine).await.unwrap();
+    let mut db = database(&pg, "app", "app_db", "app_owner");
+    db.spec.deletion_policy = DeletionPolicy::Delete;
+    let dbs = env.api::<Database>();
+    dbs.create(&PostParams::default(), &db).await.unwrap();
+    let message = eventually("Ready=False SecretConflict", WAIT, || async {
+        let d = dbs.get("app").await.map_err(|e| e.to_string())?;
+        let conds = d.status.map(|s| s.conditions).unwrap_or_default();
+        match condition(&conds, "Ready") {
+            Some((status, reason, message)) if status == "False" && reason == "SecretConflict" => {
+                Ok(message)
+            }
+            other => Err(format!("{other:?}")),
+        }
+    })
+    .await
+    .unwrap();
+    assert!(message.contains("app-db-credentials"), "{message}");
+    let untouched = |s: &Secret| {
+        s.metadata.owner_references.is_none()
+            && s.labels().get("team").map(String::as_str) == Some("payments")
+            && !s
+                .labels()
+                .contains_key(steward_core::apply::MANAGED_BY_LABEL)
+            && s.data
+                .as_ref()
+                .map(|d| d.keys().cloned().collect::<Vec<_>>())
+                == Some(vec!["mine".to_string()])
+    };
+    assert!(untouched(&secrets.get("app-db-credentials").await.unwrap()));
+    assert!(
+        !exists(&superuser(&pg).await, DB_EXISTS, "app_db").await,
+        "nothing was created on the server either"
+    );
+    dbs.delete("app", &DeleteParams::default()).await.unwrap();
+    wait_gone(&dbs, "app").await;
+    let after = secrets
+        .get_opt("app-db-credentials")
+        .await
+        .unwrap()
+        .expect("the user's Secret survives the Database");
+    assert!(untouched(&after), "{after:?}");
+}

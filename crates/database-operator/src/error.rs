@@ -16,6 +16,10 @@ pub enum Error {
     #[error("invalid parameters: {0}")]
     InvalidParameters(String),
 
+    /// A Secret the operator would write exists and is not its own.
+    #[error("{0}")]
+    SecretConflict(String),
+
     /// Reading an object from the API server failed.
     #[error("failed to read {what}")]
     Read {
@@ -94,6 +98,7 @@ impl steward_core::ReconcileError for Error {
         match self {
             Error::InvalidSpec(_) => "InvalidSpec",
             Error::InvalidParameters(_) => "InvalidParameters",
+            Error::SecretConflict(_) => "SecretConflict",
             Error::Read { .. } => "ReadFailed",
             Error::MissingReference(_) => "MissingReference",
             Error::Apply(_) => "ApplyFailed",

@@ -71,6 +71,11 @@ pub async fn reconcile(
             what: format!("Secret {}", names.superuser_secret),
             source,
         })?;
+    crate::server::ensure_ours(
+        existing.as_ref(),
+        cluster.as_ref(),
+        Some((build::CLUSTER_LABEL, name.as_str())),
+    )?;
     let password = existing
         .as_ref()
         .and_then(|s| s.data.as_ref()?.get("password"))

@@ -149,6 +149,7 @@ async fn converge(
         what: format!("Secret {name}"),
         source,
     })?;
+    server::ensure_ours(existing.as_ref(), db, None)?;
     let password = existing
         .as_ref()
         .and_then(server::password_of)

@@ -185,6 +185,7 @@ async fn converge(
         what: format!("Secret {name}"),
         source,
     })?;
+    server::ensure_ours(existing.as_ref(), role, None)?;
     let annotations = existing
         .as_ref()
         .map(|s| s.annotations().clone())
