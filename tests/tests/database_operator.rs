@@ -1914,3 +1914,90 @@ async fn a_users_secret_with_the_credentials_name_is_never_taken_over() {
         .expect("the user's Secret survives the Database");
     assert!(untouched(&after), "{after:?}");
 }
+
+/// Deleting a namespace always finishes, whatever mix of PostgresCluster, Database (on the
+/// cluster) and DatabaseRole it holds and whatever their deletion policies: the cluster has no
+/// finalizer and goes first, and the Database and DatabaseRole cleanups then have no server
+/// to drop from, which they report (ClusterGone) instead of blocking forever.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn namespace_deletion_finishes_for_every_mix_of_policies() {
+    use DeletionPolicy::{Delete, Retain};
+    let mut combos = Vec::new();
+    for cluster in [Retain, Delete] {
+        for database in [Retain, Delete] {
+            for role_policy in [Retain, Delete] {
+                combos.push((cluster, database, role_policy));
+            }
+        }
+    }
+    let runs = combos.into_iter().map(|(cluster, database, role_policy)| async move {
+        let what = format!("cluster {cluster:?}, database {database:?}, role {role_policy:?}");
+        let env = env("pgmix").await;
+        let pgc: PostgresCluster = serde_json::from_value(json!({
+            "apiVersion": "database.steward.dev/v1alpha1", "kind": "PostgresCluster",
+            "metadata": {"name": "main"},
+            "spec": {"instances": 1, "version": 16, "storage": {"size": "1Gi"}, "deletionPolicy": cluster}
+        }))
+        .unwrap();
+        env.api::<PostgresCluster>()
+            .create(&PostParams::default(), &pgc)
+            .await
+            .unwrap();
+        let db = Database::new(
+            "app",
+            DatabaseSpec {
+                cluster_ref: Some(LocalRef { name: "main".into() }),
+                external: None,
+                name: "app".into(),
+                owner: "app_owner".into(),
+                extensions: vec![],
+                schemas: vec![],
+                deletion_policy: database,
+                backup_before_delete: false,
+                backup: None,
+            },
+        );
+        env.api::<Database>()
+            .create(&PostParams::default(), &db)
+            .await
+            .unwrap();
+        let mut r = role("reader", "app", "reader", Privileges::ReadOnly);
+        r.spec.deletion_policy = role_policy;
+        env.api::<DatabaseRole>()
+            .create(&PostParams::default(), &r)
+            .await
+            .unwrap();
+        // Both are reconciled (their finalizers are on) before the namespace goes.
+        eventually(&format!("{what}: finalizers on"), WAIT, || async {
+            let d = env.api::<Database>().get("app").await.map_err(|e| e.to_string())?;
+            let r = env.api::<DatabaseRole>().get("reader").await.map_err(|e| e.to_string())?;
+            if !d.finalizers().is_empty() && !r.finalizers().is_empty() {
+                Ok(())
+            } else {
+                Err(format!("{:?} {:?}", d.finalizers(), r.finalizers()))
+            }
+        })
+        .await
+        .unwrap();
+        let namespaces: Api<k8s_openapi::api::core::v1::Namespace> = Api::all(env.client.clone());
+        let started = Instant::now();
+        namespaces
+            .delete(&env.ns, &DeleteParams::default())
+            .await
+            .unwrap();
+        let left = eventually(&format!("{what}: namespace gone"), Duration::from_secs(60), || async {
+            match namespaces.get_opt(&env.ns).await {
+                Ok(None) => Ok(()),
+                Ok(Some(_)) => Err(env.events_text().await),
+                Err(e) => Err(e.to_string()),
+            }
+        })
+        .await;
+        (what, started.elapsed(), left.err().map(|e| e.to_string()))
+    });
+    let results = futures::future::join_all(runs).await;
+    for (what, took, err) in &results {
+        println!("{what}: namespace gone after {took:.1?}");
+        assert!(err.is_none(), "{what}: {}", err.clone().unwrap_or_default());
+    }
+}

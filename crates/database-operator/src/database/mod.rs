@@ -35,7 +35,9 @@ use steward_core::Context;
 use steward_core::apply::Children;
 use steward_core::finalizer::{self, Event};
 
-use crate::api::{BackupStatus, Database, DatabaseRole, DatabaseStatus, DeletionPolicy};
+use crate::api::{
+    BackupStatus, Database, DatabaseRole, DatabaseSpec, DatabaseStatus, DeletionPolicy,
+};
 use crate::ident::{self, Kind};
 use crate::password::Password;
 use crate::pg::{self, Server};
@@ -271,6 +273,33 @@ async fn cleanup(db: &Database, ctx: &Context<State>) -> Result<Action, Error> {
     result
 }
 
+/// The name of the PostgresCluster `spec` points at, when it is gone or being deleted (e.g.
+/// with its namespace, where it has no finalizer and goes first): there is no server left to
+/// drop anything from, so cleanups must finish instead of waiting forever.
+///
+/// # Errors
+/// [`Error::Read`] when the cluster cannot be read.
+pub(crate) async fn cluster_gone(
+    ctx: &Context<State>,
+    ns: &str,
+    spec: &DatabaseSpec,
+) -> Result<Option<String>, Error> {
+    let Some(r) = &spec.cluster_ref else {
+        return Ok(None);
+    };
+    let clusters: Api<crate::api::PostgresCluster> = Api::namespaced(ctx.client.clone(), ns);
+    let cluster = clusters
+        .get_opt(&r.name)
+        .await
+        .map_err(|source| Error::Read {
+            what: format!("PostgresCluster {}", r.name),
+            source,
+        })?;
+    Ok(cluster
+        .is_none_or(|c| c.metadata.deletion_timestamp.is_some())
+        .then(|| r.name.clone()))
+}
+
 async fn drop_all(
     db: &Database,
     ctx: &Context<State>,
@@ -314,34 +343,19 @@ async fn drop_all(
         return Ok(Action::await_change());
     }
     validate(db)?;
-    if let Some(r) = &spec.cluster_ref {
-        // The cluster (its pods, its superuser Secret) is going away too, e.g. with the
-        // namespace: there is no server left to drop from; say so instead of blocking forever.
-        let clusters: Api<crate::api::PostgresCluster> = Api::namespaced(ctx.client.clone(), &ns);
-        let cluster = clusters
-            .get_opt(&r.name)
-            .await
-            .map_err(|source| Error::Read {
-                what: format!("PostgresCluster {}", r.name),
-                source,
-            })?;
-        if cluster
-            .as_ref()
-            .is_none_or(|c| c.metadata.deletion_timestamp.is_some())
-        {
-            ctx.recorder
-                .warning(
-                    db,
-                    "ClusterGone",
-                    "Delete",
-                    format!(
-                        "PostgresCluster {} is gone or being deleted, so database {} was not dropped: it goes with the cluster's volumes (deletionPolicy Delete) or stays on the kept ones (Retain)",
-                        r.name, spec.name
-                    ),
-                )
-                .await;
-            return Ok(Action::await_change());
-        }
+    if let Some(cluster) = cluster_gone(ctx, &ns, spec).await? {
+        ctx.recorder
+            .warning(
+                db,
+                "ClusterGone",
+                "Delete",
+                format!(
+                    "PostgresCluster {cluster} is gone or being deleted, so database {} was not dropped: it goes with the cluster's volumes (deletionPolicy Delete) or stays on the kept ones (Retain)",
+                    spec.name
+                ),
+            )
+            .await;
+        return Ok(Action::await_change());
     }
     let server = server::resolve(&ctx.client, &ns, spec).await?;
     progress.server = Some(server.address());

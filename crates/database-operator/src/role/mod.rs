@@ -374,6 +374,20 @@ async fn drop_role(
         )),
         other => other,
     })?;
+    if let Some(cluster) = crate::database::cluster_gone(ctx, &ns, &db.spec).await? {
+        ctx.recorder
+            .warning(
+                role,
+                "ClusterGone",
+                "Delete",
+                format!(
+                    "PostgresCluster {cluster} is gone or being deleted, so role {} was not dropped: it goes with the cluster's volumes (deletionPolicy Delete) or stays on the kept ones (Retain)",
+                    role.spec.role_name
+                ),
+            )
+            .await;
+        return Ok(Action::await_change());
+    }
     let server = server::resolve(&ctx.client, &ns, &db.spec).await?;
     let address = server.address();
     let admin = match pg::connect(&server, &server.admin_database).await {
