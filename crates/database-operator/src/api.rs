@@ -75,9 +75,7 @@ pub struct PostgresClusterSpec {
 
     /// Compute resources of the PostgreSQL container.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    #[x_kube(validation = Rule::new("!has(self.requests) || self.requests.all(k, isQuantity(string(self.requests[k])) && !quantity(string(self.requests[k])).isLessThan(quantity('0')))").message("resources.requests must be quantities that are not negative, e.g. 500m or 1Gi"))]
-    #[x_kube(validation = Rule::new("!has(self.limits) || self.limits.all(k, isQuantity(string(self.limits[k])) && !quantity(string(self.limits[k])).isLessThan(quantity('0')))").message("resources.limits must be quantities that are not negative, e.g. 500m or 1Gi"))]
-    pub resources: Option<ResourceRequirements>,
+    pub resources: Option<Resources>,
 
     /// Server parameters (`postgresql.conf`), e.g. `max_connections: "200"`. Changing them
     /// rolls the instances like a version change.
@@ -96,6 +94,46 @@ pub struct PostgresClusterSpec {
 
 fn default_instances() -> i32 {
     1
+}
+
+/// Compute resources of the PostgreSQL container: quantities per resource name, each checked
+/// at admission (a container's `resources`, without `claims`).
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, JsonSchema)]
+pub struct Resources {
+    /// Requested resources, e.g. `cpu: 500m`, `memory: 1Gi`.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    #[schemars(extend("maxProperties" = 16, "additionalProperties" = {
+        "x-kubernetes-int-or-string": true,
+        "maxLength": 64,
+        "x-kubernetes-validations": [{
+            "rule": "isQuantity(string(self)) && !quantity(string(self)).isLessThan(quantity('0'))",
+            "message": "must be a quantity that is not negative, e.g. 500m or 1Gi"
+        }]
+    }))]
+    pub requests: BTreeMap<String, Quantity>,
+    /// Limits, e.g. `memory: 2Gi`.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    #[schemars(extend("maxProperties" = 16, "additionalProperties" = {
+        "x-kubernetes-int-or-string": true,
+        "maxLength": 64,
+        "x-kubernetes-validations": [{
+            "rule": "isQuantity(string(self)) && !quantity(string(self)).isLessThan(quantity('0'))",
+            "message": "must be a quantity that is not negative, e.g. 500m or 1Gi"
+        }]
+    }))]
+    pub limits: BTreeMap<String, Quantity>,
+}
+
+impl Resources {
+    /// As a container's resource requirements.
+    pub fn to_requirements(&self) -> ResourceRequirements {
+        let map = |m: &BTreeMap<String, Quantity>| (!m.is_empty()).then(|| m.clone());
+        ResourceRequirements {
+            requests: map(&self.requests),
+            limits: map(&self.limits),
+            ..Default::default()
+        }
+    }
 }
 
 /// Storage of each instance.

@@ -19,7 +19,7 @@ use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
 use kube::ResourceExt;
 use sha2::{Digest, Sha256};
 
-use crate::api::{DeletionPolicy, PostgresCluster};
+use crate::api::{DeletionPolicy, PostgresCluster, Resources};
 use crate::password::Password;
 
 /// Label on every pod of a cluster: the cluster's name.
@@ -366,7 +366,11 @@ pub fn statefulset(cluster: &PostgresCluster, config_hash: &str, partition: i32)
             failure_threshold: Some(3),
             ..Default::default()
         }),
-        resources: cluster.spec.resources.clone(),
+        resources: cluster
+            .spec
+            .resources
+            .as_ref()
+            .map(Resources::to_requirements),
         volume_mounts: Some(vec![
             VolumeMount {
                 name: "data".into(),
