@@ -213,6 +213,7 @@ fn database(pg: &Postgres, object: &str, name: &str, owner: &str) -> Database {
             deletion_policy: DeletionPolicy::Retain,
             backup_before_delete: false,
             backup: None,
+            adopt: false,
         },
     )
 }
@@ -225,6 +226,7 @@ fn role(object: &str, db: &str, role_name: &str, privileges: Privileges) -> Data
             role_name: role_name.into(),
             privileges,
             password_rotation: None,
+            adopt: false,
             deletion_policy: DeletionPolicy::Retain,
         },
     )
@@ -1955,6 +1957,7 @@ async fn namespace_deletion_finishes_for_every_mix_of_policies() {
                 deletion_policy: database,
                 backup_before_delete: false,
                 backup: None,
+                adopt: false,
             },
         );
         env.api::<Database>()
@@ -2000,4 +2003,181 @@ async fn namespace_deletion_finishes_for_every_mix_of_policies() {
         println!("{what}: namespace gone after {took:.1?}");
         assert!(err.is_none(), "{what}: {}", err.clone().unwrap_or_default());
     }
+}
+
+/// Waits until `name`'s Ready condition is False with `reason`, returning its message.
+async fn wait_refused<K>(api: &Api<K>, name: &str, reason: &str) -> String
+where
+    K: Resource + Clone + serde::de::DeserializeOwned + std::fmt::Debug + serde::Serialize,
+{
+    eventually(&format!("{name}: Ready=False {reason}"), WAIT, || async {
+        let obj = api.get(name).await.map_err(|e| e.to_string())?;
+        let value = serde_json::to_value(&obj).unwrap();
+        let conditions: Vec<k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition> =
+            serde_json::from_value(value["status"]["conditions"].clone()).unwrap_or_default();
+        match condition(&conditions, "Ready") {
+            Some((status, r, message)) if status == "False" && r == reason => Ok(message),
+            other => Err(format!("{other:?}")),
+        }
+    })
+    .await
+    .unwrap()
+}
+
+/// On a server shared by two namespaces, ownership is recorded on the server and nothing is
+/// handed over: a second Database with the same owner role is refused (both Secrets would
+/// fight over one password), a Database in another namespace with the same database name is
+/// refused and its deletion drops nothing, a DatabaseRole naming another resource's role is
+/// refused and its deletion drops nothing — and the first database keeps its data and its
+/// login throughout.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn shared_server_ownership_is_recorded_and_nothing_is_handed_over() {
+    let pg = Postgres::start().await.expect("PostgreSQL");
+    let a = env("own-a").await;
+    let b = env("own-b").await;
+    a.admin_secret(&pg).await;
+    b.admin_secret(&pg).await;
+
+    let mut first = database(&pg, "app", "shared_app", "shared_owner");
+    first.spec.deletion_policy = DeletionPolicy::Delete;
+    a.api::<Database>()
+        .create(&PostParams::default(), &first)
+        .await
+        .unwrap();
+    wait_database_ready(&a, "app").await;
+    let creds = a.secret("app-db-credentials").await;
+    let app = connect(&pg, "shared_app", "shared_owner", &creds["password"])
+        .await
+        .unwrap();
+    app.batch_execute("CREATE TABLE orders (id int); INSERT INTO orders VALUES (42)")
+        .await
+        .unwrap();
+    let row_count = || async {
+        let c = connect(&pg, "shared_app", "shared_owner", &creds["password"])
+            .await
+            .expect("the first Database's credentials keep working");
+        c.query_one("SELECT count(*) FROM orders WHERE id = 42", &[])
+            .await
+            .unwrap()
+            .get::<_, i64>(0)
+    };
+
+    // Item 2: the same owner for a second Database of the same namespace.
+    let mut second = database(&pg, "app2", "shared_app2", "shared_owner");
+    second.spec.deletion_policy = DeletionPolicy::Delete;
+    a.api::<Database>()
+        .create(&PostParams::default(), &second)
+        .await
+        .unwrap();
+    let m = wait_refused(&a.api::<Database>(), "app2", "OwnedByAnother").await;
+    assert!(m.contains(&format!("Database {}/app", a.ns)), "{m}");
+    assert!(
+        !exists(&superuser(&pg).await, DB_EXISTS, "shared_app2").await,
+        "nothing was created for the refused Database"
+    );
+    assert_eq!(row_count().await, 1);
+
+    // Item 3: the same database name from another namespace, even with adopt.
+    let mut intruder = database(&pg, "app", "shared_app", "intruder_owner");
+    intruder.spec.deletion_policy = DeletionPolicy::Delete;
+    intruder.spec.adopt = true;
+    b.api::<Database>()
+        .create(&PostParams::default(), &intruder)
+        .await
+        .unwrap();
+    let m = wait_refused(&b.api::<Database>(), "app", "OwnedByAnother").await;
+    assert!(m.contains(&format!("Database {}/app", a.ns)), "{m}");
+    b.api::<Database>()
+        .delete("app", &DeleteParams::default())
+        .await
+        .unwrap();
+    wait_gone(&b.api::<Database>(), "app").await;
+    assert_eq!(row_count().await, 1, "the first database kept its data");
+
+    // Item 4: a DatabaseRole naming another resource's role.
+    let mut own = database(&pg, "own", "b_app", "b_owner");
+    own.spec.deletion_policy = DeletionPolicy::Delete;
+    b.api::<Database>()
+        .create(&PostParams::default(), &own)
+        .await
+        .unwrap();
+    wait_database_ready(&b, "own").await;
+    let mut thief = role("thief", "own", "shared_owner", Privileges::ReadOnly);
+    thief.spec.deletion_policy = DeletionPolicy::Delete;
+    b.api::<DatabaseRole>()
+        .create(&PostParams::default(), &thief)
+        .await
+        .unwrap();
+    let m = wait_refused(&b.api::<DatabaseRole>(), "thief", "OwnedByAnother").await;
+    assert!(m.contains("shared_owner"), "{m}");
+    b.api::<DatabaseRole>()
+        .delete("thief", &DeleteParams::default())
+        .await
+        .unwrap();
+    wait_gone(&b.api::<DatabaseRole>(), "thief").await;
+    let admin = superuser(&pg).await;
+    assert!(exists(&admin, ROLE_EXISTS, "shared_owner").await);
+    assert_eq!(row_count().await, 1, "the login still works after all that");
+    // The first Database is still Ready, and its own deletion still drops what it owns.
+    wait_database_ready(&a, "app").await;
+    a.api::<Database>()
+        .delete("app", &DeleteParams::default())
+        .await
+        .unwrap();
+    wait_gone(&a.api::<Database>(), "app").await;
+    assert!(!exists(&admin, DB_EXISTS, "shared_app").await);
+}
+
+/// An existing database made by hand is refused unless `adopt: true`; adopted, it is marked
+/// and managed like one the operator created.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_existing_database_is_adopted_only_when_asked() {
+    let pg = Postgres::start().await.expect("PostgreSQL");
+    let env = env("adopt").await;
+    env.admin_secret(&pg).await;
+    let admin = superuser(&pg).await;
+    admin
+        .batch_execute("CREATE ROLE legacy_owner LOGIN; CREATE DATABASE legacy OWNER legacy_owner")
+        .await
+        .unwrap();
+    let db = database(&pg, "legacy", "legacy", "legacy_owner");
+    env.api::<Database>()
+        .create(&PostParams::default(), &db)
+        .await
+        .unwrap();
+    let m = wait_refused(&env.api::<Database>(), "legacy", "NotOwned").await;
+    assert!(m.contains("adopt: true"), "{m}");
+    env.api::<Database>()
+        .patch(
+            "legacy",
+            &PatchParams::default(),
+            &Patch::Merge(json!({"spec": {"adopt": true}})),
+        )
+        .await
+        .unwrap();
+    wait_database_ready(&env, "legacy").await;
+    let comment: Option<String> = admin
+        .query_one(
+            "SELECT shobj_description(oid, 'pg_database') FROM pg_database WHERE datname = 'legacy'",
+            &[],
+        )
+        .await
+        .unwrap()
+        .get(0);
+    assert!(
+        comment.is_some_and(|c| c.contains(&format!("Database {}/legacy", env.ns))),
+        "the adopted database carries this resource's marker"
+    );
+    // A privileged role is never adopted.
+    admin
+        .batch_execute("CREATE ROLE powerful LOGIN CREATEROLE")
+        .await
+        .unwrap();
+    let mut r = role("power", "legacy", "powerful", Privileges::ReadOnly);
+    r.spec.adopt = true;
+    env.api::<DatabaseRole>()
+        .create(&PostParams::default(), &r)
+        .await
+        .unwrap();
+    wait_refused(&env.api::<DatabaseRole>(), "power", "PrivilegedRole").await;
 }

@@ -347,6 +347,7 @@ async fn database_operator_converges_after_an_apiserver_restart() {
                 deletion_policy: DeletionPolicy::Retain,
                 backup_before_delete: false,
                 backup: None,
+                adopt: false,
             },
         );
         api.create(&PostParams::default(), &db).await.unwrap();

@@ -275,6 +275,13 @@ pub struct DatabaseSpec {
     /// Where and how the pre-delete dump runs.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub backup: Option<BackupSpec>,
+
+    /// Take over an existing database and owner role that no Steward resource owns (or whose
+    /// owning resource no longer exists). Without it such a database is refused, so a
+    /// Database can never silently adopt, hand out or drop what is not its own. Privileged
+    /// roles are never taken over.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub adopt: bool,
 }
 
 /// A reference to an object in the same namespace.
@@ -511,6 +518,11 @@ pub struct DatabaseRoleSpec {
     /// `database.steward.dev/rotate-password` rotates it once.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub password_rotation: Option<PasswordRotation>,
+
+    /// Take over an existing role that no Steward resource owns (or whose owning resource no
+    /// longer exists). Privileged roles are never taken over.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub adopt: bool,
 
     /// `Retain` (default): deleting this object leaves the role in place; `Delete`: its
     /// objects are reassigned to the database owner and the role is dropped.

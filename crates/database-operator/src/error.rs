@@ -16,6 +16,11 @@ pub enum Error {
     #[error("invalid parameters: {0}")]
     InvalidParameters(String),
 
+    /// A database or role on the server belongs to another resource, to nobody the operator
+    /// knows (without `adopt`), or is privileged: it is left untouched.
+    #[error(transparent)]
+    Ownership(#[from] crate::ownership::Conflict),
+
     /// A Secret the operator would write exists and is not its own.
     #[error("{0}")]
     SecretConflict(String),
@@ -99,6 +104,11 @@ impl steward_core::ReconcileError for Error {
             Error::InvalidSpec(_) => "InvalidSpec",
             Error::InvalidParameters(_) => "InvalidParameters",
             Error::SecretConflict(_) => "SecretConflict",
+            Error::Ownership(c) => match c {
+                crate::ownership::Conflict::OwnedByAnother { .. } => "OwnedByAnother",
+                crate::ownership::Conflict::NotOwned { .. } => "NotOwned",
+                crate::ownership::Conflict::Privileged { .. } => "PrivilegedRole",
+            },
             Error::Read { .. } => "ReadFailed",
             Error::MissingReference(_) => "MissingReference",
             Error::Apply(_) => "ApplyFailed",

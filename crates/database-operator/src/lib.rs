@@ -24,6 +24,7 @@ pub mod database;
 mod error;
 pub mod ident;
 pub mod observe;
+pub mod ownership;
 pub mod password;
 pub mod pg;
 pub mod role;

@@ -3,6 +3,7 @@
 
 use tokio_postgres::Client;
 
+use crate::ownership::Observed;
 use crate::pg::PgError;
 use crate::sql::{self, DatabaseServerState, InDatabaseState, RoleState};
 
@@ -159,4 +160,36 @@ pub async fn terminate_connections(client: &Client, db: &str) -> Result<usize, P
         .await
         .map_err(stmt_err("terminate the database's connections"))?
         .len())
+}
+
+/// What the catalog shows about the ownership of role `name` (see [`crate::ownership`]).
+///
+/// # Errors
+/// [`PgError::Statement`].
+pub async fn role_ownership(client: &Client, name: &str) -> Result<Observed, PgError> {
+    let row = client
+        .query_opt(sql::QUERY_ROLE_OWNERSHIP, &[&name])
+        .await
+        .map_err(stmt_err("read the role's owner marker"))?;
+    Ok(row.map_or_else(Observed::default, |row| Observed {
+        exists: true,
+        comment: row.get(0),
+        privileged: row.get(1),
+    }))
+}
+
+/// What the catalog shows about the ownership of database `name` (see [`crate::ownership`]).
+///
+/// # Errors
+/// [`PgError::Statement`].
+pub async fn database_ownership(client: &Client, name: &str) -> Result<Observed, PgError> {
+    let row = client
+        .query_opt(sql::QUERY_DATABASE_OWNERSHIP, &[&name])
+        .await
+        .map_err(stmt_err("read the database's owner marker"))?;
+    Ok(row.map_or_else(Observed::default, |row| Observed {
+        exists: true,
+        comment: row.get(0),
+        privileged: false,
+    }))
 }

@@ -31,6 +31,16 @@ pub const QUERY_IS_MEMBER: &str = "SELECT pg_catalog.pg_has_role(current_user, $
 pub const QUERY_DIRECT_MEMBER: &str = "SELECT EXISTS (SELECT 1 FROM pg_catalog.pg_auth_members m \
      JOIN pg_catalog.pg_roles r ON r.oid = m.roleid JOIN pg_catalog.pg_roles u ON u.oid = m.member \
      WHERE u.rolname = $1 AND r.rolname = $2)";
+/// `$1` role → its comment (the ownership marker) and whether it is privileged: superuser,
+/// CREATEROLE, REPLICATION, BYPASSRLS, or a member of a `pg_*` role.
+pub const QUERY_ROLE_OWNERSHIP: &str = "SELECT pg_catalog.shobj_description(r.oid, 'pg_authid'), \
+     r.rolsuper OR r.rolcreaterole OR r.rolreplication OR r.rolbypassrls OR EXISTS ( \
+     SELECT 1 FROM pg_catalog.pg_auth_members m JOIN pg_catalog.pg_roles g ON g.oid = m.roleid \
+     WHERE m.member = r.oid AND g.rolname LIKE 'pg\\_%') \
+     FROM pg_catalog.pg_roles r WHERE r.rolname = $1";
+/// `$1` database → its comment (the ownership marker).
+pub const QUERY_DATABASE_OWNERSHIP: &str = "SELECT pg_catalog.shobj_description(oid, 'pg_database') \
+     FROM pg_catalog.pg_database WHERE datname = $1";
 /// `$1` database → owner's name.
 pub const QUERY_DATABASE_OWNER: &str =
     "SELECT pg_catalog.pg_get_userbyid(datdba) FROM pg_catalog.pg_database WHERE datname = $1";
@@ -117,11 +127,24 @@ pub fn drop_database(db: &str, force: bool) -> String {
     }
 }
 
-pub fn reassign_owned(role: &str, to: Option<&str>) -> String {
-    match to {
-        Some(to) => format!("REASSIGN OWNED BY {} TO {}", qi(role), qi(to)),
-        None => format!("REASSIGN OWNED BY {} TO CURRENT_USER", qi(role)),
-    }
+/// `REASSIGN OWNED BY role TO to`; `to` is always a named role of the same tenant (never the
+/// admin, `CURRENT_USER`).
+pub fn reassign_owned(role: &str, to: &str) -> String {
+    format!("REASSIGN OWNED BY {} TO {}", qi(role), qi(to))
+}
+
+/// `COMMENT ON ROLE r IS '<marker>'` (see [`crate::ownership`]).
+pub fn comment_on_role(role: &str, marker: &str) -> String {
+    format!("COMMENT ON ROLE {} IS {}", qi(role), quote_literal(marker))
+}
+
+/// `COMMENT ON DATABASE d IS '<marker>'` (see [`crate::ownership`]).
+pub fn comment_on_database(db: &str, marker: &str) -> String {
+    format!(
+        "COMMENT ON DATABASE {} IS {}",
+        qi(db),
+        quote_literal(marker)
+    )
 }
 
 pub fn drop_owned(role: &str) -> String {
@@ -376,7 +399,9 @@ pub fn plan_drop_database(
 ) -> (Vec<String>, Option<String>) {
     let mut out = vec![drop_database(db, server_major >= 13)];
     if other_owned_databases.is_empty() {
-        out.push(reassign_owned(owner, None));
+        // What the role still owns here (say a SECURITY DEFINER function it planted in the
+        // admin database) is dropped, never reassigned to the admin: that would hand it the
+        // admin's privileges.
         out.push(drop_owned(owner));
         out.push(drop_role(owner));
         (out, None)
@@ -397,7 +422,7 @@ pub fn plan_drop_role(
     database_exists: bool,
 ) -> (Vec<String>, Vec<String>) {
     let inside = if database_exists {
-        vec![reassign_owned(role, Some(owner)), drop_owned(role)]
+        vec![reassign_owned(role, owner), drop_owned(role)]
     } else {
         Vec::new()
     };
@@ -424,7 +449,7 @@ mod tests {
             create_schema(EVIL, EVIL),
             create_extension(EVIL, Some(EVIL)),
             drop_role(EVIL),
-            reassign_owned(EVIL, Some(EVIL)),
+            reassign_owned(EVIL, EVIL),
         ];
         for s in statements {
             // The only double quotes are the doubled one inside the name and the delimiters.
@@ -641,7 +666,6 @@ mod tests {
             plan,
             vec![
                 "DROP DATABASE IF EXISTS \"app\" WITH (FORCE)",
-                "REASSIGN OWNED BY \"o\" TO CURRENT_USER",
                 "DROP OWNED BY \"o\"",
                 "DROP ROLE IF EXISTS \"o\"",
             ]

@@ -39,6 +39,7 @@ use crate::api::{
     BackupStatus, Database, DatabaseRole, DatabaseSpec, DatabaseStatus, DeletionPolicy,
 };
 use crate::ident::{self, Kind};
+use crate::ownership::{self, Claim, Marker};
 use crate::password::Password;
 use crate::pg::{self, Server};
 use crate::{Error, State, observe, server, sql};
@@ -185,17 +186,48 @@ async fn converge(
     let (admin_is_superuser, _) = observe::session(&admin)
         .await
         .map_err(sql_err("read the session"))?;
+    // Ownership first: nothing another resource owns is touched (see crate::ownership).
+    let me = marker(db);
+    let role_owner = observe::role_ownership(&admin, &spec.owner)
+        .await
+        .map_err(sql_err("read the owner role's marker"))?;
+    let role_claim = ownership::claim(
+        &ctx.client,
+        &format!("role {:?}", spec.owner),
+        &role_owner,
+        &me,
+        spec.adopt,
+    )
+    .await?;
+    let db_owner = observe::database_ownership(&admin, &spec.name)
+        .await
+        .map_err(sql_err("read the database's marker"))?;
+    let db_claim = ownership::claim(
+        &ctx.client,
+        &format!("database {:?}", spec.name),
+        &db_owner,
+        &me,
+        spec.adopt,
+    )
+    .await?;
+
     let role_state = observe::role(&admin, &spec.owner)
         .await
         .map_err(sql_err("read the owner role"))?;
-    let role_plan = sql::plan_login_role(&spec.owner, role_state.as_ref(), &password)?;
+    let mut role_plan = sql::plan_login_role(&spec.owner, role_state.as_ref(), &password)?;
+    if role_claim != (Claim::Manage { remark: false }) {
+        role_plan.push(sql::comment_on_role(&spec.owner, &me.render()));
+    }
     pg::execute(&admin, &role_plan)
         .await
         .map_err(sql_err("create or update the owner role"))?;
     let db_state = observe::database_server(&admin, &spec.name, &spec.owner, admin_is_superuser)
         .await
         .map_err(sql_err("read the database"))?;
-    let db_plan = sql::plan_database_server(&spec.name, &spec.owner, &db_state);
+    let mut db_plan = sql::plan_database_server(&spec.name, &spec.owner, &db_state);
+    if db_claim != (Claim::Manage { remark: false }) {
+        db_plan.push(sql::comment_on_database(&spec.name, &me.render()));
+    }
     pg::execute(&admin, &db_plan)
         .await
         .map_err(sql_err("create or update the database"))?;
@@ -271,6 +303,16 @@ async fn cleanup(db: &Database, ctx: &Context<State>) -> Result<Action, Error> {
         write_status(db, ctx, status).await?;
     }
     result
+}
+
+/// The owner marker of `db` (see [`crate::ownership`]).
+fn marker(db: &Database) -> Marker {
+    Marker::new(
+        "Database",
+        &db.namespace().unwrap_or_default(),
+        &db.name_any(),
+        db.meta().uid.as_deref().unwrap_or_default(),
+    )
 }
 
 /// The name of the PostgresCluster `spec` points at, when it is gone or being deleted (e.g.
@@ -397,10 +439,30 @@ async fn drop_all(
     let terminated = observe::terminate_connections(&admin, &spec.name)
         .await
         .map_err(sql_err("terminate the database's sessions"))?;
-    let owner_exists = observe::role(&admin, &spec.owner)
+    let me = marker(db);
+    let db_owner = observe::database_ownership(&admin, &spec.name)
         .await
-        .map_err(sql_err("read the owner role"))?
-        .is_some();
+        .map_err(sql_err("read the database's marker"))?;
+    if db_owner.exists && !ownership::may_drop(&db_owner, &me) {
+        ctx.recorder
+            .warning(
+                db,
+                "NotOwned",
+                "Delete",
+                format!(
+                    "database {} was not created by this Database (its owner marker: {}), so it was not dropped",
+                    spec.name,
+                    db_owner.comment.as_deref().unwrap_or("none")
+                ),
+            )
+            .await;
+        protect_admin_secret(db, ctx, false).await?;
+        return Ok(Action::await_change());
+    }
+    let role_owner = observe::role_ownership(&admin, &spec.owner)
+        .await
+        .map_err(sql_err("read the owner role's marker"))?;
+    let owner_exists = ownership::may_drop(&role_owner, &me);
     let others: Vec<String> = if owner_exists {
         observe::owned_databases(&admin, &spec.owner)
             .await
@@ -627,6 +689,7 @@ mod tests {
                 deletion_policy: DeletionPolicy::Delete,
                 backup_before_delete: true,
                 backup: None,
+                adopt: false,
             },
         );
         db.meta_mut().namespace = Some("ns".into());

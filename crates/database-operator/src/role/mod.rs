@@ -24,6 +24,7 @@ use crate::api::{
     Database, DatabaseRole, DatabaseRoleStatus, DeletionPolicy, Ensure, ROTATE_ANNOTATION,
 };
 use crate::ident::{self, Kind};
+use crate::ownership::{self, Claim, Marker};
 use crate::password::Password;
 use crate::{Error, State, observe, pg, server, sql};
 
@@ -119,6 +120,16 @@ pub fn interval(role: &DatabaseRole) -> Result<Option<Duration>, Error> {
 pub const MIN_ROTATION: Duration = Duration::from_secs(3600);
 /// The longest rotation interval (ten years).
 pub const MAX_ROTATION: Duration = Duration::from_secs(87600 * 3600);
+
+/// The owner marker of `role` (see [`crate::ownership`]).
+fn marker(role: &DatabaseRole) -> Marker {
+    Marker::new(
+        "DatabaseRole",
+        &role.namespace().unwrap_or_default(),
+        &role.name_any(),
+        role.meta().uid.as_deref().unwrap_or_default(),
+    )
+}
 
 #[derive(Debug, Default)]
 struct Progress {
@@ -253,10 +264,26 @@ async fn converge(
             "database {dbname} does not exist on {address} yet"
         )));
     }
+    // Ownership first: a role another resource owns is never altered or handed out.
+    let me = marker(role);
+    let observed = observe::role_ownership(&admin, &role.spec.role_name)
+        .await
+        .map_err(sql_err("read the role's marker"))?;
+    let claim = ownership::claim(
+        &ctx.client,
+        &format!("role {:?}", role.spec.role_name),
+        &observed,
+        &me,
+        role.spec.adopt,
+    )
+    .await?;
     let state = observe::role(&admin, &role.spec.role_name)
         .await
         .map_err(sql_err("read the role"))?;
-    let plan = sql::plan_login_role(&role.spec.role_name, state.as_ref(), &password)?;
+    let mut plan = sql::plan_login_role(&role.spec.role_name, state.as_ref(), &password)?;
+    if claim != (Claim::Manage { remark: false }) {
+        plan.push(sql::comment_on_role(&role.spec.role_name, &me.render()));
+    }
     pg::execute(&admin, &plan)
         .await
         .map_err(sql_err("create or update the role"))?;
@@ -402,11 +429,25 @@ async fn drop_role(
         let address = address.clone();
         move |e| Error::sql(step, &address, e)
     };
-    if observe::role(&admin, &role.spec.role_name)
+    let observed = observe::role_ownership(&admin, &role.spec.role_name)
         .await
-        .map_err(sql_err("read the role"))?
-        .is_none()
-    {
+        .map_err(sql_err("read the role's marker"))?;
+    if !observed.exists {
+        return Ok(Action::await_change());
+    }
+    if !ownership::may_drop(&observed, &marker(role)) {
+        ctx.recorder
+            .warning(
+                role,
+                "NotOwned",
+                "Delete",
+                format!(
+                    "role {} was not created by this DatabaseRole (its owner marker: {}), so it was not dropped",
+                    role.spec.role_name,
+                    observed.comment.as_deref().unwrap_or("none")
+                ),
+            )
+            .await;
         return Ok(Action::await_change());
     }
     let db_exists = observe::database_owner(&admin, &db.spec.name)
@@ -543,6 +584,7 @@ mod tests {
                     interval: "720h".into(),
                 }),
                 deletion_policy: DeletionPolicy::Retain,
+                adopt: false,
             },
         );
         assert_eq!(

@@ -1,0 +1,319 @@
+//! Who owns a database or role on a PostgreSQL server, recorded on the server itself.
+//!
+//! Many namespaces and many custom resources can point at one server. So that none of them
+//! alters, hands out or drops what another one owns, every database and role this operator
+//! creates carries a [`Marker`] in its comment (`COMMENT ON DATABASE` / `COMMENT ON ROLE`,
+//! shared catalog objects that only the admin — or, for a database, its owner — can comment
+//! on): the kind, namespace, name and UID of the resource that owns it.
+//!
+//! [`decide`] is the rule, a pure function of what the catalog shows:
+//! - an object that does not exist is created and marked;
+//! - an object marked for this resource (same kind, namespace and name — a re-created object
+//!   of the same name reclaims what its predecessor kept under `Retain`) is managed;
+//! - an object marked for *another* resource is refused, naming that resource, unless the
+//!   spec opts in with `adopt: true` **and** that resource no longer exists;
+//! - an existing object with no marker (made by hand, or by something else) is refused unless
+//!   the spec opts in with `adopt: true`;
+//! - a privileged role (superuser, CREATEROLE, REPLICATION, BYPASSRLS, or a member of a
+//!   `pg_*` role) is never managed.
+
+use std::fmt;
+
+/// The prefix of every marker, so a comment that is not one is recognised as such.
+const PREFIX: &str = "steward.dev/owner ";
+
+/// The resource that owns a database or role.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Marker {
+    pub kind: String,
+    pub namespace: String,
+    pub name: String,
+    pub uid: String,
+}
+
+impl Marker {
+    /// The marker of the resource `kind` `namespace/name` with `uid`.
+    pub fn new(kind: &str, namespace: &str, name: &str, uid: &str) -> Self {
+        Self {
+            kind: kind.into(),
+            namespace: namespace.into(),
+            name: name.into(),
+            uid: uid.into(),
+        }
+    }
+
+    /// The comment text: `steward.dev/owner <kind> <namespace>/<name> <uid>`.
+    pub fn render(&self) -> String {
+        format!(
+            "{PREFIX}{} {}/{} {}",
+            self.kind, self.namespace, self.name, self.uid
+        )
+    }
+
+    /// The marker in `comment`, `None` when the comment is not a marker.
+    pub fn parse(comment: &str) -> Option<Self> {
+        let rest = comment.strip_prefix(PREFIX)?;
+        let mut parts = rest.split(' ');
+        let kind = parts.next()?;
+        let (namespace, name) = parts.next()?.split_once('/')?;
+        let uid = parts.next()?;
+        if parts.next().is_some() || [kind, namespace, name, uid].iter().any(|p| p.is_empty()) {
+            return None;
+        }
+        Some(Self::new(kind, namespace, name, uid))
+    }
+
+    /// Whether `other` is the same resource identity (kind, namespace and name; a re-created
+    /// resource of the same name counts as the same).
+    pub fn same_resource(&self, other: &Marker) -> bool {
+        self.kind == other.kind && self.namespace == other.namespace && self.name == other.name
+    }
+}
+
+impl fmt::Display for Marker {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{} {}/{}", self.kind, self.namespace, self.name)
+    }
+}
+
+/// What the catalog shows about an object (a database or a role).
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Observed {
+    pub exists: bool,
+    /// Its comment, if any.
+    pub comment: Option<String>,
+    /// For roles: superuser, CREATEROLE, REPLICATION, BYPASSRLS or a member of a `pg_*` role.
+    pub privileged: bool,
+}
+
+/// What this resource may do with the object.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Claim {
+    /// It does not exist: create it and mark it.
+    Create,
+    /// It is this resource's: manage it; `remark` when the marker must be (re)written (a
+    /// re-created resource, an adopted object).
+    Manage { remark: bool },
+}
+
+/// Why this resource may not touch the object.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum Conflict {
+    /// Another resource owns it.
+    #[error("{what} is owned by {owner}; it was left untouched")]
+    OwnedByAnother { what: String, owner: String },
+    /// It exists and no Steward resource owns it.
+    #[error(
+        "{what} already exists and was not created by this operator; it was left untouched (set adopt: true to take it over)"
+    )]
+    NotOwned { what: String },
+    /// A privileged role is never managed.
+    #[error(
+        "{what} is a privileged role (superuser, CREATEROLE, REPLICATION, BYPASSRLS or a pg_* member); the operator never manages it"
+    )]
+    Privileged { what: String },
+}
+
+/// Decides whether the resource `me` may manage `what` (e.g. `database "app"`).
+/// `owner_exists` is asked only when another resource's marker is found and `adopt` is set:
+/// whether that resource still exists.
+///
+/// # Errors
+/// A [`Conflict`] naming the object and, where known, its owner.
+pub fn decide(
+    what: &str,
+    observed: &Observed,
+    me: &Marker,
+    adopt: bool,
+    owner_exists: impl FnOnce(&Marker) -> bool,
+) -> Result<Claim, Conflict> {
+    if !observed.exists {
+        return Ok(Claim::Create);
+    }
+    if observed.privileged {
+        return Err(Conflict::Privileged { what: what.into() });
+    }
+    match observed.comment.as_deref().and_then(Marker::parse) {
+        Some(owner) if owner == *me => Ok(Claim::Manage { remark: false }),
+        Some(owner) if owner.same_resource(me) => Ok(Claim::Manage { remark: true }),
+        Some(owner) if adopt && !owner_exists(&owner) => Ok(Claim::Manage { remark: true }),
+        Some(owner) => Err(Conflict::OwnedByAnother {
+            what: what.into(),
+            owner: owner.to_string(),
+        }),
+        None if adopt => Ok(Claim::Manage { remark: true }),
+        None => Err(Conflict::NotOwned { what: what.into() }),
+    }
+}
+
+/// Whether the resource `me` may drop the object on deletion: only what it owns.
+pub fn may_drop(observed: &Observed, me: &Marker) -> bool {
+    observed.exists
+        && !observed.privileged
+        && observed
+            .comment
+            .as_deref()
+            .and_then(Marker::parse)
+            .is_some_and(|owner| owner.same_resource(me))
+}
+
+/// [`decide`] with the API server asked, when needed, whether the resource another marker
+/// names still exists (same kind, namespace, name and UID).
+///
+/// # Errors
+/// [`crate::Error::Ownership`] for a conflict; [`crate::Error::Read`] when the lookup fails.
+pub async fn claim(
+    client: &kube::Client,
+    what: &str,
+    observed: &Observed,
+    me: &Marker,
+    adopt: bool,
+) -> Result<Claim, crate::Error> {
+    let other = observed
+        .comment
+        .as_deref()
+        .and_then(Marker::parse)
+        .filter(|m| !m.same_resource(me));
+    let other_exists = match (&other, adopt) {
+        (Some(m), true) => resource_exists(client, m).await?,
+        _ => true,
+    };
+    Ok(decide(what, observed, me, adopt, |_| other_exists)?)
+}
+
+async fn resource_exists(client: &kube::Client, m: &Marker) -> Result<bool, crate::Error> {
+    use kube::{Api, ResourceExt};
+    let read = |source| crate::Error::Read {
+        what: format!("{m} (the owner recorded on the server)"),
+        source,
+    };
+    let uid = match m.kind.as_str() {
+        "Database" => Api::<crate::api::Database>::namespaced(client.clone(), &m.namespace)
+            .get_opt(&m.name)
+            .await
+            .map_err(read)?
+            .and_then(|o| o.uid()),
+        "DatabaseRole" => Api::<crate::api::DatabaseRole>::namespaced(client.clone(), &m.namespace)
+            .get_opt(&m.name)
+            .await
+            .map_err(read)?
+            .and_then(|o| o.uid()),
+        // A kind this operator does not know: assume its owner is alive.
+        _ => return Ok(true),
+    };
+    Ok(uid.as_deref() == Some(m.uid.as_str()))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn me() -> Marker {
+        Marker::new("Database", "team-a", "app", "uid-1")
+    }
+
+    fn marked(m: &Marker) -> Observed {
+        Observed {
+            exists: true,
+            comment: Some(m.render()),
+            privileged: false,
+        }
+    }
+
+    #[test]
+    fn markers_round_trip_and_other_comments_are_not_markers() {
+        let m = me();
+        assert_eq!(Marker::parse(&m.render()), Some(m));
+        for other in [
+            "",
+            "app database",
+            "steward.dev/owner Database team-a app uid",
+            "steward.dev/owner Database team-a/app",
+            "steward.dev/owner Database team-a/app uid extra",
+        ] {
+            assert_eq!(Marker::parse(other), None, "{other:?}");
+        }
+    }
+
+    #[test]
+    fn what_does_not_exist_is_created_and_what_is_ours_is_managed() {
+        let never = |_: &Marker| panic!("not asked");
+        assert_eq!(
+            decide("x", &Observed::default(), &me(), false, never),
+            Ok(Claim::Create)
+        );
+        assert_eq!(
+            decide("x", &marked(&me()), &me(), false, never),
+            Ok(Claim::Manage { remark: false })
+        );
+        // A re-created resource of the same name reclaims what its predecessor kept.
+        let predecessor = Marker::new("Database", "team-a", "app", "uid-0");
+        assert_eq!(
+            decide("x", &marked(&predecessor), &me(), false, never),
+            Ok(Claim::Manage { remark: true })
+        );
+    }
+
+    #[test]
+    fn another_resources_object_is_refused_even_with_adopt_while_it_exists() {
+        for other in [
+            Marker::new("Database", "team-b", "app", "uid-2"),
+            Marker::new("Database", "team-a", "other", "uid-3"),
+            Marker::new("DatabaseRole", "team-a", "app", "uid-4"),
+        ] {
+            let err =
+                decide("database \"app\"", &marked(&other), &me(), true, |_| true).unwrap_err();
+            assert!(err.to_string().contains(&other.to_string()), "{err}");
+            assert!(decide("x", &marked(&other), &me(), false, |_| false).is_err());
+            assert_eq!(
+                decide("x", &marked(&other), &me(), true, |_| false),
+                Ok(Claim::Manage { remark: true }),
+                "adopt takes over what a deleted resource left behind"
+            );
+        }
+    }
+
+    #[test]
+    fn unmarked_objects_need_adopt_and_privileged_roles_are_never_managed() {
+        let plain = Observed {
+            exists: true,
+            comment: Some("made by hand".into()),
+            privileged: false,
+        };
+        assert!(matches!(
+            decide("x", &plain, &me(), false, |_| false),
+            Err(Conflict::NotOwned { .. })
+        ));
+        assert_eq!(
+            decide("x", &plain, &me(), true, |_| false),
+            Ok(Claim::Manage { remark: true })
+        );
+        let privileged = Observed {
+            privileged: true,
+            ..marked(&me())
+        };
+        assert!(matches!(
+            decide("x", &privileged, &me(), true, |_| false),
+            Err(Conflict::Privileged { .. })
+        ));
+        assert!(!may_drop(&privileged, &me()));
+    }
+
+    #[test]
+    fn only_what_is_ours_is_dropped() {
+        assert!(may_drop(&marked(&me()), &me()));
+        assert!(!may_drop(
+            &marked(&Marker::new("Database", "team-b", "app", "u")),
+            &me()
+        ));
+        assert!(!may_drop(
+            &Observed {
+                exists: true,
+                comment: None,
+                privileged: false
+            },
+            &me()
+        ));
+        assert!(!may_drop(&Observed::default(), &me()));
+    }
+}
