@@ -46,7 +46,7 @@ pub async fn reconcile(
             steward_core::conditions::READY,
             false,
             steward_core::ReconcileError::reason(&invalid),
-            &invalid.to_string(),
+            invalid.to_string(),
             cluster.meta().generation,
         );
         status.observed_generation = cluster.meta().generation;
