@@ -673,6 +673,9 @@ async fn a_watch_that_keeps_failing_fails_healthz_within_the_stall_timeout() {
         stall_timeout,
         ..CommonArgs::default()
     };
+    if std::env::var_os("RUST_LOG").is_some() {
+        args.init_logging();
+    }
     let mut operator = Operator::with_config("coretest", args, config).expect("operator");
     let api: Api<Gadget> = operator.api();
     operator.controller(

@@ -98,10 +98,16 @@ where
 }
 
 /// Applies the per-watch backoff, records errors in `source` and drops them from the stream.
-fn resilient<T: Send + 'static>(
-    stream: impl Stream<Item = Result<T, watcher::Error>> + Send + 'static,
+///
+/// `Init` (a re-list starting) is dropped before the backoff: kube-runtime's watcher emits it
+/// *before* the list request, so counting it as a good event would reset the backoff (and the
+/// failing state) on every retry of a list that keeps failing — a retry loop at the minimum
+/// delay. Nothing downstream needs it: the reflector has already seen it.
+fn resilient<K: Send + 'static>(
+    stream: impl Stream<Item = Result<Event<K>, watcher::Error>> + Send + 'static,
     source: Arc<StreamSource>,
-) -> impl Stream<Item = T> + Send + 'static {
+) -> impl Stream<Item = Event<K>> + Send + 'static {
+    let stream = stream.filter(|item| futures::future::ready(!matches!(item, Ok(Event::Init))));
     kube::runtime::utils::StreamBackoff::new(stream, WatchBackoff::default()).filter_map(
         move |item| {
             let out = match item {
@@ -360,12 +366,16 @@ impl StreamSource {
 
     fn failed(&self, e: &watcher::Error) {
         let message = crate::chain(e);
-        tracing::warn!(kind = %self.kind, error = %message, "watch failed; retrying");
         if let Some((metrics, labels)) = self.labels.get() {
             metrics.watch_errors.get_or_create(labels).inc();
         }
         let mut state = self.state.lock().unwrap_or_else(|p| p.into_inner());
-        state.failing_since.get_or_insert_with(Instant::now);
+        if state.failing_since.is_none() {
+            tracing::warn!(kind = %self.kind, error = %message, "watch failed; retrying with backoff");
+            state.failing_since = Some(Instant::now());
+        } else {
+            tracing::debug!(kind = %self.kind, error = %message, "watch still failing");
+        }
         state.last_error = message;
     }
 

@@ -421,14 +421,19 @@ impl Operator {
             }
         };
 
+        let cache_stop = self.shutdown.clone();
+        let synced = Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let synced_flag = synced.clone();
         self.tasks.push(Box::pin(async move {
             // kube-runtime's `wait_until_ready` can lose a wakeup when several tasks wait on
             // the same store (the Controller waits too), so ask again every half second.
-            loop {
+            // A cache that never syncs (a watch that keeps failing) must not hold up shutdown.
+            while !cache_stop.is_cancelled() {
                 match tokio::time::timeout(Duration::from_millis(500), store.wait_until_ready())
                     .await
                 {
                     Ok(Ok(())) => {
+                        synced_flag.store(true, std::sync::atomic::Ordering::SeqCst);
                         ready();
                         break;
                     }
@@ -447,7 +452,22 @@ impl Operator {
                         tracing::debug!(error = %e, "controller event");
                     }
                 });
-            let ended = std::panic::AssertUnwindSafe(run).catch_unwind().await;
+            // kube-runtime holds the reconcile runner until the cache syncs, and its graceful
+            // shutdown waits for it; a cache that never synced has nothing in flight, so
+            // shutdown does not wait for it.
+            let unsynced_stop = {
+                let stopping = stopping.clone();
+                async move {
+                    stopping.cancelled().await;
+                    if synced.load(std::sync::atomic::Ordering::SeqCst) {
+                        std::future::pending::<()>().await;
+                    }
+                }
+            };
+            let ended = tokio::select! {
+                ended = std::panic::AssertUnwindSafe(run).catch_unwind() => ended,
+                () = unsynced_stop => Ok(()),
+            };
             if !stopping.is_cancelled() {
                 let why = match ended {
                     Ok(()) => format!("controller {name} stopped"),
