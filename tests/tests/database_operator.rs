@@ -916,7 +916,7 @@ async fn database_roles_schemas_extensions_and_logins() {
     eventually("sneaky refused", WAIT, || async {
         let r = roles.get("sneaky").await.map_err(|e| e.to_string())?;
         match condition(&r.status.unwrap_or_default().conditions, "Ready") {
-            Some((s, reason, msg)) if s == "False" && reason == "Unsafe" => Ok(msg),
+            Some((s, reason, msg)) if s == "False" && reason == "PrivilegedRole" => Ok(msg),
             other => Err(format!("{other:?}")),
         }
     })
@@ -1271,9 +1271,20 @@ async fn delete_drops_and_retain_keeps_and_readopts() {
         "Retain keeps the role"
     );
 
+    // Another object takes it over only when it asks to (adopt), since the owner recorded on
+    // the server is a Database that no longer exists.
     dbs.create(
         &PostParams::default(),
         &database(&pg, "kept-again", "kept", "kept_owner"),
+    )
+    .await
+    .unwrap();
+    let m = wait_refused(&dbs, "kept-again", "OwnedByAnother").await;
+    assert!(m.contains(&format!("Database {}/kept", env.ns)), "{m}");
+    dbs.patch(
+        "kept-again",
+        &PatchParams::default(),
+        &Patch::Merge(json!({"spec": {"adopt": true}})),
     )
     .await
     .unwrap();
@@ -2137,7 +2148,11 @@ async fn an_existing_database_is_adopted_only_when_asked() {
     env.admin_secret(&pg).await;
     let admin = superuser(&pg).await;
     admin
-        .batch_execute("CREATE ROLE legacy_owner LOGIN; CREATE DATABASE legacy OWNER legacy_owner")
+        .batch_execute("CREATE ROLE legacy_owner LOGIN")
+        .await
+        .unwrap();
+    admin
+        .batch_execute("CREATE DATABASE legacy OWNER legacy_owner")
         .await
         .unwrap();
     let db = database(&pg, "legacy", "legacy", "legacy_owner");
