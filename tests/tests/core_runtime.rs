@@ -163,20 +163,42 @@ struct Running {
 }
 
 async fn start(prefix: &str, backoff_base: Duration) -> Running {
+    start_with(prefix, backoff_base, None, |_| {}).await
+}
+
+/// [`start`], authenticated as ServiceAccount `service_account` of the test namespace when
+/// given, with flags adjusted by `flags`.
+async fn start_with(
+    prefix: &str,
+    backoff_base: Duration,
+    service_account: Option<&str>,
+    flags: impl FnOnce(&mut CommonArgs),
+) -> Running {
     let cp = steward_testenv::shared().await.expect("control plane");
     cp.apply_crd(&Gadget::crd()).await.expect("Gadget CRD");
     let ns = cp.namespace(prefix).await.expect("namespace");
     let addr: SocketAddr = format!("127.0.0.1:{}", free_port().unwrap())
         .parse()
         .unwrap();
-    let args = CommonArgs {
+    let mut args = CommonArgs {
         leader_elect: false,
         watch_namespace: Some(ns.clone()),
         metrics_bind_address: addr.to_string(),
         health_probe_bind_address: addr.to_string(),
         ..CommonArgs::default()
     };
-    let mut operator = Operator::with_config("coretest", args, cp.config().clone())
+    flags(&mut args);
+    if std::env::var_os("RUST_LOG").is_some() {
+        args.init_logging();
+    }
+    let config = match service_account {
+        Some(sa) => cp
+            .service_account_config(&ns, sa)
+            .await
+            .expect("ServiceAccount config"),
+        None => cp.config().clone(),
+    };
+    let mut operator = Operator::with_config("coretest", args, config)
         .expect("operator")
         .backoff(backoff_base, Duration::from_secs(30));
     let probe = Arc::new(Probe::default());
@@ -654,38 +676,18 @@ async fn a_panicking_reconcile_is_a_retried_failure_and_the_controller_keeps_wor
 /// kubelet would restart it; `/readyz` fails at once.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_watch_that_keeps_failing_fails_healthz_within_the_stall_timeout() {
-    let cp = steward_testenv::shared().await.expect("control plane");
-    cp.apply_crd(&Gadget::crd()).await.expect("Gadget CRD");
-    let ns = cp.namespace("stall").await.expect("namespace");
-    let config = cp
-        .service_account_config(&ns, "no-rights")
-        .await
-        .expect("ServiceAccount config");
-    let addr: SocketAddr = format!("127.0.0.1:{}", free_port().unwrap())
-        .parse()
-        .unwrap();
     let stall_timeout = Duration::from_secs(3);
-    let args = CommonArgs {
-        leader_elect: false,
-        watch_namespace: Some(ns.clone()),
-        metrics_bind_address: addr.to_string(),
-        health_probe_bind_address: addr.to_string(),
-        stall_timeout,
-        ..CommonArgs::default()
-    };
-    if std::env::var_os("RUST_LOG").is_some() {
-        args.init_logging();
-    }
-    let mut operator = Operator::with_config("coretest", args, config).expect("operator");
-    let api: Api<Gadget> = operator.api();
-    operator.controller(
-        Controller::new(api, Default::default()),
-        Arc::new(Probe::default()),
-        reconcile,
-    );
-    let stop = operator.shutdown_token();
-    let task = tokio::spawn(operator.run());
     let started = Instant::now();
+    let run = start_with(
+        "stall",
+        Duration::from_millis(200),
+        Some("no-rights"),
+        |a| {
+            a.stall_timeout = stall_timeout;
+        },
+    )
+    .await;
+    let addr = run.addr;
     let why = eventually("/healthz failing", Duration::from_secs(30), || async {
         match http_get(addr, "/healthz").await {
             Ok((503, body)) => Ok(body),
@@ -709,6 +711,5 @@ async fn a_watch_that_keeps_failing_fails_healthz_within_the_stall_timeout() {
             && !l.ends_with(" 0")),
         "watch errors are counted: {metrics}"
     );
-    stop.cancel();
-    task.await.unwrap().unwrap();
+    run.stop().await;
 }

@@ -13,7 +13,6 @@ use std::time::{Duration, Instant};
 use database_operator::api::{
     Database, DatabaseRole, DatabaseRoleSpec, DatabaseSpec, DeletionPolicy, Ensure, ExtensionSpec,
     ExternalServer, LocalRef, PostgresCluster, Privileges, ROTATE_ANNOTATION, SchemaSpec,
-    SecretRef, SslMode,
 };
 use futures::StreamExt;
 use k8s_openapi::api::apps::v1::StatefulSet;
@@ -186,17 +185,7 @@ impl Env {
 }
 
 fn external(pg: &Postgres) -> ExternalServer {
-    ExternalServer {
-        host: "127.0.0.1".into(),
-        port: i32::from(pg.port()),
-        ssl_mode: SslMode::Disable,
-        admin_secret_ref: SecretRef {
-            name: "admin".into(),
-            username_key: "username".into(),
-            password_key: "password".into(),
-        },
-        admin_database: "postgres".into(),
-    }
+    ExternalServer::plain("127.0.0.1", pg.port(), "admin")
 }
 
 /// Test fixture: `database(&pg, "app", "app_owner")`, then adjust fields.

@@ -16,9 +16,7 @@
 use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
 
-use database_operator::api::{
-    Database, DatabaseSpec, DeletionPolicy, ExternalServer, SecretRef, SslMode,
-};
+use database_operator::api::{Database, DatabaseSpec, DeletionPolicy, ExternalServer};
 use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::api::core::v1::{Namespace, ResourceQuota, Secret};
 use kube::api::{Api, ListParams, Patch, PatchParams, PostParams};
@@ -101,6 +99,26 @@ fn leader_args(namespace: &str) -> CommonArgs {
     }
 }
 
+/// Runs operator `name` with leader election, its Lease in `namespace` (and only that
+/// namespace watched when `scoped`), registered by `register`.
+async fn start_leading(
+    cp: &ControlPlane,
+    name: &str,
+    namespace: &str,
+    scoped: bool,
+    register: impl FnOnce(&mut Operator),
+) -> Harness {
+    let args = CommonArgs {
+        watch_namespace: scoped.then(|| namespace.to_string()),
+        ..leader_args(namespace)
+    };
+    let mut operator = Operator::with_config(name, args, cp.config().clone())
+        .unwrap()
+        .backoff(Duration::from_millis(200), Duration::from_secs(5));
+    register(&mut operator);
+    Harness::start(operator).await
+}
+
 /// After recovery: the operator never stopped and says it is healthy.
 async fn assert_alive(operator: &Harness, what: &str) {
     assert!(operator.is_running(), "{what}: the operator stopped");
@@ -176,15 +194,10 @@ async fn tenant_operator_converges_after_each_control_plane_fault() {
     let mut cp = control_plane().await;
     cp.apply_crd(&Tenant::crd()).await.expect("Tenant CRD");
     let client = cp.client().unwrap();
-    let mut operator = Operator::with_config(
-        tenant_operator::NAME,
-        leader_args("default"),
-        cp.config().clone(),
-    )
-    .unwrap()
-    .backoff(Duration::from_millis(200), Duration::from_secs(5));
-    tenant_operator::register(&mut operator, tenant_operator::Options::default()).unwrap();
-    let operator = Harness::start(operator).await;
+    let operator = start_leading(&cp, tenant_operator::NAME, "default", false, |op| {
+        tenant_operator::register(op, tenant_operator::Options::default()).unwrap();
+    })
+    .await;
 
     let tenants: Api<Tenant> = Api::all(client.clone());
     let started = Instant::now();
@@ -281,20 +294,6 @@ async fn tenant_operator_converges_after_each_control_plane_fault() {
 
 const DATABASES: usize = 20;
 
-fn external(pg: &Postgres) -> ExternalServer {
-    ExternalServer {
-        host: "127.0.0.1".into(),
-        port: i32::from(pg.port()),
-        ssl_mode: SslMode::Disable,
-        admin_secret_ref: SecretRef {
-            name: "admin".into(),
-            username_key: "username".into(),
-            password_key: "password".into(),
-        },
-        admin_database: "postgres".into(),
-    }
-}
-
 async fn databases_converged(api: &Api<Database>, schemas: usize) -> Result<(), String> {
     let list = api
         .list(&ListParams::default())
@@ -340,26 +339,15 @@ async fn database_operator_converges_after_an_apiserver_restart() {
         .create(&PostParams::default(), &secret)
         .await
         .unwrap();
-    let mut operator = Operator::with_config(
-        database_operator::NAME,
-        CommonArgs {
-            watch_namespace: Some(ns.clone()),
-            ..leader_args(&ns)
-        },
-        cp.config().clone(),
-    )
-    .unwrap()
-    .backoff(Duration::from_millis(200), Duration::from_secs(5));
-    database_operator::register(
-        &mut operator,
-        database_operator::Options {
+    let operator = start_leading(&cp, database_operator::NAME, &ns, true, |op| {
+        let options = database_operator::Options {
             // No resync help: recovery must come from the watches.
             resync_interval: Duration::from_secs(3600),
             ..Default::default()
-        },
-    )
-    .unwrap();
-    let operator = Harness::start(operator).await;
+        };
+        database_operator::register(op, options).unwrap();
+    })
+    .await;
 
     let api: Api<Database> = Api::namespaced(client.clone(), &ns);
     for i in 0..DATABASES {
@@ -367,7 +355,7 @@ async fn database_operator_converges_after_an_apiserver_restart() {
             &format!("db{i:02}"),
             DatabaseSpec {
                 cluster_ref: None,
-                external: Some(external(&pg)),
+                external: Some(ExternalServer::plain("127.0.0.1", pg.port(), "admin")),
                 name: format!("app{i:02}"),
                 owner: format!("app{i:02}_owner"),
                 extensions: vec![],
@@ -489,24 +477,13 @@ async fn upgrade_orchestrator_finishes_plans_after_an_apiserver_restart() {
                 .unwrap();
         }
     }
-    let mut operator = Operator::with_config(
-        upgrade_orchestrator::NAME,
-        CommonArgs {
-            watch_namespace: Some(ns.clone()),
-            ..leader_args(&ns)
-        },
-        cp.config().clone(),
-    )
-    .unwrap()
-    .backoff(Duration::from_millis(200), Duration::from_secs(5));
-    upgrade_orchestrator::register(
-        &mut operator,
-        upgrade_orchestrator::Options {
+    let operator = start_leading(&cp, upgrade_orchestrator::NAME, &ns, true, |op| {
+        let options = upgrade_orchestrator::Options {
             watch_postgresclusters: false,
-        },
-    )
-    .unwrap();
-    let operator = Harness::start(operator).await;
+        };
+        upgrade_orchestrator::register(op, options).unwrap();
+    })
+    .await;
 
     let plans: Api<UpgradePlan> = Api::namespaced(client.clone(), &ns);
     for i in 0..PLANS {

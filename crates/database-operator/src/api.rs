@@ -314,6 +314,24 @@ pub struct ExternalServer {
     pub admin_database: String,
 }
 
+impl ExternalServer {
+    /// A server at `host:port` without TLS (`sslmode: disable`), its admin's `username` and
+    /// `password` in Secret `admin_secret`, admin database `postgres`.
+    pub fn plain(host: &str, port: u16, admin_secret: &str) -> Self {
+        Self {
+            host: host.into(),
+            port: i32::from(port),
+            ssl_mode: SslMode::Disable,
+            admin_secret_ref: SecretRef {
+                name: admin_secret.into(),
+                username_key: default_username_key(),
+                password_key: default_password_key(),
+            },
+            admin_database: default_admin_database(),
+        }
+    }
+}
+
 fn default_port() -> i32 {
     5432
 }

@@ -663,7 +663,7 @@ async fn write_status(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::api::{DatabaseSpec, ExternalServer, ResourcePhase, SecretRef, SslMode};
+    use crate::api::{DatabaseSpec, ExternalServer, ResourcePhase, SslMode};
     use steward_core::conditions;
 
     pub(crate) fn database(name: &str) -> Database {
@@ -671,17 +671,7 @@ mod tests {
             name,
             DatabaseSpec {
                 cluster_ref: None,
-                external: Some(ExternalServer {
-                    host: "127.0.0.1".into(),
-                    port: 5432,
-                    ssl_mode: SslMode::Disable,
-                    admin_secret_ref: SecretRef {
-                        name: "admin".into(),
-                        username_key: "username".into(),
-                        password_key: "password".into(),
-                    },
-                    admin_database: "postgres".into(),
-                }),
+                external: Some(ExternalServer::plain("127.0.0.1", 5432, "admin")),
                 name: "app".into(),
                 owner: "app_owner".into(),
                 extensions: vec![],
