@@ -1663,6 +1663,20 @@ async fn schema_rejects_bad_input_and_quoting_defuses_it() {
         .await
         .expect_err("name is immutable");
     assert!(err.to_string().contains("name is immutable"), "{err}");
+    // The server is immutable too (the old server's database would be orphaned and its admin
+    // Secret keep the in-use finalizer forever).
+    let err = dbs
+        .patch(
+            "bad",
+            &PatchParams::default(),
+            &Patch::Merge(json!({"spec": {"external": {"host": "elsewhere.example"}}})),
+        )
+        .await
+        .expect_err("the server is immutable");
+    assert!(
+        err.to_string().contains("the server cannot change"),
+        "{err}"
+    );
 
     let roles = env.api::<DatabaseRole>();
     let role = |spec: serde_json::Value| json!({"apiVersion": "database.steward.dev/v1alpha1", "kind": "DatabaseRole", "metadata": {"name": "r"}, "spec": spec});

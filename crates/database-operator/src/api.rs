@@ -229,6 +229,7 @@ pub enum ClusterPhase {
     )
 )]
 #[x_kube(validation = Rule::new("has(self.clusterRef) != has(self.external)").message("exactly one of clusterRef and external must be set"))]
+#[x_kube(validation = Rule::new("has(self.clusterRef) == has(oldSelf.clusterRef) && (!has(self.clusterRef) || self.clusterRef.name == oldSelf.clusterRef.name) && (!has(self.external) || (self.external.host == oldSelf.external.host && self.external.port == oldSelf.external.port && self.external.adminSecretRef.name == oldSelf.external.adminSecretRef.name))").message("the server cannot change (clusterRef, or external host, port and adminSecretRef): the database on the old server would be orphaned; create another Database instead"))]
 #[serde(rename_all = "camelCase")]
 pub struct DatabaseSpec {
     /// A PostgresCluster in the same namespace (its read-write Service and superuser Secret).

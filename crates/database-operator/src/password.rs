@@ -80,6 +80,9 @@ pub fn scram_verifier_with_salt(password: &[u8], salt: &[u8], iterations: u32) -
 
 /// Whether `stored` (a `pg_authid.rolpassword` value) is a SCRAM-SHA-256 verifier of
 /// `password`. Anything else (NULL, MD5, malformed) is `false`.
+/// The most PBKDF2 iterations [`verifies`] computes (PostgreSQL's default is 4096).
+pub const MAX_ITERATIONS: u32 = 100_000;
+
 pub fn verifies(stored: &str, password: &Password) -> bool {
     let Some(rest) = stored.strip_prefix("SCRAM-SHA-256$") else {
         return false;
@@ -101,7 +104,10 @@ pub fn verifies(stored: &str, password: &Password) -> bool {
     ) else {
         return false;
     };
-    if iterations == 0 || iterations > 1_000_000 {
+    // A role can set its own verifier with any iteration count; checking one costs that many
+    // PBKDF2 rounds. Above this cap it is treated as not matching (and replaced by one of
+    // ours, for the same password).
+    if iterations == 0 || iterations > MAX_ITERATIONS {
         return false;
     }
     let (sk, svk) = scram_keys(password.expose().as_bytes(), &salt, iterations);

@@ -11,6 +11,7 @@ use std::time::Duration;
 use rustls::client::danger::{HandshakeSignatureValid, ServerCertVerified, ServerCertVerifier};
 use rustls::pki_types::{CertificateDer, ServerName, UnixTime};
 use rustls::{DigitallySignedStruct, Error as TlsError, SignatureScheme};
+use steward_core::Leadership;
 use tokio_postgres::{Client, NoTls};
 
 use crate::api::SslMode;
@@ -77,6 +78,10 @@ pub enum PgError {
         #[source]
         source: tokio_postgres::Error,
     },
+    /// This process no longer leads (or its last renewal is too old): the statement was not
+    /// sent.
+    #[error("did not run `{what}`: {reason}")]
+    NotLeader { what: String, reason: String },
 }
 
 impl PgError {
@@ -99,8 +104,29 @@ impl PgError {
 ///
 /// # Errors
 /// [`PgError::Connect`] or [`PgError::Tls`].
-pub async fn connect(server: &Server, database: &str) -> Result<Client, PgError> {
-    connect_as(server, database, &server.admin_user, &server.admin_password).await
+pub async fn connect(
+    server: &Server,
+    database: &str,
+    fence: &Leadership,
+) -> Result<Client, PgError> {
+    connect_as(
+        server,
+        database,
+        &server.admin_user,
+        &server.admin_password,
+        statement_budget(fence),
+    )
+    .await
+}
+
+/// How long one statement may run (`statement_timeout`; `lock_timeout` is half of it): 80 % of
+/// the leader's renew deadline, at least 1 s (8 s with the default 15 s / 10 s / 2 s leases), so
+/// that a statement a leader sent cannot still be running long after it could have lost the
+/// Lease. Without leader election, 30 s.
+pub fn statement_budget(fence: &Leadership) -> Duration {
+    fence.renew_deadline().map_or(Duration::from_secs(30), |d| {
+        d.mul_f64(0.8).max(Duration::from_secs(1))
+    })
 }
 
 /// Connects to `database` on `server` as `user`.
@@ -112,9 +138,15 @@ pub async fn connect_as(
     database: &str,
     user: &str,
     password: &Password,
+    budget: Duration,
 ) -> Result<Client, PgError> {
+    let budget_ms = budget.as_millis();
     let mut config = tokio_postgres::Config::new();
     config
+        .options(format!(
+            "-c statement_timeout={budget_ms} -c lock_timeout={}",
+            budget_ms / 2
+        ))
         .host(&server.host)
         .port(server.port)
         .user(user)
@@ -163,8 +195,14 @@ pub async fn connect_as(
 /// # Errors
 /// [`PgError::Statement`] naming the first statement that failed (statements are logged by
 /// their first words only; they may hold SCRAM verifiers).
-pub async fn execute(client: &Client, plan: &[String]) -> Result<(), PgError> {
+/// Each statement is sent only if [`Leadership::guard`] passes right before it: a leader that
+/// was paused (or lost its Lease) mid-plan sends nothing more.
+pub async fn execute(client: &Client, plan: &[String], fence: &Leadership) -> Result<(), PgError> {
     for statement in plan {
+        fence.guard().map_err(|e| PgError::NotLeader {
+            what: redact(statement),
+            reason: e.to_string(),
+        })?;
         tracing::info!(statement = %redact(statement), "executing");
         client
             .batch_execute(statement)

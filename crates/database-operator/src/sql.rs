@@ -208,6 +208,32 @@ pub enum PlanError {
     /// The role exists and is a superuser: the operator never takes one over.
     #[error("role {0:?} exists and is a superuser; the operator refuses to manage it")]
     SuperuserRole(String),
+    /// The blocking task that checks the stored verifier did not finish (shutdown).
+    #[error("checking the stored password of role {0:?} was interrupted")]
+    Interrupted(String),
+}
+
+/// [`plan_login_role`] on a blocking thread: checking the stored verifier costs PBKDF2 rounds
+/// (up to [`password::MAX_ITERATIONS`]), which must not stall the async runtime and with it
+/// the Lease renewals.
+///
+/// # Errors
+/// As [`plan_login_role`]; [`PlanError::Interrupted`] when the task was cancelled.
+pub async fn plan_login_role_off_runtime(
+    role: &str,
+    state: Option<&RoleState>,
+    password: &Password,
+) -> Result<Vec<String>, PlanError> {
+    let (name, state, password) = (role.to_string(), state.cloned(), password.clone());
+    match tokio::task::spawn_blocking(move || plan_login_role(&name, state.as_ref(), &password))
+        .await
+    {
+        Ok(plan) => plan,
+        Err(e) => match e.try_into_panic() {
+            Ok(panic) => std::panic::resume_unwind(panic),
+            Err(_) => Err(PlanError::Interrupted(role.to_string())),
+        },
+    }
 }
 
 /// Statements that make `role` a login role whose password is `password`.

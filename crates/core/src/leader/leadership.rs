@@ -79,6 +79,13 @@ impl Leadership {
         }
     }
 
+    /// How long after a renewal this process still counts as leader (`None` for
+    /// [`Leadership::always_leader`]). Side effects outside the API server (SQL statements)
+    /// bound their run time below it.
+    pub fn renew_deadline(&self) -> Option<Duration> {
+        self.shared.renew_deadline
+    }
+
     /// This candidate's identity.
     pub fn identity(&self) -> &str {
         &self.shared.identity

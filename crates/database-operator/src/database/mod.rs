@@ -170,7 +170,7 @@ async fn converge(
 
     // The server.
     let address = server.address();
-    let admin = match pg::connect(&server, &server.admin_database).await {
+    let admin = match pg::connect(&server, &server.admin_database, &ctx.leadership).await {
         Ok(c) => c,
         Err(source) => {
             progress.reachable = Some(Err(steward_core::chain(&source)));
@@ -214,11 +214,12 @@ async fn converge(
     let role_state = observe::role(&admin, &spec.owner)
         .await
         .map_err(sql_err("read the owner role"))?;
-    let mut role_plan = sql::plan_login_role(&spec.owner, role_state.as_ref(), &password)?;
+    let mut role_plan =
+        sql::plan_login_role_off_runtime(&spec.owner, role_state.as_ref(), &password).await?;
     if role_claim != (Claim::Manage { remark: false }) {
         role_plan.push(sql::comment_on_role(&spec.owner, &me.render()));
     }
-    pg::execute(&admin, &role_plan)
+    pg::execute(&admin, &role_plan, &ctx.leadership)
         .await
         .map_err(sql_err("create or update the owner role"))?;
     let db_state = observe::database_server(&admin, &spec.name, &spec.owner, admin_is_superuser)
@@ -228,18 +229,18 @@ async fn converge(
     if db_claim != (Claim::Manage { remark: false }) {
         db_plan.push(sql::comment_on_database(&spec.name, &me.render()));
     }
-    pg::execute(&admin, &db_plan)
+    pg::execute(&admin, &db_plan, &ctx.leadership)
         .await
         .map_err(sql_err("create or update the database"))?;
 
-    let inside = pg::connect(&server, &spec.name)
+    let inside = pg::connect(&server, &spec.name, &ctx.leadership)
         .await
         .map_err(sql_err(&format!("connect to database {}", spec.name)))?;
     let in_state = observe::in_database(&inside)
         .await
         .map_err(sql_err("read schemas and extensions"))?;
     let in_plan = sql::plan_in_database(&spec.owner, &spec.schemas, &spec.extensions, &in_state);
-    pg::execute(&inside, &in_plan)
+    pg::execute(&inside, &in_plan, &ctx.leadership)
         .await
         .map_err(sql_err("converge schemas and extensions"))?;
 
@@ -263,12 +264,8 @@ async fn converge(
                 ),
             )
             .await;
-    } else if db
-        .status
-        .as_ref()
-        .and_then(|s| s.observed_generation)
-        .is_none()
-    {
+    } else if db_claim == (Claim::Manage { remark: true }) {
+        // Taken over: with `adopt: true`, or from a deleted predecessor of the same name.
         ctx.recorder
             .normal(
                 db,
@@ -303,6 +300,32 @@ async fn cleanup(db: &Database, ctx: &Context<State>) -> Result<Action, Error> {
         write_status(db, ctx, status).await?;
     }
     result
+}
+
+/// Re-reads `obj` from the API server (not the cache) right before something is dropped:
+/// `true` only if this very object (same UID) is still there and being deleted. A stale
+/// cache — a paused leader waking up, another replica having finished the cleanup — drops
+/// nothing.
+///
+/// # Errors
+/// [`Error::Read`] when the object cannot be read.
+pub(crate) async fn still_deleting<K>(ctx: &Context<State>, obj: &K) -> Result<bool, Error>
+where
+    K: kube::Resource<DynamicType = (), Scope = k8s_openapi::NamespaceResourceScope>
+        + Clone
+        + serde::de::DeserializeOwned
+        + std::fmt::Debug,
+{
+    let api: Api<K> = Api::namespaced(ctx.client.clone(), &obj.namespace().unwrap_or_default());
+    let fresh = api
+        .get_opt(&obj.name_any())
+        .await
+        .map_err(|source| Error::Read {
+            what: format!("{} {} (before dropping)", K::kind(&()), obj.name_any()),
+            source,
+        })?;
+    Ok(fresh
+        .is_some_and(|f| f.meta().uid == obj.meta().uid && f.meta().deletion_timestamp.is_some()))
 }
 
 /// The owner marker of `db` (see [`crate::ownership`]).
@@ -421,7 +444,7 @@ async fn drop_all(
     }
 
     let address = server.address();
-    let admin = match pg::connect(&server, &server.admin_database).await {
+    let admin = match pg::connect(&server, &server.admin_database, &ctx.leadership).await {
         Ok(c) => c,
         Err(source) => {
             progress.reachable = Some(Err(steward_core::chain(&source)));
@@ -477,7 +500,10 @@ async fn drop_all(
     if !owner_exists {
         plan.truncate(1);
     }
-    pg::execute(&admin, &plan)
+    if !still_deleting(ctx, db).await? {
+        return Ok(Action::await_change());
+    }
+    pg::execute(&admin, &plan, &ctx.leadership)
         .await
         .map_err(sql_err("drop the database and its owner role"))?;
     let backup_note = progress

@@ -243,7 +243,7 @@ async fn converge(
 
     // The server.
     let address = server.address();
-    let admin = match pg::connect(&server, &server.admin_database).await {
+    let admin = match pg::connect(&server, &server.admin_database, &ctx.leadership).await {
         Ok(c) => c,
         Err(source) => {
             progress.reachable = Some(Err(steward_core::chain(&source)));
@@ -280,15 +280,16 @@ async fn converge(
     let state = observe::role(&admin, &role.spec.role_name)
         .await
         .map_err(sql_err("read the role"))?;
-    let mut plan = sql::plan_login_role(&role.spec.role_name, state.as_ref(), &password)?;
+    let mut plan =
+        sql::plan_login_role_off_runtime(&role.spec.role_name, state.as_ref(), &password).await?;
     if claim != (Claim::Manage { remark: false }) {
         plan.push(sql::comment_on_role(&role.spec.role_name, &me.render()));
     }
-    pg::execute(&admin, &plan)
+    pg::execute(&admin, &plan, &ctx.leadership)
         .await
         .map_err(sql_err("create or update the role"))?;
 
-    let inside = pg::connect(&server, &dbname)
+    let inside = pg::connect(&server, &dbname, &ctx.leadership)
         .await
         .map_err(sql_err("connect to the database"))?;
     let in_state = observe::in_database(&inside)
@@ -315,7 +316,7 @@ async fn converge(
         &schemas,
         member,
     );
-    pg::execute(&inside, &grants)
+    pg::execute(&inside, &grants, &ctx.leadership)
         .await
         .map_err(sql_err("grant privileges"))?;
 
@@ -417,7 +418,7 @@ async fn drop_role(
     }
     let server = server::resolve(&ctx.client, &ns, &db.spec).await?;
     let address = server.address();
-    let admin = match pg::connect(&server, &server.admin_database).await {
+    let admin = match pg::connect(&server, &server.admin_database, &ctx.leadership).await {
         Ok(c) => c,
         Err(source) => {
             progress.reachable = Some(Err(steward_core::chain(&source)));
@@ -458,20 +459,23 @@ async fn drop_role(
         .await
         .map_err(sql_err("read the owner role"))?
         .is_some();
+    if !crate::database::still_deleting(ctx, role).await? {
+        return Ok(Action::await_change());
+    }
     let (inside_plan, admin_plan) = sql::plan_drop_role(
         &role.spec.role_name,
         &db.spec.owner,
         db_exists && owner_exists,
     );
     if !inside_plan.is_empty() {
-        let inside = pg::connect(&server, &db.spec.name)
+        let inside = pg::connect(&server, &db.spec.name, &ctx.leadership)
             .await
             .map_err(sql_err("connect to the database"))?;
-        pg::execute(&inside, &inside_plan)
+        pg::execute(&inside, &inside_plan, &ctx.leadership)
             .await
             .map_err(sql_err("reassign and drop the role's objects"))?;
     }
-    pg::execute(&admin, &admin_plan)
+    pg::execute(&admin, &admin_plan, &ctx.leadership)
         .await
         .map_err(sql_err("drop the role"))?;
     ctx.recorder
