@@ -2199,3 +2199,57 @@ async fn an_existing_database_is_adopted_only_when_asked() {
         .unwrap();
     wait_refused(&env.api::<DatabaseRole>(), "power", "PrivilegedRole").await;
 }
+
+/// SQL is fenced like Kubernetes writes: a process that does not lead (or whose last renewal
+/// is older than the renew deadline) sends no statement at all, and every connection bounds a
+/// statement below the renew deadline.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sql_is_sent_only_while_leading_and_bounded_below_the_renew_deadline() {
+    use database_operator::pg;
+    let pg_server = Postgres::start().await.expect("PostgreSQL");
+    let cp = steward_testenv::shared().await.expect("control plane");
+    let mut lease = steward_core::LeaseConfig::new("sql-fence", "default", "fence-test");
+    lease.lease_duration = Duration::from_secs(4);
+    lease.renew_deadline = Duration::from_secs(3);
+    lease.retry_period = Duration::from_secs(1);
+    // Never run: this candidate never leads.
+    let elector = steward_core::LeaderElector::new(cp.client().unwrap(), lease).unwrap();
+    let follower = elector.leadership();
+    let admin = superuser(&pg_server).await;
+    let plan = vec!["CREATE ROLE fenced_out".to_string()];
+    let err = pg::execute(&admin, &plan, &follower)
+        .await
+        .expect_err("a follower sends nothing");
+    assert!(matches!(err, pg::PgError::NotLeader { .. }), "{err}");
+    assert!(!exists(&admin, ROLE_EXISTS, "fenced_out").await);
+    pg::execute(&admin, &plan, &steward_core::Leadership::always_leader())
+        .await
+        .expect("a leader's statement runs");
+    assert!(exists(&admin, ROLE_EXISTS, "fenced_out").await);
+
+    // The statement budget is 80 % of the renew deadline, set on every connection.
+    assert_eq!(pg::statement_budget(&follower), Duration::from_millis(2400));
+    let server = pg::Server {
+        host: "127.0.0.1".into(),
+        port: pg_server.port(),
+        ssl_mode: database_operator::api::SslMode::Disable,
+        ca_pem: None,
+        admin_user: pg_server.superuser().into(),
+        admin_password: database_operator::password::Password::from_existing(
+            pg_server.password().into(),
+        ),
+        admin_database: "postgres".into(),
+    };
+    let conn = pg::connect(&server, "postgres", &follower).await.unwrap();
+    let timeout: String = conn
+        .query_one("SHOW statement_timeout", &[])
+        .await
+        .unwrap()
+        .get(0);
+    assert_eq!(timeout, "2400ms");
+    let slow = conn.batch_execute("SELECT pg_sleep(5)").await;
+    assert!(
+        slow.is_err(),
+        "a statement longer than the budget is cancelled"
+    );
+}
