@@ -9,6 +9,7 @@ use kube::config::{KubeConfigOptions, Kubeconfig};
 use kube::{Client, Config};
 
 use crate::binaries::{self, Binaries};
+use crate::node::{self, RealNode};
 use crate::process::{Process, free_port, log_tail};
 use crate::{Error, eventually};
 
@@ -22,6 +23,9 @@ pub struct Options {
     pub keep_dir: bool,
     /// How long to wait for each component to become healthy.
     pub timeout: Duration,
+    /// Also start one real node (kubelet, containerd, CNI, kube-proxy, CoreDNS; needs root and
+    /// is one per machine, see [`crate::node`]).
+    pub real_node: bool,
 }
 
 impl Default for Options {
@@ -32,13 +36,16 @@ impl Default for Options {
             // Generous: on a loaded 2-core machine the apiserver has taken over a minute to
             // listen. A component that exits fails at once, whatever the timeout.
             timeout: Duration::from_secs(180),
+            real_node: false,
         }
     }
 }
 
 /// A running control plane. Dropping it kills every process and removes its temp dir.
 pub struct ControlPlane {
-    // Field order matters for drop: processes go before the directory holding their data.
+    // Field order matters for drop: the node before the control plane, processes before the
+    // directory holding their data.
+    node: Option<RealNode>,
     processes: Vec<Process>,
     dir: PathBuf,
     keep_dir: bool,
@@ -73,6 +80,7 @@ impl ControlPlane {
             .map_err(|e| Error::Other(format!("binary build task failed: {e}")))??;
         let dir = new_run_dir()?;
         let mut cp = Self {
+            node: None,
             processes: Vec::new(),
             dir: dir.clone(),
             keep_dir: options.keep_dir,
@@ -174,7 +182,8 @@ impl ControlPlane {
                 "--service-account-issuer=https://kubernetes.default.svc.cluster.local".into(),
                 format!("--service-account-key-file={}", sa_key.display()),
                 format!("--service-account-signing-key-file={}", sa_key.display()),
-                "--service-cluster-ip-range=10.96.0.0/16".into(),
+                format!("--service-cluster-ip-range={}", node::SERVICE_CIDR),
+                "--kubelet-preferred-address-types=InternalIP,Hostname".into(),
                 "--allow-privileged=true".into(),
                 "--enable-priority-and-fairness=false".into(),
                 "--endpoint-reconciler-type=none".into(),
@@ -278,6 +287,9 @@ impl ControlPlane {
             .await?;
         }
         self.create_nodes(options).await?;
+        if options.real_node {
+            self.node = Some(RealNode::start(self, options.timeout).await?);
+        }
         Ok(())
     }
 
@@ -426,6 +438,11 @@ impl ControlPlane {
         self.started_in
     }
 
+    /// The real node, if [`Options::real_node`] was set.
+    pub fn real_node(&self) -> Option<&RealNode> {
+        self.node.as_ref()
+    }
+
     /// The directory holding logs, kubeconfig and etcd data.
     pub fn dir(&self) -> &Path {
         &self.dir
@@ -434,7 +451,9 @@ impl ControlPlane {
 
 impl Drop for ControlPlane {
     fn drop(&mut self) {
-        // Stop in reverse start order: clients of the API server first, etcd last.
+        // The real node first (its teardown needs nothing from the control plane), then the
+        // rest in reverse start order: clients of the API server first, etcd last.
+        self.node = None;
         while let Some(p) = self.processes.pop() {
             drop(p);
         }
