@@ -2,7 +2,9 @@
 
 use std::path::PathBuf;
 
-use super::{BRIDGE, CLUSTER_DOMAIN, GATEWAY, NODE_NAME, NODE_ROOT, NODE_RUN, POD_CIDR};
+use super::{
+    BRIDGE, CLUSTER_DOMAIN, GATEWAY, NODE_NAME, NODE_ROOT, NODE_RUN, POD_CIDR, SERVICE_CIDR,
+};
 
 /// Where the node's files and endpoints are.
 #[derive(Clone, Debug)]
@@ -106,8 +108,8 @@ disabled_plugins = ["io.containerd.internal.v1.opt", "io.containerd.nri.v1.nri"]
 }
 
 /// The pod network: Debian's `bridge` plugin on the harness's bridge (gateway = the node's
-/// address), `host-local` addresses in [`POD_CIDR`], no masquerade (nothing leaves the
-/// machine), plus `loopback`.
+/// address), `host-local` addresses in [`POD_CIDR`], a route to [`SERVICE_CIDR`] only and no
+/// masquerade (nothing leaves the machine), plus `portmap` for hostPorts.
 pub(crate) fn cni_conflist() -> String {
     serde_json::json!({
         "cniVersion": "1.0.0",
@@ -123,7 +125,8 @@ pub(crate) fn cni_conflist() -> String {
                     "type": "host-local",
                     "dataDir": format!("{NODE_ROOT}/cni-ipam"),
                     "ranges": [[{"subnet": POD_CIDR, "gateway": GATEWAY}]],
-                    "routes": [{"dst": "0.0.0.0/0"}]
+                    // Only Services go through the gateway: pods have no route off the machine.
+                    "routes": [{"dst": SERVICE_CIDR}]
                 }
             },
             {"type": "portmap", "capabilities": {"portMappings": true}}
@@ -222,7 +225,6 @@ pub(crate) fn corefile(layout: &Layout) -> String {
         pods insecure
         ttl 5
     }}
-    loop
 }}
 "#,
         health = layout.coredns_health_port,
