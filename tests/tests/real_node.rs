@@ -194,6 +194,8 @@ async fn service_resolves_by_dns_name_and_answers_from_another_pod() {
     let cluster_ip = svc.spec.unwrap().cluster_ip.unwrap_or_default();
     assert!(cluster_ip.starts_with("198.19."), "ClusterIP {cluster_ip}");
     wait_phase(&cp, &pods, "web", &["Running"]).await;
+    // busybox's nslookup asks CoreDNS itself; its static wget crashes in glibc's resolver
+    // whenever /etc/resolv.conf exists, so the name is resolved first and nc fetches the page.
     let name = format!("web.{ns}.svc.cluster.local");
     create_pod(
         &cp,
@@ -202,7 +204,8 @@ async fn service_resolves_by_dns_name_and_answers_from_another_pod() {
             "client",
             &image,
             &format!(
-                "nslookup {name}; for i in $(seq 1 100); do wget -q -T 2 -O - http://{name}/ && exit 0; sleep 0.3; done; exit 1"
+                "nslookup {name}; ip=$(nslookup {name} | awk '/^Address: /{{print $2}}' | tail -1); \
+                 for i in $(seq 1 100); do printf 'GET / HTTP/1.0\\r\\n\\r\\n' | nc -w 2 $ip 80 | grep -q {token} && echo got {token} && exit 0; sleep 0.3; done; exit 1"
             ),
         ),
     )
@@ -282,14 +285,28 @@ async fn postgresql_pod_accepts_connections_through_a_service() {
         panic!("{e}; kubelet log: {}", kubelet.display());
     });
 
-    // From this process, through the Service's ClusterIP (kube-proxy's OUTPUT rules).
+    // From this process, through the Service's ClusterIP (kube-proxy's OUTPUT rules), once
+    // kube-proxy has seen the ready endpoint.
     let conn = format!(
         "host={cluster_ip} port=5432 user=postgres password={password} dbname=postgres connect_timeout=5"
     );
-    let (client, connection) = tokio_postgres::connect(&conn, tokio_postgres::NoTls)
-        .await
-        .unwrap_or_else(|e| panic!("connect to {cluster_ip}:5432: {e}"));
-    tokio::spawn(connection);
+    let client = eventually("a connection through the pg Service", WAIT, || {
+        let conn = conn.clone();
+        async move {
+            let (client, connection) = tokio_postgres::connect(&conn, tokio_postgres::NoTls)
+                .await
+                .map_err(|e| format!("{e:?}"))?;
+            tokio::spawn(connection);
+            Ok(client)
+        }
+    })
+    .await
+    .unwrap_or_else(|e| {
+        panic!(
+            "{e}; kube-proxy log: {}",
+            node(&cp).log("kube-proxy").display()
+        )
+    });
     let row = client
         .query_one("select current_setting('server_version_num')::int / 10000", &[])
         .await
@@ -326,7 +343,7 @@ async fn container_over_its_memory_limit_is_oom_killed() {
     let mut spec = pod(
         "hog",
         &image,
-        "dd if=/dev/zero of=/dev/null bs=128M count=1; echo survived",
+        "exec dd if=/dev/zero of=/dev/null bs=128M count=1",
     );
     spec["spec"]["containers"][0]["resources"] =
         json!({"limits": {"memory": "32Mi"}, "requests": {"memory": "32Mi"}});
