@@ -61,8 +61,8 @@ fn pod(name: &str, image: &str, script: &str) -> serde_json::Value {
 }
 
 async fn create_pod(cp: &ControlPlane, ns: &str, spec: serde_json::Value) -> Api<Pod> {
-    let pods: Api<Pod> = Api::namespaced(cp.client().unwrap(), ns);
-    let pod: Pod = serde_json::from_value(spec).unwrap();
+    let pods: Api<Pod> = Api::namespaced(cp.client().expect("client"), ns);
+    let pod: Pod = serde_json::from_value(spec).expect("pod manifest");
     pods.create(&PostParams::default(), &pod)
         .await
         .expect("create pod");
@@ -83,10 +83,9 @@ async fn wait_phase(cp: &ControlPlane, pods: &Api<Pod>, name: &str, phases: &[&s
             } else {
                 Err(format!(
                     "phase {phase}, containers {:?}",
-                    status.container_statuses.map(|c| c
-                        .into_iter()
-                        .map(|c| c.state)
-                        .collect::<Vec<_>>())
+                    status
+                        .container_statuses
+                        .map(|c| c.into_iter().map(|c| c.state).collect::<Vec<_>>())
                 ))
             }
         }
@@ -177,7 +176,9 @@ async fn service_resolves_by_dns_name_and_answers_from_another_pod() {
         pod(
             "web",
             &image,
-            &format!("mkdir -p /www && echo {token} > /www/index.html && exec httpd -f -p 8080 -h /www"),
+            &format!(
+                "mkdir -p /www && echo {token} > /www/index.html && exec httpd -f -p 8080 -h /www"
+            ),
         ),
     )
     .await;
@@ -187,10 +188,7 @@ async fn service_resolves_by_dns_name_and_answers_from_another_pod() {
         "spec": {"selector": {"app": "web"}, "ports": [{"port": 80, "targetPort": 8080}]}
     }))
     .unwrap();
-    let svc = services
-        .create(&PostParams::default(), &svc)
-        .await
-        .unwrap();
+    let svc = services.create(&PostParams::default(), &svc).await.unwrap();
     let cluster_ip = svc.spec.unwrap().cluster_ip.unwrap_or_default();
     assert!(cluster_ip.starts_with("198.19."), "ClusterIP {cluster_ip}");
     wait_phase(&cp, &pods, "web", &["Running"]).await;
@@ -231,7 +229,10 @@ async fn postgresql_pod_accepts_connections_through_a_service() {
     let _turn = NODE.lock().await;
     let cp = start().await;
     let ns = cp.namespace("rn-pg").await.unwrap();
-    let image = node(&cp).postgresql_image().await.expect("PostgreSQL image");
+    let image = node(&cp)
+        .postgresql_image()
+        .await
+        .expect("PostgreSQL image");
     let password = format!("pw{:08x}", rand_u32());
     let script = format!(
         "set -e; echo {password} > /tmp/pw; \
@@ -308,11 +309,17 @@ async fn postgresql_pod_accepts_connections_through_a_service() {
         )
     });
     let row = client
-        .query_one("select current_setting('server_version_num')::int / 10000", &[])
+        .query_one(
+            "select current_setting('server_version_num')::int / 10000",
+            &[],
+        )
         .await
         .unwrap();
     let major: i32 = row.get(0);
-    assert!(image.ends_with(&format!(":{major}")), "{image} runs {major}");
+    assert!(
+        image.ends_with(&format!(":{major}")),
+        "{image} runs {major}"
+    );
 
     // From another pod, by the Service's DNS name, with the image's own psql.
     let name = format!("pg.{ns}.svc.cluster.local");
@@ -372,7 +379,9 @@ async fn teardown_leaves_nothing_behind() {
         let pods = create_pod(&cp, &ns, pod("sleeper", &image, "sleep 3600")).await;
         wait_phase(&cp, &pods, "sleeper", &["Running"]).await;
         let during = leftovers();
-        for kind in ["process", "mount", "netns", "cgroup", "chain", "bridge", "veth"] {
+        for kind in [
+            "process", "mount", "netns", "cgroup", "chain", "bridge", "veth",
+        ] {
             assert!(
                 during.iter().any(|l| l.contains(kind)),
                 "round {round}: a running node has a {kind} (else the check below proves nothing): {during:#?}"
@@ -382,7 +391,10 @@ async fn teardown_leaves_nothing_behind() {
         drop(cp);
         eprintln!("round {round}: torn down in {:.1?}", stopping.elapsed());
         let left = leftovers();
-        assert!(left.is_empty(), "round {round}: left on the host: {left:#?}");
+        assert!(
+            left.is_empty(),
+            "round {round}: left on the host: {left:#?}"
+        );
     }
 }
 

@@ -57,16 +57,20 @@ impl Layer {
     /// A directory and, root-owned 0755, its missing parents.
     pub fn dir(&mut self, path: &str, mode: u32, owner: u32) -> &mut Self {
         self.parents(path);
-        self.entries
-            .insert(path.trim_matches('/').to_string(), Entry::Dir { mode, owner });
+        self.entries.insert(
+            path.trim_matches('/').to_string(),
+            Entry::Dir { mode, owner },
+        );
         self
     }
 
     /// A root-owned file.
     pub fn file(&mut self, path: &str, data: Vec<u8>, mode: u32) -> &mut Self {
         self.parents(path);
-        self.entries
-            .insert(path.trim_matches('/').to_string(), Entry::File { data, mode });
+        self.entries.insert(
+            path.trim_matches('/').to_string(),
+            Entry::File { data, mode },
+        );
         self
     }
 
@@ -108,8 +112,8 @@ impl Layer {
                 .file_type()
                 .map_err(io(format!("stat {}", path.display())))?;
             if kind.is_symlink() {
-                let target =
-                    std::fs::read_link(&path).map_err(io(format!("readlink {}", path.display())))?;
+                let target = std::fs::read_link(&path)
+                    .map_err(io(format!("readlink {}", path.display())))?;
                 self.symlink(&path.to_string_lossy(), &target.to_string_lossy());
             } else if kind.is_dir() {
                 self.host_tree(&path)?;
@@ -269,7 +273,11 @@ impl OciArchive<'_> {
         .map_err(|e| Error::Other(format!("image manifest.json: {e}")))?;
 
         let mut archive = Layer::default();
-        archive.file("oci-layout", br#"{"imageLayoutVersion":"1.0.0"}"#.to_vec(), 0o644);
+        archive.file(
+            "oci-layout",
+            br#"{"imageLayoutVersion":"1.0.0"}"#.to_vec(),
+            0o644,
+        );
         archive.file("index.json", index, 0o644);
         archive.file("manifest.json", docker_manifest, 0o644);
         for blob in [config, manifest, layer_blob] {
@@ -290,7 +298,14 @@ impl OciArchive<'_> {
 fn cached(reference: &str, config: serde_json::Value, layer: &Layer) -> Result<Image, Error> {
     let tar = layer.tar()?;
     let labels = json!({"org.opencontainers.image.vendor": "Steward testenv"});
-    let key = sha256(&[tar.as_slice(), config.to_string().as_bytes(), reference.as_bytes()].concat());
+    let key = sha256(
+        &[
+            tar.as_slice(),
+            config.to_string().as_bytes(),
+            reference.as_bytes(),
+        ]
+        .concat(),
+    );
     let name = reference
         .rsplit('/')
         .next()
@@ -360,15 +375,13 @@ pub fn pause() -> Result<Image, Error> {
 const BUSYBOX: &str = "/bin/busybox";
 
 fn busybox_layer() -> Result<(Layer, String), Error> {
-    let version = Command::new(BUSYBOX)
-        .output()
-        .map_err(|e| Error::Start {
-            component: "busybox image",
-            log: PathBuf::from(BUSYBOX),
-            reason: format!(
-                "cannot run {BUSYBOX} ({e}); install it with `apt-get install -y busybox-static`"
-            ),
-        })?;
+    let version = Command::new(BUSYBOX).output().map_err(|e| Error::Start {
+        component: "busybox image",
+        log: PathBuf::from(BUSYBOX),
+        reason: format!(
+            "cannot run {BUSYBOX} ({e}); install it with `apt-get install -y busybox-static`"
+        ),
+    })?;
     let banner = String::from_utf8_lossy(&version.stdout);
     // "BusyBox v1.35.0 (Debian 1:1.35.0-4+b3) multi-call binary."
     let version = banner
@@ -457,9 +470,11 @@ pub fn postgresql() -> Result<Image, Error> {
             layer.host_file(&path)?;
         }
     }
-    layer
-        .dir("var/run/postgresql", 0o2775, POSTGRES_UID)
-        .dir("var/lib/postgresql", 0o755, POSTGRES_UID);
+    layer.dir("var/run/postgresql", 0o2775, POSTGRES_UID).dir(
+        "var/lib/postgresql",
+        0o755,
+        POSTGRES_UID,
+    );
     cached(
         &format!("steward.dev/testenv/postgresql:{major}"),
         json!({
@@ -523,7 +538,15 @@ mod tests {
         let paths: Vec<&str> = layer.entries.keys().map(String::as_str).collect();
         assert_eq!(
             paths,
-            ["bin", "bin/sh", "tmp", "usr", "usr/local", "usr/local/bin", "usr/local/bin/x"]
+            [
+                "bin",
+                "bin/sh",
+                "tmp",
+                "usr",
+                "usr/local",
+                "usr/local/bin",
+                "usr/local/bin/x"
+            ]
         );
         assert_eq!(layer.tar().unwrap(), build().tar().unwrap());
     }

@@ -148,7 +148,12 @@ impl RealNode {
         Ok(node)
     }
 
-    async fn boot(&mut self, cp: &ControlPlane, pause: &Image, timeout: Duration) -> Result<(), Error> {
+    async fn boot(
+        &mut self,
+        cp: &ControlPlane,
+        pause: &Image,
+        timeout: Duration,
+    ) -> Result<(), Error> {
         let logs = cp.dir().join("node");
         let io = |what: String| move |e: std::io::Error| host_err(what, e.to_string());
         std::fs::create_dir_all(&logs).map_err(io(format!("create {}", logs.display())))?;
@@ -247,6 +252,7 @@ impl RealNode {
                 format!("--hostname-override={NODE_NAME}"),
                 format!("--node-ip={GATEWAY}"),
                 format!("--root-dir={}", Layout::kubelet_root().display()),
+                format!("--cert-dir={}/pki", Layout::kubelet_root().display()),
                 "--node-labels=steward.dev/node=real".into(),
                 "--v=1".into(),
             ],
@@ -281,8 +287,12 @@ impl RealNode {
         })
         .await?;
         let proxy = std::net::SocketAddr::from(([127, 0, 0, 1], layout.proxy_healthz_port));
-        self.wait(1, timeout, || async move { http_ok(proxy, "/healthz").await })
-            .await?;
+        self.wait(
+            1,
+            timeout,
+            || async move { http_ok(proxy, "/healthz").await },
+        )
+        .await?;
         let dns = std::net::SocketAddr::from(([127, 0, 0, 1], layout.coredns_ready_port));
         self.wait(2, timeout, || async move { http_ok(dns, "/ready").await })
             .await?;
@@ -341,8 +351,13 @@ impl RealNode {
         let ctr_bin = self.binaries.ctr.clone();
         let result = {
             let archive = archive.clone();
-            blocking(move || Ok(ctr(&ctr_bin, &["-n", "k8s.io", "images", "import", &archive])))
-                .await?
+            blocking(move || {
+                Ok(ctr(
+                    &ctr_bin,
+                    &["-n", "k8s.io", "images", "import", &archive],
+                ))
+            })
+            .await?
         };
         if let Err(reason) = result {
             return Err(Error::Start {
@@ -430,10 +445,11 @@ impl Drop for RealNode {
 /// Host setup: sysctls (recorded for the teardown), the bridge with the node's address, and
 /// the chain that keeps pod traffic on the bridge.
 fn setup_host() -> Result<(), Error> {
-    teardown::record_sysctls()
-        .map_err(|e| host_err("record sysctls", e.to_string()))?;
+    teardown::record_sysctls().map_err(|e| host_err("record sysctls", e.to_string()))?;
     if !Path::new("/proc/sys/net/bridge").exists() {
-        let _ = std::process::Command::new("modprobe").arg("br_netfilter").output();
+        let _ = std::process::Command::new("modprobe")
+            .arg("br_netfilter")
+            .output();
     }
     for (name, value) in [
         ("net/ipv4/ip_forward", "1"),
@@ -445,7 +461,10 @@ fn setup_host() -> Result<(), Error> {
     std::fs::create_dir_all(NODE_RUN)
         .map_err(|e| host_err(format!("create {NODE_RUN}"), e.to_string()))?;
     run("ip", &["link", "add", BRIDGE, "type", "bridge"])?;
-    run("ip", &["addr", "add", &format!("{GATEWAY}/24"), "dev", BRIDGE])?;
+    run(
+        "ip",
+        &["addr", "add", &format!("{GATEWAY}/24"), "dev", BRIDGE],
+    )?;
     run("ip", &["link", "set", BRIDGE, "up"])?;
     run("iptables", &["-N", "STEWARD-NODE"])?;
     for rule in [

@@ -61,23 +61,41 @@ pub(crate) fn sweep(kube_proxy: Option<&Path>) -> Vec<String> {
     remove_netns(&mut problems);
     remove_cgroups(&mut problems);
     if let Some(kube_proxy) = kube_proxy {
-        let _ = Command::new(kube_proxy)
-            .arg("--cleanup")
-            .output();
+        let _ = Command::new(kube_proxy).arg("--cleanup").output();
     }
     remove_chains(&mut problems);
     remove_links(&mut problems);
     restore_sysctls(&mut problems);
+    remove_shared_files();
     remove_files(&mut problems);
     problems
 }
+
+/// Directories outside [`NODE_ROOT`] and [`NODE_RUN`] that a node creates (fixed paths of
+/// kubelet, containerd's shims and the CNI library); removed when empty after the sweep.
+const SHARED_DIRS: &[&str] = &[
+    "/run/containerd/s",
+    "/run/containerd/runc/k8s.io",
+    "/run/containerd/runc",
+    "/run/containerd",
+    "/run/netns",
+    "/var/lib/cni/results",
+    "/var/lib/cni",
+    "/var/lib/kubelet/device-plugins",
+    "/var/lib/kubelet",
+    "/var/log/containers",
+    "/var/log/pods",
+];
 
 /// What is left of a node on the host (processes, mounts, netns, cgroups, chains, links,
 /// directories); empty when clean. Used by [`sweep`]'s caller and the teardown test.
 pub fn leftovers() -> Vec<String> {
     let mut found = Vec::new();
     for pid in node_pids() {
-        found.push(format!("process {pid}: {}", cmdline(pid).unwrap_or_default()));
+        found.push(format!(
+            "process {pid}: {}",
+            cmdline(pid).unwrap_or_default()
+        ));
     }
     for mount in node_mounts() {
         found.push(format!("mount {mount}"));
@@ -103,12 +121,68 @@ pub fn leftovers() -> Vec<String> {
     for link in veths_of_bridge() {
         found.push(format!("veth {link}"));
     }
-    for dir in [NODE_ROOT, NODE_RUN] {
+    for dir in [NODE_ROOT, NODE_RUN].iter().chain(SHARED_DIRS) {
         if Path::new(dir).exists() {
             found.push(format!("directory {dir}"));
         }
     }
+    found.dedup();
     found
+}
+
+/// Ids of the node's sandboxes and containers, read from containerd's directories.
+fn container_ids() -> Vec<String> {
+    let mut ids = Vec::new();
+    for dir in [
+        format!("{NODE_RUN}/containerd/io.containerd.runtime.v2.task/k8s.io"),
+        format!("{NODE_ROOT}/containerd/io.containerd.grpc.v1.cri/sandboxes"),
+        format!("{NODE_ROOT}/containerd/io.containerd.grpc.v1.cri/containers"),
+    ] {
+        if let Ok(entries) = std::fs::read_dir(dir) {
+            ids.extend(
+                entries
+                    .flatten()
+                    .map(|e| e.file_name().to_string_lossy().to_string()),
+            );
+        }
+    }
+    ids.sort();
+    ids.dedup();
+    ids
+}
+
+/// Files the node leaves at fixed paths: shim sockets (`/run/containerd/s/<sha256 of socket,
+/// namespace, id>`), the CNI library's result cache, kubelet's log links. Then the
+/// [`SHARED_DIRS`] that are empty.
+fn remove_shared_files() {
+    use sha2::{Digest, Sha256};
+    let socket = super::config::Layout::containerd_socket();
+    for id in container_ids() {
+        let key = socket.join("k8s.io").join(&id);
+        let name = hex::encode(Sha256::digest(key.to_string_lossy().as_bytes()));
+        let _ = std::fs::remove_file(Path::new("/run/containerd/s").join(name));
+        let _ = std::fs::remove_dir_all(Path::new("/run/containerd/runc/k8s.io").join(&id));
+        if let Ok(entries) = std::fs::read_dir("/var/lib/cni/results") {
+            for entry in entries.flatten() {
+                let file = entry.file_name().to_string_lossy().to_string();
+                if file.contains(&id) {
+                    let _ = std::fs::remove_file(entry.path());
+                }
+            }
+        }
+    }
+    if let Ok(entries) = std::fs::read_dir("/var/log/containers") {
+        for entry in entries.flatten() {
+            if std::fs::read_link(entry.path()).is_ok_and(|t| t.starts_with(NODE_ROOT)) {
+                let _ = std::fs::remove_file(entry.path());
+            }
+        }
+    }
+    // kubelet's device-plugin socket directory is fixed (not under its root dir).
+    let _ = std::fs::remove_dir_all("/var/lib/kubelet/device-plugins");
+    for dir in SHARED_DIRS {
+        let _ = std::fs::remove_dir(dir);
+    }
 }
 
 fn is_node_chain(name: &str) -> bool {
@@ -395,27 +469,6 @@ fn remove_files(problems: &mut Vec<String>) {
         {
             problems.push(format!("cannot remove {dir}: {e}"));
         }
-    }
-    // Fixed paths of kubelet and the CNI library; removed only when nothing else is in them.
-    let _ = std::fs::remove_dir_all("/var/lib/kubelet/device-plugins");
-    if let Ok(entries) = std::fs::read_dir("/var/lib/cni/results") {
-        for entry in entries.flatten() {
-            if entry.file_name().to_string_lossy().starts_with("steward-") {
-                let _ = std::fs::remove_file(entry.path());
-            }
-        }
-    }
-    for dir in [
-        "/var/lib/kubelet/plugins_registry",
-        "/var/lib/kubelet/plugins",
-        "/var/lib/kubelet/pod-resources",
-        "/var/lib/kubelet",
-        "/var/lib/cni/results",
-        "/var/lib/cni",
-        "/var/log/containers",
-        "/var/log/pods",
-    ] {
-        let _ = std::fs::remove_dir(dir);
     }
 }
 
