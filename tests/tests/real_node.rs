@@ -398,6 +398,182 @@ async fn teardown_leaves_nothing_behind() {
     }
 }
 
+/// Builds `operator`'s binary (debug, as the tests are) and returns its path.
+fn operator_binary(operator: &str) -> std::path::PathBuf {
+    let root = steward_testenv::workspace_root();
+    let status =
+        std::process::Command::new(std::env::var("CARGO").unwrap_or_else(|_| "cargo".into()))
+            .current_dir(&root)
+            .args(["build", "--quiet", "--package", operator, "--bin", operator])
+            .status()
+            .expect("run cargo build");
+    assert!(status.success(), "cargo build -p {operator}");
+    std::env::var_os("CARGO_TARGET_DIR")
+        .map(std::path::PathBuf::from)
+        .unwrap_or_else(|| root.join("target"))
+        .join("debug")
+        .join(operator)
+}
+
+/// The tenant operator as its image, deployed by `deploy/tenant-operator/` (2 replicas, its
+/// ServiceAccount and RBAC, restricted Pod Security, probes): both replicas become Ready
+/// through the kubelet's probes, run as uid 65532, and when the leader's pod is deleted the
+/// other replica takes the Lease.
+#[tokio::test]
+async fn operator_image_runs_as_its_deployment_and_hands_over_leadership() {
+    use k8s_openapi::api::apps::v1::Deployment;
+    use k8s_openapi::api::coordination::v1::Lease;
+    use kube::api::{DeleteParams, ListParams};
+
+    let operator = "tenant-operator";
+    let ns = format!("{operator}-system");
+    let binary = operator_binary(operator);
+    let _turn = NODE.lock().await;
+    let cp = start().await;
+    let image = steward_testenv::images::operator(
+        &binary,
+        operator,
+        &format!("steward.dev/testenv/{operator}:test"),
+        json!({}),
+        &cp.dir().join(format!("{operator}.oci.tar")),
+        false,
+    )
+    .expect("operator image");
+    node(&cp)
+        .import(&image)
+        .await
+        .expect("import operator image");
+    cp.install_crds(&steward_testenv::workspace_root().join("crds"))
+        .await
+        .expect("CRDs");
+    let mut objects = cp
+        .kustomize(
+            &steward_testenv::workspace_root()
+                .join("deploy")
+                .join(operator),
+        )
+        .expect("kustomize");
+    for obj in &mut objects {
+        if obj["kind"] == "Deployment" {
+            let container = &mut obj["spec"]["template"]["spec"]["containers"][0];
+            container["image"] = json!(image.reference);
+            container["imagePullPolicy"] = json!("Never");
+        }
+    }
+    objects.sort_by_key(|o| o["kind"] != "Namespace");
+    let client = cp.client().unwrap();
+    for obj in &objects {
+        steward_testenv::manifests::apply(&client, obj, None, "real-node-test", false)
+            .await
+            .unwrap();
+    }
+
+    let deployments: Api<Deployment> = Api::namespaced(client.clone(), &ns);
+    let pods: Api<Pod> = Api::namespaced(client.clone(), &ns);
+    let selector = ListParams::default().labels(&format!("app.kubernetes.io/name={operator}"));
+    let kubelet = node(&cp).log("kubelet");
+    eventually("2 replicas Ready (kubelet readiness probes)", WAIT, || {
+        let (deployments, pods, selector) = (deployments.clone(), pods.clone(), selector.clone());
+        async move {
+            let d = deployments.get(operator).await.map_err(|e| e.to_string())?;
+            let ready = d.status.and_then(|s| s.ready_replicas).unwrap_or(0);
+            if ready == 2 {
+                return Ok(());
+            }
+            let list = pods.list(&selector).await.map_err(|e| e.to_string())?;
+            let states: Vec<String> = list
+                .items
+                .iter()
+                .map(|p| {
+                    let status = p.status.clone().unwrap_or_default();
+                    format!(
+                        "{}: {:?} {:?}",
+                        p.metadata.name.clone().unwrap_or_default(),
+                        status.phase,
+                        status.container_statuses.map(|c| c
+                            .into_iter()
+                            .map(|c| (c.ready, c.restart_count, c.state))
+                            .collect::<Vec<_>>())
+                    )
+                })
+                .collect();
+            Err(format!("{ready}/2 ready; {states:?}"))
+        }
+    })
+    .await
+    .unwrap_or_else(|e| panic!("{e}; kubelet log: {}", kubelet.display()));
+
+    // The kubelet ran the containers as the manifests' non-root user.
+    let uids: Vec<String> = std::fs::read_dir("/proc")
+        .unwrap()
+        .flatten()
+        .filter(|e| {
+            std::fs::read(e.path().join("cmdline"))
+                .is_ok_and(|c| c.starts_with(format!("/usr/local/bin/{operator}").as_bytes()))
+        })
+        .filter_map(|e| {
+            let status = std::fs::read_to_string(e.path().join("status")).ok()?;
+            let line = status.lines().find(|l| l.starts_with("Uid:"))?;
+            Some(line.split_whitespace().nth(1)?.to_string())
+        })
+        .collect();
+    assert_eq!(uids, ["65532", "65532"], "uids of the operator processes");
+
+    let leases: Api<Lease> = Api::namespaced(client.clone(), &ns);
+    let holder = |leases: Api<Lease>| async move {
+        leases
+            .get(operator)
+            .await
+            .ok()
+            .and_then(|l| l.spec?.holder_identity)
+            .unwrap_or_default()
+    };
+    let names: Vec<String> = pods
+        .list(&selector)
+        .await
+        .unwrap()
+        .items
+        .into_iter()
+        .filter_map(|p| p.metadata.name)
+        .collect();
+    let leader = eventually("a replica holds the Lease", WAIT, || {
+        let (leases, names) = (leases.clone(), names.clone());
+        async move {
+            let h = holder(leases).await;
+            // The identity is `<pod name>_<random>`.
+            if let Some(name) = names.iter().find(|n| h.starts_with(&format!("{n}_"))) {
+                Ok(name.clone())
+            } else {
+                Err(format!("holder {h:?}, pods {names:?}"))
+            }
+        }
+    })
+    .await
+    .unwrap();
+    let other = names.iter().find(|n| **n != leader).unwrap().clone();
+    let deleted = Instant::now();
+    pods.delete(&leader, &DeleteParams::default())
+        .await
+        .unwrap();
+    eventually("the other replica takes the Lease", WAIT, || {
+        let (leases, other) = (leases.clone(), other.clone());
+        async move {
+            let h = holder(leases).await;
+            if h.starts_with(&format!("{other}_")) {
+                Ok(())
+            } else {
+                Err(format!("holder {h:?}"))
+            }
+        }
+    })
+    .await
+    .unwrap();
+    eprintln!(
+        "leader pod {leader} deleted; {other} holds the Lease after {:.1?}",
+        deleted.elapsed()
+    );
+}
+
 fn rand_u32() -> u32 {
     std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)

@@ -12,7 +12,7 @@ use std::path::{Path, PathBuf};
 
 use anyhow::{Context, Result, bail};
 use serde_json::json;
-use steward_testenv::images::{Layer, OciArchive};
+use steward_testenv::images;
 
 /// The operators that have images.
 pub const OPERATORS: &[&str] = &[
@@ -59,29 +59,23 @@ pub fn run(operator: &str) -> Result<Image> {
     Ok(image)
 }
 
-/// Writes `<out>/<name>.oci.tar` for `binary` (the archive format is testenv's, shared with the
-/// images the real node runs).
+/// Writes `<out>/<name>.oci.tar` for `binary` (the image is testenv's
+/// `images::operator`, which tests also run on the real node).
 pub fn build(binary: &Path, name: &str, version: &str, out: &Path) -> Result<Image> {
     let binary_size = std::fs::metadata(binary)
         .with_context(|| format!("{} missing", binary.display()))?
         .len();
-    let layer = layer(binary, name)?.tar()?;
     let reference = format!("steward/{name}:{version}");
     std::fs::create_dir_all(out)?;
     let archive = out.join(format!("{name}.oci.tar"));
-    OciArchive {
-        reference: &reference,
-        config: json!({
-            "User": "65532:65532",
-            "Entrypoint": [format!("/usr/local/bin/{name}")],
-            "Env": ["PATH=/usr/local/bin"],
-            "WorkingDir": "/",
-        }),
-        labels: labels(name, version),
-        layer: &layer,
-        gzip: true,
-    }
-    .write(&archive)?;
+    images::operator(
+        binary,
+        name,
+        &reference,
+        labels(name, version),
+        &archive,
+        true,
+    )?;
     let archive_size = std::fs::metadata(&archive)?.len();
     Ok(Image {
         archive,
@@ -99,29 +93,6 @@ fn labels(name: &str, version: &str) -> serde_json::Value {
         "org.opencontainers.image.licenses": "Apache-2.0",
         "org.opencontainers.image.vendor": "Steward",
     })
-}
-
-/// The root filesystem: the binary, the libraries it links, a non-root user, `/tmp`.
-fn layer(binary: &Path, name: &str) -> Result<Layer> {
-    let mut layer = Layer::default();
-    layer
-        .dir("etc", 0o755, 0)
-        .dir("tmp", 0o1777, 0)
-        .dir("usr/local/bin", 0o755, 0)
-        .dir("lib64", 0o755, 0)
-        .file(
-            "etc/passwd",
-            b"root:x:0:0:root:/root:/sbin/nologin\nnonroot:x:65532:65532:nonroot:/home/nonroot:/sbin/nologin\n".to_vec(),
-            0o644,
-        )
-        .file("etc/group", b"root:x:0:\nnonroot:x:65532:\n".to_vec(), 0o644)
-        .file(
-            &format!("usr/local/bin/{name}"),
-            std::fs::read(binary)?,
-            0o755,
-        );
-    layer.libraries_of(binary)?;
-    Ok(layer)
 }
 
 #[cfg(test)]

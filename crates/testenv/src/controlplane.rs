@@ -173,7 +173,15 @@ impl ControlPlane {
             &b.kube_apiserver,
             &[
                 format!("--etcd-servers={etcd_url}"),
-                "--bind-address=127.0.0.1".into(),
+                // A real node's pods reach the API server on the bridge address.
+                format!(
+                    "--bind-address={}",
+                    if options.real_node {
+                        "0.0.0.0"
+                    } else {
+                        "127.0.0.1"
+                    }
+                ),
                 "--advertise-address=127.0.0.1".into(),
                 format!("--secure-port={api_port}"),
                 format!("--cert-dir={}", pki.display()),

@@ -487,6 +487,55 @@ pub fn postgresql() -> Result<Image, Error> {
     )
 }
 
+/// The image of an operator binary (`cargo xtask image`, and tests running operators as pods):
+/// the binary at `/usr/local/bin/<name>`, the shared libraries it links, an `/etc/passwd`
+/// naming the non-root user 65532 it runs as, and an empty `/tmp`. Written to `archive`.
+///
+/// # Errors
+/// [`Error::Io`] if the binary or a library cannot be read or the archive written.
+pub fn operator(
+    binary: &Path,
+    name: &str,
+    reference: &str,
+    labels: serde_json::Value,
+    archive: &Path,
+    gzip: bool,
+) -> Result<Image, Error> {
+    let mut layer = Layer::default();
+    let data = std::fs::read(binary).map_err(io(format!("read {}", binary.display())))?;
+    layer
+        .dir("etc", 0o755, 0)
+        .dir("tmp", 0o1777, 0)
+        .dir("usr/local/bin", 0o755, 0)
+        .dir("lib64", 0o755, 0)
+        .file(
+            "etc/passwd",
+            b"root:x:0:0:root:/root:/sbin/nologin\nnonroot:x:65532:65532:nonroot:/home/nonroot:/sbin/nologin\n".to_vec(),
+            0o644,
+        )
+        .file("etc/group", b"root:x:0:\nnonroot:x:65532:\n".to_vec(), 0o644)
+        .file(&format!("usr/local/bin/{name}"), data, 0o755);
+    layer.libraries_of(binary)?;
+    let tar = layer.tar()?;
+    OciArchive {
+        reference,
+        config: json!({
+            "User": "65532:65532",
+            "Entrypoint": [format!("/usr/local/bin/{name}")],
+            "Env": ["PATH=/usr/local/bin"],
+            "WorkingDir": "/",
+        }),
+        labels,
+        layer: &tar,
+        gzip,
+    }
+    .write(archive)?;
+    Ok(Image {
+        reference: reference.to_string(),
+        archive: archive.to_path_buf(),
+    })
+}
+
 /// The absolute paths `ldd` resolves for `binary` (empty for a static binary or a file that
 /// is not an ELF object).
 ///

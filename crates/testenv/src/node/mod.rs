@@ -296,7 +296,7 @@ impl RealNode {
         let dns = std::net::SocketAddr::from(([127, 0, 0, 1], layout.coredns_ready_port));
         self.wait(2, timeout, || async move { http_ok(dns, "/ready").await })
             .await?;
-        Ok(())
+        kubernetes_service_endpoints(cp).await
     }
 
     /// Polls `check` until it succeeds, failing early (with its log) if component `index`
@@ -440,6 +440,47 @@ impl Drop for RealNode {
             );
         }
     }
+}
+
+/// Points the `kubernetes` Service at the API server on the bridge address, so pods (operators
+/// in-cluster) reach it (the API server's own endpoint reconciler is off).
+async fn kubernetes_service_endpoints(cp: &ControlPlane) -> Result<(), Error> {
+    use k8s_openapi::api::discovery::v1::EndpointSlice;
+    use kube::api::{Patch, PatchParams};
+    let port: u16 = cp
+        .apiserver_url()
+        .rsplit(':')
+        .next()
+        .and_then(|p| p.parse().ok())
+        .ok_or_else(|| Error::Other(format!("no port in {}", cp.apiserver_url())))?;
+    let slice: EndpointSlice = serde_json::from_value(serde_json::json!({
+        "apiVersion": "discovery.k8s.io/v1",
+        "kind": "EndpointSlice",
+        "metadata": {
+            "name": "kubernetes",
+            "namespace": "default",
+            "labels": {
+                "kubernetes.io/service-name": "kubernetes",
+                "endpointslice.kubernetes.io/managed-by": "steward-testenv",
+            },
+        },
+        "addressType": "IPv4",
+        "endpoints": [{"addresses": [GATEWAY], "conditions": {"ready": true}}],
+        "ports": [{"name": "https", "port": port, "protocol": "TCP"}],
+    }))
+    .map_err(|e| Error::Other(format!("EndpointSlice manifest: {e}")))?;
+    Api::<EndpointSlice>::namespaced(cp.client()?, "default")
+        .patch(
+            "kubernetes",
+            &PatchParams::apply("steward-testenv").force(),
+            &Patch::Apply(&slice),
+        )
+        .await
+        .map(|_| ())
+        .map_err(|source| Error::Kube {
+            what: "point the kubernetes Service at the API server".into(),
+            source,
+        })
 }
 
 /// Host setup: sysctls (recorded for the teardown), the bridge with the node's address, and
