@@ -398,6 +398,91 @@ async fn teardown_leaves_nothing_behind() {
     }
 }
 
+/// A node whose process is killed (SIGKILL: no drop runs) leaves containers, shims, mounts,
+/// chains and the bridge behind; the next node's start removes them, and its drop leaves
+/// nothing.
+#[tokio::test]
+async fn a_crashed_node_is_swept_at_the_next_start() {
+    use tokio::io::AsyncBufReadExt;
+
+    let root = steward_testenv::workspace_root();
+    let status =
+        std::process::Command::new(std::env::var("CARGO").unwrap_or_else(|_| "cargo".into()))
+            .current_dir(&root)
+            .args([
+                "build",
+                "--quiet",
+                "--package",
+                "steward-testenv",
+                "--example",
+                "start",
+            ])
+            .status()
+            .expect("run cargo build");
+    assert!(status.success(), "cargo build --example start");
+    let example = std::env::var_os("CARGO_TARGET_DIR")
+        .map(std::path::PathBuf::from)
+        .unwrap_or_else(|| root.join("target"))
+        .join("debug/examples/start");
+
+    let _turn = NODE.lock().await;
+    let mut child = tokio::process::Command::new(&example)
+        .args(["--real-node", "600"])
+        .stdout(std::process::Stdio::piped())
+        .kill_on_drop(true)
+        .spawn()
+        .expect("start the example");
+    let mut lines = tokio::io::BufReader::new(child.stdout.take().unwrap()).lines();
+    let kubeconfig = tokio::time::timeout(WAIT, async {
+        while let Some(line) = lines.next_line().await.unwrap() {
+            if let Some(path) = line.strip_prefix("export KUBECONFIG=") {
+                return path.to_string();
+            }
+        }
+        panic!("the example exited before its node was Ready");
+    })
+    .await
+    .expect("the example's node Ready");
+    let kubectl = steward_testenv::binaries::ensure().unwrap().kubectl;
+    let run = |args: &[&str]| {
+        let out = std::process::Command::new(&kubectl)
+            .arg(format!("--kubeconfig={kubeconfig}"))
+            .args(args)
+            .output()
+            .unwrap();
+        assert!(
+            out.status.success(),
+            "kubectl {args:?}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    };
+    run(&[
+        "run",
+        "orphan",
+        "--image=steward.dev/testenv/pause:1",
+        "--image-pull-policy=Never",
+    ]);
+    run(&[
+        "wait",
+        "--for=condition=Ready",
+        "pod/orphan",
+        "--timeout=60s",
+    ]);
+    child.kill().await.expect("SIGKILL the example");
+
+    let left = leftovers();
+    for kind in ["process", "mount", "netns", "cgroup", "chain", "bridge"] {
+        assert!(
+            left.iter().any(|l| l.contains(kind)),
+            "a killed node leaves a {kind} (else this test proves nothing): {left:#?}"
+        );
+    }
+    let cp = start().await;
+    drop(cp);
+    let left = leftovers();
+    assert!(left.is_empty(), "left on the host: {left:#?}");
+}
+
 /// Builds `operator`'s binary (debug, as the tests are) and returns its path.
 fn operator_binary(operator: &str) -> std::path::PathBuf {
     let root = steward_testenv::workspace_root();
