@@ -17,6 +17,7 @@
 
 use std::collections::BTreeMap;
 use std::io::Write;
+use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
@@ -93,7 +94,6 @@ impl Layer {
     pub fn host_file(&mut self, host: &Path) -> Result<&mut Self, Error> {
         let meta = std::fs::metadata(host).map_err(io(format!("stat {}", host.display())))?;
         let data = std::fs::read(host).map_err(io(format!("read {}", host.display())))?;
-        use std::os::unix::fs::PermissionsExt;
         let mode = meta.permissions().mode() & 0o7777;
         Ok(self.file(&host.to_string_lossy(), data, mode))
     }
