@@ -182,7 +182,8 @@ impl RealNode {
                 });
             }
         }
-        blocking(setup_host).await?;
+        let api_port = apiserver_port(cp)?;
+        blocking(move || setup_host(api_port)).await?;
         let write = |path: PathBuf, text: String| {
             std::fs::write(&path, text).map_err(io(format!("write {}", path.display())))
         };
@@ -447,12 +448,7 @@ impl Drop for RealNode {
 async fn kubernetes_service_endpoints(cp: &ControlPlane) -> Result<(), Error> {
     use k8s_openapi::api::discovery::v1::EndpointSlice;
     use kube::api::{Patch, PatchParams};
-    let port: u16 = cp
-        .apiserver_url()
-        .rsplit(':')
-        .next()
-        .and_then(|p| p.parse().ok())
-        .ok_or_else(|| Error::Other(format!("no port in {}", cp.apiserver_url())))?;
+    let port = apiserver_port(cp)?;
     let slice: EndpointSlice = serde_json::from_value(serde_json::json!({
         "apiVersion": "discovery.k8s.io/v1",
         "kind": "EndpointSlice",
@@ -483,9 +479,10 @@ async fn kubernetes_service_endpoints(cp: &ControlPlane) -> Result<(), Error> {
         })
 }
 
-/// Host setup: sysctls (recorded for the teardown), the bridge with the node's address, and
-/// the chain that keeps pod traffic on the bridge.
-fn setup_host() -> Result<(), Error> {
+/// Host setup: sysctls (recorded for the teardown), the bridge with the node's address, the
+/// chain that keeps pod traffic on the bridge and the one that keeps the node's listeners off
+/// other interfaces.
+fn setup_host(api_port: u16) -> Result<(), Error> {
     teardown::record_sysctls().map_err(|e| host_err("record sysctls", e.to_string()))?;
     if !Path::new("/proc/sys/net/bridge").exists() {
         let _ = std::process::Command::new("modprobe")
@@ -517,7 +514,34 @@ fn setup_host() -> Result<(), Error> {
         args.extend_from_slice(rule);
         run("iptables", &args)?;
     }
-    run("iptables", &["-I", "FORWARD", "1", "-j", "STEWARD-NODE"])
+    run("iptables", &["-I", "FORWARD", "1", "-j", "STEWARD-NODE"])?;
+    // What listens for the node (the API server on all addresses, kubelet, CoreDNS and
+    // NodePorts on the bridge address) answers only on loopback and the bridge.
+    let api_port = api_port.to_string();
+    run("iptables", &["-N", "STEWARD-NODE-INPUT"])?;
+    for rule in [
+        ["-i", "lo", "-j", "RETURN"].as_slice(),
+        &["-i", BRIDGE, "-j", "RETURN"],
+        &["-d", "198.18.0.0/15", "-j", "DROP"],
+        &["-p", "tcp", "--dport", &api_port, "-j", "DROP"],
+    ] {
+        let mut args = vec!["-A", "STEWARD-NODE-INPUT"];
+        args.extend_from_slice(rule);
+        run("iptables", &args)?;
+    }
+    run(
+        "iptables",
+        &["-I", "INPUT", "1", "-j", "STEWARD-NODE-INPUT"],
+    )
+}
+
+/// The API server's port, from its URL.
+fn apiserver_port(cp: &ControlPlane) -> Result<u16, Error> {
+    cp.apiserver_url()
+        .rsplit(':')
+        .next()
+        .and_then(|p| p.parse().ok())
+        .ok_or_else(|| Error::Other(format!("no port in {}", cp.apiserver_url())))
 }
 
 /// Runs `ctr` against the node's containerd.
