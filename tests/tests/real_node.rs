@@ -405,25 +405,8 @@ async fn teardown_leaves_nothing_behind() {
 async fn a_crashed_node_is_swept_at_the_next_start() {
     use tokio::io::AsyncBufReadExt;
 
-    let root = steward_testenv::workspace_root();
-    let status =
-        std::process::Command::new(std::env::var("CARGO").unwrap_or_else(|_| "cargo".into()))
-            .current_dir(&root)
-            .args([
-                "build",
-                "--quiet",
-                "--package",
-                "steward-testenv",
-                "--example",
-                "start",
-            ])
-            .status()
-            .expect("run cargo build");
-    assert!(status.success(), "cargo build --example start");
-    let example = std::env::var_os("CARGO_TARGET_DIR")
-        .map(std::path::PathBuf::from)
-        .unwrap_or_else(|| root.join("target"))
-        .join("debug/examples/start");
+    let example =
+        cargo_build(&["--package", "steward-testenv", "--example", "start"]).join("examples/start");
 
     let _turn = NODE.lock().await;
     let mut child = tokio::process::Command::new(&example)
@@ -483,21 +466,22 @@ async fn a_crashed_node_is_swept_at_the_next_start() {
     assert!(left.is_empty(), "left on the host: {left:#?}");
 }
 
-/// Builds `operator`'s binary (debug, as the tests are) and returns its path.
-fn operator_binary(operator: &str) -> std::path::PathBuf {
+/// `cargo build --quiet ARGS` (debug, as the tests are) in the workspace; returns the debug
+/// output directory.
+fn cargo_build(args: &[&str]) -> std::path::PathBuf {
     let root = steward_testenv::workspace_root();
     let status =
         std::process::Command::new(std::env::var("CARGO").unwrap_or_else(|_| "cargo".into()))
             .current_dir(&root)
-            .args(["build", "--quiet", "--package", operator, "--bin", operator])
+            .args(["build", "--quiet"])
+            .args(args)
             .status()
             .expect("run cargo build");
-    assert!(status.success(), "cargo build -p {operator}");
+    assert!(status.success(), "cargo build {args:?}");
     std::env::var_os("CARGO_TARGET_DIR")
         .map(std::path::PathBuf::from)
         .unwrap_or_else(|| root.join("target"))
         .join("debug")
-        .join(operator)
 }
 
 /// The tenant operator as its image, deployed by `deploy/tenant-operator/` (2 replicas, its
@@ -512,7 +496,7 @@ async fn operator_image_runs_as_its_deployment_and_hands_over_leadership() {
 
     let operator = "tenant-operator";
     let ns = format!("{operator}-system");
-    let binary = operator_binary(operator);
+    let binary = cargo_build(&["--package", operator, "--bin", operator]).join(operator);
     let _turn = NODE.lock().await;
     let cp = start().await;
     let image = steward_testenv::images::operator(

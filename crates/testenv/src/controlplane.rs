@@ -10,7 +10,7 @@ use kube::{Client, Config};
 
 use crate::binaries::{self, Binaries};
 use crate::node::{self, RealNode};
-use crate::process::{Process, free_port, log_tail};
+use crate::process::{Process, free_port};
 use crate::{Error, eventually};
 
 /// How to start a control plane.
@@ -369,7 +369,7 @@ impl ControlPlane {
         })
     }
 
-    /// Polls `check` until it succeeds, failing early if the component's process exited.
+    /// Polls `check` until it succeeds, failing early if a component's process exited.
     async fn wait_healthy<F, Fut>(
         &mut self,
         index: usize,
@@ -380,34 +380,7 @@ impl ControlPlane {
         F: Fn() -> Fut,
         Fut: std::future::Future<Output = Result<(), String>>,
     {
-        let deadline = Instant::now() + timeout;
-        loop {
-            let proc = &mut self.processes[index];
-            if let Some(status) = proc.exited() {
-                return Err(Error::Start {
-                    component: proc.name,
-                    log: proc.log.clone(),
-                    reason: format!(
-                        "exited with {status}; last log lines:\n{}",
-                        log_tail(&proc.log, 15)
-                    ),
-                });
-            }
-            let last = match check().await {
-                Ok(()) => return Ok(()),
-                Err(e) => e,
-            };
-            if Instant::now() > deadline {
-                let proc = &self.processes[index];
-                return Err(Error::Unhealthy {
-                    component: proc.name,
-                    log: proc.log.clone(),
-                    waited_secs: timeout.as_secs(),
-                    reason: last,
-                });
-            }
-            tokio::time::sleep(Duration::from_millis(100)).await;
-        }
+        crate::process::wait_healthy(&mut self.processes, index, timeout, check).await
     }
 
     /// A new admin client (member of `system:masters`).

@@ -32,7 +32,7 @@ use kube::Api;
 
 use crate::binaries::{self, NodeBinaries};
 use crate::images::{self, Image};
-use crate::process::{Process, free_port, log_tail};
+use crate::process::{Process, free_port, wait_healthy};
 use crate::{ControlPlane, Error};
 use config::Layout;
 
@@ -300,42 +300,14 @@ impl RealNode {
         kubernetes_service_endpoints(cp).await
     }
 
-    /// Polls `check` until it succeeds, failing early (with its log) if component `index`
-    /// exited or after `timeout`.
+    /// Polls `check` until it succeeds, failing early (with its log) if a component exited,
+    /// or after `timeout` naming component `index`.
     async fn wait<F, Fut>(&mut self, index: usize, timeout: Duration, check: F) -> Result<(), Error>
     where
         F: Fn() -> Fut,
         Fut: std::future::Future<Output = Result<(), String>>,
     {
-        let deadline = Instant::now() + timeout;
-        loop {
-            for proc in &mut self.processes {
-                if let Some(status) = proc.exited() {
-                    return Err(Error::Start {
-                        component: proc.name,
-                        log: proc.log.clone(),
-                        reason: format!(
-                            "exited with {status}; last log lines:\n{}",
-                            log_tail(&proc.log, 15)
-                        ),
-                    });
-                }
-            }
-            let last = match check().await {
-                Ok(()) => return Ok(()),
-                Err(e) => e,
-            };
-            if Instant::now() > deadline {
-                let proc = &self.processes[index];
-                return Err(Error::Unhealthy {
-                    component: proc.name,
-                    log: proc.log.clone(),
-                    waited_secs: timeout.as_secs(),
-                    reason: format!("{last}; last log lines:\n{}", log_tail(&proc.log, 15)),
-                });
-            }
-            tokio::time::sleep(Duration::from_millis(100)).await;
-        }
+        wait_healthy(&mut self.processes, index, timeout, check).await
     }
 
     /// Imports an image archive into the node (`ctr -n k8s.io images import`) unless this node
