@@ -1,6 +1,7 @@
 //! Building the control-plane binaries from the Go modules in `crates/testenv/go/`.
 //!
-//! Each Go module (`etcd`, `kubernetes`, `kwok`) pins its component in `go.mod`/`go.sum`.
+//! Each Go module (`etcd`, `kubernetes`, `kwok`, and the real node's `containerd` and `coredns`)
+//! pins its component in `go.mod`/`go.sum`.
 //! The binaries land in a cache directory outside the repository, keyed by a hash of the
 //! module files, the ldflags and the Go version, so a second run (or CI on the same
 //! machine) finds them and starts in seconds. A build goes to a temporary directory and

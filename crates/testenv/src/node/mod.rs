@@ -13,11 +13,11 @@
 //!   [`crate::images`] and imported with `ctr -n k8s.io images import`.
 //! - Host paths ([`NODE_ROOT`], [`NODE_RUN`], port 10250, `/var/lib/kubelet/device-plugins`)
 //!   are fixed, so a machine runs one real node at a time: a file lock serializes them across
-//!   test processes, and [`teardown::sweep`] removes what a crashed node left before a new one
+//!   test processes, and the teardown sweep removes what a crashed node left before a new one
 //!   starts and when a node is dropped.
 //!
 //! Traps of this machine (cgroup v1, root without `CAP_SYS_RESOURCE`) are handled in
-//! [`config`].
+//! `node/config.rs`.
 
 mod config;
 pub mod teardown;
@@ -386,7 +386,8 @@ impl RealNode {
         NODE_NAME
     }
 
-    /// Time from the start of [`RealNode::start`] to a Ready node with DNS and kube-proxy.
+    /// Time from the start of the node (lock, build check, sweep) to a Ready node with DNS and
+    /// kube-proxy.
     pub fn started_in(&self) -> Duration {
         self.started_in
     }

@@ -2,7 +2,7 @@
 //! containerd, shims, containers, kube-proxy, CoreDNS), mounts, network namespaces, cgroups,
 //! iptables chains, the bridge, files, and the sysctls the node changed.
 //!
-//! The same [`sweep`] runs when a node is dropped and before a node starts (after a crash the
+//! The same sweep runs when a node is dropped and before a node starts (after a crash the
 //! components die with the test process, but shims, containers, mounts and chains stay).
 //! Everything it touches is found by fixed names ([`NODE_ROOT`], [`NODE_RUN`], [`BRIDGE`],
 //! chains named `KUBE-*`, `CNI-*`, `STEWARD-*`, cgroups named `kubepods`), which is why only
@@ -88,7 +88,7 @@ const SHARED_DIRS: &[&str] = &[
 ];
 
 /// What is left of a node on the host (processes, mounts, netns, cgroups, chains, links,
-/// directories); empty when clean. Used by [`sweep`]'s caller and the teardown test.
+/// directories); empty when clean. The teardown tests assert it.
 pub fn leftovers() -> Vec<String> {
     let mut found = Vec::new();
     for pid in node_pids() {
