@@ -5,15 +5,14 @@
 //! libraries it links (read from `ldd`: glibc's loader, libc, libm, libgcc_s), an
 //! `/etc/passwd` naming the non-root user 65532, and an empty `/tmp`. The archive is an OCI
 //! image layout (`oci-layout`, `index.json`, `blobs/sha256/…`) plus a Docker-style
-//! `manifest.json`, so both `docker load` and `podman load` accept it.
+//! `manifest.json`, so `docker load`, `podman load` and the test node's
+//! `ctr -n k8s.io images import` accept it (written by `steward_testenv::images::OciArchive`).
 
-use std::io::Write;
 use std::path::{Path, PathBuf};
-use std::process::Command;
 
 use anyhow::{Context, Result, bail};
 use serde_json::json;
-use sha2::{Digest, Sha256};
+use steward_testenv::images;
 
 /// The operators that have images.
 pub const OPERATORS: &[&str] = &[
@@ -60,64 +59,23 @@ pub fn run(operator: &str) -> Result<Image> {
     Ok(image)
 }
 
-/// Writes `<out>/<name>.oci.tar` for `binary`.
+/// Writes `<out>/<name>.oci.tar` for `binary` (the image is testenv's
+/// `images::operator`, which tests also run on the real node).
 pub fn build(binary: &Path, name: &str, version: &str, out: &Path) -> Result<Image> {
     let binary_size = std::fs::metadata(binary)
         .with_context(|| format!("{} missing", binary.display()))?
         .len();
-    let layer_tar = layer(binary, name)?;
-    let diff_id = sha256(&layer_tar);
-    let mut gz = flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::best());
-    gz.write_all(&layer_tar)?;
-    let layer_gz = gz.finish()?;
     let reference = format!("steward/{name}:{version}");
-    let config = serde_json::to_vec(&json!({
-        "architecture": "amd64",
-        "os": "linux",
-        "config": {
-            "User": "65532:65532",
-            "Entrypoint": [format!("/usr/local/bin/{name}")],
-            "Env": ["PATH=/usr/local/bin"],
-            "WorkingDir": "/",
-            "Labels": labels(name, version),
-        },
-        "rootfs": {"type": "layers", "diff_ids": [format!("sha256:{diff_id}")]},
-        "history": [{"created_by": "cargo xtask image"}],
-    }))?;
-    let manifest = serde_json::to_vec(&json!({
-        "schemaVersion": 2,
-        "mediaType": "application/vnd.oci.image.manifest.v1+json",
-        "config": {"mediaType": "application/vnd.oci.image.config.v1+json", "digest": format!("sha256:{}", sha256(&config)), "size": config.len()},
-        "layers": [{"mediaType": "application/vnd.oci.image.layer.v1.tar+gzip", "digest": format!("sha256:{}", sha256(&layer_gz)), "size": layer_gz.len()}],
-        "annotations": labels(name, version),
-    }))?;
-    let index = serde_json::to_vec(&json!({
-        "schemaVersion": 2,
-        "mediaType": "application/vnd.oci.image.index.v1+json",
-        "manifests": [{
-            "mediaType": "application/vnd.oci.image.manifest.v1+json",
-            "digest": format!("sha256:{}", sha256(&manifest)),
-            "size": manifest.len(),
-            "annotations": {"io.containerd.image.name": reference, "org.opencontainers.image.ref.name": version},
-        }],
-    }))?;
-    let docker_manifest = serde_json::to_vec(&json!([{
-        "Config": format!("blobs/sha256/{}", sha256(&config)),
-        "RepoTags": [reference],
-        "Layers": [format!("blobs/sha256/{}", sha256(&layer_gz))],
-    }]))?;
-
     std::fs::create_dir_all(out)?;
     let archive = out.join(format!("{name}.oci.tar"));
-    let mut tar = tar::Builder::new(std::fs::File::create(&archive)?);
-    let mut add = |path: &str, data: &[u8]| -> Result<()> { append(&mut tar, path, data, 0o644) };
-    add("oci-layout", br#"{"imageLayoutVersion":"1.0.0"}"#)?;
-    add("index.json", &index)?;
-    add("manifest.json", &docker_manifest)?;
-    for blob in [&config, &manifest, &layer_gz] {
-        add(&format!("blobs/sha256/{}", sha256(blob)), blob)?;
-    }
-    tar.into_inner()?.flush()?;
+    images::operator(
+        binary,
+        name,
+        &reference,
+        labels(name, version),
+        &archive,
+        true,
+    )?;
     let archive_size = std::fs::metadata(&archive)?.len();
     Ok(Image {
         archive,
@@ -137,88 +95,17 @@ fn labels(name: &str, version: &str) -> serde_json::Value {
     })
 }
 
-/// The root filesystem layer (uncompressed tar).
-fn layer(binary: &Path, name: &str) -> Result<Vec<u8>> {
-    let mut tar = tar::Builder::new(Vec::new());
-    for dir in ["etc", "tmp", "usr", "usr/local", "usr/local/bin", "lib64"] {
-        let mut h = tar::Header::new_gnu();
-        h.set_entry_type(tar::EntryType::Directory);
-        h.set_mode(if dir == "tmp" { 0o1777 } else { 0o755 });
-        h.set_size(0);
-        h.set_mtime(0);
-        h.set_cksum();
-        tar.append_data(&mut h, format!("{dir}/"), std::io::empty())?;
-    }
-    append(&mut tar, "etc/passwd", b"root:x:0:0:root:/root:/sbin/nologin\nnonroot:x:65532:65532:nonroot:/home/nonroot:/sbin/nologin\n", 0o644)?;
-    append(
-        &mut tar,
-        "etc/group",
-        b"root:x:0:\nnonroot:x:65532:\n",
-        0o644,
-    )?;
-    append(
-        &mut tar,
-        &format!("usr/local/bin/{name}"),
-        &std::fs::read(binary)?,
-        0o755,
-    )?;
-    for lib in shared_libraries(binary)? {
-        let rel = lib.strip_prefix("/").unwrap_or(&lib).to_path_buf();
-        let real = std::fs::canonicalize(&lib)?;
-        append(
-            &mut tar,
-            &rel.to_string_lossy(),
-            &std::fs::read(real)?,
-            0o755,
-        )?;
-    }
-    Ok(tar.into_inner()?)
-}
-
-/// The absolute paths `ldd` resolves for `binary`.
-fn shared_libraries(binary: &Path) -> Result<Vec<PathBuf>> {
-    let out = Command::new("ldd")
-        .arg(binary)
-        .output()
-        .context("running ldd")?;
-    let text = String::from_utf8_lossy(&out.stdout);
-    if text.contains("not a dynamic executable") {
-        return Ok(Vec::new());
-    }
-    Ok(text
-        .lines()
-        .filter_map(|l| {
-            let path = l
-                .split("=>")
-                .nth(1)
-                .unwrap_or(l)
-                .split_whitespace()
-                .next()?;
-            path.starts_with('/').then(|| PathBuf::from(path))
-        })
-        .collect())
-}
-
-fn append<W: Write>(tar: &mut tar::Builder<W>, path: &str, data: &[u8], mode: u32) -> Result<()> {
-    let mut h = tar::Header::new_gnu();
-    h.set_size(data.len() as u64);
-    h.set_mode(mode);
-    h.set_mtime(0);
-    h.set_uid(0);
-    h.set_gid(0);
-    h.set_cksum();
-    tar.append_data(&mut h, path, data)?;
-    Ok(())
-}
-
-fn sha256(data: &[u8]) -> String {
-    hex::encode(Sha256::digest(data))
-}
-
 #[cfg(test)]
 mod tests {
     use std::collections::HashMap;
     use std::io::Read;
+    use std::process::Command;
+
+    use sha2::{Digest, Sha256};
+
+    fn sha256(data: &[u8]) -> String {
+        hex::encode(Sha256::digest(data))
+    }
 
     use super::*;
 

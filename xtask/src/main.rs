@@ -3,7 +3,8 @@
 //! - `crdgen [--check]`: write `crds/*.yaml` from the Rust types (or fail if they are stale).
 //! - `test`: everything CI runs: unit tests, `crdgen --check`, integration tests against a real
 //!   control plane (building it first if it is not cached).
-//! - `testenv`: start the control plane and print the kubeconfig path; Ctrl-C stops it.
+//! - `testenv [--real-node]`: start the control plane (with a real node) and print the
+//!   kubeconfig path; Ctrl-C stops it.
 
 mod bench;
 mod crdgen;
@@ -21,7 +22,7 @@ fn main() -> Result<()> {
     match args.first().map(String::as_str) {
         Some("crdgen") => crdgen::run(rest.contains(&"--check")),
         Some("test") => test(&rest),
-        Some("testenv") => testenv(),
+        Some("testenv") => testenv(rest.contains(&"--real-node")),
         Some("up") => up::run(),
         Some("bench") => bench::run(&rest),
         Some("image") => match rest.first() {
@@ -36,7 +37,7 @@ fn main() -> Result<()> {
                  commands:\n  \
                  crdgen [--check]   write crds/ from the Rust types (--check: fail if stale)\n  \
                  test [ARGS]        unit tests, crdgen --check, integration tests (ARGS go to cargo test)\n  \
-                 testenv            start a local control plane; Ctrl-C stops it\n  \
+                 testenv [--real-node]  start a local control plane (with a real node); Ctrl-C stops it\n  \
                  up                 control plane + PostgreSQL + CRDs + the three operators + samples; Ctrl-C stops\n  \
                  bench [--smoke]    benchmarks vs controller-runtime; writes docs/benchmarks.md (--help: flags)\n  \
                  image [OPERATOR|all]  build an OCI image archive (no daemon) into target/images/"
@@ -64,12 +65,16 @@ fn test(extra: &[&str]) -> Result<()> {
     eprintln!("xtask: crds/ is up to date");
 
     prerequisites::ensure_postgres()?;
+    prerequisites::ensure_node_packages()?;
     let binaries = steward_testenv::binaries::ensure().context("building the control plane")?;
+    let node = steward_testenv::binaries::ensure_node().context("building the real node")?;
     eprintln!(
-        "xtask: control plane ready: kubernetes {}, etcd {}, kwok {} ({})",
+        "xtask: control plane ready: kubernetes {}, etcd {}, kwok {}, containerd {}, CoreDNS {} ({})",
         binaries.versions.kubernetes,
         binaries.versions.etcd,
         binaries.versions.kwok,
+        node.containerd_version,
+        node.coredns_version,
         binaries.versions.go
     );
 
@@ -94,12 +99,37 @@ fn test(extra: &[&str]) -> Result<()> {
     Ok(())
 }
 
-/// Starts a control plane and keeps it running until Ctrl-C.
-fn testenv() -> Result<()> {
+/// Starts a control plane (with a real node: no kwok nodes) and keeps it running until Ctrl-C.
+fn testenv(real_node: bool) -> Result<()> {
+    if real_node {
+        prerequisites::ensure_node_packages()?;
+    }
     let rt = tokio::runtime::Runtime::new()?;
     rt.block_on(async {
-        let cp = steward_testenv::ControlPlane::start(steward_testenv::Options::default()).await?;
+        let options = if real_node {
+            steward_testenv::Options {
+                nodes: 0,
+                real_node: true,
+                ..Default::default()
+            }
+        } else {
+            steward_testenv::Options::default()
+        };
+        let cp = steward_testenv::ControlPlane::start(options).await?;
         println!("control plane ready in {:.1?}", cp.started_in());
+        if let Some(node) = cp.real_node() {
+            println!(
+                "  real node {} Ready (node start {:.1?}); logs in {}/node/",
+                node.name(),
+                node.started_in(),
+                cp.dir().display()
+            );
+            println!(
+                "  images: {} and {} (imagePullPolicy: Never)",
+                node.busybox_image().await?,
+                node.postgresql_image().await?
+            );
+        }
         println!("  kube-apiserver: {}", cp.apiserver_url());
         println!("  logs and data:  {}", cp.dir().display());
         println!("  export KUBECONFIG={}", cp.kubeconfig_path().display());

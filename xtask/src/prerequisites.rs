@@ -5,6 +5,32 @@ use std::process::Command;
 
 use anyhow::{Context, Result, bail};
 
+/// Debian packages the real node needs (runc, the CNI plugins, iptables) and busybox for its
+/// test images, each with a file that shows it is installed.
+const NODE_PACKAGES: &[(&str, &str)] = &[
+    ("runc", "/usr/sbin/runc"),
+    ("containernetworking-plugins", "/usr/lib/cni/bridge"),
+    ("iptables", "/usr/sbin/iptables"),
+    ("busybox-static", "/bin/busybox"),
+];
+
+/// The real node's Debian packages ([`NODE_PACKAGES`]); installs the missing ones with apt-get.
+pub fn ensure_node_packages() -> Result<()> {
+    let missing: Vec<&str> = NODE_PACKAGES
+        .iter()
+        .filter(|(_, file)| !Path::new(file).exists())
+        .map(|(package, _)| *package)
+        .collect();
+    if missing.is_empty() {
+        return Ok(());
+    }
+    eprintln!(
+        "xtask: the real node needs Debian packages {}; installing",
+        missing.join(" ")
+    );
+    apt_install(&missing)
+}
+
 /// PostgreSQL server binaries (Debian's `postgresql` package) for the database operator's
 /// tests against a real server. Installs them with apt-get when missing.
 pub fn ensure_postgres() -> Result<()> {
@@ -12,6 +38,15 @@ pub fn ensure_postgres() -> Result<()> {
         return Ok(());
     }
     eprintln!("xtask: PostgreSQL server binaries missing; installing Debian's postgresql package");
+    apt_install(&["postgresql", "postgresql-contrib"])?;
+    if !postgres_installed() {
+        bail!("postgresql installed but no /usr/lib/postgresql/*/bin/postgres found");
+    }
+    Ok(())
+}
+
+/// `apt-get update` and `apt-get install` of `packages` (as root; else says what to run).
+fn apt_install(packages: &[&str]) -> Result<()> {
     let is_root = Command::new("id")
         .arg("-u")
         .output()
@@ -19,20 +54,13 @@ pub fn ensure_postgres() -> Result<()> {
         .unwrap_or(false);
     if !is_root {
         bail!(
-            "PostgreSQL is not installed; run `sudo apt-get install -y postgresql postgresql-contrib` and retry"
+            "missing Debian packages; run `sudo apt-get install -y {}` and retry",
+            packages.join(" ")
         );
     }
-    for args in [
-        vec!["update", "-qq"],
-        vec![
-            "install",
-            "-y",
-            "-qq",
-            "--no-install-recommends",
-            "postgresql",
-            "postgresql-contrib",
-        ],
-    ] {
+    let mut install = vec!["install", "-y", "-qq", "--no-install-recommends"];
+    install.extend_from_slice(packages);
+    for args in [vec!["update", "-qq"], install] {
         let status = Command::new("apt-get")
             .args(&args)
             .env("DEBIAN_FRONTEND", "noninteractive")
@@ -41,9 +69,6 @@ pub fn ensure_postgres() -> Result<()> {
         if !status.success() {
             bail!("apt-get {} failed ({status})", args.join(" "));
         }
-    }
-    if !postgres_installed() {
-        bail!("postgresql installed but no /usr/lib/postgresql/*/bin/postgres found");
     }
     Ok(())
 }

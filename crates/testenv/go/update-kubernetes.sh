@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Regenerates kubernetes/go.mod for a k8s.io/kubernetes release.
+# Regenerates kubernetes/go.mod for a k8s.io/kubernetes release (the commands are in tools.go).
 # The staging modules (k8s.io/api, apimachinery, client-go, ...) are `replace`d to
 # ./staging/... inside k8s.io/kubernetes's own go.mod; outside that repository each
 # must point at its published v0.x release. The list is read from that go.mod, never typed.
@@ -11,7 +11,8 @@ here="$(cd "$(dirname "$0")" && pwd)"
 gomod="$(go mod download -json "k8s.io/kubernetes@${version}" | sed -n 's/.*"GoMod": "\(.*\)".*/\1/p')"
 cd "$here/kubernetes"
 {
-  echo "// Builds kube-apiserver, kube-controller-manager and kube-scheduler for crates/testenv."
+  echo "// Builds kube-apiserver, kube-controller-manager, kube-scheduler, kubectl, and the real"
+  echo "// node's kubelet and kube-proxy, for crates/testenv."
   echo "// Regenerate with: crates/testenv/go/update-kubernetes.sh ${version}"
   echo "module steward.dev/testenv/kubernetes"
   echo

@@ -9,7 +9,8 @@ use kube::config::{KubeConfigOptions, Kubeconfig};
 use kube::{Client, Config};
 
 use crate::binaries::{self, Binaries};
-use crate::process::{Process, free_port, log_tail};
+use crate::node::{self, RealNode};
+use crate::process::{Process, free_port};
 use crate::{Error, eventually};
 
 /// How to start a control plane.
@@ -22,6 +23,9 @@ pub struct Options {
     pub keep_dir: bool,
     /// How long to wait for each component to become healthy.
     pub timeout: Duration,
+    /// Also start one real node (kubelet, containerd, CNI, kube-proxy, CoreDNS; needs root and
+    /// is one per machine, see [`crate::node`]).
+    pub real_node: bool,
 }
 
 impl Default for Options {
@@ -32,6 +36,7 @@ impl Default for Options {
             // Generous: on a loaded 2-core machine the apiserver has taken over a minute to
             // listen. A component that exits fails at once, whatever the timeout.
             timeout: Duration::from_secs(180),
+            real_node: false,
         }
     }
 }
@@ -60,7 +65,9 @@ impl Component {
 
 /// A running control plane. Dropping it kills every process and removes its temp dir.
 pub struct ControlPlane {
-    // Field order matters for drop: processes go before the directory holding their data.
+    // Field order matters for drop: the node before the control plane, processes before the
+    // directory holding their data.
+    node: Option<RealNode>,
     processes: Vec<Process>,
     dir: PathBuf,
     keep_dir: bool,
@@ -96,6 +103,7 @@ impl ControlPlane {
             .map_err(|e| Error::Other(format!("binary build task failed: {e}")))??;
         let dir = new_run_dir()?;
         let mut cp = Self {
+            node: None,
             processes: Vec::new(),
             dir: dir.clone(),
             keep_dir: options.keep_dir,
@@ -190,7 +198,15 @@ impl ControlPlane {
             &b.kube_apiserver,
             &[
                 format!("--etcd-servers={etcd_url}"),
-                "--bind-address=127.0.0.1".into(),
+                // A real node's pods reach the API server on the bridge address.
+                format!(
+                    "--bind-address={}",
+                    if options.real_node {
+                        "0.0.0.0"
+                    } else {
+                        "127.0.0.1"
+                    }
+                ),
                 "--advertise-address=127.0.0.1".into(),
                 format!("--secure-port={api_port}"),
                 format!("--cert-dir={}", pki.display()),
@@ -199,7 +215,8 @@ impl ControlPlane {
                 "--service-account-issuer=https://kubernetes.default.svc.cluster.local".into(),
                 format!("--service-account-key-file={}", sa_key.display()),
                 format!("--service-account-signing-key-file={}", sa_key.display()),
-                "--service-cluster-ip-range=10.96.0.0/16".into(),
+                format!("--service-cluster-ip-range={}", node::SERVICE_CIDR),
+                "--kubelet-preferred-address-types=InternalIP,Hostname".into(),
                 "--allow-privileged=true".into(),
                 "--enable-priority-and-fairness=false".into(),
                 "--endpoint-reconciler-type=none".into(),
@@ -303,6 +320,9 @@ impl ControlPlane {
             .await?;
         }
         self.create_nodes(options).await?;
+        if options.real_node {
+            self.node = Some(RealNode::start(self, options.timeout).await?);
+        }
         Ok(())
     }
 
@@ -374,7 +394,7 @@ impl ControlPlane {
         })
     }
 
-    /// Polls `check` until it succeeds, failing early if the component's process exited.
+    /// Polls `check` until it succeeds, failing early if a component's process exited.
     async fn wait_healthy<F, Fut>(
         &mut self,
         index: usize,
@@ -385,34 +405,7 @@ impl ControlPlane {
         F: Fn() -> Fut,
         Fut: std::future::Future<Output = Result<(), String>>,
     {
-        let deadline = Instant::now() + timeout;
-        loop {
-            let proc = &mut self.processes[index];
-            if let Some(status) = proc.exited() {
-                return Err(Error::Start {
-                    component: proc.name,
-                    log: proc.log.clone(),
-                    reason: format!(
-                        "exited with {status}; last log lines:\n{}",
-                        log_tail(&proc.log, 15)
-                    ),
-                });
-            }
-            let last = match check().await {
-                Ok(()) => return Ok(()),
-                Err(e) => e,
-            };
-            if Instant::now() > deadline {
-                let proc = &self.processes[index];
-                return Err(Error::Unhealthy {
-                    component: proc.name,
-                    log: proc.log.clone(),
-                    waited_secs: timeout.as_secs(),
-                    reason: last,
-                });
-            }
-            tokio::time::sleep(Duration::from_millis(100)).await;
-        }
+        crate::process::wait_healthy(&mut self.processes, index, timeout, check).await
     }
 
     /// SIGKILLs `component` (it stays down until [`ControlPlane::start_again`]).
@@ -513,6 +506,11 @@ impl ControlPlane {
         self.started_in
     }
 
+    /// The real node, if [`Options::real_node`] was set.
+    pub fn real_node(&self) -> Option<&RealNode> {
+        self.node.as_ref()
+    }
+
     /// The directory holding logs, kubeconfig and etcd data.
     pub fn dir(&self) -> &Path {
         &self.dir
@@ -521,7 +519,9 @@ impl ControlPlane {
 
 impl Drop for ControlPlane {
     fn drop(&mut self) {
-        // Stop in reverse start order: clients of the API server first, etcd last.
+        // The real node first (its teardown needs nothing from the control plane), then the
+        // rest in reverse start order: clients of the API server first, etcd last.
+        self.node = None;
         while let Some(p) = self.processes.pop() {
             drop(p);
         }

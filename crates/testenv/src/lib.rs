@@ -10,6 +10,10 @@
 //! - [`ControlPlane::install_crds`] applies `crds/`; [`eventually`] waits with a useful message.
 //! - [`harness::Harness`]: an operator running in the test (metrics, probes, wait, stop).
 //! - [`ControlPlane::kill`], [`ControlPlane::start_again`], [`ControlPlane::pause`]: faults.
+//! - `Options { real_node: true, .. }`: a control plane with one real node ([`node`]: kubelet,
+//!   containerd, CNI bridge, kube-proxy, CoreDNS) whose pods run, from images assembled by
+//!   [`images`]. Opt-in; kwok's simulated nodes stay the default. Start one per test and drop
+//!   it (not in a `static`, which is never dropped): the drop removes the node from the host.
 //!
 //! The binaries are built once by [`binaries::ensure`] and cached outside the repository.
 //! A control plane that cannot be built or started is an error naming the component and its
@@ -19,13 +23,16 @@ pub mod binaries;
 mod controlplane;
 pub mod harness;
 mod helpers;
+pub mod images;
 pub mod manifests;
+pub mod node;
 pub mod postgres;
 mod process;
 
-pub use binaries::{Binaries, Versions};
+pub use binaries::{Binaries, NodeBinaries, Versions};
 pub use controlplane::{Component, ControlPlane, Options};
 pub use helpers::{eventually, shared, workspace_root};
+pub use node::RealNode;
 pub use process::{free_port, http_get};
 
 use std::path::PathBuf;
@@ -82,6 +89,9 @@ pub enum Error {
         waited_secs: u64,
         last: String,
     },
+    /// Setting up or cleaning the host for the real node failed (bridge, iptables, sysctls).
+    #[error("failed to {what}: {reason}")]
+    Host { what: String, reason: String },
     /// Any other failure with a message (kubeconfig, CRD files).
     #[error("{0}")]
     Other(String),

@@ -289,7 +289,7 @@ impl Drop for Postgres {
 }
 
 /// `/usr/lib/postgresql/<newest major>/bin` and that major version.
-fn find_bin() -> Result<(PathBuf, u32), Error> {
+pub(crate) fn find_bin() -> Result<(PathBuf, u32), Error> {
     let not_installed = |reason: String| Error::Start {
         component: "postgres",
         log: PathBuf::from("/usr/lib/postgresql"),

@@ -157,6 +157,49 @@ impl Drop for Process {
     }
 }
 
+/// Polls `check` every 100 ms until it succeeds. Fails at once, with the last log lines, if any
+/// of `processes` exited, and after `timeout` naming `processes[index]` and its log.
+pub(crate) async fn wait_healthy<F, Fut>(
+    processes: &mut [Process],
+    index: usize,
+    timeout: std::time::Duration,
+    check: F,
+) -> Result<(), Error>
+where
+    F: Fn() -> Fut,
+    Fut: std::future::Future<Output = Result<(), String>>,
+{
+    let deadline = std::time::Instant::now() + timeout;
+    loop {
+        for proc in processes.iter_mut() {
+            if let Some(status) = proc.exited() {
+                return Err(Error::Start {
+                    component: proc.name,
+                    log: proc.log.clone(),
+                    reason: format!(
+                        "exited with {status}; last log lines:\n{}",
+                        log_tail(&proc.log, 15)
+                    ),
+                });
+            }
+        }
+        let last = match check().await {
+            Ok(()) => return Ok(()),
+            Err(e) => e,
+        };
+        if std::time::Instant::now() > deadline {
+            let proc = &processes[index];
+            return Err(Error::Unhealthy {
+                component: proc.name,
+                log: proc.log.clone(),
+                waited_secs: timeout.as_secs(),
+                reason: format!("{last}; last log lines:\n{}", log_tail(&proc.log, 15)),
+            });
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+    }
+}
+
 /// A free TCP port on 127.0.0.1 (bound and released; the window for a race is tiny).
 pub fn free_port() -> Result<u16, Error> {
     let listener = std::net::TcpListener::bind("127.0.0.1:0").map_err(|source| Error::Io {

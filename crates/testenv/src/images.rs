@@ -1,0 +1,635 @@
+//! Container images without a registry: assembled locally as OCI image archives and imported
+//! into the real node's containerd (`ctr -n k8s.io images import`).
+//!
+//! Nothing can be pulled on this machine, so every image a real-node test runs is built here
+//! from files already on the host, reproducibly (sorted entries, mtime 0, root-owned unless
+//! said otherwise, one uncompressed layer):
+//! - [`pause`]: the pod sandbox, a static C program that sleeps and reaps children.
+//! - [`busybox`]: Debian's static busybox with a link per applet (`sh`, `wget`, `nslookup`,
+//!   `httpd`, …), for test pods.
+//! - [`postgresql`]: PostgreSQL from Debian's `postgresql` package files — the binaries,
+//!   `lib/`, `/usr/share/postgresql/<major>`, the shared libraries they link (their `ldd`
+//!   closure), a `postgres` user (uid 999) — plus busybox for a shell.
+//! - [`OciArchive`] also writes the operators' images (`cargo xtask image`).
+//!
+//! Archives are cached under `<cache>/images/`, keyed by a hash of their content, so a warm
+//! start only imports them.
+
+use std::collections::BTreeMap;
+use std::io::Write;
+use std::os::unix::fs::PermissionsExt;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+use serde_json::json;
+use sha2::{Digest, Sha256};
+
+use crate::Error;
+use crate::binaries::cache_dir;
+
+/// An image archive on disk and the reference it is imported as.
+#[derive(Clone, Debug)]
+pub struct Image {
+    /// The fully qualified reference pods name (`steward.dev/testenv/busybox:1.35.0`).
+    pub reference: String,
+    pub archive: PathBuf,
+}
+
+/// The reference of the sandbox (pause) image pinned in containerd's configuration.
+pub const PAUSE_REFERENCE: &str = "steward.dev/testenv/pause:1";
+
+/// uid and gid of the `postgres` user in the PostgreSQL image.
+pub const POSTGRES_UID: u32 = 999;
+
+/// The files of one image layer, by path inside the image (no leading `/`).
+#[derive(Debug, Default)]
+pub struct Layer {
+    entries: BTreeMap<String, Entry>,
+}
+
+#[derive(Debug)]
+enum Entry {
+    Dir { mode: u32, owner: u32 },
+    File { data: Vec<u8>, mode: u32 },
+    Symlink { target: String },
+}
+
+impl Layer {
+    /// A directory and, root-owned 0755, its missing parents.
+    pub fn dir(&mut self, path: &str, mode: u32, owner: u32) -> &mut Self {
+        self.parents(path);
+        self.entries.insert(
+            path.trim_matches('/').to_string(),
+            Entry::Dir { mode, owner },
+        );
+        self
+    }
+
+    /// A root-owned file.
+    pub fn file(&mut self, path: &str, data: Vec<u8>, mode: u32) -> &mut Self {
+        self.parents(path);
+        self.entries.insert(
+            path.trim_matches('/').to_string(),
+            Entry::File { data, mode },
+        );
+        self
+    }
+
+    /// A symbolic link.
+    pub fn symlink(&mut self, path: &str, target: &str) -> &mut Self {
+        self.parents(path);
+        self.entries.insert(
+            path.trim_matches('/').to_string(),
+            Entry::Symlink {
+                target: target.to_string(),
+            },
+        );
+        self
+    }
+
+    /// Copies a host file (following links) to the same path in the image, keeping its mode.
+    ///
+    /// # Errors
+    /// [`Error::Io`] if the file cannot be read.
+    pub fn host_file(&mut self, host: &Path) -> Result<&mut Self, Error> {
+        let meta = std::fs::metadata(host).map_err(io(format!("stat {}", host.display())))?;
+        let data = std::fs::read(host).map_err(io(format!("read {}", host.display())))?;
+        let mode = meta.permissions().mode() & 0o7777;
+        Ok(self.file(&host.to_string_lossy(), data, mode))
+    }
+
+    /// Copies a host directory tree to the same path in the image (symbolic links are kept
+    /// as links).
+    ///
+    /// # Errors
+    /// [`Error::Io`] if the tree cannot be read.
+    pub fn host_tree(&mut self, root: &Path) -> Result<&mut Self, Error> {
+        let entries = std::fs::read_dir(root).map_err(io(format!("read {}", root.display())))?;
+        self.dir(&root.to_string_lossy(), 0o755, 0);
+        for entry in entries.flatten() {
+            let path = entry.path();
+            let kind = entry
+                .file_type()
+                .map_err(io(format!("stat {}", path.display())))?;
+            if kind.is_symlink() {
+                let target = std::fs::read_link(&path)
+                    .map_err(io(format!("readlink {}", path.display())))?;
+                self.symlink(&path.to_string_lossy(), &target.to_string_lossy());
+            } else if kind.is_dir() {
+                self.host_tree(&path)?;
+            } else {
+                self.host_file(&path)?;
+            }
+        }
+        Ok(self)
+    }
+
+    /// Copies the shared libraries `binary` links (its `ldd` closure, links resolved) to the
+    /// same paths in the image.
+    ///
+    /// # Errors
+    /// [`Error::Io`] if `ldd` cannot run or a library cannot be read.
+    pub fn libraries_of(&mut self, binary: &Path) -> Result<&mut Self, Error> {
+        for lib in shared_libraries(binary)? {
+            if !self.entries.contains_key(lib.trim_start_matches('/')) {
+                let real = std::fs::canonicalize(&lib).map_err(io(format!("resolve {lib}")))?;
+                let data = std::fs::read(&real).map_err(io(format!("read {}", real.display())))?;
+                self.file(&lib, data, 0o755);
+            }
+        }
+        Ok(self)
+    }
+
+    fn parents(&mut self, path: &str) {
+        let path = path.trim_matches('/');
+        let mut at = 0;
+        while let Some(i) = path[at..].find('/') {
+            let parent = &path[..at + i];
+            self.entries
+                .entry(parent.to_string())
+                .or_insert(Entry::Dir {
+                    mode: 0o755,
+                    owner: 0,
+                });
+            at += i + 1;
+        }
+    }
+
+    /// The layer as an uncompressed tar, entries sorted by path, every mtime 0.
+    ///
+    /// # Errors
+    /// [`Error::Io`] if writing the tar fails.
+    pub fn tar(&self) -> Result<Vec<u8>, Error> {
+        let mut tar = tar::Builder::new(Vec::new());
+        let err = |e: std::io::Error| Error::Io {
+            what: "write an image layer".into(),
+            source: e,
+        };
+        for (path, entry) in &self.entries {
+            let mut h = tar::Header::new_gnu();
+            h.set_mtime(0);
+            match entry {
+                Entry::Dir { mode, owner } => {
+                    h.set_entry_type(tar::EntryType::Directory);
+                    h.set_mode(*mode);
+                    h.set_uid(u64::from(*owner));
+                    h.set_gid(u64::from(*owner));
+                    h.set_size(0);
+                    tar.append_data(&mut h, format!("{path}/"), std::io::empty())
+                        .map_err(err)?;
+                }
+                Entry::File { data, mode } => {
+                    h.set_entry_type(tar::EntryType::Regular);
+                    h.set_mode(*mode);
+                    h.set_uid(0);
+                    h.set_gid(0);
+                    h.set_size(data.len() as u64);
+                    tar.append_data(&mut h, path, data.as_slice())
+                        .map_err(err)?;
+                }
+                Entry::Symlink { target } => {
+                    h.set_entry_type(tar::EntryType::Symlink);
+                    h.set_mode(0o777);
+                    h.set_size(0);
+                    tar.append_link(&mut h, path, target).map_err(err)?;
+                }
+            }
+        }
+        tar.into_inner().map_err(err)
+    }
+}
+
+/// An OCI image layout in one tar (`oci-layout`, `index.json`, `blobs/sha256/…`) plus a
+/// Docker-style `manifest.json`, so `ctr images import`, `docker load` and `podman load` all
+/// accept it.
+#[derive(Debug)]
+pub struct OciArchive<'a> {
+    /// Image reference recorded in the index (`io.containerd.image.name`) and manifest.json.
+    pub reference: &'a str,
+    /// The image configuration's `config` object (`User`, `Entrypoint`, `Env`, …).
+    pub config: serde_json::Value,
+    /// Annotations of the manifest (and labels of the config).
+    pub labels: serde_json::Value,
+    /// The layer as an uncompressed tar.
+    pub layer: &'a [u8],
+    /// Gzip the layer (smaller archives to ship; slower to write).
+    pub gzip: bool,
+}
+
+impl OciArchive<'_> {
+    /// Writes the archive to `path` (through a temporary file renamed into place).
+    ///
+    /// # Errors
+    /// [`Error::Io`] if the archive cannot be written.
+    pub fn write(&self, path: &Path) -> Result<(), Error> {
+        let diff_id = sha256(self.layer);
+        let (layer_blob, layer_type) = if self.gzip {
+            let mut gz = flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::best());
+            gz.write_all(self.layer)
+                .and_then(|()| gz.finish())
+                .map(|blob| (blob, "application/vnd.oci.image.layer.v1.tar+gzip"))
+                .map_err(io("compress an image layer".into()))?
+        } else {
+            (
+                self.layer.to_vec(),
+                "application/vnd.oci.image.layer.v1.tar",
+            )
+        };
+        let mut config = self.config.clone();
+        config["Labels"] = self.labels.clone();
+        let config = serde_json::to_vec(&json!({
+            "architecture": "amd64",
+            "os": "linux",
+            "config": config,
+            "rootfs": {"type": "layers", "diff_ids": [format!("sha256:{diff_id}")]},
+            "history": [{"created_by": "steward"}],
+        }))
+        .map_err(|e| Error::Other(format!("image config: {e}")))?;
+        let manifest = serde_json::to_vec(&json!({
+            "schemaVersion": 2,
+            "mediaType": "application/vnd.oci.image.manifest.v1+json",
+            "config": {"mediaType": "application/vnd.oci.image.config.v1+json", "digest": format!("sha256:{}", sha256(&config)), "size": config.len()},
+            "layers": [{"mediaType": layer_type, "digest": format!("sha256:{}", sha256(&layer_blob)), "size": layer_blob.len()}],
+            "annotations": self.labels,
+        }))
+        .map_err(|e| Error::Other(format!("image manifest: {e}")))?;
+        let tag = self.reference.rsplit_once(':').map_or("latest", |(_, t)| t);
+        let index = serde_json::to_vec(&json!({
+            "schemaVersion": 2,
+            "mediaType": "application/vnd.oci.image.index.v1+json",
+            "manifests": [{
+                "mediaType": "application/vnd.oci.image.manifest.v1+json",
+                "digest": format!("sha256:{}", sha256(&manifest)),
+                "size": manifest.len(),
+                "annotations": {"io.containerd.image.name": self.reference, "org.opencontainers.image.ref.name": tag},
+            }],
+        }))
+        .map_err(|e| Error::Other(format!("image index: {e}")))?;
+        let docker_manifest = serde_json::to_vec(&json!([{
+            "Config": format!("blobs/sha256/{}", sha256(&config)),
+            "RepoTags": [self.reference],
+            "Layers": [format!("blobs/sha256/{}", sha256(&layer_blob))],
+        }]))
+        .map_err(|e| Error::Other(format!("image manifest.json: {e}")))?;
+
+        let mut archive = Layer::default();
+        archive.file(
+            "oci-layout",
+            br#"{"imageLayoutVersion":"1.0.0"}"#.to_vec(),
+            0o644,
+        );
+        archive.file("index.json", index, 0o644);
+        archive.file("manifest.json", docker_manifest, 0o644);
+        for blob in [config, manifest, layer_blob] {
+            archive.file(&format!("blobs/sha256/{}", sha256(&blob)), blob, 0o644);
+        }
+        if let Some(parent) = path.parent() {
+            std::fs::create_dir_all(parent).map_err(io(format!("create {}", parent.display())))?;
+        }
+        let partial = path.with_extension(format!("partial-{}", std::process::id()));
+        std::fs::write(&partial, archive.tar()?)
+            .map_err(io(format!("write {}", partial.display())))?;
+        std::fs::rename(&partial, path).map_err(io(format!("rename to {}", path.display())))
+    }
+}
+
+/// Writes (unless cached) the archive of an image whose content is `layer`, keyed by a hash
+/// of the layer and its configuration.
+fn cached(reference: &str, config: serde_json::Value, layer: &Layer) -> Result<Image, Error> {
+    let tar = layer.tar()?;
+    let labels = json!({"org.opencontainers.image.vendor": "Steward testenv"});
+    let key = sha256(
+        &[
+            tar.as_slice(),
+            config.to_string().as_bytes(),
+            reference.as_bytes(),
+        ]
+        .concat(),
+    );
+    let name = reference
+        .rsplit('/')
+        .next()
+        .unwrap_or(reference)
+        .replace(':', "-");
+    let archive = cache_dir()
+        .join("images")
+        .join(format!("{name}-{}.oci.tar", &key[..16]));
+    if !archive.exists() {
+        OciArchive {
+            reference,
+            config,
+            labels,
+            layer: &tar,
+            gzip: false,
+        }
+        .write(&archive)?;
+    }
+    Ok(Image {
+        reference: reference.to_string(),
+        archive,
+    })
+}
+
+/// The sandbox image: `/pause`, compiled from `node/pause.c` as a static binary with `cc`.
+///
+/// # Errors
+/// [`Error::Build`] naming the compiler log if `cc` fails.
+pub fn pause() -> Result<Image, Error> {
+    let source = include_str!("node/pause.c");
+    let dir = cache_dir().join("images");
+    std::fs::create_dir_all(&dir).map_err(io(format!("create {}", dir.display())))?;
+    let binary = dir.join(format!("pause-{}", &sha256(source.as_bytes())[..16]));
+    if !binary.exists() {
+        let src = dir.join("pause.c");
+        std::fs::write(&src, source).map_err(io(format!("write {}", src.display())))?;
+        let log = dir.join("pause-build.log");
+        let partial = binary.with_extension("partial");
+        let out = Command::new("cc")
+            .args(["-static", "-Os", "-Wall", "-o"])
+            .arg(&partial)
+            .arg(&src)
+            .output()
+            .map_err(io("run cc (to build the pause image)".into()))?;
+        let _ = std::fs::write(&log, [out.stdout, out.stderr].concat());
+        if !out.status.success() {
+            return Err(Error::Build {
+                component: "pause image".into(),
+                log,
+                reason: format!("cc exited with {}", out.status),
+            });
+        }
+        let _ = Command::new("strip").arg(&partial).status();
+        std::fs::rename(&partial, &binary).map_err(io(format!("rename {}", binary.display())))?;
+    }
+    let mut layer = Layer::default();
+    let data = std::fs::read(&binary).map_err(io(format!("read {}", binary.display())))?;
+    layer.file("pause", data, 0o755);
+    cached(
+        PAUSE_REFERENCE,
+        json!({"Entrypoint": ["/pause"], "User": "65535:65535", "WorkingDir": "/"}),
+        &layer,
+    )
+}
+
+/// Debian's static busybox (`/bin/busybox` from the `busybox-static` package).
+const BUSYBOX: &str = "/bin/busybox";
+
+fn busybox_layer() -> Result<(Layer, String), Error> {
+    let version = Command::new(BUSYBOX).output().map_err(|e| Error::Start {
+        component: "busybox image",
+        log: PathBuf::from(BUSYBOX),
+        reason: format!(
+            "cannot run {BUSYBOX} ({e}); install it with `apt-get install -y busybox-static`"
+        ),
+    })?;
+    let banner = String::from_utf8_lossy(&version.stdout);
+    // "BusyBox v1.35.0 (Debian 1:1.35.0-4+b3) multi-call binary."
+    let version = banner
+        .split_whitespace()
+        .nth(1)
+        .unwrap_or("v0")
+        .trim_start_matches('v')
+        .to_string();
+    let list = Command::new(BUSYBOX)
+        .arg("--list-full")
+        .output()
+        .map_err(io(format!("run {BUSYBOX} --list-full")))?;
+    let mut layer = Layer::default();
+    layer.host_file(Path::new(BUSYBOX))?;
+    for applet in String::from_utf8_lossy(&list.stdout).lines() {
+        let applet = applet.trim();
+        if !applet.is_empty() && applet != "bin/busybox" {
+            layer.symlink(applet, "/bin/busybox");
+        }
+    }
+    layer
+        .dir("tmp", 0o1777, 0)
+        .dir("root", 0o700, 0)
+        .file(
+            "etc/passwd",
+            format!(
+                "root:x:0:0:root:/root:/bin/sh\npostgres:x:{POSTGRES_UID}:{POSTGRES_UID}:PostgreSQL:/var/lib/postgresql:/bin/sh\nnobody:x:65534:65534:nobody:/nonexistent:/bin/false\n"
+            )
+            .into_bytes(),
+            0o644,
+        )
+        .file(
+            "etc/group",
+            format!("root:x:0:\npostgres:x:{POSTGRES_UID}:\nnogroup:x:65534:\n").into_bytes(),
+            0o644,
+        );
+    Ok((layer, version))
+}
+
+/// A busybox image: `sh`, `wget`, `nslookup`, `httpd`, `nc`, … (`steward.dev/testenv/busybox`).
+///
+/// # Errors
+/// [`Error::Start`] if Debian's `busybox-static` is not installed.
+pub fn busybox() -> Result<Image, Error> {
+    let (layer, version) = busybox_layer()?;
+    cached(
+        &format!("steward.dev/testenv/busybox:{version}"),
+        json!({"Cmd": ["sh"], "Env": ["PATH=/usr/sbin:/usr/bin:/sbin:/bin"], "WorkingDir": "/"}),
+        &layer,
+    )
+}
+
+/// A PostgreSQL image of the newest major installed from Debian's `postgresql` package
+/// (`steward.dev/testenv/postgresql:<major>`), with busybox for a shell. Its `PATH` has the
+/// PostgreSQL binaries (`initdb`, `postgres`, `psql`, `pg_basebackup`, …); it runs as
+/// `postgres` (uid [`POSTGRES_UID`]); `/var/run/postgresql` is the socket directory.
+///
+/// # Errors
+/// [`Error::Start`] if PostgreSQL or busybox is not installed, [`Error::Io`] if a file cannot
+/// be read.
+pub fn postgresql() -> Result<Image, Error> {
+    let (bin, major) = crate::postgres::find_bin()?;
+    let (mut layer, _) = busybox_layer()?;
+    let home = bin.parent().map(Path::to_path_buf).unwrap_or_default();
+    layer.host_tree(&home)?;
+    layer.host_tree(&Path::new("/usr/share/postgresql").join(major.to_string()))?;
+    // JIT would add LLVM (over 100 MB); the image runs with jit=off.
+    let lib = home.join("lib");
+    layer
+        .entries
+        .retain(|path, _| !path.contains("llvmjit") && !path.contains("/bitcode"));
+    let mut objects: Vec<PathBuf> = std::fs::read_dir(&bin)
+        .map_err(io(format!("read {}", bin.display())))?
+        .chain(std::fs::read_dir(&lib).map_err(io(format!("read {}", lib.display())))?)
+        .flatten()
+        .map(|e| e.path())
+        .filter(|p| !p.to_string_lossy().contains("llvmjit") && p.is_file())
+        .collect();
+    objects.sort();
+    for object in &objects {
+        layer.libraries_of(object)?;
+    }
+    for zone in ["UTC", "Etc/UTC", "GMT", "Etc/GMT"] {
+        let path = Path::new("/usr/share/zoneinfo").join(zone);
+        if path.exists() {
+            layer.host_file(&path)?;
+        }
+    }
+    layer.dir("var/run/postgresql", 0o2775, POSTGRES_UID).dir(
+        "var/lib/postgresql",
+        0o755,
+        POSTGRES_UID,
+    );
+    cached(
+        &format!("steward.dev/testenv/postgresql:{major}"),
+        json!({
+            "User": format!("{POSTGRES_UID}:{POSTGRES_UID}"),
+            "Env": [format!("PATH={}:/usr/sbin:/usr/bin:/sbin:/bin", bin.display()), "TZ=UTC", "PGDATA=/var/lib/postgresql/data"],
+            "Cmd": ["postgres"],
+            "WorkingDir": "/var/lib/postgresql",
+        }),
+        &layer,
+    )
+}
+
+/// The image of an operator binary (`cargo xtask image`, and tests running operators as pods):
+/// the binary at `/usr/local/bin/<name>`, the shared libraries it links, an `/etc/passwd`
+/// naming the non-root user 65532 it runs as, and an empty `/tmp`. Written to `archive`.
+///
+/// # Errors
+/// [`Error::Io`] if the binary or a library cannot be read or the archive written.
+pub fn operator(
+    binary: &Path,
+    name: &str,
+    reference: &str,
+    labels: serde_json::Value,
+    archive: &Path,
+    gzip: bool,
+) -> Result<Image, Error> {
+    let mut layer = Layer::default();
+    let data = std::fs::read(binary).map_err(io(format!("read {}", binary.display())))?;
+    layer
+        .dir("etc", 0o755, 0)
+        .dir("tmp", 0o1777, 0)
+        .dir("usr/local/bin", 0o755, 0)
+        .dir("lib64", 0o755, 0)
+        .file(
+            "etc/passwd",
+            b"root:x:0:0:root:/root:/sbin/nologin\nnonroot:x:65532:65532:nonroot:/home/nonroot:/sbin/nologin\n".to_vec(),
+            0o644,
+        )
+        .file("etc/group", b"root:x:0:\nnonroot:x:65532:\n".to_vec(), 0o644)
+        .file(&format!("usr/local/bin/{name}"), data, 0o755);
+    layer.libraries_of(binary)?;
+    let tar = layer.tar()?;
+    OciArchive {
+        reference,
+        config: json!({
+            "User": "65532:65532",
+            "Entrypoint": [format!("/usr/local/bin/{name}")],
+            "Env": ["PATH=/usr/local/bin"],
+            "WorkingDir": "/",
+        }),
+        labels,
+        layer: &tar,
+        gzip,
+    }
+    .write(archive)?;
+    Ok(Image {
+        reference: reference.to_string(),
+        archive: archive.to_path_buf(),
+    })
+}
+
+/// The absolute paths `ldd` resolves for `binary` (empty for a static binary or a file that
+/// is not an ELF object).
+///
+/// # Errors
+/// [`Error::Io`] if `ldd` cannot be run.
+pub fn shared_libraries(binary: &Path) -> Result<Vec<String>, Error> {
+    let out = Command::new("ldd")
+        .arg(binary)
+        .output()
+        .map_err(io("run ldd".into()))?;
+    let text = String::from_utf8_lossy(&out.stdout);
+    Ok(text
+        .lines()
+        .filter_map(|l| {
+            let path = l
+                .split("=>")
+                .nth(1)
+                .unwrap_or(l)
+                .split_whitespace()
+                .next()?;
+            path.starts_with('/').then(|| path.to_string())
+        })
+        .collect())
+}
+
+fn sha256(data: &[u8]) -> String {
+    hex::encode(Sha256::digest(data))
+}
+
+fn io(what: String) -> impl FnOnce(std::io::Error) -> Error {
+    move |source| Error::Io { what, source }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn layer_adds_parents_and_is_reproducible() {
+        let build = || {
+            let mut layer = Layer::default();
+            layer
+                .file("usr/local/bin/x", b"x".to_vec(), 0o755)
+                .symlink("bin/sh", "/bin/busybox")
+                .dir("tmp", 0o1777, 0);
+            layer
+        };
+        let layer = build();
+        let paths: Vec<&str> = layer.entries.keys().map(String::as_str).collect();
+        assert_eq!(
+            paths,
+            [
+                "bin",
+                "bin/sh",
+                "tmp",
+                "usr",
+                "usr/local",
+                "usr/local/bin",
+                "usr/local/bin/x"
+            ]
+        );
+        assert_eq!(layer.tar().unwrap(), build().tar().unwrap());
+    }
+
+    #[test]
+    fn archive_names_the_image_for_containerd() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("x.oci.tar");
+        let mut layer = Layer::default();
+        layer.file("hello", b"hi".to_vec(), 0o644);
+        let tar = layer.tar().unwrap();
+        OciArchive {
+            reference: "steward.dev/testenv/x:1",
+            config: json!({"Cmd": ["/hello"]}),
+            labels: json!({}),
+            layer: &tar,
+            gzip: false,
+        }
+        .write(&path)
+        .unwrap();
+        let mut archive = tar::Archive::new(std::fs::File::open(&path).unwrap());
+        let mut index = None;
+        for entry in archive.entries().unwrap() {
+            let mut entry = entry.unwrap();
+            if entry.path().unwrap().to_string_lossy() == "index.json" {
+                let mut text = String::new();
+                std::io::Read::read_to_string(&mut entry, &mut text).unwrap();
+                index = Some(text);
+            }
+        }
+        let index: serde_json::Value = serde_json::from_str(&index.unwrap()).unwrap();
+        assert_eq!(
+            index["manifests"][0]["annotations"]["io.containerd.image.name"],
+            "steward.dev/testenv/x:1"
+        );
+    }
+}

@@ -1,0 +1,493 @@
+//! Removing everything a real node leaves on the host, in order: processes (kubelet,
+//! containerd, shims, containers, kube-proxy, CoreDNS), mounts, network namespaces, cgroups,
+//! iptables chains, the bridge, files, and the sysctls the node changed.
+//!
+//! The same sweep runs when a node is dropped and before a node starts (after a crash the
+//! components die with the test process, but shims, containers, mounts and chains stay).
+//! Everything it touches is found by fixed names ([`NODE_ROOT`], [`NODE_RUN`], [`BRIDGE`],
+//! chains named `KUBE-*`, `CNI-*`, `STEWARD-*`, cgroups named `kubepods`), which is why only
+//! one real node runs on a machine at a time.
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::time::{Duration, Instant};
+
+use super::{BRIDGE, NODE_ROOT, NODE_RUN};
+
+/// sysctls the node changes (itself or through kubelet), restored by [`sweep`].
+pub(crate) const SYSCTLS: &[&str] = &[
+    "net/ipv4/ip_forward",
+    "net/bridge/bridge-nf-call-iptables",
+    "net/bridge/bridge-nf-call-ip6tables",
+    "net/ipv4/conf/all/route_localnet",
+    "vm/overcommit_memory",
+    "vm/panic_on_oom",
+    "kernel/panic",
+    "kernel/panic_on_oops",
+    "kernel/keys/root_maxkeys",
+    "kernel/keys/root_maxbytes",
+];
+
+/// Where the sysctl values before the node started are kept until [`sweep`] restores them.
+pub(crate) fn sysctl_record() -> PathBuf {
+    Path::new(NODE_ROOT).join("sysctl-before")
+}
+
+/// Records the current values of [`SYSCTLS`] (unless a record of an earlier node exists).
+pub(crate) fn record_sysctls() -> std::io::Result<()> {
+    let path = sysctl_record();
+    if path.exists() {
+        return Ok(());
+    }
+    std::fs::create_dir_all(NODE_ROOT)?;
+    let mut text = String::new();
+    for name in SYSCTLS {
+        if let Ok(value) = std::fs::read_to_string(Path::new("/proc/sys").join(name)) {
+            text.push_str(&format!("{name}={}\n", value.trim()));
+        }
+    }
+    std::fs::write(path, text)
+}
+
+/// Chain-name prefixes of kube-proxy, kubelet, the CNI plugins and the harness.
+const CHAIN_PREFIXES: &[&str] = &["KUBE-", "CNI-", "STEWARD-"];
+
+/// Removes everything of a real node from the host. Returns what could not be removed (empty
+/// when the host is clean). `kube_proxy` runs `kube-proxy --cleanup` when given.
+pub(crate) fn sweep(kube_proxy: Option<&Path>) -> Vec<String> {
+    let mut problems = Vec::new();
+    kill_node_processes(&mut problems);
+    unmount_all(&mut problems);
+    remove_netns(&mut problems);
+    remove_cgroups(&mut problems);
+    if let Some(kube_proxy) = kube_proxy {
+        let _ = Command::new(kube_proxy).arg("--cleanup").output();
+    }
+    remove_chains(&mut problems);
+    remove_links(&mut problems);
+    restore_sysctls(&mut problems);
+    remove_shared_files();
+    remove_files(&mut problems);
+    problems
+}
+
+/// Directories outside [`NODE_ROOT`] and [`NODE_RUN`] that a node creates (fixed paths of
+/// kubelet, containerd's shims and the CNI library); removed when empty after the sweep.
+const SHARED_DIRS: &[&str] = &[
+    "/run/containerd/s",
+    "/run/containerd/runc/k8s.io",
+    "/run/containerd/runc",
+    "/run/containerd",
+    "/run/netns",
+    "/var/lib/cni/results",
+    "/var/lib/cni",
+    "/var/lib/kubelet/device-plugins",
+    "/var/lib/kubelet",
+    "/var/log/containers",
+    "/var/log/pods",
+];
+
+/// What is left of a node on the host (processes, mounts, netns, cgroups, chains, links,
+/// directories); empty when clean. The teardown tests assert it.
+pub fn leftovers() -> Vec<String> {
+    let mut found = Vec::new();
+    for pid in node_pids() {
+        found.push(format!(
+            "process {pid}: {}",
+            cmdline(pid).unwrap_or_default()
+        ));
+    }
+    for mount in node_mounts() {
+        found.push(format!("mount {mount}"));
+    }
+    for ns in netns_entries() {
+        found.push(format!("netns {}", ns.display()));
+    }
+    for cgroup in kubepods_cgroups() {
+        found.push(format!("cgroup {}", cgroup.display()));
+    }
+    for tool in ["iptables-save", "ip6tables-save"] {
+        if let Ok(out) = Command::new(tool).output() {
+            for line in String::from_utf8_lossy(&out.stdout).lines() {
+                if line.starts_with(':') && is_node_chain(&line[1..]) {
+                    found.push(format!("{tool}: chain {line}"));
+                }
+            }
+        }
+    }
+    if Path::new("/sys/class/net").join(BRIDGE).exists() {
+        found.push(format!("bridge {BRIDGE}"));
+    }
+    for link in veths_of_bridge() {
+        found.push(format!("veth {link}"));
+    }
+    for dir in [NODE_ROOT, NODE_RUN].iter().chain(SHARED_DIRS) {
+        if Path::new(dir).exists() {
+            found.push(format!("directory {dir}"));
+        }
+    }
+    found.dedup();
+    found
+}
+
+/// Ids of the node's sandboxes and containers, read from containerd's directories.
+fn container_ids() -> Vec<String> {
+    let mut ids = Vec::new();
+    for dir in [
+        format!("{NODE_RUN}/containerd/io.containerd.runtime.v2.task/k8s.io"),
+        format!("{NODE_ROOT}/containerd/io.containerd.grpc.v1.cri/sandboxes"),
+        format!("{NODE_ROOT}/containerd/io.containerd.grpc.v1.cri/containers"),
+    ] {
+        if let Ok(entries) = std::fs::read_dir(dir) {
+            ids.extend(
+                entries
+                    .flatten()
+                    .map(|e| e.file_name().to_string_lossy().to_string()),
+            );
+        }
+    }
+    ids.sort();
+    ids.dedup();
+    ids
+}
+
+/// Files the node leaves at fixed paths: shim sockets (`/run/containerd/s/<sha256 of socket,
+/// namespace, id>`), the CNI library's result cache, kubelet's log links. Then the
+/// [`SHARED_DIRS`] that are empty.
+fn remove_shared_files() {
+    use sha2::{Digest, Sha256};
+    let socket = super::config::Layout::containerd_socket();
+    for id in container_ids() {
+        let key = socket.join("k8s.io").join(&id);
+        let name = hex::encode(Sha256::digest(key.to_string_lossy().as_bytes()));
+        let _ = std::fs::remove_file(Path::new("/run/containerd/s").join(name));
+        let _ = std::fs::remove_dir_all(Path::new("/run/containerd/runc/k8s.io").join(&id));
+        if let Ok(entries) = std::fs::read_dir("/var/lib/cni/results") {
+            for entry in entries.flatten() {
+                let file = entry.file_name().to_string_lossy().to_string();
+                if file.contains(&id) {
+                    let _ = std::fs::remove_file(entry.path());
+                }
+            }
+        }
+    }
+    if let Ok(entries) = std::fs::read_dir("/var/log/containers") {
+        for entry in entries.flatten() {
+            if std::fs::read_link(entry.path()).is_ok_and(|t| t.starts_with(NODE_ROOT)) {
+                let _ = std::fs::remove_file(entry.path());
+            }
+        }
+    }
+    // kubelet's device-plugin socket directory is fixed (not under its root dir).
+    let _ = std::fs::remove_dir_all("/var/lib/kubelet/device-plugins");
+    for dir in SHARED_DIRS {
+        let _ = std::fs::remove_dir(dir);
+    }
+}
+
+fn is_node_chain(name: &str) -> bool {
+    CHAIN_PREFIXES.iter().any(|p| name.starts_with(p))
+}
+
+fn cmdline(pid: u32) -> Option<String> {
+    std::fs::read(format!("/proc/{pid}/cmdline"))
+        .ok()
+        .map(|b| String::from_utf8_lossy(&b).replace('\0', " "))
+}
+
+/// Processes of the node: its components and shims (their command lines name [`NODE_RUN`])
+/// and every process in a `kubepods` cgroup (the containers).
+fn node_pids() -> Vec<u32> {
+    let me = std::process::id();
+    let mut pids: Vec<u32> = std::fs::read_dir("/proc")
+        .map(|d| {
+            d.flatten()
+                .filter_map(|e| e.file_name().to_str().and_then(|n| n.parse::<u32>().ok()))
+                .filter(|pid| *pid != me)
+                .filter(|pid| cmdline(*pid).is_some_and(|c| c.contains(NODE_RUN)))
+                .collect()
+        })
+        .unwrap_or_default();
+    for cgroup in kubepods_cgroups() {
+        if let Ok(text) = std::fs::read_to_string(cgroup.join("cgroup.procs")) {
+            pids.extend(text.lines().filter_map(|l| l.trim().parse::<u32>().ok()));
+        }
+    }
+    pids.sort_unstable();
+    pids.dedup();
+    pids.retain(|pid| *pid != me);
+    pids
+}
+
+fn kill_node_processes(problems: &mut Vec<String>) {
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let pids = node_pids();
+        if pids.is_empty() {
+            return;
+        }
+        if Instant::now() > deadline {
+            problems.push(format!("processes still running after SIGKILL: {pids:?}"));
+            return;
+        }
+        let _ = Command::new("kill")
+            .arg("-KILL")
+            .args(pids.iter().map(u32::to_string))
+            .output();
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+/// `kubepods` cgroup directories of every v1 hierarchy, deepest first.
+fn kubepods_cgroups() -> Vec<PathBuf> {
+    fn walk(dir: &Path, out: &mut Vec<PathBuf>) {
+        if let Ok(entries) = std::fs::read_dir(dir) {
+            for entry in entries.flatten() {
+                if entry.file_type().is_ok_and(|t| t.is_dir()) {
+                    walk(&entry.path(), out);
+                }
+            }
+        }
+        out.push(dir.to_path_buf());
+    }
+    let mut out = Vec::new();
+    if let Ok(hierarchies) = std::fs::read_dir("/sys/fs/cgroup") {
+        for h in hierarchies.flatten() {
+            let pods = h.path().join("kubepods");
+            if pods.is_dir() {
+                walk(&pods, &mut out);
+            }
+        }
+    }
+    out
+}
+
+fn remove_cgroups(problems: &mut Vec<String>) {
+    for _ in 0..20 {
+        let left: Vec<PathBuf> = kubepods_cgroups()
+            .into_iter()
+            .filter(|dir| std::fs::remove_dir(dir).is_err())
+            .collect();
+        if left.is_empty() {
+            return;
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    for dir in kubepods_cgroups() {
+        problems.push(format!("cannot remove cgroup {}", dir.display()));
+    }
+}
+
+/// Mount points under the node's directories or in `/run/netns/cni-*`, deepest first.
+fn node_mounts() -> Vec<String> {
+    let text = std::fs::read_to_string("/proc/self/mountinfo").unwrap_or_default();
+    let mut mounts: Vec<String> = text
+        .lines()
+        .filter_map(|l| l.split(' ').nth(4))
+        .map(unescape_mount)
+        .filter(|m| {
+            m.starts_with(NODE_ROOT)
+                || m.starts_with(NODE_RUN)
+                || m.starts_with("/run/netns/cni-")
+                || m.starts_with("/var/run/netns/cni-")
+                || m.starts_with("/var/lib/kubelet")
+        })
+        .collect();
+    mounts.sort_by_key(|m| std::cmp::Reverse(m.len()));
+    mounts.dedup();
+    mounts
+}
+
+/// mountinfo escapes space, tab, newline and backslash as `\ooo`.
+fn unescape_mount(field: &str) -> String {
+    let mut out = String::new();
+    let mut chars = field.chars().peekable();
+    while let Some(c) = chars.next() {
+        if c == '\\' {
+            let code: String = chars.by_ref().take(3).collect();
+            if let Ok(byte) = u8::from_str_radix(&code, 8) {
+                out.push(byte as char);
+                continue;
+            }
+            out.push(c);
+            out.push_str(&code);
+        } else {
+            out.push(c);
+        }
+    }
+    out
+}
+
+fn unmount_all(problems: &mut Vec<String>) {
+    for _ in 0..10 {
+        let mounts = node_mounts();
+        if mounts.is_empty() {
+            return;
+        }
+        for mount in &mounts {
+            let _ = Command::new("umount").arg("-l").arg(mount).output();
+        }
+    }
+    for mount in node_mounts() {
+        problems.push(format!("cannot unmount {mount}"));
+    }
+}
+
+fn netns_entries() -> Vec<PathBuf> {
+    std::fs::read_dir("/run/netns")
+        .map(|d| {
+            d.flatten()
+                .map(|e| e.path())
+                .filter(|p| {
+                    p.file_name()
+                        .is_some_and(|n| n.to_string_lossy().starts_with("cni-"))
+                })
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
+fn remove_netns(problems: &mut Vec<String>) {
+    for ns in netns_entries() {
+        if let Err(e) = std::fs::remove_file(&ns) {
+            problems.push(format!("cannot remove {}: {e}", ns.display()));
+        }
+    }
+}
+
+/// Rewrites each iptables table without the node's chains and the rules that jump to them
+/// (one `iptables-restore` per family, only when something is to be removed).
+fn remove_chains(problems: &mut Vec<String>) {
+    for (save, restore) in [
+        ("iptables-save", "iptables-restore"),
+        ("ip6tables-save", "ip6tables-restore"),
+    ] {
+        let Ok(out) = Command::new(save).output() else {
+            continue;
+        };
+        let text = String::from_utf8_lossy(&out.stdout).to_string();
+        let filtered = without_node_chains(&text);
+        if filtered == text {
+            continue;
+        }
+        let result = Command::new(restore)
+            .stdin(std::process::Stdio::piped())
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::piped())
+            .spawn()
+            .and_then(|mut child| {
+                use std::io::Write;
+                if let Some(mut stdin) = child.stdin.take() {
+                    stdin.write_all(filtered.as_bytes())?;
+                }
+                child.wait_with_output()
+            });
+        match result {
+            Ok(o) if o.status.success() => {}
+            Ok(o) => problems.push(format!(
+                "{restore} failed: {}",
+                String::from_utf8_lossy(&o.stderr).trim()
+            )),
+            Err(e) => problems.push(format!("cannot run {restore}: {e}")),
+        }
+    }
+}
+
+/// `iptables-save` output without the node's chains, their rules and jumps to them.
+pub(crate) fn without_node_chains(save: &str) -> String {
+    let mut out = String::new();
+    for line in save.lines() {
+        let drop = if let Some(chain) = line.strip_prefix(':') {
+            is_node_chain(chain)
+        } else if let Some(rule) = line.strip_prefix("-A ") {
+            let mut words = rule.split_whitespace();
+            let chain = words.next().unwrap_or_default();
+            let mut target = None;
+            while let Some(w) = words.next() {
+                if w == "-j" || w == "-g" {
+                    target = words.next();
+                }
+            }
+            is_node_chain(chain) || target.is_some_and(is_node_chain)
+        } else {
+            false
+        };
+        if !drop {
+            out.push_str(line);
+            out.push('\n');
+        }
+    }
+    out
+}
+
+fn veths_of_bridge() -> Vec<String> {
+    let dir = Path::new("/sys/class/net").join(BRIDGE).join("brif");
+    std::fs::read_dir(dir)
+        .map(|d| {
+            d.flatten()
+                .map(|e| e.file_name().to_string_lossy().to_string())
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
+fn remove_links(problems: &mut Vec<String>) {
+    for veth in veths_of_bridge() {
+        let _ = Command::new("ip").args(["link", "del", &veth]).output();
+    }
+    if Path::new("/sys/class/net").join(BRIDGE).exists() {
+        match Command::new("ip").args(["link", "del", BRIDGE]).output() {
+            Ok(o) if o.status.success() => {}
+            Ok(o) => problems.push(format!(
+                "ip link del {BRIDGE}: {}",
+                String::from_utf8_lossy(&o.stderr).trim()
+            )),
+            Err(e) => problems.push(format!("cannot run ip: {e}")),
+        }
+    }
+}
+
+fn restore_sysctls(problems: &mut Vec<String>) {
+    let Ok(text) = std::fs::read_to_string(sysctl_record()) else {
+        return;
+    };
+    for line in text.lines() {
+        if let Some((name, value)) = line.split_once('=') {
+            let path = Path::new("/proc/sys").join(name);
+            let now = std::fs::read_to_string(&path).unwrap_or_default();
+            if now.trim() != value && std::fs::write(&path, value).is_err() {
+                problems.push(format!("cannot restore sysctl {name}={value}"));
+            }
+        }
+    }
+}
+
+fn remove_files(problems: &mut Vec<String>) {
+    for dir in [NODE_RUN, NODE_ROOT] {
+        if Path::new(dir).exists()
+            && let Err(e) = std::fs::remove_dir_all(dir)
+        {
+            problems.push(format!("cannot remove {dir}: {e}"));
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn node_chains_and_jumps_are_dropped_others_kept() {
+        let save = "*filter\n:INPUT ACCEPT [0:0]\n:FORWARD ACCEPT [0:0]\n:KUBE-FIREWALL - [0:0]\n:DOCKER - [0:0]\n-A INPUT -j KUBE-FIREWALL\n-A FORWARD -m comment --comment \"kube x\" -j KUBE-FORWARD\n-A FORWARD -j DOCKER\n-A KUBE-FIREWALL -j DROP\n-A FORWARD -j STEWARD-NODE\nCOMMIT\n";
+        assert_eq!(
+            without_node_chains(save),
+            "*filter\n:INPUT ACCEPT [0:0]\n:FORWARD ACCEPT [0:0]\n:DOCKER - [0:0]\n-A FORWARD -j DOCKER\nCOMMIT\n"
+        );
+    }
+
+    #[test]
+    fn mountinfo_escapes_are_decoded() {
+        assert_eq!(unescape_mount("/a\\040b"), "/a b");
+        assert_eq!(unescape_mount("/plain"), "/plain");
+    }
+}

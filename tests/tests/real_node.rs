@@ -1,0 +1,651 @@
+//! Pods that really run: the control plane with one real node (kubelet, containerd, CNI bridge,
+//! kube-proxy, CoreDNS) and images assembled on this machine.
+//!
+//! Each test starts its own control plane with a real node and drops it at the end, which
+//! removes the node from the host. One real node runs per machine, so the tests take turns
+//! ([`NODE`]). Needs root (the test command runs as root here and in CI).
+
+use std::time::{Duration, Instant};
+
+use k8s_openapi::api::core::v1::{Pod, Service};
+use kube::api::{Api, LogParams, PostParams};
+use serde_json::json;
+use steward_testenv::node::teardown::leftovers;
+use steward_testenv::{ControlPlane, Options, RealNode, eventually};
+
+/// Held by each test for its whole run: one real node at a time, and the teardown test sees
+/// only what its own node left.
+static NODE: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
+
+const WAIT: Duration = Duration::from_secs(90);
+
+async fn start() -> ControlPlane {
+    let started = Instant::now();
+    let cp = ControlPlane::start(Options {
+        nodes: 0,
+        real_node: true,
+        ..Options::default()
+    })
+    .await
+    .expect("control plane with a real node");
+    eprintln!(
+        "control plane with a Ready real node in {:.1?} (node {:.1?})",
+        started.elapsed(),
+        node(&cp).started_in()
+    );
+    cp
+}
+
+fn node(cp: &ControlPlane) -> &RealNode {
+    cp.real_node().expect("started with real_node: true")
+}
+
+/// A pod of `image` running `script` with `sh -c`, never restarted.
+fn pod(name: &str, image: &str, script: &str) -> serde_json::Value {
+    json!({
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {"name": name, "labels": {"app": name}},
+        "spec": {
+            "restartPolicy": "Never",
+            "terminationGracePeriodSeconds": 0,
+            "automountServiceAccountToken": false,
+            "containers": [{
+                "name": "main",
+                "image": image,
+                "imagePullPolicy": "Never",
+                "command": ["sh", "-c", script],
+            }],
+        }
+    })
+}
+
+async fn create_pod(cp: &ControlPlane, ns: &str, spec: serde_json::Value) -> Api<Pod> {
+    let pods: Api<Pod> = Api::namespaced(cp.client().expect("client"), ns);
+    let pod: Pod = serde_json::from_value(spec).expect("pod manifest");
+    pods.create(&PostParams::default(), &pod)
+        .await
+        .expect("create pod");
+    pods
+}
+
+/// Waits until the pod's phase is one of `phases`; the failure names the kubelet log.
+async fn wait_phase(cp: &ControlPlane, pods: &Api<Pod>, name: &str, phases: &[&str]) -> Pod {
+    let kubelet = node(cp).log("kubelet");
+    eventually(&format!("pod {name} in {phases:?}"), WAIT, || {
+        let pods = pods.clone();
+        async move {
+            let pod = pods.get(name).await.map_err(|e| e.to_string())?;
+            let status = pod.status.clone().unwrap_or_default();
+            let phase = status.phase.clone().unwrap_or_default();
+            if phases.contains(&phase.as_str()) {
+                Ok(pod)
+            } else {
+                Err(format!(
+                    "phase {phase}, containers {:?}",
+                    status
+                        .container_statuses
+                        .map(|c| c.into_iter().map(|c| c.state).collect::<Vec<_>>())
+                ))
+            }
+        }
+    })
+    .await
+    .unwrap_or_else(|e| panic!("{e}; kubelet log: {}", kubelet.display()))
+}
+
+async fn logs(pods: &Api<Pod>, name: &str) -> String {
+    pods.logs(name, &LogParams::default())
+        .await
+        .unwrap_or_else(|e| format!("<logs unavailable: {e}>"))
+}
+
+#[tokio::test]
+async fn pod_runs_and_its_logs_are_read() {
+    let _turn = NODE.lock().await;
+    let cp = start().await;
+    let ns = cp.namespace("rn-logs").await.unwrap();
+    let image = node(&cp).busybox_image().await.expect("busybox image");
+    let pods = create_pod(
+        &cp,
+        &ns,
+        pod(
+            "hello",
+            &image,
+            "echo hello from $(hostname) uid $(id -u); sleep 3600",
+        ),
+    )
+    .await;
+    let running = wait_phase(&cp, &pods, "hello", &["Running"]).await;
+    let ip = running.status.unwrap().pod_ip.unwrap_or_default();
+    assert!(ip.starts_with("198.18.0."), "pod IP {ip} on the bridge");
+    let text = eventually("hello's log", WAIT, || {
+        let pods = pods.clone();
+        async move {
+            let text = logs(&pods, "hello").await;
+            if text.contains("hello from hello uid 0") {
+                Ok(text)
+            } else {
+                Err(text)
+            }
+        }
+    })
+    .await
+    .unwrap();
+    assert_eq!(text.trim(), "hello from hello uid 0");
+}
+
+#[tokio::test]
+async fn exec_runs_a_command_in_the_container() {
+    let _turn = NODE.lock().await;
+    let cp = start().await;
+    let ns = cp.namespace("rn-exec").await.unwrap();
+    let image = node(&cp).busybox_image().await.expect("busybox image");
+    let pods = create_pod(&cp, &ns, pod("box", &image, "sleep 3600")).await;
+    wait_phase(&cp, &pods, "box", &["Running"]).await;
+    let kubectl = |args: &[&str]| {
+        let out = std::process::Command::new(&cp.binaries().kubectl)
+            .arg(format!("--kubeconfig={}", cp.kubeconfig_path().display()))
+            .args(["-n", &ns, "exec", "box", "--"])
+            .args(args)
+            .output()
+            .expect("run kubectl");
+        assert!(
+            out.status.success(),
+            "kubectl exec {args:?}: {}; kubelet log: {}",
+            String::from_utf8_lossy(&out.stderr),
+            node(&cp).log("kubelet").display()
+        );
+        String::from_utf8_lossy(&out.stdout).to_string()
+    };
+    kubectl(&["sh", "-c", "echo written-by-exec > /tmp/proof"]);
+    assert_eq!(kubectl(&["cat", "/tmp/proof"]).trim(), "written-by-exec");
+    assert_eq!(kubectl(&["hostname"]).trim(), "box");
+}
+
+#[tokio::test]
+async fn service_resolves_by_dns_name_and_answers_from_another_pod() {
+    let _turn = NODE.lock().await;
+    let cp = start().await;
+    let ns = cp.namespace("rn-dns").await.unwrap();
+    let image = node(&cp).busybox_image().await.expect("busybox image");
+    let token = format!("token-{:08x}", rand_u32());
+    let pods = create_pod(
+        &cp,
+        &ns,
+        pod(
+            "web",
+            &image,
+            &format!(
+                "mkdir -p /www && echo {token} > /www/index.html && exec httpd -f -p 8080 -h /www"
+            ),
+        ),
+    )
+    .await;
+    let services: Api<Service> = Api::namespaced(cp.client().unwrap(), &ns);
+    let svc: Service = serde_json::from_value(json!({
+        "metadata": {"name": "web"},
+        "spec": {"selector": {"app": "web"}, "ports": [{"port": 80, "targetPort": 8080}]}
+    }))
+    .unwrap();
+    let svc = services.create(&PostParams::default(), &svc).await.unwrap();
+    let cluster_ip = svc.spec.unwrap().cluster_ip.unwrap_or_default();
+    assert!(cluster_ip.starts_with("198.19."), "ClusterIP {cluster_ip}");
+    wait_phase(&cp, &pods, "web", &["Running"]).await;
+    // busybox's nslookup asks CoreDNS itself; its static wget crashes in glibc's resolver
+    // whenever /etc/resolv.conf exists, so the name is resolved first and nc fetches the page.
+    let name = format!("web.{ns}.svc.cluster.local");
+    create_pod(
+        &cp,
+        &ns,
+        pod(
+            "client",
+            &image,
+            &format!(
+                "nslookup {name}; ip=$(nslookup {name} | awk '/^Address: /{{print $2}}' | tail -1); \
+                 for i in $(seq 1 100); do printf 'GET / HTTP/1.0\\r\\n\\r\\n' | nc -w 2 $ip 80 | grep -q {token} && echo got {token} && exit 0; sleep 0.3; done; exit 1"
+            ),
+        ),
+    )
+    .await;
+    let done = wait_phase(&cp, &pods, "client", &["Succeeded", "Failed"]).await;
+    let text = logs(&pods, "client").await;
+    assert_eq!(
+        done.status.unwrap().phase.as_deref(),
+        Some("Succeeded"),
+        "client log:\n{text}\nCoreDNS log: {}, kube-proxy log: {}",
+        node(&cp).log("coredns").display(),
+        node(&cp).log("kube-proxy").display()
+    );
+    assert!(
+        text.contains(&cluster_ip),
+        "nslookup answered the ClusterIP:\n{text}"
+    );
+    assert!(text.contains(&token), "the server's page:\n{text}");
+}
+
+#[tokio::test]
+async fn postgresql_pod_accepts_connections_through_a_service() {
+    let _turn = NODE.lock().await;
+    let cp = start().await;
+    let ns = cp.namespace("rn-pg").await.unwrap();
+    let image = node(&cp)
+        .postgresql_image()
+        .await
+        .expect("PostgreSQL image");
+    let password = format!("pw{:08x}", rand_u32());
+    let script = format!(
+        "set -e; echo {password} > /tmp/pw; \
+         initdb -D $PGDATA -U postgres --pwfile=/tmp/pw --auth-local=trust --auth-host=scram-sha-256 -E UTF8 --locale=C >/dev/null; \
+         echo 'host all all 0.0.0.0/0 scram-sha-256' >> $PGDATA/pg_hba.conf; \
+         exec postgres -c listen_addresses='*' -c jit=off"
+    );
+    let mut spec = pod("pg", &image, &script);
+    spec["spec"]["containers"][0]["env"] =
+        json!([{"name": "PGDATA", "value": "/var/lib/postgresql/data/pg"}]);
+    spec["spec"]["containers"][0]["volumeMounts"] =
+        json!([{"name": "data", "mountPath": "/var/lib/postgresql/data"}]);
+    spec["spec"]["containers"][0]["readinessProbe"] =
+        json!({"exec": {"command": ["pg_isready", "-h", "127.0.0.1"]}, "periodSeconds": 1});
+    spec["spec"]["volumes"] = json!([{"name": "data", "emptyDir": {}}]);
+    let pods = create_pod(&cp, &ns, spec).await;
+    let services: Api<Service> = Api::namespaced(cp.client().unwrap(), &ns);
+    let svc: Service = serde_json::from_value(json!({
+        "metadata": {"name": "pg"},
+        "spec": {"selector": {"app": "pg"}, "ports": [{"port": 5432}]}
+    }))
+    .unwrap();
+    let cluster_ip = services
+        .create(&PostParams::default(), &svc)
+        .await
+        .unwrap()
+        .spec
+        .unwrap()
+        .cluster_ip
+        .unwrap_or_default();
+    let kubelet = node(&cp).log("kubelet");
+    eventually("pg Ready (pg_isready probe)", WAIT, || {
+        let pods = pods.clone();
+        async move {
+            let pod = pods.get("pg").await.map_err(|e| e.to_string())?;
+            let status = pod.status.unwrap_or_default();
+            let ready = status
+                .conditions
+                .unwrap_or_default()
+                .iter()
+                .any(|c| c.type_ == "Ready" && c.status == "True");
+            if ready {
+                Ok(())
+            } else {
+                Err(format!("phase {:?}", status.phase))
+            }
+        }
+    })
+    .await
+    .unwrap_or_else(|e| {
+        panic!("{e}; kubelet log: {}", kubelet.display());
+    });
+
+    // From this process, through the Service's ClusterIP (kube-proxy's OUTPUT rules), once
+    // kube-proxy has seen the ready endpoint.
+    let conn = format!(
+        "host={cluster_ip} port=5432 user=postgres password={password} dbname=postgres connect_timeout=5"
+    );
+    let client = eventually("a connection through the pg Service", WAIT, || {
+        let conn = conn.clone();
+        async move {
+            let (client, connection) = tokio_postgres::connect(&conn, tokio_postgres::NoTls)
+                .await
+                .map_err(|e| format!("{e:?}"))?;
+            tokio::spawn(connection);
+            Ok(client)
+        }
+    })
+    .await
+    .unwrap_or_else(|e| {
+        panic!(
+            "{e}; kube-proxy log: {}",
+            node(&cp).log("kube-proxy").display()
+        )
+    });
+    let row = client
+        .query_one(
+            "select current_setting('server_version_num')::int / 10000",
+            &[],
+        )
+        .await
+        .unwrap();
+    let major: i32 = row.get(0);
+    assert!(
+        image.ends_with(&format!(":{major}")),
+        "{image} runs {major}"
+    );
+
+    // From another pod, by the Service's DNS name, with the image's own psql.
+    let name = format!("pg.{ns}.svc.cluster.local");
+    let mut client_pod = pod(
+        "psql",
+        &image,
+        &format!("psql -h {name} -U postgres -tA -c 'select 40 + 2'"),
+    );
+    client_pod["spec"]["containers"][0]["env"] = json!([{"name": "PGPASSWORD", "value": password}]);
+    create_pod(&cp, &ns, client_pod).await;
+    let done = wait_phase(&cp, &pods, "psql", &["Succeeded", "Failed"]).await;
+    let text = logs(&pods, "psql").await;
+    assert_eq!(
+        done.status.unwrap().phase.as_deref(),
+        Some("Succeeded"),
+        "{text}"
+    );
+    assert_eq!(text.trim(), "42");
+}
+
+#[tokio::test]
+async fn container_over_its_memory_limit_is_oom_killed() {
+    let _turn = NODE.lock().await;
+    let cp = start().await;
+    let ns = cp.namespace("rn-oom").await.unwrap();
+    let image = node(&cp).busybox_image().await.expect("busybox image");
+    // dd allocates (and fills) a 128 MiB buffer; the limit is 32 MiB.
+    let mut spec = pod(
+        "hog",
+        &image,
+        "exec dd if=/dev/zero of=/dev/null bs=128M count=1",
+    );
+    spec["spec"]["containers"][0]["resources"] =
+        json!({"limits": {"memory": "32Mi"}, "requests": {"memory": "32Mi"}});
+    let pods = create_pod(&cp, &ns, spec).await;
+    let done = wait_phase(&cp, &pods, "hog", &["Failed", "Succeeded"]).await;
+    let state = done.status.unwrap().container_statuses.unwrap()[0]
+        .state
+        .clone()
+        .unwrap();
+    let terminated = state.terminated.expect("terminated");
+    assert_eq!(
+        terminated.reason.as_deref(),
+        Some("OOMKilled"),
+        "{terminated:?}"
+    );
+    assert_eq!(terminated.exit_code, 137);
+}
+
+#[tokio::test]
+async fn teardown_leaves_nothing_behind() {
+    let _turn = NODE.lock().await;
+    for round in 1..=2 {
+        let cp = start().await;
+        let ns = cp.namespace("rn-teardown").await.unwrap();
+        let image = node(&cp).busybox_image().await.expect("busybox image");
+        let pods = create_pod(&cp, &ns, pod("sleeper", &image, "sleep 3600")).await;
+        wait_phase(&cp, &pods, "sleeper", &["Running"]).await;
+        let during = leftovers();
+        for kind in [
+            "process", "mount", "netns", "cgroup", "chain", "bridge", "veth",
+        ] {
+            assert!(
+                during.iter().any(|l| l.contains(kind)),
+                "round {round}: a running node has a {kind} (else the check below proves nothing): {during:#?}"
+            );
+        }
+        let stopping = Instant::now();
+        drop(cp);
+        eprintln!("round {round}: torn down in {:.1?}", stopping.elapsed());
+        let left = leftovers();
+        assert!(
+            left.is_empty(),
+            "round {round}: left on the host: {left:#?}"
+        );
+    }
+}
+
+/// A node whose process is killed (SIGKILL: no drop runs) leaves containers, shims, mounts,
+/// chains and the bridge behind; the next node's start removes them, and its drop leaves
+/// nothing.
+#[tokio::test]
+async fn a_crashed_node_is_swept_at_the_next_start() {
+    use tokio::io::AsyncBufReadExt;
+
+    let example =
+        cargo_build(&["--package", "steward-testenv", "--example", "start"]).join("examples/start");
+
+    let _turn = NODE.lock().await;
+    let mut child = tokio::process::Command::new(&example)
+        .args(["--real-node", "600"])
+        .stdout(std::process::Stdio::piped())
+        .kill_on_drop(true)
+        .spawn()
+        .expect("start the example");
+    let mut lines = tokio::io::BufReader::new(child.stdout.take().unwrap()).lines();
+    let kubeconfig = tokio::time::timeout(WAIT, async {
+        while let Some(line) = lines.next_line().await.unwrap() {
+            if let Some(path) = line.strip_prefix("export KUBECONFIG=") {
+                return path.to_string();
+            }
+        }
+        panic!("the example exited before its node was Ready");
+    })
+    .await
+    .expect("the example's node Ready");
+    let kubectl = steward_testenv::binaries::ensure().unwrap().kubectl;
+    let run = |args: &[&str]| {
+        let out = std::process::Command::new(&kubectl)
+            .arg(format!("--kubeconfig={kubeconfig}"))
+            .args(args)
+            .output()
+            .unwrap();
+        assert!(
+            out.status.success(),
+            "kubectl {args:?}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    };
+    run(&[
+        "run",
+        "orphan",
+        "--image=steward.dev/testenv/pause:1",
+        "--image-pull-policy=Never",
+    ]);
+    run(&[
+        "wait",
+        "--for=condition=Ready",
+        "pod/orphan",
+        "--timeout=60s",
+    ]);
+    child.kill().await.expect("SIGKILL the example");
+
+    let left = leftovers();
+    for kind in ["process", "mount", "netns", "cgroup", "chain", "bridge"] {
+        assert!(
+            left.iter().any(|l| l.contains(kind)),
+            "a killed node leaves a {kind} (else this test proves nothing): {left:#?}"
+        );
+    }
+    let cp = start().await;
+    drop(cp);
+    let left = leftovers();
+    assert!(left.is_empty(), "left on the host: {left:#?}");
+}
+
+/// `cargo build --quiet ARGS` (debug, as the tests are) in the workspace; returns the debug
+/// output directory.
+fn cargo_build(args: &[&str]) -> std::path::PathBuf {
+    let root = steward_testenv::workspace_root();
+    let status =
+        std::process::Command::new(std::env::var("CARGO").unwrap_or_else(|_| "cargo".into()))
+            .current_dir(&root)
+            .args(["build", "--quiet"])
+            .args(args)
+            .status()
+            .expect("run cargo build");
+    assert!(status.success(), "cargo build {args:?}");
+    std::env::var_os("CARGO_TARGET_DIR")
+        .map(std::path::PathBuf::from)
+        .unwrap_or_else(|| root.join("target"))
+        .join("debug")
+}
+
+/// The tenant operator as its image, deployed by `deploy/tenant-operator/` (2 replicas, its
+/// ServiceAccount and RBAC, restricted Pod Security, probes): both replicas become Ready
+/// through the kubelet's probes, run as uid 65532, and when the leader's pod is deleted the
+/// other replica takes the Lease.
+#[tokio::test]
+async fn operator_image_runs_as_its_deployment_and_hands_over_leadership() {
+    use k8s_openapi::api::apps::v1::Deployment;
+    use k8s_openapi::api::coordination::v1::Lease;
+    use kube::api::{DeleteParams, ListParams};
+
+    let operator = "tenant-operator";
+    let ns = format!("{operator}-system");
+    let binary = cargo_build(&["--package", operator, "--bin", operator]).join(operator);
+    let _turn = NODE.lock().await;
+    let cp = start().await;
+    let image = steward_testenv::images::operator(
+        &binary,
+        operator,
+        &format!("steward.dev/testenv/{operator}:test"),
+        json!({}),
+        &cp.dir().join(format!("{operator}.oci.tar")),
+        false,
+    )
+    .expect("operator image");
+    node(&cp)
+        .import(&image)
+        .await
+        .expect("import operator image");
+    cp.install_crds(&steward_testenv::workspace_root().join("crds"))
+        .await
+        .expect("CRDs");
+    let mut objects = cp
+        .kustomize(
+            &steward_testenv::workspace_root()
+                .join("deploy")
+                .join(operator),
+        )
+        .expect("kustomize");
+    for obj in &mut objects {
+        if obj["kind"] == "Deployment" {
+            let container = &mut obj["spec"]["template"]["spec"]["containers"][0];
+            container["image"] = json!(image.reference);
+            container["imagePullPolicy"] = json!("Never");
+        }
+    }
+    objects.sort_by_key(|o| o["kind"] != "Namespace");
+    let client = cp.client().unwrap();
+    for obj in &objects {
+        steward_testenv::manifests::apply(&client, obj, None, "real-node-test", false)
+            .await
+            .unwrap();
+    }
+
+    let deployments: Api<Deployment> = Api::namespaced(client.clone(), &ns);
+    let pods: Api<Pod> = Api::namespaced(client.clone(), &ns);
+    let selector = ListParams::default().labels(&format!("app.kubernetes.io/name={operator}"));
+    let kubelet = node(&cp).log("kubelet");
+    eventually("2 replicas Ready (kubelet readiness probes)", WAIT, || {
+        let (deployments, pods, selector) = (deployments.clone(), pods.clone(), selector.clone());
+        async move {
+            let d = deployments.get(operator).await.map_err(|e| e.to_string())?;
+            let ready = d.status.and_then(|s| s.ready_replicas).unwrap_or(0);
+            if ready == 2 {
+                return Ok(());
+            }
+            let list = pods.list(&selector).await.map_err(|e| e.to_string())?;
+            let states: Vec<String> = list
+                .items
+                .iter()
+                .map(|p| {
+                    let status = p.status.clone().unwrap_or_default();
+                    format!(
+                        "{}: {:?} {:?}",
+                        p.metadata.name.clone().unwrap_or_default(),
+                        status.phase,
+                        status.container_statuses.map(|c| c
+                            .into_iter()
+                            .map(|c| (c.ready, c.restart_count, c.state))
+                            .collect::<Vec<_>>())
+                    )
+                })
+                .collect();
+            Err(format!("{ready}/2 ready; {states:?}"))
+        }
+    })
+    .await
+    .unwrap_or_else(|e| panic!("{e}; kubelet log: {}", kubelet.display()));
+
+    // The kubelet ran the containers as the manifests' non-root user.
+    let uids: Vec<String> = std::fs::read_dir("/proc")
+        .unwrap()
+        .flatten()
+        .filter(|e| {
+            std::fs::read(e.path().join("cmdline"))
+                .is_ok_and(|c| c.starts_with(format!("/usr/local/bin/{operator}").as_bytes()))
+        })
+        .filter_map(|e| {
+            let status = std::fs::read_to_string(e.path().join("status")).ok()?;
+            let line = status.lines().find(|l| l.starts_with("Uid:"))?;
+            Some(line.split_whitespace().nth(1)?.to_string())
+        })
+        .collect();
+    assert_eq!(uids, ["65532", "65532"], "uids of the operator processes");
+
+    let leases: Api<Lease> = Api::namespaced(client.clone(), &ns);
+    let holder = |leases: Api<Lease>| async move {
+        leases
+            .get(operator)
+            .await
+            .ok()
+            .and_then(|l| l.spec?.holder_identity)
+            .unwrap_or_default()
+    };
+    let names: Vec<String> = pods
+        .list(&selector)
+        .await
+        .unwrap()
+        .items
+        .into_iter()
+        .filter_map(|p| p.metadata.name)
+        .collect();
+    let leader = eventually("a replica holds the Lease", WAIT, || {
+        let (leases, names) = (leases.clone(), names.clone());
+        async move {
+            let h = holder(leases).await;
+            // The identity is `<pod name>_<random>`.
+            if let Some(name) = names.iter().find(|n| h.starts_with(&format!("{n}_"))) {
+                Ok(name.clone())
+            } else {
+                Err(format!("holder {h:?}, pods {names:?}"))
+            }
+        }
+    })
+    .await
+    .unwrap();
+    let other = names.iter().find(|n| **n != leader).unwrap().clone();
+    let deleted = Instant::now();
+    pods.delete(&leader, &DeleteParams::default())
+        .await
+        .unwrap();
+    eventually("the other replica takes the Lease", WAIT, || {
+        let (leases, other) = (leases.clone(), other.clone());
+        async move {
+            let h = holder(leases).await;
+            if h.starts_with(&format!("{other}_")) {
+                Ok(())
+            } else {
+                Err(format!("holder {h:?}"))
+            }
+        }
+    })
+    .await
+    .unwrap();
+    eprintln!(
+        "leader pod {leader} deleted; {other} holds the Lease after {:.1?}",
+        deleted.elapsed()
+    );
+}
+
+fn rand_u32() -> u32 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.subsec_nanos() ^ (d.as_secs() as u32))
+        .unwrap_or(7)
+}
