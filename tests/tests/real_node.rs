@@ -484,23 +484,43 @@ fn cargo_build(args: &[&str]) -> std::path::PathBuf {
         .join("debug")
 }
 
-/// The tenant operator as its image, deployed by `deploy/tenant-operator/` (2 replicas, its
-/// ServiceAccount and RBAC, restricted Pod Security, probes): both replicas become Ready
-/// through the kubelet's probes, run as uid 65532, and when the leader's pod is deleted the
-/// other replica takes the Lease.
+/// Each operator as its image, deployed by `deploy/<operator>/` (2 replicas, its
+/// ServiceAccount and RBAC, restricted Pod Security, probes), all three on one real node: both
+/// replicas of each become Ready through the kubelet's probes, run as uid 65532, and when the
+/// leader's pod is deleted the other replica takes the Lease.
 #[tokio::test]
-async fn operator_image_runs_as_its_deployment_and_hands_over_leadership() {
+async fn operator_images_run_as_their_deployments_and_hand_over_leadership() {
+    let operators = [
+        "tenant-operator",
+        "database-operator",
+        "upgrade-orchestrator",
+    ];
+    let binaries: Vec<_> = operators
+        .iter()
+        .map(|op| cargo_build(&["--package", op, "--bin", op]).join(op))
+        .collect();
+    let _turn = NODE.lock().await;
+    let cp = start().await;
+    cp.install_crds(&steward_testenv::workspace_root().join("crds"))
+        .await
+        .expect("CRDs");
+    for (operator, binary) in operators.iter().zip(&binaries) {
+        operator_runs_as_its_deployment(&cp, operator, binary).await;
+    }
+}
+
+async fn operator_runs_as_its_deployment(
+    cp: &ControlPlane,
+    operator: &str,
+    binary: &std::path::Path,
+) {
     use k8s_openapi::api::apps::v1::Deployment;
     use k8s_openapi::api::coordination::v1::Lease;
     use kube::api::{DeleteParams, ListParams};
 
-    let operator = "tenant-operator";
     let ns = format!("{operator}-system");
-    let binary = cargo_build(&["--package", operator, "--bin", operator]).join(operator);
-    let _turn = NODE.lock().await;
-    let cp = start().await;
     let image = steward_testenv::images::operator(
-        &binary,
+        binary,
         operator,
         &format!("steward.dev/testenv/{operator}:test"),
         json!({}),
@@ -508,13 +528,10 @@ async fn operator_image_runs_as_its_deployment_and_hands_over_leadership() {
         false,
     )
     .expect("operator image");
-    node(&cp)
+    node(cp)
         .import(&image)
         .await
         .expect("import operator image");
-    cp.install_crds(&steward_testenv::workspace_root().join("crds"))
-        .await
-        .expect("CRDs");
     let mut objects = cp
         .kustomize(
             &steward_testenv::workspace_root()
@@ -540,35 +557,40 @@ async fn operator_image_runs_as_its_deployment_and_hands_over_leadership() {
     let deployments: Api<Deployment> = Api::namespaced(client.clone(), &ns);
     let pods: Api<Pod> = Api::namespaced(client.clone(), &ns);
     let selector = ListParams::default().labels(&format!("app.kubernetes.io/name={operator}"));
-    let kubelet = node(&cp).log("kubelet");
-    eventually("2 replicas Ready (kubelet readiness probes)", WAIT, || {
-        let (deployments, pods, selector) = (deployments.clone(), pods.clone(), selector.clone());
-        async move {
-            let d = deployments.get(operator).await.map_err(|e| e.to_string())?;
-            let ready = d.status.and_then(|s| s.ready_replicas).unwrap_or(0);
-            if ready == 2 {
-                return Ok(());
+    let kubelet = node(cp).log("kubelet");
+    eventually(
+        &format!("{operator}: 2 replicas Ready (kubelet readiness probes)"),
+        WAIT,
+        || {
+            let (deployments, pods, selector) =
+                (deployments.clone(), pods.clone(), selector.clone());
+            async move {
+                let d = deployments.get(operator).await.map_err(|e| e.to_string())?;
+                let ready = d.status.and_then(|s| s.ready_replicas).unwrap_or(0);
+                if ready == 2 {
+                    return Ok(());
+                }
+                let list = pods.list(&selector).await.map_err(|e| e.to_string())?;
+                let states: Vec<String> = list
+                    .items
+                    .iter()
+                    .map(|p| {
+                        let status = p.status.clone().unwrap_or_default();
+                        format!(
+                            "{}: {:?} {:?}",
+                            p.metadata.name.clone().unwrap_or_default(),
+                            status.phase,
+                            status.container_statuses.map(|c| c
+                                .into_iter()
+                                .map(|c| (c.ready, c.restart_count, c.state))
+                                .collect::<Vec<_>>())
+                        )
+                    })
+                    .collect();
+                Err(format!("{ready}/2 ready; {states:?}"))
             }
-            let list = pods.list(&selector).await.map_err(|e| e.to_string())?;
-            let states: Vec<String> = list
-                .items
-                .iter()
-                .map(|p| {
-                    let status = p.status.clone().unwrap_or_default();
-                    format!(
-                        "{}: {:?} {:?}",
-                        p.metadata.name.clone().unwrap_or_default(),
-                        status.phase,
-                        status.container_statuses.map(|c| c
-                            .into_iter()
-                            .map(|c| (c.ready, c.restart_count, c.state))
-                            .collect::<Vec<_>>())
-                    )
-                })
-                .collect();
-            Err(format!("{ready}/2 ready; {states:?}"))
-        }
-    })
+        },
+    )
     .await
     .unwrap_or_else(|e| panic!("{e}; kubelet log: {}", kubelet.display()));
 
@@ -586,7 +608,7 @@ async fn operator_image_runs_as_its_deployment_and_hands_over_leadership() {
             Some(line.split_whitespace().nth(1)?.to_string())
         })
         .collect();
-    assert_eq!(uids, ["65532", "65532"], "uids of the operator processes");
+    assert_eq!(uids, ["65532", "65532"], "uids of the {operator} processes");
 
     let leases: Api<Lease> = Api::namespaced(client.clone(), &ns);
     let holder = |leases: Api<Lease>| async move {
@@ -624,21 +646,34 @@ async fn operator_image_runs_as_its_deployment_and_hands_over_leadership() {
     pods.delete(&leader, &DeleteParams::default())
         .await
         .unwrap();
-    eventually("the other replica takes the Lease", WAIT, || {
-        let (leases, other) = (leases.clone(), other.clone());
+    // The standby usually wins, but the replacement pod the Deployment starts at once may
+    // take a released Lease first: either is a hand-over; the deleted pod keeping it is not.
+    let taken = eventually("another replica takes the Lease", WAIT, || {
+        let (leases, leader) = (leases.clone(), leader.clone());
         async move {
             let h = holder(leases).await;
-            if h.starts_with(&format!("{other}_")) {
-                Ok(())
+            if !h.is_empty() && !h.starts_with(&format!("{leader}_")) {
+                Ok(h)
             } else {
                 Err(format!("holder {h:?}"))
             }
         }
     })
-    .await
-    .unwrap();
+    .await;
+    if let Err(e) = taken {
+        let tail = LogParams {
+            tail_lines: Some(40),
+            ..LogParams::default()
+        };
+        let logs = pods
+            .logs(&other, &tail)
+            .await
+            .unwrap_or_else(|e| e.to_string());
+        panic!("{operator}: {e}\nlog of {other}:\n{logs}");
+    }
+    let new_holder = taken.unwrap_or_default();
     eprintln!(
-        "leader pod {leader} deleted; {other} holds the Lease after {:.1?}",
+        "{operator}: leader pod {leader} deleted; {new_holder} holds the Lease after {:.1?} (standby: {other})",
         deleted.elapsed()
     );
 }
