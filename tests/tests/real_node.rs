@@ -5,6 +5,8 @@
 //! removes the node from the host. One real node runs per machine, so the tests take turns
 //! ([`NODE`]). Needs root (the test command runs as root here and in CI).
 
+#![allow(clippy::unwrap_used)] // tests fail loudly
+
 use std::time::{Duration, Instant};
 
 use k8s_openapi::api::core::v1::{Pod, Service};

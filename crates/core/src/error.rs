@@ -64,6 +64,14 @@ pub trait ReconcileError: std::error::Error + Send + Sync + 'static {
     fn is_permanent(&self) -> bool {
         false
     }
+
+    /// The longest the runtime waits before retrying after this error, whatever the
+    /// per-object backoff has grown to: for failures that end outside the operator's view (an
+    /// external server coming back), so recovery is noticed within this bound. `None`: the
+    /// backoff alone decides.
+    fn max_backoff(&self) -> Option<std::time::Duration> {
+        None
+    }
 }
 
 /// The full chain of an error's messages, `a: b: c`, for conditions and Events.

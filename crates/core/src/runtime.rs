@@ -416,9 +416,11 @@ impl Operator {
         let error_policy = move |obj: Arc<K>, err: &RunError<E>, _ctx: Arc<Context<T>>| match err {
             RunError::LostLeadership => Action::await_change(),
             RunError::Reconcile(e) if e.is_permanent() => Action::await_change(),
-            RunError::Reconcile(_) | RunError::Panicked(_) => {
-                Action::requeue(backoff.next_delay(&object_key(obj.as_ref())))
+            RunError::Reconcile(e) => {
+                let delay = backoff.next_delay(&object_key(obj.as_ref()));
+                Action::requeue(e.max_backoff().map_or(delay, |cap| delay.min(cap)))
             }
+            RunError::Panicked(_) => Action::requeue(backoff.next_delay(&object_key(obj.as_ref()))),
         };
 
         let cache_stop = self.shutdown.clone();

@@ -124,6 +124,13 @@ impl steward_core::ReconcileError for Error {
         }
     }
 
+    /// An unreachable server (restarted, failed over) is retried at least every 10 s, so it is
+    /// reconnected within seconds of coming back rather than after a grown backoff.
+    fn max_backoff(&self) -> Option<std::time::Duration> {
+        matches!(self, Error::ServerUnreachable { .. })
+            .then_some(std::time::Duration::from_secs(10))
+    }
+
     fn is_permanent(&self) -> bool {
         matches!(
             self,
@@ -156,5 +163,28 @@ impl Error {
                 source,
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use steward_core::ReconcileError;
+
+    use super::*;
+
+    #[test]
+    fn an_unreachable_server_is_retried_at_least_every_ten_seconds() {
+        let unreachable = Error::ServerUnreachable {
+            address: "db:5432".into(),
+            source: PgError::Tls {
+                address: "db:5432".into(),
+                message: "no route".into(),
+            },
+        };
+        assert_eq!(unreachable.max_backoff(), Some(Duration::from_secs(10)));
+        assert!(!unreachable.is_permanent());
+        assert_eq!(Error::InvalidSpec("x".into()).max_backoff(), None);
     }
 }
