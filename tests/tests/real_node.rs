@@ -407,8 +407,14 @@ async fn teardown_leaves_nothing_behind() {
 async fn a_crashed_node_is_swept_at_the_next_start() {
     use tokio::io::AsyncBufReadExt;
 
-    let example =
-        cargo_build(&["--package", "steward-testenv", "--example", "start"]).join("examples/start");
+    let example = steward_testenv::harness::cargo_build(&[
+        "--package",
+        "steward-testenv",
+        "--example",
+        "start",
+    ])
+    .expect("the start example")
+    .join("examples/start");
 
     let _turn = NODE.lock().await;
     let mut child = tokio::process::Command::new(&example)
@@ -468,24 +474,6 @@ async fn a_crashed_node_is_swept_at_the_next_start() {
     assert!(left.is_empty(), "left on the host: {left:#?}");
 }
 
-/// `cargo build --quiet ARGS` (debug, as the tests are) in the workspace; returns the debug
-/// output directory.
-fn cargo_build(args: &[&str]) -> std::path::PathBuf {
-    let root = steward_testenv::workspace_root();
-    let status =
-        std::process::Command::new(std::env::var("CARGO").unwrap_or_else(|_| "cargo".into()))
-            .current_dir(&root)
-            .args(["build", "--quiet"])
-            .args(args)
-            .status()
-            .expect("run cargo build");
-    assert!(status.success(), "cargo build {args:?}");
-    std::env::var_os("CARGO_TARGET_DIR")
-        .map(std::path::PathBuf::from)
-        .unwrap_or_else(|| root.join("target"))
-        .join("debug")
-}
-
 /// Each operator as its image, deployed by `deploy/<operator>/` (2 replicas, its
 /// ServiceAccount and RBAC, restricted Pod Security, probes), all three on one real node: both
 /// replicas of each become Ready through the kubelet's probes, run as uid 65532, and when the
@@ -499,7 +487,11 @@ async fn operator_images_run_as_their_deployments_and_hand_over_leadership() {
     ];
     let binaries: Vec<_> = operators
         .iter()
-        .map(|op| cargo_build(&["--package", op, "--bin", op]).join(op))
+        .map(|op| {
+            steward_testenv::harness::cargo_build(&["--package", op, "--bin", op])
+                .expect("operator binary")
+                .join(op)
+        })
         .collect();
     let _turn = NODE.lock().await;
     let cp = start().await;

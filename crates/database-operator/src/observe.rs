@@ -175,6 +175,7 @@ pub async fn role_ownership(client: &Client, name: &str) -> Result<Observed, PgE
         exists: true,
         comment: row.get(0),
         privileged: row.get(1),
+        owner_marked_for_me: false,
     }))
 }
 
@@ -190,6 +191,6 @@ pub async fn database_ownership(client: &Client, name: &str) -> Result<Observed,
     Ok(row.map_or_else(Observed::default, |row| Observed {
         exists: true,
         comment: row.get(0),
-        privileged: false,
+        ..Observed::default()
     }))
 }

@@ -84,6 +84,10 @@ pub struct Observed {
     pub comment: Option<String>,
     /// For roles: superuser, CREATEROLE, REPLICATION, BYPASSRLS or a member of a `pg_*` role.
     pub privileged: bool,
+    /// For databases: its owner role carries this resource's marker. `CREATE DATABASE` cannot
+    /// run in a transaction with its `COMMENT`, so a crash between the two leaves an unmarked
+    /// database owned by this resource's (marked) role: it is this resource's.
+    pub owner_marked_for_me: bool,
 }
 
 /// What this resource may do with the object.
@@ -141,20 +145,43 @@ pub fn decide(
             what: what.into(),
             owner: owner.to_string(),
         }),
-        None if adopt => Ok(Claim::Manage { remark: true }),
+        None if adopt || observed.owner_marked_for_me => Ok(Claim::Manage { remark: true }),
         None => Err(Conflict::NotOwned { what: what.into() }),
     }
 }
 
 /// Whether the resource `me` may drop the object on deletion: only what it owns.
 pub fn may_drop(observed: &Observed, me: &Marker) -> bool {
+    let marker = observed.comment.as_deref().and_then(Marker::parse);
     observed.exists
         && !observed.privileged
-        && observed
-            .comment
-            .as_deref()
-            .and_then(Marker::parse)
-            .is_some_and(|owner| owner.same_resource(me))
+        && match marker {
+            Some(owner) => owner.same_resource(me),
+            None => observed.owner_marked_for_me,
+        }
+}
+
+/// Whether `observed` (a role) carries a marker of the resource `me` (any UID).
+pub fn marked_for(observed: &Observed, me: &Marker) -> bool {
+    observed
+        .comment
+        .as_deref()
+        .and_then(Marker::parse)
+        .is_some_and(|owner| owner.same_resource(me))
+}
+
+/// Adds the marker statement to `plan` when `claim` needs one. A `CREATE ROLE` and its
+/// `COMMENT` go out as one statement string, which PostgreSQL runs as one transaction: a crash
+/// can never leave the role unmarked.
+pub fn mark(mut plan: Vec<String>, claim: &Claim, comment: String) -> Vec<String> {
+    match claim {
+        Claim::Manage { remark: false } => {}
+        Claim::Create if plan.first().is_some_and(|s| s.starts_with("CREATE ROLE")) => {
+            plan[0] = format!("{}; {comment}", plan[0]);
+        }
+        Claim::Create | Claim::Manage { remark: true } => plan.push(comment),
+    }
+    plan
 }
 
 /// [`decide`] with the API server asked, when needed, whether the resource another marker
@@ -216,7 +243,7 @@ mod tests {
         Observed {
             exists: true,
             comment: Some(m.render()),
-            privileged: false,
+            ..Observed::default()
         }
     }
 
@@ -278,7 +305,7 @@ mod tests {
         let plain = Observed {
             exists: true,
             comment: Some("made by hand".into()),
-            privileged: false,
+            ..Observed::default()
         };
         assert!(matches!(
             decide("x", &plain, &me(), false, |_| false),
@@ -300,6 +327,36 @@ mod tests {
     }
 
     #[test]
+    fn an_unmarked_database_owned_by_my_marked_role_is_mine() {
+        let crashed = Observed {
+            exists: true,
+            owner_marked_for_me: true,
+            ..Observed::default()
+        };
+        assert_eq!(
+            decide("x", &crashed, &me(), false, |_| false),
+            Ok(Claim::Manage { remark: true })
+        );
+        assert!(may_drop(&crashed, &me()));
+    }
+
+    #[test]
+    fn a_created_role_and_its_marker_are_one_statement() {
+        let plan = mark(
+            vec!["CREATE ROLE \"r\" WITH LOGIN".into()],
+            &Claim::Create,
+            "COMMENT ON ROLE \"r\" IS 'm'".into(),
+        );
+        assert_eq!(
+            plan,
+            vec!["CREATE ROLE \"r\" WITH LOGIN; COMMENT ON ROLE \"r\" IS 'm'"]
+        );
+        let plan = mark(vec![], &Claim::Manage { remark: true }, "c".into());
+        assert_eq!(plan, vec!["c"]);
+        assert!(mark(vec![], &Claim::Manage { remark: false }, "c".into()).is_empty());
+    }
+
+    #[test]
     fn only_what_is_ours_is_dropped() {
         assert!(may_drop(&marked(&me()), &me()));
         assert!(!may_drop(
@@ -309,8 +366,7 @@ mod tests {
         assert!(!may_drop(
             &Observed {
                 exists: true,
-                comment: None,
-                privileged: false
+                ..Observed::default()
             },
             &me()
         ));

@@ -145,3 +145,35 @@ impl Harness {
         }
     }
 }
+
+/// `cargo build --quiet ARGS` (debug, as the tests are) in the workspace, for tests that run
+/// an operator or an example as its own process (to SIGKILL it, or to put it in an image);
+/// returns the debug output directory (`target/debug`).
+///
+/// # Errors
+/// [`Error::Build`] naming the arguments and a log of cargo's output when the build fails.
+pub fn cargo_build(args: &[&str]) -> Result<std::path::PathBuf, Error> {
+    let root = crate::workspace_root();
+    let out = std::process::Command::new(std::env::var("CARGO").unwrap_or_else(|_| "cargo".into()))
+        .current_dir(&root)
+        .args(["build", "--quiet"])
+        .args(args)
+        .output()
+        .map_err(|source| Error::Io {
+            what: format!("run cargo build {}", args.join(" ")),
+            source,
+        })?;
+    if !out.status.success() {
+        let log = std::env::temp_dir().join("steward-cargo-build.log");
+        let _ = std::fs::write(&log, &out.stderr);
+        return Err(Error::Build {
+            component: args.join(" "),
+            log,
+            reason: format!("cargo build exited with {}", out.status),
+        });
+    }
+    Ok(std::env::var_os("CARGO_TARGET_DIR")
+        .map(std::path::PathBuf::from)
+        .unwrap_or_else(|| root.join("target"))
+        .join("debug"))
+}

@@ -199,9 +199,15 @@ async fn converge(
         spec.adopt,
     )
     .await?;
-    let db_owner = observe::database_ownership(&admin, &spec.name)
+    let mut db_owner = observe::database_ownership(&admin, &spec.name)
         .await
         .map_err(sql_err("read the database's marker"))?;
+    db_owner.owner_marked_for_me = ownership::marked_for(&role_owner, &me)
+        && observe::database_owner(&admin, &spec.name)
+            .await
+            .map_err(sql_err("read the database's owner"))?
+            .as_deref()
+            == Some(spec.owner.as_str());
     let db_claim = ownership::claim(
         &ctx.client,
         &format!("database {:?}", spec.name),
@@ -214,21 +220,22 @@ async fn converge(
     let role_state = observe::role(&admin, &spec.owner)
         .await
         .map_err(sql_err("read the owner role"))?;
-    let mut role_plan =
-        sql::plan_login_role_off_runtime(&spec.owner, role_state.as_ref(), &password).await?;
-    if role_claim != (Claim::Manage { remark: false }) {
-        role_plan.push(sql::comment_on_role(&spec.owner, &me.render()));
-    }
+    let role_plan = ownership::mark(
+        sql::plan_login_role_off_runtime(&spec.owner, role_state.as_ref(), &password).await?,
+        &role_claim,
+        sql::comment_on_role(&spec.owner, &me.render()),
+    );
     pg::execute(&admin, &role_plan, &ctx.leadership)
         .await
         .map_err(sql_err("create or update the owner role"))?;
     let db_state = observe::database_server(&admin, &spec.name, &spec.owner, admin_is_superuser)
         .await
         .map_err(sql_err("read the database"))?;
-    let mut db_plan = sql::plan_database_server(&spec.name, &spec.owner, &db_state);
-    if db_claim != (Claim::Manage { remark: false }) {
-        db_plan.push(sql::comment_on_database(&spec.name, &me.render()));
-    }
+    let db_plan = ownership::mark(
+        sql::plan_database_server(&spec.name, &spec.owner, &db_state),
+        &db_claim,
+        sql::comment_on_database(&spec.name, &me.render()),
+    );
     pg::execute(&admin, &db_plan, &ctx.leadership)
         .await
         .map_err(sql_err("create or update the database"))?;
@@ -463,9 +470,18 @@ async fn drop_all(
         .await
         .map_err(sql_err("terminate the database's sessions"))?;
     let me = marker(db);
-    let db_owner = observe::database_ownership(&admin, &spec.name)
+    let role_owner = observe::role_ownership(&admin, &spec.owner)
+        .await
+        .map_err(sql_err("read the owner role's marker"))?;
+    let mut db_owner = observe::database_ownership(&admin, &spec.name)
         .await
         .map_err(sql_err("read the database's marker"))?;
+    db_owner.owner_marked_for_me = ownership::marked_for(&role_owner, &me)
+        && observe::database_owner(&admin, &spec.name)
+            .await
+            .map_err(sql_err("read the database's owner"))?
+            .as_deref()
+            == Some(spec.owner.as_str());
     if db_owner.exists && !ownership::may_drop(&db_owner, &me) {
         ctx.recorder
             .warning(
@@ -482,9 +498,6 @@ async fn drop_all(
         protect_admin_secret(db, ctx, false).await?;
         return Ok(Action::await_change());
     }
-    let role_owner = observe::role_ownership(&admin, &spec.owner)
-        .await
-        .map_err(sql_err("read the owner role's marker"))?;
     let owner_exists = ownership::may_drop(&role_owner, &me);
     let others: Vec<String> = if owner_exists {
         observe::owned_databases(&admin, &spec.owner)

@@ -24,7 +24,7 @@ use crate::api::{
     Database, DatabaseRole, DatabaseRoleStatus, DeletionPolicy, Ensure, ROTATE_ANNOTATION,
 };
 use crate::ident::{self, Kind};
-use crate::ownership::{self, Claim, Marker};
+use crate::ownership::{self, Marker};
 use crate::password::Password;
 use crate::{Error, State, observe, pg, server, sql};
 
@@ -280,11 +280,11 @@ async fn converge(
     let state = observe::role(&admin, &role.spec.role_name)
         .await
         .map_err(sql_err("read the role"))?;
-    let mut plan =
-        sql::plan_login_role_off_runtime(&role.spec.role_name, state.as_ref(), &password).await?;
-    if claim != (Claim::Manage { remark: false }) {
-        plan.push(sql::comment_on_role(&role.spec.role_name, &me.render()));
-    }
+    let plan = ownership::mark(
+        sql::plan_login_role_off_runtime(&role.spec.role_name, state.as_ref(), &password).await?,
+        &claim,
+        sql::comment_on_role(&role.spec.role_name, &me.render()),
+    );
     pg::execute(&admin, &plan, &ctx.leadership)
         .await
         .map_err(sql_err("create or update the role"))?;
