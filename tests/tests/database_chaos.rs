@@ -353,3 +353,229 @@ async fn random_sigkills_leak_nothing_drop_nothing_wrongly_and_leave_nothing_stu
     );
     assert!(kills > 0, "the operator was killed during the run");
 }
+
+/// The Lease holder of `name` in `ns` and when it was acquired (Unix seconds).
+async fn holder(client: &Client, ns: &str, name: &str) -> Option<(String, f64)> {
+    let lease = Api::<k8s_openapi::api::coordination::v1::Lease>::namespaced(client.clone(), ns)
+        .get_opt(name)
+        .await
+        .ok()??;
+    let spec = lease.spec?;
+    let acquired = spec
+        .acquire_time
+        .map(|t| t.0.as_millisecond() as f64 / 1000.0)?;
+    Some((spec.holder_identity?, acquired))
+}
+
+/// Writes in PostgreSQL's statement log (`%n [%a] ` prefix) sent by `application` after
+/// `after` (Unix seconds): the statement texts.
+fn writes_after(log: &str, application: &str, after: f64) -> (usize, Vec<String>) {
+    let tag = format!("[{application}] ");
+    let mut all = 0;
+    let mut late = Vec::new();
+    for line in log.lines() {
+        let Some((time, rest)) = line.split_once(' ') else {
+            continue;
+        };
+        let Some(statement) = rest
+            .strip_prefix(&tag)
+            .and_then(|r| r.strip_prefix("LOG:  statement: "))
+        else {
+            continue;
+        };
+        let write = !statement.trim_start().to_uppercase().starts_with("SELECT");
+        if !write {
+            continue;
+        }
+        all += 1;
+        if time.parse::<f64>().is_ok_and(|t| t > after) {
+            late.push(statement.to_string());
+        }
+    }
+    (all, late)
+}
+
+/// Two replicas with 4 s / 3 s / 1 s leases; the leader is paused (SIGSTOP) right after every
+/// Database was changed, so it is mid-work; the standby takes over and converges; the old
+/// leader wakes. PostgreSQL's own statement log (each statement tagged with the sending
+/// replica's identity) shows no write from the paused replica after the takeover.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_paused_leader_sends_no_sql_after_another_replica_takes_over() {
+    let binary = steward_testenv::harness::cargo_build(&[
+        "--package",
+        "database-operator",
+        "--bin",
+        "database-operator",
+    ])
+    .expect("database-operator binary")
+    .join("database-operator");
+    let cp = steward_testenv::shared().await.expect("control plane");
+    for crd in [Database::crd(), DatabaseRole::crd()] {
+        cp.apply_crd(&crd).await.expect("CRD");
+    }
+    let pg = Postgres::start().await.expect("PostgreSQL");
+    let client = cp.client().unwrap();
+    let ns = cp.namespace("fence").await.unwrap();
+    let admin_secret: Secret = serde_json::from_value(json!({
+        "metadata": {"name": "admin"},
+        "stringData": {"username": pg.superuser(), "password": pg.password()}
+    }))
+    .unwrap();
+    Api::<Secret>::namespaced(client.clone(), &ns)
+        .create(&PostParams::default(), &admin_secret)
+        .await
+        .unwrap();
+    let replica = || {
+        tokio::process::Command::new(&binary)
+            .args([
+                "--kubeconfig",
+                &cp.kubeconfig_path().display().to_string(),
+                "--leader-election-namespace",
+                &ns,
+                "--leader-election-lease-duration=4s",
+                "--leader-election-renew-deadline=3s",
+                "--leader-election-retry-period=1s",
+                "--watch-namespace",
+                &ns,
+                "--metrics-bind-address=0",
+                "--health-probe-bind-address=0",
+                "--resync-interval=1s",
+                "--log-level=warn",
+            ])
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::null())
+            .kill_on_drop(true)
+            .spawn()
+            .expect("start a replica")
+    };
+    let _a = replica();
+    let pid_a = _a.id().unwrap();
+    let (leader, _) = eventually(
+        "the first replica leads",
+        Duration::from_secs(60),
+        || async {
+            holder(&client, &ns, database_operator::NAME)
+                .await
+                .ok_or_else(|| "no Lease yet".to_string())
+        },
+    )
+    .await
+    .unwrap();
+    let _b = replica();
+    let dbs: Api<Database> = Api::namespaced(client.clone(), &ns);
+    for i in 0..5 {
+        let db = Database::new(
+            &format!("fenced-{i}"),
+            DatabaseSpec {
+                cluster_ref: None,
+                external: Some(ExternalServer::plain("127.0.0.1", pg.port(), "admin")),
+                name: format!("fenced_{i}"),
+                owner: format!("fenced_owner_{i}"),
+                extensions: vec![],
+                schemas: vec![],
+                deletion_policy: DeletionPolicy::Delete,
+                backup_before_delete: false,
+                backup: None,
+                adopt: false,
+            },
+        );
+        dbs.create(&PostParams::default(), &db).await.unwrap();
+    }
+    let converged = |schemas: usize| {
+        let dbs = dbs.clone();
+        async move {
+            let list = dbs
+                .list(&Default::default())
+                .await
+                .map_err(|e| e.to_string())?;
+            let done = list
+                .items
+                .iter()
+                .filter(|d| {
+                    d.spec.schemas.len() == schemas
+                        && d.status.as_ref().is_some_and(|s| {
+                            s.observed_generation == d.metadata.generation
+                                && s.conditions
+                                    .iter()
+                                    .any(|c| c.type_ == "Ready" && c.status == "True")
+                        })
+                })
+                .count();
+            if done == 5 {
+                Ok(())
+            } else {
+                Err(format!("{done}/5 converged"))
+            }
+        }
+    };
+    eventually("5 Databases Ready", Duration::from_secs(120), || {
+        converged(0)
+    })
+    .await
+    .unwrap();
+
+    // Work for the leader, then pause it in the middle of it.
+    for i in 0..5 {
+        dbs.patch(
+            &format!("fenced-{i}"),
+            &kube::api::PatchParams::default(),
+            &kube::api::Patch::Merge(json!({"spec": {"schemas": [{"name": "late"}]}})),
+        )
+        .await
+        .unwrap();
+    }
+    let stop = std::process::Command::new("kill")
+        .args(["-STOP", &pid_a.to_string()])
+        .status()
+        .unwrap();
+    assert!(stop.success());
+    let (standby, taken_at) = eventually(
+        "the standby takes over",
+        Duration::from_secs(60),
+        || async {
+            match holder(&client, &ns, database_operator::NAME).await {
+                Some((h, t)) if h != leader => Ok((h, t)),
+                other => Err(format!("{other:?}")),
+            }
+        },
+    )
+    .await
+    .unwrap();
+    eventually(
+        "the standby converges the change",
+        Duration::from_secs(120),
+        || converged(1),
+    )
+    .await
+    .unwrap();
+    // Wake the old leader and let it run long enough to renew, fail, and step down (it
+    // retries every second; nothing it does is visible to wait on).
+    let cont = std::process::Command::new("kill")
+        .args(["-CONT", &pid_a.to_string()])
+        .status()
+        .unwrap();
+    assert!(cont.success());
+    tokio::time::sleep(Duration::from_secs(5)).await;
+
+    let log = pg.log_text();
+    let old = database_operator::pg::application_name(&leader);
+    let new = database_operator::pg::application_name(&standby);
+    let (old_writes, late) = writes_after(&log, &old, taken_at);
+    let (new_writes, _) = writes_after(&log, &new, 0.0);
+    println!(
+        "FENCE: the paused leader sent {old_writes} writes in all, {} after the takeover; the new leader {new_writes}",
+        late.len()
+    );
+    assert!(
+        old_writes > 0,
+        "the first leader's statements are in the log as {old:?}"
+    );
+    assert!(
+        new_writes > 0,
+        "the new leader's statements are in the log as {new:?}"
+    );
+    assert!(
+        late.is_empty(),
+        "written after the takeover by the paused leader: {late:?}"
+    );
+}

@@ -115,8 +115,19 @@ pub async fn connect(
         &server.admin_user,
         &server.admin_password,
         statement_budget(fence),
+        &application_name(fence.identity()),
     )
     .await
+}
+
+/// `database-operator <identity>`, cut to PostgreSQL's 63 bytes: the server's logs and
+/// `pg_stat_activity` tell which replica sent a statement.
+pub fn application_name(identity: &str) -> String {
+    let mut name = format!("database-operator {identity}");
+    while name.len() > 63 {
+        name.pop();
+    }
+    name
 }
 
 /// How long one statement may run (`statement_timeout`; `lock_timeout` is half of it): 80 % of
@@ -139,6 +150,7 @@ pub async fn connect_as(
     user: &str,
     password: &Password,
     budget: Duration,
+    application_name: &str,
 ) -> Result<Client, PgError> {
     let budget_ms = budget.as_millis();
     let mut config = tokio_postgres::Config::new();
@@ -152,7 +164,7 @@ pub async fn connect_as(
         .user(user)
         .password(password.expose())
         .dbname(database)
-        .application_name("steward-database-operator")
+        .application_name(application_name)
         .connect_timeout(CONNECT_TIMEOUT)
         .ssl_mode(match server.ssl_mode {
             SslMode::Disable => tokio_postgres::config::SslMode::Disable,

@@ -221,6 +221,10 @@ impl Postgres {
             "log_statement=all".into(),
             "-c".into(),
             "log_min_error_statement=error".into(),
+            // Epoch time with milliseconds and the client's application_name, so a test can
+            // tell who sent a statement and when.
+            "-c".into(),
+            "log_line_prefix=%n [%a] ".into(),
             "-c".into(),
             "max_connections=200".into(),
         ];
