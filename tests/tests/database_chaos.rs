@@ -75,16 +75,12 @@ async fn run_cycle(client: &Client, ns: &str, pg: &Postgres, i: usize) -> Result
     let db = Database::new(
         &format!("db-{i}"),
         DatabaseSpec {
-            cluster_ref: None,
-            external: Some(ExternalServer::plain("127.0.0.1", pg.port(), "admin")),
-            name: cycle.database.clone(),
-            owner: cycle.owner.clone(),
-            extensions: vec![],
-            schemas: vec![],
             deletion_policy: database_policy,
-            backup_before_delete: false,
-            backup: None,
-            adopt: false,
+            ..DatabaseSpec::on(
+                ExternalServer::plain("127.0.0.1", pg.port(), "admin"),
+                &cycle.database,
+                &cycle.owner,
+            )
         },
     );
     let role = DatabaseRole::new(
@@ -141,6 +137,50 @@ async fn run_cycle(client: &Client, ns: &str, pg: &Postgres, i: usize) -> Result
     Ok(cycle)
 }
 
+/// What both tests need: the operator binary, the control plane with the CRDs, a PostgreSQL
+/// server, and a namespace holding its admin Secret `admin`.
+struct World {
+    binary: std::path::PathBuf,
+    cp: &'static steward_testenv::ControlPlane,
+    pg: Postgres,
+    client: Client,
+    ns: String,
+}
+
+async fn world(prefix: &str) -> World {
+    let binary = steward_testenv::harness::cargo_build(&[
+        "--package",
+        "database-operator",
+        "--bin",
+        "database-operator",
+    ])
+    .expect("database-operator binary")
+    .join("database-operator");
+    let cp = steward_testenv::shared().await.expect("control plane");
+    for crd in [Database::crd(), DatabaseRole::crd()] {
+        cp.apply_crd(&crd).await.expect("CRD");
+    }
+    let pg = Postgres::start().await.expect("PostgreSQL");
+    let client = cp.client().unwrap();
+    let ns = cp.namespace(prefix).await.unwrap();
+    let admin_secret: Secret = serde_json::from_value(json!({
+        "metadata": {"name": "admin"},
+        "stringData": {"username": pg.superuser(), "password": pg.password()}
+    }))
+    .unwrap();
+    Api::<Secret>::namespaced(client.clone(), &ns)
+        .create(&PostParams::default(), &admin_secret)
+        .await
+        .unwrap();
+    World {
+        binary,
+        cp,
+        pg,
+        client,
+        ns,
+    }
+}
+
 /// The operator as its own process, SIGKILLed and restarted by [`Chaos::kill`].
 struct Operator {
     binary: std::path::PathBuf,
@@ -191,30 +231,13 @@ async fn exists(client: &tokio_postgres::Client, query: &str, name: &str) -> boo
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn random_sigkills_leak_nothing_drop_nothing_wrongly_and_leave_nothing_stuck() {
-    let binary = steward_testenv::harness::cargo_build(&[
-        "--package",
-        "database-operator",
-        "--bin",
-        "database-operator",
-    ])
-    .expect("database-operator binary")
-    .join("database-operator");
-    let cp = steward_testenv::shared().await.expect("control plane");
-    for crd in [Database::crd(), DatabaseRole::crd()] {
-        cp.apply_crd(&crd).await.expect("CRD");
-    }
-    let pg = Postgres::start().await.expect("PostgreSQL");
-    let client = cp.client().unwrap();
-    let ns = cp.namespace("chaos").await.unwrap();
-    let admin_secret: Secret = serde_json::from_value(json!({
-        "metadata": {"name": "admin"},
-        "stringData": {"username": pg.superuser(), "password": pg.password()}
-    }))
-    .unwrap();
-    Api::<Secret>::namespaced(client.clone(), &ns)
-        .create(&PostParams::default(), &admin_secret)
-        .await
-        .unwrap();
+    let World {
+        binary,
+        cp,
+        pg,
+        client,
+        ns,
+    } = world("chaos").await;
 
     let operator = Arc::new(tokio::sync::Mutex::new(Operator {
         child: Operator::spawn(&binary, cp.kubeconfig_path(), &ns),
@@ -401,30 +424,13 @@ fn writes_after(log: &str, application: &str, after: f64) -> (usize, Vec<String>
 /// replica's identity) shows no write from the paused replica after the takeover.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_paused_leader_sends_no_sql_after_another_replica_takes_over() {
-    let binary = steward_testenv::harness::cargo_build(&[
-        "--package",
-        "database-operator",
-        "--bin",
-        "database-operator",
-    ])
-    .expect("database-operator binary")
-    .join("database-operator");
-    let cp = steward_testenv::shared().await.expect("control plane");
-    for crd in [Database::crd(), DatabaseRole::crd()] {
-        cp.apply_crd(&crd).await.expect("CRD");
-    }
-    let pg = Postgres::start().await.expect("PostgreSQL");
-    let client = cp.client().unwrap();
-    let ns = cp.namespace("fence").await.unwrap();
-    let admin_secret: Secret = serde_json::from_value(json!({
-        "metadata": {"name": "admin"},
-        "stringData": {"username": pg.superuser(), "password": pg.password()}
-    }))
-    .unwrap();
-    Api::<Secret>::namespaced(client.clone(), &ns)
-        .create(&PostParams::default(), &admin_secret)
-        .await
-        .unwrap();
+    let World {
+        binary,
+        cp,
+        pg,
+        client,
+        ns,
+    } = world("fence").await;
     let replica = || {
         tokio::process::Command::new(&binary)
             .args([
@@ -467,16 +473,12 @@ async fn a_paused_leader_sends_no_sql_after_another_replica_takes_over() {
         let db = Database::new(
             &format!("fenced-{i}"),
             DatabaseSpec {
-                cluster_ref: None,
-                external: Some(ExternalServer::plain("127.0.0.1", pg.port(), "admin")),
-                name: format!("fenced_{i}"),
-                owner: format!("fenced_owner_{i}"),
-                extensions: vec![],
-                schemas: vec![],
                 deletion_policy: DeletionPolicy::Delete,
-                backup_before_delete: false,
-                backup: None,
-                adopt: false,
+                ..DatabaseSpec::on(
+                    ExternalServer::plain("127.0.0.1", pg.port(), "admin"),
+                    &format!("fenced_{i}"),
+                    &format!("fenced_owner_{i}"),
+                )
             },
         );
         dbs.create(&PostParams::default(), &db).await.unwrap();

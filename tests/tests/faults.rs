@@ -354,16 +354,12 @@ async fn database_operator_converges_after_an_apiserver_restart() {
         let db = Database::new(
             &format!("db{i:02}"),
             DatabaseSpec {
-                cluster_ref: None,
-                external: Some(ExternalServer::plain("127.0.0.1", pg.port(), "admin")),
-                name: format!("app{i:02}"),
-                owner: format!("app{i:02}_owner"),
-                extensions: vec![],
-                schemas: vec![],
                 deletion_policy: DeletionPolicy::Retain,
-                backup_before_delete: false,
-                backup: None,
-                adopt: false,
+                ..DatabaseSpec::on(
+                    ExternalServer::plain("127.0.0.1", pg.port(), "admin"),
+                    &format!("app{i:02}"),
+                    &format!("app{i:02}_owner"),
+                )
             },
         );
         api.create(&PostParams::default(), &db).await.unwrap();

@@ -315,6 +315,25 @@ pub struct ExternalServer {
     pub admin_database: String,
 }
 
+impl DatabaseSpec {
+    /// Database `name` owned by role `owner` on `server`, with the defaults: no schemas or
+    /// extensions, `Retain`, no backup, no adoption.
+    pub fn on(server: ExternalServer, name: &str, owner: &str) -> Self {
+        Self {
+            cluster_ref: None,
+            external: Some(server),
+            name: name.into(),
+            owner: owner.into(),
+            extensions: vec![],
+            schemas: vec![],
+            deletion_policy: DeletionPolicy::Retain,
+            backup_before_delete: false,
+            backup: None,
+            adopt: false,
+        }
+    }
+}
+
 impl ExternalServer {
     /// A server at `host:port` without TLS (`sslmode: disable`), its admin's `username` and
     /// `password` in Secret `admin_secret`, admin database `postgres`.

@@ -199,15 +199,9 @@ async fn converge(
         spec.adopt,
     )
     .await?;
-    let mut db_owner = observe::database_ownership(&admin, &spec.name)
+    let db_owner = database_ownership(&admin, spec, &role_owner, &me)
         .await
-        .map_err(sql_err("read the database's marker"))?;
-    db_owner.owner_marked_for_me = ownership::marked_for(&role_owner, &me)
-        && observe::database_owner(&admin, &spec.name)
-            .await
-            .map_err(sql_err("read the database's owner"))?
-            .as_deref()
-            == Some(spec.owner.as_str());
+        .map_err(sql_err("read the database's marker and owner"))?;
     let db_claim = ownership::claim(
         &ctx.client,
         &format!("database {:?}", spec.name),
@@ -333,6 +327,21 @@ where
         })?;
     Ok(fresh
         .is_some_and(|f| f.meta().uid == obj.meta().uid && f.meta().deletion_timestamp.is_some()))
+}
+
+/// What the catalog shows about the ownership of `spec`'s database, knowing what it shows
+/// about its owner role (see [`ownership::Observed::owner_marked_for_me`]).
+async fn database_ownership(
+    admin: &tokio_postgres::Client,
+    spec: &DatabaseSpec,
+    role_owner: &ownership::Observed,
+    me: &Marker,
+) -> Result<ownership::Observed, pg::PgError> {
+    let mut observed = observe::database_ownership(admin, &spec.name).await?;
+    observed.owner_marked_for_me = ownership::marked_for(role_owner, me)
+        && observe::database_owner(admin, &spec.name).await?.as_deref()
+            == Some(spec.owner.as_str());
+    Ok(observed)
 }
 
 /// The owner marker of `db` (see [`crate::ownership`]).
@@ -473,15 +482,9 @@ async fn drop_all(
     let role_owner = observe::role_ownership(&admin, &spec.owner)
         .await
         .map_err(sql_err("read the owner role's marker"))?;
-    let mut db_owner = observe::database_ownership(&admin, &spec.name)
+    let db_owner = database_ownership(&admin, spec, &role_owner, &me)
         .await
-        .map_err(sql_err("read the database's marker"))?;
-    db_owner.owner_marked_for_me = ownership::marked_for(&role_owner, &me)
-        && observe::database_owner(&admin, &spec.name)
-            .await
-            .map_err(sql_err("read the database's owner"))?
-            .as_deref()
-            == Some(spec.owner.as_str());
+        .map_err(sql_err("read the database's marker and owner"))?;
     if db_owner.exists && !ownership::may_drop(&db_owner, &me) {
         ctx.recorder
             .warning(
