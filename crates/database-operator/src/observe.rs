@@ -162,6 +162,33 @@ pub async fn terminate_connections(client: &Client, db: &str) -> Result<usize, P
         .len())
 }
 
+/// Ends what other instances of this operator may still have in flight before a cleanup
+/// decides from the catalog: a SIGKILLed replica's last statement keeps running on the server
+/// and can commit *after* a new replica saw nothing to drop (a role created after its cleanup
+/// finished would leak). Terminates those sessions and waits (up to 10 s) until none is left
+/// running, so whatever they did is either visible or rolled back.
+///
+/// # Errors
+/// [`PgError::Statement`].
+pub async fn end_stale_sessions(client: &Client, application_name: &str) -> Result<(), PgError> {
+    client
+        .query(sql::TERMINATE_STALE_SESSIONS, &[&application_name])
+        .await
+        .map_err(stmt_err("terminate other instances' sessions"))?;
+    for _ in 0..100 {
+        let left: i64 = client
+            .query_one(sql::COUNT_STALE_SESSIONS, &[&application_name])
+            .await
+            .map_err(stmt_err("count other instances' sessions"))?
+            .get(0);
+        if left == 0 {
+            break;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+    }
+    Ok(())
+}
+
 /// What the catalog shows about the ownership of role `name` (see [`crate::ownership`]).
 ///
 /// # Errors

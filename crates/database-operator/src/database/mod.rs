@@ -478,6 +478,9 @@ async fn drop_all(
     let terminated = observe::terminate_connections(&admin, &spec.name)
         .await
         .map_err(sql_err("terminate the database's sessions"))?;
+    observe::end_stale_sessions(&admin, &pg::application_name(ctx.leadership.identity()))
+        .await
+        .map_err(sql_err("end other instances' sessions"))?;
     let me = marker(db);
     let role_owner = observe::role_ownership(&admin, &spec.owner)
         .await

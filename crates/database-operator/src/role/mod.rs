@@ -430,6 +430,9 @@ async fn drop_role(
         let address = address.clone();
         move |e| Error::sql(step, &address, e)
     };
+    observe::end_stale_sessions(&admin, &pg::application_name(ctx.leadership.identity()))
+        .await
+        .map_err(sql_err("end other instances' sessions"))?;
     let observed = observe::role_ownership(&admin, &role.spec.role_name)
         .await
         .map_err(sql_err("read the role's marker"))?;
