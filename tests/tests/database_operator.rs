@@ -190,21 +190,7 @@ fn external(pg: &Postgres) -> ExternalServer {
 
 /// Test fixture: `database(&pg, "app", "app_owner")`, then adjust fields.
 fn database(pg: &Postgres, object: &str, name: &str, owner: &str) -> Database {
-    Database::new(
-        object,
-        DatabaseSpec {
-            cluster_ref: None,
-            external: Some(external(pg)),
-            name: name.into(),
-            owner: owner.into(),
-            extensions: vec![],
-            schemas: vec![],
-            deletion_policy: DeletionPolicy::Retain,
-            backup_before_delete: false,
-            backup: None,
-            adopt: false,
-        },
-    )
+    Database::new(object, DatabaseSpec::on(external(pg), name, owner))
 }
 
 fn role(object: &str, db: &str, role_name: &str, privileges: Privileges) -> DatabaseRole {
