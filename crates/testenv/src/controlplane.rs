@@ -304,7 +304,9 @@ impl ControlPlane {
                 "--manage-all-nodes=false".into(),
                 "--manage-nodes-with-annotation-selector=kwok.x-k8s.io/node=fake".into(),
                 "--node-lease-duration-seconds=40".into(),
-                "--cidr=10.244.0.0/16".into(),
+                // Simulated pod IPs, in 198.18.0.0/15 like every address the tests use (the
+                // real node's bridge is 198.18.0.0/24, Services 198.19.0.0/16).
+                "--cidr=198.18.128.0/17".into(),
                 "--node-ip=127.0.0.1".into(),
                 format!("--server-address=127.0.0.1:{}", free_port()?),
             ],
