@@ -165,8 +165,9 @@ pub async fn terminate_connections(client: &Client, db: &str) -> Result<usize, P
 /// Ends what other instances of this operator may still have in flight before a cleanup
 /// decides from the catalog: a SIGKILLed replica's last statement keeps running on the server
 /// and can commit *after* a new replica saw nothing to drop (a role created after its cleanup
-/// finished would leak). Terminates those sessions and waits (up to 10 s) until none is left
-/// running, so whatever they did is either visible or rolled back.
+/// finished would leak), and a statement still unread in an idle session's socket can start
+/// after any check. Terminates all those sessions and waits (up to 10 s) until they are gone,
+/// so whatever they did is either visible or never happens.
 ///
 /// # Errors
 /// [`PgError::Statement`].

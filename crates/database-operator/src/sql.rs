@@ -60,16 +60,16 @@ pub const QUERY_EXTENSIONS: &str = "SELECT extname FROM pg_catalog.pg_extension"
 pub const TERMINATE_CONNECTIONS: &str = "SELECT pg_catalog.pg_terminate_backend(pid) FROM pg_catalog.pg_stat_activity \
      WHERE datname = $1 AND pid <> pg_catalog.pg_backend_pid()";
 
-/// `$1` this process's `application_name` → terminates the sessions of *other* instances of
-/// this operator (a replica that was killed or lost its Lease) that are still running a
-/// statement, returning how many.
+/// `$1` this process's `application_name` → terminates every session of *other* instances of
+/// this operator (a replica that was killed or lost its Lease), idle ones included: an idle
+/// session may still have a statement waiting unread in its socket, which it would run later.
 pub const TERMINATE_STALE_SESSIONS: &str = "SELECT pg_catalog.pg_terminate_backend(pid) \
      FROM pg_catalog.pg_stat_activity WHERE application_name LIKE 'database-operator %' \
-     AND application_name <> $1 AND state <> 'idle' AND pid <> pg_catalog.pg_backend_pid()";
+     AND application_name <> $1 AND pid <> pg_catalog.pg_backend_pid()";
 /// `$1` this process's `application_name` → how many sessions of other instances are left.
 pub const COUNT_STALE_SESSIONS: &str = "SELECT count(*) FROM pg_catalog.pg_stat_activity \
      WHERE application_name LIKE 'database-operator %' AND application_name <> $1 \
-     AND state <> 'idle' AND pid <> pg_catalog.pg_backend_pid()";
+     AND pid <> pg_catalog.pg_backend_pid()";
 
 // ---------------------------------------------------------------------------------------
 // Statements
