@@ -14,7 +14,7 @@ pub mod controller;
 mod error;
 pub mod events;
 pub mod finalizer;
-mod guard;
+pub mod guard;
 pub mod leader;
 pub mod metrics;
 pub mod runtime;

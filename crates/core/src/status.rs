@@ -1,4 +1,11 @@
-//! One status write per reconcile, by server-side apply, skipped when nothing changed.
+//! One status write per reconcile, by server-side apply, skipped when nothing changed, and
+//! conditional on the version it was computed from.
+//!
+//! The write carries the `resourceVersion` of the object the reconcile read. If the object
+//! changed since (a spec edit, or a newer leader's status write), the API server refuses it
+//! with 409 Conflict and the write is skipped: the change triggers another reconcile, which
+//! computes the status from the newer version. So a status computed by a leader that lost
+//! its Lease can never overwrite what the new leader wrote, however late it arrives.
 //!
 //! "Nothing changed" is judged against the object the reconcile was given, which comes from
 //! a cache: right after a status write, a reconcile triggered by a child can still see the
@@ -18,10 +25,12 @@ use serde::de::DeserializeOwned;
 use crate::Error;
 
 /// Writes `status` to `obj`'s status subresource by server-side apply under `field_manager`,
-/// unless it equals the status `obj` already has. Returns whether a write happened.
+/// with `obj`'s resourceVersion as a precondition, unless it equals the status `obj` already
+/// has. Returns whether a write happened: `false` also when `obj` is no longer the current
+/// version (409 Conflict; the newer version is reconciled next).
 ///
 /// # Errors
-/// [`Error::WriteStatus`] when the API server rejects the patch.
+/// [`Error::WriteStatus`] when the API server rejects the patch for another reason.
 pub async fn apply<K, S>(
     api: &Api<K>,
     obj: &K,
@@ -39,19 +48,27 @@ where
     let patch = serde_json::json!({
         "apiVersion": K::api_version(&()),
         "kind": K::kind(&()),
+        "metadata": {"name": obj.name_any(), "resourceVersion": obj.resource_version()},
         "status": status,
     });
-    api.patch_status(
-        &obj.name_any(),
-        &PatchParams::apply(field_manager).force(),
-        &Patch::Apply(&patch),
-    )
-    .await
-    .map_err(|source| Error::WriteStatus {
-        object: obj.name_any(),
-        source,
-    })?;
-    Ok(true)
+    match api
+        .patch_status(
+            &obj.name_any(),
+            &PatchParams::apply(field_manager).force(),
+            &Patch::Apply(&patch),
+        )
+        .await
+    {
+        Ok(_) => Ok(true),
+        Err(kube::Error::Api(status)) if status.code == 409 => {
+            tracing::debug!(object = %obj.name_any(), version = ?obj.resource_version(), "status not written: the object changed since it was read");
+            Ok(false)
+        }
+        Err(source) => Err(Error::WriteStatus {
+            object: obj.name_any(),
+            source,
+        }),
+    }
 }
 
 /// How long a write is remembered; by then the cache has long caught up.

@@ -204,27 +204,65 @@ pub async fn connect_as(
 
 /// Runs each statement of `plan` on its own (no implicit transaction).
 ///
+/// Each statement is sent only if [`Leadership::guard`] passes right before it, and must
+/// finish before leadership could lapse ([`Leadership::deadline`]): the session's
+/// `statement_timeout` is set to the time left first, so the server ends a statement that
+/// would outlive it, and the client stops waiting at the same instant. A leader that was
+/// paused (or lost its Lease) mid-plan sends nothing more.
+///
 /// # Errors
 /// [`PgError::Statement`] naming the first statement that failed (statements are logged by
-/// their first words only; they may hold SCRAM verifiers).
-/// Each statement is sent only if [`Leadership::guard`] passes right before it: a leader that
-/// was paused (or lost its Lease) mid-plan sends nothing more.
+/// their first words only; they may hold SCRAM verifiers); [`PgError::NotLeader`] when one
+/// was not sent, or was abandoned unanswered (it may or may not have committed).
 pub async fn execute(client: &Client, plan: &[String], fence: &Leadership) -> Result<(), PgError> {
     for statement in plan {
-        fence.guard().map_err(|e| PgError::NotLeader {
-            what: redact(statement),
+        let what = || redact(statement);
+        let not_leader = |e: steward_core::leader::NotLeader| PgError::NotLeader {
+            what: what(),
             reason: e.to_string(),
-        })?;
-        tracing::info!(statement = %redact(statement), "executing");
+        };
+        let statement_err = |source| PgError::Statement {
+            what: what(),
+            source,
+        };
+        let Some(deadline) = fence.deadline().map_err(not_leader)? else {
+            tracing::info!(statement = %what(), "executing");
+            client
+                .batch_execute(statement)
+                .await
+                .map_err(statement_err)?;
+            continue;
+        };
+        let left = deadline.saturating_duration_since(tokio::time::Instant::now());
         client
-            .batch_execute(statement)
+            .batch_execute(&budget_settings(left))
             .await
-            .map_err(|source| PgError::Statement {
-                what: redact(statement),
-                source,
-            })?;
+            .map_err(statement_err)?;
+        fence.guard().map_err(not_leader)?;
+        tracing::info!(statement = %what(), "executing");
+        match tokio::time::timeout_at(deadline, client.batch_execute(statement)).await {
+            Ok(result) => result.map_err(statement_err)?,
+            Err(_) => {
+                return Err(PgError::NotLeader {
+                    what: what(),
+                    reason: format!(
+                        "abandoned unanswered when leadership could lapse ({left:?} after it was sent); it may or may not have committed"
+                    ),
+                });
+            }
+        }
     }
     Ok(())
+}
+
+/// `SET` statements bounding the next statement to `left`: `statement_timeout` (at least 1 ms:
+/// 0 would disable it) and `lock_timeout` half of it.
+fn budget_settings(left: Duration) -> String {
+    let ms = left.as_millis().max(1);
+    format!(
+        "SET statement_timeout = {ms}; SET lock_timeout = {}",
+        (ms / 2).max(1)
+    )
 }
 
 /// A statement as it may appear in logs, Events and conditions: anything after `PASSWORD`
@@ -387,6 +425,19 @@ impl ServerCertVerifier for IgnoreHostname {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_statement_gets_the_time_left_never_an_unbounded_timeout() {
+        assert_eq!(
+            budget_settings(Duration::from_millis(2500)),
+            "SET statement_timeout = 2500; SET lock_timeout = 1250"
+        );
+        assert_eq!(
+            budget_settings(Duration::ZERO),
+            "SET statement_timeout = 1; SET lock_timeout = 1",
+            "0 would mean no timeout"
+        );
+    }
 
     #[test]
     fn redact_cuts_passwords() {

@@ -8,6 +8,7 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use k8s_openapi::jiff::Timestamp;
 use kube::api::{Api, PostParams};
 use kube::{Client, Resource};
+use tokio::sync::watch;
 use tokio::task::JoinHandle;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
@@ -147,8 +148,16 @@ impl LeaderElector {
     /// [`super::run_while_leader`]) and `shutdown` after it finished.
     pub async fn run(self, shutdown: CancellationToken) -> Result<(), Error> {
         let config = self.config;
+        let api: Api<Lease> = Api::namespaced(self.client.clone(), &config.namespace);
+        let (released_tx, released) = watch::channel(());
+        let watching = AbortOnDrop(tokio::spawn(watch_releases(
+            api.clone(),
+            config.lease_name.clone(),
+            released_tx,
+        )));
         let mut election = Election {
-            api: Api::namespaced(self.client.clone(), &config.namespace),
+            api,
+            released,
             lease_ref: format!("{}/{}", config.namespace, config.lease_name),
             recorder: Recorder::new(self.client, &self.reporter, Some(config.identity.clone())),
             leadership: self.leadership,
@@ -158,6 +167,7 @@ impl LeaderElector {
             events: Vec::new(),
         };
         let result = election.run(&shutdown).await;
+        drop(watching);
         election.flush_events().await;
         result
     }
@@ -166,6 +176,8 @@ impl LeaderElector {
 /// The state of one running election.
 struct Election {
     api: Api<Lease>,
+    /// Ticks when the watch sees the Lease released or deleted: a follower tries at once.
+    released: watch::Receiver<()>,
     config: LeaseConfig,
     lease_ref: String,
     leadership: Leadership,
@@ -274,6 +286,9 @@ impl Election {
                 biased;
                 () = shutdown.cancelled() => return Candidacy::Shutdown,
                 () = tokio::time::sleep(pause) => {}
+                Ok(()) = self.released.changed() => {
+                    tracing::debug!(lease = %self.lease_ref, "lease released, trying at once");
+                }
             }
         }
     }
@@ -568,6 +583,56 @@ impl Election {
     async fn flush_events(&mut self) {
         let pending = futures::future::join_all(self.events.drain(..));
         let _ = tokio::time::timeout(self.config.retry_period, pending).await;
+    }
+}
+
+/// Watches the Lease and ticks `released` whenever it is seen without a holder or deleted,
+/// so a follower takes a released Lease within a watch event's latency instead of at its
+/// next poll. Polling stays the fallback: a watch that fails (no `list`/`watch` permission,
+/// API server down) is retried with backoff and only logged.
+async fn watch_releases(api: Api<Lease>, name: String, released: watch::Sender<()>) {
+    use futures::StreamExt;
+    use kube::runtime::{WatchStreamExt, watcher};
+
+    let config = watcher::Config::default().fields(&format!("metadata.name={name}"));
+    let mut events = std::pin::pin!(watcher(api, config).default_backoff());
+    let mut failing = false;
+    while let Some(event) = events.next().await {
+        let is_released = |lease: &Lease| {
+            lease
+                .spec
+                .as_ref()
+                .and_then(|s| s.holder_identity.as_deref())
+                .is_none_or(str::is_empty)
+        };
+        match event {
+            Ok(watcher::Event::Apply(lease) | watcher::Event::InitApply(lease)) => {
+                failing = false;
+                if is_released(&lease) {
+                    released.send_replace(());
+                }
+            }
+            Ok(watcher::Event::Delete(_)) => {
+                failing = false;
+                released.send_replace(());
+            }
+            Ok(watcher::Event::Init | watcher::Event::InitDone) => {}
+            Err(error) => {
+                if !failing {
+                    tracing::debug!(lease = %name, %error, "cannot watch the lease; polling only");
+                }
+                failing = true;
+            }
+        }
+    }
+}
+
+/// Aborts a task when dropped, also when `run` itself is dropped.
+struct AbortOnDrop(JoinHandle<()>);
+
+impl Drop for AbortOnDrop {
+    fn drop(&mut self) {
+        self.0.abort();
     }
 }
 

@@ -103,8 +103,19 @@ impl Leadership {
     /// [`NotLeader::Follower`] when not leading, [`NotLeader::Stale`] when the last renewal
     /// is older than the renew deadline (for example after the process was stopped).
     pub fn guard(&self) -> Result<(), NotLeader> {
+        self.deadline().map(|_| ())
+    }
+
+    /// Until when this process may write: its last renewal plus the renew deadline, on the
+    /// monotonic clock (`None`: no deadline, for [`Leadership::always_leader`]). Each renewal
+    /// moves it; a write that has not completed by then must be abandoned (the guarded
+    /// client does, see [`crate::guard`]).
+    ///
+    /// # Errors
+    /// As [`Leadership::guard`], when that instant has passed or this process does not lead.
+    pub fn deadline(&self) -> Result<Option<Instant>, NotLeader> {
         let Some(renew_deadline) = self.shared.renew_deadline else {
-            return Ok(());
+            return Ok(None);
         };
         let follower = || NotLeader::Follower {
             identity: self.shared.identity.clone(),
@@ -112,7 +123,7 @@ impl Leadership {
         let renewed = (*self.renewed()).ok_or_else(follower)?;
         let since_renewal = renewed.elapsed();
         if since_renewal < renew_deadline {
-            Ok(())
+            Ok(Some(renewed + renew_deadline))
         } else {
             Err(NotLeader::Stale {
                 identity: self.shared.identity.clone(),
