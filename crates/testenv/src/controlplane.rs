@@ -13,6 +13,20 @@ use crate::node::{self, RealNode};
 use crate::process::{Process, free_port};
 use crate::{Error, eventually};
 
+/// With [`Options::audit`]: Lease writes with their request bodies (who claimed to hold it),
+/// every other write by its metadata, nothing else.
+const AUDIT_POLICY: &str = "apiVersion: audit.k8s.io/v1
+kind: Policy
+omitStages: [RequestReceived]
+rules:
+  - level: Request
+    resources: [{group: coordination.k8s.io, resources: [leases]}]
+    verbs: [create, update, patch]
+  - level: Metadata
+    verbs: [create, update, patch, delete, deletecollection]
+  - level: None
+";
+
 /// How to start a control plane.
 #[derive(Clone, Debug)]
 pub struct Options {
@@ -26,6 +40,9 @@ pub struct Options {
     /// Also start one real node (kubelet, containerd, CNI, kube-proxy, CoreDNS; needs root and
     /// is one per machine, see [`crate::node`]).
     pub real_node: bool,
+    /// Record every write (and, with their request bodies, the Lease writes) in an audit log
+    /// ([`ControlPlane::audit_log`]), for tests that check who wrote what when.
+    pub audit: bool,
 }
 
 impl Default for Options {
@@ -37,6 +54,7 @@ impl Default for Options {
             // listen. A component that exits fails at once, whatever the timeout.
             timeout: Duration::from_secs(180),
             real_node: false,
+            audit: false,
         }
     }
 }
@@ -193,6 +211,17 @@ impl ControlPlane {
         let api_port = free_port()?;
         self.apiserver_url = format!("https://127.0.0.1:{api_port}");
         let pki = dir.join("pki");
+        let mut audit_args = Vec::new();
+        if options.audit {
+            let policy = dir.join("audit-policy.yaml");
+            std::fs::write(&policy, AUDIT_POLICY).map_err(io("write audit-policy.yaml".into()))?;
+            audit_args = vec![
+                format!("--audit-policy-file={}", policy.display()),
+                format!("--audit-log-path={}", dir.join("audit.log").display()),
+                "--audit-log-format=json".into(),
+                "--audit-log-mode=blocking".into(),
+            ];
+        }
         let apiserver = Process::spawn(
             "kube-apiserver",
             &b.kube_apiserver,
@@ -221,7 +250,10 @@ impl ControlPlane {
                 "--enable-priority-and-fairness=false".into(),
                 "--endpoint-reconciler-type=none".into(),
                 "--v=1".into(),
-            ],
+            ]
+            .into_iter()
+            .chain(audit_args)
+            .collect::<Vec<_>>(),
             dir.join("kube-apiserver.log"),
         )?;
         self.processes.push(apiserver);
@@ -511,6 +543,12 @@ impl ControlPlane {
     /// The real node, if [`Options::real_node`] was set.
     pub fn real_node(&self) -> Option<&RealNode> {
         self.node.as_ref()
+    }
+
+    /// The API server's audit log (JSON lines), when started with [`Options::audit`].
+    pub fn audit_log(&self) -> Option<PathBuf> {
+        let path = self.dir.join("audit.log");
+        path.exists().then_some(path)
     }
 
     /// The directory holding logs, kubeconfig and etcd data.
