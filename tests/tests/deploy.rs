@@ -36,11 +36,11 @@ use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 
 const WAIT: Duration = Duration::from_secs(90);
-const OPERATORS: [&str; 3] = [
-    "database-operator",
-    "tenant-operator",
-    "upgrade-orchestrator",
-];
+
+/// Every operator of the workspace (the registry in `crates/operators`).
+fn operators() -> Vec<&'static str> {
+    steward_operators::names()
+}
 const FIELD_MANAGER: &str = "steward-deploy-test";
 
 // ---------------------------------------------------------------------------------------
@@ -172,35 +172,10 @@ impl Rendered {
 /// Parses the Deployment's args as the operator binary would (steward-core's flags and the
 /// operator's own), so a typo in a flag fails here rather than in a crash-looping pod.
 fn parse_args(operator: &str, args: &[String]) -> Result<CommonArgs> {
-    #[derive(clap::Parser)]
-    struct Db {
-        #[command(flatten)]
-        common: CommonArgs,
-        #[command(flatten)]
-        _options: database_operator::Options,
-    }
-    #[derive(clap::Parser)]
-    struct Tenant {
-        #[command(flatten)]
-        common: CommonArgs,
-        #[command(flatten)]
-        _options: tenant_operator::Options,
-    }
-    #[derive(clap::Parser)]
-    struct Upgrade {
-        #[command(flatten)]
-        common: CommonArgs,
-        #[command(flatten)]
-        _options: upgrade_orchestrator::Options,
-    }
-    use clap::Parser;
-    let argv = std::iter::once(operator.to_string()).chain(args.iter().cloned());
-    Ok(match operator {
-        "database-operator" => Db::try_parse_from(argv)?.common,
-        "tenant-operator" => Tenant::try_parse_from(argv)?.common,
-        "upgrade-orchestrator" => Upgrade::try_parse_from(argv)?.common,
-        other => bail!("unknown operator {other}"),
-    })
+    let Some(entry) = steward_operators::find(operator) else {
+        bail!("unknown operator {operator}");
+    };
+    Ok((entry.parse_args)(args)?)
 }
 
 fn check_deployment(r: &Rendered) -> Result<()> {
@@ -482,7 +457,7 @@ fn check_rbac(r: &Rendered) -> Result<()> {
 #[test]
 fn manifests_have_two_replicas_probes_restricted_pods_and_rbac_without_wildcards() -> Result<()> {
     let mut problems = Vec::new();
-    for op in OPERATORS {
+    for op in operators() {
         let r = Rendered::of(op)?;
         for result in [check_deployment(&r), check_rbac(&r)] {
             if let Err(e) = result {
@@ -531,13 +506,13 @@ fn root_kustomization_lists_every_crd_and_every_operator() -> Result<()> {
         .map(name)
         .collect();
     ensure!(
-        deployments == BTreeSet::from(OPERATORS),
+        deployments == operators().into_iter().collect::<BTreeSet<_>>(),
         "the root kustomization renders Deployments {deployments:?}"
     );
 
     // No manifest is left out of its directory's kustomization.
-    let dirs = OPERATORS
-        .iter()
+    let dirs = operators()
+        .into_iter()
         .map(|op| format!("deploy/{op}"))
         .chain(["deploy/samples".to_string()]);
     for dir in dirs {
@@ -598,7 +573,7 @@ async fn everything_applies_crds_establish_and_operator_pods_run_under_restricte
         other => bail!("a privileged pod was not refused by Pod Security admission: {other:?}"),
     }
     // ... and the operators' pods pass it: each Deployment gets 2 available replicas.
-    for op in OPERATORS {
+    for op in operators() {
         let deployments: Api<k8s_openapi::api::apps::v1::Deployment> =
             Api::namespaced(client.clone(), &operator_namespace(op));
         eventually(
@@ -833,7 +808,7 @@ impl Running {
                 .map_err(Into::into)
         })
         .await?;
-        for other in OPERATORS.iter().filter(|o| **o != self.operator) {
+        for other in operators().iter().filter(|o| **o != self.operator) {
             self.expect_forbidden(&format!("read {other}'s Lease"), async {
                 Api::<Lease>::namespaced(self.client.clone(), &operator_namespace(other))
                     .get(other)

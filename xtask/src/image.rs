@@ -14,13 +14,6 @@ use anyhow::{Context, Result, bail};
 use serde_json::json;
 use steward_testenv::images;
 
-/// The operators that have images.
-pub const OPERATORS: &[&str] = &[
-    "database-operator",
-    "tenant-operator",
-    "upgrade-orchestrator",
-];
-
 /// What was built.
 #[derive(Debug)]
 pub struct Image {
@@ -32,10 +25,10 @@ pub struct Image {
 
 /// Builds the release binary of `operator` and its image archive under `target/images/`.
 pub fn run(operator: &str) -> Result<Image> {
-    if !OPERATORS.contains(&operator) {
+    if steward_operators::find(operator).is_none() {
         bail!(
             "unknown operator {operator:?}; one of {}",
-            OPERATORS.join(", ")
+            steward_operators::names().join(", ")
         );
     }
     let status = crate::cargo()

@@ -26,8 +26,8 @@ fn main() -> Result<()> {
         Some("up") => up::run(),
         Some("bench") => bench::run(&rest),
         Some("image") => match rest.first() {
-            Some(&"all") | None => image::OPERATORS
-                .iter()
+            Some(&"all") | None => steward_operators::names()
+                .into_iter()
                 .try_for_each(|op| image::run(op).map(|_| ())),
             Some(op) => image::run(op).map(|_| ()),
         },

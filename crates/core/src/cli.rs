@@ -178,6 +178,22 @@ fn parse_addr(flag: &str, value: &str) -> Result<Option<SocketAddr>, Error> {
         .map_err(|e| Error::Config(format!("{flag} {value}: {e}")))
 }
 
+/// The value of every flag of `O` when none is given: what `Default` of an operator's
+/// options should return, so the defaults live only in the flag definitions.
+///
+/// # Panics
+/// If `O` has a required flag (it then has no default to give).
+pub fn defaults<O: clap::Args + clap::FromArgMatches>() -> O {
+    let command = O::augment_args(clap::Command::new("defaults"));
+    let parsed = command
+        .try_get_matches_from(["defaults"])
+        .and_then(|matches| O::from_arg_matches(&matches));
+    match parsed {
+        Ok(options) => options,
+        Err(e) => panic!("these options have a required flag, so no defaults: {e}"),
+    }
+}
+
 /// The longest duration [`parse_duration`] accepts: 100 years, far beyond any timeout or
 /// interval, and far below where arithmetic on `Instant`s or `Duration`s could overflow.
 pub const MAX_DURATION: Duration = Duration::from_secs(100 * 365 * 24 * 3600);

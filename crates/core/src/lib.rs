@@ -17,6 +17,7 @@ pub mod finalizer;
 pub mod guard;
 pub mod leader;
 pub mod metrics;
+pub mod operator;
 pub mod runtime;
 pub mod server;
 pub mod status;

@@ -68,11 +68,27 @@ pub struct Options {
 }
 
 impl Default for Options {
+    /// The defaults of every flag.
     fn default() -> Self {
-        Self {
-            resync_interval: Duration::from_secs(300),
-            backup_image: "postgres:17".into(),
-        }
+        steward_core::cli::defaults()
+    }
+}
+
+/// The database-operator, as steward-core runs it ([`steward_core::operator::main`]).
+pub struct DatabaseOperator;
+
+impl steward_core::operator::Definition for DatabaseOperator {
+    const NAME: &'static str = NAME;
+    const ABOUT: &'static str = "Manages PostgreSQL clusters, databases and roles";
+    type Options = Options;
+    type Error = Error;
+
+    fn crds() -> Vec<CustomResourceDefinition> {
+        crds()
+    }
+
+    fn register(operator: &mut steward_core::Operator, options: Options) -> Result<(), Error> {
+        register(operator, options)
     }
 }
 

@@ -76,17 +76,48 @@ pub struct Options {
     /// How often every Tenant is reconciled again without a change.
     #[arg(long, default_value = "10m", value_parser = steward_core::cli::parse_duration)]
     pub resync_period: Duration,
+
+    /// Print the admission policies (exempting `--exempt-user`/`--exempt-group`, which should
+    /// include the operator's ServiceAccount) as YAML and exit.
+    #[arg(long)]
+    pub print_policies: bool,
 }
 
 impl Default for Options {
     /// The defaults of every flag.
     fn default() -> Self {
-        #[derive(clap::Parser)]
-        struct Defaults {
-            #[command(flatten)]
-            options: Options,
+        steward_core::cli::defaults()
+    }
+}
+
+/// The tenant-operator, as steward-core runs it ([`steward_core::operator::main`]).
+pub struct TenantOperator;
+
+impl steward_core::operator::Definition for TenantOperator {
+    const NAME: &'static str = NAME;
+    const ABOUT: &'static str =
+        "Gives each team a tenant: namespaces, access, quotas and isolation";
+    type Options = Options;
+    type Error = Error;
+
+    fn crds() -> Vec<CustomResourceDefinition> {
+        crds()
+    }
+
+    fn register(operator: &mut Operator, options: Options) -> Result<(), Error> {
+        register(operator, options)
+    }
+
+    /// `--print-policies`: the admission policies as YAML.
+    fn print_instead(options: &Options) -> Result<Option<String>, Error> {
+        if !options.print_policies {
+            return Ok(None);
         }
-        <Defaults as clap::Parser>::parse_from([NAME]).options
+        let exempt =
+            policy::Exemptions::new(options.exempt_users.clone(), options.exempt_groups.clone());
+        policy::to_yaml(&policy::policies(&exempt, NAME))
+            .map(Some)
+            .map_err(|e| Error::PrintPolicies(e.to_string()))
     }
 }
 
@@ -96,6 +127,9 @@ pub enum Error {
     /// A flag has an unusable value.
     #[error("invalid option {flag}: {reason}")]
     InvalidOption { flag: &'static str, reason: String },
+    /// The admission policies could not be rendered as YAML.
+    #[error("failed to print the admission policies: {0}")]
+    PrintPolicies(String),
 }
 
 /// Adds the Tenant controller (and, with `apply_policies`, the leader-only task applying the

@@ -70,10 +70,27 @@ pub struct Options {
 }
 
 impl Default for Options {
+    /// The defaults of every flag.
     fn default() -> Self {
-        Self {
-            watch_postgresclusters: true,
-        }
+        steward_core::cli::defaults()
+    }
+}
+
+/// The upgrade-orchestrator, as steward-core runs it ([`steward_core::operator::main`]).
+pub struct UpgradeOrchestrator;
+
+impl steward_core::operator::Definition for UpgradeOrchestrator {
+    const NAME: &'static str = NAME;
+    const ABOUT: &'static str = "Rolls new versions across several dependent workloads, in order (UpgradePlan, upgrade.steward.dev)";
+    type Options = Options;
+    type Error = Error;
+
+    fn crds() -> Vec<CustomResourceDefinition> {
+        crds()
+    }
+
+    fn register(operator: &mut steward_core::Operator, options: Options) -> Result<(), Error> {
+        register(operator, options)
     }
 }
 
