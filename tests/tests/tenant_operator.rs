@@ -905,7 +905,83 @@ async fn owners_act_in_their_tenant_only_and_cannot_touch_its_guard_rails() {
     .expect_err("relax pod security");
     assert_eq!(code(&err), Some(403), "{err}");
 
-    // Cordoned: frozen.
+    // Cordoned: frozen, subresources and CONNECT included (reproduced on main, #17: scale,
+    // eviction, token requests and exec passed a cordon).
+    let deployments: Api<Deployment> = Api::namespaced(as_alice.clone(), &a1);
+    let pods: Api<Pod> = Api::namespaced(as_alice.clone(), &a1);
+    let accounts: Api<k8s_openapi::api::core::v1::ServiceAccount> =
+        Api::namespaced(as_alice.clone(), &a1);
+    let web: Deployment = serde_json::from_value(json!({
+        "metadata": {"name": "web"},
+        "spec": {"replicas": 1, "selector": {"matchLabels": {"app": "web"}},
+                 "template": {"metadata": {"labels": {"app": "web"}},
+                              "spec": {"containers": [{"name": "app", "image": "registry.k8s.io/pause:3.10", "resources": {"requests": {"cpu": "10m", "memory": "16Mi"}, "limits": {"cpu": "10m", "memory": "16Mi"}}}]}}}
+    }))
+    .unwrap();
+    env.api::<Deployment>(&a1)
+        .create(&PostParams::default(), &web)
+        .await
+        .expect("a Deployment to scale");
+    let mut victim = pod("victim");
+    if let Some(c) = victim.spec.as_mut().map(|s| &mut s.containers[0]) {
+        c.resources = serde_json::from_value(json!({"requests": {"cpu": "10m", "memory": "16Mi"}, "limits": {"cpu": "10m", "memory": "16Mi"}})).ok();
+    }
+    env.api::<Pod>(&a1)
+        .create(&PostParams::default(), &victim)
+        .await
+        .expect("a Pod to evict and exec into");
+    let scale = || async {
+        deployments
+            .patch_scale(
+                "web",
+                &PatchParams {
+                    dry_run: true,
+                    ..Default::default()
+                },
+                &Patch::Merge(json!({"spec": {"replicas": 2}})),
+            )
+            .await
+    };
+    let evict = || async {
+        pods.evict(
+            "victim",
+            &kube::api::EvictParams {
+                delete_options: Some(dry_delete()),
+                ..Default::default()
+            },
+        )
+        .await
+    };
+    let token = || async {
+        accounts
+            .create_token_request(
+                "default",
+                &dry_post(),
+                &k8s_openapi::api::authentication::v1::TokenRequest::default(),
+            )
+            .await
+    };
+    // A CONNECT: without an upgrade the API server refuses it after admission, so only the
+    // cordon makes it a 403.
+    let exec = || async {
+        let req = http::Request::post(format!(
+            "/api/v1/namespaces/{a1}/pods/victim/exec?command=true&stdout=true"
+        ))
+        .body(Vec::new())
+        .unwrap();
+        as_alice.request_text(req).await
+    };
+    scale().await.expect("scaling is allowed before the cordon");
+    token()
+        .await
+        .expect("token requests are allowed before the cordon");
+    if let Err(e) = exec().await {
+        assert_ne!(
+            code(&e),
+            Some(403),
+            "exec is not refused before the cordon: {e}"
+        );
+    }
     env.patch_spec(&ta, json!({"cordoned": true})).await;
     let t = env.ready(&ta).await;
     assert_eq!(t.status.unwrap().phase, Some(TenantPhase::Cordoned));
@@ -915,6 +991,10 @@ async fn owners_act_in_their_tenant_only_and_cannot_touch_its_guard_rails() {
     })
     .await;
     assert!(msg.contains(&ta), "{msg}");
+    denied_eventually("scale is frozen", "cordoned", scale).await;
+    denied_eventually("eviction is frozen", "cordoned", evict).await;
+    denied_eventually("token requests are frozen", "cordoned", token).await;
+    denied_eventually("exec is frozen", "cordoned", exec).await;
     env.patch_spec(&ta, json!({"cordoned": false})).await;
     eventually("uncordoned tenant thaws", WAIT, || async {
         mine.create(&dry_post(), &configmap("thawed", &[], &[]))
@@ -1129,6 +1209,148 @@ async fn tenant_quota_holds_across_namespaces_under_concurrent_creates() {
         max <= LIMIT,
         "the enforced limits summed to {max} > {LIMIT}"
     );
+    env.stop().await;
+}
+
+/// Reproduced on main (#17): a Tenant listing an existing namespace, even the operator's own,
+/// took it, made its owner admin there, and deleted it with the Tenant. Now a Tenant takes only
+/// namespaces created for it or handed over by a cluster admin's annotation, never a system or
+/// Steward namespace, and releases (never deletes) what it adopted.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_tenant_takes_only_namespaces_created_for_it_or_handed_over() {
+    let _shared = EXCLUSIVE.read().await;
+    let mut env = Env::start("adopt").await;
+    let t = format!("{}-t", env.id);
+    let (plain, handed, fresh) = (
+        format!("{t}-plain"),
+        format!("{t}-handed"),
+        format!("{t}-fresh"),
+    );
+    let namespaces: Api<Namespace> = Api::all(env.client.clone());
+    namespaces
+        .create(&PostParams::default(), &namespace(&plain, None))
+        .await
+        .unwrap();
+    let mut ns = namespace(&handed, None);
+    ns.metadata.annotations = Some(labels(&[("tenancy.steward.dev/adopt-by", t.as_str())]));
+    namespaces
+        .create(&PostParams::default(), &ns)
+        .await
+        .unwrap();
+    let mut secret = Secret::default();
+    secret.metadata.name = Some("db-admin".into());
+    env.api::<Secret>(&plain)
+        .create(&PostParams::default(), &secret)
+        .await
+        .unwrap();
+
+    env.create(
+        &t,
+        json!({
+            "owners": [{"kind": "User", "name": "erin"}],
+            "namespaces": [plain, handed, fresh, "kube-system", "default", "tenant-operator-system"],
+            "deletionPolicy": "Delete",
+        }),
+    )
+    .await;
+    let status = eventually("the Tenant reports what it refused", WAIT, || async {
+        let status = env
+            .tenants
+            .get(&t)
+            .await
+            .map_err(|e| e.to_string())?
+            .status
+            .unwrap_or_default();
+        let ready = status
+            .conditions
+            .iter()
+            .find(|c| c.type_ == "Ready")
+            .cloned();
+        match ready {
+            Some(c) if c.reason == "NamespaceNotAdoptable" && status.namespaces.len() == 2 => {
+                Ok((status, c))
+            }
+            other => Err(format!("{:?} {other:?}", status.namespaces)),
+        }
+    })
+    .await
+    .expect("refusals reported");
+    let (status, ready) = status;
+    assert_eq!(ready.status, "False");
+    assert_eq!(status.namespaces, [fresh.clone(), handed.clone()]);
+    assert_eq!(status.adopted_namespaces, [handed.clone()]);
+    for refused in [&plain, "kube-system", "default", "tenant-operator-system"] {
+        assert!(
+            ready.message.contains(&format!("namespace {refused} ")),
+            "{refused} named: {}",
+            ready.message
+        );
+    }
+    assert!(
+        ready.message.contains("tenancy.steward.dev/adopt-by="),
+        "says how to hand a namespace over: {}",
+        ready.message
+    );
+    // The owner got nothing in the refused namespaces.
+    let as_erin = env.as_user("erin");
+    for ns in [plain.as_str(), "kube-system", "tenant-operator-system"] {
+        let err = Api::<Secret>::namespaced(as_erin.clone(), ns)
+            .list(&ListParams::default())
+            .await
+            .expect_err("no access");
+        assert_eq!(code(&err), Some(403), "{ns}: {err}");
+    }
+    assert!(
+        !namespaces
+            .get(&plain)
+            .await
+            .unwrap()
+            .labels()
+            .contains_key(TENANT_LABEL),
+        "the unmarked namespace is untouched"
+    );
+    eventually(
+        "the owner administers the handed-over namespace",
+        WAIT,
+        || async {
+            Api::<Secret>::namespaced(as_erin.clone(), &handed)
+                .list(&ListParams::default())
+                .await
+                .map(|_| ())
+                .map_err(|e| e.to_string())
+        },
+    )
+    .await
+    .expect("owner access in the adopted namespace");
+
+    env.tenants
+        .delete(&t, &DeleteParams::default())
+        .await
+        .unwrap();
+    env.gone(&env.tenants, &t).await;
+    env.gone(&namespaces, &fresh).await;
+    let kept = namespaces
+        .get(&handed)
+        .await
+        .expect("adopted namespace stays");
+    assert!(kept.metadata.deletion_timestamp.is_none(), "never deleted");
+    assert!(
+        !kept.labels().contains_key(TENANT_LABEL)
+            && !kept.labels().contains_key("tenancy.steward.dev/adopted"),
+        "released: {:?}",
+        kept.labels()
+    );
+    assert!(
+        namespaces.get(&plain).await.is_ok(),
+        "the unmarked one stays"
+    );
+    assert!(
+        env.api::<Secret>(&plain).get("db-admin").await.is_ok(),
+        "and so does its Secret"
+    );
+    for ns in [plain, handed] {
+        let _ = namespaces.delete(&ns, &DeleteParams::default()).await;
+    }
     env.stop().await;
 }
 

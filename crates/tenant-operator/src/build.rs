@@ -27,8 +27,8 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::{
 use kube::ResourceExt;
 
 use crate::crd::{
-    CORDONED_LABEL, DECLARED_LABEL, GROUP, POD_SECURITY_LABEL, QuantityValue, SOURCE_ANNOTATION,
-    SubjectKind, TENANT_LABEL, Tenant,
+    ADOPTED_LABEL, CORDONED_LABEL, DECLARED_LABEL, GROUP, POD_SECURITY_LABEL, QuantityValue,
+    SOURCE_ANNOTATION, SubjectKind, TENANT_LABEL, Tenant,
 };
 use crate::quantity::Milli;
 
@@ -47,6 +47,8 @@ pub const OWN_VERB: &str = "own";
 pub struct Settings {
     /// ClusterRole for owners when the Tenant names none.
     pub owner_cluster_role: String,
+    /// Namespaces never given to a tenant.
+    pub protected: crate::namespaces::Protected,
 }
 
 fn meta(tenant: &Tenant, name: &str, namespace: Option<&str>) -> ObjectMeta {
@@ -62,9 +64,9 @@ fn meta(tenant: &Tenant, name: &str, namespace: Option<&str>) -> ObjectMeta {
 }
 
 /// The namespace `name` as the tenant wants it: the tenant label (and `declared` for those in
-/// `spec.namespaces`), the Pod Security level, the cordon mark, propagated labels and
-/// annotations.
-pub fn namespace(tenant: &Tenant, name: &str, declared: bool) -> Namespace {
+/// `spec.namespaces`, `adopted` for those that existed before), the Pod Security level, the
+/// cordon mark, propagated labels and annotations.
+pub fn namespace(tenant: &Tenant, name: &str, declared: bool, adopted: bool) -> Namespace {
     let mut m = meta(tenant, name, None);
     let labels = m.labels.get_or_insert_with(BTreeMap::new);
     let spec = &tenant.spec;
@@ -81,6 +83,9 @@ pub fn namespace(tenant: &Tenant, name: &str, declared: bool) -> Namespace {
     if declared {
         labels.insert(DECLARED_LABEL.to_string(), "true".to_string());
     }
+    if adopted {
+        labels.insert(ADOPTED_LABEL.to_string(), "true".to_string());
+    }
     if spec.cordoned {
         labels.insert(CORDONED_LABEL.to_string(), "true".to_string());
     }
@@ -95,7 +100,7 @@ pub fn namespace(tenant: &Tenant, name: &str, declared: bool) -> Namespace {
 
 /// The label keys and annotation keys [`namespace`] sets, for releasing an orphaned namespace.
 pub fn namespace_metadata_keys(tenant: &Tenant) -> (Vec<String>, Vec<String>) {
-    let ns = namespace(tenant, "x", true);
+    let ns = namespace(tenant, "x", true, true);
     let mut labels: Vec<String> = ns.metadata.labels.unwrap_or_default().into_keys().collect();
     labels.push(CORDONED_LABEL.to_string());
     labels.push(steward_core::apply::OWNER_LABEL.to_string());
@@ -401,6 +406,7 @@ pub(crate) mod tests {
 
     fn settings() -> Settings {
         Settings {
+            protected: Default::default(),
             owner_cluster_role: "admin".into(),
         }
     }
@@ -418,7 +424,7 @@ pub(crate) mod tests {
                 s.cordoned = true;
             })
             .build();
-        let ns = namespace(&t, "acme-dev", true);
+        let ns = namespace(&t, "acme-dev", true, false);
         let labels = ns.metadata.labels.unwrap();
         assert_eq!(labels[TENANT_LABEL], "acme");
         assert_eq!(labels[DECLARED_LABEL], "true");
@@ -427,7 +433,12 @@ pub(crate) mod tests {
         assert_eq!(labels["team"], "a");
         assert_eq!(ns.metadata.annotations.unwrap()["contact"], "a@example.com");
 
-        let owned = namespace(&TenantFixture::new("acme").build(), "self-made", false);
+        let owned = namespace(
+            &TenantFixture::new("acme").build(),
+            "self-made",
+            false,
+            false,
+        );
         let labels = owned.metadata.labels.unwrap();
         assert!(
             !labels.contains_key(DECLARED_LABEL),

@@ -21,6 +21,12 @@ pub const GROUP: &str = "tenancy.steward.dev";
 pub const TENANT_LABEL: &str = "tenancy.steward.dev/tenant";
 /// Label on namespaces listed in `spec.namespaces` (as opposed to those owners created).
 pub const DECLARED_LABEL: &str = "tenancy.steward.dev/declared";
+/// On a namespace labelled for a tenant: the tenant took it over (it existed before), so it is
+/// released, never deleted, when the tenant lets it go.
+pub const ADOPTED_LABEL: &str = "tenancy.steward.dev/adopted";
+/// On a namespace that existed before: the tenant a cluster admin hands it to. Without it, a
+/// Tenant listing an existing namespace is refused (`NamespaceNotAdoptable`).
+pub const ADOPT_ANNOTATION: &str = "tenancy.steward.dev/adopt-by";
 /// Label on the namespaces of a cordoned tenant; the cordon admission policy selects it.
 pub const CORDONED_LABEL: &str = "tenancy.steward.dev/cordoned";
 /// Label a Secret or ConfigMap must carry to be copied into tenants (`"true"`).
@@ -462,6 +468,11 @@ pub struct TenantStatus {
     /// `len(namespaces)`, for `kubectl get`.
     #[serde(default)]
     pub namespace_count: i32,
+    /// Those of `namespaces` that existed before the tenant took them (handed over with the
+    /// `tenancy.steward.dev/adopt-by` annotation): released, never deleted, when the tenant
+    /// lets them go. The others were created for the tenant.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub adopted_namespaces: Vec<String>,
     /// Usage across all the tenant's namespaces, summed from their ResourceQuotas.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub quota: Option<QuotaStatus>,

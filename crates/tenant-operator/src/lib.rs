@@ -77,6 +77,18 @@ pub struct Options {
     #[arg(long, default_value = "10m", value_parser = steward_core::cli::parse_duration)]
     pub resync_period: Duration,
 
+    /// A namespace no Tenant may have (repeatable), besides `default` and every `kube-*`. The
+    /// operator's own namespace (POD_NAMESPACE) is added at start.
+    #[arg(
+        long = "protected-namespace",
+        default_values_t = [
+            "database-operator-system".to_string(),
+            "tenant-operator-system".to_string(),
+            "upgrade-orchestrator-system".to_string(),
+        ]
+    )]
+    pub protected_namespaces: Vec<String>,
+
     /// Print the admission policies (exempting `--exempt-user`/`--exempt-group`, which should
     /// include the operator's ServiceAccount) as YAML and exit.
     #[arg(long)]
@@ -168,6 +180,15 @@ pub fn register(operator: &mut Operator, options: Options) -> Result<(), Error> 
         stores,
         settings: build::Settings {
             owner_cluster_role: options.owner_cluster_role.clone(),
+            protected: namespaces::Protected {
+                names: options
+                    .protected_namespaces
+                    .iter()
+                    .cloned()
+                    .chain(std::env::var("POD_NAMESPACE").ok())
+                    .filter(|n| !n.trim().is_empty())
+                    .collect(),
+            },
         },
         resync: options.resync_period,
         writes: writes.clone(),

@@ -4,10 +4,30 @@
 //! its owners created with the tenant label. A declared namespace that left the spec is
 //! removed according to `deletionPolicy`; an owner-created one stays until the Tenant goes.
 //! A listed namespace that belongs to another tenant is a conflict and is left alone.
+//!
+//! Ownership is explicit: a listed namespace that already exists without the tenant label is
+//! taken only if a cluster admin annotated it `tenancy.steward.dev/adopt-by: <tenant>`, and is
+//! then labelled `adopted`. Adopted namespaces are released, never deleted, whatever the
+//! deletion policy. System namespaces (`default`, `kube-*`), Steward's own and those named by
+//! `--protected-namespace` are never given to a tenant.
 
 use std::collections::BTreeSet;
 
-use crate::crd::{DECLARED_LABEL, TENANT_LABEL};
+use crate::crd::{ADOPT_ANNOTATION, ADOPTED_LABEL, DECLARED_LABEL, TENANT_LABEL};
+
+/// Namespaces never given to a tenant: `default`, every `kube-*` and the configured ones
+/// (the operators' own namespaces by default).
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Protected {
+    pub names: BTreeSet<String>,
+}
+
+impl Protected {
+    /// Whether `name` may never belong to a tenant.
+    pub fn contains(&self, name: &str) -> bool {
+        name == "default" || name.starts_with("kube-") || self.names.contains(name)
+    }
+}
 
 /// What the operator knows about one existing namespace.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -17,6 +37,10 @@ pub struct Existing {
     pub tenant: Option<String>,
     pub declared: bool,
     pub terminating: bool,
+    /// Labelled `adopted`: it existed before the tenant took it.
+    pub adopted: bool,
+    /// The tenant a cluster admin handed it to (`tenancy.steward.dev/adopt-by`).
+    pub adopt_by: Option<String>,
 }
 
 impl Existing {
@@ -30,6 +54,15 @@ impl Existing {
                 .and_then(|l| l.get(DECLARED_LABEL))
                 .is_some_and(|v| v == "true"),
             terminating: ns.metadata.deletion_timestamp.is_some(),
+            adopted: labels
+                .and_then(|l| l.get(ADOPTED_LABEL))
+                .is_some_and(|v| v == "true"),
+            adopt_by: ns
+                .metadata
+                .annotations
+                .as_ref()
+                .and_then(|a| a.get(ADOPT_ANNOTATION))
+                .cloned(),
         }
     }
 }
@@ -44,6 +77,16 @@ pub struct Wanted {
     pub exists: bool,
     /// Being deleted (its contents are left alone until it is gone, then it is re-created).
     pub terminating: bool,
+    /// It existed before the tenant took it: released, never deleted.
+    pub adopted: bool,
+}
+
+/// A declared namespace no longer listed.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Removed {
+    pub name: String,
+    /// Adopted: released whatever the deletion policy.
+    pub adopted: bool,
 }
 
 /// The outcome for one tenant.
@@ -53,7 +96,9 @@ pub struct NamespacePlan {
     /// Listed namespaces labelled for another tenant: `(namespace, other tenant)`.
     pub conflicts: Vec<(String, String)>,
     /// Declared namespaces no longer listed (apply `deletionPolicy`).
-    pub removed: Vec<String>,
+    pub removed: Vec<Removed>,
+    /// Listed namespaces the tenant may not have: `(namespace, why)`.
+    pub refused: Vec<(String, String)>,
 }
 
 impl NamespacePlan {
@@ -71,33 +116,47 @@ impl NamespacePlan {
 }
 
 /// Plans the namespaces of `tenant`: `listed` is `spec.namespaces`; `lookup` finds an existing
-/// namespace by name; `labelled` are the existing namespaces labelled for this tenant.
+/// namespace by name (labelled or not); `labelled` are the existing namespaces labelled for
+/// this tenant.
 pub fn plan(
     tenant: &str,
     listed: &[String],
     lookup: impl Fn(&str) -> Option<Existing>,
     labelled: &[Existing],
+    protected: &Protected,
 ) -> NamespacePlan {
     let listed_set: BTreeSet<&str> = listed.iter().map(String::as_str).collect();
     let mut out = NamespacePlan::default();
     for name in listed {
+        if protected.contains(name) {
+            out.refused.push((
+                name.clone(),
+                format!("namespace {name} is a system or Steward namespace and never belongs to a tenant"),
+            ));
+            continue;
+        }
+        let wanted = |exists: bool, terminating: bool, adopted: bool| Wanted {
+            name: name.clone(),
+            declared: true,
+            exists,
+            terminating,
+            adopted,
+        };
         match lookup(name) {
-            Some(e) if e.tenant.as_deref().is_some_and(|t| t != tenant) => {
-                out.conflicts
-                    .push((name.clone(), e.tenant.unwrap_or_default()));
-            }
-            Some(e) => out.wanted.push(Wanted {
-                name: name.clone(),
-                declared: true,
-                exists: true,
-                terminating: e.terminating,
-            }),
-            None => out.wanted.push(Wanted {
-                name: name.clone(),
-                declared: true,
-                exists: false,
-                terminating: false,
-            }),
+            None => out.wanted.push(wanted(false, false, false)),
+            Some(e) => match e.tenant.as_deref() {
+                Some(t) if t == tenant => out.wanted.push(wanted(true, e.terminating, e.adopted)),
+                Some(other) => out.conflicts.push((name.clone(), other.to_string())),
+                None if e.adopt_by.as_deref() == Some(tenant) => {
+                    out.wanted.push(wanted(true, e.terminating, true));
+                }
+                None => out.refused.push((
+                    name.clone(),
+                    format!(
+                        "namespace {name} exists and was not created for this tenant; a cluster admin hands it over with the annotation {ADOPT_ANNOTATION}={tenant}"
+                    ),
+                )),
+            },
         }
     }
     for e in labelled {
@@ -106,7 +165,10 @@ pub fn plan(
         }
         if e.declared {
             if !e.terminating {
-                out.removed.push(e.name.clone());
+                out.removed.push(Removed {
+                    name: e.name.clone(),
+                    adopted: e.adopted,
+                });
             }
         } else {
             out.wanted.push(Wanted {
@@ -114,11 +176,12 @@ pub fn plan(
                 declared: false,
                 exists: true,
                 terminating: e.terminating,
+                adopted: e.adopted,
             });
         }
     }
     out.wanted.sort_by(|a, b| a.name.cmp(&b.name));
-    out.removed.sort();
+    out.removed.sort_by(|a, b| a.name.cmp(&b.name));
     out
 }
 
@@ -133,6 +196,14 @@ mod tests {
             tenant: tenant.map(Into::into),
             declared,
             terminating: false,
+            adopted: false,
+            adopt_by: None,
+        }
+    }
+
+    fn protected() -> Protected {
+        Protected {
+            names: ["tenant-operator-system".to_string()].into(),
         }
     }
 
@@ -148,19 +219,76 @@ mod tests {
             &listed,
             |n| existing.iter().find(|e| e.name == n).cloned(),
             &labelled,
+            &protected(),
         )
     }
 
     #[test]
-    fn listed_namespaces_are_created_or_adopted() {
-        let p = run(&["a", "b"], &[ns("b", None, false)]);
-        assert_eq!(p.wanted.len(), 2);
-        assert!(!p.wanted[0].exists && p.wanted[0].declared);
-        assert!(
-            p.wanted[1].exists,
-            "an unlabelled namespace that is listed is adopted"
+    fn listed_namespaces_are_created_or_adopted_only_when_handed_over() {
+        let mut handed = ns("c", None, false);
+        handed.adopt_by = Some("acme".into());
+        let mut for_other = ns("d", None, false);
+        for_other.adopt_by = Some("other".into());
+        let p = run(
+            &["a", "b", "c", "d"],
+            &[ns("b", None, false), handed, for_other],
         );
-        assert_eq!(p.active(), ["a", "b"]);
+        assert_eq!(p.active(), ["a", "c"]);
+        assert!(!p.wanted[0].exists && !p.wanted[0].adopted, "a is created");
+        assert!(p.wanted[1].exists && p.wanted[1].adopted, "c is adopted");
+        let refused: Vec<&str> = p.refused.iter().map(|(n, _)| n.as_str()).collect();
+        assert_eq!(
+            refused,
+            ["b", "d"],
+            "existing namespaces without the annotation for acme"
+        );
+        assert!(
+            p.refused[0].1.contains("tenancy.steward.dev/adopt-by=acme"),
+            "{:?}",
+            p.refused
+        );
+    }
+
+    #[test]
+    fn system_and_steward_namespaces_are_never_given_even_when_annotated() {
+        let mut system = ns("kube-system", None, false);
+        system.adopt_by = Some("acme".into());
+        let p = run(
+            &[
+                "default",
+                "kube-system",
+                "kube-new",
+                "tenant-operator-system",
+            ],
+            &[system],
+        );
+        assert!(p.wanted.is_empty());
+        assert_eq!(p.refused.len(), 4);
+        assert!(
+            p.refused
+                .iter()
+                .all(|(_, why)| why.contains("never belongs to a tenant"))
+        );
+    }
+
+    #[test]
+    fn an_adopted_namespace_that_leaves_the_spec_is_removed_as_adopted() {
+        let mut adopted = ns("shared", Some("acme"), true);
+        adopted.adopted = true;
+        let p = run(&[], &[adopted, ns("made", Some("acme"), true)]);
+        assert_eq!(
+            p.removed,
+            [
+                Removed {
+                    name: "made".into(),
+                    adopted: false
+                },
+                Removed {
+                    name: "shared".into(),
+                    adopted: true
+                },
+            ]
+        );
     }
 
     #[test]
@@ -180,7 +308,13 @@ mod tests {
                 ns("mine", Some("acme"), false),
             ],
         );
-        assert_eq!(p.removed, ["old"]);
+        assert_eq!(
+            p.removed,
+            [Removed {
+                name: "old".into(),
+                adopted: false
+            }]
+        );
         assert_eq!(p.active(), ["a", "mine"]);
         assert!(!p.wanted.iter().find(|w| w.name == "mine").unwrap().declared);
     }

@@ -7,7 +7,7 @@
 //! | `…-namespace-labels` | changing, adding or removing `tenancy.steward.dev/*` and `pod-security.kubernetes.io/enforce` labels of tenant namespaces |
 //! | `…-namespace-owner` | creating a namespace labelled for a tenant the requester does not own, or with other `tenancy.steward.dev/*` or Pod Security labels |
 //! | `…-namespace-allowance` | a tenant owner creating an unlabelled namespace, or one beyond `maxNamespaces`, or for a cordoned tenant (one evaluation per Tenant, the Tenant as `params`) |
-//! | `…-cordon` | any create, update or delete in the namespaces of a cordoned tenant |
+//! | `…-cordon` | any create, update, delete or connect (exec, attach, port-forward) in the namespaces of a cordoned tenant, subresources included (scale, eviction, token requests) |
 //!
 //! "Owner" is decided by the RBAC authorizer: a subject owns tenant `t` when it may use the
 //! custom verb `own` on `tenants/t`, which the operator grants to the owners (see
@@ -395,10 +395,12 @@ pub fn policies(exempt: &Exemptions, manager: &str) -> Vec<Policy> {
                 failure_policy: Some("Fail".to_string()),
                 match_constraints: Some(MatchResources {
                     namespace_selector: Some(equals(CORDONED_LABEL, "true")),
+                    // `*/*`: subresources too (scale, eviction, serviceaccounts/token, status);
+                    // CONNECT: exec, attach, port-forward, proxy.
                     resource_rules: Some(vec![rule(
                         &["*"],
-                        &["*"],
-                        &["CREATE", "UPDATE", "DELETE"],
+                        &["*", "*/*"],
+                        &["CREATE", "UPDATE", "DELETE", "CONNECT"],
                         Some("Namespaced"),
                     )]),
                     ..Default::default()
@@ -707,6 +709,16 @@ mod tests {
             rules[0].scope.as_deref(),
             Some("Namespaced"),
             "cluster-scoped objects are never frozen"
+        );
+        let resources = rules[0].resources.clone().unwrap();
+        assert!(
+            resources.contains(&"*/*".to_string()),
+            "subresources (scale, eviction, token) are frozen too: {resources:?}"
+        );
+        let operations = rules[0].operations.clone().unwrap();
+        assert!(
+            operations.contains(&"CONNECT".to_string()),
+            "exec, attach and port-forward are frozen too: {operations:?}"
         );
     }
 

@@ -13,7 +13,7 @@ use std::time::Duration;
 
 use k8s_openapi::api::core::v1::{Namespace, ResourceQuota};
 use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
-use kube::api::{Api, ListParams, Patch, PatchParams};
+use kube::api::{Api, ListParams, Patch, PatchParams, PostParams};
 use kube::runtime::controller::Action;
 use kube::runtime::reflector::{ObjectRef, Store};
 use kube::{Client, Resource, ResourceExt};
@@ -220,8 +220,27 @@ async fn converge(
     let children = Children::new(client.clone(), tenant.as_ref(), manager);
     let ns_children = children.clone().without_owner_reference();
 
-    // Namespaces.
+    // Namespaces. The store holds only labelled ones: a listed name it lacks is read, so an
+    // existing namespace is never taken without the adoption annotation.
     let labelled = labelled_namespaces(stores, &name);
+    let mut unlabelled = BTreeMap::new();
+    for listed in &tenant.spec.namespaces {
+        if stores.namespaces.get(&ObjectRef::new(listed)).is_none()
+            && !ctx.data.settings.protected.contains(listed)
+        {
+            let found = Api::<Namespace>::all(client.clone())
+                .get_opt(listed)
+                .await
+                .map_err(|source| Error::ReadTarget {
+                    kind: "Namespace",
+                    key: listed.clone(),
+                    source,
+                })?;
+            if let Some(ns) = found {
+                unlabelled.insert(listed.clone(), Existing::of(&ns));
+            }
+        }
+    }
     let plan = namespaces::plan(
         &name,
         &tenant.spec.namespaces,
@@ -230,13 +249,21 @@ async fn converge(
                 .namespaces
                 .get(&ObjectRef::new(n))
                 .map(|ns| Existing::of(&ns))
+                .or_else(|| unlabelled.get(n).cloned())
         },
         &labelled,
+        &ctx.data.settings.protected,
     );
     for (ns, other) in &plan.conflicts {
         obs.problems.push(Problem {
             reason: "NamespaceConflict",
             message: format!("namespace {ns} belongs to tenant {other}"),
+        });
+    }
+    for (_, why) in &plan.refused {
+        obs.problems.push(Problem {
+            reason: "NamespaceNotAdoptable",
+            message: why.clone(),
         });
     }
     for w in &plan.wanted {
@@ -252,13 +279,36 @@ async fn converge(
             }
             continue;
         }
+        let desired = build::namespace(tenant, &w.name, w.declared, w.adopted);
+        if !w.exists {
+            // Created, never applied: if someone created it meanwhile, it is not taken.
+            if create_namespace(ctx, &ns_children, desired, &w.name).await? {
+                ctx.recorder
+                    .normal(
+                        tenant.as_ref(),
+                        "NamespaceAdded",
+                        "CreateNamespace",
+                        format!("namespace {} created for the tenant", w.name),
+                    )
+                    .await;
+            } else {
+                obs.problems.push(Problem {
+                    reason: "NamespaceNotAdoptable",
+                    message: format!(
+                        "namespace {} was created by someone else before the tenant could create it",
+                        w.name
+                    ),
+                });
+            }
+            continue;
+        }
         let current = stores.namespaces.get(&ObjectRef::new(&w.name));
         let outcome = ensure(
             &ns_children,
             manager,
             &ctx.data.writes,
             current.as_deref(),
-            build::namespace(tenant, &w.name, w.declared),
+            desired,
         )
         .await
         .map_err(|source| Error::ApplyNamespace {
@@ -269,16 +319,26 @@ async fn converge(
             ctx.recorder
                 .normal(
                     tenant.as_ref(),
-                    "NamespaceAdded",
-                    "ApplyNamespace",
-                    format!("namespace {} belongs to the tenant", w.name),
+                    "NamespaceAdopted",
+                    "AdoptNamespace",
+                    format!(
+                        "namespace {} handed to the tenant by its {} annotation; it is released, never deleted, when the tenant lets it go",
+                        w.name,
+                        crate::crd::ADOPT_ANNOTATION
+                    ),
                 )
                 .await;
         }
     }
     for removed in &plan.removed {
-        remove_namespace(tenant, ctx, removed).await?;
+        remove_namespace(tenant, ctx, &removed.name, removed.adopted).await?;
     }
+    obs.adopted = plan
+        .wanted
+        .iter()
+        .filter(|w| w.adopted && !w.terminating)
+        .map(|w| w.name.clone())
+        .collect();
     let active = plan.active();
     tracing::debug!(tenant = %name, namespaces = ?active, "namespaces applied");
     obs.namespaces = active.clone();
@@ -760,9 +820,51 @@ where
     Ok(())
 }
 
-/// Applies the deletion policy to one namespace the tenant no longer has.
-async fn remove_namespace(tenant: &Tenant, ctx: &Context<State>, ns: &str) -> Result<(), Error> {
-    match tenant.spec.deletion_policy {
+/// Creates namespace `ns` (`desired`, with the children's labels) unless it exists: `false`
+/// when someone else created it first (it is then not taken).
+async fn create_namespace(
+    ctx: &Context<State>,
+    children: &Children,
+    desired: Namespace,
+    ns: &str,
+) -> Result<bool, Error> {
+    let desired = children.adopt(desired);
+    let params = PostParams {
+        field_manager: Some(ctx.field_manager.clone()),
+        ..Default::default()
+    };
+    ctx.data.writes.inc("Namespace", "create");
+    match Api::<Namespace>::all(ctx.client.clone())
+        .create(&params, &desired)
+        .await
+    {
+        Ok(_) => Ok(true),
+        Err(kube::Error::Api(s)) if s.code == 409 => Ok(false),
+        Err(e) => Err(Error::ApplyNamespace {
+            name: ns.to_string(),
+            source: steward_core::Error::ApplyChild {
+                kind: "Namespace".into(),
+                name: ns.to_string(),
+                source: e,
+            },
+        }),
+    }
+}
+
+/// Applies the deletion policy to one namespace the tenant no longer has; an adopted one is
+/// released whatever the policy.
+async fn remove_namespace(
+    tenant: &Tenant,
+    ctx: &Context<State>,
+    ns: &str,
+    adopted: bool,
+) -> Result<(), Error> {
+    let policy = if adopted {
+        NamespaceDeletionPolicy::Orphan
+    } else {
+        tenant.spec.deletion_policy
+    };
+    match policy {
         NamespaceDeletionPolicy::Delete => {
             delete::<Namespace>(&ctx.client, &ctx.data.writes, None, ns)
                 .await
@@ -792,7 +894,11 @@ async fn remove_namespace(tenant: &Tenant, ctx: &Context<State>, ns: &str) -> Re
                     tenant,
                     "NamespaceReleased",
                     "ReleaseNamespace",
-                    format!("namespace {ns} kept without the tenant (deletionPolicy Orphan)"),
+                    if adopted {
+                        format!("namespace {ns} handed back: it existed before the tenant took it, so it is never deleted")
+                    } else {
+                        format!("namespace {ns} kept without the tenant (deletionPolicy Orphan)")
+                    },
                 )
                 .await;
         }
@@ -834,14 +940,14 @@ async fn release(
 /// says why in the Ready condition.
 async fn cleanup(tenant: Arc<Tenant>, ctx: &Context<State>) -> Result<Action, Error> {
     let name = tenant.name_any();
-    let namespaces: Vec<String> = labelled_namespaces(&ctx.data.stores, &name)
+    let existing: Vec<Existing> = labelled_namespaces(&ctx.data.stores, &name)
         .into_iter()
         .filter(|e| !e.terminating)
-        .map(|e| e.name)
         .collect();
+    let namespaces: Vec<String> = existing.iter().map(|e| e.name.clone()).collect();
     let mut result = Ok(());
-    for ns in &namespaces {
-        result = remove_namespace(&tenant, ctx, ns).await;
+    for ns in &existing {
+        result = remove_namespace(&tenant, ctx, &ns.name, ns.adopted).await;
         if result.is_err() {
             break;
         }

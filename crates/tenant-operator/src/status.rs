@@ -21,6 +21,8 @@ pub struct Observation {
     pub generation: Option<i64>,
     /// The tenant's usable namespaces, sorted.
     pub namespaces: Vec<String>,
+    /// Those of them the tenant adopted (they existed before), sorted.
+    pub adopted: Vec<String>,
     /// Tenant-wide limits (empty without `tenantQuota`).
     pub tenant_hard: BTreeMap<String, Milli>,
     /// Per-namespace limits (empty without `resourceQuota`).
@@ -155,6 +157,7 @@ pub fn compute(previous: Option<&TenantStatus>, obs: &Observation) -> TenantStat
         phase: Some(phase),
         namespaces: obs.namespaces.clone(),
         namespace_count: i32::try_from(obs.namespaces.len()).unwrap_or(i32::MAX),
+        adopted_namespaces: obs.adopted.clone(),
         quota: has_quota.then(|| QuotaStatus {
             hard: obs
                 .tenant_hard
