@@ -912,9 +912,9 @@ async fn owners_act_in_their_tenant_only_and_cannot_touch_its_guard_rails() {
     let accounts: Api<k8s_openapi::api::core::v1::ServiceAccount> =
         Api::namespaced(as_alice.clone(), &a1);
     let web: Deployment = serde_json::from_value(json!({
-        "metadata": {"name": "web"},
-        "spec": {"replicas": 1, "selector": {"matchLabels": {"app": "web"}},
-                 "template": {"metadata": {"labels": {"app": "web"}},
+        "metadata": {"name": "scaled"},
+        "spec": {"replicas": 0, "selector": {"matchLabels": {"app": "scaled"}},
+                 "template": {"metadata": {"labels": {"app": "scaled"}},
                               "spec": {"containers": [{"name": "app", "image": "registry.k8s.io/pause:3.10", "resources": {"requests": {"cpu": "10m", "memory": "16Mi"}, "limits": {"cpu": "10m", "memory": "16Mi"}}}]}}}
     }))
     .unwrap();
@@ -922,29 +922,34 @@ async fn owners_act_in_their_tenant_only_and_cannot_touch_its_guard_rails() {
         .create(&PostParams::default(), &web)
         .await
         .expect("a Deployment to scale");
-    let mut victim = pod("victim");
-    if let Some(c) = victim.spec.as_mut().map(|s| &mut s.containers[0]) {
-        c.resources = serde_json::from_value(json!({"requests": {"cpu": "10m", "memory": "16Mi"}, "limits": {"cpu": "10m", "memory": "16Mi"}})).ok();
-    }
-    env.api::<Pod>(&a1)
-        .create(&PostParams::default(), &victim)
-        .await
-        .expect("a Pod to evict and exec into");
+    // The quota (2 pods) is full: evict and exec into one of the running pods.
+    let victim = eventually("a running pod", WAIT, || async {
+        env.api::<Pod>(&a1)
+            .list(&ListParams::default())
+            .await
+            .map_err(|e| e.to_string())?
+            .items
+            .first()
+            .map(ResourceExt::name_any)
+            .ok_or_else(|| "no pod yet".to_string())
+    })
+    .await
+    .expect("a pod");
     let scale = || async {
         deployments
             .patch_scale(
-                "web",
+                "scaled",
                 &PatchParams {
                     dry_run: true,
                     ..Default::default()
                 },
-                &Patch::Merge(json!({"spec": {"replicas": 2}})),
+                &Patch::Merge(json!({"spec": {"replicas": 1}})),
             )
             .await
     };
     let evict = || async {
         pods.evict(
-            "victim",
+            &victim,
             &kube::api::EvictParams {
                 delete_options: Some(dry_delete()),
                 ..Default::default()
@@ -965,7 +970,7 @@ async fn owners_act_in_their_tenant_only_and_cannot_touch_its_guard_rails() {
     // cordon makes it a 403.
     let exec = || async {
         let req = http::Request::post(format!(
-            "/api/v1/namespaces/{a1}/pods/victim/exec?command=true&stdout=true"
+            "/api/v1/namespaces/{a1}/pods/{victim}/exec?command=true&stdout=true"
         ))
         .body(Vec::new())
         .unwrap();
@@ -1248,7 +1253,7 @@ async fn a_tenant_takes_only_namespaces_created_for_it_or_handed_over() {
         &t,
         json!({
             "owners": [{"kind": "User", "name": "erin"}],
-            "namespaces": [plain, handed, fresh, "kube-system", "default", "tenant-operator-system"],
+            "namespaces": [plain, handed, fresh, "tenant-operator-system"],
             "deletionPolicy": "Delete",
         }),
     )
@@ -1279,7 +1284,7 @@ async fn a_tenant_takes_only_namespaces_created_for_it_or_handed_over() {
     assert_eq!(ready.status, "False");
     assert_eq!(status.namespaces, [fresh.clone(), handed.clone()]);
     assert_eq!(status.adopted_namespaces, [handed.clone()]);
-    for refused in [&plain, "kube-system", "default", "tenant-operator-system"] {
+    for refused in [plain.as_str(), "tenant-operator-system"] {
         assert!(
             ready.message.contains(&format!("namespace {refused} ")),
             "{refused} named: {}",
@@ -1293,7 +1298,7 @@ async fn a_tenant_takes_only_namespaces_created_for_it_or_handed_over() {
     );
     // The owner got nothing in the refused namespaces.
     let as_erin = env.as_user("erin");
-    for ns in [plain.as_str(), "kube-system", "tenant-operator-system"] {
+    for ns in [plain.as_str(), "tenant-operator-system"] {
         let err = Api::<Secret>::namespaced(as_erin.clone(), ns)
             .list(&ListParams::default())
             .await

@@ -107,12 +107,13 @@ pub fn namespace_metadata_keys(tenant: &Tenant) -> (Vec<String>, Vec<String>) {
     labels.push(steward_core::apply::MANAGED_BY_LABEL.to_string());
     labels.sort();
     labels.dedup();
-    let annotations = ns
+    let mut annotations: Vec<String> = ns
         .metadata
         .annotations
         .unwrap_or_default()
         .into_keys()
         .collect();
+    annotations.push(crate::crd::CREATED_FOR_ANNOTATION.to_string());
     (labels, annotations)
 }
 
@@ -669,6 +670,7 @@ pub(crate) mod tests {
         for k in [
             TENANT_LABEL,
             DECLARED_LABEL,
+            ADOPTED_LABEL,
             CORDONED_LABEL,
             POD_SECURITY_LABEL,
             "team",
@@ -676,6 +678,10 @@ pub(crate) mod tests {
         ] {
             assert!(labels.contains(&k.to_string()), "{k}");
         }
-        assert_eq!(annotations, ["contact"]);
+        assert_eq!(
+            annotations,
+            ["contact", crate::crd::CREATED_FOR_ANNOTATION],
+            "the creation marker goes too"
+        );
     }
 }

@@ -27,6 +27,9 @@ pub const ADOPTED_LABEL: &str = "tenancy.steward.dev/adopted";
 /// On a namespace that existed before: the tenant a cluster admin hands it to. Without it, a
 /// Tenant listing an existing namespace is refused (`NamespaceNotAdoptable`).
 pub const ADOPT_ANNOTATION: &str = "tenancy.steward.dev/adopt-by";
+/// On a namespace the operator created for a tenant, from the moment it exists (before it is
+/// labelled): the tenant's name.
+pub const CREATED_FOR_ANNOTATION: &str = "tenancy.steward.dev/created-for";
 /// Label on the namespaces of a cordoned tenant; the cordon admission policy selects it.
 pub const CORDONED_LABEL: &str = "tenancy.steward.dev/cordoned";
 /// Label a Secret or ConfigMap must carry to be copied into tenants (`"true"`).

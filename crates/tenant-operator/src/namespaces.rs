@@ -13,7 +13,9 @@
 
 use std::collections::BTreeSet;
 
-use crate::crd::{ADOPT_ANNOTATION, ADOPTED_LABEL, DECLARED_LABEL, TENANT_LABEL};
+use crate::crd::{
+    ADOPT_ANNOTATION, ADOPTED_LABEL, CREATED_FOR_ANNOTATION, DECLARED_LABEL, TENANT_LABEL,
+};
 
 /// Namespaces never given to a tenant: `default`, every `kube-*` and the configured ones
 /// (the operators' own namespaces by default).
@@ -41,12 +43,21 @@ pub struct Existing {
     pub adopted: bool,
     /// The tenant a cluster admin handed it to (`tenancy.steward.dev/adopt-by`).
     pub adopt_by: Option<String>,
+    /// The tenant the operator created it for (`tenancy.steward.dev/created-for`).
+    pub created_for: Option<String>,
 }
 
 impl Existing {
     /// From a Namespace object.
     pub fn of(ns: &k8s_openapi::api::core::v1::Namespace) -> Self {
         let labels = ns.metadata.labels.as_ref();
+        let annotation = |key: &str| {
+            ns.metadata
+                .annotations
+                .as_ref()
+                .and_then(|a| a.get(key))
+                .cloned()
+        };
         Existing {
             name: ns.metadata.name.clone().unwrap_or_default(),
             tenant: labels.and_then(|l| l.get(TENANT_LABEL)).cloned(),
@@ -57,12 +68,8 @@ impl Existing {
             adopted: labels
                 .and_then(|l| l.get(ADOPTED_LABEL))
                 .is_some_and(|v| v == "true"),
-            adopt_by: ns
-                .metadata
-                .annotations
-                .as_ref()
-                .and_then(|a| a.get(ADOPT_ANNOTATION))
-                .cloned(),
+            adopt_by: annotation(ADOPT_ANNOTATION),
+            created_for: annotation(CREATED_FOR_ANNOTATION),
         }
     }
 }
@@ -147,6 +154,10 @@ pub fn plan(
             Some(e) => match e.tenant.as_deref() {
                 Some(t) if t == tenant => out.wanted.push(wanted(true, e.terminating, e.adopted)),
                 Some(other) => out.conflicts.push((name.clone(), other.to_string())),
+                // Created for this tenant, not labelled yet (the apply after the create).
+                None if e.created_for.as_deref() == Some(tenant) => {
+                    out.wanted.push(wanted(true, e.terminating, false));
+                }
                 None if e.adopt_by.as_deref() == Some(tenant) => {
                     out.wanted.push(wanted(true, e.terminating, true));
                 }
@@ -198,6 +209,7 @@ mod tests {
             terminating: false,
             adopted: false,
             adopt_by: None,
+            created_for: None,
         }
     }
 
@@ -247,6 +259,15 @@ mod tests {
             "{:?}",
             p.refused
         );
+    }
+
+    #[test]
+    fn a_namespace_created_for_the_tenant_but_not_labelled_yet_is_its_own() {
+        let mut made = ns("a", None, false);
+        made.created_for = Some("acme".into());
+        let p = run(&["a"], &[made]);
+        assert_eq!(p.active(), ["a"]);
+        assert!(p.wanted[0].exists && !p.wanted[0].adopted);
     }
 
     #[test]

@@ -395,11 +395,11 @@ pub fn policies(exempt: &Exemptions, manager: &str) -> Vec<Policy> {
                 failure_policy: Some("Fail".to_string()),
                 match_constraints: Some(MatchResources {
                     namespace_selector: Some(equals(CORDONED_LABEL, "true")),
-                    // `*/*`: subresources too (scale, eviction, serviceaccounts/token, status);
-                    // CONNECT: exec, attach, port-forward, proxy.
+                    // `*/*`: every resource and subresource (scale, eviction,
+                    // serviceaccounts/token, status); CONNECT: exec, attach, port-forward.
                     resource_rules: Some(vec![rule(
                         &["*"],
-                        &["*", "*/*"],
+                        &["*/*"],
                         &["CREATE", "UPDATE", "DELETE", "CONNECT"],
                         Some("Namespaced"),
                     )]),
@@ -712,7 +712,7 @@ mod tests {
         );
         let resources = rules[0].resources.clone().unwrap();
         assert!(
-            resources.contains(&"*/*".to_string()),
+            resources == ["*/*"],
             "subresources (scale, eviction, token) are frozen too: {resources:?}"
         );
         let operations = rules[0].operations.clone().unwrap();

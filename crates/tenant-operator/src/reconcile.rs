@@ -281,17 +281,10 @@ async fn converge(
         }
         let desired = build::namespace(tenant, &w.name, w.declared, w.adopted);
         if !w.exists {
-            // Created, never applied: if someone created it meanwhile, it is not taken.
-            if create_namespace(ctx, &ns_children, desired, &w.name).await? {
-                ctx.recorder
-                    .normal(
-                        tenant.as_ref(),
-                        "NamespaceAdded",
-                        "CreateNamespace",
-                        format!("namespace {} created for the tenant", w.name),
-                    )
-                    .await;
-            } else {
+            // Created with only a marker, then applied like any other: if someone created it
+            // meanwhile it is not taken, and every label stays owned by the apply (so a label
+            // dropped from the spec is removed later).
+            if !create_namespace(ctx, &name, &w.name).await? {
                 obs.problems.push(Problem {
                     reason: "NamespaceNotAdoptable",
                     message: format!(
@@ -299,8 +292,16 @@ async fn converge(
                         w.name
                     ),
                 });
+                continue;
             }
-            continue;
+            ctx.recorder
+                .normal(
+                    tenant.as_ref(),
+                    "NamespaceAdded",
+                    "CreateNamespace",
+                    format!("namespace {} created for the tenant", w.name),
+                )
+                .await;
         }
         let current = stores.namespaces.get(&ObjectRef::new(&w.name));
         let outcome = ensure(
@@ -315,7 +316,7 @@ async fn converge(
             name: w.name.clone(),
             source,
         })?;
-        if outcome == Outcome::Applied && current.is_none() {
+        if outcome == Outcome::Applied && current.is_none() && w.adopted {
             ctx.recorder
                 .normal(
                     tenant.as_ref(),
@@ -820,22 +821,26 @@ where
     Ok(())
 }
 
-/// Creates namespace `ns` (`desired`, with the children's labels) unless it exists: `false`
-/// when someone else created it first (it is then not taken).
-async fn create_namespace(
-    ctx: &Context<State>,
-    children: &Children,
-    desired: Namespace,
-    ns: &str,
-) -> Result<bool, Error> {
-    let desired = children.adopt(desired);
+/// Creates namespace `ns` for `tenant` with only the [`crate::crd::CREATED_FOR_ANNOTATION`]
+/// marker (so a crash before the apply that labels it does not leave it refused) unless it
+/// exists: `false` when someone else created it first (it is then not taken).
+async fn create_namespace(ctx: &Context<State>, tenant: &str, ns: &str) -> Result<bool, Error> {
+    let mut created = Namespace::default();
+    created.metadata.name = Some(ns.to_string());
+    created.metadata.annotations = Some(
+        [(
+            crate::crd::CREATED_FOR_ANNOTATION.to_string(),
+            tenant.to_string(),
+        )]
+        .into(),
+    );
     let params = PostParams {
         field_manager: Some(ctx.field_manager.clone()),
         ..Default::default()
     };
     ctx.data.writes.inc("Namespace", "create");
     match Api::<Namespace>::all(ctx.client.clone())
-        .create(&params, &desired)
+        .create(&params, &created)
         .await
     {
         Ok(_) => Ok(true),
