@@ -904,6 +904,13 @@ async fn owners_act_in_their_tenant_only_and_cannot_touch_its_guard_rails() {
     .await
     .expect_err("relax pod security");
     assert_eq!(code(&err), Some(403), "{err}");
+    // Reproduced on main (#17): pinning `enforce-version` to an old release weakened the level.
+    let err = relabel(
+        json!({"metadata": {"labels": {"pod-security.kubernetes.io/enforce-version": "v1.0"}}}),
+    )
+    .await
+    .expect_err("pin pod security to an old version");
+    assert_eq!(code(&err), Some(403), "{err}");
 
     // Cordoned: frozen, subresources and CONNECT included (reproduced on main, #17: scale,
     // eviction, token requests and exec passed a cordon).

@@ -4,7 +4,7 @@
 //! | policy | denies (to everyone but the exempt) |
 //! |---|---|
 //! | `…-managed-objects` | updating or deleting the quotas, limit ranges, network policies, role bindings and shared copies the operator manages in tenant namespaces |
-//! | `…-namespace-labels` | changing, adding or removing `tenancy.steward.dev/*` and `pod-security.kubernetes.io/enforce` labels of tenant namespaces |
+//! | `…-namespace-labels` | changing, adding or removing `tenancy.steward.dev/*` and `pod-security.kubernetes.io/*` labels of tenant namespaces |
 //! | `…-namespace-owner` | creating a namespace labelled for a tenant the requester does not own, or with other `tenancy.steward.dev/*` or Pod Security labels |
 //! | `…-namespace-allowance` | a tenant owner creating an unlabelled namespace, or one beyond `maxNamespaces`, or for a cordoned tenant (one evaluation per Tenant, the Tenant as `params`) |
 //! | `…-cordon` | any create, update, delete or connect (exec, attach, port-forward) in the namespaces of a cordoned tenant, subresources included (scale, eviction, token requests) |
@@ -40,7 +40,10 @@ use tokio_util::sync::CancellationToken;
 
 use crate::apply::{Writes, up_to_date};
 use crate::build::OWN_VERB;
-use crate::crd::{CORDONED_LABEL, GROUP, POD_SECURITY_LABEL, TENANT_LABEL};
+use crate::crd::{CORDONED_LABEL, GROUP, TENANT_LABEL};
+
+/// Every Pod Security admission label (`enforce`, `enforce-version`, `warn`, `audit`, …).
+const POD_SECURITY_PREFIX: &str = "pod-security.kubernetes.io/";
 
 /// Who passes every policy.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -198,7 +201,10 @@ pub fn policies(exempt: &Exemptions, manager: &str) -> Vec<Policy> {
             "authorizer.group('{GROUP}').resource('tenants').name({tenant}).check('{OWN_VERB}').allowed()"
         )
     };
-    let protected_labels = format!("k.startsWith('{GROUP}/') || k == '{POD_SECURITY_LABEL}'");
+    // The whole Pod Security prefix: `enforce-version: v1.0` weakens `enforce` as surely as
+    // changing it.
+    let protected_labels =
+        format!("k.startsWith('{GROUP}/') || k.startsWith('{POD_SECURITY_PREFIX}')");
 
     let make = |suffix: &str, spec: ValidatingAdmissionPolicySpec, param_ref: Option<ParamRef>| {
         let name = format!("{PREFIX}-{suffix}");
@@ -287,7 +293,7 @@ pub fn policies(exempt: &Exemptions, manager: &str) -> Vec<Policy> {
                         "variables.oldLabels.all(k, !({protected_labels}) || (k in variables.newLabels && variables.newLabels[k] == variables.oldLabels[k])) && variables.newLabels.all(k, !({protected_labels}) || k in variables.oldLabels)"
                     ),
                     &format!(
-                        "the labels {GROUP}/* and {POD_SECURITY_LABEL} of a tenant namespace are managed by tenant-operator; change the Tenant instead"
+                        "the labels {GROUP}/* and {POD_SECURITY_PREFIX}* of a tenant namespace are managed by tenant-operator; change the Tenant instead"
                     ),
                     None,
                 )]),
@@ -322,7 +328,7 @@ pub fn policies(exempt: &Exemptions, manager: &str) -> Vec<Policy> {
                             "object.metadata.labels.all(k, k == '{TENANT_LABEL}' || !({protected_labels}))"
                         ),
                         &format!(
-                            "a new tenant namespace may carry only the label {TENANT_LABEL} of the {GROUP}/* and {POD_SECURITY_LABEL} labels; the operator sets the others from the Tenant"
+                            "a new tenant namespace may carry only the label {TENANT_LABEL} of the {GROUP}/* and {POD_SECURITY_PREFIX}* labels; the operator sets the others from the Tenant"
                         ),
                         None,
                     ),
