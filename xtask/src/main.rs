@@ -1,4 +1,5 @@
-//! Project automation, run as `cargo xtask <command>`:
+//! Project automation, run as `cargo xtask <command>` (`cargo xtask --help` lists the
+//! commands, `cargo xtask <command> --help` their flags):
 //!
 //! - `crdgen [--check]`: write `crds/*.yaml` from the Rust types (or fail if they are stale).
 //! - `test`: everything CI runs: unit tests, `crdgen --check`, integration tests against a real
@@ -15,35 +16,61 @@ mod up;
 use std::process::Command;
 
 use anyhow::{Context, Result, bail};
+use clap::{Parser, Subcommand};
+
+/// Project automation for Steward.
+#[derive(Parser)]
+#[command(name = "cargo xtask", bin_name = "cargo xtask")]
+struct Cli {
+    #[command(subcommand)]
+    command: Cmd,
+}
+
+#[derive(Subcommand)]
+enum Cmd {
+    /// Write crds/ from the Rust types.
+    Crdgen {
+        /// Fail if crds/ is stale instead of writing it.
+        #[arg(long)]
+        check: bool,
+    },
+    /// Unit tests, crdgen --check, integration tests against a real control plane (built
+    /// first if not cached), then the benchmark harness in its smoke configuration.
+    Test {
+        /// Passed to `cargo test` (then the smoke benchmark is skipped).
+        #[arg(trailing_var_arg = true, allow_hyphen_values = true)]
+        args: Vec<String>,
+    },
+    /// Start a local control plane and print its kubeconfig; Ctrl-C stops it.
+    Testenv {
+        /// Also start a real node (kubelet, containerd, CNI, kube-proxy, CoreDNS).
+        #[arg(long)]
+        real_node: bool,
+    },
+    /// Control plane, PostgreSQL, CRDs, the three operators and the samples; Ctrl-C stops.
+    Up,
+    /// Benchmarks against controller-runtime; writes docs/benchmarks.md.
+    Bench(bench::Flags),
+    /// Build an OCI image archive (no daemon) into target/images/.
+    Image {
+        /// An operator of the registry, or all of them when omitted.
+        operator: Option<String>,
+    },
+}
 
 fn main() -> Result<()> {
-    let args: Vec<String> = std::env::args().skip(1).collect();
-    let rest: Vec<&str> = args.iter().skip(1).map(String::as_str).collect();
-    match args.first().map(String::as_str) {
-        Some("crdgen") => crdgen::run(rest.contains(&"--check")),
-        Some("test") => test(&rest),
-        Some("testenv") => testenv(rest.contains(&"--real-node")),
-        Some("up") => up::run(),
-        Some("bench") => bench::run(&rest),
-        Some("image") => match rest.first() {
-            Some(&"all") | None => steward_operators::names()
+    match Cli::parse().command {
+        Cmd::Crdgen { check } => crdgen::run(check),
+        Cmd::Test { args } => test(&args.iter().map(String::as_str).collect::<Vec<_>>()),
+        Cmd::Testenv { real_node } => testenv(real_node),
+        Cmd::Up => up::run(),
+        Cmd::Bench(flags) => bench::run(flags),
+        Cmd::Image { operator } => match operator.as_deref() {
+            None | Some("all") => steward_operators::names()
                 .into_iter()
                 .try_for_each(|op| image::run(op).map(|_| ())),
             Some(op) => image::run(op).map(|_| ()),
         },
-        _ => {
-            eprintln!(
-                "usage: cargo xtask <command>\n\n\
-                 commands:\n  \
-                 crdgen [--check]   write crds/ from the Rust types (--check: fail if stale)\n  \
-                 test [ARGS]        unit tests, crdgen --check, integration tests (ARGS go to cargo test)\n  \
-                 testenv [--real-node]  start a local control plane (with a real node); Ctrl-C stops it\n  \
-                 up                 control plane + PostgreSQL + CRDs + the three operators + samples; Ctrl-C stops\n  \
-                 bench [--smoke]    benchmarks vs controller-runtime; writes docs/benchmarks.md (--help: flags)\n  \
-                 image [OPERATOR|all]  build an OCI image archive (no daemon) into target/images/"
-            );
-            bail!("unknown or missing command")
-        }
     }
 }
 
@@ -91,9 +118,13 @@ fn test(extra: &[&str]) -> Result<()> {
     // timing. Skipped when the run is narrowed to some tests.
     if extra.is_empty() {
         let out = workspace_root().join("target/bench-smoke");
-        let out = out.to_string_lossy();
-        bench::run(&["--smoke", "--out", &out]).context("cargo xtask bench --smoke")?;
-        eprintln!("xtask: bench --smoke wrote {out}/benchmarks.md");
+        bench::run(bench::Flags {
+            smoke: true,
+            out: Some(out.clone()),
+            ..bench::Flags::default()
+        })
+        .context("cargo xtask bench --smoke")?;
+        eprintln!("xtask: bench --smoke wrote {}/benchmarks.md", out.display());
     }
     eprintln!("xtask: test finished in {:.0?}", started.elapsed());
     Ok(())

@@ -43,99 +43,108 @@ pub struct Args {
     pub out: PathBuf,
 }
 
-const USAGE: &str = "usage: cargo xtask bench [--smoke] [--tenants 100,1000] [--namespaces-per-tenant 1]
-       [--unrelated 10000] [--idle 300s] [--failovers 20] [--lease 15s,10s,2s] [--concurrency 8]
-       [--subjects floor,steward,controller-runtime] [--client-go-defaults] [--orchestration-components 5] [--skip-build] [--out docs]";
+/// The command-line flags of `cargo xtask bench`; what is not given takes the full run's
+/// default, or the smoke run's with `--smoke`.
+#[derive(clap::Args, Clone, Debug, Default)]
+pub struct Flags {
+    /// The tiny configuration `cargo xtask test` runs (5 Tenants, 20 s idle, 2 failovers of
+    /// each kind, 4 s / 3 s / 1 s leases): shows that the harness works, measures nothing.
+    #[arg(long)]
+    pub smoke: bool,
+    /// Tenant counts to measure, comma-separated [default: 100,1000].
+    #[arg(long, value_delimiter = ',')]
+    pub tenants: Option<Vec<usize>>,
+    /// Namespaces per Tenant, 1..=26 [default: 1].
+    #[arg(long)]
+    pub namespaces_per_tenant: Option<usize>,
+    /// Unrelated ConfigMaps and Secrets created first [default: 10000].
+    #[arg(long)]
+    pub unrelated: Option<usize>,
+    /// Idle window after convergence, counting writes [default: 300s].
+    #[arg(long, value_parser = steward_core::cli::parse_duration)]
+    pub idle: Option<Duration>,
+    /// Failovers of each kind (SIGKILL, SIGTERM) [default: 20].
+    #[arg(long)]
+    pub failovers: Option<usize>,
+    /// LeaseDuration,RenewDeadline,RetryPeriod [default: 15s,10s,2s].
+    #[arg(long, value_delimiter = ',', value_parser = steward_core::cli::parse_duration)]
+    pub lease: Option<Vec<Duration>>,
+    /// Concurrent reconciles of every subject [default: 8].
+    #[arg(long)]
+    pub concurrency: Option<usize>,
+    /// Subjects to measure, comma-separated [default: floor,steward,controller-runtime].
+    #[arg(long, value_delimiter = ',')]
+    pub subjects: Option<Vec<String>>,
+    /// Run controller-runtime with client-go's default client rate limits (QPS 5, burst 10).
+    #[arg(long)]
+    pub client_go_defaults: bool,
+    /// Deployments in the orchestration scenario's chain [default: 5].
+    #[arg(long)]
+    pub orchestration_components: Option<usize>,
+    /// Use the subjects' binaries already built.
+    #[arg(long)]
+    pub skip_build: bool,
+    /// Where to write benchmarks.md and benchmarks.json [default: docs].
+    #[arg(long)]
+    pub out: Option<PathBuf>,
+}
 
 impl Args {
-    pub fn parse(args: &[&str]) -> Result<Self> {
-        let smoke = args.contains(&"--smoke");
-        let mut a = Args {
-            smoke,
-            tenants: if smoke { vec![5] } else { vec![100, 1000] },
-            namespaces_per_tenant: 1,
-            unrelated: if smoke { 100 } else { 10_000 },
-            idle: Duration::from_secs(if smoke { 20 } else { 300 }),
-            failovers: if smoke { 2 } else { 20 },
-            lease: if smoke {
-                [
-                    Duration::from_secs(4),
-                    Duration::from_secs(3),
-                    Duration::from_secs(1),
-                ]
-            } else {
-                [
-                    Duration::from_secs(15),
-                    Duration::from_secs(10),
-                    Duration::from_secs(2),
-                ]
-            },
-            concurrency: 8,
-            subjects: vec![
-                "floor".into(),
-                "steward".into(),
-                "controller-runtime".into(),
+    /// The run `flags` ask for.
+    ///
+    /// # Errors
+    /// A value out of range.
+    pub fn from_flags(flags: Flags) -> Result<Self> {
+        let smoke = flags.smoke;
+        let lease = match flags.lease {
+            Some(v) => v.try_into().map_err(|_| {
+                anyhow::anyhow!("--lease takes LeaseDuration,RenewDeadline,RetryPeriod")
+            })?,
+            None if smoke => [
+                Duration::from_secs(4),
+                Duration::from_secs(3),
+                Duration::from_secs(1),
             ],
-            client_go_defaults: false,
-            orchestration_components: 5,
-            skip_build: false,
-            out: crate::workspace_root().join("docs"),
+            None => [
+                Duration::from_secs(15),
+                Duration::from_secs(10),
+                Duration::from_secs(2),
+            ],
         };
-        let mut it = args.iter();
-        while let Some(flag) = it.next() {
-            let mut value = || {
-                it.next()
-                    .copied()
-                    .with_context(|| format!("{flag} needs a value\n{USAGE}"))
-            };
-            let secs = |s: &str| parse_duration(s);
-            match *flag {
-                "--smoke" => {}
-                "--tenants" => {
-                    a.tenants = value()?
-                        .split(',')
-                        .map(str::parse)
-                        .collect::<Result<_, _>>()?
-                }
-                "--namespaces-per-tenant" => a.namespaces_per_tenant = value()?.parse()?,
-                "--unrelated" => a.unrelated = value()?.parse()?,
-                "--idle" => a.idle = secs(value()?)?,
-                "--failovers" => a.failovers = value()?.parse()?,
-                "--lease" => {
-                    let v: Vec<Duration> = value()?.split(',').map(secs).collect::<Result<_>>()?;
-                    a.lease = v.try_into().map_err(|_| {
-                        anyhow::anyhow!("--lease takes LeaseDuration,RenewDeadline,RetryPeriod")
-                    })?;
-                }
-                "--concurrency" => a.concurrency = value()?.parse()?,
-                "--subjects" => a.subjects = value()?.split(',').map(String::from).collect(),
-                "--client-go-defaults" => a.client_go_defaults = true,
-                "--orchestration-components" => a.orchestration_components = value()?.parse()?,
-                "--skip-build" => a.skip_build = true,
-                "--out" => a.out = PathBuf::from(value()?),
-                other => bail!("unknown flag {other}\n{USAGE}"),
-            }
-        }
+        let a = Args {
+            smoke,
+            tenants: flags
+                .tenants
+                .unwrap_or_else(|| if smoke { vec![5] } else { vec![100, 1000] }),
+            namespaces_per_tenant: flags.namespaces_per_tenant.unwrap_or(1),
+            unrelated: flags
+                .unrelated
+                .unwrap_or(if smoke { 100 } else { 10_000 }),
+            idle: flags
+                .idle
+                .unwrap_or(Duration::from_secs(if smoke { 20 } else { 300 })),
+            failovers: flags.failovers.unwrap_or(if smoke { 2 } else { 20 }),
+            lease,
+            concurrency: flags.concurrency.unwrap_or(8),
+            subjects: flags.subjects.unwrap_or_else(|| {
+                vec![
+                    "floor".into(),
+                    "steward".into(),
+                    "controller-runtime".into(),
+                ]
+            }),
+            client_go_defaults: flags.client_go_defaults,
+            orchestration_components: flags.orchestration_components.unwrap_or(5),
+            skip_build: flags.skip_build,
+            out: flags
+                .out
+                .unwrap_or_else(|| crate::workspace_root().join("docs")),
+        };
         if a.namespaces_per_tenant == 0 || a.namespaces_per_tenant > 26 {
             bail!("--namespaces-per-tenant must be 1..=26");
         }
         Ok(a)
     }
-}
-
-fn parse_duration(s: &str) -> Result<Duration> {
-    let (num, unit) = s
-        .find(|c: char| !c.is_ascii_digit() && c != '.')
-        .map_or((s, "s"), |i| s.split_at(i));
-    let n: f64 = num
-        .parse()
-        .with_context(|| format!("invalid duration {s}"))?;
-    Ok(Duration::from_secs_f64(match unit {
-        "ms" => n / 1000.0,
-        "s" => n,
-        "m" => n * 60.0,
-        _ => bail!("invalid duration unit in {s}"),
-    }))
 }
 
 /// One operator implementation under test.
@@ -207,8 +216,8 @@ pub struct Results {
     pub total_secs: f64,
 }
 
-pub fn run(args: &[&str]) -> Result<()> {
-    let args = Args::parse(args)?;
+pub fn run(flags: Flags) -> Result<()> {
+    let args = Args::from_flags(flags)?;
     let started = Instant::now();
     let root = crate::workspace_root();
     let bench_dir = root.join("target/bench");
