@@ -5,6 +5,9 @@
 //!   control plane (building it first if it is not cached).
 //! - `testenv [--real-node]`: start the control plane (with a real node) and print the
 //!   kubeconfig path; Ctrl-C stops it.
+//! - `up`: the control plane with a real node, the operators deployed as their images by
+//!   `deploy/`, and `deploy/samples/` (see `up.rs`).
+//! - `image [OPERATOR|all]`, `bench`: operator images; benchmarks.
 
 mod bench;
 mod crdgen;
@@ -38,7 +41,7 @@ fn main() -> Result<()> {
                  crdgen [--check]   write crds/ from the Rust types (--check: fail if stale)\n  \
                  test [ARGS]        unit tests, crdgen --check, integration tests (ARGS go to cargo test)\n  \
                  testenv [--real-node]  start a local control plane (with a real node); Ctrl-C stops it\n  \
-                 up                 control plane + PostgreSQL + CRDs + the three operators + samples; Ctrl-C stops\n  \
+                 up                 control plane with a real node, CRDs, the operators as their images, samples; Ctrl-C stops\n  \
                  bench [--smoke]    benchmarks vs controller-runtime; writes docs/benchmarks.md (--help: flags)\n  \
                  image [OPERATOR|all]  build an OCI image archive (no daemon) into target/images/"
             );
@@ -125,9 +128,11 @@ fn testenv(real_node: bool) -> Result<()> {
                 cp.dir().display()
             );
             println!(
-                "  images: {} and {} (imagePullPolicy: Never)",
+                "  images: {}, {} and {} (imagePullPolicy: Never)",
                 node.busybox_image().await?,
-                node.postgresql_image().await?
+                node.postgresql_image().await?,
+                node.postgresql_image_from_maven(steward_testenv::images::MAVEN_POSTGRESQL[0].0)
+                    .await?
             );
         }
         println!("  kube-apiserver: {}", cp.apiserver_url());
