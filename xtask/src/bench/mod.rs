@@ -117,9 +117,7 @@ impl Args {
                 .tenants
                 .unwrap_or_else(|| if smoke { vec![5] } else { vec![100, 1000] }),
             namespaces_per_tenant: flags.namespaces_per_tenant.unwrap_or(1),
-            unrelated: flags
-                .unrelated
-                .unwrap_or(if smoke { 100 } else { 10_000 }),
+            unrelated: flags.unrelated.unwrap_or(if smoke { 100 } else { 10_000 }),
             idle: flags
                 .idle
                 .unwrap_or(Duration::from_secs(if smoke { 20 } else { 300 })),

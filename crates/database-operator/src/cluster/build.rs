@@ -38,7 +38,7 @@ pub const REVISION_LABEL: &str = "controller-revision-hash";
 pub const PORT: i32 = 5432;
 const DATA_DIR: &str = "/var/lib/postgresql/data";
 const CONFIG_DIR: &str = "/etc/steward";
-/// UID/GID of `postgres` in the official images.
+/// UID/GID of `postgres` in the official images (and in testenv's).
 const POSTGRES_UID: i64 = 999;
 
 /// Names of a cluster's children.
@@ -227,26 +227,39 @@ host    all             all             0.0.0.0/0               scram-sha-256
 host    all             all             ::/0                    scram-sha-256
 ";
 
-/// Starts an instance: ordinal 0 initializes (first start) and runs as the primary; the
-/// others clone the primary with `pg_basebackup -R` on first start and run as streaming
-/// replicas. The configuration is `postgresql.conf` from the ConfigMap (the data directory comes
-/// from `PGDATA`).
-const BOOTSTRAP: &str = r#"#!/bin/bash
+/// Starts an instance, in POSIX `sh` (stock images and the test images, whose shell is
+/// busybox's): on first start ordinal 0 initializes the data directory (`initdb`, the
+/// superuser's password from `POSTGRES_PASSWORD`) and runs as the primary; the others clone
+/// the primary with `pg_basebackup -R` and run as streaming replicas. Then `postgres` with
+/// `postgresql.conf` from the ConfigMap (the data directory comes from `PGDATA`). It needs
+/// only `initdb`, `pg_isready`, `pg_basebackup` and `postgres` on `PATH`, no image's own
+/// entrypoint.
+const BOOTSTRAP: &str = r#"#!/bin/sh
 # Managed by database-operator.
-set -euo pipefail
+set -eu
 ordinal="${POD_NAME##*-}"
-if [ "$ordinal" != "0" ] && [ ! -s "$PGDATA/PG_VERSION" ]; then
-  export PGPASSWORD="$POSTGRES_PASSWORD"
-  until pg_isready -q -h "$PRIMARY_HOST" -p 5432; do echo "waiting for the primary $PRIMARY_HOST"; sleep 2; done
-  mkdir -p "$PGDATA" && chmod 0700 "$PGDATA"
-  until pg_basebackup -h "$PRIMARY_HOST" -p 5432 -U postgres -D "$PGDATA" -R -X stream -c fast; do
-    echo "pg_basebackup failed; retrying"; rm -rf "${PGDATA:?}"/*; sleep 5
-  done
+if [ ! -s "$PGDATA/PG_VERSION" ]; then
+  if [ "$ordinal" = "0" ]; then
+    echo "initializing $PGDATA"
+    pwfile="$(mktemp)"
+    printf '%s\n' "$POSTGRES_PASSWORD" > "$pwfile"
+    initdb -D "$PGDATA" -U postgres --pwfile="$pwfile" -E UTF8 --locale=C \
+      --auth-local=trust --auth-host=scram-sha-256
+    rm -f "$pwfile"
+  else
+    export PGPASSWORD="$POSTGRES_PASSWORD"
+    until pg_isready -q -h "$PRIMARY_HOST" -p 5432; do echo "waiting for the primary $PRIMARY_HOST"; sleep 2; done
+    mkdir -p "$PGDATA" && chmod 0700 "$PGDATA"
+    until pg_basebackup -h "$PRIMARY_HOST" -p 5432 -U postgres -D "$PGDATA" -R -X stream -c fast; do
+      echo "pg_basebackup failed; retrying"; rm -rf "${PGDATA:?}"/* "${PGDATA:?}"/.[!.]* 2>/dev/null || true; sleep 5
+    done
+    unset PGPASSWORD
+  fi
 fi
-if [ -s "$PGDATA/PG_VERSION" ] && [ -n "${PG_MAJOR:-}" ] && [ "$(cat "$PGDATA/PG_VERSION")" != "$PG_MAJOR" ]; then
+if [ -n "${PG_MAJOR:-}" ] && [ "$(cat "$PGDATA/PG_VERSION")" != "$PG_MAJOR" ]; then
   echo "data directory is PostgreSQL $(cat "$PGDATA/PG_VERSION"), image is $PG_MAJOR: a major upgrade needs pg_upgrade, which this image does not run" >&2
 fi
-exec docker-entrypoint.sh postgres -c "config_file=/etc/steward/postgresql.conf"
+exec postgres -c "config_file=/etc/steward/postgresql.conf"
 "#;
 
 /// The ConfigMap with `postgresql.conf` (parameters), `pg_hba.conf` and `bootstrap.sh`.
@@ -310,10 +323,11 @@ pub fn statefulset(cluster: &PostgresCluster, config_hash: &str, partition: i32)
     let container = Container {
         name: "postgres".into(),
         image: Some(image(cluster)),
-        command: Some(vec![
-            "/bin/bash".into(),
-            format!("{CONFIG_DIR}/bootstrap.sh"),
-        ]),
+        image_pull_policy: cluster
+            .spec
+            .image_pull_policy
+            .map(|p| p.as_str().to_string()),
+        command: Some(vec!["/bin/sh".into(), format!("{CONFIG_DIR}/bootstrap.sh")]),
         env: Some(vec![
             EnvVar {
                 name: "POD_NAME".into(),

@@ -260,6 +260,7 @@ mod tests {
                 instances: 3,
                 version: 16,
                 image: None,
+                image_pull_policy: None,
                 storage: StorageSpec {
                     size: Quantity("1Gi".into()),
                     storage_class_name: Some("fast".into()),
@@ -441,6 +442,102 @@ mod tests {
             .insert("log_line_prefix".into(), "a\nb".into());
         assert!(
             matches!(validate(&c), Err(Error::InvalidParameters(m)) if m.contains("log_line_prefix"))
+        );
+    }
+
+    /// Runs the ConfigMap's `bootstrap.sh` with `sh` (dash here, busybox in the test image)
+    /// against stand-ins for `initdb`, `pg_isready`, `pg_basebackup` and `postgres` that log
+    /// their arguments: what each ordinal runs, on first and later starts.
+    #[test]
+    fn bootstrap_initializes_the_primary_and_clones_replicas() {
+        let dir = tempfile::tempdir().unwrap();
+        let bin = dir.path().join("bin");
+        let tmp = dir.path().join("tmp");
+        std::fs::create_dir_all(&bin).unwrap();
+        std::fs::create_dir_all(&tmp).unwrap();
+        let log = dir.path().join("log");
+        let fake = |name: &str, body: &str| {
+            let path = bin.join(name);
+            std::fs::write(
+                &path,
+                format!("#!/bin/sh\necho \"{name} $*\" >> \"$LOG\"\n{body}\n"),
+            )
+            .unwrap();
+            std::fs::set_permissions(&path, std::os::unix::fs::PermissionsExt::from_mode(0o755))
+                .unwrap();
+        };
+        fake(
+            "initdb",
+            r#"for a; do case "$a" in --pwfile=*) echo "password $(cat "${a#--pwfile=}")" >> "$LOG";; esac; done; mkdir -p "$PGDATA"; echo 15 > "$PGDATA/PG_VERSION""#,
+        );
+        fake("pg_isready", "exit 0");
+        fake(
+            "pg_basebackup",
+            r#"echo "password $PGPASSWORD" >> "$LOG"; echo 15 > "$PGDATA/PG_VERSION""#,
+        );
+        fake("postgres", "");
+        let script = dir.path().join("bootstrap.sh");
+        std::fs::write(
+            &script,
+            &config_map(&cluster("pg")).data.unwrap()["bootstrap.sh"],
+        )
+        .unwrap();
+        let run = |pod: &str, data: &str| {
+            let out = std::process::Command::new("sh")
+                .arg(&script)
+                .env_clear()
+                .env("PATH", format!("{}:/usr/bin:/bin", bin.display()))
+                .env("TMPDIR", &tmp)
+                .env("LOG", &log)
+                .env("POD_NAME", pod)
+                .env("PGDATA", dir.path().join(data))
+                .env("POSTGRES_PASSWORD", "s3cret")
+                .env("PRIMARY_HOST", "pg-0.pg-hl")
+                .output()
+                .unwrap();
+            assert!(out.status.success(), "{out:?}");
+            let text = std::fs::read_to_string(&log).unwrap();
+            std::fs::remove_file(&log).unwrap();
+            text
+        };
+        let primary = run("pg-0", "d0/pgdata");
+        let lines: Vec<&str> = primary.lines().collect();
+        assert_eq!(lines.len(), 3, "{primary}");
+        assert!(
+            lines[0].starts_with(&format!(
+                "initdb -D {} -U postgres --pwfile=",
+                dir.path().join("d0/pgdata").display()
+            )) && lines[0]
+                .ends_with(" -E UTF8 --locale=C --auth-local=trust --auth-host=scram-sha-256"),
+            "{primary}"
+        );
+        assert_eq!(lines[1], "password s3cret");
+        assert_eq!(
+            lines[2],
+            "postgres -c config_file=/etc/steward/postgresql.conf"
+        );
+        assert_eq!(
+            std::fs::read_dir(&tmp).unwrap().count(),
+            0,
+            "the password file is removed"
+        );
+        assert_eq!(
+            run("pg-0", "d0/pgdata"),
+            "postgres -c config_file=/etc/steward/postgresql.conf\n",
+            "initialized once"
+        );
+        let replica = run("pg-1", "d1/pgdata");
+        assert_eq!(
+            replica,
+            format!(
+                "pg_isready -q -h pg-0.pg-hl -p 5432\npg_basebackup -h pg-0.pg-hl -p 5432 -U postgres -D {} -R -X stream -c fast\npassword s3cret\npostgres -c config_file=/etc/steward/postgresql.conf\n",
+                dir.path().join("d1/pgdata").display()
+            )
+        );
+        assert_eq!(
+            run("pg-1", "d1/pgdata"),
+            "postgres -c config_file=/etc/steward/postgresql.conf\n",
+            "cloned once"
         );
     }
 

@@ -372,6 +372,43 @@ impl RealNode {
         Ok(image.reference)
     }
 
+    /// Builds (or finds cached) and imports the PostgreSQL image of a Maven Central bundle
+    /// (a second major, see [`images::MAVEN_POSTGRESQL`]); returns its reference.
+    ///
+    /// # Errors
+    /// As [`images::postgresql_from_maven`] and [`RealNode::import`].
+    pub async fn postgresql_image_from_maven(&self, version: &str) -> Result<String, Error> {
+        let version = version.to_string();
+        let image = blocking(move || images::postgresql_from_maven(&version)).await?;
+        self.import(&image).await?;
+        Ok(image.reference)
+    }
+
+    /// A hostPath PersistentVolume on this node, with no StorageClass (the node has no
+    /// provisioner): its directory `<NODE_ROOT>/volumes/<name>` is created owned by `owner`
+    /// (uid and gid; fsGroup does not apply to hostPath volumes) and removed with the node.
+    /// With `claim` (namespace, name) it is bound to that claim only. Apply the returned
+    /// manifest.
+    ///
+    /// # Errors
+    /// [`Error::Host`] if the directory cannot be created or chowned.
+    pub fn volume(
+        &self,
+        name: &str,
+        size: &str,
+        claim: Option<(&str, &str)>,
+        owner: u32,
+    ) -> Result<serde_json::Value, Error> {
+        let dir = Path::new(NODE_ROOT).join("volumes").join(name);
+        std::fs::create_dir_all(&dir)
+            .and_then(|()| std::os::unix::fs::chown(&dir, Some(owner), Some(owner)))
+            .and_then(|()| {
+                std::fs::set_permissions(&dir, std::os::unix::fs::PermissionsExt::from_mode(0o750))
+            })
+            .map_err(|e| host_err(format!("create volume {}", dir.display()), e.to_string()))?;
+        Ok(host_path_volume(name, size, &dir, claim))
+    }
+
     /// The log of a node component: `containerd`, `kubelet`, `kube-proxy` or `coredns`.
     pub fn log(&self, component: &str) -> PathBuf {
         self.processes
@@ -414,6 +451,31 @@ impl Drop for RealNode {
             );
         }
     }
+}
+
+/// The manifest of a hostPath PersistentVolume `name` of `size` at `path`, without a
+/// StorageClass, optionally bound in advance to `claim` (namespace, name).
+pub fn host_path_volume(
+    name: &str,
+    size: &str,
+    path: &Path,
+    claim: Option<(&str, &str)>,
+) -> serde_json::Value {
+    let mut pv = serde_json::json!({
+        "apiVersion": "v1", "kind": "PersistentVolume",
+        "metadata": {"name": name, "labels": {"steward.dev/node": "real"}},
+        "spec": {
+            "capacity": {"storage": size},
+            "accessModes": ["ReadWriteOnce"],
+            "storageClassName": "",
+            "persistentVolumeReclaimPolicy": "Retain",
+            "hostPath": {"path": path.display().to_string(), "type": "Directory"},
+        },
+    });
+    if let Some((namespace, claim)) = claim {
+        pv["spec"]["claimRef"] = serde_json::json!({"namespace": namespace, "name": claim});
+    }
+    pv
 }
 
 /// Points the `kubernetes` Service at the API server on the bridge address, so pods (operators

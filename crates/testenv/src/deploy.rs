@@ -1,0 +1,288 @@
+//! Steward's operators as their images on the real node, deployed by `deploy/<operator>/` as a
+//! user would deploy them (a Deployment of 2 replicas, its ServiceAccount and RBAC, probes,
+//! restricted Pod Security): one piece of code for the real-node tests and `cargo xtask up`.
+//!
+//! ```no_run
+//! # async fn f(cp: &steward_testenv::ControlPlane) -> Result<(), steward_testenv::Error> {
+//! use steward_testenv::deploy;
+//! let binaries = deploy::build(&["tenant-operator"])?;
+//! let deployed = deploy::operator(cp, "tenant-operator", &binaries[0], "my-test").await?;
+//! deployed.wait_available(cp, std::time::Duration::from_secs(90)).await?;
+//! # Ok(()) }
+//! ```
+
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
+
+use k8s_openapi::api::apps::v1::Deployment;
+use k8s_openapi::api::core::v1::Pod;
+use kube::api::{Api, ListParams};
+use serde_json::{Value, json};
+
+use crate::{ControlPlane, Error, eventually};
+
+/// Every operator with a `deploy/<operator>/` kustomization and an image.
+pub const OPERATORS: [&str; 3] = [
+    "database-operator",
+    "tenant-operator",
+    "upgrade-orchestrator",
+];
+
+/// Builds the (debug) binaries of `operators` in one `cargo build`; returns their paths in
+/// the same order.
+///
+/// # Errors
+/// As [`crate::harness::cargo_build`].
+pub fn build(operators: &[&str]) -> Result<Vec<PathBuf>, Error> {
+    let mut args = Vec::new();
+    for op in operators {
+        args.extend(["--package", op, "--bin", op]);
+    }
+    let dir = crate::harness::cargo_build(&args)?;
+    Ok(operators.iter().map(|op| dir.join(op)).collect())
+}
+
+/// An operator applied by [`operator`].
+#[derive(Clone, Debug)]
+pub struct Deployed {
+    pub operator: String,
+    /// Namespace and name of its Deployment.
+    pub namespace: String,
+    pub deployment: String,
+    /// Desired replicas of the Deployment.
+    pub replicas: i32,
+    /// The image reference its pods run.
+    pub image: String,
+}
+
+/// Builds the image of `binary` without its debug information (testenv's
+/// [`crate::images::operator`], as `cargo xtask image` does), imports it into the control plane's real node, renders
+/// `deploy/<operator>/` with that image (`imagePullPolicy: Never`) and server-side applies
+/// every object as `field_manager`, namespaces first. Install `crds/` before.
+///
+/// # Errors
+/// [`Error::Other`] without a real node or a Deployment in the kustomization; as
+/// [`crate::images::operator`], [`crate::RealNode::import`], [`ControlPlane::kustomize`] and
+/// [`crate::manifests::apply`].
+pub async fn operator(
+    cp: &ControlPlane,
+    operator: &str,
+    binary: &Path,
+    field_manager: &str,
+) -> Result<Deployed, Error> {
+    let node = cp.real_node().ok_or_else(|| {
+        Error::Other(format!(
+            "{operator} runs as its image only on a real node (Options {{ real_node: true, .. }})"
+        ))
+    })?;
+    let image = {
+        let (binary, name, archive) = (
+            binary.to_path_buf(),
+            operator.to_string(),
+            cp.dir().join(format!("{operator}.oci.tar")),
+        );
+        tokio::task::spawn_blocking(move || {
+            let binary = without_debug_info(&binary, &archive.with_extension("bin"));
+            crate::images::operator(
+                &binary,
+                &name,
+                &format!("steward.dev/testenv/{name}:dev"),
+                json!({}),
+                &archive,
+                false,
+            )
+        })
+        .await
+        .map_err(|e| Error::Other(format!("building the {operator} image: {e}")))??
+    };
+    node.import(&image).await?;
+    let mut objects = cp.kustomize(&crate::workspace_root().join("deploy").join(operator))?;
+    let deployment = with_image(&mut objects, &image.reference).ok_or_else(|| {
+        Error::Other(format!(
+            "deploy/{operator}/ renders no Deployment with a container"
+        ))
+    })?;
+    let client = cp.client()?;
+    for obj in &objects {
+        crate::manifests::apply(&client, obj, None, field_manager, false).await?;
+    }
+    Ok(Deployed {
+        operator: operator.to_string(),
+        namespace: deployment["metadata"]["namespace"]
+            .as_str()
+            .unwrap_or("default")
+            .to_string(),
+        deployment: deployment["metadata"]["name"]
+            .as_str()
+            .unwrap_or(operator)
+            .to_string(),
+        replicas: deployment["spec"]["replicas"]
+            .as_i64()
+            .and_then(|r| i32::try_from(r).ok())
+            .unwrap_or(1),
+        image: image.reference,
+    })
+}
+
+/// A copy of `binary` at `copy` without debug information (`strip --strip-debug`: a debug
+/// build's 250–360 MB become about a tenth, so the image is written and imported in a
+/// fraction of the time), or `binary` itself if that fails.
+fn without_debug_info(binary: &Path, copy: &Path) -> PathBuf {
+    let stripped = std::process::Command::new("strip")
+        .arg("--strip-debug")
+        .arg("-o")
+        .arg(copy)
+        .arg(binary)
+        .status()
+        .is_ok_and(|s| s.success());
+    if stripped {
+        copy.to_path_buf()
+    } else {
+        binary.to_path_buf()
+    }
+}
+
+/// Points the first container of the (first) Deployment in `objects` at `image`, never
+/// pulled, and orders namespaces first; returns that Deployment.
+fn with_image(objects: &mut [Value], image: &str) -> Option<Value> {
+    objects.sort_by_key(|o| o["kind"] != "Namespace");
+    let deployment = objects.iter_mut().find(|o| o["kind"] == "Deployment")?;
+    let container = deployment["spec"]["template"]["spec"]["containers"].get_mut(0)?;
+    container["image"] = json!(image);
+    container["imagePullPolicy"] = json!("Never");
+    Some(deployment.clone())
+}
+
+impl Deployed {
+    /// Waits until every replica of the Deployment is Ready (the kubelet's readiness probes
+    /// pass); returns how long that took. The error lists each pod's phase, readiness,
+    /// restarts and container state.
+    ///
+    /// # Errors
+    /// [`Error::Timeout`], or [`Error::Kube`] if the client cannot be built.
+    pub async fn wait_available(
+        &self,
+        cp: &ControlPlane,
+        timeout: Duration,
+    ) -> Result<Duration, Error> {
+        let started = Instant::now();
+        let client = cp.client()?;
+        let deployments: Api<Deployment> = Api::namespaced(client.clone(), &self.namespace);
+        let pods: Api<Pod> = Api::namespaced(client, &self.namespace);
+        let selector =
+            ListParams::default().labels(&format!("app.kubernetes.io/name={}", self.operator));
+        let kubelet = cp.real_node().map(|n| n.log("kubelet"));
+        eventually(
+            &format!(
+                "{}: {} replicas Ready (kubelet readiness probes)",
+                self.operator, self.replicas
+            ),
+            timeout,
+            || {
+                let (deployments, pods, selector) =
+                    (deployments.clone(), pods.clone(), selector.clone());
+                async move {
+                    let d = deployments
+                        .get(&self.deployment)
+                        .await
+                        .map_err(|e| e.to_string())?;
+                    let ready = d.status.and_then(|s| s.ready_replicas).unwrap_or(0);
+                    if ready == self.replicas {
+                        return Ok(());
+                    }
+                    let list = pods.list(&selector).await.map_err(|e| e.to_string())?;
+                    Err(format!(
+                        "{ready}/{} ready; {}",
+                        self.replicas,
+                        describe_pods(&list.items)
+                    ))
+                }
+            },
+        )
+        .await
+        .map_err(|e| match (e, kubelet) {
+            (
+                Error::Timeout {
+                    what,
+                    waited_secs,
+                    last,
+                },
+                Some(log),
+            ) => Error::Timeout {
+                what,
+                waited_secs,
+                last: format!("{last}; kubelet log: {}", log.display()),
+            },
+            (e, _) => e,
+        })?;
+        Ok(started.elapsed())
+    }
+}
+
+/// `name: phase, ready, restarts, state` of each pod, for messages.
+pub fn describe_pods(pods: &[Pod]) -> String {
+    pods.iter()
+        .map(|p| {
+            let status = p.status.clone().unwrap_or_default();
+            let containers: Vec<String> = status
+                .container_statuses
+                .unwrap_or_default()
+                .into_iter()
+                .map(|c| {
+                    let state = c.state.unwrap_or_default();
+                    let state = if let Some(w) = state.waiting {
+                        format!("waiting {}", w.reason.unwrap_or_default())
+                    } else if let Some(t) = state.terminated {
+                        format!(
+                            "terminated {} ({})",
+                            t.reason.unwrap_or_default(),
+                            t.exit_code
+                        )
+                    } else if state.running.is_some() {
+                        "running".to_string()
+                    } else {
+                        "unknown".to_string()
+                    };
+                    format!(
+                        "{} ready={} restarts={} {state}",
+                        c.name, c.ready, c.restart_count
+                    )
+                })
+                .collect();
+            format!(
+                "{}: {} [{}]",
+                p.metadata.name.clone().unwrap_or_default(),
+                status.phase.unwrap_or_default(),
+                containers.join(", ")
+            )
+        })
+        .collect::<Vec<_>>()
+        .join("; ")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_deployment_gets_the_local_image_and_namespaces_come_first() {
+        let mut objects = vec![
+            json!({"kind": "ServiceAccount", "metadata": {"name": "op", "namespace": "op-system"}}),
+            json!({"kind": "Deployment", "metadata": {"name": "op", "namespace": "op-system"},
+                "spec": {"replicas": 2, "template": {"spec": {"containers": [{"name": "operator", "image": "steward/op:0.1.0", "imagePullPolicy": "IfNotPresent"}]}}}}),
+            json!({"kind": "Namespace", "metadata": {"name": "op-system"}}),
+        ];
+        let d = with_image(&mut objects, "steward.dev/testenv/op:dev").unwrap();
+        assert_eq!(objects[0]["kind"], "Namespace");
+        let container = &d["spec"]["template"]["spec"]["containers"][0];
+        assert_eq!(container["image"], "steward.dev/testenv/op:dev");
+        assert_eq!(container["imagePullPolicy"], "Never");
+        assert_eq!(
+            objects[2]["spec"]["template"]["spec"]["containers"][0]["image"],
+            "steward.dev/testenv/op:dev",
+            "the applied object is changed, not only the returned copy"
+        );
+        let mut none = vec![json!({"kind": "Namespace"})];
+        assert!(with_image(&mut none, "x").is_none());
+    }
+}
