@@ -20,6 +20,19 @@ pub const OWNER_LABEL: &str = "steward.dev/owner-uid";
 pub const MANAGED_BY_LABEL: &str = "app.kubernetes.io/managed-by";
 
 /// Applies children of one owner under one field manager.
+///
+/// # Guarantees
+/// - Every child gets the owner label (the owner's UID), the managed-by label and, unless
+///   [`Children::without_owner_reference`], a controller owner reference, so it is garbage
+///   collected with the owner and found again by [`Children::selector`].
+/// - [`Children::apply`] is a forced server-side apply under one field manager: fields this
+///   manager stops setting are removed, fields other managers own are left alone.
+/// - [`Children::prune`] deletes only objects carrying this owner's label.
+///
+/// # Caveats
+/// An apply carries no resourceVersion: a late apply from a former leader can land (see
+/// [`crate::guard`]); the next reconcile of the owner puts it right. Writes go through
+/// whatever client it was given: give it the guarded one ([`crate::Context::client`]).
 #[derive(Clone)]
 pub struct Children {
     client: Client,
@@ -152,6 +165,8 @@ impl Children {
 
 /// Builds an `Api` for namespaced or cluster-scoped kinds alike.
 pub trait ScopeApi: Sized {
+    /// An `Api<K>` in `namespace`; across all namespaces with `None`, and always for
+    /// cluster-scoped kinds.
     fn api<K: Resource<DynamicType = (), Scope = Self>>(
         client: Client,
         namespace: Option<&str>,

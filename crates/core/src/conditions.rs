@@ -7,7 +7,9 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
 
 /// Standard condition types.
 pub const READY: &str = "Ready";
+/// Condition type: work toward the desired state is under way.
 pub const PROGRESSING: &str = "Progressing";
+/// Condition type: the object works, but not as well as desired.
 pub const DEGRADED: &str = "Degraded";
 
 /// Sets condition `type_` in `conditions`, returning whether anything changed.

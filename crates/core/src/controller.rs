@@ -18,7 +18,7 @@
 //! - every trigger is remembered until a reconcile of that object starts, so the runtime
 //!   knows the age of the oldest queued item (`steward_reconcile_queue_oldest_seconds`) and
 //!   `/healthz` fails when a leading controller has queued work but makes no progress, or a
-//!   watch keeps failing, for longer than `--stall-timeout` ([`Tracker`]).
+//!   watch keeps failing, for longer than `--stall-timeout` (`Tracker`).
 //!
 //! Use [`watch`] for a reflector an operator reads itself (a store of another kind) and pass
 //! it to [`Controller::watches_stream`].

@@ -11,7 +11,9 @@ pub enum Error {
     /// The metrics or probe server could not bind.
     #[error("failed to bind {addr}")]
     Bind {
+        /// The address that could not be bound.
         addr: SocketAddr,
+        /// Why.
         #[source]
         source: std::io::Error,
     },
@@ -24,29 +26,42 @@ pub enum Error {
     /// Server-side apply of an owned child failed.
     #[error("failed to apply {kind} {name}")]
     ApplyChild {
+        /// The child's kind.
         kind: String,
+        /// The child's name.
         name: String,
+        /// The API server's answer.
         #[source]
         source: kube::Error,
     },
     /// Deleting a child that is no longer desired failed.
     #[error("failed to prune {kind} {name}")]
     PruneChild {
+        /// The child's kind.
         kind: String,
+        /// The child's name.
         name: String,
+        /// The API server's answer.
         #[source]
         source: kube::Error,
     },
     /// Writing status failed.
     #[error("failed to write the status of {object}")]
     WriteStatus {
+        /// The object whose status was written.
         object: String,
+        /// The API server's answer.
         #[source]
         source: kube::Error,
     },
     /// An object could not be serialized.
     #[error("failed to serialize {what}: {message}")]
-    Serialize { what: String, message: String },
+    Serialize {
+        /// What was being serialized.
+        what: String,
+        /// The serializer's message.
+        message: String,
+    },
     /// Graceful shutdown did not finish in time.
     #[error("graceful shutdown did not finish within {0:?}")]
     ShutdownTimeout(std::time::Duration),

@@ -1,4 +1,4 @@
-//! Safe deletion: a finalizer on kube-runtime's [`kube::runtime::finalizer`], and the shared
+//! Safe deletion: a finalizer on kube-runtime's [`kube::runtime::finalizer()`], and the shared
 //! [`DeletionPolicy`] of Steward's CRDs.
 //!
 //! The top-level reconcile only dispatches:

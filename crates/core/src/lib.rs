@@ -1,3 +1,4 @@
+#![warn(missing_docs)]
 //! steward-core: the machinery every Steward operator shares, built on kube-runtime.
 //!
 //! Start with [`runtime::Operator`]: it wires a kube-runtime `Controller` with leader

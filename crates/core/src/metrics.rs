@@ -22,26 +22,35 @@ use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
 use prometheus_client::registry::Registry;
 
+/// Labels of per-controller metrics.
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct ControllerLabels {
+    /// The controller's name (its kind, lowercase).
     pub controller: String,
 }
 
+/// Labels of `controller_runtime_reconcile_total`.
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct ResultLabels {
+    /// The controller's name.
     pub controller: String,
+    /// `success`, `error` or `skipped`.
     pub result: String,
 }
 
 /// Labels of one watch of a controller.
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct WatchLabels {
+    /// The controller's name.
     pub controller: String,
+    /// The watched kind.
     pub kind: String,
 }
 
+/// Labels of `leader_election_master_status`.
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct LeaseLabels {
+    /// The Lease's name.
     pub name: String,
 }
 
@@ -49,15 +58,26 @@ pub struct LeaseLabels {
 #[derive(Clone)]
 pub struct Metrics {
     registry: Arc<Mutex<Registry>>,
+    /// `controller_runtime_reconcile_total{controller, result}`.
     pub reconcile_total: Family<ResultLabels, Counter>,
+    /// `controller_runtime_reconcile_errors_total{controller}`.
     pub reconcile_errors: Family<ControllerLabels, Counter>,
+    /// `controller_runtime_reconcile_time_seconds{controller}`.
     pub reconcile_time: Family<ControllerLabels, Histogram>,
+    /// `controller_runtime_active_workers{controller}`.
     pub active_workers: Family<ControllerLabels, Gauge>,
+    /// `controller_runtime_max_concurrent_reconciles{controller}`.
     pub max_concurrent: Family<ControllerLabels, Gauge>,
+    /// `leader_election_master_status{name}`: 1 while this process leads.
     pub leader: Family<LeaseLabels, Gauge>,
+    /// `steward_status_writes_total{controller}`.
     pub status_writes: Family<ControllerLabels, Counter>,
+    /// `steward_watch_errors_total{controller, kind}`.
     pub watch_errors: Family<WatchLabels, Counter>,
+    /// `steward_reconcile_queue_oldest_seconds{controller}`: how long the oldest queued
+    /// object has waited.
     pub queue_oldest: Family<ControllerLabels, Gauge<f64, std::sync::atomic::AtomicU64>>,
+    /// `steward_reconcile_panics_total{controller}`.
     pub reconcile_panics: Family<ControllerLabels, Counter>,
 }
 
@@ -68,6 +88,7 @@ impl Default for Metrics {
 }
 
 impl Metrics {
+    /// Every metric, registered in a new registry.
     pub fn new() -> Self {
         let mut registry = Registry::default();
         let reconcile_total = Family::<ResultLabels, Counter>::default();
@@ -165,12 +186,14 @@ impl Metrics {
         out
     }
 
+    /// The labels of controller `name`.
     pub fn controller(&self, name: &str) -> ControllerLabels {
         ControllerLabels {
             controller: name.to_string(),
         }
     }
 
+    /// The labels of `controller` with `result`.
     pub fn result(&self, controller: &str, result: &str) -> ResultLabels {
         ResultLabels {
             controller: controller.to_string(),

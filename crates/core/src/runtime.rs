@@ -53,7 +53,9 @@ pub struct Context<T> {
     pub client: Client,
     /// Events as this operator.
     pub recorder: Recorder,
+    /// This operator's metrics.
     pub metrics: Metrics,
+    /// Whether this process leads (check it before side effects outside the API server).
     pub leadership: Leadership,
     /// The server-side-apply field manager of this operator.
     pub field_manager: String,
@@ -69,8 +71,20 @@ impl<T> Context<T> {
     /// of this version of `obj` (see [`crate::status::Written`]), counting writes in
     /// `steward_status_writes_total`. Call it once, at the end of a reconcile.
     ///
+    /// # Guarantees
+    /// - Nothing is written when `status` equals `current`, or when this process already wrote
+    ///   it on top of exactly this version of `obj` (a stale cached copy).
+    /// - The write carries `obj`'s resourceVersion: if `obj` changed since it was read (a spec
+    ///   edit, or a newer leader's status), nothing is written and `Ok(false)` is returned; the
+    ///   change triggers another reconcile. A former leader's late status write therefore
+    ///   never overwrites the current leader's.
+    ///
+    /// # Caveats
+    /// `status` must be computed from `obj` as passed (not from a copy read later), or the
+    /// precondition checks the wrong version.
+    ///
     /// # Errors
-    /// [`Error::WriteStatus`] when the API server rejects the patch.
+    /// [`Error::WriteStatus`] when the API server rejects the patch for another reason.
     pub async fn apply_status<K, S>(
         &self,
         obj: &K,
@@ -111,6 +125,7 @@ pub struct Backoff {
 }
 
 impl Backoff {
+    /// A backoff starting at `base`, doubling, capped at `max`.
     pub fn new(base: Duration, max: Duration) -> Self {
         Self {
             base,
@@ -247,18 +262,22 @@ impl Operator {
         self.client.clone()
     }
 
+    /// The operator's metrics (shared with `/metrics`).
     pub fn metrics(&self) -> Metrics {
         self.metrics.clone()
     }
 
+    /// What `/healthz` and `/readyz` answer from.
     pub fn health(&self) -> Health {
         self.health.clone()
     }
 
+    /// This process's leadership.
     pub fn leadership(&self) -> Leadership {
         self.leadership.clone()
     }
 
+    /// The flags the operator runs with.
     pub fn args(&self) -> &CommonArgs {
         &self.args
     }

@@ -54,6 +54,7 @@ impl Default for HealthInner {
 }
 
 impl Health {
+    /// Healthy and not ready until the caches report in.
     pub fn new() -> Self {
         Self::default()
     }

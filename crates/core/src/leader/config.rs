@@ -146,7 +146,9 @@ pub enum ConfigError {
         "invalid leader election config: the lease duration ({lease_duration:?}) must be greater than the renew deadline ({renew_deadline:?})"
     )]
     LeaseDurationNotAboveRenewDeadline {
+        /// The configured lease duration.
         lease_duration: Duration,
+        /// The configured renew deadline.
         renew_deadline: Duration,
     },
     /// A leader could miss its renew deadline between two jittered retries.
@@ -154,14 +156,19 @@ pub enum ConfigError {
         "invalid leader election config: the renew deadline ({renew_deadline:?}) must be greater than 1.2 × the retry period ({retry_period:?})"
     )]
     RenewDeadlineNotAboveJitteredRetryPeriod {
+        /// The configured renew deadline.
         renew_deadline: Duration,
+        /// The configured retry period.
         retry_period: Duration,
     },
     /// `leaseDurationSeconds` is an int32.
     #[error(
         "invalid leader election config: the lease duration ({lease_duration:?}) does not fit leaseDurationSeconds"
     )]
-    LeaseDurationTooLong { lease_duration: Duration },
+    LeaseDurationTooLong {
+        /// The configured lease duration.
+        lease_duration: Duration,
+    },
 }
 
 #[cfg(test)]

@@ -25,37 +25,48 @@ pub enum Error {
     /// Reading the Lease failed.
     #[error("failed to get Lease {lease}")]
     GetLease {
+        /// `namespace/name` of the Lease.
         lease: String,
         #[source]
+        /// The API server's answer.
         source: kube::Error,
     },
     /// Creating the missing Lease failed (409 Conflict: another candidate created it first).
     #[error("failed to create Lease {lease}")]
     CreateLease {
+        /// `namespace/name` of the Lease.
         lease: String,
         #[source]
+        /// The API server's answer.
         source: kube::Error,
     },
     /// Writing an acquired or renewed Lease failed (409 Conflict: another candidate wrote it
     /// since we read it).
     #[error("failed to update Lease {lease}")]
     UpdateLease {
+        /// `namespace/name` of the Lease.
         lease: String,
         #[source]
+        /// The API server's answer.
         source: kube::Error,
     },
     /// Writing the released Lease on shutdown failed.
     #[error("failed to release Lease {lease}")]
     ReleaseLease {
+        /// `namespace/name` of the Lease.
         lease: String,
         #[source]
+        /// The API server's answer.
         source: kube::Error,
     },
     /// The API server did not answer within the renew deadline.
     #[error("failed to {step} Lease {lease} within {timeout:?}")]
     Timeout {
+        /// What was being done (`acquire`, `renew`, `release`).
         step: &'static str,
+        /// `namespace/name` of the Lease.
         lease: String,
+        /// How long the API server had.
         timeout: Duration,
     },
 }

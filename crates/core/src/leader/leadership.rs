@@ -45,14 +45,20 @@ struct Shared {
 pub enum NotLeader {
     /// Another candidate leads, or none does.
     #[error("{identity} is not the leader")]
-    Follower { identity: String },
+    Follower {
+        /// This candidate's identity.
+        identity: String,
+    },
     /// This process led, but has not renewed within the renew deadline.
     #[error(
         "{identity} is no longer the leader: last renewal {since_renewal:?} ago, renew deadline {renew_deadline:?}"
     )]
     Stale {
+        /// This candidate's identity.
         identity: String,
+        /// How long ago the last successful renewal was sent.
         since_renewal: Duration,
+        /// The configured renew deadline.
         renew_deadline: Duration,
     },
 }
