@@ -1366,6 +1366,61 @@ async fn a_tenant_takes_only_namespaces_created_for_it_or_handed_over() {
     env.stop().await;
 }
 
+/// Reproduced on main (#17): a tenant-wide limit below the per-namespace one was applied
+/// silently (each namespace got 5 pods of a promised 50) while the status said nothing.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_tenant_limit_below_the_per_namespace_one_is_reported() {
+    let _shared = EXCLUSIVE.read().await;
+    let mut env = Env::start("split").await;
+    let t = format!("{}-t", env.id);
+    let (a, b) = (format!("{t}-a"), format!("{t}-b"));
+    env.create(
+        &t,
+        json!({
+            "owners": [{"kind": "User", "name": "fay"}],
+            "namespaces": [a, b],
+            "resourceQuota": {"hard": {"pods": 50}},
+            "tenantQuota": {"hard": {"pods": 10}},
+        }),
+    )
+    .await;
+    env.ready(&t).await;
+    let message = eventually("the split is reported", WAIT, || async {
+        let status = env
+            .tenants
+            .get(&t)
+            .await
+            .map_err(|e| e.to_string())?
+            .status
+            .unwrap_or_default();
+        let c = status
+            .conditions
+            .iter()
+            .find(|c| c.type_ == QUOTA_EXCEEDED)
+            .ok_or("no QuotaExceeded yet")?;
+        if c.message.contains("shared") {
+            Ok(c.message.clone())
+        } else {
+            Err(format!("{}: {}", c.reason, c.message))
+        }
+    })
+    .await
+    .expect("reported");
+    assert_eq!(
+        message,
+        format!("pods: the tenant's 10 are shared, {a} 5, {b} 5 (resourceQuota 50 each)")
+    );
+    for ns in [&a, &b] {
+        let rq = env
+            .api::<ResourceQuota>(ns)
+            .get("tenant-quota")
+            .await
+            .unwrap();
+        assert_eq!(rq.spec.unwrap().hard.unwrap()["pods"].0, "5", "{ns}");
+    }
+    env.stop().await;
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn deleting_a_tenant_deletes_or_orphans_its_namespaces() {
     let _shared = EXCLUSIVE.read().await;

@@ -410,6 +410,9 @@ async fn converge(
             .map(|o| (o.namespace.clone(), o.used.clone()))
             .collect();
         soon |= !plan.held_back.is_empty();
+        if !spec.tenant.is_empty() {
+            obs.split = plan.hard.clone();
+        }
         let mut order: Vec<&quota::Observed> = observed.iter().collect();
         // Lower limits before raising others.
         order.sort_by_key(|o| !plan.lowers(&o.namespace, o.spec_hard.as_ref()));

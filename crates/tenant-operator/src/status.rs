@@ -29,6 +29,8 @@ pub struct Observation {
     pub namespace_hard: BTreeMap<String, Milli>,
     /// Usage per namespace, from the ResourceQuotas.
     pub used: BTreeMap<String, BTreeMap<String, Milli>>,
+    /// The hard limits each namespace's ResourceQuota was given (the tenant-wide split).
+    pub split: BTreeMap<String, BTreeMap<String, Milli>>,
     pub problems: Vec<Problem>,
     /// The reconcile's error, if it failed: `(reason, message)`.
     pub error: Option<(String, String)>,
@@ -38,6 +40,37 @@ pub struct Observation {
 
 fn reached(used: Milli, hard: Milli) -> bool {
     used > hard || (used == hard && hard > Milli::ZERO)
+}
+
+/// Where the tenant-wide limit leaves a namespace less than `resourceQuota` promises, what each
+/// namespace got: `pods: the tenant's 10 are shared, a 5, b 5 (resourceQuota 50 each)`. Empty
+/// when the per-namespace limits hold as written.
+fn shared_below_per_namespace(obs: &Observation) -> String {
+    let mut notes = Vec::new();
+    for (r, tenant) in &obs.tenant_hard {
+        let Some(per_ns) = obs.namespace_hard.get(r) else {
+            continue;
+        };
+        let given: Vec<(&String, Milli)> = obs
+            .split
+            .iter()
+            .filter_map(|(ns, hard)| hard.get(r).map(|h| (ns, *h)))
+            .collect();
+        if given.iter().all(|(_, h)| h >= per_ns) {
+            continue;
+        }
+        let each = given
+            .iter()
+            .map(|(ns, h)| format!("{ns} {}", h.format_for(r)))
+            .collect::<Vec<_>>()
+            .join(", ");
+        notes.push(format!(
+            "{r}: the tenant's {} are shared, {each} (resourceQuota {} each)",
+            tenant.format_for(r),
+            per_ns.format_for(r)
+        ));
+    }
+    notes.join("; ")
 }
 
 /// The status for `obs`, keeping condition transition times from `previous`.
@@ -129,7 +162,7 @@ pub fn compute(previous: Option<&TenantStatus>, obs: &Observation) -> TenantStat
             QUOTA_EXCEEDED,
             false,
             "WithinLimits",
-            "",
+            shared_below_per_namespace(obs),
             generation,
         );
     } else {
@@ -221,6 +254,56 @@ mod tests {
         let c = conditions::get(&s.conditions, QUOTA_EXCEEDED).unwrap();
         assert_eq!(c.status, "True");
         assert_eq!(c.message, "pods 4/4 across the tenant");
+    }
+
+    #[test]
+    fn a_tenant_limit_below_the_per_namespace_one_is_reported_not_silent() {
+        let mut o = obs();
+        o.tenant_hard = BTreeMap::from([("pods".into(), Milli::units(10))]);
+        o.namespace_hard = BTreeMap::from([("pods".into(), Milli::units(50))]);
+        o.used.clear();
+        o.split = BTreeMap::from([
+            (
+                "a".into(),
+                BTreeMap::from([("pods".into(), Milli::units(5))]),
+            ),
+            (
+                "b".into(),
+                BTreeMap::from([("pods".into(), Milli::units(5))]),
+            ),
+        ]);
+        let s = compute(None, &o);
+        let c = s
+            .conditions
+            .iter()
+            .find(|c| c.type_ == QUOTA_EXCEEDED)
+            .unwrap();
+        assert_eq!(
+            (c.status.as_str(), c.reason.as_str()),
+            ("False", "WithinLimits")
+        );
+        assert_eq!(
+            c.message,
+            "pods: the tenant's 10 are shared, a 5, b 5 (resourceQuota 50 each)"
+        );
+        // A tenant limit that leaves every namespace its full per-namespace limit says nothing.
+        o.tenant_hard = BTreeMap::from([("pods".into(), Milli::units(100))]);
+        o.split = BTreeMap::from([
+            (
+                "a".into(),
+                BTreeMap::from([("pods".into(), Milli::units(50))]),
+            ),
+            (
+                "b".into(),
+                BTreeMap::from([("pods".into(), Milli::units(50))]),
+            ),
+        ]);
+        let c = compute(None, &o)
+            .conditions
+            .into_iter()
+            .find(|c| c.type_ == QUOTA_EXCEEDED)
+            .unwrap();
+        assert_eq!(c.message, "");
     }
 
     #[test]
