@@ -220,6 +220,42 @@ impl Env {
             .expect("impersonating client")
     }
 
+    /// Waits until Tenant `name` is gone *and* the garbage collector has removed its
+    /// cluster-scoped children, so their deletion does not land in another test's count of
+    /// API server writes.
+    async fn tenant_gone(&self, name: &str) {
+        self.gone(&self.tenants, name).await;
+        let selector = format!("{TENANT_LABEL}={name}");
+        let roles: Api<ClusterRole> = Api::all(self.client.clone());
+        let bindings: Api<ClusterRoleBinding> = Api::all(self.client.clone());
+        eventually(
+            &format!("{name}'s cluster roles collected"),
+            WAIT,
+            || async {
+                let lp = ListParams::default().labels(&selector);
+                let left = roles
+                    .list(&lp)
+                    .await
+                    .map_err(|e| e.to_string())?
+                    .items
+                    .len()
+                    + bindings
+                        .list(&lp)
+                        .await
+                        .map_err(|e| e.to_string())?
+                        .items
+                        .len();
+                if left == 0 {
+                    Ok(())
+                } else {
+                    Err(format!("{left} left"))
+                }
+            },
+        )
+        .await
+        .expect("collected");
+    }
+
     async fn gone<K>(&self, api: &Api<K>, name: &str)
     where
         K: kube::Resource + Clone + serde::de::DeserializeOwned + std::fmt::Debug,
@@ -1339,7 +1375,7 @@ async fn a_tenant_takes_only_namespaces_created_for_it_or_handed_over() {
         .delete(&t, &DeleteParams::default())
         .await
         .unwrap();
-    env.gone(&env.tenants, &t).await;
+    env.tenant_gone(&t).await;
     env.gone(&namespaces, &fresh).await;
     let kept = namespaces
         .get(&handed)
@@ -1446,7 +1482,7 @@ async fn deleting_a_tenant_deletes_or_orphans_its_namespaces() {
         .delete(&td, &DeleteParams::default())
         .await
         .unwrap();
-    env.gone(&env.tenants, &td).await;
+    env.tenant_gone(&td).await;
     env.gone(&namespaces, &d1).await;
     env.gone(&namespaces, &d2).await;
     println!(
@@ -1458,7 +1494,7 @@ async fn deleting_a_tenant_deletes_or_orphans_its_namespaces() {
         .delete(&to, &DeleteParams::default())
         .await
         .unwrap();
-    env.gone(&env.tenants, &to).await;
+    env.tenant_gone(&to).await;
     let kept = namespaces.get(&o1).await.expect("orphaned namespace stays");
     assert!(kept.metadata.deletion_timestamp.is_none());
     assert!(
