@@ -483,27 +483,7 @@ pub fn postgresql() -> Result<Image, Error> {
     for object in &objects {
         layer.libraries_of(object)?;
     }
-    for zone in ["UTC", "Etc/UTC", "GMT", "Etc/GMT"] {
-        let path = Path::new("/usr/share/zoneinfo").join(zone);
-        if path.exists() {
-            layer.host_file(&path)?;
-        }
-    }
-    layer.dir("var/run/postgresql", 0o2775, POSTGRES_UID).dir(
-        "var/lib/postgresql",
-        0o755,
-        POSTGRES_UID,
-    );
-    cached(
-        &format!("steward.dev/testenv/postgresql:{major}"),
-        json!({
-            "User": format!("{POSTGRES_UID}:{POSTGRES_UID}"),
-            "Env": [format!("PATH={}:/usr/sbin:/usr/bin:/sbin:/bin", bin.display()), "TZ=UTC", "PGDATA=/var/lib/postgresql/data"],
-            "Cmd": ["postgres"],
-            "WorkingDir": "/var/lib/postgresql",
-        }),
-        &layer,
-    )
+    postgresql_image(layer, &major.to_string(), &bin.display().to_string())
 }
 
 /// PostgreSQL binary bundles from Maven Central (`io.zonky.test.postgres:
@@ -560,6 +540,12 @@ pub fn postgresql_from_maven(version: &str) -> Result<Image, Error> {
             layer.file(&lib, data, 0o755);
         }
     }
+    postgresql_image(layer, major, &format!("/{home}/bin"))
+}
+
+/// Finishes a PostgreSQL image of either source: the time zones, the socket and data
+/// directories owned by `postgres`, and the image config (`bin` first on `PATH`).
+fn postgresql_image(mut layer: Layer, major: &str, bin: &str) -> Result<Image, Error> {
     for zone in ["UTC", "Etc/UTC", "GMT", "Etc/GMT"] {
         let path = Path::new("/usr/share/zoneinfo").join(zone);
         if path.exists() {
@@ -575,7 +561,7 @@ pub fn postgresql_from_maven(version: &str) -> Result<Image, Error> {
         &format!("steward.dev/testenv/postgresql:{major}"),
         json!({
             "User": format!("{POSTGRES_UID}:{POSTGRES_UID}"),
-            "Env": [format!("PATH=/{home}/bin:/usr/sbin:/usr/bin:/sbin:/bin"), "TZ=UTC", "PGDATA=/var/lib/postgresql/data"],
+            "Env": [format!("PATH={bin}:/usr/sbin:/usr/bin:/sbin:/bin"), "TZ=UTC", "PGDATA=/var/lib/postgresql/data"],
             "Cmd": ["postgres"],
             "WorkingDir": "/var/lib/postgresql",
         }),
