@@ -514,7 +514,7 @@ fn root_kustomization_lists_every_crd_and_every_operator() -> Result<()> {
     let dirs = operators()
         .into_iter()
         .map(|op| format!("deploy/{op}"))
-        .chain(["deploy/samples".to_string()]);
+        .chain(["deploy/base".to_string(), "deploy/samples".to_string()]);
     for dir in dirs {
         let path = workspace_root().join(&dir);
         let kustomization: Value =

@@ -512,21 +512,32 @@ async fn operator_runs_as_its_deployment(
     let pods: Api<Pod> = Api::namespaced(client.clone(), &ns);
     let selector = ListParams::default().labels(&format!("app.kubernetes.io/name={operator}"));
 
-    // The kubelet ran the containers as the manifests' non-root user.
-    let uids: Vec<String> = std::fs::read_dir("/proc")
+    // The kubelet ran the containers as the manifests' non-root user. Only this Deployment's
+    // processes count: their environment names its namespace (the downward API's
+    // POD_NAMESPACE), so a stray process of another run on the machine cannot be mistaken
+    // for one of them.
+    let marker = format!("POD_NAMESPACE={ns}");
+    let uids: Vec<(String, String)> = std::fs::read_dir("/proc")
         .unwrap()
         .flatten()
         .filter(|e| {
             std::fs::read(e.path().join("cmdline"))
                 .is_ok_and(|c| c.starts_with(format!("/usr/local/bin/{operator}").as_bytes()))
+                && std::fs::read(e.path().join("environ"))
+                    .is_ok_and(|env| env.split(|b| *b == 0).any(|v| v == marker.as_bytes()))
         })
         .filter_map(|e| {
             let status = std::fs::read_to_string(e.path().join("status")).ok()?;
             let line = status.lines().find(|l| l.starts_with("Uid:"))?;
-            Some(line.split_whitespace().nth(1)?.to_string())
+            let uid = line.split_whitespace().nth(1)?.to_string();
+            Some((e.file_name().to_string_lossy().into_owned(), uid))
         })
         .collect();
-    assert_eq!(uids, ["65532", "65532"], "uids of the {operator} processes");
+    assert_eq!(
+        uids.iter().map(|(_, uid)| uid.as_str()).collect::<Vec<_>>(),
+        ["65532", "65532"],
+        "uids of the {operator} processes of namespace {ns} (pid, uid): {uids:?}"
+    );
 
     let leases: Api<Lease> = Api::namespaced(client.clone(), &ns);
     let holder = |leases: Api<Lease>| async move {

@@ -9,16 +9,19 @@
 //! - `up`: the control plane with a real node, the operators deployed as their images by
 //!   `deploy/`, and `deploy/samples/` (see `up.rs`).
 //! - `image [OPERATOR|all]`, `bench`: operator images; benchmarks.
+//! - `new-operator <name>`: scaffold and register a new operator crate (see `new_operator.rs`).
 
 mod bench;
 mod crdgen;
 mod image;
+mod new_operator;
 mod prerequisites;
+mod testrun;
 mod up;
 
 use std::process::Command;
 
-use anyhow::{Context, Result, bail};
+use anyhow::{Context, Result};
 use clap::{Parser, Subcommand};
 
 /// Project automation for Steward.
@@ -40,7 +43,9 @@ enum Cmd {
     /// Unit tests, crdgen --check, integration tests against a real control plane (built
     /// first if not cached), then the benchmark harness in its smoke configuration.
     Test {
-        /// Passed to `cargo test` (then the smoke benchmark is skipped).
+        /// Passed to `cargo test` (then the smoke benchmark is skipped); after `--`, to the
+        /// test binaries. Each test binary is killed after 15 min
+        /// (`STEWARD_TEST_BINARY_TIMEOUT` seconds).
         #[arg(trailing_var_arg = true, allow_hyphen_values = true)]
         args: Vec<String>,
     },
@@ -53,6 +58,12 @@ enum Cmd {
     /// A control plane with a real node, the CRDs, the operators as their images (deploy/)
     /// and the samples; Ctrl-C stops.
     Up,
+    /// A new operator crate (sample CRD, working reconcile, deploy/, sample, integration
+    /// test), registered in the workspace; then crdgen.
+    NewOperator {
+        /// The operator's name, a DNS label such as `cache-operator`.
+        name: String,
+    },
     /// Benchmarks against controller-runtime; writes docs/benchmarks.md.
     Bench(bench::Flags),
     /// Build an OCI image archive (no daemon) into target/images/.
@@ -68,6 +79,7 @@ fn main() -> Result<()> {
         Cmd::Test { args } => test(&args.iter().map(String::as_str).collect::<Vec<_>>()),
         Cmd::Testenv { real_node } => testenv(real_node),
         Cmd::Up => up::run(),
+        Cmd::NewOperator { name } => new_operator::run(&name),
         Cmd::Bench(flags) => bench::run(flags),
         Cmd::Image { operator } => match operator.as_deref() {
             None | Some("all") => steward_operators::names()
@@ -109,15 +121,9 @@ fn test(extra: &[&str]) -> Result<()> {
         binaries.versions.go
     );
 
-    let status = cargo()
-        .args(["test", "--workspace", "--no-fail-fast"])
-        .args(extra)
-        .status()
-        .context("running cargo test")?;
-    eprintln!("xtask: cargo test finished in {:.0?}", started.elapsed());
-    if !status.success() {
-        bail!("cargo test failed ({status})");
-    }
+    let tests = testrun::run(extra);
+    eprintln!("xtask: the tests finished in {:.0?}", started.elapsed());
+    tests?;
     // The benchmark harness in its tiny configuration, so it does not rot; it asserts no
     // timing. Skipped when the run is narrowed to some tests.
     if extra.is_empty() {

@@ -41,8 +41,15 @@ pub fn workspace_root() -> PathBuf {
         .unwrap_or_else(|_| Path::new(env!("CARGO_MANIFEST_DIR")).join("../.."))
 }
 
+/// How long [`eventually`] lets a check that started before its deadline run past it.
+pub const CHECK_GRACE: Duration = Duration::from_secs(10);
+
 /// Polls `check` every 100 ms until it returns `Ok`, or fails after `timeout` with `what`
 /// and the last `Err` message `check` gave ("3/5 replicas ready").
+///
+/// A check that does not return is cut off at the deadline too (with at least
+/// [`CHECK_GRACE`] for the first one), so a request that hangs fails the test instead of
+/// stalling the run.
 ///
 /// # Errors
 /// [`Error::Timeout`].
@@ -52,20 +59,27 @@ where
     Fut: Future<Output = Result<T, String>>,
 {
     let deadline = Instant::now() + timeout;
+    let mut last = String::from("no check finished");
     loop {
-        let last = match check().await {
-            Ok(value) => return Ok(value),
-            Err(last) => last,
-        };
+        let cutoff = deadline.max(Instant::now() + CHECK_GRACE);
+        match tokio::time::timeout_at(cutoff.into(), check()).await {
+            Ok(Ok(value)) => return Ok(value),
+            Ok(Err(message)) => last = message,
+            Err(_) => {
+                last = format!("a check still had not returned at the deadline; before it: {last}");
+                break;
+            }
+        }
         if Instant::now() >= deadline {
-            return Err(Error::Timeout {
-                what: what.to_string(),
-                waited_secs: timeout.as_secs(),
-                last,
-            });
+            break;
         }
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
+    Err(Error::Timeout {
+        what: what.to_string(),
+        waited_secs: timeout.as_secs(),
+        last,
+    })
 }
 
 fn kube_err(what: impl Into<String>) -> impl FnOnce(kube::Error) -> Error {
