@@ -9,7 +9,8 @@
 //! - `deploy/samples/<name>.yaml` and `tests/tests/<crate>.rs` (against the control plane);
 //!
 //! and registers it: the workspace member and dependency lines, the registry line in
-//! `crates/operators`, the test crate's dev-dependency, the root and samples kustomizations.
+//! `crates/operators`, the test crate's dev-dependency, the root kustomization (its CRD file
+//! and `deploy/<name>`) and the samples kustomization.
 //! Then it runs `cargo xtask crdgen` (a fresh build of xtask, which now links the new crate).
 //!
 //! `<name>` is a DNS label such as `cache-operator`; without the `-operator` suffix it is the
@@ -75,6 +76,11 @@ impl Names {
             group: format!("{base}.steward.dev"),
             kind,
         })
+    }
+
+    /// The sample CRD's file in `crds/`, as crdgen names it (`<group>_<plural>.yaml`).
+    pub fn crd_file(&self) -> String {
+        format!("{}_{}s.yaml", self.group, self.kind.to_lowercase())
     }
 
     /// `template` with every placeholder replaced.
@@ -179,7 +185,7 @@ pub fn scaffold(root: &Path, name: &str) -> Result<Names> {
     }
     // Registration first: it fails on a changed workspace before anything is written.
     let n = &names.name;
-    let edits: [(&str, &str, String); 7] = [
+    let edits: [(&str, &str, String); 8] = [
         (
             "Cargo.toml",
             "    \"crates/",
@@ -204,6 +210,11 @@ pub fn scaffold(root: &Path, name: &str) -> Result<Names> {
             "tests/Cargo.toml",
             "steward-testenv.workspace = true",
             format!("{n}.workspace = true"),
+        ),
+        (
+            "kustomization.yaml",
+            "  - crds/",
+            format!("  - crds/{}", names.crd_file()),
         ),
         ("deploy/kustomization.yaml", "  - ", format!("  - {n}")),
         (
@@ -316,6 +327,7 @@ mod tests {
             "crates/operators/Cargo.toml",
             "crates/operators/src/lib.rs",
             "tests/Cargo.toml",
+            "kustomization.yaml",
             "deploy/kustomization.yaml",
             "deploy/samples/kustomization.yaml",
         ] {
@@ -333,6 +345,10 @@ mod tests {
                 .contains("Entry::of::<demo_operator::DemoOperator>(),")
         );
         assert!(read("deploy/samples/kustomization.yaml").ends_with("  - demo-operator.yaml\n"));
+        assert!(
+            read("kustomization.yaml")
+                .contains("  - crds/demo.steward.dev_demos.yaml\n  - deploy\n")
+        );
         for (path, _) in FILES {
             let text = read(&names.render(path));
             assert!(!text.contains("__"), "{path} keeps a placeholder");
