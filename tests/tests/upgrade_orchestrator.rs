@@ -805,6 +805,82 @@ async fn failed_component_rolls_back_every_upgraded_component() {
     op.stop().await;
 }
 
+/// A reconcile handed a stale copy of a plan must not re-apply what the stored plan already
+/// undid. The interleaving, reproduced exactly: a copy is kept while `back`'s change is
+/// recorded and `Progressing`; the plan then fails, rolls back and reverts both targets; the
+/// reconcile function is called with the kept copy. Its recorded change still "applies" (the
+/// JSON-patch `test` of the old value passes on the reverted target), so only the check that
+/// the copy is current keeps `back:2` from being deployed again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stale_copy_of_a_rolled_back_plan_changes_nothing() {
+    use steward_core::Context;
+    use upgrade_orchestrator::metrics::PlanMetrics;
+    use upgrade_orchestrator::reconcile::{Data, reconcile};
+
+    let env = Env::new("uo-stale").await;
+    let op = env.start();
+    // back's Deployment reports ProgressDeadlineExceeded after 5 s: the plan rolls back.
+    failing_plan(
+        &env,
+        "stale",
+        json!({"failurePolicy": "Rollback", "progressDeadlineSeconds": 300}),
+        Some(5),
+    )
+    .await;
+    let plans = env.plans();
+    let stale = eventually("back's change recorded and Progressing", ROLL, || {
+        let plans = plans.clone();
+        async move {
+            let plan = plans.get("stale").await.map_err(|e| e.to_string())?;
+            let status = plan.status.clone().unwrap_or_default();
+            let back = status.components.iter().find(|c| c.name == "back");
+            if back.is_some_and(|c| c.phase == ComponentPhase::Progressing) {
+                Ok(plan)
+            } else {
+                Err(describe(&status))
+            }
+        }
+    })
+    .await
+    .expect("a copy while back is Progressing");
+    let status = env
+        .wait_phase("stale", &[PlanPhase::RolledBack], ROLL)
+        .await;
+    op.stop().await;
+    let reverted = [
+        deployment_image(&env, "front").await,
+        deployment_image(&env, "back").await,
+    ];
+    assert_eq!(
+        [reverted[0].0.as_str(), reverted[1].0.as_str()],
+        ["front:1", "back:1"],
+        "{}",
+        describe(&status)
+    );
+
+    let metrics = steward_core::metrics::Metrics::new();
+    let data = Data {
+        metrics: PlanMetrics::register(&metrics, kube::runtime::reflector::store().0),
+    };
+    let ctx = Arc::new(Context::new(
+        env.client.clone(),
+        upgrade_orchestrator::NAME,
+        data,
+    ));
+    reconcile(Arc::new(stale), ctx)
+        .await
+        .expect("the stale reconcile ends without an error");
+    assert_eq!(
+        [
+            deployment_image(&env, "front").await,
+            deployment_image(&env, "back").await,
+        ],
+        reverted,
+        "the stale copy changed a target (image, generation)"
+    );
+    assert_eq!(env.status("stale").await.phase, Some(PlanPhase::RolledBack));
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn failed_component_pauses_the_plan_when_asked() {
     let env = Env::new("uo-pause").await;

@@ -66,6 +66,31 @@ pub struct Context<T> {
 }
 
 impl<T> Context<T> {
+    /// A context outside a running [`Operator`], for calling a reconcile function directly
+    /// (a test that drives an exact interleaving, a one-shot tool): it always leads, writes
+    /// through `client` as field manager `name`, records Events as `name` and counts into
+    /// metrics of its own.
+    ///
+    /// # Caveats
+    /// Nothing fences its writes: use it only where no elected replica writes the same
+    /// objects, or to reproduce what a stale or late reconcile would do.
+    pub fn new(client: Client, name: &str, data: T) -> Self {
+        let leadership = Leadership::always_leader();
+        Self {
+            recorder: Recorder::new(
+                client.clone(),
+                name,
+                Some(leadership.identity().to_string()),
+            ),
+            client,
+            metrics: Metrics::new(),
+            leadership,
+            field_manager: name.to_string(),
+            data,
+            written: crate::status::Written::default(),
+        }
+    }
+
     /// Writes `status` by server-side apply under this operator's field manager unless it
     /// equals `current` (see [`crate::status::apply`]) or this process already wrote it on top
     /// of this version of `obj` (see [`crate::status::Written`]), counting writes in

@@ -35,6 +35,13 @@ pub enum Error {
         #[source]
         source: Box<kube::Error>,
     },
+    /// Reading the plan itself (to confirm the cached copy is current) failed.
+    #[error("failed to read UpgradePlan {name}")]
+    ReadPlan {
+        name: String,
+        #[source]
+        source: Box<kube::Error>,
+    },
     /// Writing the plan's status failed.
     #[error("failed to write the status of UpgradePlan {name}")]
     WriteStatus {
@@ -51,6 +58,7 @@ impl steward_core::ReconcileError for Error {
             Error::ReadTarget { .. } => "ReadTargetFailed",
             Error::BuildChange { .. } => "BuildChangeFailed",
             Error::ChangeTarget { .. } => "ChangeTargetFailed",
+            Error::ReadPlan { .. } => "ReadPlanFailed",
             Error::WriteStatus { .. } => "WriteStatusFailed",
         }
     }

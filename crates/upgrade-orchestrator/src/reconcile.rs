@@ -4,6 +4,14 @@
 //! One status write per reconcile, by server-side apply *with the plan's resourceVersion as a
 //! precondition*: a reconcile that acted on a stale copy of the plan cannot overwrite a newer
 //! status (it gets a conflict and looks again). Events go out only after the write.
+//!
+//! A target is changed only on a status known to be current: the changes a reconcile makes
+//! right after its own status write were recorded by that (guarded) write; the changes it makes
+//! *before* stepping (recorded by an earlier reconcile that crashed or was cut off before making
+//! them) are made only after a fresh read of the plan shows the cached copy's resourceVersion.
+//! A stale copy — say one still `Progressing` while the stored plan is `RollingBack` and the
+//! target is already reverted — would otherwise re-apply the very version being undone (its
+//! JSON-patch `test` passes: the target holds the old value again).
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
@@ -52,7 +60,14 @@ pub async fn reconcile(plan: Arc<UpgradePlan>, ctx: Arc<Context<Data>>) -> Resul
         Ok(validated) => {
             let (mut observed, workloads) = observe(&ctx, &plan, &namespace).await?;
             let mut rejected = BTreeMap::new();
-            if !status.phase.is_some_and(|p| p.is_terminal()) {
+            let pending = !status.phase.is_some_and(|p| p.is_terminal())
+                && !progress::writes(&plan.spec, &status, &observed).is_empty();
+            if pending {
+                if !is_current(&ctx, &plan, &namespace).await? {
+                    // The watch event of the newer version brings the plan back.
+                    tracing::debug!(plan = %name, "cached plan is stale; not acting on it");
+                    return Ok(Action::requeue(Duration::from_secs(1)));
+                }
                 apply_recorded(
                     &ctx,
                     &plan,
@@ -124,6 +139,23 @@ pub async fn reconcile(plan: Arc<UpgradePlan>, ctx: Arc<Context<Data>>) -> Resul
         Some(d) => Action::requeue(d + Duration::from_millis(100)),
         None => Action::await_change(),
     })
+}
+
+/// Whether the API server still holds exactly this version of `plan` (a quorum read).
+async fn is_current(
+    ctx: &Context<Data>,
+    plan: &UpgradePlan,
+    namespace: &str,
+) -> Result<bool, Error> {
+    let api: Api<UpgradePlan> = Api::namespaced(ctx.client.clone(), namespace);
+    let stored = api
+        .get_opt(&plan.name_any())
+        .await
+        .map_err(|source| Error::ReadPlan {
+            name: plan.name_any(),
+            source: Box::new(source),
+        })?;
+    Ok(stored.is_some_and(|stored| stored.resource_version() == plan.resource_version()))
 }
 
 /// Reads every target of the plan.
