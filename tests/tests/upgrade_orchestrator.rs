@@ -26,6 +26,8 @@ use upgrade_orchestrator::crd::{
 use upgrade_orchestrator::health::{self, Health};
 
 const ROLL: Duration = Duration::from_secs(180);
+/// How long a plan may take to be reported valid or invalid.
+const WAIT_VALID: Duration = Duration::from_secs(30);
 
 // ---------------------------------------------------------------------------------------------
 // Harness
@@ -133,6 +135,40 @@ impl Env {
         })
         .await
         .expect("plan phase")
+    }
+
+    /// Waits until the plan reports `Valid=False` and returns its status.
+    async fn wait_invalid(&self, plan: &str) -> UpgradePlanStatus {
+        let plans = self.plans();
+        eventually(&format!("plan {plan} reported invalid"), WAIT_VALID, || {
+            let plans = plans.clone();
+            async move {
+                let s = plans
+                    .get(plan)
+                    .await
+                    .map_err(|e| e.to_string())?
+                    .status
+                    .unwrap_or_default();
+                match steward_core::conditions::get(&s.conditions, "Valid") {
+                    Some(c) if c.status == "False" => Ok(s),
+                    _ => Err(describe(&s)),
+                }
+            }
+        })
+        .await
+        .expect("Valid=False")
+    }
+
+    /// PostgresClusters of this namespace, as dynamic objects.
+    fn postgres_clusters(&self) -> Api<kube::api::DynamicObject> {
+        let resource = kube::api::ApiResource {
+            group: "database.steward.dev".into(),
+            version: "v1alpha1".into(),
+            api_version: "database.steward.dev/v1alpha1".into(),
+            kind: "PostgresCluster".into(),
+            plural: "postgresclusters".into(),
+        };
+        Api::namespaced_with(self.client.clone(), &self.ns, &resource)
     }
 
     async fn patch_plan(&self, plan: &str, patch: serde_json::Value) {
@@ -1230,28 +1266,7 @@ async fn invalid_plans_are_reported_and_change_nothing() {
             .await;
     }
     for (name, _, reason) in &cases {
-        let plans = env.plans();
-        let status = eventually(
-            &format!("plan {name} reported invalid"),
-            Duration::from_secs(30),
-            || {
-                let plans = plans.clone();
-                async move {
-                    let s = plans
-                        .get(name)
-                        .await
-                        .map_err(|e| e.to_string())?
-                        .status
-                        .unwrap_or_default();
-                    match steward_core::conditions::get(&s.conditions, "Valid") {
-                        Some(c) if c.status == "False" => Ok(s),
-                        _ => Err(describe(&s)),
-                    }
-                }
-            },
-        )
-        .await
-        .expect("Valid=False");
+        let status = env.wait_invalid(name).await;
         let valid = steward_core::conditions::get(&status.conditions, "Valid").expect("Valid");
         assert_eq!(valid.reason, *reason, "{name}: {}", valid.message);
         assert_eq!(status.phase, Some(PlanPhase::Pending), "{name}");
@@ -1661,12 +1676,86 @@ async fn leadership_moves_and_the_plan_completes_once() {
 }
 
 // ---------------------------------------------------------------------------------------------
+/// Changes the target's own validation refuses are found before the plan starts (a dry run of
+/// the plan's patch): a PostgresCluster version that is not a number, out of range, or lower
+/// than the current one. Each plan says which component, which target and the server's reason
+/// in `Valid=False ChangeRefused`, and nothing changes. (The API server accepts nearly any
+/// image reference, so images are checked only for their container, as before.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn changes_the_target_refuses_are_reported_before_anything_changes() {
+    use kube::api::DynamicObject;
+
+    let env = Env::new("uo-refused").await;
+    for crd in database_operator::crds() {
+        env.cp.apply_crd(&crd).await.expect("install database CRDs");
+    }
+    let clusters = env.postgres_clusters();
+    let cluster: DynamicObject = serde_json::from_value(json!({
+        "apiVersion": "database.steward.dev/v1alpha1", "kind": "PostgresCluster",
+        "metadata": {"name": "pg"},
+        "spec": {"instances": 1, "version": 16, "storage": {"size": "1Gi"}}
+    }))
+    .expect("cluster");
+    let cluster = clusters
+        .create(&PostParams::default(), &cluster)
+        .await
+        .expect("create PostgresCluster");
+    let op = env.start();
+    let version = |v: &str| json!({"name": "db", "target": {"kind": "PostgresCluster", "name": "pg"}, "version": v});
+    let cases = [
+        ("pg-abc", version("abc"), "spec.version"),
+        ("pg-99", version("99"), "spec.version"),
+        ("pg-lower", version("14"), "cannot be lowered"),
+    ];
+    for (name, component, _) in &cases {
+        env.create_plan(plan(name, vec![component.clone()], json!({})))
+            .await;
+    }
+    for (name, _, says) in &cases {
+        let status = env.wait_invalid(name).await;
+        let valid = steward_core::conditions::get(&status.conditions, "Valid").expect("Valid");
+        assert_eq!(valid.reason, "ChangeRefused", "{name}: {}", valid.message);
+        assert!(
+            valid.message.contains(says) && valid.message.contains("refuses the change"),
+            "{name}: {}",
+            valid.message
+        );
+        assert_eq!(status.phase, Some(PlanPhase::Pending), "{name}");
+        assert!(status.started_at.is_none(), "{name}");
+    }
+    // A valid change of the same targets is not refused (the dry run changed nothing).
+    env.create_plan(plan("pg-17", vec![version("17")], json!({})))
+        .await;
+    env.wait_phase(
+        "pg-17",
+        &[
+            PlanPhase::Progressing,
+            PlanPhase::Succeeded,
+            PlanPhase::Failed,
+        ],
+        WAIT_VALID,
+    )
+    .await;
+    op.stop().await;
+    let pg = clusters.get("pg").await.expect("get PostgresCluster");
+    assert_eq!(
+        pg.data["spec"]["version"],
+        json!(17),
+        "the valid plan changed it"
+    );
+    assert_eq!(
+        pg.metadata.generation,
+        cluster.metadata.generation.map(|g| g + 1),
+        "changed once: by the valid plan, never by a refused one or a dry run"
+    );
+}
+
 // 6. A PostgresCluster version upgrade as one component, with the database operator running
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn postgres_cluster_upgrade_is_a_component() {
     use k8s_openapi::api::core::v1::PersistentVolume;
-    use kube::api::{ApiResource, DynamicObject};
+    use kube::api::DynamicObject;
 
     let env = Env::new("uo-pg").await;
     for crd in database_operator::crds() {
@@ -1694,14 +1783,7 @@ async fn postgres_cluster_upgrade_is_a_component() {
         .create(&PostParams::default(), &pv)
         .await
         .expect("create PV");
-    let resource = ApiResource {
-        group: "database.steward.dev".into(),
-        version: "v1alpha1".into(),
-        api_version: "database.steward.dev/v1alpha1".into(),
-        kind: "PostgresCluster".into(),
-        plural: "postgresclusters".into(),
-    };
-    let clusters: Api<DynamicObject> = Api::namespaced_with(env.client.clone(), &env.ns, &resource);
+    let clusters = env.postgres_clusters();
     let cluster: DynamicObject = serde_json::from_value(json!({
         "apiVersion": "database.steward.dev/v1alpha1", "kind": "PostgresCluster",
         "metadata": {"name": "pg"},

@@ -28,9 +28,20 @@ pub enum Invalid {
     /// The dependencies form a cycle (a component depending on itself included).
     #[error("dependency cycle: {}", .0.join(" -> "))]
     Cycle(Vec<String>),
-    /// The change does not fit the target kind (the CRD's CEL rule prevents this too).
+    /// The change does not fit the target kind (the CRD's CEL rule prevents this too), or
+    /// the target as read.
     #[error("component {component:?}: {message}")]
     InvalidChange { component: String, message: String },
+    /// The target kind's own validation refuses the change (a server-side dry run before the
+    /// plan starts): an image the API server rejects, a PostgresCluster version out of range
+    /// or lower than the current one.
+    #[error("component {component:?}: {kind} {name} refuses the change: {message}")]
+    ChangeRefused {
+        component: String,
+        kind: TargetKind,
+        name: String,
+        message: String,
+    },
 }
 
 impl Invalid {
@@ -42,6 +53,7 @@ impl Invalid {
             Invalid::UnknownDependency { .. } => "UnknownDependency",
             Invalid::Cycle(_) => "DependencyCycle",
             Invalid::InvalidChange { .. } => "InvalidChange",
+            Invalid::ChangeRefused { .. } => "ChangeRefused",
         }
     }
 }

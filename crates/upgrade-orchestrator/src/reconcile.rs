@@ -1,5 +1,6 @@
-//! The reconcile pipeline: validate → observe → apply recorded changes → step → status →
-//! apply the changes that status just recorded.
+//! The reconcile pipeline: validate → observe → (before the plan starts) dry-run every change
+//! against its target → apply recorded changes → step → status → apply the changes that status
+//! just recorded.
 //!
 //! One status write per reconcile, by server-side apply *with the plan's resourceVersion as a
 //! precondition*: a reconcile that acted on a stale copy of the plan cannot overwrite a newer
@@ -26,6 +27,7 @@ use steward_core::Context;
 use crate::crd::{UpgradePlan, UpgradePlanStatus};
 use crate::error::Error;
 use crate::metrics::PlanMetrics;
+use crate::plan::Invalid;
 use crate::progress::{self, Input, Outcome};
 use crate::target::{self, Observation, Workload};
 use crate::{CONTROLLER, plan};
@@ -59,37 +61,46 @@ pub async fn reconcile(plan: Arc<UpgradePlan>, ctx: Arc<Context<Data>>) -> Resul
         Err(invalid) => progress::invalid(&status, generation, &invalid, now),
         Ok(validated) => {
             let (mut observed, workloads) = observe(&ctx, &plan, &namespace).await?;
-            let mut rejected = BTreeMap::new();
-            let pending = !status.phase.is_some_and(|p| p.is_terminal())
-                && !progress::writes(&plan.spec, &status, &observed).is_empty();
-            if pending {
-                if !is_current(&ctx, &plan, &namespace).await? {
-                    // The watch event of the newer version brings the plan back.
-                    tracing::debug!(plan = %name, "cached plan is stale; not acting on it");
-                    return Ok(Action::requeue(Duration::from_secs(1)));
+            let refused = if status.started_at.is_none() {
+                check_targets(&ctx, &plan, &namespace, &workloads, &observed).await?
+            } else {
+                None
+            };
+            if let Some(invalid) = refused {
+                progress::invalid(&status, generation, &invalid, now)
+            } else {
+                let mut rejected = BTreeMap::new();
+                let pending = !status.phase.is_some_and(|p| p.is_terminal())
+                    && !progress::writes(&plan.spec, &status, &observed).is_empty();
+                if pending {
+                    if !is_current(&ctx, &plan, &namespace).await? {
+                        // The watch event of the newer version brings the plan back.
+                        tracing::debug!(plan = %name, "cached plan is stale; not acting on it");
+                        return Ok(Action::requeue(Duration::from_secs(1)));
+                    }
+                    apply_recorded(
+                        &ctx,
+                        &plan,
+                        &namespace,
+                        &status,
+                        &workloads,
+                        &mut observed,
+                        &mut rejected,
+                    )
+                    .await?;
                 }
-                apply_recorded(
-                    &ctx,
-                    &plan,
-                    &namespace,
-                    &status,
-                    &workloads,
-                    &mut observed,
-                    &mut rejected,
-                )
-                .await?;
+                let outcome = progress::step(&Input {
+                    spec: &plan.spec,
+                    generation,
+                    status: &status,
+                    plan: &validated,
+                    observed: &observed,
+                    rejected: &rejected,
+                    now: Timestamp::now(),
+                });
+                targets = Some((observed, workloads));
+                outcome
             }
-            let outcome = progress::step(&Input {
-                spec: &plan.spec,
-                generation,
-                status: &status,
-                plan: &validated,
-                observed: &observed,
-                rejected: &rejected,
-                now: Timestamp::now(),
-            });
-            targets = Some((observed, workloads));
-            outcome
         }
     };
 
@@ -139,6 +150,72 @@ pub async fn reconcile(plan: Arc<UpgradePlan>, ctx: Arc<Context<Data>>) -> Resul
         Some(d) => Action::requeue(d + Duration::from_millis(100)),
         None => Action::await_change(),
     })
+}
+
+/// Before a plan starts: whether each target's kind accepts the new value, by a server-side
+/// dry run of the very patch the plan will send, so the target's own schema and CEL rules
+/// decide (a PostgresCluster version that is not a number, out of range or lower than the
+/// current one; an image the API server refuses). The first refusal, in component order.
+/// Missing targets and containers are the step's to report (`TargetNotFound`).
+async fn check_targets(
+    ctx: &Context<Data>,
+    plan: &UpgradePlan,
+    namespace: &str,
+    workloads: &BTreeMap<String, Workload>,
+    observed: &BTreeMap<String, Observation>,
+) -> Result<Option<Invalid>, Error> {
+    for component in &plan.spec.components {
+        let target = &component.target;
+        let (Some(workload), Some(Ok(current)), Some(desired)) = (
+            workloads.get(&component.name),
+            observed.get(&component.name).map(|o| &o.value),
+            component.desired(),
+        ) else {
+            continue;
+        };
+        if current == desired {
+            continue;
+        }
+        let patch = match workload.change(component, current, desired) {
+            Ok(patch) => patch,
+            Err(message) => {
+                return Ok(Some(Invalid::InvalidChange {
+                    component: component.name.clone(),
+                    message,
+                }));
+            }
+        };
+        match target::patch(
+            &ctx.client,
+            namespace,
+            target,
+            patch,
+            &ctx.field_manager,
+            true,
+        )
+        .await
+        {
+            Ok(_) => {}
+            Err(kube::Error::Api(s)) if s.code == 422 || s.code == 400 => {
+                return Ok(Some(Invalid::ChangeRefused {
+                    component: component.name.clone(),
+                    kind: target.kind,
+                    name: target.name.clone(),
+                    message: s.message,
+                }));
+            }
+            Err(source) => {
+                return Err(Error::ChangeTarget {
+                    kind: target.kind,
+                    name: target.name.clone(),
+                    from: current.clone(),
+                    to: desired.to_string(),
+                    source: Box::new(source),
+                });
+            }
+        }
+    }
+    Ok(None)
 }
 
 /// Whether the API server still holds exactly this version of `plan` (a quorum read).
@@ -211,8 +288,15 @@ async fn apply_recorded(
                 name: target.name.clone(),
                 message,
             })?;
-        let updated = match target::patch(&ctx.client, namespace, target, patch, &ctx.field_manager)
-            .await
+        let updated = match target::patch(
+            &ctx.client,
+            namespace,
+            target,
+            patch,
+            &ctx.field_manager,
+            false,
+        )
+        .await
         {
             Ok(updated) => updated,
             // Refused as invalid (a validation rule, e.g. a version that cannot be lowered):

@@ -232,9 +232,11 @@ pub async fn patch(
     target: &TargetRef,
     patch: json_patch::Patch,
     field_manager: &str,
+    dry_run: bool,
 ) -> Result<Workload, kube::Error> {
     let params = PatchParams {
         field_manager: Some(field_manager.to_string()),
+        dry_run,
         ..PatchParams::default()
     };
     let patch = Patch::Json::<()>(patch);
