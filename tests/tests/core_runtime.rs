@@ -577,6 +577,41 @@ async fn events_repeat_as_a_series_and_a_new_note_is_a_new_event() {
         ],
         "one Event per distinct note and type, repeats counted in its series"
     );
+
+    // The same Events through the core v1 API carry the legacy fields client-go's recorder
+    // fills, so `kubectl get events --sort-by=.lastTimestamp` orders and counts them.
+    let legacy: Api<k8s_openapi::api::core::v1::Event> = Api::namespaced(cp.client().unwrap(), &ns);
+    let mut counted: Vec<(String, i32, bool, Option<String>)> = legacy
+        .list(&ListParams::default())
+        .await
+        .unwrap()
+        .items
+        .into_iter()
+        .filter(|e| e.reporting_component.as_deref() == Some("events-test"))
+        .map(|e| {
+            let ordered = matches!(
+                (&e.first_timestamp, &e.last_timestamp),
+                (Some(first), Some(last)) if first.0 <= last.0
+            );
+            (
+                e.message.unwrap_or_default(),
+                e.count.unwrap_or(0),
+                ordered,
+                e.source.and_then(|s| s.component),
+            )
+        })
+        .collect();
+    counted.sort();
+    let source = Some("events-test".to_string());
+    assert_eq!(
+        counted,
+        vec![
+            ("fixed A".to_string(), 3, true, source.clone()),
+            ("fixed B".to_string(), 1, true, source.clone()),
+            ("fixed B".to_string(), 1, true, source),
+        ],
+        "legacy count, first/last timestamps and source on every Event"
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -403,7 +403,8 @@ fn check_rbac(r: &Rendered) -> Result<()> {
                 }
                 lease_rules += 1;
             }
-            if rule["apiGroups"] == json!(["events.k8s.io"]) && resources == ["events"] {
+            // steward-core's Recorder writes Events through the core v1 API.
+            if rule["apiGroups"] == json!([""]) && resources == ["events"] {
                 event_verbs.extend(verbs.iter().map(|v| v.to_string()));
             }
         }
@@ -449,7 +450,7 @@ fn check_rbac(r: &Rendered) -> Result<()> {
     }
     ensure!(
         event_verbs == BTreeSet::from(["create".to_string(), "patch".to_string()]),
-        "{op}: events.k8s.io events verbs are {event_verbs:?}"
+        "{op}: core v1 events verbs are {event_verbs:?}"
     );
     Ok(())
 }

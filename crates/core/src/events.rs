@@ -1,4 +1,4 @@
-//! Kubernetes Events (`events.k8s.io/v1`) about the objects an operator manages.
+//! Kubernetes Events about the objects an operator manages.
 //!
 //! [`Recorder`] never fails a reconcile: a rejected Event is logged and dropped. Messages are
 //! cut to the API's 1 kB limit.
@@ -8,13 +8,19 @@
 //! object, as client-go does. Unlike kube-runtime's recorder, the note is part of that
 //! identity: "corrected drift: A" followed by "corrected drift: B" are two Events, so what an
 //! operator reports is never folded into an earlier, different message.
+//!
+//! Events are written through the core `v1` Events API with both field sets: the current ones
+//! (`eventTime`, `series`, `action`, `reportingComponent`/`reportingInstance`, read as
+//! `events.k8s.io/v1`'s `reportingController`) and the legacy ones client-go's recorder fills
+//! (`firstTimestamp`, `lastTimestamp`, `count`, `source`), so `kubectl get events
+//! --sort-by=.lastTimestamp` and tools that read only the legacy fields order and count them
+//! right. (`events.k8s.io/v1` refuses the legacy fields: "needs to be unset".)
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 
-use k8s_openapi::api::core::v1::ObjectReference;
-use k8s_openapi::api::events::v1::{Event as KubeEvent, EventSeries};
-use k8s_openapi::apimachinery::pkg::apis::meta::v1::{MicroTime, ObjectMeta};
+use k8s_openapi::api::core::v1::{Event as KubeEvent, EventSeries, EventSource, ObjectReference};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{MicroTime, ObjectMeta, Time};
 use k8s_openapi::jiff::{SignedDuration, Timestamp};
 use kube::api::{Patch, PatchParams, PostParams};
 pub use kube::runtime::events::EventType;
@@ -161,9 +167,11 @@ impl Recorder {
             Some((name, count)) => {
                 let series = KubeEvent {
                     series: Some(EventSeries {
-                        count,
-                        last_observed_time: MicroTime(now),
+                        count: Some(count),
+                        last_observed_time: Some(MicroTime(now)),
                     }),
+                    count: Some(count),
+                    last_timestamp: Some(Time(now)),
                     ..KubeEvent::default()
                 };
                 api.patch(&name, &PatchParams::default(), &Patch::Merge(&series))
@@ -202,10 +210,17 @@ impl Recorder {
             type_: Some(key.type_.to_string()),
             reason: Some(key.reason.clone()),
             action: Some(key.action.clone()),
-            note: Some(key.note.clone()),
-            regarding: Some(regarding),
-            reporting_controller: Some(self.controller.clone()),
+            message: Some(key.note.clone()),
+            involved_object: regarding,
+            reporting_component: Some(self.controller.clone()),
             reporting_instance: Some(self.instance.clone()),
+            first_timestamp: Some(Time(now)),
+            last_timestamp: Some(Time(now)),
+            count: Some(1),
+            source: Some(EventSource {
+                component: Some(self.controller.clone()),
+                host: None,
+            }),
             ..KubeEvent::default()
         }
     }
