@@ -748,3 +748,70 @@ async fn a_watch_that_keeps_failing_fails_healthz_within_the_stall_timeout() {
     );
     run.stop().await;
 }
+
+/// A stale copy of an object whose finalizer another reconcile already removed (so the object
+/// is gone) ends its reconcile without an error — deleting a Tenant used to leave a Warning
+/// `RemoveFinalizerFailed … not found` this way — and so does a copy of an object deleted
+/// before its finalizer was added.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stale_copy_of_a_finalized_object_is_not_an_error() {
+    use k8s_openapi::api::core::v1::ConfigMap;
+    use kube::runtime::controller::Action;
+    use steward_core::finalizer::{self, Event};
+
+    let cp = steward_testenv::shared().await.expect("control plane");
+    let ns = cp.namespace("stale-finalizer").await.expect("namespace");
+    let api: Api<ConfigMap> = Api::namespaced(cp.client().unwrap(), &ns);
+    let cleanups = std::sync::atomic::AtomicUsize::new(0);
+    let reconcile = |obj: Arc<ConfigMap>| {
+        let api = api.clone();
+        let cleanups = &cleanups;
+        async move {
+            finalizer::run(&api, FINALIZER, obj, |event| async move {
+                if let Event::Cleanup(_) = event {
+                    cleanups.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+                }
+                Ok::<_, std::convert::Infallible>(Action::await_change())
+            })
+            .await
+        }
+    };
+    let cm: ConfigMap = serde_json::from_value(json!({"metadata": {"name": "doomed"}})).unwrap();
+    let created = api.create(&PostParams::default(), &cm).await.unwrap();
+    reconcile(Arc::new(created))
+        .await
+        .expect("adds the finalizer");
+    api.delete("doomed", &DeleteParams::default())
+        .await
+        .unwrap();
+    let deleting = api.get("doomed").await.unwrap();
+    assert!(deleting.metadata.deletion_timestamp.is_some());
+    reconcile(Arc::new(deleting.clone()))
+        .await
+        .expect("cleanup, then the finalizer removed");
+    eventually("doomed gone", WAIT, || async {
+        match api.get_opt("doomed").await {
+            Ok(None) => Ok(()),
+            other => Err(format!("{other:?}")),
+        }
+    })
+    .await
+    .unwrap();
+    reconcile(Arc::new(deleting))
+        .await
+        .expect("the stale copy's reconcile is not an error");
+    assert_eq!(
+        cleanups.load(std::sync::atomic::Ordering::SeqCst),
+        2,
+        "cleanup ran for each copy"
+    );
+
+    // Deleted before its finalizer was added: nothing to add it to, nothing to report.
+    let created = api.create(&PostParams::default(), &cm).await.unwrap();
+    api.delete("doomed", &DeleteParams::default())
+        .await
+        .unwrap();
+    reconcile(Arc::new(created))
+        .await
+        .expect("a copy of a deleted object is not an error");
+}

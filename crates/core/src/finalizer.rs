@@ -92,7 +92,9 @@ impl<E: crate::ReconcileError> crate::ReconcileError for Error<E> {
 }
 
 /// Runs `reconcile` under finalizer `name` (kube-runtime's finalizer, with its JSON-patch
-/// `test` guard against concurrent edits of the finalizer list).
+/// `test` guard against concurrent edits of the finalizer list). Adding or removing the
+/// finalizer of an object that no longer exists is success (a stale copy's second Cleanup),
+/// not an error.
 ///
 /// # Errors
 /// [`Error::Apply`] / [`Error::Cleanup`] carry the operator's error; the others are API failures.
@@ -109,16 +111,26 @@ where
     Fut: Future<Output = Result<Action, E>>,
 {
     use kube::runtime::finalizer::Error as KubeErr;
-    kube::runtime::finalizer(api, name, obj, reconcile)
-        .await
-        .map_err(|e| match e {
-            KubeErr::ApplyFailed(e) => Error::Apply(e),
-            KubeErr::CleanupFailed(e) => Error::Cleanup(e),
-            KubeErr::AddFinalizer(e) => Error::AddFinalizer(e),
-            KubeErr::RemoveFinalizer(e) => Error::RemoveFinalizer(e),
-            KubeErr::UnnamedObject => Error::UnnamedObject,
-            KubeErr::InvalidFinalizer => Error::InvalidFinalizer,
-        })
+    match kube::runtime::finalizer(api, name, obj, reconcile).await {
+        // The object is gone, so is its finalizer. A reconcile of a stale copy (one still
+        // carrying the finalizer another reconcile already removed, or one of an object
+        // deleted before its finalizer was added) ends here: not a failure to report.
+        Err(
+            KubeErr::RemoveFinalizer(kube::Error::Api(s))
+            | KubeErr::AddFinalizer(kube::Error::Api(s)),
+        ) if s.code == 404 => {
+            return Ok(Action::await_change());
+        }
+        result => result,
+    }
+    .map_err(|e| match e {
+        KubeErr::ApplyFailed(e) => Error::Apply(e),
+        KubeErr::CleanupFailed(e) => Error::Cleanup(e),
+        KubeErr::AddFinalizer(e) => Error::AddFinalizer(e),
+        KubeErr::RemoveFinalizer(e) => Error::RemoveFinalizer(e),
+        KubeErr::UnnamedObject => Error::UnnamedObject,
+        KubeErr::InvalidFinalizer => Error::InvalidFinalizer,
+    })
 }
 
 /// Whether `obj` is being deleted.
