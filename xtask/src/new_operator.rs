@@ -16,6 +16,7 @@
 //! `<name>` is a DNS label such as `cache-operator`; without the `-operator` suffix it is the
 //! base of the kind (`Cache`) and the group (`cache.steward.dev`).
 
+use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 
 use anyhow::{Context, Result, bail, ensure};
@@ -80,7 +81,12 @@ impl Names {
 
     /// The sample CRD's file in `crds/`, as crdgen names it (`<group>_<plural>.yaml`).
     pub fn crd_file(&self) -> String {
-        format!("{}_{}s.yaml", self.group, self.kind.to_lowercase())
+        format!("{}_{}.yaml", self.group, self.plural())
+    }
+
+    /// The sample CRD's plural: the lower-case kind plus `s` (`caches`).
+    fn plural(&self) -> String {
+        format!("{}s", self.kind.to_lowercase())
     }
 
     /// `template` with every placeholder replaced.
@@ -92,7 +98,7 @@ impl Names {
             .replace("__Type__", &self.type_)
             .replace("__Kind__", &self.kind)
             .replace("__kind__", &kind)
-            .replace("__plural__", &format!("{kind}s"))
+            .replace("__plural__", &self.plural())
             .replace("__group__", &self.group)
     }
 }
@@ -224,19 +230,15 @@ pub fn scaffold(root: &Path, name: &str) -> Result<Names> {
         ),
     ];
     let edits = edits.map(|(file, anchor, line)| Edit { file, anchor, line });
-    let mut edited: Vec<(PathBuf, String)> = Vec::new();
+    let mut edited: BTreeMap<PathBuf, String> = BTreeMap::new();
     for edit in &edits {
         let path = root.join(edit.file);
-        let text = match edited.iter().find(|(p, _)| *p == path) {
-            Some((_, text)) => text.clone(),
+        let text = match edited.get(&path) {
+            Some(text) => text.clone(),
             None => std::fs::read_to_string(&path)
                 .with_context(|| format!("reading {}", path.display()))?,
         };
-        let text = edit.apply(&text)?;
-        match edited.iter_mut().find(|(p, _)| *p == path) {
-            Some(entry) => entry.1 = text,
-            None => edited.push((path, text)),
-        }
+        edited.insert(path, edit.apply(&text)?);
     }
     for (path, template) in FILES {
         let path = root.join(names.render(path));

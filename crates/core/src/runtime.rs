@@ -75,7 +75,23 @@ impl<T> Context<T> {
     /// Nothing fences its writes: use it only where no elected replica writes the same
     /// objects, or to reproduce what a stale or late reconcile would do.
     pub fn new(client: Client, name: &str, data: T) -> Self {
-        let leadership = Leadership::always_leader();
+        Self::build(
+            client,
+            name,
+            Leadership::always_leader(),
+            Metrics::new(),
+            data,
+        )
+    }
+
+    /// The context of operator `name` writing through `client` while `leadership` holds.
+    fn build(
+        client: Client,
+        name: &str,
+        leadership: Leadership,
+        metrics: Metrics,
+        data: T,
+    ) -> Self {
         Self {
             recorder: Recorder::new(
                 client.clone(),
@@ -83,7 +99,7 @@ impl<T> Context<T> {
                 Some(leadership.identity().to_string()),
             ),
             client,
-            metrics: Metrics::new(),
+            metrics,
             leadership,
             field_manager: name.to_string(),
             data,
@@ -352,19 +368,13 @@ impl Operator {
     {
         let kind = K::kind(&()).to_string();
         let name = kind.to_lowercase();
-        let ctx = Arc::new(Context {
-            client: self.guarded.clone(),
-            recorder: Recorder::new(
-                self.guarded.clone(),
-                &self.name,
-                Some(self.leadership.identity().to_string()),
-            ),
-            metrics: self.metrics.clone(),
-            leadership: self.leadership.clone(),
-            field_manager: self.name.clone(),
+        let ctx = Arc::new(Context::build(
+            self.guarded.clone(),
+            &self.name,
+            self.leadership.clone(),
+            self.metrics.clone(),
             data,
-            written: crate::status::Written::default(),
-        });
+        ));
         let backoff = Arc::new(Backoff::new(self.backoff_base, self.backoff_max));
         let metrics = self.metrics.clone();
         metrics

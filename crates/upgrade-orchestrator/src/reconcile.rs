@@ -70,9 +70,12 @@ pub async fn reconcile(plan: Arc<UpgradePlan>, ctx: Arc<Context<Data>>) -> Resul
                 progress::invalid(&status, generation, &invalid, now)
             } else {
                 let mut rejected = BTreeMap::new();
-                let pending = !status.phase.is_some_and(|p| p.is_terminal())
-                    && !progress::writes(&plan.spec, &status, &observed).is_empty();
-                if pending {
+                let pending = if status.phase.is_some_and(|p| p.is_terminal()) {
+                    Vec::new()
+                } else {
+                    progress::writes(&plan.spec, &status, &observed)
+                };
+                if !pending.is_empty() {
                     if !is_current(&ctx, &plan, &namespace).await? {
                         // The watch event of the newer version brings the plan back.
                         tracing::debug!(plan = %name, "cached plan is stale; not acting on it");
@@ -82,7 +85,7 @@ pub async fn reconcile(plan: Arc<UpgradePlan>, ctx: Arc<Context<Data>>) -> Resul
                         &ctx,
                         &plan,
                         &namespace,
-                        &status,
+                        pending,
                         &workloads,
                         &mut observed,
                         &mut rejected,
@@ -122,11 +125,12 @@ pub async fn reconcile(plan: Arc<UpgradePlan>, ctx: Arc<Context<Data>>) -> Resul
                 && !outcome.status.phase.is_some_and(|p| p.is_terminal())
             {
                 let mut rejected = BTreeMap::new();
+                let recorded = progress::writes(&plan.spec, &outcome.status, &observed);
                 apply_recorded(
                     &ctx,
                     &plan,
                     &namespace,
-                    &outcome.status,
+                    recorded,
                     &workloads,
                     &mut observed,
                     &mut rejected,
@@ -263,17 +267,18 @@ async fn observe(
     Ok((observed, workloads))
 }
 
-/// Makes the changes (and reverts) the stored status records but the targets do not show yet.
+/// Makes `writes`: the changes (and reverts) a status records but the targets do not show yet
+/// ([`progress::writes`]).
 async fn apply_recorded(
     ctx: &Context<Data>,
     plan: &UpgradePlan,
     namespace: &str,
-    status: &UpgradePlanStatus,
+    writes: Vec<progress::Write>,
     workloads: &BTreeMap<String, Workload>,
     observed: &mut BTreeMap<String, Observation>,
     rejected: &mut BTreeMap<String, String>,
 ) -> Result<(), Error> {
-    for write in progress::writes(&plan.spec, status, observed) {
+    for write in writes {
         let Some(component) = plan.spec.components.get(write.index) else {
             continue;
         };
