@@ -111,6 +111,7 @@ pub struct LeaderElector {
     config: LeaseConfig,
     reporter: String,
     leadership: Leadership,
+    candidacy: Option<watch::Receiver<bool>>,
 }
 
 impl LeaderElector {
@@ -128,7 +129,21 @@ impl LeaderElector {
             reporter: config.lease_name.clone(),
             leadership: Leadership::new(&config),
             config,
+            candidacy: None,
         })
+    }
+
+    /// Takes the Lease (creates it, or takes over a released or expired one) only while
+    /// `eligible` holds `true`; a Lease this candidate already holds is renewed regardless.
+    /// Without it every candidate is eligible, as in client-go.
+    ///
+    /// The expiry clock keeps running while ineligible: a candidate that becomes eligible
+    /// after the holder stopped renewing takes over at its next retry, not a lease duration
+    /// later. (The PostgreSQL instance manager gates on "I am the most advanced replica".)
+    #[must_use]
+    pub fn with_candidacy(mut self, eligible: watch::Receiver<bool>) -> Self {
+        self.candidacy = Some(eligible);
+        self
     }
 
     /// Names the reporting controller of the Events this elector records on the Lease.
@@ -176,11 +191,22 @@ impl LeaderElector {
             lease: None,
             observed: None,
             events: Vec::new(),
+            candidacy: self.candidacy,
         };
         let result = election.run(&shutdown).await;
         drop(watching);
         election.flush_events().await;
         result
+    }
+}
+
+/// Resolves when the candidacy gate changes; never without one.
+async fn eligibility_changed(
+    candidacy: Option<&mut watch::Receiver<bool>>,
+) -> Result<(), watch::error::RecvError> {
+    match candidacy {
+        Some(c) => c.changed().await,
+        None => std::future::pending().await,
     }
 }
 
@@ -198,6 +224,8 @@ struct Election {
     /// The spec as last read and since when it has not changed (monotonic clock).
     observed: Option<Observation>,
     events: Vec<JoinHandle<()>>,
+    /// See [`LeaderElector::with_candidacy`].
+    candidacy: Option<watch::Receiver<bool>>,
 }
 
 /// The outcome of one attempt to acquire or renew.
@@ -209,6 +237,8 @@ enum Attempt {
         holder: String,
         expires_in: Duration,
     },
+    /// The Lease is free or expired, but this candidate is not eligible to take it.
+    Ineligible,
 }
 
 /// How the candidate phase ended.
@@ -282,6 +312,9 @@ impl Election {
                     tracing::debug!(lease = %self.lease_ref, %holder, ?expires_in, "lease held by another candidate");
                     expiry = Some(expires_in);
                 }
+                Ok(Ok(Attempt::Ineligible)) => {
+                    tracing::debug!(lease = %self.lease_ref, "lease free, but not eligible to take it");
+                }
                 Ok(Err(err)) => self.log_failure(&err, "failed to acquire lease"),
                 Err(_) => {
                     let err = Error::Timeout {
@@ -299,6 +332,9 @@ impl Election {
                 () = tokio::time::sleep(pause) => {}
                 Ok(()) = self.released.changed() => {
                     tracing::debug!(lease = %self.lease_ref, "lease released, trying at once");
+                }
+                Ok(()) = eligibility_changed(self.candidacy.as_mut()) => {
+                    tracing::debug!(lease = %self.lease_ref, "eligibility changed, trying at once");
                 }
             }
         }
@@ -342,6 +378,11 @@ impl Election {
                             reason: format!("the lease is held by {holder}"),
                         };
                     }
+                    Ok(Ok(Attempt::Ineligible)) => {
+                        return Term::Lost {
+                            reason: "the lease is no longer ours".into(),
+                        };
+                    }
                     Ok(Err(err)) => self.log_failure(&err, "failed to renew lease"),
                     Err(_) => {
                         return Term::Lost {
@@ -362,6 +403,11 @@ impl Election {
                 }
             }
         }
+    }
+
+    /// Whether this candidate may take the Lease now ([`LeaderElector::with_candidacy`]).
+    fn eligible(&self) -> bool {
+        self.candidacy.as_ref().is_none_or(|c| *c.borrow())
     }
 
     fn fresh(&self, sent: Instant) -> bool {
@@ -391,7 +437,12 @@ impl Election {
 
         let lease = match self.api.get(&self.config.lease_name).await {
             Ok(lease) => lease,
-            Err(err) if api_code(&err) == Some(404) => return self.create().await,
+            Err(err) if api_code(&err) == Some(404) => {
+                if !self.eligible() {
+                    return Ok(Attempt::Ineligible);
+                }
+                return self.create().await;
+            }
             Err(source) => {
                 return Err(Error::GetLease {
                     lease: self.lease_ref.clone(),
@@ -414,6 +465,8 @@ impl Election {
             Decision::Wait { holder, expires_in } => {
                 return Ok(Attempt::Held { holder, expires_in });
             }
+            Decision::Write(Write::Renew) => Write::Renew,
+            Decision::Write(_) if !self.eligible() => return Ok(Attempt::Ineligible),
             Decision::Write(write) => write,
         };
         if let Write::TakeOver {

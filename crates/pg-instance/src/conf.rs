@@ -1,0 +1,60 @@
+//! Files the instance manager writes for PostgreSQL, rendered without touching the disk.
+//!
+//! The operator's `postgresql.conf` (a ConfigMap) ends with
+//! `include_if_exists = '<run dir>/instance.conf'`: the part that depends on this instance's
+//! role, which the manager rewrites and reloads when the primary changes.
+
+use std::path::Path;
+
+use crate::contract::{PG_PORT, REPLICATION_USER};
+
+/// `instance.conf` for a replica streaming from `primary_host` as [`REPLICATION_USER`], its
+/// password read from `passfile` (never written into a setting).
+pub fn replica_conf(primary_host: &str, application_name: &str, passfile: &Path) -> String {
+    let conninfo = format!(
+        "host={primary_host} port={PG_PORT} user={REPLICATION_USER} passfile={} application_name={application_name} connect_timeout=5",
+        passfile.display()
+    );
+    format!(
+        "# Managed by steward-pg-instance: this instance is a replica.\nprimary_conninfo = {}\nrecovery_target_timeline = 'latest'\n",
+        quote(&conninfo)
+    )
+}
+
+/// `instance.conf` for the primary.
+pub fn primary_conf() -> String {
+    "# Managed by steward-pg-instance: this instance is the primary.\n".to_string()
+}
+
+/// A `.pgpass` line for [`REPLICATION_USER`] on any host (`:` and `\` escaped).
+pub fn pgpass(password: &str) -> String {
+    let escaped = password.replace('\\', "\\\\").replace(':', "\\:");
+    format!("*:*:*:{REPLICATION_USER}:{escaped}\n")
+}
+
+/// A `postgresql.conf` string literal (quotes doubled, backslashes doubled).
+fn quote(value: &str) -> String {
+    format!("'{}'", value.replace('\\', "\\\\").replace('\'', "''"))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_replica_streams_as_the_replication_role_with_a_passfile() {
+        let conf = replica_conf("198.18.0.7", "pg-1", Path::new("/steward/run/pgpass"));
+        assert_eq!(
+            conf,
+            "# Managed by steward-pg-instance: this instance is a replica.\n\
+             primary_conninfo = 'host=198.18.0.7 port=5432 user=steward_replication passfile=/steward/run/pgpass application_name=pg-1 connect_timeout=5'\n\
+             recovery_target_timeline = 'latest'\n"
+        );
+        assert!(!conf.contains("password"));
+    }
+
+    #[test]
+    fn pgpass_escapes_separators() {
+        assert_eq!(pgpass("a:b\\c"), "*:*:*:steward_replication:a\\:b\\\\c\n");
+    }
+}

@@ -1,0 +1,170 @@
+//! Which instance may become primary when the Lease is free: a pure function of what the
+//! instances published on their pods.
+//!
+//! The Lease decides *that* there is exactly one primary (steward-core's elector: one
+//! resourceVersion-guarded write wins); this decides *who should try*: the most advanced
+//! running replica, so the promotion loses as little acknowledged WAL as possible.
+
+use crate::contract::{InstanceStatus, Role, ordinal};
+
+/// Another instance of the cluster, as listed.
+#[derive(Clone, Debug)]
+pub struct Peer {
+    pub name: String,
+    /// The pod's `Ready` condition: its instance manager answers and PostgreSQL runs in
+    /// its role. A peer that is not ready is not waited for.
+    pub ready: bool,
+    pub status: Option<InstanceStatus>,
+}
+
+/// Whether this instance should try to take the free Lease, and why (for the log).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Candidacy {
+    /// No Lease yet: the first instance (ordinal 0) bootstraps the cluster.
+    Bootstrap,
+    /// A running replica at least as advanced as every other ready replica.
+    MostAdvanced,
+    /// Not a running replica (no data yet, or PostgreSQL is down).
+    NotRunning,
+    /// No Lease yet and this is not ordinal 0.
+    NotFirst,
+    /// `peer` has received more WAL (or as much, with a lower ordinal).
+    Behind { peer: String },
+}
+
+impl Candidacy {
+    pub fn eligible(&self) -> bool {
+        matches!(self, Candidacy::Bootstrap | Candidacy::MostAdvanced)
+    }
+}
+
+/// Decides for instance `me`, whose own status is `mine`.
+///
+/// `holder` is the Lease's last holder (`None`: no Lease exists); it is never waited for,
+/// since the Lease is free only when it stopped renewing.
+pub fn candidacy(
+    me: &str,
+    mine: Option<&InstanceStatus>,
+    holder: Option<&str>,
+    peers: &[Peer],
+) -> Candidacy {
+    let Some(holder) = holder else {
+        return if ordinal(me) == Some(0) {
+            Candidacy::Bootstrap
+        } else {
+            Candidacy::NotFirst
+        };
+    };
+    let Some(mine) = mine.filter(|s| s.role == Role::Replica) else {
+        return Candidacy::NotRunning;
+    };
+    let my_rank = (mine.lsn, std::cmp::Reverse(ordinal(me).unwrap_or(u32::MAX)));
+    for peer in peers {
+        if peer.name == me || peer.name == holder || !peer.ready {
+            continue;
+        }
+        let Some(status) = peer.status.as_ref().filter(|s| s.role == Role::Replica) else {
+            continue;
+        };
+        let rank = (
+            status.lsn,
+            std::cmp::Reverse(ordinal(&peer.name).unwrap_or(u32::MAX)),
+        );
+        if rank > my_rank {
+            return Candidacy::Behind {
+                peer: peer.name.clone(),
+            };
+        }
+    }
+    Candidacy::MostAdvanced
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::contract::Lsn;
+
+    fn replica(lsn: u64) -> InstanceStatus {
+        InstanceStatus {
+            role: Role::Replica,
+            timeline: 1,
+            lsn: Lsn(lsn),
+            replay_lag: 0,
+        }
+    }
+
+    fn peer(name: &str, ready: bool, status: Option<InstanceStatus>) -> Peer {
+        Peer {
+            name: name.into(),
+            ready,
+            status,
+        }
+    }
+
+    #[test]
+    fn without_a_lease_only_the_first_ordinal_bootstraps() {
+        assert_eq!(candidacy("pg-0", None, None, &[]), Candidacy::Bootstrap);
+        assert_eq!(candidacy("pg-1", None, None, &[]), Candidacy::NotFirst);
+    }
+
+    #[test]
+    fn only_a_running_replica_is_a_candidate() {
+        assert_eq!(
+            candidacy("pg-1", None, Some("pg-0"), &[]),
+            Candidacy::NotRunning
+        );
+        let down = InstanceStatus {
+            role: Role::Down,
+            ..replica(10)
+        };
+        assert_eq!(
+            candidacy("pg-1", Some(&down), Some("pg-0"), &[]),
+            Candidacy::NotRunning
+        );
+    }
+
+    #[test]
+    fn the_most_advanced_ready_replica_wins_ties_go_to_the_lower_ordinal() {
+        let peers = [
+            peer("pg-0", true, Some(replica(500))), // the old holder: ignored
+            peer("pg-1", true, Some(replica(100))),
+            peer("pg-2", true, Some(replica(200))),
+        ];
+        assert_eq!(
+            candidacy("pg-1", Some(&replica(100)), Some("pg-0"), &peers),
+            Candidacy::Behind {
+                peer: "pg-2".into()
+            }
+        );
+        assert_eq!(
+            candidacy("pg-2", Some(&replica(200)), Some("pg-0"), &peers),
+            Candidacy::MostAdvanced
+        );
+        let tied = [
+            peer("pg-1", true, Some(replica(200))),
+            peer("pg-2", true, Some(replica(200))),
+        ];
+        assert!(candidacy("pg-1", Some(&replica(200)), Some("pg-0"), &tied).eligible());
+        assert!(!candidacy("pg-2", Some(&replica(200)), Some("pg-0"), &tied).eligible());
+    }
+
+    #[test]
+    fn peers_not_ready_or_not_replicas_are_not_waited_for() {
+        let peers = [
+            peer("pg-2", false, Some(replica(900))),
+            peer("pg-3", true, None),
+            peer(
+                "pg-4",
+                true,
+                Some(InstanceStatus {
+                    role: Role::Down,
+                    ..replica(900)
+                }),
+            ),
+        ];
+        assert_eq!(
+            candidacy("pg-1", Some(&replica(1)), Some("pg-0"), &peers),
+            Candidacy::MostAdvanced
+        );
+    }
+}

@@ -1,0 +1,121 @@
+//! `steward-pg-instance`: see the library's documentation.
+
+use std::path::PathBuf;
+use std::time::Duration;
+
+use anyhow::Context;
+use clap::{Parser, Subcommand};
+use steward_pg_instance::manager::{self, Settings};
+use steward_pg_instance::postgres::Paths;
+use tokio_util::sync::CancellationToken;
+
+#[derive(Parser)]
+#[command(name = "steward-pg-instance", about = "Steward's PostgreSQL instance manager")]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Copies this binary into `dir` (an init container's job: the PostgreSQL image needs
+    /// nothing of Steward's).
+    Copy { dir: PathBuf },
+    /// Runs PostgreSQL as this pod's instance of the cluster.
+    Run(Box<RunArgs>),
+    /// The fence process the manager starts (reads its heartbeats on stdin).
+    Watchdog,
+}
+
+#[derive(clap::Args)]
+struct RunArgs {
+    #[arg(long, env = "POD_NAME")]
+    pod: String,
+    #[arg(long, env = "POD_NAMESPACE")]
+    namespace: String,
+    #[arg(long, env = "CLUSTER_NAME")]
+    cluster: String,
+    #[arg(long, env = "PGDATA")]
+    pgdata: PathBuf,
+    #[arg(long, env = "PG_CONFIG_FILE", default_value = "/etc/steward/postgresql.conf")]
+    config_file: PathBuf,
+    #[arg(long, env = "STEWARD_RUN_DIR", default_value = "/steward/run")]
+    run_dir: PathBuf,
+    #[arg(long, env = "POSTGRES_PASSWORD", hide_env_values = true)]
+    superuser_password: String,
+    #[arg(long, env = "REPLICATION_PASSWORD", hide_env_values = true)]
+    replication_password: String,
+    #[arg(long, env = "LEASE_DURATION", default_value = "10s", value_parser = steward_core::cli::parse_duration)]
+    lease_duration: Duration,
+    #[arg(long, env = "RENEW_DEADLINE", default_value = "6s", value_parser = steward_core::cli::parse_duration)]
+    renew_deadline: Duration,
+    #[arg(long, env = "RETRY_PERIOD", default_value = "1s", value_parser = steward_core::cli::parse_duration)]
+    retry_period: Duration,
+    #[arg(long, env = "STREAM_TIMEOUT", default_value = "20s", value_parser = steward_core::cli::parse_duration)]
+    stream_timeout: Duration,
+}
+
+fn main() -> anyhow::Result<()> {
+    tracing_subscriber::fmt()
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_default_env()
+                .unwrap_or_else(|_| "info".into()),
+        )
+        .with_writer(std::io::stderr)
+        .init();
+    let cli = Cli::parse();
+    let rt = tokio::runtime::Runtime::new()?;
+    match cli.command {
+        Command::Copy { dir } => {
+            let exe = std::env::current_exe()?;
+            std::fs::create_dir_all(&dir)?;
+            let to = dir.join(steward_pg_instance::contract::BINARY);
+            std::fs::copy(&exe, &to).with_context(|| format!("copy to {}", to.display()))?;
+            println!("copied {} to {}", exe.display(), to.display());
+            Ok(())
+        }
+        Command::Watchdog => {
+            rt.block_on(steward_pg_instance::watchdog::run());
+            Ok(())
+        }
+        Command::Run(args) => rt.block_on(run(*args)),
+    }
+}
+
+async fn run(args: RunArgs) -> anyhow::Result<()> {
+    let settings = Settings {
+        pod: args.pod,
+        namespace: args.namespace,
+        cluster: args.cluster,
+        paths: Paths {
+            pgdata: args.pgdata,
+            config_file: args.config_file,
+            run_dir: args.run_dir,
+        },
+        superuser_password: args.superuser_password,
+        replication_password: args.replication_password,
+        lease_duration: args.lease_duration,
+        renew_deadline: args.renew_deadline,
+        retry_period: args.retry_period,
+        stream_timeout: args.stream_timeout,
+        exe: std::env::current_exe()?,
+    };
+    let client = kube::Client::try_default()
+        .await
+        .context("a Kubernetes client from the pod's ServiceAccount")?;
+    let shutdown = CancellationToken::new();
+    let signal = shutdown.clone();
+    tokio::spawn(async move {
+        let mut term = match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+            Ok(s) => s,
+            Err(_) => return,
+        };
+        tokio::select! {
+            _ = term.recv() => {}
+            _ = tokio::signal::ctrl_c() => {}
+        }
+        tracing::info!("signal received");
+        signal.cancel();
+    });
+    manager::run(settings, client, shutdown).await
+}

@@ -1,0 +1,567 @@
+//! The instance manager's loop: decide from the Lease, act on PostgreSQL, report on the pod.
+//!
+//! Every tick (half a second) it:
+//! 1. **fences**: not holding the Lease (or past its renew deadline) while PostgreSQL runs
+//!    read-write → immediate shutdown (the [`crate::watchdog`] does the same from outside
+//!    this process, so a paused manager is fenced too);
+//! 2. **prepares** the data directory if empty: `initdb` when it holds the Lease and no
+//!    cluster exists yet, otherwise `pg_basebackup` from the primary;
+//! 3. **runs** PostgreSQL in the role the Lease gives it: the holder promotes (or starts
+//!    read-write) and moves the `role` labels so the `-rw` Service follows it; every other
+//!    instance streams from the holder, and a former primary (or a replica that cannot
+//!    stream because its timeline forked) is `pg_rewind`-ed first;
+//! 4. **reports** its role, timeline and position on its pod (only when they changed) and
+//!    tells steward-core's elector whether it may take a free Lease
+//!    ([`crate::election::candidacy`]).
+
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicI32, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use k8s_openapi::api::coordination::v1::Lease;
+use k8s_openapi::api::core::v1::Pod;
+use kube::api::{Api, ListParams, Patch, PatchParams};
+use kube::{Client, ResourceExt};
+use steward_core::leader::{LeaderElector, LeaseConfig, Leadership};
+use tokio::io::AsyncWriteExt;
+use tokio::sync::watch;
+use tokio::time::Instant;
+use tokio_util::sync::CancellationToken;
+
+use crate::contract::{
+    self, CLUSTER_LABEL, InstanceStatus, PRIMARY, REPLICA, ROLE_LABEL, Role, STATUS_ANNOTATION,
+};
+use crate::election::{self, Candidacy, Peer};
+use crate::postgres::{self, Observed, Paths, Postmaster};
+use crate::watchdog::Message;
+use crate::{conf, http};
+
+/// How the instance manager is configured (from the pod's environment; see `main.rs`).
+#[derive(Clone, Debug)]
+pub struct Settings {
+    pub pod: String,
+    pub namespace: String,
+    pub cluster: String,
+    pub paths: Paths,
+    pub superuser_password: String,
+    pub replication_password: String,
+    pub lease_duration: Duration,
+    pub renew_deadline: Duration,
+    pub retry_period: Duration,
+    /// How long a replica may fail to stream from the primary before it is rewound.
+    pub stream_timeout: Duration,
+    /// The manager's own executable, started again as the watchdog.
+    pub exe: PathBuf,
+}
+
+const TICK: Duration = Duration::from_millis(500);
+const API_TIMEOUT: Duration = Duration::from_secs(3);
+
+/// Runs the instance until `shutdown`, then stops PostgreSQL (fast) and releases the Lease.
+///
+/// # Errors
+/// When the run directory, the passfile or the watchdog cannot be set up.
+pub async fn run(settings: Settings, client: Client, shutdown: CancellationToken) -> anyhow::Result<()> {
+    let paths = settings.paths.clone();
+    std::fs::create_dir_all(&paths.run_dir)?;
+    postgres::write_file(
+        &paths.passfile(),
+        &conf::pgpass(&settings.replication_password),
+        0o600,
+    )?;
+    if !paths.instance_conf().exists() {
+        postgres::write_file(&paths.instance_conf(), &conf::primary_conf(), 0o644)?;
+    }
+
+    let (eligible_tx, eligible_rx) = watch::channel(false);
+    let config = LeaseConfig {
+        lease_name: contract::lease_name(&settings.cluster),
+        namespace: settings.namespace.clone(),
+        identity: settings.pod.clone(),
+        lease_duration: settings.lease_duration,
+        renew_deadline: settings.renew_deadline,
+        retry_period: settings.retry_period,
+    };
+    let elector = LeaderElector::new(client.clone(), config)?
+        .with_reporter(contract::BINARY)
+        .with_candidacy(eligible_rx);
+    let leadership = elector.leadership();
+    let election_stop = CancellationToken::new();
+    let election = tokio::spawn(elector.run(election_stop.clone()));
+
+    let primary_pid = Arc::new(AtomicI32::new(0));
+    let fence = tokio::spawn(heartbeat(
+        settings.exe.clone(),
+        leadership.clone(),
+        primary_pid.clone(),
+    ));
+    let health = http::Health::default();
+    let server = tokio::spawn(http::serve(health.clone(), shutdown.clone()));
+
+    let mut instance = Instance {
+        leases: Api::namespaced(client.clone(), &settings.namespace),
+        pods: Api::namespaced(client, &settings.namespace),
+        settings,
+        leadership,
+        eligible: eligible_tx,
+        primary_pid,
+        health,
+        postmaster: None,
+        observed: None,
+        following: None,
+        needs_rewind: false,
+        not_streaming_since: None,
+        replication_role: false,
+        published: None,
+    };
+    let mut tick = tokio::time::interval(TICK);
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        tokio::select! {
+            biased;
+            () = shutdown.cancelled() => break,
+            _ = tick.tick() => {}
+        }
+        if let Err(e) = instance.tick().await {
+            tracing::warn!(error = %format!("{e:#}"), "instance step failed; retrying");
+        }
+    }
+
+    tracing::info!("shutting down: stopping PostgreSQL, then releasing the Lease");
+    instance.primary_pid.store(0, Ordering::SeqCst);
+    if let Some(pm) = instance.postmaster.take() {
+        pm.stop(Duration::from_secs(30)).await;
+    }
+    election_stop.cancel();
+    let _ = election.await;
+    fence.abort();
+    let _ = server.await;
+    Ok(())
+}
+
+/// Tells the watchdog, every 200 ms, until when the primary's postmaster may write.
+async fn heartbeat(exe: PathBuf, leadership: Leadership, primary_pid: Arc<AtomicI32>) {
+    let child = tokio::process::Command::new(&exe)
+        .arg("watchdog")
+        .stdin(std::process::Stdio::piped())
+        .kill_on_drop(true)
+        .spawn();
+    let mut child = match child {
+        Ok(c) => c,
+        Err(e) => {
+            tracing::error!(error = %e, "the watchdog could not be started: nothing fences a paused manager");
+            return;
+        }
+    };
+    let Some(mut stdin) = child.stdin.take() else {
+        return;
+    };
+    let mut tick = tokio::time::interval(Duration::from_millis(200));
+    loop {
+        tick.tick().await;
+        let pid = primary_pid.load(Ordering::SeqCst);
+        let message = if pid == 0 {
+            Message::Standby
+        } else {
+            let valid_for = match leadership.deadline() {
+                Ok(Some(deadline)) => deadline.saturating_duration_since(Instant::now()),
+                Ok(None) => Duration::from_secs(3600),
+                Err(_) => Duration::ZERO,
+            };
+            Message::Primary { valid_for, pid }
+        };
+        if stdin.write_all(message.encode().as_bytes()).await.is_err() {
+            tracing::error!("the watchdog is gone");
+            return;
+        }
+    }
+}
+
+/// The instance manager's state between ticks.
+struct Instance {
+    settings: Settings,
+    leases: Api<Lease>,
+    pods: Api<Pod>,
+    leadership: Leadership,
+    eligible: watch::Sender<bool>,
+    /// The postmaster's pid while it runs read-write (0 otherwise), for the watchdog.
+    primary_pid: Arc<AtomicI32>,
+    health: http::Health,
+    postmaster: Option<Postmaster>,
+    observed: Option<Observed>,
+    /// The primary host `instance.conf` points a replica at.
+    following: Option<String>,
+    /// The data directory ran read-write on a timeline the primary may not have, or failed
+    /// to stream: rewind before following.
+    needs_rewind: bool,
+    not_streaming_since: Option<Instant>,
+    /// The replication role was ensured on this postmaster (as primary).
+    replication_role: bool,
+    published: Option<(InstanceStatus, Instant)>,
+}
+
+/// The cluster as this tick saw it.
+struct World {
+    /// `None`: no Lease exists. `Some("")`: released.
+    holder: Option<String>,
+    pods: Vec<Pod>,
+}
+
+impl World {
+    fn pod(&self, name: &str) -> Option<&Pod> {
+        self.pods.iter().find(|p| p.name_any() == name)
+    }
+
+    /// The holder's pod IP, if another instance holds the Lease.
+    fn primary_host(&self, me: &str) -> Option<String> {
+        let holder = self.holder.as_deref().filter(|h| !h.is_empty() && *h != me)?;
+        self.pod(holder)?.status.as_ref()?.pod_ip.clone()
+    }
+}
+
+impl Instance {
+    async fn tick(&mut self) -> anyhow::Result<()> {
+        self.reap();
+        let leading = self.leadership.is_leader();
+        self.fence(leading).await;
+
+        let world = self.observe_world().await?;
+        let paths = self.settings.paths.clone();
+        if !paths.initialized() {
+            self.prepare(leading, &world).await?;
+        } else if leading {
+            self.run_primary(&world).await?;
+        } else {
+            self.run_replica(&world).await?;
+        }
+        self.observe().await;
+        self.report(&world).await;
+        Ok(())
+    }
+
+    /// Notices a postmaster that exited on its own (crash, killed): it is restarted in its
+    /// role at this tick.
+    fn reap(&mut self) {
+        if let Some(status) = self.postmaster.as_mut().and_then(Postmaster::exited) {
+            tracing::warn!(%status, "postgres exited");
+            self.postmaster = None;
+            self.observed = None;
+            self.primary_pid.store(0, Ordering::SeqCst);
+        }
+    }
+
+    /// Not the leader but running read-write: stop at once.
+    async fn fence(&mut self, leading: bool) {
+        let read_write = self.observed.as_ref().is_some_and(|o| !o.in_recovery);
+        if leading || !read_write {
+            return;
+        }
+        if let Some(pm) = self.postmaster.take() {
+            tracing::error!("not the primary any more (Lease lost or not renewed in time): immediate shutdown");
+            self.primary_pid.store(0, Ordering::SeqCst);
+            pm.kill().await;
+        }
+        self.observed = None;
+        self.needs_rewind = true;
+        self.following = None;
+    }
+
+    async fn observe_world(&self) -> anyhow::Result<World> {
+        let name = contract::lease_name(&self.settings.cluster);
+        let lease = tokio::time::timeout(API_TIMEOUT, self.leases.get_opt(&name)).await??;
+        let holder = lease.map(|l| {
+            l.spec
+                .and_then(|s| s.holder_identity)
+                .unwrap_or_default()
+        });
+        let selector = format!("{CLUSTER_LABEL}={}", self.settings.cluster);
+        let pods = tokio::time::timeout(
+            API_TIMEOUT,
+            self.pods.list(&ListParams::default().labels(&selector)),
+        )
+        .await??
+        .items;
+        Ok(World { holder, pods })
+    }
+
+    /// An empty data directory: create the cluster, or clone the primary.
+    async fn prepare(&mut self, leading: bool, world: &World) -> anyhow::Result<()> {
+        let paths = &self.settings.paths;
+        if leading {
+            tracing::info!("holding the Lease with an empty data directory: initializing the cluster");
+            postgres::initdb(paths, &self.settings.superuser_password).await?;
+            return Ok(());
+        }
+        let Some(host) = world.primary_host(&self.settings.pod) else {
+            tracing::info!(holder = ?world.holder, "empty data directory; waiting for a primary to clone");
+            return Ok(());
+        };
+        tracing::info!(%host, "cloning the primary");
+        clear_dir(&paths.pgdata)?;
+        if let Err(e) = postgres::basebackup(paths, &host).await {
+            clear_dir(&paths.pgdata)?;
+            return Err(e.into());
+        }
+        std::fs::write(paths.standby_signal(), "")?;
+        Ok(())
+    }
+
+    async fn run_primary(&mut self, world: &World) -> anyhow::Result<()> {
+        let paths = self.settings.paths.clone();
+        if self.postmaster.is_none() {
+            postgres::write_file(&paths.instance_conf(), &conf::primary_conf(), 0o644)?;
+            let _ = std::fs::remove_file(paths.standby_signal());
+            self.start(&paths)?;
+            return Ok(());
+        }
+        let Some(observed) = self.observed.clone() else {
+            return Ok(()); // starting up
+        };
+        if observed.in_recovery {
+            tracing::info!(lsn = %observed.lsn, "holding the Lease: promoting");
+            postgres::write_file(&paths.instance_conf(), &conf::primary_conf(), 0o644)?;
+            if let Some(pm) = &self.postmaster {
+                pm.reload();
+            }
+            let client = postgres::connect(&paths).await?;
+            let promoted = postgres::promote(&client).await?;
+            tracing::info!(promoted, "promotion finished");
+            self.observed = Some(postgres::observe(&client).await?);
+            self.following = None;
+        }
+        if self.observed.as_ref().is_some_and(|o| !o.in_recovery) {
+            if let Some(pm) = &self.postmaster {
+                self.primary_pid.store(pm.pid(), Ordering::SeqCst);
+            }
+            self.needs_rewind = false;
+            if !self.replication_role {
+                let client = postgres::connect(&paths).await?;
+                postgres::ensure_replication_role(&client, &self.settings.replication_password)
+                    .await?;
+                self.replication_role = true;
+            }
+            self.label(world).await?;
+        }
+        Ok(())
+    }
+
+    async fn run_replica(&mut self, world: &World) -> anyhow::Result<()> {
+        let paths = self.settings.paths.clone();
+        let host = world.primary_host(&self.settings.pod);
+        if self.postmaster.is_none() {
+            if self.needs_rewind || !paths.standby_signal().exists() {
+                // It last ran read-write (or its stream broke): it may hold WAL the primary
+                // does not have.
+                let Some(host) = &host else {
+                    tracing::info!("a former primary waits for the new primary to rewind from");
+                    return Ok(());
+                };
+                tracing::info!(%host, "rewinding to follow the new primary");
+                let out = postgres::rewind(&paths, host).await?;
+                tracing::info!(output = %out.trim(), "pg_rewind finished");
+                self.needs_rewind = false;
+            }
+            self.configure_replica(host.as_deref())?;
+            self.start(&paths)?;
+            return Ok(());
+        }
+        if host.is_some() && self.following != host {
+            tracing::info!(?host, "following the primary");
+            self.configure_replica(host.as_deref())?;
+            if let Some(pm) = &self.postmaster {
+                pm.reload();
+            }
+            self.not_streaming_since = None;
+        }
+        let streaming = self.observed.as_ref().is_some_and(|o| o.streaming);
+        if streaming || host.is_none() {
+            self.not_streaming_since = None;
+        } else {
+            let since = *self.not_streaming_since.get_or_insert_with(Instant::now);
+            if since.elapsed() > self.settings.stream_timeout {
+                tracing::warn!(?host, "not streaming from the primary for {:?}: stopping to rewind", self.settings.stream_timeout);
+                if let Some(pm) = self.postmaster.take() {
+                    pm.stop(Duration::from_secs(30)).await;
+                }
+                self.observed = None;
+                self.needs_rewind = true;
+                self.not_streaming_since = None;
+            }
+        }
+        Ok(())
+    }
+
+    fn configure_replica(&mut self, host: Option<&str>) -> anyhow::Result<()> {
+        let paths = &self.settings.paths;
+        let conf = match host {
+            Some(host) => conf::replica_conf(host, &self.settings.pod, &paths.passfile()),
+            None => conf::replica_conf("", &self.settings.pod, &paths.passfile())
+                .replace("primary_conninfo", "#primary_conninfo"),
+        };
+        postgres::write_file(&paths.instance_conf(), &conf, 0o644)?;
+        std::fs::write(paths.standby_signal(), "")?;
+        self.following = host.map(str::to_string);
+        Ok(())
+    }
+
+    fn start(&mut self, paths: &Paths) -> anyhow::Result<()> {
+        self.postmaster = Some(Postmaster::start(paths)?);
+        self.observed = None;
+        self.replication_role = false;
+        Ok(())
+    }
+
+    /// Queries the running instance (nothing if it is down or not yet accepting).
+    async fn observe(&mut self) {
+        if self.postmaster.is_none() {
+            self.observed = None;
+        } else {
+            match postgres::connect(&self.settings.paths).await {
+                Ok(client) => match postgres::observe(&client).await {
+                    Ok(o) => self.observed = Some(o),
+                    Err(e) => tracing::debug!(error = %e, "observing PostgreSQL failed"),
+                },
+                Err(e) => tracing::debug!(error = %e, "PostgreSQL does not accept connections yet"),
+            }
+        }
+        let leading = self.leadership.is_leader();
+        let ready = self
+            .observed
+            .as_ref()
+            .is_some_and(|o| o.in_recovery != leading);
+        self.health.set(ready, self.observed.is_some() || self.postmaster.is_none());
+    }
+
+    /// Publishes this instance's status on its pod when it changed (at most once a second),
+    /// and whether it may take a free Lease.
+    async fn report(&mut self, world: &World) {
+        let status = match &self.observed {
+            Some(o) => InstanceStatus {
+                role: if o.in_recovery {
+                    Role::Replica
+                } else {
+                    Role::Primary
+                },
+                timeline: o.timeline,
+                lsn: o.lsn,
+                replay_lag: o.replay_lag,
+            },
+            None => InstanceStatus {
+                role: Role::Down,
+                timeline: 0,
+                lsn: contract::Lsn(0),
+                replay_lag: 0,
+            },
+        };
+        let peers: Vec<Peer> = world.pods.iter().map(peer).collect();
+        let candidacy = election::candidacy(
+            &self.settings.pod,
+            Some(&status),
+            world.holder.as_deref(),
+            &peers,
+        );
+        let eligible = candidacy.eligible()
+            && (self.settings.paths.initialized() || candidacy == Candidacy::Bootstrap);
+        self.eligible.send_if_modified(|e| {
+            let changed = *e != eligible;
+            if changed {
+                tracing::info!(?candidacy, "eligible to become primary: {eligible}");
+            }
+            *e = eligible;
+            changed
+        });
+
+        let due = match &self.published {
+            Some((last, at)) => *last != status && at.elapsed() >= Duration::from_secs(1),
+            None => true,
+        };
+        if !due {
+            return;
+        }
+        let patch = serde_json::json!({"metadata": {"annotations": {
+            STATUS_ANNOTATION: serde_json::to_string(&status).unwrap_or_default()
+        }}});
+        match tokio::time::timeout(
+            API_TIMEOUT,
+            self.pods.patch(
+                &self.settings.pod,
+                &PatchParams::default(),
+                &Patch::Merge(&patch),
+            ),
+        )
+        .await
+        {
+            Ok(Ok(_)) => self.published = Some((status, Instant::now())),
+            Ok(Err(e)) => tracing::warn!(error = %e, "publishing the instance status failed"),
+            Err(_) => tracing::warn!("publishing the instance status timed out"),
+        }
+    }
+
+    /// As the primary: this pod is labelled `primary`, every other `replica`, so the `-rw`
+    /// Service selects only this instance.
+    async fn label(&self, world: &World) -> anyhow::Result<()> {
+        // The others first: never two pods labelled primary because of us.
+        let mut pods: Vec<&Pod> = world.pods.iter().collect();
+        pods.sort_by_key(|p| p.name_any() == self.settings.pod);
+        for pod in pods {
+            let name = pod.name_any();
+            let want = if name == self.settings.pod {
+                PRIMARY
+            } else {
+                REPLICA
+            };
+            if pod.labels().get(ROLE_LABEL).map(String::as_str) == Some(want) {
+                continue;
+            }
+            tracing::info!(pod = %name, role = want, "moving the role label");
+            let patch = serde_json::json!({"metadata": {"labels": {ROLE_LABEL: want}}});
+            match tokio::time::timeout(
+                API_TIMEOUT,
+                self.pods
+                    .patch(&name, &PatchParams::default(), &Patch::Merge(&patch)),
+            )
+            .await?
+            {
+                Ok(_) => {}
+                Err(kube::Error::Api(s)) if s.code == 404 => {}
+                Err(e) => return Err(e.into()),
+            }
+        }
+        Ok(())
+    }
+}
+
+/// A pod as the election sees it.
+fn peer(pod: &Pod) -> Peer {
+    let ready = pod
+        .status
+        .as_ref()
+        .and_then(|s| s.conditions.as_ref())
+        .is_some_and(|cs| cs.iter().any(|c| c.type_ == "Ready" && c.status == "True"));
+    let status = pod
+        .annotations()
+        .get(STATUS_ANNOTATION)
+        .and_then(|s| serde_json::from_str(s).ok());
+    Peer {
+        name: pod.name_any(),
+        ready: ready && pod.metadata.deletion_timestamp.is_none(),
+        status,
+    }
+}
+
+/// Empties a directory, keeping it.
+fn clear_dir(dir: &std::path::Path) -> std::io::Result<()> {
+    std::fs::create_dir_all(dir)?;
+    for entry in std::fs::read_dir(dir)? {
+        let path = entry?.path();
+        if path.is_dir() {
+            std::fs::remove_dir_all(&path)?;
+        } else {
+            std::fs::remove_file(&path)?;
+        }
+    }
+    use std::os::unix::fs::PermissionsExt;
+    std::fs::set_permissions(dir, std::fs::Permissions::from_mode(0o700))
+}
+
