@@ -309,6 +309,13 @@ fn check_deployment(r: &Rendered) -> Result<()> {
     Ok(())
 }
 
+/// Whether `op`'s role of kind `role_kind` may hold cluster-wide Lease rights: only the
+/// database-operator's ClusterRole, which grants them (per cluster, by name) to the
+/// PostgreSQL instance managers.
+fn grants_instance_leases(op: &str, role_kind: &str) -> bool {
+    op == database_operator::NAME && role_kind == "ClusterRole"
+}
+
 fn check_rbac(r: &Rendered) -> Result<()> {
     let op = r.operator;
     let ns = operator_namespace(op);
@@ -389,7 +396,16 @@ fn check_rbac(r: &Rendered) -> Result<()> {
                 .flatten()
                 .filter_map(Value::as_str)
                 .collect();
-            if resources.contains(&"leases") {
+            if resources.contains(&"leases") && grants_instance_leases(op, role_kind) {
+                // The database-operator gives each PostgresCluster's instance managers a
+                // Role on that cluster's Lease; RBAC lets it grant only what it holds.
+                ensure!(
+                    verbs
+                        .iter()
+                        .all(|v| ["get", "list", "watch", "create", "update"].contains(v)),
+                    "{op}: Lease verbs {verbs:?} beyond what instance managers need"
+                );
+            } else if resources.contains(&"leases") {
                 // Only the operator's own Lease, in its own namespace.
                 ensure!(
                     role_kind == "Role" && namespace(role) == Some(ns.as_str()),
@@ -809,7 +825,11 @@ impl Running {
                 .map_err(Into::into)
         })
         .await?;
-        for other in operators().iter().filter(|o| **o != self.operator) {
+        let reads_leases = grants_instance_leases(&self.operator, "ClusterRole");
+        for other in operators()
+            .iter()
+            .filter(|o| **o != self.operator && !reads_leases)
+        {
             self.expect_forbidden(&format!("read {other}'s Lease"), async {
                 Api::<Lease>::namespaced(self.client.clone(), &operator_namespace(other))
                     .get(other)

@@ -7,40 +7,21 @@
 
 #![allow(clippy::unwrap_used)] // tests fail loudly
 
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
 use k8s_openapi::api::core::v1::{Pod, Service};
 use kube::api::{Api, LogParams, PostParams};
 use serde_json::json;
 use steward_testenv::node::teardown::leftovers;
-use steward_testenv::{ControlPlane, Options, RealNode, deploy, eventually};
+use steward_testenv::{ControlPlane, deploy, eventually};
+
+#[path = "support/real_node.rs"]
+mod support;
+use support::{WAIT, connect, logs, node, rand_u32, start};
 
 /// Held by each test for its whole run: one real node at a time, and the teardown test sees
 /// only what its own node left.
 static NODE: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
-
-const WAIT: Duration = Duration::from_secs(90);
-
-async fn start() -> ControlPlane {
-    let started = Instant::now();
-    let cp = ControlPlane::start(Options {
-        nodes: 0,
-        real_node: true,
-        ..Options::default()
-    })
-    .await
-    .expect("control plane with a real node");
-    eprintln!(
-        "control plane with a Ready real node in {:.1?} (node {:.1?})",
-        started.elapsed(),
-        node(&cp).started_in()
-    );
-    cp
-}
-
-fn node(cp: &ControlPlane) -> &RealNode {
-    cp.real_node().expect("started with real_node: true")
-}
 
 /// A pod of `image` running `script` with `sh -c`, never restarted.
 fn pod(name: &str, image: &str, script: &str) -> serde_json::Value {
@@ -94,12 +75,6 @@ async fn wait_phase(cp: &ControlPlane, pods: &Api<Pod>, name: &str, phases: &[&s
     })
     .await
     .unwrap_or_else(|e| panic!("{e}; kubelet log: {}", kubelet.display()))
-}
-
-async fn logs(pods: &Api<Pod>, name: &str) -> String {
-    pods.logs(name, &LogParams::default())
-        .await
-        .unwrap_or_else(|e| format!("<logs unavailable: {e}>"))
 }
 
 #[tokio::test]
@@ -480,26 +455,30 @@ async fn a_crashed_node_is_swept_at_the_next_start() {
 /// leader's pod is deleted the other replica takes the Lease.
 #[tokio::test]
 async fn operator_images_run_as_their_deployments_and_hand_over_leadership() {
-    let binaries = deploy::build(&deploy::OPERATORS).expect("operator binaries");
+    let specs: Vec<deploy::Spec<'_>> = steward_operators::all()
+        .iter()
+        .map(|e| deploy::Spec {
+            name: e.name,
+            companions: e.companions,
+        })
+        .collect();
+    let binaries = deploy::build(&specs).expect("operator binaries");
     let _turn = NODE.lock().await;
     let cp = start().await;
     cp.install_crds(&steward_testenv::workspace_root().join("crds"))
         .await
         .expect("CRDs");
-    for (operator, binary) in deploy::OPERATORS.iter().zip(&binaries) {
-        operator_runs_as_its_deployment(&cp, operator, binary).await;
+    for built in &binaries {
+        operator_runs_as_its_deployment(&cp, built).await;
     }
 }
 
-async fn operator_runs_as_its_deployment(
-    cp: &ControlPlane,
-    operator: &str,
-    binary: &std::path::Path,
-) {
+async fn operator_runs_as_its_deployment(cp: &ControlPlane, built: &deploy::Built) {
+    let operator = built.name.as_str();
     use k8s_openapi::api::coordination::v1::Lease;
     use kube::api::{DeleteParams, ListParams};
 
-    let deployed = deploy::operator(cp, operator, binary, "real-node-test")
+    let deployed = deploy::operator(cp, built, "real-node-test")
         .await
         .expect("deploy the operator image");
     let took = deployed
@@ -607,188 +586,6 @@ async fn operator_runs_as_its_deployment(
     );
 }
 
-/// A PostgresCluster of 2 instances from the PostgreSQL image built from Debian's packages
-/// (`imagePullPolicy: Never`), reconciled by the database operator, on hostPath volumes of
-/// the real node: it becomes Ready (its pods' `bootstrap.sh` ran initdb on the primary and
-/// `pg_basebackup` on the replica), the primary accepts a connection through the `-rw`
-/// Service, and a row written there is read on the replica through the `-ro` Service
-/// (streaming replication). Reports the time to Ready.
-#[tokio::test]
-async fn postgres_cluster_streams_a_row_from_its_primary_to_its_replica() {
-    use database_operator::api::PostgresCluster;
-    use k8s_openapi::api::core::v1::Secret;
-
-    let _turn = NODE.lock().await;
-    let cp = start().await;
-    cp.install_crds(&steward_testenv::workspace_root().join("crds"))
-        .await
-        .expect("CRDs");
-    let ns = cp.namespace("rn-pgc").await.unwrap();
-    let image = node(&cp)
-        .postgresql_image()
-        .await
-        .expect("PostgreSQL image");
-    let major: i32 = image.rsplit(':').next().unwrap().parse().unwrap();
-    let client = cp.client().unwrap();
-    for i in 0..2 {
-        let pv = node(&cp)
-            .volume(
-                &format!("{ns}-pg-{i}"),
-                "1Gi",
-                Some((&ns, &format!("data-pg-{i}"))),
-                steward_testenv::images::POSTGRES_UID,
-            )
-            .unwrap();
-        steward_testenv::manifests::apply(&client, &pv, None, "real-node-test", false)
-            .await
-            .unwrap();
-    }
-    let args = steward_core::cli::CommonArgs {
-        watch_namespace: Some(ns.clone()),
-        ..steward_testenv::harness::test_args()
-    };
-    let mut operator =
-        steward_core::Operator::with_config(database_operator::NAME, args, cp.config().clone())
-            .unwrap();
-    database_operator::register(
-        &mut operator,
-        database_operator::Options {
-            resync_interval: Duration::from_secs(2),
-            ..Default::default()
-        },
-    )
-    .unwrap();
-    let operator = steward_testenv::harness::Harness::start(operator).await;
-
-    let created = Instant::now();
-    let cluster = json!({
-        "apiVersion": "database.steward.dev/v1alpha1", "kind": "PostgresCluster",
-        "metadata": {"name": "pg", "namespace": ns},
-        "spec": {"instances": 2, "version": major, "image": image, "imagePullPolicy": "Never",
-                 "storage": {"size": "1Gi"}, "deletionPolicy": "Delete",
-                 "resources": {"requests": {"cpu": "100m", "memory": "128Mi"}, "limits": {"memory": "512Mi"}}},
-    });
-    steward_testenv::manifests::apply(&client, &cluster, None, "real-node-test", false)
-        .await
-        .unwrap();
-    let clusters: Api<PostgresCluster> = Api::namespaced(client.clone(), &ns);
-    let pods: Api<Pod> = Api::namespaced(client.clone(), &ns);
-    let ready = eventually("PostgresCluster pg Ready", Duration::from_secs(180), || {
-        let (clusters, pods) = (clusters.clone(), pods.clone());
-        async move {
-            let c = clusters.get("pg").await.map_err(|e| e.to_string())?;
-            let status = c.status.unwrap_or_default();
-            if status
-                .conditions
-                .iter()
-                .any(|c| c.type_ == "Ready" && c.status == "True")
-            {
-                return Ok(());
-            }
-            let list = pods
-                .list(&Default::default())
-                .await
-                .map_err(|e| e.to_string())?;
-            Err(format!(
-                "phase {:?}; pods: {}",
-                status.phase,
-                deploy::describe_pods(&list.items)
-            ))
-        }
-    })
-    .await;
-    if let Err(e) = ready {
-        let mut logs = String::new();
-        for pod in ["pg-0", "pg-1"] {
-            logs.push_str(&format!("--- {pod}:\n{}\n", self::logs(&pods, pod).await));
-        }
-        panic!(
-            "{e}\n{logs}kubelet log: {}",
-            node(&cp).log("kubelet").display()
-        );
-    }
-    let took = created.elapsed();
-    eprintln!("PostgresCluster of 2 instances Ready {took:.1?} after it was created");
-
-    let secret: Secret = Api::namespaced(client.clone(), &ns)
-        .get("pg-superuser")
-        .await
-        .unwrap();
-    let password = String::from_utf8(secret.data.unwrap()["password"].0.clone()).unwrap();
-    let services: Api<Service> = Api::namespaced(client.clone(), &ns);
-    let cluster_ip = |name: &'static str| {
-        let services = services.clone();
-        async move {
-            services
-                .get(name)
-                .await
-                .unwrap()
-                .spec
-                .unwrap()
-                .cluster_ip
-                .unwrap()
-        }
-    };
-    let primary = connect(&cluster_ip("pg-rw").await, &password)
-        .await
-        .unwrap_or_else(|e| {
-            panic!(
-                "{e}; kube-proxy log: {}",
-                node(&cp).log("kube-proxy").display()
-            )
-        });
-    let in_recovery = |row: tokio_postgres::Row| row.get::<_, bool>(0);
-    assert!(
-        !in_recovery(
-            primary
-                .query_one("select pg_is_in_recovery()", &[])
-                .await
-                .unwrap()
-        ),
-        "pg-rw is the primary"
-    );
-    let token = format!("row-{:08x}", rand_u32());
-    primary
-        .batch_execute(&format!(
-            "create table proof (v text); insert into proof values ('{token}')"
-        ))
-        .await
-        .unwrap();
-
-    let replica = connect(&cluster_ip("pg-ro").await, &password)
-        .await
-        .unwrap();
-    assert!(
-        in_recovery(
-            replica
-                .query_one("select pg_is_in_recovery()", &[])
-                .await
-                .unwrap()
-        ),
-        "pg-ro is a standby"
-    );
-    let written = Instant::now();
-    let seen = eventually("the row on the replica", WAIT, || {
-        let replica = &replica;
-        async move {
-            replica
-                .query_opt("select v from proof", &[])
-                .await
-                .map_err(|e| e.to_string())?
-                .map(|r| r.get::<_, String>(0))
-                .ok_or_else(|| "no row yet".to_string())
-        }
-    })
-    .await
-    .unwrap();
-    assert_eq!(seen, token);
-    eprintln!(
-        "the row written on the primary was read on the replica {:.1?} later",
-        written.elapsed()
-    );
-    operator.stop().await.unwrap();
-}
-
 /// A second PostgreSQL major (17, from the binary bundles on Maven Central; Debian has 15)
 /// as an image on the real node: the pod initializes and runs the server, which answers
 /// through a Service with its own major version.
@@ -845,33 +642,4 @@ async fn postgresql_17_from_maven_central_runs_in_a_pod() {
         "{image} runs the bundle's server"
     );
     assert!(image.ends_with(":17"), "{image}");
-}
-
-/// A connection as `postgres` to `host:5432`, retried until it succeeds (the Service's
-/// endpoint and kube-proxy's rules follow the pod's readiness).
-async fn connect(
-    host: &str,
-    password: &str,
-) -> Result<tokio_postgres::Client, steward_testenv::Error> {
-    let conn = format!(
-        "host={host} port=5432 user=postgres password={password} dbname=postgres connect_timeout=5"
-    );
-    eventually(&format!("a connection to {host}:5432"), WAIT, || {
-        let conn = conn.clone();
-        async move {
-            let (client, connection) = tokio_postgres::connect(&conn, tokio_postgres::NoTls)
-                .await
-                .map_err(|e| format!("{e:?}"))?;
-            tokio::spawn(connection);
-            Ok(client)
-        }
-    })
-    .await
-}
-
-fn rand_u32() -> u32 {
-    std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map(|d| d.subsec_nanos() ^ (d.as_secs() as u32))
-        .unwrap_or(7)
 }

@@ -31,17 +31,28 @@ pub fn run(operator: &str) -> Result<Image> {
             steward_operators::names().join(", ")
         );
     }
-    let status = crate::cargo()
-        .args(["build", "--release", "--package", operator])
-        .status()?;
-    if !status.success() {
+    let companions = steward_operators::find(operator)
+        .map(|e| e.companions)
+        .unwrap_or_default();
+    let mut cargo = crate::cargo();
+    cargo.args(["build", "--release"]);
+    for package in std::iter::once(&operator).chain(companions) {
+        cargo.args(["--package", package]);
+    }
+    if !cargo.status()?.success() {
         bail!("cargo build --release -p {operator} failed");
     }
-    let binary = crate::workspace_root()
-        .join("target/release")
-        .join(operator);
+    let release = crate::workspace_root().join("target/release");
+    let binary = release.join(operator);
+    let companions: Vec<std::path::PathBuf> = companions.iter().map(|c| release.join(c)).collect();
     let out = crate::workspace_root().join("target/images");
-    let image = build(&binary, operator, env!("CARGO_PKG_VERSION"), &out)?;
+    let image = build(
+        &binary,
+        &companions,
+        operator,
+        env!("CARGO_PKG_VERSION"),
+        &out,
+    )?;
     println!(
         "{}: binary {:.1} MB, image archive {:.1} MB\n  docker load -i {}   (or podman load -i …)",
         image.reference,
@@ -54,7 +65,13 @@ pub fn run(operator: &str) -> Result<Image> {
 
 /// Writes `<out>/<name>.oci.tar` for `binary` (the image is testenv's
 /// `images::operator`, which tests also run on the real node).
-pub fn build(binary: &Path, name: &str, version: &str, out: &Path) -> Result<Image> {
+pub fn build(
+    binary: &Path,
+    companions: &[std::path::PathBuf],
+    name: &str,
+    version: &str,
+    out: &Path,
+) -> Result<Image> {
     let binary_size = std::fs::metadata(binary)
         .with_context(|| format!("{} missing", binary.display()))?
         .len();
@@ -63,6 +80,7 @@ pub fn build(binary: &Path, name: &str, version: &str, out: &Path) -> Result<Ima
     let archive = out.join(format!("{name}.oci.tar"));
     images::operator(
         binary,
+        companions,
         name,
         &reference,
         labels(name, version),
@@ -144,7 +162,7 @@ mod tests {
         assert!(status.success());
         let binary = crate::workspace_root().join("target/debug").join(operator);
         let out = tempfile::tempdir().unwrap();
-        let image = build(&binary, operator, "0.0.0-test", out.path()).unwrap();
+        let image = build(&binary, &[], operator, "0.0.0-test", out.path()).unwrap();
 
         let files = files(&std::fs::read(&image.archive).unwrap());
         assert_eq!(files["oci-layout"], br#"{"imageLayoutVersion":"1.0.0"}"#);

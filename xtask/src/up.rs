@@ -79,7 +79,14 @@ fn can_run_a_real_node() -> Result<()> {
 async fn up() -> Result<()> {
     let root = crate::workspace_root();
     say("building the operators (debug)");
-    let binaries = deploy::build(&deploy::OPERATORS).context("building the operators")?;
+    let specs: Vec<deploy::Spec<'_>> = steward_operators::all()
+        .iter()
+        .map(|e| deploy::Spec {
+            name: e.name,
+            companions: e.companions,
+        })
+        .collect();
+    let binaries = deploy::build(&specs).context("building the operators")?;
 
     say(
         "starting the control plane with a real node (the first run builds it from Go modules: 15–25 minutes)",
@@ -107,8 +114,9 @@ async fn up() -> Result<()> {
 
     say("deploying the operators as their images (deploy/<operator>/)");
     let mut deployed = Vec::new();
-    for (operator, binary) in deploy::OPERATORS.iter().zip(&binaries) {
-        let d = deploy::operator(&cp, operator, binary, FIELD_MANAGER)
+    for built in &binaries {
+        let operator = &built.name;
+        let d = deploy::operator(&cp, built, FIELD_MANAGER)
             .await
             .with_context(|| format!("deploying {operator}"))?;
         say(&format!("  {operator}: {} applied", d.image));

@@ -37,6 +37,10 @@ pub trait Definition: 'static {
     const NAME: &'static str;
     /// One line for `--help`.
     const ABOUT: &'static str;
+    /// Other binaries of the workspace shipped in the operator's image next to it (package
+    /// and binary of the same name, at `/usr/local/bin/<name>`): the database-operator's
+    /// PostgreSQL instance manager, which its pods copy from the image.
+    const COMPANIONS: &'static [&'static str] = &[];
     /// The operator's own flags, next to [`CommonArgs`]. Give it `Default` with
     /// [`crate::cli::defaults`], so the defaults come from the flag definitions.
     type Options: clap::Args + clap::FromArgMatches + Clone + Send + 'static;
@@ -74,6 +78,8 @@ pub struct Entry {
     /// Parses the operator's whole command line (the arguments after the binary's name), as
     /// its binary would, returning the common flags: for checking manifests that run it.
     pub parse_args: fn(&[String]) -> Result<CommonArgs, clap::Error>,
+    /// [`Definition::COMPANIONS`].
+    pub companions: &'static [&'static str],
 }
 
 impl Entry {
@@ -83,6 +89,7 @@ impl Entry {
             name: D::NAME,
             crds: D::crds,
             parse_args: parse_args::<D>,
+            companions: D::COMPANIONS,
         }
     }
 }

@@ -65,6 +65,15 @@ pub struct Options {
     /// Image with `pg_dump` for pre-delete dumps (a Database's `backup.image` wins).
     #[arg(long, default_value = "postgres:17")]
     pub backup_image: String,
+
+    /// Image holding `steward-pg-instance` (the operator's own image ships it): each
+    /// PostgresCluster pod's init container copies the instance manager from it.
+    #[arg(
+        long,
+        env = "STEWARD_INSTANCE_IMAGE",
+        default_value = "steward/database-operator:0.1.0"
+    )]
+    pub instance_image: String,
 }
 
 impl Default for Options {
@@ -80,6 +89,7 @@ pub struct DatabaseOperator;
 impl steward_core::operator::Definition for DatabaseOperator {
     const NAME: &'static str = NAME;
     const ABOUT: &'static str = "Manages PostgreSQL clusters, databases and roles";
+    const COMPANIONS: &'static [&'static str] = &[steward_pg_instance::contract::BINARY];
     type Options = Options;
     type Error = Error;
 

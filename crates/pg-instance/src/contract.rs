@@ -132,7 +132,10 @@ mod tests {
             json,
             r#"{"role":"replica","timeline":2,"lsn":"0/3000060","replayLag":0}"#
         );
-        assert_eq!(serde_json::from_str::<InstanceStatus>(&json).unwrap(), status);
+        assert_eq!(
+            serde_json::from_str::<InstanceStatus>(&json).unwrap(),
+            status
+        );
     }
 
     #[test]

@@ -10,7 +10,10 @@ use steward_pg_instance::postgres::Paths;
 use tokio_util::sync::CancellationToken;
 
 #[derive(Parser)]
-#[command(name = "steward-pg-instance", about = "Steward's PostgreSQL instance manager")]
+#[command(
+    name = "steward-pg-instance",
+    about = "Steward's PostgreSQL instance manager"
+)]
 struct Cli {
     #[command(subcommand)]
     command: Command,
@@ -37,7 +40,11 @@ struct RunArgs {
     cluster: String,
     #[arg(long, env = "PGDATA")]
     pgdata: PathBuf,
-    #[arg(long, env = "PG_CONFIG_FILE", default_value = "/etc/steward/postgresql.conf")]
+    #[arg(
+        long,
+        env = "PG_CONFIG_FILE",
+        default_value = "/etc/steward/postgresql.conf"
+    )]
     config_file: PathBuf,
     #[arg(long, env = "STEWARD_RUN_DIR", default_value = "/steward/run")]
     run_dir: PathBuf,
@@ -58,8 +65,7 @@ struct RunArgs {
 fn main() -> anyhow::Result<()> {
     tracing_subscriber::fmt()
         .with_env_filter(
-            tracing_subscriber::EnvFilter::try_from_default_env()
-                .unwrap_or_else(|_| "info".into()),
+            tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "info".into()),
         )
         .with_writer(std::io::stderr)
         .init();
@@ -106,10 +112,11 @@ async fn run(args: RunArgs) -> anyhow::Result<()> {
     let shutdown = CancellationToken::new();
     let signal = shutdown.clone();
     tokio::spawn(async move {
-        let mut term = match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
-            Ok(s) => s,
-            Err(_) => return,
-        };
+        let mut term =
+            match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+                Ok(s) => s,
+                Err(_) => return,
+            };
         tokio::select! {
             _ = term.recv() => {}
             _ = tokio::signal::ctrl_c() => {}

@@ -15,15 +15,15 @@
 //!    ([`crate::election::candidacy`]).
 
 use std::path::PathBuf;
-use std::sync::atomic::{AtomicI32, Ordering};
 use std::sync::Arc;
+use std::sync::atomic::{AtomicI32, Ordering};
 use std::time::Duration;
 
 use k8s_openapi::api::coordination::v1::Lease;
 use k8s_openapi::api::core::v1::Pod;
 use kube::api::{Api, ListParams, Patch, PatchParams};
 use kube::{Client, ResourceExt};
-use steward_core::leader::{LeaderElector, LeaseConfig, Leadership};
+use steward_core::leader::{LeaderElector, Leadership, LeaseConfig};
 use tokio::io::AsyncWriteExt;
 use tokio::sync::watch;
 use tokio::time::Instant;
@@ -62,7 +62,11 @@ const API_TIMEOUT: Duration = Duration::from_secs(3);
 ///
 /// # Errors
 /// When the run directory, the passfile or the watchdog cannot be set up.
-pub async fn run(settings: Settings, client: Client, shutdown: CancellationToken) -> anyhow::Result<()> {
+pub async fn run(
+    settings: Settings,
+    client: Client,
+    shutdown: CancellationToken,
+) -> anyhow::Result<()> {
     let paths = settings.paths.clone();
     std::fs::create_dir_all(&paths.run_dir)?;
     postgres::write_file(
@@ -215,7 +219,10 @@ impl World {
 
     /// The holder's pod IP, if another instance holds the Lease.
     fn primary_host(&self, me: &str) -> Option<String> {
-        let holder = self.holder.as_deref().filter(|h| !h.is_empty() && *h != me)?;
+        let holder = self
+            .holder
+            .as_deref()
+            .filter(|h| !h.is_empty() && *h != me)?;
         self.pod(holder)?.status.as_ref()?.pod_ip.clone()
     }
 }
@@ -258,7 +265,9 @@ impl Instance {
             return;
         }
         if let Some(pm) = self.postmaster.take() {
-            tracing::error!("not the primary any more (Lease lost or not renewed in time): immediate shutdown");
+            tracing::error!(
+                "not the primary any more (Lease lost or not renewed in time): immediate shutdown"
+            );
             self.primary_pid.store(0, Ordering::SeqCst);
             pm.kill().await;
         }
@@ -270,11 +279,7 @@ impl Instance {
     async fn observe_world(&self) -> anyhow::Result<World> {
         let name = contract::lease_name(&self.settings.cluster);
         let lease = tokio::time::timeout(API_TIMEOUT, self.leases.get_opt(&name)).await??;
-        let holder = lease.map(|l| {
-            l.spec
-                .and_then(|s| s.holder_identity)
-                .unwrap_or_default()
-        });
+        let holder = lease.map(|l| l.spec.and_then(|s| s.holder_identity).unwrap_or_default());
         let selector = format!("{CLUSTER_LABEL}={}", self.settings.cluster);
         let pods = tokio::time::timeout(
             API_TIMEOUT,
@@ -289,7 +294,9 @@ impl Instance {
     async fn prepare(&mut self, leading: bool, world: &World) -> anyhow::Result<()> {
         let paths = &self.settings.paths;
         if leading {
-            tracing::info!("holding the Lease with an empty data directory: initializing the cluster");
+            tracing::info!(
+                "holding the Lease with an empty data directory: initializing the cluster"
+            );
             postgres::initdb(paths, &self.settings.superuser_password).await?;
             return Ok(());
         }
@@ -380,7 +387,11 @@ impl Instance {
         } else {
             let since = *self.not_streaming_since.get_or_insert_with(Instant::now);
             if since.elapsed() > self.settings.stream_timeout {
-                tracing::warn!(?host, "not streaming from the primary for {:?}: stopping to rewind", self.settings.stream_timeout);
+                tracing::warn!(
+                    ?host,
+                    "not streaming from the primary for {:?}: stopping to rewind",
+                    self.settings.stream_timeout
+                );
                 if let Some(pm) = self.postmaster.take() {
                     pm.stop(Duration::from_secs(30)).await;
                 }
@@ -430,7 +441,8 @@ impl Instance {
             .observed
             .as_ref()
             .is_some_and(|o| o.in_recovery != leading);
-        self.health.set(ready, self.observed.is_some() || self.postmaster.is_none());
+        self.health
+            .set(ready, self.observed.is_some() || self.postmaster.is_none());
     }
 
     /// Publishes this instance's status on its pod when it changed (at most once a second),
@@ -564,4 +576,3 @@ fn clear_dir(dir: &std::path::Path) -> std::io::Result<()> {
     use std::os::unix::fs::PermissionsExt;
     std::fs::set_permissions(dir, std::fs::Permissions::from_mode(0o700))
 }
-

@@ -112,7 +112,14 @@ pub async fn initdb(paths: &Paths, password: &str) -> Result<(), Error> {
         Command::new("initdb")
             .arg("-D")
             .arg(&paths.pgdata)
-            .args(["-U", "postgres", "-E", "UTF8", "--locale=C", "--data-checksums"])
+            .args([
+                "-U",
+                "postgres",
+                "-E",
+                "UTF8",
+                "--locale=C",
+                "--data-checksums",
+            ])
             .args(["--auth-local=trust", "--auth-host=scram-sha-256"])
             .arg(format!("--pwfile={}", pwfile.display())),
     )
@@ -126,7 +133,14 @@ pub async fn basebackup(paths: &Paths, host: &str) -> Result<(), Error> {
     run(
         "pg_basebackup",
         Command::new("pg_basebackup")
-            .args(["-h", host, "-p", &PG_PORT.to_string(), "-U", REPLICATION_USER])
+            .args([
+                "-h",
+                host,
+                "-p",
+                &PG_PORT.to_string(),
+                "-U",
+                REPLICATION_USER,
+            ])
             .arg("-D")
             .arg(&paths.pgdata)
             .args(["-X", "stream", "-c", "fast", "--no-password"])
@@ -214,8 +228,14 @@ impl Postmaster {
     /// to connected replicas); immediate (SIGQUIT) if it takes longer than `timeout`.
     pub async fn stop(mut self, timeout: Duration) {
         self.signal(Signal::SIGINT);
-        if tokio::time::timeout(timeout, self.child.wait()).await.is_err() {
-            tracing::warn!(pid = self.pid, "fast shutdown took over {timeout:?}; immediate shutdown");
+        if tokio::time::timeout(timeout, self.child.wait())
+            .await
+            .is_err()
+        {
+            tracing::warn!(
+                pid = self.pid,
+                "fast shutdown took over {timeout:?}; immediate shutdown"
+            );
             self.signal(Signal::SIGQUIT);
             let _ = tokio::time::timeout(Duration::from_secs(5), self.child.wait()).await;
             let _ = self.child.kill().await;
@@ -258,12 +278,10 @@ pub async fn connect(paths: &Paths) -> Result<tokio_postgres::Client, Error> {
         .dbname("postgres")
         .application_name("steward-pg-instance")
         .connect_timeout(QUERY_TIMEOUT);
-    let (client, connection) = tokio::time::timeout(
-        QUERY_TIMEOUT,
-        config.connect(tokio_postgres::NoTls),
-    )
-    .await
-    .map_err(|_| Error::Timeout(QUERY_TIMEOUT))??;
+    let (client, connection) =
+        tokio::time::timeout(QUERY_TIMEOUT, config.connect(tokio_postgres::NoTls))
+            .await
+            .map_err(|_| Error::Timeout(QUERY_TIMEOUT))??;
     tokio::spawn(async move {
         let _ = connection.await;
     });

@@ -158,6 +158,10 @@ mod tests {
         );
         assert_eq!(fence.expired(t0 + Duration::from_secs(10)), None, "renewed");
         fence.receive(&Message::Standby, t0 + Duration::from_secs(10));
-        assert_eq!(fence.expired(t0 + Duration::from_secs(100)), None, "stood down");
+        assert_eq!(
+            fence.expired(t0 + Duration::from_secs(100)),
+            None,
+            "stood down"
+        );
     }
 }

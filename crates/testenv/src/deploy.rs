@@ -21,25 +21,44 @@ use serde_json::{Value, json};
 
 use crate::{ControlPlane, Error, eventually};
 
-/// Every operator with a `deploy/<operator>/` kustomization and an image.
-pub const OPERATORS: [&str; 3] = [
-    "database-operator",
-    "tenant-operator",
-    "upgrade-orchestrator",
-];
+/// An operator to build: its package (and binary) and the companion binaries its image
+/// ships (steward-core's `Definition::COMPANIONS`; the registry `steward_operators::all()`
+/// lists both).
+#[derive(Clone, Copy, Debug)]
+pub struct Spec<'a> {
+    pub name: &'a str,
+    pub companions: &'a [&'a str],
+}
 
-/// Builds the (debug) binaries of `operators` in one `cargo build`; returns their paths in
-/// the same order.
+/// An operator's built (debug) binaries.
+#[derive(Clone, Debug)]
+pub struct Built {
+    pub name: String,
+    pub binary: PathBuf,
+    /// Shipped next to it at `/usr/local/bin/<name>`.
+    pub companions: Vec<PathBuf>,
+}
+
+/// Builds the (debug) binaries of `operators` and their companions in one `cargo build`.
 ///
 /// # Errors
 /// As [`crate::harness::cargo_build`].
-pub fn build(operators: &[&str]) -> Result<Vec<PathBuf>, Error> {
+pub fn build(operators: &[Spec<'_>]) -> Result<Vec<Built>, Error> {
     let mut args = Vec::new();
     for op in operators {
-        args.extend(["--package", op, "--bin", op]);
+        for bin in std::iter::once(&op.name).chain(op.companions) {
+            args.extend(["--package", bin, "--bin", bin]);
+        }
     }
     let dir = crate::harness::cargo_build(&args)?;
-    Ok(operators.iter().map(|op| dir.join(op)).collect())
+    Ok(operators
+        .iter()
+        .map(|op| Built {
+            name: op.name.to_string(),
+            binary: dir.join(op.name),
+            companions: op.companions.iter().map(|c| dir.join(c)).collect(),
+        })
+        .collect())
 }
 
 /// An operator applied by [`operator`].
@@ -66,36 +85,11 @@ pub struct Deployed {
 /// [`crate::manifests::apply`].
 pub async fn operator(
     cp: &ControlPlane,
-    operator: &str,
-    binary: &Path,
+    built: &Built,
     field_manager: &str,
 ) -> Result<Deployed, Error> {
-    let node = cp.real_node().ok_or_else(|| {
-        Error::Other(format!(
-            "{operator} runs as its image only on a real node (Options {{ real_node: true, .. }})"
-        ))
-    })?;
-    let image = {
-        let (binary, name, archive) = (
-            binary.to_path_buf(),
-            operator.to_string(),
-            cp.dir().join(format!("{operator}.oci.tar")),
-        );
-        tokio::task::spawn_blocking(move || {
-            let binary = without_debug_info(&binary, &archive.with_extension("bin"));
-            crate::images::operator(
-                &binary,
-                &name,
-                &format!("steward.dev/testenv/{name}:dev"),
-                json!({}),
-                &archive,
-                false,
-            )
-        })
-        .await
-        .map_err(|e| Error::Other(format!("building the {operator} image: {e}")))??
-    };
-    node.import(&image).await?;
+    let operator = built.name.as_str();
+    let image = image(cp, built).await?;
     let mut objects = cp.kustomize(&crate::workspace_root().join("deploy").join(operator))?;
     let deployment = with_image(&mut objects, &image.reference).ok_or_else(|| {
         Error::Other(format!(
@@ -124,6 +118,50 @@ pub async fn operator(
     })
 }
 
+/// Builds `built`'s image without debug information (testenv's [`crate::images::operator`],
+/// as `cargo xtask image` does) and imports it into the control plane's real node; returns
+/// its reference (`steward.dev/testenv/<operator>:dev`).
+///
+/// # Errors
+/// [`Error::Other`] without a real node; as [`crate::images::operator`] and
+/// [`crate::RealNode::import`].
+pub async fn image(cp: &ControlPlane, built: &Built) -> Result<crate::images::Image, Error> {
+    let operator = built.name.as_str();
+    let node = cp.real_node().ok_or_else(|| {
+        Error::Other(format!(
+            "{operator} runs as its image only on a real node (Options {{ real_node: true, .. }})"
+        ))
+    })?;
+    let image = {
+        let (built, archive) = (built.clone(), cp.dir().join(format!("{operator}.oci.tar")));
+        tokio::task::spawn_blocking(move || {
+            let binary = without_debug_info(&built.binary, &archive.with_extension("bin"));
+            let companions: Vec<PathBuf> = built
+                .companions
+                .iter()
+                .map(|c| {
+                    let name = c.file_name().unwrap_or_default().to_string_lossy();
+                    without_debug_info(c, &archive.with_file_name(format!("{name}.bin")))
+                })
+                .collect();
+            let name = built.name;
+            crate::images::operator(
+                &binary,
+                &companions,
+                &name,
+                &format!("steward.dev/testenv/{name}:dev"),
+                json!({}),
+                &archive,
+                false,
+            )
+        })
+        .await
+        .map_err(|e| Error::Other(format!("building the {operator} image: {e}")))??
+    };
+    node.import(&image).await?;
+    Ok(image)
+}
+
 /// A copy of `binary` at `copy` without debug information (`strip --strip-debug`: a debug
 /// build's 250–360 MB become about a tenth, so the image is written and imported in a
 /// fraction of the time), or `binary` itself if that fails.
@@ -150,6 +188,12 @@ fn with_image(objects: &mut [Value], image: &str) -> Option<Value> {
     let container = deployment["spec"]["template"]["spec"]["containers"].get_mut(0)?;
     container["image"] = json!(image);
     container["imagePullPolicy"] = json!("Never");
+    // The database-operator's pods copy its instance manager from its own image.
+    for env in container["env"].as_array_mut().into_iter().flatten() {
+        if env["name"] == "STEWARD_INSTANCE_IMAGE" {
+            env["value"] = json!(image);
+        }
+    }
     Some(deployment.clone())
 }
 

@@ -648,6 +648,7 @@ fn maven_postgresql_tree(version: &str) -> Result<PathBuf, Error> {
 /// [`Error::Io`] if the binary or a library cannot be read or the archive written.
 pub fn operator(
     binary: &Path,
+    companions: &[PathBuf],
     name: &str,
     reference: &str,
     labels: serde_json::Value,
@@ -669,6 +670,15 @@ pub fn operator(
         .file("etc/group", b"root:x:0:\nnonroot:x:65532:\n".to_vec(), 0o644)
         .file(&format!("usr/local/bin/{name}"), data, 0o755);
     layer.libraries_of(binary)?;
+    for companion in companions {
+        let data = std::fs::read(companion).map_err(io(format!("read {}", companion.display())))?;
+        let file = companion
+            .file_name()
+            .map(|f| f.to_string_lossy().trim_end_matches(".bin").to_string())
+            .unwrap_or_default();
+        layer.file(&format!("usr/local/bin/{file}"), data, 0o755);
+        layer.libraries_of(companion)?;
+    }
     let tar = layer.tar()?;
     OciArchive {
         reference,

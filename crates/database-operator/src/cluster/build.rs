@@ -8,12 +8,14 @@ use k8s_openapi::api::apps::v1::{
     StatefulSetSpec, StatefulSetUpdateStrategy,
 };
 use k8s_openapi::api::core::v1::{
-    ConfigMap, ConfigMapVolumeSource, Container, ContainerPort, EnvVar, EnvVarSource, ExecAction,
-    ObjectFieldSelector, PersistentVolumeClaim, PersistentVolumeClaimSpec, PodSecurityContext,
-    PodSpec, PodTemplateSpec, Probe, Secret, SecretKeySelector, Service, ServicePort, ServiceSpec,
-    Volume, VolumeMount, VolumeResourceRequirements,
+    ConfigMap, ConfigMapVolumeSource, Container, ContainerPort, EmptyDirVolumeSource, EnvVar,
+    EnvVarSource, HTTPGetAction, ObjectFieldSelector, PersistentVolumeClaim,
+    PersistentVolumeClaimSpec, PodSecurityContext, PodSpec, PodTemplateSpec, Probe, Secret,
+    SecretKeySelector, Service, ServiceAccount, ServicePort, ServiceSpec, Volume, VolumeMount,
+    VolumeResourceRequirements,
 };
 use k8s_openapi::api::policy::v1::{PodDisruptionBudget, PodDisruptionBudgetSpec};
+use k8s_openapi::api::rbac::v1::{PolicyRule, Role, RoleBinding, RoleRef, Subject};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{LabelSelector, ObjectMeta};
 use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
 use kube::ResourceExt;
@@ -22,10 +24,8 @@ use sha2::{Digest, Sha256};
 use crate::api::{DeletionPolicy, PostgresCluster, Resources};
 use crate::password::Password;
 
-/// Label on every pod of a cluster: the cluster's name.
-pub const CLUSTER_LABEL: &str = "database.steward.dev/cluster";
-/// Label the operator sets on each pod: `primary` or `replica`.
-pub const ROLE_LABEL: &str = "database.steward.dev/role";
+use steward_pg_instance::contract::{self as instance, BINARY, HTTP_PORT};
+pub use steward_pg_instance::contract::{CLUSTER_LABEL, PRIMARY, REPLICA, ROLE_LABEL};
 /// Label on each pod: the PostgreSQL major version of its template.
 pub const VERSION_LABEL: &str = "database.steward.dev/version";
 /// Annotation on the pod template: hash of the configuration, so a change rolls the pods.
@@ -38,6 +38,11 @@ pub const REVISION_LABEL: &str = "controller-revision-hash";
 pub const PORT: i32 = 5432;
 const DATA_DIR: &str = "/var/lib/postgresql/data";
 const CONFIG_DIR: &str = "/etc/steward";
+/// The pod's scratch volume: the instance manager's binary (`bin/`, copied by the init
+/// container) and its run directory (`run/`: socket, `instance.conf`, passfile).
+const STEWARD_DIR: &str = "/steward";
+/// Where the instance manager's binary is in the operator's image.
+pub const INSTANCE_BINARY_IN_IMAGE: &str = "/usr/local/bin/steward-pg-instance";
 /// UID/GID of `postgres` in the official images (and in testenv's).
 const POSTGRES_UID: i64 = 999;
 
@@ -52,10 +57,16 @@ pub struct Names {
     /// Read-only Service: the replicas.
     pub ro: String,
     pub superuser_secret: String,
+    /// The replication role's password (`password`), for replicas and `pg_rewind`.
+    pub replication_secret: String,
     pub config: String,
     pub pdb: String,
-    /// The primary's pod (ordinal 0).
-    pub primary_pod: String,
+    /// ServiceAccount, Role and RoleBinding of the instance managers.
+    pub instance_account: String,
+    /// The Lease whose holder is the primary (taken and renewed by the instance managers).
+    pub lease: String,
+    /// The first instance: it creates the cluster and the Lease.
+    pub first_pod: String,
 }
 
 impl Names {
@@ -66,9 +77,12 @@ impl Names {
             rw: format!("{cluster}-rw"),
             ro: format!("{cluster}-ro"),
             superuser_secret: format!("{cluster}-superuser"),
+            replication_secret: format!("{cluster}-replication"),
             config: format!("{cluster}-config"),
             pdb: cluster.to_string(),
-            primary_pod: format!("{cluster}-0"),
+            instance_account: format!("{cluster}-instance"),
+            lease: instance::lease_name(cluster),
+            first_pod: format!("{cluster}-0"),
         }
     }
 }
@@ -145,7 +159,7 @@ pub fn headless_service(cluster: &PostgresCluster) -> Service {
 pub fn rw_service(cluster: &PostgresCluster) -> Service {
     let names = Names::of(&cluster.name_any());
     let mut selector = selector_labels(&cluster.name_any());
-    selector.insert(ROLE_LABEL.into(), "primary".into());
+    selector.insert(ROLE_LABEL.into(), PRIMARY.into());
     service(cluster, &names.rw, selector, false)
 }
 
@@ -153,7 +167,7 @@ pub fn rw_service(cluster: &PostgresCluster) -> Service {
 pub fn ro_service(cluster: &PostgresCluster) -> Service {
     let names = Names::of(&cluster.name_any());
     let mut selector = selector_labels(&cluster.name_any());
-    selector.insert(ROLE_LABEL.into(), "replica".into());
+    selector.insert(ROLE_LABEL.into(), REPLICA.into());
     service(cluster, &names.ro, selector, false)
 }
 
@@ -179,6 +193,85 @@ pub fn superuser_secret(cluster: &PostgresCluster, password: &Password) -> Secre
 /// Whether the superuser Secret carries an owner reference (is deleted with the cluster).
 pub fn superuser_secret_owned(cluster: &PostgresCluster) -> bool {
     cluster.spec.deletion_policy == DeletionPolicy::Delete
+}
+
+/// The replication role's password. The primary's instance manager sets it on the role
+/// whenever it starts leading, so a new Secret (after the cluster was deleted with
+/// `Retain` and re-created) works with kept data.
+pub fn replication_secret(cluster: &PostgresCluster, password: &Password) -> Secret {
+    let names = Names::of(&cluster.name_any());
+    Secret {
+        metadata: meta(cluster, &names.replication_secret),
+        type_: Some("Opaque".into()),
+        data: Some(BTreeMap::from([(
+            "password".to_string(),
+            ByteString(password.expose().as_bytes().to_vec()),
+        )])),
+        ..Default::default()
+    }
+}
+
+/// The instance managers' ServiceAccount.
+pub fn instance_service_account(cluster: &PostgresCluster) -> ServiceAccount {
+    let names = Names::of(&cluster.name_any());
+    ServiceAccount {
+        metadata: meta(cluster, &names.instance_account),
+        ..Default::default()
+    }
+}
+
+/// What the instance managers may do, and nothing more: take and renew this cluster's
+/// Lease, read the cluster's pods and label/annotate its own pods (by name), record Events.
+pub fn instance_role(cluster: &PostgresCluster) -> Role {
+    let name = cluster.name_any();
+    let names = Names::of(&name);
+    let rule = |groups: &[&str], resources: &[&str], verbs: &[&str], names: Option<Vec<String>>| {
+        PolicyRule {
+            api_groups: Some(groups.iter().map(|s| (*s).to_string()).collect()),
+            resources: Some(resources.iter().map(|s| (*s).to_string()).collect()),
+            verbs: verbs.iter().map(|s| (*s).to_string()).collect(),
+            resource_names: names,
+            ..Default::default()
+        }
+    };
+    let pods: Vec<String> = (0..cluster.spec.instances)
+        .map(|i| format!("{name}-{i}"))
+        .collect();
+    Role {
+        metadata: meta(cluster, &names.instance_account),
+        rules: Some(vec![
+            // `create` cannot be limited to a name.
+            rule(&["coordination.k8s.io"], &["leases"], &["create"], None),
+            rule(
+                &["coordination.k8s.io"],
+                &["leases"],
+                &["get", "update", "list", "watch"],
+                Some(vec![names.lease.clone()]),
+            ),
+            rule(&[""], &["pods"], &["get", "list"], None),
+            rule(&[""], &["pods"], &["patch"], Some(pods)),
+            rule(&[""], &["events"], &["create", "patch"], None),
+        ]),
+    }
+}
+
+/// Binds [`instance_role`] to [`instance_service_account`].
+pub fn instance_role_binding(cluster: &PostgresCluster) -> RoleBinding {
+    let names = Names::of(&cluster.name_any());
+    RoleBinding {
+        metadata: meta(cluster, &names.instance_account),
+        role_ref: RoleRef {
+            api_group: Some("rbac.authorization.k8s.io".into()),
+            kind: "Role".into(),
+            name: names.instance_account.clone(),
+        },
+        subjects: Some(vec![Subject {
+            kind: "ServiceAccount".into(),
+            name: names.instance_account.clone(),
+            namespace: cluster.namespace(),
+            ..Default::default()
+        }]),
+    }
 }
 
 /// A value quoted for `postgresql.conf` (its own syntax, not SQL's): inside single quotes, a
@@ -209,10 +302,17 @@ pub fn render_parameters(parameters: &BTreeMap<String, String>) -> String {
     out.push_str("listen_addresses = '*'\n");
     out.push_str(&format!("port = {PORT}\n"));
     out.push_str(&format!("hba_file = '{CONFIG_DIR}/pg_hba.conf'\n"));
+    // Replicas that fall behind, and a former primary rewinding, find the WAL they need.
+    out.push_str("wal_keep_size = '512MB'\n");
+    out.push_str("wal_log_hints = on\n");
     for (k, v) in parameters {
         // The schema and validation restrict keys and refuse control characters in values.
         out.push_str(&format!("{k} = {}\n", conf_quote(v)));
     }
+    // Last, so the role's settings (primary_conninfo) win: written by the instance manager.
+    out.push_str(&format!(
+        "include_if_exists = '{STEWARD_DIR}/run/instance.conf'\n"
+    ));
     out
 }
 
@@ -221,48 +321,13 @@ const PG_HBA: &str = "\
 local   all             all                                     trust
 host    all             all             127.0.0.1/32            scram-sha-256
 host    all             all             ::1/128                 scram-sha-256
-host    replication     all             0.0.0.0/0               scram-sha-256
-host    replication     all             ::/0                    scram-sha-256
+host    replication     steward_replication 0.0.0.0/0           scram-sha-256
+host    replication     steward_replication ::/0                scram-sha-256
 host    all             all             0.0.0.0/0               scram-sha-256
 host    all             all             ::/0                    scram-sha-256
 ";
 
-/// Starts an instance, in POSIX `sh` (stock images and the test images, whose shell is
-/// busybox's): on first start ordinal 0 initializes the data directory (`initdb`, the
-/// superuser's password from `POSTGRES_PASSWORD`) and runs as the primary; the others clone
-/// the primary with `pg_basebackup -R` and run as streaming replicas. Then `postgres` with
-/// `postgresql.conf` from the ConfigMap (the data directory comes from `PGDATA`). It needs
-/// only `initdb`, `pg_isready`, `pg_basebackup` and `postgres` on `PATH`, no image's own
-/// entrypoint.
-const BOOTSTRAP: &str = r#"#!/bin/sh
-# Managed by database-operator.
-set -eu
-ordinal="${POD_NAME##*-}"
-if [ ! -s "$PGDATA/PG_VERSION" ]; then
-  if [ "$ordinal" = "0" ]; then
-    echo "initializing $PGDATA"
-    pwfile="$(mktemp)"
-    printf '%s\n' "$POSTGRES_PASSWORD" > "$pwfile"
-    initdb -D "$PGDATA" -U postgres --pwfile="$pwfile" -E UTF8 --locale=C \
-      --auth-local=trust --auth-host=scram-sha-256
-    rm -f "$pwfile"
-  else
-    export PGPASSWORD="$POSTGRES_PASSWORD"
-    until pg_isready -q -h "$PRIMARY_HOST" -p 5432; do echo "waiting for the primary $PRIMARY_HOST"; sleep 2; done
-    mkdir -p "$PGDATA" && chmod 0700 "$PGDATA"
-    until pg_basebackup -h "$PRIMARY_HOST" -p 5432 -U postgres -D "$PGDATA" -R -X stream -c fast; do
-      echo "pg_basebackup failed; retrying"; rm -rf "${PGDATA:?}"/* "${PGDATA:?}"/.[!.]* 2>/dev/null || true; sleep 5
-    done
-    unset PGPASSWORD
-  fi
-fi
-if [ -n "${PG_MAJOR:-}" ] && [ "$(cat "$PGDATA/PG_VERSION")" != "$PG_MAJOR" ]; then
-  echo "data directory is PostgreSQL $(cat "$PGDATA/PG_VERSION"), image is $PG_MAJOR: a major upgrade needs pg_upgrade, which this image does not run" >&2
-fi
-exec postgres -c "config_file=/etc/steward/postgresql.conf"
-"#;
-
-/// The ConfigMap with `postgresql.conf` (parameters), `pg_hba.conf` and `bootstrap.sh`.
+/// The ConfigMap with `postgresql.conf` (parameters) and `pg_hba.conf`.
 pub fn config_map(cluster: &PostgresCluster) -> ConfigMap {
     let names = Names::of(&cluster.name_any());
     ConfigMap {
@@ -273,7 +338,6 @@ pub fn config_map(cluster: &PostgresCluster) -> ConfigMap {
                 render_parameters(&cluster.spec.parameters),
             ),
             ("pg_hba.conf".to_string(), PG_HBA.to_string()),
-            ("bootstrap.sh".to_string(), BOOTSTRAP.to_string()),
         ])),
         ..Default::default()
     }
@@ -310,7 +374,16 @@ pub fn pod_disruption_budget(cluster: &PostgresCluster) -> PodDisruptionBudget {
 
 /// The StatefulSet: `instances` pods, OrderedReady, rolling updates gated by `partition`
 /// (pods with an ordinal ≥ partition run the new template).
-pub fn statefulset(cluster: &PostgresCluster, config_hash: &str, partition: i32) -> StatefulSet {
+///
+/// Each pod runs `steward-pg-instance` as PID 1 of its PostgreSQL container: an init
+/// container copies it from `instance_image` (the operator's image) into the pod's scratch
+/// volume, so the PostgreSQL image needs nothing of Steward's.
+pub fn statefulset(
+    cluster: &PostgresCluster,
+    config_hash: &str,
+    partition: i32,
+    instance_image: &str,
+) -> StatefulSet {
     let name = cluster.name_any();
     let names = Names::of(&name);
     let mut pod_labels = selector_labels(&name);
@@ -320,6 +393,60 @@ pub fn statefulset(cluster: &PostgresCluster, config_hash: &str, partition: i32)
         value: Some(value),
         ..Default::default()
     };
+    let field = |name: &str, path: &str| EnvVar {
+        name: name.into(),
+        value_from: Some(EnvVarSource {
+            field_ref: Some(ObjectFieldSelector {
+                field_path: path.into(),
+                ..Default::default()
+            }),
+            ..Default::default()
+        }),
+        ..Default::default()
+    };
+    let secret = |name: &str, secret: &str| EnvVar {
+        name: name.into(),
+        value_from: Some(EnvVarSource {
+            secret_key_ref: Some(SecretKeySelector {
+                name: secret.into(),
+                key: "password".into(),
+                optional: Some(false),
+            }),
+            ..Default::default()
+        }),
+        ..Default::default()
+    };
+    let steward_mount = VolumeMount {
+        name: "steward".into(),
+        mount_path: STEWARD_DIR.into(),
+        ..Default::default()
+    };
+    let http_probe = |path: &str, period: i32, failures: i32| Probe {
+        http_get: Some(HTTPGetAction {
+            path: Some(path.into()),
+            port: IntOrString::Int(i32::from(HTTP_PORT)),
+            ..Default::default()
+        }),
+        period_seconds: Some(period),
+        timeout_seconds: Some(2),
+        failure_threshold: Some(failures),
+        ..Default::default()
+    };
+    let copier = Container {
+        name: "instance-manager".into(),
+        image: Some(instance_image.to_string()),
+        image_pull_policy: cluster
+            .spec
+            .image_pull_policy
+            .map(|p| p.as_str().to_string()),
+        command: Some(vec![
+            INSTANCE_BINARY_IN_IMAGE.into(),
+            "copy".into(),
+            format!("{STEWARD_DIR}/bin"),
+        ]),
+        volume_mounts: Some(vec![steward_mount.clone()]),
+        ..Default::default()
+    };
     let container = Container {
         name: "postgres".into(),
         image: Some(image(cluster)),
@@ -327,59 +454,35 @@ pub fn statefulset(cluster: &PostgresCluster, config_hash: &str, partition: i32)
             .spec
             .image_pull_policy
             .map(|p| p.as_str().to_string()),
-        command: Some(vec!["/bin/sh".into(), format!("{CONFIG_DIR}/bootstrap.sh")]),
+        command: Some(vec![format!("{STEWARD_DIR}/bin/{BINARY}"), "run".into()]),
         env: Some(vec![
-            EnvVar {
-                name: "POD_NAME".into(),
-                value_from: Some(EnvVarSource {
-                    field_ref: Some(ObjectFieldSelector {
-                        field_path: "metadata.name".into(),
-                        ..Default::default()
-                    }),
-                    ..Default::default()
-                }),
-                ..Default::default()
-            },
-            env("POSTGRES_USER", "postgres".into()),
-            EnvVar {
-                name: "POSTGRES_PASSWORD".into(),
-                value_from: Some(EnvVarSource {
-                    secret_key_ref: Some(SecretKeySelector {
-                        name: names.superuser_secret.clone(),
-                        key: "password".into(),
-                        optional: Some(false),
-                    }),
-                    ..Default::default()
-                }),
-                ..Default::default()
-            },
+            field("POD_NAME", "metadata.name"),
+            field("POD_NAMESPACE", "metadata.namespace"),
+            env("CLUSTER_NAME", name.clone()),
+            secret("POSTGRES_PASSWORD", &names.superuser_secret),
+            secret("REPLICATION_PASSWORD", &names.replication_secret),
             env("PGDATA", format!("{DATA_DIR}/pgdata")),
-            env(
-                "PRIMARY_HOST",
-                format!("{}.{}", names.primary_pod, names.headless),
-            ),
+            env("PG_CONFIG_FILE", format!("{CONFIG_DIR}/postgresql.conf")),
+            env("STEWARD_RUN_DIR", format!("{STEWARD_DIR}/run")),
         ]),
-        ports: Some(vec![ContainerPort {
-            name: Some("postgres".into()),
-            container_port: PORT,
-            protocol: Some("TCP".into()),
-            ..Default::default()
-        }]),
-        readiness_probe: Some(Probe {
-            exec: Some(ExecAction {
-                command: Some(vec![
-                    "pg_isready".into(),
-                    "-q".into(),
-                    "-h".into(),
-                    "127.0.0.1".into(),
-                    "-U".into(),
-                    "postgres".into(),
-                ]),
-            }),
-            period_seconds: Some(5),
-            failure_threshold: Some(3),
-            ..Default::default()
-        }),
+        ports: Some(vec![
+            ContainerPort {
+                name: Some("postgres".into()),
+                container_port: PORT,
+                protocol: Some("TCP".into()),
+                ..Default::default()
+            },
+            ContainerPort {
+                name: Some("instance".into()),
+                container_port: i32::from(HTTP_PORT),
+                protocol: Some("TCP".into()),
+                ..Default::default()
+            },
+        ]),
+        // Ready: PostgreSQL serves the role the Lease gives this instance.
+        readiness_probe: Some(http_probe("/readyz", 1, 2)),
+        // Live: the instance manager answers (a paused one does not).
+        liveness_probe: Some(http_probe("/healthz", 5, 3)),
         resources: cluster
             .spec
             .resources
@@ -397,6 +500,7 @@ pub fn statefulset(cluster: &PostgresCluster, config_hash: &str, partition: i32)
                 read_only: Some(true),
                 ..Default::default()
             },
+            steward_mount,
         ]),
         ..Default::default()
     };
@@ -457,7 +561,9 @@ pub fn statefulset(cluster: &PostgresCluster, config_hash: &str, partition: i32)
                     ..Default::default()
                 }),
                 spec: Some(PodSpec {
+                    init_containers: Some(vec![copier]),
                     containers: vec![container],
+                    service_account_name: Some(names.instance_account.clone()),
                     security_context: Some(PodSecurityContext {
                         run_as_user: Some(POSTGRES_UID),
                         run_as_group: Some(POSTGRES_UID),
@@ -466,15 +572,22 @@ pub fn statefulset(cluster: &PostgresCluster, config_hash: &str, partition: i32)
                         ..Default::default()
                     }),
                     termination_grace_period_seconds: Some(60),
-                    volumes: Some(vec![Volume {
-                        name: "config".into(),
-                        config_map: Some(ConfigMapVolumeSource {
-                            name: names.config.clone(),
-                            default_mode: Some(0o555),
+                    volumes: Some(vec![
+                        Volume {
+                            name: "config".into(),
+                            config_map: Some(ConfigMapVolumeSource {
+                                name: names.config.clone(),
+                                default_mode: Some(0o444),
+                                ..Default::default()
+                            }),
                             ..Default::default()
-                        }),
-                        ..Default::default()
-                    }]),
+                        },
+                        Volume {
+                            name: "steward".into(),
+                            empty_dir: Some(EmptyDirVolumeSource::default()),
+                            ..Default::default()
+                        },
+                    ]),
                     ..Default::default()
                 }),
             },

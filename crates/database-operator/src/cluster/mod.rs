@@ -13,6 +13,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use k8s_openapi::api::apps::v1::StatefulSet;
+use k8s_openapi::api::coordination::v1::Lease;
 use k8s_openapi::api::core::v1::{Pod, Secret};
 use kube::api::{Api, ListParams, Patch, PatchParams};
 use kube::runtime::controller::Action;
@@ -62,27 +63,9 @@ pub async fn reconcile(
     let client = ctx.client.clone();
     let children = Children::new(client.clone(), cluster.as_ref(), &ctx.field_manager);
 
-    // The superuser password is generated once and never regenerated.
+    // Passwords are generated once and never regenerated.
     let secrets: Api<Secret> = Api::namespaced(client.clone(), &ns);
-    let existing = secrets
-        .get_opt(&names.superuser_secret)
-        .await
-        .map_err(|source| Error::Read {
-            what: format!("Secret {}", names.superuser_secret),
-            source,
-        })?;
-    crate::server::ensure_ours(
-        existing.as_ref(),
-        cluster.as_ref(),
-        Some((build::CLUSTER_LABEL, name.as_str())),
-    )?;
-    let password = existing
-        .as_ref()
-        .and_then(|s| s.data.as_ref()?.get("password"))
-        .and_then(|p| String::from_utf8(p.0.clone()).ok())
-        .filter(|p| !p.is_empty())
-        .map(Password::from_existing)
-        .unwrap_or_else(Password::generate);
+    let password = existing_password(&secrets, &cluster, &names.superuser_secret).await?;
     let secret = build::superuser_secret(&cluster, &password);
     if build::superuser_secret_owned(&cluster) {
         children.apply(secret).await?;
@@ -93,6 +76,18 @@ pub async fn reconcile(
             .apply(secret)
             .await?;
     }
+    let replication = existing_password(&secrets, &cluster, &names.replication_secret).await?;
+    children
+        .apply(build::replication_secret(&cluster, &replication))
+        .await?;
+    // The instance managers' identity and rights (before the pods that use them).
+    children
+        .apply(build::instance_service_account(&cluster))
+        .await?;
+    children.apply(build::instance_role(&cluster)).await?;
+    children
+        .apply(build::instance_role_binding(&cluster))
+        .await?;
 
     let config = build::config_map(&cluster);
     let config_hash = build::config_hash(&config);
@@ -127,7 +122,8 @@ pub async fn reconcile(
         .filter_map(|p| rollout::PodView::of(p, &names.statefulset))
         .collect();
 
-    let mut desired = build::statefulset(&cluster, &config_hash, 0);
+    let mut desired =
+        build::statefulset(&cluster, &config_hash, 0, &ctx.data.options.instance_image);
     let template_hash = build::template_hash(&desired);
     let template_changed = current
         .as_ref()
@@ -138,7 +134,12 @@ pub async fn reconcile(
         template_changed,
         &views,
     );
-    desired = build::statefulset(&cluster, &config_hash, partition);
+    desired = build::statefulset(
+        &cluster,
+        &config_hash,
+        partition,
+        &ctx.data.options.instance_image,
+    );
     desired
         .annotations_mut()
         .insert(TEMPLATE_HASH_ANNOTATION.into(), template_hash);
@@ -149,17 +150,37 @@ pub async fn reconcile(
             .await;
     }
 
-    // Role labels for the Services: ordinal 0 is the primary.
-    for pod in &pods.items {
-        let Some(view) = rollout::PodView::of(pod, &names.statefulset) else {
-            continue;
-        };
-        let role = if view.ordinal == 0 {
-            "primary"
-        } else {
-            "replica"
-        };
-        if pod.labels().get(ROLE_LABEL).map(String::as_str) != Some(role) && !view.deleting {
+    // The primary is the Lease's holder (the instance managers elect it); before any Lease
+    // exists, the first instance, which creates it. Its manager moves the role labels when
+    // it is promoted; here they are only corrected (say, a label edited by hand).
+    let leases: Api<Lease> = Api::namespaced(client.clone(), &ns);
+    let lease = leases
+        .get_opt(&names.lease)
+        .await
+        .map_err(|source| Error::Read {
+            what: format!("Lease {}", names.lease),
+            source,
+        })?;
+    let primary = match &lease {
+        None => Some(names.first_pod.clone()),
+        Some(lease) => lease
+            .spec
+            .as_ref()
+            .and_then(|s| s.holder_identity.clone())
+            .filter(|h| !h.is_empty()),
+    };
+    if let Some(primary) = &primary {
+        for pod in &pods.items {
+            let role = if pod.name_any() == *primary {
+                build::PRIMARY
+            } else {
+                build::REPLICA
+            };
+            if pod.labels().get(ROLE_LABEL).map(String::as_str) == Some(role)
+                || pod.metadata.deletion_timestamp.is_some()
+            {
+                continue;
+            }
             let patch = serde_json::json!({"metadata": {"labels": {ROLE_LABEL: role}}});
             match pods_api
                 .patch(
@@ -192,7 +213,7 @@ pub async fn reconcile(
             current.as_ref().and_then(rollout::update_revision)
         },
         pods: &views,
-        primary_pod: names.primary_pod.clone(),
+        primary: primary.as_deref(),
         superuser_secret: names.superuser_secret.clone(),
     };
     let status = rollout::status(&observed, cluster.status.as_ref());
@@ -205,6 +226,30 @@ pub async fn reconcile(
     } else {
         Action::requeue(Duration::from_secs(10))
     })
+}
+
+/// The password in Secret `name` if it exists and is this cluster's, else a new one.
+async fn existing_password(
+    secrets: &Api<Secret>,
+    cluster: &PostgresCluster,
+    name: &str,
+) -> Result<Password, Error> {
+    let existing = secrets.get_opt(name).await.map_err(|source| Error::Read {
+        what: format!("Secret {name}"),
+        source,
+    })?;
+    crate::server::ensure_ours(
+        existing.as_ref(),
+        cluster,
+        Some((build::CLUSTER_LABEL, cluster.name_any().as_str())),
+    )?;
+    Ok(existing
+        .as_ref()
+        .and_then(|s| s.data.as_ref()?.get("password"))
+        .and_then(|p| String::from_utf8(p.0.clone()).ok())
+        .filter(|p| !p.is_empty())
+        .map(Password::from_existing)
+        .unwrap_or_else(Password::generate))
 }
 
 /// Checks in code what the schema checks at admission.
@@ -309,7 +354,7 @@ mod tests {
     #[test]
     fn statefulset_has_partition_storage_and_retention() {
         let c = cluster("pg");
-        let sts = statefulset(&c, "abc", 2);
+        let sts = statefulset(&c, "abc", 2, "op:1");
         let spec = &sts.spec;
         assert_eq!(spec.replicas, Some(3));
         assert_eq!(spec.service_name.as_deref(), Some("pg-hl"));
@@ -366,7 +411,7 @@ mod tests {
 
         let mut d = cluster("pg");
         d.spec.deletion_policy = DeletionPolicy::Delete;
-        let sts = statefulset(&d, "abc", 0);
+        let sts = statefulset(&d, "abc", 0, "op:1");
         assert_eq!(
             sts.spec
                 .persistent_volume_claim_retention_policy
@@ -382,22 +427,22 @@ mod tests {
     #[test]
     fn template_hash_tracks_version_and_config_not_partition() {
         let c = cluster("pg");
-        let a = template_hash(&statefulset(&c, "h1", 0));
+        let a = template_hash(&statefulset(&c, "h1", 0, "op:1"));
         assert_eq!(
             a,
-            template_hash(&statefulset(&c, "h1", 2)),
+            template_hash(&statefulset(&c, "h1", 2, "op:1")),
             "partition is not part of the template"
         );
         assert_ne!(
             a,
-            template_hash(&statefulset(&c, "h2", 0)),
+            template_hash(&statefulset(&c, "h2", 0, "op:1")),
             "config change rolls"
         );
         let mut v = cluster("pg");
         v.spec.version = 17;
         assert_ne!(
             a,
-            template_hash(&statefulset(&v, "h1", 0)),
+            template_hash(&statefulset(&v, "h1", 0, "op:1")),
             "version change rolls"
         );
     }
@@ -445,100 +490,94 @@ mod tests {
         );
     }
 
-    /// Runs the ConfigMap's `bootstrap.sh` with `sh` (dash here, busybox in the test image)
-    /// against stand-ins for `initdb`, `pg_isready`, `pg_basebackup` and `postgres` that log
-    /// their arguments: what each ordinal runs, on first and later starts.
     #[test]
-    fn bootstrap_initializes_the_primary_and_clones_replicas() {
-        let dir = tempfile::tempdir().unwrap();
-        let bin = dir.path().join("bin");
-        let tmp = dir.path().join("tmp");
-        std::fs::create_dir_all(&bin).unwrap();
-        std::fs::create_dir_all(&tmp).unwrap();
-        let log = dir.path().join("log");
-        let fake = |name: &str, body: &str| {
-            let path = bin.join(name);
-            std::fs::write(
-                &path,
-                format!("#!/bin/sh\necho \"{name} $*\" >> \"$LOG\"\n{body}\n"),
-            )
+    fn pods_run_the_instance_manager_copied_from_the_operators_image() {
+        let c = cluster("pg");
+        let sts = statefulset(&c, "abc", 0, "steward/database-operator:9");
+        let pod = sts.spec.template.spec.as_ref().unwrap();
+        let init = &pod.init_containers.as_ref().unwrap()[0];
+        assert_eq!(init.image.as_deref(), Some("steward/database-operator:9"));
+        assert_eq!(
+            init.command.as_ref().unwrap(),
+            &[INSTANCE_BINARY_IN_IMAGE, "copy", "/steward/bin"]
+        );
+        let pg = &pod.containers[0];
+        assert_eq!(pg.image.as_deref(), Some("postgres:16"));
+        assert_eq!(
+            pg.command.as_ref().unwrap(),
+            &["/steward/bin/steward-pg-instance", "run"]
+        );
+        assert_eq!(pod.service_account_name.as_deref(), Some("pg-instance"));
+        let env = pg.env.as_ref().unwrap();
+        let from_secret = |name: &str| {
+            env.iter()
+                .find(|e| e.name == name)
+                .and_then(|e| e.value_from.as_ref()?.secret_key_ref.as_ref())
+                .map(|s| s.name.clone())
+        };
+        assert_eq!(
+            from_secret("REPLICATION_PASSWORD").as_deref(),
+            Some("pg-replication")
+        );
+        let probe = |p: &Option<k8s_openapi::api::core::v1::Probe>| {
+            p.as_ref().unwrap().http_get.as_ref().unwrap().path.clone()
+        };
+        assert_eq!(probe(&pg.readiness_probe).as_deref(), Some("/readyz"));
+        assert_eq!(probe(&pg.liveness_probe).as_deref(), Some("/healthz"));
+    }
+
+    #[test]
+    fn instance_managers_may_touch_only_their_lease_and_pods() {
+        let c = cluster("pg");
+        let role = instance_role(&c);
+        let rules = role.rules.unwrap();
+        let lease = rules
+            .iter()
+            .find(|r| r.verbs.contains(&"update".to_string()))
             .unwrap();
-            std::fs::set_permissions(&path, std::os::unix::fs::PermissionsExt::from_mode(0o755))
-                .unwrap();
-        };
-        fake(
-            "initdb",
-            r#"for a; do case "$a" in --pwfile=*) echo "password $(cat "${a#--pwfile=}")" >> "$LOG";; esac; done; mkdir -p "$PGDATA"; echo 15 > "$PGDATA/PG_VERSION""#,
+        assert_eq!(
+            lease.resources.as_deref(),
+            Some(&["leases".to_string()][..])
         );
-        fake("pg_isready", "exit 0");
-        fake(
-            "pg_basebackup",
-            r#"echo "password $PGPASSWORD" >> "$LOG"; echo 15 > "$PGDATA/PG_VERSION""#,
+        assert_eq!(
+            lease.resource_names.as_deref(),
+            Some(&["pg-primary".to_string()][..])
         );
-        fake("postgres", "");
-        let script = dir.path().join("bootstrap.sh");
-        std::fs::write(
-            &script,
-            &config_map(&cluster("pg")).data.unwrap()["bootstrap.sh"],
-        )
-        .unwrap();
-        let run = |pod: &str, data: &str| {
-            let out = std::process::Command::new("sh")
-                .arg(&script)
-                .env_clear()
-                .env("PATH", format!("{}:/usr/bin:/bin", bin.display()))
-                .env("TMPDIR", &tmp)
-                .env("LOG", &log)
-                .env("POD_NAME", pod)
-                .env("PGDATA", dir.path().join(data))
-                .env("POSTGRES_PASSWORD", "s3cret")
-                .env("PRIMARY_HOST", "pg-0.pg-hl")
-                .output()
-                .unwrap();
-            assert!(out.status.success(), "{out:?}");
-            let text = std::fs::read_to_string(&log).unwrap();
-            std::fs::remove_file(&log).unwrap();
-            text
-        };
-        let primary = run("pg-0", "d0/pgdata");
-        let lines: Vec<&str> = primary.lines().collect();
-        assert_eq!(lines.len(), 3, "{primary}");
+        let patch = rules
+            .iter()
+            .find(|r| {
+                r.verbs.contains(&"patch".to_string()) && r.resources.as_ref().unwrap()[0] == "pods"
+            })
+            .unwrap();
+        assert_eq!(
+            patch.resource_names.as_ref().unwrap(),
+            &["pg-0", "pg-1", "pg-2"]
+        );
         assert!(
-            lines[0].starts_with(&format!(
-                "initdb -D {} -U postgres --pwfile=",
-                dir.path().join("d0/pgdata").display()
-            )) && lines[0]
-                .ends_with(" -E UTF8 --locale=C --auth-local=trust --auth-host=scram-sha-256"),
-            "{primary}"
+            !rules
+                .iter()
+                .any(|r| r.resources.as_ref().unwrap().iter().any(|x| x == "secrets")),
+            "no Secret access: passwords come as environment variables"
         );
-        assert_eq!(lines[1], "password s3cret");
-        assert_eq!(
-            lines[2],
-            "postgres -c config_file=/etc/steward/postgresql.conf"
+        let binding = instance_role_binding(&c);
+        assert_eq!(binding.subjects.unwrap()[0].name, "pg-instance");
+        assert_eq!(binding.role_ref.name, "pg-instance");
+    }
+
+    #[test]
+    fn config_includes_the_instance_file_last_and_replication_is_the_dedicated_role() {
+        let cm = config_map(&cluster("pg"));
+        let data = cm.data.unwrap();
+        let conf = &data["postgresql.conf"];
+        assert!(
+            conf.trim_end()
+                .ends_with("include_if_exists = '/steward/run/instance.conf'"),
+            "{conf}"
         );
-        assert_eq!(
-            std::fs::read_dir(&tmp).unwrap().count(),
-            0,
-            "the password file is removed"
-        );
-        assert_eq!(
-            run("pg-0", "d0/pgdata"),
-            "postgres -c config_file=/etc/steward/postgresql.conf\n",
-            "initialized once"
-        );
-        let replica = run("pg-1", "d1/pgdata");
-        assert_eq!(
-            replica,
-            format!(
-                "pg_isready -q -h pg-0.pg-hl -p 5432\npg_basebackup -h pg-0.pg-hl -p 5432 -U postgres -D {} -R -X stream -c fast\npassword s3cret\npostgres -c config_file=/etc/steward/postgresql.conf\n",
-                dir.path().join("d1/pgdata").display()
-            )
-        );
-        assert_eq!(
-            run("pg-1", "d1/pgdata"),
-            "postgres -c config_file=/etc/steward/postgresql.conf\n",
-            "cloned once"
-        );
+        let hba = &data["pg_hba.conf"];
+        assert!(hba.contains("host    replication     steward_replication 0.0.0.0/0"));
+        assert!(!hba.contains("replication     all"), "{hba}");
+        assert!(!data.contains_key("bootstrap.sh"));
     }
 
     #[test]

@@ -19,6 +19,7 @@ use crate::api::{ClusterPhase, PostgresClusterStatus};
 /// What matters about one pod.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct PodView {
+    pub name: String,
     pub ordinal: i32,
     pub revision: Option<String>,
     pub ready: bool,
@@ -41,6 +42,7 @@ impl PodView {
             .and_then(|s| s.conditions.as_ref())
             .is_some_and(|cs| cs.iter().any(|c| c.type_ == "Ready" && c.status == "True"));
         Some(Self {
+            name,
             ordinal,
             revision: pod.labels().get(REVISION_LABEL).cloned(),
             ready,
@@ -116,7 +118,8 @@ pub struct Observed<'a> {
     /// `None` while the StatefulSet controller has not observed the applied spec.
     pub update_revision: Option<&'a str>,
     pub pods: &'a [PodView],
-    pub primary_pod: String,
+    /// The primary's pod: the Lease's holder (`None` while the Lease is free, mid-failover).
+    pub primary: Option<&'a str>,
     pub superuser_secret: String,
 }
 
@@ -136,7 +139,9 @@ pub fn status(
         None => 0,
     };
     let rolled_out = observed.update_revision.is_some() && updated_instances == observed.instances;
-    let primary = in_range.iter().find(|p| p.ordinal == 0);
+    let primary = in_range
+        .iter()
+        .find(|p| Some(p.name.as_str()) == observed.primary);
     let current_version = match primary {
         Some(p) if p.ready => p.version,
         _ => previous.and_then(|s| s.current_version),
@@ -224,7 +229,7 @@ pub fn status(
         updated_instances,
         current_version,
         target_version: Some(observed.target_version),
-        primary: primary.map(|_| observed.primary_pod.clone()),
+        primary: primary.map(|p| p.name.clone()),
         superuser_secret: Some(observed.superuser_secret.clone()),
         observed_generation: generation,
         conditions: conds,
@@ -237,6 +242,7 @@ mod tests {
 
     fn pod(ordinal: i32, rev: &str, ready: bool) -> PodView {
         PodView {
+            name: format!("pg-{ordinal}"),
             ordinal,
             revision: Some(rev.into()),
             ready,
@@ -310,7 +316,7 @@ mod tests {
             target_version: target,
             update_revision: rev,
             pods,
-            primary_pod: "pg-0".into(),
+            primary: Some("pg-0"),
             superuser_secret: "pg-superuser".into(),
         }
     }

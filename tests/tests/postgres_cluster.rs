@@ -1,0 +1,580 @@
+//! PostgresClusters that really run, on the real node: the database-operator in this
+//! process, each pod's `steward-pg-instance` (copied from the operator's image by an init
+//! container) as PID 1 of a PostgreSQL container built from Debian's packages.
+//!
+//! Start with [`Cluster::start`]; the failover test measures, for each fault, the time from
+//! the fault to the first write acknowledged through the `-rw` Service, the acknowledged
+//! rows lost, and that the old primary never accepted a write after the new one did.
+
+#![allow(clippy::unwrap_used)] // tests fail loudly
+
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use database_operator::api::PostgresCluster;
+use k8s_openapi::api::core::v1::{Pod, Secret, Service};
+use kube::api::{Api, DeleteParams};
+use kube::{Client, ResourceExt};
+use serde_json::json;
+use steward_testenv::{ControlPlane, deploy, eventually};
+
+#[path = "support/real_node.rs"]
+mod support;
+use support::{WAIT, connect, logs, node, rand_u32, start};
+
+/// One real node per machine: the tests of this binary take turns.
+static NODE: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
+
+/// A PostgresCluster `pg` on the real node, reconciled by an in-process database-operator.
+struct Cluster {
+    /// Kept alive: dropping it stops the control plane and the node.
+    _cp: ControlPlane,
+    ns: String,
+    client: Client,
+    password: String,
+    operator: steward_testenv::harness::Harness,
+    instances: i32,
+}
+
+impl Cluster {
+    /// Builds the operator's image (with the instance manager), creates hostPath volumes,
+    /// starts the operator and a PostgresCluster of `instances`, and waits until it is Ready.
+    async fn start(prefix: &str, instances: i32) -> Cluster {
+        let binaries = deploy::build(&[deploy::Spec {
+            name: database_operator::NAME,
+            companions: &[steward_pg_instance::contract::BINARY],
+        }])
+        .expect("database-operator and steward-pg-instance binaries");
+        let cp = start().await;
+        cp.install_crds(&steward_testenv::workspace_root().join("crds"))
+            .await
+            .expect("CRDs");
+        let instance_image = deploy::image(&cp, &binaries[0])
+            .await
+            .expect("the operator's image")
+            .reference;
+        let ns = cp.namespace(prefix).await.unwrap();
+        let image = node(&cp)
+            .postgresql_image()
+            .await
+            .expect("PostgreSQL image");
+        let major: i32 = image.rsplit(':').next().unwrap().parse().unwrap();
+        let client = cp.client().unwrap();
+        for i in 0..instances {
+            let pv = node(&cp)
+                .volume(
+                    &format!("{ns}-pg-{i}"),
+                    "1Gi",
+                    Some((&ns, &format!("data-pg-{i}"))),
+                    steward_testenv::images::POSTGRES_UID,
+                )
+                .unwrap();
+            steward_testenv::manifests::apply(&client, &pv, None, "real-node-test", false)
+                .await
+                .unwrap();
+        }
+        let args = steward_core::cli::CommonArgs {
+            watch_namespace: Some(ns.clone()),
+            ..steward_testenv::harness::test_args()
+        };
+        let mut operator =
+            steward_core::Operator::with_config(database_operator::NAME, args, cp.config().clone())
+                .unwrap();
+        database_operator::register(
+            &mut operator,
+            database_operator::Options {
+                resync_interval: Duration::from_secs(2),
+                instance_image,
+                ..Default::default()
+            },
+        )
+        .unwrap();
+        let operator = steward_testenv::harness::Harness::start(operator).await;
+
+        let created = Instant::now();
+        let cluster = json!({
+            "apiVersion": "database.steward.dev/v1alpha1", "kind": "PostgresCluster",
+            "metadata": {"name": "pg", "namespace": ns},
+            "spec": {"instances": instances, "version": major, "image": image, "imagePullPolicy": "Never",
+                     "storage": {"size": "1Gi"}, "deletionPolicy": "Delete",
+                     "resources": {"requests": {"cpu": "100m", "memory": "128Mi"}, "limits": {"memory": "512Mi"}}},
+        });
+        steward_testenv::manifests::apply(&client, &cluster, None, "real-node-test", false)
+            .await
+            .unwrap();
+        let secret: Secret = eventually("the superuser Secret", WAIT, || {
+            let secrets: Api<Secret> = Api::namespaced(client.clone(), &ns);
+            async move { secrets.get("pg-superuser").await.map_err(|e| e.to_string()) }
+        })
+        .await
+        .unwrap();
+        let password = String::from_utf8(secret.data.unwrap()["password"].0.clone()).unwrap();
+        let cluster = Cluster {
+            _cp: cp,
+            ns,
+            client,
+            password,
+            operator,
+            instances,
+        };
+        cluster.wait_ready(Duration::from_secs(240)).await;
+        eprintln!(
+            "PostgresCluster of {instances} instances Ready {:.1?} after it was created",
+            created.elapsed()
+        );
+        cluster
+    }
+
+    fn pods(&self) -> Api<Pod> {
+        Api::namespaced(self.client.clone(), &self.ns)
+    }
+
+    /// Waits until the cluster says Ready with every instance ready; panics with the pods'
+    /// logs otherwise.
+    async fn wait_ready(&self, timeout: Duration) {
+        let clusters: Api<PostgresCluster> = Api::namespaced(self.client.clone(), &self.ns);
+        let (pods, instances) = (self.pods(), self.instances);
+        let ready = eventually("PostgresCluster pg Ready", timeout, || {
+            let (clusters, pods) = (clusters.clone(), pods.clone());
+            async move {
+                let c = clusters.get("pg").await.map_err(|e| e.to_string())?;
+                let status = c.status.unwrap_or_default();
+                let ready = status
+                    .conditions
+                    .iter()
+                    .any(|c| c.type_ == "Ready" && c.status == "True");
+                if ready && status.ready_instances == instances {
+                    return Ok(());
+                }
+                let list = pods
+                    .list(&Default::default())
+                    .await
+                    .map_err(|e| e.to_string())?;
+                Err(format!(
+                    "phase {:?}, primary {:?}; pods: {}",
+                    status.phase,
+                    status.primary,
+                    deploy::describe_pods(&list.items)
+                ))
+            }
+        })
+        .await;
+        if let Err(e) = ready {
+            panic!("{e}\n{}", self.logs().await);
+        }
+    }
+
+    async fn logs(&self) -> String {
+        let mut out = String::new();
+        for i in 0..self.instances {
+            let pod = format!("pg-{i}");
+            out.push_str(&format!("--- {pod}:\n{}\n", logs(&self.pods(), &pod).await));
+        }
+        out
+    }
+
+    async fn cluster_ip(&self, service: &str) -> String {
+        let services: Api<Service> = Api::namespaced(self.client.clone(), &self.ns);
+        services
+            .get(service)
+            .await
+            .unwrap()
+            .spec
+            .unwrap()
+            .cluster_ip
+            .unwrap()
+    }
+
+    /// The pod labelled primary, and its IP.
+    async fn primary(&self) -> (String, String) {
+        let list = self
+            .pods()
+            .list(&kube::api::ListParams::default().labels("database.steward.dev/role=primary"))
+            .await
+            .unwrap();
+        let pod = list.items.first().expect("a pod labelled primary");
+        (
+            pod.name_any(),
+            pod.status.as_ref().unwrap().pod_ip.clone().unwrap(),
+        )
+    }
+
+    /// Host pids of `pod`'s instance manager (`steward-pg-instance run`) and postmaster.
+    fn processes(&self, pod: &str) -> (u32, u32) {
+        let markers = [
+            format!("POD_NAME={pod}"),
+            format!("POD_NAMESPACE={}", self.ns),
+        ];
+        let mut manager = None;
+        let mut all = Vec::new();
+        for entry in std::fs::read_dir("/proc").unwrap().flatten() {
+            let Ok(pid) = entry.file_name().to_string_lossy().parse::<u32>() else {
+                continue;
+            };
+            let environ = std::fs::read(entry.path().join("environ")).unwrap_or_default();
+            let environ = String::from_utf8_lossy(&environ);
+            if !markers.iter().all(|m| environ.split('\0').any(|e| e == m)) {
+                continue;
+            }
+            let cmdline = std::fs::read(entry.path().join("cmdline")).unwrap_or_default();
+            let cmdline = String::from_utf8_lossy(&cmdline).replace('\0', " ");
+            let stat = std::fs::read_to_string(entry.path().join("stat")).unwrap_or_default();
+            let ppid: u32 = stat
+                .rsplit(')')
+                .next()
+                .and_then(|s| s.split_whitespace().nth(1))
+                .and_then(|s| s.parse().ok())
+                .unwrap_or(0);
+            if cmdline.contains("steward-pg-instance run") {
+                manager = Some(pid);
+            }
+            all.push((pid, ppid, cmdline));
+        }
+        let manager = manager.unwrap_or_else(|| panic!("no instance manager of {pod} found"));
+        let postmaster = all
+            .iter()
+            .find(|(_, ppid, cmd)| *ppid == manager && cmd.starts_with("postgres"))
+            .map(|(pid, ..)| *pid)
+            .unwrap_or_else(|| panic!("no postmaster under {pod}'s manager {manager}: {all:?}"));
+        (manager, postmaster)
+    }
+}
+
+fn signal(pid: u32, signal: &str) {
+    let status = std::process::Command::new("kill")
+        .args([&format!("-{signal}"), &pid.to_string()])
+        .status()
+        .unwrap();
+    assert!(status.success(), "kill -{signal} {pid}");
+}
+
+/// A PostgresCluster of 2 instances becomes Ready (the first instance's manager ran initdb,
+/// the second cloned it with `pg_basebackup` as the replication role), the primary accepts a
+/// connection through the `-rw` Service, and a row written there is read on the replica
+/// through the `-ro` Service (streaming replication).
+#[tokio::test]
+async fn postgres_cluster_streams_a_row_from_its_primary_to_its_replica() {
+    let _turn = NODE.lock().await;
+    let cluster = Cluster::start("rn-pgc", 2).await;
+    let primary = connect(&cluster.cluster_ip("pg-rw").await, &cluster.password)
+        .await
+        .unwrap();
+    let in_recovery = |row: tokio_postgres::Row| row.get::<_, bool>(0);
+    assert!(
+        !in_recovery(
+            primary
+                .query_one("select pg_is_in_recovery()", &[])
+                .await
+                .unwrap()
+        ),
+        "pg-rw is the primary"
+    );
+    let token = format!("row-{:08x}", rand_u32());
+    primary
+        .batch_execute(&format!(
+            "create table proof (v text); insert into proof values ('{token}')"
+        ))
+        .await
+        .unwrap();
+    let replica = connect(&cluster.cluster_ip("pg-ro").await, &cluster.password)
+        .await
+        .unwrap();
+    assert!(
+        in_recovery(
+            replica
+                .query_one("select pg_is_in_recovery()", &[])
+                .await
+                .unwrap()
+        ),
+        "pg-ro is a standby"
+    );
+    let streams_as = replica
+        .query_one("select current_setting('primary_conninfo')", &[])
+        .await
+        .unwrap()
+        .get::<_, String>(0);
+    assert!(
+        streams_as.contains("user=steward_replication") && !streams_as.contains("password"),
+        "replicas stream as the replication role, the password in a passfile: {streams_as}"
+    );
+    let written = Instant::now();
+    let seen = eventually("the row on the replica", WAIT, || {
+        let replica = &replica;
+        async move {
+            replica
+                .query_opt("select v from proof", &[])
+                .await
+                .map_err(|e| e.to_string())?
+                .map(|r| r.get::<_, String>(0))
+                .ok_or_else(|| "no row yet".to_string())
+        }
+    })
+    .await
+    .unwrap();
+    assert_eq!(seen, token);
+    eprintln!(
+        "the row written on the primary was read on the replica {:.1?} later",
+        written.elapsed()
+    );
+    cluster.operator.stop().await.unwrap();
+}
+
+/// The faults of the failover test.
+#[derive(Clone, Copy, Debug)]
+enum Fault {
+    /// SIGKILL of the primary's postmaster: its manager restarts it (crash recovery) and
+    /// keeps the Lease.
+    KillPostgres,
+    /// The primary's pod is deleted: its manager shuts PostgreSQL down (fast) and releases
+    /// the Lease; the replica takes over.
+    DeletePod,
+    /// SIGSTOP of the primary's instance manager: it cannot renew; its watchdog stops
+    /// PostgreSQL at the renew deadline, the replica takes the Lease after it expires.
+    StopManager,
+}
+
+/// What a writer saw: acknowledged ids, with when and which server acknowledged them.
+#[derive(Default)]
+struct Acks {
+    rows: Vec<(i64, Instant, String)>,
+}
+
+/// Inserts one row every 50 ms through `host` (the `-rw` Service) until `stop`, reconnecting
+/// after errors; records what was acknowledged.
+async fn writer(
+    host: String,
+    password: String,
+    acks: Arc<Mutex<Acks>>,
+    stop: tokio_util::sync::CancellationToken,
+) {
+    let conn = format!(
+        "host={host} port=5432 user=postgres password={password} dbname=postgres connect_timeout=1"
+    );
+    let mut id: i64 = 0;
+    let mut client: Option<tokio_postgres::Client> = None;
+    while !stop.is_cancelled() {
+        if client
+            .as_ref()
+            .is_none_or(tokio_postgres::Client::is_closed)
+        {
+            client = match tokio::time::timeout(
+                Duration::from_secs(2),
+                tokio_postgres::connect(&conn, tokio_postgres::NoTls),
+            )
+            .await
+            {
+                Ok(Ok((c, connection))) => {
+                    tokio::spawn(connection);
+                    Some(c)
+                }
+                _ => {
+                    tokio::time::sleep(Duration::from_millis(50)).await;
+                    continue;
+                }
+            };
+        }
+        let Some(c) = client.as_ref() else { continue };
+        id += 1;
+        let params: [&(dyn tokio_postgres::types::ToSql + Sync); 1] = [&id];
+        let insert = c.query_one(
+            "insert into acks (id) values ($1) returning host(inet_server_addr())",
+            &params,
+        );
+        match tokio::time::timeout(Duration::from_secs(2), insert).await {
+            Ok(Ok(row)) => {
+                let server: String = row.get(0);
+                acks.lock().unwrap().rows.push((id, Instant::now(), server));
+            }
+            _ => client = None,
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+/// Tries a write directly on `ip` (the old primary) every 100 ms until `stop`; records when
+/// one was acknowledged.
+async fn old_primary_probe(
+    ip: String,
+    password: String,
+    accepted: Arc<Mutex<Vec<Instant>>>,
+    stop: tokio_util::sync::CancellationToken,
+) {
+    let conn = format!(
+        "host={ip} port=5432 user=postgres password={password} dbname=postgres connect_timeout=1"
+    );
+    while !stop.is_cancelled() {
+        let attempt = async {
+            let (c, connection) = tokio_postgres::connect(&conn, tokio_postgres::NoTls).await?;
+            tokio::spawn(connection);
+            c.execute("insert into fence_probe default values", &[])
+                .await
+        };
+        if let Ok(Ok(_)) = tokio::time::timeout(Duration::from_secs(1), attempt).await {
+            accepted.lock().unwrap().push(Instant::now());
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+/// A PostgresCluster of 2 instances loses its primary three ways while a client writes
+/// through the `-rw` Service: for each fault, a primary accepts writes again within a bound
+/// (measured and printed), the old primary accepts no write once the new one has (probed
+/// directly on its pod IP), the acknowledged rows lost are counted, and the cluster returns
+/// to 2 ready instances.
+#[tokio::test]
+async fn postgres_cluster_fails_over_and_never_has_two_writers() {
+    let _turn = NODE.lock().await;
+    let cluster = Cluster::start("rn-pgha", 2).await;
+    let rw = cluster.cluster_ip("pg-rw").await;
+    let setup = connect(&rw, &cluster.password).await.unwrap();
+    setup
+        .batch_execute(
+            "create table acks (id bigint, at timestamptz default now()); \
+             create table fence_probe (at timestamptz default now())",
+        )
+        .await
+        .unwrap();
+    drop(setup);
+    let mut report = Vec::new();
+    for fault in [Fault::KillPostgres, Fault::DeletePod, Fault::StopManager] {
+        let (old, old_ip) = cluster.primary().await;
+        let acks = Arc::new(Mutex::new(Acks::default()));
+        let accepted_on_old = Arc::new(Mutex::new(Vec::new()));
+        let stop = tokio_util::sync::CancellationToken::new();
+        let writing = tokio::spawn(writer(
+            rw.clone(),
+            cluster.password.clone(),
+            acks.clone(),
+            stop.clone(),
+        ));
+        let probing = tokio::spawn(old_primary_probe(
+            old_ip.clone(),
+            cluster.password.clone(),
+            accepted_on_old.clone(),
+            stop.clone(),
+        ));
+        // Writes flow before the fault.
+        eventually("writes through pg-rw", WAIT, || {
+            let acks = acks.clone();
+            async move {
+                if acks.lock().unwrap().rows.len() >= 5 {
+                    Ok(())
+                } else {
+                    Err("fewer than 5 acknowledged writes".to_string())
+                }
+            }
+        })
+        .await
+        .unwrap();
+        let (manager, postmaster) = cluster.processes(&old);
+        let fault_at = Instant::now();
+        match fault {
+            Fault::KillPostgres => signal(postmaster, "KILL"),
+            Fault::DeletePod => {
+                cluster
+                    .pods()
+                    .delete(&old, &DeleteParams::default())
+                    .await
+                    .unwrap();
+            }
+            Fault::StopManager => signal(manager, "STOP"),
+        }
+        let moved = !matches!(fault, Fault::KillPostgres);
+        // The first write acknowledged after the fault (by another server, when the primary
+        // must move).
+        let back = eventually(
+            &format!("{fault:?}: a write acknowledged through pg-rw"),
+            Duration::from_secs(90),
+            || {
+                let (acks, old_ip) = (acks.clone(), old_ip.clone());
+                async move {
+                    acks.lock()
+                        .unwrap()
+                        .rows
+                        .iter()
+                        .find(|(_, at, server)| *at > fault_at && (!moved || *server != old_ip))
+                        .map(|(_, at, server)| (*at, server.clone()))
+                        .ok_or_else(|| "not yet".to_string())
+                }
+            },
+        )
+        .await;
+        let (first_new, new_server) = match back {
+            Ok(b) => b,
+            Err(e) => {
+                if matches!(fault, Fault::StopManager) {
+                    signal(manager, "CONT");
+                }
+                panic!("{e}\n{}", cluster.logs().await);
+            }
+        };
+        // Keep probing the old primary a while after the new one accepted writes.
+        tokio::time::sleep(Duration::from_secs(3)).await;
+        stop.cancel();
+        writing.await.unwrap();
+        probing.await.unwrap();
+        if matches!(fault, Fault::StopManager) {
+            signal(manager, "CONT");
+        }
+        let last_before = acks
+            .lock()
+            .unwrap()
+            .rows
+            .iter()
+            .filter(|(_, at, _)| *at <= fault_at)
+            .map(|(_, at, _)| *at)
+            .max()
+            .unwrap_or(fault_at);
+        let unavailable = first_new.duration_since(last_before);
+        if moved {
+            let late: Vec<Duration> = accepted_on_old
+                .lock()
+                .unwrap()
+                .iter()
+                .filter(|at| **at >= first_new)
+                .map(|at| at.duration_since(first_new))
+                .collect();
+            assert!(
+                late.is_empty(),
+                "{fault:?}: the old primary {old} ({old_ip}) accepted writes {late:?} after the new primary {new_server} did"
+            );
+        }
+        // Acknowledged rows that the (new) primary does not have.
+        let check = connect(&rw, &cluster.password).await.unwrap();
+        let ids: Vec<i64> = acks.lock().unwrap().rows.iter().map(|r| r.0).collect();
+        let present: i64 = check
+            .query_one(
+                "select count(distinct id) from acks where id = any($1)",
+                &[&ids],
+            )
+            .await
+            .unwrap()
+            .get(0);
+        // Ids restart per fault: count only this round's (the table is truncated below).
+        let lost = i64::try_from(ids.len()).unwrap() - present;
+        check.batch_execute("truncate acks").await.unwrap();
+        eprintln!(
+            "{fault:?}: primary {old} → {}; writes unavailable for {unavailable:.1?} (fault to first acknowledged write {:.1?}); acknowledged rows lost: {lost} of {}",
+            if moved {
+                new_server.as_str()
+            } else {
+                "same pod"
+            },
+            first_new.duration_since(fault_at),
+            ids.len()
+        );
+        report.push((fault, unavailable, lost));
+        assert!(
+            unavailable < Duration::from_secs(30),
+            "{fault:?}: writes unavailable for {unavailable:?}"
+        );
+        // The old primary rejoins: both instances ready again.
+        cluster.wait_ready(Duration::from_secs(180)).await;
+        let (now, _) = cluster.primary().await;
+        if moved {
+            assert_ne!(now, old, "{fault:?}: the primary moved");
+        }
+    }
+    eprintln!("failover summary (lease 10 s, renew deadline 6 s, retry 1 s): {report:?}");
+    cluster.operator.stop().await.unwrap();
+}

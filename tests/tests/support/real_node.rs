@@ -1,0 +1,69 @@
+//! Helpers of the real-node test binaries (`real_node.rs`, `postgres_cluster.rs`).
+
+#![allow(dead_code)] // each binary uses its part
+
+use std::time::{Duration, Instant};
+
+use k8s_openapi::api::core::v1::Pod;
+use kube::api::{Api, LogParams};
+use steward_testenv::{ControlPlane, Options, RealNode, eventually};
+
+pub const WAIT: Duration = Duration::from_secs(90);
+
+/// A control plane with a real node (and no kwok nodes).
+pub async fn start() -> ControlPlane {
+    let started = Instant::now();
+    let cp = ControlPlane::start(Options {
+        nodes: 0,
+        real_node: true,
+        ..Options::default()
+    })
+    .await
+    .expect("control plane with a real node");
+    eprintln!(
+        "control plane with a Ready real node in {:.1?} (node {:.1?})",
+        started.elapsed(),
+        node(&cp).started_in()
+    );
+    cp
+}
+
+pub fn node(cp: &ControlPlane) -> &RealNode {
+    cp.real_node().expect("started with real_node: true")
+}
+
+/// The log of `name`'s (first) container, or why it could not be read.
+pub async fn logs(pods: &Api<Pod>, name: &str) -> String {
+    pods.logs(name, &LogParams::default())
+        .await
+        .unwrap_or_else(|e| format!("<logs unavailable: {e}>"))
+}
+
+/// A connection as `postgres` to `host:5432`, retried until it succeeds (the Service's
+/// endpoint and kube-proxy's rules follow the pod's readiness).
+pub async fn connect(
+    host: &str,
+    password: &str,
+) -> Result<tokio_postgres::Client, steward_testenv::Error> {
+    let conn = format!(
+        "host={host} port=5432 user=postgres password={password} dbname=postgres connect_timeout=5"
+    );
+    eventually(&format!("a connection to {host}:5432"), WAIT, || {
+        let conn = conn.clone();
+        async move {
+            let (client, connection) = tokio_postgres::connect(&conn, tokio_postgres::NoTls)
+                .await
+                .map_err(|e| format!("{e:?}"))?;
+            tokio::spawn(connection);
+            Ok(client)
+        }
+    })
+    .await
+}
+
+pub fn rand_u32() -> u32 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.subsec_nanos() ^ (d.as_secs() as u32))
+        .unwrap_or(7)
+}
