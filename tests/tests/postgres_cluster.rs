@@ -466,6 +466,34 @@ async fn postgres_cluster_fails_over_and_never_has_two_writers() {
         })
         .await
         .unwrap();
+        // Every replica streams from the primary (so what it acknowledges reaches them).
+        let streaming = eventually("every replica streaming from the primary", WAIT, || {
+            let (rw, password, replicas) = (
+                rw.clone(),
+                cluster.password.clone(),
+                i64::from(cluster.instances - 1),
+            );
+            async move {
+                let c = connect(&rw, &password).await.map_err(|e| e.to_string())?;
+                let n: i64 = c
+                    .query_one(
+                        "select count(*) from pg_stat_replication where state = 'streaming'",
+                        &[],
+                    )
+                    .await
+                    .map_err(|e| e.to_string())?
+                    .get(0);
+                if n == replicas {
+                    Ok(())
+                } else {
+                    Err(format!("{n} of {replicas} streaming"))
+                }
+            }
+        })
+        .await;
+        if let Err(e) = streaming {
+            panic!("{e}\n{}", cluster.logs().await);
+        }
         let (manager, postmaster) = cluster.processes(&old);
         let fault_at = Instant::now();
         match fault {
@@ -525,7 +553,21 @@ async fn postgres_cluster_fails_over_and_never_has_two_writers() {
             .map(|(_, at, _)| *at)
             .max()
             .unwrap_or(fault_at);
-        let unavailable = first_new.duration_since(last_before);
+        // The longest time without an acknowledged write around the fault.
+        let unavailable = {
+            let rows = acks.lock().unwrap();
+            let times: Vec<Instant> = rows
+                .rows
+                .iter()
+                .map(|(_, at, _)| *at)
+                .filter(|at| *at >= last_before && *at <= first_new + Duration::from_secs(3))
+                .collect();
+            times
+                .windows(2)
+                .map(|w| w[1].duration_since(w[0]))
+                .max()
+                .unwrap_or_default()
+        };
         if moved {
             let late: Vec<Duration> = accepted_on_old
                 .lock()
@@ -552,6 +594,30 @@ async fn postgres_cluster_fails_over_and_never_has_two_writers() {
             .get(0);
         // Ids restart per fault: count only this round's (the table is truncated below).
         let lost = i64::try_from(ids.len()).unwrap() - present;
+        if lost > 0 {
+            let have: Vec<i64> = check
+                .query("select distinct id from acks", &[])
+                .await
+                .unwrap()
+                .iter()
+                .map(|r| r.get(0))
+                .collect();
+            let missing: Vec<String> = acks
+                .lock()
+                .unwrap()
+                .rows
+                .iter()
+                .filter(|(id, ..)| !have.contains(id))
+                .map(|(id, at, server)| {
+                    let t = at.checked_duration_since(fault_at).map_or_else(
+                        || format!("-{:?}", fault_at.duration_since(*at)),
+                        |d| format!("+{d:?}"),
+                    );
+                    format!("{id}@{t} on {server}")
+                })
+                .collect();
+            eprintln!("{fault:?}: lost {missing:?}");
+        }
         check.batch_execute("truncate acks").await.unwrap();
         eprintln!(
             "{fault:?}: primary {old} → {}; writes unavailable for {unavailable:.1?} (fault to first acknowledged write {:.1?}); acknowledged rows lost: {lost} of {}",
