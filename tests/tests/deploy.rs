@@ -825,7 +825,7 @@ impl Running {
                 .map_err(Into::into)
         })
         .await?;
-        let reads_leases = grants_instance_leases(&self.operator, "ClusterRole");
+        let reads_leases = grants_instance_leases(self.operator, "ClusterRole");
         for other in operators()
             .iter()
             .filter(|o| **o != self.operator && !reads_leases)

@@ -32,7 +32,8 @@ struct Cluster {
     ns: String,
     client: Client,
     password: String,
-    operator: steward_testenv::harness::Harness,
+    operator: Option<steward_testenv::harness::Harness>,
+    instance_image: String,
     instances: i32,
 }
 
@@ -73,33 +74,25 @@ impl Cluster {
                 .await
                 .unwrap();
         }
-        let args = steward_core::cli::CommonArgs {
-            watch_namespace: Some(ns.clone()),
-            ..steward_testenv::harness::test_args()
+        let mut cluster = Cluster {
+            _cp: cp,
+            ns: ns.clone(),
+            client: client.clone(),
+            password: String::new(),
+            operator: None,
+            instance_image,
+            instances,
         };
-        let mut operator =
-            steward_core::Operator::with_config(database_operator::NAME, args, cp.config().clone())
-                .unwrap();
-        database_operator::register(
-            &mut operator,
-            database_operator::Options {
-                resync_interval: Duration::from_secs(2),
-                instance_image,
-                ..Default::default()
-            },
-        )
-        .unwrap();
-        let operator = steward_testenv::harness::Harness::start(operator).await;
-
+        cluster.start_operator().await;
         let created = Instant::now();
-        let cluster = json!({
+        let manifest = json!({
             "apiVersion": "database.steward.dev/v1alpha1", "kind": "PostgresCluster",
             "metadata": {"name": "pg", "namespace": ns},
             "spec": {"instances": instances, "version": major, "image": image, "imagePullPolicy": "Never",
                      "storage": {"size": "1Gi"}, "deletionPolicy": "Delete",
                      "resources": {"requests": {"cpu": "100m", "memory": "128Mi"}, "limits": {"memory": "512Mi"}}},
         });
-        steward_testenv::manifests::apply(&client, &cluster, None, "real-node-test", false)
+        steward_testenv::manifests::apply(&client, &manifest, None, "real-node-test", false)
             .await
             .unwrap();
         let secret: Secret = eventually("the superuser Secret", WAIT, || {
@@ -108,21 +101,43 @@ impl Cluster {
         })
         .await
         .unwrap();
-        let password = String::from_utf8(secret.data.unwrap()["password"].0.clone()).unwrap();
-        let cluster = Cluster {
-            _cp: cp,
-            ns,
-            client,
-            password,
-            operator,
-            instances,
-        };
+        cluster.password = String::from_utf8(secret.data.unwrap()["password"].0.clone()).unwrap();
         cluster.wait_ready(Duration::from_secs(240)).await;
         eprintln!(
             "PostgresCluster of {instances} instances Ready {:.1?} after it was created",
             created.elapsed()
         );
         cluster
+    }
+
+    /// Starts the database-operator (in this process), watching the cluster's namespace.
+    async fn start_operator(&mut self) {
+        let args = steward_core::cli::CommonArgs {
+            watch_namespace: Some(self.ns.clone()),
+            ..steward_testenv::harness::test_args()
+        };
+        let mut operator = steward_core::Operator::with_config(
+            database_operator::NAME,
+            args,
+            self._cp.config().clone(),
+        )
+        .unwrap();
+        database_operator::register(
+            &mut operator,
+            database_operator::Options {
+                resync_interval: Duration::from_secs(2),
+                instance_image: self.instance_image.clone(),
+                ..Default::default()
+            },
+        )
+        .unwrap();
+        self.operator = Some(steward_testenv::harness::Harness::start(operator).await);
+    }
+
+    async fn stop_operator(&mut self) {
+        if let Some(operator) = self.operator.take() {
+            operator.stop().await.unwrap();
+        }
     }
 
     fn pods(&self) -> Api<Pod> {
@@ -240,6 +255,23 @@ impl Cluster {
     }
 }
 
+/// A process in the same network namespace as host process `pid` that lives as long as the
+/// pod: its sandbox (pause) process, so the namespace can be entered after the container
+/// restarted.
+fn sandbox_of(pid: u32) -> u32 {
+    let netns = std::fs::read_link(format!("/proc/{pid}/ns/net")).unwrap();
+    std::fs::read_dir("/proc")
+        .unwrap()
+        .flatten()
+        .filter_map(|e| e.file_name().to_string_lossy().parse::<u32>().ok())
+        .find(|p| {
+            std::fs::read_link(format!("/proc/{p}/ns/net")).is_ok_and(|n| n == netns)
+                && std::fs::read(format!("/proc/{p}/cmdline"))
+                    .is_ok_and(|c| String::from_utf8_lossy(&c).contains("pause"))
+        })
+        .unwrap_or(pid)
+}
+
 fn signal(pid: u32, signal: &str) {
     let status = std::process::Command::new("kill")
         .args([&format!("-{signal}"), &pid.to_string()])
@@ -255,7 +287,7 @@ fn signal(pid: u32, signal: &str) {
 #[tokio::test]
 async fn postgres_cluster_streams_a_row_from_its_primary_to_its_replica() {
     let _turn = NODE.lock().await;
-    let cluster = Cluster::start("rn-pgc", 2).await;
+    let mut cluster = Cluster::start("rn-pgc", 2).await;
     let primary = connect(&cluster.cluster_ip("pg-rw").await, &cluster.password)
         .await
         .unwrap();
@@ -316,7 +348,7 @@ async fn postgres_cluster_streams_a_row_from_its_primary_to_its_replica() {
         "the row written on the primary was read on the replica {:.1?} later",
         written.elapsed()
     );
-    cluster.operator.stop().await.unwrap();
+    cluster.stop_operator().await;
 }
 
 /// The faults of the failover test.
@@ -331,6 +363,11 @@ enum Fault {
     /// SIGSTOP of the primary's instance manager: it cannot renew; its watchdog stops
     /// PostgreSQL at the renew deadline, the replica takes the Lease after it expires.
     StopManager,
+    /// The primary's pod is cut off the network (iptables DROP in its network namespace,
+    /// both directions, API server included) longer than the Lease, with the operator
+    /// stopped: its manager cannot renew and fences PostgreSQL at the renew deadline; the
+    /// replica takes over without the operator.
+    Partition,
 }
 
 /// What a writer saw: acknowledged ids, with when and which server acknowledged them.
@@ -391,28 +428,53 @@ async fn writer(
     }
 }
 
-/// Tries a write directly on `ip` (the old primary) every 100 ms until `stop`; records when
-/// one was acknowledged.
+/// Tries a write on the old primary every 100 ms until `stop`, from inside its pod's network
+/// namespace (that of host process `pid`) to 127.0.0.1, so a primary
+/// cut off the network is probed too; records when one was acknowledged.
 async fn old_primary_probe(
-    ip: String,
+    pid: u32,
     password: String,
     accepted: Arc<Mutex<Vec<Instant>>>,
     stop: tokio_util::sync::CancellationToken,
 ) {
-    let conn = format!(
-        "host={ip} port=5432 user=postgres password={password} dbname=postgres connect_timeout=1"
-    );
     while !stop.is_cancelled() {
-        let attempt = async {
-            let (c, connection) = tokio_postgres::connect(&conn, tokio_postgres::NoTls).await?;
-            tokio::spawn(connection);
-            c.execute("insert into fence_probe default values", &[])
-                .await
-        };
-        if let Ok(Ok(_)) = tokio::time::timeout(Duration::from_secs(1), attempt).await {
-            accepted.lock().unwrap().push(Instant::now());
+        let attempt = tokio::process::Command::new("nsenter")
+            .arg(format!("--net=/proc/{pid}/ns/net"))
+            .args([
+                "psql",
+                "host=127.0.0.1 port=5432 user=postgres dbname=postgres connect_timeout=1",
+                "-qAtc",
+                "insert into fence_probe default values",
+            ])
+            .env("PGPASSWORD", &password)
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::null())
+            .kill_on_drop(true)
+            .status();
+        if let Ok(Ok(status)) = tokio::time::timeout(Duration::from_secs(2), attempt).await {
+            if status.success() {
+                accepted.lock().unwrap().push(Instant::now());
+            }
         }
         tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+/// Drops (or, with `heal`, stops dropping) every packet in and out of the network namespace
+/// of host process `pid` except on loopback: the pod is cut off from the API server, the
+/// replicas and its clients.
+fn partition(pid: u32, heal: bool) {
+    let action = if heal { "-D" } else { "-I" };
+    for (chain, iface) in [("INPUT", "-i"), ("OUTPUT", "-o")] {
+        let status = std::process::Command::new("nsenter")
+            .arg(format!("--net=/proc/{pid}/ns/net"))
+            .args(["iptables", action, chain, "!", iface, "lo", "-j", "DROP"])
+            .status()
+            .unwrap();
+        assert!(
+            status.success(),
+            "iptables {action} {chain} in the pod of {pid}"
+        );
     }
 }
 
@@ -424,7 +486,7 @@ async fn old_primary_probe(
 #[tokio::test]
 async fn postgres_cluster_fails_over_and_never_has_two_writers() {
     let _turn = NODE.lock().await;
-    let cluster = Cluster::start("rn-pgha", 2).await;
+    let mut cluster = Cluster::start("rn-pgha", 2).await;
     let rw = cluster.cluster_ip("pg-rw").await;
     let setup = connect(&rw, &cluster.password).await.unwrap();
     setup
@@ -436,7 +498,12 @@ async fn postgres_cluster_fails_over_and_never_has_two_writers() {
         .unwrap();
     drop(setup);
     let mut report = Vec::new();
-    for fault in [Fault::KillPostgres, Fault::DeletePod, Fault::StopManager] {
+    for fault in [
+        Fault::KillPostgres,
+        Fault::DeletePod,
+        Fault::StopManager,
+        Fault::Partition,
+    ] {
         let (old, old_ip) = cluster.primary().await;
         let acks = Arc::new(Mutex::new(Acks::default()));
         let accepted_on_old = Arc::new(Mutex::new(Vec::new()));
@@ -447,12 +514,7 @@ async fn postgres_cluster_fails_over_and_never_has_two_writers() {
             acks.clone(),
             stop.clone(),
         ));
-        let probing = tokio::spawn(old_primary_probe(
-            old_ip.clone(),
-            cluster.password.clone(),
-            accepted_on_old.clone(),
-            stop.clone(),
-        ));
+
         // Writes flow before the fault.
         eventually("writes through pg-rw", WAIT, || {
             let acks = acks.clone();
@@ -495,6 +557,29 @@ async fn postgres_cluster_fails_over_and_never_has_two_writers() {
             panic!("{e}\n{}", cluster.logs().await);
         }
         let (manager, postmaster) = cluster.processes(&old);
+        let sandbox = sandbox_of(manager);
+        let probing = tokio::spawn(old_primary_probe(
+            sandbox,
+            cluster.password.clone(),
+            accepted_on_old.clone(),
+            stop.clone(),
+        ));
+        eventually("the probe writes on the old primary", WAIT, || {
+            let accepted = accepted_on_old.clone();
+            async move {
+                if accepted.lock().unwrap().is_empty() {
+                    Err("no write yet".to_string())
+                } else {
+                    Ok(())
+                }
+            }
+        })
+        .await
+        .unwrap();
+        if matches!(fault, Fault::Partition) {
+            // Failover needs no operator: the instance managers decide through the Lease.
+            cluster.stop_operator().await;
+        }
         let fault_at = Instant::now();
         match fault {
             Fault::KillPostgres => signal(postmaster, "KILL"),
@@ -506,6 +591,7 @@ async fn postgres_cluster_fails_over_and_never_has_two_writers() {
                     .unwrap();
             }
             Fault::StopManager => signal(manager, "STOP"),
+            Fault::Partition => partition(sandbox, false),
         }
         let moved = !matches!(fault, Fault::KillPostgres);
         // The first write acknowledged after the fault (by another server, when the primary
@@ -530,8 +616,10 @@ async fn postgres_cluster_fails_over_and_never_has_two_writers() {
         let (first_new, new_server) = match back {
             Ok(b) => b,
             Err(e) => {
-                if matches!(fault, Fault::StopManager) {
-                    signal(manager, "CONT");
+                match fault {
+                    Fault::StopManager => signal(manager, "CONT"),
+                    Fault::Partition => partition(sandbox, true),
+                    _ => {}
                 }
                 panic!("{e}\n{}", cluster.logs().await);
             }
@@ -541,8 +629,13 @@ async fn postgres_cluster_fails_over_and_never_has_two_writers() {
         stop.cancel();
         writing.await.unwrap();
         probing.await.unwrap();
-        if matches!(fault, Fault::StopManager) {
-            signal(manager, "CONT");
+        match fault {
+            Fault::StopManager => signal(manager, "CONT"),
+            Fault::Partition => {
+                partition(sandbox, true);
+                cluster.start_operator().await;
+            }
+            _ => {}
         }
         let last_before = acks
             .lock()
@@ -568,6 +661,14 @@ async fn postgres_cluster_fails_over_and_never_has_two_writers() {
                 .max()
                 .unwrap_or_default()
         };
+        assert!(
+            accepted_on_old
+                .lock()
+                .unwrap()
+                .iter()
+                .any(|at| *at < fault_at),
+            "{fault:?}: the probe of the old primary never got a write through before the fault (a probe that cannot succeed proves nothing)"
+        );
         if moved {
             let late: Vec<Duration> = accepted_on_old
                 .lock()
@@ -642,5 +743,5 @@ async fn postgres_cluster_fails_over_and_never_has_two_writers() {
         }
     }
     eprintln!("failover summary (lease 10 s, renew deadline 6 s, retry 1 s): {report:?}");
-    cluster.operator.stop().await.unwrap();
+    cluster.stop_operator().await;
 }
