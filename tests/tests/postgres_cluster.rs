@@ -451,10 +451,9 @@ async fn old_primary_probe(
             .stderr(std::process::Stdio::null())
             .kill_on_drop(true)
             .status();
-        if let Ok(Ok(status)) = tokio::time::timeout(Duration::from_secs(2), attempt).await {
-            if status.success() {
-                accepted.lock().unwrap().push(Instant::now());
-            }
+        let result = tokio::time::timeout(Duration::from_secs(2), attempt).await;
+        if matches!(result, Ok(Ok(status)) if status.success()) {
+            accepted.lock().unwrap().push(Instant::now());
         }
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
