@@ -482,41 +482,38 @@ async fn cluster_children_rollout_replicas_first_and_retained_claims() {
         "{roles:?}"
     );
 
-    // A version change rolls one instance at a time, replicas first, the primary last. On
-    // kwok a pod is Ready within milliseconds, so the StatefulSet's partition is recorded from
-    // a watch (every change), not by polling.
-    let partitions = Arc::new(Mutex::new(Vec::<i32>::new()));
+    // A version change rolls one instance at a time, replicas first, the primary last (on
+    // kwok no instance manager runs, so there is no Lease and no switchover: the first pod
+    // is the primary and is replaced last). The StatefulSet is `OnDelete`: the operator
+    // deletes the pods; on kwok a pod is Ready within milliseconds, so the deletions are
+    // recorded from a watch (every change), not by polling.
+    let sts = env.api::<StatefulSet>().get("pg").await.unwrap();
+    assert_eq!(
+        sts.spec.update_strategy.and_then(|u| u.type_).as_deref(),
+        Some("OnDelete")
+    );
+    let deletions = Arc::new(Mutex::new(Vec::<String>::new()));
     let recorder = {
-        let partitions = partitions.clone();
-        let api = env.api::<StatefulSet>();
+        let deletions = deletions.clone();
+        let api = env.api::<Pod>();
         tokio::spawn(async move {
-            let stream = watcher(api, watcher::Config::default().fields("metadata.name=pg"))
-                .applied_objects();
+            let stream = watcher(
+                api,
+                watcher::Config::default().labels("database.steward.dev/cluster=pg"),
+            )
+            .applied_objects();
             let mut stream = std::pin::pin!(stream);
             while let Some(item) = stream.next().await {
-                let Ok(sts) = item else { continue };
-                let partition = sts
-                    .spec
-                    .update_strategy
-                    .and_then(|u| u.rolling_update)
-                    .and_then(|r| r.partition)
-                    .unwrap_or(0);
-                let mut partitions = partitions.lock().unwrap();
-                if partitions.last() != Some(&partition) {
-                    partitions.push(partition);
+                let Ok(pod) = item else { continue };
+                if pod.metadata.deletion_timestamp.is_some() {
+                    let mut deletions = deletions.lock().unwrap();
+                    if !deletions.contains(&pod.name_any()) {
+                        deletions.push(pod.name_any());
+                    }
                 }
             }
         })
     };
-    eventually("the partition watch started", WAIT, || async {
-        if partitions.lock().unwrap().is_empty() {
-            Err("no StatefulSet seen yet".to_string())
-        } else {
-            Ok(())
-        }
-    })
-    .await
-    .unwrap();
     clusters
         .patch(
             "pg",
@@ -573,13 +570,14 @@ async fn cluster_children_rollout_replicas_first_and_retained_claims() {
         }
         assert!(
             Instant::now() < deadline,
-            "rollout did not finish: updated={updated_at:?} ready={ready_at:?} partitions={partitions:?} status={s:?}"
+            "rollout did not finish: updated={updated_at:?} ready={ready_at:?} deletions={:?} status={s:?}",
+            deletions.lock().unwrap()
         );
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
     recorder.abort();
-    let partitions = partitions.lock().unwrap().clone();
-    eprintln!("partitions {partitions:?}; updated {updated_at:?}");
+    let deletions = deletions.lock().unwrap().clone();
+    eprintln!("deletions {deletions:?}; updated {updated_at:?}");
     let (u0, u1, u2) = (updated_at["pg-0"], updated_at["pg-1"], updated_at["pg-2"]);
     assert!(
         u2 <= u1 && u1 <= u0,
@@ -590,13 +588,10 @@ async fn cluster_children_rollout_replicas_first_and_retained_claims() {
         ready_at["pg-1"] <= u0,
         "the primary waited until pg-1 was Ready"
     );
-    // Before the operator saw the change the partition was 0 (no rollout); then 2 (only the
-    // highest replica), 1, and 0 (the primary).
-    let rollout: Vec<i32> = partitions.iter().copied().skip_while(|p| *p == 0).collect();
     assert_eq!(
-        rollout,
-        vec![2, 1, 0],
-        "one instance at a time, from the highest ordinal down: {partitions:?}"
+        deletions,
+        vec!["pg-2", "pg-1", "pg-0"],
+        "one instance at a time, from the highest ordinal down, the primary last"
     );
 
     // Deleting the cluster keeps the claims (and the superuser Secret) by default.

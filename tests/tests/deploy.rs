@@ -402,7 +402,7 @@ fn check_rbac(r: &Rendered) -> Result<()> {
                 ensure!(
                     verbs
                         .iter()
-                        .all(|v| ["get", "list", "watch", "create", "update"].contains(v)),
+                        .all(|v| ["get", "list", "watch", "create", "update", "patch"].contains(v)),
                     "{op}: Lease verbs {verbs:?} beyond what instance managers need"
                 );
             } else if resources.contains(&"leases") {

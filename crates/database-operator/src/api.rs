@@ -46,6 +46,7 @@ pub const ROTATE_ANNOTATION: &str = "database.steward.dev/rotate-password";
     printcolumn(name = "Instances", type_ = "integer", json_path = ".spec.instances"),
     printcolumn(name = "Ready Instances", type_ = "integer", json_path = ".status.readyInstances"),
     printcolumn(name = "Version", type_ = "integer", json_path = ".status.currentVersion"),
+    printcolumn(name = "Primary", type_ = "string", json_path = ".status.primary"),
     printcolumn(name = "Target", type_ = "integer", json_path = ".spec.version", priority = 1),
     printcolumn(name = "Age", type_ = "date", json_path = ".metadata.creationTimestamp"),
     validation = Rule::new("size(self.metadata.name) <= 47").message("metadata.name must be at most 47 characters so that the names of its pods and Services stay valid"),
@@ -173,9 +174,19 @@ pub struct PostgresClusterStatus {
     /// Major version the cluster is rolling to (`spec.version`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub target_version: Option<i32>,
-    /// The primary's pod.
+    /// The primary's pod: the holder of the Lease `<cluster>-primary`, which the instance
+    /// managers elect.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub primary: Option<String>,
+    /// How many times the primary changed (the Lease's `leaseTransitions`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub primary_transitions: Option<i32>,
+    /// The instance a switchover is handing the primary to, while one is under way.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub switchover_target: Option<String>,
+    /// Each instance as its instance manager last reported it.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub instances: Vec<InstanceState>,
     /// Secret with the superuser's credentials (`username`, `password`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub superuser_secret: Option<String>,
@@ -185,6 +196,24 @@ pub struct PostgresClusterStatus {
     /// `Ready`, `Progressing` and `Degraded`.
     #[serde(default)]
     pub conditions: Vec<Condition>,
+}
+
+/// One instance of a [`PostgresCluster`], as its instance manager reports it on its pod.
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct InstanceState {
+    /// The pod.
+    pub name: String,
+    /// `primary`, `replica` or `down`.
+    pub role: String,
+    /// The timeline PostgreSQL runs on.
+    pub timeline: u32,
+    /// The primary's write position, or what a replica received (`16/B374D848`).
+    pub lsn: String,
+    /// Bytes a replica received but has not replayed yet.
+    pub replay_lag_bytes: u64,
+    /// The pod is Ready (serving its role).
+    pub ready: bool,
 }
 
 /// Lifecycle phase of a [`PostgresCluster`].

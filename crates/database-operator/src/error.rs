@@ -57,6 +57,22 @@ pub enum Error {
         source: kube::Error,
     },
 
+    /// Deleting a pod for the rolling update failed.
+    #[error("failed to replace pod {pod}")]
+    ReplacePod {
+        pod: String,
+        #[source]
+        source: kube::Error,
+    },
+
+    /// Naming the switchover target on the cluster's Lease (or clearing the request) failed.
+    #[error("failed to request the switchover to {to}")]
+    Switchover {
+        to: String,
+        #[source]
+        source: kube::Error,
+    },
+
     /// The PostgreSQL server could not be reached or logged into.
     #[error("PostgreSQL server {address} is unreachable")]
     ServerUnreachable {
@@ -113,6 +129,8 @@ impl steward_core::ReconcileError for Error {
             Error::MissingReference(_) => "MissingReference",
             Error::Apply(_) => "ApplyFailed",
             Error::LabelPod { .. } => "LabelPodFailed",
+            Error::ReplacePod { .. } => "ReplacePodFailed",
+            Error::Switchover { .. } => "SwitchoverFailed",
             Error::ProtectSecret { .. } => "ProtectSecretFailed",
             Error::ServerUnreachable { .. } => "ServerUnreachable",
             Error::Sql { .. } => "SqlFailed",

@@ -17,6 +17,11 @@ pub const REPLICA: &str = "replica";
 /// Annotation on each pod: its instance's [`InstanceStatus`] as JSON, written by its
 /// instance manager when its role, timeline or position changed.
 pub const STATUS_ANNOTATION: &str = "database.steward.dev/instance";
+/// Annotation on the Lease: the instance the primary should hand over to (a planned
+/// switchover, set by the operator for a rolling update or on request). The primary shuts
+/// down cleanly and releases the Lease; only that instance may take it; it clears the
+/// annotation once it leads.
+pub const TARGET_ANNOTATION: &str = "database.steward.dev/target-primary";
 /// The role streaming replicas (and `pg_rewind`) connect as; never the superuser.
 pub const REPLICATION_USER: &str = "steward_replication";
 /// The instance manager's binary, in the operator's image and copied into each pod.

@@ -28,7 +28,8 @@ pub enum Candidacy {
     NotRunning,
     /// No Lease yet and this is not ordinal 0.
     NotFirst,
-    /// `peer` has received more WAL (or as much, with a lower ordinal).
+    /// `peer` has received more WAL, or as much and it is the switchover target, or as much
+    /// and neither is the target and it has a lower ordinal.
     Behind { peer: String },
 }
 
@@ -41,11 +42,13 @@ impl Candidacy {
 /// Decides for instance `me`, whose own status is `mine`.
 ///
 /// `holder` is the Lease's last holder (`None`: no Lease exists); it is never waited for,
-/// since the Lease is free only when it stopped renewing.
+/// since the Lease is free only when it stopped renewing. `target` is the switchover target
+/// the Lease names: while it is ready, nobody else is a candidate.
 pub fn candidacy(
     me: &str,
     mine: Option<&InstanceStatus>,
     holder: Option<&str>,
+    target: Option<&str>,
     peers: &[Peer],
 ) -> Candidacy {
     let Some(holder) = holder else {
@@ -58,7 +61,16 @@ pub fn candidacy(
     let Some(mine) = mine.filter(|s| s.role == Role::Replica) else {
         return Candidacy::NotRunning;
     };
-    let my_rank = (mine.lsn, std::cmp::Reverse(ordinal(me).unwrap_or(u32::MAX)));
+    // Most WAL first (no acknowledged write is skipped), then the switchover target, then
+    // the lowest ordinal.
+    let rank = |name: &str, lsn| {
+        (
+            lsn,
+            target == Some(name),
+            std::cmp::Reverse(ordinal(name).unwrap_or(u32::MAX)),
+        )
+    };
+    let my_rank = rank(me, mine.lsn);
     for peer in peers {
         if peer.name == me || peer.name == holder || !peer.ready {
             continue;
@@ -66,11 +78,7 @@ pub fn candidacy(
         let Some(status) = peer.status.as_ref().filter(|s| s.role == Role::Replica) else {
             continue;
         };
-        let rank = (
-            status.lsn,
-            std::cmp::Reverse(ordinal(&peer.name).unwrap_or(u32::MAX)),
-        );
-        if rank > my_rank {
+        if rank(&peer.name, status.lsn) > my_rank {
             return Candidacy::Behind {
                 peer: peer.name.clone(),
             };
@@ -103,14 +111,20 @@ mod tests {
 
     #[test]
     fn without_a_lease_only_the_first_ordinal_bootstraps() {
-        assert_eq!(candidacy("pg-0", None, None, &[]), Candidacy::Bootstrap);
-        assert_eq!(candidacy("pg-1", None, None, &[]), Candidacy::NotFirst);
+        assert_eq!(
+            candidacy("pg-0", None, None, None, &[]),
+            Candidacy::Bootstrap
+        );
+        assert_eq!(
+            candidacy("pg-1", None, None, None, &[]),
+            Candidacy::NotFirst
+        );
     }
 
     #[test]
     fn only_a_running_replica_is_a_candidate() {
         assert_eq!(
-            candidacy("pg-1", None, Some("pg-0"), &[]),
+            candidacy("pg-1", None, Some("pg-0"), None, &[]),
             Candidacy::NotRunning
         );
         let down = InstanceStatus {
@@ -118,7 +132,7 @@ mod tests {
             ..replica(10)
         };
         assert_eq!(
-            candidacy("pg-1", Some(&down), Some("pg-0"), &[]),
+            candidacy("pg-1", Some(&down), Some("pg-0"), None, &[]),
             Candidacy::NotRunning
         );
     }
@@ -131,21 +145,77 @@ mod tests {
             peer("pg-2", true, Some(replica(200))),
         ];
         assert_eq!(
-            candidacy("pg-1", Some(&replica(100)), Some("pg-0"), &peers),
+            candidacy("pg-1", Some(&replica(100)), Some("pg-0"), None, &peers),
             Candidacy::Behind {
                 peer: "pg-2".into()
             }
         );
         assert_eq!(
-            candidacy("pg-2", Some(&replica(200)), Some("pg-0"), &peers),
+            candidacy("pg-2", Some(&replica(200)), Some("pg-0"), None, &peers),
             Candidacy::MostAdvanced
         );
         let tied = [
             peer("pg-1", true, Some(replica(200))),
             peer("pg-2", true, Some(replica(200))),
         ];
-        assert!(candidacy("pg-1", Some(&replica(200)), Some("pg-0"), &tied).eligible());
-        assert!(!candidacy("pg-2", Some(&replica(200)), Some("pg-0"), &tied).eligible());
+        assert!(candidacy("pg-1", Some(&replica(200)), Some("pg-0"), None, &tied).eligible());
+        assert!(!candidacy("pg-2", Some(&replica(200)), Some("pg-0"), None, &tied).eligible());
+    }
+
+    #[test]
+    fn a_switchover_target_wins_ties_but_never_skips_wal() {
+        let even = [
+            peer("pg-1", true, Some(replica(200))),
+            peer("pg-2", true, Some(replica(200))),
+        ];
+        assert!(
+            candidacy(
+                "pg-2",
+                Some(&replica(200)),
+                Some("pg-0"),
+                Some("pg-2"),
+                &even
+            )
+            .eligible()
+        );
+        assert_eq!(
+            candidacy(
+                "pg-1",
+                Some(&replica(200)),
+                Some("pg-0"),
+                Some("pg-2"),
+                &even
+            ),
+            Candidacy::Behind {
+                peer: "pg-2".into()
+            },
+            "the lower ordinal yields to the target"
+        );
+        let ahead = [
+            peer("pg-1", true, Some(replica(300))),
+            peer("pg-2", true, Some(replica(200))),
+        ];
+        assert!(
+            candidacy(
+                "pg-1",
+                Some(&replica(300)),
+                Some("pg-0"),
+                Some("pg-2"),
+                &ahead
+            )
+            .eligible(),
+            "a replica with more WAL than the target is promoted instead"
+        );
+        assert!(
+            !candidacy(
+                "pg-2",
+                Some(&replica(200)),
+                Some("pg-0"),
+                Some("pg-2"),
+                &ahead
+            )
+            .eligible()
+        );
     }
 
     #[test]
@@ -163,7 +233,7 @@ mod tests {
             ),
         ];
         assert_eq!(
-            candidacy("pg-1", Some(&replica(1)), Some("pg-0"), &peers),
+            candidacy("pg-1", Some(&replica(1)), Some("pg-0"), None, &peers),
             Candidacy::MostAdvanced
         );
     }

@@ -79,25 +79,13 @@ pub async fn run(
     }
 
     let (eligible_tx, eligible_rx) = watch::channel(false);
-    let config = LeaseConfig {
-        lease_name: contract::lease_name(&settings.cluster),
-        namespace: settings.namespace.clone(),
-        identity: settings.pod.clone(),
-        lease_duration: settings.lease_duration,
-        renew_deadline: settings.renew_deadline,
-        retry_period: settings.retry_period,
-    };
-    let elector = LeaderElector::new(client.clone(), config)?
-        .with_reporter(contract::BINARY)
-        .with_candidacy(eligible_rx);
-    let leadership = elector.leadership();
-    let election_stop = CancellationToken::new();
-    let election = tokio::spawn(elector.run(election_stop.clone()));
+    let election = Election::start(&client, &settings, eligible_rx)?;
+    let (leadership_tx, leadership_rx) = watch::channel(election.leadership.clone());
 
     let primary_pid = Arc::new(AtomicI32::new(0));
     let fence = tokio::spawn(heartbeat(
         settings.exe.clone(),
-        leadership.clone(),
+        leadership_rx,
         primary_pid.clone(),
     ));
     let health = http::Health::default();
@@ -105,9 +93,11 @@ pub async fn run(
 
     let mut instance = Instance {
         leases: Api::namespaced(client.clone(), &settings.namespace),
-        pods: Api::namespaced(client, &settings.namespace),
+        pods: Api::namespaced(client.clone(), &settings.namespace),
+        client,
         settings,
-        leadership,
+        election,
+        leadership: leadership_tx,
         eligible: eligible_tx,
         primary_pid,
         health,
@@ -137,15 +127,18 @@ pub async fn run(
     if let Some(pm) = instance.postmaster.take() {
         pm.stop(Duration::from_secs(30)).await;
     }
-    election_stop.cancel();
-    let _ = election.await;
+    instance.election.stop().await;
     fence.abort();
     let _ = server.await;
     Ok(())
 }
 
 /// Tells the watchdog, every 200 ms, until when the primary's postmaster may write.
-async fn heartbeat(exe: PathBuf, leadership: Leadership, primary_pid: Arc<AtomicI32>) {
+async fn heartbeat(
+    exe: PathBuf,
+    leadership: watch::Receiver<Leadership>,
+    primary_pid: Arc<AtomicI32>,
+) {
     let child = tokio::process::Command::new(&exe)
         .arg("watchdog")
         .stdin(std::process::Stdio::piped())
@@ -168,7 +161,8 @@ async fn heartbeat(exe: PathBuf, leadership: Leadership, primary_pid: Arc<Atomic
         let message = if pid == 0 {
             Message::Standby
         } else {
-            let valid_for = match leadership.deadline() {
+            let deadline = leadership.borrow().deadline();
+            let valid_for = match deadline {
                 Ok(Some(deadline)) => deadline.saturating_duration_since(Instant::now()),
                 Ok(None) => Duration::from_secs(3600),
                 Err(_) => Duration::ZERO,
@@ -182,12 +176,63 @@ async fn heartbeat(exe: PathBuf, leadership: Leadership, primary_pid: Arc<Atomic
     }
 }
 
+/// steward-core's elector on the cluster's Lease, running in a task.
+struct Election {
+    leadership: Leadership,
+    stop: CancellationToken,
+    task: tokio::task::JoinHandle<Result<(), steward_core::leader::Error>>,
+    /// For a new election after a handover.
+    eligible: watch::Receiver<bool>,
+}
+
+impl Election {
+    fn start(
+        client: &Client,
+        settings: &Settings,
+        eligible: watch::Receiver<bool>,
+    ) -> anyhow::Result<Self> {
+        let config = LeaseConfig {
+            lease_name: contract::lease_name(&settings.cluster),
+            namespace: settings.namespace.clone(),
+            identity: settings.pod.clone(),
+            lease_duration: settings.lease_duration,
+            renew_deadline: settings.renew_deadline,
+            retry_period: settings.retry_period,
+        };
+        let elector = LeaderElector::new(client.clone(), config)?
+            .with_reporter(contract::BINARY)
+            .with_candidacy(eligible.clone());
+        let leadership = elector.leadership();
+        let stop = CancellationToken::new();
+        let task = tokio::spawn(elector.run(stop.clone()));
+        Ok(Self {
+            leadership,
+            stop,
+            task,
+            eligible,
+        })
+    }
+
+    /// Stops leading and releases the Lease (if held).
+    async fn stop(&mut self) {
+        self.stop.cancel();
+        match (&mut self.task).await {
+            Ok(Err(e)) => tracing::warn!(error = %e, "releasing the Lease failed"),
+            Err(e) => tracing::warn!(error = %e, "the election task failed"),
+            Ok(Ok(())) => {}
+        }
+    }
+}
+
 /// The instance manager's state between ticks.
 struct Instance {
     settings: Settings,
+    client: Client,
     leases: Api<Lease>,
     pods: Api<Pod>,
-    leadership: Leadership,
+    election: Election,
+    /// The current election's leadership, for the watchdog's heartbeat.
+    leadership: watch::Sender<Leadership>,
     eligible: watch::Sender<bool>,
     /// The postmaster's pid while it runs read-write (0 otherwise), for the watchdog.
     primary_pid: Arc<AtomicI32>,
@@ -209,6 +254,8 @@ struct Instance {
 struct World {
     /// `None`: no Lease exists. `Some("")`: released.
     holder: Option<String>,
+    /// The switchover target named on the Lease.
+    target: Option<String>,
     pods: Vec<Pod>,
 }
 
@@ -230,7 +277,7 @@ impl World {
 impl Instance {
     async fn tick(&mut self) -> anyhow::Result<()> {
         self.reap();
-        let leading = self.leadership.is_leader();
+        let leading = self.election.leadership.is_leader();
         self.fence(leading).await;
 
         let world = self.observe_world().await?;
@@ -279,6 +326,10 @@ impl Instance {
     async fn observe_world(&self) -> anyhow::Result<World> {
         let name = contract::lease_name(&self.settings.cluster);
         let lease = tokio::time::timeout(API_TIMEOUT, self.leases.get_opt(&name)).await??;
+        let target = lease
+            .as_ref()
+            .and_then(|l| l.annotations().get(contract::TARGET_ANNOTATION).cloned())
+            .filter(|t| !t.is_empty());
         let holder = lease.map(|l| l.spec.and_then(|s| s.holder_identity).unwrap_or_default());
         let selector = format!("{CLUSTER_LABEL}={}", self.settings.cluster);
         let pods = tokio::time::timeout(
@@ -287,7 +338,11 @@ impl Instance {
         )
         .await??
         .items;
-        Ok(World { holder, pods })
+        Ok(World {
+            holder,
+            target,
+            pods,
+        })
     }
 
     /// An empty data directory: create the cluster, or clone the primary.
@@ -349,7 +404,56 @@ impl Instance {
                 self.replication_role = true;
             }
             self.label(world).await?;
+            match world.target.as_deref() {
+                Some(target) if target == self.settings.pod => self.clear_target().await?,
+                Some(target) => self.hand_over(target, world).await?,
+                None => {}
+            }
         }
+        Ok(())
+    }
+
+    /// A planned switchover: when `target` is a ready replica, shut PostgreSQL down cleanly
+    /// (a fast shutdown sends the remaining WAL, up to the shutdown checkpoint, to the
+    /// connected replicas), then release the Lease so the target takes it. This instance
+    /// rejoins as a replica at the next ticks.
+    async fn hand_over(&mut self, target: &str, world: &World) -> anyhow::Result<()> {
+        let ready = world.pods.iter().map(peer).any(|p| {
+            p.name == target
+                && p.ready
+                && p.status.as_ref().is_some_and(|s| s.role == Role::Replica)
+        });
+        if !ready {
+            tracing::info!(%target, "switchover requested; waiting for the target to be a ready replica");
+            return Ok(());
+        }
+        tracing::info!(%target, "switchover: shutting down cleanly, then releasing the Lease");
+        self.primary_pid.store(0, Ordering::SeqCst);
+        if let Some(pm) = self.postmaster.take() {
+            pm.stop(Duration::from_secs(60)).await;
+        }
+        self.observed = None;
+        self.needs_rewind = true;
+        self.election.stop().await;
+        let eligible = self.election.eligible.clone();
+        self.election = Election::start(&self.client, &self.settings, eligible)?;
+        self.leadership
+            .send_replace(self.election.leadership.clone());
+        Ok(())
+    }
+
+    /// As the switchover's target, once leading: the Lease no longer names a target.
+    async fn clear_target(&self) -> anyhow::Result<()> {
+        let name = contract::lease_name(&self.settings.cluster);
+        let patch =
+            serde_json::json!({"metadata": {"annotations": {contract::TARGET_ANNOTATION: null}}});
+        tokio::time::timeout(
+            API_TIMEOUT,
+            self.leases
+                .patch(&name, &PatchParams::default(), &Patch::Merge(&patch)),
+        )
+        .await??;
+        tracing::info!("switchover finished: leading");
         Ok(())
     }
 
@@ -436,7 +540,7 @@ impl Instance {
                 Err(e) => tracing::debug!(error = %e, "PostgreSQL does not accept connections yet"),
             }
         }
-        let leading = self.leadership.is_leader();
+        let leading = self.election.leadership.is_leader();
         let ready = self
             .observed
             .as_ref()
@@ -471,6 +575,7 @@ impl Instance {
             &self.settings.pod,
             Some(&status),
             world.holder.as_deref(),
+            world.target.as_deref(),
             &peers,
         );
         let eligible = candidacy.eligible()

@@ -4,8 +4,8 @@ use std::collections::BTreeMap;
 
 use k8s_openapi::ByteString;
 use k8s_openapi::api::apps::v1::{
-    RollingUpdateStatefulSetStrategy, StatefulSet, StatefulSetPersistentVolumeClaimRetentionPolicy,
-    StatefulSetSpec, StatefulSetUpdateStrategy,
+    StatefulSet, StatefulSetPersistentVolumeClaimRetentionPolicy, StatefulSetSpec,
+    StatefulSetUpdateStrategy,
 };
 use k8s_openapi::api::core::v1::{
     ConfigMap, ConfigMapVolumeSource, Container, ContainerPort, EmptyDirVolumeSource, EnvVar,
@@ -245,7 +245,7 @@ pub fn instance_role(cluster: &PostgresCluster) -> Role {
             rule(
                 &["coordination.k8s.io"],
                 &["leases"],
-                &["get", "update", "list", "watch"],
+                &["get", "update", "patch", "list", "watch"],
                 Some(vec![names.lease.clone()]),
             ),
             rule(&[""], &["pods"], &["get", "list"], None),
@@ -372,8 +372,9 @@ pub fn pod_disruption_budget(cluster: &PostgresCluster) -> PodDisruptionBudget {
     }
 }
 
-/// The StatefulSet: `instances` pods, OrderedReady, rolling updates gated by `partition`
-/// (pods with an ordinal ≥ partition run the new template).
+/// The StatefulSet: `instances` pods, OrderedReady, updated `OnDelete`: the operator replaces
+/// pods itself, replicas first and the primary after a switchover
+/// ([`super::rollout::next_step`]).
 ///
 /// Each pod runs `steward-pg-instance` as PID 1 of its PostgreSQL container: an init
 /// container copies it from `instance_image` (the operator's image) into the pod's scratch
@@ -381,7 +382,6 @@ pub fn pod_disruption_budget(cluster: &PostgresCluster) -> PodDisruptionBudget {
 pub fn statefulset(
     cluster: &PostgresCluster,
     config_hash: &str,
-    partition: i32,
     instance_image: &str,
 ) -> StatefulSet {
     let name = cluster.name_any();
@@ -539,11 +539,8 @@ pub fn statefulset(
                 ..Default::default()
             },
             update_strategy: Some(StatefulSetUpdateStrategy {
-                type_: Some("RollingUpdate".into()),
-                rolling_update: Some(RollingUpdateStatefulSetStrategy {
-                    partition: Some(partition),
-                    max_unavailable: None,
-                }),
+                type_: Some("OnDelete".into()),
+                rolling_update: None,
             }),
             persistent_volume_claim_retention_policy: Some(
                 StatefulSetPersistentVolumeClaimRetentionPolicy {
@@ -596,6 +593,30 @@ pub fn statefulset(
         },
         ..Default::default()
     }
+}
+
+/// The state an instance manager published on `pod`, if any.
+pub fn instance_state(pod: &k8s_openapi::api::core::v1::Pod) -> Option<crate::api::InstanceState> {
+    let report: instance::InstanceStatus =
+        serde_json::from_str(pod.annotations().get(instance::STATUS_ANNOTATION)?).ok()?;
+    let ready = pod
+        .status
+        .as_ref()
+        .and_then(|s| s.conditions.as_ref())
+        .is_some_and(|cs| cs.iter().any(|c| c.type_ == "Ready" && c.status == "True"));
+    Some(crate::api::InstanceState {
+        name: pod.name_any(),
+        role: match report.role {
+            instance::Role::Primary => PRIMARY,
+            instance::Role::Replica => REPLICA,
+            instance::Role::Down => "down",
+        }
+        .to_string(),
+        timeline: report.timeline,
+        lsn: report.lsn.to_string(),
+        replay_lag_bytes: report.replay_lag,
+        ready,
+    })
 }
 
 /// Hash of a StatefulSet's pod template (whether the template changed since the last apply).

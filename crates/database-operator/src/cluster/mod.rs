@@ -99,7 +99,7 @@ pub async fn reconcile(
         .apply(build::pod_disruption_budget(&cluster))
         .await?;
 
-    // The StatefulSet, with the partition for the next step of a rollout.
+    // The StatefulSet (`OnDelete`: the rollout below replaces pods one at a time).
     let statefulsets: Api<StatefulSet> = Api::namespaced(client.clone(), &ns);
     let current = statefulsets
         .get_opt(&names.statefulset)
@@ -121,38 +121,23 @@ pub async fn reconcile(
         .iter()
         .filter_map(|p| rollout::PodView::of(p, &names.statefulset))
         .collect();
-
-    let mut desired =
-        build::statefulset(&cluster, &config_hash, 0, &ctx.data.options.instance_image);
+    let mut desired = build::statefulset(&cluster, &config_hash, &ctx.data.options.instance_image);
     let template_hash = build::template_hash(&desired);
     let template_changed = current
         .as_ref()
         .is_some_and(|s| s.annotations().get(TEMPLATE_HASH_ANNOTATION) != Some(&template_hash));
-    let partition = rollout::partition(
-        cluster.spec.instances,
-        current.as_ref(),
-        template_changed,
-        &views,
-    );
-    desired = build::statefulset(
-        &cluster,
-        &config_hash,
-        partition,
-        &ctx.data.options.instance_image,
-    );
     desired
         .annotations_mut()
         .insert(TEMPLATE_HASH_ANNOTATION.into(), template_hash);
     children.apply(desired).await?;
     if template_changed {
         ctx.recorder
-            .normal(cluster.as_ref(), "RollingUpdate", "Update", format!("pod template changed; replacing instances one at a time from ordinal {partition} down to the primary"))
+            .normal(cluster.as_ref(), "RollingUpdate", "Update", "pod template changed; replacing the replicas one at a time, then switching over to an updated replica, then the old primary")
             .await;
     }
 
     // The primary is the Lease's holder (the instance managers elect it); before any Lease
-    // exists, the first instance, which creates it. Its manager moves the role labels when
-    // it is promoted; here they are only corrected (say, a label edited by hand).
+    // exists, the first instance, which creates it.
     let leases: Api<Lease> = Api::namespaced(client.clone(), &ns);
     let lease = leases
         .get_opt(&names.lease)
@@ -161,43 +146,98 @@ pub async fn reconcile(
             what: format!("Lease {}", names.lease),
             source,
         })?;
-    let primary = match &lease {
-        None => Some(names.first_pod.clone()),
-        Some(lease) => lease
-            .spec
-            .as_ref()
-            .and_then(|s| s.holder_identity.clone())
-            .filter(|h| !h.is_empty()),
-    };
-    if let Some(primary) = &primary {
-        for pod in &pods.items {
-            let role = if pod.name_any() == *primary {
-                build::PRIMARY
-            } else {
-                build::REPLICA
-            };
-            if pod.labels().get(ROLE_LABEL).map(String::as_str) == Some(role)
-                || pod.metadata.deletion_timestamp.is_some()
-            {
-                continue;
-            }
-            let patch = serde_json::json!({"metadata": {"labels": {ROLE_LABEL: role}}});
-            match pods_api
-                .patch(
-                    &pod.name_any(),
-                    &PatchParams::default(),
-                    &Patch::Merge(&patch),
+    let roles = PrimaryRoles::of(lease.as_ref(), &names);
+    label_roles(&pods_api, &pods.items, roles.primary.as_deref()).await?;
+    let previous = cluster.status.clone().unwrap_or_default();
+    if let (Some(now), Some(before), Some(after)) = (
+        &roles.primary,
+        previous.primary_transitions,
+        roles.transitions,
+    ) {
+        if after > before && previous.switchover_target.as_ref() == Some(now) {
+            ctx.recorder
+                .normal(
+                    cluster.as_ref(),
+                    "SwitchedOver",
+                    "Switchover",
+                    format!("{now} is the primary, as planned"),
                 )
-                .await
-            {
-                Ok(_) => {}
-                Err(kube::Error::Api(s)) if s.code == 404 => {}
-                Err(source) => {
-                    return Err(Error::LabelPod {
-                        pod: pod.name_any(),
-                        source,
-                    });
+                .await;
+        } else if after > before {
+            ctx.recorder
+                .warning(cluster.as_ref(), "FailedOver", "Failover", format!("{now} is the primary now: the instances elected the most advanced replica through the Lease {} after the previous primary stopped renewing or released it", names.lease))
+                .await;
+        }
+    }
+
+    // A switchover asked for on the cluster.
+    let requested = cluster
+        .annotations()
+        .get(SWITCHOVER_ANNOTATION)
+        .filter(|to| !to.is_empty())
+        .cloned();
+    if let Some(to) = &requested {
+        if roles.primary.as_deref() == Some(to.as_str()) {
+            clear_switchover_request(&client, &cluster).await?;
+        } else if let Err(why) = switchover_allowed(to, &cluster, &views, &roles) {
+            ctx.recorder
+                .warning(cluster.as_ref(), "SwitchoverRefused", "Switchover", format!("switchover to {to} refused: {why}; the annotation {SWITCHOVER_ANNOTATION} is left for you to change or remove"))
+                .await;
+        } else if roles.switching_to.as_deref() != Some(to.as_str()) {
+            request_switchover(&leases, &names.lease, to).await?;
+            ctx.recorder
+                .normal(
+                    cluster.as_ref(),
+                    "Switchover",
+                    "Switchover",
+                    format!("switching over to {to} as asked by {SWITCHOVER_ANNOTATION}"),
+                )
+                .await;
+        }
+    }
+
+    // One step of the rolling update.
+    let update_revision = if template_changed {
+        None
+    } else {
+        current.as_ref().and_then(rollout::update_revision)
+    };
+    if let Some(revision) = update_revision.filter(|_| requested.is_none()) {
+        let step = rollout::next_step(
+            cluster.spec.instances,
+            &views,
+            revision,
+            rollout::Roles {
+                primary: roles.primary.as_deref(),
+                elected: lease.is_some(),
+                switching_to: roles.switching_to.as_deref(),
+            },
+        );
+        match step {
+            rollout::Step::Done | rollout::Step::Wait => {}
+            rollout::Step::Delete { pod, primary } => {
+                ctx.recorder
+                    .normal(
+                        cluster.as_ref(),
+                        "RollingUpdate",
+                        "Update",
+                        format!(
+                            "replacing {} {pod} with the new template",
+                            if primary { "the primary" } else { "replica" }
+                        ),
+                    )
+                    .await;
+                match pods_api.delete(&pod, &Default::default()).await {
+                    Ok(_) => {}
+                    Err(kube::Error::Api(s)) if s.code == 404 => {}
+                    Err(source) => return Err(Error::ReplacePod { pod, source }),
                 }
+            }
+            rollout::Step::Switchover { to } => {
+                request_switchover(&leases, &names.lease, &to).await?;
+                ctx.recorder
+                    .normal(cluster.as_ref(), "Switchover", "Update", format!("every replica is updated: switching over to {to} before the old primary is replaced"))
+                    .await;
             }
         }
     }
@@ -207,16 +247,23 @@ pub async fn reconcile(
         generation: cluster.meta().generation,
         instances: cluster.spec.instances,
         target_version: cluster.spec.version,
-        update_revision: if template_changed {
-            None
-        } else {
-            current.as_ref().and_then(rollout::update_revision)
-        },
+        update_revision,
         pods: &views,
-        primary: primary.as_deref(),
+        primary: roles.primary.as_deref(),
         superuser_secret: names.superuser_secret.clone(),
     };
-    let status = rollout::status(&observed, cluster.status.as_ref());
+    let mut status = rollout::status(&observed, cluster.status.as_ref());
+    status.switchover_target = roles.switching_to.clone();
+    status.primary_transitions = if roles.primary.is_some() {
+        roles.transitions
+    } else {
+        previous.primary_transitions
+    };
+    status.instances = pods
+        .items
+        .iter()
+        .filter_map(build::instance_state)
+        .collect();
     let ready =
         steward_core::conditions::is_true(&status.conditions, steward_core::conditions::READY);
     ctx.apply_status(cluster.as_ref(), cluster.status.as_ref(), &status)
@@ -225,6 +272,154 @@ pub async fn reconcile(
         Action::requeue(ctx.data.options.resync_interval)
     } else {
         Action::requeue(Duration::from_secs(10))
+    })
+}
+
+/// Annotation on a PostgresCluster asking for a switchover to the named instance (pod);
+/// removed by the operator once that instance is the primary.
+pub const SWITCHOVER_ANNOTATION: &str = "database.steward.dev/switchover-to";
+
+/// Who is primary, as the cluster's Lease says.
+struct PrimaryRoles {
+    /// The Lease's holder; before any Lease exists, the first instance (it creates it).
+    /// `None` while the Lease is free (mid-failover).
+    primary: Option<String>,
+    /// The switchover target the Lease names.
+    switching_to: Option<String>,
+    /// The Lease's `leaseTransitions`.
+    transitions: Option<i32>,
+}
+
+impl PrimaryRoles {
+    fn of(lease: Option<&Lease>, names: &Names) -> Self {
+        match lease {
+            None => Self {
+                primary: Some(names.first_pod.clone()),
+                switching_to: None,
+                transitions: None,
+            },
+            Some(lease) => Self {
+                primary: lease
+                    .spec
+                    .as_ref()
+                    .and_then(|s| s.holder_identity.clone())
+                    .filter(|h| !h.is_empty()),
+                switching_to: lease
+                    .annotations()
+                    .get(steward_pg_instance::contract::TARGET_ANNOTATION)
+                    .filter(|t| !t.is_empty())
+                    .cloned(),
+                transitions: lease.spec.as_ref().and_then(|s| s.lease_transitions),
+            },
+        }
+    }
+}
+
+/// Corrects the role labels to the primary (its instance manager moves them when it is
+/// promoted; this fixes, say, a label edited by hand). Nothing while there is no primary.
+async fn label_roles(
+    pods_api: &Api<Pod>,
+    pods: &[Pod],
+    primary: Option<&str>,
+) -> Result<(), Error> {
+    let Some(primary) = primary else {
+        return Ok(());
+    };
+    for pod in pods {
+        let role = if pod.name_any() == primary {
+            build::PRIMARY
+        } else {
+            build::REPLICA
+        };
+        if pod.labels().get(ROLE_LABEL).map(String::as_str) == Some(role)
+            || pod.metadata.deletion_timestamp.is_some()
+        {
+            continue;
+        }
+        let patch = serde_json::json!({"metadata": {"labels": {ROLE_LABEL: role}}});
+        match pods_api
+            .patch(
+                &pod.name_any(),
+                &PatchParams::default(),
+                &Patch::Merge(&patch),
+            )
+            .await
+        {
+            Ok(_) => {}
+            Err(kube::Error::Api(s)) if s.code == 404 => {}
+            Err(source) => {
+                return Err(Error::LabelPod {
+                    pod: pod.name_any(),
+                    source,
+                });
+            }
+        }
+    }
+    Ok(())
+}
+
+/// Why a switchover to `to` cannot start now, if it cannot.
+fn switchover_allowed(
+    to: &str,
+    cluster: &PostgresCluster,
+    pods: &[rollout::PodView],
+    roles: &PrimaryRoles,
+) -> Result<(), String> {
+    if roles.primary.is_none() {
+        return Err("there is no primary right now (a failover is under way)".into());
+    }
+    let Some(pod) = pods.iter().find(|p| p.name == to) else {
+        return Err(format!(
+            "{to} is not an instance of this cluster (its instances are {}-0 to {}-{})",
+            cluster.name_any(),
+            cluster.name_any(),
+            cluster.spec.instances - 1
+        ));
+    };
+    if pod.ordinal >= cluster.spec.instances || !pod.ready || pod.deleting {
+        return Err(format!("{to} is not a ready replica"));
+    }
+    Ok(())
+}
+
+/// Names `to` as the switchover target on the cluster's Lease: the primary's instance
+/// manager hands over to it.
+async fn request_switchover(leases: &Api<Lease>, lease: &str, to: &str) -> Result<(), Error> {
+    let patch = serde_json::json!({"metadata": {"annotations": {
+        steward_pg_instance::contract::TARGET_ANNOTATION: to
+    }}});
+    leases
+        .patch(lease, &PatchParams::default(), &Patch::Merge(&patch))
+        .await
+        .map(drop)
+        .map_err(|source| Error::Switchover {
+            to: to.to_string(),
+            source,
+        })
+}
+
+/// Removes the switchover request from the cluster once it is done.
+async fn clear_switchover_request(
+    client: &kube::Client,
+    cluster: &PostgresCluster,
+) -> Result<(), Error> {
+    let ns = cluster.namespace().unwrap_or_default();
+    let api: Api<PostgresCluster> = Api::namespaced(client.clone(), &ns);
+    let patch = serde_json::json!({"metadata": {"annotations": {SWITCHOVER_ANNOTATION: null}}});
+    api.patch(
+        &cluster.name_any(),
+        &PatchParams::default(),
+        &Patch::Merge(&patch),
+    )
+    .await
+    .map(drop)
+    .map_err(|source| Error::Switchover {
+        to: cluster
+            .annotations()
+            .get(SWITCHOVER_ANNOTATION)
+            .cloned()
+            .unwrap_or_default(),
+        source,
     })
 }
 
@@ -352,21 +547,16 @@ mod tests {
     }
 
     #[test]
-    fn statefulset_has_partition_storage_and_retention() {
+    fn statefulset_updates_on_delete_with_storage_and_retention() {
         let c = cluster("pg");
-        let sts = statefulset(&c, "abc", 2, "op:1");
+        let sts = statefulset(&c, "abc", "op:1");
         let spec = &sts.spec;
         assert_eq!(spec.replicas, Some(3));
         assert_eq!(spec.service_name.as_deref(), Some("pg-hl"));
         assert_eq!(
-            spec.update_strategy
-                .as_ref()
-                .unwrap()
-                .rolling_update
-                .as_ref()
-                .unwrap()
-                .partition,
-            Some(2)
+            spec.update_strategy.as_ref().unwrap().type_.as_deref(),
+            Some("OnDelete"),
+            "the operator replaces pods itself: replicas, switchover, then the old primary"
         );
         assert_eq!(
             spec.persistent_volume_claim_retention_policy
@@ -411,7 +601,7 @@ mod tests {
 
         let mut d = cluster("pg");
         d.spec.deletion_policy = DeletionPolicy::Delete;
-        let sts = statefulset(&d, "abc", 0, "op:1");
+        let sts = statefulset(&d, "abc", "op:1");
         assert_eq!(
             sts.spec
                 .persistent_volume_claim_retention_policy
@@ -425,24 +615,19 @@ mod tests {
     }
 
     #[test]
-    fn template_hash_tracks_version_and_config_not_partition() {
+    fn template_hash_tracks_version_and_config() {
         let c = cluster("pg");
-        let a = template_hash(&statefulset(&c, "h1", 0, "op:1"));
-        assert_eq!(
-            a,
-            template_hash(&statefulset(&c, "h1", 2, "op:1")),
-            "partition is not part of the template"
-        );
+        let a = template_hash(&statefulset(&c, "h1", "op:1"));
         assert_ne!(
             a,
-            template_hash(&statefulset(&c, "h2", 0, "op:1")),
+            template_hash(&statefulset(&c, "h2", "op:1")),
             "config change rolls"
         );
         let mut v = cluster("pg");
         v.spec.version = 17;
         assert_ne!(
             a,
-            template_hash(&statefulset(&v, "h1", 0, "op:1")),
+            template_hash(&statefulset(&v, "h1", "op:1")),
             "version change rolls"
         );
     }
@@ -493,7 +678,7 @@ mod tests {
     #[test]
     fn pods_run_the_instance_manager_copied_from_the_operators_image() {
         let c = cluster("pg");
-        let sts = statefulset(&c, "abc", 0, "steward/database-operator:9");
+        let sts = statefulset(&c, "abc", "steward/database-operator:9");
         let pod = sts.spec.template.spec.as_ref().unwrap();
         let init = &pod.init_containers.as_ref().unwrap()[0];
         assert_eq!(init.image.as_deref(), Some("steward/database-operator:9"));

@@ -1,11 +1,10 @@
 //! Rolling updates and status of a [`PostgresCluster`], as pure functions of what the
 //! StatefulSet and its pods report.
 //!
-//! The primary is ordinal 0, so replicas are the higher ordinals. A template change starts
-//! with the StatefulSet's `partition` at `instances - 1`: only the highest replica is
-//! replaced. Each reconcile then lowers the partition by one only when every pod above it
-//! runs the new revision and is Ready, so instances are replaced one at a time, replicas
-//! first, the primary last.
+//! The StatefulSet updates `OnDelete`: the operator replaces pods itself ([`next_step`]),
+//! one at a time and only while every instance is Ready — the replicas first (highest
+//! ordinal first), then a switchover to an updated replica, then the old primary. The
+//! primary is whichever instance holds the cluster's Lease, so it may be any ordinal.
 
 use k8s_openapi::api::apps::v1::StatefulSet;
 use k8s_openapi::api::core::v1::Pod;
@@ -60,43 +59,82 @@ impl PodView {
     }
 }
 
-/// The partition for the next step of a rollout to `update_revision`: the highest ordinal
-/// not yet updated, once every pod above it is updated and Ready; otherwise hold (that
-/// ordinal + 1). `0` when every instance is updated.
-pub fn next_partition(instances: i32, pods: &[PodView], update_revision: &str) -> i32 {
-    let pod = |ordinal: i32| pods.iter().find(|p| p.ordinal == ordinal);
-    let not_updated = (0..instances)
-        .rev()
-        .find(|&o| !pod(o).is_some_and(|p| p.updated(update_revision)));
-    let Some(next) = not_updated else { return 0 };
-    let above_healthy =
-        (next + 1..instances).all(|o| pod(o).is_some_and(|p| p.healthy(update_revision)));
-    if above_healthy { next } else { next + 1 }
+/// The next step of a rolling update.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Step {
+    /// Every instance runs the update revision.
+    Done,
+    /// Nothing to do until something changes (a pod is missing, not ready, or being
+    /// replaced; a switchover is under way).
+    Wait,
+    /// Delete this pod: the StatefulSet (`OnDelete`) re-creates it from the new template.
+    Delete { pod: String, primary: bool },
+    /// Hand the primary over to this updated, ready replica before the old primary is
+    /// replaced: a rolling update costs one switchover, never a primary restart.
+    Switchover { to: String },
 }
 
-/// The partition to apply: `0` for a new StatefulSet, `instances - 1` when the template just
-/// changed, else the next step of the rollout, or the current partition while the
-/// StatefulSet controller has not caught up (its status is older than its spec).
-pub fn partition(
+/// What the rollout planner needs besides the pods.
+#[derive(Clone, Copy, Debug)]
+pub struct Roles<'a> {
+    /// The primary's pod (the Lease's holder, or the first pod before a Lease exists).
+    pub primary: Option<&'a str>,
+    /// Instance managers elect the primary (a Lease exists): the primary is switched over,
+    /// not deleted while it leads.
+    pub elected: bool,
+    /// A switchover under way (the Lease names a target).
+    pub switching_to: Option<&'a str>,
+}
+
+/// Plans one step of the rollout to `update_revision`: replicas one at a time (highest
+/// ordinal first), each only when every instance is Ready; then a switchover to an updated
+/// replica; then the old primary, now a replica.
+pub fn next_step(
     instances: i32,
-    existing: Option<&StatefulSet>,
-    template_changed: bool,
     pods: &[PodView],
-) -> i32 {
-    let Some(sts) = existing else { return 0 };
-    if template_changed {
-        return (instances - 1).max(0);
+    update_revision: &str,
+    roles: Roles<'_>,
+) -> Step {
+    let in_range: Vec<&PodView> = pods.iter().filter(|p| p.ordinal < instances).collect();
+    let outdated: Vec<&PodView> = in_range
+        .iter()
+        .copied()
+        .filter(|p| !p.updated(update_revision))
+        .collect();
+    if outdated.is_empty() && in_range.len() == instances as usize {
+        return Step::Done;
     }
-    let current = sts
-        .spec
-        .update_strategy
-        .as_ref()
-        .and_then(|u| u.rolling_update.as_ref())
-        .and_then(|r| r.partition)
-        .unwrap_or(0);
-    match update_revision(sts) {
-        Some(rev) => next_partition(instances, pods, rev),
-        None => current.min((instances - 1).max(0)),
+    let all_ready =
+        in_range.len() == instances as usize && in_range.iter().all(|p| p.ready && !p.deleting);
+    if !all_ready || roles.switching_to.is_some() {
+        return Step::Wait;
+    }
+    let is_primary = |p: &PodView| Some(p.name.as_str()) == roles.primary;
+    if let Some(replica) = outdated
+        .iter()
+        .filter(|p| !is_primary(p))
+        .max_by_key(|p| p.ordinal)
+    {
+        return Step::Delete {
+            pod: replica.name.clone(),
+            primary: false,
+        };
+    }
+    let Some(primary) = outdated.first() else {
+        return Step::Wait;
+    };
+    let updated_replica = in_range
+        .iter()
+        .filter(|p| !is_primary(p) && p.healthy(update_revision))
+        .min_by_key(|p| p.ordinal);
+    match updated_replica {
+        Some(to) if roles.elected => Step::Switchover {
+            to: to.name.clone(),
+        },
+        _ => Step::Delete {
+            pod: primary.name.clone(),
+            primary: true,
+        },
     }
 }
 
@@ -229,7 +267,10 @@ pub fn status(
         updated_instances,
         current_version,
         target_version: Some(observed.target_version),
-        primary: primary.map(|p| p.name.clone()),
+        primary: observed.primary.map(str::to_string),
+        switchover_target: None,
+        primary_transitions: None,
+        instances: Vec::new(),
         superuser_secret: Some(observed.superuser_secret.clone()),
         observed_generation: generation,
         conditions: conds,
@@ -251,62 +292,122 @@ mod tests {
         }
     }
 
+    const ELECTED: Roles<'static> = Roles {
+        primary: Some("pg-0"),
+        elected: true,
+        switching_to: None,
+    };
+
     #[test]
-    fn rollout_goes_replicas_first_primary_last_one_at_a_time() {
-        // Template just changed: nothing updated yet → only ordinal 2 may update.
+    fn rollout_replaces_replicas_first_then_switches_over_then_the_old_primary() {
         let mut pods = vec![
             pod(0, "old", true),
             pod(1, "old", true),
             pod(2, "old", true),
         ];
-        assert_eq!(next_partition(3, &pods, "new"), 2);
-        // Ordinal 2 recreated, not ready yet → hold at 2.
-        pods[2] = pod(2, "new", false);
-        assert_eq!(next_partition(3, &pods, "new"), 2);
-        // Ordinal 2 ready → ordinal 1 may update.
+        let step = |pods: &[PodView], roles| next_step(3, pods, "new", roles);
+        assert_eq!(
+            step(&pods, ELECTED),
+            Step::Delete {
+                pod: "pg-2".into(),
+                primary: false
+            }
+        );
+        // pg-2 being replaced → wait.
+        pods[2].deleting = true;
+        assert_eq!(step(&pods, ELECTED), Step::Wait);
+        pods.remove(2);
+        assert_eq!(step(&pods, ELECTED), Step::Wait, "a pod is missing");
+        pods.push(pod(2, "new", false));
+        assert_eq!(step(&pods, ELECTED), Step::Wait, "not ready yet");
         pods[2].ready = true;
-        assert_eq!(next_partition(3, &pods, "new"), 1);
-        // Ordinal 1 is being replaced (gone for a moment) → still 1.
-        pods.remove(1);
-        assert_eq!(next_partition(3, &pods, "new"), 1);
-        pods.insert(1, pod(1, "new", false));
-        assert_eq!(next_partition(3, &pods, "new"), 1);
-        pods[1].ready = true;
-        // Both replicas updated and ready → the primary (0) may update.
-        assert_eq!(next_partition(3, &pods, "new"), 0);
+        assert_eq!(
+            step(&pods, ELECTED),
+            Step::Delete {
+                pod: "pg-1".into(),
+                primary: false
+            }
+        );
+        pods[1] = pod(1, "new", true);
+        assert_eq!(
+            step(&pods, ELECTED),
+            Step::Switchover { to: "pg-1".into() },
+            "every replica updated: hand over to the lowest updated replica"
+        );
+        let switching = Roles {
+            switching_to: Some("pg-1"),
+            ..ELECTED
+        };
+        assert_eq!(step(&pods, switching), Step::Wait);
+        // pg-1 leads now; pg-0 is an outdated replica.
+        let after = Roles {
+            primary: Some("pg-1"),
+            ..ELECTED
+        };
+        assert_eq!(
+            step(&pods, after),
+            Step::Delete {
+                pod: "pg-0".into(),
+                primary: false
+            }
+        );
         pods[0] = pod(0, "new", true);
-        assert_eq!(next_partition(3, &pods, "new"), 0);
+        assert_eq!(step(&pods, after), Step::Done);
     }
 
     #[test]
-    fn unready_updated_replica_blocks_the_primary() {
+    fn the_primary_may_be_any_ordinal() {
+        let pods = vec![
+            pod(0, "old", true),
+            pod(1, "old", true),
+            pod(2, "old", true),
+        ];
+        let roles = Roles {
+            primary: Some("pg-2"),
+            ..ELECTED
+        };
+        assert_eq!(
+            next_step(3, &pods, "new", roles),
+            Step::Delete {
+                pod: "pg-1".into(),
+                primary: false
+            },
+            "the highest replica, skipping the primary"
+        );
+    }
+
+    #[test]
+    fn without_elected_primaries_or_replicas_the_primary_is_replaced_in_place() {
+        let pods = vec![pod(0, "old", true), pod(1, "new", true)];
+        let unelected = Roles {
+            elected: false,
+            ..ELECTED
+        };
+        assert_eq!(
+            next_step(2, &pods, "new", unelected),
+            Step::Delete {
+                pod: "pg-0".into(),
+                primary: true
+            }
+        );
+        assert_eq!(
+            next_step(1, &[pod(0, "old", true)], "new", ELECTED),
+            Step::Delete {
+                pod: "pg-0".into(),
+                primary: true
+            },
+            "a single instance has nobody to hand over to"
+        );
+    }
+
+    #[test]
+    fn an_unready_instance_holds_the_rollout() {
         let pods = vec![
             pod(0, "old", true),
             pod(1, "new", true),
             pod(2, "new", false),
         ];
-        assert_eq!(
-            next_partition(3, &pods, "new"),
-            1,
-            "ordinal 2 not ready: ordinal 1 is done, hold before 0"
-        );
-    }
-
-    #[test]
-    fn single_instance_updates_directly() {
-        assert_eq!(next_partition(1, &[pod(0, "old", true)], "new"), 0);
-        assert_eq!(partition(1, Some(&StatefulSet::default()), true, &[]), 0);
-    }
-
-    #[test]
-    fn partition_starts_at_highest_ordinal_on_template_change() {
-        let sts = StatefulSet::default();
-        assert_eq!(
-            partition(3, None, false, &[]),
-            0,
-            "new StatefulSet: everything at once"
-        );
-        assert_eq!(partition(3, Some(&sts), true, &[]), 2);
+        assert_eq!(next_step(3, &pods, "new", ELECTED), Step::Wait);
     }
 
     fn observed<'a>(pods: &'a [PodView], rev: Option<&'a str>, target: i32) -> Observed<'a> {
