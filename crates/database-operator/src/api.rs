@@ -52,6 +52,7 @@ pub const ROTATE_ANNOTATION: &str = "database.steward.dev/rotate-password";
     validation = Rule::new("size(self.metadata.name) <= 47").message("metadata.name must be at most 47 characters so that the names of its pods and Services stay valid"),
 )]
 #[serde(rename_all = "camelCase")]
+#[x_kube(validation = Rule::new("!has(self.synchronousReplicas) || self.synchronousReplicas < self.instances").message("synchronousReplicas must be below instances: a commit waits for that many replicas"))]
 pub struct PostgresClusterSpec {
     /// Number of instances: one primary and `instances - 1` replicas.
     #[serde(default = "default_instances")]
@@ -91,6 +92,14 @@ pub struct PostgresClusterSpec {
     #[x_kube(validation = Rule::new("self.all(k, k.matches('^[a-z_][a-z0-9_.]*$') && size(k) <= 63)").message("parameter names may contain only lower-case letters, digits, '_' and '.' (at most 63 bytes)"))]
     #[x_kube(validation = Rule::new("self.all(k, !(k in ['listen_addresses', 'port', 'data_directory', 'config_file', 'hba_file', 'ident_file', 'unix_socket_directories']))").message("listen_addresses, port, data_directory, config_file, hba_file, ident_file and unix_socket_directories are managed by the operator"))]
     pub parameters: BTreeMap<String, String>,
+
+    /// Synchronous replication: a commit is acknowledged only once this many replicas have
+    /// flushed it (`synchronous_standby_names = 'ANY n (*)'`). With `instances - 1`, no
+    /// acknowledged transaction is lost on failover; writes wait while fewer replicas run.
+    /// Unset: asynchronous.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 1, max = 8))]
+    pub synchronous_replicas: Option<i32>,
 
     /// What happens to the PersistentVolumeClaims (and the superuser Secret) when the cluster
     /// is deleted: `Retain` (default) keeps them, `Delete` deletes them.

@@ -5,8 +5,9 @@
 //! ```no_run
 //! # async fn f(cp: &steward_testenv::ControlPlane) -> Result<(), steward_testenv::Error> {
 //! use steward_testenv::deploy;
-//! let binaries = deploy::build(&["tenant-operator"])?;
-//! let deployed = deploy::operator(cp, "tenant-operator", &binaries[0], "my-test").await?;
+//! let spec = deploy::Spec { name: "tenant-operator", companions: &[] };
+//! let binaries = deploy::build(&[spec])?;
+//! let deployed = deploy::operator(cp, &binaries[0], "my-test").await?;
 //! deployed.wait_available(cp, std::time::Duration::from_secs(90)).await?;
 //! # Ok(()) }
 //! ```

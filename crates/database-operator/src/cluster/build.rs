@@ -296,7 +296,10 @@ pub fn conf_quote(value: &str) -> String {
 
 /// `postgresql.conf` lines for the user's parameters, values quoted as string literals
 /// (PostgreSQL accepts any setting quoted).
-pub fn render_parameters(parameters: &BTreeMap<String, String>) -> String {
+pub fn render_parameters(
+    parameters: &BTreeMap<String, String>,
+    synchronous_replicas: Option<i32>,
+) -> String {
     let mut out =
         String::from("# Managed by database-operator: spec.parameters of the PostgresCluster.\n");
     out.push_str("listen_addresses = '*'\n");
@@ -308,6 +311,10 @@ pub fn render_parameters(parameters: &BTreeMap<String, String>) -> String {
     for (k, v) in parameters {
         // The schema and validation restrict keys and refuse control characters in values.
         out.push_str(&format!("{k} = {}\n", conf_quote(v)));
+    }
+    // Only the primary applies it; any replica (application_name = its pod) counts.
+    if let Some(n) = synchronous_replicas {
+        out.push_str(&format!("synchronous_standby_names = 'ANY {n} (*)'\n"));
     }
     // Last, so the role's settings (primary_conninfo) win: written by the instance manager.
     out.push_str(&format!(
@@ -335,7 +342,7 @@ pub fn config_map(cluster: &PostgresCluster) -> ConfigMap {
         data: Some(BTreeMap::from([
             (
                 "postgresql.conf".to_string(),
-                render_parameters(&cluster.spec.parameters),
+                render_parameters(&cluster.spec.parameters, cluster.spec.synchronous_replicas),
             ),
             ("pg_hba.conf".to_string(), PG_HBA.to_string()),
         ])),

@@ -473,6 +473,15 @@ pub fn validate(cluster: &PostgresCluster) -> Result<(), Error> {
             )));
         }
     }
+    if let Some(n) = spec
+        .synchronous_replicas
+        .filter(|n| !(1..spec.instances).contains(n))
+    {
+        return Err(Error::InvalidSpec(format!(
+            "synchronousReplicas must be between 1 and instances - 1 ({}), not {n}",
+            spec.instances - 1
+        )));
+    }
     if cluster.name_any().len() > 47 {
         return Err(Error::InvalidSpec(
             "metadata.name must be at most 47 characters".into(),
@@ -507,6 +516,7 @@ mod tests {
                 },
                 resources: None,
                 parameters: BTreeMap::from([("max_connections".to_string(), "200".to_string())]),
+                synchronous_replicas: None,
                 deletion_policy: DeletionPolicy::Retain,
             },
         );
@@ -664,7 +674,7 @@ mod tests {
         c.spec
             .parameters
             .insert("log_line_prefix".into(), "a\\b".into());
-        let conf = render_parameters(&c.spec.parameters);
+        let conf = render_parameters(&c.spec.parameters, None);
         assert!(conf.contains("log_line_prefix = 'a\\\\b'\n"), "{conf}");
         assert!(validate(&c).is_ok());
         c.spec
@@ -775,6 +785,26 @@ mod tests {
         assert_eq!(
             pdb.spec.unwrap().max_unavailable,
             Some(k8s_openapi::apimachinery::pkg::util::intstr::IntOrString::Int(1))
+        );
+    }
+
+    #[test]
+    fn synchronous_replication_waits_for_any_n_replicas_and_stays_below_instances() {
+        let mut c = cluster("pg");
+        c.spec.synchronous_replicas = Some(2);
+        let conf = config_map(&c).data.unwrap()["postgresql.conf"].clone();
+        assert!(
+            conf.contains("synchronous_standby_names = 'ANY 2 (*)'\n"),
+            "{conf}"
+        );
+        assert!(validate(&c).is_ok());
+        c.spec.synchronous_replicas = Some(3);
+        assert!(
+            matches!(validate(&c), Err(Error::InvalidSpec(m)) if m.contains("synchronousReplicas"))
+        );
+        c.spec.synchronous_replicas = None;
+        assert!(
+            !config_map(&c).data.unwrap()["postgresql.conf"].contains("synchronous_standby_names")
         );
     }
 
