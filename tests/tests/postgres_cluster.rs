@@ -860,12 +860,45 @@ async fn postgres_cluster_switches_over_and_rolls_a_parameter_change_with_one_sw
         let work_mem: String = c.query_one("show work_mem", &[]).await.unwrap().get(0);
         assert_eq!(work_mem, "8MB", "{service} runs the new parameter");
     }
-    let status = cluster.status().await;
-    assert_eq!(status.instances.len(), 2, "{status:?}");
-    assert!(
-        status.instances.iter().all(|i| i.ready && i.timeline >= 2),
-        "both instances report their state, on the timeline after the switchovers: {:?}",
-        status.instances
-    );
+    let reported = eventually("both instances report their state", WAIT, || {
+        let clusters = cluster.clusters();
+        async move {
+            let status = clusters
+                .get("pg")
+                .await
+                .map_err(|e| e.to_string())?
+                .status
+                .unwrap_or_default();
+            let instances = status.instances;
+            let roles: Vec<&str> = instances.iter().map(|i| i.role.as_str()).collect();
+            // On the timeline after the two switchovers.
+            if instances.len() == 2
+                && roles.contains(&"primary")
+                && roles.contains(&"replica")
+                && instances.iter().all(|i| i.ready && i.timeline >= 3)
+            {
+                Ok(())
+            } else {
+                Err(format!("{instances:?}"))
+            }
+        }
+    })
+    .await;
+    if let Err(e) = reported {
+        let pods = cluster.pods().list(&Default::default()).await.unwrap();
+        let annotations: Vec<_> = pods
+            .items
+            .iter()
+            .map(|p| {
+                (
+                    p.name_any(),
+                    p.annotations()
+                        .get("database.steward.dev/instance")
+                        .cloned(),
+                )
+            })
+            .collect();
+        panic!("{e}\npods report {annotations:?}\n{}", cluster.logs().await);
+    }
     cluster.stop_operator().await;
 }

@@ -344,8 +344,11 @@ pub async fn ensure_replication_role(
     password: &str,
 ) -> Result<(), Error> {
     let literal = format!("'{}'", password.replace('\'', "''"));
+    // `synchronous_commit = local`: with synchronous replication configured and no replica
+    // yet (bootstrap), a commit would wait for a replica that cannot clone without this role.
     let sql = format!(
-        "do $$ begin \
+        "set local synchronous_commit = local; \
+         do $$ begin \
            if not exists (select from pg_roles where rolname = '{REPLICATION_USER}') then \
              create role {REPLICATION_USER} with login replication; \
            end if; end $$; \
