@@ -286,6 +286,46 @@ fn sandbox_of(pid: u32) -> u32 {
         .unwrap_or(pid)
 }
 
+/// A connection to `host_ip` as `postgres`, TLS verified for `name` against `ca` (PEM):
+/// libpq's `sslmode=verify-full` with `hostaddr`.
+async fn verify_full(
+    name: &str,
+    host_ip: &str,
+    password: &str,
+    ca: &[u8],
+) -> Result<tokio_postgres::Client, String> {
+    use rustls::pki_types::CertificateDer;
+    use rustls::pki_types::pem::PemObject;
+    let mut roots = rustls::RootCertStore::empty();
+    for cert in CertificateDer::pem_slice_iter(ca) {
+        roots
+            .add(cert.map_err(|e| e.to_string())?)
+            .map_err(|e| e.to_string())?;
+    }
+    let provider = Arc::new(rustls::crypto::ring::default_provider());
+    let tls = rustls::ClientConfig::builder_with_provider(provider)
+        .with_safe_default_protocol_versions()
+        .map_err(|e| e.to_string())?
+        .with_root_certificates(roots)
+        .with_no_client_auth();
+    let mut config = tokio_postgres::Config::new();
+    config
+        .host(name)
+        .hostaddr(host_ip.parse().map_err(|e| format!("{e}"))?)
+        .port(5432)
+        .user("postgres")
+        .password(password)
+        .dbname("postgres")
+        .ssl_mode(tokio_postgres::config::SslMode::Require)
+        .connect_timeout(Duration::from_secs(5));
+    let (client, connection) = config
+        .connect(tokio_postgres_rustls::MakeRustlsConnect::new(tls))
+        .await
+        .map_err(|e| format!("{e:?}"))?;
+    tokio::spawn(connection);
+    Ok(client)
+}
+
 fn signal(pid: u32, signal: &str) {
     let status = std::process::Command::new("kill")
         .args([&format!("-{signal}"), &pid.to_string()])
@@ -298,7 +338,9 @@ fn signal(pid: u32, signal: &str) {
 /// instance's manager ran initdb, the second cloned it with `pg_basebackup` as the
 /// replication role), the primary accepts a connection through the `-rw` Service and counts
 /// the replica as synchronous, and a row written there is read on the replica through the
-/// `-ro` Service (streaming replication).
+/// `-ro` Service (streaming replication). TLS: a client connects with verify-full to the
+/// Service's name using the CA from the superuser Secret; the replica streams over TLS;
+/// replication without TLS is refused.
 #[tokio::test]
 async fn postgres_cluster_streams_a_row_from_its_primary_to_its_replica() {
     let _turn = NODE.lock().await;
@@ -356,6 +398,91 @@ async fn postgres_cluster_streams_a_row_from_its_primary_to_its_replica() {
         ["quorum"],
         "synchronousReplicas: 1 → the replica acknowledges commits (ANY 1)"
     );
+    // TLS: a client verifies the primary's certificate for the Service's name with the CA
+    // in the superuser Secret (verify-full); the replica streams over TLS; replication
+    // without TLS is refused while the same credentials work with it.
+    let secret: Secret = Api::namespaced(cluster.client.clone(), &cluster.ns)
+        .get("pg-superuser")
+        .await
+        .unwrap();
+    let ca = secret.data.unwrap()["ca.crt"].0.clone();
+    let rw_name = format!("pg-rw.{}.svc", cluster.ns);
+    let verified = verify_full(
+        &rw_name,
+        &cluster.cluster_ip("pg-rw").await,
+        &cluster.password,
+        &ca,
+    )
+    .await
+    .unwrap_or_else(|e| panic!("verify-full to {rw_name}: {e}"));
+    let ssl: bool = verified
+        .query_one(
+            "select ssl from pg_stat_ssl where pid = pg_backend_pid()",
+            &[],
+        )
+        .await
+        .unwrap()
+        .get(0);
+    assert!(ssl, "the client's session is encrypted");
+    assert!(
+        verify_full(
+            "pg-other.example",
+            &cluster.cluster_ip("pg-rw").await,
+            &cluster.password,
+            &ca
+        )
+        .await
+        .is_err(),
+        "a name the certificate does not carry is refused: the check is real"
+    );
+    let replication_over_tls: i64 = primary
+        .query_one(
+            "select count(*) from pg_stat_replication r join pg_stat_ssl s using (pid) where s.ssl",
+            &[],
+        )
+        .await
+        .unwrap()
+        .get(0);
+    assert_eq!(replication_over_tls, 1, "the replica streams over TLS");
+    let replication: Secret = Api::namespaced(cluster.client.clone(), &cluster.ns)
+        .get("pg-replication")
+        .await
+        .unwrap();
+    let replication_password =
+        String::from_utf8(replication.data.unwrap()["password"].0.clone()).unwrap();
+    let (_, primary_ip) = cluster.primary().await;
+    // Physical (`replication=true`) and logical (`replication=database`) walsenders, and a
+    // plain session, as the replication role.
+    let connect_as_replication = |mode: &str, sslmode: &str| {
+        let (replication, command) = match mode {
+            "session" => ("", "select 1"),
+            mode => (mode, "IDENTIFY_SYSTEM"),
+        };
+        let replication = if replication.is_empty() {
+            String::new()
+        } else {
+            format!("replication={replication}")
+        };
+        std::process::Command::new("psql")
+            .arg(format!(
+                "host={primary_ip} user=steward_replication dbname=postgres {replication} sslmode={sslmode} connect_timeout=5"
+            ))
+            .args(["-c", command])
+            .env("PGPASSWORD", &replication_password)
+            .output()
+            .unwrap()
+    };
+    for mode in ["true", "database", "session"] {
+        let plain = connect_as_replication(mode, "disable");
+        assert!(
+            !plain.status.success()
+                && String::from_utf8_lossy(&plain.stderr).contains("pg_hba.conf"),
+            "the replication role without TLS ({mode}) is refused: {plain:?}"
+        );
+    }
+    let tls = connect_as_replication("true", "require");
+    assert!(tls.status.success(), "replication over TLS works: {tls:?}");
+
     let written = Instant::now();
     let seen = eventually("the row on the replica", WAIT, || {
         let replica = &replica;

@@ -57,6 +57,10 @@ pub enum Error {
         source: kube::Error,
     },
 
+    /// Generating the cluster's CA or server certificate failed.
+    #[error("TLS: {0}")]
+    Certificate(String),
+
     /// Deleting a pod for the rolling update failed.
     #[error("failed to replace pod {pod}")]
     ReplacePod {
@@ -130,6 +134,7 @@ impl steward_core::ReconcileError for Error {
             Error::Apply(_) => "ApplyFailed",
             Error::LabelPod { .. } => "LabelPodFailed",
             Error::ReplacePod { .. } => "ReplacePodFailed",
+            Error::Certificate(_) => "CertificateFailed",
             Error::Switchover { .. } => "SwitchoverFailed",
             Error::ProtectSecret { .. } => "ProtectSecretFailed",
             Error::ServerUnreachable { .. } => "ServerUnreachable",

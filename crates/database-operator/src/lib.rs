@@ -5,9 +5,10 @@
 //! module with a `reconcile` that validates, builds with pure functions, applies and writes
 //! status once:
 //!
-//! - [`cluster`]: a StatefulSet of one primary and replicas, its Services, superuser
-//!   Secret, ConfigMap and PodDisruptionBudget; rolling updates replicas first
-//!   ([`cluster::rollout`]).
+//! - [`cluster`]: a StatefulSet of one primary and replicas (each pod runs
+//!   `steward-pg-instance`, which elects the primary through the cluster's Lease), its
+//!   Services, Secrets, RBAC, ConfigMap and PodDisruptionBudget; rolling updates replace the
+//!   replicas, switch over, then replace the old primary ([`cluster::rollout`]).
 //! - [`database`]: a database and its owner role on a server reached through [`server`]
 //!   (a `clusterRef` or an `external` server); drops it on delete if asked, after a dump.
 //! - [`role`]: login roles with privileges and rotated passwords.

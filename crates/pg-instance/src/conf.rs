@@ -9,11 +9,19 @@ use std::path::Path;
 use crate::contract::{PG_PORT, REPLICATION_USER};
 
 /// `instance.conf` for a replica streaming from `primary_host` as [`REPLICATION_USER`], its
-/// password read from `passfile` (never written into a setting).
-pub fn replica_conf(primary_host: &str, application_name: &str, passfile: &Path) -> String {
+/// password read from `passfile` (never written into a setting), over TLS verified against
+/// the cluster's CA `ca_file` (the primary's certificate names the Services, not pod
+/// addresses, so `verify-ca`).
+pub fn replica_conf(
+    primary_host: &str,
+    application_name: &str,
+    passfile: &Path,
+    ca_file: &Path,
+) -> String {
     let conninfo = format!(
-        "host={primary_host} port={PG_PORT} user={REPLICATION_USER} passfile={} application_name={application_name} connect_timeout=5",
-        passfile.display()
+        "host={primary_host} port={PG_PORT} user={REPLICATION_USER} passfile={} application_name={application_name} connect_timeout=5 sslmode=verify-ca sslrootcert={}",
+        passfile.display(),
+        ca_file.display()
     );
     format!(
         "# Managed by steward-pg-instance: this instance is a replica.\nprimary_conninfo = {}\nrecovery_target_timeline = 'latest'\n",
@@ -42,12 +50,17 @@ mod tests {
     use super::*;
 
     #[test]
-    fn a_replica_streams_as_the_replication_role_with_a_passfile() {
-        let conf = replica_conf("198.18.0.7", "pg-1", Path::new("/steward/run/pgpass"));
+    fn a_replica_streams_as_the_replication_role_with_a_passfile_over_verified_tls() {
+        let conf = replica_conf(
+            "198.18.0.7",
+            "pg-1",
+            Path::new("/steward/run/pgpass"),
+            Path::new("/tls/ca.crt"),
+        );
         assert_eq!(
             conf,
             "# Managed by steward-pg-instance: this instance is a replica.\n\
-             primary_conninfo = 'host=198.18.0.7 port=5432 user=steward_replication passfile=/steward/run/pgpass application_name=pg-1 connect_timeout=5'\n\
+             primary_conninfo = 'host=198.18.0.7 port=5432 user=steward_replication passfile=/steward/run/pgpass application_name=pg-1 connect_timeout=5 sslmode=verify-ca sslrootcert=/tls/ca.crt'\n\
              recovery_target_timeline = 'latest'\n"
         );
         assert!(!conf.contains("password"));

@@ -48,6 +48,8 @@ struct RunArgs {
     config_file: PathBuf,
     #[arg(long, env = "STEWARD_RUN_DIR", default_value = "/steward/run")]
     run_dir: PathBuf,
+    #[arg(long, env = "PG_TLS_DIR", default_value = "/etc/steward-tls")]
+    tls_dir: PathBuf,
     #[arg(long, env = "POSTGRES_PASSWORD", hide_env_values = true)]
     superuser_password: String,
     #[arg(long, env = "REPLICATION_PASSWORD", hide_env_values = true)]
@@ -97,6 +99,7 @@ async fn run(args: RunArgs) -> anyhow::Result<()> {
             pgdata: args.pgdata,
             config_file: args.config_file,
             run_dir: args.run_dir,
+            tls_dir: args.tls_dir,
         },
         superuser_password: args.superuser_password,
         replication_password: args.replication_password,

@@ -108,6 +108,7 @@ pub async fn run(
         not_streaming_since: None,
         replication_role: false,
         published: None,
+        certificate: None,
     };
     let mut tick = tokio::time::interval(TICK);
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
@@ -248,6 +249,8 @@ struct Instance {
     /// The replication role was ensured on this postmaster (as primary).
     replication_role: bool,
     published: Option<(InstanceStatus, Instant)>,
+    /// The server certificate as last read.
+    certificate: Option<Vec<u8>>,
 }
 
 /// The cluster as this tick saw it.
@@ -277,6 +280,7 @@ impl World {
 impl Instance {
     async fn tick(&mut self) -> anyhow::Result<()> {
         self.reap();
+        self.reload_renewed_certificate();
         let leading = self.election.leadership.is_leader();
         self.fence(leading).await;
 
@@ -296,6 +300,22 @@ impl Instance {
 
     /// Notices a postmaster that exited on its own (crash, killed): it is restarted in its
     /// role at this tick.
+    /// Reloads PostgreSQL when the mounted server certificate changed (the operator renews
+    /// it; the kubelet updates the Secret volume).
+    fn reload_renewed_certificate(&mut self) {
+        let current = std::fs::read(self.settings.paths.tls_dir.join("tls.crt")).ok();
+        if current.is_none() {
+            return;
+        }
+        if self.certificate.is_some() && self.certificate != current {
+            if let Some(pm) = &self.postmaster {
+                tracing::info!("the server certificate changed: reloading");
+                pm.reload();
+            }
+        }
+        self.certificate = current;
+    }
+
     fn reap(&mut self) {
         if let Some(status) = self.postmaster.as_mut().and_then(Postmaster::exited) {
             tracing::warn!(%status, "postgres exited");
@@ -510,8 +530,13 @@ impl Instance {
     fn configure_replica(&mut self, host: Option<&str>) -> anyhow::Result<()> {
         let paths = &self.settings.paths;
         let conf = match host {
-            Some(host) => conf::replica_conf(host, &self.settings.pod, &paths.passfile()),
-            None => conf::replica_conf("", &self.settings.pod, &paths.passfile())
+            Some(host) => conf::replica_conf(
+                host,
+                &self.settings.pod,
+                &paths.passfile(),
+                &paths.ca_file(),
+            ),
+            None => conf::replica_conf("", &self.settings.pod, &paths.passfile(), &paths.ca_file())
                 .replace("primary_conninfo", "#primary_conninfo"),
         };
         postgres::write_file(&paths.instance_conf(), &conf, 0o644)?;

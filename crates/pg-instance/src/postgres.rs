@@ -49,6 +49,8 @@ pub struct Paths {
     pub config_file: PathBuf,
     /// A directory private to this container run: the socket, `instance.conf`, the passfile.
     pub run_dir: PathBuf,
+    /// The mounted server certificate Secret (`tls.crt`, `tls.key`, `ca.crt`).
+    pub tls_dir: PathBuf,
 }
 
 impl Paths {
@@ -57,6 +59,10 @@ impl Paths {
     }
     pub fn passfile(&self) -> PathBuf {
         self.run_dir.join("pgpass")
+    }
+    /// The cluster's CA, which replication connections verify the primary against.
+    pub fn ca_file(&self) -> PathBuf {
+        self.tls_dir.join("ca.crt")
     }
     pub fn standby_signal(&self) -> PathBuf {
         self.pgdata.join("standby.signal")
@@ -144,7 +150,9 @@ pub async fn basebackup(paths: &Paths, host: &str) -> Result<(), Error> {
             .arg("-D")
             .arg(&paths.pgdata)
             .args(["-X", "stream", "-c", "fast", "--no-password"])
-            .env("PGPASSFILE", paths.passfile()),
+            .env("PGPASSFILE", paths.passfile())
+            .env("PGSSLMODE", "verify-ca")
+            .env("PGSSLROOTCERT", paths.ca_file()),
     )
     .await
     .map(drop)
@@ -166,7 +174,9 @@ pub async fn rewind(paths: &Paths, host: &str) -> Result<String, Error> {
                 "--config-file={}",
                 paths.config_file.display()
             ))
-            .env("PGPASSFILE", paths.passfile()),
+            .env("PGPASSFILE", paths.passfile())
+            .env("PGSSLMODE", "verify-ca")
+            .env("PGSSLROOTCERT", paths.ca_file()),
     )
     .await
 }

@@ -11,8 +11,8 @@ use k8s_openapi::api::core::v1::{
     ConfigMap, ConfigMapVolumeSource, Container, ContainerPort, EmptyDirVolumeSource, EnvVar,
     EnvVarSource, HTTPGetAction, ObjectFieldSelector, PersistentVolumeClaim,
     PersistentVolumeClaimSpec, PodSecurityContext, PodSpec, PodTemplateSpec, Probe, Secret,
-    SecretKeySelector, Service, ServiceAccount, ServicePort, ServiceSpec, Volume, VolumeMount,
-    VolumeResourceRequirements,
+    SecretKeySelector, SecretVolumeSource, Service, ServiceAccount, ServicePort, ServiceSpec,
+    Volume, VolumeMount, VolumeResourceRequirements,
 };
 use k8s_openapi::api::policy::v1::{PodDisruptionBudget, PodDisruptionBudgetSpec};
 use k8s_openapi::api::rbac::v1::{PolicyRule, Role, RoleBinding, RoleRef, Subject};
@@ -41,6 +41,11 @@ const CONFIG_DIR: &str = "/etc/steward";
 /// The pod's scratch volume: the instance manager's binary (`bin/`, copied by the init
 /// container) and its run directory (`run/`: socket, `instance.conf`, passfile).
 const STEWARD_DIR: &str = "/steward";
+/// Where the pods mount the server certificate Secret (`tls.crt`, `tls.key`, `ca.crt`).
+pub const TLS_DIR: &str = "/etc/steward-tls";
+/// Annotations on the server certificate Secret: its last valid day and the names it is for.
+pub const TLS_NOT_AFTER_ANNOTATION: &str = "database.steward.dev/not-after";
+pub const TLS_NAMES_ANNOTATION: &str = "database.steward.dev/issued-for";
 /// Where the instance manager's binary is in the operator's image.
 pub const INSTANCE_BINARY_IN_IMAGE: &str = "/usr/local/bin/steward-pg-instance";
 /// UID/GID of `postgres` in the official images (and in testenv's).
@@ -59,6 +64,10 @@ pub struct Names {
     pub superuser_secret: String,
     /// The replication role's password (`password`), for replicas and `pg_rewind`.
     pub replication_secret: String,
+    /// The cluster's CA (`ca.crt`, `ca.key`), generated once.
+    pub ca_secret: String,
+    /// The server certificate the pods mount (`tls.crt`, `tls.key`, `ca.crt`).
+    pub tls_secret: String,
     pub config: String,
     pub pdb: String,
     /// ServiceAccount, Role and RoleBinding of the instance managers.
@@ -78,6 +87,8 @@ impl Names {
             ro: format!("{cluster}-ro"),
             superuser_secret: format!("{cluster}-superuser"),
             replication_secret: format!("{cluster}-replication"),
+            ca_secret: format!("{cluster}-ca"),
+            tls_secret: format!("{cluster}-tls"),
             config: format!("{cluster}-config"),
             pdb: cluster.to_string(),
             instance_account: format!("{cluster}-instance"),
@@ -174,7 +185,10 @@ pub fn ro_service(cluster: &PostgresCluster) -> Service {
 /// The superuser Secret (`username`, `password`). Under `deletionPolicy: Retain` it is
 /// applied without an owner reference, so it outlives the cluster together with the
 /// PersistentVolumeClaims whose data it opens (see [`superuser_secret_owned`]).
-pub fn superuser_secret(cluster: &PostgresCluster, password: &Password) -> Secret {
+///
+/// `ca.crt` is the cluster's CA, for clients connecting with `sslmode=verify-full` to the
+/// Services' names.
+pub fn superuser_secret(cluster: &PostgresCluster, password: &Password, ca_pem: &str) -> Secret {
     let names = Names::of(&cluster.name_any());
     Secret {
         metadata: meta(cluster, &names.superuser_secret),
@@ -185,6 +199,60 @@ pub fn superuser_secret(cluster: &PostgresCluster, password: &Password) -> Secre
                 "password".to_string(),
                 ByteString(password.expose().as_bytes().to_vec()),
             ),
+            ("ca.crt".to_string(), ByteString(ca_pem.as_bytes().to_vec())),
+        ])),
+        ..Default::default()
+    }
+}
+
+/// The CA Secret (`ca.crt`, `ca.key`).
+pub fn ca_secret(cluster: &PostgresCluster, ca: &super::tls::Issued) -> Secret {
+    let names = Names::of(&cluster.name_any());
+    Secret {
+        metadata: meta(cluster, &names.ca_secret),
+        type_: Some("Opaque".into()),
+        data: Some(BTreeMap::from([
+            (
+                "ca.crt".to_string(),
+                ByteString(ca.cert_pem.as_bytes().to_vec()),
+            ),
+            (
+                "ca.key".to_string(),
+                ByteString(ca.key_pem.as_bytes().to_vec()),
+            ),
+        ])),
+        ..Default::default()
+    }
+}
+
+/// The server certificate Secret the pods mount, annotated with its last valid day and the
+/// names it is for (so the operator renews it without parsing it).
+pub fn tls_secret(
+    cluster: &PostgresCluster,
+    server: &super::tls::Issued,
+    ca_pem: &str,
+    not_after: chrono::NaiveDate,
+    names_issued: &[String],
+) -> Secret {
+    let names = Names::of(&cluster.name_any());
+    let mut metadata = meta(cluster, &names.tls_secret);
+    metadata.annotations = Some(BTreeMap::from([
+        (TLS_NOT_AFTER_ANNOTATION.to_string(), not_after.to_string()),
+        (TLS_NAMES_ANNOTATION.to_string(), names_issued.join(",")),
+    ]));
+    Secret {
+        metadata,
+        type_: Some("kubernetes.io/tls".into()),
+        data: Some(BTreeMap::from([
+            (
+                "tls.crt".to_string(),
+                ByteString(server.cert_pem.as_bytes().to_vec()),
+            ),
+            (
+                "tls.key".to_string(),
+                ByteString(server.key_pem.as_bytes().to_vec()),
+            ),
+            ("ca.crt".to_string(), ByteString(ca_pem.as_bytes().to_vec())),
         ])),
         ..Default::default()
     }
@@ -305,6 +373,11 @@ pub fn render_parameters(
     out.push_str("listen_addresses = '*'\n");
     out.push_str(&format!("port = {PORT}\n"));
     out.push_str(&format!("hba_file = '{CONFIG_DIR}/pg_hba.conf'\n"));
+    // TLS for every connection that asks for it; replication only over TLS (pg_hba.conf).
+    out.push_str("ssl = on\n");
+    out.push_str(&format!("ssl_cert_file = '{TLS_DIR}/tls.crt'\n"));
+    out.push_str(&format!("ssl_key_file = '{TLS_DIR}/tls.key'\n"));
+    out.push_str(&format!("ssl_ca_file = '{TLS_DIR}/ca.crt'\n"));
     // Replicas that fall behind, and a former primary rewinding, find the WAL they need.
     out.push_str("wal_keep_size = '512MB'\n");
     out.push_str("wal_log_hints = on\n");
@@ -328,8 +401,10 @@ const PG_HBA: &str = "\
 local   all             all                                     trust
 host    all             all             127.0.0.1/32            scram-sha-256
 host    all             all             ::1/128                 scram-sha-256
-host    replication     steward_replication 0.0.0.0/0           scram-sha-256
-host    replication     steward_replication ::/0                scram-sha-256
+hostssl replication     steward_replication 0.0.0.0/0           scram-sha-256
+hostssl replication     steward_replication ::/0                scram-sha-256
+hostnossl all           steward_replication 0.0.0.0/0           reject
+hostnossl all           steward_replication ::/0                reject
 host    all             all             0.0.0.0/0               scram-sha-256
 host    all             all             ::/0                    scram-sha-256
 ";
@@ -471,6 +546,7 @@ pub fn statefulset(
             env("PGDATA", format!("{DATA_DIR}/pgdata")),
             env("PG_CONFIG_FILE", format!("{CONFIG_DIR}/postgresql.conf")),
             env("STEWARD_RUN_DIR", format!("{STEWARD_DIR}/run")),
+            env("PG_TLS_DIR", TLS_DIR.to_string()),
         ]),
         ports: Some(vec![
             ContainerPort {
@@ -508,6 +584,12 @@ pub fn statefulset(
                 ..Default::default()
             },
             steward_mount,
+            VolumeMount {
+                name: "tls".into(),
+                mount_path: TLS_DIR.into(),
+                read_only: Some(true),
+                ..Default::default()
+            },
         ]),
         ..Default::default()
     };
@@ -589,6 +671,17 @@ pub fn statefulset(
                         Volume {
                             name: "steward".into(),
                             empty_dir: Some(EmptyDirVolumeSource::default()),
+                            ..Default::default()
+                        },
+                        // Root-owned, group postgres (fsGroup), 0640: what PostgreSQL accepts
+                        // for a key file it does not own.
+                        Volume {
+                            name: "tls".into(),
+                            secret: Some(SecretVolumeSource {
+                                secret_name: Some(names.tls_secret.clone()),
+                                default_mode: Some(0o640),
+                                ..Default::default()
+                            }),
                             ..Default::default()
                         },
                     ]),

@@ -8,6 +8,7 @@
 
 pub mod build;
 pub mod rollout;
+pub mod tls;
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -66,7 +67,8 @@ pub async fn reconcile(
     // Passwords are generated once and never regenerated.
     let secrets: Api<Secret> = Api::namespaced(client.clone(), &ns);
     let password = existing_password(&secrets, &cluster, &names.superuser_secret).await?;
-    let secret = build::superuser_secret(&cluster, &password);
+    let ca = ensure_tls(&ctx, &children, &secrets, &cluster, &ns).await?;
+    let secret = build::superuser_secret(&cluster, &password, &ca.cert_pem);
     if build::superuser_secret_owned(&cluster) {
         children.apply(secret).await?;
     } else {
@@ -423,6 +425,85 @@ async fn clear_switchover_request(
     })
 }
 
+/// The cluster's CA (generated once) and its server certificate (renewed a month before it
+/// expires, or when the Service names change); returns the CA.
+async fn ensure_tls(
+    ctx: &Context<State>,
+    children: &Children,
+    secrets: &Api<Secret>,
+    cluster: &PostgresCluster,
+    ns: &str,
+) -> Result<tls::Issued, Error> {
+    let names = Names::of(&cluster.name_any());
+    let read = |name: String| async move {
+        let existing = secrets.get_opt(&name).await.map_err(|source| Error::Read {
+            what: format!("Secret {name}"),
+            source,
+        })?;
+        crate::server::ensure_ours(
+            existing.as_ref(),
+            cluster,
+            Some((build::CLUSTER_LABEL, cluster.name_any().as_str())),
+        )?;
+        Ok::<_, Error>(existing)
+    };
+    let field = |secret: &Option<Secret>, key: &str| {
+        secret
+            .as_ref()
+            .and_then(|s| s.data.as_ref()?.get(key))
+            .and_then(|v| String::from_utf8(v.0.clone()).ok())
+            .filter(|v| !v.is_empty())
+    };
+    let today = tls::today();
+    let stored = read(names.ca_secret.clone()).await?;
+    let ca = match (field(&stored, "ca.crt"), field(&stored, "ca.key")) {
+        (Some(cert_pem), Some(key_pem)) => tls::Issued { cert_pem, key_pem },
+        _ => {
+            let ca = tls::new_ca(&cluster.name_any(), today).map_err(|e| {
+                Error::Certificate(format!("generating the cluster's CA failed: {e}"))
+            })?;
+            children.apply(build::ca_secret(cluster, &ca)).await?;
+            ca
+        }
+    };
+    let server_names = tls::server_names(&cluster.name_any(), ns);
+    let current = read(names.tls_secret.clone()).await?;
+    let annotation = |key: &str| {
+        current
+            .as_ref()
+            .and_then(|s| s.annotations().get(key).cloned())
+            .unwrap_or_default()
+    };
+    let not_after = annotation(build::TLS_NOT_AFTER_ANNOTATION).parse().ok();
+    let same_ca = field(&current, "ca.crt").as_deref() == Some(ca.cert_pem.as_str());
+    if !same_ca
+        || tls::needs_renewal(
+            not_after,
+            &annotation(build::TLS_NAMES_ANNOTATION),
+            &server_names,
+            today,
+        )
+    {
+        let (server, not_after) =
+            tls::server(&cluster.name_any(), &ca.key_pem, &server_names, today).map_err(|e| {
+                Error::Certificate(format!("issuing the server certificate failed: {e}"))
+            })?;
+        children
+            .apply(build::tls_secret(
+                cluster,
+                &server,
+                &ca.cert_pem,
+                not_after,
+                &server_names,
+            ))
+            .await?;
+        ctx.recorder
+            .normal(cluster, "CertificateIssued", "IssueCertificate", format!("server certificate for the cluster's Services issued by its CA, valid until {not_after}; the instances reload it"))
+            .await;
+    }
+    Ok(ca)
+}
+
 /// The password in Secret `name` if it exists and is this cluster's, else a new one.
 async fn existing_password(
     secrets: &Api<Secret>,
@@ -703,6 +784,20 @@ mod tests {
             &["/steward/bin/steward-pg-instance", "run"]
         );
         assert_eq!(pod.service_account_name.as_deref(), Some("pg-instance"));
+        let tls = pod
+            .volumes
+            .as_ref()
+            .unwrap()
+            .iter()
+            .find(|v| v.name == "tls")
+            .and_then(|v| v.secret.as_ref())
+            .unwrap();
+        assert_eq!(tls.secret_name.as_deref(), Some("pg-tls"));
+        assert_eq!(
+            tls.default_mode,
+            Some(0o640),
+            "PostgreSQL refuses a key others can read"
+        );
         let env = pg.env.as_ref().unwrap();
         let from_secret = |name: &str| {
             env.iter()
@@ -760,7 +855,7 @@ mod tests {
     }
 
     #[test]
-    fn config_includes_the_instance_file_last_and_replication_is_the_dedicated_role() {
+    fn config_includes_the_instance_file_last_and_replication_is_the_dedicated_role_over_tls() {
         let cm = config_map(&cluster("pg"));
         let data = cm.data.unwrap();
         let conf = &data["postgresql.conf"];
@@ -770,15 +865,37 @@ mod tests {
             "{conf}"
         );
         let hba = &data["pg_hba.conf"];
-        assert!(hba.contains("host    replication     steward_replication 0.0.0.0/0"));
-        assert!(!hba.contains("replication     all"), "{hba}");
+        assert!(hba.contains("hostssl replication     steward_replication 0.0.0.0/0"));
+        assert!(
+            !hba.contains("host    replication") && !hba.contains("replication     all"),
+            "replication only over TLS, only as the replication role: {hba}"
+        );
+        let reject = hba
+            .find("hostnossl all           steward_replication 0.0.0.0/0           reject")
+            .unwrap();
+        assert!(
+            reject
+                < hba
+                    .find("host    all             all             0.0.0.0/0")
+                    .unwrap(),
+            "the replication role needs TLS for any connection: {hba}"
+        );
+        assert!(
+            conf.contains("ssl = on\n")
+                && conf.contains("ssl_cert_file = '/etc/steward-tls/tls.crt'")
+        );
         assert!(!data.contains_key("bootstrap.sh"));
     }
 
     #[test]
     fn superuser_secret_and_pdb() {
         let c = cluster("pg");
-        let s = superuser_secret(&c, &Password::from_existing("pw".into()));
+        let s = superuser_secret(&c, &Password::from_existing("pw".into()), "CA");
+        assert_eq!(
+            s.data.as_ref().unwrap()["ca.crt"].0,
+            b"CA",
+            "clients verify with it"
+        );
         assert_eq!(s.metadata.name.as_deref(), Some("pg-superuser"));
         assert_eq!(s.data.as_ref().unwrap()["password"].0, b"pw");
         let pdb = pod_disruption_budget(&c);
