@@ -307,11 +307,10 @@ impl Instance {
         if current.is_none() {
             return;
         }
-        if self.certificate.is_some() && self.certificate != current {
-            if let Some(pm) = &self.postmaster {
-                tracing::info!("the server certificate changed: reloading");
-                pm.reload();
-            }
+        let renewed = self.certificate.is_some() && self.certificate != current;
+        if let Some(pm) = self.postmaster.as_ref().filter(|_| renewed) {
+            tracing::info!("the server certificate changed: reloading");
+            pm.reload();
         }
         self.certificate = current;
     }
