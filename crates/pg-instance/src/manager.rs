@@ -109,6 +109,7 @@ pub async fn run(
         replication_role: false,
         published: None,
         certificate: None,
+        rewind_failures: 0,
     };
     let mut tick = tokio::time::interval(TICK);
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
@@ -251,6 +252,8 @@ struct Instance {
     published: Option<(InstanceStatus, Instant)>,
     /// The server certificate as last read.
     certificate: Option<Vec<u8>>,
+    /// `pg_rewind` failures since this instance last streamed.
+    rewind_failures: u32,
 }
 
 /// The cluster as this tick saw it.
@@ -488,8 +491,27 @@ impl Instance {
                     return Ok(());
                 };
                 tracing::info!(%host, "rewinding to follow the new primary");
-                let out = postgres::rewind(&paths, host).await?;
-                tracing::info!(output = %out.trim(), "pg_rewind finished");
+                match postgres::rewind(&paths, host).await {
+                    Ok(out) => tracing::info!(output = %out.trim(), "pg_rewind finished"),
+                    // pg_rewind cannot rewind a data directory whose WAL ends exactly where
+                    // the timelines forked (nothing to undo): follow without rewinding. If
+                    // the stream then fails too, it is rewound again, and after a second
+                    // failure cloned afresh: its divergent WAL is on no live timeline.
+                    Err(e) if self.rewind_failures == 0 => {
+                        tracing::warn!(error = %e, "pg_rewind failed; following without rewinding (its WAL may end where the timelines forked)");
+                        self.rewind_failures += 1;
+                    }
+                    Err(e) => {
+                        tracing::warn!(error = %e, "pg_rewind failed again; cloning the primary afresh");
+                        clear_dir(&paths.pgdata)?;
+                        if let Err(e) = postgres::basebackup(&paths, host).await {
+                            clear_dir(&paths.pgdata)?;
+                            return Err(e.into());
+                        }
+                        std::fs::write(paths.standby_signal(), "")?;
+                        self.rewind_failures = 0;
+                    }
+                }
                 self.needs_rewind = false;
             }
             self.configure_replica(host.as_deref())?;
@@ -505,6 +527,9 @@ impl Instance {
             self.not_streaming_since = None;
         }
         let streaming = self.observed.as_ref().is_some_and(|o| o.streaming);
+        if streaming {
+            self.rewind_failures = 0;
+        }
         if streaming || host.is_none() {
             self.not_streaming_since = None;
         } else {
