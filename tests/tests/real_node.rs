@@ -457,10 +457,7 @@ async fn a_crashed_node_is_swept_at_the_next_start() {
 async fn operator_images_run_as_their_deployments_and_hand_over_leadership() {
     let specs: Vec<deploy::Spec<'_>> = steward_operators::all()
         .iter()
-        .map(|e| deploy::Spec {
-            name: e.name,
-            companions: e.companions,
-        })
+        .map(deploy::Spec::of)
         .collect();
     let binaries = deploy::build(&specs).expect("operator binaries");
     let _turn = NODE.lock().await;

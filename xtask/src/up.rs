@@ -81,10 +81,7 @@ async fn up() -> Result<()> {
     say("building the operators (debug)");
     let specs: Vec<deploy::Spec<'_>> = steward_operators::all()
         .iter()
-        .map(|e| deploy::Spec {
-            name: e.name,
-            companions: e.companions,
-        })
+        .map(deploy::Spec::of)
         .collect();
     let binaries = deploy::build(&specs).context("building the operators")?;
 

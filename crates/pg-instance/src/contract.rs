@@ -104,6 +104,14 @@ impl<'de> Deserialize<'de> for Lsn {
     }
 }
 
+/// Whether `pod`'s `Ready` condition is true (the kubelet's probes pass).
+pub fn pod_ready(pod: &k8s_openapi::api::core::v1::Pod) -> bool {
+    pod.status
+        .as_ref()
+        .and_then(|s| s.conditions.as_ref())
+        .is_some_and(|cs| cs.iter().any(|c| c.type_ == "Ready" && c.status == "True"))
+}
+
 /// The ordinal of a StatefulSet pod (`pg-2` → 2).
 pub fn ordinal(pod: &str) -> Option<u32> {
     pod.rsplit_once('-')?.1.parse().ok()

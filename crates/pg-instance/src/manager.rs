@@ -700,11 +700,7 @@ impl Instance {
 
 /// A pod as the election sees it.
 fn peer(pod: &Pod) -> Peer {
-    let ready = pod
-        .status
-        .as_ref()
-        .and_then(|s| s.conditions.as_ref())
-        .is_some_and(|cs| cs.iter().any(|c| c.type_ == "Ready" && c.status == "True"));
+    let ready = contract::pod_ready(pod);
     let status = pod
         .annotations()
         .get(STATUS_ANNOTATION)

@@ -31,6 +31,16 @@ pub struct Spec<'a> {
     pub companions: &'a [&'a str],
 }
 
+impl Spec<'static> {
+    /// The spec of a registered operator (`steward_operators::all()`).
+    pub fn of(entry: &steward_core::operator::Entry) -> Self {
+        Self {
+            name: entry.name,
+            companions: entry.companions,
+        }
+    }
+}
+
 /// An operator's built (debug) binaries.
 #[derive(Clone, Debug)]
 pub struct Built {

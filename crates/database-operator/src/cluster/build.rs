@@ -699,11 +699,7 @@ pub fn statefulset(
 pub fn instance_state(pod: &k8s_openapi::api::core::v1::Pod) -> Option<crate::api::InstanceState> {
     let report: instance::InstanceStatus =
         serde_json::from_str(pod.annotations().get(instance::STATUS_ANNOTATION)?).ok()?;
-    let ready = pod
-        .status
-        .as_ref()
-        .and_then(|s| s.conditions.as_ref())
-        .is_some_and(|cs| cs.iter().any(|c| c.type_ == "Ready" && c.status == "True"));
+    let ready = instance::pod_ready(pod);
     Some(crate::api::InstanceState {
         name: pod.name_any(),
         role: match report.role {

@@ -35,11 +35,7 @@ impl PodView {
             .strip_prefix('-')?
             .parse::<i32>()
             .ok()?;
-        let ready = pod
-            .status
-            .as_ref()
-            .and_then(|s| s.conditions.as_ref())
-            .is_some_and(|cs| cs.iter().any(|c| c.type_ == "Ready" && c.status == "True"));
+        let ready = steward_pg_instance::contract::pod_ready(pod);
         Some(Self {
             name,
             ordinal,
