@@ -1260,6 +1260,165 @@ async fn tenant_quota_holds_across_namespaces_under_concurrent_creates() {
     env.stop().await;
 }
 
+/// Reproduced on main (#17): with `maxNamespaces: 2` and one namespace used, five parallel
+/// `kubectl create ns` made six, and the Tenant still said Ready. Admission checks only the
+/// Tenant's status, so namespaces created at the same instant all pass it; the operator admits
+/// the oldest within the limit and deletes the rest before anyone is given access in them.
+/// Ten rounds of fifty parallel creates by the owner; a watcher checks throughout that the
+/// owner's access (the tenant's RoleBindings) is only ever in admitted namespaces and that no
+/// more than `maxNamespaces` are admitted.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn max_namespaces_holds_under_fifty_parallel_creates() {
+    let _shared = EXCLUSIVE.read().await;
+    let mut env = Env::start("maxns").await;
+    let t = env.id.clone();
+    let owner = format!("olga-{t}");
+    let declared = format!("{t}-decl");
+    const MAX: usize = 3;
+    const ROUNDS: usize = 10;
+    const PARALLEL: usize = 50;
+    env.create(
+        &t,
+        json!({
+            "owners": [{"kind": "User", "name": owner}],
+            "namespaces": [declared],
+            "maxNamespaces": MAX,
+        }),
+    )
+    .await;
+    env.ready(&t).await;
+    let as_owner: Api<Namespace> = Api::all(env.as_user(&owner));
+    eventually("the owner may create namespaces", WAIT, || async {
+        as_owner
+            .create(&dry_post(), &namespace(&format!("{t}-probe"), Some(&t)))
+            .await
+            .map(|_| ())
+            .map_err(|e| e.to_string())
+    })
+    .await
+    .unwrap();
+
+    // The watcher: RoleBindings are listed before namespaces, so a namespace with the
+    // owner's access was admitted before the namespace list was taken.
+    let selector = format!("{TENANT_LABEL}={t}");
+    let violations = Arc::new(std::sync::Mutex::new(Vec::<String>::new()));
+    let most_admitted = Arc::new(AtomicI64::new(0));
+    let watcher = {
+        let (client, selector) = (env.client.clone(), selector.clone());
+        let (violations, most_admitted) = (violations.clone(), most_admitted.clone());
+        tokio::spawn(async move {
+            let lp = ListParams::default().labels(&selector);
+            loop {
+                let rbs = Api::<RoleBinding>::all(client.clone()).list(&lp).await;
+                let nss = Api::<Namespace>::all(client.clone()).list(&lp).await;
+                if let (Ok(rbs), Ok(nss)) = (rbs, nss) {
+                    let admitted: BTreeMap<String, bool> = nss
+                        .items
+                        .iter()
+                        .filter(|n| n.metadata.deletion_timestamp.is_none())
+                        .map(|n| {
+                            let yes = n.labels().get("tenancy.steward.dev/admitted")
+                                == Some(&"true".to_string());
+                            (n.name_any(), yes)
+                        })
+                        .collect();
+                    let count = admitted.values().filter(|a| **a).count();
+                    most_admitted.fetch_max(count as i64, Ordering::SeqCst);
+                    let mut v = violations.lock().unwrap();
+                    if count > MAX {
+                        v.push(format!("{count} admitted namespaces: {admitted:?}"));
+                    }
+                    for rb in &rbs.items {
+                        let ns = rb.namespace().unwrap_or_default();
+                        if admitted.get(&ns) == Some(&false) {
+                            v.push(format!(
+                                "RoleBinding {} in namespace {ns}, not admitted",
+                                rb.name_any()
+                            ));
+                        }
+                    }
+                }
+                tokio::time::sleep(Duration::from_millis(50)).await;
+            }
+        })
+    };
+
+    let status_namespaces = || async {
+        let tenant = env.tenants.get(&t).await.map_err(|e| e.to_string())?;
+        Ok::<_, String>(tenant.status.unwrap_or_default().namespaces)
+    };
+    let mut admitted_past_admission = 0;
+    for round in 0..ROUNDS {
+        let creates = (0..PARALLEL).map(|i| {
+            let as_owner = as_owner.clone();
+            let name = format!("{t}-r{round}-{i:02}");
+            let tenant = t.clone();
+            async move {
+                as_owner
+                    .create(&PostParams::default(), &namespace(&name, Some(&tenant)))
+                    .await
+                    .map(|_| name)
+            }
+        });
+        let created: Vec<String> = futures::future::join_all(creates)
+            .await
+            .into_iter()
+            .filter_map(Result::ok)
+            .collect();
+        admitted_past_admission = admitted_past_admission.max(created.len());
+        // The tenant settles on the declared namespace and the MAX - 1 oldest of this round.
+        let kept = eventually(&format!("round {round} settles"), WAIT, || async {
+            let live: Vec<String> = Api::<Namespace>::all(env.client.clone())
+                .list(&ListParams::default().labels(&selector))
+                .await
+                .map_err(|e| e.to_string())?
+                .items
+                .into_iter()
+                .filter(|n| n.metadata.deletion_timestamp.is_none())
+                .map(|n| n.name_any())
+                .collect();
+            let listed = status_namespaces().await?;
+            if live.len() == MAX && listed == live {
+                Ok(live)
+            } else {
+                Err(format!("live {live:?}, status {listed:?}"))
+            }
+        })
+        .await
+        .unwrap();
+        assert!(kept.contains(&declared), "{kept:?}");
+        // Make room for the next round.
+        for ns in kept.iter().filter(|n| **n != declared) {
+            Api::<Namespace>::all(env.client.clone())
+                .delete(ns, &DeleteParams::default())
+                .await
+                .unwrap();
+        }
+        eventually(&format!("round {round} cleared"), WAIT, || async {
+            let listed = status_namespaces().await?;
+            if listed == [declared.clone()] {
+                Ok(())
+            } else {
+                Err(format!("{listed:?}"))
+            }
+        })
+        .await
+        .unwrap();
+    }
+    watcher.abort();
+    println!(
+        "most namespaces admitted at once: {}; most creates passing admission in one round: {admitted_past_admission}",
+        most_admitted.load(Ordering::SeqCst)
+    );
+    let violations = violations.lock().unwrap().clone();
+    assert!(violations.is_empty(), "{violations:#?}");
+    assert!(
+        admitted_past_admission > MAX - 1,
+        "admission alone held the limit in every round, so the race was not exercised"
+    );
+    env.stop().await;
+}
+
 /// Reproduced on main (#17): a Tenant listing an existing namespace, even the operator's own,
 /// took it, made its owner admin there, and deleted it with the Tenant. Now a Tenant takes only
 /// namespaces created for it or handed over by a cluster admin's annotation, never a system or

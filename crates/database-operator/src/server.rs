@@ -73,14 +73,22 @@ pub async fn resolve(
                 })?;
             let names = Names::of(&r.name);
             let secret = read_secret(names.superuser_secret.clone()).await?;
+            // The cluster's CA is in its superuser Secret: the operator and the applications
+            // verify the server's certificate and name (the -rw Service's is among its SANs).
+            let ca_pem = key(&secret, "ca.crt").ok().map(String::into_bytes);
             Ok(Server {
                 host: format!("{}.{ns}.svc", names.rw),
                 port: PORT as u16,
-                ssl_mode: SslMode::Prefer,
+                ssl_mode: if ca_pem.is_some() {
+                    SslMode::VerifyFull
+                } else {
+                    // Issued by a release before certificates: encrypted, not yet verified.
+                    SslMode::Require
+                },
                 admin_user: key(&secret, "username")?,
                 admin_password: Password::from_existing(key(&secret, "password")?),
                 admin_database: "postgres".into(),
-                ca_pem: None,
+                ca_pem,
             })
         }
         (None, Some(ext)) => {
@@ -138,9 +146,11 @@ pub fn sslmode_str(mode: SslMode) -> &'static str {
     }
 }
 
-/// `host`, `port`, `dbname`, `user`, `password`, `uri` and `jdbc-uri` for `user` on `dbname`.
-/// Names are `[a-z0-9_]` and generated passwords URL-safe, so nothing needs escaping; other
-/// characters are percent-encoded anyway.
+/// `host`, `port`, `dbname`, `user`, `password`, `uri` and `jdbc-uri` for `user` on `dbname`,
+/// and `ca.crt` when the server's CA is known (a PostgresCluster's always is: its `uri` says
+/// `sslmode=verify-full`, and clients point `sslrootcert`/`PGSSLROOTCERT` at the mounted
+/// `ca.crt`). Names are `[a-z0-9_]` and generated passwords URL-safe, so nothing needs
+/// escaping; other characters are percent-encoded anyway.
 pub fn credentials(
     server: &Server,
     dbname: &str,
@@ -154,7 +164,13 @@ pub fn credentials(
     };
     let ssl = sslmode_str(server.ssl_mode);
     let (u, p, d) = (encode(user), encode(password.expose()), encode(dbname));
-    BTreeMap::from([
+    let ca = server.ca_pem.as_ref().map(|pem| {
+        (
+            "ca.crt".to_string(),
+            String::from_utf8_lossy(pem).into_owned(),
+        )
+    });
+    let mut out = BTreeMap::from([
         ("host".to_string(), server.host.clone()),
         ("port".to_string(), server.port.to_string()),
         ("dbname".to_string(), dbname.to_string()),
@@ -174,7 +190,9 @@ pub fn credentials(
                 server.port
             ),
         ),
-    ])
+    ]);
+    out.extend(ca);
+    out
 }
 
 /// A credentials Secret named `name` in `ns` (owner reference added when applied).
@@ -357,5 +375,26 @@ mod tests {
         );
         assert_eq!(c["port"], "5433");
         assert_eq!(encode("a b/c"), "a%20b%2Fc");
+    }
+
+    #[test]
+    fn a_known_ca_is_handed_to_clients_with_verify_full() {
+        let server = Server {
+            host: "pg-rw.ns.svc".into(),
+            port: 5432,
+            ssl_mode: SslMode::VerifyFull,
+            admin_user: "postgres".into(),
+            admin_password: Password::from_existing("x".into()),
+            admin_database: "postgres".into(),
+            ca_pem: Some(b"-----BEGIN CERTIFICATE-----\n".to_vec()),
+        };
+        let c = credentials(&server, "app", "app", &Password::from_existing("p".into()));
+        assert_eq!(c["ca.crt"], "-----BEGIN CERTIFICATE-----\n");
+        assert!(c["uri"].ends_with("?sslmode=verify-full"), "{}", c["uri"]);
+        assert!(
+            c["jdbc-uri"].ends_with("&sslmode=verify-full"),
+            "{}",
+            c["jdbc-uri"]
+        );
     }
 }

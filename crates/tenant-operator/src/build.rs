@@ -27,8 +27,8 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::{
 use kube::ResourceExt;
 
 use crate::crd::{
-    ADOPTED_LABEL, CORDONED_LABEL, DECLARED_LABEL, GROUP, POD_SECURITY_LABEL, QuantityValue,
-    SOURCE_ANNOTATION, SubjectKind, TENANT_LABEL, Tenant,
+    ADMITTED_LABEL, ADOPTED_LABEL, CORDONED_LABEL, DECLARED_LABEL, GROUP, POD_SECURITY_LABEL,
+    QuantityValue, SOURCE_ANNOTATION, SubjectKind, TENANT_LABEL, Tenant,
 };
 use crate::quantity::Milli;
 
@@ -80,6 +80,7 @@ pub fn namespace(tenant: &Tenant, name: &str, declared: bool, adopted: bool) -> 
     }
     let labels = m.labels.get_or_insert_with(BTreeMap::new);
     labels.insert(TENANT_LABEL.to_string(), tenant.name_any());
+    labels.insert(ADMITTED_LABEL.to_string(), "true".to_string());
     if declared {
         labels.insert(DECLARED_LABEL.to_string(), "true".to_string());
     }

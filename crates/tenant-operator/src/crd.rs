@@ -30,6 +30,11 @@ pub const ADOPT_ANNOTATION: &str = "tenancy.steward.dev/adopt-by";
 /// On a namespace the operator created for a tenant, from the moment it exists (before it is
 /// labelled): the tenant's name.
 pub const CREATED_FOR_ANNOTATION: &str = "tenancy.steward.dev/created-for";
+/// Label on every namespace the operator has accepted for a tenant (`"true"`): declared ones,
+/// adopted ones, and owner-created ones within `maxNamespaces`. Owners cannot set it (the
+/// `…-namespace-owner` policy), so an owner-created namespace without it is still undecided; it
+/// is set before any access is granted in the namespace.
+pub const ADMITTED_LABEL: &str = "tenancy.steward.dev/admitted";
 /// Label on the namespaces of a cordoned tenant; the cordon admission policy selects it.
 pub const CORDONED_LABEL: &str = "tenancy.steward.dev/cordoned";
 /// Label a Secret or ConfigMap must carry to be copied into tenants (`"true"`).

@@ -10,11 +10,21 @@
 //! then labelled `adopted`. Adopted namespaces are released, never deleted, whatever the
 //! deletion policy. System namespaces (`default`, `kube-*`), Steward's own and those named by
 //! `--protected-namespace` are never given to a tenant.
+//!
+//! `maxNamespaces` is decided here, one tenant at a time, from a consistent read: admission can
+//! only check the count against the Tenant's status, so several namespaces created at the same
+//! instant can all pass it. Declared namespaces and those already admitted (labelled
+//! [`ADMITTED_LABEL`]) are kept; owner-created ones not admitted yet are taken oldest first
+//! (then by name) while the tenant is below its limit, and the rest are *excess*: the operator
+//! deletes them before anyone is given access in them, so nothing in them can be lost.
 
 use std::collections::BTreeSet;
 
+use k8s_openapi::jiff::Timestamp;
+
 use crate::crd::{
-    ADOPT_ANNOTATION, ADOPTED_LABEL, CREATED_FOR_ANNOTATION, DECLARED_LABEL, TENANT_LABEL,
+    ADMITTED_LABEL, ADOPT_ANNOTATION, ADOPTED_LABEL, CREATED_FOR_ANNOTATION, DECLARED_LABEL,
+    TENANT_LABEL,
 };
 
 /// Namespaces never given to a tenant: `default`, every `kube-*` and the configured ones
@@ -45,6 +55,11 @@ pub struct Existing {
     pub adopt_by: Option<String>,
     /// The tenant the operator created it for (`tenancy.steward.dev/created-for`).
     pub created_for: Option<String>,
+    /// Accepted by the operator (labelled [`ADMITTED_LABEL`], or given access before that label
+    /// existed).
+    pub admitted: bool,
+    /// Its creation time (the order in which owner-created namespaces are admitted).
+    pub created: Option<Timestamp>,
 }
 
 impl Existing {
@@ -70,6 +85,10 @@ impl Existing {
                 .is_some_and(|v| v == "true"),
             adopt_by: annotation(ADOPT_ANNOTATION),
             created_for: annotation(CREATED_FOR_ANNOTATION),
+            admitted: labels
+                .and_then(|l| l.get(ADMITTED_LABEL))
+                .is_some_and(|v| v == "true"),
+            created: ns.metadata.creation_timestamp.as_ref().map(|t| t.0),
         }
     }
 }
@@ -106,6 +125,11 @@ pub struct NamespacePlan {
     pub removed: Vec<Removed>,
     /// Listed namespaces the tenant may not have: `(namespace, why)`.
     pub refused: Vec<(String, String)>,
+    /// Owner-created namespaces beyond `maxNamespaces`, never admitted: to delete, sorted.
+    pub excess: Vec<String>,
+    /// The tenant keeps more namespaces than `maxNamespaces` (the limit was lowered, or
+    /// namespaces were declared, after others were admitted): `(kept, max)`. None is removed.
+    pub over_limit: Option<(usize, usize)>,
 }
 
 impl NamespacePlan {
@@ -124,13 +148,14 @@ impl NamespacePlan {
 
 /// Plans the namespaces of `tenant`: `listed` is `spec.namespaces`; `lookup` finds an existing
 /// namespace by name (labelled or not); `labelled` are the existing namespaces labelled for
-/// this tenant.
+/// this tenant; `max` is `spec.maxNamespaces`.
 pub fn plan(
     tenant: &str,
     listed: &[String],
     lookup: impl Fn(&str) -> Option<Existing>,
     labelled: &[Existing],
     protected: &Protected,
+    max: Option<usize>,
 ) -> NamespacePlan {
     let listed_set: BTreeSet<&str> = listed.iter().map(String::as_str).collect();
     let mut out = NamespacePlan::default();
@@ -170,6 +195,14 @@ pub fn plan(
             },
         }
     }
+    let owner_created = |e: &Existing| Wanted {
+        name: e.name.clone(),
+        declared: false,
+        exists: true,
+        terminating: e.terminating,
+        adopted: e.adopted,
+    };
+    let mut candidates = Vec::new();
     for e in labelled {
         if e.tenant.as_deref() != Some(tenant) || listed_set.contains(e.name.as_str()) {
             continue;
@@ -181,17 +214,35 @@ pub fn plan(
                     adopted: e.adopted,
                 });
             }
+        } else if e.admitted || e.terminating || max.is_none() {
+            out.wanted.push(owner_created(e));
         } else {
-            out.wanted.push(Wanted {
-                name: e.name.clone(),
-                declared: false,
-                exists: true,
-                terminating: e.terminating,
-                adopted: e.adopted,
-            });
+            candidates.push(e);
+        }
+    }
+    // Owner-created namespaces not admitted yet: oldest first while below the limit. Declared
+    // ones count whether they exist yet or not; terminating ones no longer count.
+    let kept = out
+        .wanted
+        .iter()
+        .filter(|w| !w.terminating || w.declared)
+        .count();
+    if let Some(max) = max {
+        candidates.sort_by(|a, b| (a.created, &a.name).cmp(&(b.created, &b.name)));
+        let room = max.saturating_sub(kept);
+        for (i, e) in candidates.into_iter().enumerate() {
+            if i < room {
+                out.wanted.push(owner_created(e));
+            } else {
+                out.excess.push(e.name.clone());
+            }
+        }
+        if kept > max {
+            out.over_limit = Some((kept, max));
         }
     }
     out.wanted.sort_by(|a, b| a.name.cmp(&b.name));
+    out.excess.sort();
     out.removed.sort_by(|a, b| a.name.cmp(&b.name));
     out
 }
@@ -210,6 +261,8 @@ mod tests {
             adopted: false,
             adopt_by: None,
             created_for: None,
+            admitted: true,
+            created: None,
         }
     }
 
@@ -232,6 +285,7 @@ mod tests {
             |n| existing.iter().find(|e| e.name == n).cloned(),
             &labelled,
             &protected(),
+            None,
         )
     }
 
@@ -338,6 +392,84 @@ mod tests {
         );
         assert_eq!(p.active(), ["a", "mine"]);
         assert!(!p.wanted.iter().find(|w| w.name == "mine").unwrap().declared);
+    }
+
+    /// An owner-created namespace not admitted yet, created `at` seconds into the epoch.
+    fn pending(name: &str, at: i64) -> Existing {
+        let mut e = ns(name, Some("acme"), false);
+        e.admitted = false;
+        e.created = Some(Timestamp::from_second(at).unwrap());
+        e
+    }
+
+    fn run_max(listed: &[&str], existing: &[Existing], max: usize) -> NamespacePlan {
+        let listed: Vec<String> = listed.iter().map(|s| s.to_string()).collect();
+        plan(
+            "acme",
+            &listed,
+            |n| existing.iter().find(|e| e.name == n).cloned(),
+            existing,
+            &protected(),
+            Some(max),
+        )
+    }
+
+    #[test]
+    fn owner_created_namespaces_beyond_the_limit_are_excess_oldest_kept_first() {
+        // max 3: the declared one (not created yet) and the admitted one count first; of the
+        // pending ones only the oldest fits, names break ties.
+        let p = run_max(
+            &["decl"],
+            &[
+                ns("old", Some("acme"), false),
+                pending("z-first", 10),
+                pending("b-later", 20),
+                pending("a-later", 20),
+            ],
+            3,
+        );
+        assert_eq!(p.active(), ["decl", "old", "z-first"]);
+        assert_eq!(p.excess, ["a-later", "b-later"]);
+        assert_eq!(p.over_limit, None);
+        let p = run_max(&[], &[pending("b", 20), pending("a", 20)], 1);
+        assert_eq!(
+            (p.active(), p.excess),
+            (vec!["a".to_string()], vec!["b".to_string()])
+        );
+    }
+
+    #[test]
+    fn admitted_namespaces_are_never_excess_even_over_a_lowered_limit() {
+        let p = run_max(
+            &["decl"],
+            &[
+                ns("decl", Some("acme"), true),
+                ns("a", Some("acme"), false),
+                ns("b", Some("acme"), false),
+                pending("c", 1),
+            ],
+            2,
+        );
+        assert_eq!(p.active(), ["a", "b", "decl"]);
+        assert_eq!(p.excess, ["c"]);
+        assert_eq!(p.over_limit, Some((3, 2)));
+    }
+
+    #[test]
+    fn terminating_owner_namespaces_free_their_place_declared_ones_keep_it() {
+        let mut leaving = ns("leaving", Some("acme"), false);
+        leaving.terminating = true;
+        let mut declared = ns("decl", Some("acme"), true);
+        declared.terminating = true;
+        let p = run_max(
+            &["decl"],
+            &[leaving, declared, pending("new", 5), pending("newer", 6)],
+            2,
+        );
+        assert_eq!(p.active(), ["new"]);
+        assert_eq!(p.excess, ["newer"]);
+        let p = run(&[], &[pending("any", 1), pending("more", 2)]);
+        assert!(p.excess.is_empty(), "no limit, no excess");
     }
 
     #[test]

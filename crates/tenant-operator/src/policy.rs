@@ -20,8 +20,10 @@
 //! `system:masters` groups) and any `--exempt-user`/`--exempt-group` pass every policy.
 //!
 //! # Caveats
-//! `maxNamespaces` is checked against the Tenant's status, so two namespaces created in the same
-//! instant can both pass; the status catches up within a reconcile.
+//! `maxNamespaces` is checked against the Tenant's status, so namespaces created in the same
+//! instant can all pass. The limit is held by the operator instead: it admits owner-created
+//! namespaces oldest first within the limit and deletes the rest before anyone is given access
+//! in them (see [`crate::namespaces`]); this policy only turns most of them away early.
 
 use std::time::Duration;
 

@@ -63,6 +63,13 @@ pub enum Error {
         #[source]
         source: kube::Error,
     },
+    /// Listing the tenant's namespaces (to admit owner-created ones) failed.
+    #[error("failed to list the namespaces of tenant {tenant}")]
+    ListNamespaces {
+        tenant: String,
+        #[source]
+        source: kube::Error,
+    },
     /// Listing the tenant's ResourceQuotas failed.
     #[error("failed to list the ResourceQuotas of tenant {tenant}")]
     ListQuotas {
@@ -114,6 +121,7 @@ impl ReconcileError for Error {
             Error::ApplyNamespace { .. } => "NamespaceApplyFailed",
             Error::DeleteNamespace { .. } => "NamespaceDeleteFailed",
             Error::ReleaseNamespace { .. } => "NamespaceReleaseFailed",
+            Error::ListNamespaces { .. } => "NamespaceReadFailed",
             Error::ListQuotas { .. } => "QuotaReadFailed",
             Error::ApplyQuota { .. } => "QuotaApplyFailed",
             Error::ApplyChild { .. } => "ApplyFailed",
@@ -200,8 +208,26 @@ fn labelled_namespaces(stores: &crate::controller::Stores, tenant: &str) -> Vec<
         .state()
         .iter()
         .filter(|n| n.labels().get(TENANT_LABEL).map(String::as_str) == Some(tenant))
-        .map(|n| Existing::of(n))
+        .map(|n| admitted_before(stores, Existing::of(n)))
         .collect()
+}
+
+/// An owner-created namespace the operator has not decided on yet.
+fn undecided(e: &Existing) -> bool {
+    !e.admitted && !e.declared && !e.terminating
+}
+
+/// `e`, counted as admitted when the tenant's access was granted in it before namespaces
+/// carried [`crate::crd::ADMITTED_LABEL`] (so an upgrade never takes a namespace in use for an
+/// excess one).
+fn admitted_before(stores: &crate::controller::Stores, mut e: Existing) -> Existing {
+    if undecided(&e) {
+        e.admitted = stores.role_bindings.state().iter().any(|rb| {
+            rb.namespace().as_deref() == Some(e.name.as_str())
+                && rb.labels().get(TENANT_LABEL) == e.tenant.as_ref()
+        });
+    }
+    e
 }
 
 async fn converge(
@@ -222,7 +248,26 @@ async fn converge(
 
     // Namespaces. The store holds only labelled ones: a listed name it lacks is read, so an
     // existing namespace is never taken without the adoption annotation.
-    let labelled = labelled_namespaces(stores, &name);
+    let max = tenant
+        .spec
+        .max_namespaces
+        .map(|m| usize::try_from(m).unwrap_or(0));
+    let mut labelled = labelled_namespaces(stores, &name);
+    if max.is_some() && labelled.iter().any(undecided) {
+        // Owner-created namespaces wait to be admitted: decide on a consistent read, so an
+        // admission written by an earlier reconcile is never missed for a stale cache.
+        labelled = Api::<Namespace>::all(client.clone())
+            .list(&ListParams::default().labels(&format!("{TENANT_LABEL}={name}")))
+            .await
+            .map_err(|source| Error::ListNamespaces {
+                tenant: name.clone(),
+                source,
+            })?
+            .items
+            .iter()
+            .map(|n| admitted_before(stores, Existing::of(n)))
+            .collect();
+    }
     let mut unlabelled = BTreeMap::new();
     for listed in &tenant.spec.namespaces {
         if stores.namespaces.get(&ObjectRef::new(listed)).is_none()
@@ -253,6 +298,7 @@ async fn converge(
         },
         &labelled,
         &ctx.data.settings.protected,
+        max,
     );
     for (ns, other) in &plan.conflicts {
         obs.problems.push(Problem {
@@ -265,6 +311,34 @@ async fn converge(
             reason: "NamespaceNotAdoptable",
             message: why.clone(),
         });
+    }
+    if let Some((kept, max)) = plan.over_limit {
+        obs.problems.push(Problem {
+            reason: "MaxNamespacesExceeded",
+            message: format!(
+                "the tenant keeps {kept} namespaces, more than maxNamespaces {max} (lowered, or namespaces declared, after the others were admitted); none is removed, and no new one is admitted until it is below the limit"
+            ),
+        });
+    }
+    for excess in &plan.excess {
+        // Never admitted: nobody was given access in it, so nothing in it is lost.
+        delete::<Namespace>(&ctx.client, &ctx.data.writes, None, excess)
+            .await
+            .map_err(|source| Error::DeleteNamespace {
+                name: excess.clone(),
+                source,
+            })?;
+        ctx.recorder
+            .warning(
+                tenant.as_ref(),
+                "NamespaceRefused",
+                "DeleteNamespace",
+                format!(
+                    "namespace {excess} was created beyond maxNamespaces {}; deleted before any access was granted in it",
+                    max.unwrap_or_default()
+                ),
+            )
+            .await;
     }
     for w in &plan.wanted {
         if w.terminating {

@@ -5,9 +5,9 @@ use std::collections::BTreeMap;
 
 use k8s_openapi::api::batch::v1::{Job, JobSpec};
 use k8s_openapi::api::core::v1::{
-    Container, EnvVar, EnvVarSource, PersistentVolumeClaim, PersistentVolumeClaimSpec,
+    Container, EnvVar, EnvVarSource, KeyToPath, PersistentVolumeClaim, PersistentVolumeClaimSpec,
     PersistentVolumeClaimVolumeSource, PodSecurityContext, PodSpec, PodTemplateSpec,
-    SecretKeySelector, Volume, VolumeMount, VolumeResourceRequirements,
+    SecretKeySelector, SecretVolumeSource, Volume, VolumeMount, VolumeResourceRequirements,
 };
 use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
@@ -75,8 +75,12 @@ pub fn claim(db: &Database) -> PersistentVolumeClaim {
     }
 }
 
+/// Where the dump's container finds the server's CA (`ca.crt` of the admin Secret).
+const CA_DIR: &str = "/etc/steward-ca";
+
 /// The Job running `pg_dump --format=custom` as the admin (credentials from the admin Secret,
-/// never inline).
+/// never inline). When the server's CA is known it verifies the server as the operator does
+/// (the admin Secret's `ca.crt`, mounted, as `PGSSLROOTCERT`).
 pub fn job(db: &Database, server: &Server, default_image: &str) -> Job {
     let image = db
         .spec
@@ -85,6 +89,7 @@ pub fn job(db: &Database, server: &Server, default_image: &str) -> Job {
         .and_then(|b| b.image.clone())
         .unwrap_or_else(|| default_image.to_string());
     let (secret, user_key, password_key) = admin_secret_of(&db.spec).unwrap_or_default();
+    let verify_ca = server.ca_pem.is_some();
     let env = |name: &str, value: String| EnvVar {
         name: name.into(),
         value: Some(value),
@@ -128,19 +133,36 @@ pub fn job(db: &Database, server: &Server, default_image: &str) -> Job {
                             format!("--file=/backup/{}", file_name(db)),
                             format!("--dbname={}", db.spec.name),
                         ]),
-                        env: Some(vec![
-                            env("PGHOST", server.host.clone()),
-                            env("PGPORT", server.port.to_string()),
-                            from_secret("PGUSER", user_key),
-                            from_secret("PGPASSWORD", password_key),
-                            env("PGSSLMODE", sslmode_str(server.ssl_mode).into()),
-                            env("PGCONNECT_TIMEOUT", "10".into()),
-                        ]),
-                        volume_mounts: Some(vec![VolumeMount {
-                            name: "backup".into(),
-                            mount_path: "/backup".into(),
-                            ..Default::default()
-                        }]),
+                        env: Some(
+                            vec![
+                                env("PGHOST", server.host.clone()),
+                                env("PGPORT", server.port.to_string()),
+                                from_secret("PGUSER", user_key),
+                                from_secret("PGPASSWORD", password_key),
+                                env("PGSSLMODE", sslmode_str(server.ssl_mode).into()),
+                                env("PGCONNECT_TIMEOUT", "10".into()),
+                            ]
+                            .into_iter()
+                            .chain(
+                                verify_ca.then(|| env("PGSSLROOTCERT", format!("{CA_DIR}/ca.crt"))),
+                            )
+                            .collect(),
+                        ),
+                        volume_mounts: Some(
+                            [VolumeMount {
+                                name: "backup".into(),
+                                mount_path: "/backup".into(),
+                                ..Default::default()
+                            }]
+                            .into_iter()
+                            .chain(verify_ca.then(|| VolumeMount {
+                                name: "ca".into(),
+                                mount_path: CA_DIR.into(),
+                                read_only: Some(true),
+                                ..Default::default()
+                            }))
+                            .collect(),
+                        ),
                         ..Default::default()
                     }],
                     security_context: Some(PodSecurityContext {
@@ -150,14 +172,31 @@ pub fn job(db: &Database, server: &Server, default_image: &str) -> Job {
                         run_as_non_root: Some(true),
                         ..Default::default()
                     }),
-                    volumes: Some(vec![Volume {
-                        name: "backup".into(),
-                        persistent_volume_claim: Some(PersistentVolumeClaimVolumeSource {
-                            claim_name: name(db),
-                            read_only: Some(false),
-                        }),
-                        ..Default::default()
-                    }]),
+                    volumes: Some(
+                        [Volume {
+                            name: "backup".into(),
+                            persistent_volume_claim: Some(PersistentVolumeClaimVolumeSource {
+                                claim_name: name(db),
+                                read_only: Some(false),
+                            }),
+                            ..Default::default()
+                        }]
+                        .into_iter()
+                        .chain(verify_ca.then(|| Volume {
+                            name: "ca".into(),
+                            secret: Some(SecretVolumeSource {
+                                secret_name: Some(secret.clone()),
+                                items: Some(vec![KeyToPath {
+                                    key: "ca.crt".into(),
+                                    path: "ca.crt".into(),
+                                    ..Default::default()
+                                }]),
+                                ..Default::default()
+                            }),
+                            ..Default::default()
+                        }))
+                        .collect(),
+                    ),
                     ..Default::default()
                 }),
             },

@@ -802,5 +802,35 @@ mod tests {
             Some("orders-backup-0123abcd")
         );
         assert_eq!(backup::job_state(&job), backup::JobState::Running);
+        assert!(
+            !text.contains("PGSSLROOTCERT"),
+            "no CA, nothing to verify with"
+        );
+
+        // With the server's CA known, the dump verifies the server with it.
+        let verified = Server {
+            ssl_mode: SslMode::VerifyFull,
+            ca_pem: Some(b"pem".to_vec()),
+            ..server
+        };
+        let job = backup::job(&db, &verified, "postgres:17");
+        let pod = job.spec.unwrap().template.spec.unwrap();
+        let env = pod.containers[0].env.clone().unwrap();
+        let var = |n: &str| {
+            env.iter()
+                .find(|e| e.name == n)
+                .and_then(|e| e.value.clone())
+        };
+        assert_eq!(var("PGSSLMODE").as_deref(), Some("verify-full"));
+        let root = var("PGSSLROOTCERT").unwrap();
+        let volumes = pod.volumes.unwrap();
+        let ca = volumes.iter().find(|v| v.name == "ca").unwrap();
+        assert_eq!(
+            ca.secret.as_ref().unwrap().items.as_ref().unwrap()[0].key,
+            "ca.crt"
+        );
+        let mount = pod.containers[0].volume_mounts.as_ref().unwrap();
+        let dir = &mount.iter().find(|m| m.name == "ca").unwrap().mount_path;
+        assert_eq!(root, format!("{dir}/ca.crt"));
     }
 }
