@@ -846,6 +846,36 @@ async fn owners_act_in_their_tenant_only_and_cannot_touch_its_guard_rails() {
             "{key}: {err}"
         );
     }
+    // A name another Tenant lists is reserved for it, even before its operator creates it (this
+    // Tenant has no operator: no test's operator selects it).
+    let reserved = format!("{ta}-reserved");
+    let reserver = format!("{}-reserver", env.id);
+    let other: Tenant = serde_json::from_value(json!({
+        "apiVersion": "tenancy.steward.dev/v1alpha1", "kind": "Tenant",
+        "metadata": {"name": reserver, "labels": {TEST_LABEL: "nobody"}},
+        "spec": {"owners": [{"kind": "User", "name": "someone"}], "namespaces": [reserved]},
+    }))
+    .unwrap();
+    env.tenants
+        .create(&PostParams::default(), &other)
+        .await
+        .expect("reserving Tenant");
+    let msg = denied_eventually(
+        "a namespace another Tenant lists is reserved",
+        "is reserved",
+        || async {
+            ns_as_alice
+                .create(&dry_post(), &namespace(&reserved, Some(&ta)))
+                .await
+        },
+    )
+    .await;
+    assert!(msg.contains(&reserver), "{msg}");
+    env.tenants
+        .delete(&reserver, &DeleteParams::default())
+        .await
+        .expect("delete the reserving Tenant");
+
     let own = format!("{ta}-self");
     ns_as_alice
         .create(&PostParams::default(), &namespace(&own, Some(&ta)))
@@ -1257,6 +1287,66 @@ async fn tenant_quota_holds_across_namespaces_under_concurrent_creates() {
         max <= LIMIT,
         "the enforced limits summed to {max} > {LIMIT}"
     );
+    env.stop().await;
+}
+
+/// Found by reading the code (#17): the admission policies were applied once per leadership
+/// term, so a deleted binding stayed deleted and a weakened policy stayed weak. The leader now
+/// watches them and restores them. Runs alone: the policies are briefly missing for everyone.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn admission_policies_are_restored_when_deleted_or_changed() {
+    use k8s_openapi::api::admissionregistration::v1::{
+        ValidatingAdmissionPolicy, ValidatingAdmissionPolicyBinding,
+    };
+    let _alone = EXCLUSIVE.write().await;
+    let mut env = Env::start("vap").await;
+    let policies: Api<ValidatingAdmissionPolicy> = Api::all(env.client.clone());
+    let bindings: Api<ValidatingAdmissionPolicyBinding> = Api::all(env.client.clone());
+    let cordon = format!("{}-cordon", tenant_operator::policy::PREFIX);
+    let labels = format!("{}-namespace-labels", tenant_operator::policy::PREFIX);
+    let original = eventually("the policies are in place", WAIT, || async {
+        bindings.get(&cordon).await.map_err(|e| e.to_string())?;
+        policies.get(&labels).await.map_err(|e| e.to_string())
+    })
+    .await
+    .unwrap();
+
+    // A deleted binding comes back (a new object).
+    let uid = bindings.get(&cordon).await.unwrap().uid();
+    bindings
+        .delete(&cordon, &DeleteParams::default())
+        .await
+        .unwrap();
+    eventually("the deleted binding is restored", WAIT, || async {
+        match bindings.get_opt(&cordon).await.map_err(|e| e.to_string())? {
+            Some(b) if b.uid() != uid => Ok(()),
+            Some(_) => Err("the old binding is still there".to_string()),
+            None => Err("missing".to_string()),
+        }
+    })
+    .await
+    .unwrap();
+
+    // A policy weakened by someone else is put back as it was.
+    policies
+        .patch(
+            &labels,
+            &PatchParams::default(),
+            &Patch::Merge(json!({"spec": {"validations": [{"expression": "true"}]}})),
+        )
+        .await
+        .unwrap();
+    eventually("the weakened policy is restored", WAIT, || async {
+        let p = policies.get(&labels).await.map_err(|e| e.to_string())?;
+        let now = p.spec.and_then(|s| s.validations);
+        if now == original.spec.clone().and_then(|s| s.validations) {
+            Ok(())
+        } else {
+            Err(format!("validations now {now:?}"))
+        }
+    })
+    .await
+    .unwrap();
     env.stop().await;
 }
 

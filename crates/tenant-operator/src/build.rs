@@ -170,7 +170,8 @@ pub fn limit_range(tenant: &Tenant, namespace: &str) -> Option<LimitRange> {
 }
 
 /// The isolating NetworkPolicy of one namespace, unless isolation is disabled: ingress to
-/// every pod only from the tenant's namespaces and the explicitly allowed ones.
+/// every pod only from the tenant's namespaces and the explicitly allowed ones (by name, and
+/// only namespaces outside every tenant, which owners cannot create).
 pub fn network_policy(tenant: &Tenant, namespace: &str) -> Option<NetworkPolicy> {
     let isolation = tenant.spec.network_isolation.clone().unwrap_or_default();
     if !isolation.enabled {
@@ -189,11 +190,20 @@ pub fn network_policy(tenant: &Tenant, namespace: &str) -> Option<NetworkPolicy>
     if !isolation.allow_from_namespaces.is_empty() {
         peers.push(NetworkPolicyPeer {
             namespace_selector: Some(LabelSelector {
-                match_expressions: Some(vec![LabelSelectorRequirement {
-                    key: "kubernetes.io/metadata.name".to_string(),
-                    operator: "In".to_string(),
-                    values: Some(isolation.allow_from_namespaces.clone()),
-                }]),
+                // By name, and only outside every tenant: a tenant owner could otherwise create
+                // a namespace with an allowed name and reach this tenant's pods from it.
+                match_expressions: Some(vec![
+                    LabelSelectorRequirement {
+                        key: "kubernetes.io/metadata.name".to_string(),
+                        operator: "In".to_string(),
+                        values: Some(isolation.allow_from_namespaces.clone()),
+                    },
+                    LabelSelectorRequirement {
+                        key: TENANT_LABEL.to_string(),
+                        operator: "DoesNotExist".to_string(),
+                        values: None,
+                    },
+                ]),
                 ..Default::default()
             }),
             ..Default::default()
@@ -548,16 +558,21 @@ pub(crate) mod tests {
                 .unwrap()[TENANT_LABEL],
             "acme"
         );
-        let allowed = &from[1]
+        let allowed = from[1]
             .namespace_selector
             .as_ref()
             .unwrap()
             .match_expressions
             .as_ref()
-            .unwrap()[0];
+            .unwrap();
         assert_eq!(
-            allowed.values.as_deref(),
+            allowed[0].values.as_deref(),
             Some(&["ingress".to_string()][..])
+        );
+        assert_eq!(
+            (allowed[1].key.as_str(), allowed[1].operator.as_str()),
+            (TENANT_LABEL, "DoesNotExist"),
+            "an allowed name that a tenant owns (perhaps squatted by its owner) is no peer"
         );
 
         assert!(

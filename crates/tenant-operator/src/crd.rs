@@ -299,8 +299,9 @@ pub struct NetworkIsolation {
     /// Whether the operator puts the isolating NetworkPolicy into each namespace.
     #[serde(default = "default_true")]
     pub enabled: bool,
-    /// Namespaces (outside the tenant) whose pods may reach the tenant's pods, e.g. an
-    /// ingress controller's or monitoring's.
+    /// Namespaces outside every tenant whose pods may reach the tenant's pods, e.g. an
+    /// ingress controller's or monitoring's. A listed name that belongs to a tenant is not a
+    /// peer (its owners could have created it to get in).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     #[schemars(length(max = 64), extend("x-kubernetes-list-type" = "set"), inner(length(min = 1, max = 63), regex(pattern = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")))]
     pub allow_from_namespaces: Vec<String>,

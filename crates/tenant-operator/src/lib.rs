@@ -145,7 +145,7 @@ pub enum Error {
 }
 
 /// Adds the Tenant controller (and, with `apply_policies`, the leader-only task applying the
-/// admission policies) to `operator`.
+/// admission policies and restoring them when someone changes or deletes them) to `operator`.
 ///
 /// # Errors
 /// [`Error::InvalidOption`] for an empty `--owner-cluster-role` or `--tenant-selector`.
@@ -201,12 +201,14 @@ pub fn register(operator: &mut Operator, options: Options) -> Result<(), Error> 
             groups: options.exempt_groups,
             user_prefixes: Vec::new(),
         };
+        let recheck = options.resync_period;
         operator.singleton(move |stop| {
-            policy::apply_until_done(
+            policy::keep_in_place(
                 client.clone(),
                 extra.clone(),
                 NAME.to_string(),
                 writes.clone(),
+                recheck,
                 stop,
             )
         });

@@ -6,7 +6,7 @@
 //! | `…-managed-objects` | updating or deleting the quotas, limit ranges, network policies, role bindings and shared copies the operator manages in tenant namespaces |
 //! | `…-namespace-labels` | changing, adding or removing `tenancy.steward.dev/*` and `pod-security.kubernetes.io/*` labels of tenant namespaces |
 //! | `…-namespace-owner` | creating a namespace labelled for a tenant the requester does not own, or with other `tenancy.steward.dev/*` or Pod Security labels |
-//! | `…-namespace-allowance` | a tenant owner creating an unlabelled namespace, or one beyond `maxNamespaces`, or for a cordoned tenant (one evaluation per Tenant, the Tenant as `params`) |
+//! | `…-namespace-allowance` | a tenant owner creating an unlabelled namespace, or one beyond `maxNamespaces`, or for a cordoned tenant; anyone creating a namespace a Tenant lists in `spec.namespaces` (reserved: the operator creates it) (one evaluation per Tenant, the Tenant as `params`) |
 //! | `…-cordon` | any create, update, delete or connect (exec, attach, port-forward) in the namespaces of a cordoned tenant, subresources included (scale, eviction, token requests) |
 //!
 //! "Owner" is decided by the RBAC authorizer: a subject owns tenant `t` when it may use the
@@ -27,6 +27,7 @@
 
 use std::time::Duration;
 
+use futures::{FutureExt, Stream, StreamExt};
 use k8s_openapi::api::admissionregistration::v1::{
     MatchCondition, MatchResources, NamedRuleWithOperations, ParamKind, ParamRef,
     ValidatingAdmissionPolicy, ValidatingAdmissionPolicyBinding,
@@ -375,6 +376,13 @@ pub fn policies(exempt: &Exemptions, manager: &str) -> Vec<Policy> {
                         )),
                     ),
                     validation(
+                        "!(object.metadata.name in variables.declared)",
+                        "the namespace is reserved: a tenant lists it in spec.namespaces, and the operator creates it",
+                        Some(
+                            "'namespace ' + object.metadata.name + ' is reserved: tenant ' + params.metadata.name + ' lists it in spec.namespaces, and the operator creates it'",
+                        ),
+                    ),
+                    validation(
                         "variables.tenant != params.metadata.name || !has(params.spec.cordoned) || !params.spec.cordoned",
                         "the tenant is cordoned: no new namespaces",
                         Some(
@@ -539,34 +547,66 @@ where
     Ok(1)
 }
 
-/// Leader-only startup task: finds the operator's user, then applies the policies exempting it
-/// (and `extra`), retrying with backoff until done or `stop` is cancelled.
-pub async fn apply_until_done(
+/// Leader-only task, for the whole leadership term: finds the operator's user, applies the
+/// policies exempting it (and `extra`), then keeps them in place. A policy or binding someone
+/// changes, deletes or unlabels is restored as soon as the watch sees it, and everything is
+/// checked again every `recheck` (a write only when something differs). Failures are retried
+/// with backoff until `stop` is cancelled.
+pub async fn keep_in_place(
     client: Client,
     extra: Exemptions,
     manager: String,
     writes: Writes,
+    recheck: Duration,
     stop: CancellationToken,
 ) {
+    let mut changes = std::pin::pin!(changes(&client, &manager));
+    let mut wanted: Option<(String, Vec<Policy>)> = None;
     let mut delay = Duration::from_millis(500);
+    let mut first = true;
     loop {
         let attempt = async {
-            let me = whoami(&client).await?;
-            let exempt = Exemptions::new(
-                extra.users.iter().cloned().chain([me.clone()]),
-                extra.groups.iter().cloned(),
-            );
-            let written = apply(&client, &policies(&exempt, &manager), &manager, &writes).await?;
-            Ok::<_, Error>((me, written))
+            let (me, policies) = match &wanted {
+                Some(w) => w.clone(),
+                None => {
+                    let me = whoami(&client).await?;
+                    let exempt = Exemptions::new(
+                        extra.users.iter().cloned().chain([me.clone()]),
+                        extra.groups.iter().cloned(),
+                    );
+                    (me, policies(&exempt, &manager))
+                }
+            };
+            let written = apply(&client, &policies, &manager, &writes).await?;
+            Ok::<_, Error>((me, policies, written))
         };
         let result = tokio::select! {
             r = attempt => r,
             () = stop.cancelled() => return,
         };
         match result {
-            Ok((me, written)) => {
-                tracing::info!(exempt_user = %me, written, "admission policies in place");
-                return;
+            Ok((me, policies, written)) => {
+                if first {
+                    tracing::info!(exempt_user = %me, written, "admission policies in place");
+                } else if written > 0 {
+                    tracing::warn!(
+                        written,
+                        "admission policies or bindings were changed or deleted by someone else; restored"
+                    );
+                }
+                first = false;
+                wanted = Some((me, policies));
+                delay = Duration::from_millis(500);
+                // Until something changes (a burst of events is one change) or it is time to
+                // look again anyway.
+                tokio::select! {
+                    _ = changes.next() => {
+                        tokio::time::sleep(Duration::from_millis(100)).await;
+                        while changes.next().now_or_never().flatten().is_some() {}
+                    }
+                    () = tokio::time::sleep(recheck) => {}
+                    () = stop.cancelled() => return,
+                }
             }
             Err(e) => {
                 tracing::warn!(error = %steward_core::chain(&e), retry_in = ?delay, "failed to apply the admission policies");
@@ -578,6 +618,29 @@ pub async fn apply_until_done(
             }
         }
     }
+}
+
+/// Every change to a policy or binding labelled as this operator's (including its deletion,
+/// or the label's removal), as `()`; watch errors are retried with backoff and not reported.
+fn changes(client: &Client, manager: &str) -> impl Stream<Item = ()> + Send + 'static {
+    use kube::runtime::{WatchStreamExt, watcher};
+    let config = watcher::Config::default().labels(&format!(
+        "{}={manager}",
+        steward_core::apply::MANAGED_BY_LABEL
+    ));
+    let policies = watcher(
+        Api::<ValidatingAdmissionPolicy>::all(client.clone()),
+        config.clone(),
+    )
+    .default_backoff()
+    .filter_map(|e| std::future::ready(e.ok().map(|_| ())));
+    let bindings = watcher(
+        Api::<ValidatingAdmissionPolicyBinding>::all(client.clone()),
+        config,
+    )
+    .default_backoff()
+    .filter_map(|e| std::future::ready(e.ok().map(|_| ())));
+    futures::stream::select(policies, bindings)
 }
 
 #[cfg(test)]
