@@ -1244,11 +1244,7 @@ async fn tenant_operator_runs_as_its_service_account() -> Result<()> {
     running.check_rbac_except(&["cluster-admin"]).await?;
     running
         .expect_forbidden("bind the cluster-admin ClusterRole in a namespace", async {
-            let rb: k8s_openapi::api::rbac::v1::RoleBinding = serde_json::from_value(json!({
-                "metadata": {"name": "escalate"},
-                "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": "cluster-admin"},
-                "subjects": [{"kind": "User", "name": "mallory"}],
-            }))?;
+            let rb: k8s_openapi::api::rbac::v1::RoleBinding = escalation("cluster-admin")?;
             Api::<k8s_openapi::api::rbac::v1::RoleBinding>::namespaced(running.client.clone(), &src)
                 .create(&PostParams::default(), &rb)
                 .await
@@ -1270,6 +1266,74 @@ async fn tenant_operator_runs_as_its_service_account() -> Result<()> {
                 .map_err(Into::into)
         })
         .await?;
+    // What its ClusterRole allows but its restraint policy does not (dry runs: nothing changes
+    // if the policy were missing, and the test fails instead).
+    let dry = PostParams {
+        dry_run: true,
+        ..Default::default()
+    };
+    running
+        .expect_forbidden("bind admin cluster-wide", async {
+            let crb: ClusterRoleBinding = escalation("admin")?;
+            Api::<ClusterRoleBinding>::all(running.client.clone())
+                .create(&dry, &crb)
+                .await
+                .map(drop)
+                .map_err(Into::into)
+        })
+        .await?;
+    running
+        .expect_forbidden("bind admin in a namespace outside every tenant", async {
+            let rb: k8s_openapi::api::rbac::v1::RoleBinding = escalation("admin")?;
+            Api::<k8s_openapi::api::rbac::v1::RoleBinding>::namespaced(running.client.clone(), &src)
+                .create(&dry, &rb)
+                .await
+                .map(drop)
+                .map_err(Into::into)
+        })
+        .await?;
+    running
+        .expect_forbidden("create a Secret in kube-system", async {
+            let secret: Secret = serde_json::from_value(json!({"metadata": {"name": "planted"}}))?;
+            Api::<Secret>::namespaced(running.client.clone(), "kube-system")
+                .create(&dry, &secret)
+                .await
+                .map(drop)
+                .map_err(Into::into)
+        })
+        .await?;
+    running
+        .expect_forbidden("give kube-system to a tenant", async {
+            let patch = json!({"metadata": {"labels": {"tenancy.steward.dev/tenant": tenant}}});
+            Api::<k8s_openapi::api::core::v1::Namespace>::all(running.client.clone())
+                .patch(
+                    "kube-system",
+                    &PatchParams {
+                        dry_run: true,
+                        ..Default::default()
+                    },
+                    &Patch::Merge(&patch),
+                )
+                .await
+                .map(drop)
+                .map_err(Into::into)
+        })
+        .await?;
+    running
+        .expect_forbidden("delete a namespace outside every tenant", async {
+            Api::<k8s_openapi::api::core::v1::Namespace>::all(running.client.clone())
+                .delete(
+                    &src,
+                    &kube::api::DeleteParams {
+                        dry_run: true,
+                        ..Default::default()
+                    },
+                )
+                .await
+                .map(drop)
+                .map_err(Into::into)
+        })
+        .await?;
     running
         .expect_forbidden("list Deployments", async {
             Api::<k8s_openapi::api::apps::v1::Deployment>::all(running.client.clone())
@@ -1280,6 +1344,15 @@ async fn tenant_operator_runs_as_its_service_account() -> Result<()> {
         })
         .await?;
     running.stop(cp).await
+}
+
+/// A (Cluster)RoleBinding `escalate` giving mallory the ClusterRole `role`.
+fn escalation<B: serde::de::DeserializeOwned>(role: &str) -> Result<B> {
+    Ok(serde_json::from_value(json!({
+        "metadata": {"name": "escalate"},
+        "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": role},
+        "subjects": [{"kind": "User", "name": "mallory"}],
+    }))?)
 }
 
 fn vaps_as(

@@ -621,25 +621,32 @@ pub async fn keep_in_place(
 }
 
 /// Every change to a policy or binding labelled as this operator's (including its deletion,
-/// or the label's removal), as `()`; watch errors are retried with backoff and not reported.
+/// or the label's removal), as `()`; watch errors are logged and retried with backoff (the
+/// periodic re-check still runs meanwhile).
 fn changes(client: &Client, manager: &str) -> impl Stream<Item = ()> + Send + 'static {
     use kube::runtime::{WatchStreamExt, watcher};
     let config = watcher::Config::default().labels(&format!(
         "{}={manager}",
         steward_core::apply::MANAGED_BY_LABEL
     ));
+    fn changed<T>(event: Result<T, watcher::Error>) -> std::future::Ready<Option<()>> {
+        if let Err(e) = &event {
+            tracing::warn!(error = %steward_core::chain(e), "watching the admission policies failed; retrying");
+        }
+        std::future::ready(event.ok().map(|_| ()))
+    }
     let policies = watcher(
         Api::<ValidatingAdmissionPolicy>::all(client.clone()),
         config.clone(),
     )
     .default_backoff()
-    .filter_map(|e| std::future::ready(e.ok().map(|_| ())));
+    .filter_map(changed);
     let bindings = watcher(
         Api::<ValidatingAdmissionPolicyBinding>::all(client.clone()),
         config,
     )
     .default_backoff()
-    .filter_map(|e| std::future::ready(e.ok().map(|_| ())));
+    .filter_map(changed);
     futures::stream::select(policies, bindings)
 }
 
