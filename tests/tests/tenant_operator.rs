@@ -674,6 +674,21 @@ async fn owners_act_in_their_tenant_only_and_cannot_touch_its_guard_rails() {
     .await
     .expect("alice deploys");
 
+    // She can see her namespace by name (kubectl get namespace), not B's, and not list them all.
+    let ns_api: Api<Namespace> = Api::all(as_alice.clone());
+    eventually("alice gets her namespace", WAIT, || async {
+        ns_api.get(&a1).await.map(drop).map_err(|e| e.to_string())
+    })
+    .await
+    .unwrap();
+    let err = ns_api.get(&b1).await.expect_err("get B's namespace");
+    assert_eq!(code(&err), Some(403), "{err}");
+    let err = ns_api
+        .list(&ListParams::default())
+        .await
+        .expect_err("list every namespace");
+    assert_eq!(code(&err), Some(403), "{err}");
+
     // Nothing of tenant B is visible to her.
     let err = Api::<Pod>::namespaced(as_alice.clone(), &b1)
         .list(&ListParams::default())

@@ -298,26 +298,40 @@ pub fn owner_cluster_object_name(tenant: &Tenant) -> String {
 }
 
 /// The ClusterRole of the tenant's owners: read their Tenant, the custom verb `own` on it
-/// (which the admission policies check with `authorizer`), and create namespaces (which the
-/// policies limit to namespaces labelled for a tenant they own, within `maxNamespaces`).
-pub fn owner_cluster_role(tenant: &Tenant) -> ClusterRole {
+/// (which the admission policies check with `authorizer`), create namespaces (which the
+/// policies limit to namespaces labelled for a tenant they own, within `maxNamespaces`), and
+/// `get` on the tenant's `namespaces` by name, so `kubectl get namespace <name>` works for
+/// them (RBAC cannot filter a `list`, so listing all namespaces stays refused).
+pub fn owner_cluster_role(tenant: &Tenant, namespaces: &[String]) -> ClusterRole {
+    let see = (!namespaces.is_empty()).then(|| PolicyRule {
+        api_groups: Some(vec![String::new()]),
+        resources: Some(vec!["namespaces".to_string()]),
+        resource_names: Some(namespaces.to_vec()),
+        verbs: vec!["get".to_string()],
+        ..Default::default()
+    });
     ClusterRole {
         metadata: meta(tenant, &owner_cluster_object_name(tenant), None),
-        rules: Some(vec![
-            PolicyRule {
-                api_groups: Some(vec![GROUP.to_string()]),
-                resources: Some(vec!["tenants".to_string()]),
-                resource_names: Some(vec![tenant.name_any()]),
-                verbs: vec!["get".to_string(), OWN_VERB.to_string()],
-                ..Default::default()
-            },
-            PolicyRule {
-                api_groups: Some(vec![String::new()]),
-                resources: Some(vec!["namespaces".to_string()]),
-                verbs: vec!["create".to_string()],
-                ..Default::default()
-            },
-        ]),
+        rules: Some(
+            vec![
+                PolicyRule {
+                    api_groups: Some(vec![GROUP.to_string()]),
+                    resources: Some(vec!["tenants".to_string()]),
+                    resource_names: Some(vec![tenant.name_any()]),
+                    verbs: vec!["get".to_string(), OWN_VERB.to_string()],
+                    ..Default::default()
+                },
+                PolicyRule {
+                    api_groups: Some(vec![String::new()]),
+                    resources: Some(vec!["namespaces".to_string()]),
+                    verbs: vec!["create".to_string()],
+                    ..Default::default()
+                },
+            ]
+            .into_iter()
+            .chain(see)
+            .collect(),
+        ),
         ..Default::default()
     }
 }
@@ -624,8 +638,25 @@ pub(crate) mod tests {
     #[test]
     fn owners_may_own_their_tenant_and_create_namespaces() {
         let t = TenantFixture::new("acme").owner_user("alice").build();
-        let role = owner_cluster_role(&t);
+        let role = owner_cluster_role(&t, &[]);
+        assert_eq!(
+            role.rules.as_ref().unwrap().len(),
+            2,
+            "no namespaces, nothing to see"
+        );
+        let role = owner_cluster_role(&t, &["acme-dev".to_string()]);
         let rules = role.rules.unwrap();
+        assert_eq!(
+            (
+                rules[2].verbs.as_slice(),
+                rules[2].resource_names.as_deref()
+            ),
+            (
+                &["get".to_string()][..],
+                Some(&["acme-dev".to_string()][..])
+            ),
+            "owners get their namespaces by name"
+        );
         assert_eq!(
             rules[0].resource_names.as_deref(),
             Some(&["acme".to_string()][..])

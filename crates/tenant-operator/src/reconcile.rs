@@ -424,7 +424,7 @@ async fn converge(
         .collect();
 
     // Per tenant: the owners' ClusterRole and ClusterRoleBinding.
-    let role = build::owner_cluster_role(tenant);
+    let role = build::owner_cluster_role(tenant, &active);
     let binding = build::owner_cluster_role_binding(tenant);
     let cluster_keep: BTreeSet<(String, String)> =
         [(String::new(), build::owner_cluster_object_name(tenant))].into();
