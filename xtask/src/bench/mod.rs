@@ -221,7 +221,10 @@ pub fn run(flags: Flags) -> Result<()> {
     let bench_dir = root.join("target/bench");
     std::fs::create_dir_all(&bench_dir)?;
     let (steward_bin, go_bin, sizes) = build(&root, &bench_dir, &args)?;
-    let orchestrator_bin = root.join("target/release/upgrade-orchestrator");
+    let orchestrator_bin = root
+        .join("target")
+        .join(args.profile_dir())
+        .join("upgrade-orchestrator");
 
     let rt = tokio::runtime::Runtime::new()?;
     let results = rt.block_on(async {
@@ -335,27 +338,39 @@ pub fn run(flags: Flags) -> Result<()> {
     Ok(())
 }
 
-/// Builds the release tenant-operator and the Go reference; returns their paths and sizes.
+impl Args {
+    /// Where the operators under test are built: `release` for measuring; `debug` for the
+    /// smoke run, which measures nothing and so skips a release build with LTO (about 7 of its
+    /// 10 minutes on 2 cores).
+    fn profile_dir(&self) -> &'static str {
+        if self.smoke { "debug" } else { "release" }
+    }
+}
+
+/// Builds the tenant-operator and upgrade-orchestrator (release, or debug for `--smoke`) and the
+/// Go reference; returns their paths and sizes.
 fn build(
     root: &Path,
     bench_dir: &Path,
     args: &Args,
 ) -> Result<(PathBuf, PathBuf, BTreeMap<String, u64>)> {
-    let steward = root.join("target/release/tenant-operator");
+    let profile = args.profile_dir();
+    let steward = root.join("target").join(profile).join("tenant-operator");
     let go = bench_dir.join("reference-tenant-controller");
     let go_stripped = bench_dir.join("reference-tenant-controller-stripped");
     if !args.skip_build {
         if args.subjects.iter().any(|s| s == "steward") {
-            eprintln!("bench: cargo build --release -p tenant-operator -p upgrade-orchestrator");
+            let release = (!args.smoke).then_some("--release");
+            eprintln!(
+                "bench: cargo build {}-p tenant-operator -p upgrade-orchestrator",
+                release.map_or(String::new(), |r| format!("{r} "))
+            );
             let status = crate::cargo()
-                .args([
-                    "build",
-                    "--release",
-                    "-p",
-                    "tenant-operator",
-                    "-p",
-                    "upgrade-orchestrator",
-                ])
+                // As `cargo xtask test` builds, so a smoke run reuses its dependencies.
+                .env("CARGO_INCREMENTAL", "0")
+                .args(["build"])
+                .args(release)
+                .args(["-p", "tenant-operator", "-p", "upgrade-orchestrator"])
                 .status()?;
             if !status.success() {
                 bail!("building tenant-operator failed");
@@ -377,20 +392,28 @@ fn build(
         }
     }
     let mut sizes = BTreeMap::new();
+    let kind = if args.smoke {
+        "debug: smoke run"
+    } else {
+        "release, stripped"
+    };
     for (name, path) in [
-        ("steward tenant-operator (release, stripped)", &steward),
+        (format!("steward tenant-operator ({kind})"), &steward),
         (
-            "steward upgrade-orchestrator (release, stripped)",
-            &root.join("target/release/upgrade-orchestrator"),
+            format!("steward upgrade-orchestrator ({kind})"),
+            &root
+                .join("target")
+                .join(profile)
+                .join("upgrade-orchestrator"),
         ),
-        ("controller-runtime reference (go build)", &go),
+        ("controller-runtime reference (go build)".to_string(), &go),
         (
-            "controller-runtime reference (-ldflags='-s -w')",
+            "controller-runtime reference (-ldflags='-s -w')".to_string(),
             &go_stripped,
         ),
     ] {
         if let Ok(meta) = std::fs::metadata(path) {
-            sizes.insert(name.to_string(), meta.len());
+            sizes.insert(name, meta.len());
         }
     }
     Ok((steward, go, sizes))
