@@ -1,7 +1,8 @@
 //! `cargo xtask bench`: Steward's tenant-operator against a controller-runtime reference and a
 //! raw-write floor, on one real control plane, in one run.
 //!
-//! Start with [`run`]: it builds the subjects (the release `tenant-operator`, the Go reference
+//! Start with [`run`]: it builds the subjects (the release `tenant-operator` — debug for
+//! `--smoke`, which measures nothing — and the Go reference
 //! under `bench/reference-tenant-controller`), starts a control plane, creates the unrelated
 //! ConfigMaps and Secrets, and then for each Tenant count and each subject measures, in order:
 //! convergence and API load ([`workload`], [`apiserver`]), idle writes, memory, startup and
