@@ -26,7 +26,7 @@ use steward_core::Operator;
 use steward_core::cli::CommonArgs;
 use steward_core::metrics::{Metrics, ResultLabels};
 use steward_testenv::{ControlPlane, eventually};
-use tenant_operator::crd::{QUOTA_EXCEEDED, TENANT_LABEL, Tenant, TenantPhase};
+use tenant_operator::crd::{ADMITTED_LABEL, QUOTA_EXCEEDED, TENANT_LABEL, Tenant, TenantPhase};
 use tenant_operator::{NAME, Options};
 
 const WAIT: Duration = Duration::from_secs(90);
@@ -1422,8 +1422,7 @@ async fn max_namespaces_holds_under_fifty_parallel_creates() {
                         .iter()
                         .filter(|n| n.metadata.deletion_timestamp.is_none())
                         .map(|n| {
-                            let yes = n.labels().get("tenancy.steward.dev/admitted")
-                                == Some(&"true".to_string());
+                            let yes = n.labels().get(ADMITTED_LABEL) == Some(&"true".to_string());
                             (n.name_any(), yes)
                         })
                         .collect();

@@ -100,6 +100,18 @@ fn cargo() -> Command {
     cmd
 }
 
+/// The environment of a build made once and thrown away with its run (the test build, the
+/// builds tests start such as the scaffold test's, the smoke bench): no incremental state,
+/// which would only take disk (about half of a fresh target directory) and time.
+const BUILT_ONCE: [(&str, &str); 1] = [("CARGO_INCREMENTAL", "0")];
+
+/// [`cargo`] for a build made once (see [`BUILT_ONCE`]).
+fn cargo_once() -> Command {
+    let mut cmd = cargo();
+    cmd.envs(BUILT_ONCE);
+    cmd
+}
+
 /// Runs every test. Builds the control plane first (a cold build takes 10–20 minutes), so the
 /// integration tests start in seconds.
 fn test(extra: &[&str]) -> Result<()> {

@@ -62,8 +62,7 @@ pub fn run(extra: &[&str]) -> Result<()> {
         eprintln!("xtask: {} took {:.0?}", binary.name, started.elapsed());
     }
     if runs_doc_tests(cargo_args) {
-        let status = super::cargo()
-            .env("CARGO_INCREMENTAL", NOT_INCREMENTAL)
+        let status = super::cargo_once()
             .args(["test", "--workspace", "--doc"])
             .args(cargo_args)
             .arg("--")
@@ -99,14 +98,8 @@ fn runs_doc_tests(cargo_args: &[&str]) -> bool {
     })
 }
 
-/// `CARGO_INCREMENTAL` for the test build and for the builds tests start (the scaffold test's):
-/// a test run compiles everything once, so incremental state would only take disk (about half
-/// of a fresh target directory) and time.
-const NOT_INCREMENTAL: &str = "0";
-
 fn build(cargo_args: &[&str]) -> Result<Vec<TestBinary>> {
-    let out = super::cargo()
-        .env("CARGO_INCREMENTAL", NOT_INCREMENTAL)
+    let out = super::cargo_once()
         .args([
             "test",
             "--workspace",
@@ -164,7 +157,7 @@ fn run_one(binary: &TestBinary, test_args: &[&str], limit: Duration) -> Result<O
         .args(test_args)
         .current_dir(&binary.package_dir)
         .env("CARGO_MANIFEST_DIR", &binary.package_dir)
-        .env("CARGO_INCREMENTAL", NOT_INCREMENTAL)
+        .envs(super::BUILT_ONCE)
         .spawn()
         .with_context(|| format!("starting {}", binary.executable.display()))?;
     let deadline = Instant::now() + limit;

@@ -342,9 +342,9 @@ pub fn ensure_ours<K: kube::Resource>(
 mod tests {
     use super::*;
 
-    #[test]
-    fn credentials_have_every_key() {
-        let server = Server {
+    /// An external server with `sslmode=require` and no CA.
+    fn external() -> Server {
+        Server {
             host: "db.example".into(),
             port: 5433,
             ssl_mode: SslMode::Require,
@@ -352,7 +352,12 @@ mod tests {
             admin_password: Password::from_existing("x".into()),
             admin_database: "postgres".into(),
             ca_pem: None,
-        };
+        }
+    }
+
+    #[test]
+    fn credentials_have_every_key() {
+        let server = external();
         let c = credentials(
             &server,
             "app",
@@ -383,10 +388,8 @@ mod tests {
             host: "pg-rw.ns.svc".into(),
             port: 5432,
             ssl_mode: SslMode::VerifyFull,
-            admin_user: "postgres".into(),
-            admin_password: Password::from_existing("x".into()),
-            admin_database: "postgres".into(),
             ca_pem: Some(b"-----BEGIN CERTIFICATE-----\n".to_vec()),
+            ..external()
         };
         let c = credentials(&server, "app", "app", &Password::from_existing("p".into()));
         assert_eq!(c["ca.crt"], "-----BEGIN CERTIFICATE-----\n");

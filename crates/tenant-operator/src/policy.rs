@@ -561,32 +561,35 @@ pub async fn keep_in_place(
     stop: CancellationToken,
 ) {
     let mut changes = std::pin::pin!(changes(&client, &manager));
+    // Who the operator is, and so the policies, are found once per term.
     let mut wanted: Option<(String, Vec<Policy>)> = None;
     let mut delay = Duration::from_millis(500);
-    let mut first = true;
+    let mut in_place = false;
     loop {
         let attempt = async {
-            let (me, policies) = match &wanted {
-                Some(w) => w.clone(),
+            let (me, policies) = match wanted.take() {
+                Some(w) => w,
                 None => {
                     let me = whoami(&client).await?;
                     let exempt = Exemptions::new(
                         extra.users.iter().cloned().chain([me.clone()]),
                         extra.groups.iter().cloned(),
                     );
-                    (me, policies(&exempt, &manager))
+                    let policies = policies(&exempt, &manager);
+                    (me, policies)
                 }
             };
-            let written = apply(&client, &policies, &manager, &writes).await?;
-            Ok::<_, Error>((me, policies, written))
+            let written = apply(&client, &policies, &manager, &writes).await;
+            wanted = Some((me.clone(), policies));
+            Ok::<_, Error>((me, written?))
         };
         let result = tokio::select! {
             r = attempt => r,
             () = stop.cancelled() => return,
         };
         match result {
-            Ok((me, policies, written)) => {
-                if first {
+            Ok((me, written)) => {
+                if !in_place {
                     tracing::info!(exempt_user = %me, written, "admission policies in place");
                 } else if written > 0 {
                     tracing::warn!(
@@ -594,8 +597,7 @@ pub async fn keep_in_place(
                         "admission policies or bindings were changed or deleted by someone else; restored"
                     );
                 }
-                first = false;
-                wanted = Some((me, policies));
+                in_place = true;
                 delay = Duration::from_millis(500);
                 // Until something changes (a burst of events is one change) or it is time to
                 // look again anyway.

@@ -208,7 +208,7 @@ fn labelled_namespaces(stores: &crate::controller::Stores, tenant: &str) -> Vec<
         .state()
         .iter()
         .filter(|n| n.labels().get(TENANT_LABEL).map(String::as_str) == Some(tenant))
-        .map(|n| admitted_before(stores, Existing::of(n)))
+        .map(|n| Existing::of(n))
         .collect()
 }
 
@@ -255,7 +255,9 @@ async fn converge(
     let mut labelled = labelled_namespaces(stores, &name);
     if max.is_some() && labelled.iter().any(undecided) {
         // Owner-created namespaces wait to be admitted: decide on a consistent read, so an
-        // admission written by an earlier reconcile is never missed for a stale cache.
+        // admission written by an earlier reconcile is never missed for a stale cache. (A
+        // namespace from before the admitted label costs this read once: its next apply
+        // labels it.)
         labelled = Api::<Namespace>::all(client.clone())
             .list(&ListParams::default().labels(&format!("{TENANT_LABEL}={name}")))
             .await
@@ -265,9 +267,13 @@ async fn converge(
             })?
             .items
             .iter()
-            .map(|n| admitted_before(stores, Existing::of(n)))
+            .map(Existing::of)
             .collect();
     }
+    let labelled: Vec<Existing> = labelled
+        .into_iter()
+        .map(|e| admitted_before(stores, e))
+        .collect();
     let mut unlabelled = BTreeMap::new();
     for listed in &tenant.spec.namespaces {
         if stores.namespaces.get(&ObjectRef::new(listed)).is_none()

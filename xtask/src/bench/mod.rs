@@ -222,10 +222,7 @@ pub fn run(flags: Flags) -> Result<()> {
     let bench_dir = root.join("target/bench");
     std::fs::create_dir_all(&bench_dir)?;
     let (steward_bin, go_bin, sizes) = build(&root, &bench_dir, &args)?;
-    let orchestrator_bin = root
-        .join("target")
-        .join(args.profile_dir())
-        .join("upgrade-orchestrator");
+    let orchestrator_bin = args.binary(&root, "upgrade-orchestrator");
 
     let rt = tokio::runtime::Runtime::new()?;
     let results = rt.block_on(async {
@@ -340,11 +337,12 @@ pub fn run(flags: Flags) -> Result<()> {
 }
 
 impl Args {
-    /// Where the operators under test are built: `release` for measuring; `debug` for the
-    /// smoke run, which measures nothing and so skips a release build with LTO (about 7 of its
-    /// 10 minutes on 2 cores).
-    fn profile_dir(&self) -> &'static str {
-        if self.smoke { "debug" } else { "release" }
+    /// The operator binary `name` under test: built for release when measuring; a debug build
+    /// for the smoke run, which measures nothing and so skips a release build with LTO (about 7
+    /// of its 10 minutes on 2 cores).
+    fn binary(&self, root: &Path, name: &str) -> PathBuf {
+        let profile = if self.smoke { "debug" } else { "release" };
+        root.join("target").join(profile).join(name)
     }
 }
 
@@ -355,8 +353,7 @@ fn build(
     bench_dir: &Path,
     args: &Args,
 ) -> Result<(PathBuf, PathBuf, BTreeMap<String, u64>)> {
-    let profile = args.profile_dir();
-    let steward = root.join("target").join(profile).join("tenant-operator");
+    let steward = args.binary(root, "tenant-operator");
     let go = bench_dir.join("reference-tenant-controller");
     let go_stripped = bench_dir.join("reference-tenant-controller-stripped");
     if !args.skip_build {
@@ -366,9 +363,8 @@ fn build(
                 "bench: cargo build {}-p tenant-operator -p upgrade-orchestrator",
                 release.map_or(String::new(), |r| format!("{r} "))
             );
-            let status = crate::cargo()
-                // As `cargo xtask test` builds, so a smoke run reuses its dependencies.
-                .env("CARGO_INCREMENTAL", "0")
+            // Built like `cargo xtask test`'s build, so a smoke run reuses its dependencies.
+            let status = crate::cargo_once()
                 .args(["build"])
                 .args(release)
                 .args(["-p", "tenant-operator", "-p", "upgrade-orchestrator"])
@@ -402,10 +398,7 @@ fn build(
         (format!("steward tenant-operator ({kind})"), &steward),
         (
             format!("steward upgrade-orchestrator ({kind})"),
-            &root
-                .join("target")
-                .join(profile)
-                .join("upgrade-orchestrator"),
+            &args.binary(root, "upgrade-orchestrator"),
         ),
         ("controller-runtime reference (go build)".to_string(), &go),
         (

@@ -89,7 +89,6 @@ pub fn job(db: &Database, server: &Server, default_image: &str) -> Job {
         .and_then(|b| b.image.clone())
         .unwrap_or_else(|| default_image.to_string());
     let (secret, user_key, password_key) = admin_secret_of(&db.spec).unwrap_or_default();
-    let verify_ca = server.ca_pem.is_some();
     let env = |name: &str, value: String| EnvVar {
         name: name.into(),
         value: Some(value),
@@ -107,6 +106,49 @@ pub fn job(db: &Database, server: &Server, default_image: &str) -> Job {
         }),
         ..Default::default()
     };
+    let mut envs = vec![
+        env("PGHOST", server.host.clone()),
+        env("PGPORT", server.port.to_string()),
+        from_secret("PGUSER", user_key),
+        from_secret("PGPASSWORD", password_key),
+        env("PGSSLMODE", sslmode_str(server.ssl_mode).into()),
+        env("PGCONNECT_TIMEOUT", "10".into()),
+    ];
+    let mut mounts = vec![VolumeMount {
+        name: "backup".into(),
+        mount_path: "/backup".into(),
+        ..Default::default()
+    }];
+    let mut volumes = vec![Volume {
+        name: "backup".into(),
+        persistent_volume_claim: Some(PersistentVolumeClaimVolumeSource {
+            claim_name: name(db),
+            read_only: Some(false),
+        }),
+        ..Default::default()
+    }];
+    if server.ca_pem.is_some() {
+        envs.push(env("PGSSLROOTCERT", format!("{CA_DIR}/ca.crt")));
+        mounts.push(VolumeMount {
+            name: "ca".into(),
+            mount_path: CA_DIR.into(),
+            read_only: Some(true),
+            ..Default::default()
+        });
+        volumes.push(Volume {
+            name: "ca".into(),
+            secret: Some(SecretVolumeSource {
+                secret_name: Some(secret.clone()),
+                items: Some(vec![KeyToPath {
+                    key: "ca.crt".into(),
+                    path: "ca.crt".into(),
+                    ..Default::default()
+                }]),
+                ..Default::default()
+            }),
+            ..Default::default()
+        });
+    }
     Job {
         metadata: ObjectMeta {
             name: Some(name(db)),
@@ -133,36 +175,8 @@ pub fn job(db: &Database, server: &Server, default_image: &str) -> Job {
                             format!("--file=/backup/{}", file_name(db)),
                             format!("--dbname={}", db.spec.name),
                         ]),
-                        env: Some(
-                            vec![
-                                env("PGHOST", server.host.clone()),
-                                env("PGPORT", server.port.to_string()),
-                                from_secret("PGUSER", user_key),
-                                from_secret("PGPASSWORD", password_key),
-                                env("PGSSLMODE", sslmode_str(server.ssl_mode).into()),
-                                env("PGCONNECT_TIMEOUT", "10".into()),
-                            ]
-                            .into_iter()
-                            .chain(
-                                verify_ca.then(|| env("PGSSLROOTCERT", format!("{CA_DIR}/ca.crt"))),
-                            )
-                            .collect(),
-                        ),
-                        volume_mounts: Some(
-                            [VolumeMount {
-                                name: "backup".into(),
-                                mount_path: "/backup".into(),
-                                ..Default::default()
-                            }]
-                            .into_iter()
-                            .chain(verify_ca.then(|| VolumeMount {
-                                name: "ca".into(),
-                                mount_path: CA_DIR.into(),
-                                read_only: Some(true),
-                                ..Default::default()
-                            }))
-                            .collect(),
-                        ),
+                        env: Some(envs),
+                        volume_mounts: Some(mounts),
                         ..Default::default()
                     }],
                     security_context: Some(PodSecurityContext {
@@ -172,31 +186,7 @@ pub fn job(db: &Database, server: &Server, default_image: &str) -> Job {
                         run_as_non_root: Some(true),
                         ..Default::default()
                     }),
-                    volumes: Some(
-                        [Volume {
-                            name: "backup".into(),
-                            persistent_volume_claim: Some(PersistentVolumeClaimVolumeSource {
-                                claim_name: name(db),
-                                read_only: Some(false),
-                            }),
-                            ..Default::default()
-                        }]
-                        .into_iter()
-                        .chain(verify_ca.then(|| Volume {
-                            name: "ca".into(),
-                            secret: Some(SecretVolumeSource {
-                                secret_name: Some(secret.clone()),
-                                items: Some(vec![KeyToPath {
-                                    key: "ca.crt".into(),
-                                    path: "ca.crt".into(),
-                                    ..Default::default()
-                                }]),
-                                ..Default::default()
-                            }),
-                            ..Default::default()
-                        }))
-                        .collect(),
-                    ),
+                    volumes: Some(volumes),
                     ..Default::default()
                 }),
             },
