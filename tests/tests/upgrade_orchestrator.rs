@@ -11,7 +11,7 @@ use futures::StreamExt;
 use k8s_openapi::api::apps::v1::{DaemonSet, Deployment, StatefulSet};
 use k8s_openapi::api::core::v1::Node;
 use k8s_openapi::api::events::v1::Event;
-use kube::api::{Api, ListParams, Patch, PatchParams, PostParams};
+use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams, PostParams};
 use kube::runtime::{WatchStreamExt, watcher};
 use kube::{Client, ResourceExt};
 use serde_json::json;
@@ -915,6 +915,112 @@ async fn a_stale_copy_of_a_rolled_back_plan_changes_nothing() {
         "the stale copy changed a target (image, generation)"
     );
     assert_eq!(env.status("stale").await.phase, Some(PlanPhase::RolledBack));
+}
+
+/// Deleting a plan mid-flight rolls it back before it goes (whatever its failure policy); a
+/// finished plan, or one that never started, goes at once. Each leaves a `PlanDeleted` Event
+/// saying what the targets were left with.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn deleting_a_running_plan_rolls_it_back_before_it_goes() {
+    let env = Env::new("uo-delete").await;
+    let op = env.start();
+    // Pause policy, long deadline: left alone, the plan would wait on `back` for minutes.
+    failing_plan(
+        &env,
+        "doomed",
+        json!({"failurePolicy": "Pause", "progressDeadlineSeconds": 600}),
+        None,
+    )
+    .await;
+    eventually("back changed, the plan in flight", ROLL, || async {
+        match deployment_image(&env, "back").await.0.as_str() {
+            "back:2" => Ok(()),
+            other => Err(format!("back at {other}")),
+        }
+    })
+    .await
+    .expect("back changed");
+    assert_eq!(deployment_image(&env, "front").await.0, "front:2");
+    env.plans()
+        .delete("doomed", &DeleteParams::default())
+        .await
+        .expect("delete");
+    let kept = env
+        .plans()
+        .get("doomed")
+        .await
+        .expect("kept by its finalizer");
+    assert!(kept.metadata.deletion_timestamp.is_some());
+    eventually("the plan gone after its rollback", ROLL, || async {
+        match env.plans().get_opt("doomed").await {
+            Ok(None) => Ok(()),
+            Ok(Some(p)) => Err(format!("still there: {:?}", p.status.and_then(|s| s.phase))),
+            Err(e) => Err(e.to_string()),
+        }
+    })
+    .await
+    .expect("plan gone");
+    assert_eq!(deployment_image(&env, "front").await.0, "front:1");
+    assert_eq!(deployment_image(&env, "back").await.0, "back:1");
+    env.expect_events("doomed", &["RollbackStarted", "PlanDeleted"])
+        .await;
+    let record = deleted_message(&env, "doomed").await;
+    assert!(
+        record.starts_with("deleted while RolledBack:")
+            && record.contains("front RolledBack at front:1"),
+        "{record}"
+    );
+
+    // Finished: it goes at once and its change stays.
+    create_and_wait(&env, &[deployment("solo", "solo:1")], &[], &[]).await;
+    env.create_plan(plan(
+        "done",
+        vec![component("solo", "Deployment", "solo:2", &[])],
+        json!({}),
+    ))
+    .await;
+    env.wait_phase("done", &[PlanPhase::Succeeded], ROLL).await;
+    env.plans()
+        .delete("done", &DeleteParams::default())
+        .await
+        .expect("delete");
+    eventually(
+        "the finished plan gone",
+        Duration::from_secs(20),
+        || async {
+            match env.plans().get_opt("done").await {
+                Ok(None) => Ok(()),
+                other => Err(format!("{other:?}")),
+            }
+        },
+    )
+    .await
+    .expect("finished plan gone");
+    assert_eq!(deployment_image(&env, "solo").await.0, "solo:2");
+    let record = deleted_message(&env, "done").await;
+    assert_eq!(record, "deleted while Succeeded: solo Succeeded at solo:2");
+    op.stop().await;
+}
+
+/// The message of the `PlanDeleted` Event about `plan`.
+async fn deleted_message(env: &Env, plan: &str) -> String {
+    let events: Api<Event> = env.api();
+    eventually("a PlanDeleted Event", Duration::from_secs(10), || async {
+        events
+            .list(&ListParams::default())
+            .await
+            .map_err(|e| e.to_string())?
+            .items
+            .into_iter()
+            .find(|e| {
+                e.reason.as_deref() == Some("PlanDeleted")
+                    && e.regarding.as_ref().and_then(|r| r.name.as_deref()) == Some(plan)
+            })
+            .and_then(|e| e.note)
+            .ok_or_else(|| "none yet".to_string())
+    })
+    .await
+    .expect("PlanDeleted")
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -1880,7 +1986,8 @@ async fn postgres_cluster_upgrade_is_a_component() {
     );
 
     // A PostgreSQL major version cannot be lowered (the database operator's CEL rule), so a
-    // rollback that reaches the cluster fails honestly instead of retrying forever.
+    // plan that would roll it back is refused at admission unless the component says
+    // `rollback: Never`; with it, the others are reverted and the cluster keeps its version.
     let nodes = env.node_count().await;
     create_and_wait(
         &env,
@@ -1889,15 +1996,32 @@ async fn postgres_cluster_upgrade_is_a_component() {
         &[],
     )
     .await;
-    env.create_plan(plan(
-        "one-way",
-        vec![
-            json!({"name": "db", "target": {"kind": "PostgresCluster", "name": "pg"}, "version": "18"}),
-            component("late", "Deployment", "late:2", &["db"]),
-        ],
-        json!({"failurePolicy": "Rollback", "progressDeadlineSeconds": 15}),
-    ))
-    .await;
+    let one_way = |rollback: Option<&str>| {
+        let mut db = json!({"name": "db", "target": {"kind": "PostgresCluster", "name": "pg"}, "version": "18"});
+        if let Some(r) = rollback {
+            db["rollback"] = json!(r);
+        }
+        plan(
+            "one-way",
+            vec![db, component("late", "Deployment", "late:2", &["db"])],
+            json!({"failurePolicy": "Rollback", "progressDeadlineSeconds": 15}),
+        )
+    };
+    let refused = env
+        .plans()
+        .create(
+            &PostParams::default(),
+            &serde_json::from_value(one_way(None)).expect("plan"),
+        )
+        .await
+        .expect_err("a plan that would roll a PostgresCluster back is refused");
+    assert!(
+        refused
+            .to_string()
+            .contains("set rollback: Never on its component"),
+        "{refused}"
+    );
+    env.create_plan(one_way(Some("Never"))).await;
     let status = env
         .wait_phase(
             "one-way",
@@ -1911,20 +2035,18 @@ async fn postgres_cluster_upgrade_is_a_component() {
         .await;
     assert_eq!(
         status.phase,
-        Some(PlanPhase::Failed),
+        Some(PlanPhase::RolledBack),
         "{}",
         describe(&status)
     );
     assert_eq!(comp(&status, "late").phase, ComponentPhase::RolledBack);
     assert_eq!(deployment_image(&env, "late").await.0, "late:1");
-    let db = comp(&status, "db");
-    assert_eq!(db.phase, ComponentPhase::RollingBack);
+    assert_eq!(comp(&status, "db").phase, ComponentPhase::Succeeded);
+    let ready = steward_core::conditions::get(&status.conditions, "Ready").expect("Ready");
     assert!(
-        db.message
-            .as_deref()
-            .unwrap_or_default()
-            .contains("refused the revert"),
-        "{db:?}"
+        ready.message.contains("kept (rollback: Never): db at 18"),
+        "{}",
+        ready.message
     );
     assert_eq!(
         clusters
@@ -1935,7 +2057,7 @@ async fn postgres_cluster_upgrade_is_a_component() {
             .pointer("/spec/version"),
         Some(&json!(18))
     );
-    env.expect_events("one-way", &["PlanFailed", "TargetReverted"])
+    env.expect_events("one-way", &["PlanRolledBack", "TargetReverted"])
         .await;
 
     token.cancel();

@@ -21,6 +21,10 @@ mod up;
 
 use std::process::Command;
 
+/// Counts what each thread allocates, for `bench`'s cache breakdown (`bench/cache.rs`).
+#[global_allocator]
+static ALLOCATOR: bench::cache::Counting = bench::cache::Counting;
+
 use anyhow::{Context, Result};
 use clap::{Parser, Subcommand};
 

@@ -22,6 +22,10 @@
 //!
 //! Use [`watch`] for a reflector an operator reads itself (a store of another kind) and pass
 //! it to [`Controller::watches_stream`].
+//!
+//! Every store keeps objects [`trim`]med: without the parts no Steward operator reads
+//! (other managers' `managedFields` entries, kubectl's last-applied annotation), which were
+//! about half of what the tenant-operator cached (`docs/memory.md`).
 
 use std::collections::HashMap;
 use std::fmt::Debug;
@@ -31,6 +35,8 @@ use std::sync::{Arc, Mutex, OnceLock};
 use std::time::{Duration, Instant};
 
 use futures::{Stream, StreamExt};
+use kube::core::PartialObjectMeta;
+use kube::runtime::WatchStreamExt;
 #[allow(deprecated)] // kube-runtime's own owns() uses it too
 use kube::runtime::metadata_watcher;
 use kube::runtime::reflector::{self, ObjectRef, Store};
@@ -85,7 +91,7 @@ where
     let (reader, writer) = reflector::store();
     let source = StreamSource::new(K::kind(&()).to_string());
     let stream = resilient(
-        kube::runtime::reflector(writer, watcher(api, config)),
+        kube::runtime::reflector(writer, watcher(api, config).modify(trim)),
         source.clone(),
     );
     (
@@ -95,6 +101,54 @@ where
             source,
         },
     )
+}
+
+/// The `kubectl apply` annotation: a second copy of the object, never read by an operator.
+const LAST_APPLIED: &str = "kubectl.kubernetes.io/last-applied-configuration";
+
+/// Drops from `obj` what no Steward operator reads, and packs what it reads rarely, before a
+/// store keeps it.
+///
+/// # Guarantees
+/// - Kept: every field of the object except those below; in `managedFields`, every
+///   server-side-apply entry of the object itself (`operation: Apply`, no subresource), which
+///   is what a write-skip compares against (the fields its own last apply set).
+/// - Dropped: `managedFields` entries of `Update` operations and of subresources (such as the
+///   quota controller's `status` updates), and the `kubectl.kubernetes.io/last-applied-configuration`
+///   annotation.
+/// - Packed: each kept entry's `fieldsV1` is stored as its JSON text (one string instead of a
+///   tree of maps: a tenth of the heap); [`fields_v1`] reads it back.
+///
+/// # Caveats
+/// A reconcile that needs what is dropped must read the object from the API server. A cached
+/// object is not fit to send back whole (its `fieldsV1` are strings): Steward's writes are
+/// applies of desired objects, never of cached ones.
+pub fn trim<K: Resource>(obj: &mut K) {
+    let meta = obj.meta_mut();
+    if let Some(entries) = meta.managed_fields.as_mut() {
+        entries.retain(|e| {
+            e.operation.as_deref() == Some("Apply")
+                && e.subresource.as_deref().unwrap_or_default().is_empty()
+        });
+        for fields in entries.iter_mut().filter_map(|e| e.fields_v1.as_mut()) {
+            if !fields.0.is_string() {
+                fields.0 = serde_json::Value::String(fields.0.to_string());
+            }
+        }
+    }
+    if let Some(annotations) = meta.annotations.as_mut() {
+        annotations.remove(LAST_APPLIED);
+    }
+}
+
+/// The `fieldsV1` of a `managedFields` entry (as JSON), whether [`trim`] packed it or not.
+pub fn fields_v1(fields: &serde_json::Value) -> std::borrow::Cow<'_, serde_json::Value> {
+    match fields {
+        serde_json::Value::String(packed) => {
+            std::borrow::Cow::Owned(serde_json::from_str(packed).unwrap_or(serde_json::Value::Null))
+        }
+        tree => std::borrow::Cow::Borrowed(tree),
+    }
 }
 
 /// Applies the per-watch backoff, records errors in `source` and drops them from the stream.
@@ -175,11 +229,8 @@ where
         Child:
             Resource<DynamicType = ()> + Clone + DeserializeOwned + Debug + Send + Sync + 'static,
     {
-        let source = StreamSource::new(Child::kind(&()).to_string());
-        #[allow(deprecated)]
-        let stream = touched(resilient(metadata_watcher(api, config), source.clone()));
         let (kind, api_version) = (K::kind(&()).to_string(), K::api_version(&()).to_string());
-        let owners = move |child: kube::core::PartialObjectMeta<Child>| {
+        let owners = move |child: PartialObjectMeta<Child>| {
             let namespace = child.namespace();
             child
                 .owner_references()
@@ -194,7 +245,29 @@ where
                 })
                 .collect::<Vec<_>>()
         };
-        self.push(stream, source, owners, ())
+        self.watches_metadata(api, config, owners)
+    }
+
+    /// Reconciles the objects `mapper` names when an `Other` selected by `config` changes,
+    /// watching only its metadata (name, labels, owners; every change, status included,
+    /// still arrives): for a mapper that needs no more, a smaller watch to decode.
+    #[must_use]
+    pub fn watches_metadata<Other, I>(
+        self,
+        api: Api<Other>,
+        config: watcher::Config,
+        mapper: impl Fn(PartialObjectMeta<Other>) -> I + Send + Sync + 'static,
+    ) -> Self
+    where
+        Other:
+            Resource<DynamicType = ()> + Clone + DeserializeOwned + Debug + Send + Sync + 'static,
+        I: IntoIterator<Item = ObjectRef<K>> + 'static,
+        I::IntoIter: Send,
+    {
+        let source = StreamSource::new(Other::kind(&()).to_string());
+        #[allow(deprecated)]
+        let stream = touched(resilient(metadata_watcher(api, config), source.clone()));
+        self.push(stream, source, mapper, ())
     }
 
     /// Reconciles the objects `mapper` names when an `Other` selected by `config` changes.
@@ -564,6 +637,52 @@ pub(crate) fn controller_labels(name: &str) -> ControllerLabels {
 mod tests {
     use super::*;
     use k8s_openapi::api::core::v1::ConfigMap;
+
+    #[test]
+    fn trim_keeps_the_applies_of_the_object_and_drops_the_rest() {
+        let entry = |manager: &str, operation: &str, subresource: Option<&str>| {
+            serde_json::json!({"manager": manager, "operation": operation,
+                "subresource": subresource, "fieldsType": "FieldsV1",
+                "fieldsV1": {"f:data": {"f:k": {}}}})
+        };
+        let mut cm: ConfigMap = serde_json::from_value(serde_json::json!({
+            "metadata": {"name": "a", "annotations": {LAST_APPLIED: "{}", "keep": "me"},
+                "managedFields": [entry("op", "Apply", None), entry("kubectl", "Update", None),
+                    entry("kcm", "Update", Some("status")), entry("op", "Apply", Some("status")),
+                    entry("gitops", "Apply", None)]},
+            "data": {"k": "v"},
+        }))
+        .unwrap_or_default();
+        trim(&mut cm);
+        let managers: Vec<(&str, &str)> = cm
+            .metadata
+            .managed_fields
+            .iter()
+            .flatten()
+            .map(|e| {
+                (
+                    e.manager.as_deref().unwrap_or_default(),
+                    e.operation.as_deref().unwrap_or_default(),
+                )
+            })
+            .collect();
+        assert_eq!(managers, vec![("op", "Apply"), ("gitops", "Apply")]);
+        let packed = cm.metadata.managed_fields.iter().flatten().map(|e| {
+            let fields = &e
+                .fields_v1
+                .as_ref()
+                .map(|f| f.0.clone())
+                .unwrap_or_default();
+            (fields.is_string(), fields_v1(fields).into_owned())
+        });
+        for (is_string, fields) in packed {
+            assert!(is_string);
+            assert_eq!(fields, serde_json::json!({"f:data": {"f:k": {}}}));
+        }
+        let annotations = cm.metadata.annotations.unwrap_or_default();
+        assert_eq!(annotations.keys().collect::<Vec<_>>(), vec!["keep"]);
+        assert_eq!(cm.data.unwrap_or_default()["k"], "v");
+    }
 
     #[test]
     fn watch_backoff_grows_to_two_seconds_and_resets() {

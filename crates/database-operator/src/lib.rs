@@ -119,6 +119,7 @@ pub fn register(operator: &mut steward_core::Operator, options: Options) -> Resu
     use k8s_openapi::api::core::v1::{ConfigMap, Pod, Secret, Service};
     use k8s_openapi::api::policy::v1::PodDisruptionBudget;
     use kube::ResourceExt;
+    use kube::core::PartialObjectMeta;
     use kube::runtime::reflector::ObjectRef;
     use kube::runtime::watcher::Config;
     use steward_core::Controller;
@@ -146,10 +147,10 @@ pub fn register(operator: &mut steward_core::Operator, options: Options) -> Resu
         .owns(scoped::<ConfigMap>(&client, ns), managed.clone())
         .owns(scoped::<Secret>(&client, ns), managed.clone())
         .owns(scoped::<PodDisruptionBudget>(&client, ns), managed.clone())
-        .watches(
+        .watches_metadata(
             scoped::<Pod>(&client, ns),
             Config::default().labels(cluster::build::CLUSTER_LABEL),
-            |pod: Pod| {
+            |pod: PartialObjectMeta<Pod>| {
                 let cluster = pod.labels().get(cluster::build::CLUSTER_LABEL).cloned();
                 cluster
                     .zip(pod.namespace())
@@ -173,10 +174,10 @@ pub fn register(operator: &mut steward_core::Operator, options: Options) -> Resu
                     .map(|ns| ObjectRef::<Database>::new(&role.spec.database_ref.name).within(&ns))
             },
         )
-        .watches(
+        .watches_metadata(
             scoped::<PostgresCluster>(&client, ns),
             Config::default(),
-            move |pgc: PostgresCluster| {
+            move |pgc: PartialObjectMeta<PostgresCluster>| {
                 let (name, ns) = (pgc.name_any(), pgc.namespace());
                 store
                     .state()
@@ -194,19 +195,21 @@ pub fn register(operator: &mut steward_core::Operator, options: Options) -> Resu
     // DatabaseRole: its Secret; woken by its Database.
     let roles = Controller::new(scoped::<DatabaseRole>(&client, ns), Config::default());
     let store = roles.store();
-    let roles = roles.owns(scoped::<Secret>(&client, ns), managed).watches(
-        scoped::<Database>(&client, ns),
-        Config::default(),
-        move |db: Database| {
-            let (name, ns) = (db.name_any(), db.namespace());
-            store
-                .state()
-                .into_iter()
-                .filter(|r| r.namespace() == ns && r.spec.database_ref.name == name)
-                .map(|r| ObjectRef::from_obj(r.as_ref()))
-                .collect::<Vec<_>>()
-        },
-    );
+    let roles = roles
+        .owns(scoped::<Secret>(&client, ns), managed)
+        .watches_metadata(
+            scoped::<Database>(&client, ns),
+            Config::default(),
+            move |db: PartialObjectMeta<Database>| {
+                let (name, ns) = (db.name_any(), db.namespace());
+                store
+                    .state()
+                    .into_iter()
+                    .filter(|r| r.namespace() == ns && r.spec.database_ref.name == name)
+                    .map(|r| ObjectRef::from_obj(r.as_ref()))
+                    .collect::<Vec<_>>()
+            },
+        );
     operator.controller(roles, state, role::reconcile);
     Ok(())
 }

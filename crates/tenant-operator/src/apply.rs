@@ -125,7 +125,9 @@ fn owned_paths(current: &Value, manager: &str) -> Option<BTreeSet<Vec<String>>> 
         }
         found = true;
         if let Some(fields) = e.get("fieldsV1") {
-            fields_paths(fields, &mut Vec::new(), &mut out);
+            // Packed as JSON text in the operator's caches (steward_core::controller::trim).
+            let fields = steward_core::controller::fields_v1(fields);
+            fields_paths(&fields, &mut Vec::new(), &mut out);
         }
     }
     out.retain(|p| !is_identity(p));
@@ -432,6 +434,28 @@ mod tests {
         assert!(up_to_date(&current, &same, ME));
         let more = json!({"metadata": {"name": "rb"}, "subjects": [{"kind": "User", "name": "alice"}, {"kind": "User", "name": "bob"}], "roleRef": {"name": "admin"}});
         assert!(!up_to_date(&current, &more, ME));
+    }
+
+    #[test]
+    fn a_cached_object_as_trimmed_is_judged_the_same() {
+        use k8s_openapi::api::rbac::v1::RoleBinding;
+        let current = json!({
+            "metadata": {"name": "rb", "labels": {"t": "a"}, "managedFields": [
+                {"manager": ME, "operation": "Apply",
+                    "fieldsV1": {"f:metadata": {"f:labels": {"f:t": {}}}, "f:roleRef": {}, "f:subjects": {}}},
+                {"manager": "kubectl", "operation": "Update", "fieldsV1": {"f:metadata": {"f:labels": {"f:x": {}}}}}]},
+            "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": "admin"},
+            "subjects": [{"kind": "User", "name": "alice"}]
+        });
+        let mut cached: RoleBinding = serde_json::from_value(current).unwrap();
+        steward_core::controller::trim(&mut cached);
+        let want: RoleBinding = serde_json::from_value(json!({"metadata": {"name": "rb", "labels": {"t": "a"}},
+            "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": "admin"},
+            "subjects": [{"kind": "User", "name": "alice"}]})).unwrap();
+        assert!(up_to_date(&cached, &want, ME));
+        let mut other = want.clone();
+        other.role_ref.name = "edit".into();
+        assert!(!up_to_date(&cached, &other, ME));
     }
 
     #[test]

@@ -48,7 +48,11 @@ pub const GROUP: &str = "upgrade.steward.dev";
     validation = Rule::new(
         "!has(oldSelf.status) || !has(oldSelf.status.startedAt) || self.spec.components == oldSelf.spec.components"
     )
-    .message("spec.components is immutable once the plan has started; create a new plan instead")
+    .message("spec.components is immutable once the plan has started; create a new plan instead"),
+    validation = Rule::new(
+        "self.spec.strategy.failurePolicy != 'Rollback' || self.spec.components.all(c, c.target.kind != 'PostgresCluster' || (has(c.rollback) && c.rollback == 'Never'))"
+    )
+    .message("a PostgresCluster's version cannot be lowered, so failurePolicy Rollback cannot revert it: set rollback: Never on its component (it keeps the new version while the others are reverted) or use failurePolicy Pause")
 )]
 #[serde(rename_all = "camelCase")]
 pub struct UpgradePlanSpec {
@@ -105,6 +109,22 @@ pub struct Component {
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     #[schemars(length(max = 50), inner(length(min = 1, max = 63)))]
     pub depends_on: Vec<String>,
+
+    /// What a rollback of the plan does to this component once changed. A PostgresCluster
+    /// component in a plan with `failurePolicy: Rollback` must say `Never` (its version
+    /// cannot be lowered).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub rollback: Option<ComponentRollback>,
+}
+
+/// What a rollback does to a changed component.
+#[derive(Serialize, Deserialize, Clone, Copy, Debug, Default, PartialEq, Eq, JsonSchema)]
+pub enum ComponentRollback {
+    /// Revert it to its recorded previous value (the default).
+    #[default]
+    Revert,
+    /// Keep the new value: the rollback leaves it as it is and says so in the plan's status.
+    Never,
 }
 
 /// A workload in the plan's namespace.
@@ -390,6 +410,11 @@ impl Component {
             TargetKind::PostgresCluster => self.version.as_deref(),
             _ => self.image.as_ref().map(|i| i.image.as_str()),
         }
+    }
+
+    /// Whether a rollback reverts this component once changed.
+    pub fn reverts(&self) -> bool {
+        self.rollback.unwrap_or_default() == ComponentRollback::Revert
     }
 
     /// What changes, for messages: `Deployment web container app image`.

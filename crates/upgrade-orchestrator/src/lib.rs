@@ -104,17 +104,17 @@ pub fn register(operator: &mut steward_core::Operator, options: Options) -> Resu
     let controller = Controller::new(plans, watcher::Config::default());
     let store = controller.store();
     let mut controller = controller
-        .watches(
+        .watches_metadata(
             operator.api::<Deployment>(),
             watcher::Config::default(),
             plans_targeting(store.clone(), crd::TargetKind::Deployment),
         )
-        .watches(
+        .watches_metadata(
             operator.api::<StatefulSet>(),
             watcher::Config::default(),
             plans_targeting(store.clone(), crd::TargetKind::StatefulSet),
         )
-        .watches(
+        .watches_metadata(
             operator.api::<DaemonSet>(),
             watcher::Config::default(),
             plans_targeting(store.clone(), crd::TargetKind::DaemonSet),

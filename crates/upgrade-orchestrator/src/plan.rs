@@ -218,6 +218,7 @@ mod tests {
             }),
             version: None,
             depends_on: deps.iter().map(|d| d.to_string()).collect(),
+            rollback: None,
         }
     }
 

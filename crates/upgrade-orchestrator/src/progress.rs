@@ -50,6 +50,8 @@ pub struct Input<'a> {
     /// that cannot be lowered), by component name, with the server's message.
     pub rejected: &'a BTreeMap<String, String>,
     pub now: Timestamp,
+    /// The plan is being deleted: revert what it changed, start nothing, retry nothing.
+    pub deleting: bool,
 }
 
 /// What [`step`] decided.
@@ -669,6 +671,7 @@ pub fn step(i: &Input<'_>) -> Outcome {
         let rollback_failure = s.track_rollback();
         if strategy.failure_policy == FailurePolicy::Pause
             && !strategy.paused
+            && !i.deleting
             && old_phase != Some(PlanPhase::RollingBack)
         {
             s.retry_failed();
@@ -695,6 +698,7 @@ pub fn step(i: &Input<'_>) -> Outcome {
             .max();
         let rolling_back = old_phase == Some(PlanPhase::RollingBack) || reverting.is_some();
         if rolling_back
+            || i.deleting
             || (!failed.is_empty() && strategy.failure_policy == FailurePolicy::Rollback)
         {
             if let Some(wave) = reverting {
@@ -716,25 +720,47 @@ pub fn step(i: &Input<'_>) -> Outcome {
                             | ComponentPhase::Failed
                     )
             };
-            let Some(wave) = s.comps.iter().filter(|c| changed(c)).map(|c| c.wave).max() else {
-                break 'decide (
-                    PlanPhase::RolledBack,
-                    "RolledBack",
-                    "every changed component is back to its previous value".into(),
-                );
+            let to_revert =
+                |index: usize| changed(&s.comps[index]) && spec.components[index].reverts();
+            let Some(wave) = (0..s.comps.len())
+                .filter(|&x| to_revert(x))
+                .map(|x| s.comps[x].wave)
+                .max()
+            else {
+                let kept: Vec<String> = (0..s.comps.len())
+                    .filter(|&x| changed(&s.comps[x]))
+                    .map(|x| {
+                        let c = &s.comps[x];
+                        format!("{} at {}", c.name, c.target.as_deref().unwrap_or_default())
+                    })
+                    .collect();
+                let message = if kept.is_empty() {
+                    "every changed component is back to its previous value".to_string()
+                } else {
+                    format!(
+                        "every other changed component is back to its previous value; kept (rollback: Never): {}",
+                        kept.join(", ")
+                    )
+                };
+                break 'decide (PlanPhase::RolledBack, "RolledBack", message);
             };
+            let reverting_now: Vec<usize> = (0..s.comps.len())
+                .filter(|&x| s.comps[x].wave == wave && to_revert(x))
+                .collect();
             if !rolling_back {
+                let why = if i.deleting {
+                    "the plan is being deleted".to_string()
+                } else {
+                    format!("component(s) {} failed", failed.join(", "))
+                };
                 s.note(
                     true,
                     "RollbackStarted",
                     "Rollback",
-                    format!("component(s) {} failed; reverting every changed component, last wave first", failed.join(", ")),
+                    format!("{why}; reverting every changed component, last wave first"),
                 );
             }
-            for index in 0..s.comps.len() {
-                if s.comps[index].wave != wave || !changed(&s.comps[index]) {
-                    continue;
-                }
+            for index in reverting_now {
                 let describe = spec.components[index].describe();
                 let cs = &mut s.comps[index];
                 cs.phase = ComponentPhase::RollingBack;
@@ -948,6 +974,33 @@ fn finish(
     }
 }
 
+/// What a deleted plan left its targets with, for its `PlanDeleted` Event: its phase and,
+/// per component that was started, its phase and value.
+pub fn deletion_record(status: Option<&UpgradePlanStatus>) -> String {
+    let Some(status) = status.filter(|s| s.started_at.is_some()) else {
+        return "deleted before it started: no target was changed".to_string();
+    };
+    let phase = status.phase.map_or("unknown", PlanPhase::as_str);
+    let components: Vec<String> = status
+        .components
+        .iter()
+        .filter(|c| c.previous.is_some())
+        .map(|c| {
+            let value = match c.phase {
+                ComponentPhase::RolledBack => c.previous.as_deref(),
+                _ => c.target.as_deref(),
+            };
+            format!(
+                "{} {} at {}",
+                c.name,
+                c.phase.as_str(),
+                value.unwrap_or_default()
+            )
+        })
+        .collect();
+    format!("deleted while {phase}: {}", components.join(", "))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -971,6 +1024,7 @@ mod tests {
             }),
             version: None,
             depends_on: deps.iter().map(|d| d.to_string()).collect(),
+            rollback: None,
         }
     }
 
@@ -987,6 +1041,7 @@ mod tests {
         rejected: BTreeMap<String, String>,
         now: i64,
         notes: Vec<Note>,
+        deleting: bool,
     }
 
     impl Sim {
@@ -1020,6 +1075,7 @@ mod tests {
                 rejected: BTreeMap::new(),
                 now: 0,
                 notes: Vec::new(),
+                deleting: false,
             }
         }
 
@@ -1077,10 +1133,21 @@ mod tests {
                 observed: &observed,
                 rejected: &self.rejected,
                 now: t(self.now),
+                deleting: self.deleting,
             });
             self.status = out.status.clone();
             self.notes.extend(out.notes.clone());
             out
+        }
+
+        /// The diamond's first wave done and `api` changed (in flight).
+        fn db_done_then_api_started(&mut self) {
+            self.reconcile();
+            self.reconcile();
+            self.roll_out("db");
+            self.reconcile();
+            self.reconcile();
+            assert_eq!(self.values["api"], "api:2", "api in flight");
         }
 
         fn roll_out(&mut self, name: &str) {
@@ -1257,12 +1324,7 @@ mod tests {
             st.progress_deadline_seconds = 60;
         });
         // db succeeds; api and worker start; worker succeeds, api never becomes healthy.
-        s.reconcile();
-        s.reconcile();
-        s.roll_out("db");
-        s.reconcile();
-        s.reconcile();
-        assert_eq!(s.values["api"], "api:2");
+        s.db_done_then_api_started();
         s.roll_out("worker");
         s.now = 10;
         s.reconcile();
@@ -1318,6 +1380,78 @@ mod tests {
         s.now = 1000;
         s.reconcile();
         assert_eq!(s.status, before);
+    }
+
+    #[test]
+    fn deleting_a_running_plan_reverts_what_it_changed_and_starts_nothing() {
+        // Pause policy: a deletion rolls back whatever the failure policy says.
+        let mut s = Sim::diamond().with(|st| st.max_concurrent = 2);
+        s.db_done_then_api_started();
+        assert_eq!(
+            deletion_record(None),
+            "deleted before it started: no target was changed"
+        );
+        s.deleting = true;
+        s.reconcile();
+        assert_eq!(s.phase(), PlanPhase::RollingBack);
+        assert!(
+            s.notes.iter().any(|n| n.reason == "RollbackStarted"
+                && n.message.starts_with("the plan is being deleted"))
+        );
+        s.reconcile();
+        assert_eq!(
+            s.values["api"], "api:1",
+            "the component in flight is reverted"
+        );
+        s.roll_out_all();
+        s.reconcile();
+        s.reconcile();
+        s.roll_out_all();
+        s.reconcile();
+        assert_eq!(s.phase(), PlanPhase::RolledBack);
+        assert!(
+            s.values.iter().all(|(k, v)| *v == format!("{k}:1")),
+            "{:?}",
+            s.values
+        );
+        assert_eq!(
+            s.comp("web").phase,
+            ComponentPhase::Pending,
+            "never started"
+        );
+        let record = deletion_record(Some(&s.status));
+        assert!(record.starts_with("deleted while RolledBack: "), "{record}");
+        assert!(record.contains("db RolledBack at db:1"), "{record}");
+    }
+
+    #[test]
+    fn a_component_that_never_rolls_back_keeps_its_value_and_is_named() {
+        let mut s = Sim::diamond().with(|st| {
+            st.failure_policy = FailurePolicy::Rollback;
+            st.progress_deadline_seconds = 60;
+        });
+        let db = s.spec.components.iter_mut().find(|c| c.name == "db");
+        db.expect("db").rollback = Some(crate::crd::ComponentRollback::Never);
+        s.db_done_then_api_started();
+        s.now = 61;
+        s.reconcile();
+        assert_eq!(s.phase(), PlanPhase::RollingBack);
+        s.reconcile();
+        s.roll_out_all();
+        s.reconcile();
+        s.reconcile();
+        assert_eq!(s.phase(), PlanPhase::RolledBack);
+        assert_eq!(s.values["api"], "api:1", "reverted");
+        assert_eq!(s.values["db"], "db:2", "kept");
+        assert_eq!(s.comp("db").phase, ComponentPhase::Succeeded);
+        let reverts: Vec<&str> = s.changes.iter().skip(2).map(|c| c.0.as_str()).collect();
+        assert_eq!(reverts, vec!["api"], "db is never changed back");
+        let ready = conditions::get(&s.status.conditions, conditions::READY).expect("Ready");
+        assert!(
+            ready.message.contains("kept (rollback: Never): db at db:2"),
+            "{}",
+            ready.message
+        );
     }
 
     #[test]
@@ -1392,6 +1526,7 @@ mod tests {
             plan: &p,
             observed: &observed,
             rejected: &BTreeMap::new(),
+            deleting: false,
             now: t(1),
         });
         let a = &out.status.components[0];
@@ -1568,6 +1703,7 @@ mod tests {
             plan: &p,
             observed: &observed,
             rejected: &BTreeMap::new(),
+            deleting: false,
             now: t(9),
         });
         assert_eq!(out.status.components[1].phase, ComponentPhase::Pending);

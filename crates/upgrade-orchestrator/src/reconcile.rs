@@ -23,6 +23,7 @@ use kube::api::{Api, Patch, PatchParams};
 use kube::runtime::controller::Action;
 use kube::{Resource, ResourceExt};
 use steward_core::Context;
+use steward_core::finalizer::{self, Event};
 
 use crate::crd::{UpgradePlan, UpgradePlanStatus};
 use crate::error::Error;
@@ -37,12 +38,63 @@ pub struct Data {
     pub metrics: PlanMetrics,
 }
 
+/// The finalizer that keeps a deleted plan until what it changed is undone.
+pub const FINALIZER: &str = "upgrade.steward.dev/rollback";
+
 /// Reconciles one plan.
 ///
+/// Deleting a plan that has started and not finished rolls it back first: every changed
+/// component is reverted (last wave first, as after a failure; `rollback: Never` components
+/// keep their value), components in flight included, and nothing new starts. The finalizer
+/// [`FINALIZER`] keeps the plan, and its record, until then. A plan that never started or has
+/// finished (`Succeeded`, `RolledBack`, `Failed`) goes at once. Either way a `PlanDeleted`
+/// Event says what the targets were left with.
+///
 /// # Errors
-/// [`Error`] naming the step that failed; the runtime records it as a Warning Event and
-/// retries with backoff.
-pub async fn reconcile(plan: Arc<UpgradePlan>, ctx: Arc<Context<Data>>) -> Result<Action, Error> {
+/// The step that failed, wrapped by the finalizer; the runtime records it as a Warning Event
+/// and retries with backoff.
+pub async fn reconcile(
+    plan: Arc<UpgradePlan>,
+    ctx: Arc<Context<Data>>,
+) -> Result<Action, finalizer::Error<Error>> {
+    let namespace = plan.namespace().unwrap_or_default();
+    if finalizer::is_deleting(plan.as_ref())
+        && finalizer::has_finalizer(plan.as_ref(), FINALIZER)
+        && !may_go(&plan)
+    {
+        return converge(plan, ctx, true)
+            .await
+            .map_err(finalizer::Error::Apply);
+    }
+    let api: Api<UpgradePlan> = Api::namespaced(ctx.client.clone(), &namespace);
+    finalizer::run(&api, FINALIZER, plan, |event| async {
+        match event {
+            Event::Apply(plan) => converge(plan, ctx.clone(), false).await,
+            Event::Cleanup(plan) => {
+                let message = progress::deletion_record(plan.status.as_ref());
+                ctx.recorder
+                    .normal(plan.as_ref(), "PlanDeleted", "Delete", message)
+                    .await;
+                Ok(Action::await_change())
+            }
+        }
+    })
+    .await
+}
+
+/// Whether a deleted plan may go: it never started, or it has finished.
+fn may_go(plan: &UpgradePlan) -> bool {
+    plan.status
+        .as_ref()
+        .is_none_or(|s| s.started_at.is_none() || s.phase.is_some_and(|p| p.is_terminal()))
+}
+
+/// One reconcile of a plan; `deleting`: it is being deleted, so roll back what it changed.
+async fn converge(
+    plan: Arc<UpgradePlan>,
+    ctx: Arc<Context<Data>>,
+    deleting: bool,
+) -> Result<Action, Error> {
     let name = plan.name_any();
     let namespace = plan
         .namespace()
@@ -100,6 +152,7 @@ pub async fn reconcile(plan: Arc<UpgradePlan>, ctx: Arc<Context<Data>>) -> Resul
                     observed: &observed,
                     rejected: &rejected,
                     now: Timestamp::now(),
+                    deleting,
                 });
                 targets = Some((observed, workloads));
                 outcome

@@ -284,6 +284,7 @@ mod tests {
             }),
             version: pg.then(|| "17".into()),
             depends_on: vec![],
+            rollback: None,
         }
     }
 

@@ -11,6 +11,7 @@
 //! `docs/benchmarks.md` and `docs/benchmarks.json`.
 
 mod apiserver;
+pub mod cache;
 mod orchestration;
 mod procs;
 mod report;
@@ -174,6 +175,8 @@ pub struct Measured {
     pub idle: Option<apiserver::Load>,
     pub rss_bytes: Option<u64>,
     pub rss_peak_bytes: Option<u64>,
+    /// What the tenant-operator's stores hold (steward only).
+    pub cache: Option<Vec<cache::Kind>>,
     pub startup: Option<Startup>,
     pub failover: Option<Failover>,
     pub notes: Vec<String>,
@@ -584,6 +587,12 @@ async fn measure(
         let (rss, hwm) = leader.memory()?;
         m.rss_bytes = Some(rss);
         m.rss_peak_bytes = Some(hwm);
+        if subject.name == "steward" {
+            match cache::tenant_operator(client).await {
+                Ok(kinds) => m.cache = Some(kinds),
+                Err(e) => m.notes.push(format!("cache breakdown not measured: {e:#}")),
+            }
+        }
 
         // 6. Startup: stop, change a Tenant while down, start, time the first reconcile.
         let name = workload::tenant_name(&run, 0);

@@ -89,6 +89,73 @@ fn mib(b: u64) -> String {
     format!("{:.1} MiB", b as f64 / 1048576.0)
 }
 
+/// What the tenant-operator's stores hold at `tenants` Tenants, by kind and part.
+fn cache_table(md: &mut String, tenants: usize, kinds: &[super::cache::Kind]) -> Result<()> {
+    const PARTS: [&str; 6] = [
+        "managedFields",
+        "annotations",
+        "labels",
+        "metadata (rest)",
+        "status",
+        "content",
+    ];
+    writeln!(
+        md,
+        "\nWhat the tenant-operator's stores hold at {tenants} Tenants: the Rust heap of each cached object once deserialized (bytes requested from the allocator, counted by xtask's global allocator; see `xtask/src/bench/cache.rs`), as the API server sends it and as `steward_core::controller::trim` keeps it; a part's cost is what removing it saves (`required`: the type cannot be read without it).\n"
+    )?;
+    writeln!(
+        md,
+        "| kind (selector) | objects | heap as sent | allocations | trimmed (stored) | {} |\n|---|---|---|---|---|{}",
+        PARTS.join(" | "),
+        "---|".repeat(PARTS.len())
+    )?;
+    let sum = |f: &dyn Fn(&super::cache::Kind) -> u64| kinds.iter().map(f).sum::<u64>();
+    let part = |k: &super::cache::Kind, p: &str| k.parts.get(p).copied().unwrap_or(Some(0));
+    for k in kinds.iter().filter(|k| k.objects > 0) {
+        let parts: Vec<String> = PARTS
+            .iter()
+            .map(|p| part(k, p).map_or_else(|| "required".to_string(), mib))
+            .collect();
+        let selector = if k.selector.is_empty() {
+            "all"
+        } else {
+            &k.selector
+        };
+        writeln!(
+            md,
+            "| {} ({selector}) | {} | {} | {} | {} | {} |",
+            k.kind,
+            k.objects,
+            mib(k.bytes),
+            k.allocations,
+            mib(k.trimmed_bytes),
+            parts.join(" | ")
+        )?;
+    }
+    let parts: Vec<String> = PARTS
+        .iter()
+        .map(|p| {
+            let measured = kinds.iter().filter(|k| part(k, p).is_some()).count();
+            let total = mib(sum(&|k| part(k, p).unwrap_or(0)));
+            if measured == kinds.len() {
+                total
+            } else {
+                format!("≥ {total}")
+            }
+        })
+        .collect();
+    writeln!(
+        md,
+        "| **all** | {} | {} | {} | {} | {} |",
+        sum(&|k| k.objects),
+        mib(sum(&|k| k.bytes)),
+        sum(&|k| k.allocations),
+        mib(sum(&|k| k.trimmed_bytes)),
+        parts.join(" | ")
+    )?;
+    Ok(())
+}
+
 fn find<'a>(r: &'a Results, subject: &str, n: usize) -> Option<&'a Measured> {
     r.runs
         .iter()
@@ -259,6 +326,11 @@ pub fn write(out: &Path, r: &Results) -> Result<()> {
                 mib(rss),
                 mib(hwm)
             )?;
+        }
+    }
+    for m in &r.runs {
+        if let Some(kinds) = &m.cache {
+            cache_table(&mut md, m.tenants, kinds)?;
         }
     }
     writeln!(md, "\n## 4. Failover\n")?;
