@@ -121,20 +121,35 @@ impl Env {
         phases: &[PlanPhase],
         timeout: Duration,
     ) -> UpgradePlanStatus {
+        self.wait_phase_until(plan, timeout, |s| {
+            s.phase.is_some_and(|ph| phases.contains(&ph))
+        })
+        .await
+    }
+
+    /// Waits until `done` holds for the plan's status and returns it.
+    async fn wait_phase_until(
+        &self,
+        plan: &str,
+        timeout: Duration,
+        done: impl Fn(&UpgradePlanStatus) -> bool,
+    ) -> UpgradePlanStatus {
         let plans = self.plans();
-        eventually(&format!("plan {plan} in {phases:?}"), timeout, || {
+        let done = &done;
+        eventually(&format!("plan {plan}"), timeout, || {
             let plans = plans.clone();
             async move {
                 let p = plans.get(plan).await.map_err(|e| e.to_string())?;
                 let status = p.status.unwrap_or_default();
-                match status.phase {
-                    Some(ph) if phases.contains(&ph) => Ok(status),
-                    _ => Err(describe(&status)),
+                if done(&status) {
+                    Ok(status)
+                } else {
+                    Err(describe(&status))
                 }
             }
         })
         .await
-        .expect("plan phase")
+        .expect("plan status")
     }
 
     /// Waits until the plan reports `Valid=False` and returns its status.
@@ -915,6 +930,47 @@ async fn a_stale_copy_of_a_rolled_back_plan_changes_nothing() {
         "the stale copy changed a target (image, generation)"
     );
     assert_eq!(env.status("stale").await.phase, Some(PlanPhase::RolledBack));
+}
+
+/// A component starts as soon as its own dependencies are upgraded and healthy: `after`
+/// (depending on `fast` only) does not wait for `stuck`, which shares `fast`'s wave.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_component_waits_only_for_its_own_dependencies() {
+    let env = Env::new("uo-dag").await;
+    let nodes = env.node_count().await;
+    create_and_wait(
+        &env,
+        &[
+            deployment("fast", "fast:1"),
+            deployment("after", "after:1"),
+            stuck_on_update("stuck", "stuck:1", nodes, None),
+        ],
+        &[],
+        &[],
+    )
+    .await;
+    let op = env.start();
+    env.create_plan(plan(
+        "dag",
+        vec![
+            component("fast", "Deployment", "fast:2", &[]),
+            component("stuck", "Deployment", "stuck:2", &[]),
+            component("after", "Deployment", "after:2", &["fast"]),
+        ],
+        json!({"maxConcurrent": 2, "progressDeadlineSeconds": 600}),
+    ))
+    .await;
+    let status = env
+        .wait_phase_until("dag", ROLL, |s| {
+            s.components
+                .iter()
+                .any(|c| c.name == "after" && c.phase == ComponentPhase::Succeeded)
+        })
+        .await;
+    assert_eq!(comp(&status, "stuck").phase, ComponentPhase::Progressing);
+    assert_eq!(status.phase, Some(PlanPhase::Progressing));
+    assert_eq!(deployment_image(&env, "after").await.0, "after:2");
+    op.stop().await;
 }
 
 /// Deleting a plan mid-flight rolls it back before it goes (whatever its failure policy); a

@@ -207,6 +207,21 @@ pub struct Strategy {
     /// upgrading are still followed to the end.
     #[serde(default)]
     pub paused: bool,
+
+    /// When a component may start (within `maxConcurrent`).
+    #[serde(default)]
+    pub scheduling: Scheduling,
+}
+
+/// When a component may start.
+#[derive(Serialize, Deserialize, Clone, Copy, Debug, Default, PartialEq, Eq, JsonSchema)]
+pub enum Scheduling {
+    /// As soon as every component it depends on is upgraded and healthy, whatever else its
+    /// wave holds. With `approval: Manual` a plan runs by `Waves` (approvals are per wave).
+    #[default]
+    Dag,
+    /// Also wait until the whole previous wave is upgraded.
+    Waves,
 }
 
 fn default_max_concurrent() -> i32 {
@@ -225,6 +240,7 @@ impl Default for Strategy {
             failure_policy: FailurePolicy::default(),
             approval: Approval::default(),
             paused: false,
+            scheduling: Scheduling::default(),
         }
     }
 }

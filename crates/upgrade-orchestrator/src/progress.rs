@@ -28,7 +28,7 @@ use k8s_openapi::jiff::Timestamp;
 use steward_core::conditions;
 
 use crate::crd::{
-    Approval, ComponentPhase, ComponentStatus, FailurePolicy, PlanPhase, TargetKind,
+    Approval, ComponentPhase, ComponentStatus, FailurePolicy, PlanPhase, Scheduling, TargetKind,
     UpgradePlanSpec, UpgradePlanStatus,
 };
 use crate::health::Health;
@@ -842,6 +842,13 @@ pub fn step(i: &Input<'_>) -> Outcome {
             );
         }
         let blocked = s.start_wave(wave);
+        if strategy.scheduling == Scheduling::Dag && strategy.approval == Approval::Automatic {
+            // Later waves too: a component whose own dependencies are done need not wait for
+            // the rest of its wave (what blocks those is said by the first wave's message).
+            for later in wave + 1..i.plan.waves.len() {
+                s.start_wave(later);
+            }
+        }
         if st.started_at.is_none() && s.comps.iter().any(|c| c.phase != ComponentPhase::Pending) {
             st.started_at = Some(micro(i.now));
         }
@@ -1230,6 +1237,44 @@ mod tests {
         }
         // api and worker ran together (maxConcurrent 2).
         assert_eq!(s.comp("api").started_at, s.comp("worker").started_at);
+    }
+
+    #[test]
+    fn a_component_waits_for_its_own_dependencies_not_its_whole_wave() {
+        for scheduling in [Scheduling::Dag, Scheduling::Waves] {
+            let mut s = Sim::new(vec![
+                component("a", &[]),
+                component("slow", &[]),
+                component("c", &["a"]),
+            ])
+            .with(|st| {
+                st.max_concurrent = 2;
+                st.scheduling = scheduling;
+            });
+            s.reconcile();
+            s.reconcile();
+            assert_eq!(
+                (s.values["a"].as_str(), s.values["slow"].as_str()),
+                ("a:2", "slow:2")
+            );
+            s.roll_out("a");
+            s.reconcile();
+            s.reconcile();
+            let c_started = s.values["c"] == "c:2";
+            assert_eq!(c_started, scheduling == Scheduling::Dag, "{scheduling:?}");
+            assert_eq!(
+                s.comp("slow").phase,
+                ComponentPhase::Progressing,
+                "{scheduling:?}"
+            );
+            s.roll_out_all();
+            s.reconcile();
+            s.reconcile();
+            s.roll_out_all();
+            s.reconcile();
+            assert_eq!(s.phase(), PlanPhase::Succeeded, "{scheduling:?}");
+            assert_eq!(s.changes.len(), 3, "each target changed once");
+        }
     }
 
     #[test]
