@@ -177,18 +177,9 @@ pub fn register(operator: &mut steward_core::Operator, options: Options) -> Resu
         .watches_metadata(
             scoped::<PostgresCluster>(&client, ns),
             Config::default(),
-            move |pgc: PartialObjectMeta<PostgresCluster>| {
-                let (name, ns) = (pgc.name_any(), pgc.namespace());
-                store
-                    .state()
-                    .into_iter()
-                    .filter(|db| {
-                        db.namespace() == ns
-                            && db.spec.cluster_ref.as_ref().is_some_and(|r| r.name == name)
-                    })
-                    .map(|db| ObjectRef::from_obj(db.as_ref()))
-                    .collect::<Vec<_>>()
-            },
+            referring::<_, PostgresCluster>(store, |db: &Database| {
+                db.spec.cluster_ref.as_ref().map(|r| r.name.as_str())
+            }),
         );
     operator.controller(databases, state.clone(), database::reconcile);
 
@@ -200,18 +191,37 @@ pub fn register(operator: &mut steward_core::Operator, options: Options) -> Resu
         .watches_metadata(
             scoped::<Database>(&client, ns),
             Config::default(),
-            move |db: PartialObjectMeta<Database>| {
-                let (name, ns) = (db.name_any(), db.namespace());
-                store
-                    .state()
-                    .into_iter()
-                    .filter(|r| r.namespace() == ns && r.spec.database_ref.name == name)
-                    .map(|r| ObjectRef::from_obj(r.as_ref()))
-                    .collect::<Vec<_>>()
-            },
+            referring::<_, Database>(store, |r: &DatabaseRole| {
+                Some(r.spec.database_ref.name.as_str())
+            }),
         );
     operator.controller(roles, state, role::reconcile);
     Ok(())
+}
+
+/// A mapper for a watch of `Target`s: the objects of `store` in the same namespace whose
+/// reference (`names`) is the changed target's name.
+fn referring<K, Target>(
+    store: kube::runtime::reflector::Store<K>,
+    names: impl Fn(&K) -> Option<&str> + Send + Sync + 'static,
+) -> impl Fn(kube::core::PartialObjectMeta<Target>) -> Vec<kube::runtime::reflector::ObjectRef<K>>
++ Send
++ Sync
++ 'static
+where
+    K: kube::Resource<DynamicType = ()> + Clone + Send + Sync + 'static,
+    Target: kube::Resource<DynamicType = ()>,
+{
+    use kube::ResourceExt;
+    move |target| {
+        let (name, ns) = (target.name_any(), target.namespace());
+        store
+            .state()
+            .into_iter()
+            .filter(|obj| obj.namespace() == ns && names(obj) == Some(name.as_str()))
+            .map(|obj| kube::runtime::reflector::ObjectRef::from_obj(obj.as_ref()))
+            .collect()
+    }
 }
 
 #[cfg(test)]

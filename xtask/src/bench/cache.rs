@@ -151,8 +151,9 @@ where
     Ok(out)
 }
 
-/// The parts measured, and where they are (`content`: every top-level field but these).
-const PARTS: [(&str, &str); 6] = [
+/// The parts measured (the report's columns, in this order), and where they are (`content`:
+/// every top-level field but these).
+pub const PARTS: [(&str, &str); 6] = [
     ("managedFields", "/metadata/managedFields"),
     ("annotations", "/metadata/annotations"),
     ("labels", "/metadata/labels"),

@@ -91,14 +91,7 @@ fn mib(b: u64) -> String {
 
 /// What the tenant-operator's stores hold at `tenants` Tenants, by kind and part.
 fn cache_table(md: &mut String, tenants: usize, kinds: &[super::cache::Kind]) -> Result<()> {
-    const PARTS: [&str; 6] = [
-        "managedFields",
-        "annotations",
-        "labels",
-        "metadata (rest)",
-        "status",
-        "content",
-    ];
+    let names = super::cache::PARTS.map(|(name, _)| name);
     writeln!(
         md,
         "\nWhat the tenant-operator's stores hold at {tenants} Tenants: the Rust heap of each cached object once deserialized (bytes requested from the allocator, counted by xtask's global allocator; see `xtask/src/bench/cache.rs`), as the API server sends it and as `steward_core::controller::trim` keeps it; a part's cost is what removing it saves (`required`: the type cannot be read without it).\n"
@@ -106,13 +99,13 @@ fn cache_table(md: &mut String, tenants: usize, kinds: &[super::cache::Kind]) ->
     writeln!(
         md,
         "| kind (selector) | objects | heap as sent | allocations | trimmed (stored) | {} |\n|---|---|---|---|---|{}",
-        PARTS.join(" | "),
-        "---|".repeat(PARTS.len())
+        names.join(" | "),
+        "---|".repeat(names.len())
     )?;
     let sum = |f: &dyn Fn(&super::cache::Kind) -> u64| kinds.iter().map(f).sum::<u64>();
     let part = |k: &super::cache::Kind, p: &str| k.parts.get(p).copied().unwrap_or(Some(0));
     for k in kinds.iter().filter(|k| k.objects > 0) {
-        let parts: Vec<String> = PARTS
+        let parts: Vec<String> = names
             .iter()
             .map(|p| part(k, p).map_or_else(|| "required".to_string(), mib))
             .collect();
@@ -132,7 +125,7 @@ fn cache_table(md: &mut String, tenants: usize, kinds: &[super::cache::Kind]) ->
             parts.join(" | ")
         )?;
     }
-    let parts: Vec<String> = PARTS
+    let parts: Vec<String> = names
         .iter()
         .map(|p| {
             let measured = kinds.iter().filter(|k| part(k, p).is_some()).count();
