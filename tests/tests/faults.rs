@@ -423,18 +423,7 @@ async fn database_operator_converges_after_an_apiserver_restart() {
 const PLANS: usize = 10;
 
 fn deployment(name: &str, image: &str) -> Deployment {
-    serde_json::from_value(json!({
-        "metadata": {"name": name},
-        "spec": {
-            "replicas": 1,
-            "selector": {"matchLabels": {"app": name}},
-            "template": {
-                "metadata": {"labels": {"app": name}},
-                "spec": {"containers": [{"name": "app", "image": image}], "terminationGracePeriodSeconds": 0}
-            }
-        }
-    }))
-    .unwrap()
+    steward_integration_tests::deployment(name, image, 1)
 }
 
 async fn plans_phases(api: &Api<UpgradePlan>) -> Result<BTreeMap<String, usize>, String> {

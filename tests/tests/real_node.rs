@@ -460,17 +460,22 @@ async fn operator_images_run_as_their_deployments_and_hand_over_leadership() {
         .map(deploy::Spec::of)
         .collect();
     let binaries = deploy::build(&specs).expect("operator binaries");
+    let plugins = steward_testenv::harness::kubectl_steward().expect("kubectl-steward");
     let _turn = NODE.lock().await;
     let cp = start().await;
     cp.install_crds(&steward_testenv::workspace_root().join("crds"))
         .await
         .expect("CRDs");
     for built in &binaries {
-        operator_runs_as_its_deployment(&cp, built).await;
+        operator_runs_as_its_deployment(&cp, built, &plugins).await;
     }
 }
 
-async fn operator_runs_as_its_deployment(cp: &ControlPlane, built: &deploy::Built) {
+async fn operator_runs_as_its_deployment(
+    cp: &ControlPlane,
+    built: &deploy::Built,
+    plugins: &std::path::Path,
+) {
     let operator = built.name.as_str();
     use k8s_openapi::api::coordination::v1::Lease;
     use kube::api::{DeleteParams, ListParams};
@@ -547,6 +552,22 @@ async fn operator_runs_as_its_deployment(cp: &ControlPlane, built: &deploy::Buil
     .await
     .unwrap();
     let other = names.iter().find(|n| **n != leader).unwrap().clone();
+
+    // `kubectl steward logs` finds the leader through the Lease and shows its log, in which
+    // it became leader.
+    let logs = steward_testenv::harness::kubectl(
+        cp,
+        plugins,
+        &["steward", "logs", operator, "-n", &ns, "--tail", "500"],
+    )
+    .unwrap();
+    assert!(
+        logs.success
+            && logs.stderr.contains(&format!("leader {leader} in {ns}"))
+            && logs.stdout.contains("became leader"),
+        "kubectl steward logs {operator}: {logs:?}"
+    );
+
     let deleted = Instant::now();
     pods.delete(&leader, &DeleteParams::default())
         .await

@@ -307,11 +307,7 @@ fn template(app: &str, image: &str) -> serde_json::Value {
 }
 
 fn deployment(name: &str, image: &str) -> Deployment {
-    serde_json::from_value(json!({
-        "metadata": {"name": name},
-        "spec": {"replicas": 2, "selector": {"matchLabels": {"app": name}}, "template": template(name, image)}
-    }))
-    .expect("deployment")
+    steward_integration_tests::deployment(name, image, 2)
 }
 
 fn statefulset(name: &str, image: &str) -> StatefulSet {

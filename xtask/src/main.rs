@@ -98,8 +98,10 @@ fn workspace_root() -> std::path::PathBuf {
     std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("..")
 }
 
+/// `cargo` in the workspace, in the environment a user's own `cargo build` has (see
+/// [`steward_testenv::harness::cargo_command`]), so the two share every artifact.
 fn cargo() -> Command {
-    let mut cmd = Command::new(std::env::var("CARGO").unwrap_or_else(|_| "cargo".into()));
+    let mut cmd = steward_testenv::harness::cargo_command();
     cmd.current_dir(workspace_root());
     cmd
 }

@@ -146,6 +146,37 @@ impl Harness {
     }
 }
 
+/// `cargo`, without the variables cargo sets for the crate being run (`CARGO_MANIFEST_DIR`,
+/// `CARGO_PKG_*`, …), which a test, or `cargo xtask`, inherits from the cargo that started it.
+/// Build scripts such as ring's say `rerun-if-env-changed` on some of them, and cargo compares
+/// the values in its own environment: a cargo started from a test would find ring's build
+/// stale, rebuild it and everything that depends on it (kube's TLS, every operator), and the
+/// next plain `cargo build` would rebuild them back.
+pub fn cargo_command() -> std::process::Command {
+    let mut cmd =
+        std::process::Command::new(std::env::var("CARGO").unwrap_or_else(|_| "cargo".into()));
+    for (name, _) in std::env::vars_os() {
+        let Some(name) = name.to_str() else { continue };
+        let set_for_a_crate = matches!(
+            name,
+            "CARGO_MANIFEST_DIR"
+                | "CARGO_MANIFEST_PATH"
+                | "CARGO_MANIFEST_LINKS"
+                | "CARGO_CRATE_NAME"
+                | "CARGO_BIN_NAME"
+                | "CARGO_PRIMARY_PACKAGE"
+                | "CARGO_TARGET_TMPDIR"
+                | "CARGO_RUSTC_CURRENT_DIR"
+                | "OUT_DIR"
+        ) || name.starts_with("CARGO_PKG_")
+            || name.starts_with("CARGO_BIN_EXE_");
+        if set_for_a_crate {
+            cmd.env_remove(name);
+        }
+    }
+    cmd
+}
+
 /// `cargo build --quiet ARGS` (debug, as the tests are) in the workspace, for tests that run
 /// an operator or an example as its own process (to SIGKILL it, or to put it in an image);
 /// returns the debug output directory (`target/debug`).
@@ -154,7 +185,7 @@ impl Harness {
 /// [`Error::Build`] naming the arguments and a log of cargo's output when the build fails.
 pub fn cargo_build(args: &[&str]) -> Result<std::path::PathBuf, Error> {
     let root = crate::workspace_root();
-    let out = std::process::Command::new(std::env::var("CARGO").unwrap_or_else(|_| "cargo".into()))
+    let out = cargo_command()
         .current_dir(&root)
         .args(["build", "--quiet"])
         .args(args)
@@ -176,4 +207,50 @@ pub fn cargo_build(args: &[&str]) -> Result<std::path::PathBuf, Error> {
         .map(std::path::PathBuf::from)
         .unwrap_or_else(|| root.join("target"))
         .join("debug"))
+}
+
+/// Builds the `kubectl-steward` plugin; returns the directory it is in (for [`kubectl`]).
+///
+/// # Errors
+/// As [`cargo_build`].
+pub fn kubectl_steward() -> Result<std::path::PathBuf, Error> {
+    cargo_build(&["--package", "kubectl-steward", "--bin", "kubectl-steward"])
+}
+
+/// What a command printed.
+#[derive(Debug)]
+pub struct Ran {
+    pub success: bool,
+    pub stdout: String,
+    pub stderr: String,
+}
+
+/// The control plane's `kubectl ARGS` as a user runs it, with `plugins` (a directory with
+/// `kubectl-<name>` binaries) first on the `PATH`.
+///
+/// # Errors
+/// [`Error::Io`] when kubectl cannot be started.
+pub fn kubectl(
+    cp: &crate::ControlPlane,
+    plugins: &std::path::Path,
+    args: &[&str],
+) -> Result<Ran, Error> {
+    let path = std::env::join_paths(std::iter::once(plugins.to_path_buf()).chain(
+        std::env::split_paths(&std::env::var_os("PATH").unwrap_or_default()),
+    ))
+    .map_err(|e| Error::Other(format!("PATH with {}: {e}", plugins.display())))?;
+    let out = std::process::Command::new(&cp.binaries().kubectl)
+        .args(args)
+        .env("KUBECONFIG", cp.kubeconfig_path())
+        .env("PATH", path)
+        .output()
+        .map_err(|source| Error::Io {
+            what: format!("run kubectl {}", args.join(" ")),
+            source,
+        })?;
+    Ok(Ran {
+        success: out.status.success(),
+        stdout: String::from_utf8_lossy(&out.stdout).into_owned(),
+        stderr: String::from_utf8_lossy(&out.stderr).into_owned(),
+    })
 }

@@ -1,0 +1,815 @@
+//! `kubectl steward status`: [`gather`] lists each kind (a kind whose CRD is not installed is
+//! named in [`Report::not_installed`], not an error), the `*_row` functions turn an object
+//! into what matters about it, and [`render`] prints the rows as kubectl-like tables. The
+//! JSON and YAML outputs are the [`Report`] itself.
+
+use std::collections::BTreeSet;
+
+use database_operator::{Database, DatabaseRole, PostgresCluster};
+use k8s_openapi::api::coordination::v1::Lease;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition;
+use kube::api::{Api, ListParams};
+use kube::{Client, Resource, ResourceExt};
+use serde::Serialize;
+use tenant_operator::Tenant;
+use upgrade_orchestrator::UpgradePlan;
+use upgrade_orchestrator::crd::{ComponentPhase, PlanPhase};
+
+use crate::Error;
+
+/// Where to look.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Scope {
+    Namespace(String),
+    All,
+}
+
+/// Everything `status` shows.
+#[derive(Debug, Default, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct Report {
+    pub operators: Vec<OperatorRow>,
+    pub postgres_clusters: Vec<ClusterRow>,
+    pub databases: Vec<DatabaseRow>,
+    pub database_roles: Vec<RoleRow>,
+    pub tenants: Vec<TenantRow>,
+    pub upgrade_plans: Vec<PlanRow>,
+    /// Kinds whose CRD the cluster does not have (their operator is not installed).
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub not_installed: Vec<String>,
+    /// Kinds the user may not list here (their rows are left out, not the whole report).
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub forbidden: Vec<String>,
+}
+
+/// The `Ready` condition, as a cell: `True`, `False`, `Unknown`, or absent (not reported yet).
+#[derive(Debug, Default, Clone, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct Readiness {
+    pub ready: String,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub reason: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub message: Option<String>,
+}
+
+impl Readiness {
+    pub fn of(conditions: &[Condition]) -> Self {
+        match conditions.iter().find(|c| c.type_ == "Ready") {
+            Some(c) => Self {
+                ready: c.status.clone(),
+                reason: (c.status != "True").then(|| c.reason.clone()),
+                message: (c.status != "True" && !c.message.is_empty()).then(|| c.message.clone()),
+            },
+            None => Self {
+                ready: "Unknown".into(),
+                reason: Some("NotReported".into()),
+                message: None,
+            },
+        }
+    }
+
+    fn cell(&self) -> String {
+        match &self.reason {
+            Some(reason) if self.ready != "True" => format!("{}: {reason}", self.ready),
+            _ => self.ready.clone(),
+        }
+    }
+}
+
+/// The pod leading an operator: the holder of the Lease named after the operator.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct OperatorRow {
+    pub namespace: String,
+    pub operator: String,
+    /// The leader's pod (`holderIdentity` is `<pod>_<random>`); absent when nobody holds it.
+    pub leader: Option<String>,
+    /// Seconds since the leader last renewed.
+    pub renewed_seconds_ago: Option<i64>,
+    pub transitions: i32,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct ClusterRow {
+    pub namespace: String,
+    pub name: String,
+    #[serde(flatten)]
+    pub readiness: Readiness,
+    pub phase: Option<String>,
+    pub ready_instances: i32,
+    pub instances: i32,
+    pub primary: Option<String>,
+    /// `current` or `current→target` while a version change rolls.
+    pub version: String,
+    /// The largest replay lag of a replica, in bytes.
+    pub max_lag_bytes: Option<u64>,
+    pub switchover_to: Option<String>,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct DatabaseRow {
+    pub namespace: String,
+    pub name: String,
+    #[serde(flatten)]
+    pub readiness: Readiness,
+    pub phase: Option<String>,
+    pub database: String,
+    pub owner: String,
+    /// The PostgresCluster or external server it lives on.
+    pub server: String,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct RoleRow {
+    pub namespace: String,
+    pub name: String,
+    #[serde(flatten)]
+    pub readiness: Readiness,
+    pub role: String,
+    pub database: String,
+    pub privileges: String,
+    pub password_updated: Option<String>,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct TenantRow {
+    pub name: String,
+    #[serde(flatten)]
+    pub readiness: Readiness,
+    pub phase: Option<String>,
+    pub namespaces: i32,
+    pub max_namespaces: Option<i32>,
+    /// `resource used/hard` for each tenant-wide limit.
+    pub quota: Vec<String>,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct PlanRow {
+    pub namespace: String,
+    pub name: String,
+    #[serde(flatten)]
+    pub readiness: Readiness,
+    pub phase: Option<String>,
+    pub current_wave: Option<i32>,
+    pub waves: Option<i32>,
+    pub progress: Option<String>,
+    /// What happens next, or what the user has to do.
+    pub next: String,
+}
+
+/// Lists every kind in `scope` (Tenants are cluster-scoped: all of them) and the operators'
+/// Leases (in every namespace).
+///
+/// # Errors
+/// [`Error::Api`] when a list fails for another reason than the kind not being installed.
+pub async fn gather(client: &Client, scope: &Scope) -> Result<Report, Error> {
+    let mut report = Report::default();
+    let now = jiff::Timestamp::now();
+    let operators: BTreeSet<&str> = steward_operators::names().into_iter().collect();
+    if let Some(leases) = list(Api::<Lease>::all(client.clone()), &mut report).await? {
+        report.operators = leases
+            .iter()
+            .filter(|l| operators.contains(l.name_any().as_str()))
+            .map(|l| operator_row(l, now))
+            .collect();
+    }
+    if let Some(items) = list(scoped::<PostgresCluster>(client, scope), &mut report).await? {
+        report.postgres_clusters = items.iter().map(cluster_row).collect();
+    }
+    if let Some(items) = list(scoped::<Database>(client, scope), &mut report).await? {
+        report.databases = items.iter().map(database_row).collect();
+    }
+    if let Some(items) = list(scoped::<DatabaseRole>(client, scope), &mut report).await? {
+        report.database_roles = items.iter().map(role_row).collect();
+    }
+    if let Some(items) = list(Api::<Tenant>::all(client.clone()), &mut report).await? {
+        report.tenants = items.iter().map(tenant_row).collect();
+    }
+    if let Some(items) = list(scoped::<UpgradePlan>(client, scope), &mut report).await? {
+        report.upgrade_plans = items.iter().map(plan_row).collect();
+    }
+    Ok(report)
+}
+
+/// The API of namespaced kind `K` in `scope`.
+fn scoped<K>(client: &Client, scope: &Scope) -> Api<K>
+where
+    K: Resource<DynamicType = (), Scope = k8s_openapi::NamespaceResourceScope>,
+{
+    match scope {
+        Scope::Namespace(ns) => Api::namespaced(client.clone(), ns),
+        Scope::All => Api::all(client.clone()),
+    }
+}
+
+/// The objects `api` lists, sorted, or `None` (and the kind noted) when the API server does
+/// not serve the kind or the user may not list it.
+async fn list<K>(api: Api<K>, report: &mut Report) -> Result<Option<Vec<K>>, Error>
+where
+    K: Resource<DynamicType = ()> + Clone + serde::de::DeserializeOwned + std::fmt::Debug,
+{
+    match api.list(&ListParams::default()).await {
+        Ok(list) => {
+            let mut items = list.items;
+            items.sort_by_key(|o| (o.namespace(), o.name_any()));
+            Ok(Some(items))
+        }
+        Err(kube::Error::Api(s)) if s.code == 404 => {
+            report.not_installed.push(K::kind(&()).into_owned());
+            Ok(None)
+        }
+        Err(kube::Error::Api(s)) if s.code == 403 => {
+            report.forbidden.push(K::kind(&()).into_owned());
+            Ok(None)
+        }
+        Err(e) => Err(Error::Api {
+            what: format!("list {}", K::plural(&())),
+            source: e,
+        }),
+    }
+}
+
+pub fn operator_row(lease: &Lease, now: jiff::Timestamp) -> OperatorRow {
+    let spec = lease.spec.clone().unwrap_or_default();
+    let leader = spec
+        .holder_identity
+        .filter(|h| !h.is_empty())
+        .map(|h| h.split('_').next().unwrap_or_default().to_string());
+    OperatorRow {
+        namespace: lease.namespace().unwrap_or_default(),
+        operator: lease.name_any(),
+        renewed_seconds_ago: leader
+            .as_ref()
+            .and(spec.renew_time)
+            .map(|t| now.duration_since(t.0).as_secs()),
+        leader,
+        transitions: spec.lease_transitions.unwrap_or(0),
+    }
+}
+
+pub fn cluster_row(cluster: &PostgresCluster) -> ClusterRow {
+    let status = cluster.status.clone().unwrap_or_default();
+    let current = status.current_version.unwrap_or(cluster.spec.version);
+    let version = match status.target_version {
+        Some(target) if target != current => format!("{current}→{target}"),
+        _ => current.to_string(),
+    };
+    ClusterRow {
+        namespace: cluster.namespace().unwrap_or_default(),
+        name: cluster.name_any(),
+        readiness: Readiness::of(&status.conditions),
+        phase: status.phase.map(|p| format!("{p:?}")),
+        ready_instances: status.ready_instances,
+        instances: cluster.spec.instances,
+        primary: status.primary.clone(),
+        version,
+        max_lag_bytes: status
+            .instances
+            .iter()
+            .filter(|i| i.role == "replica")
+            .map(|i| i.replay_lag_bytes)
+            .max(),
+        switchover_to: status.switchover_target.clone(),
+    }
+}
+
+pub fn database_row(db: &Database) -> DatabaseRow {
+    let status = db.status.clone().unwrap_or_default();
+    let server =
+        status
+            .server
+            .clone()
+            .unwrap_or_else(|| match (&db.spec.cluster_ref, &db.spec.external) {
+                (Some(cluster), _) => format!("postgrescluster/{}", cluster.name),
+                (None, Some(_)) => "external".to_string(),
+                (None, None) => String::new(),
+            });
+    DatabaseRow {
+        namespace: db.namespace().unwrap_or_default(),
+        name: db.name_any(),
+        readiness: Readiness::of(&status.conditions),
+        phase: status.phase.map(|p| format!("{p:?}")),
+        database: db.spec.name.clone(),
+        owner: db.spec.owner.clone(),
+        server,
+    }
+}
+
+pub fn role_row(role: &DatabaseRole) -> RoleRow {
+    let status = role.status.clone().unwrap_or_default();
+    RoleRow {
+        namespace: role.namespace().unwrap_or_default(),
+        name: role.name_any(),
+        readiness: Readiness::of(&status.conditions),
+        role: role.spec.role_name.clone(),
+        database: role.spec.database_ref.name.clone(),
+        privileges: format!("{:?}", role.spec.privileges),
+        password_updated: status.password_updated_at.map(|t| t.0.to_string()),
+    }
+}
+
+pub fn tenant_row(tenant: &Tenant) -> TenantRow {
+    let status = tenant.status.clone().unwrap_or_default();
+    let quota = status
+        .quota
+        .map(|q| {
+            q.hard
+                .iter()
+                .map(|(resource, hard)| {
+                    let used = q.used.get(resource).map_or("0", String::as_str);
+                    format!("{resource} {used}/{hard}")
+                })
+                .collect()
+        })
+        .unwrap_or_default();
+    TenantRow {
+        name: tenant.name_any(),
+        readiness: Readiness::of(&status.conditions),
+        phase: status.phase.map(|p| format!("{p:?}")),
+        namespaces: status.namespace_count,
+        max_namespaces: tenant.spec.max_namespaces,
+        quota,
+    }
+}
+
+pub fn plan_row(plan: &UpgradePlan) -> PlanRow {
+    let status = plan.status.clone().unwrap_or_default();
+    PlanRow {
+        namespace: plan.namespace().unwrap_or_default(),
+        name: plan.name_any(),
+        readiness: Readiness::of(&status.conditions),
+        phase: status.phase.map(|p| p.as_str().to_string()),
+        current_wave: status.current_wave,
+        waves: status.waves,
+        progress: status.progress.clone(),
+        next: next_step(plan),
+    }
+}
+
+/// What happens next to `plan`, or the command that moves it on.
+pub fn next_step(plan: &UpgradePlan) -> String {
+    let name = plan.name_any();
+    let Some(status) = &plan.status else {
+        return "waiting for the orchestrator".into();
+    };
+    let names = |phase: ComponentPhase| {
+        status
+            .components
+            .iter()
+            .filter(|c| c.phase == phase)
+            .map(|c| c.name.as_str())
+            .collect::<Vec<_>>()
+            .join(", ")
+    };
+    match status.phase {
+        None | Some(PlanPhase::Pending) => "waiting to start".into(),
+        Some(PlanPhase::WaitingApproval) => format!(
+            "wave {} waits for approval: kubectl steward approve {name}",
+            status.current_wave.unwrap_or(1)
+        ),
+        Some(PlanPhase::Paused) if plan.spec.strategy.paused => {
+            format!("paused: kubectl steward resume {name}")
+        }
+        Some(PlanPhase::Paused) => {
+            format!("paused after a failure: {}", names(ComponentPhase::Failed))
+        }
+        Some(PlanPhase::Progressing) => {
+            let rolling = names(ComponentPhase::Progressing);
+            if rolling.is_empty() {
+                "starting the next components".into()
+            } else {
+                format!("upgrading {rolling}")
+            }
+        }
+        Some(PlanPhase::RollingBack) => {
+            format!("rolling back {}", names(ComponentPhase::RollingBack))
+        }
+        Some(PlanPhase::Succeeded | PlanPhase::Failed | PlanPhase::RolledBack) => "done".into(),
+    }
+}
+
+/// The report as kubectl-like tables, one per kind that has objects.
+pub fn render(report: &Report, scope: &Scope) -> String {
+    let mut out = String::new();
+    let namespaced = matches!(scope, Scope::All);
+    let with_ns = |ns: &str, mut row: Vec<String>| {
+        if namespaced {
+            row.insert(0, ns.to_string());
+        }
+        row
+    };
+    let headers = |h: &[&str]| {
+        let mut h: Vec<String> = h.iter().map(ToString::to_string).collect();
+        if namespaced {
+            h.insert(0, "NAMESPACE".into());
+        }
+        h
+    };
+    let dash = |v: Option<String>| v.unwrap_or_else(|| "-".into());
+
+    if !report.operators.is_empty() {
+        let rows = report
+            .operators
+            .iter()
+            .map(|o| {
+                vec![
+                    o.operator.clone(),
+                    o.namespace.clone(),
+                    dash(o.leader.clone()),
+                    dash(o.renewed_seconds_ago.map(|s| format!("{s}s ago"))),
+                    o.transitions.to_string(),
+                ]
+            })
+            .collect();
+        section(
+            &mut out,
+            "Operators",
+            &["OPERATOR", "NAMESPACE", "LEADER", "RENEWED", "TRANSITIONS"].map(String::from),
+            rows,
+        );
+    }
+    if !report.postgres_clusters.is_empty() {
+        let rows = report
+            .postgres_clusters
+            .iter()
+            .map(|c| {
+                with_ns(
+                    &c.namespace,
+                    vec![
+                        c.name.clone(),
+                        c.readiness.cell(),
+                        dash(c.phase.clone()),
+                        format!("{}/{}", c.ready_instances, c.instances),
+                        dash(c.primary.clone()),
+                        c.version.clone(),
+                        dash(c.max_lag_bytes.map(bytes)),
+                        dash(c.switchover_to.clone()),
+                    ],
+                )
+            })
+            .collect();
+        let h = headers(&[
+            "NAME",
+            "READY",
+            "PHASE",
+            "INSTANCES",
+            "PRIMARY",
+            "VERSION",
+            "MAX LAG",
+            "SWITCHOVER TO",
+        ]);
+        section(&mut out, "PostgresClusters", &h, rows);
+    }
+    if !report.databases.is_empty() {
+        let rows = report
+            .databases
+            .iter()
+            .map(|d| {
+                with_ns(
+                    &d.namespace,
+                    vec![
+                        d.name.clone(),
+                        d.readiness.cell(),
+                        dash(d.phase.clone()),
+                        d.database.clone(),
+                        d.owner.clone(),
+                        d.server.clone(),
+                    ],
+                )
+            })
+            .collect();
+        let h = headers(&["NAME", "READY", "PHASE", "DATABASE", "OWNER", "SERVER"]);
+        section(&mut out, "Databases", &h, rows);
+    }
+    if !report.database_roles.is_empty() {
+        let rows = report
+            .database_roles
+            .iter()
+            .map(|r| {
+                with_ns(
+                    &r.namespace,
+                    vec![
+                        r.name.clone(),
+                        r.readiness.cell(),
+                        r.role.clone(),
+                        r.database.clone(),
+                        r.privileges.clone(),
+                        dash(r.password_updated.clone()),
+                    ],
+                )
+            })
+            .collect();
+        let h = headers(&[
+            "NAME",
+            "READY",
+            "ROLE",
+            "DATABASE",
+            "PRIVILEGES",
+            "PASSWORD UPDATED",
+        ]);
+        section(&mut out, "DatabaseRoles", &h, rows);
+    }
+    if !report.tenants.is_empty() {
+        let rows = report
+            .tenants
+            .iter()
+            .map(|t| {
+                vec![
+                    t.name.clone(),
+                    t.readiness.cell(),
+                    dash(t.phase.clone()),
+                    match t.max_namespaces {
+                        Some(max) => format!("{}/{max}", t.namespaces),
+                        None => t.namespaces.to_string(),
+                    },
+                    if t.quota.is_empty() {
+                        "-".into()
+                    } else {
+                        t.quota.join(", ")
+                    },
+                ]
+            })
+            .collect();
+        let h = ["NAME", "READY", "PHASE", "NAMESPACES", "QUOTA"].map(String::from);
+        section(&mut out, "Tenants", &h, rows);
+    }
+    if !report.upgrade_plans.is_empty() {
+        let rows = report
+            .upgrade_plans
+            .iter()
+            .map(|p| {
+                with_ns(
+                    &p.namespace,
+                    vec![
+                        p.name.clone(),
+                        p.readiness.cell(),
+                        dash(p.phase.clone()),
+                        match (p.current_wave, p.waves) {
+                            (Some(c), Some(w)) => format!("{c}/{w}"),
+                            _ => "-".into(),
+                        },
+                        dash(p.progress.clone()),
+                        p.next.clone(),
+                    ],
+                )
+            })
+            .collect();
+        let h = headers(&["NAME", "READY", "PHASE", "WAVE", "PROGRESS", "NEXT"]);
+        section(&mut out, "UpgradePlans", &h, rows);
+    }
+    if out.is_empty() {
+        out = match scope {
+            Scope::Namespace(ns) => format!("No Steward objects in namespace {ns}.\n"),
+            Scope::All => "No Steward objects.\n".into(),
+        };
+    }
+    if !report.not_installed.is_empty() {
+        out.push_str(&format!(
+            "Not installed (no CRD): {}\n",
+            report.not_installed.join(", ")
+        ));
+    }
+    if !report.forbidden.is_empty() {
+        out.push_str(&format!(
+            "Not shown (you may not list them): {}\n",
+            report.forbidden.join(", ")
+        ));
+    }
+    out
+}
+
+/// Appends a titled table, its columns padded like kubectl's.
+fn section(out: &mut String, title: &str, headers: &[String], rows: Vec<Vec<String>>) {
+    if !out.is_empty() {
+        out.push('\n');
+    }
+    out.push_str(title);
+    out.push('\n');
+    let mut widths: Vec<usize> = headers.iter().map(|h| h.chars().count()).collect();
+    for row in &rows {
+        for (w, cell) in widths.iter_mut().zip(row) {
+            *w = (*w).max(cell.chars().count());
+        }
+    }
+    for row in std::iter::once(headers.to_vec()).chain(rows) {
+        let last = row.len().saturating_sub(1);
+        let line: String = row
+            .iter()
+            .enumerate()
+            .map(|(i, cell)| {
+                if i == last {
+                    cell.clone()
+                } else {
+                    let pad = widths[i] + 3 - cell.chars().count();
+                    format!("{cell}{}", " ".repeat(pad))
+                }
+            })
+            .collect();
+        out.push_str(line.trim_end());
+        out.push('\n');
+    }
+}
+
+/// Bytes as `0 B`, `12 KiB`, `3.4 MiB`.
+pub fn bytes(n: u64) -> String {
+    const UNITS: [&str; 4] = ["KiB", "MiB", "GiB", "TiB"];
+    if n < 1024 {
+        return format!("{n} B");
+    }
+    let mut value = n as f64 / 1024.0;
+    let mut unit = 0;
+    while value >= 1024.0 && unit < UNITS.len() - 1 {
+        value /= 1024.0;
+        unit += 1;
+    }
+    if value < 10.0 {
+        format!("{value:.1} {}", UNITS[unit])
+    } else {
+        format!("{value:.0} {}", UNITS[unit])
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    fn plan(spec: serde_json::Value, status: serde_json::Value) -> UpgradePlan {
+        serde_json::from_value(json!({
+            "apiVersion": "upgrade.steward.dev/v1alpha1",
+            "kind": "UpgradePlan",
+            "metadata": {"name": "rollout", "namespace": "apps"},
+            "spec": spec,
+            "status": status,
+        }))
+        .expect("plan")
+    }
+
+    fn two_components() -> serde_json::Value {
+        json!({
+            "components": [
+                {"name": "db", "target": {"kind": "Deployment", "name": "db"}, "version": "2"},
+                {"name": "api", "target": {"kind": "Deployment", "name": "api"}, "version": "2", "dependsOn": ["db"]},
+            ],
+            "strategy": {"approval": "Manual"},
+        })
+    }
+
+    #[test]
+    fn a_plan_waiting_for_approval_names_the_command_that_approves_it() {
+        let p = plan(
+            two_components(),
+            json!({"phase": "WaitingApproval", "currentWave": 2, "waves": 2, "progress": "1/2"}),
+        );
+        let row = plan_row(&p);
+        assert_eq!(
+            row.next,
+            "wave 2 waits for approval: kubectl steward approve rollout"
+        );
+        assert_eq!((row.current_wave, row.waves), (Some(2), Some(2)));
+    }
+
+    #[test]
+    fn a_rolling_plan_names_what_rolls_and_a_paused_one_how_to_resume() {
+        let status = json!({"phase": "Progressing", "components": [
+            {"name": "db", "wave": 1, "phase": "Succeeded"},
+            {"name": "api", "wave": 2, "phase": "Progressing"},
+        ]});
+        assert_eq!(next_step(&plan(two_components(), status)), "upgrading api");
+        let mut spec = two_components();
+        spec["strategy"]["paused"] = json!(true);
+        assert_eq!(
+            next_step(&plan(spec, json!({"phase": "Paused"}))),
+            "paused: kubectl steward resume rollout"
+        );
+        let failed = json!({"phase": "Paused", "components": [{"name": "db", "wave": 1, "phase": "Failed"}]});
+        assert_eq!(
+            next_step(&plan(two_components(), failed)),
+            "paused after a failure: db"
+        );
+    }
+
+    #[test]
+    fn readiness_says_why_when_not_ready() {
+        let cond = |status: &str| Condition {
+            type_: "Ready".into(),
+            status: status.into(),
+            reason: "ServerUnreachable".into(),
+            message: "connection refused".into(),
+            last_transition_time: k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(
+                jiff::Timestamp::UNIX_EPOCH,
+            ),
+            observed_generation: None,
+        };
+        assert_eq!(Readiness::of(&[cond("True")]).cell(), "True");
+        let not = Readiness::of(&[cond("False")]);
+        assert_eq!(not.cell(), "False: ServerUnreachable");
+        assert_eq!(not.message.as_deref(), Some("connection refused"));
+        assert_eq!(Readiness::of(&[]).cell(), "Unknown: NotReported");
+    }
+
+    #[test]
+    fn a_cluster_row_shows_primary_lag_and_a_version_change() {
+        let cluster: PostgresCluster = serde_json::from_value(json!({
+            "apiVersion": "database.steward.dev/v1alpha1",
+            "kind": "PostgresCluster",
+            "metadata": {"name": "pg", "namespace": "db"},
+            "spec": {"instances": 3, "version": 17, "storage": {"size": "1Gi"}},
+            "status": {
+                "phase": "Upgrading", "readyInstances": 2, "currentVersion": 16, "targetVersion": 17,
+                "primary": "pg-1",
+                "instances": [
+                    {"name": "pg-0", "role": "replica", "timeline": 2, "lsn": "0/3000000", "replayLagBytes": 2048, "ready": true},
+                    {"name": "pg-1", "role": "primary", "timeline": 2, "lsn": "0/3000800", "replayLagBytes": 0, "ready": true},
+                    {"name": "pg-2", "role": "replica", "timeline": 2, "lsn": "0/3000000", "replayLagBytes": 5_000_000, "ready": false},
+                ],
+            },
+        }))
+        .expect("cluster");
+        let row = cluster_row(&cluster);
+        assert_eq!(row.version, "16→17");
+        assert_eq!(row.primary.as_deref(), Some("pg-1"));
+        assert_eq!(row.max_lag_bytes, Some(5_000_000));
+        assert_eq!((row.ready_instances, row.instances), (2, 3));
+        let report = Report {
+            postgres_clusters: vec![row],
+            ..Report::default()
+        };
+        let table = render(&report, &Scope::Namespace("db".into()));
+        let lines: Vec<&str> = table.lines().collect();
+        assert_eq!(lines[0], "PostgresClusters");
+        assert!(lines[1].starts_with("NAME   READY"), "{table}");
+        assert!(
+            lines[2].contains("2/3") && lines[2].contains("pg-1") && lines[2].contains("4.8 MiB"),
+            "{table}"
+        );
+        // Every column starts where its header does.
+        let at = |line: &str, s: &str| line.find(s).expect(s);
+        assert_eq!(at(lines[1], "PRIMARY"), at(lines[2], "pg-1"));
+    }
+
+    #[test]
+    fn tenants_show_namespaces_against_their_maximum_and_quota_use() {
+        let tenant: Tenant = serde_json::from_value(json!({
+            "apiVersion": "tenancy.steward.dev/v1alpha1",
+            "kind": "Tenant",
+            "metadata": {"name": "team-a"},
+            "spec": {"owners": [{"kind": "User", "name": "alice"}], "maxNamespaces": 3},
+            "status": {"namespaceCount": 2, "quota": {"hard": {"pods": "10"}, "used": {"pods": "4"}}},
+        }))
+        .expect("tenant");
+        let row = tenant_row(&tenant);
+        assert_eq!(row.quota, ["pods 4/10"]);
+        let table = render(
+            &Report {
+                tenants: vec![row],
+                ..Report::default()
+            },
+            &Scope::All,
+        );
+        assert!(
+            table.contains("2/3") && table.contains("pods 4/10"),
+            "{table}"
+        );
+    }
+
+    #[test]
+    fn an_empty_report_says_so_and_names_missing_kinds() {
+        let report = Report {
+            not_installed: vec!["Tenant".into()],
+            ..Report::default()
+        };
+        assert_eq!(
+            render(&report, &Scope::Namespace("x".into())),
+            "No Steward objects in namespace x.\nNot installed (no CRD): Tenant\n"
+        );
+    }
+
+    #[test]
+    fn bytes_are_said_in_binary_units() {
+        assert_eq!(bytes(0), "0 B");
+        assert_eq!(bytes(2048), "2.0 KiB");
+        assert_eq!(bytes(50 * 1024 * 1024), "50 MiB");
+    }
+
+    #[test]
+    fn the_leader_is_the_pod_in_the_holder_identity() {
+        let lease: Lease = serde_json::from_value(json!({
+            "metadata": {"name": "tenant-operator", "namespace": "tenant-operator-system"},
+            "spec": {"holderIdentity": "tenant-operator-7d9f-abcde_1f2e", "leaseTransitions": 3,
+                     "renewTime": "2026-12-01T10:00:00.000000Z"},
+        }))
+        .expect("lease");
+        let now: jiff::Timestamp = "2026-12-01T10:00:05Z".parse().expect("time");
+        let row = operator_row(&lease, now);
+        assert_eq!(row.leader.as_deref(), Some("tenant-operator-7d9f-abcde"));
+        assert_eq!(row.renewed_seconds_ago, Some(5));
+        assert_eq!(row.transitions, 3);
+    }
+}
