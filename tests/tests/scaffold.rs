@@ -190,10 +190,20 @@ fn a_scaffolded_operator_builds_deploys_and_passes_its_own_test() {
     ] {
         assert!(ws.join(generated).is_file(), "{generated} was not written");
     }
-    // Generated crds/ are what crdgen writes (the check CI runs).
+    // Generated crds/ are what crdgen writes, the chart what helm writes (the checks CI runs).
     cargo(
         ws,
         &["run", "--quiet", "-p", "xtask", "--", "crdgen", "--check"],
+    );
+    // And so is the chart, with the new operator in it.
+    cargo(
+        ws,
+        &["run", "--quiet", "-p", "xtask", "--", "helm", "--check"],
+    );
+    assert!(
+        ws.join("charts/steward/templates/demo-operator.yaml")
+            .is_file(),
+        "the chart has the new operator"
     );
     // Its unit tests, its integration test, and the deploy tests over every operator.
     cargo(

@@ -2,8 +2,9 @@
 //! commands, `cargo xtask <command> --help` their flags):
 //!
 //! - `crdgen [--check]`: write `crds/*.yaml` from the Rust types (or fail if they are stale).
-//! - `test`: everything CI runs: unit tests, `crdgen --check`, integration tests against a real
-//!   control plane (building it first if it is not cached).
+//! - `helm [--check]`: write `charts/steward/` from `deploy/` and `crds/` (see `helm.rs`).
+//! - `test`: everything CI runs: unit tests, `crdgen --check`, `helm --check`, integration tests
+//!   against a real control plane (building it first if it is not cached).
 //! - `testenv [--real-node]`: start the control plane (with a real node) and print the
 //!   kubeconfig path; Ctrl-C stops it.
 //! - `up`: the control plane with a real node, the operators deployed as their images by
@@ -13,6 +14,8 @@
 
 mod bench;
 mod crdgen;
+mod generated;
+mod helm;
 mod image;
 mod new_operator;
 mod prerequisites;
@@ -44,7 +47,13 @@ enum Cmd {
         #[arg(long)]
         check: bool,
     },
-    /// Unit tests, crdgen --check, integration tests against a real control plane (built
+    /// Write charts/steward/ from deploy/ and crds/.
+    Helm {
+        /// Fail if the chart is stale instead of writing it.
+        #[arg(long)]
+        check: bool,
+    },
+    /// Unit tests, crdgen --check, helm --check, integration tests against a real control plane (built
     /// first if not cached), then the benchmark harness in its smoke configuration.
     Test {
         /// Passed to `cargo test` (then the smoke benchmark is skipped); after `--`, to the
@@ -80,6 +89,7 @@ enum Cmd {
 fn main() -> Result<()> {
     match Cli::parse().command {
         Cmd::Crdgen { check } => crdgen::run(check),
+        Cmd::Helm { check } => helm::run(check),
         Cmd::Test { args } => test(&args.iter().map(String::as_str).collect::<Vec<_>>()),
         Cmd::Testenv { real_node } => testenv(real_node),
         Cmd::Up => up::run(),
@@ -129,6 +139,9 @@ fn test(extra: &[&str]) -> Result<()> {
     prerequisites::ensure_node_packages()?;
     let binaries = steward_testenv::binaries::ensure().context("building the control plane")?;
     let node = steward_testenv::binaries::ensure_node().context("building the real node")?;
+    steward_testenv::binaries::helm().context("building Helm")?;
+    helm::run(true)?;
+    eprintln!("xtask: {} is up to date", helm::CHART);
     eprintln!(
         "xtask: control plane ready: kubernetes {}, etcd {}, kwok {}, containerd {}, CoreDNS {} ({})",
         binaries.versions.kubernetes,

@@ -11,7 +11,8 @@
 //! and registers it: the workspace member and dependency lines, the registry line in
 //! `crates/operators`, the test crate's dev-dependency, the root kustomization (its CRD file
 //! and `deploy/<name>`) and the samples kustomization.
-//! Then it runs `cargo xtask crdgen` (a fresh build of xtask, which now links the new crate).
+//! Then it runs `cargo xtask crdgen` and `cargo xtask helm` (a fresh build of xtask, which now
+//! links the new crate).
 //!
 //! `<name>` is a DNS label such as `cache-operator`; without the `-operator` suffix it is the
 //! base of the kind (`Cache`) and the group (`cache.steward.dev`).
@@ -160,7 +161,7 @@ pub fn run(name: &str) -> Result<()> {
         .context("running rustfmt")?;
     ensure!(status.success(), "rustfmt failed ({status})");
     eprintln!(
-        "xtask: wrote crates/{0}, deploy/{0} and its test; generating crds/",
+        "xtask: wrote crates/{0}, deploy/{0} and its test; generating crds/ and charts/steward/",
         names.name
     );
     let status = super::cargo()
@@ -168,6 +169,11 @@ pub fn run(name: &str) -> Result<()> {
         .status()
         .context("running cargo xtask crdgen")?;
     ensure!(status.success(), "cargo xtask crdgen failed ({status})");
+    let status = super::cargo()
+        .args(["run", "--quiet", "-p", "xtask", "--", "helm"])
+        .status()
+        .context("running cargo xtask helm")?;
+    ensure!(status.success(), "cargo xtask helm failed ({status})");
     eprintln!(
         "xtask: {0} is registered. Run its test: cargo xtask test --test {1}\n\
          Start at crates/{0}/src/reconcile.rs; replace the sample spec and child with your own.",

@@ -1,6 +1,7 @@
 //! Building the control-plane binaries from the Go modules in `crates/testenv/go/`.
 //!
-//! Each Go module (`etcd`, `kubernetes`, `kwok`, and the real node's `containerd` and `coredns`)
+//! Each Go module (`etcd`, `kubernetes`, `kwok`, the real node's `containerd` and `coredns`, and
+//! `helm` for the chart tests)
 //! pins its component in `go.mod`/`go.sum`.
 //! The binaries land in a cache directory outside the repository, keyed by a hash of the
 //! module files, the ldflags and the Go version, so a second run (or CI on the same
@@ -94,6 +95,13 @@ const COREDNS: Module = Module {
     dir: "coredns",
     pinned: "github.com/coredns/coredns",
     packages: &["github.com/coredns/coredns"],
+    tags: &[],
+};
+
+const HELM: Module = Module {
+    dir: "helm",
+    pinned: "helm.sh/helm/v4",
+    packages: &["helm.sh/helm/v4/cmd/helm"],
     tags: &[],
 };
 
@@ -193,6 +201,20 @@ pub fn ensure_node() -> Result<NodeBinaries, Error> {
         containerd_version: required_version(&CONTAINERD)?,
         coredns_version: required_version(&COREDNS)?,
     })
+}
+
+/// Helm, for the chart's tests (`charts/steward`): built on first use, not with the control
+/// plane, since only those tests need it. Blocking; a few minutes cold on 2 cores.
+///
+/// # Errors
+/// [`Error::Build`] naming the log when `go` fails.
+pub fn helm() -> Result<PathBuf, Error> {
+    let go = go_version()?;
+    let version = required_version(&HELM)?;
+    let ldflags = [format!(
+        "-X helm.sh/helm/v4/internal/version.version={version}"
+    )];
+    Ok(build(&HELM, &go, &ldflags)?.join("helm"))
 }
 
 /// ldflags that make the binaries report their real version (as `make` in kubernetes does).

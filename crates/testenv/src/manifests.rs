@@ -66,6 +66,28 @@ pub fn describe(obj: &Value) -> String {
     }
 }
 
+/// `objects` moved from namespace `from` to `to`: without the Namespace objects, every string
+/// equal to `from` (the objects' namespaces, subjects' namespaces) replaced by `to`. What the
+/// Helm chart renders of `deploy/<operator>` (whose namespace is `<operator>-system`).
+pub fn moved(objects: Vec<Value>, from: &str, to: &str) -> Vec<Value> {
+    fn replace(value: &mut Value, from: &str, to: &str) {
+        match value {
+            Value::String(s) if s == from => *s = to.to_string(),
+            Value::Array(items) => items.iter_mut().for_each(|v| replace(v, from, to)),
+            Value::Object(map) => map.values_mut().for_each(|v| replace(v, from, to)),
+            _ => {}
+        }
+    }
+    objects
+        .into_iter()
+        .filter(|o| o["kind"] != "Namespace")
+        .map(|mut o| {
+            replace(&mut o, from, to);
+            o
+        })
+        .collect()
+}
+
 /// The `Api` for `obj`'s kind (found by discovery), in its namespace or `default_namespace`
 /// (`default` if neither), and the resource it resolved to.
 ///
