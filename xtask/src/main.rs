@@ -140,6 +140,7 @@ fn test(extra: &[&str]) -> Result<()> {
     let binaries = steward_testenv::binaries::ensure().context("building the control plane")?;
     let node = steward_testenv::binaries::ensure_node().context("building the real node")?;
     steward_testenv::binaries::helm().context("building Helm")?;
+    steward_testenv::binaries::prometheus().context("building Prometheus")?;
     helm::run(true)?;
     eprintln!("xtask: {} is up to date", helm::CHART);
     eprintln!(

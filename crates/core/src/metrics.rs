@@ -12,6 +12,9 @@
 //! | `steward_watch_errors_total` | counter | controller, kind |
 //! | `steward_reconcile_queue_oldest_seconds` | gauge | controller (age of the oldest trigger not yet reconciled; 0 when none) |
 //! | `steward_reconcile_panics_total` | counter | controller |
+//!
+//! Operators add their own with [`Metrics::register`]; [`FromStore`] computes a gauge family
+//! from a watch cache at scrape time (what each object's status says).
 
 use std::sync::{Arc, Mutex};
 
@@ -58,6 +61,9 @@ pub struct LeaseLabels {
 #[derive(Clone)]
 pub struct Metrics {
     registry: Arc<Mutex<Registry>>,
+    /// The registered families' names, in order (the exposition omits a family without
+    /// samples; this does not).
+    families: Arc<Mutex<Vec<String>>>,
     /// `controller_runtime_reconcile_total{controller, result}`.
     pub reconcile_total: Family<ResultLabels, Counter>,
     /// `controller_runtime_reconcile_errors_total{controller}`.
@@ -91,6 +97,7 @@ impl Metrics {
     /// Every metric, registered in a new registry.
     pub fn new() -> Self {
         let mut registry = Registry::default();
+        let mut families = Vec::new();
         let reconcile_total = Family::<ResultLabels, Counter>::default();
         let reconcile_errors = Family::<ControllerLabels, Counter>::default();
         let reconcile_time = Family::<ControllerLabels, Histogram>::new_with_constructor(|| {
@@ -104,54 +111,79 @@ impl Metrics {
         let queue_oldest =
             Family::<ControllerLabels, Gauge<f64, std::sync::atomic::AtomicU64>>::default();
         let reconcile_panics = Family::<ControllerLabels, Counter>::default();
-        registry.register(
+        add(
+            &mut registry,
+            &mut families,
             "controller_runtime_reconcile",
             "Total number of reconciliations per controller",
             reconcile_total.clone(),
         );
-        registry.register(
+        add(
+            &mut registry,
+            &mut families,
             "controller_runtime_reconcile_errors",
             "Total number of reconciliation errors per controller",
             reconcile_errors.clone(),
         );
-        registry.register(
+        add(
+            &mut registry,
+            &mut families,
             "controller_runtime_reconcile_time_seconds",
             "Length of time per reconciliation per controller",
             reconcile_time.clone(),
         );
-        registry.register(
+        add(
+            &mut registry,
+            &mut families,
             "controller_runtime_active_workers",
             "Number of currently used workers per controller",
             active_workers.clone(),
         );
-        registry.register(
+        add(
+            &mut registry,
+            &mut families,
             "controller_runtime_max_concurrent_reconciles",
             "Maximum number of concurrent reconciles per controller",
             max_concurrent.clone(),
         );
-        registry.register("leader_election_master_status", "Gauge of if the reporting system is master of the relevant lease, 0 indicates backup, 1 indicates master", leader.clone());
-        registry.register(
+        add(
+            &mut registry,
+            &mut families,
+            "leader_election_master_status",
+            "Gauge of if the reporting system is master of the relevant lease, 0 indicates backup, 1 indicates master",
+            leader.clone(),
+        );
+        add(
+            &mut registry,
+            &mut families,
             "steward_status_writes",
             "Status writes per controller (skipped when nothing changed)",
             status_writes.clone(),
         );
-        registry.register(
+        add(
+            &mut registry,
+            &mut families,
             "steward_watch_errors",
             "Errors of a controller's watches, per watched kind (each is retried with its own backoff)",
             watch_errors.clone(),
         );
-        registry.register(
+        add(
+            &mut registry,
+            &mut families,
             "steward_reconcile_queue_oldest_seconds",
             "Age of the oldest reconcile request not yet started (0 when none)",
             queue_oldest.clone(),
         );
-        registry.register(
+        add(
+            &mut registry,
+            &mut families,
             "steward_reconcile_panics",
             "Reconciles that panicked (turned into failed reconciles)",
             reconcile_panics.clone(),
         );
         Self {
             registry: Arc::new(Mutex::new(registry)),
+            families: Arc::new(Mutex::new(families)),
             reconcile_total,
             reconcile_errors,
             reconcile_time,
@@ -172,9 +204,15 @@ impl Metrics {
         help: &str,
         metric: impl prometheus_client::registry::Metric,
     ) {
-        if let Ok(mut registry) = self.registry.lock() {
-            registry.register(name, help, metric);
+        if let (Ok(mut registry), Ok(mut families)) = (self.registry.lock(), self.families.lock()) {
+            add(&mut registry, &mut families, name, help, metric);
         }
+    }
+
+    /// The names of every registered family (as registered: a counter `x` is exposed as
+    /// `x_total`, a histogram as `x_bucket`, `x_sum` and `x_count`).
+    pub fn families(&self) -> Vec<String> {
+        self.families.lock().map(|f| f.clone()).unwrap_or_default()
     }
 
     /// Prometheus text exposition of every metric.
@@ -199,5 +237,74 @@ impl Metrics {
             controller: controller.to_string(),
             result: result.to_string(),
         }
+    }
+}
+
+fn add(
+    registry: &mut Registry,
+    families: &mut Vec<String>,
+    name: &str,
+    help: &str,
+    metric: impl prometheus_client::registry::Metric,
+) {
+    families.push(name.to_string());
+    registry.register(name, help, metric);
+}
+
+/// Labels of a [`FromStore`] sample, e.g. `[("namespace", "db"), ("cluster", "pg")]`.
+pub type SampleLabels = Vec<(&'static str, String)>;
+
+/// What a [`FromStore`] family reports of one object: its samples.
+pub type Sampler<K> = dyn Fn(&K) -> Vec<(SampleLabels, f64)> + Send + Sync;
+
+/// A gauge family computed from a watch cache when it is scraped: the samples `sample` returns
+/// for each cached object. Nothing is updated on the reconcile path, and a deleted object's
+/// series goes with it. Every replica reports it (standbys keep warm caches), so alert rules
+/// aggregate over replicas.
+pub struct FromStore<K: kube::Resource<DynamicType = ()> + 'static> {
+    store: kube::runtime::reflector::Store<K>,
+    sample: Box<Sampler<K>>,
+}
+
+impl<K> FromStore<K>
+where
+    K: kube::Resource<DynamicType = ()> + Clone + 'static,
+{
+    /// The family over `store`, sampled by `sample`.
+    pub fn new(
+        store: kube::runtime::reflector::Store<K>,
+        sample: impl Fn(&K) -> Vec<(SampleLabels, f64)> + Send + Sync + 'static,
+    ) -> Self {
+        Self {
+            store,
+            sample: Box::new(sample),
+        }
+    }
+}
+
+impl<K: kube::Resource<DynamicType = ()> + 'static> std::fmt::Debug for FromStore<K> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("FromStore").finish_non_exhaustive()
+    }
+}
+
+impl<K> prometheus_client::encoding::EncodeMetric for FromStore<K>
+where
+    K: kube::Resource<DynamicType = ()> + Clone + 'static,
+{
+    fn encode(
+        &self,
+        mut encoder: prometheus_client::encoding::MetricEncoder,
+    ) -> Result<(), std::fmt::Error> {
+        for object in self.store.state() {
+            for (labels, value) in (self.sample)(&object) {
+                encoder.encode_family(&labels)?.encode_gauge(&value)?;
+            }
+        }
+        Ok(())
+    }
+
+    fn metric_type(&self) -> prometheus_client::metrics::MetricType {
+        prometheus_client::metrics::MetricType::Gauge
     }
 }

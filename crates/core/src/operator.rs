@@ -80,6 +80,10 @@ pub struct Entry {
     pub parse_args: fn(&[String]) -> Result<CommonArgs, clap::Error>,
     /// [`Definition::COMPANIONS`].
     pub companions: &'static [&'static str],
+    /// Registers the operator on `operator` with its options parsed from a command line (the
+    /// arguments after the binary's name; none: the defaults), as its binary would: for tests
+    /// and tools that need every operator's controllers or metrics.
+    pub register: fn(&mut Operator, &[String]) -> Result<(), String>,
 }
 
 impl Entry {
@@ -90,17 +94,28 @@ impl Entry {
             crds: D::crds,
             parse_args: parse_args::<D>,
             companions: D::COMPANIONS,
+            register: register::<D>,
         }
     }
 }
 
-fn parse_args<D: Definition>(args: &[String]) -> Result<CommonArgs, clap::Error> {
+fn register<D: Definition>(operator: &mut Operator, args: &[String]) -> Result<(), String> {
+    let cli = parse::<D>(args).map_err(|e| e.to_string())?;
+    D::register(operator, cli.options).map_err(|e| e.to_string())
+}
+
+/// `D`'s command line parsed from `args` (those after the binary's name), as its binary would.
+fn parse<D: Definition>(args: &[String]) -> Result<Cli<D::Options>, clap::Error> {
     use clap::{CommandFactory, FromArgMatches};
     let argv = std::iter::once(D::NAME.to_string()).chain(args.iter().cloned());
     let matches = Cli::<D::Options>::command()
         .name(D::NAME)
         .try_get_matches_from(argv)?;
-    Ok(Cli::<D::Options>::from_arg_matches(&matches)?.common)
+    Cli::<D::Options>::from_arg_matches(&matches)
+}
+
+fn parse_args<D: Definition>(args: &[String]) -> Result<CommonArgs, clap::Error> {
+    Ok(parse::<D>(args)?.common)
 }
 
 #[derive(clap::Parser)]

@@ -141,7 +141,9 @@ pub fn register(operator: &mut steward_core::Operator, options: Options) -> Resu
         Config::default().labels(&format!("{}={NAME}", steward_core::apply::MANAGED_BY_LABEL));
 
     // PostgresCluster: its children and its pods.
-    let clusters = Controller::new(scoped::<PostgresCluster>(&client, ns), Config::default())
+    let clusters = Controller::new(scoped::<PostgresCluster>(&client, ns), Config::default());
+    cluster::metrics::register(&operator.metrics(), &clusters.store());
+    let clusters = clusters
         .owns(scoped::<StatefulSet>(&client, ns), managed.clone())
         .owns(scoped::<Service>(&client, ns), managed.clone())
         .owns(scoped::<ConfigMap>(&client, ns), managed.clone())

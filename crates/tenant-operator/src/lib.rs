@@ -24,6 +24,7 @@ pub mod apply;
 pub mod build;
 pub mod controller;
 pub mod crd;
+pub mod metrics;
 pub mod namespaces;
 pub mod policy;
 pub mod quantity;
@@ -170,6 +171,7 @@ pub fn register(operator: &mut Operator, options: Options) -> Result<(), Error> 
         operator.unguarded_client(),
         options.tenant_selector.as_deref(),
     );
+    metrics::register(&operator.metrics(), &controller.store());
     let writes = apply::Writes::default();
     operator.metrics().register(
         "tenant_operator_writes",

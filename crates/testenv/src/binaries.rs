@@ -1,7 +1,7 @@
 //! Building the control-plane binaries from the Go modules in `crates/testenv/go/`.
 //!
-//! Each Go module (`etcd`, `kubernetes`, `kwok`, the real node's `containerd` and `coredns`, and
-//! `helm` for the chart tests)
+//! Each Go module (`etcd`, `kubernetes`, `kwok`, the real node's `containerd` and `coredns`,
+//! `helm` for the chart tests and `prometheus` for the monitoring tests)
 //! pins its component in `go.mod`/`go.sum`.
 //! The binaries land in a cache directory outside the repository, keyed by a hash of the
 //! module files, the ldflags and the Go version, so a second run (or CI on the same
@@ -102,6 +102,16 @@ const HELM: Module = Module {
     dir: "helm",
     pinned: "helm.sh/helm/v4",
     packages: &["helm.sh/helm/v4/cmd/helm"],
+    tags: &[],
+};
+
+const PROMETHEUS: Module = Module {
+    dir: "prometheus",
+    pinned: "github.com/prometheus/prometheus",
+    packages: &[
+        "github.com/prometheus/prometheus/cmd/prometheus",
+        "github.com/prometheus/prometheus/cmd/promtool",
+    ],
     tags: &[],
 };
 
@@ -215,6 +225,16 @@ pub fn helm() -> Result<PathBuf, Error> {
         "-X helm.sh/helm/v4/internal/version.version={version}"
     )];
     Ok(build(&HELM, &go, &ldflags)?.join("helm"))
+}
+
+/// Prometheus and promtool, for the monitoring tests (`deploy/monitoring`): built on first
+/// use. Blocking; several minutes cold on 2 cores.
+///
+/// # Errors
+/// [`Error::Build`] naming the log when `go` fails.
+pub fn prometheus() -> Result<(PathBuf, PathBuf), Error> {
+    let dir = build(&PROMETHEUS, &go_version()?, &[])?;
+    Ok((dir.join("prometheus"), dir.join("promtool")))
 }
 
 /// ldflags that make the binaries report their real version (as `make` in kubernetes does).

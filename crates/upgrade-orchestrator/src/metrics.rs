@@ -4,6 +4,7 @@
 //! |---|---|---|
 //! | `steward_upgrade_plans_in_progress` | gauge | — plans in Progressing, RollingBack, WaitingApproval or Paused, counted from the watch cache at scrape time |
 //! | `steward_upgrade_component_duration_seconds` | histogram | kind, result (`succeeded`, `failed`, `rolled_back`) |
+//! | `steward_upgrade_plan_started_timestamp_seconds` | gauge | namespace, plan, phase — when a plan in progress started (from the cache at scrape time), for "stuck" alerts |
 
 use kube::runtime::reflector::Store;
 use prometheus_client::encoding::{EncodeLabelSet, EncodeMetric, MetricEncoder};
@@ -39,6 +40,11 @@ impl PlanMetrics {
             component_duration.clone(),
         );
         metrics.register(
+            "steward_upgrade_plan_started_timestamp_seconds",
+            "When an UpgradePlan still in progress started (Unix seconds), labelled with its phase",
+            steward_core::metrics::FromStore::new(plans.clone(), started),
+        );
+        metrics.register(
             "steward_upgrade_plans_in_progress",
             "UpgradePlans in Progressing, RollingBack, WaitingApproval or Paused",
             InProgress { plans },
@@ -57,6 +63,27 @@ impl PlanMetrics {
                 .observe(f.seconds);
         }
     }
+}
+
+/// `steward_upgrade_plan_started_timestamp_seconds`: one sample for a plan in progress that
+/// has started, none otherwise.
+pub fn started(plan: &UpgradePlan) -> Vec<(steward_core::metrics::SampleLabels, f64)> {
+    use kube::ResourceExt;
+    let Some(status) = &plan.status else {
+        return Vec::new();
+    };
+    let (Some(phase), Some(at)) = (status.phase, &status.started_at) else {
+        return Vec::new();
+    };
+    if !in_progress(Some(phase)) {
+        return Vec::new();
+    }
+    let labels = vec![
+        ("namespace", plan.namespace().unwrap_or_default()),
+        ("plan", plan.name_any()),
+        ("phase", phase.as_str().to_string()),
+    ];
+    vec![(labels, at.0.as_second() as f64)]
 }
 
 /// A gauge computed from the plan cache when scraped, so deleted plans never linger.
@@ -96,5 +123,36 @@ impl EncodeMetric for InProgress {
 
     fn metric_type(&self) -> MetricType {
         MetricType::Gauge
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    fn plan(status: serde_json::Value) -> UpgradePlan {
+        serde_json::from_value(json!({
+            "apiVersion": "upgrade.steward.dev/v1alpha1",
+            "kind": "UpgradePlan",
+            "metadata": {"name": "release", "namespace": "apps"},
+            "spec": {"components": [{"name": "a", "target": {"kind": "Deployment", "name": "a"},
+                                     "image": {"container": "app", "image": "a:2"}}]},
+            "status": status,
+        }))
+        .expect("plan")
+    }
+
+    #[test]
+    fn only_started_plans_in_progress_report_when_they_started() {
+        let running =
+            plan(json!({"phase": "Progressing", "startedAt": "2026-12-01T10:00:00.000000Z"}));
+        let samples = started(&running);
+        assert_eq!(samples.len(), 1);
+        assert_eq!(samples[0].0[2], ("phase", "Progressing".to_string()));
+        assert_eq!(samples[0].1, 1_796_119_200.0);
+        let done = plan(json!({"phase": "Succeeded", "startedAt": "2026-12-01T10:00:00.000000Z"}));
+        assert!(started(&done).is_empty());
+        assert!(started(&plan(json!({"phase": "Pending"}))).is_empty());
     }
 }

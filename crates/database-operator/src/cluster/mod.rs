@@ -7,6 +7,7 @@
 //! Secret has no owner reference either, so kept data stays usable.
 
 pub mod build;
+pub mod metrics;
 pub mod rollout;
 pub mod tls;
 

@@ -1,0 +1,315 @@
+//! `deploy/monitoring` with a real Prometheus and promtool, built from Go modules by testenv:
+//! the alert rules pass their `promtool test rules` cases; every metric the rules and the
+//! Grafana dashboard read is one the operators export; and a Prometheus server scrapes a
+//! running tenant-operator, loads the rules without error and sees a Tenant's gauge.
+
+use std::collections::BTreeSet;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::Duration;
+
+use kube::api::{Api, PostParams};
+use serde_json::{Value, json};
+use steward_core::Operator;
+use steward_core::cli::CommonArgs;
+use steward_testenv::harness::{self, Harness};
+use steward_testenv::{eventually, free_port, http_get, workspace_root};
+use tenant_operator::Tenant;
+
+fn monitoring() -> PathBuf {
+    workspace_root().join("deploy/monitoring")
+}
+
+/// `spec` of deploy/monitoring/prometheusrule.yaml: a Prometheus rule file.
+fn rule_file() -> String {
+    let text = std::fs::read_to_string(monitoring().join("prometheusrule.yaml")).expect("read");
+    let rule: Value = serde_yaml::from_str(&text).expect("YAML");
+    serde_yaml::to_string(&rule["spec"]).expect("rules as YAML")
+}
+
+/// A temp directory with `alerts.yaml` (the rule file) and the promtool tests.
+fn rules_dir() -> tempfile::TempDir {
+    let dir = tempfile::tempdir().expect("temp dir");
+    std::fs::write(dir.path().join("alerts.yaml"), rule_file()).expect("write rules");
+    std::fs::copy(
+        monitoring().join("alerts_test.yaml"),
+        dir.path().join("alerts_test.yaml"),
+    )
+    .expect("copy tests");
+    dir
+}
+
+fn run(cmd: &mut Command) -> String {
+    let out = cmd.output().expect("run");
+    let text =
+        String::from_utf8_lossy(&out.stdout).into_owned() + &String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{cmd:?} failed:\n{text}");
+    text
+}
+
+#[test]
+fn alert_rules_pass_their_promtool_tests() {
+    let (_, promtool) = steward_testenv::binaries::prometheus().expect("build Prometheus");
+    let dir = rules_dir();
+    let checked = run(Command::new(&promtool)
+        .args(["check", "rules", "alerts.yaml"])
+        .current_dir(dir.path()));
+    assert!(checked.contains("SUCCESS: 10 rules found"), "{checked}");
+    run(Command::new(&promtool)
+        .args(["test", "rules", "alerts_test.yaml"])
+        .current_dir(dir.path()));
+}
+
+/// The metric names an expression reads (those of Steward's families, and `up`).
+fn metric_names(expr: &str) -> BTreeSet<String> {
+    let mut names = BTreeSet::new();
+    let is_ident = |c: char| c.is_ascii_alphanumeric() || c == '_' || c == ':';
+    let mut rest = expr;
+    while let Some(start) = rest.find(|c: char| c.is_ascii_alphabetic() || c == '_') {
+        let tail = &rest[start..];
+        let end = tail.find(|c| !is_ident(c)).unwrap_or(tail.len());
+        let word = &tail[..end];
+        let preceded_by_ident = start > 0 && rest[..start].ends_with(is_ident);
+        if !preceded_by_ident
+            && [
+                "controller_runtime_",
+                "steward_",
+                "leader_election_",
+                "tenant_operator_",
+            ]
+            .iter()
+            .any(|p| word.starts_with(p))
+        {
+            names.insert(word.to_string());
+        }
+        rest = &tail[end..];
+    }
+    names
+}
+
+/// Whether a sample name belongs to one of `families` (`x_total` of counter `x`, `x_bucket` of
+/// histogram `x`).
+fn exported(families: &BTreeSet<String>, name: &str) -> bool {
+    families.contains(name)
+        || ["_total", "_bucket", "_sum", "_count"]
+            .iter()
+            .any(|suffix| {
+                name.strip_suffix(suffix)
+                    .is_some_and(|f| families.contains(f))
+            })
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_metric_the_rules_and_the_dashboard_read_is_exported() {
+    let cp = steward_testenv::shared().await.expect("control plane");
+    // What the operators export once registered (every family, with samples or not yet).
+    let mut families = BTreeSet::new();
+    for entry in steward_operators::all() {
+        let mut op = Operator::with_config(entry.name, harness::test_args(), cp.config().clone())
+            .expect("operator");
+        (entry.register)(&mut op, &[]).expect("register");
+        families.extend(op.metrics().families());
+    }
+
+    let rules: Value = serde_yaml::from_str(&rule_file()).expect("rules");
+    let mut exprs: Vec<(String, String)> = Vec::new();
+    for group in rules["groups"].as_array().expect("groups") {
+        for rule in group["rules"].as_array().expect("rules") {
+            exprs.push((
+                format!("alert {}", rule["alert"].as_str().unwrap_or_default()),
+                rule["expr"].as_str().unwrap_or_default().to_string(),
+            ));
+        }
+    }
+    let dashboard: Value = serde_json::from_str(
+        &std::fs::read_to_string(monitoring().join("dashboard.json")).expect("dashboard"),
+    )
+    .expect("the dashboard is JSON");
+    for panel in dashboard["panels"].as_array().expect("panels") {
+        for target in panel["targets"].as_array().expect("targets") {
+            exprs.push((
+                format!("panel {}", panel["title"].as_str().unwrap_or_default()),
+                target["expr"].as_str().unwrap_or_default().to_string(),
+            ));
+        }
+    }
+    assert!(exprs.len() > 20, "{} expressions", exprs.len());
+    let mut missing = Vec::new();
+    for (what, expr) in &exprs {
+        let names = metric_names(expr);
+        assert!(
+            !names.is_empty() || expr.contains("up{"),
+            "{what} reads no Steward metric: {expr}"
+        );
+        missing.extend(
+            names
+                .into_iter()
+                .filter(|n| !exported(&families, n))
+                .map(|n| format!("{what}: {n}")),
+        );
+    }
+    assert!(
+        missing.is_empty(),
+        "not exported by any operator: {missing:#?}"
+    );
+
+    // The kustomization renders: ServiceMonitor, PrometheusRule, the dashboard's ConfigMap.
+    let objects = cp
+        .kustomize(&monitoring())
+        .expect("kustomize deploy/monitoring");
+    let kinds: BTreeSet<&str> = objects.iter().filter_map(|o| o["kind"].as_str()).collect();
+    assert_eq!(
+        kinds,
+        BTreeSet::from(["ConfigMap", "PrometheusRule", "ServiceMonitor"])
+    );
+}
+
+/// A Prometheus server, killed on drop.
+struct Prometheus {
+    child: Child,
+    addr: std::net::SocketAddr,
+    _dir: tempfile::TempDir,
+}
+
+impl Drop for Prometheus {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+impl Prometheus {
+    fn start(bin: &Path, scrape: &str, operator: &str) -> Self {
+        let dir = rules_dir();
+        let port = free_port().expect("port");
+        let config = json!({
+            "global": {"scrape_interval": "1s", "evaluation_interval": "1s"},
+            "rule_files": ["alerts.yaml"],
+            "scrape_configs": [{
+                "job_name": "steward",
+                "static_configs": [{"targets": [scrape], "labels": {"operator": operator}}],
+            }],
+        });
+        std::fs::write(
+            dir.path().join("prometheus.yml"),
+            serde_yaml::to_string(&config).expect("config"),
+        )
+        .expect("write config");
+        let log = std::fs::File::create(dir.path().join("prometheus.log")).expect("log");
+        let child = Command::new(bin)
+            .current_dir(dir.path())
+            .args([
+                "--config.file=prometheus.yml".to_string(),
+                format!("--storage.tsdb.path={}", dir.path().join("data").display()),
+                format!("--web.listen-address=127.0.0.1:{port}"),
+            ])
+            .stdout(Stdio::null())
+            .stderr(log)
+            .spawn()
+            .expect("start prometheus");
+        Self {
+            child,
+            addr: ([127, 0, 0, 1], port).into(),
+            _dir: dir,
+        }
+    }
+
+    async fn api(&self, path: &str) -> Result<Value, String> {
+        let (status, body) = http_get(self.addr, path).await.map_err(|e| e.to_string())?;
+        if status != 200 {
+            return Err(format!("GET {path}: {status} {body}"));
+        }
+        serde_json::from_str(&body).map_err(|e| format!("GET {path}: {e}: {body}"))
+    }
+
+    fn log(&self) -> String {
+        std::fs::read_to_string(self._dir.path().join("prometheus.log")).unwrap_or_default()
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn prometheus_scrapes_an_operator_and_loads_the_rules() {
+    let (prometheus, _) = steward_testenv::binaries::prometheus().expect("build Prometheus");
+    let cp = steward_testenv::shared().await.expect("control plane");
+    cp.apply_crd(&<Tenant as kube::CustomResourceExt>::crd())
+        .await
+        .expect("Tenant CRD");
+    let id = format!("mon{}", std::process::id());
+    let metrics_port = free_port().expect("port");
+    let args = CommonArgs {
+        metrics_bind_address: format!("127.0.0.1:{metrics_port}"),
+        ..harness::test_args()
+    };
+    let mut op =
+        Operator::with_config(tenant_operator::NAME, args, cp.config().clone()).expect("operator");
+    let options = tenant_operator::Options {
+        tenant_selector: Some(format!("steward.dev/test={id}")),
+        ..tenant_operator::Options::default()
+    };
+    tenant_operator::register(&mut op, options).expect("register");
+    let running = Harness::start(op).await;
+
+    let tenant = format!("{id}-team");
+    let t: Tenant = serde_json::from_value(json!({
+        "apiVersion": "tenancy.steward.dev/v1alpha1", "kind": "Tenant",
+        "metadata": {"name": tenant, "labels": {"steward.dev/test": id}},
+        "spec": {"owners": [{"kind": "User", "name": "alice"}], "namespaces": [format!("{id}-a")]},
+    }))
+    .expect("tenant");
+    let tenants: Api<Tenant> = Api::all(cp.client().expect("client"));
+    tenants
+        .create(&PostParams::default(), &t)
+        .await
+        .expect("create tenant");
+
+    let server = Prometheus::start(
+        &prometheus,
+        &format!("127.0.0.1:{metrics_port}"),
+        tenant_operator::NAME,
+    );
+    let wait = Duration::from_secs(90);
+    let query =
+        format!("/api/v1/query?query=steward_tenant_namespaces%7Btenant%3D%22{tenant}%22%7D");
+    let sample = eventually("Prometheus has the Tenant's gauge", wait, || {
+        let (server, query) = (&server, query.clone());
+        async move {
+            let body = server.api(&query).await?;
+            let result = &body["data"]["result"][0];
+            if result["value"][1] == "1" {
+                Ok(result.clone())
+            } else {
+                Err(body.to_string())
+            }
+        }
+    })
+    .await
+    .unwrap_or_else(|e| panic!("{e}\nprometheus log:\n{}", server.log()));
+    assert_eq!(sample["metric"]["job"], "steward");
+    assert_eq!(sample["metric"]["operator"], tenant_operator::NAME);
+
+    // Both groups loaded, and every rule evaluated without error against the real series.
+    let rules = eventually("the rules evaluated", wait, || {
+        let server = &server;
+        async move {
+            let body = server.api("/api/v1/rules").await?;
+            let groups = body["data"]["groups"]
+                .as_array()
+                .cloned()
+                .unwrap_or_default();
+            let rules: Vec<Value> = groups
+                .iter()
+                .flat_map(|g| g["rules"].as_array().cloned().unwrap_or_default())
+                .collect();
+            if groups.len() == 2 && rules.iter().all(|r| r["health"] == "ok") {
+                Ok(rules)
+            } else {
+                Err(body.to_string())
+            }
+        }
+    })
+    .await
+    .unwrap_or_else(|e| panic!("{e}\nprometheus log:\n{}", server.log()));
+    assert_eq!(rules.len(), 10);
+    drop(server);
+    running.stop().await.expect("operator stops");
+}
