@@ -164,6 +164,55 @@ async fn every_metric_the_rules_and_the_dashboard_read_is_exported() {
     );
 }
 
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn deploy_monitoring_applies_against_the_prometheus_operator_crds() {
+    let crds =
+        steward_testenv::binaries::prometheus_operator_crds().expect("Prometheus Operator CRDs");
+    let cp = steward_testenv::shared().await.expect("control plane");
+    // Only the two kinds deploy/monitoring uses (the others are large and unused here).
+    let dir = tempfile::tempdir().expect("temp dir");
+    for plural in ["servicemonitors", "prometheusrules"] {
+        let file = format!("monitoring.coreos.com_{plural}.yaml");
+        std::fs::copy(crds.join(&file), dir.path().join(&file)).expect("copy CRD");
+    }
+    cp.install_crds(dir.path()).await.expect("install the CRDs");
+
+    // What `kubectl apply --server-side -k deploy/monitoring -n <ns>` does: server-side apply
+    // checks every field against the CRDs' schemas (an unknown field is an error).
+    let ns = cp.namespace("monitoring").await.expect("namespace");
+    let client = cp.client().expect("client");
+    let objects = cp
+        .kustomize(&monitoring())
+        .expect("kustomize deploy/monitoring");
+    for obj in &objects {
+        let applied =
+            steward_testenv::manifests::apply(&client, obj, Some(&ns), "monitoring-test", false)
+                .await
+                .unwrap_or_else(|e| panic!("{e}"));
+        let applied = serde_json::to_value(applied).expect("JSON");
+        match obj["kind"].as_str() {
+            Some("PrometheusRule") => {
+                let groups = applied["spec"]["groups"].as_array().expect("groups");
+                let rules: usize = groups
+                    .iter()
+                    .map(|g| g["rules"].as_array().map_or(0, Vec::len))
+                    .sum();
+                assert_eq!((groups.len(), rules), (2, 10), "the rules as stored");
+            }
+            Some("ServiceMonitor") => {
+                assert_eq!(applied["spec"]["endpoints"][0]["honorLabels"], true);
+                assert_eq!(applied["spec"]["endpoints"][0]["port"], "metrics");
+            }
+            Some("ConfigMap") => {
+                let dashboard = applied["data"]["steward.json"].as_str().expect("dashboard");
+                let _: Value = serde_json::from_str(dashboard).expect("the dashboard is JSON");
+                assert_eq!(applied["metadata"]["labels"]["grafana_dashboard"], "1");
+            }
+            other => panic!("unexpected {other:?} in deploy/monitoring"),
+        }
+    }
+}
+
 /// A Prometheus server, killed on drop.
 struct Prometheus {
     child: Child,

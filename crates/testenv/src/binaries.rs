@@ -237,6 +237,39 @@ pub fn prometheus() -> Result<(PathBuf, PathBuf), Error> {
     Ok((dir.join("prometheus"), dir.join("promtool")))
 }
 
+/// The Prometheus Operator release whose `monitoring.coreos.com` CRDs the monitoring test
+/// installs (to apply `deploy/monitoring` against their schemas).
+pub const PROMETHEUS_OPERATOR: &str = "v0.85.0";
+
+/// The directory of the Prometheus Operator's CRD manifests
+/// (`example/prometheus-operator-crd/monitoring.coreos.com_<plural>.yaml`), from its Go module
+/// ([`PROMETHEUS_OPERATOR`], checked against the Go checksum database) in the Go module cache:
+/// downloaded on first use.
+///
+/// # Errors
+/// [`Error::GoMissing`] without `go`; [`Error::Other`] when the download fails.
+pub fn prometheus_operator_crds() -> Result<PathBuf, Error> {
+    let module =
+        format!("github.com/prometheus-operator/prometheus-operator@{PROMETHEUS_OPERATOR}");
+    let out = Command::new("go")
+        .args(["mod", "download", "-json", &module])
+        .current_dir(std::env::temp_dir())
+        .output()
+        .map_err(|source| Error::GoMissing { source })?;
+    let info: serde_json::Value = serde_json::from_slice(&out.stdout).map_err(|e| {
+        Error::Other(format!(
+            "go mod download {module}: {e}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        ))
+    })?;
+    let dir = info["Dir"]
+        .as_str()
+        .map(|d| Path::new(d).join("example/prometheus-operator-crd"))
+        .filter(|d| d.is_dir())
+        .ok_or_else(|| Error::Other(format!("go mod download {module}: {info}")))?;
+    Ok(dir)
+}
+
 /// ldflags that make the binaries report their real version (as `make` in kubernetes does).
 fn kubernetes_ldflags(version: &str) -> Vec<String> {
     let mut parts = version.trim_start_matches('v').split('.');
