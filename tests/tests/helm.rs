@@ -12,7 +12,6 @@ use std::time::Duration;
 use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
 use kube::api::Api;
-use serde::Deserialize;
 use serde_json::Value;
 use steward_testenv::{ControlPlane, Options, eventually, workspace_root};
 
@@ -45,10 +44,7 @@ fn helm(bin: &Path, kubeconfig: Option<&Path>, args: &[&str]) -> String {
 }
 
 fn documents(yaml: &str) -> Vec<Value> {
-    serde_yaml::Deserializer::from_str(yaml)
-        .map(|doc| Value::deserialize(doc).expect("YAML"))
-        .filter(|v| !v.is_null())
-        .collect()
+    steward_testenv::manifests::documents(yaml).expect("YAML")
 }
 
 fn key(obj: &Value) -> String {

@@ -217,7 +217,7 @@ async fn deploy_monitoring_applies_against_the_prometheus_operator_crds() {
 struct Prometheus {
     child: Child,
     addr: std::net::SocketAddr,
-    _dir: tempfile::TempDir,
+    dir: tempfile::TempDir,
 }
 
 impl Drop for Prometheus {
@@ -259,7 +259,7 @@ impl Prometheus {
         Self {
             child,
             addr: ([127, 0, 0, 1], port).into(),
-            _dir: dir,
+            dir,
         }
     }
 
@@ -272,7 +272,7 @@ impl Prometheus {
     }
 
     fn log(&self) -> String {
-        std::fs::read_to_string(self._dir.path().join("prometheus.log")).unwrap_or_default()
+        std::fs::read_to_string(self.dir.path().join("prometheus.log")).unwrap_or_default()
     }
 }
 

@@ -16,11 +16,16 @@ fn all_crds() -> Vec<CustomResourceDefinition> {
         .collect()
 }
 
+/// The file a CRD is written to in `crds/`: `<group>_<plural>.yaml`.
+pub fn file_name(crd: &CustomResourceDefinition) -> String {
+    format!("{}_{}.yaml", crd.spec.group, crd.spec.names.plural)
+}
+
 /// The expected contents of `crds/`, by file name (`<group>_<plural>.yaml`).
 fn render() -> Result<BTreeMap<String, String>> {
     let mut files = BTreeMap::new();
     for crd in all_crds() {
-        let file = format!("{}_{}.yaml", crd.spec.group, crd.spec.names.plural);
+        let file = file_name(&crd);
         let yaml = serde_yaml::to_string(&crd).with_context(|| format!("serializing {file}"))?;
         if files
             .insert(file.clone(), format!("{HEADER}{yaml}"))

@@ -57,7 +57,7 @@ fn render() -> Result<BTreeMap<String, String>> {
             .with_context(|| format!("render {}", dir.display()))?;
         let crds = (entry.crds)()
             .iter()
-            .map(|crd| format!("{}_{}.yaml", crd.spec.group, crd.spec.names.plural))
+            .map(crate::crdgen::file_name)
             .collect();
         operators.push(Operator {
             name: entry.name,

@@ -43,17 +43,24 @@ pub fn kustomize(kubectl: &Path, dir: &Path) -> Result<Vec<Value>, Error> {
                 String::from_utf8_lossy(&out.stderr)
             )));
         }
-        let text = String::from_utf8_lossy(&out.stdout);
-        let mut objects = Vec::new();
-        for doc in serde_yaml::Deserializer::from_str(&text) {
-            let value = Value::deserialize(doc)
-                .map_err(|e| Error::Other(format!("kustomize output is not YAML: {e}")))?;
-            if !value.is_null() {
-                objects.push(value);
-            }
-        }
-        Ok(objects)
+        documents(&String::from_utf8_lossy(&out.stdout))
+            .map_err(|e| Error::Other(format!("kubectl kustomize {}: output {e}", dir.display())))
     }
+}
+
+/// The YAML documents of a multi-document stream (`---`-separated), empty ones left out.
+///
+/// # Errors
+/// [`Error::Other`] when a document is not YAML.
+pub fn documents(text: &str) -> Result<Vec<Value>, Error> {
+    let mut objects = Vec::new();
+    for doc in serde_yaml::Deserializer::from_str(text) {
+        let value = Value::deserialize(doc).map_err(|e| Error::Other(format!("not YAML: {e}")))?;
+        if !value.is_null() {
+            objects.push(value);
+        }
+    }
+    Ok(objects)
 }
 
 /// `Kind namespace/name` of a manifest, for messages.
