@@ -124,6 +124,7 @@ fn the_chart_lints_and_renders_what_deploy_renders() {
         "tenantOperator.enabled=false",
         "watchNamespace=apps",
         "logFormat=text",
+        "otlpEndpoint=http://otel-collector.monitoring:4318",
         "leaderElection.leaseDuration=30s",
         "databaseOperator.replicas=3",
         "image.tag=1.2.3",
@@ -165,6 +166,7 @@ fn the_chart_lints_and_renders_what_deploy_renders() {
         "--log-format=text",
         "--leader-election-lease-duration=30s",
         "--watch-namespace=apps",
+        "--otlp-endpoint=http://otel-collector.monitoring:4318",
     ] {
         assert!(db_args.iter().any(|a| a == flag), "{flag} in {db_args:?}");
     }
@@ -173,6 +175,12 @@ fn the_chart_lints_and_renders_what_deploy_renders() {
             .iter()
             .any(|a| a.starts_with("--leader-election-renew-deadline")),
         "unset timings keep the operator's default: {db_args:?}"
+    );
+    assert!(
+        !args(&rendered, "database-operator")
+            .iter()
+            .any(|a| a.starts_with("--otlp-endpoint")),
+        "no traces unless asked"
     );
 }
 

@@ -5,7 +5,7 @@
 
 use std::collections::BTreeSet;
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
+use std::process::Command;
 use std::time::Duration;
 
 use kube::api::{Api, PostParams};
@@ -13,7 +13,7 @@ use serde_json::{Value, json};
 use steward_core::Operator;
 use steward_core::cli::CommonArgs;
 use steward_testenv::harness::{self, Harness};
-use steward_testenv::{eventually, free_port, http_get, workspace_root};
+use steward_testenv::{Process, eventually, free_port, http_get, workspace_root};
 use tenant_operator::Tenant;
 
 fn monitoring() -> PathBuf {
@@ -215,16 +215,10 @@ async fn deploy_monitoring_applies_against_the_prometheus_operator_crds() {
 
 /// A Prometheus server, killed on drop.
 struct Prometheus {
-    child: Child,
+    process: Process,
     addr: std::net::SocketAddr,
-    dir: tempfile::TempDir,
-}
-
-impl Drop for Prometheus {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
+    /// The config, rules and data; removed on drop.
+    _dir: tempfile::TempDir,
 }
 
 impl Prometheus {
@@ -233,33 +227,34 @@ impl Prometheus {
         let port = free_port().expect("port");
         let config = json!({
             "global": {"scrape_interval": "1s", "evaluation_interval": "1s"},
+            // Relative to the config file's directory.
             "rule_files": ["alerts.yaml"],
             "scrape_configs": [{
                 "job_name": "steward",
                 "static_configs": [{"targets": [scrape], "labels": {"operator": operator}}],
             }],
         });
+        let config_path = dir.path().join("prometheus.yml");
         std::fs::write(
-            dir.path().join("prometheus.yml"),
+            &config_path,
             serde_yaml::to_string(&config).expect("config"),
         )
         .expect("write config");
-        let log = std::fs::File::create(dir.path().join("prometheus.log")).expect("log");
-        let child = Command::new(bin)
-            .current_dir(dir.path())
-            .args([
-                "--config.file=prometheus.yml".to_string(),
+        let process = Process::spawn(
+            "prometheus",
+            bin,
+            &[
+                format!("--config.file={}", config_path.display()),
                 format!("--storage.tsdb.path={}", dir.path().join("data").display()),
                 format!("--web.listen-address=127.0.0.1:{port}"),
-            ])
-            .stdout(Stdio::null())
-            .stderr(log)
-            .spawn()
-            .expect("start prometheus");
+            ],
+            dir.path().join("prometheus.log"),
+        )
+        .expect("start prometheus");
         Self {
-            child,
+            process,
             addr: ([127, 0, 0, 1], port).into(),
-            dir,
+            _dir: dir,
         }
     }
 
@@ -272,7 +267,7 @@ impl Prometheus {
     }
 
     fn log(&self) -> String {
-        std::fs::read_to_string(self.dir.path().join("prometheus.log")).unwrap_or_default()
+        std::fs::read_to_string(&self.process.log).unwrap_or_default()
     }
 }
 
@@ -289,22 +284,12 @@ async fn prometheus_scrapes_an_operator_and_loads_the_rules() {
         metrics_bind_address: format!("127.0.0.1:{metrics_port}"),
         ..harness::test_args()
     };
-    let mut op =
-        Operator::with_config(tenant_operator::NAME, args, cp.config().clone()).expect("operator");
-    let options = tenant_operator::Options {
-        tenant_selector: Some(format!("steward.dev/test={id}")),
-        ..tenant_operator::Options::default()
-    };
-    tenant_operator::register(&mut op, options).expect("register");
+    let op = steward_integration_tests::tenant_operator(args, cp.config().clone(), &id)
+        .expect("tenant-operator");
     let running = Harness::start(op).await;
 
-    let tenant = format!("{id}-team");
-    let t: Tenant = serde_json::from_value(json!({
-        "apiVersion": "tenancy.steward.dev/v1alpha1", "kind": "Tenant",
-        "metadata": {"name": tenant, "labels": {"steward.dev/test": id}},
-        "spec": {"owners": [{"kind": "User", "name": "alice"}], "namespaces": [format!("{id}-a")]},
-    }))
-    .expect("tenant");
+    let t = steward_integration_tests::tenant(&id);
+    let tenant = t.metadata.name.clone().unwrap_or_default();
     let tenants: Api<Tenant> = Api::all(cp.client().expect("client"));
     tenants
         .create(&PostParams::default(), &t)

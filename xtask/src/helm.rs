@@ -118,6 +118,10 @@ logFormat: json
 # Watch one namespace only; empty: every namespace.
 watchNamespace: ""
 
+# Export traces over OTLP/HTTP to this base URL, e.g. http://otel-collector.monitoring:4318;
+# empty: no traces.
+otlpEndpoint: ""
+
 # Leader election timings (durations such as 15s or 1500ms); empty: the operators' defaults
 # (lease 15s, renew deadline 10s, retry 2s).
 leaderElection:
@@ -207,10 +211,15 @@ fn operator_template(op: &Operator) -> Result<(String, String)> {
                         "{pad}{{{{- with .Values.leaderElection.{value} }}}}\n{pad}- --{flag}={{{{ . }}}}\n{pad}{{{{- end }}}}"
                     );
                 }
-                let _ = writeln!(
-                    body,
-                    "{pad}{{{{- with .Values.watchNamespace }}}}\n{pad}- --watch-namespace={{{{ . }}}}\n{pad}{{{{- end }}}}"
-                );
+                for (flag, value) in [
+                    ("watch-namespace", "watchNamespace"),
+                    ("otlp-endpoint", "otlpEndpoint"),
+                ] {
+                    let _ = writeln!(
+                        body,
+                        "{pad}{{{{- with .Values.{value} }}}}\n{pad}- --{flag}={{{{ . }}}}\n{pad}{{{{- end }}}}"
+                    );
+                }
             }
             _ => {
                 let line = line

@@ -141,6 +141,7 @@ fn test(extra: &[&str]) -> Result<()> {
     let node = steward_testenv::binaries::ensure_node().context("building the real node")?;
     steward_testenv::binaries::helm().context("building Helm")?;
     steward_testenv::binaries::prometheus().context("building Prometheus")?;
+    steward_testenv::binaries::otelcol().context("building the OpenTelemetry Collector")?;
     helm::run(true)?;
     eprintln!("xtask: {} is up to date", helm::CHART);
     eprintln!(

@@ -79,6 +79,11 @@ pub struct CommonArgs {
     /// Log filter, e.g. `info` or `info,kube=debug` (RUST_LOG also works and wins).
     #[arg(long, default_value = "info")]
     pub log_level: String,
+
+    /// Export traces (one per reconcile, with its API requests) over OTLP/HTTP to this base
+    /// URL, e.g. `http://otel-collector:4318` (`/v1/traces` is appended); off when unset.
+    #[arg(long, env = "OTEL_EXPORTER_OTLP_ENDPOINT", value_parser = parse_otlp_endpoint)]
+    pub otlp_endpoint: Option<String>,
 }
 
 impl Default for CommonArgs {
@@ -103,20 +108,11 @@ pub enum LogFormat {
 }
 
 impl CommonArgs {
-    /// Installs the tracing subscriber for these flags. Call once, first thing in `main`.
+    /// Installs a tracing subscriber that logs as these flags say, without exporting traces
+    /// (tests, examples). Operator binaries get logs and traces from
+    /// [`crate::telemetry::init`], which [`crate::operator::main`] calls.
     pub fn init_logging(&self) {
-        use tracing_subscriber::EnvFilter;
-        let filter =
-            EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new(&self.log_level));
-        let ansi = std::io::IsTerminal::is_terminal(&std::io::stderr());
-        let builder = tracing_subscriber::fmt()
-            .with_env_filter(filter)
-            .with_writer(std::io::stderr)
-            .with_ansi(ansi);
-        let _ = match self.log_format {
-            LogFormat::Json => builder.json().try_init(),
-            LogFormat::Text => builder.try_init(),
-        };
+        crate::telemetry::init_logs(self);
     }
 
     /// A client from `--kubeconfig`, else the usual inference (KUBECONFIG, in-cluster).
@@ -200,6 +196,13 @@ pub fn defaults<O: clap::Args + clap::FromArgMatches>() -> O {
 /// The longest duration [`parse_duration`] accepts: 100 years, far beyond any timeout or
 /// interval, and far below where arithmetic on `Instant`s or `Duration`s could overflow.
 pub const MAX_DURATION: Duration = Duration::from_secs(100 * 365 * 24 * 3600);
+
+/// Parses `--otlp-endpoint`: an `http://` or `https://` base URL.
+fn parse_otlp_endpoint(text: &str) -> Result<String, String> {
+    crate::telemetry::traces_url(text)
+        .map(|_| text.to_string())
+        .map_err(|e| e.to_string())
+}
 
 /// Parses a duration in Go's syntax, as `kubectl` and CEL's `duration()` do: a sequence of
 /// decimal numbers with a unit each (`1500ms`, `15s`, `2m`, `1h30m`, `1.5h`; units `ns`, `us`,
@@ -302,6 +305,7 @@ mod tests {
             "--metrics-bind-address=0",
             "--health-probe-bind-address=:9000",
             "--log-format=json",
+            "--otlp-endpoint=http://otel-collector:4318",
         ]);
         assert!(!t.common.leader_elect);
         assert_eq!(
@@ -314,6 +318,22 @@ mod tests {
             Some("0.0.0.0:9000".parse().unwrap())
         );
         assert_eq!(t.common.log_format, LogFormat::Json);
+        assert_eq!(
+            t.common.otlp_endpoint.as_deref(),
+            Some("http://otel-collector:4318")
+        );
+    }
+
+    #[test]
+    fn an_otlp_endpoint_that_is_not_a_url_is_a_usage_error() {
+        let err = Test::try_parse_from(["op", "--otlp-endpoint=otel-collector:4318"])
+            .err()
+            .map(|e| e.to_string())
+            .unwrap_or_default();
+        assert!(
+            err.contains("--otlp-endpoint") && err.contains("http://"),
+            "{err}"
+        );
     }
 
     #[test]

@@ -50,7 +50,9 @@ use crate::leader::{Leadership, NotLeader};
 /// module documentation describes.
 ///
 /// The stack is kube's default one (base URI, retries, authentication, extra headers, rustls
-/// with the configured timeouts) around a hyper client whose request bodies are fenced.
+/// with the configured timeouts) around a hyper client whose request bodies are fenced, plus
+/// [`crate::telemetry::RequestSpans`]: a span for each request made inside a reconcile
+/// (kube's own tracing layer would trace watches and Lease renewals too).
 ///
 /// # Errors
 /// [`Error::Config`] when the client cannot be built, or `config` names a proxy (not
@@ -79,6 +81,7 @@ pub fn client(config: kube::Config, leadership: Leadership) -> Result<kube::Clie
         .default_retry
         .then(|| tower::retry::RetryLayer::new(kube::client::retry::RetryPolicy::server_retry()));
     let service = ServiceBuilder::new()
+        .layer(crate::telemetry::RequestSpans)
         .layer(GuardLayer { leadership })
         .layer(config.base_uri_layer())
         .option_layer(retry)

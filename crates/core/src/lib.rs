@@ -6,7 +6,8 @@
 //! metrics and health endpoints ([`server`]). Inside a reconcile, use [`finalizer`] for safe
 //! deletion, [`apply`] for owned children by server-side apply, [`conditions`] and
 //! [`status`] for one status write per reconcile, and [`events`] to tell users what happened.
-//! Operator binaries flatten [`cli::CommonArgs`] into their own clap parser.
+//! Operator binaries flatten [`cli::CommonArgs`] into their own clap parser; [`telemetry`]
+//! turns its logging and `--otlp-endpoint` flags into logs and traces.
 
 pub mod apply;
 pub mod cli;
@@ -22,6 +23,7 @@ pub mod operator;
 pub mod runtime;
 pub mod server;
 pub mod status;
+pub mod telemetry;
 
 pub use controller::Controller;
 pub use error::{Error, ReconcileError, chain};

@@ -156,13 +156,18 @@ pub fn main<D: Definition>() -> ExitCode {
         Ok(runtime) => runtime,
         Err(e) => return fail(D::NAME, &e),
     };
+    let telemetry = match runtime.block_on(async { crate::telemetry::init(&cli.common, D::NAME) }) {
+        Ok(telemetry) => telemetry,
+        Err(e) => return fail(D::NAME, &e),
+    };
     let result: Result<(), Box<dyn std::error::Error + Send + Sync>> = runtime.block_on(async {
-        cli.common.init_logging();
         let mut operator = Operator::new(D::NAME, cli.common).await?;
         D::register(&mut operator, cli.options)?;
         operator.run().await?;
         Ok(())
     });
+    // Outside the runtime: flushing the last spans blocks.
+    telemetry.shutdown();
     match result {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => fail(D::NAME, e.as_ref()),

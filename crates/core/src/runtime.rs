@@ -37,6 +37,7 @@ use kube::{Client, Resource, ResourceExt};
 use serde::de::DeserializeOwned;
 use tokio_util::sync::CancellationToken;
 use tracing::Instrument;
+use tracing::field::Empty;
 
 use crate::cli::CommonArgs;
 use crate::controller::Controller;
@@ -411,10 +412,19 @@ impl Operator {
                 let name = name.clone();
                 let tracker = tracker.clone();
                 let key = object_key(obj.as_ref());
-                let span = tracing::info_span!("reconcile", controller = %name, object = %key);
+                let span = tracing::info_span!(
+                    "reconcile",
+                    controller = %name,
+                    object = %key,
+                    result = Empty,
+                    error = Empty,
+                    otel.status_code = Empty,
+                );
+                let traced = span.clone();
                 async move {
                     let leadership = ctx.leadership.clone();
                     if !leadership.is_leader() {
+                        traced.record("result", "skipped");
                         metrics.reconcile_total.get_or_create(&metrics.result(&name, "skipped")).inc();
                         return Ok(Action::await_change());
                     }
@@ -438,13 +448,18 @@ impl Operator {
                     metrics.reconcile_time.get_or_create(&labels).observe(started.elapsed().as_secs_f64());
                     match &result {
                         Ok(_) => {
+                            traced.record("result", "success");
                             backoff.reset(&key);
                             metrics.reconcile_total.get_or_create(&metrics.result(&name, "success")).inc();
                         }
                         Err(RunError::LostLeadership) => {
+                            traced.record("result", "skipped");
                             metrics.reconcile_total.get_or_create(&metrics.result(&name, "skipped")).inc();
                         }
                         Err(RunError::Panicked(message)) => {
+                            traced.record("result", "panicked");
+                            traced.record("error", message.as_str());
+                            traced.record("otel.status_code", "ERROR");
                             metrics.reconcile_total.get_or_create(&metrics.result(&name, "error")).inc();
                             metrics.reconcile_errors.get_or_create(&labels).inc();
                             metrics.reconcile_panics.get_or_create(&labels).inc();
@@ -458,6 +473,9 @@ impl Operator {
                             metrics.reconcile_total.get_or_create(&metrics.result(&name, "error")).inc();
                             metrics.reconcile_errors.get_or_create(&labels).inc();
                             let message = chain(e);
+                            traced.record("result", "error");
+                            traced.record("error", message.as_str());
+                            traced.record("otel.status_code", "ERROR");
                             tracing::warn!(reason = e.reason(), error = %message, "reconcile failed");
                             ctx.recorder.warning(obj.as_ref(), e.reason(), "Reconcile", message).await;
                         }

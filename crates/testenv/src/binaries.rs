@@ -1,7 +1,8 @@
 //! Building the control-plane binaries from the Go modules in `crates/testenv/go/`.
 //!
 //! Each Go module (`etcd`, `kubernetes`, `kwok`, the real node's `containerd` and `coredns`,
-//! `helm` for the chart tests and `prometheus` for the monitoring tests)
+//! `helm` for the chart tests, `prometheus` for the monitoring tests and `otelcol` for the
+//! trace test)
 //! pins its component in `go.mod`/`go.sum`.
 //! The binaries land in a cache directory outside the repository, keyed by a hash of the
 //! module files, the ldflags and the Go version, so a second run (or CI on the same
@@ -53,6 +54,8 @@ struct Module {
     packages: &'static [&'static str],
     /// Go build tags.
     tags: &'static [&'static str],
+    /// Go sources of this module's own main package, hashed with go.mod and go.sum.
+    sources: &'static [&'static str],
 }
 
 const ETCD: Module = Module {
@@ -60,6 +63,7 @@ const ETCD: Module = Module {
     pinned: "go.etcd.io/etcd/server/v3",
     packages: &["go.etcd.io/etcd/server/v3"],
     tags: &[],
+    sources: &[],
 };
 const KUBERNETES: Module = Module {
     dir: "kubernetes",
@@ -73,12 +77,14 @@ const KUBERNETES: Module = Module {
         "k8s.io/kubernetes/cmd/kube-proxy",
     ],
     tags: &[],
+    sources: &[],
 };
 const KWOK: Module = Module {
     dir: "kwok",
     pinned: "sigs.k8s.io/kwok",
     packages: &["sigs.k8s.io/kwok/cmd/kwok"],
     tags: &[],
+    sources: &[],
 };
 const CONTAINERD: Module = Module {
     dir: "containerd",
@@ -90,12 +96,14 @@ const CONTAINERD: Module = Module {
     ],
     // The storage drivers the node does not use (it uses overlayfs) need C libraries.
     tags: &["no_btrfs", "no_devmapper", "no_zfs"],
+    sources: &[],
 };
 const COREDNS: Module = Module {
     dir: "coredns",
     pinned: "github.com/coredns/coredns",
     packages: &["github.com/coredns/coredns"],
     tags: &[],
+    sources: &[],
 };
 
 const HELM: Module = Module {
@@ -103,6 +111,7 @@ const HELM: Module = Module {
     pinned: "helm.sh/helm/v4",
     packages: &["helm.sh/helm/v4/cmd/helm"],
     tags: &[],
+    sources: &[],
 };
 
 const PROMETHEUS: Module = Module {
@@ -113,6 +122,15 @@ const PROMETHEUS: Module = Module {
         "github.com/prometheus/prometheus/cmd/promtool",
     ],
     tags: &[],
+    sources: &[],
+};
+
+const OTELCOL: Module = Module {
+    dir: "otelcol",
+    pinned: "go.opentelemetry.io/collector/otelcol",
+    packages: &["."],
+    tags: &[],
+    sources: &["main.go"],
 };
 
 /// kwok stages to simulate a kubelet: nodes become Ready and heartbeat through Leases,
@@ -237,6 +255,15 @@ pub fn prometheus() -> Result<(PathBuf, PathBuf), Error> {
     Ok((dir.join("prometheus"), dir.join("promtool")))
 }
 
+/// An OpenTelemetry Collector with an OTLP receiver and a file exporter (`go/otelcol`), for
+/// the trace test: built on first use. Blocking; a few minutes cold on 2 cores.
+///
+/// # Errors
+/// [`Error::Build`] naming the log when `go` fails.
+pub fn otelcol() -> Result<PathBuf, Error> {
+    Ok(build(&OTELCOL, &go_version()?, &[])?.join("otelcol"))
+}
+
 /// The Prometheus Operator release whose `monitoring.coreos.com` CRDs the monitoring test
 /// installs (to apply `deploy/monitoring` against their schemas).
 pub const PROMETHEUS_OPERATOR: &str = "v0.85.0";
@@ -323,7 +350,7 @@ fn build(module: &Module, go: &str, ldflags: &[String]) -> Result<PathBuf, Error
     let src = go_dir().join(module.dir);
     let io = |what: String| move |source| Error::Io { what, source };
     let mut hasher = Sha256::new();
-    for file in ["go.mod", "go.sum"] {
+    for file in ["go.mod", "go.sum"].iter().chain(module.sources) {
         let path = src.join(file);
         hasher.update(std::fs::read(&path).map_err(io(format!("read {}", path.display())))?);
     }

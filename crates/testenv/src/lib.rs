@@ -35,7 +35,7 @@ pub use binaries::{Binaries, NodeBinaries, Versions};
 pub use controlplane::{Component, ControlPlane, Options};
 pub use helpers::{eventually, shared, workspace_root};
 pub use node::RealNode;
-pub use process::{free_port, http_get};
+pub use process::{Process, free_port, http_get};
 
 use std::path::PathBuf;
 
