@@ -1363,6 +1363,81 @@ async fn paused_plan_halts_between_components() {
     op.stop().await;
 }
 
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_plan_starts_components_only_inside_its_maintenance_window() {
+    use k8s_openapi::jiff::{SignedDuration, Timestamp, tz::TimeZone};
+
+    let env = Env::new("uo-window").await;
+    create_and_wait(&env, &[deployment("a", "a:1")], &[], &[]).await;
+    let op = env.start();
+
+    // A one-minute window twelve hours from now: closed for the whole test.
+    let later = (Timestamp::now() + SignedDuration::from_hours(12)).to_zoned(TimeZone::UTC);
+    let schedule = format!("{} {} * * *", later.minute(), later.hour());
+    let closed = json!({"maintenanceWindows": [{"schedule": schedule, "duration": "1m"}]});
+    env.create_plan(plan(
+        "nightly",
+        vec![component("a", "Deployment", "a:2", &[])],
+        closed,
+    ))
+    .await;
+    let status = env
+        .wait_phase("nightly", &[PlanPhase::WaitingWindow], WAIT_VALID)
+        .await;
+    let ready = steward_core::conditions::get(&status.conditions, "Ready").expect("Ready");
+    assert_eq!(ready.reason, "OutsideMaintenanceWindow");
+    assert!(
+        ready.message.contains(&format!(
+            "opens at {}",
+            later.strftime("%Y-%m-%dT%H:%M:00+00:00[UTC]")
+        )),
+        "{}",
+        ready.message
+    );
+    assert!(status.started_at.is_none(), "{}", describe(&status));
+    assert_eq!(deployment_image(&env, "a").await.0, "a:1");
+
+    // A schedule the API server cannot judge is the orchestrator's to refuse, by name.
+    env.patch_plan(
+        "nightly",
+        json!({"spec": {"strategy": {"maintenanceWindows": [{"schedule": "0 25 * * *", "duration": "1h"}]}}}),
+    )
+    .await;
+    let invalid = env.wait_invalid("nightly").await;
+    let valid = steward_core::conditions::get(&invalid.conditions, "Valid").expect("Valid");
+    assert_eq!(valid.reason, "InvalidMaintenanceWindow");
+    assert!(
+        valid.message.contains("maintenanceWindows[0]"),
+        "{}",
+        valid.message
+    );
+    assert_eq!(deployment_image(&env, "a").await.0, "a:1");
+    // A malformed duration never gets in.
+    let refused = env
+        .plans()
+        .patch(
+            "nightly",
+            &PatchParams::default(),
+            &Patch::Merge(&json!({"spec": {"strategy": {"maintenanceWindows": [{"schedule": "@daily", "duration": "soon"}]}}})),
+        )
+        .await
+        .expect_err("a duration that is not one is refused at admission");
+    assert!(refused.to_string().contains("duration"), "{refused}");
+
+    // The window opens (any minute, for an hour): the plan runs.
+    env.patch_plan(
+        "nightly",
+        json!({"spec": {"strategy": {"maintenanceWindows": [{"schedule": "* * * * *", "duration": "1h", "timeZone": "Europe/Berlin"}]}}}),
+    )
+    .await;
+    env.wait_phase("nightly", &[PlanPhase::Succeeded], ROLL)
+        .await;
+    assert_eq!(deployment_image(&env, "a").await.0, "a:2");
+    env.expect_events("nightly", &["WaitingWindow", "PlanStarted"])
+        .await;
+    op.stop().await;
+}
+
 // ---------------------------------------------------------------------------------------------
 // 5. Invalid plans
 

@@ -373,6 +373,17 @@ pub fn next_step(plan: &UpgradePlan) -> String {
             "wave {} waits for approval: kubectl steward approve {name}",
             status.current_wave.unwrap_or(1)
         ),
+        Some(PlanPhase::WaitingWindow) => Readiness::of(&status.conditions)
+            .message
+            .and_then(|m| {
+                m.split("; ")
+                    .find_map(|part| part.strip_prefix("the next maintenance window opens at "))
+                    .map(str::to_string)
+            })
+            .map_or_else(
+                || "waits for its maintenance window".to_string(),
+                |at| format!("waits for the maintenance window opening at {at}"),
+            ),
         Some(PlanPhase::Paused) if plan.spec.strategy.paused => {
             format!("paused: kubectl steward resume {name}")
         }
@@ -673,6 +684,19 @@ mod tests {
             "wave 2 waits for approval: kubectl steward approve rollout"
         );
         assert_eq!((row.current_wave, row.waves), (Some(2), Some(2)));
+    }
+
+    #[test]
+    fn a_plan_outside_its_window_says_when_the_next_one_opens() {
+        let status = json!({"phase": "WaitingWindow", "conditions": [{
+            "type": "Ready", "status": "False", "reason": "OutsideMaintenanceWindow",
+            "lastTransitionTime": "2026-12-01T12:00:00Z",
+            "message": "outside the maintenance windows: no component starts; the next maintenance window opens at 2026-12-05T01:00:00+00:00[UTC] (0 1 * * SAT UTC for 4h)",
+        }]});
+        assert_eq!(
+            next_step(&plan(two_components(), status)),
+            "waits for the maintenance window opening at 2026-12-05T01:00:00+00:00[UTC] (0 1 * * SAT UTC for 4h)"
+        );
     }
 
     #[test]

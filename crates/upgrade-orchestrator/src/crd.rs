@@ -211,6 +211,34 @@ pub struct Strategy {
     /// When a component may start (within `maxConcurrent`).
     #[serde(default)]
     pub scheduling: Scheduling,
+
+    /// Components start only while one of these windows is open; outside them nothing new
+    /// starts, components already upgrading are followed to the end, and rollbacks are never
+    /// held back. Empty: at any time.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(length(max = 20))]
+    pub maintenance_windows: Vec<MaintenanceWindow>,
+}
+
+/// A recurring time during which a plan may start components.
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Eq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct MaintenanceWindow {
+    /// When the window opens: a cron schedule of 5 fields (minute hour day-of-month month
+    /// day-of-week, e.g. `0 2 * * SAT`) or a nickname (`@daily`, `@weekly`).
+    #[schemars(length(min = 1, max = 128))]
+    pub schedule: String,
+    /// How long it stays open, e.g. `4h` or `90m` (at most 31 days).
+    #[schemars(
+        length(min = 2, max = 32),
+        regex(pattern = r"^([0-9]+(\.[0-9]+)?(ns|us|µs|ms|s|m|h))+$")
+    )]
+    pub duration: String,
+    /// The IANA time zone the schedule is read in, e.g. `Europe/Berlin` (daylight saving
+    /// included). Default: UTC.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(min = 1, max = 64))]
+    pub time_zone: Option<String>,
 }
 
 /// When a component may start.
@@ -241,6 +269,7 @@ impl Default for Strategy {
             approval: Approval::default(),
             paused: false,
             scheduling: Scheduling::default(),
+            maintenance_windows: Vec::new(),
         }
     }
 }
@@ -308,6 +337,8 @@ pub enum PlanPhase {
     Paused,
     /// `approval: Manual` and the next wave is not approved yet.
     WaitingApproval,
+    /// Outside every maintenance window: no component starts until the next one opens.
+    WaitingWindow,
     /// Reverting changed components after a failure.
     RollingBack,
     Succeeded,
@@ -331,6 +362,7 @@ impl PlanPhase {
             PlanPhase::Progressing => "Progressing",
             PlanPhase::Paused => "Paused",
             PlanPhase::WaitingApproval => "WaitingApproval",
+            PlanPhase::WaitingWindow => "WaitingWindow",
             PlanPhase::RollingBack => "RollingBack",
             PlanPhase::Succeeded => "Succeeded",
             PlanPhase::Failed => "Failed",

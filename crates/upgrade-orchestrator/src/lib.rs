@@ -8,6 +8,7 @@
 //! target    observe:  read each target; its value and health         (health: pure)
 //!           apply:    make the changes the status already records    (JSON patch + test)
 //! progress  build:    the state machine → next status, Events        (pure)
+//! window              maintenance windows: may a component start now (pure)
 //! reconcile status:   one write, resourceVersion-guarded; then Events
 //! ```
 //!
@@ -35,6 +36,7 @@ pub mod plan;
 pub mod progress;
 pub mod reconcile;
 pub mod target;
+pub mod window;
 
 use std::sync::Arc;
 

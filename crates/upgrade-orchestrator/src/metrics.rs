@@ -2,7 +2,7 @@
 //!
 //! | metric | type | labels |
 //! |---|---|---|
-//! | `steward_upgrade_plans_in_progress` | gauge | — plans in Progressing, RollingBack, WaitingApproval or Paused, counted from the watch cache at scrape time |
+//! | `steward_upgrade_plans_in_progress` | gauge | — plans in Progressing, RollingBack, WaitingApproval, WaitingWindow or Paused, counted from the watch cache at scrape time |
 //! | `steward_upgrade_component_duration_seconds` | histogram | kind, result (`succeeded`, `failed`, `rolled_back`) |
 //! | `steward_upgrade_plan_started_timestamp_seconds` | gauge | namespace, plan, phase — when a plan in progress started (from the cache at scrape time), for "stuck" alerts |
 
@@ -46,7 +46,7 @@ impl PlanMetrics {
         );
         metrics.register(
             "steward_upgrade_plans_in_progress",
-            "UpgradePlans in Progressing, RollingBack, WaitingApproval or Paused",
+            "UpgradePlans in Progressing, RollingBack, WaitingApproval, WaitingWindow or Paused",
             InProgress { plans },
         );
         Self { component_duration }
@@ -105,6 +105,7 @@ pub fn in_progress(phase: Option<PlanPhase>) -> bool {
             PlanPhase::Progressing
                 | PlanPhase::RollingBack
                 | PlanPhase::WaitingApproval
+                | PlanPhase::WaitingWindow
                 | PlanPhase::Paused
         )
     )

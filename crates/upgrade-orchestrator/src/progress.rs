@@ -34,6 +34,7 @@ use crate::crd::{
 use crate::health::Health;
 use crate::plan::{Invalid, Plan};
 use crate::target::Observation;
+use crate::window::Window;
 
 /// The `Valid` condition type.
 pub const VALID: &str = "Valid";
@@ -841,6 +842,46 @@ pub fn step(i: &Input<'_>) -> Outcome {
                 ),
             );
         }
+        match crate::window::check(&strategy.maintenance_windows, i.now) {
+            Err(why) => {
+                set(
+                    &mut st,
+                    VALID,
+                    false,
+                    "InvalidMaintenanceWindow",
+                    &why,
+                    generation,
+                    &at,
+                );
+                let phase = if st.started_at.is_some() {
+                    PlanPhase::Paused
+                } else {
+                    PlanPhase::Pending
+                };
+                break 'decide (phase, "InvalidMaintenanceWindow", why);
+            }
+            Ok(Window::Closed { opens, window }) => {
+                s.recheck_in(crate::window::until(i.now, opens.timestamp()));
+                let next = format!(
+                    "the next maintenance window opens at {} ({window})",
+                    opens.strftime("%Y-%m-%dT%H:%M:%S%:z[%Q]")
+                );
+                let message = if in_flight > 0 {
+                    format!(
+                        "outside the maintenance windows: no component starts; {in_flight} in flight still followed; {next}"
+                    )
+                } else {
+                    format!("outside the maintenance windows: no component starts; {next}")
+                };
+                break 'decide (
+                    PlanPhase::WaitingWindow,
+                    "OutsideMaintenanceWindow",
+                    message,
+                );
+            }
+            Ok(Window::Open { closes }) => s.recheck_in(crate::window::until(i.now, closes)),
+            Ok(Window::Always) => {}
+        }
         let blocked = s.start_wave(wave);
         if strategy.scheduling == Scheduling::Dag && strategy.approval == Approval::Automatic {
             // Later waves too: a component whose own dependencies are done need not wait for
@@ -957,9 +998,11 @@ fn finish(
             PlanPhase::Failed => Some((true, "PlanFailed")),
             PlanPhase::Paused => Some((reason == "ComponentFailed", "PlanPaused")),
             PlanPhase::WaitingApproval => Some((false, "WaitingApproval")),
+            PlanPhase::WaitingWindow => Some((false, "WaitingWindow")),
             PlanPhase::Progressing => match old_phase {
                 None | Some(PlanPhase::Pending) => Some((false, "PlanStarted")),
                 Some(PlanPhase::WaitingApproval) => Some((false, "WaveApproved")),
+                Some(PlanPhase::WaitingWindow) => Some((false, "WindowOpened")),
                 Some(_) => Some((false, "PlanResumed")),
             },
             PlanPhase::Pending | PlanPhase::RollingBack => None,
@@ -1190,6 +1233,124 @@ mod tests {
         fn reasons(&self) -> Vec<&'static str> {
             self.notes.iter().map(|n| n.reason).collect()
         }
+    }
+
+    /// Midnight UTC for an hour; the simulation starts at 2023-11-14T22:13:20Z, 6400 s before.
+    fn nightly() -> Vec<crate::crd::MaintenanceWindow> {
+        vec![crate::crd::MaintenanceWindow {
+            schedule: "0 0 * * *".into(),
+            duration: "1h".into(),
+            time_zone: None,
+        }]
+    }
+
+    #[test]
+    fn outside_its_maintenance_window_nothing_starts_and_components_in_flight_finish() {
+        let mut s = Sim::diamond().with(|st| {
+            st.max_concurrent = 2;
+            st.maintenance_windows = nightly();
+        });
+        let out = s.reconcile();
+        assert_eq!(s.phase(), PlanPhase::WaitingWindow);
+        assert!(s.changes.is_empty() && s.status.started_at.is_none());
+        assert_eq!(out.recheck_after, Some(Duration::from_secs(6400)));
+        let ready = conditions::get(&s.status.conditions, conditions::READY).unwrap();
+        assert_eq!(ready.reason, "OutsideMaintenanceWindow");
+        assert!(
+            ready
+                .message
+                .contains("opens at 2023-11-15T00:00:00+00:00[UTC] (0 0 * * * UTC for 1h)"),
+            "{}",
+            ready.message
+        );
+        assert!(s.reasons().contains(&"WaitingWindow"));
+
+        // The window opens: db, then api and worker start.
+        s.now = 6400;
+        s.reconcile();
+        assert_eq!(s.phase(), PlanPhase::Progressing);
+        assert!(s.reasons().contains(&"WindowOpened"));
+        s.reconcile();
+        s.roll_out_all();
+        s.reconcile();
+        let out = s.reconcile();
+        assert_eq!(s.values["api"], "api:2");
+        assert_eq!(s.values["worker"], "worker:2");
+        assert!(
+            out.recheck_after
+                .is_some_and(|d| d <= Duration::from_secs(3600)),
+            "looks again when the window closes: {:?}",
+            out.recheck_after
+        );
+
+        // It closes with api and worker in flight: they are followed to the end; web waits.
+        s.now = 6400 + 3600;
+        s.roll_out_all();
+        for _ in 0..3 {
+            s.reconcile();
+        }
+        assert_eq!(s.comp("api").phase, ComponentPhase::Succeeded);
+        assert_eq!(s.comp("worker").phase, ComponentPhase::Succeeded);
+        assert_eq!(s.comp("web").phase, ComponentPhase::Pending);
+        assert_eq!(s.values["web"], "web:1");
+        assert_eq!(s.phase(), PlanPhase::WaitingWindow);
+
+        // The next night it finishes.
+        s.now = 6400 + 86_400;
+        for _ in 0..3 {
+            s.reconcile();
+            s.roll_out_all();
+        }
+        s.reconcile();
+        assert_eq!(s.phase(), PlanPhase::Succeeded);
+    }
+
+    #[test]
+    fn a_rollback_is_not_held_back_by_a_closed_window() {
+        let mut s = Sim::diamond().with(|st| {
+            st.failure_policy = FailurePolicy::Rollback;
+            st.progress_deadline_seconds = 60;
+            st.maintenance_windows = nightly();
+        });
+        s.now = 6400;
+        s.db_done_then_api_started();
+        // api never becomes healthy; its deadline passes after the window closed.
+        s.now = 6400 + 3600;
+        for _ in 0..4 {
+            s.reconcile();
+        }
+        assert_eq!(s.values["api"], "api:1", "api reverted outside the window");
+        s.roll_out_all();
+        for _ in 0..4 {
+            s.reconcile();
+            s.roll_out_all();
+        }
+        assert_eq!(s.values["db"], "db:1", "db reverted outside the window");
+        assert_eq!(s.phase(), PlanPhase::RolledBack);
+    }
+
+    #[test]
+    fn an_invalid_window_is_a_validation_failure_that_starts_nothing() {
+        let mut s = Sim::diamond().with(|st| {
+            st.maintenance_windows = vec![crate::crd::MaintenanceWindow {
+                schedule: "0 25 * * *".into(),
+                duration: "1h".into(),
+                time_zone: None,
+            }];
+        });
+        s.reconcile();
+        assert_eq!(s.phase(), PlanPhase::Pending);
+        let valid = conditions::get(&s.status.conditions, VALID).unwrap();
+        assert_eq!(
+            (valid.status.as_str(), valid.reason.as_str()),
+            ("False", "InvalidMaintenanceWindow")
+        );
+        assert!(
+            valid.message.contains("maintenanceWindows[0]"),
+            "{}",
+            valid.message
+        );
+        assert!(s.changes.is_empty());
     }
 
     #[test]
