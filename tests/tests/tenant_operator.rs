@@ -1721,6 +1721,341 @@ async fn a_tenant_limit_below_the_per_namespace_one_is_reported() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn tenant_policies_refuse_what_the_tenant_may_not_run_even_through_a_controller() {
+    use k8s_openapi::api::apps::v1::ReplicaSet;
+    use k8s_openapi::api::core::v1::{PersistentVolumeClaim, Service};
+    use k8s_openapi::api::networking::v1::Ingress;
+
+    let _shared = EXCLUSIVE.read().await;
+    let mut env = Env::start("rules").await;
+    let t = format!("{}-t", env.id);
+    let ns = format!("{t}-a");
+    let registry = "registry.example.com/team/";
+    env.create(
+        &t,
+        json!({
+            "owners": [{"kind": "User", "name": "rita"}],
+            "namespaces": [ns],
+            "policies": {
+                "allowedRegistries": [registry],
+                "imagePullPolicy": "Always",
+                "allowedStorageClasses": ["standard"],
+                "allowedIngressClasses": ["internal"],
+                "forbiddenServiceTypes": ["NodePort", "LoadBalancer"],
+                "forbidExternalIPs": true,
+                "nodeSelector": {"pool": "team"},
+            },
+        }),
+    )
+    .await;
+    env.ready(&t).await;
+    let owner = env.as_user("rita");
+    let because = |key: &str, value: &str| format!("(spec.policies.{key} of tenant {t}: {value})");
+
+    let pods: Api<Pod> = Api::namespaced(owner.clone(), &ns);
+    let pod_with = |image: &str, pull: &str, pinned: bool| -> Pod {
+        let mut spec =
+            json!({"containers": [{"name": "app", "image": image, "imagePullPolicy": pull}]});
+        if pinned {
+            spec["nodeSelector"] = json!({"pool": "team"});
+        }
+        serde_json::from_value(json!({"metadata": {"name": "p"}, "spec": spec})).unwrap()
+    };
+    let good = format!("{registry}app:1");
+    let message = denied_eventually(
+        "a pod from another registry",
+        "not from an allowed registry",
+        || async {
+            pods.create(
+                &dry_post(),
+                &pod_with("docker.io/library/nginx:1", "Always", true),
+            )
+            .await
+        },
+    )
+    .await;
+    assert!(
+        message.contains(&format!(
+            "image docker.io/library/nginx:1 is not from an allowed registry {}",
+            because("allowedRegistries", registry)
+        )),
+        "{message}"
+    );
+    for (what, pod, needle) in [
+        (
+            "a container pulled IfNotPresent",
+            pod_with(&good, "IfNotPresent", true),
+            format!(
+                "every container must have imagePullPolicy Always {}",
+                because("imagePullPolicy", "Always")
+            ),
+        ),
+        (
+            "a pod not pinned to the tenant's nodes",
+            pod_with(&good, "Always", false),
+            format!(
+                "the pod must have nodeSelector pool=team {}",
+                because("nodeSelector", "pool=team")
+            ),
+        ),
+    ] {
+        let err = pods.create(&dry_post(), &pod).await.expect_err(what);
+        assert!(
+            code(&err) == Some(403) && err.to_string().contains(&needle),
+            "{what}: {err}"
+        );
+    }
+    pods.create(&dry_post(), &pod_with(&good, "Always", true))
+        .await
+        .expect("a pod that keeps every rule is admitted");
+
+    let services: Api<Service> = Api::namespaced(owner.clone(), &ns);
+    let service = |spec: Value| -> Service {
+        let mut spec = spec;
+        spec["ports"] = json!([{"port": 80}]);
+        serde_json::from_value(json!({"metadata": {"name": "s"}, "spec": spec})).unwrap()
+    };
+    for (what, spec, needle) in [
+        (
+            "a NodePort Service",
+            json!({"type": "NodePort"}),
+            "Services of type NodePort are forbidden",
+        ),
+        (
+            "a LoadBalancer Service",
+            json!({"type": "LoadBalancer"}),
+            "Services of type LoadBalancer are forbidden",
+        ),
+        (
+            "a Service with externalIPs",
+            json!({"externalIPs": ["198.18.0.9"]}),
+            "Services with externalIPs are forbidden",
+        ),
+    ] {
+        let err = services
+            .create(&dry_post(), &service(spec))
+            .await
+            .expect_err(what);
+        assert!(
+            code(&err) == Some(403) && err.to_string().contains(needle),
+            "{what}: {err}"
+        );
+    }
+    services
+        .create(&dry_post(), &service(json!({})))
+        .await
+        .expect("a ClusterIP Service is admitted");
+
+    let claims: Api<PersistentVolumeClaim> = Api::namespaced(owner.clone(), &ns);
+    let claim = |class: Option<&str>| -> PersistentVolumeClaim {
+        let mut spec = json!({"accessModes": ["ReadWriteOnce"], "resources": {"requests": {"storage": "1Gi"}}});
+        if let Some(class) = class {
+            spec["storageClassName"] = json!(class);
+        }
+        serde_json::from_value(json!({"metadata": {"name": "c"}, "spec": spec})).unwrap()
+    };
+    for class in [Some("fast"), None] {
+        let err = claims
+            .create(&dry_post(), &claim(class))
+            .await
+            .expect_err("claim");
+        assert!(
+            code(&err) == Some(403)
+                && err
+                    .to_string()
+                    .contains("a PersistentVolumeClaim must name one of the allowed classes"),
+            "{class:?}: {err}"
+        );
+    }
+    claims
+        .create(&dry_post(), &claim(Some("standard")))
+        .await
+        .expect("a claim of an allowed class is admitted");
+
+    let ingresses: Api<Ingress> = Api::namespaced(owner.clone(), &ns);
+    let ingress = |class: &str| -> Ingress {
+        serde_json::from_value(json!({"metadata": {"name": "i"}, "spec": {
+            "ingressClassName": class,
+            "defaultBackend": {"service": {"name": "s", "port": {"number": 80}}},
+        }}))
+        .unwrap()
+    };
+    let err = ingresses
+        .create(&dry_post(), &ingress("public"))
+        .await
+        .expect_err("class");
+    assert!(
+        err.to_string()
+            .contains("an Ingress must name one of the allowed classes"),
+        "{err}"
+    );
+    ingresses
+        .create(&dry_post(), &ingress("internal"))
+        .await
+        .expect("an Ingress of an allowed class is admitted");
+
+    // A Deployment is admitted, but the ReplicaSet controller cannot create its pods: the rules
+    // hold for what controllers create on the tenant's behalf.
+    let deployment: Deployment = serde_json::from_value(json!({
+        "metadata": {"name": "web"},
+        "spec": {
+            "replicas": 1,
+            "selector": {"matchLabels": {"app": "web"}},
+            "template": {"metadata": {"labels": {"app": "web"}}, "spec": {
+                "containers": [{"name": "app", "image": "docker.io/library/nginx:1", "imagePullPolicy": "Always"}],
+                "nodeSelector": {"pool": "team"},
+            }},
+        },
+    }))
+    .unwrap();
+    Api::<Deployment>::namespaced(owner.clone(), &ns)
+        .create(&PostParams::default(), &deployment)
+        .await
+        .expect("the Deployment itself is admitted");
+    let sets: Api<ReplicaSet> = Api::namespaced(env.client.clone(), &ns);
+    let failure = eventually("the ReplicaSet reports its pods refused", WAIT, || async {
+        let list = sets
+            .list(&ListParams::default())
+            .await
+            .map_err(|e| e.to_string())?;
+        list.items
+            .iter()
+            .flat_map(|rs| rs.status.iter().flat_map(|s| s.conditions.iter().flatten()))
+            .find(|c| c.type_.as_deref() == Some("ReplicaFailure"))
+            .and_then(|c| c.message.clone())
+            .ok_or_else(|| format!("{} ReplicaSets, no ReplicaFailure yet", list.items.len()))
+    })
+    .await
+    .expect("refused");
+    assert!(
+        failure.contains("is not from an allowed registry"),
+        "{failure}"
+    );
+
+    // The rules' ConfigMap is the operator's: the owner can neither change nor delete it.
+    let params: Api<ConfigMap> = Api::namespaced(owner.clone(), &ns);
+    let err = params
+        .delete("tenancy.steward.dev-policies", &dry_delete())
+        .await
+        .expect_err("the owner cannot delete the rules");
+    assert_eq!(code(&err), Some(403), "{err}");
+
+    // Without policies, the same pod passes.
+    env.tenants
+        .patch(
+            &t,
+            &PatchParams::default(),
+            &Patch::Merge(json!({"spec": {"policies": null}})),
+        )
+        .await
+        .expect("drop the policies");
+    eventually("the rules are lifted", WAIT, || async {
+        pods.create(
+            &dry_post(),
+            &pod_with("docker.io/library/nginx:1", "IfNotPresent", false),
+        )
+        .await
+        .map(|_| ())
+        .map_err(|e| e.to_string())
+    })
+    .await
+    .expect("lifted");
+    env.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn additional_quotas_and_network_policies_are_kept_in_every_namespace() {
+    let _shared = EXCLUSIVE.read().await;
+    let mut env = Env::start("extra").await;
+    let t = format!("{}-t", env.id);
+    let (a, b) = (format!("{t}-a"), format!("{t}-b"));
+    env.create(
+        &t,
+        json!({
+            "owners": [{"kind": "User", "name": "ines"}],
+            "namespaces": [a, b],
+            "additionalResourceQuotas": [
+                {"name": "no-best-effort", "hard": {"pods": "0"}, "scopes": ["BestEffort"]},
+                {"name": "high-priority", "hard": {"pods": "2"}, "scopeSelector": {"matchExpressions": [
+                    {"scopeName": "PriorityClass", "operator": "In", "values": ["high"]}]}},
+            ],
+            "additionalNetworkPolicies": [
+                {"name": "dns-egress", "spec": {"podSelector": {}, "policyTypes": ["Egress"], "egress": [
+                    {"ports": [{"protocol": "UDP", "port": 53}]}]}},
+            ],
+        }),
+    )
+    .await;
+    env.ready(&t).await;
+    for ns in [&a, &b] {
+        let quotas = env.api::<ResourceQuota>(ns);
+        let best = quotas.get("no-best-effort").await.expect("no-best-effort");
+        let spec = best.spec.unwrap();
+        assert_eq!(spec.scopes.unwrap(), ["BestEffort"], "{ns}");
+        assert_eq!(spec.hard.unwrap()["pods"].0, "0");
+        let high = quotas
+            .get("high-priority")
+            .await
+            .expect("high-priority")
+            .spec
+            .unwrap();
+        assert_eq!(
+            high.scope_selector.unwrap().match_expressions.unwrap()[0].values,
+            Some(vec!["high".to_string()])
+        );
+        let dns = env
+            .api::<NetworkPolicy>(ns)
+            .get("dns-egress")
+            .await
+            .expect("dns-egress")
+            .spec
+            .unwrap();
+        assert_eq!(dns.policy_types.unwrap(), ["Egress"], "{ns}");
+    }
+
+    // The BestEffort quota is in force: a pod without requests is refused in the namespace.
+    let owner = env.as_user("ines");
+    let err = Api::<Pod>::namespaced(owner.clone(), &a)
+        .create(&dry_post(), &pod("p"))
+        .await
+        .expect_err("a BestEffort pod exceeds no-best-effort");
+    assert!(err.to_string().contains("no-best-effort"), "{err}");
+    // Owners cannot remove them.
+    for err in [
+        Api::<ResourceQuota>::namespaced(owner.clone(), &a)
+            .delete("no-best-effort", &dry_delete())
+            .await
+            .expect_err("the owner cannot delete the quota"),
+        Api::<NetworkPolicy>::namespaced(owner.clone(), &a)
+            .delete("dns-egress", &dry_delete())
+            .await
+            .expect_err("the owner cannot delete the policy"),
+    ] {
+        assert_eq!(code(&err), Some(403), "{err}");
+    }
+
+    // Dropped from the spec, they go; the rest stays.
+    env.patch_spec(
+        &t,
+        json!({"additionalResourceQuotas": [
+        {"name": "no-best-effort", "hard": {"pods": "0"}, "scopes": ["BestEffort"]},
+    ], "additionalNetworkPolicies": null}),
+    )
+    .await;
+    env.ready(&t).await;
+    for ns in [&a, &b] {
+        env.gone(&env.api::<ResourceQuota>(ns), "high-priority")
+            .await;
+        env.gone(&env.api::<NetworkPolicy>(ns), "dns-egress").await;
+        env.api::<ResourceQuota>(ns)
+            .get("no-best-effort")
+            .await
+            .expect("kept");
+    }
+    env.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn deleting_a_tenant_deletes_or_orphans_its_namespaces() {
     let _shared = EXCLUSIVE.read().await;
     let mut env = Env::start("del").await;

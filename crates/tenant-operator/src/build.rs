@@ -148,6 +148,42 @@ pub fn resource_quota(
     }
 }
 
+/// The tenant's `additionalResourceQuotas` for one namespace, as they are.
+pub fn additional_quotas(tenant: &Tenant, namespace: &str) -> Vec<ResourceQuota> {
+    tenant
+        .spec
+        .additional_resource_quotas
+        .iter()
+        .map(|q| ResourceQuota {
+            metadata: meta(tenant, &q.name, Some(namespace)),
+            spec: Some(ResourceQuotaSpec {
+                hard: Some(
+                    q.hard
+                        .iter()
+                        .map(|(k, v)| (k.clone(), Quantity(v.0.clone())))
+                        .collect(),
+                ),
+                scopes: (!q.scopes.is_empty()).then(|| q.scopes.clone()),
+                scope_selector: q.scope_selector.clone(),
+            }),
+            ..Default::default()
+        })
+        .collect()
+}
+
+/// The tenant's `additionalNetworkPolicies` for one namespace, as they are.
+pub fn additional_network_policies(tenant: &Tenant, namespace: &str) -> Vec<NetworkPolicy> {
+    tenant
+        .spec
+        .additional_network_policies
+        .iter()
+        .map(|p| NetworkPolicy {
+            metadata: meta(tenant, &p.name, Some(namespace)),
+            spec: Some(p.spec.clone()),
+        })
+        .collect()
+}
+
 /// The LimitRange of one namespace, if the tenant has `limitRange`.
 pub fn limit_range(tenant: &Tenant, namespace: &str) -> Option<LimitRange> {
     let spec = tenant.spec.limit_range.as_ref()?;
@@ -290,6 +326,53 @@ pub fn role_bindings(tenant: &Tenant, namespace: &str, settings: &Settings) -> V
         ));
     }
     out
+}
+
+/// Name of the ConfigMap in each tenant namespace holding the tenant's `spec.policies` for the
+/// admission policies (their `params`).
+pub const POLICY_PARAMS: &str = "tenancy.steward.dev-policies";
+
+/// The `spec.policies` of `tenant` as the admission policies read them in `namespace`: one key
+/// per rule that is set, lists joined with `,`, the node selector as `k=v,…`. `None` when no
+/// rule is set.
+pub fn policy_params(tenant: &Tenant, namespace: &str) -> Option<ConfigMap> {
+    let p = tenant.spec.policies.as_ref().filter(|p| !p.is_empty())?;
+    let mut data = BTreeMap::new();
+    let mut list = |key: &str, values: Vec<String>| {
+        if !values.is_empty() {
+            data.insert(key.to_string(), values.join(","));
+        }
+    };
+    list("allowedRegistries", p.allowed_registries.clone());
+    list("allowedStorageClasses", p.allowed_storage_classes.clone());
+    list("allowedIngressClasses", p.allowed_ingress_classes.clone());
+    list("allowedPriorityClasses", p.allowed_priority_classes.clone());
+    list("allowedRuntimeClasses", p.allowed_runtime_classes.clone());
+    list(
+        "forbiddenServiceTypes",
+        p.forbidden_service_types
+            .iter()
+            .map(|t| format!("{t:?}"))
+            .collect(),
+    );
+    list(
+        "nodeSelector",
+        p.node_selector
+            .iter()
+            .map(|(k, v)| format!("{k}={v}"))
+            .collect(),
+    );
+    if let Some(policy) = p.image_pull_policy {
+        data.insert("imagePullPolicy".to_string(), format!("{policy:?}"));
+    }
+    if p.forbid_external_ips {
+        data.insert("forbidExternalIPs".to_string(), "true".to_string());
+    }
+    Some(ConfigMap {
+        metadata: meta(tenant, POLICY_PARAMS, Some(namespace)),
+        data: Some(data),
+        ..Default::default()
+    })
 }
 
 /// Name of the per-tenant ClusterRole and ClusterRoleBinding.
@@ -729,6 +812,48 @@ pub(crate) mod tests {
             annotations,
             ["contact", crate::crd::CREATED_FOR_ANNOTATION],
             "the creation marker goes too"
+        );
+    }
+
+    #[test]
+    fn policy_params_hold_only_the_rules_that_are_set() {
+        use crate::crd::{PullPolicy, ServiceType, TenantPolicies};
+        assert!(policy_params(&TenantFixture::new("t").build(), "ns").is_none());
+        let t = TenantFixture::new("t")
+            .spec(|s| {
+                s.policies = Some(TenantPolicies {
+                    allowed_registries: vec!["a.example/".into(), "b.example/x/".into()],
+                    image_pull_policy: Some(PullPolicy::Always),
+                    forbidden_service_types: vec![ServiceType::NodePort],
+                    forbid_external_ips: true,
+                    node_selector: [("pool".to_string(), "t".to_string())].into(),
+                    ..TenantPolicies::default()
+                })
+            })
+            .build();
+        let cm = policy_params(&t, "ns").unwrap();
+        assert_eq!(cm.metadata.name.as_deref(), Some(POLICY_PARAMS));
+        assert_eq!(cm.metadata.namespace.as_deref(), Some("ns"));
+        let data = cm.data.unwrap();
+        assert_eq!(
+            data,
+            [
+                ("allowedRegistries", "a.example/,b.example/x/"),
+                ("forbidExternalIPs", "true"),
+                ("forbiddenServiceTypes", "NodePort"),
+                ("imagePullPolicy", "Always"),
+                ("nodeSelector", "pool=t"),
+            ]
+            .into_iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect()
+        );
+        let none = TenantFixture::new("t")
+            .spec(|s| s.policies = Some(TenantPolicies::default()))
+            .build();
+        assert!(
+            policy_params(&none, "ns").is_none(),
+            "an empty policies block writes nothing"
         );
     }
 }

@@ -123,6 +123,14 @@ pub struct TenantSpec {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub resource_quota: Option<QuotaSpec>,
 
+    /// More ResourceQuotas in every tenant namespace besides `resourceQuota`, e.g. one with
+    /// scopes (`BestEffort: pods 0`) or a scope selector (per PriorityClass). Copied as they
+    /// are: `tenantQuota` does not split them.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(length(max = 8))]
+    #[schemars(extend("x-kubernetes-list-type" = "map", "x-kubernetes-list-map-keys" = ["name"]))]
+    pub additional_resource_quotas: Vec<NamedQuota>,
+
     /// A quota across all the tenant's namespaces together, enforced by keeping the hard limits
     /// of the namespaces' ResourceQuotas such that their sum never exceeds it.
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -136,6 +144,13 @@ pub struct TenantSpec {
     /// the tenant's own namespaces and the namespaces listed here. On unless disabled.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub network_isolation: Option<NetworkIsolation>,
+
+    /// More NetworkPolicies in every tenant namespace besides the isolating one, e.g. egress
+    /// rules. Owners cannot change or delete them.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(length(max = 8))]
+    #[schemars(extend("x-kubernetes-list-type" = "map", "x-kubernetes-list-map-keys" = ["name"]))]
+    pub additional_network_policies: Vec<NamedNetworkPolicy>,
 
     /// Secrets and ConfigMaps copied into every tenant namespace and kept in sync. A source
     /// must carry the label `tenancy.steward.dev/shareable=true`.
@@ -152,6 +167,94 @@ pub struct TenantSpec {
     /// tenant's namespaces.
     #[serde(default)]
     pub cordoned: bool,
+
+    /// What the tenant's namespaces may hold: registries, pull policy, classes, Service types,
+    /// node pinning. Enforced at admission for everyone but the exempt, controllers included
+    /// (a Deployment's pods are refused like a bare pod).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub policies: Option<TenantPolicies>,
+}
+
+/// Admission rules for the objects in a tenant's namespaces. An empty list or unset field
+/// imposes nothing.
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Default, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct TenantPolicies {
+    /// Image prefixes a container image must start with, e.g. `registry.example.com/team-a/`
+    /// (every container, init and ephemeral container of a pod).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(length(max = 32), extend("x-kubernetes-list-type" = "set"), inner(length(min = 1, max = 253), regex(pattern = r"^[^,\s]+$")))]
+    pub allowed_registries: Vec<String>,
+
+    /// The `imagePullPolicy` every container must have (e.g. `Always`, so a node's cached copy
+    /// of a private image is not used without credentials).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub image_pull_policy: Option<PullPolicy>,
+
+    /// StorageClasses a PersistentVolumeClaim may name (a claim must name one).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(length(max = 32), extend("x-kubernetes-list-type" = "set"), inner(length(min = 1, max = 253), regex(pattern = r"^[a-z0-9]([-a-z0-9.]*[a-z0-9])?$")))]
+    pub allowed_storage_classes: Vec<String>,
+
+    /// IngressClasses an Ingress may name (an Ingress must name one).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(length(max = 32), extend("x-kubernetes-list-type" = "set"), inner(length(min = 1, max = 253), regex(pattern = r"^[a-z0-9]([-a-z0-9.]*[a-z0-9])?$")))]
+    pub allowed_ingress_classes: Vec<String>,
+
+    /// PriorityClasses a pod may name (a pod naming none is allowed).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(length(max = 32), extend("x-kubernetes-list-type" = "set"), inner(length(min = 1, max = 253), regex(pattern = r"^[a-z0-9]([-a-z0-9.]*[a-z0-9])?$")))]
+    pub allowed_priority_classes: Vec<String>,
+
+    /// RuntimeClasses a pod may name (a pod naming none is allowed).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(length(max = 32), extend("x-kubernetes-list-type" = "set"), inner(length(min = 1, max = 253), regex(pattern = r"^[a-z0-9]([-a-z0-9.]*[a-z0-9])?$")))]
+    pub allowed_runtime_classes: Vec<String>,
+
+    /// Service types the tenant may not create, e.g. `NodePort` and `LoadBalancer`.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(extend("x-kubernetes-list-type" = "set"))]
+    pub forbidden_service_types: Vec<ServiceType>,
+
+    /// Refuses Services with `externalIPs` (which can capture traffic to any address).
+    #[serde(default, rename = "forbidExternalIPs")]
+    pub forbid_external_ips: bool,
+
+    /// Labels every pod's `nodeSelector` must carry with these values, pinning the tenant to
+    /// its nodes. Keys are label keys (checked by the operator: `Ready=False InvalidSpec`
+    /// otherwise).
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    #[schemars(extend(
+        "maxProperties" = 16,
+        "additionalProperties" = {"type": "string", "maxLength": 63, "pattern": "^([A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?)?$"}
+    ))]
+    pub node_selector: BTreeMap<String, String>,
+}
+
+/// A container's `imagePullPolicy`.
+#[derive(Serialize, Deserialize, Clone, Copy, Debug, PartialEq, Eq, JsonSchema)]
+pub enum PullPolicy {
+    Always,
+    IfNotPresent,
+    Never,
+}
+
+/// A Service's `spec.type`.
+#[derive(
+    Serialize, Deserialize, Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, JsonSchema,
+)]
+pub enum ServiceType {
+    ClusterIP,
+    NodePort,
+    LoadBalancer,
+    ExternalName,
+}
+
+impl TenantPolicies {
+    /// Whether any rule is set.
+    pub fn is_empty(&self) -> bool {
+        self == &Self::default()
+    }
 }
 
 /// A User, Group or ServiceAccount, as in an RBAC subject.
@@ -244,6 +347,49 @@ impl PodSecurityLevel {
 pub struct QuotaSpec {
     #[schemars(schema_with = "resource_list_schema")]
     pub hard: BTreeMap<String, QuantityValue>,
+}
+
+/// A ResourceQuota put as it is into every tenant namespace.
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Default, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct NamedQuota {
+    /// The ResourceQuota's name in each namespace (not `tenant-quota`, which is
+    /// `resourceQuota`'s).
+    #[schemars(
+        length(min = 1, max = 63),
+        regex(pattern = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
+    )]
+    #[schemars(extend("x-kubernetes-validations" = [
+        {"rule": "self != 'tenant-quota'", "message": "tenant-quota is the name of resourceQuota's quota"}
+    ]))]
+    pub name: String,
+    #[schemars(schema_with = "resource_list_schema")]
+    pub hard: BTreeMap<String, QuantityValue>,
+    /// The quota's scopes (`BestEffort`, `NotBestEffort`, `Terminating`, `NotTerminating`,
+    /// `PriorityClass`, `CrossNamespacePodAffinity`, `VolumeAttributesClass`).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(length(max = 8), inner(length(min = 1, max = 64)))]
+    pub scopes: Vec<String>,
+    /// The quota's scope selector, as in a ResourceQuota.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub scope_selector: Option<k8s_openapi::api::core::v1::ScopeSelector>,
+}
+
+/// A NetworkPolicy put as it is into every tenant namespace.
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Default, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct NamedNetworkPolicy {
+    /// The NetworkPolicy's name in each namespace (not `tenant-isolation`, the isolating one's).
+    #[schemars(
+        length(min = 1, max = 63),
+        regex(pattern = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
+    )]
+    #[schemars(extend("x-kubernetes-validations" = [
+        {"rule": "self != 'tenant-isolation'", "message": "tenant-isolation is the name of the isolating NetworkPolicy"}
+    ]))]
+    pub name: String,
+    /// The policy, as in a NetworkPolicy's `spec`.
+    pub spec: k8s_openapi::api::networking::v1::NetworkPolicySpec,
 }
 
 /// LimitRange items applied in every tenant namespace.

@@ -8,6 +8,17 @@
 //! | `…-namespace-owner` | creating a namespace labelled for a tenant the requester does not own, or with other `tenancy.steward.dev/*` or Pod Security labels |
 //! | `…-namespace-allowance` | a tenant owner creating an unlabelled namespace, or one beyond `maxNamespaces`, or for a cordoned tenant; anyone creating a namespace a Tenant lists in `spec.namespaces` (reserved: the operator creates it) (one evaluation per Tenant, the Tenant as `params`) |
 //! | `…-cordon` | any create, update, delete or connect (exec, attach, port-forward) in the namespaces of a cordoned tenant, subresources included (scale, eviction, token requests) |
+//! | `…-pods` | a pod (created, updated, or given an ephemeral container) whose images are not from `spec.policies.allowedRegistries`, whose containers lack the required `imagePullPolicy`, which names a PriorityClass or RuntimeClass not allowed, or whose `nodeSelector` lacks the tenant's labels |
+//! | `…-services` | a Service of a forbidden type, or with `externalIPs` when forbidden |
+//! | `…-volume-claims` | a PersistentVolumeClaim not naming an allowed StorageClass |
+//! | `…-ingresses` | an Ingress not naming an allowed IngressClass |
+//!
+//! The last four read the tenant's `spec.policies` as `params` from the ConfigMap
+//! `tenancy.steward.dev-policies` the operator keeps in every tenant namespace (written before
+//! the owners get access there; changing or deleting it is refused by `…-managed-objects`). They
+//! exempt only the operator and `--exempt-user`/`--exempt-group`, not the control plane nor
+//! `system:masters`: the pods a ReplicaSet or Job controller creates for the tenant are checked
+//! too, whatever credentials the controller manager runs with.
 //!
 //! "Owner" is decided by the RBAC authorizer: a subject owns tenant `t` when it may use the
 //! custom verb `own` on `tenants/t`, which the operator grants to the owners (see
@@ -42,11 +53,19 @@ use kube::{Client, Resource};
 use tokio_util::sync::CancellationToken;
 
 use crate::apply::{Writes, up_to_date};
-use crate::build::OWN_VERB;
+use crate::build::{OWN_VERB, POLICY_PARAMS};
 use crate::crd::{CORDONED_LABEL, GROUP, TENANT_LABEL};
 
 /// Every Pod Security admission label (`enforce`, `enforce-version`, `warn`, `audit`, …).
 const POD_SECURITY_PREFIX: &str = "pod-security.kubernetes.io/";
+
+/// The control plane's own users (exempt from the tenancy policies, not from the rules of
+/// `spec.policies`).
+const CONTROL_PLANE_USERS: [&str; 2] = ["system:kube-controller-manager", "system:kube-scheduler"];
+/// The nodes' group.
+const CONTROL_PLANE_GROUP: &str = "system:nodes";
+/// Cluster admins.
+const MASTERS_GROUP: &str = "system:masters";
 
 /// Who passes every policy.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -62,14 +81,11 @@ impl Exemptions {
         users: impl IntoIterator<Item = String>,
         groups: impl IntoIterator<Item = String>,
     ) -> Self {
-        let mut u: Vec<String> = ["system:kube-controller-manager", "system:kube-scheduler"]
-            .into_iter()
-            .map(String::from)
-            .collect();
+        let mut u: Vec<String> = CONTROL_PLANE_USERS.into_iter().map(String::from).collect();
         u.extend(users);
         u.sort();
         u.dedup();
-        let mut g: Vec<String> = ["system:masters", "system:nodes"]
+        let mut g: Vec<String> = [MASTERS_GROUP, CONTROL_PLANE_GROUP]
             .into_iter()
             .map(String::from)
             .collect();
@@ -80,6 +96,29 @@ impl Exemptions {
             users: u,
             groups: g,
             user_prefixes: vec!["system:serviceaccount:kube-system:".to_string()],
+        }
+    }
+
+    /// These exemptions without the control plane's users, groups and kube-system
+    /// ServiceAccounts, and without `system:masters`: for rules on what a tenant's namespaces
+    /// hold, which must also hold for the pods controllers create on the tenant's behalf (a
+    /// controller manager may run with `system:masters` credentials). Cluster admins who must
+    /// pass them are named with `--exempt-user`/`--exempt-group`.
+    pub fn without_control_plane(&self) -> Self {
+        Self {
+            users: self
+                .users
+                .iter()
+                .filter(|u| !CONTROL_PLANE_USERS.contains(&u.as_str()))
+                .cloned()
+                .collect(),
+            groups: self
+                .groups
+                .iter()
+                .filter(|g| ![CONTROL_PLANE_GROUP, MASTERS_GROUP].contains(&g.as_str()))
+                .cloned()
+                .collect(),
+            user_prefixes: Vec::new(),
         }
     }
 
@@ -421,7 +460,7 @@ pub fn policies(exempt: &Exemptions, manager: &str) -> Vec<Policy> {
                     )]),
                     ..Default::default()
                 }),
-                match_conditions: Some(not_exempt),
+                match_conditions: Some(not_exempt.clone()),
                 validations: Some(vec![validation(
                     "false",
                     "the tenant is cordoned: its namespaces are frozen",
@@ -432,6 +471,229 @@ pub fn policies(exempt: &Exemptions, manager: &str) -> Vec<Policy> {
                 ..Default::default()
             },
             None,
+        ),
+    ]
+    .into_iter()
+    .chain(
+        tenant_rules(&exempt.without_control_plane())
+            .into_iter()
+            .map(|(suffix, spec)| make(suffix, spec, Some(params_in_namespace()))),
+    )
+    .collect()
+}
+
+/// `params`: the ConfigMap [`POLICY_PARAMS`] in the namespace of the object admitted; a
+/// namespace without one (a tenant without `spec.policies`) passes.
+fn params_in_namespace() -> ParamRef {
+    ParamRef {
+        name: Some(POLICY_PARAMS.to_string()),
+        parameter_not_found_action: Some("Allow".to_string()),
+        ..Default::default()
+    }
+}
+
+/// The rules of `spec.policies`, one policy per kind of object: each reads the tenant's rules
+/// from [`POLICY_PARAMS`] (written by the reconcile into every tenant namespace, before its
+/// owners get access) and checks only the rules that are set there.
+fn tenant_rules(exempt: &Exemptions) -> Vec<(&'static str, ValidatingAdmissionPolicySpec)> {
+    let tenant = format!("namespaceObject.metadata.labels['{TENANT_LABEL}']");
+    let set = |key: &str| format!("'{key}' in variables.rules");
+    let list = |key: &str| format!("variables.rules['{key}'].split(',')");
+    let because = |key: &str| {
+        format!(
+            "' (spec.policies.{key} of tenant ' + {tenant} + ': ' + variables.rules['{key}'] + ')'"
+        )
+    };
+    let rules = variable("rules", "has(params.data) ? params.data : {}");
+    let spec = |resources: Vec<NamedRuleWithOperations>,
+                variables: Vec<Variable>,
+                validations: Vec<Validation>| ValidatingAdmissionPolicySpec {
+        failure_policy: Some("Fail".to_string()),
+        param_kind: Some(ParamKind {
+            api_version: Some("v1".to_string()),
+            kind: Some("ConfigMap".to_string()),
+        }),
+        match_constraints: Some(MatchResources {
+            namespace_selector: Some(exists(TENANT_LABEL)),
+            resource_rules: Some(resources),
+            ..Default::default()
+        }),
+        match_conditions: Some(vec![MatchCondition {
+            name: "not-exempt".to_string(),
+            expression: format!("!({})", exempt.cel()),
+        }]),
+        variables: Some(variables),
+        validations: Some(validations),
+        ..Default::default()
+    };
+    // Every container of a pod: regular, init and ephemeral.
+    let of_containers = |field: &str| {
+        ["containers", "initContainers", "ephemeralContainers"]
+            .iter()
+            .map(|list| {
+                format!(
+                    "(has(object.spec.{list}) ? object.spec.{list}.map(c, has(c.{field}) ? c.{field} : '') : [])"
+                )
+            })
+            .collect::<Vec<_>>()
+            .join(" + ")
+    };
+    let class = |field: &str, key: &str, what: &str, required: bool| {
+        let present = format!("has(object.spec.{field})");
+        let allowed = format!("object.spec.{field} in {}", list(key));
+        let (expression, message) = if required {
+            (
+                format!("!({}) || ({present} && {allowed})", set(key)),
+                format!(
+                    "'{what} must name one of the allowed classes' + {}",
+                    because(key)
+                ),
+            )
+        } else {
+            (
+                format!("!({}) || !{present} || {allowed}", set(key)),
+                format!(
+                    "'{what} ' + object.spec.{field} + ' is not allowed' + {}",
+                    because(key)
+                ),
+            )
+        };
+        validation(
+            &expression,
+            &format!("{what} is not allowed by the tenant's spec.policies.{key}"),
+            Some(&message),
+        )
+    };
+    vec![
+        (
+            "pods",
+            spec(
+                vec![
+                    rule(&[""], &["pods"], &["CREATE", "UPDATE"], None),
+                    rule(&[""], &["pods/ephemeralcontainers"], &["UPDATE"], None),
+                ],
+                vec![
+                    rules.clone(),
+                    variable("images", &of_containers("image")),
+                    variable("pullPolicies", &of_containers("imagePullPolicy")),
+                    variable(
+                        "badImages",
+                        &format!(
+                            "{} ? variables.images.filter(i, !{}.exists(r, i.startsWith(r))) : []",
+                            set("allowedRegistries"),
+                            list("allowedRegistries")
+                        ),
+                    ),
+                ],
+                vec![
+                    validation(
+                        "size(variables.badImages) == 0",
+                        "an image is not from a registry the tenant's spec.policies.allowedRegistries allows",
+                        Some(&format!(
+                            "'image ' + variables.badImages[0] + ' is not from an allowed registry' + {}",
+                            because("allowedRegistries")
+                        )),
+                    ),
+                    validation(
+                        &format!(
+                            "!({}) || variables.pullPolicies.all(p, p == variables.rules['imagePullPolicy'])",
+                            set("imagePullPolicy")
+                        ),
+                        "every container must have the imagePullPolicy the tenant's spec.policies.imagePullPolicy requires",
+                        Some(&format!(
+                            "'every container must have imagePullPolicy ' + variables.rules['imagePullPolicy'] + {}",
+                            because("imagePullPolicy")
+                        )),
+                    ),
+                    class(
+                        "priorityClassName",
+                        "allowedPriorityClasses",
+                        "PriorityClass",
+                        false,
+                    ),
+                    class(
+                        "runtimeClassName",
+                        "allowedRuntimeClasses",
+                        "RuntimeClass",
+                        false,
+                    ),
+                    validation(
+                        &format!(
+                            "!({}) || {}.all(kv, has(object.spec.nodeSelector) && kv.split('=')[0] in object.spec.nodeSelector && object.spec.nodeSelector[kv.split('=')[0]] == kv.split('=')[1])",
+                            set("nodeSelector"),
+                            list("nodeSelector")
+                        ),
+                        "the pod's nodeSelector must pin it to the tenant's nodes (spec.policies.nodeSelector)",
+                        Some(&format!(
+                            "'the pod must have nodeSelector ' + variables.rules['nodeSelector'] + {}",
+                            because("nodeSelector")
+                        )),
+                    ),
+                ],
+            ),
+        ),
+        (
+            "services",
+            spec(
+                vec![rule(&[""], &["services"], &["CREATE", "UPDATE"], None)],
+                vec![rules.clone()],
+                vec![
+                    validation(
+                        &format!(
+                            "!({}) || !has(object.spec.type) || !(object.spec.type in {})",
+                            set("forbiddenServiceTypes"),
+                            list("forbiddenServiceTypes")
+                        ),
+                        "the Service type is forbidden by the tenant's spec.policies.forbiddenServiceTypes",
+                        Some(&format!(
+                            "'Services of type ' + object.spec.type + ' are forbidden' + {}",
+                            because("forbiddenServiceTypes")
+                        )),
+                    ),
+                    validation(
+                        &format!(
+                            "!({}) || !has(object.spec.externalIPs) || size(object.spec.externalIPs) == 0",
+                            set("forbidExternalIPs")
+                        ),
+                        "Services with externalIPs are forbidden by the tenant's spec.policies.forbidExternalIPs",
+                        Some(&format!(
+                            "'Services with externalIPs are forbidden' + {}",
+                            because("forbidExternalIPs")
+                        )),
+                    ),
+                ],
+            ),
+        ),
+        (
+            "volume-claims",
+            spec(
+                vec![rule(&[""], &["persistentvolumeclaims"], &["CREATE"], None)],
+                vec![rules.clone()],
+                vec![class(
+                    "storageClassName",
+                    "allowedStorageClasses",
+                    "a PersistentVolumeClaim",
+                    true,
+                )],
+            ),
+        ),
+        (
+            "ingresses",
+            spec(
+                vec![rule(
+                    &["networking.k8s.io"],
+                    &["ingresses"],
+                    &["CREATE", "UPDATE"],
+                    None,
+                )],
+                vec![rules],
+                vec![class(
+                    "ingressClassName",
+                    "allowedIngressClasses",
+                    "an Ingress",
+                    true,
+                )],
+            ),
         ),
     ]
 }
@@ -681,7 +943,7 @@ mod tests {
     #[test]
     fn every_policy_has_a_deny_binding_and_skips_exempt_users() {
         let ps = all();
-        assert_eq!(ps.len(), 5);
+        assert_eq!(ps.len(), 9);
         for p in &ps {
             let spec = p.policy.spec.as_ref().unwrap();
             let binding = &p.binding.spec;
@@ -803,13 +1065,43 @@ mod tests {
     }
 
     #[test]
+    fn tenant_rules_read_the_namespace_s_params_and_exempt_no_controller() {
+        for p in all().iter().skip(5) {
+            let spec = p.policy.spec.as_ref().unwrap();
+            assert_eq!(
+                spec.param_kind.as_ref().unwrap().kind.as_deref(),
+                Some("ConfigMap")
+            );
+            let pr = p.binding.spec.param_ref.as_ref().unwrap();
+            assert_eq!(pr.name.as_deref(), Some(POLICY_PARAMS));
+            assert_eq!(pr.namespace, None, "the admitted object's namespace");
+            assert_eq!(pr.parameter_not_found_action.as_deref(), Some("Allow"));
+            let exempt = &spec.match_conditions.as_ref().unwrap()[0].expression;
+            assert!(
+                exempt.contains("'op'") && exempt.contains("'admins'"),
+                "{exempt}"
+            );
+            for control_plane in [
+                "kube-system",
+                "system:kube-controller-manager",
+                "system:nodes",
+            ] {
+                assert!(
+                    !exempt.contains(control_plane),
+                    "pods a controller creates are checked too: {exempt}"
+                );
+            }
+        }
+    }
+
+    #[test]
     fn yaml_has_types() {
         let yaml = to_yaml(&all()).unwrap();
-        assert_eq!(yaml.matches("kind: ValidatingAdmissionPolicy\n").count(), 5);
+        assert_eq!(yaml.matches("kind: ValidatingAdmissionPolicy\n").count(), 9);
         assert_eq!(
             yaml.matches("kind: ValidatingAdmissionPolicyBinding\n")
                 .count(),
-            5
+            9
         );
         assert!(yaml.contains("apiVersion: admissionregistration.k8s.io/v1"));
     }

@@ -544,6 +544,10 @@ async fn converge(
     let mut missing_sources = BTreeSet::new();
     let mut taken = BTreeSet::new();
     for ns in &active {
+        for rq in build::additional_quotas(tenant, ns) {
+            keep.quotas.insert((ns.clone(), rq.name_any()));
+            ensure_child(&children, manager, &ctx.data.writes, &stores.quotas, rq).await?;
+        }
         if let Some(lr) = build::limit_range(tenant, ns) {
             keep.limit_ranges.insert((ns.clone(), lr.name_any()));
             ensure_child(
@@ -555,7 +559,11 @@ async fn converge(
             )
             .await?;
         }
-        if let Some(np) = build::network_policy(tenant, ns) {
+        // The isolating policy and the tenant's own.
+        for np in build::network_policy(tenant, ns)
+            .into_iter()
+            .chain(build::additional_network_policies(tenant, ns))
+        {
             keep.network_policies.insert((ns.clone(), np.name_any()));
             ensure_child(
                 &children,
@@ -563,6 +571,18 @@ async fn converge(
                 &ctx.data.writes,
                 &stores.network_policies,
                 np,
+            )
+            .await?;
+        }
+        // Before access: the owners never see the namespace without its admission rules.
+        if let Some(params) = build::policy_params(tenant, ns) {
+            keep.config_maps.insert((ns.clone(), params.name_any()));
+            ensure_child(
+                &children,
+                manager,
+                &ctx.data.writes,
+                &stores.config_maps,
+                params,
             )
             .await?;
         }

@@ -51,6 +51,22 @@ pub fn validate(spec: &TenantSpec) -> Result<Validated, InvalidSpec> {
     if let Some(dup) = spec.namespaces.iter().find(|n| !seen.insert(n.as_str())) {
         return Err(InvalidSpec(format!("namespaces: {dup} is listed twice")));
     }
+    if let Some(key) = spec
+        .policies
+        .iter()
+        .flat_map(|p| p.node_selector.keys())
+        .find(|k| !is_label_key(k))
+    {
+        return Err(InvalidSpec(format!(
+            "policies.nodeSelector: {key:?} is not a label key ([prefix/]name: letters, digits, '-', '_', '.')"
+        )));
+    }
+    for q in &spec.additional_resource_quotas {
+        parse(
+            &format!("additionalResourceQuotas[{}].hard", q.name),
+            &q.hard,
+        )?;
+    }
     let per_namespace = spec
         .resource_quota
         .as_ref()
@@ -132,5 +148,56 @@ mod tests {
         s.namespaces = vec!["a".into(), "a".into()];
         assert!(validate(&s).is_err());
         assert!(validate(&TenantSpec::default()).is_err(), "no owners");
+    }
+}
+
+/// A label key: an optional DNS-subdomain prefix and `/`, then a name of at most 63 characters
+/// of letters, digits, `-`, `_` and `.`, starting and ending alphanumeric.
+fn is_label_key(key: &str) -> bool {
+    let (prefix, name) = match key.split_once('/') {
+        Some((prefix, name)) => (Some(prefix), name),
+        None => (None, key),
+    };
+    let edges = |s: &str| {
+        s.starts_with(|c: char| c.is_ascii_alphanumeric())
+            && s.ends_with(|c: char| c.is_ascii_alphanumeric())
+    };
+    let name_ok = !name.is_empty()
+        && name.len() <= 63
+        && edges(name)
+        && name
+            .chars()
+            .all(|c| c.is_ascii_alphanumeric() || matches!(c, '-' | '_' | '.'));
+    let prefix_ok = prefix.is_none_or(|p| {
+        !p.is_empty()
+            && p.len() <= 253
+            && edges(p)
+            && p.chars()
+                .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || matches!(c, '-' | '.'))
+    });
+    name_ok && prefix_ok
+}
+
+#[cfg(test)]
+mod label_key_tests {
+    use super::is_label_key;
+
+    #[test]
+    fn label_keys_are_told_apart() {
+        for good in ["pool", "node.example.com/pool", "a", "team_a.zone-1"] {
+            assert!(is_label_key(good), "{good}");
+        }
+        for bad in [
+            "",
+            "a,b",
+            "a=b",
+            "-pool",
+            "Example.com/pool",
+            "/pool",
+            "a/b/c",
+            &"x".repeat(64),
+        ] {
+            assert!(!is_label_key(bad), "{bad}");
+        }
     }
 }

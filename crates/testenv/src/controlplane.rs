@@ -107,6 +107,8 @@ impl std::fmt::Debug for ControlPlane {
 }
 
 const ADMIN_USER: &str = "steward-admin";
+/// The controller manager's own user, which the API server's bootstrap RBAC policy binds.
+const KCM_USER: &str = "system:kube-controller-manager";
 
 impl ControlPlane {
     /// Builds the binaries if needed and starts every component, waiting until each is healthy.
@@ -198,9 +200,15 @@ impl ControlPlane {
 
         // kube-apiserver
         let token = random_token();
+        // kube-controller-manager runs as itself, as kubeadm sets it up (each controller with
+        // its own kube-system ServiceAccount), not as a cluster admin: admission policies see
+        // the identities a real cluster's controllers have.
+        let kcm_token = random_token();
         std::fs::write(
             dir.join("tokens.csv"),
-            format!("{token},{ADMIN_USER},{ADMIN_USER},\"system:masters\"\n"),
+            format!(
+                "{token},{ADMIN_USER},{ADMIN_USER},\"system:masters\"\n{kcm_token},{KCM_USER},{KCM_USER}\n"
+            ),
         )
         .map_err(io("write tokens.csv".into()))?;
         let sa_key = dir.join("sa.key");
@@ -289,14 +297,21 @@ impl ControlPlane {
         })
         .await?;
 
-        // kube-controller-manager, kube-scheduler and kwok share the admin kubeconfig.
+        // kube-scheduler and kwok share the admin kubeconfig; kube-controller-manager has its
+        // own identity.
         let kcm_port = free_port()?;
         let kubeconfig_arg = format!("--kubeconfig={}", self.kubeconfig.display());
+        let kcm_kubeconfig = dir.join("kube-controller-manager.kubeconfig");
+        std::fs::write(
+            &kcm_kubeconfig,
+            kubeconfig_yaml(&self.apiserver_url, &ca_pem, &kcm_token),
+        )
+        .map_err(io("write the controller manager's kubeconfig".into()))?;
         let kcm = Process::spawn(
             "kube-controller-manager",
             &b.kube_controller_manager,
             &[
-                kubeconfig_arg.clone(),
+                format!("--kubeconfig={}", kcm_kubeconfig.display()),
                 "--bind-address=127.0.0.1".into(),
                 format!("--secure-port={kcm_port}"),
                 format!("--cert-dir={}", dir.join("kcm-pki").display()),
@@ -305,7 +320,7 @@ impl ControlPlane {
                     .into(),
                 format!("--service-account-private-key-file={}", sa_key.display()),
                 format!("--root-ca-file={}", ca_file.display()),
-                "--use-service-account-credentials=false".into(),
+                "--use-service-account-credentials=true".into(),
                 "--concurrent-gc-syncs=10".into(),
                 "--v=1".into(),
             ],
@@ -353,6 +368,22 @@ impl ControlPlane {
             })
             .await?;
         }
+        // The controllers act with their own ServiceAccounts' tokens, which they fetch as they
+        // start: ready once the ServiceAccount controller has made `default/default` (a pod
+        // needs its namespace's `default`).
+        let client = self.client()?;
+        self.wait_healthy(2, options.timeout, move || {
+            let accounts: Api<k8s_openapi::api::core::v1::ServiceAccount> =
+                Api::namespaced(client.clone(), "default");
+            async move {
+                accounts
+                    .get("default")
+                    .await
+                    .map(|_| ())
+                    .map_err(|e| format!("ServiceAccount default/default: {e}"))
+            }
+        })
+        .await?;
         self.create_nodes(options).await?;
         if options.real_node {
             self.node = Some(RealNode::start(self, options.timeout).await?);
