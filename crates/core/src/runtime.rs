@@ -457,13 +457,14 @@ impl Operator {
                             metrics.reconcile_total.get_or_create(&metrics.result(&name, "skipped")).inc();
                         }
                         Err(RunError::Panicked(message)) => {
-                            traced.record("result", "panicked");
-                            traced.record("error", message.as_str());
-                            traced.record("otel.status_code", "ERROR");
                             metrics.reconcile_total.get_or_create(&metrics.result(&name, "error")).inc();
                             metrics.reconcile_errors.get_or_create(&labels).inc();
                             metrics.reconcile_panics.get_or_create(&labels).inc();
                             tracing::error!(panic = %message, "reconcile panicked; retrying with backoff");
+                            // After the log line, which already says it.
+                            traced.record("result", "panicked");
+                            traced.record("error", message.as_str());
+                            traced.record("otel.status_code", "ERROR");
                             ctx.recorder
                                 .warning(obj.as_ref(), "ReconcilePanicked", "Reconcile", format!("reconcile panicked: {message}"))
                                 .await;
@@ -473,10 +474,11 @@ impl Operator {
                             metrics.reconcile_total.get_or_create(&metrics.result(&name, "error")).inc();
                             metrics.reconcile_errors.get_or_create(&labels).inc();
                             let message = chain(e);
+                            tracing::warn!(reason = e.reason(), error = %message, "reconcile failed");
+                            // After the log line, which already says it.
                             traced.record("result", "error");
                             traced.record("error", message.as_str());
                             traced.record("otel.status_code", "ERROR");
-                            tracing::warn!(reason = e.reason(), error = %message, "reconcile failed");
                             ctx.recorder.warning(obj.as_ref(), e.reason(), "Reconcile", message).await;
                         }
                     }

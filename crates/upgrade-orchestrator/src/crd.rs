@@ -45,6 +45,7 @@ pub const GROUP: &str = "upgrade.steward.dev";
     printcolumn(name = "Approval", type_ = "string", json_path = ".spec.strategy.approval", priority = 1),
     printcolumn(name = "Paused", type_ = "boolean", json_path = ".spec.strategy.paused", priority = 1),
     printcolumn(name = "Age", type_ = "date", json_path = ".metadata.creationTimestamp"),
+    printcolumn(name = "Step", type_ = "string", json_path = r#".status.conditions[?(@.type=="Ready")].message"#, description = "What the plan is doing and what it waits for"),
     validation = Rule::new(
         "!has(oldSelf.status) || !has(oldSelf.status.startedAt) || self.spec.components == oldSelf.spec.components"
     )
