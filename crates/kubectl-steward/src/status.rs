@@ -377,7 +377,7 @@ pub fn next_step(plan: &UpgradePlan) -> String {
             .message
             .and_then(|m| {
                 m.split("; ")
-                    .find_map(|part| part.strip_prefix("the next maintenance window opens at "))
+                    .find_map(|part| part.strip_prefix(upgrade_orchestrator::window::NEXT_OPENING))
                     .map(str::to_string)
             })
             .map_or_else(

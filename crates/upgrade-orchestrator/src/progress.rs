@@ -863,7 +863,8 @@ pub fn step(i: &Input<'_>) -> Outcome {
             Ok(Window::Closed { opens, window }) => {
                 s.recheck_in(crate::window::until(i.now, opens.timestamp()));
                 let next = format!(
-                    "the next maintenance window opens at {} ({window})",
+                    "{}{} ({window})",
+                    crate::window::NEXT_OPENING,
                     opens.strftime("%Y-%m-%dT%H:%M:%S%:z[%Q]")
                 );
                 let message = if in_flight > 0 {
