@@ -1,21 +1,37 @@
 //! `cargo xtask test`'s test runner: `cargo test`, but every test binary runs under a time
-//! limit, so one hung test fails the run with its name instead of eating CI's whole budget.
+//! limit, so one hung test fails the run with its name instead of eating CI's whole budget,
+//! and two binaries run at once, since most of an integration test's time is spent waiting
+//! for a control plane, a kubelet or a timeout rather than on the CPU.
 //!
-//! The binaries are built by `cargo test --no-run` and run one after another as cargo would
-//! run them (working directory = their package, the arguments after `--`); the doc tests run
-//! by `cargo test --doc` afterwards. A binary still running after [`limit`] is killed; its
-//! processes (control planes, kubelets) go with it (testenv starts them with a parent-death
-//! signal) and a real node it left is swept by the next start.
+//! The binaries are built by `cargo test --no-run` and run as cargo would run them (working
+//! directory = their package, the arguments after `--`); the doc tests run by
+//! `cargo test --doc` afterwards. [`jobs`] binaries run at once, the longest first (by the
+//! times of the previous run, kept in `target/xtask-test-times.tsv`); the binaries that
+//! need the real node ([`REAL_NODE`]) run one after another in one lane, since the host has
+//! one node (testenv's lock would make a second wait anyway). While several run, each one's
+//! output goes to `target/xtask-test-logs/<binary>.log` and is printed whole when it ends.
+//! A binary still running after [`limit`] is killed; its processes (control planes, kubelets)
+//! go with it (testenv starts them with a parent-death signal) and a real node it left is
+//! swept by the next start.
 
-use std::path::PathBuf;
+use std::collections::HashMap;
+use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
+use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result, bail};
 
 /// Per test binary, unless `STEWARD_TEST_BINARY_TIMEOUT` (seconds) says otherwise. The
-/// slowest binary takes about 2.5 min on a quiet machine.
+/// slowest binary takes about 5 min on a quiet machine.
 const DEFAULT_LIMIT: Duration = Duration::from_secs(15 * 60);
+
+/// Test binaries run at once unless `STEWARD_TEST_JOBS` says otherwise (1: one after another,
+/// their output live).
+const DEFAULT_JOBS: usize = 2;
+
+/// The test targets that start testenv's real node: they run in one lane.
+const REAL_NODE: [&str; 2] = ["real_node", "postgres_cluster"];
 
 /// The time limit of one test binary.
 fn limit() -> Duration {
@@ -25,10 +41,21 @@ fn limit() -> Duration {
         .map_or(DEFAULT_LIMIT, Duration::from_secs)
 }
 
+/// How many test binaries run at once.
+fn jobs() -> usize {
+    std::env::var("STEWARD_TEST_JOBS")
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .filter(|n| *n > 0)
+        .unwrap_or(DEFAULT_JOBS)
+}
+
 /// A test executable cargo built.
 struct TestBinary {
     /// `<package> <kind> <target>`, as the summary names it.
     name: String,
+    /// The target's name (`real_node`).
+    target: String,
     executable: PathBuf,
     /// Its package's directory (cargo runs tests there).
     package_dir: PathBuf,
@@ -42,25 +69,51 @@ pub fn run(extra: &[&str]) -> Result<()> {
         None => (extra, &[][..]),
     };
     let binaries = build(cargo_args)?;
-    let limit = limit();
-    let mut failed = Vec::new();
-    for binary in &binaries {
-        eprintln!("\n     Running {}", binary.name);
-        let started = Instant::now();
-        match run_one(binary, test_args, limit)? {
-            Outcome::Passed => {}
-            Outcome::Failed(status) => failed.push(format!("{} ({status})", binary.name)),
-            Outcome::TimedOut => {
-                eprintln!(
-                    "xtask: {} still ran after {limit:?} and was killed (the tests it reported as \
-                     \"running for over 60 seconds\" above without a result are the hung ones)",
-                    binary.name
-                );
-                failed.push(format!("{} (killed after {limit:?})", binary.name));
-            }
-        }
-        eprintln!("xtask: {} took {:.0?}", binary.name, started.elapsed());
+    let target_dir = binaries[0]
+        .executable
+        .ancestors()
+        .nth(3)
+        .map_or_else(|| PathBuf::from("target"), Path::to_path_buf);
+    let times_file = target_dir.join("xtask-test-times.tsv");
+    let previous = read_times(&times_file);
+    let lanes = lanes(binaries, &previous);
+    let jobs = jobs();
+    let log_dir = (jobs > 1).then(|| target_dir.join("xtask-test-logs"));
+    if let Some(dir) = &log_dir {
+        std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
     }
+    let limit = limit();
+    let queue = Mutex::new(lanes.into_iter());
+    let failed = Mutex::new(Vec::new());
+    let times = Mutex::new(previous);
+    std::thread::scope(|scope| {
+        for _ in 0..jobs {
+            scope.spawn(|| {
+                loop {
+                    let lane = queue.lock().map(|mut q| q.next()).ok().flatten();
+                    let Some(lane) = lane else { break };
+                    for binary in &lane {
+                        let log = log_dir
+                            .as_ref()
+                            .map(|d| d.join(format!("{}.log", binary.name.replace(' ', "-"))));
+                        let result = run_logged(binary, test_args, limit, log.as_deref());
+                        if let Ok(mut times) = times.lock() {
+                            times.insert(binary.name.clone(), result.elapsed);
+                        }
+                        if let Some(failure) = result.failure
+                            && let Ok(mut failed) = failed.lock()
+                        {
+                            failed.push(failure);
+                        }
+                    }
+                }
+            });
+        }
+    });
+    if let Ok(times) = times.into_inner() {
+        write_times(&times_file, &times);
+    }
+    let mut failed = failed.into_inner().unwrap_or_default();
     if runs_doc_tests(cargo_args) {
         let status = super::cargo_once()
             .args(["test", "--workspace", "--doc"])
@@ -77,6 +130,94 @@ pub fn run(extra: &[&str]) -> Result<()> {
         bail!("{} failed:\n  {}", failed.len(), failed.join("\n  "));
     }
     Ok(())
+}
+
+/// What running one binary came to.
+struct Ran {
+    elapsed: Duration,
+    /// The summary line of a failure.
+    failure: Option<String>,
+}
+
+/// Runs one binary, its output to `log` (printed when it ends) or, without one, live.
+fn run_logged(binary: &TestBinary, test_args: &[&str], limit: Duration, log: Option<&Path>) -> Ran {
+    eprintln!("\n     Running {}", binary.name);
+    let started = Instant::now();
+    let outcome = run_one(binary, test_args, limit, log);
+    let elapsed = started.elapsed();
+    if let Some(log) = log {
+        let text = std::fs::read_to_string(log).unwrap_or_default();
+        eprintln!("\n     Ran {} ({})\n{text}", binary.name, log.display());
+    }
+    let failure = match outcome {
+        Ok(Outcome::Passed) => None,
+        Ok(Outcome::Failed(status)) => Some(format!("{} ({status})", binary.name)),
+        Ok(Outcome::TimedOut) => {
+            eprintln!(
+                "xtask: {} still ran after {limit:?} and was killed (the tests it reported as \
+                 \"running for over 60 seconds\" above without a result are the hung ones)",
+                binary.name
+            );
+            Some(format!("{} (killed after {limit:?})", binary.name))
+        }
+        Err(e) => Some(format!("{} ({e:#})", binary.name)),
+    };
+    eprintln!("xtask: {} took {elapsed:.0?}", binary.name);
+    Ran { elapsed, failure }
+}
+
+/// The binaries grouped into lanes (the real-node ones in one, every other alone), the
+/// longest first by `previous` times; a binary never timed counts as long, so a new test
+/// does not end up last.
+fn lanes(binaries: Vec<TestBinary>, previous: &HashMap<String, Duration>) -> Vec<Vec<TestBinary>> {
+    let (node, others): (Vec<_>, Vec<_>) = binaries
+        .into_iter()
+        .partition(|b| REAL_NODE.contains(&b.target.as_str()));
+    let mut lanes: Vec<Vec<TestBinary>> = others.into_iter().map(|b| vec![b]).collect();
+    if !node.is_empty() {
+        lanes.push(node);
+    }
+    let expected = |lane: &Vec<TestBinary>| -> Duration {
+        lane.iter()
+            .map(|b| {
+                previous
+                    .get(&b.name)
+                    .copied()
+                    .unwrap_or(Duration::from_secs(600))
+            })
+            .sum()
+    };
+    lanes.sort_by_key(|lane| std::cmp::Reverse(expected(lane)));
+    lanes
+}
+
+/// `name<TAB>seconds` lines of the previous run (nothing when there is none).
+fn read_times(path: &Path) -> HashMap<String, Duration> {
+    std::fs::read_to_string(path)
+        .unwrap_or_default()
+        .lines()
+        .filter_map(|line| {
+            let (name, secs) = line.split_once('\t')?;
+            Some((
+                name.to_string(),
+                Duration::from_secs_f64(secs.parse().ok()?),
+            ))
+        })
+        .collect()
+}
+
+fn write_times(path: &Path, times: &HashMap<String, Duration>) {
+    let mut lines: Vec<String> = times
+        .iter()
+        .map(|(name, t)| format!("{name}\t{:.1}", t.as_secs_f64()))
+        .collect();
+    lines.sort();
+    if let Err(e) = std::fs::write(path, lines.join("\n") + "\n") {
+        eprintln!(
+            "xtask: could not record test times in {}: {e}",
+            path.display()
+        );
+    }
 }
 
 /// `--doc` cannot be combined with a target selection.
@@ -139,6 +280,7 @@ fn test_binaries(messages: &str) -> Vec<TestBinary> {
                 .unwrap_or_default();
             Some(TestBinary {
                 name: format!("{package} {kind} {name}"),
+                target: name.to_string(),
                 executable,
                 package_dir: manifest.parent()?.to_path_buf(),
             })
@@ -152,12 +294,24 @@ enum Outcome {
     TimedOut,
 }
 
-fn run_one(binary: &TestBinary, test_args: &[&str], limit: Duration) -> Result<Outcome> {
-    let mut child = Command::new(&binary.executable)
+fn run_one(
+    binary: &TestBinary,
+    test_args: &[&str],
+    limit: Duration,
+    log: Option<&Path>,
+) -> Result<Outcome> {
+    let mut command = Command::new(&binary.executable);
+    command
         .args(test_args)
         .current_dir(&binary.package_dir)
         .env("CARGO_MANIFEST_DIR", &binary.package_dir)
-        .envs(super::BUILT_ONCE)
+        .envs(super::BUILT_ONCE);
+    if let Some(log) = log {
+        let file =
+            std::fs::File::create(log).with_context(|| format!("creating {}", log.display()))?;
+        command.stdout(file.try_clone()?).stderr(file);
+    }
+    let mut child = command
         .spawn()
         .with_context(|| format!("starting {}", binary.executable.display()))?;
     let deadline = Instant::now() + limit;
@@ -218,18 +372,78 @@ mod tests {
         assert!(!runs_doc_tests(&["--test=real_node"]));
     }
 
+    fn binary(target: &str) -> TestBinary {
+        TestBinary {
+            name: format!("tests test {target}"),
+            target: target.into(),
+            executable: target.into(),
+            package_dir: std::env::temp_dir(),
+        }
+    }
+
+    #[test]
+    fn the_real_node_tests_share_a_lane_and_the_longest_lanes_go_first() {
+        let previous: HashMap<String, Duration> = [
+            ("tests test real_node", 280),
+            ("tests test postgres_cluster", 240),
+            ("tests test faults", 230),
+            ("tests test deploy", 20),
+        ]
+        .into_iter()
+        .map(|(n, s)| (n.to_string(), Duration::from_secs(s)))
+        .collect();
+        let binaries = [
+            "deploy",
+            "real_node",
+            "faults",
+            "brand_new",
+            "postgres_cluster",
+        ]
+        .map(binary)
+        .into_iter()
+        .collect();
+        let lanes: Vec<Vec<String>> = lanes(binaries, &previous)
+            .into_iter()
+            .map(|lane| lane.into_iter().map(|b| b.target).collect())
+            .collect();
+        assert_eq!(
+            lanes,
+            [
+                vec!["brand_new"],
+                vec!["real_node", "postgres_cluster"],
+                vec!["faults"],
+                vec!["deploy"],
+            ]
+        );
+    }
+
+    #[test]
+    fn test_times_survive_a_round_trip() {
+        let path = std::env::temp_dir().join(format!("xtask-times-{}.tsv", std::process::id()));
+        let times: HashMap<String, Duration> = [(
+            "tests test faults".to_string(),
+            Duration::from_millis(230_500),
+        )]
+        .into();
+        write_times(&path, &times);
+        assert_eq!(read_times(&path), times);
+        std::fs::remove_file(&path).ok();
+        assert!(read_times(&path).is_empty());
+    }
+
     #[test]
     fn a_binary_over_its_limit_is_killed() {
         let binary = TestBinary {
             name: "sleep".into(),
+            target: "sleep".into(),
             executable: "sleep".into(),
             package_dir: std::env::temp_dir(),
         };
         let started = Instant::now();
-        let outcome = run_one(&binary, &["30"], Duration::from_millis(300)).unwrap();
+        let outcome = run_one(&binary, &["30"], Duration::from_millis(300), None).unwrap();
         assert!(matches!(outcome, Outcome::TimedOut));
         assert!(started.elapsed() < Duration::from_secs(10));
-        let outcome = run_one(&binary, &["0"], Duration::from_secs(10)).unwrap();
+        let outcome = run_one(&binary, &["0"], Duration::from_secs(10), None).unwrap();
         assert!(matches!(outcome, Outcome::Passed));
     }
 }
