@@ -1960,6 +1960,60 @@ async fn tenant_policies_refuse_what_the_tenant_may_not_run_even_through_a_contr
     })
     .await
     .expect("lifted");
+
+    // A pod admitted before the rules can still be labelled (or finalized, or orphaned by
+    // the garbage collector) after they return; changing its spec is judged.
+    let old = pods
+        .create(
+            &PostParams::default(),
+            &pod_with("docker.io/library/nginx:1", "IfNotPresent", false),
+        )
+        .await
+        .expect("a pod made while there are no rules");
+    env.tenants
+        .patch(
+            &t,
+            &PatchParams::default(),
+            &Patch::Merge(json!({"spec": {"policies": {"allowedRegistries": [registry]}}})),
+        )
+        .await
+        .expect("the rules again");
+    denied_eventually(
+        "the rules are back",
+        "not from an allowed registry",
+        || async {
+            pods.create(
+                &dry_post(),
+                &pod_with("docker.io/library/nginx:1", "IfNotPresent", false),
+            )
+            .await
+        },
+    )
+    .await;
+    pods.patch(
+        &old.name_any(),
+        &PatchParams::default(),
+        &Patch::Merge(json!({"metadata": {"labels": {"reviewed": "yes"}}})),
+    )
+    .await
+    .expect("a metadata-only update of an older pod is not judged by the rules");
+    let err = pods
+        .patch(
+            &old.name_any(),
+            &PatchParams::default(),
+            &Patch::<()>::Json(
+                serde_json::from_value(json!([
+                    {"op": "replace", "path": "/spec/containers/0/image", "value": "docker.io/library/nginx:2"}
+                ]))
+                .unwrap(),
+            ),
+        )
+        .await
+        .expect_err("a new image from another registry");
+    assert!(
+        code(&err) == Some(403) && err.to_string().contains("not from an allowed registry"),
+        "{err}"
+    );
     env.stop().await;
 }
 

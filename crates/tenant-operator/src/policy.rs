@@ -495,6 +495,9 @@ fn params_in_namespace() -> ParamRef {
 /// The rules of `spec.policies`, one policy per kind of object: each reads the tenant's rules
 /// from [`POLICY_PARAMS`] (written by the reconcile into every tenant namespace, before its
 /// owners get access) and checks only the rules that are set there.
+/// A tenant rule applies to a create, and to an update only when it changes the spec.
+const SPEC_CHANGED: &str = "request.operation != 'UPDATE' || !has(oldObject.spec) || !has(object.spec) || object.spec != oldObject.spec";
+
 fn tenant_rules(exempt: &Exemptions) -> Vec<(&'static str, ValidatingAdmissionPolicySpec)> {
     let tenant = format!("namespaceObject.metadata.labels['{TENANT_LABEL}']");
     let set = |key: &str| format!("'{key}' in variables.rules");
@@ -518,10 +521,19 @@ fn tenant_rules(exempt: &Exemptions) -> Vec<(&'static str, ValidatingAdmissionPo
             resource_rules: Some(resources),
             ..Default::default()
         }),
-        match_conditions: Some(vec![MatchCondition {
-            name: "not-exempt".to_string(),
-            expression: format!("!({})", exempt.cel()),
-        }]),
+        match_conditions: Some(vec![
+            MatchCondition {
+                name: "not-exempt".to_string(),
+                expression: format!("!({})", exempt.cel()),
+            },
+            // An update is judged only when it changes the spec: an object admitted before
+            // the policy (or before it changed) can still be labelled, annotated,
+            // finalized or orphaned by the garbage collector.
+            MatchCondition {
+                name: "spec-changed".to_string(),
+                expression: SPEC_CHANGED.to_string(),
+            },
+        ]),
         variables: Some(variables),
         validations: Some(validations),
         ..Default::default()
@@ -1091,6 +1103,11 @@ mod tests {
                     "pods a controller creates are checked too: {exempt}"
                 );
             }
+            let changed = &spec.match_conditions.as_ref().unwrap()[1];
+            assert_eq!(
+                changed.expression, SPEC_CHANGED,
+                "an update that leaves the spec alone (labels, finalizers, orphaning) is not judged"
+            );
         }
     }
 
