@@ -35,12 +35,24 @@ struct Cluster {
     operator: Option<steward_testenv::harness::Harness>,
     instance_image: String,
     instances: i32,
+    /// The node's PostgreSQL image (`…:<major>`).
+    image: String,
 }
 
 impl Cluster {
     /// Builds the operator's image (with the instance manager), creates hostPath volumes,
     /// starts the operator and a PostgresCluster of `instances`, and waits until it is Ready.
     async fn start(prefix: &str, instances: i32, synchronous_replicas: Option<i32>) -> Cluster {
+        let mut cluster = Cluster::new(prefix, instances).await;
+        cluster
+            .create(json!({"synchronousReplicas": synchronous_replicas}))
+            .await;
+        cluster
+    }
+
+    /// Everything but the PostgresCluster: the control plane with the real node, the
+    /// operator's image, a namespace, hostPath volumes for `pg`'s instances, the operator.
+    async fn new(prefix: &str, instances: i32) -> Cluster {
         let binaries = deploy::build(&[deploy::Spec {
             name: database_operator::NAME,
             companions: &[steward_pg_instance::contract::BINARY],
@@ -59,21 +71,7 @@ impl Cluster {
             .postgresql_image()
             .await
             .expect("PostgreSQL image");
-        let major: i32 = image.rsplit(':').next().unwrap().parse().unwrap();
         let client = cp.client().unwrap();
-        for i in 0..instances {
-            let pv = node(&cp)
-                .volume(
-                    &format!("{ns}-pg-{i}"),
-                    "1Gi",
-                    Some((&ns, &format!("data-pg-{i}"))),
-                    steward_testenv::images::POSTGRES_UID,
-                )
-                .unwrap();
-            steward_testenv::manifests::apply(&client, &pv, None, "real-node-test", false)
-                .await
-                .unwrap();
-        }
         let mut cluster = Cluster {
             _cp: cp,
             ns: ns.clone(),
@@ -82,33 +80,74 @@ impl Cluster {
             operator: None,
             instance_image,
             instances,
+            image,
         };
+        cluster.volumes("pg", instances).await;
         cluster.start_operator().await;
-        let created = Instant::now();
-        let manifest = json!({
+        cluster
+    }
+
+    /// hostPath volumes for the instances of PostgresCluster `name`.
+    async fn volumes(&self, name: &str, instances: i32) {
+        for i in 0..instances {
+            let pv = node(&self._cp)
+                .volume(
+                    &format!("{}-{name}-{i}", self.ns),
+                    "1Gi",
+                    Some((&self.ns, &format!("data-{name}-{i}"))),
+                    steward_testenv::images::POSTGRES_UID,
+                )
+                .unwrap();
+            steward_testenv::manifests::apply(&self.client, &pv, None, "real-node-test", false)
+                .await
+                .unwrap();
+        }
+    }
+
+    /// The manifest of PostgresCluster `name` of `instances` on the node's PostgreSQL image,
+    /// with `extra` merged into its spec.
+    fn manifest(&self, name: &str, instances: i32, extra: serde_json::Value) -> serde_json::Value {
+        let major: i32 = self.image.rsplit(':').next().unwrap().parse().unwrap();
+        let mut manifest = json!({
             "apiVersion": "database.steward.dev/v1alpha1", "kind": "PostgresCluster",
-            "metadata": {"name": "pg", "namespace": ns},
-            "spec": {"instances": instances, "version": major, "image": image, "imagePullPolicy": "Never",
-                     "synchronousReplicas": synchronous_replicas,
+            "metadata": {"name": name, "namespace": self.ns},
+            "spec": {"instances": instances, "version": major, "image": self.image, "imagePullPolicy": "Never",
                      "storage": {"size": "1Gi"}, "deletionPolicy": "Delete",
                      "resources": {"requests": {"cpu": "100m", "memory": "128Mi"}, "limits": {"memory": "512Mi"}}},
         });
+        for (k, v) in extra.as_object().unwrap() {
+            manifest["spec"][k] = v.clone();
+        }
+        manifest
+    }
+
+    /// Creates PostgresCluster `pg` (with `extra` in its spec) and waits until it is Ready.
+    async fn create(&mut self, extra: serde_json::Value) {
+        let (client, instances) = (self.client.clone(), self.instances);
+        let created = Instant::now();
+        let manifest = self.manifest("pg", instances, extra);
         steward_testenv::manifests::apply(&client, &manifest, None, "real-node-test", false)
             .await
             .unwrap();
-        let secret: Secret = eventually("the superuser Secret", WAIT, || {
-            let secrets: Api<Secret> = Api::namespaced(client.clone(), &ns);
-            async move { secrets.get("pg-superuser").await.map_err(|e| e.to_string()) }
-        })
-        .await
-        .unwrap();
-        cluster.password = String::from_utf8(secret.data.unwrap()["password"].0.clone()).unwrap();
-        cluster.wait_ready(Duration::from_secs(240)).await;
+        self.password = self.superuser_password("pg").await;
+        self.wait_ready(Duration::from_secs(240)).await;
         eprintln!(
             "PostgresCluster of {instances} instances Ready {:.1?} after it was created",
             created.elapsed()
         );
-        cluster
+    }
+
+    /// The superuser password of PostgresCluster `name`, once its Secret exists.
+    async fn superuser_password(&self, name: &str) -> String {
+        let secrets: Api<Secret> = Api::namespaced(self.client.clone(), &self.ns);
+        let secret_name = format!("{name}-superuser");
+        let secret: Secret = eventually("the superuser Secret", WAIT, || {
+            let (secrets, secret_name) = (secrets.clone(), secret_name.clone());
+            async move { secrets.get(&secret_name).await.map_err(|e| e.to_string()) }
+        })
+        .await
+        .unwrap();
+        String::from_utf8(secret.data.unwrap()["password"].0.clone()).unwrap()
     }
 
     /// Starts the database-operator (in this process), watching the cluster's namespace.
@@ -990,12 +1029,7 @@ async fn postgres_cluster_switches_over_and_rolls_a_parameter_change_with_one_sw
     let reported = eventually("both instances report their state", WAIT, || {
         let clusters = cluster.clusters();
         async move {
-            let status = clusters
-                .get("pg")
-                .await
-                .map_err(|e| e.to_string())?
-                .status
-                .unwrap_or_default();
+            let status = status_of(&clusters, "pg").await?;
             let instances = status.instances;
             let roles: Vec<&str> = instances.iter().map(|i| i.role.as_str()).collect();
             // On the timeline after the two switchovers.
@@ -1027,5 +1061,303 @@ async fn postgres_cluster_switches_over_and_rolls_a_parameter_change_with_one_sw
             .collect();
         panic!("{e}\npods report {annotations:?}\n{}", cluster.logs().await);
     }
+    cluster.stop_operator().await;
+}
+
+/// The status of PostgresCluster `name` (for `eventually`: errors as text).
+async fn status_of(
+    clusters: &Api<PostgresCluster>,
+    name: &str,
+) -> Result<database_operator::api::PostgresClusterStatus, String> {
+    let cluster = clusters.get(name).await.map_err(|e| e.to_string())?;
+    Ok(cluster.status.unwrap_or_default())
+}
+
+/// The status of PostgresBackup `name`, once it is `Completed` (panics with the pods' logs
+/// if it fails or takes too long).
+async fn completed_backup(
+    cluster: &Cluster,
+    name: &str,
+) -> steward_pg_instance::contract::BackupRun {
+    use database_operator::api::PostgresBackup;
+    use steward_pg_instance::contract::BackupPhase;
+    let backups: Api<PostgresBackup> = Api::namespaced(cluster.client.clone(), &cluster.ns);
+    let done = eventually(&format!("PostgresBackup {name} completed"), WAIT, || {
+        let backups = backups.clone();
+        async move {
+            let status = backups
+                .get(name)
+                .await
+                .map_err(|e| e.to_string())?
+                .status
+                .unwrap_or_default();
+            match status.phase {
+                Some(BackupPhase::Completed) => Ok(Ok(status)),
+                Some(BackupPhase::Failed) => Ok(Err(status)),
+                _ => Err(format!("{status:?}")),
+            }
+        }
+    })
+    .await;
+    match done {
+        Ok(Ok(status)) => status,
+        Ok(Err(failed)) => panic!("{name} failed: {failed:?}\n{}", cluster.logs().await),
+        Err(e) => panic!("{e}\n{}", cluster.logs().await),
+    }
+}
+
+async fn create_backup(cluster: &Cluster, name: &str, of: &str) {
+    let manifest = json!({
+        "apiVersion": "database.steward.dev/v1alpha1", "kind": "PostgresBackup",
+        "metadata": {"name": name, "namespace": cluster.ns},
+        "spec": {"cluster": of},
+    });
+    steward_testenv::manifests::apply(&cluster.client, &manifest, None, "real-node-test", false)
+        .await
+        .unwrap();
+}
+
+/// Continuous backup against a real S3 server (SeaweedFS on the node's bridge address):
+/// WAL is archived and reported, a `PostgresBackup` streams a base backup, a new cluster
+/// restores it and replays the archive up to a point in time (rows committed before it are
+/// there, the row committed after is not, the superuser password is the new cluster's),
+/// retention removes the oldest backup from the store and the API, and a backup of a cluster
+/// without `spec.backup` fails saying why.
+#[tokio::test]
+async fn postgres_cluster_backs_up_to_object_storage_and_restores_to_a_point_in_time() {
+    use database_operator::api::PostgresBackup;
+    use steward_pg_instance::archive::{Store, StoreConfig};
+    use steward_pg_instance::contract::BackupPhase;
+
+    let _turn = NODE.lock().await;
+    let mut cluster = Cluster::new("rn-pgb", 1).await;
+    let s3 = steward_testenv::s3::S3Server::start(steward_testenv::node::GATEWAY)
+        .await
+        .expect("SeaweedFS");
+    let secret = json!({
+        "apiVersion": "v1", "kind": "Secret",
+        "metadata": {"name": "s3-credentials", "namespace": cluster.ns},
+        "stringData": {"accessKeyId": steward_testenv::s3::S3Server::ACCESS_KEY,
+                       "secretAccessKey": steward_testenv::s3::S3Server::SECRET_KEY},
+    });
+    steward_testenv::manifests::apply(&cluster.client, &secret, None, "real-node-test", false)
+        .await
+        .unwrap();
+    let path = format!("{}/pg", cluster.ns);
+    let object_store = json!({"endpoint": s3.endpoint(), "bucket": "steward-backups",
+                              "path": path, "credentialsSecret": "s3-credentials"});
+    cluster
+        .create(json!({"backup": {"objectStore": object_store, "keep": 2}}))
+        .await;
+
+    // Archiving works from the start (the new primary switches WAL files at once).
+    let archived = eventually("ContinuousArchiving True", WAIT, || {
+        let clusters = cluster.clusters();
+        async move {
+            let status = status_of(&clusters, "pg").await?;
+            let archiving = status
+                .conditions
+                .iter()
+                .find(|c| c.type_ == "ContinuousArchiving")
+                .cloned();
+            match archiving {
+                Some(c) if c.status == "True" => Ok(status.backup.unwrap_or_default()),
+                other => Err(format!("{other:?}")),
+            }
+        }
+    })
+    .await;
+    let archived = match archived {
+        Ok(a) => a,
+        Err(e) => panic!(
+            "{e}\n{}\nS3 log:\n{}",
+            cluster.logs().await,
+            std::fs::read_to_string(s3.log()).unwrap_or_default()
+        ),
+    };
+    assert!(archived.last_archived_wal.is_some(), "{archived:?}");
+
+    let db = connect(&cluster.cluster_ip("pg-rw").await, &cluster.password)
+        .await
+        .unwrap();
+    db.batch_execute("create table proof (v text); insert into proof values ('before-backup')")
+        .await
+        .unwrap();
+    create_backup(&cluster, "first", "pg").await;
+    let first = completed_backup(&cluster, "first").await;
+    assert!(first.size.unwrap_or(0) > 0, "{first:?}");
+    assert!(
+        first.begin_lsn.is_some() && first.timeline == Some(1),
+        "{first:?}"
+    );
+    assert_eq!(
+        first.location.as_deref(),
+        Some(format!("s3://steward-backups/{path}/base/first/").as_str())
+    );
+
+    // Rows after the backup: one before the recovery target, one after it.
+    db.batch_execute("insert into proof values ('wanted')")
+        .await
+        .unwrap();
+    let target: String = db
+        .query_one("select to_json(clock_timestamp()) #>> '{}'", &[])
+        .await
+        .unwrap()
+        .get(0);
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    db.batch_execute("insert into proof values ('too-late')")
+        .await
+        .unwrap();
+    let segment: String = db
+        .query_one("select pg_walfile_name(pg_switch_wal())", &[])
+        .await
+        .unwrap()
+        .get(0);
+    eventually(&format!("{segment} archived"), WAIT, || {
+        let clusters = cluster.clusters();
+        let segment = segment.clone();
+        async move {
+            let status = status_of(&clusters, "pg").await?;
+            let last = status
+                .backup
+                .and_then(|b| b.last_archived_wal)
+                .unwrap_or_default();
+            if last >= segment {
+                Ok(())
+            } else {
+                Err(format!("last archived {last}"))
+            }
+        }
+    })
+    .await
+    .unwrap();
+
+    // A new cluster from the backup, up to the target.
+    cluster.volumes("restored", 1).await;
+    let restored = cluster.manifest(
+        "restored",
+        1,
+        json!({"bootstrap": {"recovery": {"objectStore": object_store, "targetTime": target}}}),
+    );
+    let restore_started = Instant::now();
+    steward_testenv::manifests::apply(&cluster.client, &restored, None, "real-node-test", false)
+        .await
+        .unwrap();
+    let password = cluster.superuser_password("restored").await;
+    let ready = eventually(
+        "PostgresCluster restored Ready",
+        Duration::from_secs(180),
+        || {
+            let clusters = cluster.clusters();
+            async move {
+                let status = status_of(&clusters, "restored").await?;
+                if status
+                    .conditions
+                    .iter()
+                    .any(|c| c.type_ == "Ready" && c.status == "True")
+                {
+                    Ok(())
+                } else {
+                    Err(format!("{:?} {:?}", status.phase, status.conditions))
+                }
+            }
+        },
+    )
+    .await;
+    if let Err(e) = ready {
+        panic!(
+            "{e}\n--- restored-0:\n{}",
+            logs(&cluster.pods(), "restored-0").await
+        );
+    }
+    eprintln!("restored to {target} in {:.1?}", restore_started.elapsed());
+    let copy = connect(&cluster.cluster_ip("restored-rw").await, &password)
+        .await
+        .unwrap();
+    let rows: Vec<String> = copy
+        .query("select v from proof order by v", &[])
+        .await
+        .unwrap()
+        .iter()
+        .map(|r| r.get(0))
+        .collect();
+    assert_eq!(rows, ["before-backup", "wanted"], "restored to {target}");
+    copy.batch_execute("insert into proof values ('restored accepts writes')")
+        .await
+        .unwrap();
+
+    // A backup of a cluster with nowhere to put it fails and says why.
+    create_backup(&cluster, "nowhere", "restored").await;
+    let backups: Api<PostgresBackup> = Api::namespaced(cluster.client.clone(), &cluster.ns);
+    let failed = eventually("PostgresBackup nowhere failed", WAIT, || {
+        let backups = backups.clone();
+        async move {
+            let status = backups
+                .get("nowhere")
+                .await
+                .map_err(|e| e.to_string())?
+                .status
+                .unwrap_or_default();
+            if status.phase == Some(BackupPhase::Failed) {
+                Ok(status)
+            } else {
+                Err(format!("{status:?}"))
+            }
+        }
+    })
+    .await
+    .unwrap();
+    assert!(
+        failed
+            .message
+            .as_deref()
+            .unwrap_or("")
+            .contains("has no spec.backup"),
+        "{failed:?}"
+    );
+
+    // Retention (keep 2): a third backup removes the first from the store and the API.
+    create_backup(&cluster, "second", "pg").await;
+    completed_backup(&cluster, "second").await;
+    create_backup(&cluster, "third", "pg").await;
+    completed_backup(&cluster, "third").await;
+    let store = Store::open(
+        StoreConfig::from_vars("S3", |name| match name {
+            "S3_ENDPOINT" => Some(s3.endpoint().to_string()),
+            "S3_BUCKET" => Some("steward-backups".into()),
+            "S3_PATH" => Some(path.clone()),
+            "S3_ACCESS_KEY_ID" => Some(steward_testenv::s3::S3Server::ACCESS_KEY.into()),
+            "S3_SECRET_ACCESS_KEY" => Some(steward_testenv::s3::S3Server::SECRET_KEY.into()),
+            _ => None,
+        })
+        .unwrap()
+        .unwrap(),
+    )
+    .unwrap();
+    let in_store: Vec<String> = store
+        .base_backups()
+        .await
+        .unwrap()
+        .into_iter()
+        .map(|b| b.name)
+        .collect();
+    assert_eq!(in_store, ["second", "third"]);
+    eventually("PostgresBackup first deleted", WAIT, || {
+        let backups = backups.clone();
+        async move {
+            match backups.get_opt("first").await.map_err(|e| e.to_string())? {
+                None => Ok(()),
+                Some(_) => Err("still there".to_string()),
+            }
+        }
+    })
+    .await
+    .unwrap();
+    let status = cluster.status().await.backup.unwrap_or_default();
+    assert_eq!(
+        status.last_base_backup.as_deref(),
+        Some("third"),
+        "{status:?}"
+    );
     cluster.stop_operator().await;
 }

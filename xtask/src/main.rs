@@ -142,6 +142,7 @@ fn test(extra: &[&str]) -> Result<()> {
     steward_testenv::binaries::helm().context("building Helm")?;
     steward_testenv::binaries::prometheus().context("building Prometheus")?;
     steward_testenv::binaries::otelcol().context("building the OpenTelemetry Collector")?;
+    steward_testenv::binaries::seaweedfs().context("building SeaweedFS")?;
     helm::run(true)?;
     eprintln!("xtask: {} is up to date", helm::CHART);
     eprintln!(

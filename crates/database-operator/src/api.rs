@@ -105,6 +105,92 @@ pub struct PostgresClusterSpec {
     /// is deleted: `Retain` (default) keeps them, `Delete` deletes them.
     #[serde(default)]
     pub deletion_policy: DeletionPolicy,
+
+    /// Continuous backup to S3-compatible object storage: every WAL file is archived
+    /// (`archive_command`), and base backups are taken on request (`PostgresBackup`) and on
+    /// `schedule`. Unset: no archiving. Changing it rolls the instances.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub backup: Option<ClusterBackup>,
+
+    /// How the cluster's first instance is created. Unset: an empty cluster (`initdb`).
+    /// Immutable: it only matters when the cluster is created.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[x_kube(validation = Rule::new("self == oldSelf").message("bootstrap is immutable: it only applies when the cluster is created"))]
+    pub bootstrap: Option<Bootstrap>,
+}
+
+/// Where and how a [`PostgresCluster`] is backed up.
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct ClusterBackup {
+    /// The bucket and path this cluster's WAL and base backups go to. One path per cluster:
+    /// archiving refuses to overwrite a WAL file another cluster wrote.
+    pub object_store: ObjectStore,
+    /// Base backups on a schedule: a cron expression of 5 fields (UTC) or a nickname
+    /// (`@daily`). A `PostgresBackup` named `<cluster>-<yyyymmddhhmmss>` is created each
+    /// time. Unset: only on request.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(min = 1, max = 256))]
+    pub schedule: Option<String>,
+    /// How many base backups to keep: after each new one, older base backups and the WAL
+    /// only they needed are deleted from the object store (and their `PostgresBackup`s).
+    /// Unset: all are kept.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 1, max = 1000))]
+    pub keep: Option<u32>,
+}
+
+/// An S3-compatible bucket and the path under it.
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct ObjectStore {
+    /// The S3 endpoint URL (`https://s3.eu-west-1.amazonaws.com`, `http://minio.minio:9000`).
+    #[schemars(
+        length(min = 1, max = 1024),
+        regex(pattern = r"^https?://[^\s/]+(/.*)?$")
+    )]
+    pub endpoint: String,
+    #[schemars(
+        length(min = 3, max = 63),
+        regex(pattern = r"^[a-z0-9][a-z0-9.-]*[a-z0-9]$")
+    )]
+    pub bucket: String,
+    /// The prefix of every object (`prod/orders-db`).
+    #[schemars(length(min = 1, max = 512), regex(pattern = r"^[A-Za-z0-9._/-]+$"))]
+    pub path: String,
+    /// Default `us-east-1`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(min = 1, max = 64))]
+    pub region: Option<String>,
+    /// A Secret in the cluster's namespace with the keys `accessKeyId` and
+    /// `secretAccessKey`.
+    #[schemars(length(min = 1, max = 253))]
+    pub credentials_secret: String,
+}
+
+/// How a [`PostgresCluster`] starts.
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct Bootstrap {
+    /// Restore another cluster's backup (point-in-time recovery): its newest base backup
+    /// completed before `targetTime`, then its archived WAL up to that time. The restored
+    /// cluster is a normal cluster afterwards, on a new timeline; its superuser password is
+    /// its own.
+    pub recovery: Recovery,
+}
+
+/// A backup to restore.
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, KubeSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct Recovery {
+    /// Where the source cluster's backups are (its `spec.backup.objectStore`).
+    pub object_store: ObjectStore,
+    /// Recover up to this time (RFC 3339, `2026-12-02T03:04:05Z`). Unset: to the end of the
+    /// archive.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(min = 1, max = 64))]
+    #[x_kube(validation = Rule::new("self.matches('^[0-9]{4}-[0-9]{2}-[0-9]{2}T[0-9]{2}:[0-9]{2}:[0-9]{2}(\\\\.[0-9]+)?(Z|[+-][0-9]{2}:[0-9]{2})$')").message("targetTime must be an RFC 3339 time, e.g. 2026-12-02T03:04:05Z"))]
+    pub target_time: Option<String>,
 }
 
 fn default_instances() -> i32 {
@@ -199,12 +285,42 @@ pub struct PostgresClusterStatus {
     /// Secret with the superuser's credentials (`username`, `password`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub superuser_secret: Option<String>,
+    /// Continuous backup, when `spec.backup` is set.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub backup: Option<ClusterBackupStatus>,
     /// The `metadata.generation` this status describes.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub observed_generation: Option<i64>,
-    /// `Ready`, `Progressing` and `Degraded`.
+    /// `Ready`, `Progressing`, `Degraded` and, with `spec.backup`, `ContinuousArchiving`.
     #[serde(default)]
     pub conditions: Vec<Condition>,
+}
+
+/// What is recoverable, from the primary's archiver and the cluster's `PostgresBackup`s.
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct ClusterBackupStatus {
+    /// The last WAL file archived, and when.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub last_archived_wal: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub last_archived_time: Option<String>,
+    /// The last WAL file whose archiving failed, and when.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub last_failed_wal: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub last_failed_time: Option<String>,
+    /// The newest completed `PostgresBackup`, and when it completed.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub last_base_backup: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub last_base_backup_time: Option<String>,
+    /// The oldest completed base backup's completion: the earliest time it can be restored to.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub first_recoverability_point: Option<String>,
+    /// When the schedule last created a backup.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub last_scheduled_time: Option<String>,
 }
 
 /// One instance of a [`PostgresCluster`], as its instance manager reports it on its pod.
@@ -232,6 +348,54 @@ pub enum ClusterPhase {
     Upgrading,
     Ready,
     Degraded,
+}
+
+// ---------------------------------------------------------------------------------------
+// PostgresBackup
+// ---------------------------------------------------------------------------------------
+
+/// A base backup of a [`PostgresCluster`] to its `spec.backup` object store, taken by the
+/// cluster's primary instance manager (`pg_basebackup`, streamed compressed). Create one to
+/// back up now; the schedule creates them too. Its status says where the backup is and from
+/// which WAL position it restores.
+#[derive(CustomResource, KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq)]
+#[kube(
+    group = "database.steward.dev",
+    version = "v1alpha1",
+    kind = "PostgresBackup",
+    namespaced,
+    shortname = "pgb",
+    category = "steward",
+    status = "steward_pg_instance::contract::BackupRun",
+    derive = "PartialEq",
+    doc = "A base backup of a PostgresCluster to its object store, taken by its primary.",
+    printcolumn(name = "Cluster", type_ = "string", json_path = ".spec.cluster"),
+    printcolumn(name = "Phase", type_ = "string", json_path = ".status.phase"),
+    printcolumn(name = "Completed", type_ = "date", json_path = ".status.completedAt"),
+    printcolumn(
+        name = "Size",
+        type_ = "integer",
+        json_path = ".status.size",
+        priority = 1
+    ),
+    printcolumn(
+        name = "Message",
+        type_ = "string",
+        json_path = ".status.message",
+        priority = 1
+    ),
+    printcolumn(
+        name = "Age",
+        type_ = "date",
+        json_path = ".metadata.creationTimestamp"
+    )
+)]
+#[serde(rename_all = "camelCase")]
+pub struct PostgresBackupSpec {
+    /// The PostgresCluster (same namespace) to back up.
+    #[schemars(length(min = 1, max = 63))]
+    #[x_kube(validation = Rule::new("self == oldSelf").message("cluster is immutable"))]
+    pub cluster: String,
 }
 
 // ---------------------------------------------------------------------------------------

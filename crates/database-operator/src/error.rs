@@ -61,6 +61,15 @@ pub enum Error {
     #[error("TLS: {0}")]
     Certificate(String),
 
+    /// Listing, creating or deleting the cluster's PostgresBackups (schedule, retention)
+    /// failed.
+    #[error("failed to {what}")]
+    Backups {
+        what: String,
+        #[source]
+        source: kube::Error,
+    },
+
     /// Deleting a pod for the rolling update failed.
     #[error("failed to replace pod {pod}")]
     ReplacePod {
@@ -134,6 +143,7 @@ impl steward_core::ReconcileError for Error {
             Error::Apply(_) => "ApplyFailed",
             Error::LabelPod { .. } => "LabelPodFailed",
             Error::ReplacePod { .. } => "ReplacePodFailed",
+            Error::Backups { .. } => "BackupsFailed",
             Error::Certificate(_) => "CertificateFailed",
             Error::Switchover { .. } => "SwitchoverFailed",
             Error::ProtectSecret { .. } => "ProtectSecretFailed",

@@ -38,8 +38,8 @@ use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomRe
 use kube::CustomResourceExt;
 
 pub use api::{
-    Database, DatabaseRole, DatabaseRoleSpec, DatabaseSpec, PostgresCluster, PostgresClusterSpec,
-    PostgresClusterStatus,
+    Database, DatabaseRole, DatabaseRoleSpec, DatabaseSpec, PostgresBackup, PostgresBackupSpec,
+    PostgresCluster, PostgresClusterSpec, PostgresClusterStatus,
 };
 pub use error::Error;
 
@@ -50,6 +50,7 @@ pub const NAME: &str = "database-operator";
 pub fn crds() -> Vec<CustomResourceDefinition> {
     vec![
         api::PostgresCluster::crd(),
+        api::PostgresBackup::crd(),
         api::Database::crd(),
         api::DatabaseRole::crd(),
     ]
@@ -149,6 +150,15 @@ pub fn register(operator: &mut steward_core::Operator, options: Options) -> Resu
         .owns(scoped::<ConfigMap>(&client, ns), managed.clone())
         .owns(scoped::<Secret>(&client, ns), managed.clone())
         .owns(scoped::<PodDisruptionBudget>(&client, ns), managed.clone())
+        .watches(
+            scoped::<PostgresBackup>(&client, ns),
+            Config::default(),
+            |backup: PostgresBackup| {
+                backup
+                    .namespace()
+                    .map(|ns| ObjectRef::<PostgresCluster>::new(&backup.spec.cluster).within(&ns))
+            },
+        )
         .watches_metadata(
             scoped::<Pod>(&client, ns),
             Config::default().labels(cluster::build::CLUSTER_LABEL),
@@ -276,7 +286,13 @@ mod tests {
                 .flatten()
                 .map(|c| c.name.as_str())
                 .collect();
-            for wanted in ["Ready", "Phase", "Age"] {
+            // A backup has a phase, not readiness.
+            let wanted: &[&str] = if names.kind == "PostgresBackup" {
+                &["Cluster", "Phase", "Age"]
+            } else {
+                &["Ready", "Phase", "Age"]
+            };
+            for &wanted in wanted {
                 assert!(
                     columns.contains(&wanted),
                     "{} lacks column {wanted}: {columns:?}",
@@ -296,6 +312,10 @@ mod tests {
             ident::NAME_PATTERN,
             ident::EXTENSION_PATTERN,
             "^[0-9]{1,7}(s|m|h)$",
+            // The object store of a cluster's backups (used by the S3 client, never in SQL).
+            r"^https?://[^\s/]+(/.*)?$",
+            "^[a-z0-9][a-z0-9.-]*[a-z0-9]$",
+            "^[A-Za-z0-9._/-]+$",
         ];
         assert!(
             found

@@ -34,6 +34,23 @@ pub fn primary_conf() -> String {
     "# Managed by steward-pg-instance: this instance is the primary.\n".to_string()
 }
 
+/// `instance.conf` while the first instance of a restored cluster replays the archive:
+/// WAL comes from the source cluster's object store through `exe wal-fetch`, up to
+/// `target_time` (RFC 3339) or the end of the archive, then PostgreSQL promotes itself.
+pub fn recovery_conf(exe: &Path, target_time: Option<&str>) -> String {
+    let mut out =
+        String::from("# Managed by steward-pg-instance: restoring this cluster from a backup.\n");
+    let command = format!("{} wal-fetch --from-recovery %f %p", exe.display());
+    out.push_str(&format!("restore_command = {}\n", quote(&command)));
+    out.push_str("recovery_target_timeline = 'latest'\n");
+    if let Some(t) = target_time {
+        out.push_str(&format!("recovery_target_time = {}\n", quote(t)));
+        out.push_str("recovery_target_inclusive = on\n");
+    }
+    out.push_str("recovery_target_action = 'promote'\n");
+    out
+}
+
 /// A `.pgpass` line for [`REPLICATION_USER`] on any host (`:` and `\` escaped).
 pub fn pgpass(password: &str) -> String {
     let escaped = password.replace('\\', "\\\\").replace(':', "\\:");
@@ -64,6 +81,24 @@ mod tests {
              recovery_target_timeline = 'latest'\n"
         );
         assert!(!conf.contains("password"));
+    }
+
+    #[test]
+    fn a_restore_replays_the_source_archive_to_its_target_and_promotes() {
+        let conf = recovery_conf(
+            Path::new("/steward/bin/steward-pg-instance"),
+            Some("2026-12-02T03:00:00Z"),
+        );
+        assert_eq!(
+            conf,
+            "# Managed by steward-pg-instance: restoring this cluster from a backup.\n\
+             restore_command = '/steward/bin/steward-pg-instance wal-fetch --from-recovery %f %p'\n\
+             recovery_target_timeline = 'latest'\n\
+             recovery_target_time = '2026-12-02T03:00:00Z'\n\
+             recovery_target_inclusive = on\n\
+             recovery_target_action = 'promote'\n"
+        );
+        assert!(!recovery_conf(Path::new("/x"), None).contains("recovery_target_time ="));
     }
 
     #[test]

@@ -31,6 +31,79 @@ pub const HTTP_PORT: u16 = 8008;
 /// PostgreSQL's port.
 pub const PG_PORT: u16 = 5432;
 
+/// Environment of the PostgreSQL container naming the cluster's backup object store
+/// (`spec.backup`): `STEWARD_BACKUP_<field>` for each of [`STORE_FIELDS`].
+pub const BACKUP_ENV: &str = "STEWARD_BACKUP";
+/// The object store a new cluster is restored from (`spec.bootstrap.recovery`):
+/// `STEWARD_RECOVERY_<field>`.
+pub const RECOVERY_ENV: &str = "STEWARD_RECOVERY";
+/// The fields of an object store's environment: endpoint URL, bucket, path (the prefix
+/// every object of the cluster's backups is under), region and the credentials.
+pub const STORE_FIELDS: [&str; 6] = [
+    "ENDPOINT",
+    "BUCKET",
+    "PATH",
+    "REGION",
+    "ACCESS_KEY_ID",
+    "SECRET_ACCESS_KEY",
+];
+/// How many base backups to keep (`spec.backup.retention.keep`): older ones, and the WAL
+/// only they needed, are deleted after each new base backup.
+pub const BACKUP_KEEP_ENV: &str = "STEWARD_BACKUP_KEEP";
+/// Recover up to this time (RFC 3339), not to the end of the archive.
+pub const RECOVERY_TARGET_TIME_ENV: &str = "STEWARD_RECOVERY_TARGET_TIME";
+
+/// `<prefix>_<field>`.
+pub fn store_env(prefix: &str, field: &str) -> String {
+    format!("{prefix}_{field}")
+}
+
+/// The API of `PostgresBackup` (a base backup, run by the cluster's primary instance
+/// manager, which claims it by writing its status).
+pub const BACKUP_GROUP: &str = "database.steward.dev";
+pub const BACKUP_VERSION: &str = "v1alpha1";
+pub const BACKUP_KIND: &str = "PostgresBackup";
+pub const BACKUP_PLURAL: &str = "postgresbackups";
+
+/// Where a base backup is.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize, schemars::JsonSchema)]
+pub enum BackupPhase {
+    /// A primary instance manager claimed it and runs `pg_basebackup`.
+    Running,
+    /// In the object store, with everything needed to restore it.
+    Completed,
+    /// Not taken; `message` says why.
+    Failed,
+}
+
+/// A `PostgresBackup`'s status, written by the instance manager that takes it.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize, schemars::JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct BackupRun {
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub phase: Option<BackupPhase>,
+    /// The pod (the primary) that took it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub instance: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub started_at: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub completed_at: Option<String>,
+    /// Timeline and WAL position where the backup begins.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub timeline: Option<u32>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub begin_lsn: Option<String>,
+    /// Where it is in the object store (`s3://bucket/path/base/<name>/`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub location: Option<String>,
+    /// Compressed size in bytes.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub size: Option<u64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub message: Option<String>,
+}
+
 /// The Lease whose holder is the cluster's primary: only its holder may accept writes.
 pub fn lease_name(cluster: &str) -> String {
     format!("{cluster}-primary")
@@ -62,6 +135,43 @@ pub struct InstanceStatus {
     /// Bytes a replica has received but not yet replayed.
     #[serde(default)]
     pub replay_lag: u64,
+    /// The primary's WAL archiving (`pg_stat_archiver`), when archiving is on.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub archiver: Option<Archiver>,
+}
+
+/// `pg_stat_archiver`: the last WAL file archived and the last that failed, with when (RFC
+/// 3339).
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct Archiver {
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub last_archived_wal: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub last_archived_at: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub last_failed_wal: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub last_failed_at: Option<String>,
+}
+
+impl Archiver {
+    /// Whether the last attempt failed (a failure after the last success).
+    pub fn failing(&self) -> bool {
+        match (&self.last_failed_at, &self.last_archived_at) {
+            (None, _) => false,
+            (Some(_), None) => true,
+            (Some(failed), Some(archived)) => {
+                match (
+                    failed.parse::<jiff::Timestamp>(),
+                    archived.parse::<jiff::Timestamp>(),
+                ) {
+                    (Ok(f), Ok(a)) => f > a,
+                    _ => failed > archived,
+                }
+            }
+        }
+    }
 }
 
 /// A WAL position, written as PostgreSQL writes it (`16/B374D848`).
@@ -139,6 +249,7 @@ mod tests {
             timeline: 2,
             lsn: Lsn(0x3000060),
             replay_lag: 0,
+            archiver: None,
         };
         let json = serde_json::to_string(&status).unwrap();
         assert_eq!(
@@ -148,6 +259,26 @@ mod tests {
         assert_eq!(
             serde_json::from_str::<InstanceStatus>(&json).unwrap(),
             status
+        );
+    }
+
+    #[test]
+    fn archiving_fails_when_the_last_failure_is_newer_than_the_last_success() {
+        let at = |archived: Option<&str>, failed: Option<&str>| Archiver {
+            last_archived_at: archived.map(String::from),
+            last_failed_at: failed.map(String::from),
+            ..Archiver::default()
+        };
+        assert!(!at(None, None).failing());
+        assert!(!at(Some("2026-12-02T03:00:00Z"), None).failing());
+        assert!(at(None, Some("2026-12-02T03:00:00Z")).failing());
+        assert!(at(Some("2026-12-02T03:00:00Z"), Some("2026-12-02T03:00:01Z")).failing());
+        assert!(
+            !at(
+                Some("2026-12-02T03:00:02+00:00"),
+                Some("2026-12-02T03:00:01Z")
+            )
+            .failing()
         );
     }
 

@@ -98,6 +98,7 @@ mod tests {
             timeline: 1,
             lsn: Lsn(lsn),
             replay_lag: 0,
+            archiver: None,
         }
     }
 

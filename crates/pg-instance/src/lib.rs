@@ -21,6 +21,8 @@
 //! Replication is asynchronous: WAL the old primary acknowledged but had not sent is lost on
 //! failover (the most advanced replica is promoted to keep that small).
 
+pub mod archive;
+pub mod backups;
 pub mod conf;
 pub mod contract;
 pub mod election;

@@ -5,6 +5,8 @@ use std::time::Duration;
 
 use anyhow::Context;
 use clap::{Parser, Subcommand};
+use steward_pg_instance::archive::{self, Store, StoreConfig};
+use steward_pg_instance::contract;
 use steward_pg_instance::manager::{self, Settings};
 use steward_pg_instance::postgres::Paths;
 use tokio_util::sync::CancellationToken;
@@ -28,6 +30,18 @@ enum Command {
     Run(Box<RunArgs>),
     /// The fence process the manager starts (reads its heartbeats on stdin).
     Watchdog,
+    /// PostgreSQL's `archive_command`: archives WAL file `path` (`%p`) as `name` (`%f`) to
+    /// the object store of `STEWARD_BACKUP_*`.
+    WalPush { path: PathBuf, name: String },
+    /// PostgreSQL's `restore_command`: restores archived WAL file `name` (`%f`) to `dest`
+    /// (`%p`); exits 1 when the archive has no such file.
+    WalFetch {
+        name: String,
+        dest: PathBuf,
+        /// From the store a new cluster is restored from (`STEWARD_RECOVERY_*`).
+        #[arg(long)]
+        from_recovery: bool,
+    },
 }
 
 #[derive(clap::Args)]
@@ -62,6 +76,12 @@ struct RunArgs {
     retry_period: Duration,
     #[arg(long, env = "STREAM_TIMEOUT", default_value = "20s", value_parser = steward_core::cli::parse_duration)]
     stream_timeout: Duration,
+    /// Base backups the retention policy keeps (0: all).
+    #[arg(long, env = contract::BACKUP_KEEP_ENV, default_value_t = 0)]
+    backup_keep: usize,
+    /// Restore up to this time (RFC 3339) rather than to the end of the archive.
+    #[arg(long, env = contract::RECOVERY_TARGET_TIME_ENV)]
+    recovery_target_time: Option<String>,
 }
 
 fn main() -> anyhow::Result<()> {
@@ -87,7 +107,39 @@ fn main() -> anyhow::Result<()> {
             Ok(())
         }
         Command::Run(args) => rt.block_on(run(*args)),
+        Command::WalPush { path, name } => {
+            let store = store(contract::BACKUP_ENV)?;
+            rt.block_on(archive::push_wal(&store, &path, &name))
+                .with_context(|| format!("archiving {name} to {}", store.config().url()))
+        }
+        Command::WalFetch {
+            name,
+            dest,
+            from_recovery,
+        } => {
+            let prefix = if from_recovery {
+                contract::RECOVERY_ENV
+            } else {
+                contract::BACKUP_ENV
+            };
+            let store = store(prefix)?;
+            let found = rt
+                .block_on(archive::fetch_wal(&store, &name, &dest))
+                .with_context(|| format!("restoring {name} from {}", store.config().url()))?;
+            if !found {
+                // Not an error: PostgreSQL asks for files that may not exist.
+                std::process::exit(1);
+            }
+            Ok(())
+        }
     }
+}
+
+/// The object store configured under `prefix` in the environment.
+fn store(prefix: &str) -> anyhow::Result<Store> {
+    let config = StoreConfig::from_env(prefix)?
+        .with_context(|| format!("{prefix}_ENDPOINT is not set: no object store configured"))?;
+    Ok(Store::open(config)?)
 }
 
 async fn run(args: RunArgs) -> anyhow::Result<()> {
@@ -108,6 +160,12 @@ async fn run(args: RunArgs) -> anyhow::Result<()> {
         retry_period: args.retry_period,
         stream_timeout: args.stream_timeout,
         exe: std::env::current_exe()?,
+        backup: StoreConfig::from_env(contract::BACKUP_ENV)
+            .map_err(|e| e.to_string())
+            .transpose(),
+        backup_keep: args.backup_keep,
+        recovery: StoreConfig::from_env(contract::RECOVERY_ENV)?,
+        recovery_target_time: args.recovery_target_time,
     };
     let client = kube::Client::try_default()
         .await

@@ -29,6 +29,8 @@ use tokio::sync::watch;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
+use crate::archive::{self, Store, StoreConfig};
+use crate::backups;
 use crate::contract::{
     self, CLUSTER_LABEL, InstanceStatus, PRIMARY, REPLICA, ROLE_LABEL, Role, STATUS_ANNOTATION,
 };
@@ -53,6 +55,16 @@ pub struct Settings {
     pub stream_timeout: Duration,
     /// The manager's own executable, started again as the watchdog.
     pub exe: PathBuf,
+    /// `spec.backup`'s object store: WAL is archived there (by PostgreSQL's
+    /// `archive_command`) and `PostgresBackup`s go there. `Err`: configured but unusable.
+    pub backup: Option<Result<StoreConfig, String>>,
+    /// Base backups kept by the retention policy (0: all).
+    pub backup_keep: usize,
+    /// `spec.bootstrap.recovery`: the first instance restores this store's backup instead of
+    /// running `initdb`.
+    pub recovery: Option<StoreConfig>,
+    /// Recover up to this time (RFC 3339), not to the end of the archive.
+    pub recovery_target_time: Option<String>,
 }
 
 const TICK: Duration = Duration::from_millis(500);
@@ -91,7 +103,24 @@ pub async fn run(
     let health = http::Health::default();
     let server = tokio::spawn(http::serve(health.clone(), shutdown.clone()));
 
+    let backup_store = settings
+        .backup
+        .clone()
+        .map(|c| c.and_then(|c| Store::open(c).map_err(|e| e.to_string())));
+    let backups = backups::Runner::new(
+        client.clone(),
+        &settings.namespace,
+        &settings.cluster,
+        &settings.pod,
+        backup_store,
+        settings.backup_keep,
+        paths.clone(),
+    );
+    // A restore interrupted after unpacking: replay on (instance.conf still says how).
+    let recovering = paths.recovery_signal().exists() && settings.recovery.is_some();
     let mut instance = Instance {
+        backups,
+        recovering,
         leases: Api::namespaced(client.clone(), &settings.namespace),
         pods: Api::namespaced(client.clone(), &settings.namespace),
         client,
@@ -229,6 +258,10 @@ impl Election {
 /// The instance manager's state between ticks.
 struct Instance {
     settings: Settings,
+    backups: backups::Runner,
+    /// Replaying a restored backup: promoted by PostgreSQL itself at the recovery target,
+    /// never by the manager.
+    recovering: bool,
     client: Client,
     leases: Api<Lease>,
     pods: Api<Pod>,
@@ -298,6 +331,8 @@ impl Instance {
         }
         self.observe().await;
         self.report(&world).await;
+        let read_write = leading && self.observed.as_ref().is_some_and(|o| !o.in_recovery);
+        self.backups.tick(read_write && !self.recovering).await?;
         Ok(())
     }
 
@@ -370,6 +405,9 @@ impl Instance {
     /// An empty data directory: create the cluster, or clone the primary.
     async fn prepare(&mut self, leading: bool, world: &World) -> anyhow::Result<()> {
         let paths = &self.settings.paths;
+        if leading && let Some(source) = self.settings.recovery.clone() {
+            return self.restore(source).await;
+        }
         if leading {
             tracing::info!(
                 "holding the Lease with an empty data directory: initializing the cluster"
@@ -391,7 +429,70 @@ impl Instance {
         Ok(())
     }
 
+    /// The first instance of a restored cluster: unpacks the newest base backup that
+    /// completed before the target into a sibling directory, then moves it into place with
+    /// `recovery.signal` (so an interruption never leaves a half-unpacked data directory
+    /// that looks initialized). PostgreSQL replays the source's archive when it starts.
+    async fn restore(&mut self, source: StoreConfig) -> anyhow::Result<()> {
+        let paths = self.settings.paths.clone();
+        let target = self.settings.recovery_target_time.clone();
+        tracing::info!(from = %source.url(), ?target, "holding the Lease with an empty data directory: restoring the cluster from a backup");
+        let store = Store::open(source)?;
+        let backups = store.base_backups().await?;
+        let backup = archive::choose_backup(&backups, target.as_deref())?.clone();
+        let staging = paths.pgdata.with_extension("restoring");
+        let _ = std::fs::remove_dir_all(&staging);
+        let staged = Paths {
+            pgdata: staging.clone(),
+            ..paths.clone()
+        };
+        tracing::info!(backup = %backup.name, completed = %backup.completed_at, size = backup.size, "downloading the base backup");
+        archive::restore(&store, &backup, &staged).await?;
+        std::fs::write(staged.recovery_signal(), "")?;
+        let _ = std::fs::remove_file(staged.standby_signal());
+        postgres::write_file(
+            &paths.instance_conf(),
+            &conf::recovery_conf(&self.settings.exe, target.as_deref()),
+            0o644,
+        )?;
+        clear_dir(&paths.pgdata)?;
+        std::fs::remove_dir(&paths.pgdata)?;
+        std::fs::rename(&staging, &paths.pgdata)?;
+        self.recovering = true;
+        tracing::info!(backup = %backup.name, "base backup restored: replaying the archive");
+        Ok(())
+    }
+
+    /// Replaying a restored backup: start PostgreSQL with the recovery settings and wait
+    /// until it promoted itself at the target; then it is a primary like any other (its
+    /// superuser password is this cluster's, not the source's).
+    async fn run_recovery(&mut self) -> anyhow::Result<()> {
+        let paths = self.settings.paths.clone();
+        if self.postmaster.is_none() {
+            self.start(&paths)?;
+            return Ok(());
+        }
+        match &self.observed {
+            Some(o) if !o.in_recovery => {
+                tracing::info!(lsn = %o.lsn, timeline = o.timeline, "recovery reached its target and promoted");
+                postgres::write_file(&paths.instance_conf(), &conf::primary_conf(), 0o644)?;
+                if let Some(pm) = &self.postmaster {
+                    pm.reload();
+                }
+                let client = postgres::connect(&paths).await?;
+                postgres::set_superuser_password(&client, &self.settings.superuser_password)
+                    .await?;
+                self.recovering = false;
+            }
+            _ => {} // starting up or replaying
+        }
+        Ok(())
+    }
+
     async fn run_primary(&mut self, world: &World) -> anyhow::Result<()> {
+        if self.recovering {
+            return self.run_recovery().await;
+        }
         let paths = self.settings.paths.clone();
         if self.postmaster.is_none() {
             postgres::write_file(&paths.instance_conf(), &conf::primary_conf(), 0o644)?;
@@ -423,6 +524,12 @@ impl Instance {
                 let client = postgres::connect(&paths).await?;
                 postgres::ensure_replication_role(&client, &self.settings.replication_password)
                     .await?;
+                if self.observed.as_ref().is_some_and(|o| o.archiver.is_some()) {
+                    // Archive what exists now, so a new primary's archiving is proven (and a
+                    // new timeline's history reaches the store) without waiting for
+                    // archive_timeout.
+                    postgres::switch_wal(&client).await?;
+                }
                 self.replication_role = true;
             }
             self.label(world).await?;
@@ -611,12 +718,14 @@ impl Instance {
                 timeline: o.timeline,
                 lsn: o.lsn,
                 replay_lag: o.replay_lag,
+                archiver: o.archiver.clone(),
             },
             None => InstanceStatus {
                 role: Role::Down,
                 timeline: 0,
                 lsn: contract::Lsn(0),
                 replay_lag: 0,
+                archiver: None,
             },
         };
         let peers: Vec<Peer> = world.pods.iter().map(peer).collect();

@@ -11,7 +11,7 @@ use nix::sys::signal::{Signal, kill};
 use nix::unistd::Pid;
 use tokio::process::{Child, Command};
 
-use crate::contract::{Lsn, PG_PORT, REPLICATION_USER};
+use crate::contract::{Archiver, Lsn, PG_PORT, REPLICATION_USER};
 
 /// Failures of PostgreSQL or its programs.
 #[derive(Debug, thiserror::Error)]
@@ -63,6 +63,9 @@ impl Paths {
     /// The cluster's CA, which replication connections verify the primary against.
     pub fn ca_file(&self) -> PathBuf {
         self.tls_dir.join("ca.crt")
+    }
+    pub fn recovery_signal(&self) -> PathBuf {
+        self.pgdata.join("recovery.signal")
     }
     pub fn standby_signal(&self) -> PathBuf {
         self.pgdata.join("standby.signal")
@@ -274,6 +277,8 @@ pub struct Observed {
     pub replay_lag: u64,
     /// A replica's WAL receiver is streaming.
     pub streaming: bool,
+    /// The primary's WAL archiving, when `archive_mode` is on.
+    pub archiver: Option<Archiver>,
 }
 
 const QUERY_TIMEOUT: Duration = Duration::from_secs(3);
@@ -305,7 +310,11 @@ pub async fn observe(client: &tokio_postgres::Client) -> Result<Observed, Error>
         case when pg_is_in_recovery() then null else ('x' || substr(pg_walfile_name(pg_current_wal_lsn()), 1, 8))::bit(32)::int end, \
         pg_last_wal_receive_lsn()::text, pg_last_wal_replay_lsn()::text, \
         (select status from pg_stat_wal_receiver limit 1), \
-        coalesce((select received_tli from pg_stat_wal_receiver limit 1), (select timeline_id from pg_control_checkpoint()))";
+        coalesce((select received_tli from pg_stat_wal_receiver limit 1), (select timeline_id from pg_control_checkpoint())), \
+        current_setting('archive_mode') <> 'off', \
+        a.last_archived_wal, to_json(a.last_archived_time) #>> '{}', \
+        a.last_failed_wal, to_json(a.last_failed_time) #>> '{}' \
+        from pg_stat_archiver a";
     let row = tokio::time::timeout(QUERY_TIMEOUT, client.query_one(SQL, &[]))
         .await
         .map_err(|_| Error::Timeout(QUERY_TIMEOUT))??;
@@ -323,14 +332,22 @@ pub async fn observe(client: &tokio_postgres::Client) -> Result<Observed, Error>
             lsn: received.max(replayed),
             replay_lag: received.0.saturating_sub(replayed.0),
             streaming: row.get::<_, Option<String>>(5).as_deref() == Some("streaming"),
+            archiver: None,
         }
     } else {
+        let text = |i: usize| row.get::<_, Option<String>>(i);
         Observed {
             in_recovery,
             timeline: u32::try_from(row.get::<_, Option<i32>>(2).unwrap_or(0)).unwrap_or(0),
             lsn: lsn(1),
             replay_lag: 0,
             streaming: false,
+            archiver: row.get::<_, bool>(7).then(|| Archiver {
+                last_archived_wal: text(8),
+                last_archived_at: text(9),
+                last_failed_wal: text(10),
+                last_failed_at: text(11),
+            }),
         }
     })
 }
@@ -344,6 +361,32 @@ pub async fn promote(client: &tokio_postgres::Client) -> Result<bool, Error> {
     .await
     .map_err(|_| Error::Timeout(Duration::from_secs(35)))??;
     Ok(row.get(0))
+}
+
+/// Ends the current WAL file, so it is archived now.
+pub async fn switch_wal(client: &tokio_postgres::Client) -> Result<(), Error> {
+    tokio::time::timeout(
+        QUERY_TIMEOUT,
+        client.batch_execute("select pg_switch_wal()"),
+    )
+    .await
+    .map_err(|_| Error::Timeout(QUERY_TIMEOUT))??;
+    Ok(())
+}
+
+/// Sets the superuser's password (a restored cluster's data has the source's).
+pub async fn set_superuser_password(
+    client: &tokio_postgres::Client,
+    password: &str,
+) -> Result<(), Error> {
+    let literal = format!("'{}'", password.replace('\'', "''"));
+    let sql = format!(
+        "set local synchronous_commit = local; alter role postgres with password {literal}"
+    );
+    tokio::time::timeout(Duration::from_secs(10), client.batch_execute(&sql))
+        .await
+        .map_err(|_| Error::Timeout(Duration::from_secs(10)))??;
+    Ok(())
 }
 
 /// On the primary: the replication role exists, can log in with `password`, and may run

@@ -1,8 +1,8 @@
 //! Building the control-plane binaries from the Go modules in `crates/testenv/go/`.
 //!
 //! Each Go module (`etcd`, `kubernetes`, `kwok`, the real node's `containerd` and `coredns`,
-//! `helm` for the chart tests, `prometheus` for the monitoring tests and `otelcol` for the
-//! trace test)
+//! `helm` for the chart tests, `prometheus` for the monitoring tests, `otelcol` for the
+//! trace test and `seaweedfs` for the backup tests)
 //! pins its component in `go.mod`/`go.sum`.
 //! The binaries land in a cache directory outside the repository, keyed by a hash of the
 //! module files, the ldflags and the Go version, so a second run (or CI on the same
@@ -131,6 +131,14 @@ const OTELCOL: Module = Module {
     packages: &["."],
     tags: &[],
     sources: &["main.go"],
+};
+
+const SEAWEEDFS: Module = Module {
+    dir: "seaweedfs",
+    pinned: "github.com/seaweedfs/seaweedfs",
+    packages: &["github.com/seaweedfs/seaweedfs/weed"],
+    tags: &[],
+    sources: &[],
 };
 
 /// kwok stages to simulate a kubelet: nodes become Ready and heartbeat through Leases,
@@ -262,6 +270,15 @@ pub fn prometheus() -> Result<(PathBuf, PathBuf), Error> {
 /// [`Error::Build`] naming the log when `go` fails.
 pub fn otelcol() -> Result<PathBuf, Error> {
     Ok(build(&OTELCOL, &go_version()?, &[])?.join("otelcol"))
+}
+
+/// SeaweedFS (`weed`), whose S3 gateway the PostgreSQL backup tests archive to: built on
+/// first use. Blocking; about 10 minutes cold on 2 cores.
+///
+/// # Errors
+/// [`Error::Build`] naming the log when `go` fails.
+pub fn seaweedfs() -> Result<PathBuf, Error> {
+    Ok(build(&SEAWEEDFS, &go_version()?, &[])?.join("weed"))
 }
 
 /// The Prometheus Operator release whose `monitoring.coreos.com` CRDs the monitoring test

@@ -30,6 +30,7 @@ pub mod manifests;
 pub mod node;
 pub mod postgres;
 mod process;
+pub mod s3;
 
 pub use binaries::{Binaries, NodeBinaries, Versions};
 pub use controlplane::{Component, ControlPlane, Options};

@@ -21,7 +21,7 @@ use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
 use kube::ResourceExt;
 use sha2::{Digest, Sha256};
 
-use crate::api::{DeletionPolicy, PostgresCluster, Resources};
+use crate::api::{DeletionPolicy, ObjectStore, PostgresCluster, Resources};
 use crate::password::Password;
 
 use steward_pg_instance::contract::{self as instance, BINARY, HTTP_PORT};
@@ -289,7 +289,8 @@ pub fn instance_service_account(cluster: &PostgresCluster) -> ServiceAccount {
 }
 
 /// What the instance managers may do, and nothing more: take and renew this cluster's
-/// Lease, read the cluster's pods and label/annotate its own pods (by name), record Events.
+/// Lease, read the cluster's pods and label/annotate its own pods (by name), record Events,
+/// take PostgresBackups (read them, write their status).
 pub fn instance_role(cluster: &PostgresCluster) -> Role {
     let name = cluster.name_any();
     let names = Names::of(&name);
@@ -319,6 +320,19 @@ pub fn instance_role(cluster: &PostgresCluster) -> Role {
             rule(&[""], &["pods"], &["get", "list"], None),
             rule(&[""], &["pods"], &["patch"], Some(pods)),
             rule(&[""], &["events"], &["create", "patch"], None),
+            // The primary takes the cluster's PostgresBackups and records them.
+            rule(
+                &[instance::BACKUP_GROUP],
+                &[instance::BACKUP_PLURAL],
+                &["get", "list", "watch"],
+                None,
+            ),
+            rule(
+                &[instance::BACKUP_GROUP],
+                &[&format!("{}/status", instance::BACKUP_PLURAL)],
+                &["patch"],
+                None,
+            ),
         ]),
     }
 }
@@ -367,6 +381,7 @@ pub fn conf_quote(value: &str) -> String {
 pub fn render_parameters(
     parameters: &BTreeMap<String, String>,
     synchronous_replicas: Option<i32>,
+    archive: bool,
 ) -> String {
     let mut out =
         String::from("# Managed by database-operator: spec.parameters of the PostgresCluster.\n");
@@ -381,6 +396,16 @@ pub fn render_parameters(
     // Replicas that fall behind, and a former primary rewinding, find the WAL they need.
     out.push_str("wal_keep_size = '512MB'\n");
     out.push_str("wal_log_hints = on\n");
+    if archive {
+        // Every finished WAL file goes to spec.backup's object store; at least every five
+        // minutes, so an idle cluster's last writes are recoverable (a parameter may
+        // change archive_timeout).
+        out.push_str("archive_mode = on\n");
+        out.push_str(&format!(
+            "archive_command = '{STEWARD_DIR}/bin/{BINARY} wal-push %p %f'\n"
+        ));
+        out.push_str("archive_timeout = '5min'\n");
+    }
     for (k, v) in parameters {
         // The schema and validation restrict keys and refuse control characters in values.
         out.push_str(&format!("{k} = {}\n", conf_quote(v)));
@@ -399,6 +424,7 @@ pub fn render_parameters(
 const PG_HBA: &str = "\
 # Managed by database-operator.
 local   all             all                                     trust
+local   replication     postgres                                trust
 host    all             all             127.0.0.1/32            scram-sha-256
 host    all             all             ::1/128                 scram-sha-256
 hostssl replication     steward_replication 0.0.0.0/0           scram-sha-256
@@ -417,12 +443,72 @@ pub fn config_map(cluster: &PostgresCluster) -> ConfigMap {
         data: Some(BTreeMap::from([
             (
                 "postgresql.conf".to_string(),
-                render_parameters(&cluster.spec.parameters, cluster.spec.synchronous_replicas),
+                render_parameters(
+                    &cluster.spec.parameters,
+                    cluster.spec.synchronous_replicas,
+                    cluster.spec.backup.is_some(),
+                ),
             ),
             ("pg_hba.conf".to_string(), PG_HBA.to_string()),
         ])),
         ..Default::default()
     }
+}
+
+/// The environment naming the object stores of `spec.backup` (archiving, base backups,
+/// retention) and `spec.bootstrap.recovery` (the backup a new cluster restores), credentials
+/// from their Secrets.
+pub fn backup_env(cluster: &PostgresCluster) -> Vec<EnvVar> {
+    let store = |prefix: &str, store: &ObjectStore| -> Vec<EnvVar> {
+        let var = |field: &str, value: &str| EnvVar {
+            name: instance::store_env(prefix, field),
+            value: Some(value.to_string()),
+            ..Default::default()
+        };
+        let secret = |field: &str, key: &str| EnvVar {
+            name: instance::store_env(prefix, field),
+            value_from: Some(EnvVarSource {
+                secret_key_ref: Some(SecretKeySelector {
+                    name: store.credentials_secret.clone(),
+                    key: key.into(),
+                    optional: Some(false),
+                }),
+                ..Default::default()
+            }),
+            ..Default::default()
+        };
+        vec![
+            var("ENDPOINT", &store.endpoint),
+            var("BUCKET", &store.bucket),
+            var("PATH", &store.path),
+            var("REGION", store.region.as_deref().unwrap_or("us-east-1")),
+            secret("ACCESS_KEY_ID", "accessKeyId"),
+            secret("SECRET_ACCESS_KEY", "secretAccessKey"),
+        ]
+    };
+    let mut env = Vec::new();
+    if let Some(backup) = &cluster.spec.backup {
+        env.extend(store(instance::BACKUP_ENV, &backup.object_store));
+        if let Some(keep) = backup.keep {
+            env.push(EnvVar {
+                name: instance::BACKUP_KEEP_ENV.into(),
+                value: Some(keep.to_string()),
+                ..Default::default()
+            });
+        }
+    }
+    if let Some(bootstrap) = &cluster.spec.bootstrap {
+        let recovery = &bootstrap.recovery;
+        env.extend(store(instance::RECOVERY_ENV, &recovery.object_store));
+        if let Some(t) = &recovery.target_time {
+            env.push(EnvVar {
+                name: instance::RECOVERY_TARGET_TIME_ENV.into(),
+                value: Some(t.clone()),
+                ..Default::default()
+            });
+        }
+    }
+    env
 }
 
 /// Hash of a ConfigMap's data (on the pod template, so a change rolls the pods).
@@ -537,17 +623,22 @@ pub fn statefulset(
             .image_pull_policy
             .map(|p| p.as_str().to_string()),
         command: Some(vec![format!("{STEWARD_DIR}/bin/{BINARY}"), "run".into()]),
-        env: Some(vec![
-            field("POD_NAME", "metadata.name"),
-            field("POD_NAMESPACE", "metadata.namespace"),
-            env("CLUSTER_NAME", name.clone()),
-            secret("POSTGRES_PASSWORD", &names.superuser_secret),
-            secret("REPLICATION_PASSWORD", &names.replication_secret),
-            env("PGDATA", format!("{DATA_DIR}/pgdata")),
-            env("PG_CONFIG_FILE", format!("{CONFIG_DIR}/postgresql.conf")),
-            env("STEWARD_RUN_DIR", format!("{STEWARD_DIR}/run")),
-            env("PG_TLS_DIR", TLS_DIR.to_string()),
-        ]),
+        env: Some(
+            vec![
+                field("POD_NAME", "metadata.name"),
+                field("POD_NAMESPACE", "metadata.namespace"),
+                env("CLUSTER_NAME", name.clone()),
+                secret("POSTGRES_PASSWORD", &names.superuser_secret),
+                secret("REPLICATION_PASSWORD", &names.replication_secret),
+                env("PGDATA", format!("{DATA_DIR}/pgdata")),
+                env("PG_CONFIG_FILE", format!("{CONFIG_DIR}/postgresql.conf")),
+                env("STEWARD_RUN_DIR", format!("{STEWARD_DIR}/run")),
+                env("PG_TLS_DIR", TLS_DIR.to_string()),
+            ]
+            .into_iter()
+            .chain(backup_env(cluster))
+            .collect(),
+        ),
         ports: Some(vec![
             ContainerPort {
                 name: Some("postgres".into()),

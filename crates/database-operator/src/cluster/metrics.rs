@@ -7,6 +7,8 @@
 //! | `steward_postgrescluster_ready_instances` | namespace, cluster |
 //! | `steward_postgrescluster_primary_ready` | namespace, cluster — 1 while the primary named by the status is a ready primary |
 //! | `steward_postgrescluster_replica_lag_bytes` | namespace, cluster, replica — WAL received but not replayed |
+//! | `steward_postgrescluster_archiving_ok` | namespace, cluster — with `spec.backup`: 1 while `ContinuousArchiving` is true |
+//! | `steward_postgrescluster_last_base_backup_timestamp_seconds` | namespace, cluster — when the newest base backup completed |
 
 use kube::ResourceExt;
 use kube::runtime::reflector::Store;
@@ -59,6 +61,29 @@ pub fn replica_lag(cluster: &PostgresCluster) -> Vec<(SampleLabels, f64)> {
         .collect()
 }
 
+/// `steward_postgrescluster_archiving_ok`: nothing for a cluster without `spec.backup`.
+pub fn archiving_ok(cluster: &PostgresCluster) -> Vec<(SampleLabels, f64)> {
+    if cluster.spec.backup.is_none() {
+        return Vec::new();
+    }
+    let ok = cluster.status.as_ref().is_some_and(|s| {
+        steward_core::conditions::is_true(&s.conditions, super::backup::CONTINUOUS_ARCHIVING)
+    });
+    vec![(labels(cluster), if ok { 1.0 } else { 0.0 })]
+}
+
+/// `steward_postgrescluster_last_base_backup_timestamp_seconds`.
+pub fn last_base_backup(cluster: &PostgresCluster) -> Vec<(SampleLabels, f64)> {
+    let at = cluster
+        .status
+        .as_ref()
+        .and_then(|s| s.backup.as_ref())
+        .and_then(|b| b.last_base_backup_time.as_deref())
+        .and_then(|t| t.parse::<jiff::Timestamp>().ok());
+    at.map(|t| vec![(labels(cluster), t.as_millisecond() as f64 / 1000.0)])
+        .unwrap_or_default()
+}
+
 /// Registers the gauges over the PostgresCluster cache.
 pub fn register(metrics: &Metrics, clusters: &Store<PostgresCluster>) {
     metrics.register(
@@ -80,6 +105,16 @@ pub fn register(metrics: &Metrics, clusters: &Store<PostgresCluster>) {
         "steward_postgrescluster_replica_lag_bytes",
         "WAL a replica received but has not replayed yet, in bytes",
         FromStore::new(clusters.clone(), replica_lag),
+    );
+    metrics.register(
+        "steward_postgrescluster_archiving_ok",
+        "With spec.backup: 1 while WAL archiving works (the ContinuousArchiving condition), else 0",
+        FromStore::new(clusters.clone(), archiving_ok),
+    );
+    metrics.register(
+        "steward_postgrescluster_last_base_backup_timestamp_seconds",
+        "When the PostgresCluster's newest base backup completed (Unix seconds)",
+        FromStore::new(clusters.clone(), last_base_backup),
     );
 }
 
@@ -134,5 +169,30 @@ mod tests {
         assert_eq!(lag[0].0[2], ("replica", "pg-1".to_string()));
         assert_eq!(lag[0].1, 4096.0);
         assert_eq!(instances(&c)[0].1, 2.0);
+    }
+
+    #[test]
+    fn archiving_and_the_last_backup_are_reported_only_for_backed_up_clusters() {
+        let plain = cluster(json!({}));
+        assert!(archiving_ok(&plain).is_empty());
+        assert!(last_base_backup(&plain).is_empty());
+        let mut backed_up = cluster(json!({
+            "conditions": [{"type": "ContinuousArchiving", "status": "False", "reason": "ArchivingFailing",
+                            "message": "", "lastTransitionTime": "2026-12-02T03:00:00Z"}],
+            "backup": {"lastBaseBackup": "b", "lastBaseBackupTime": "2026-12-02T03:00:00Z"},
+        }));
+        backed_up.spec.backup = Some(crate::api::ClusterBackup {
+            object_store: crate::api::ObjectStore {
+                endpoint: "http://s3:9000".into(),
+                bucket: "b".into(),
+                path: "p".into(),
+                region: None,
+                credentials_secret: "s".into(),
+            },
+            schedule: None,
+            keep: None,
+        });
+        assert_eq!(archiving_ok(&backed_up)[0].1, 0.0);
+        assert_eq!(last_base_backup(&backed_up)[0].1, 1_796_180_400.0);
     }
 }

@@ -6,6 +6,7 @@
 //! (`whenDeleted: Retain` unless `deletionPolicy: Delete`), and under `Retain` the superuser
 //! Secret has no owner reference either, so kept data stays usable.
 
+pub mod backup;
 pub mod build;
 pub mod metrics;
 pub mod rollout;
@@ -267,15 +268,43 @@ pub async fn reconcile(
         .iter()
         .filter_map(build::instance_state)
         .collect();
+    // Continuous backup: the schedule, retention, and what is recoverable.
+    let primary_pod = roles
+        .primary
+        .as_deref()
+        .and_then(|p| pods.items.iter().find(|pod| pod.name_any() == p));
+    let backups =
+        backup::reconcile(&client, &cluster, primary_pod, previous.backup.as_ref()).await?;
+    let scheduled = backups.as_ref().and_then(|b| b.requeue);
+    match backups {
+        Some(reported) => {
+            let (ok, reason, message) = reported.condition;
+            steward_core::conditions::set(
+                &mut status.conditions,
+                backup::CONTINUOUS_ARCHIVING,
+                ok,
+                reason,
+                message,
+                cluster.meta().generation,
+            );
+            status.backup = Some(reported.status);
+        }
+        None => status
+            .conditions
+            .retain(|c| c.type_ != backup::CONTINUOUS_ARCHIVING),
+    }
     let ready =
         steward_core::conditions::is_true(&status.conditions, steward_core::conditions::READY);
     ctx.apply_status(cluster.as_ref(), cluster.status.as_ref(), &status)
         .await?;
-    Ok(if ready {
-        Action::requeue(ctx.data.options.resync_interval)
+    let requeue = if ready {
+        ctx.data.options.resync_interval
     } else {
-        Action::requeue(Duration::from_secs(10))
-    })
+        Duration::from_secs(10)
+    };
+    Ok(Action::requeue(
+        scheduled.map_or(requeue, |s| s.min(requeue)),
+    ))
 }
 
 /// Annotation on a PostgresCluster asking for a switchover to the named instance (pod);
@@ -564,6 +593,21 @@ pub fn validate(cluster: &PostgresCluster) -> Result<(), Error> {
             spec.instances - 1
         )));
     }
+    if let Some(schedule) = spec.backup.as_ref().and_then(|b| b.schedule.as_deref()) {
+        backup::parse_schedule(schedule).map_err(Error::InvalidSpec)?;
+    }
+    if let (Some(backup), Some(bootstrap)) = (&spec.backup, &spec.bootstrap) {
+        let (own, source) = (&backup.object_store, &bootstrap.recovery.object_store);
+        let same = own.endpoint == source.endpoint
+            && own.bucket == source.bucket
+            && own.path.trim_matches('/') == source.path.trim_matches('/');
+        if same {
+            return Err(Error::InvalidSpec(format!(
+                "spec.backup.objectStore is the recovery source (s3://{}/{}): a restored cluster must archive to another path, or it would mix its WAL with its source's",
+                own.bucket, own.path
+            )));
+        }
+    }
     if cluster.name_any().len() > 47 {
         return Err(Error::InvalidSpec(
             "metadata.name must be at most 47 characters".into(),
@@ -600,11 +644,115 @@ mod tests {
                 parameters: BTreeMap::from([("max_connections".to_string(), "200".to_string())]),
                 synchronous_replicas: None,
                 deletion_policy: DeletionPolicy::Retain,
+                backup: None,
+                bootstrap: None,
             },
         );
         c.meta_mut().namespace = Some("ns".into());
         c.meta_mut().uid = Some("uid-1".into());
         c
+    }
+
+    fn store(path: &str) -> crate::api::ObjectStore {
+        crate::api::ObjectStore {
+            endpoint: "http://s3.example:9000".into(),
+            bucket: "backups".into(),
+            path: path.into(),
+            region: None,
+            credentials_secret: "s3-credentials".into(),
+        }
+    }
+
+    #[test]
+    fn a_backed_up_cluster_archives_every_wal_file_to_its_store_with_the_secrets_credentials() {
+        let mut c = cluster("pg");
+        assert!(!render_parameters(&c.spec.parameters, None, false).contains("archive"));
+        assert!(backup_env(&c).is_empty());
+        c.spec.backup = Some(crate::api::ClusterBackup {
+            object_store: store("prod/pg"),
+            schedule: Some("@daily".into()),
+            keep: Some(3),
+        });
+        let conf = config_map(&c).data.unwrap()["postgresql.conf"].clone();
+        assert!(conf.contains("archive_mode = on\n"), "{conf}");
+        assert!(
+            conf.contains("archive_command = '/steward/bin/steward-pg-instance wal-push %p %f'\n"),
+            "{conf}"
+        );
+        assert!(
+            conf.find("archive_timeout").unwrap() < conf.find("max_connections").unwrap(),
+            "the user's parameters come after (and win): {conf}"
+        );
+        let env = backup_env(&c);
+        let value = |name: &str| {
+            env.iter()
+                .find(|e| e.name == name)
+                .map(|e| (e.value.clone(), e.value_from.clone()))
+                .unwrap_or_else(|| panic!("{name} missing from {env:?}"))
+        };
+        assert_eq!(
+            value("STEWARD_BACKUP_ENDPOINT").0.as_deref(),
+            Some("http://s3.example:9000")
+        );
+        assert_eq!(value("STEWARD_BACKUP_PATH").0.as_deref(), Some("prod/pg"));
+        assert_eq!(
+            value("STEWARD_BACKUP_REGION").0.as_deref(),
+            Some("us-east-1")
+        );
+        assert_eq!(value("STEWARD_BACKUP_KEEP").0.as_deref(), Some("3"));
+        let secret = value("STEWARD_BACKUP_SECRET_ACCESS_KEY")
+            .1
+            .and_then(|v| v.secret_key_ref)
+            .unwrap();
+        assert_eq!(
+            (secret.name.as_str(), secret.key.as_str()),
+            ("s3-credentials", "secretAccessKey")
+        );
+        let sts = statefulset(&c, "hash", "steward/database-operator:test");
+        let pod_env = sts.spec.template.spec.unwrap().containers[0]
+            .env
+            .clone()
+            .unwrap();
+        assert!(pod_env.iter().any(|e| e.name == "STEWARD_BACKUP_BUCKET"));
+        // Backing up rolls the instances (archive_mode needs a restart).
+        assert_ne!(
+            config_hash(&config_map(&c)),
+            config_hash(&config_map(&cluster("pg")))
+        );
+    }
+
+    #[test]
+    fn a_restored_cluster_reads_its_source_and_must_archive_elsewhere() {
+        let mut c = cluster("pg");
+        c.spec.bootstrap = Some(crate::api::Bootstrap {
+            recovery: crate::api::Recovery {
+                object_store: store("prod/pg"),
+                target_time: Some("2026-12-02T03:04:05Z".into()),
+            },
+        });
+        let env = backup_env(&c);
+        let names: Vec<&str> = env.iter().map(|e| e.name.as_str()).collect();
+        assert!(names.contains(&"STEWARD_RECOVERY_ENDPOINT"), "{names:?}");
+        assert!(names.contains(&"STEWARD_RECOVERY_TARGET_TIME"), "{names:?}");
+        assert!(
+            !names.iter().any(|n| n.starts_with("STEWARD_BACKUP")),
+            "{names:?}"
+        );
+        assert!(validate(&c).is_ok());
+        c.spec.backup = Some(crate::api::ClusterBackup {
+            object_store: store("/prod/pg/"),
+            schedule: None,
+            keep: None,
+        });
+        let err = validate(&c).unwrap_err().to_string();
+        assert!(err.contains("another path"), "{err}");
+        c.spec.backup = Some(crate::api::ClusterBackup {
+            object_store: store("prod/pg-restored"),
+            schedule: Some("every day".into()),
+            keep: None,
+        });
+        let err = validate(&c).unwrap_err().to_string();
+        assert!(err.contains("spec.backup.schedule"), "{err}");
     }
 
     #[test]
@@ -756,7 +904,7 @@ mod tests {
         c.spec
             .parameters
             .insert("log_line_prefix".into(), "a\\b".into());
-        let conf = render_parameters(&c.spec.parameters, None);
+        let conf = render_parameters(&c.spec.parameters, None, false);
         assert!(conf.contains("log_line_prefix = 'a\\\\b'\n"), "{conf}");
         assert!(validate(&c).is_ok());
         c.spec

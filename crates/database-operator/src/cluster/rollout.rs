@@ -268,6 +268,7 @@ pub fn status(
         primary_transitions: None,
         instances: Vec::new(),
         superuser_secret: Some(observed.superuser_secret.clone()),
+        backup: None,
         observed_generation: generation,
         conditions: conds,
     }

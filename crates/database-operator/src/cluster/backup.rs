@@ -1,0 +1,378 @@
+//! A PostgresCluster's continuous backup, as the operator sees it: scheduled
+//! `PostgresBackup`s, retention of completed ones, and `status.backup` with the
+//! `ContinuousArchiving` condition.
+//!
+//! The instance managers do the work (the primary archives WAL and takes each
+//! `PostgresBackup`, see `steward_pg_instance::backups`); the operator only creates backups
+//! when the schedule says, deletes the `PostgresBackup`s whose base backups the retention
+//! policy removed from the object store, and reports.
+
+use std::time::Duration;
+
+use croner::Cron;
+use croner::parser::{CronParser, Seconds, Year};
+use k8s_openapi::api::core::v1::Pod;
+use kube::api::{Api, DeleteParams, ListParams, PostParams};
+use kube::{Resource, ResourceExt};
+use steward_pg_instance::contract::{Archiver, BackupPhase, InstanceStatus, STATUS_ANNOTATION};
+
+use crate::api::{ClusterBackupStatus, PostgresBackup, PostgresBackupSpec, PostgresCluster};
+use crate::error::Error;
+
+/// The condition on a cluster with `spec.backup`: WAL reaches the object store.
+pub const CONTINUOUS_ARCHIVING: &str = "ContinuousArchiving";
+
+/// `spec.backup.schedule`, parsed (5 fields or a nickname).
+///
+/// # Errors
+/// A message naming the field.
+pub fn parse_schedule(schedule: &str) -> Result<Cron, String> {
+    let fields = schedule.split_whitespace().count();
+    if fields != 5 && !schedule.trim_start().starts_with('@') {
+        return Err(format!(
+            "spec.backup.schedule {schedule:?} has {fields} fields; expected 5 (minute hour day-of-month month day-of-week, UTC) or a nickname such as @daily"
+        ));
+    }
+    CronParser::builder()
+        .seconds(Seconds::Disallowed)
+        .year(Year::Disallowed)
+        .build()
+        .parse(schedule)
+        .map_err(|e| format!("spec.backup.schedule {schedule:?}: {e}"))
+}
+
+/// What the schedule asks for at `now`: the backup due (its time) if one is, and when to
+/// look again. `last`: when the schedule last created a backup (else the cluster's
+/// creation): a time missed while the operator was down is made up once, not once per miss.
+pub fn schedule_step(
+    cron: &Cron,
+    last: jiff::Timestamp,
+    now: jiff::Timestamp,
+) -> (Option<jiff::Timestamp>, Option<jiff::Timestamp>) {
+    let utc = |t: jiff::Timestamp| t.to_zoned(jiff::tz::TimeZone::UTC);
+    let next = cron
+        .find_next_occurrence(&utc(last), false)
+        .ok()
+        .map(|z| z.timestamp());
+    match next {
+        Some(due) if due <= now => {
+            let following = cron
+                .find_next_occurrence(&utc(now), false)
+                .ok()
+                .map(|z| z.timestamp());
+            (Some(due), following)
+        }
+        other => (None, other),
+    }
+}
+
+/// The name of the scheduled backup due at `at`: `<cluster>-<yyyymmddhhmmss>`.
+pub fn scheduled_name(cluster: &str, at: jiff::Timestamp) -> String {
+    format!("{cluster}-{}", at.strftime("%Y%m%d%H%M%S"))
+}
+
+/// Completed backups beyond the `keep` newest, oldest first: the ones retention removed.
+pub fn beyond_retention(backups: &[PostgresBackup], keep: usize) -> Vec<String> {
+    let mut completed: Vec<(&str, String)> = backups
+        .iter()
+        .filter_map(|b| {
+            let status = b.status.as_ref()?;
+            (status.phase == Some(BackupPhase::Completed))
+                .then(|| (status.completed_at.as_deref().unwrap_or(""), b.name_any()))
+        })
+        .collect();
+    completed.sort();
+    let extra = completed.len().saturating_sub(keep);
+    completed
+        .into_iter()
+        .take(extra)
+        .map(|(_, name)| name)
+        .collect()
+}
+
+/// `status.backup` from the primary's archiver and the completed backups.
+pub fn status(
+    archiver: Option<&Archiver>,
+    backups: &[PostgresBackup],
+    last_scheduled: Option<String>,
+) -> ClusterBackupStatus {
+    let mut completed: Vec<(&str, String)> = backups
+        .iter()
+        .filter_map(|b| {
+            let status = b.status.as_ref()?;
+            let at = status.completed_at.as_deref()?;
+            (status.phase == Some(BackupPhase::Completed)).then(|| (at, b.name_any()))
+        })
+        .collect();
+    completed.sort();
+    let archiver = archiver.cloned().unwrap_or_default();
+    ClusterBackupStatus {
+        last_archived_wal: archiver.last_archived_wal,
+        last_archived_time: archiver.last_archived_at,
+        last_failed_wal: archiver.last_failed_wal,
+        last_failed_time: archiver.last_failed_at,
+        last_base_backup: completed.last().map(|(_, n)| n.clone()),
+        last_base_backup_time: completed.last().map(|(t, _)| (*t).to_string()),
+        first_recoverability_point: completed.first().map(|(t, _)| (*t).to_string()),
+        last_scheduled_time: last_scheduled,
+    }
+}
+
+/// The `ContinuousArchiving` condition for `status` (status, reason, message).
+pub fn archiving_condition(status: &ClusterBackupStatus) -> (bool, &'static str, String) {
+    let archiver = Archiver {
+        last_archived_wal: status.last_archived_wal.clone(),
+        last_archived_at: status.last_archived_time.clone(),
+        last_failed_wal: status.last_failed_wal.clone(),
+        last_failed_at: status.last_failed_time.clone(),
+    };
+    if archiver.failing() {
+        let success = match (&status.last_archived_wal, &status.last_archived_time) {
+            (Some(wal), Some(at)) => format!("the last success was {wal} at {at}"),
+            _ => "no WAL file was ever archived".to_string(),
+        };
+        return (
+            false,
+            "ArchivingFailing",
+            format!(
+                "archiving WAL file {} failed at {}; {success}. PostgreSQL keeps the WAL until it is archived: see the primary's log",
+                status.last_failed_wal.as_deref().unwrap_or("?"),
+                status.last_failed_time.as_deref().unwrap_or("?"),
+            ),
+        );
+    }
+    match (&status.last_archived_wal, &status.last_archived_time) {
+        (Some(wal), Some(at)) => (true, "WALArchived", format!("last archived {wal} at {at}")),
+        _ => (
+            false,
+            "NoWALArchivedYet",
+            "no WAL file archived yet (the primary switches to a new one when it starts and at least every archive_timeout)".to_string(),
+        ),
+    }
+}
+
+/// What [`reconcile`] found.
+pub struct Reported {
+    pub status: ClusterBackupStatus,
+    /// `ContinuousArchiving`: status, reason, message.
+    pub condition: (bool, &'static str, String),
+    /// When the schedule is next due.
+    pub requeue: Option<Duration>,
+}
+
+/// Creates the scheduled backup if one is due, deletes the backups beyond retention, and
+/// returns `status.backup`, its `ContinuousArchiving` condition (status, reason, message) and
+/// when the schedule is next due.
+///
+/// # Errors
+/// [`Error::Backups`] when listing, creating or deleting PostgresBackups fails.
+pub async fn reconcile(
+    client: &kube::Client,
+    cluster: &PostgresCluster,
+    primary: Option<&Pod>,
+    previous: Option<&ClusterBackupStatus>,
+) -> Result<Option<Reported>, Error> {
+    let Some(spec) = &cluster.spec.backup else {
+        return Ok(None);
+    };
+    let ns = cluster.namespace().unwrap_or_default();
+    let name = cluster.name_any();
+    let api: Api<PostgresBackup> = Api::namespaced(client.clone(), &ns);
+    let err = |what: String| move |source| Error::Backups { what, source };
+    let mut backups: Vec<PostgresBackup> = api
+        .list(&ListParams::default())
+        .await
+        .map_err(err(format!("list the PostgresBackups of {ns}")))?
+        .items
+        .into_iter()
+        .filter(|b| b.spec.cluster == name)
+        .collect();
+
+    let now = jiff::Timestamp::now();
+    let mut last_scheduled = previous.and_then(|p| p.last_scheduled_time.clone());
+    let mut requeue = None;
+    if let Some(schedule) = &spec.schedule {
+        let cron = parse_schedule(schedule).map_err(Error::InvalidSpec)?;
+        let since = last_scheduled
+            .as_deref()
+            .and_then(|t| t.parse().ok())
+            .or_else(|| {
+                cluster
+                    .meta()
+                    .creation_timestamp
+                    .as_ref()
+                    .and_then(|t| t.0.to_string().parse().ok())
+            })
+            .unwrap_or(now);
+        let (due, next) = schedule_step(&cron, since, now);
+        if let Some(due) = due {
+            let backup_name = scheduled_name(&name, due);
+            let mut backup = PostgresBackup::new(
+                &backup_name,
+                PostgresBackupSpec {
+                    cluster: name.clone(),
+                },
+            );
+            backup.meta_mut().namespace = Some(ns.clone());
+            backup.meta_mut().owner_references = cluster.controller_owner_ref(&()).map(|o| vec![o]);
+            match api.create(&PostParams::default(), &backup).await {
+                Ok(created) => backups.push(created),
+                Err(kube::Error::Api(s)) if s.code == 409 => {}
+                Err(source) => {
+                    return Err(Error::Backups {
+                        what: format!("create the scheduled PostgresBackup {backup_name}"),
+                        source,
+                    });
+                }
+            }
+            last_scheduled = Some(due.to_string());
+        }
+        requeue = next.map(|n| {
+            Duration::try_from(n.duration_since(now)).unwrap_or(Duration::from_secs(1))
+                + Duration::from_secs(1)
+        });
+    }
+
+    if let Some(keep) = spec.keep {
+        for old in beyond_retention(&backups, keep as usize) {
+            match api.delete(&old, &DeleteParams::default()).await {
+                Ok(_) | Err(kube::Error::Api(_)) => {}
+                Err(source) => {
+                    return Err(Error::Backups {
+                        what: format!("delete PostgresBackup {old} (beyond retention)"),
+                        source,
+                    });
+                }
+            }
+            backups.retain(|b| b.name_any() != old);
+        }
+    }
+
+    let archiver = primary
+        .and_then(|p| p.annotations().get(STATUS_ANNOTATION))
+        .and_then(|s| serde_json::from_str::<InstanceStatus>(s).ok())
+        .and_then(|s| s.archiver);
+    let status = status(archiver.as_ref(), &backups, last_scheduled);
+    let condition = archiving_condition(&status);
+    Ok(Some(Reported {
+        status,
+        condition,
+        requeue,
+    }))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use steward_pg_instance::contract::BackupRun;
+
+    fn ts(s: &str) -> jiff::Timestamp {
+        s.parse().unwrap()
+    }
+
+    fn backup(name: &str, phase: BackupPhase, completed: &str) -> PostgresBackup {
+        let mut b = PostgresBackup::new(
+            name,
+            PostgresBackupSpec {
+                cluster: "pg".into(),
+            },
+        );
+        b.status = Some(BackupRun {
+            phase: Some(phase),
+            completed_at: Some(completed.into()),
+            ..BackupRun::default()
+        });
+        b
+    }
+
+    #[test]
+    fn a_due_schedule_makes_one_backup_even_after_missing_several() {
+        let cron = parse_schedule("0 * * * *").unwrap();
+        let (due, next) = schedule_step(
+            &cron,
+            ts("2026-12-02T01:00:00Z"),
+            ts("2026-12-02T04:30:00Z"),
+        );
+        assert_eq!(due, Some(ts("2026-12-02T02:00:00Z")));
+        assert_eq!(next, Some(ts("2026-12-02T05:00:00Z")));
+        let (due, next) = schedule_step(
+            &cron,
+            ts("2026-12-02T04:00:00Z"),
+            ts("2026-12-02T04:30:00Z"),
+        );
+        assert_eq!(due, None);
+        assert_eq!(next, Some(ts("2026-12-02T05:00:00Z")));
+        assert_eq!(
+            scheduled_name("pg", ts("2026-12-02T05:00:00Z")),
+            "pg-20261202050000"
+        );
+    }
+
+    #[test]
+    fn schedules_need_five_fields_or_a_nickname() {
+        assert!(parse_schedule("@daily").is_ok());
+        assert!(parse_schedule("*/5 * * * *").is_ok());
+        let err = parse_schedule("0 0 * * * *").unwrap_err();
+        assert!(err.contains("6 fields"), "{err}");
+        assert!(parse_schedule("61 * * * *").is_err());
+    }
+
+    #[test]
+    fn retention_removes_the_oldest_completed_backups_only() {
+        let backups = [
+            backup("b", BackupPhase::Completed, "2026-12-02T02:00:00Z"),
+            backup("a", BackupPhase::Completed, "2026-12-02T01:00:00Z"),
+            backup("failed", BackupPhase::Failed, "2026-12-02T00:00:00Z"),
+            backup("c", BackupPhase::Completed, "2026-12-02T03:00:00Z"),
+        ];
+        assert_eq!(beyond_retention(&backups, 2), ["a"]);
+        assert_eq!(beyond_retention(&backups, 1), ["a", "b"]);
+        assert!(beyond_retention(&backups, 3).is_empty());
+    }
+
+    #[test]
+    fn status_names_the_last_backup_and_the_first_recoverability_point() {
+        let backups = [
+            backup("b", BackupPhase::Completed, "2026-12-02T02:00:00Z"),
+            backup("a", BackupPhase::Completed, "2026-12-02T01:00:00Z"),
+            backup("running", BackupPhase::Running, "2026-12-02T05:00:00Z"),
+        ];
+        let archiver = Archiver {
+            last_archived_wal: Some("000000010000000000000003".into()),
+            last_archived_at: Some("2026-12-02T02:01:00Z".into()),
+            ..Archiver::default()
+        };
+        let s = status(Some(&archiver), &backups, None);
+        assert_eq!(s.last_base_backup.as_deref(), Some("b"));
+        assert_eq!(
+            s.first_recoverability_point.as_deref(),
+            Some("2026-12-02T01:00:00Z")
+        );
+        let (ok, reason, message) = archiving_condition(&s);
+        assert!(ok);
+        assert_eq!(reason, "WALArchived");
+        assert!(message.contains("000000010000000000000003"), "{message}");
+    }
+
+    #[test]
+    fn archiving_is_false_until_the_first_wal_and_when_the_last_attempt_failed() {
+        let (ok, reason, _) = archiving_condition(&ClusterBackupStatus::default());
+        assert!(!ok);
+        assert_eq!(reason, "NoWALArchivedYet");
+        let failing = ClusterBackupStatus {
+            last_archived_wal: Some("000000010000000000000003".into()),
+            last_archived_time: Some("2026-12-02T02:01:00Z".into()),
+            last_failed_wal: Some("000000010000000000000004".into()),
+            last_failed_time: Some("2026-12-02T02:06:00Z".into()),
+            ..ClusterBackupStatus::default()
+        };
+        let (ok, reason, message) = archiving_condition(&failing);
+        assert!(!ok);
+        assert_eq!(reason, "ArchivingFailing");
+        assert!(message.contains("000000010000000000000004"), "{message}");
+        assert!(
+            message.contains("the last success was 000000010000000000000003"),
+            "{message}"
+        );
+    }
+}

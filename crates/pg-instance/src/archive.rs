@@ -1,0 +1,768 @@
+//! Continuous backup to S3-compatible object storage: WAL archiving, base backups, restore
+//! and retention, through the `object_store` crate (SigV4, multipart uploads).
+//!
+//! PostgreSQL archives every finished WAL file with `archive_command =
+//! 'steward-pg-instance wal-push %p %f'` ([`push_wal`]) and, restoring, reads them back with
+//! `restore_command = 'steward-pg-instance wal-fetch %f %p'` ([`fetch_wal`]). Base backups
+//! are `pg_basebackup` tar streams ([`base_backup`]). Under the cluster's `path`:
+//!
+//! ```text
+//! wal/<WAL file name>.gz              every archived file (segments, .history, .backup), gzip
+//! base/<backup>/data.tar.gz           the data directory, WAL to be consistent included
+//! base/<backup>/backup.json           [`BaseBackup`]; written last: a backup without it is
+//!                                     incomplete and never restored
+//! ```
+//!
+//! A WAL file is never overwritten with different contents: pushing a name that exists with
+//! the same contents succeeds (PostgreSQL retries after a crash), with different contents
+//! fails (two clusters writing to one path).
+
+use std::io::{Read, Write};
+use std::path::Path;
+use std::process::Stdio;
+use std::sync::Arc;
+
+use bytes::Bytes;
+use flate2::Compression;
+use flate2::read::GzDecoder;
+use flate2::write::GzEncoder;
+use futures::TryStreamExt;
+use object_store::aws::AmazonS3Builder;
+use object_store::path::Path as ObjectPath;
+use object_store::{Certificate, ClientOptions, ObjectStore, ObjectStoreExt, WriteMultipart};
+use serde::{Deserialize, Serialize};
+use tokio::io::AsyncReadExt;
+
+use crate::contract::{self, Lsn, STORE_FIELDS};
+use crate::postgres::Paths;
+
+/// What can go wrong talking to the object store or running the backup programs.
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    #[error("object store configuration: {0}")]
+    Config(String),
+    #[error("object store {what}: {source}")]
+    Store {
+        what: String,
+        #[source]
+        source: object_store::Error,
+    },
+    #[error("{what}: {source}")]
+    Io {
+        what: String,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error(
+        "WAL file {0} is already archived with different contents: is another cluster archiving to this path?"
+    )]
+    Conflict(String),
+    #[error("pg_basebackup failed ({status}): {output}")]
+    BaseBackup {
+        status: std::process::ExitStatus,
+        output: String,
+    },
+    #[error("no complete base backup {0}")]
+    NoBackup(String),
+    #[error("{0}")]
+    Invalid(String),
+}
+
+fn io(what: impl Into<String>) -> impl FnOnce(std::io::Error) -> Error {
+    let what = what.into();
+    move |source| Error::Io { what, source }
+}
+
+fn store_err(what: impl Into<String>) -> impl FnOnce(object_store::Error) -> Error {
+    let what = what.into();
+    move |source| Error::Store { what, source }
+}
+
+/// Where a cluster's backups are: read from `<prefix>_ENDPOINT`, `_BUCKET`, `_PATH`,
+/// `_REGION`, `_ACCESS_KEY_ID` and `_SECRET_ACCESS_KEY` ([`contract::BACKUP_ENV`] or
+/// [`contract::RECOVERY_ENV`]).
+#[derive(Clone)]
+pub struct StoreConfig {
+    pub endpoint: String,
+    pub bucket: String,
+    pub path: String,
+    pub region: String,
+    pub access_key_id: String,
+    pub secret_access_key: String,
+}
+
+impl std::fmt::Debug for StoreConfig {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{}", self.url())
+    }
+}
+
+impl StoreConfig {
+    /// The configuration in the environment under `prefix`: `None` when its endpoint is not
+    /// set (no backup configured), an error when it is but another field is missing.
+    ///
+    /// # Errors
+    /// [`Error::Config`] naming the missing variable.
+    pub fn from_env(prefix: &str) -> Result<Option<Self>, Error> {
+        Self::from_vars(prefix, |name| std::env::var(name).ok())
+    }
+
+    /// [`StoreConfig::from_env`] with `var` for the environment.
+    ///
+    /// # Errors
+    /// [`Error::Config`] naming the missing variable.
+    pub fn from_vars(
+        prefix: &str,
+        var: impl Fn(&str) -> Option<String>,
+    ) -> Result<Option<Self>, Error> {
+        let get = |field: &str| var(&contract::store_env(prefix, field));
+        if get(STORE_FIELDS[0]).is_none() {
+            return Ok(None);
+        }
+        let mut values = Vec::new();
+        for field in STORE_FIELDS {
+            let value = match (field, get(field)) {
+                ("REGION", None) => "us-east-1".to_string(),
+                ("PATH", None) => String::new(),
+                (_, Some(v)) => v,
+                (_, None) => {
+                    return Err(Error::Config(format!(
+                        "{} is not set",
+                        contract::store_env(prefix, field)
+                    )));
+                }
+            };
+            values.push(value);
+        }
+        let [
+            endpoint,
+            bucket,
+            path,
+            region,
+            access_key_id,
+            secret_access_key,
+        ] = <[String; 6]>::try_from(values).map_err(|_| Error::Config("fields".into()))?;
+        Ok(Some(Self {
+            endpoint,
+            bucket,
+            path: path.trim_matches('/').to_string(),
+            region,
+            access_key_id,
+            secret_access_key,
+        }))
+    }
+
+    /// `s3://<bucket>/<path>`.
+    pub fn url(&self) -> String {
+        format!("s3://{}/{}", self.bucket, self.path)
+    }
+}
+
+/// TLS trust for `endpoint`: none over plain HTTP; over HTTPS the system's CA store, or
+/// Mozilla's roots (built in) when the PostgreSQL image has none (PostgreSQL images often do
+/// not install `ca-certificates`, and the client cannot be built without a trust store).
+fn client_options(endpoint: &str) -> Result<ClientOptions, Error> {
+    let options = ClientOptions::new();
+    if endpoint.starts_with("http://") {
+        return Ok(options.with_no_system_certificates(true));
+    }
+    if !rustls_native_certs::load_native_certs().certs.is_empty() {
+        return Ok(options);
+    }
+    let mut options = options.with_no_system_certificates(true);
+    for der in webpki_root_certs::TLS_SERVER_ROOT_CERTS {
+        let cert = Certificate::from_der(der).map_err(|e| Error::Config(e.to_string()))?;
+        options = options.with_root_certificate(cert);
+    }
+    Ok(options)
+}
+
+/// A cluster's backup location.
+#[derive(Clone)]
+pub struct Store {
+    inner: Arc<dyn ObjectStore>,
+    config: StoreConfig,
+}
+
+/// A complete base backup, as `backup.json` describes it.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct BaseBackup {
+    pub name: String,
+    pub timeline: u32,
+    pub begin_lsn: Lsn,
+    /// The WAL file the backup begins in: the oldest one a restore of it needs.
+    pub begin_wal: String,
+    /// RFC 3339.
+    pub started_at: String,
+    /// RFC 3339; the backup is consistent at the latest by this time, so any later time is a
+    /// valid recovery target.
+    pub completed_at: String,
+    /// Compressed size in bytes.
+    pub size: u64,
+}
+
+impl Store {
+    /// # Errors
+    /// [`Error::Config`] for an endpoint or credentials the S3 client refuses.
+    pub fn open(config: StoreConfig) -> Result<Self, Error> {
+        // reqwest's rustls takes the process's provider; kube's is ring too.
+        let _ = rustls::crypto::ring::default_provider().install_default();
+        let inner = AmazonS3Builder::new()
+            .with_client_options(client_options(&config.endpoint)?)
+            .with_endpoint(&config.endpoint)
+            .with_allow_http(config.endpoint.starts_with("http://"))
+            .with_bucket_name(&config.bucket)
+            .with_region(&config.region)
+            .with_access_key_id(&config.access_key_id)
+            .with_secret_access_key(&config.secret_access_key)
+            .with_virtual_hosted_style_request(false)
+            .build()
+            .map_err(|e| Error::Config(e.to_string()))?;
+        Ok(Self {
+            inner: Arc::new(inner),
+            config,
+        })
+    }
+
+    pub fn config(&self) -> &StoreConfig {
+        &self.config
+    }
+
+    fn path(&self, rest: &str) -> ObjectPath {
+        if self.config.path.is_empty() {
+            ObjectPath::from(rest)
+        } else {
+            ObjectPath::from(format!("{}/{rest}", self.config.path))
+        }
+    }
+
+    async fn get(&self, path: &ObjectPath) -> Result<Option<Bytes>, Error> {
+        match self.inner.get(path).await {
+            Ok(got) => Ok(Some(
+                got.bytes()
+                    .await
+                    .map_err(store_err(format!("read {path}")))?,
+            )),
+            Err(object_store::Error::NotFound { .. }) => Ok(None),
+            Err(e) => Err(store_err(format!("get {path}"))(e)),
+        }
+    }
+
+    /// Names of the objects under `dir/` (one level, relative).
+    async fn list(&self, dir: &str) -> Result<Vec<String>, Error> {
+        let prefix = self.path(dir);
+        let listed = self
+            .inner
+            .list_with_delimiter(Some(&prefix))
+            .await
+            .map_err(store_err(format!("list {prefix}")))?;
+        let name = |p: &ObjectPath| p.filename().map(str::to_string);
+        Ok(listed
+            .objects
+            .iter()
+            .filter_map(|o| name(&o.location))
+            .chain(listed.common_prefixes.iter().filter_map(name))
+            .collect())
+    }
+
+    async fn delete(&self, path: &ObjectPath) -> Result<(), Error> {
+        match self.inner.delete(path).await {
+            Ok(()) | Err(object_store::Error::NotFound { .. }) => Ok(()),
+            Err(e) => Err(store_err(format!("delete {path}"))(e)),
+        }
+    }
+
+    /// Every complete base backup, oldest first.
+    ///
+    /// # Errors
+    /// When the store cannot be listed or a `backup.json` is unreadable.
+    pub async fn base_backups(&self) -> Result<Vec<BaseBackup>, Error> {
+        let mut backups = Vec::new();
+        for name in self.list("base").await? {
+            let manifest = self.path(&format!("base/{name}/backup.json"));
+            let Some(bytes) = self.get(&manifest).await? else {
+                continue; // incomplete
+            };
+            let backup: BaseBackup = serde_json::from_slice(&bytes)
+                .map_err(|e| Error::Invalid(format!("{manifest}: {e}")))?;
+            backups.push(backup);
+        }
+        backups.sort_by(|a, b| a.completed_at.cmp(&b.completed_at));
+        Ok(backups)
+    }
+}
+
+/// `wal-push`: archives the WAL file `file` (PostgreSQL's `%p`, relative to the data
+/// directory) as `name` (`%f`).
+///
+/// # Errors
+/// When it cannot be read or stored, or [`Error::Conflict`].
+pub async fn push_wal(store: &Store, file: &Path, name: &str) -> Result<(), Error> {
+    let data = tokio::fs::read(file)
+        .await
+        .map_err(io(format!("read {}", file.display())))?;
+    let compressed = tokio::task::spawn_blocking(move || gzip(&data))
+        .await
+        .map_err(|e| Error::Invalid(e.to_string()))??;
+    let path = store.path(&format!("wal/{name}.gz"));
+    if let Some(existing) = store.get(&path).await? {
+        let same = gunzip(&existing).ok() == gunzip(&compressed).ok();
+        return if same {
+            Ok(())
+        } else {
+            Err(Error::Conflict(name.to_string()))
+        };
+    }
+    store
+        .inner
+        .put(&path, compressed.into())
+        .await
+        .map_err(store_err(format!("put {path}")))?;
+    Ok(())
+}
+
+/// `wal-fetch`: restores the archived WAL file `name` to `dest`. `Ok(false)` when the
+/// archive does not have it (PostgreSQL asks for files that may not exist).
+///
+/// # Errors
+/// When the store fails or the file cannot be written.
+pub async fn fetch_wal(store: &Store, name: &str, dest: &Path) -> Result<bool, Error> {
+    let path = store.path(&format!("wal/{name}.gz"));
+    let Some(compressed) = store.get(&path).await? else {
+        return Ok(false);
+    };
+    let data = tokio::task::spawn_blocking(move || gunzip(&compressed))
+        .await
+        .map_err(|e| Error::Invalid(e.to_string()))??;
+    let partial = dest.with_extension("steward-partial");
+    tokio::fs::write(&partial, data)
+        .await
+        .map_err(io(format!("write {}", partial.display())))?;
+    tokio::fs::rename(&partial, dest)
+        .await
+        .map_err(io(format!("rename to {}", dest.display())))?;
+    Ok(true)
+}
+
+fn gzip(data: &[u8]) -> Result<Vec<u8>, Error> {
+    let mut encoder = GzEncoder::new(Vec::new(), Compression::fast());
+    encoder.write_all(data).map_err(io("compress"))?;
+    encoder.finish().map_err(io("compress"))
+}
+
+fn gunzip(data: &[u8]) -> Result<Vec<u8>, Error> {
+    let mut out = Vec::new();
+    GzDecoder::new(data)
+        .read_to_end(&mut out)
+        .map_err(io("decompress"))?;
+    Ok(out)
+}
+
+/// The WAL file name of `lsn` on `timeline` (16 MiB segments, PostgreSQL's default).
+pub fn wal_file_name(timeline: u32, lsn: Lsn) -> String {
+    const SEGMENT: u64 = 16 * 1024 * 1024;
+    let segments_per_id = 0x1_0000_0000 / SEGMENT;
+    let segment = lsn.0 / SEGMENT;
+    format!(
+        "{timeline:08X}{:08X}{:08X}",
+        segment / segments_per_id,
+        segment % segments_per_id
+    )
+}
+
+/// `pg_basebackup -v`'s "write-ahead log start point: 0/2000028 on timeline 1".
+fn parse_start_point(stderr: &str) -> Option<(Lsn, u32)> {
+    let line = stderr.lines().find_map(|l| {
+        l.split_once("write-ahead log start point: ")
+            .map(|(_, r)| r)
+    })?;
+    let (lsn, timeline) = line.split_once(" on timeline ")?;
+    Some((lsn.trim().parse().ok()?, timeline.trim().parse().ok()?))
+}
+
+/// Takes a base backup of the local instance (over its socket, as the superuser) named
+/// `name`, streams it compressed into the store and writes its `backup.json` last.
+///
+/// # Errors
+/// When `pg_basebackup` fails or the upload does; an incomplete upload is removed.
+pub async fn base_backup(store: &Store, paths: &Paths, name: &str) -> Result<BaseBackup, Error> {
+    let started_at = jiff::Timestamp::now().to_string();
+    let data_path = store.path(&format!("base/{name}/data.tar.gz"));
+    let mut child = tokio::process::Command::new("pg_basebackup")
+        .arg("-h")
+        .arg(&paths.run_dir)
+        .args(["-p", &contract::PG_PORT.to_string(), "-U", "postgres"])
+        .args(["-D", "-", "-F", "tar", "-X", "fetch", "-c", "fast", "-v"])
+        .args(["-l", name, "--no-password"])
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .map_err(io("start pg_basebackup"))?;
+    let (Some(mut stdout), Some(mut stderr)) = (child.stdout.take(), child.stderr.take()) else {
+        return Err(Error::Invalid("pg_basebackup has no output pipes".into()));
+    };
+    let stderr_task = tokio::spawn(async move {
+        let mut text = String::new();
+        let _ = stderr.read_to_string(&mut text).await;
+        text
+    });
+    let upload = store
+        .inner
+        .put_multipart(&data_path)
+        .await
+        .map_err(store_err(format!("start upload {data_path}")))?;
+    let mut writer = WriteMultipart::new(upload);
+    let mut encoder = GzEncoder::new(Vec::new(), Compression::fast());
+    let mut buf = vec![0u8; 256 * 1024];
+    let mut size = 0u64;
+    let streamed: Result<(), Error> = async {
+        loop {
+            let n = stdout
+                .read(&mut buf)
+                .await
+                .map_err(io("read pg_basebackup's output"))?;
+            if n == 0 {
+                break;
+            }
+            encoder.write_all(&buf[..n]).map_err(io("compress"))?;
+            let out = std::mem::take(encoder.get_mut());
+            size += out.len() as u64;
+            writer
+                .wait_for_capacity(4)
+                .await
+                .map_err(store_err("upload"))?;
+            writer.write(&out);
+        }
+        Ok(())
+    }
+    .await;
+    let status = child.wait().await.map_err(io("wait for pg_basebackup"))?;
+    let output = stderr_task.await.unwrap_or_default();
+    let failed = match (&streamed, status.success()) {
+        (Ok(()), true) => None,
+        (Err(e), _) => Some(Error::Invalid(e.to_string())),
+        (Ok(()), false) => Some(Error::BaseBackup {
+            status,
+            output: output.clone(),
+        }),
+    };
+    if let Some(e) = failed {
+        let _ = writer.abort().await;
+        return Err(e);
+    }
+    let rest = encoder.finish().map_err(io("compress"))?;
+    size += rest.len() as u64;
+    writer.write(&rest);
+    writer
+        .finish()
+        .await
+        .map_err(store_err(format!("finish upload {data_path}")))?;
+    let (begin_lsn, timeline) = parse_start_point(&output).ok_or_else(|| {
+        Error::Invalid(format!(
+            "pg_basebackup did not report its start point: {output}"
+        ))
+    })?;
+    let backup = BaseBackup {
+        name: name.to_string(),
+        timeline,
+        begin_lsn,
+        begin_wal: wal_file_name(timeline, begin_lsn),
+        started_at,
+        completed_at: jiff::Timestamp::now().to_string(),
+        size,
+    };
+    let manifest = store.path(&format!("base/{name}/backup.json"));
+    let json = serde_json::to_vec_pretty(&backup).map_err(|e| Error::Invalid(e.to_string()))?;
+    store
+        .inner
+        .put(&manifest, json.into())
+        .await
+        .map_err(store_err(format!("put {manifest}")))?;
+    Ok(backup)
+}
+
+/// The backup to restore for a recovery to `target` (RFC 3339; `None`: the end of the
+/// archive): the newest that completed before it.
+///
+/// # Errors
+/// [`Error::NoBackup`] when none qualifies; [`Error::Invalid`] for a bad target.
+pub fn choose_backup<'a>(
+    backups: &'a [BaseBackup],
+    target: Option<&str>,
+) -> Result<&'a BaseBackup, Error> {
+    let target = target
+        .map(|t| {
+            t.parse::<jiff::Timestamp>()
+                .map_err(|e| Error::Invalid(format!("recovery target time {t:?}: {e}")))
+        })
+        .transpose()?;
+    backups
+        .iter()
+        .filter(|b| {
+            let completed = b.completed_at.parse::<jiff::Timestamp>().ok();
+            match (target, completed) {
+                (None, _) => true,
+                (Some(t), Some(c)) => c < t,
+                (Some(_), None) => false,
+            }
+        })
+        .max_by(|a, b| a.completed_at.cmp(&b.completed_at))
+        .ok_or_else(|| {
+            Error::NoBackup(match target {
+                Some(t) => format!("completed before {t}"),
+                None => "in the object store".to_string(),
+            })
+        })
+}
+
+/// Downloads `backup` and unpacks it into the (empty) data directory.
+///
+/// # Errors
+/// When the download or the unpacking fails.
+pub async fn restore(store: &Store, backup: &BaseBackup, paths: &Paths) -> Result<(), Error> {
+    let path = store.path(&format!("base/{}/data.tar.gz", backup.name));
+    let download = paths.run_dir.join("restore.tar.gz");
+    let got = store
+        .inner
+        .get(&path)
+        .await
+        .map_err(store_err(format!("get {path}")))?;
+    let mut stream = got.into_stream();
+    let mut file = tokio::fs::File::create(&download)
+        .await
+        .map_err(io(format!("create {}", download.display())))?;
+    while let Some(chunk) = stream
+        .try_next()
+        .await
+        .map_err(store_err(format!("read {path}")))?
+    {
+        tokio::io::AsyncWriteExt::write_all(&mut file, &chunk)
+            .await
+            .map_err(io(format!("write {}", download.display())))?;
+    }
+    drop(file);
+    let pgdata = paths.pgdata.clone();
+    let archive = download.clone();
+    let unpacked = tokio::task::spawn_blocking(move || -> Result<(), Error> {
+        use std::os::unix::fs::PermissionsExt;
+        let file = std::fs::File::open(&archive).map_err(io("open the downloaded backup"))?;
+        let mut tar = tar::Archive::new(GzDecoder::new(std::io::BufReader::new(file)));
+        tar.set_preserve_permissions(true);
+        tar.unpack(&pgdata)
+            .map_err(io(format!("unpack into {}", pgdata.display())))?;
+        std::fs::set_permissions(&pgdata, std::fs::Permissions::from_mode(0o700))
+            .map_err(io("chmod the data directory"))
+    })
+    .await
+    .map_err(|e| Error::Invalid(e.to_string()))?;
+    let _ = std::fs::remove_file(&download);
+    unpacked
+}
+
+/// What retention deletes when `keep` base backups are kept: the older backups, then every
+/// WAL segment (and `.backup` file) before the oldest kept backup's first WAL file, on any
+/// timeline. Timeline history files are kept: they are small and every restore needs them.
+pub fn retention_plan(
+    backups: &[BaseBackup],
+    wal: &[String],
+    keep: usize,
+) -> (Vec<String>, Vec<String>) {
+    let mut newest_first: Vec<&BaseBackup> = backups.iter().collect();
+    newest_first.sort_by(|a, b| b.completed_at.cmp(&a.completed_at));
+    if keep == 0 || newest_first.len() <= keep {
+        return (Vec::new(), Vec::new());
+    }
+    let (kept, dropped) = newest_first.split_at(keep);
+    let Some(oldest_kept) = kept.last() else {
+        return (Vec::new(), Vec::new());
+    };
+    // Compare log and segment numbers (the name without its timeline).
+    let position = |name: &str| name.get(8..24).map(str::to_string);
+    let Some(horizon) = position(&oldest_kept.begin_wal) else {
+        return (Vec::new(), Vec::new());
+    };
+    let old_wal = wal
+        .iter()
+        .filter(|w| {
+            let file = w.trim_end_matches(".gz");
+            let is_segment_or_label = file.len() >= 24
+                && file[..24].chars().all(|c| c.is_ascii_hexdigit())
+                && !file.ends_with(".history");
+            is_segment_or_label && position(file).is_some_and(|p| p < horizon)
+        })
+        .cloned()
+        .collect();
+    (dropped.iter().map(|b| b.name.clone()).collect(), old_wal)
+}
+
+/// Applies [`retention_plan`]: the chosen backups' manifests first (so a half-deleted
+/// backup is never taken for complete), then their data, then the WAL.
+///
+/// # Errors
+/// When listing or deleting fails (what was deleted stays deleted; the next run goes on).
+pub async fn apply_retention(store: &Store, keep: usize) -> Result<(Vec<String>, usize), Error> {
+    let backups = store.base_backups().await?;
+    let wal = store.list("wal").await?;
+    let (old_backups, old_wal) = retention_plan(&backups, &wal, keep);
+    for name in &old_backups {
+        store
+            .delete(&store.path(&format!("base/{name}/backup.json")))
+            .await?;
+        store
+            .delete(&store.path(&format!("base/{name}/data.tar.gz")))
+            .await?;
+    }
+    for file in &old_wal {
+        store.delete(&store.path(&format!("wal/{file}"))).await?;
+    }
+    Ok((old_backups, old_wal.len()))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn backup(name: &str, begin_wal: &str, completed_at: &str) -> BaseBackup {
+        BaseBackup {
+            name: name.into(),
+            timeline: 1,
+            begin_lsn: Lsn(0),
+            begin_wal: begin_wal.into(),
+            started_at: completed_at.into(),
+            completed_at: completed_at.into(),
+            size: 1,
+        }
+    }
+
+    #[test]
+    fn wal_file_names_are_postgresqls() {
+        assert_eq!(
+            wal_file_name(1, "0/2000028".parse().unwrap()),
+            "000000010000000000000002"
+        );
+        assert_eq!(
+            wal_file_name(3, "16/B374D848".parse().unwrap()),
+            "0000000300000016000000B3"
+        );
+    }
+
+    #[test]
+    fn the_start_point_is_read_from_pg_basebackups_output() {
+        let out = "pg_basebackup: initiating base backup, waiting for checkpoint to complete\n\
+                   pg_basebackup: checkpoint completed\n\
+                   pg_basebackup: write-ahead log start point: 0/2000028 on timeline 1\n";
+        assert_eq!(parse_start_point(out), Some((Lsn(0x2000028), 1)));
+        assert_eq!(parse_start_point("nothing"), None);
+    }
+
+    #[test]
+    fn recovery_takes_the_newest_backup_completed_before_the_target() {
+        let backups = [
+            backup("a", "000000010000000000000002", "2026-12-01T10:00:00Z"),
+            backup("b", "000000010000000000000005", "2026-12-01T12:00:00Z"),
+        ];
+        assert_eq!(choose_backup(&backups, None).unwrap().name, "b");
+        assert_eq!(
+            choose_backup(&backups, Some("2026-12-01T11:00:00Z"))
+                .unwrap()
+                .name,
+            "a"
+        );
+        assert_eq!(
+            choose_backup(&backups, Some("2026-12-01T12:00:01+00:00"))
+                .unwrap()
+                .name,
+            "b"
+        );
+        assert!(matches!(
+            choose_backup(&backups, Some("2026-12-01T09:00:00Z")),
+            Err(Error::NoBackup(_))
+        ));
+        assert!(matches!(
+            choose_backup(&backups, Some("yesterday")),
+            Err(Error::Invalid(_))
+        ));
+        assert!(matches!(choose_backup(&[], None), Err(Error::NoBackup(_))));
+    }
+
+    #[test]
+    fn retention_keeps_the_newest_backups_and_the_wal_they_need() {
+        let backups = [
+            backup("old", "000000010000000000000002", "2026-12-01T10:00:00Z"),
+            backup("mid", "000000010000000000000005", "2026-12-01T11:00:00Z"),
+            backup("new", "000000020000000000000009", "2026-12-01T12:00:00Z"),
+        ];
+        let wal: Vec<String> = [
+            "000000010000000000000002.gz",
+            "000000010000000000000002.00000028.backup.gz",
+            "000000010000000000000004.gz",
+            "000000010000000000000005.gz",
+            "00000002.history.gz",
+            "000000020000000000000006.gz",
+        ]
+        .map(String::from)
+        .into();
+        let (old, old_wal) = retention_plan(&backups, &wal, 2);
+        assert_eq!(old, ["old"]);
+        assert_eq!(
+            old_wal,
+            [
+                "000000010000000000000002.gz",
+                "000000010000000000000002.00000028.backup.gz",
+                "000000010000000000000004.gz"
+            ]
+        );
+        assert_eq!(retention_plan(&backups, &wal, 3), (vec![], vec![]));
+        assert_eq!(retention_plan(&backups, &wal, 0), (vec![], vec![]));
+        let (old, old_wal) = retention_plan(&backups, &wal, 1);
+        assert_eq!(old, ["mid", "old"]);
+        assert_eq!(
+            old_wal.len(),
+            5,
+            "everything but the history file: {old_wal:?}"
+        );
+    }
+
+    #[test]
+    fn the_store_configuration_comes_from_the_environment() {
+        let vars = |pairs: &[(&str, &str)]| {
+            let map: std::collections::HashMap<String, String> = pairs
+                .iter()
+                .map(|(k, v)| (format!("STEWARD_BACKUP_{k}"), (*v).to_string()))
+                .collect();
+            move |name: &str| map.get(name).cloned()
+        };
+        assert!(
+            StoreConfig::from_vars("STEWARD_BACKUP", vars(&[]))
+                .unwrap()
+                .is_none()
+        );
+        let partial = [
+            ("ENDPOINT", "http://198.18.0.1:8333"),
+            ("BUCKET", "backups"),
+        ];
+        let err = StoreConfig::from_vars("STEWARD_BACKUP", vars(&partial))
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("STEWARD_BACKUP_ACCESS_KEY_ID"), "{err}");
+        let full = [
+            ("ENDPOINT", "http://198.18.0.1:8333"),
+            ("BUCKET", "backups"),
+            ("ACCESS_KEY_ID", "id"),
+            ("SECRET_ACCESS_KEY", "secret"),
+            ("PATH", "/prod/pg/"),
+        ];
+        let config = StoreConfig::from_vars("STEWARD_BACKUP", vars(&full))
+            .unwrap()
+            .unwrap();
+        assert_eq!(config.region, "us-east-1");
+        assert_eq!(config.url(), "s3://backups/prod/pg");
+        assert_eq!(
+            format!("{config:?}"),
+            "s3://backups/prod/pg",
+            "no secret in Debug"
+        );
+    }
+}
