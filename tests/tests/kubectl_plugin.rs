@@ -333,6 +333,47 @@ async fn status_shows_what_the_operators_report_and_actions_write_what_they_watc
         Some(&"pg-2".to_string())
     );
 
+    // Backup: refused without spec.backup (nothing created), else a PostgresBackup named
+    // as asked.
+    let backups: Api<database_operator::PostgresBackup> = Api::namespaced(client.clone(), &ns);
+    let (ok, _, err) = kubectl(cp, &dir, &["steward", "backup", "pg", "-n", &ns]);
+    assert!(!ok && err.contains("no spec.backup"), "{err}");
+    assert!(
+        backups
+            .list(&Default::default())
+            .await
+            .expect("list")
+            .items
+            .is_empty()
+    );
+    clusters
+        .patch(
+            "pg",
+            &PatchParams::default(),
+            &Patch::Merge(json!({"spec": {"backup": {"objectStore": {
+                "endpoint": "http://s3.example:9000", "bucket": "backups", "path": "pg",
+                "credentialsSecret": "s3"}}}})),
+        )
+        .await
+        .expect("spec.backup");
+    let (ok, out, err) = kubectl(
+        cp,
+        &dir,
+        &[
+            "steward",
+            "backup",
+            "pg",
+            "--name",
+            "before-migration",
+            "-n",
+            &ns,
+        ],
+    );
+    assert!(ok, "backup: {err}");
+    assert!(out.contains("postgresbackup/before-migration"), "{out}");
+    let backup = backups.get("before-migration").await.expect("created");
+    assert_eq!(backup.spec.cluster, "pg");
+
     // Rotate: a new value of the annotation each time (the operator rotates once per value).
     let rotation = || async {
         roles

@@ -1286,6 +1286,38 @@ async fn postgres_cluster_backs_up_to_object_storage_and_restores_to_a_point_in_
         .await
         .unwrap();
 
+    // Credentials that do not exist: the cluster says so before any pod waits for them.
+    let mut missing = object_store.clone();
+    missing["credentialsSecret"] = json!("no-such-secret");
+    let nocreds = cluster.manifest("nocreds", 1, json!({"backup": {"objectStore": missing}}));
+    steward_testenv::manifests::apply(&cluster.client, &nocreds, None, "real-node-test", false)
+        .await
+        .unwrap();
+    let refused = eventually("nocreds says its Secret is missing", WAIT, || {
+        let clusters = cluster.clusters();
+        async move {
+            let status = status_of(&clusters, "nocreds").await?;
+            status
+                .conditions
+                .iter()
+                .find(|c| c.type_ == "Ready" && c.reason == "MissingReference")
+                .map(|c| c.message.clone())
+                .ok_or_else(|| format!("{:?}", status.conditions))
+        }
+    })
+    .await
+    .unwrap();
+    assert_eq!(
+        refused,
+        "spec.backup.objectStore.credentialsSecret: Secret no-such-secret does not exist"
+    );
+    let sets: Api<k8s_openapi::api::apps::v1::StatefulSet> =
+        Api::namespaced(cluster.client.clone(), &cluster.ns);
+    assert!(
+        sets.get_opt("nocreds").await.unwrap().is_none(),
+        "no pod is started without its credentials"
+    );
+
     // A backup of a cluster with nowhere to put it fails and says why.
     create_backup(&cluster, "nowhere", "restored").await;
     let backups: Api<PostgresBackup> = Api::namespaced(cluster.client.clone(), &cluster.ns);

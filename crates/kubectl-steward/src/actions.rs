@@ -5,9 +5,11 @@
 
 use database_operator::api::ROTATE_ANNOTATION;
 use database_operator::cluster::SWITCHOVER_ANNOTATION;
-use database_operator::{DatabaseRole, PostgresCluster, PostgresClusterStatus};
+use database_operator::{
+    DatabaseRole, PostgresBackup, PostgresBackupSpec, PostgresCluster, PostgresClusterStatus,
+};
 use kube::api::{Api, Patch, PatchParams};
-use kube::{Client, Resource};
+use kube::{Client, Resource, ResourceExt};
 use serde_json::json;
 use upgrade_orchestrator::UpgradePlan;
 use upgrade_orchestrator::crd::Approval;
@@ -216,6 +218,58 @@ pub async fn switchover(
     ))
 }
 
+/// The `PostgresBackup` `kubectl steward backup` creates for `cluster` at `now`, or why none:
+/// the cluster must have `spec.backup`.
+pub fn backup_for(
+    cluster: &PostgresCluster,
+    name: Option<&str>,
+    now: jiff::Timestamp,
+) -> Result<PostgresBackup, String> {
+    let cluster_name = cluster.name_any();
+    if cluster.spec.backup.is_none() {
+        return Err(
+            "it has no spec.backup: there is nowhere to store a backup (set spec.backup.objectStore)"
+                .to_string(),
+        );
+    }
+    let name = name.map_or_else(
+        || database_operator::cluster::backup::scheduled_name(&cluster_name, now),
+        str::to_string,
+    );
+    let mut backup = PostgresBackup::new(
+        &name,
+        PostgresBackupSpec {
+            cluster: cluster_name,
+        },
+    );
+    backup.metadata.namespace = cluster.namespace();
+    Ok(backup)
+}
+
+/// `kubectl steward backup`: a base backup now, taken by the cluster's primary.
+pub async fn backup(
+    client: &Client,
+    ns: &str,
+    cluster: &str,
+    name: Option<&str>,
+) -> Result<String, Error> {
+    let pg: PostgresCluster = get(client, ns, cluster).await?;
+    let backup = backup_for(&pg, name, jiff::Timestamp::now())
+        .map_err(|why| Error::Refused(format!("postgrescluster/{cluster}: no backup: {why}")))?;
+    let params = kube::api::PostParams {
+        field_manager: Some(FIELD_MANAGER.into()),
+        ..Default::default()
+    };
+    let created = Api::<PostgresBackup>::namespaced(client.clone(), ns)
+        .create(&params, &backup)
+        .await
+        .map_err(Error::api(format!("create postgresbackup in {ns}")))?;
+    let name = created.name_any();
+    Ok(format!(
+        "postgresbackup/{name}: base backup of {cluster} requested; follow it with kubectl get pgb {name} -n {ns}\n"
+    ))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -323,5 +377,28 @@ mod tests {
             pick_switchover(&busy, None),
             Err("a switchover to pg-1 is under way".into())
         );
+    }
+
+    #[test]
+    fn a_backup_needs_spec_backup_and_is_named_after_the_cluster_and_the_time() {
+        let mut cluster: PostgresCluster = serde_json::from_value(json!({
+            "apiVersion": "database.steward.dev/v1alpha1",
+            "kind": "PostgresCluster",
+            "metadata": {"name": "pg", "namespace": "db"},
+            "spec": {"instances": 1, "version": 17, "storage": {"size": "1Gi"}},
+        }))
+        .expect("cluster");
+        let now: jiff::Timestamp = "2026-12-02T03:04:05Z".parse().unwrap();
+        let why = backup_for(&cluster, None, now).unwrap_err();
+        assert!(why.contains("no spec.backup"), "{why}");
+        cluster.spec.backup = serde_json::from_value(json!({"objectStore": {
+            "endpoint": "http://s3:9000", "bucket": "b", "path": "p", "credentialsSecret": "s"}}))
+        .unwrap();
+        let backup = backup_for(&cluster, None, now).unwrap();
+        assert_eq!(backup.name_any(), "pg-20261202030405");
+        assert_eq!(backup.namespace().as_deref(), Some("db"));
+        assert_eq!(backup.spec.cluster, "pg");
+        let named = backup_for(&cluster, Some("before-migration"), now).unwrap();
+        assert_eq!(named.name_any(), "before-migration");
     }
 }

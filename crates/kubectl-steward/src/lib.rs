@@ -1,6 +1,6 @@
 //! `kubectl steward`: every Steward object on one screen, and the few things users do to them
 //! by hand — approve, pause and resume an UpgradePlan, rotate a DatabaseRole's password, switch
-//! a PostgresCluster's primary over, read an operator leader's logs.
+//! a PostgresCluster's primary over, back it up now, read an operator leader's logs.
 //!
 //! Installed as `kubectl-steward` on the `PATH`, kubectl runs it as `kubectl steward …` and
 //! passes every argument through. Start at [`Cli`] (the command line) and [`run`]:
@@ -95,6 +95,13 @@ pub enum Command {
         #[arg(long)]
         to: Option<String>,
     },
+    /// Take a base backup of a PostgresCluster now (a PostgresBackup its primary takes; the
+    /// cluster needs `spec.backup`). Default name: `<cluster>-<yyyymmddhhmmss>` (UTC).
+    Backup {
+        cluster: String,
+        #[arg(long)]
+        name: Option<String>,
+    },
     /// The logs of the pod that leads an operator (the holder of its Lease).
     Logs {
         operator: String,
@@ -168,6 +175,9 @@ pub async fn run(cli: Cli, out: &mut (dyn Write + Send)) -> Result<(), Error> {
         Command::Rotate { role } => actions::rotate(&client, &ns, &role).await?,
         Command::Switchover { cluster, to } => {
             actions::switchover(&client, &ns, &cluster, to.as_deref()).await?
+        }
+        Command::Backup { cluster, name } => {
+            actions::backup(&client, &ns, &cluster, name.as_deref()).await?
         }
         Command::Logs {
             operator,

@@ -106,6 +106,30 @@ pub struct ClusterRow {
     /// The largest replay lag of a replica, in bytes.
     pub max_lag_bytes: Option<u64>,
     pub switchover_to: Option<String>,
+    /// With `spec.backup`: when the newest base backup completed, and whether WAL archiving
+    /// works (the `ContinuousArchiving` condition).
+    pub backup: Option<BackupCell>,
+}
+
+/// A backed-up cluster's backup state.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct BackupCell {
+    pub last_base_backup: Option<String>,
+    pub archiving: bool,
+    /// The condition's reason when archiving does not work.
+    pub archiving_reason: Option<String>,
+}
+
+impl BackupCell {
+    fn cell(&self) -> String {
+        let last = self.last_base_backup.as_deref().unwrap_or("no base backup");
+        match (&self.archiving, &self.archiving_reason) {
+            (true, _) => last.to_string(),
+            (false, Some(reason)) => format!("{last}, WAL: {reason}"),
+            (false, None) => format!("{last}, WAL not archived"),
+        }
+    }
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
@@ -276,6 +300,22 @@ pub fn cluster_row(cluster: &PostgresCluster) -> ClusterRow {
             .map(|i| i.replay_lag_bytes)
             .max(),
         switchover_to: status.switchover_target.clone(),
+        backup: cluster.spec.backup.as_ref().map(|_| {
+            let archiving = status
+                .conditions
+                .iter()
+                .find(|c| c.type_ == "ContinuousArchiving");
+            BackupCell {
+                last_base_backup: status
+                    .backup
+                    .as_ref()
+                    .and_then(|b| b.last_base_backup_time.clone()),
+                archiving: archiving.is_some_and(|c| c.status == "True"),
+                archiving_reason: archiving
+                    .filter(|c| c.status != "True")
+                    .map(|c| c.reason.clone()),
+            }
+        }),
     }
 }
 
@@ -461,6 +501,7 @@ pub fn render(report: &Report, scope: &Scope) -> String {
                         c.version.clone(),
                         dash(c.max_lag_bytes.map(bytes)),
                         dash(c.switchover_to.clone()),
+                        dash(c.backup.as_ref().map(BackupCell::cell)),
                     ],
                 )
             })
@@ -474,6 +515,7 @@ pub fn render(report: &Report, scope: &Scope) -> String {
             "VERSION",
             "MAX LAG",
             "SWITCHOVER TO",
+            "LAST BACKUP",
         ]);
         section(&mut out, "PostgresClusters", &h, rows);
     }
@@ -776,6 +818,45 @@ mod tests {
         // Every column starts where its header does.
         let at = |line: &str, s: &str| line.find(s).expect(s);
         assert_eq!(at(lines[1], "PRIMARY"), at(lines[2], "pg-1"));
+        assert!(
+            lines[2].trim_end().ends_with('-'),
+            "no spec.backup: {table}"
+        );
+    }
+
+    #[test]
+    fn a_backed_up_cluster_shows_its_last_backup_and_whether_wal_is_archived() {
+        let mut cluster: PostgresCluster = serde_json::from_value(json!({
+            "apiVersion": "database.steward.dev/v1alpha1",
+            "kind": "PostgresCluster",
+            "metadata": {"name": "pg", "namespace": "db"},
+            "spec": {"instances": 1, "version": 17, "storage": {"size": "1Gi"},
+                     "backup": {"objectStore": {"endpoint": "http://s3:9000", "bucket": "b", "path": "p", "credentialsSecret": "s"}}},
+            "status": {
+                "backup": {"lastBaseBackup": "pg-1", "lastBaseBackupTime": "2026-12-02T03:00:00Z"},
+                "conditions": [{"type": "ContinuousArchiving", "status": "False", "reason": "ArchivingFailing",
+                                "message": "", "lastTransitionTime": "2026-12-02T03:00:00Z"}],
+            },
+        }))
+        .expect("cluster");
+        assert_eq!(
+            cluster_row(&cluster).backup.unwrap().cell(),
+            "2026-12-02T03:00:00Z, WAL: ArchivingFailing"
+        );
+        if let Some(s) = cluster.status.as_mut() {
+            s.conditions[0].status = "True".into();
+        }
+        assert_eq!(
+            cluster_row(&cluster).backup.unwrap().cell(),
+            "2026-12-02T03:00:00Z"
+        );
+        if let Some(s) = cluster.status.as_mut() {
+            s.backup = None;
+        }
+        assert_eq!(
+            cluster_row(&cluster).backup.unwrap().cell(),
+            "no base backup"
+        );
     }
 
     #[test]

@@ -43,20 +43,7 @@ pub async fn reconcile(
         return Ok(Action::await_change());
     }
     if let Err(invalid) = validate(&cluster) {
-        // Say so in status (nothing else changes: no child is applied with an invalid spec).
-        let mut status = cluster.status.clone().unwrap_or_default();
-        steward_core::conditions::set(
-            &mut status.conditions,
-            steward_core::conditions::READY,
-            false,
-            steward_core::ReconcileError::reason(&invalid),
-            invalid.to_string(),
-            cluster.meta().generation,
-        );
-        status.observed_generation = cluster.meta().generation;
-        ctx.apply_status(cluster.as_ref(), cluster.status.as_ref(), &status)
-            .await?;
-        return Err(invalid);
+        return Err(refuse(&ctx, &cluster, invalid).await);
     }
     let ns = cluster
         .namespace()
@@ -66,8 +53,13 @@ pub async fn reconcile(
     let client = ctx.client.clone();
     let children = Children::new(client.clone(), cluster.as_ref(), &ctx.field_manager);
 
-    // Passwords are generated once and never regenerated.
     let secrets: Api<Secret> = Api::namespaced(client.clone(), &ns);
+    // The object stores' credentials exist before a pod needs them (else it would wait in
+    // CreateContainerConfigError with nothing on the cluster saying why).
+    if let Err(missing) = check_store_credentials(&secrets, &cluster).await {
+        return Err(refuse(&ctx, &cluster, missing).await);
+    }
+    // Passwords are generated once and never regenerated.
     let password = existing_password(&secrets, &cluster, &names.superuser_secret).await?;
     let ca = ensure_tls(&ctx, &children, &secrets, &cluster, &ns).await?;
     let secret = build::superuser_secret(&cluster, &password, &ca.cert_pem);
@@ -305,6 +297,81 @@ pub async fn reconcile(
     Ok(Action::requeue(
         scheduled.map_or(requeue, |s| s.min(requeue)),
     ))
+}
+
+/// Says why nothing was changed (Ready false, the error's reason and message) and returns the
+/// error for the runner (an Event, the retry).
+async fn refuse(ctx: &Context<State>, cluster: &PostgresCluster, error: Error) -> Error {
+    let mut status = cluster.status.clone().unwrap_or_default();
+    steward_core::conditions::set(
+        &mut status.conditions,
+        steward_core::conditions::READY,
+        false,
+        steward_core::ReconcileError::reason(&error),
+        error.to_string(),
+        cluster.meta().generation,
+    );
+    status.observed_generation = cluster.meta().generation;
+    match ctx
+        .apply_status(cluster, cluster.status.as_ref(), &status)
+        .await
+    {
+        Ok(_) => error,
+        Err(e) => e.into(),
+    }
+}
+
+/// The Secrets named by `spec.backup` and `spec.bootstrap.recovery` exist with both keys.
+///
+/// # Errors
+/// [`Error::MissingReference`] naming the field, the Secret and the key.
+async fn check_store_credentials(
+    secrets: &Api<Secret>,
+    cluster: &PostgresCluster,
+) -> Result<(), Error> {
+    let stores = [
+        (
+            "spec.backup",
+            cluster.spec.backup.as_ref().map(|b| &b.object_store),
+        ),
+        (
+            "spec.bootstrap.recovery",
+            cluster
+                .spec
+                .bootstrap
+                .as_ref()
+                .map(|b| &b.recovery.object_store),
+        ),
+    ];
+    for (field, store) in stores {
+        let Some(store) = store else { continue };
+        let name = &store.credentials_secret;
+        let secret = secrets.get_opt(name).await.map_err(|source| Error::Read {
+            what: format!("Secret {name}"),
+            source,
+        })?;
+        let Some(secret) = secret else {
+            return Err(Error::MissingReference(format!(
+                "{field}.objectStore.credentialsSecret: Secret {name} does not exist"
+            )));
+        };
+        let has = |key: &str| {
+            secret.data.as_ref().is_some_and(|d| d.contains_key(key))
+                || secret
+                    .string_data
+                    .as_ref()
+                    .is_some_and(|d| d.contains_key(key))
+        };
+        if let Some(key) = ["accessKeyId", "secretAccessKey"]
+            .into_iter()
+            .find(|k| !has(k))
+        {
+            return Err(Error::MissingReference(format!(
+                "{field}.objectStore.credentialsSecret: Secret {name} has no key {key}"
+            )));
+        }
+    }
+    Ok(())
 }
 
 /// Annotation on a PostgresCluster asking for a switchover to the named instance (pod);
