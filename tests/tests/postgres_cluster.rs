@@ -1385,11 +1385,55 @@ async fn postgres_cluster_backs_up_to_object_storage_and_restores_to_a_point_in_
     })
     .await
     .unwrap();
-    let status = cluster.status().await.backup.unwrap_or_default();
-    assert_eq!(
-        status.last_base_backup.as_deref(),
-        Some("third"),
-        "{status:?}"
-    );
+    eventually("status.backup names the third backup", WAIT, || {
+        let clusters = cluster.clusters();
+        async move {
+            let status = status_of(&clusters, "pg").await?.backup.unwrap_or_default();
+            if status.last_base_backup.as_deref() == Some("third") {
+                Ok(())
+            } else {
+                Err(format!("{status:?}"))
+            }
+        }
+    })
+    .await
+    .unwrap();
+
+    // A schedule (every minute) makes a PostgresBackup owned by the cluster, which completes.
+    cluster
+        .clusters()
+        .patch(
+            "pg",
+            &PatchParams::default(),
+            &Patch::Merge(json!({"spec": {"backup": {"schedule": "* * * * *"}}})),
+        )
+        .await
+        .unwrap();
+    let scheduled = eventually(
+        "a scheduled PostgresBackup",
+        Duration::from_secs(100),
+        || {
+            let backups = backups.clone();
+            async move {
+                let list = backups
+                    .list(&Default::default())
+                    .await
+                    .map_err(|e| e.to_string())?;
+                list.items
+                    .into_iter()
+                    .find(|b| {
+                        b.name_any().starts_with("pg-20")
+                            && b.owner_references()
+                                .iter()
+                                .any(|o| o.kind == "PostgresCluster")
+                    })
+                    .map(|b| b.name_any())
+                    .ok_or_else(|| "none yet".to_string())
+            }
+        },
+    )
+    .await
+    .unwrap();
+    completed_backup(&cluster, &scheduled).await;
     cluster.stop_operator().await;
 }

@@ -969,6 +969,120 @@ async fn a_component_waits_only_for_its_own_dependencies() {
     op.stop().await;
 }
 
+/// A component's own health rule (CEL over its target) decides when it is done: the next
+/// component waits for it, not for the built-in rule; its `failed` rule applies the failure
+/// policy (here: roll back).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn custom_health_rules_gate_the_next_component_and_can_fail_the_plan() {
+    let env = Env::new("uo-cel").await;
+    create_and_wait(
+        &env,
+        &[deployment("gate", "gate:1"), deployment("next", "next:1")],
+        &[],
+        &[],
+    )
+    .await;
+    let op = env.start();
+    let with_rule = |image: &str| {
+        let mut gate = component("gate", "Deployment", image, &[]);
+        gate["health"] = json!({
+            "healthy": "has(self.metadata.annotations) && 'verified' in self.metadata.annotations && self.metadata.annotations['verified'] == self.spec.template.spec.containers[0].image",
+            "failed": "has(self.metadata.annotations) && 'broken' in self.metadata.annotations && self.metadata.annotations['broken'] == self.spec.template.spec.containers[0].image",
+        });
+        gate
+    };
+    env.create_plan(plan(
+        "cel",
+        vec![
+            with_rule("gate:2"),
+            component("next", "Deployment", "next:2", &["gate"]),
+        ],
+        json!({"failurePolicy": "Rollback"}),
+    ))
+    .await;
+    // Rolled out by the built-in rule's measure, but not verified: next waits.
+    let status = env
+        .wait_phase_until("cel", ROLL, |s| {
+            s.components.iter().any(|c| {
+                c.name == "gate"
+                    && c.message
+                        .as_deref()
+                        .is_some_and(|m| m.contains("waiting for health.healthy"))
+            })
+        })
+        .await;
+    assert_eq!(
+        comp(&status, "next").phase,
+        ComponentPhase::Pending,
+        "{}",
+        describe(&status)
+    );
+    assert_eq!(deployment_image(&env, "gate").await.0, "gate:2");
+    assert_eq!(deployment_image(&env, "next").await.0, "next:1");
+    let annotate = |key: &'static str, value: &'static str| {
+        let api = env.api::<Deployment>();
+        async move {
+            api.patch(
+                "gate",
+                &PatchParams::default(),
+                &Patch::Merge(json!({"metadata": {"annotations": {key: value}}})),
+            )
+            .await
+            .expect("annotate gate");
+        }
+    };
+    annotate("verified", "gate:2").await;
+    env.wait_phase("cel", &[PlanPhase::Succeeded], ROLL).await;
+    assert_eq!(deployment_image(&env, "next").await.0, "next:2");
+
+    // A second plan whose target reports itself broken is rolled back.
+    env.create_plan(plan(
+        "cel-broken",
+        vec![with_rule("gate:3")],
+        json!({"failurePolicy": "Rollback"}),
+    ))
+    .await;
+    env.wait_phase_until("cel-broken", ROLL, |s| {
+        s.components
+            .iter()
+            .any(|c| c.name == "gate" && c.phase == ComponentPhase::Progressing)
+    })
+    .await;
+    // gate:3 reports itself broken; gate:2, reverted to, is still verified and not broken.
+    annotate("broken", "gate:3").await;
+    env.wait_phase("cel-broken", &[PlanPhase::RolledBack], ROLL)
+        .await;
+    assert_eq!(deployment_image(&env, "gate").await.0, "gate:2");
+    // Events follow the status write a test may see first.
+    let events: Api<Event> = env.api();
+    eventually(
+        "a ComponentFailed Event naming the rule",
+        WAIT_VALID,
+        || {
+            let events = events.clone();
+            async move {
+                let failed: Vec<String> = events
+                    .list(&ListParams::default())
+                    .await
+                    .map_err(|e| e.to_string())?
+                    .items
+                    .into_iter()
+                    .filter(|e| e.reason.as_deref() == Some("ComponentFailed"))
+                    .filter_map(|e| e.note)
+                    .collect();
+                if failed.iter().any(|n| n.contains("health.failed holds")) {
+                    Ok(())
+                } else {
+                    Err(format!("{failed:?}"))
+                }
+            }
+        },
+    )
+    .await
+    .expect("the failure says which rule held");
+    op.stop().await;
+}
+
 /// Deleting a plan mid-flight rolls it back before it goes (whatever its failure policy); a
 /// finished plan, or one that never started, goes at once. Each leaves a `PlanDeleted` Event
 /// saying what the targets were left with.
@@ -1492,6 +1606,14 @@ async fn invalid_plans_are_reported_and_change_nothing() {
                 json!({"name": "a", "target": {"kind": "Deployment", "name": "a"}, "image": {"container": "nope", "image": "a:2"}}),
             ],
             "TargetNotFound",
+        ),
+        (
+            "badhealth",
+            vec![
+                json!({"name": "a", "target": {"kind": "Deployment", "name": "a"}, "image": {"container": "app", "image": "a:2"},
+                       "health": {"healthy": "self.status.("}}),
+            ],
+            "InvalidHealthCheck",
         ),
     ];
     for (name, components, _) in &cases {

@@ -7,8 +7,8 @@
 //! directory = their package, the arguments after `--`); the doc tests run by
 //! `cargo test --doc` afterwards. [`jobs`] binaries run at once, the longest first (by the
 //! times of the previous run, kept in `target/xtask-test-times.tsv`); the binaries that
-//! need the real node ([`REAL_NODE`]) run one after another in one lane, since the host has
-//! one node (testenv's lock would make a second wait anyway). While several run, each one's
+//! need the real node and the chaos soak ([`ONE_LANE`]) run one after another in one lane,
+//! since the host has one node (testenv's lock would make a second wait anyway). While several run, each one's
 //! output goes to `target/xtask-test-logs/<binary>.log` and is printed whole when it ends.
 //! A binary still running after [`limit`] is killed; its processes (control planes, kubelets)
 //! go with it (testenv starts them with a parent-death signal) and a real node it left is
@@ -30,8 +30,10 @@ const DEFAULT_LIMIT: Duration = Duration::from_secs(15 * 60);
 /// their output live).
 const DEFAULT_JOBS: usize = 2;
 
-/// The test targets that start testenv's real node: they run in one lane.
-const REAL_NODE: [&str; 2] = ["real_node", "postgres_cluster"];
+/// The test targets that run in one lane, one after another: those that start testenv's real
+/// node (one per host), and the chaos soak, whose per-cycle deadline measures recovery and
+/// should not share the 2 cores with real pods (it once missed it doing so).
+const ONE_LANE: [&str; 3] = ["real_node", "postgres_cluster", "database_chaos"];
 
 /// The time limit of one test binary.
 fn limit() -> Duration {
@@ -166,13 +168,13 @@ fn run_logged(binary: &TestBinary, test_args: &[&str], limit: Duration, log: Opt
     Ran { elapsed, failure }
 }
 
-/// The binaries grouped into lanes (the real-node ones in one, every other alone), the
+/// The binaries grouped into lanes ([`ONE_LANE`] in one, every other alone), the
 /// longest first by `previous` times; a binary never timed counts as long, so a new test
 /// does not end up last.
 fn lanes(binaries: Vec<TestBinary>, previous: &HashMap<String, Duration>) -> Vec<Vec<TestBinary>> {
     let (node, others): (Vec<_>, Vec<_>) = binaries
         .into_iter()
-        .partition(|b| REAL_NODE.contains(&b.target.as_str()));
+        .partition(|b| ONE_LANE.contains(&b.target.as_str()));
     let mut lanes: Vec<Vec<TestBinary>> = others.into_iter().map(|b| vec![b]).collect();
     if !node.is_empty() {
         lanes.push(node);

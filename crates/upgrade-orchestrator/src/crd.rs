@@ -116,6 +116,28 @@ pub struct Component {
     /// cannot be lowered).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub rollback: Option<ComponentRollback>,
+
+    /// When the target counts as healthy (or failed), as CEL over the target object
+    /// (`self`), instead of the built-in rule of its kind. Compiled when the plan is
+    /// validated: an expression that does not parse is `Valid=False InvalidHealthCheck`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub health: Option<HealthCheck>,
+}
+
+/// A component's own health rule, evaluated each time the target changes.
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct HealthCheck {
+    /// True once the target finished rolling out its current spec, e.g.
+    /// `self.status.observedGeneration == self.metadata.generation &&
+    /// self.status.conditions.exists(c, c.type == 'Ready' && c.status == 'True')`.
+    /// A field that is not there yet (no status) means not yet healthy.
+    #[schemars(length(min = 1, max = 4096))]
+    pub healthy: String,
+    /// True when the rollout failed: the plan's failure policy applies (checked first).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(min = 1, max = 4096))]
+    pub failed: Option<String>,
 }
 
 /// What a rollback does to a changed component.

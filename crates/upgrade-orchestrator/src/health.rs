@@ -24,6 +24,47 @@ impl Health {
     }
 }
 
+/// Compiles a custom health expression.
+///
+/// # Errors
+/// The parser's message (with the position).
+pub fn compile(expression: &str) -> Result<cel::Program, String> {
+    cel::Program::compile(expression).map_err(|e| e.to_string().trim().to_string())
+}
+
+/// A component's own rule ([`crate::crd::HealthCheck`]) over the target `obj` (`self`):
+/// `failed` first, then `healthy`. An expression that cannot be evaluated yet (a field the
+/// target does not have, as before its controller wrote a status) means still progressing.
+pub fn custom(check: &crate::crd::HealthCheck, obj: &Value) -> Health {
+    let evaluate = |expression: &str| -> Result<bool, String> {
+        let program = compile(expression)?;
+        let mut context = cel::Context::default();
+        let target = cel::to_value(obj).map_err(|e| e.to_string())?;
+        context
+            .add_variable("self", target)
+            .map_err(|e| e.to_string())?;
+        match program.execute(&context) {
+            Ok(cel::Value::Bool(b)) => Ok(b),
+            Ok(other) => Err(format!("it gave {other:?}, not a bool")),
+            Err(e) => Err(e.to_string()),
+        }
+    };
+    if let Some(failed) = &check.failed {
+        match evaluate(failed) {
+            Ok(true) => return Health::Failed(format!("health.failed holds: {failed}")),
+            Ok(false) => {}
+            Err(e) => {
+                return Health::Progressing(format!("health.failed cannot be evaluated yet: {e}"));
+            }
+        }
+    }
+    match evaluate(&check.healthy) {
+        Ok(true) => Health::Healthy,
+        Ok(false) => Health::Progressing(format!("waiting for health.healthy: {}", check.healthy)),
+        Err(e) => Health::Progressing(format!("health.healthy cannot be evaluated yet: {e}")),
+    }
+}
+
 fn generation_pending(
     generation: Option<i64>,
     observed: Option<i64>,
@@ -316,6 +357,38 @@ mod tests {
             daemonset(&ds(base(2, 2, 6))),
             Health::Progressing(_)
         ));
+    }
+
+    #[test]
+    fn a_custom_rule_decides_health_and_failure_over_the_target() {
+        let check = crate::crd::HealthCheck {
+            healthy: "self.status.observedGeneration == self.metadata.generation && self.status.conditions.exists(c, c.type == 'Ready' && c.status == 'True')".into(),
+            failed: Some("self.status.conditions.exists(c, c.reason == 'Broken')".into()),
+        };
+        let obj = |generation: i64, observed: i64, reason: &str, status: &str| {
+            json!({"metadata": {"generation": generation},
+                   "status": {"observedGeneration": observed,
+                              "conditions": [{"type": "Ready", "status": status, "reason": reason}]}})
+        };
+        assert_eq!(custom(&check, &obj(2, 2, "Done", "True")), Health::Healthy);
+        assert!(
+            matches!(custom(&check, &obj(2, 1, "Done", "True")), Health::Progressing(m) if m.starts_with("waiting for health.healthy"))
+        );
+        assert!(
+            matches!(custom(&check, &obj(2, 2, "Broken", "False")), Health::Failed(m) if m.contains("Broken"))
+        );
+        assert!(matches!(
+            custom(&check, &json!({"metadata": {"generation": 1}})),
+            Health::Progressing(m) if m.contains("cannot be evaluated yet")
+        ));
+        let not_bool = crate::crd::HealthCheck {
+            healthy: "1 + 1".into(),
+            failed: None,
+        };
+        assert!(
+            matches!(custom(&not_bool, &json!({})), Health::Progressing(m) if m.contains("not a bool"))
+        );
+        assert!(compile("self.status.(").is_err());
     }
 
     #[test]

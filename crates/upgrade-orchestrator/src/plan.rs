@@ -42,6 +42,13 @@ pub enum Invalid {
         name: String,
         message: String,
     },
+    /// A custom health expression does not compile.
+    #[error("component {component:?}: health.{field} is not a valid CEL expression: {message}")]
+    InvalidHealthCheck {
+        component: String,
+        field: &'static str,
+        message: String,
+    },
 }
 
 impl Invalid {
@@ -54,6 +61,7 @@ impl Invalid {
             Invalid::Cycle(_) => "DependencyCycle",
             Invalid::InvalidChange { .. } => "InvalidChange",
             Invalid::ChangeRefused { .. } => "ChangeRefused",
+            Invalid::InvalidHealthCheck { .. } => "InvalidHealthCheck",
         }
     }
 }
@@ -169,6 +177,21 @@ fn check_change(c: &Component) -> Result<(), Invalid> {
             }
         }
     }
+    if let Some(check) = &c.health {
+        let expressions = [
+            ("healthy", Some(&check.healthy)),
+            ("failed", check.failed.as_ref()),
+        ];
+        for (field, expression) in expressions {
+            if let Some(Err(message)) = expression.map(|e| crate::health::compile(e)) {
+                return Err(Invalid::InvalidHealthCheck {
+                    component: c.name.clone(),
+                    field,
+                    message,
+                });
+            }
+        }
+    }
     Ok(())
 }
 
@@ -219,6 +242,7 @@ mod tests {
             version: None,
             depends_on: deps.iter().map(|d| d.to_string()).collect(),
             rollback: None,
+            health: None,
         }
     }
 
@@ -332,5 +356,21 @@ mod tests {
         pg.image = None;
         pg.version = Some("17".into());
         assert!(plan(&[pg]).is_ok());
+    }
+
+    #[test]
+    fn a_health_rule_that_does_not_compile_makes_the_plan_invalid() {
+        let mut a = c("a", &[]);
+        a.health = Some(crate::crd::HealthCheck {
+            healthy: "self.status.ready".into(),
+            failed: Some("self.status.(".into()),
+        });
+        let err = plan(&[a]).unwrap_err();
+        assert_eq!(err.reason(), "InvalidHealthCheck");
+        assert!(
+            err.to_string()
+                .contains("health.failed is not a valid CEL expression"),
+            "{err}"
+        );
     }
 }

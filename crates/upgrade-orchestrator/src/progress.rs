@@ -1076,6 +1076,7 @@ mod tests {
             version: None,
             depends_on: deps.iter().map(|d| d.to_string()).collect(),
             rollback: None,
+            health: None,
         }
     }
 

@@ -58,15 +58,32 @@ impl Observation {
 
     /// The observation of `workload` for `component`.
     pub fn of(component: &Component, workload: &Workload) -> Self {
+        let health = match &component.health {
+            Some(check) => match workload.to_json() {
+                Ok(obj) => health::custom(check, &obj),
+                Err(e) => Health::Progressing(format!("unreadable target: {e}")),
+            },
+            None => workload.health(),
+        };
         Self {
             value: workload.value(component),
-            health: workload.health(),
+            health,
         }
     }
 }
 
 impl Workload {
-    /// The workload's health (see [`crate::health`]).
+    /// The object as JSON (what a custom health rule sees as `self`).
+    fn to_json(&self) -> Result<Value, serde_json::Error> {
+        match self {
+            Workload::Deployment(d) => serde_json::to_value(d.as_ref()),
+            Workload::StatefulSet(s) => serde_json::to_value(s.as_ref()),
+            Workload::DaemonSet(d) => serde_json::to_value(d.as_ref()),
+            Workload::Postgres(p) => serde_json::to_value(p.as_ref()),
+        }
+    }
+
+    /// The workload's built-in health (see [`crate::health`]).
     pub fn health(&self) -> Health {
         match self {
             Workload::Deployment(d) => health::deployment(d),
@@ -285,6 +302,7 @@ mod tests {
             version: pg.then(|| "17".into()),
             depends_on: vec![],
             rollback: None,
+            health: None,
         }
     }
 
