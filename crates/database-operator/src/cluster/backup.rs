@@ -71,8 +71,8 @@ pub fn scheduled_name(cluster: &str, at: jiff::Timestamp) -> String {
     format!("{cluster}-{}", at.strftime("%Y%m%d%H%M%S"))
 }
 
-/// Completed backups beyond the `keep` newest, oldest first: the ones retention removed.
-pub fn beyond_retention(backups: &[PostgresBackup], keep: usize) -> Vec<String> {
+/// The completed backups as (completion time, name), oldest first.
+fn completed(backups: &[PostgresBackup]) -> Vec<(&str, String)> {
     let mut completed: Vec<(&str, String)> = backups
         .iter()
         .filter_map(|b| {
@@ -82,6 +82,12 @@ pub fn beyond_retention(backups: &[PostgresBackup], keep: usize) -> Vec<String> 
         })
         .collect();
     completed.sort();
+    completed
+}
+
+/// Completed backups beyond the `keep` newest, oldest first: the ones retention removed.
+pub fn beyond_retention(backups: &[PostgresBackup], keep: usize) -> Vec<String> {
+    let completed = completed(backups);
     let extra = completed.len().saturating_sub(keep);
     completed
         .into_iter()
@@ -96,15 +102,11 @@ pub fn status(
     backups: &[PostgresBackup],
     last_scheduled: Option<String>,
 ) -> ClusterBackupStatus {
-    let mut completed: Vec<(&str, String)> = backups
-        .iter()
-        .filter_map(|b| {
-            let status = b.status.as_ref()?;
-            let at = status.completed_at.as_deref()?;
-            (status.phase == Some(BackupPhase::Completed)).then(|| (at, b.name_any()))
-        })
+    // Only those that say when they completed are recovery points.
+    let completed: Vec<(&str, String)> = completed(backups)
+        .into_iter()
+        .filter(|(at, _)| !at.is_empty())
         .collect();
-    completed.sort();
     let archiver = archiver.cloned().unwrap_or_default();
     ClusterBackupStatus {
         last_archived_wal: archiver.last_archived_wal,
