@@ -322,6 +322,11 @@ impl ControlPlane {
                 format!("--root-ca-file={}", ca_file.display()),
                 "--use-service-account-credentials=true".into(),
                 "--concurrent-gc-syncs=10".into(),
+                // At the default 20 requests/s per client, setting its controllers
+                // up (a token each) took ~5 s of every start, and namespace deletion
+                // and garbage collection crawl under load.
+                "--kube-api-qps=500".into(),
+                "--kube-api-burst=1000".into(),
                 "--v=1".into(),
             ],
             dir.join("kube-controller-manager.log"),

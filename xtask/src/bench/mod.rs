@@ -49,7 +49,7 @@ pub struct Args {
 /// default, or the smoke run's with `--smoke`.
 #[derive(clap::Args, Clone, Debug, Default)]
 pub struct Flags {
-    /// The tiny configuration `cargo xtask test` runs (5 Tenants, 20 s idle, 2 failovers of
+    /// The tiny configuration `cargo xtask test` runs (5 Tenants, 5 s idle, 1 failover of
     /// each kind, 4 s / 3 s / 1 s leases): shows that the harness works, measures nothing.
     #[arg(long)]
     pub smoke: bool,
@@ -122,8 +122,8 @@ impl Args {
             unrelated: flags.unrelated.unwrap_or(if smoke { 100 } else { 10_000 }),
             idle: flags
                 .idle
-                .unwrap_or(Duration::from_secs(if smoke { 20 } else { 300 })),
-            failovers: flags.failovers.unwrap_or(if smoke { 2 } else { 20 }),
+                .unwrap_or(Duration::from_secs(if smoke { 5 } else { 300 })),
+            failovers: flags.failovers.unwrap_or(if smoke { 1 } else { 20 }),
             lease,
             concurrency: flags.concurrency.unwrap_or(8),
             subjects: flags.subjects.unwrap_or_else(|| {
