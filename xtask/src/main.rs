@@ -203,7 +203,7 @@ fn testenv(real_node: bool) -> Result<()> {
                 "  images: {}, {} and {} (imagePullPolicy: Never)",
                 node.busybox_image().await?,
                 node.postgresql_image().await?,
-                node.postgresql_image_from_maven(steward_testenv::images::MAVEN_POSTGRESQL[0].0)
+                node.postgresql_bundle_image(steward_testenv::images::BUNDLED_POSTGRESQL[0].0)
                     .await?
             );
         }

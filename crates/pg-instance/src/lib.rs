@@ -8,7 +8,8 @@
 //! - [`postgres`]: the postmaster and `initdb`/`pg_basebackup`/`pg_rewind`;
 //! - [`conf`]: `instance.conf` and the passfile (pure);
 //! - [`watchdog`]: the second process that stops a primary whose right to write ran out;
-//! - [`http`]: the kubelet's probes.
+//! - [`http`]: the kubelet's probes;
+//! - [`upgrade`]: a major-version upgrade with `pg_upgrade` (the operator's upgrade Job).
 //!
 //! # Guarantees
 //! Only the holder of the Lease `<cluster>-primary` runs read-write, and only until its last
@@ -29,4 +30,5 @@ pub mod election;
 pub mod http;
 pub mod manager;
 pub mod postgres;
+pub mod upgrade;
 pub mod watchdog;

@@ -42,6 +42,21 @@ enum Command {
         #[arg(long)]
         from_recovery: bool,
     },
+    /// An init container of the old major's image: exports that PostgreSQL installation (and
+    /// the libraries it links) into `to` for `major-upgrade`.
+    ExportBinaries { to: PathBuf },
+    /// The upgrade Job, in the new major's image: `pg_upgrade`s the data directory with the
+    /// old major's programs exported to `old`. On failure the reason is also written to
+    /// `/dev/termination-log` (the operator shows it in the cluster's condition).
+    MajorUpgrade {
+        #[arg(long, env = "PGDATA")]
+        pgdata: PathBuf,
+        #[arg(long, default_value = "/steward/old")]
+        old: PathBuf,
+        /// Scratch space: pg_upgrade's logs and sockets.
+        #[arg(long, default_value = "/steward/run/upgrade")]
+        work: PathBuf,
+    },
 }
 
 #[derive(clap::Args)]
@@ -107,6 +122,27 @@ fn main() -> anyhow::Result<()> {
             Ok(())
         }
         Command::Run(args) => rt.block_on(run(*args)),
+        Command::ExportBinaries { to } => {
+            let major = rt.block_on(steward_pg_instance::upgrade::export(&to))?;
+            println!("exported PostgreSQL {major} to {}", to.display());
+            Ok(())
+        }
+        Command::MajorUpgrade { pgdata, old, work } => {
+            match rt.block_on(steward_pg_instance::upgrade::upgrade(&pgdata, &old, &work)) {
+                Ok((from, to)) => {
+                    println!(
+                        "upgraded {} from PostgreSQL {from} to {to}",
+                        pgdata.display()
+                    );
+                    Ok(())
+                }
+                Err(e) => {
+                    let reason: String = format!("{e}").chars().take(3500).collect();
+                    let _ = std::fs::write("/dev/termination-log", &reason);
+                    Err(e.into())
+                }
+            }
+        }
         Command::WalPush { path, name } => {
             let store = store(contract::BACKUP_ENV)?;
             rt.block_on(archive::push_wal(&store, &path, &name))

@@ -88,7 +88,7 @@ pub fn write_file(path: &Path, contents: &str, mode: u32) -> Result<(), Error> {
 }
 
 /// Runs a program to completion, its output captured (and returned in the error).
-async fn run(program: &'static str, cmd: &mut Command) -> Result<String, Error> {
+pub(crate) async fn run(program: &'static str, cmd: &mut Command) -> Result<String, Error> {
     tracing::info!(program, "running {cmd:?}");
     let out = cmd
         .stdin(Stdio::null())

