@@ -86,14 +86,6 @@ pub enum Error {
         source: kube::Error,
     },
 
-    /// A step of a major-version upgrade (its backup, Job or the Lease hand-over) failed.
-    #[error("major upgrade: failed to {what}")]
-    MajorUpgrade {
-        what: String,
-        #[source]
-        source: kube::Error,
-    },
-
     /// The PostgreSQL server could not be reached or logged into.
     #[error("PostgreSQL server {address} is unreachable")]
     ServerUnreachable {
@@ -154,7 +146,6 @@ impl steward_core::ReconcileError for Error {
             Error::Backups { .. } => "BackupsFailed",
             Error::Certificate(_) => "CertificateFailed",
             Error::Switchover { .. } => "SwitchoverFailed",
-            Error::MajorUpgrade { .. } => "MajorUpgradeFailed",
             Error::ProtectSecret { .. } => "ProtectSecretFailed",
             Error::ServerUnreachable { .. } => "ServerUnreachable",
             Error::Sql { .. } => "SqlFailed",
