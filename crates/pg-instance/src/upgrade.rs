@@ -310,9 +310,10 @@ pub const DONE_MARKER: &str = "steward-upgraded";
 ///
 /// # Errors
 /// [`Error::Refused`] for a data directory that is not older than this image's major or
-/// an export of another major; [`Error::Failed`] with the log's end when a program fails.
+/// an export of another major; [`Error::Program`] with the logs' ends when a program fails.
 pub async fn upgrade(pgdata: &Path, old: &Path, work: &Path) -> Result<(u32, u32), Error> {
-    let to = major_of(&on_path("postgres")?).await?;
+    let postgres = std::fs::canonicalize(on_path("postgres")?).map_err(io("resolve postgres"))?;
+    let to = major_of(&postgres).await?;
     let layout = Layout::of(pgdata);
     let upgraded =
         data_major(&layout.upgrading).filter(|_| layout.upgrading.join(DONE_MARKER).exists());
@@ -357,16 +358,19 @@ pub async fn upgrade(pgdata: &Path, old: &Path, work: &Path) -> Result<(u32, u32
     std::fs::create_dir_all(&sockets).map_err(io("create the socket directory"))?;
     std::fs::remove_file(pgdata.join("standby.signal")).ok();
     std::fs::remove_file(pgdata.join("recovery.signal")).ok();
-    shut_down_cleanly(pgdata, &old_bin, &sockets).await?;
-
-    remove(&layout.upgrading)?;
-    let checksums = run(
+    // One read of the control file: its state (below) and whether pages have checksums (the
+    // new cluster must match), which starting and stopping the old cluster does not change.
+    let control = run(
         "pg_controldata",
         Command::new(old_bin.join("pg_controldata")).arg(pgdata),
     )
-    .await?
-    .lines()
-    .any(|l| l.starts_with("Data page checksum version:") && !l.trim_end().ends_with(": 0"));
+    .await?;
+    shut_down_cleanly(pgdata, &old_bin, &sockets, &control).await?;
+
+    remove(&layout.upgrading)?;
+    let checksums = control
+        .lines()
+        .any(|l| l.starts_with("Data page checksum version:") && !l.trim_end().ends_with(": 0"));
     let mut initdb = Command::new("initdb");
     initdb.arg("-D").arg(&layout.upgrading).args([
         "-U",
@@ -382,11 +386,7 @@ pub async fn upgrade(pgdata: &Path, old: &Path, work: &Path) -> Result<(u32, u32
         initdb.arg("--no-data-checksums");
     }
     run("initdb", &mut initdb).await?;
-    let new_bin = std::fs::canonicalize(on_path("postgres")?)
-        .map_err(io("resolve postgres"))?
-        .parent()
-        .map(Path::to_path_buf)
-        .unwrap_or_default();
+    let new_bin = postgres.parent().map(Path::to_path_buf).unwrap_or_default();
     let result = run(
         "pg_upgrade",
         Command::new(new_bin.join("pg_upgrade"))
@@ -460,13 +460,14 @@ fn logs_of(upgrading: &Path) -> String {
 }
 
 /// `pg_upgrade` needs the old cluster shut down cleanly; a primary whose pod was killed
-/// was not: start it once without connections and stop it.
-async fn shut_down_cleanly(pgdata: &Path, old_bin: &Path, sockets: &Path) -> Result<(), Error> {
-    let control = run(
-        "pg_controldata",
-        Command::new(old_bin.join("pg_controldata")).arg(pgdata),
-    )
-    .await?;
+/// was not (its `pg_controldata` output, `control`, says so): start it once without
+/// connections and stop it.
+async fn shut_down_cleanly(
+    pgdata: &Path,
+    old_bin: &Path,
+    sockets: &Path,
+    control: &str,
+) -> Result<(), Error> {
     let state = control
         .lines()
         .find_map(|l| l.strip_prefix("Database cluster state:"))
