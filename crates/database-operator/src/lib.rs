@@ -146,6 +146,8 @@ pub fn register(operator: &mut steward_core::Operator, options: Options) -> Resu
     cluster::metrics::register(&operator.metrics(), &clusters.store());
     let clusters = clusters
         .owns(scoped::<StatefulSet>(&client, ns), managed.clone())
+        // The major-upgrade Job.
+        .owns(scoped::<Job>(&client, ns), managed.clone())
         .owns(scoped::<Service>(&client, ns), managed.clone())
         .owns(scoped::<ConfigMap>(&client, ns), managed.clone())
         .owns(scoped::<Secret>(&client, ns), managed.clone())

@@ -133,6 +133,7 @@ pub async fn run(
         postmaster: None,
         observed: None,
         following: None,
+        installed_major: crate::upgrade::installed_major().await.ok(),
         needs_rewind: false,
         not_streaming_since: None,
         replication_role: false,
@@ -262,6 +263,9 @@ struct Instance {
     /// Replaying a restored backup: promoted by PostgreSQL itself at the recovery target,
     /// never by the manager.
     recovering: bool,
+    /// The PostgreSQL major of this image (`postgres --version`), to spot a data directory
+    /// of an older one (after a major upgrade, on a replica's volume).
+    installed_major: Option<u32>,
     client: Client,
     leases: Api<Lease>,
     pods: Api<Pod>,
@@ -322,7 +326,27 @@ impl Instance {
 
         let world = self.observe_world().await?;
         let paths = self.settings.paths.clone();
-        if !paths.initialized() {
+        let older = paths
+            .initialized()
+            .then(|| crate::upgrade::data_major(&paths.pgdata))
+            .flatten()
+            .zip(self.installed_major)
+            .filter(|(data, installed)| data < installed);
+        if let Some((data, installed)) = older {
+            if leading {
+                // Only the upgrade Job changes a primary's data to another major.
+                anyhow::bail!(
+                    "the data directory holds PostgreSQL {data} and this image runs {installed}: not starting (a major upgrade runs pg_upgrade first)"
+                );
+            }
+            // A replica's data is a copy: clone the upgraded primary again.
+            tracing::info!(
+                data,
+                installed,
+                "the data directory is of an older major: cloning the primary again"
+            );
+            self.prepare(false, &world).await?;
+        } else if !paths.initialized() {
             self.prepare(leading, &world).await?;
         } else if leading {
             self.run_primary(&world).await?;

@@ -125,6 +125,14 @@ async fn major_of(postgres: &Path) -> Result<u32, Error> {
     parse_major(&out).ok_or_else(|| Error::Refused(format!("cannot read a version in {out:?}")))
 }
 
+/// The major of the `postgres` on `PATH`.
+///
+/// # Errors
+/// No `postgres` on `PATH`, or one that does not say its version.
+pub async fn installed_major() -> Result<u32, Error> {
+    major_of(&on_path("postgres")?).await
+}
+
 /// The image's dynamic loader.
 fn loader() -> Result<PathBuf, Error> {
     ["/lib64/ld-linux-x86-64.so.2", "/lib/ld-linux-aarch64.so.1"]
@@ -431,8 +439,8 @@ pub async fn upgrade(pgdata: &Path, old: &Path, work: &Path) -> Result<(u32, u32
     Ok((from, to))
 }
 
-/// The end of each log `pg_upgrade` left in the new directory's `pg_upgrade_output.d`
-/// (the reason is there, not in its own output).
+/// What `pg_upgrade` left in the new directory's `pg_upgrade_output.d` beyond its own
+/// output: the lists of what blocks the upgrade (`*.txt`) and the end of the servers' log.
 fn logs_of(upgrading: &Path) -> String {
     let mut out = String::new();
     let mut files = Vec::new();
@@ -442,7 +450,12 @@ fn logs_of(upgrading: &Path) -> String {
             let path = entry.path();
             if path.is_dir() {
                 dirs.push(path);
-            } else if path.extension().is_some_and(|e| e == "log" || e == "txt") {
+            } else if path.extension().is_some_and(|e| e == "txt")
+                || path
+                    .file_name()
+                    .is_some_and(|n| n == "pg_upgrade_server.log")
+            {
+                // The lists of what blocks the upgrade, and the servers' log.
                 files.push(path);
             }
         }
@@ -451,7 +464,7 @@ fn logs_of(upgrading: &Path) -> String {
     for file in files {
         let text = std::fs::read_to_string(&file).unwrap_or_default();
         let lines: Vec<&str> = text.lines().collect();
-        let tail = lines[lines.len().saturating_sub(15)..].join("\n");
+        let tail = lines[lines.len().saturating_sub(10)..].join("\n");
         if !tail.trim().is_empty() {
             let _ = write!(out, "\n--- {}:\n{tail}", file.display());
         }

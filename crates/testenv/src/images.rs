@@ -515,6 +515,14 @@ pub fn postgresql_bundle(version: &str) -> Result<Image, Error> {
     let (mut layer, _) = busybox_layer()?;
     let home = format!("usr/lib/postgresql/{major}");
     layer.host_tree_at(&tree, &home)?;
+    // The server's modules (e.g. `libpqwalreceiver.so`, which a streaming replica loads) link
+    // `libpq.so.5` without a path that leads to the bundle's: it goes where Debian's is.
+    if tree.join("lib/libpq.so.5").exists() {
+        layer.symlink(
+            "usr/lib/x86_64-linux-gnu/libpq.so.5",
+            &format!("/{home}/lib/libpq.so.5"),
+        );
+    }
     let bin = tree.join("bin");
     let mut binaries: Vec<PathBuf> = std::fs::read_dir(&bin)
         .map_err(io(format!("read {}", bin.display())))?

@@ -40,7 +40,7 @@ const DATA_DIR: &str = "/var/lib/postgresql/data";
 const CONFIG_DIR: &str = "/etc/steward";
 /// The pod's scratch volume: the instance manager's binary (`bin/`, copied by the init
 /// container) and its run directory (`run/`: socket, `instance.conf`, passfile).
-const STEWARD_DIR: &str = "/steward";
+pub const STEWARD_DIR: &str = "/steward";
 /// Where the pods mount the server certificate Secret (`tls.crt`, `tls.key`, `ca.crt`).
 pub const TLS_DIR: &str = "/etc/steward-tls";
 /// Annotations on the server certificate Secret: its last valid day and the names it is for.

@@ -11,6 +11,7 @@ pub mod build;
 pub mod metrics;
 pub mod rollout;
 pub mod tls;
+pub mod upgrade;
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -117,7 +118,46 @@ pub async fn reconcile(
         .iter()
         .filter_map(|p| rollout::PodView::of(p, &names.statefulset))
         .collect();
-    let mut desired = build::statefulset(&cluster, &config_hash, &ctx.data.options.instance_image);
+    // A raised major: held on the old one while the upgrade runs (see `upgrade`).
+    let previous_status = cluster.status.clone().unwrap_or_default();
+    let running_image = current.as_ref().and_then(upgrade::running_image);
+    let instance_image = &ctx.data.options.instance_image;
+    let decided = upgrade::reconcile(
+        &client,
+        &cluster,
+        upgrade::Inputs {
+            spec_version: cluster.spec.version,
+            spec_instances: cluster.spec.instances,
+            generation: cluster.meta().generation,
+            current_version: previous_status.current_version,
+            previous: previous_status.major_upgrade.as_ref(),
+            primary: previous_status.primary.as_deref(),
+            running_image: running_image.as_deref(),
+            pods: views.len(),
+            backup_configured: cluster.spec.backup.is_some(),
+            backup: None,
+            job: upgrade::JobState::Missing,
+            now: k8s_openapi::jiff::Timestamp::now().to_string(),
+        },
+        |u| {
+            let target = build::statefulset(&cluster, &config_hash, instance_image);
+            upgrade::job(&cluster, &target, u)
+        },
+    )
+    .await?;
+    if let Some((warning, reason, note)) = &decided.event {
+        if *warning {
+            ctx.recorder
+                .warning(cluster.as_ref(), reason, "MajorUpgrade", note.clone())
+                .await;
+        } else {
+            ctx.recorder
+                .normal(cluster.as_ref(), reason, "MajorUpgrade", note.clone())
+                .await;
+        }
+    }
+    let held = Arc::new(upgrade::held(&cluster, decided.hold.as_ref()));
+    let mut desired = build::statefulset(&held, &config_hash, instance_image);
     let template_hash = build::template_hash(&desired);
     let template_changed = current
         .as_ref()
@@ -200,7 +240,7 @@ pub async fn reconcile(
     };
     if let Some(revision) = update_revision.filter(|_| requested.is_none()) {
         let step = rollout::next_step(
-            cluster.spec.instances,
+            held.spec.instances,
             &views,
             revision,
             rollout::Roles {
@@ -241,8 +281,8 @@ pub async fn reconcile(
     // Status, from the StatefulSet as applied and the pods as listed.
     let observed = rollout::Observed {
         generation: cluster.meta().generation,
-        instances: cluster.spec.instances,
-        target_version: cluster.spec.version,
+        instances: held.spec.instances,
+        target_version: held.spec.version,
         update_revision,
         pods: &views,
         primary: roles.primary.as_deref(),
@@ -284,6 +324,44 @@ pub async fn reconcile(
         None => status
             .conditions
             .retain(|c| c.type_ != backup::CONTINUOUS_ARCHIVING),
+    }
+    // The major upgrade's progress (or outcome) as a condition; while the instances are
+    // stopped for it, the cluster is not Ready and says why.
+    status.target_version = Some(cluster.spec.version);
+    status.major_upgrade = decided.status.clone();
+    match &decided.condition {
+        Some((ok, reason, message)) => {
+            steward_core::conditions::set(
+                &mut status.conditions,
+                upgrade::MAJOR_UPGRADE,
+                *ok,
+                reason,
+                message.clone(),
+                cluster.meta().generation,
+            );
+            if decided.hold.as_ref().is_some_and(|h| h.instances == 0) {
+                status.phase = Some(crate::api::ClusterPhase::Upgrading);
+                steward_core::conditions::set(
+                    &mut status.conditions,
+                    steward_core::conditions::READY,
+                    false,
+                    "MajorUpgrade",
+                    message.clone(),
+                    cluster.meta().generation,
+                );
+            }
+            if let Some(u) = decided
+                .status
+                .as_ref()
+                .filter(|u| u.phase == crate::api::MajorUpgradePhase::Completed)
+            {
+                // The data is on the new major from now on, even before a pod reports it.
+                status.current_version = status.current_version.max(Some(u.to));
+            }
+        }
+        None => status
+            .conditions
+            .retain(|c| c.type_ != upgrade::MAJOR_UPGRADE),
     }
     let ready =
         steward_core::conditions::is_true(&status.conditions, steward_core::conditions::READY);

@@ -269,6 +269,7 @@ pub fn status(
         instances: Vec::new(),
         superuser_secret: Some(observed.superuser_secret.clone()),
         backup: None,
+        major_upgrade: None,
         observed_generation: generation,
         conditions: conds,
     }

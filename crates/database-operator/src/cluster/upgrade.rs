@@ -1,0 +1,824 @@
+//! Major-version upgrades: raising `spec.version` above the major the data is on.
+//!
+//! A new major cannot read the old one's data directory, so the instances are not rolled:
+//! 1. **BackingUp** (with `spec.backup`): a `PostgresBackup` `<cluster>-before-pg<to>` must
+//!    complete first — it is the way back;
+//! 2. **Stopping**: the StatefulSet keeps the old major and image with 0 replicas;
+//! 3. **Upgrading**: a Job mounts the primary's volume and runs `steward-pg-instance
+//!    major-upgrade` in the new image, with the old major's programs exported by an init
+//!    container of the old image (see `steward_pg_instance::upgrade`);
+//! 4. **Completed**: the operator hands the Lease to the upgraded instance (nothing runs, so
+//!    nobody else can hold it), and the StatefulSet comes back on the new major; the replicas'
+//!    instance managers find an older data directory and clone the primary again.
+//!
+//! **Failed** (the backup or `pg_upgrade` failed): `pg_upgrade` never writes the old data
+//! directory, so the instances come back on the old major and image with their data; the
+//! `MajorUpgrade` condition says why. It is tried again when the spec changes.
+//!
+//! [`plan`] decides (pure); [`reconcile`] reads what it needs and does what it decided.
+
+use k8s_openapi::api::apps::v1::StatefulSet;
+use k8s_openapi::api::batch::v1::Job;
+use k8s_openapi::api::coordination::v1::Lease;
+use k8s_openapi::api::core::v1::Pod;
+use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams, PostParams};
+use kube::{Resource, ResourceExt};
+
+use super::build;
+use crate::api::{
+    MajorUpgradePhase as Phase, MajorUpgradeStatus, PostgresBackup, PostgresBackupSpec,
+    PostgresCluster,
+};
+use crate::error::Error;
+use steward_pg_instance::contract::{BINARY, BackupPhase};
+
+/// The condition type.
+pub const MAJOR_UPGRADE: &str = "MajorUpgrade";
+
+/// What the StatefulSet runs while an upgrade holds the cluster on its old major.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Hold {
+    pub version: i32,
+    pub image: String,
+    /// 0 while stopped for `pg_upgrade`; `spec.instances` after a failure.
+    pub instances: i32,
+}
+
+/// The upgrade Job, as read.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum JobState {
+    Missing,
+    Running,
+    Succeeded,
+    Failed(String),
+}
+
+/// What [`plan`] looks at.
+#[derive(Clone, Debug)]
+pub struct Inputs<'a> {
+    pub spec_version: i32,
+    pub spec_instances: i32,
+    pub generation: Option<i64>,
+    /// The major the data is on (`status.currentVersion`).
+    pub current_version: Option<i32>,
+    pub previous: Option<&'a MajorUpgradeStatus>,
+    /// The primary (the Lease's holder, or the status' last one).
+    pub primary: Option<&'a str>,
+    /// The image the StatefulSet runs now.
+    pub running_image: Option<&'a str>,
+    /// The cluster's pods that exist.
+    pub pods: usize,
+    pub backup_configured: bool,
+    /// The pre-upgrade backup's phase and message, if it exists.
+    pub backup: Option<(Option<BackupPhase>, Option<String>)>,
+    pub job: JobState,
+    pub now: String,
+}
+
+/// What to do about it.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct Decision {
+    pub status: Option<MajorUpgradeStatus>,
+    pub hold: Option<Hold>,
+    pub create_backup: Option<String>,
+    pub create_job: bool,
+    /// A new attempt: the Jobs of earlier ones go (each attempt has its own, kept until then
+    /// so that a reconcile working from a stale status finds the same outcome again).
+    pub delete_old_jobs: bool,
+    /// Hand the Lease to this instance before the StatefulSet comes back.
+    pub hand_lease: Option<String>,
+    /// `(true|false, reason, message)` for [`MAJOR_UPGRADE`]; `None`: no condition.
+    pub condition: Option<(bool, &'static str, String)>,
+    /// An Event: (warning, reason, note).
+    pub event: Option<(bool, &'static str, String)>,
+}
+
+/// The backup taken before upgrading `cluster` to `to`.
+pub fn backup_name(cluster: &str, to: i32) -> String {
+    format!("{cluster}-before-pg{to}")
+}
+
+/// The upgrade Job of `cluster` for the attempt made at `generation`.
+pub fn job_name(cluster: &str, generation: Option<i64>) -> String {
+    format!("{cluster}-major-upgrade-{}", generation.unwrap_or(0))
+}
+
+/// The label on every upgrade Job of a cluster.
+pub const UPGRADE_OF_LABEL: &str = "database.steward.dev/upgrade-of";
+
+/// Decides the next step (see the module documentation).
+pub fn plan(cluster: &str, i: &Inputs<'_>) -> Decision {
+    let mut d = Decision::default();
+    let previous = i.previous.cloned();
+    let hold_old = |u: &MajorUpgradeStatus, instances: i32| Hold {
+        version: u.from,
+        image: u.from_image.clone(),
+        instances,
+    };
+    let finished = |u: &mut MajorUpgradeStatus, phase: Phase, message: Option<String>| {
+        u.phase = phase;
+        u.message = message;
+        u.finished_at = Some(i.now.clone());
+    };
+    let in_flight = previous
+        .as_ref()
+        .filter(|u| !matches!(u.phase, Phase::Completed | Phase::Failed));
+    let Some(mut u) = in_flight.cloned() else {
+        // Nothing running: start one when spec.version is above the data's major.
+        let retry_blocked = previous.as_ref().is_some_and(|u| {
+            u.phase == Phase::Failed && u.to == i.spec_version && u.generation == i.generation
+        });
+        // A completed upgrade put the data on its `to`, whatever a pod reported since.
+        let current = match &previous {
+            Some(u) if u.phase == Phase::Completed => i.current_version.max(Some(u.to)),
+            _ => i.current_version,
+        };
+        match (current, &previous) {
+            (Some(from), _) if i.spec_version > from && !retry_blocked => {
+                let (Some(primary), Some(image)) = (i.primary, i.running_image) else {
+                    // Held on the major the data is on until it can start.
+                    d.hold = i.running_image.map(|image| Hold {
+                        version: from,
+                        image: image.to_string(),
+                        instances: i.spec_instances,
+                    });
+                    d.condition = Some((
+                        false,
+                        "WaitingForPrimary",
+                        format!(
+                            "upgrading PostgreSQL {from} to {} starts once a primary runs",
+                            i.spec_version
+                        ),
+                    ));
+                    return d;
+                };
+                if !primary.ends_with("-0") {
+                    // The StatefulSet starts its pods in order, each once the one before is
+                    // Ready: the upgraded instance must be the first, or the others would wait
+                    // for a primary that is never started.
+                    d.hold = Some(Hold {
+                        version: from,
+                        image: image.to_string(),
+                        instances: i.spec_instances,
+                    });
+                    d.condition = Some((
+                        false,
+                        "PrimaryNotFirst",
+                        format!(
+                            "upgrading PostgreSQL {from} to {} needs the primary on the first instance ({cluster}-0), not {primary}: switch over first (kubectl steward switchover {cluster} --to {cluster}-0)",
+                            i.spec_version
+                        ),
+                    ));
+                    return d;
+                }
+                let mut u = MajorUpgradeStatus {
+                    from,
+                    to: i.spec_version,
+                    phase: Phase::Stopping,
+                    instance: primary.to_string(),
+                    from_image: image.to_string(),
+                    generation: i.generation,
+                    started_at: Some(i.now.clone()),
+                    ..Default::default()
+                };
+                d.delete_old_jobs = true;
+                if i.backup_configured {
+                    u.phase = Phase::BackingUp;
+                    let name = backup_name(cluster, u.to);
+                    u.backup = Some(name.clone());
+                    d.create_backup = Some(name);
+                }
+                d.event = Some((
+                    false,
+                    "MajorUpgrade",
+                    format!(
+                        "upgrading PostgreSQL {from} to {} with pg_upgrade on {primary}'s volume{}",
+                        u.to,
+                        if i.backup_configured {
+                            ", after a backup"
+                        } else {
+                            ""
+                        }
+                    ),
+                ));
+                d.hold = Some(hold_old(
+                    &u,
+                    if u.phase == Phase::Stopping {
+                        0
+                    } else {
+                        i.spec_instances
+                    },
+                ));
+                return progress(d, u);
+            }
+            (_, Some(u)) if u.phase == Phase::Failed => {
+                d.hold = Some(hold_old(u, i.spec_instances));
+                return progress(d, u.clone());
+            }
+            (_, Some(u)) if u.phase == Phase::Completed => return progress(d, u.clone()),
+            _ => {}
+        }
+        return d;
+    };
+
+    match u.phase {
+        Phase::BackingUp => match &i.backup {
+            Some((Some(BackupPhase::Completed), _)) => {
+                u.phase = Phase::Stopping;
+                d.hold = Some(hold_old(&u, 0));
+            }
+            Some((Some(BackupPhase::Failed), message)) => {
+                let why = format!(
+                    "the backup {} taken first failed: {}",
+                    u.backup.clone().unwrap_or_default(),
+                    message.as_deref().unwrap_or("no reason given")
+                );
+                finished(&mut u, Phase::Failed, Some(why));
+                d.hold = Some(hold_old(&u, i.spec_instances));
+            }
+            None => {
+                d.create_backup = u.backup.clone();
+                d.hold = Some(hold_old(&u, i.spec_instances));
+            }
+            Some(_) => d.hold = Some(hold_old(&u, i.spec_instances)),
+        },
+        Phase::Stopping => {
+            d.hold = Some(hold_old(&u, 0));
+            if i.pods == 0 {
+                u.phase = Phase::Upgrading;
+                d.create_job = i.job == JobState::Missing;
+            }
+        }
+        Phase::Upgrading => match &i.job {
+            JobState::Succeeded => {
+                finished(&mut u, Phase::Completed, None);
+                // Only while nothing runs: a reconcile from a stale status must never move
+                // the Lease under a running primary.
+                d.hand_lease = (i.pods == 0).then(|| u.instance.clone());
+                if i.backup_configured {
+                    // The old base backups cannot be replayed into the new cluster's WAL (a new
+                    // system identifier): a point in time after the upgrade needs a new one.
+                    d.create_backup = Some(format!("{cluster}-after-pg{}", u.to));
+                }
+                d.event = Some((
+                    false,
+                    "MajorUpgraded",
+                    format!(
+                        "{} upgraded from PostgreSQL {} to {}: starting the instances, the replicas clone it again",
+                        u.instance, u.from, u.to
+                    ),
+                ));
+            }
+            JobState::Failed(message) => {
+                finished(&mut u, Phase::Failed, Some(message.clone()));
+                // Back on the old major, the same instance is the primary again.
+                d.hand_lease = (i.pods == 0).then(|| u.instance.clone());
+                d.hold = Some(hold_old(&u, i.spec_instances));
+                d.event = Some((
+                    true,
+                    "MajorUpgradeFailed",
+                    format!(
+                        "pg_upgrade failed; back on PostgreSQL {} with the data untouched: {message}",
+                        u.from
+                    ),
+                ));
+            }
+            JobState::Missing => {
+                d.create_job = true;
+                d.hold = Some(hold_old(&u, 0));
+            }
+            JobState::Running => d.hold = Some(hold_old(&u, 0)),
+        },
+        Phase::Completed | Phase::Failed => {}
+    }
+    progress(d, u)
+}
+
+/// At most the first `max` characters of `reason` (the full one stays in the status).
+fn brief(reason: &str, max: usize) -> String {
+    if reason.chars().count() <= max {
+        return reason.to_string();
+    }
+    let cut: String = reason.chars().take(max).collect();
+    format!("{cut}… (the whole reason is in status.majorUpgrade.message)")
+}
+
+/// The condition and status for `u` after a step.
+fn progress(mut d: Decision, u: MajorUpgradeStatus) -> Decision {
+    d.condition = Some(match u.phase {
+        Phase::BackingUp => (
+            false,
+            "BackingUp",
+            format!(
+                "upgrading PostgreSQL {} to {}: waiting for the backup {}",
+                u.from,
+                u.to,
+                u.backup.as_deref().unwrap_or_default()
+            ),
+        ),
+        Phase::Stopping => (
+            false,
+            "Stopping",
+            format!(
+                "upgrading PostgreSQL {} to {}: stopping every instance",
+                u.from, u.to
+            ),
+        ),
+        Phase::Upgrading => (
+            false,
+            "Upgrading",
+            format!(
+                "upgrading PostgreSQL {} to {}: pg_upgrade runs on {}'s volume",
+                u.from, u.to, u.instance
+            ),
+        ),
+        Phase::Completed => (
+            true,
+            "Completed",
+            format!("upgraded PostgreSQL {} to {}", u.from, u.to),
+        ),
+        Phase::Failed => (
+            false,
+            "Failed",
+            format!(
+                "upgrading PostgreSQL {} to {} failed; the instances run {} with their data: {}. Fix the cause and change the spec to try again.",
+                u.from,
+                u.to,
+                u.from,
+                brief(u.message.as_deref().unwrap_or("no reason recorded"), 800)
+            ),
+        ),
+    });
+    d.status = Some(u);
+    d
+}
+
+/// `cluster` as the StatefulSet must be built while `hold` applies.
+pub fn held(cluster: &PostgresCluster, hold: Option<&Hold>) -> PostgresCluster {
+    let mut held = cluster.clone();
+    if let Some(h) = hold {
+        held.spec.version = h.version;
+        held.spec.image = Some(h.image.clone());
+        held.spec.instances = h.instances;
+    }
+    held
+}
+
+/// The image of the postgres container of `sts`.
+pub fn running_image(sts: &StatefulSet) -> Option<String> {
+    sts.spec
+        .template
+        .spec
+        .as_ref()?
+        .containers
+        .iter()
+        .find(|c| c.name == "postgres")?
+        .image
+        .clone()
+}
+
+/// Reads the Job and the backup, applies the decision's actions; returns the decision.
+///
+/// # Errors
+/// [`Error::Read`] / [`Error::Apply`] naming the object.
+pub async fn reconcile(
+    client: &kube::Client,
+    cluster: &PostgresCluster,
+    inputs: Inputs<'_>,
+    upgrade_job: impl FnOnce(&MajorUpgradeStatus) -> Job,
+) -> Result<Decision, Error> {
+    let ns = cluster.namespace().unwrap_or_default();
+    let name = cluster.name_any();
+    let jobs: Api<Job> = Api::namespaced(client.clone(), &ns);
+    let mut inputs = inputs;
+    // While an upgrade may be under way, decide from the status as stored, not as cached: a
+    // reconcile from a copy older than the last step would stop the instances again.
+    let upgrading = inputs
+        .previous
+        .is_some_and(|u| !matches!(u.phase, Phase::Completed | Phase::Failed))
+        || inputs
+            .current_version
+            .is_some_and(|v| inputs.spec_version > v);
+    let fresh = if upgrading {
+        let clusters: Api<PostgresCluster> = Api::namespaced(client.clone(), &ns);
+        clusters
+            .get(&name)
+            .await
+            .map_err(|source| Error::Read {
+                what: format!("PostgresCluster {name}"),
+                source,
+            })?
+            .status
+    } else {
+        None
+    };
+    if let Some(status) = &fresh {
+        inputs.previous = status.major_upgrade.as_ref();
+        inputs.current_version = status.current_version;
+        inputs.primary = status.primary.as_deref();
+    }
+    if let Some(u) = inputs.previous {
+        inputs.job = job_state(client, &ns, &jobs, &job_name(&name, u.generation)).await?;
+    }
+    let backups: Api<PostgresBackup> = Api::namespaced(client.clone(), &ns);
+    if let Some(backup) = inputs.previous.and_then(|u| u.backup.clone()) {
+        inputs.backup = backups
+            .get_opt(&backup)
+            .await
+            .map_err(|source| Error::Read {
+                what: format!("PostgresBackup {backup}"),
+                source,
+            })?
+            .map(|b| {
+                let status = b.status.unwrap_or_default();
+                (status.phase, status.message)
+            });
+    }
+    let d = plan(&name, &inputs);
+    if let Some(backup) = &d.create_backup {
+        let mut pgb = PostgresBackup::new(
+            backup,
+            PostgresBackupSpec {
+                cluster: name.clone(),
+            },
+        );
+        pgb.metadata.namespace = Some(ns.clone());
+        pgb.metadata.owner_references = cluster.controller_owner_ref(&()).map(|o| vec![o]);
+        match backups.create(&PostParams::default(), &pgb).await {
+            Ok(_) => {}
+            Err(kube::Error::Api(s)) if s.code == 409 => {}
+            Err(source) => {
+                return Err(Error::MajorUpgrade {
+                    what: format!("create PostgresBackup {backup}"),
+                    source,
+                });
+            }
+        }
+    }
+    if d.delete_old_jobs {
+        let earlier = ListParams::default().labels(&format!("{UPGRADE_OF_LABEL}={name}"));
+        jobs.delete_collection(&DeleteParams::background(), &earlier)
+            .await
+            .map_err(|source| Error::MajorUpgrade {
+                what: "delete the Jobs of earlier attempts".into(),
+                source,
+            })?;
+    }
+    if d.create_job
+        && let Some(u) = &d.status
+    {
+        let job_name = job_name(&name, u.generation);
+        match jobs.create(&PostParams::default(), &upgrade_job(u)).await {
+            Ok(_) => {}
+            Err(kube::Error::Api(s)) if s.code == 409 => {}
+            Err(source) => {
+                return Err(Error::MajorUpgrade {
+                    what: format!("create Job {job_name}"),
+                    source,
+                });
+            }
+        }
+    }
+    if let Some(instance) = &d.hand_lease {
+        hand_lease(client, &ns, &name, instance).await?;
+    }
+    Ok(d)
+}
+
+/// The Job's outcome; a failure's reason is its pod's termination message.
+async fn job_state(
+    client: &kube::Client,
+    ns: &str,
+    jobs: &Api<Job>,
+    name: &str,
+) -> Result<JobState, Error> {
+    let read = |source| Error::Read {
+        what: format!("Job {name}"),
+        source,
+    };
+    let Some(job) = jobs.get_opt(name).await.map_err(read)? else {
+        return Ok(JobState::Missing);
+    };
+    let status = job.status.unwrap_or_default();
+    if status.succeeded.unwrap_or(0) > 0 {
+        return Ok(JobState::Succeeded);
+    }
+    let failed = status.failed.unwrap_or(0) > 0
+        || status
+            .conditions
+            .unwrap_or_default()
+            .iter()
+            .any(|c| c.type_ == "Failed" && c.status == "True");
+    if !failed {
+        return Ok(JobState::Running);
+    }
+    let pods: Api<Pod> = Api::namespaced(client.clone(), ns);
+    let listed = pods
+        .list(&ListParams::default().labels(&format!("job-name={name}")))
+        .await
+        .map_err(read)?;
+    let reason = listed
+        .items
+        .iter()
+        .filter_map(|p| p.status.as_ref()?.container_statuses.as_ref())
+        .flatten()
+        .filter_map(|c| c.state.as_ref()?.terminated.as_ref()?.message.clone())
+        .find(|m| !m.trim().is_empty())
+        .unwrap_or_else(|| format!("the Job {name} failed; see its pod's log"));
+    Ok(JobState::Failed(reason.trim().to_string()))
+}
+
+/// Makes `instance` the Lease's holder while no instance runs, so it starts as the primary.
+async fn hand_lease(
+    client: &kube::Client,
+    ns: &str,
+    cluster: &str,
+    instance: &str,
+) -> Result<(), Error> {
+    let leases: Api<Lease> = Api::namespaced(client.clone(), ns);
+    let lease = steward_pg_instance::contract::lease_name(cluster);
+    let now = k8s_openapi::jiff::Timestamp::now();
+    let transitions = leases
+        .get_opt(&lease)
+        .await
+        .map_err(|source| Error::Read {
+            what: format!("Lease {lease}"),
+            source,
+        })?
+        .and_then(|l| l.spec?.lease_transitions)
+        .unwrap_or(0);
+    let patch = serde_json::json!({"spec": {
+        "holderIdentity": instance,
+        "acquireTime": k8s_openapi::apimachinery::pkg::apis::meta::v1::MicroTime(now),
+        "renewTime": k8s_openapi::apimachinery::pkg::apis::meta::v1::MicroTime(now),
+        "leaseTransitions": transitions + 1,
+    }});
+    leases
+        .patch(&lease, &PatchParams::default(), &Patch::Merge(&patch))
+        .await
+        .map(drop)
+        .map_err(|source| Error::MajorUpgrade {
+            what: format!("hand the Lease {lease} to {instance}"),
+            source,
+        })
+}
+
+/// The upgrade Job: the pod template of `sts` (the new major's StatefulSet) with the volume
+/// of `u.instance`, an init container of the old image that exports its programs, and the
+/// postgres container running `major-upgrade` instead of the instance manager.
+pub fn job(cluster: &PostgresCluster, sts: &StatefulSet, u: &MajorUpgradeStatus) -> Job {
+    use k8s_openapi::api::batch::v1::JobSpec;
+    use k8s_openapi::api::core::v1::{PersistentVolumeClaimVolumeSource, Volume};
+
+    let name = cluster.name_any();
+    let mut template = sts.spec.template.clone();
+    let mut labels = build::selector_labels(&name);
+    labels.insert(
+        "database.steward.dev/major-upgrade".into(),
+        u.to.to_string(),
+    );
+    // Not an instance: the Services and the PodDisruptionBudget must not select it.
+    labels.remove(build::CLUSTER_LABEL);
+    labels.insert(UPGRADE_OF_LABEL.into(), name.clone());
+    // Watched by the cluster's controller (its status wakes the reconcile).
+    labels.insert(
+        steward_core::apply::MANAGED_BY_LABEL.into(),
+        crate::NAME.into(),
+    );
+    let metadata = template.metadata.get_or_insert_with(Default::default);
+    metadata.labels = Some(labels);
+    metadata.annotations = None;
+    if let Some(spec) = template.spec.as_mut() {
+        spec.restart_policy = Some("Never".into());
+        let claim = format!("data-{}", u.instance);
+        let mut volumes: Vec<Volume> = spec.volumes.clone().unwrap_or_default();
+        volumes.retain(|v| v.name != "data");
+        volumes.push(Volume {
+            name: "data".into(),
+            persistent_volume_claim: Some(PersistentVolumeClaimVolumeSource {
+                claim_name: claim,
+                read_only: Some(false),
+            }),
+            ..Default::default()
+        });
+        spec.volumes = Some(volumes);
+        let old = format!("{}/old", build::STEWARD_DIR);
+        let binary = format!("{}/bin/{BINARY}", build::STEWARD_DIR);
+        let main = spec.containers.first().cloned().unwrap_or_default();
+        let mut export = main.clone();
+        export.name = "export-old-major".into();
+        export.image = Some(u.from_image.clone());
+        export.command = Some(vec![binary.clone(), "export-binaries".into(), old.clone()]);
+        strip_instance(&mut export);
+        let mut upgrade = main;
+        upgrade.name = "major-upgrade".into();
+        upgrade.command = Some(vec![binary, "major-upgrade".into(), "--old".into(), old]);
+        strip_instance(&mut upgrade);
+        spec.init_containers
+            .get_or_insert_with(Vec::new)
+            .push(export);
+        spec.containers = vec![upgrade];
+    }
+    Job {
+        metadata: kube::api::ObjectMeta {
+            name: Some(job_name(&name, u.generation)),
+            namespace: cluster.namespace(),
+            labels: template.metadata.as_ref().and_then(|m| m.labels.clone()),
+            owner_references: cluster.controller_owner_ref(&()).map(|o| vec![o]),
+            ..Default::default()
+        },
+        spec: Some(JobSpec {
+            backoff_limit: Some(0),
+            template,
+            ..Default::default()
+        }),
+        status: None,
+    }
+}
+
+/// A container of the instance's template as a one-off step: no probes or ports.
+fn strip_instance(c: &mut k8s_openapi::api::core::v1::Container) {
+    c.readiness_probe = None;
+    c.liveness_probe = None;
+    c.startup_probe = None;
+    c.ports = None;
+    c.termination_message_policy = Some("FallbackToLogsOnError".into());
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn inputs<'a>(previous: Option<&'a MajorUpgradeStatus>) -> Inputs<'a> {
+        Inputs {
+            spec_version: 17,
+            spec_instances: 2,
+            generation: Some(3),
+            current_version: Some(15),
+            previous,
+            primary: Some("pg-0"),
+            running_image: Some("postgres:15"),
+            pods: 2,
+            backup_configured: false,
+            backup: None,
+            job: JobState::Missing,
+            now: "2026-12-02T00:00:00Z".into(),
+        }
+    }
+
+    #[test]
+    fn raising_the_version_stops_the_old_major_then_runs_the_job_then_hands_over() {
+        let d = plan("pg", &inputs(None));
+        let u = d.status.clone().unwrap();
+        assert_eq!((u.from, u.to, u.phase), (15, 17, Phase::Stopping));
+        assert!(d.delete_old_jobs, "a new attempt");
+        assert_eq!(job_name("pg", u.generation), "pg-major-upgrade-3");
+        assert_eq!(u.instance, "pg-0");
+        assert_eq!(
+            d.hold,
+            Some(Hold {
+                version: 15,
+                image: "postgres:15".into(),
+                instances: 0
+            })
+        );
+        assert!(!d.create_job && d.create_backup.is_none());
+
+        // Pods still there: keep stopping.
+        let d = plan("pg", &inputs(Some(&u)));
+        assert_eq!(d.status.as_ref().unwrap().phase, Phase::Stopping);
+        // All gone: the Job.
+        let mut i = inputs(Some(&u));
+        i.pods = 0;
+        let d = plan("pg", &i);
+        let u = d.status.clone().unwrap();
+        assert_eq!(u.phase, Phase::Upgrading);
+        assert!(d.create_job);
+        assert_eq!(d.hold.as_ref().unwrap().instances, 0);
+
+        let upgrading_copy = u.clone();
+        let mut i = inputs(Some(&u));
+        i.pods = 0;
+        i.job = JobState::Running;
+        let d = plan("pg", &i);
+        assert!(!d.create_job && d.hand_lease.is_none());
+
+        i.job = JobState::Succeeded;
+        let d = plan("pg", &i);
+        let u = d.status.clone().unwrap();
+        assert_eq!(u.phase, Phase::Completed);
+        assert_eq!(d.hand_lease.as_deref(), Some("pg-0"));
+        assert!(d.hold.is_none());
+        // The same outcome read again from a stale status, after the pods came back: the
+        // Lease is not moved.
+        let mut stale = inputs(Some(&upgrading_copy));
+        stale.job = JobState::Succeeded;
+        assert_eq!(plan("pg", &stale).hand_lease, None);
+        assert!(d.condition.as_ref().unwrap().0);
+
+        // Afterwards (the data is on 17): nothing more to do.
+        let mut i = inputs(Some(&u));
+        i.current_version = Some(17);
+        let d = plan("pg", &i);
+        assert!(d.hold.is_none() && !d.create_job && d.create_backup.is_none());
+        assert_eq!(d.condition.unwrap().1, "Completed");
+    }
+
+    #[test]
+    fn a_failed_upgrade_runs_the_old_major_again_until_the_spec_changes() {
+        let mut u = plan("pg", &inputs(None)).status.unwrap();
+        u.phase = Phase::Upgrading;
+        let mut i = inputs(Some(&u));
+        i.pods = 0;
+        i.job = JobState::Failed("pg_upgrade: prepared transactions".into());
+        let d = plan("pg", &i);
+        let failed = d.status.clone().unwrap();
+        assert_eq!(failed.phase, Phase::Failed);
+        assert_eq!(
+            d.hold,
+            Some(Hold {
+                version: 15,
+                image: "postgres:15".into(),
+                instances: 2
+            })
+        );
+        let (ok, reason, message) = d.condition.unwrap();
+        assert!(
+            !ok && reason == "Failed" && message.contains("prepared transactions"),
+            "{message}"
+        );
+        assert!(d.event.unwrap().0, "a Warning");
+        assert_eq!(
+            d.hand_lease.as_deref(),
+            Some("pg-0"),
+            "nobody else could take it"
+        );
+
+        // Same generation: stays failed, on the old major.
+        let d = plan("pg", &inputs(Some(&failed)));
+        assert_eq!(d.status.unwrap().phase, Phase::Failed);
+        assert_eq!(d.hold.unwrap().instances, 2);
+        // A new generation: tried again.
+        let mut i = inputs(Some(&failed));
+        i.generation = Some(4);
+        let d = plan("pg", &i);
+        assert_eq!(d.status.unwrap().phase, Phase::Stopping);
+    }
+
+    #[test]
+    fn with_backups_a_backup_comes_first_and_its_failure_changes_nothing() {
+        let mut i = inputs(None);
+        i.backup_configured = true;
+        let d = plan("pg", &i);
+        let u = d.status.clone().unwrap();
+        assert_eq!(u.phase, Phase::BackingUp);
+        assert_eq!(d.create_backup.as_deref(), Some("pg-before-pg17"));
+        assert_eq!(
+            d.hold.unwrap().instances,
+            2,
+            "still serving while it backs up"
+        );
+
+        let mut i = inputs(Some(&u));
+        i.backup = Some((Some(BackupPhase::Running), None));
+        assert_eq!(plan("pg", &i).status.unwrap().phase, Phase::BackingUp);
+        i.backup = Some((Some(BackupPhase::Completed), None));
+        assert_eq!(plan("pg", &i).status.unwrap().phase, Phase::Stopping);
+        let mut upgrading = plan("pg", &i).status.unwrap();
+        upgrading.phase = Phase::Upgrading;
+        let mut done = inputs(Some(&upgrading));
+        done.backup_configured = true;
+        done.job = JobState::Succeeded;
+        assert_eq!(
+            plan("pg", &done).create_backup.as_deref(),
+            Some("pg-after-pg17"),
+            "a new base backup for the new major"
+        );
+        i.backup = Some((Some(BackupPhase::Failed), Some("no space".into())));
+        let d = plan("pg", &i);
+        assert_eq!(d.status.unwrap().phase, Phase::Failed);
+        assert!(d.condition.unwrap().2.contains("no space"));
+    }
+
+    #[test]
+    fn no_upgrade_without_a_primary_or_below_the_data_major() {
+        let mut i = inputs(None);
+        i.primary = None;
+        let d = plan("pg", &i);
+        assert!(d.status.is_none());
+        assert_eq!(d.hold.unwrap().version, 15, "kept on the data's major");
+        assert_eq!(d.condition.unwrap().1, "WaitingForPrimary");
+        let mut i = inputs(None);
+        i.primary = Some("pg-1");
+        let d = plan("pg", &i);
+        assert!(d.status.is_none());
+        assert_eq!(d.hold.unwrap().version, 15);
+        assert_eq!(d.condition.unwrap().1, "PrimaryNotFirst");
+        let mut i = inputs(None);
+        i.spec_version = 15;
+        assert_eq!(plan("pg", &i), Decision::default());
+        let mut i = inputs(None);
+        i.current_version = None;
+        assert_eq!(plan("pg", &i), Decision::default());
+    }
+}
