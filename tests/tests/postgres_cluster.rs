@@ -1682,7 +1682,8 @@ async fn major_upgrade_condition(cluster: &Cluster, reason: &str) -> String {
 /// with its rows and the replica clones it again and streams. Before that, a cluster
 /// `pg_upgrade` refuses (a `regproc` column) fails the upgrade with the reason in the
 /// `MajorUpgrade` condition and comes back on 15 with its data; fixed, and the spec changed,
-/// it is tried again.
+/// it is tried again — with the primary moved to the second instance first, so the operator
+/// switches over to the first before it stops anything.
 #[tokio::test]
 async fn postgres_cluster_upgrades_its_major_with_pg_upgrade() {
     let _turn = NODE.lock().await;
@@ -1742,6 +1743,42 @@ async fn postgres_cluster_upgrades_its_major_with_pg_upgrade() {
     primary.batch_execute("drop table blocker").await.unwrap();
     drop(primary);
     eprintln!("blocker dropped; changing the spec to try again");
+    // With the primary on the second instance: the operator switches over to the first before
+    // it stops anything (the StatefulSet starts pods in order).
+    cluster
+        .clusters()
+        .patch(
+            "pg",
+            &PatchParams::default(),
+            &Patch::Merge(
+                &json!({"metadata": {"annotations": {"database.steward.dev/switchover-to": "pg-1"}}}),
+            ),
+        )
+        .await
+        .unwrap();
+    let clusters = cluster.clusters();
+    let moved = eventually("pg-1 is the primary and the request is done", WAIT, || {
+        let clusters = clusters.clone();
+        async move {
+            let c = clusters.get("pg").await.map_err(|e| e.to_string())?;
+            let status = c.status.clone().unwrap_or_default();
+            let pending = c
+                .annotations()
+                .contains_key("database.steward.dev/switchover-to");
+            if status.primary.as_deref() == Some("pg-1") && !pending {
+                Ok(())
+            } else {
+                Err(format!(
+                    "primary {:?}, request pending {pending}",
+                    status.primary
+                ))
+            }
+        }
+    })
+    .await;
+    if let Err(e) = moved {
+        panic!("{e}\n{}", cluster.logs().await);
+    }
 
     // Fixed; a spec change tries again.
     let started = Instant::now();
@@ -1762,6 +1799,11 @@ async fn postgres_cluster_upgrades_its_major_with_pg_upgrade() {
     );
     let status = cluster.status().await;
     assert_eq!(status.current_version, Some(17), "{status:?}");
+    assert_eq!(
+        status.major_upgrade.as_ref().map(|u| u.instance.as_str()),
+        Some("pg-0"),
+        "upgraded on the first instance, after a switchover to it"
+    );
     let primary = connect(&cluster.cluster_ip("pg-rw").await, &cluster.password)
         .await
         .unwrap();

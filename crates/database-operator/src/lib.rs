@@ -8,7 +8,8 @@
 //! - [`cluster`]: a StatefulSet of one primary and replicas (each pod runs
 //!   `steward-pg-instance`, which elects the primary through the cluster's Lease), its
 //!   Services, Secrets, RBAC, ConfigMap and PodDisruptionBudget; rolling updates replace the
-//!   replicas, switch over, then replace the old primary ([`cluster::rollout`]).
+//!   replicas, switch over, then replace the old primary ([`cluster::rollout`]); continuous
+//!   backup ([`cluster::backup`]); a raised major runs `pg_upgrade` ([`cluster::upgrade`]).
 //! - [`database`]: a database and its owner role on a server reached through [`server`]
 //!   (a `clusterRef` or an `external` server); drops it on delete if asked, after a dump.
 //! - [`role`]: login roles with privileges and rotated passwords.

@@ -1,5 +1,6 @@
 //! The PostgresCluster controller: validate → build ([`build`]) → apply → roll ([`rollout`])
-//! → status.
+//! → status. A raised major version holds the StatefulSet on the old one while [`upgrade`]
+//! runs `pg_upgrade`; [`backup`] keeps the schedule, retention and archiving status.
 //!
 //! No finalizer: children carry owner references, so the garbage collector removes them.
 //! The PersistentVolumeClaims follow the StatefulSet's `persistentVolumeClaimRetentionPolicy`
@@ -134,6 +135,9 @@ pub async fn reconcile(
             primary: previous_status.primary.as_deref(),
             running_image: running_image.as_deref(),
             pods: views.len(),
+            first_ready: views
+                .iter()
+                .any(|v| v.ordinal == 0 && v.ready && !v.deleting),
             backup_configured: cluster.spec.backup.is_some(),
             backup: None,
             job: upgrade::JobState::Missing,
@@ -155,6 +159,10 @@ pub async fn reconcile(
                 .normal(cluster.as_ref(), reason, "MajorUpgrade", note.clone())
                 .await;
         }
+    }
+    if let Some(to) = &decided.switchover_to {
+        let leases: Api<Lease> = Api::namespaced(client.clone(), &ns);
+        request_switchover(&leases, &names.lease, to).await?;
     }
     let held = Arc::new(upgrade::held(&cluster, decided.hold.as_ref()));
     let mut desired = build::statefulset(&held, &config_hash, instance_image);

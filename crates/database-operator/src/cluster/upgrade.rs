@@ -68,6 +68,8 @@ pub struct Inputs<'a> {
     pub running_image: Option<&'a str>,
     /// The cluster's pods that exist.
     pub pods: usize,
+    /// The first instance (`<cluster>-0`) is Ready: a switchover target.
+    pub first_ready: bool,
     pub backup_configured: bool,
     /// The pre-upgrade backup's phase and message, if it exists.
     pub backup: Option<(Option<BackupPhase>, Option<String>)>,
@@ -87,6 +89,8 @@ pub struct Decision {
     pub delete_old_jobs: bool,
     /// Hand the Lease to this instance before the StatefulSet comes back.
     pub hand_lease: Option<String>,
+    /// Switch the primary over to this instance first (the upgrade starts on it).
+    pub switchover_to: Option<String>,
     /// `(true|false, reason, message)` for [`MAJOR_UPGRADE`]; `None`: no condition.
     pub condition: Option<(bool, &'static str, String)>,
     /// An Event: (warning, reason, note).
@@ -155,20 +159,33 @@ pub fn plan(cluster: &str, i: &Inputs<'_>) -> Decision {
                 if !primary.ends_with("-0") {
                     // The StatefulSet starts its pods in order, each once the one before is
                     // Ready: the upgraded instance must be the first, or the others would wait
-                    // for a primary that is never started.
+                    // for a primary that is never started. A switchover moves it there.
                     d.hold = Some(Hold {
                         version: from,
                         image: image.to_string(),
                         instances: i.spec_instances,
                     });
-                    d.condition = Some((
-                        false,
-                        "PrimaryNotFirst",
-                        format!(
-                            "upgrading PostgreSQL {from} to {} needs the primary on the first instance ({cluster}-0), not {primary}: switch over first (kubectl steward switchover {cluster} --to {cluster}-0)",
-                            i.spec_version
-                        ),
-                    ));
+                    let first = format!("{cluster}-0");
+                    d.condition = Some(if i.first_ready {
+                        d.switchover_to = Some(first.clone());
+                        (
+                            false,
+                            "SwitchingOver",
+                            format!(
+                                "upgrading PostgreSQL {from} to {} starts on the first instance: switching the primary over from {primary} to {first}",
+                                i.spec_version
+                            ),
+                        )
+                    } else {
+                        (
+                            false,
+                            "PrimaryNotFirst",
+                            format!(
+                                "upgrading PostgreSQL {from} to {} needs the primary on the first instance: waiting for {first} to be a ready replica to switch over to (the primary is {primary})",
+                                i.spec_version
+                            ),
+                        )
+                    });
                     return d;
                 }
                 let mut u = MajorUpgradeStatus {
@@ -659,6 +676,7 @@ mod tests {
             primary: Some("pg-0"),
             running_image: Some("postgres:15"),
             pods: 2,
+            first_ready: true,
             backup_configured: false,
             backup: None,
             job: JobState::Missing,
@@ -808,11 +826,17 @@ mod tests {
         assert!(d.status.is_none());
         assert_eq!(d.hold.unwrap().version, 15, "kept on the data's major");
         assert_eq!(d.condition.unwrap().1, "WaitingForPrimary");
+        // The primary elsewhere: switched over to the first instance, then it starts.
         let mut i = inputs(None);
         i.primary = Some("pg-1");
         let d = plan("pg", &i);
         assert!(d.status.is_none());
         assert_eq!(d.hold.unwrap().version, 15);
+        assert_eq!(d.switchover_to.as_deref(), Some("pg-0"));
+        assert_eq!(d.condition.unwrap().1, "SwitchingOver");
+        i.first_ready = false;
+        let d = plan("pg", &i);
+        assert_eq!(d.switchover_to, None);
         assert_eq!(d.condition.unwrap().1, "PrimaryNotFirst");
         let mut i = inputs(None);
         i.spec_version = 15;
