@@ -3,7 +3,7 @@
 //!
 //! Each test runs its own orchestrator in-process, limited to its own namespace.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -1830,22 +1830,24 @@ async fn crash_fixture(env: &Env) -> BTreeMap<String, i64> {
     generations
 }
 
-/// Waits (polling fast) until the plan's resourceVersion differs from `last`.
+/// Waits until the plan's resourceVersion differs from `last`, polling every 10 ms so that a
+/// kill lands right after the write that changed it (the orchestrator's next write needs an
+/// event and a reconcile, or a rollout, first).
 async fn next_change(env: &Env, last: &str) -> UpgradePlan {
     let plans = env.plans();
-    eventually("the plan changes", ROLL, || {
-        let plans = plans.clone();
-        async move {
-            let p = plans.get("resilient").await.map_err(|e| e.to_string())?;
-            if p.resource_version().as_deref() != Some(last) {
-                Ok(p)
-            } else {
-                Err("no change".into())
-            }
+    let deadline = tokio::time::Instant::now() + ROLL;
+    loop {
+        if let Ok(p) = plans.get("resilient").await
+            && p.resource_version().as_deref() != Some(last)
+        {
+            return p;
         }
-    })
-    .await
-    .expect("plan progress")
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "the plan did not change in {ROLL:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
 }
 
 /// How many Progressing components have their start recorded but their target unchanged:
@@ -1934,6 +1936,8 @@ async fn killed_at_every_step_the_plan_completes_once() {
     let generations = crash_fixture(&env).await;
     let mut last = String::new();
     let (mut kills, mut in_window) = (0, 0);
+    // The components an instance was killed in the middle of (recorded Progressing).
+    let mut killed_mid = BTreeSet::new();
     loop {
         let instance = Crashable::start(&env, env.args()).await;
         let plan = next_change(&env, &last).await;
@@ -1941,6 +1945,13 @@ async fn killed_at_every_step_the_plan_completes_once() {
         kills += 1;
         last = plan.resource_version().unwrap_or_default();
         let status = plan.status.clone().unwrap_or_default();
+        killed_mid.extend(
+            status
+                .components
+                .iter()
+                .filter(|c| c.phase == ComponentPhase::Progressing)
+                .map(|c| c.name.clone()),
+        );
         in_window += recorded_not_applied(&env, &status).await;
         if status.phase == Some(PlanPhase::Succeeded) || kills > 200 {
             break;
@@ -1981,7 +1992,20 @@ async fn killed_at_every_step_the_plan_completes_once() {
     eprintln!(
         "crash test: {kills} kills, {in_window} of them between recording a start and changing the target"
     );
-    assert!(kills >= 8, "only {kills} kills: {}", describe(&status));
+    // Every component's start is its own write, followed by a rollout: each one was killed in
+    // the middle at least once, and the plan needed a new instance for every step.
+    let all: BTreeSet<String> = generations.keys().cloned().collect();
+    assert_eq!(
+        killed_mid,
+        all,
+        "components killed mid-upgrade ({kills} kills): {}",
+        describe(&status)
+    );
+    assert!(
+        kills > all.len(),
+        "only {kills} kills: {}",
+        describe(&status)
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

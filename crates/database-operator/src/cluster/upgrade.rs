@@ -19,7 +19,7 @@
 
 use k8s_openapi::api::apps::v1::StatefulSet;
 use k8s_openapi::api::batch::v1::Job;
-use k8s_openapi::api::coordination::v1::Lease;
+use k8s_openapi::api::coordination::v1::{Lease, LeaseSpec};
 use k8s_openapi::api::core::v1::Pod;
 use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams, PostParams};
 use kube::{Resource, ResourceExt};
@@ -546,6 +546,8 @@ async fn job_state(
 }
 
 /// Makes `instance` the Lease's holder while no instance runs, so it starts as the primary.
+/// A missing Lease (an instance manager never took it, or it was deleted) is created held by
+/// `instance`, for the instance managers' default duration; its holder renews it with its own.
 async fn hand_lease(
     client: &kube::Client,
     ns: &str,
@@ -554,30 +556,67 @@ async fn hand_lease(
 ) -> Result<(), Error> {
     let leases: Api<Lease> = Api::namespaced(client.clone(), ns);
     let lease = steward_pg_instance::contract::lease_name(cluster);
-    let now = k8s_openapi::jiff::Timestamp::now();
-    let transitions = leases
-        .get_opt(&lease)
-        .await
-        .map_err(|source| Error::Read {
-            what: format!("Lease {lease}"),
-            source,
-        })?
-        .and_then(|l| l.spec?.lease_transitions)
+    let failed = |source| Error::MajorUpgrade {
+        what: format!("hand the Lease {lease} to {instance}"),
+        source,
+    };
+    let existing = leases.get_opt(&lease).await.map_err(|source| Error::Read {
+        what: format!("Lease {lease}"),
+        source,
+    })?;
+    let transitions = existing
+        .as_ref()
+        .and_then(|l| l.spec.as_ref()?.lease_transitions)
         .unwrap_or(0);
-    let patch = serde_json::json!({"spec": {
-        "holderIdentity": instance,
-        "acquireTime": k8s_openapi::apimachinery::pkg::apis::meta::v1::MicroTime(now),
-        "renewTime": k8s_openapi::apimachinery::pkg::apis::meta::v1::MicroTime(now),
-        "leaseTransitions": transitions + 1,
-    }});
-    leases
-        .patch(&lease, &PatchParams::default(), &Patch::Merge(&patch))
-        .await
-        .map(drop)
-        .map_err(|source| Error::MajorUpgrade {
-            what: format!("hand the Lease {lease} to {instance}"),
-            source,
-        })
+    let spec = handed_lease_spec(instance, transitions, k8s_openapi::jiff::Timestamp::now());
+    match existing {
+        Some(_) => leases
+            .patch(
+                &lease,
+                &PatchParams::default(),
+                &Patch::Merge(&serde_json::json!({ "spec": spec })),
+            )
+            .await
+            .map(drop)
+            .map_err(failed),
+        None => {
+            let created = Lease {
+                metadata: kube::api::ObjectMeta {
+                    name: Some(lease.clone()),
+                    namespace: Some(ns.to_string()),
+                    ..Default::default()
+                },
+                spec: Some(LeaseSpec {
+                    lease_duration_seconds: Some(INSTANCE_LEASE_SECONDS),
+                    ..spec
+                }),
+            };
+            leases
+                .create(&PostParams::default(), &created)
+                .await
+                .map(drop)
+                .map_err(failed)
+        }
+    }
+}
+
+/// The instance managers' default Lease duration (`steward-pg-instance --lease-duration`).
+const INSTANCE_LEASE_SECONDS: i32 = 10;
+
+/// The Lease fields that make `instance` its holder, acquired and renewed `now`.
+fn handed_lease_spec(
+    instance: &str,
+    transitions: i32,
+    now: k8s_openapi::jiff::Timestamp,
+) -> LeaseSpec {
+    use k8s_openapi::apimachinery::pkg::apis::meta::v1::MicroTime;
+    LeaseSpec {
+        holder_identity: Some(instance.to_string()),
+        acquire_time: Some(MicroTime(now)),
+        renew_time: Some(MicroTime(now)),
+        lease_transitions: Some(transitions + 1),
+        ..Default::default()
+    }
 }
 
 /// The upgrade Job: the pod template of `sts` (the new major's StatefulSet) with the volume
@@ -844,5 +883,17 @@ mod tests {
         let mut i = inputs(None);
         i.current_version = None;
         assert_eq!(plan("pg", &i), Decision::default());
+    }
+
+    #[test]
+    fn a_handed_lease_names_the_instance_and_counts_a_transition() {
+        let now = k8s_openapi::jiff::Timestamp::UNIX_EPOCH;
+        let spec = handed_lease_spec("pg-0", 4, now);
+        assert_eq!(spec.holder_identity.as_deref(), Some("pg-0"));
+        assert_eq!(spec.lease_transitions, Some(5));
+        assert_eq!(spec.renew_time, spec.acquire_time);
+        // A merge patch leaves the holder's own duration alone.
+        let patch = serde_json::to_value(&spec).expect("json");
+        assert!(patch.get("leaseDurationSeconds").is_none(), "{patch}");
     }
 }
