@@ -434,15 +434,9 @@ fn check_rbac(r: &Rendered) -> Result<()> {
             user_prefixes: vec![],
         };
         let generated: BTreeSet<String> =
-            tenant_operator::policy::policies(&exempt, tenant_operator::NAME)
-                .iter()
-                .flat_map(|p| {
-                    [
-                        p.policy.metadata.name.clone(),
-                        p.binding.metadata.name.clone(),
-                    ]
-                })
-                .flatten()
+            tenant_operator::policy::Policies::new(&exempt, tenant_operator::NAME)
+                .names()
+                .into_iter()
                 .collect();
         let named: BTreeSet<String> = r
             .of_kind("ClusterRole")
@@ -1189,6 +1183,10 @@ async fn tenant_operator_runs_as_its_service_account() -> Result<()> {
         }
     })
     .await?;
+    Api::<k8s_openapi::api::admissionregistration::v1::MutatingAdmissionPolicy>::all(admin.clone())
+        .get("tenancy.steward.dev-pod-defaults")
+        .await
+        .context("the defaults' MutatingAdmissionPolicy (applied before the rules)")?;
 
     // A Tenant cannot make the operator grant what it may not bind: cluster-admin is refused.
     let greedy = format!("{tenant}-x");

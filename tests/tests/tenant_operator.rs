@@ -1726,11 +1726,27 @@ async fn tenant_policies_refuse_what_the_tenant_may_not_run_even_through_a_contr
     use k8s_openapi::api::core::v1::{PersistentVolumeClaim, Service};
     use k8s_openapi::api::networking::v1::Ingress;
 
+    use k8s_openapi::api::node::v1::RuntimeClass;
+
     let _shared = EXCLUSIVE.read().await;
     let mut env = Env::start("rules").await;
     let t = format!("{}-t", env.id);
     let ns = format!("{t}-a");
     let registry = "registry.example.com/team/";
+    // Two RuntimeClasses (Kubernetes' own admission refuses a pod naming one that does not
+    // exist); the first is the tenant's default.
+    let (sandboxed, plain) = (format!("{}-sandboxed", env.id), format!("{}-plain", env.id));
+    let runtime_classes: Api<RuntimeClass> = Api::all(env.client.clone());
+    for class in [&sandboxed, &plain] {
+        runtime_classes
+            .create(
+                &PostParams::default(),
+                &serde_json::from_value(json!({"metadata": {"name": class}, "handler": "runc"}))
+                    .unwrap(),
+            )
+            .await
+            .expect("RuntimeClass");
+    }
     env.create(
         &t,
         json!({
@@ -1743,7 +1759,9 @@ async fn tenant_policies_refuse_what_the_tenant_may_not_run_even_through_a_contr
                 "allowedIngressClasses": ["internal"],
                 "forbiddenServiceTypes": ["NodePort", "LoadBalancer"],
                 "forbidExternalIPs": true,
-                "nodeSelector": {"pool": "team"},
+                "nodeSelector": {"pool": "team", "example.com/zone": "a"},
+                "allowedRuntimeClasses": [sandboxed, plain],
+                "defaultRuntimeClass": sandboxed,
             },
         }),
     )
@@ -1757,7 +1775,7 @@ async fn tenant_policies_refuse_what_the_tenant_may_not_run_even_through_a_contr
         let mut spec =
             json!({"containers": [{"name": "app", "image": image, "imagePullPolicy": pull}]});
         if pinned {
-            spec["nodeSelector"] = json!({"pool": "team"});
+            spec["nodeSelector"] = json!({"pool": "team", "example.com/zone": "a"});
         }
         serde_json::from_value(json!({"metadata": {"name": "p"}, "spec": spec})).unwrap()
     };
@@ -1791,11 +1809,16 @@ async fn tenant_policies_refuse_what_the_tenant_may_not_run_even_through_a_contr
             ),
         ),
         (
-            "a pod not pinned to the tenant's nodes",
-            pod_with(&good, "Always", false),
+            "a pod pinned to other nodes",
+            {
+                let mut p = pod_with(&good, "Always", false);
+                p.spec.as_mut().unwrap().node_selector =
+                    Some(BTreeMap::from([("pool".to_string(), "other".to_string())]));
+                p
+            },
             format!(
-                "the pod must have nodeSelector pool=team {}",
-                because("nodeSelector", "pool=team")
+                "the pod must have nodeSelector example.com/zone=a,pool=team {}",
+                because("nodeSelector", "example.com/zone=a,pool=team")
             ),
         ),
     ] {
@@ -1808,6 +1831,54 @@ async fn tenant_policies_refuse_what_the_tenant_may_not_run_even_through_a_contr
     pods.create(&dry_post(), &pod_with(&good, "Always", true))
         .await
         .expect("a pod that keeps every rule is admitted");
+    // The defaults: a pod lacking the tenant's node labels is given them (keeping its own),
+    // and one naming no RuntimeClass is given the default; a class it names is kept.
+    let mut partly_pinned = pod_with(&good, "Always", false);
+    partly_pinned.spec.as_mut().unwrap().node_selector = Some(BTreeMap::from([
+        ("pool".to_string(), "team".to_string()),
+        ("disk".to_string(), "ssd".to_string()),
+    ]));
+    for (what, pod, class) in [
+        (
+            "a pod with no nodeSelector",
+            pod_with(&good, "Always", false),
+            &sandboxed,
+        ),
+        ("a pod with some of the labels", partly_pinned, &sandboxed),
+        (
+            "a pod naming an allowed class",
+            {
+                let mut p = pod_with(&good, "Always", false);
+                p.spec.as_mut().unwrap().runtime_class_name = Some(plain.clone());
+                p
+            },
+            &plain,
+        ),
+    ] {
+        let admitted = pods
+            .create(&dry_post(), &pod)
+            .await
+            .unwrap_or_else(|e| panic!("{what} is admitted with the defaults: {e}"));
+        let spec = admitted.spec.unwrap();
+        let selector = spec.node_selector.unwrap_or_default();
+        assert_eq!(
+            selector.get("pool").map(String::as_str),
+            Some("team"),
+            "{what}: {selector:?}"
+        );
+        assert_eq!(
+            selector.get("example.com/zone").map(String::as_str),
+            Some("a"),
+            "{what}: {selector:?}"
+        );
+        let own = pod.spec.unwrap().node_selector.unwrap_or_default();
+        assert_eq!(
+            selector.len(),
+            2 + own.keys().filter(|k| *k == "disk").count(),
+            "{what}: {selector:?}"
+        );
+        assert_eq!(spec.runtime_class_name.as_ref(), Some(class), "{what}");
+    }
 
     let services: Api<Service> = Api::namespaced(owner.clone(), &ns);
     let service = |spec: Value| -> Service {
@@ -1932,6 +2003,46 @@ async fn tenant_policies_refuse_what_the_tenant_may_not_run_even_through_a_contr
         "{failure}"
     );
 
+    // The defaults hold for what controllers create too: a Deployment that says nothing of
+    // nodes or runtimes gets pods pinned to the tenant's nodes, in its default runtime.
+    let plain_deployment: Deployment = serde_json::from_value(json!({
+        "metadata": {"name": "api"},
+        "spec": {
+            "replicas": 1,
+            "selector": {"matchLabels": {"app": "api"}},
+            "template": {"metadata": {"labels": {"app": "api"}}, "spec": {
+                "containers": [{"name": "app", "image": good, "imagePullPolicy": "Always"}],
+            }},
+        },
+    }))
+    .unwrap();
+    Api::<Deployment>::namespaced(owner.clone(), &ns)
+        .create(&PostParams::default(), &plain_deployment)
+        .await
+        .expect("a Deployment without a nodeSelector is admitted");
+    let all_pods: Api<Pod> = Api::namespaced(env.client.clone(), &ns);
+    let created = eventually("the Deployment's pod", WAIT, || async {
+        all_pods
+            .list(&ListParams::default().labels("app=api"))
+            .await
+            .map_err(|e| e.to_string())?
+            .items
+            .into_iter()
+            .next()
+            .ok_or_else(|| "no pod yet".to_string())
+    })
+    .await
+    .expect("the ReplicaSet's pod is admitted");
+    let spec = created.spec.unwrap();
+    assert_eq!(
+        spec.node_selector,
+        Some(BTreeMap::from([
+            ("example.com/zone".to_string(), "a".to_string()),
+            ("pool".to_string(), "team".to_string()),
+        ]))
+    );
+    assert_eq!(spec.runtime_class_name.as_ref(), Some(&sandboxed));
+
     // The rules' ConfigMap is the operator's: the owner can neither change nor delete it.
     let params: Api<ConfigMap> = Api::namespaced(owner.clone(), &ns);
     let err = params
@@ -2014,6 +2125,11 @@ async fn tenant_policies_refuse_what_the_tenant_may_not_run_even_through_a_contr
         code(&err) == Some(403) && err.to_string().contains("not from an allowed registry"),
         "{err}"
     );
+    for class in [&sandboxed, &plain] {
+        let _ = runtime_classes
+            .delete(class, &DeleteParams::default())
+            .await;
+    }
     env.stop().await;
 }
 
@@ -2173,7 +2289,7 @@ async fn deleting_a_tenant_deletes_or_orphans_its_namespaces() {
 
 /// `apiserver_request_total` writes (not GET/LIST/WATCH) to the kinds the operator manages.
 async fn apiserver_writes(client: &Client) -> (u64, BTreeMap<String, u64>) {
-    const KINDS: [&str; 12] = [
+    const KINDS: [&str; 14] = [
         "namespaces",
         "resourcequotas",
         "limitranges",
@@ -2186,6 +2302,8 @@ async fn apiserver_writes(client: &Client) -> (u64, BTreeMap<String, u64>) {
         "tenants",
         "validatingadmissionpolicies",
         "validatingadmissionpolicybindings",
+        "mutatingadmissionpolicies",
+        "mutatingadmissionpolicybindings",
     ];
     let req = http::Request::get("/metrics").body(Vec::new()).unwrap();
     let text = client.request_text(req).await.expect("scrape /metrics");
@@ -2413,6 +2531,12 @@ async fn bad_input_is_rejected_at_admission_with_a_clear_message() {
             format!("{id}-12"),
             json!({"owners": owner, "namespaceMetadata": {"labels": {"tenancy.steward.dev/tenant": "other"}}}),
             "set by the operator",
+        ),
+        (
+            "a default RuntimeClass that is not allowed",
+            format!("{id}-13"),
+            json!({"owners": owner, "policies": {"allowedRuntimeClasses": ["gvisor"], "defaultRuntimeClass": "runc"}}),
+            "defaultRuntimeClass must be one of allowedRuntimeClasses",
         ),
     ];
     for (what, name, spec, needle) in cases {

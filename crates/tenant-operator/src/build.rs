@@ -362,6 +362,9 @@ pub fn policy_params(tenant: &Tenant, namespace: &str) -> Option<ConfigMap> {
             .map(|(k, v)| format!("{k}={v}"))
             .collect(),
     );
+    if let Some(class) = &p.default_runtime_class {
+        data.insert("defaultRuntimeClass".to_string(), class.clone());
+    }
     if let Some(policy) = p.image_pull_policy {
         data.insert("imagePullPolicy".to_string(), format!("{policy:?}"));
     }

@@ -176,9 +176,14 @@ pub struct TenantSpec {
 }
 
 /// Admission rules for the objects in a tenant's namespaces. An empty list or unset field
-/// imposes nothing.
+/// imposes nothing. Two are defaults as well as rules: a pod is given the tenant's
+/// `nodeSelector` labels it lacks and, naming none, the `defaultRuntimeClass`.
 #[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Default, JsonSchema)]
 #[serde(rename_all = "camelCase")]
+#[schemars(extend("x-kubernetes-validations" = [
+    {"rule": "!has(self.defaultRuntimeClass) || !has(self.allowedRuntimeClasses) || self.defaultRuntimeClass in self.allowedRuntimeClasses",
+     "message": "defaultRuntimeClass must be one of allowedRuntimeClasses"}
+]))]
 pub struct TenantPolicies {
     /// Image prefixes a container image must start with, e.g. `registry.example.com/team-a/`
     /// (every container, init and ephemeral container of a pod).
@@ -211,6 +216,18 @@ pub struct TenantPolicies {
     #[schemars(length(max = 32), extend("x-kubernetes-list-type" = "set"), inner(length(min = 1, max = 253), regex(pattern = r"^[a-z0-9]([-a-z0-9.]*[a-z0-9])?$")))]
     pub allowed_runtime_classes: Vec<String>,
 
+    /// The RuntimeClass a pod naming none is given at admission (by the MutatingAdmissionPolicy
+    /// `tenancy.steward.dev-pod-defaults`). Admission policies run after Kubernetes' own
+    /// RuntimeClass admission, so the class must have no `overhead` (a pod given one with an
+    /// overhead is refused: "Pod's Overhead doesn't match RuntimeClass's defined Overhead")
+    /// and its `scheduling` is not added to the pod (pin nodes with `nodeSelector` instead).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(
+        length(min = 1, max = 253),
+        regex(pattern = r"^[a-z0-9]([-a-z0-9.]*[a-z0-9])?$")
+    )]
+    pub default_runtime_class: Option<String>,
+
     /// Service types the tenant may not create, e.g. `NodePort` and `LoadBalancer`.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     #[schemars(extend("x-kubernetes-list-type" = "set"))]
@@ -221,8 +238,9 @@ pub struct TenantPolicies {
     pub forbid_external_ips: bool,
 
     /// Labels every pod's `nodeSelector` must carry with these values, pinning the tenant to
-    /// its nodes. Keys are label keys (checked by the operator: `Ready=False InvalidSpec`
-    /// otherwise).
+    /// its nodes. A pod lacking some is given them at admission (a Deployment needs no
+    /// change); one naming a label with another value is refused. Keys are label keys
+    /// (checked by the operator: `Ready=False InvalidSpec` otherwise).
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
     #[schemars(extend(
         "maxProperties" = 16,

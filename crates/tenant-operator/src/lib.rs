@@ -128,7 +128,7 @@ impl steward_core::operator::Definition for TenantOperator {
         }
         let exempt =
             policy::Exemptions::new(options.exempt_users.clone(), options.exempt_groups.clone());
-        policy::to_yaml(&policy::policies(&exempt, NAME))
+        policy::to_yaml(&policy::Policies::new(&exempt, NAME))
             .map(Some)
             .map_err(|e| Error::PrintPolicies(e.to_string()))
     }

@@ -13,7 +13,13 @@
 //! | `…-volume-claims` | a PersistentVolumeClaim not naming an allowed StorageClass |
 //! | `…-ingresses` | an Ingress not naming an allowed IngressClass |
 //!
-//! The last four read the tenant's `spec.policies` as `params` from the ConfigMap
+//! One MutatingAdmissionPolicy sets defaults before those rules are checked:
+//!
+//! | policy | adds (for everyone but the exempt) |
+//! |---|---|
+//! | `…-pod-defaults` | to a pod created in a tenant namespace: the labels of `spec.policies.nodeSelector` its `nodeSelector` lacks (a label it names with another value is left for `…-pods` to refuse), and `spec.policies.defaultRuntimeClass` when it names no RuntimeClass |
+//!
+//! The last four, and the defaults, read the tenant's `spec.policies` as `params` from the ConfigMap
 //! `tenancy.steward.dev-policies` the operator keeps in every tenant namespace (written before
 //! the owners get access there; changing or deleting it is refused by `…-managed-objects`). They
 //! exempt only the operator and `--exempt-user`/`--exempt-group`, not the control plane nor
@@ -40,7 +46,9 @@ use std::time::Duration;
 
 use futures::{FutureExt, Stream, StreamExt};
 use k8s_openapi::api::admissionregistration::v1::{
-    MatchCondition, MatchResources, NamedRuleWithOperations, ParamKind, ParamRef,
+    JSONPatch, MatchCondition, MatchResources, MutatingAdmissionPolicy,
+    MutatingAdmissionPolicyBinding, MutatingAdmissionPolicyBindingSpec,
+    MutatingAdmissionPolicySpec, Mutation, NamedRuleWithOperations, ParamKind, ParamRef,
     ValidatingAdmissionPolicy, ValidatingAdmissionPolicyBinding,
     ValidatingAdmissionPolicyBindingSpec, ValidatingAdmissionPolicySpec, Validation, Variable,
 };
@@ -226,6 +234,114 @@ fn metadata(name: &str, manager: &str) -> ObjectMeta {
 pub struct Policy {
     pub policy: ValidatingAdmissionPolicy,
     pub binding: ValidatingAdmissionPolicyBinding,
+}
+
+/// One mutating policy and its binding.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Defaulting {
+    pub policy: MutatingAdmissionPolicy,
+    pub binding: MutatingAdmissionPolicyBinding,
+}
+
+/// Every admission policy the operator keeps: the rules and the defaults.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Policies {
+    pub validating: Vec<Policy>,
+    pub mutating: Vec<Defaulting>,
+}
+
+impl Policies {
+    /// Every policy and binding for `exempt`, managed by `manager`.
+    pub fn new(exempt: &Exemptions, manager: &str) -> Self {
+        Self {
+            validating: policies(exempt, manager),
+            mutating: defaults(exempt, manager),
+        }
+    }
+
+    /// The names of every policy and binding.
+    pub fn names(&self) -> Vec<String> {
+        let validating = self.validating.iter().flat_map(|p| {
+            [
+                p.policy.metadata.name.clone(),
+                p.binding.metadata.name.clone(),
+            ]
+        });
+        let mutating = self.mutating.iter().flat_map(|p| {
+            [
+                p.policy.metadata.name.clone(),
+                p.binding.metadata.name.clone(),
+            ]
+        });
+        validating.chain(mutating).flatten().collect()
+    }
+}
+
+/// The defaults of `spec.policies` for pods, as JSON Patch operations built in CEL from the
+/// tenant's [`POLICY_PARAMS`]: `add` only what the pod lacks (a JSON Patch `add` of a map key
+/// that exists would replace its value).
+fn pod_defaults_patch() -> String {
+    let rules = "variables.rules";
+    let has_selector = "has(object.spec.nodeSelector)";
+    [
+        // The map first, when the pod has none: the labels are added into it.
+        format!(
+            "('nodeSelector' in {rules} && !{has_selector} ? [JSONPatch{{op: 'add', path: '/spec/nodeSelector', value: {{}}}}] : [])"
+        ),
+        format!(
+            "('nodeSelector' in {rules} ? {rules}['nodeSelector'].split(',').filter(kv, !{has_selector} || !(kv.split('=')[0] in object.spec.nodeSelector)).map(kv, JSONPatch{{op: 'add', path: '/spec/nodeSelector/' + jsonpatch.escapeKey(kv.split('=')[0]), value: kv.split('=')[1]}}) : [])"
+        ),
+        format!(
+            "('defaultRuntimeClass' in {rules} && !has(object.spec.runtimeClassName) ? [JSONPatch{{op: 'add', path: '/spec/runtimeClassName', value: {rules}['defaultRuntimeClass']}}] : [])"
+        ),
+    ]
+    .join(" + ")
+}
+
+/// The mutating policies, exempting `exempt` without the control plane (as the rules of
+/// `spec.policies` do: what is defaulted is what is then checked, the pods a ReplicaSet
+/// creates included).
+pub fn defaults(exempt: &Exemptions, manager: &str) -> Vec<Defaulting> {
+    let exempt = exempt.without_control_plane();
+    let name = format!("{PREFIX}-pod-defaults");
+    let spec = MutatingAdmissionPolicySpec {
+        failure_policy: Some("Fail".to_string()),
+        param_kind: Some(params_kind()),
+        match_constraints: Some(in_tenant_namespaces(vec![rule(
+            &[""],
+            &["pods"],
+            &["CREATE"],
+            None,
+        )])),
+        match_conditions: Some(vec![MatchCondition {
+            name: "not-exempt".to_string(),
+            expression: format!("!({})", exempt.cel()),
+        }]),
+        variables: Some(vec![rules_variable()]),
+        mutations: Some(vec![Mutation {
+            patch_type: "JSONPatch".to_string(),
+            json_patch: Some(JSONPatch {
+                expression: Some(pod_defaults_patch()),
+            }),
+            apply_configuration: None,
+        }]),
+        // Each patch adds only what is missing: running it again changes nothing.
+        reinvocation_policy: Some("IfNeeded".to_string()),
+    };
+    vec![Defaulting {
+        policy: MutatingAdmissionPolicy {
+            metadata: metadata(&name, manager),
+            spec: Some(spec),
+        },
+        binding: MutatingAdmissionPolicyBinding {
+            metadata: metadata(&name, manager),
+            spec: Some(MutatingAdmissionPolicyBindingSpec {
+                policy_name: Some(name.clone()),
+                param_ref: Some(params_in_namespace()),
+                match_resources: None,
+            }),
+        },
+    }]
 }
 
 /// Every policy, exempting `exempt`; `manager` is the operator's field manager (its children
@@ -482,6 +598,28 @@ pub fn policies(exempt: &Exemptions, manager: &str) -> Vec<Policy> {
     .collect()
 }
 
+/// The kind of `params`: a ConfigMap (see [`params_in_namespace`]).
+fn params_kind() -> ParamKind {
+    ParamKind {
+        api_version: Some("v1".to_string()),
+        kind: Some("ConfigMap".to_string()),
+    }
+}
+
+/// `variables.rules`: the tenant's rules from `params` (none without them).
+fn rules_variable() -> Variable {
+    variable("rules", "has(params.data) ? params.data : {}")
+}
+
+/// `resources` in the namespaces of a tenant.
+fn in_tenant_namespaces(resources: Vec<NamedRuleWithOperations>) -> MatchResources {
+    MatchResources {
+        namespace_selector: Some(exists(TENANT_LABEL)),
+        resource_rules: Some(resources),
+        ..Default::default()
+    }
+}
+
 /// `params`: the ConfigMap [`POLICY_PARAMS`] in the namespace of the object admitted; a
 /// namespace without one (a tenant without `spec.policies`) passes.
 fn params_in_namespace() -> ParamRef {
@@ -507,20 +645,13 @@ fn tenant_rules(exempt: &Exemptions) -> Vec<(&'static str, ValidatingAdmissionPo
             "' (spec.policies.{key} of tenant ' + {tenant} + ': ' + variables.rules['{key}'] + ')'"
         )
     };
-    let rules = variable("rules", "has(params.data) ? params.data : {}");
+    let rules = rules_variable();
     let spec = |resources: Vec<NamedRuleWithOperations>,
                 variables: Vec<Variable>,
                 validations: Vec<Validation>| ValidatingAdmissionPolicySpec {
         failure_policy: Some("Fail".to_string()),
-        param_kind: Some(ParamKind {
-            api_version: Some("v1".to_string()),
-            kind: Some("ConfigMap".to_string()),
-        }),
-        match_constraints: Some(MatchResources {
-            namespace_selector: Some(exists(TENANT_LABEL)),
-            resource_rules: Some(resources),
-            ..Default::default()
-        }),
+        param_kind: Some(params_kind()),
+        match_constraints: Some(in_tenant_namespaces(resources)),
         match_conditions: Some(vec![
             MatchCondition {
                 name: "not-exempt".to_string(),
@@ -714,13 +845,19 @@ fn tenant_rules(exempt: &Exemptions) -> Vec<(&'static str, ValidatingAdmissionPo
 ///
 /// # Errors
 /// A serialization failure (not expected).
-pub fn to_yaml(policies: &[Policy]) -> Result<String, serde_yaml::Error> {
+pub fn to_yaml(policies: &Policies) -> Result<String, serde_yaml::Error> {
+    let validating = policies
+        .validating
+        .iter()
+        .flat_map(|p| [with_type(&p.policy), with_type(&p.binding)]);
+    let mutating = policies
+        .mutating
+        .iter()
+        .flat_map(|p| [with_type(&p.policy), with_type(&p.binding)]);
     let mut out = String::new();
-    for p in policies {
-        for value in [with_type(&p.policy), with_type(&p.binding)] {
-            out.push_str("---\n");
-            out.push_str(&serde_yaml::to_string(&value)?);
-        }
+    for value in validating.chain(mutating) {
+        out.push_str("---\n");
+        out.push_str(&serde_yaml::to_string(&value)?);
     }
     Ok(out)
 }
@@ -772,12 +909,17 @@ pub async fn whoami(client: &Client) -> Result<String, Error> {
 /// [`Error::Read`] / [`Error::Apply`] for the first failing object.
 pub async fn apply(
     client: &Client,
-    policies: &[Policy],
+    policies: &Policies,
     manager: &str,
     writes: &Writes,
 ) -> Result<usize, Error> {
     let mut written = 0;
-    for p in policies {
+    // The defaults first: a rule never checks a pod its default was meant to complete.
+    for p in &policies.mutating {
+        written += apply_one(client, &p.policy, manager, writes).await?;
+        written += apply_one(client, &p.binding, manager, writes).await?;
+    }
+    for p in &policies.validating {
         written += apply_one(client, &p.policy, manager, writes).await?;
         written += apply_one(client, &p.binding, manager, writes).await?;
     }
@@ -836,7 +978,7 @@ pub async fn keep_in_place(
 ) {
     let mut changes = std::pin::pin!(changes(&client, &manager));
     // Who the operator is, and so the policies, are found once per term.
-    let mut wanted: Option<(String, Vec<Policy>)> = None;
+    let mut wanted: Option<(String, Policies)> = None;
     let mut delay = Duration::from_millis(500);
     let mut in_place = false;
     loop {
@@ -849,7 +991,7 @@ pub async fn keep_in_place(
                         extra.users.iter().cloned().chain([me.clone()]),
                         extra.groups.iter().cloned(),
                     );
-                    let policies = policies(&exempt, &manager);
+                    let policies = Policies::new(&exempt, &manager);
                     (me, policies)
                 }
             };
@@ -911,19 +1053,26 @@ fn changes(client: &Client, manager: &str) -> impl Stream<Item = ()> + Send + 's
         }
         std::future::ready(event.ok().map(|_| ()))
     }
-    let policies = watcher(
-        Api::<ValidatingAdmissionPolicy>::all(client.clone()),
-        config.clone(),
-    )
-    .default_backoff()
-    .filter_map(changed);
-    let bindings = watcher(
-        Api::<ValidatingAdmissionPolicyBinding>::all(client.clone()),
-        config,
-    )
-    .default_backoff()
-    .filter_map(changed);
-    futures::stream::select(policies, bindings)
+    fn of<K>(client: &Client, config: &watcher::Config) -> futures::stream::BoxStream<'static, ()>
+    where
+        K: Resource<DynamicType = ()>
+            + Clone
+            + serde::de::DeserializeOwned
+            + std::fmt::Debug
+            + Send
+            + 'static,
+    {
+        watcher(Api::<K>::all(client.clone()), config.clone())
+            .default_backoff()
+            .filter_map(changed)
+            .boxed()
+    }
+    futures::stream::select_all([
+        of::<ValidatingAdmissionPolicy>(client, &config),
+        of::<ValidatingAdmissionPolicyBinding>(client, &config),
+        of::<MutatingAdmissionPolicy>(client, &config),
+        of::<MutatingAdmissionPolicyBinding>(client, &config),
+    ])
 }
 
 #[cfg(test)]
@@ -1113,13 +1262,74 @@ mod tests {
 
     #[test]
     fn yaml_has_types() {
-        let yaml = to_yaml(&all()).unwrap();
+        let yaml = to_yaml(&Policies::new(
+            &Exemptions::new(["op".to_string()], []),
+            "tenant-operator",
+        ))
+        .unwrap();
         assert_eq!(yaml.matches("kind: ValidatingAdmissionPolicy\n").count(), 9);
         assert_eq!(
             yaml.matches("kind: ValidatingAdmissionPolicyBinding\n")
                 .count(),
             9
         );
+        assert_eq!(yaml.matches("kind: MutatingAdmissionPolicy\n").count(), 1);
+        assert_eq!(
+            yaml.matches("kind: MutatingAdmissionPolicyBinding\n")
+                .count(),
+            1
+        );
         assert!(yaml.contains("apiVersion: admissionregistration.k8s.io/v1"));
+    }
+
+    #[test]
+    fn pod_defaults_add_only_what_a_pod_lacks_for_the_same_users_the_rules_check() {
+        let ds = defaults(
+            &Exemptions::new(["op".to_string()], ["admins".to_string()]),
+            "tenant-operator",
+        );
+        assert_eq!(ds.len(), 1);
+        let d = &ds[0];
+        let spec = d.policy.spec.as_ref().unwrap();
+        let binding = d.binding.spec.as_ref().unwrap();
+        assert_eq!(binding.policy_name, d.policy.metadata.name);
+        assert_eq!(
+            binding.param_ref.as_ref().and_then(|p| p.name.as_deref()),
+            Some(POLICY_PARAMS)
+        );
+        assert_eq!(spec.failure_policy.as_deref(), Some("Fail"));
+        // The same exemptions as the rules: what is defaulted is what is checked.
+        let pods = all()
+            .into_iter()
+            .find(|p| p.policy.metadata.name.as_deref() == Some("tenancy.steward.dev-pods"))
+            .unwrap();
+        assert_eq!(
+            spec.match_conditions.as_ref().unwrap()[0],
+            pods.policy
+                .spec
+                .as_ref()
+                .unwrap()
+                .match_conditions
+                .as_ref()
+                .unwrap()[0]
+        );
+        let patch = spec.mutations.as_ref().unwrap()[0]
+            .json_patch
+            .as_ref()
+            .unwrap()
+            .expression
+            .clone()
+            .unwrap();
+        // `add` replaces an existing key: only missing labels are added, and a runtime class
+        // only when the pod names none.
+        assert!(
+            patch.contains("!(kv.split('=')[0] in object.spec.nodeSelector)"),
+            "{patch}"
+        );
+        assert!(
+            patch.contains("!has(object.spec.runtimeClassName)"),
+            "{patch}"
+        );
+        assert!(patch.contains("jsonpatch.escapeKey"), "{patch}");
     }
 }

@@ -35,6 +35,8 @@ pub const OPERATOR_RESOURCES: &[(&str, &str)] = &[
     ("leases", ""),
     ("validatingadmissionpolicies", ""),
     ("validatingadmissionpolicybindings", ""),
+    ("mutatingadmissionpolicies", ""),
+    ("mutatingadmissionpolicybindings", ""),
 ];
 
 /// Resources only other components read (the scheduler, kwok, the garbage collector's discovery).
