@@ -1061,6 +1061,112 @@ async fn postgres_cluster_switches_over_and_rolls_a_parameter_change_with_one_sw
             .collect();
         panic!("{e}\npods report {annotations:?}\n{}", cluster.logs().await);
     }
+
+    // The whole cluster stopped cleanly at once (every pod deleted, as a node drain or a
+    // restart of everything does) with the primary on the first instance: the StatefulSet
+    // starts pg-0 first and waits for it to be Ready before pg-1. pg-0 released the Lease
+    // naming itself as the last primary, so it starts as the primary again instead of
+    // waiting for a replica to elect one.
+    if cluster.primary().await.0 != "pg-0" {
+        let annotation =
+            json!({"metadata": {"annotations": {"database.steward.dev/switchover-to": "pg-0"}}});
+        cluster
+            .clusters()
+            .patch("pg", &PatchParams::default(), &Patch::Merge(annotation))
+            .await
+            .unwrap();
+        eventually("pg-0 is the primary", Duration::from_secs(90), || async {
+            let status = status_of(&cluster.clusters(), "pg").await?;
+            match status.primary.as_deref() {
+                Some("pg-0") if status.switchover_target.is_none() => Ok(()),
+                other => Err(format!("primary {other:?}")),
+            }
+        })
+        .await
+        .unwrap();
+    }
+    let rows_before: i64 = connect(&rw, &cluster.password)
+        .await
+        .unwrap()
+        .query_one("select count(*) from acks", &[])
+        .await
+        .unwrap()
+        .get(0);
+    let of_cluster = kube::api::ListParams::default().labels("database.steward.dev/cluster=pg");
+    let old_pods: Vec<String> = cluster
+        .pods()
+        .list(&of_cluster)
+        .await
+        .unwrap()
+        .items
+        .iter()
+        .filter_map(|p| p.uid())
+        .collect();
+    cluster
+        .pods()
+        .delete_collection(&DeleteParams::default(), &of_cluster)
+        .await
+        .unwrap();
+    let stopped = std::time::Instant::now();
+    // Both instances replaced and Ready (the cluster's status may say Ready until the
+    // operator sees the pods go).
+    let replaced = eventually(
+        "both pods replaced and Ready",
+        Duration::from_secs(150),
+        || {
+            let (pods, of_cluster, old_pods) =
+                (cluster.pods(), of_cluster.clone(), old_pods.clone());
+            async move {
+                let list = pods.list(&of_cluster).await.map_err(|e| e.to_string())?;
+                let new_ready = list
+                    .items
+                    .iter()
+                    .filter(|p| p.uid().is_some_and(|u| !old_pods.contains(&u)))
+                    .filter(|p| p.metadata.deletion_timestamp.is_none())
+                    .filter(|p| {
+                        p.status
+                            .as_ref()
+                            .and_then(|s| s.conditions.as_ref())
+                            .is_some_and(|c| {
+                                c.iter().any(|c| c.type_ == "Ready" && c.status == "True")
+                            })
+                    })
+                    .count();
+                if new_ready == 2 {
+                    Ok(())
+                } else {
+                    Err(deploy::describe_pods(&list.items))
+                }
+            }
+        },
+    )
+    .await;
+    if let Err(e) = replaced {
+        panic!("{e}\n{}", cluster.logs().await);
+    }
+    cluster.wait_ready(Duration::from_secs(60)).await;
+    eprintln!(
+        "every pod deleted: Ready again {:.1?} later",
+        stopped.elapsed()
+    );
+    let status = cluster.status().await;
+    assert_eq!(
+        status.primary.as_deref(),
+        Some("pg-0"),
+        "the last primary leads again: {status:?}"
+    );
+    let rows_after: i64 = eventually("pg-rw answers", Duration::from_secs(60), || async {
+        let c = connect(&rw, &cluster.password)
+            .await
+            .map_err(|e| e.to_string())?;
+        c.query_one("select count(*) from acks", &[])
+            .await
+            .map(|r| r.get(0))
+            .map_err(|e| e.to_string())
+    })
+    .await
+    .unwrap();
+    assert_eq!(rows_after, rows_before, "every acknowledged row is back");
     cluster.stop_operator().await;
 }
 

@@ -22,6 +22,10 @@ pub const STATUS_ANNOTATION: &str = "database.steward.dev/instance";
 /// down cleanly and releases the Lease; only that instance may take it; it clears the
 /// annotation once it leads.
 pub const TARGET_ANNOTATION: &str = "database.steward.dev/target-primary";
+/// Annotation on the Lease: the instance that last released it on a clean stop (written just
+/// before it released), so a cluster stopped as a whole starts again on the instance that
+/// has every write.
+pub const LAST_PRIMARY_ANNOTATION: &str = "database.steward.dev/last-primary";
 /// The role streaming replicas (and `pg_rewind`) connect as; never the superuser.
 pub const REPLICATION_USER: &str = "steward_replication";
 /// The instance manager's binary, in the operator's image and copied into each pod.

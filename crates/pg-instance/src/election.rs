@@ -31,12 +31,48 @@ pub enum Candidacy {
     /// `peer` has received more WAL, or as much and it is the switchover target, or as much
     /// and neither is the target and it has a lower ordinal.
     Behind { peer: String },
+    /// The primary that released the Lease on a clean stop, back: it has every write.
+    LastPrimary,
+    /// The Lease was released on a clean stop by `peer`, whose pod exists: it comes back
+    /// as the primary (a replica stopped before it may lack its last writes).
+    WaitingForLastPrimary { peer: String },
 }
 
 impl Candidacy {
     pub fn eligible(&self) -> bool {
-        matches!(self, Candidacy::Bootstrap | Candidacy::MostAdvanced)
+        matches!(
+            self,
+            Candidacy::Bootstrap | Candidacy::MostAdvanced | Candidacy::LastPrimary
+        )
     }
+}
+
+/// After a clean stop of the primary (the Lease released, no switchover under way), the
+/// instance that released it (`last_primary`, from the Lease's annotation) becomes the
+/// primary again when it returns, even before any replica runs: a StatefulSet that starts
+/// its pods in order would otherwise wait forever for a replica to elect. The others wait
+/// for it while its pod exists. `None`: the ordinary election ([`candidacy`]) decides.
+pub fn after_clean_stop(
+    me: &str,
+    running_replica: bool,
+    holder: Option<&str>,
+    target: Option<&str>,
+    last_primary: Option<&str>,
+    peers: &[Peer],
+) -> Option<Candidacy> {
+    if holder != Some("") || target.is_some() {
+        return None;
+    }
+    let last = last_primary.filter(|l| !l.is_empty())?;
+    if last == me {
+        return (!running_replica).then_some(Candidacy::LastPrimary);
+    }
+    peers
+        .iter()
+        .any(|p| p.name == last)
+        .then(|| Candidacy::WaitingForLastPrimary {
+            peer: last.to_string(),
+        })
 }
 
 /// Decides for instance `me`, whose own status is `mine`.
@@ -236,6 +272,65 @@ mod tests {
         assert_eq!(
             candidacy("pg-1", Some(&replica(1)), Some("pg-0"), None, &peers),
             Candidacy::MostAdvanced
+        );
+    }
+
+    #[test]
+    fn after_a_clean_stop_the_last_primary_comes_back_first() {
+        let peers = [peer("pg-1", true, Some(replica(100)))];
+        // The primary released the Lease naming itself: back, and not a replica, it leads.
+        assert_eq!(
+            after_clean_stop("pg-0", false, Some(""), None, Some("pg-0"), &[]),
+            Some(Candidacy::LastPrimary)
+        );
+        assert!(Candidacy::LastPrimary.eligible());
+        // Even with a replica running: that one waits for it while its pod exists.
+        assert_eq!(
+            after_clean_stop("pg-0", false, Some(""), None, Some("pg-0"), &peers),
+            Some(Candidacy::LastPrimary)
+        );
+        let with_last = [peer("pg-0", false, None)];
+        let waiting = after_clean_stop("pg-1", true, Some(""), None, Some("pg-0"), &with_last);
+        assert_eq!(
+            waiting,
+            Some(Candidacy::WaitingForLastPrimary {
+                peer: "pg-0".into()
+            })
+        );
+        assert!(!waiting.unwrap().eligible());
+        // Its pod gone (the instance removed): the ordinary election decides.
+        assert_eq!(
+            after_clean_stop("pg-1", true, Some(""), None, Some("pg-0"), &[]),
+            None
+        );
+    }
+
+    #[test]
+    fn a_held_lease_a_switchover_or_no_record_leave_it_to_the_election() {
+        // Held (a crash leaves the holder's name until it expires).
+        assert_eq!(
+            after_clean_stop("pg-0", false, Some("pg-0"), None, Some("pg-0"), &[]),
+            None
+        );
+        // No Lease yet: bootstrap rules.
+        assert_eq!(
+            after_clean_stop("pg-0", false, None, None, Some("pg-0"), &[]),
+            None
+        );
+        // A switchover releases the Lease for its target only.
+        assert_eq!(
+            after_clean_stop("pg-0", false, Some(""), Some("pg-1"), Some("pg-0"), &[]),
+            None
+        );
+        // Released without a record (an older instance manager).
+        assert_eq!(
+            after_clean_stop("pg-0", false, Some(""), None, None, &[]),
+            None
+        );
+        // The last primary running as a replica follows the ordinary rules.
+        assert_eq!(
+            after_clean_stop("pg-0", true, Some(""), None, Some("pg-0"), &[]),
+            None
         );
     }
 }

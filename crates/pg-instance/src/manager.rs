@@ -159,6 +159,13 @@ pub async fn run(
     if let Some(pm) = instance.postmaster.take() {
         pm.stop(Duration::from_secs(30)).await;
     }
+    if instance.election.leadership.is_leader() {
+        // Stopped cleanly with every write: named on the Lease, so that if the whole cluster
+        // stopped, it is the one that starts as the primary again.
+        if let Err(e) = instance.record_last_primary().await {
+            tracing::warn!(error = %format!("{e:#}"), "recording this instance as the last primary failed");
+        }
+    }
     instance.election.stop().await;
     fence.abort();
     let _ = server.await;
@@ -299,6 +306,8 @@ struct World {
     holder: Option<String>,
     /// The switchover target named on the Lease.
     target: Option<String>,
+    /// The instance that released the Lease on its last clean stop.
+    last_primary: Option<String>,
     pods: Vec<Pod>,
 }
 
@@ -404,6 +413,21 @@ impl Instance {
         self.following = None;
     }
 
+    /// Names this instance on the Lease as the one that stopped last as the primary.
+    async fn record_last_primary(&self) -> anyhow::Result<()> {
+        let name = contract::lease_name(&self.settings.cluster);
+        let patch = serde_json::json!({"metadata": {"annotations": {
+            contract::LAST_PRIMARY_ANNOTATION: self.settings.pod,
+        }}});
+        tokio::time::timeout(
+            API_TIMEOUT,
+            self.leases
+                .patch(&name, &PatchParams::default(), &Patch::Merge(&patch)),
+        )
+        .await??;
+        Ok(())
+    }
+
     async fn observe_world(&self) -> anyhow::Result<World> {
         let name = contract::lease_name(&self.settings.cluster);
         let lease = tokio::time::timeout(API_TIMEOUT, self.leases.get_opt(&name)).await??;
@@ -411,6 +435,11 @@ impl Instance {
             .as_ref()
             .and_then(|l| l.annotations().get(contract::TARGET_ANNOTATION).cloned())
             .filter(|t| !t.is_empty());
+        let last_primary = lease.as_ref().and_then(|l| {
+            l.annotations()
+                .get(contract::LAST_PRIMARY_ANNOTATION)
+                .cloned()
+        });
         let holder = lease.map(|l| l.spec.and_then(|s| s.holder_identity).unwrap_or_default());
         let selector = format!("{CLUSTER_LABEL}={}", self.settings.cluster);
         let pods = tokio::time::timeout(
@@ -422,6 +451,7 @@ impl Instance {
         Ok(World {
             holder,
             target,
+            last_primary,
             pods,
         })
     }
@@ -753,13 +783,23 @@ impl Instance {
             },
         };
         let peers: Vec<Peer> = world.pods.iter().map(peer).collect();
-        let candidacy = election::candidacy(
+        let candidacy = election::after_clean_stop(
             &self.settings.pod,
-            Some(&status),
+            status.role == Role::Replica,
             world.holder.as_deref(),
             world.target.as_deref(),
+            world.last_primary.as_deref(),
             &peers,
-        );
+        )
+        .unwrap_or_else(|| {
+            election::candidacy(
+                &self.settings.pod,
+                Some(&status),
+                world.holder.as_deref(),
+                world.target.as_deref(),
+                &peers,
+            )
+        });
         let eligible = candidacy.eligible()
             && (self.settings.paths.initialized() || candidacy == Candidacy::Bootstrap);
         self.eligible.send_if_modified(|e| {
