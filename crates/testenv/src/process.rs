@@ -200,9 +200,36 @@ where
     }
 }
 
-/// A free TCP port on 127.0.0.1 (bound and released; the window for a race is tiny).
+/// A free TCP port on 127.0.0.1 for a server a test starts (bound and released).
+///
+/// Chosen at random *below* the kernel's ephemeral range (`ip_local_port_range`): a port the
+/// kernel hands out for `bind(0)` is from the range every outgoing connection takes its source
+/// port from, so between the release here and the server's own bind, a client connection
+/// (to an API server, say) could take it ("address already in use"). Falls back to the
+/// kernel's choice when the range leaves no room below it.
 pub fn free_port() -> Result<u16, Error> {
-    let listener = std::net::TcpListener::bind("127.0.0.1:0").map_err(|source| Error::Io {
+    let bind = |port: u16| std::net::TcpListener::bind(("127.0.0.1", port));
+    let ephemeral_start = std::fs::read_to_string("/proc/sys/net/ipv4/ip_local_port_range")
+        .ok()
+        .and_then(|r| r.split_whitespace().next()?.parse::<u16>().ok())
+        .unwrap_or(32768);
+    const LOWEST: u16 = 20000;
+    // Never the same port twice in this process (two servers of one control plane are
+    // started before either binds).
+    static HANDED_OUT: std::sync::Mutex<Vec<u16>> = std::sync::Mutex::new(Vec::new());
+    if ephemeral_start > LOWEST + 1000 {
+        let mut handed_out = HANDED_OUT
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        for _ in 0..64 {
+            let port = rand::random_range(LOWEST..ephemeral_start);
+            if !handed_out.contains(&port) && bind(port).is_ok() {
+                handed_out.push(port);
+                return Ok(port);
+            }
+        }
+    }
+    let listener = bind(0).map_err(|source| Error::Io {
         what: "bind a free port".into(),
         source,
     })?;
