@@ -155,11 +155,16 @@ pub async fn run(
     }
 
     tracing::info!("shutting down: stopping PostgreSQL, then releasing the Lease");
+    // A stopping instance never takes a free Lease (a replica stopping beside its primary
+    // would otherwise take the Lease that primary just released, and be named its last
+    // primary without ever running read-write).
+    instance.eligible.send_replace(false);
+    let ran_read_write = instance.observed.as_ref().is_some_and(|o| !o.in_recovery);
     instance.primary_pid.store(0, Ordering::SeqCst);
     if let Some(pm) = instance.postmaster.take() {
         pm.stop(Duration::from_secs(30)).await;
     }
-    if instance.election.leadership.is_leader() {
+    if ran_read_write && instance.election.leadership.is_leader() {
         // Stopped cleanly with every write: named on the Lease, so that if the whole cluster
         // stopped, it is the one that starts as the primary again.
         if let Err(e) = instance.record_last_primary().await {
