@@ -420,10 +420,14 @@ impl Instance {
 
     /// Names this instance on the Lease as the one that stopped last as the primary.
     async fn record_last_primary(&self) -> anyhow::Result<()> {
+        self.annotate_lease(contract::LAST_PRIMARY_ANNOTATION, Some(&self.settings.pod))
+            .await
+    }
+
+    /// Sets (or, with `None`, removes) an annotation of the cluster's Lease.
+    async fn annotate_lease(&self, key: &str, value: Option<&str>) -> anyhow::Result<()> {
         let name = contract::lease_name(&self.settings.cluster);
-        let patch = serde_json::json!({"metadata": {"annotations": {
-            contract::LAST_PRIMARY_ANNOTATION: self.settings.pod,
-        }}});
+        let patch = serde_json::json!({"metadata": {"annotations": { key: value }}});
         tokio::time::timeout(
             API_TIMEOUT,
             self.leases
@@ -632,15 +636,8 @@ impl Instance {
 
     /// As the switchover's target, once leading: the Lease no longer names a target.
     async fn clear_target(&self) -> anyhow::Result<()> {
-        let name = contract::lease_name(&self.settings.cluster);
-        let patch =
-            serde_json::json!({"metadata": {"annotations": {contract::TARGET_ANNOTATION: null}}});
-        tokio::time::timeout(
-            API_TIMEOUT,
-            self.leases
-                .patch(&name, &PatchParams::default(), &Patch::Merge(&patch)),
-        )
-        .await??;
+        self.annotate_lease(contract::TARGET_ANNOTATION, None)
+            .await?;
         tracing::info!("switchover finished: leading");
         Ok(())
     }
