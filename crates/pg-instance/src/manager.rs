@@ -440,15 +440,15 @@ impl Instance {
     async fn observe_world(&self) -> anyhow::Result<World> {
         let name = contract::lease_name(&self.settings.cluster);
         let lease = tokio::time::timeout(API_TIMEOUT, self.leases.get_opt(&name)).await??;
-        let target = lease
-            .as_ref()
-            .and_then(|l| l.annotations().get(contract::TARGET_ANNOTATION).cloned())
-            .filter(|t| !t.is_empty());
-        let last_primary = lease.as_ref().and_then(|l| {
-            l.annotations()
-                .get(contract::LAST_PRIMARY_ANNOTATION)
-                .cloned()
-        });
+        // An instance the Lease names (an empty value names none).
+        let named = |key: &str| {
+            lease
+                .as_ref()
+                .and_then(|l| l.annotations().get(key).cloned())
+                .filter(|v| !v.is_empty())
+        };
+        let target = named(contract::TARGET_ANNOTATION);
+        let last_primary = named(contract::LAST_PRIMARY_ANNOTATION);
         let holder = lease.map(|l| l.spec.and_then(|s| s.holder_identity).unwrap_or_default());
         let selector = format!("{CLUSTER_LABEL}={}", self.settings.cluster);
         let pods = tokio::time::timeout(
