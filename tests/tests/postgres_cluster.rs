@@ -1067,18 +1067,15 @@ async fn postgres_cluster_switches_over_and_rolls_a_parameter_change_with_one_sw
 
 /// The whole cluster stopped at once (every pod deleted, as a node drain or a restart of
 /// everything does) with the primary on the first instance: the StatefulSet starts pg-0
-/// first and waits for it to be Ready before pg-1. pg-0 released the Lease naming itself as
-/// the last primary, so it starts as the primary again instead of waiting for a replica.
+/// first and waits for it to be Ready before pg-1. The instance that stopped last as the
+/// primary (named on the Lease) leads again, and every acknowledged row is back.
 ///
-/// Ignored, because it fails more often than not (passed 1 of 4 runs; without the rule it
-/// fails every time). The cause is known: pg-0 releases the Lease on its clean stop and
-/// pg-1, still running for a moment, takes it, promotes and then stops as the last primary
-/// (the Lease says `last-primary: pg-1`). The StatefulSet recreates pg-0 first, and a former
-/// primary waits for pg-1, which is only created once pg-0 is Ready. The fix to come: a
-/// former primary whose last primary is not back waits as a (Ready) standby.
-/// Run it with `cargo xtask test --test postgres_cluster -- --ignored`.
+/// Both orders happen: pg-0 usually stops as the last primary and starts as the primary
+/// again; but pg-1, still running for a moment after pg-0 released the Lease, can take it,
+/// promote and stop as the last primary itself. Then pg-0, a former primary, starts as a
+/// Ready standby following nobody, so the StatefulSet creates pg-1, which takes the Lease;
+/// pg-0 follows it.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-#[ignore = "intermittent: see the doc comment"]
 async fn postgres_cluster_starts_again_after_every_pod_is_deleted() {
     let _turn = NODE.lock().await;
     let mut cluster = Cluster::start("rn-pgstop", 2, None).await;
@@ -1181,9 +1178,20 @@ async fn postgres_cluster_starts_again_after_every_pod_is_deleted() {
         stopped.elapsed()
     );
     let status = cluster.status().await;
+    // Only a clean stop of a primary writes the annotation, and nothing clears it.
+    let last_primary = Api::<k8s_openapi::api::coordination::v1::Lease>::namespaced(
+        cluster.client.clone(),
+        &cluster.ns,
+    )
+    .get("pg-primary")
+    .await
+    .unwrap()
+    .annotations()
+    .get("database.steward.dev/last-primary")
+    .cloned();
+    eprintln!("the last primary to stop: {last_primary:?}");
     assert_eq!(
-        status.primary.as_deref(),
-        Some("pg-0"),
+        status.primary, last_primary,
         "the last primary leads again: {status:?}"
     );
     let rows_after: i64 = eventually("pg-rw answers", Duration::from_secs(60), || async {

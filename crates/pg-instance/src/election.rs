@@ -33,8 +33,9 @@ pub enum Candidacy {
     Behind { peer: String },
     /// The primary that released the Lease on a clean stop, back: it has every write.
     LastPrimary,
-    /// The Lease was released on a clean stop by `peer`, whose pod exists: it comes back
-    /// as the primary (a replica stopped before it may lack its last writes).
+    /// The Lease was released on a clean stop by `peer`, whose pod exists or which the
+    /// StatefulSet still counts: it comes back as the primary (a replica stopped before it
+    /// may lack its last writes).
     WaitingForLastPrimary { peer: String },
 }
 
@@ -51,13 +52,17 @@ impl Candidacy {
 /// instance that released it (`last_primary`, from the Lease's annotation) becomes the
 /// primary again when it returns, even before any replica runs: a StatefulSet that starts
 /// its pods in order would otherwise wait forever for a replica to elect. The others wait
-/// for it while its pod exists. `None`: the ordinary election ([`candidacy`]) decides.
+/// for it while its pod exists or its ordinal is below `instances` (the StatefulSet's
+/// replicas: a pod the StatefulSet has not created yet, because it starts them one by
+/// one, is coming back; one past the count was removed). `None`: the ordinary election
+/// ([`candidacy`]) decides.
 pub fn after_clean_stop(
     me: &str,
     running_replica: bool,
     holder: Option<&str>,
     target: Option<&str>,
     last_primary: Option<&str>,
+    instances: Option<u32>,
     peers: &[Peer],
 ) -> Option<Candidacy> {
     if holder != Some("") || target.is_some() {
@@ -67,12 +72,10 @@ pub fn after_clean_stop(
     if last == me {
         return (!running_replica).then_some(Candidacy::LastPrimary);
     }
-    peers
-        .iter()
-        .any(|p| p.name == last)
-        .then(|| Candidacy::WaitingForLastPrimary {
-            peer: last.to_string(),
-        })
+    let counted = ordinal(last).zip(instances).is_some_and(|(o, n)| o < n);
+    (counted || peers.iter().any(|p| p.name == last)).then(|| Candidacy::WaitingForLastPrimary {
+        peer: last.to_string(),
+    })
 }
 
 /// Decides for instance `me`, whose own status is `mine`.
@@ -280,17 +283,18 @@ mod tests {
         let peers = [peer("pg-1", true, Some(replica(100)))];
         // The primary released the Lease naming itself: back, and not a replica, it leads.
         assert_eq!(
-            after_clean_stop("pg-0", false, Some(""), None, Some("pg-0"), &[]),
+            after_clean_stop("pg-0", false, Some(""), None, Some("pg-0"), None, &[]),
             Some(Candidacy::LastPrimary)
         );
         assert!(Candidacy::LastPrimary.eligible());
         // Even with a replica running: that one waits for it while its pod exists.
         assert_eq!(
-            after_clean_stop("pg-0", false, Some(""), None, Some("pg-0"), &peers),
+            after_clean_stop("pg-0", false, Some(""), None, Some("pg-0"), None, &peers),
             Some(Candidacy::LastPrimary)
         );
         let with_last = [peer("pg-0", false, None)];
-        let waiting = after_clean_stop("pg-1", true, Some(""), None, Some("pg-0"), &with_last);
+        let waiting =
+            after_clean_stop("pg-1", true, Some(""), None, Some("pg-0"), None, &with_last);
         assert_eq!(
             waiting,
             Some(Candidacy::WaitingForLastPrimary {
@@ -300,7 +304,24 @@ mod tests {
         assert!(!waiting.unwrap().eligible());
         // Its pod gone (the instance removed): the ordinary election decides.
         assert_eq!(
-            after_clean_stop("pg-1", true, Some(""), None, Some("pg-0"), &[]),
+            after_clean_stop("pg-1", true, Some(""), None, Some("pg-0"), None, &[]),
+            None
+        );
+    }
+
+    #[test]
+    fn a_last_primary_the_statefulset_has_not_created_yet_is_waited_for() {
+        // Every pod deleted: the StatefulSet creates pg-0 first and pg-1 only once pg-0 is
+        // ready, so pg-0 must wait for pg-1 without its pod existing.
+        assert_eq!(
+            after_clean_stop("pg-0", true, Some(""), None, Some("pg-1"), Some(2), &[]),
+            Some(Candidacy::WaitingForLastPrimary {
+                peer: "pg-1".into()
+            })
+        );
+        // Scaled down to one instance: pg-1 is not coming back.
+        assert_eq!(
+            after_clean_stop("pg-0", true, Some(""), None, Some("pg-1"), Some(1), &[]),
             None
         );
     }
@@ -309,27 +330,35 @@ mod tests {
     fn a_held_lease_a_switchover_or_no_record_leave_it_to_the_election() {
         // Held (a crash leaves the holder's name until it expires).
         assert_eq!(
-            after_clean_stop("pg-0", false, Some("pg-0"), None, Some("pg-0"), &[]),
+            after_clean_stop("pg-0", false, Some("pg-0"), None, Some("pg-0"), None, &[]),
             None
         );
         // No Lease yet: bootstrap rules.
         assert_eq!(
-            after_clean_stop("pg-0", false, None, None, Some("pg-0"), &[]),
+            after_clean_stop("pg-0", false, None, None, Some("pg-0"), None, &[]),
             None
         );
         // A switchover releases the Lease for its target only.
         assert_eq!(
-            after_clean_stop("pg-0", false, Some(""), Some("pg-1"), Some("pg-0"), &[]),
+            after_clean_stop(
+                "pg-0",
+                false,
+                Some(""),
+                Some("pg-1"),
+                Some("pg-0"),
+                None,
+                &[]
+            ),
             None
         );
         // Released without a record (an older instance manager).
         assert_eq!(
-            after_clean_stop("pg-0", false, Some(""), None, None, &[]),
+            after_clean_stop("pg-0", false, Some(""), None, None, None, &[]),
             None
         );
         // The last primary running as a replica follows the ordinary rules.
         assert_eq!(
-            after_clean_stop("pg-0", true, Some(""), None, Some("pg-0"), &[]),
+            after_clean_stop("pg-0", true, Some(""), None, Some("pg-0"), None, &[]),
             None
         );
     }

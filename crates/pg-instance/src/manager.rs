@@ -19,6 +19,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicI32, Ordering};
 use std::time::Duration;
 
+use k8s_openapi::api::apps::v1::StatefulSet;
 use k8s_openapi::api::coordination::v1::Lease;
 use k8s_openapi::api::core::v1::Pod;
 use kube::api::{Api, ListParams, Patch, PatchParams};
@@ -313,6 +314,9 @@ struct World {
     target: Option<String>,
     /// The instance that released the Lease on its last clean stop.
     last_primary: Option<String>,
+    /// The StatefulSet's replicas, read only while the Lease is released by a last primary
+    /// whose pod does not exist: is it coming back, or was it removed?
+    instances: Option<u32>,
     pods: Vec<Pod>,
 }
 
@@ -457,10 +461,26 @@ impl Instance {
         )
         .await??
         .items;
+        let absent_last_primary = holder.as_deref() == Some("")
+            && last_primary.as_ref().is_some_and(|last| {
+                *last != self.settings.pod && !pods.iter().any(|p| p.name_any() == *last)
+            });
+        let instances = if absent_last_primary {
+            // The StatefulSet has the cluster's name.
+            let statefulsets: Api<StatefulSet> =
+                Api::namespaced(self.client.clone(), &self.settings.namespace);
+            tokio::time::timeout(API_TIMEOUT, statefulsets.get_opt(&self.settings.cluster))
+                .await??
+                .and_then(|s| s.spec.replicas)
+                .and_then(|r| u32::try_from(r).ok())
+        } else {
+            None
+        };
         Ok(World {
             holder,
             target,
             last_primary,
+            instances,
             pods,
         })
     }
@@ -650,7 +670,25 @@ impl Instance {
                 // It last ran read-write (or its stream broke): it may hold WAL the primary
                 // does not have.
                 let Some(host) = &host else {
-                    tracing::info!("a former primary waits for the new primary to rewind from");
+                    let released_by_another = world.holder.as_deref() == Some("")
+                        && world.last_primary.as_deref() != Some(self.settings.pod.as_str());
+                    if released_by_another {
+                        // Released on a clean stop by another instance that is not back
+                        // yet: run as a standby following nobody (the last primary itself
+                        // takes the Lease instead, see `election::after_clean_stop`).
+                        // It is ready, so a StatefulSet that starts pods in order creates
+                        // the next one; once a primary leads, it follows it, and if its
+                        // timeline forked the stream fails and it is rewound then.
+                        tracing::info!(
+                            last_primary = ?world.last_primary,
+                            "a former primary with no primary to follow: starting as a standby"
+                        );
+                        self.needs_rewind = false;
+                        self.configure_replica(None)?;
+                        self.start(&paths)?;
+                    } else {
+                        tracing::info!("a former primary waits for the new primary to rewind from");
+                    }
                     return Ok(());
                 };
                 tracing::info!(%host, "rewinding to follow the new primary");
@@ -791,6 +829,7 @@ impl Instance {
             world.holder.as_deref(),
             world.target.as_deref(),
             world.last_primary.as_deref(),
+            world.instances,
             &peers,
         )
         .unwrap_or_else(|| {

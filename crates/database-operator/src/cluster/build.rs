@@ -289,8 +289,8 @@ pub fn instance_service_account(cluster: &PostgresCluster) -> ServiceAccount {
 }
 
 /// What the instance managers may do, and nothing more: take and renew this cluster's
-/// Lease, read the cluster's pods and label/annotate its own pods (by name), record Events,
-/// take PostgresBackups (read them, write their status).
+/// Lease, read the cluster's pods and StatefulSet, label/annotate its own pods (by name),
+/// record Events, take PostgresBackups (read them, write their status).
 pub fn instance_role(cluster: &PostgresCluster) -> Role {
     let name = cluster.name_any();
     let names = Names::of(&name);
@@ -318,6 +318,14 @@ pub fn instance_role(cluster: &PostgresCluster) -> Role {
                 Some(vec![names.lease.clone()]),
             ),
             rule(&[""], &["pods"], &["get", "list"], None),
+            // How many instances the StatefulSet runs: after a whole-cluster stop, whether
+            // the last primary is coming back.
+            rule(
+                &["apps"],
+                &["statefulsets"],
+                &["get"],
+                Some(vec![names.statefulset.clone()]),
+            ),
             rule(&[""], &["pods"], &["patch"], Some(pods)),
             rule(&[""], &["events"], &["create", "patch"], None),
             // The primary takes the cluster's PostgresBackups and records them.
