@@ -1799,6 +1799,7 @@ impl Crashable {
 }
 
 /// Four Deployments in a diamond, one component at a time: about a dozen status changes.
+/// `api` runs a hook Job before and after its change; `worker`'s health is a CEL rule.
 async fn crash_fixture(env: &Env) -> BTreeMap<String, i64> {
     create_and_wait(
         env,
@@ -1816,12 +1817,16 @@ async fn crash_fixture(env: &Env) -> BTreeMap<String, i64> {
     for n in ["db", "api", "worker", "web"] {
         generations.insert(n.to_string(), deployment_image(env, n).await.1);
     }
+    let mut api = component("api", "Deployment", "api:2", &["db"]);
+    api["hooks"] = json!({"before": {"job": hook_job(false)}, "after": {"job": hook_job(false)}});
+    let mut worker = component("worker", "Deployment", "worker:2", &["db"]);
+    worker["health"] = json!({"healthy": "self.status.observedGeneration == self.metadata.generation && self.status.updatedReplicas == self.spec.replicas && self.status.availableReplicas == self.spec.replicas && !has(self.status.unavailableReplicas)"});
     env.create_plan(plan(
         "resilient",
         vec![
             component("web", "Deployment", "web:2", &["api", "worker"]),
-            component("api", "Deployment", "api:2", &["db"]),
-            component("worker", "Deployment", "worker:2", &["db"]),
+            api,
+            worker,
             component("db", "Deployment", "db:2", &[]),
         ],
         json!({"maxConcurrent": 1, "progressDeadlineSeconds": 120}),
@@ -1935,7 +1940,7 @@ async fn killed_at_every_step_the_plan_completes_once() {
     let env = Env::new("uo-crash").await;
     let generations = crash_fixture(&env).await;
     let mut last = String::new();
-    let (mut kills, mut in_window) = (0, 0);
+    let (mut kills, mut in_window, mut in_hook) = (0, 0, 0);
     // The components an instance was killed in the middle of (recorded Progressing).
     let mut killed_mid = BTreeSet::new();
     loop {
@@ -1953,6 +1958,16 @@ async fn killed_at_every_step_the_plan_completes_once() {
                 .map(|c| c.name.clone()),
         );
         in_window += recorded_not_applied(&env, &status).await;
+        in_hook += status
+            .components
+            .iter()
+            .filter(|c| c.phase == ComponentPhase::Progressing)
+            .filter(|c| {
+                c.hook
+                    .as_ref()
+                    .is_some_and(|h| h.phase == upgrade_orchestrator::crd::HookPhase::Running)
+            })
+            .count();
         if status.phase == Some(PlanPhase::Succeeded) || kills > 200 {
             break;
         }
@@ -1990,8 +2005,24 @@ async fn killed_at_every_step_the_plan_completes_once() {
     let status = assert_completed_once(&env, &generations).await;
     instance.kill();
     eprintln!(
-        "crash test: {kills} kills, {in_window} of them between recording a start and changing the target"
+        "crash test: {kills} kills, {in_window} of them between recording a start and changing the target, {in_hook} while a hook ran"
     );
+    // Each hook ran as exactly one Job, which completed, however often it was interrupted.
+    let jobs: Api<k8s_openapi::api::batch::v1::Job> = env.api();
+    let jobs = jobs.list(&ListParams::default()).await.expect("jobs").items;
+    let names: BTreeSet<String> = jobs.iter().map(ResourceExt::name_any).collect();
+    assert_eq!(
+        names,
+        BTreeSet::from([
+            "resilient-api-after-1".to_string(),
+            "resilient-api-before-1".to_string()
+        ])
+    );
+    assert!(
+        jobs.iter().all(|j| upgrade_orchestrator::hook::state(j)
+            == upgrade_orchestrator::hook::JobState::Succeeded)
+    );
+    assert!(in_hook > 0, "no kill while a hook ran ({kills} kills)");
     // Every component's start is its own write, followed by a rollout: each one was killed in
     // the middle at least once, and the plan needed a new instance for every step.
     let all: BTreeSet<String> = generations.keys().cloned().collect();
@@ -2466,5 +2497,208 @@ async fn resumes_a_recorded_start_and_a_recorded_revert() {
         ("c:1".to_string(), generations.1 + 1),
         "reverted once, to the recorded value"
     );
+    op.stop().await;
+}
+
+// ---------------------------------------------------------------------------------------------
+// Hooks: Jobs before and after a component's change
+
+/// A hook Job spec; `fails`: its pod can never be scheduled (no node has the label), so the
+/// Job fails on its 3 s deadline (kwok completes any scheduled Job pod successfully).
+fn hook_job(fails: bool) -> serde_json::Value {
+    let mut spec = json!({
+        "restartPolicy": "Never",
+        "terminationGracePeriodSeconds": 0,
+        "containers": [{"name": "hook", "image": "migrate:2"}],
+    });
+    if fails {
+        spec["nodeSelector"] = json!({"steward.dev/no-such-node": "true"});
+    }
+    let mut job = json!({"backoffLimit": 0, "template": {"spec": spec}});
+    if fails {
+        job["activeDeadlineSeconds"] = json!(3);
+    }
+    job
+}
+
+/// When each of the namespace's Jobs was first seen complete (by the test's own watch).
+fn watch_job_completions(env: &Env) -> (Arc<Mutex<BTreeMap<String, Instant>>>, JoinHandle<()>) {
+    let done: Arc<Mutex<BTreeMap<String, Instant>>> = Arc::default();
+    let record = done.clone();
+    let api: Api<k8s_openapi::api::batch::v1::Job> = env.api();
+    let task = tokio::spawn(
+        watcher(api, watcher::Config::default())
+            .applied_objects()
+            .for_each(move |job| {
+                if let Ok(job) = job
+                    && upgrade_orchestrator::hook::state(&job)
+                        == upgrade_orchestrator::hook::JobState::Succeeded
+                {
+                    let mut done = record.lock().expect("lock");
+                    done.entry(job.name_any()).or_insert_with(Instant::now);
+                }
+                futures::future::ready(())
+            }),
+    );
+    (done, task)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn hooks_gate_the_change_and_a_failed_hook_rolls_the_plan_back() {
+    let env = Env::new("uo-hooks").await;
+    create_and_wait(
+        &env,
+        &[deployment("db", "db:1"), deployment("api", "api:1")],
+        &[],
+        &[],
+    )
+    .await;
+    let (db_generation, api_generation) = (
+        deployment_image(&env, "db").await.1,
+        deployment_image(&env, "api").await.1,
+    );
+    let op = env.start();
+
+    // A hook Job the API server refuses (no containers) is reported before anything changes.
+    let mut bad = component("db", "Deployment", "db:2", &[]);
+    bad["hooks"] = json!({"before": {"job": {"template": {"spec": {"restartPolicy": "Never", "containers": []}}}}});
+    env.create_plan(plan("bad-hook", vec![bad], json!({})))
+        .await;
+    let status = env.wait_invalid("bad-hook").await;
+    let valid = steward_core::conditions::get(&status.conditions, "Valid").expect("Valid");
+    assert_eq!(valid.reason, "InvalidHook", "{}", valid.message);
+    assert!(
+        valid.message.contains("db") && valid.message.contains("before"),
+        "{}",
+        valid.message
+    );
+    assert!(status.started_at.is_none());
+    env.plans()
+        .delete("bad-hook", &DeleteParams::default())
+        .await
+        .expect("delete");
+    assert_eq!(
+        deployment_image(&env, "db").await,
+        ("db:1".to_string(), db_generation)
+    );
+
+    // db: a before hook (say, a migration) and an after hook (a smoke test), both succeed;
+    // api: its after hook fails, so the plan rolls both back.
+    let (timeline, watches) = watch_timeline(
+        &env,
+        BTreeMap::from([("db".to_string(), "db:2".to_string())]),
+    );
+    let (completed, job_watch) = watch_job_completions(&env);
+    let mut db = component("db", "Deployment", "db:2", &[]);
+    db["hooks"] = json!({"before": {"job": hook_job(false)}, "after": {"job": hook_job(false)}});
+    let mut api = component("api", "Deployment", "api:2", &["db"]);
+    api["hooks"] = json!({"after": {"job": hook_job(true)}});
+    env.create_plan(plan(
+        "hooks",
+        vec![db, api],
+        json!({"failurePolicy": "Rollback", "progressDeadlineSeconds": 60}),
+    ))
+    .await;
+    let status = env
+        .wait_phase(
+            "hooks",
+            &[
+                PlanPhase::RolledBack,
+                PlanPhase::Failed,
+                PlanPhase::Succeeded,
+            ],
+            ROLL,
+        )
+        .await;
+    assert_eq!(
+        status.phase,
+        Some(PlanPhase::RolledBack),
+        "{}",
+        describe(&status)
+    );
+
+    // The before hook finished before db's image changed; db succeeded only after its after
+    // hook did.
+    let migrated = completed
+        .lock()
+        .expect("lock")
+        .get("hooks-db-before-1")
+        .copied();
+    let changed = timeline
+        .lock()
+        .expect("lock")
+        .get("db")
+        .and_then(|s| s.changed);
+    match (migrated, changed) {
+        (Some(m), Some(c)) => assert!(m <= c, "db changed {:?} before its hook finished", m - c),
+        other => panic!("hook completion and change not both seen: {other:?}"),
+    }
+    assert!(
+        completed
+            .lock()
+            .expect("lock")
+            .contains_key("hooks-db-after-1"),
+        "db's after hook ran"
+    );
+    let db_status = comp(&status, "db");
+    assert_eq!(db_status.phase, ComponentPhase::RolledBack);
+    let api_status = comp(&status, "api");
+    assert_eq!(api_status.phase, ComponentPhase::RolledBack);
+    let api_hook = api_status.hook.as_ref().expect("api's hook is recorded");
+    assert_eq!(
+        (api_hook.job.as_str(), api_hook.phase),
+        (
+            "hooks-api-after-1",
+            upgrade_orchestrator::crd::HookPhase::Failed
+        )
+    );
+    // Each Job is the plan's (deleted with it) and carries the plan's labels.
+    let job: k8s_openapi::api::batch::v1::Job =
+        env.api().get("hooks-api-after-1").await.expect("job");
+    assert_eq!(job.owner_references()[0].name, "hooks");
+    assert_eq!(
+        job.labels()[upgrade_orchestrator::hook::STAGE_LABEL],
+        "after"
+    );
+    // Changed once and reverted once each: back to the old images.
+    assert_eq!(
+        deployment_image(&env, "db").await,
+        ("db:1".to_string(), db_generation + 2)
+    );
+    assert_eq!(
+        deployment_image(&env, "api").await,
+        ("api:1".to_string(), api_generation + 2)
+    );
+    env.expect_events(
+        "hooks",
+        &[
+            "HookStarted",
+            "HookSucceeded",
+            "ComponentFailed",
+            "RollbackStarted",
+            "PlanRolledBack",
+        ],
+    )
+    .await;
+    let events: Api<Event> = env.api();
+    let failed = events
+        .list(&ListParams::default())
+        .await
+        .expect("events")
+        .items
+        .into_iter()
+        .filter(|e| e.reason.as_deref() == Some("ComponentFailed"))
+        .filter_map(|e| e.note)
+        .collect::<Vec<_>>();
+    assert!(
+        failed
+            .iter()
+            .any(|n| n.contains("after hook Job hooks-api-after-1 failed: DeadlineExceeded")),
+        "{failed:?}"
+    );
+    for t in watches {
+        t.abort();
+    }
+    job_watch.abort();
     op.stop().await;
 }

@@ -122,6 +122,100 @@ pub struct Component {
     /// validated: an expression that does not parse is `Valid=False InvalidHealthCheck`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub health: Option<HealthCheck>,
+
+    /// Jobs run around the change: `before` (e.g. a schema migration) must succeed before
+    /// the target changes, `after` (e.g. a smoke test) once it is healthy, before the
+    /// component counts as upgraded. A hook that fails (or outlives the progress deadline)
+    /// fails the component, and the failure policy applies. Hooks do not run on rollback.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub hooks: Option<Hooks>,
+}
+
+/// The Jobs run before and after a component's change.
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct Hooks {
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub before: Option<Hook>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub after: Option<Hook>,
+}
+
+/// A Job the orchestrator creates in the plan's namespace, owned by the plan and named
+/// `<plan>-<component>-<before|after>-<generation>` (shortened with a hash past 63
+/// characters). Its pods run as the template's ServiceAccount: whoever may create an
+/// UpgradePlan with hooks may run Jobs in its namespace. A Job without
+/// `activeDeadlineSeconds` gets the plan's `progressDeadlineSeconds`.
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct Hook {
+    /// The Job's spec (`template`, `backoffLimit`, `activeDeadlineSeconds`, ...), as in a
+    /// batch/v1 Job. Not expanded in this CRD's schema (two copies of a pod template would
+    /// make it over a megabyte): before the plan starts, the API server validates it by a
+    /// dry-run create, and a Job it refuses is `Valid=False InvalidHook`.
+    #[schemars(schema_with = "job_spec_schema")]
+    pub job: serde_json::Value,
+}
+
+/// Any object: the Job spec is checked by the API server's dry run, not by this schema.
+fn job_spec_schema(_: &mut schemars::SchemaGenerator) -> schemars::Schema {
+    schemars::json_schema!({
+        "type": "object",
+        "x-kubernetes-preserve-unknown-fields": true,
+    })
+}
+
+/// When a hook runs.
+#[derive(Serialize, Deserialize, Clone, Copy, Debug, PartialEq, Eq, JsonSchema)]
+pub enum HookStage {
+    /// Before the target changes.
+    Before,
+    /// After the changed target is healthy.
+    After,
+}
+
+impl HookRun {
+    /// A hook recorded as started (its Job not yet created, or running).
+    pub fn running(stage: HookStage, job: String, started_at: Option<MicroTime>) -> Self {
+        Self {
+            stage,
+            job,
+            phase: HookPhase::Running,
+            started_at,
+            finished_at: None,
+        }
+    }
+}
+
+impl HookStage {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            HookStage::Before => "before",
+            HookStage::After => "after",
+        }
+    }
+}
+
+/// Where a hook's Job is.
+#[derive(Serialize, Deserialize, Clone, Copy, Debug, PartialEq, Eq, JsonSchema)]
+pub enum HookPhase {
+    Running,
+    Succeeded,
+    Failed,
+}
+
+/// The hook a component ran last (recorded before its Job is created).
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct HookRun {
+    pub stage: HookStage,
+    /// The Job's name.
+    pub job: String,
+    pub phase: HookPhase,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub started_at: Option<MicroTime>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub finished_at: Option<MicroTime>,
 }
 
 /// A component's own health rule, evaluated each time the target changes.
@@ -424,6 +518,9 @@ pub struct ComponentStatus {
     pub failed_generation: Option<i64>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub message: Option<String>,
+    /// The component's current (or last) hook Job.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub hook: Option<HookRun>,
 }
 
 impl ComponentStatus {
@@ -441,6 +538,7 @@ impl ComponentStatus {
             rolled_back_at: None,
             failed_generation: None,
             message: None,
+            hook: None,
         }
     }
 }
@@ -480,6 +578,15 @@ impl Component {
         match self.target.kind {
             TargetKind::PostgresCluster => self.version.as_deref(),
             _ => self.image.as_ref().map(|i| i.image.as_str()),
+        }
+    }
+
+    /// The hook run at `stage`, if any.
+    pub fn hook(&self, stage: HookStage) -> Option<&Hook> {
+        let hooks = self.hooks.as_ref()?;
+        match stage {
+            HookStage::Before => hooks.before.as_ref(),
+            HookStage::After => hooks.after.as_ref(),
         }
     }
 

@@ -42,6 +42,23 @@ pub enum Error {
         #[source]
         source: Box<kube::Error>,
     },
+    /// Listing the plan's hook Jobs failed.
+    #[error("failed to list the hook Jobs of UpgradePlan {name}")]
+    ReadHooks {
+        name: String,
+        #[source]
+        source: Box<kube::Error>,
+    },
+    /// The recorded hook does not fit the spec (its component has no such hook).
+    #[error("failed to build hook Job {job}: {message}")]
+    BuildHook { job: String, message: String },
+    /// Creating a hook's Job failed.
+    #[error("failed to create hook Job {job}")]
+    CreateHook {
+        job: String,
+        #[source]
+        source: Box<kube::Error>,
+    },
     /// Writing the plan's status failed.
     #[error("failed to write the status of UpgradePlan {name}")]
     WriteStatus {
@@ -59,6 +76,9 @@ impl steward_core::ReconcileError for Error {
             Error::BuildChange { .. } => "BuildChangeFailed",
             Error::ChangeTarget { .. } => "ChangeTargetFailed",
             Error::ReadPlan { .. } => "ReadPlanFailed",
+            Error::ReadHooks { .. } => "ReadHooksFailed",
+            Error::BuildHook { .. } => "BuildHookFailed",
+            Error::CreateHook { .. } => "CreateHookFailed",
             Error::WriteStatus { .. } => "WriteStatusFailed",
         }
     }

@@ -8,6 +8,7 @@
 //! target    observe:  read each target; its value and health         (health: pure)
 //!           apply:    make the changes the status already records    (JSON patch + test)
 //! progress  build:    the state machine → next status, Events        (pure)
+//! hook                the Jobs run before/after a component's change (pure)
 //! window              maintenance windows: may a component start now (pure)
 //! reconcile status:   one write, resourceVersion-guarded; then Events
 //! ```
@@ -21,7 +22,7 @@
 //!   rollback restores exactly the recorded value.
 //! - **Watch-driven**: Deployments, StatefulSets, DaemonSets and PostgresClusters are watched
 //!   and mapped to the plans that target them, so a rollout finishing wakes its plan; timers
-//!   are used only for deadlines.
+//!   are used only for deadlines. Hook Jobs (owned by their plan) wake it when they finish.
 //!
 //! [`register`] adds the controller to a [`steward_core::Operator`].
 
@@ -31,6 +32,7 @@
 pub mod crd;
 pub mod error;
 pub mod health;
+pub mod hook;
 pub mod metrics;
 pub mod plan;
 pub mod progress;
@@ -41,6 +43,7 @@ pub mod window;
 use std::sync::Arc;
 
 use k8s_openapi::api::apps::v1::{DaemonSet, Deployment, StatefulSet};
+use k8s_openapi::api::batch::v1::Job;
 use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
 use kube::api::{Api, DynamicObject};
 use kube::runtime::reflector::{ObjectRef, Store};
@@ -106,6 +109,11 @@ pub fn register(operator: &mut steward_core::Operator, options: Options) -> Resu
     let controller = Controller::new(plans, watcher::Config::default());
     let store = controller.store();
     let mut controller = controller
+        // Hook Jobs: a Job finishing wakes its plan.
+        .owns(
+            operator.api::<Job>(),
+            watcher::Config::default().labels(hook::PLAN_LABEL),
+        )
         .watches_metadata(
             operator.api::<Deployment>(),
             watcher::Config::default(),

@@ -49,6 +49,13 @@ pub enum Invalid {
         field: &'static str,
         message: String,
     },
+    /// The API server refuses a hook's Job (a server-side dry run before the plan starts).
+    #[error("component {component:?}: the {stage} hook's Job is refused: {message}")]
+    InvalidHook {
+        component: String,
+        stage: &'static str,
+        message: String,
+    },
 }
 
 impl Invalid {
@@ -62,6 +69,7 @@ impl Invalid {
             Invalid::InvalidChange { .. } => "InvalidChange",
             Invalid::ChangeRefused { .. } => "ChangeRefused",
             Invalid::InvalidHealthCheck { .. } => "InvalidHealthCheck",
+            Invalid::InvalidHook { .. } => "InvalidHook",
         }
     }
 }
@@ -243,6 +251,7 @@ mod tests {
             depends_on: deps.iter().map(|d| d.to_string()).collect(),
             rollback: None,
             health: None,
+            hooks: None,
         }
     }
 

@@ -10,6 +10,11 @@
 //!                                                                    last wave first
 //! ```
 //!
+//! A component with hooks ([`crate::hook`]) stays Progressing through them: its `before`
+//! Job must complete before [`writes`] changes the target, and once the target is healthy
+//! its `after` Job must complete before it is Succeeded. A hook's failure is the
+//! component's.
+//!
 //! # Guarantees
 //! - Write-ahead: [`step`] only *records* a start (previous value, target, start time) or a
 //!   revert; the change to the target is made by [`writes`] from a status that is already
@@ -28,10 +33,11 @@ use k8s_openapi::jiff::Timestamp;
 use steward_core::conditions;
 
 use crate::crd::{
-    Approval, ComponentPhase, ComponentStatus, FailurePolicy, PlanPhase, Scheduling, TargetKind,
-    UpgradePlanSpec, UpgradePlanStatus,
+    Approval, ComponentPhase, ComponentStatus, FailurePolicy, HookPhase, HookRun, HookStage,
+    PlanPhase, Scheduling, TargetKind, UpgradePlanSpec, UpgradePlanStatus,
 };
 use crate::health::Health;
+use crate::hook::{self, JobState};
 use crate::plan::{Invalid, Plan};
 use crate::target::Observation;
 use crate::window::Window;
@@ -41,12 +47,16 @@ pub const VALID: &str = "Valid";
 
 /// Everything [`step`] decides from.
 pub struct Input<'a> {
+    /// The plan's name (hook Jobs are named after it).
+    pub name: &'a str,
     pub spec: &'a UpgradePlanSpec,
     pub generation: i64,
     pub status: &'a UpgradePlanStatus,
     pub plan: &'a Plan,
     /// Observations of the targets, by component name.
     pub observed: &'a BTreeMap<String, Observation>,
+    /// The plan's hook Jobs, by name.
+    pub jobs: &'a BTreeMap<String, JobState>,
     /// Recorded changes the API server refused as invalid (e.g. a PostgresCluster version
     /// that cannot be lowered), by component name, with the server's message.
     pub rejected: &'a BTreeMap<String, String>,
@@ -119,7 +129,7 @@ pub fn writes(
             continue;
         };
         match cs.phase {
-            ComponentPhase::Progressing if value == previous => {
+            ComponentPhase::Progressing if value == previous && !waits_for_before_hook(cs) => {
                 out.push(Write {
                     index,
                     from: previous.clone(),
@@ -139,6 +149,13 @@ pub fn writes(
         }
     }
     out
+}
+
+/// A component whose before hook has not succeeded yet: its target must not change.
+fn waits_for_before_hook(cs: &ComponentStatus) -> bool {
+    cs.hook
+        .as_ref()
+        .is_some_and(|h| h.stage == HookStage::Before && h.phase != HookPhase::Succeeded)
 }
 
 /// The status of a plan whose spec is invalid: `Valid=False`, nothing starts.
@@ -331,6 +348,90 @@ impl Stepper<'_> {
         );
     }
 
+    /// Records that component `index` runs its `stage` hook now; its Job is created from the
+    /// stored record.
+    fn start_hook(&mut self, index: usize, stage: HookStage) {
+        let now = self.i.now;
+        let job = hook::job_name(
+            self.i.name,
+            &self.comps[index].name,
+            stage,
+            self.i.generation,
+        );
+        let cs = &mut self.comps[index];
+        cs.hook = Some(HookRun::running(stage, job.clone(), Some(micro(now))));
+        cs.message = Some(format!("running the {} hook Job {job}", stage.as_str()));
+        let name = cs.name.clone();
+        self.recheck_in(self.deadline);
+        self.note(
+            false,
+            "HookStarted",
+            "Upgrade",
+            format!(
+                "component {name}: {} hook Job {job} started",
+                stage.as_str()
+            ),
+        );
+    }
+
+    /// Follows component `index`'s recorded hook: true once its Job succeeded (recorded
+    /// here), false while it runs or once it failed the component (the Job failed, or did
+    /// not finish within the progress deadline).
+    fn follow_hook(&mut self, index: usize) -> bool {
+        let now = self.i.now;
+        let Some(run) = self.comps[index].hook.clone() else {
+            return true;
+        };
+        if run.phase == HookPhase::Succeeded {
+            return true;
+        }
+        let stage = run.stage.as_str();
+        let job = &run.job;
+        let spent = elapsed(run.started_at.as_ref(), now);
+        let failure = match self.i.jobs.get(job) {
+            Some(JobState::Succeeded) => {
+                let cs = &mut self.comps[index];
+                if let Some(h) = cs.hook.as_mut() {
+                    h.phase = HookPhase::Succeeded;
+                    h.finished_at = Some(micro(now));
+                }
+                let name = cs.name.clone();
+                self.note(
+                    false,
+                    "HookSucceeded",
+                    "Upgrade",
+                    format!(
+                        "component {name}: {stage} hook Job {job} succeeded after {:.1}s",
+                        spent.as_secs_f64()
+                    ),
+                );
+                return true;
+            }
+            Some(JobState::Failed(why)) => format!("the {stage} hook Job {job} failed: {why}"),
+            _ if run.phase == HookPhase::Failed => format!("the {stage} hook Job {job} failed"),
+            _ if spent >= self.deadline => format!(
+                "the {stage} hook Job {job} did not finish within {}s",
+                self.deadline.as_secs()
+            ),
+            other => {
+                let what = match other {
+                    Some(JobState::Running(m)) => m.clone(),
+                    _ => "not created yet".to_string(),
+                };
+                self.comps[index].message =
+                    Some(format!("waiting for the {stage} hook Job {job}: {what}"));
+                self.recheck_in(self.deadline - spent);
+                return false;
+            }
+        };
+        if let Some(h) = self.comps[index].hook.as_mut() {
+            h.phase = HookPhase::Failed;
+            h.finished_at = Some(micro(now));
+        }
+        self.fail(index, failure);
+        false
+    }
+
     /// Follows components that are upgrading.
     fn track_forward(&mut self) {
         let now = self.i.now;
@@ -343,14 +444,49 @@ impl Stepper<'_> {
                 self.fail(index, "no previous value was recorded".into());
                 continue;
             };
-            let spent = elapsed(cs.started_at.as_ref(), now);
+            // The change started when the component did, or when its before hook finished
+            // (a retry after a failed change starts later than that).
+            let before_done = cs
+                .hook
+                .as_ref()
+                .filter(|h| h.stage == HookStage::Before)
+                .and_then(|h| h.finished_at.as_ref());
+            let change_start = match (cs.started_at.as_ref(), before_done) {
+                (Some(a), Some(b)) => Some(if a.0 >= b.0 { a } else { b }),
+                (a, b) => a.or(b),
+            };
+            let spent = elapsed(change_start, now);
             let name = cs.name.clone();
             if let Some(why) = self.i.rejected.get(&name) {
                 self.fail(index, format!("the API server refused the change: {why}"));
                 continue;
             }
+            if waits_for_before_hook(cs) {
+                if self.follow_hook(index) {
+                    self.comps[index].message =
+                        Some("the before hook succeeded; changing the target".into());
+                    self.recheck_in(self.deadline);
+                }
+                continue;
+            }
             match evaluate(self.i.observed.get(&name), &target, &previous) {
                 Eval::Healthy => {
+                    if self.i.spec.components[index]
+                        .hook(HookStage::After)
+                        .is_some()
+                    {
+                        let after_started = self.comps[index]
+                            .hook
+                            .as_ref()
+                            .is_some_and(|h| h.stage == HookStage::After);
+                        if !after_started {
+                            self.start_hook(index, HookStage::After);
+                            continue;
+                        }
+                        if !self.follow_hook(index) {
+                            continue;
+                        }
+                    }
                     let kind = self.kind(index);
                     let describe = self.i.spec.components[index].describe();
                     let cs = &mut self.comps[index];
@@ -467,6 +603,12 @@ impl Stepper<'_> {
             cs.finished_at = None;
             cs.failed_generation = None;
             cs.message = Some("retrying: the plan changed after the failure".into());
+            // A failed hook runs again, as a new Job.
+            let failed_hook = cs
+                .hook
+                .as_ref()
+                .filter(|h| h.phase == HookPhase::Failed)
+                .map(|h| h.stage);
             let name = cs.name.clone();
             self.recheck_in(self.deadline);
             self.note(
@@ -475,6 +617,9 @@ impl Stepper<'_> {
                 "Upgrade",
                 format!("component {name}: retrying after the plan changed"),
             );
+            if let Some(stage) = failed_hook {
+                self.start_hook(index, stage);
+            }
         }
     }
 
@@ -532,6 +677,7 @@ impl Stepper<'_> {
                 continue;
             }
             let component = &self.i.spec.components[index];
+            let before_hook = component.hook(HookStage::Before).is_some();
             let Some(desired) = component.desired().map(str::to_string) else {
                 self.fail(index, "the component sets no value".into());
                 continue;
@@ -562,6 +708,9 @@ impl Stepper<'_> {
                             "component {name} (wave {wave}): {describe} {previous:?} -> {desired:?}"
                         ),
                     );
+                    if before_hook {
+                        self.start_hook(index, HookStage::Before);
+                    }
                 }
                 Some(Err(why)) => self.fail(index, why),
                 None => {
@@ -1077,6 +1226,7 @@ mod tests {
             depends_on: deps.iter().map(|d| d.to_string()).collect(),
             rollback: None,
             health: None,
+            hooks: None,
         }
     }
 
@@ -1091,6 +1241,8 @@ mod tests {
         /// Targets whose API refuses to go back to their old value (like a PostgresCluster).
         one_way: Vec<String>,
         rejected: BTreeMap<String, String>,
+        /// Hook Jobs by name; a recorded hook's Job is created (Running) by `reconcile`.
+        jobs: BTreeMap<String, JobState>,
         now: i64,
         notes: Vec<Note>,
         deleting: bool,
@@ -1125,6 +1277,7 @@ mod tests {
                 changes: Vec::new(),
                 one_way: Vec::new(),
                 rejected: BTreeMap::new(),
+                jobs: BTreeMap::new(),
                 now: 0,
                 notes: Vec::new(),
                 deleting: false,
@@ -1160,6 +1313,10 @@ mod tests {
         fn reconcile(&mut self) -> Outcome {
             let observed = self.observed();
             self.rejected.clear();
+            for (_, run) in hook::to_create(&self.spec, &self.status, &self.jobs) {
+                self.jobs
+                    .insert(run.job, JobState::Running("1 pod(s) running".into()));
+            }
             for w in writes(&self.spec, &self.status, &observed) {
                 let name = self.spec.components[w.index].name.clone();
                 if w.revert && self.one_way.contains(&name) {
@@ -1178,6 +1335,8 @@ mod tests {
             let p = plan::plan(&self.spec.components).unwrap();
             let observed = self.observed();
             let out = step(&Input {
+                name: "plan",
+                jobs: &self.jobs,
                 spec: &self.spec,
                 generation: self.generation,
                 status: &self.status,
@@ -1728,6 +1887,8 @@ mod tests {
         observed.get_mut("a").unwrap().health =
             Health::Failed("ProgressDeadlineExceeded: timed out".into());
         let out = step(&Input {
+            name: "plan",
+            jobs: &BTreeMap::new(),
             spec: &s.spec,
             generation: 1,
             status: &s.status,
@@ -1905,6 +2066,8 @@ mod tests {
         observed.get_mut("a").unwrap().health =
             Health::Progressing("1 of 3 replicas available".into());
         let out = step(&Input {
+            name: "plan",
+            jobs: &BTreeMap::new(),
             spec: &s.spec,
             generation: 1,
             status: &status,
@@ -1956,5 +2119,167 @@ mod tests {
                 }
             }
         }
+    }
+
+    fn with_hooks(mut c: Component, before: bool, after: bool) -> Component {
+        let hook = || crate::crd::Hook {
+            job: serde_json::json!({"template": {"spec": {
+                "restartPolicy": "Never",
+                "containers": [{"name": "hook", "image": "hook:1"}]
+            }}}),
+        };
+        c.hooks = Some(crate::crd::Hooks {
+            before: before.then(hook),
+            after: after.then(hook),
+        });
+        c
+    }
+
+    #[test]
+    fn a_before_hook_runs_first_and_the_target_changes_only_once_it_succeeded() {
+        let mut s = Sim::new(vec![with_hooks(component("api", &[]), true, false)]);
+        s.reconcile();
+        let run = s.comp("api").hook.clone().unwrap();
+        assert_eq!(
+            (run.stage, run.phase, run.job.as_str()),
+            (HookStage::Before, HookPhase::Running, "plan-api-before-1")
+        );
+        assert_eq!(
+            s.comp("api").previous.as_deref(),
+            Some("api:1"),
+            "write-ahead"
+        );
+        s.reconcile();
+        assert!(
+            s.jobs.contains_key("plan-api-before-1"),
+            "its Job was created"
+        );
+        assert_eq!(s.values["api"], "api:1", "no change while the hook runs");
+        assert!(
+            s.comp("api")
+                .message
+                .as_deref()
+                .unwrap()
+                .contains("waiting for the before hook Job")
+        );
+        s.jobs
+            .insert("plan-api-before-1".into(), JobState::Succeeded);
+        s.reconcile();
+        assert_eq!(
+            s.comp("api").hook.as_ref().unwrap().phase,
+            HookPhase::Succeeded
+        );
+        s.reconcile();
+        assert_eq!(s.values["api"], "api:2", "changed after the hook");
+        s.roll_out("api");
+        s.reconcile();
+        assert_eq!(s.comp("api").phase, ComponentPhase::Succeeded);
+        let reasons: Vec<&str> = s.notes.iter().map(|n| n.reason).collect();
+        assert!(reasons.contains(&"HookStarted") && reasons.contains(&"HookSucceeded"));
+    }
+
+    #[test]
+    fn a_failed_after_hook_fails_the_component_and_the_rollback_reverts_it() {
+        let mut s = Sim::new(vec![
+            component("db", &[]),
+            with_hooks(component("api", &["db"]), false, true),
+        ])
+        .with(|st| st.failure_policy = FailurePolicy::Rollback);
+        s.reconcile();
+        s.reconcile();
+        s.roll_out("db");
+        s.reconcile();
+        s.reconcile();
+        assert_eq!(s.values["api"], "api:2");
+        s.roll_out("api");
+        s.reconcile();
+        assert_eq!(
+            s.comp("api").phase,
+            ComponentPhase::Progressing,
+            "after hook runs"
+        );
+        let job = s.comp("api").hook.clone().unwrap().job;
+        assert_eq!(job, "plan-api-after-1");
+        s.reconcile();
+        s.jobs
+            .insert(job, JobState::Failed("BackoffLimitExceeded".into()));
+        s.reconcile();
+        assert_eq!(
+            s.comp("api").hook.as_ref().unwrap().phase,
+            HookPhase::Failed
+        );
+        assert!(
+            s.notes.iter().any(|n| n.reason == "ComponentFailed"
+                && n.message
+                    .contains("after hook Job plan-api-after-1 failed: BackoffLimitExceeded")),
+            "{:?}",
+            s.notes
+        );
+        for _ in 0..6 {
+            s.reconcile();
+            s.roll_out_all();
+        }
+        assert_eq!(s.status.phase, Some(PlanPhase::RolledBack));
+        assert_eq!(
+            (s.values["api"].as_str(), s.values["db"].as_str()),
+            ("api:1", "db:1")
+        );
+    }
+
+    #[test]
+    fn a_failed_before_hook_changes_nothing_and_a_spec_change_runs_a_new_job() {
+        let mut s = Sim::new(vec![with_hooks(component("api", &[]), true, false)]);
+        s.reconcile();
+        s.reconcile();
+        s.jobs.insert(
+            "plan-api-before-1".into(),
+            JobState::Failed("DeadlineExceeded".into()),
+        );
+        s.reconcile();
+        assert_eq!(s.comp("api").phase, ComponentPhase::Failed);
+        assert_eq!(s.status.phase, Some(PlanPhase::Paused));
+        s.reconcile();
+        assert_eq!(
+            s.values["api"], "api:1",
+            "a failed before hook changes nothing"
+        );
+        s.generation = 2;
+        s.reconcile();
+        let run = s.comp("api").hook.clone().unwrap();
+        assert_eq!(
+            (run.job.as_str(), run.phase),
+            ("plan-api-before-2", HookPhase::Running)
+        );
+        s.reconcile();
+        s.jobs
+            .insert("plan-api-before-2".into(), JobState::Succeeded);
+        s.reconcile();
+        s.reconcile();
+        s.roll_out("api");
+        s.reconcile();
+        assert_eq!(s.comp("api").phase, ComponentPhase::Succeeded);
+    }
+
+    #[test]
+    fn a_hook_that_outlives_the_deadline_fails_the_component() {
+        let mut s = Sim::new(vec![with_hooks(component("api", &[]), true, false)])
+            .with(|st| st.progress_deadline_seconds = 60);
+        s.reconcile();
+        s.reconcile();
+        s.now = 61;
+        s.reconcile();
+        assert_eq!(s.comp("api").phase, ComponentPhase::Failed);
+        assert!(
+            s.comp("api")
+                .message
+                .as_deref()
+                .unwrap()
+                .contains("did not finish within 60s")
+        );
+        assert_eq!(
+            s.comp("api").hook.as_ref().unwrap().phase,
+            HookPhase::Failed
+        );
+        assert_eq!(s.values["api"], "api:1");
     }
 }

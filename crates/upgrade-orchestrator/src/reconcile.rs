@@ -18,15 +18,17 @@ use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::Duration;
 
+use k8s_openapi::api::batch::v1::Job;
 use k8s_openapi::jiff::Timestamp;
-use kube::api::{Api, Patch, PatchParams};
+use kube::api::{Api, ListParams, Patch, PatchParams, PostParams};
 use kube::runtime::controller::Action;
 use kube::{Resource, ResourceExt};
 use steward_core::Context;
 use steward_core::finalizer::{self, Event};
 
-use crate::crd::{UpgradePlan, UpgradePlanStatus};
+use crate::crd::{HookRun, HookStage, UpgradePlan, UpgradePlanStatus};
 use crate::error::Error;
+use crate::hook::{self, JobState};
 use crate::metrics::PlanMetrics;
 use crate::plan::Invalid;
 use crate::progress::{self, Input, Outcome};
@@ -113,6 +115,7 @@ async fn converge(
         Err(invalid) => progress::invalid(&status, generation, &invalid, now),
         Ok(validated) => {
             let (mut observed, workloads) = observe(&ctx, &plan, &namespace).await?;
+            let mut jobs = hook_jobs(&ctx, &plan, &namespace).await?;
             let refused = if status.started_at.is_none() {
                 check_targets(&ctx, &plan, &namespace, &workloads, &observed).await?
             } else {
@@ -122,12 +125,15 @@ async fn converge(
                 progress::invalid(&status, generation, &invalid, now)
             } else {
                 let mut rejected = BTreeMap::new();
-                let pending = if status.phase.is_some_and(|p| p.is_terminal()) {
-                    Vec::new()
+                let (pending, missing_jobs) = if status.phase.is_some_and(|p| p.is_terminal()) {
+                    (Vec::new(), Vec::new())
                 } else {
-                    progress::writes(&plan.spec, &status, &observed)
+                    (
+                        progress::writes(&plan.spec, &status, &observed),
+                        hook::to_create(&plan.spec, &status, &jobs),
+                    )
                 };
-                if !pending.is_empty() {
+                if !pending.is_empty() || !missing_jobs.is_empty() {
                     if !is_current(&ctx, &plan, &namespace).await? {
                         // The watch event of the newer version brings the plan back.
                         tracing::debug!(plan = %name, "cached plan is stale; not acting on it");
@@ -143,8 +149,11 @@ async fn converge(
                         &mut rejected,
                     )
                     .await?;
+                    create_hook_jobs(&ctx, &plan, &namespace, missing_jobs, &mut jobs).await?;
                 }
                 let outcome = progress::step(&Input {
+                    name: &name,
+                    jobs: &jobs,
                     spec: &plan.spec,
                     generation,
                     status: &status,
@@ -154,7 +163,7 @@ async fn converge(
                     now: Timestamp::now(),
                     deleting,
                 });
-                targets = Some((observed, workloads));
+                targets = Some((observed, workloads, jobs));
                 outcome
             }
         }
@@ -174,9 +183,11 @@ async fn converge(
             // The starts (and reverts) this write recorded are stored now: make them at once
             // rather than on the write's own watch event. After a crash here, the next
             // reconcile makes them from the stored status instead.
-            if let Some((mut observed, workloads)) = targets
+            if let Some((mut observed, workloads, mut jobs)) = targets
                 && !outcome.status.phase.is_some_and(|p| p.is_terminal())
             {
+                let recorded = hook::to_create(&plan.spec, &outcome.status, &jobs);
+                create_hook_jobs(&ctx, &plan, &namespace, recorded, &mut jobs).await?;
                 let mut rejected = BTreeMap::new();
                 let recorded = progress::writes(&plan.spec, &outcome.status, &observed);
                 apply_recorded(
@@ -213,7 +224,8 @@ async fn converge(
 /// dry run of the very patch the plan will send, so the target's own schema and CEL rules
 /// decide (a PostgresCluster version that is not a number, out of range or lower than the
 /// current one; an image the API server refuses). The first refusal, in component order.
-/// Missing targets and containers are the step's to report (`TargetNotFound`).
+/// Missing targets and containers are the step's to report (`TargetNotFound`). Each hook's
+/// Job is dry-run created first, the same way (`InvalidHook`).
 async fn check_targets(
     ctx: &Context<Data>,
     plan: &UpgradePlan,
@@ -221,6 +233,9 @@ async fn check_targets(
     workloads: &BTreeMap<String, Workload>,
     observed: &BTreeMap<String, Observation>,
 ) -> Result<Option<Invalid>, Error> {
+    if let Some(invalid) = check_hooks(ctx, plan, namespace).await? {
+        return Ok(Some(invalid));
+    }
     for component in &plan.spec.components {
         let target = &component.target;
         let (Some(workload), Some(Ok(current)), Some(desired)) = (
@@ -273,6 +288,120 @@ async fn check_targets(
         }
     }
     Ok(None)
+}
+
+/// Whether the API server accepts each hook's Job, by a server-side dry run of its create.
+async fn check_hooks(
+    ctx: &Context<Data>,
+    plan: &UpgradePlan,
+    namespace: &str,
+) -> Result<Option<Invalid>, Error> {
+    let jobs: Api<Job> = Api::namespaced(ctx.client.clone(), namespace);
+    let generation = plan.metadata.generation.unwrap_or(0);
+    let deadline = i64::from(plan.spec.strategy.progress_deadline_seconds);
+    for component in &plan.spec.components {
+        for stage in [HookStage::Before, HookStage::After] {
+            if component.hook(stage).is_none() {
+                continue;
+            }
+            let refused = |message: String| Invalid::InvalidHook {
+                component: component.name.clone(),
+                stage: stage.as_str(),
+                message,
+            };
+            let job = hook::job_name(&plan.name_any(), &component.name, stage, generation);
+            let run = HookRun::running(stage, job, None);
+            let job = match hook::build(plan, component, &run, deadline) {
+                Ok(job) => job,
+                Err(message) => return Ok(Some(refused(message))),
+            };
+            let dry_run = PostParams {
+                dry_run: true,
+                field_manager: None,
+            };
+            match jobs.create(&dry_run, &job).await {
+                // AlreadyExists: the name is taken (by this plan's own Job after a crash).
+                Ok(_) => {}
+                Err(kube::Error::Api(s)) if s.code == 409 => {}
+                Err(kube::Error::Api(s)) if s.code == 422 || s.code == 400 => {
+                    return Ok(Some(refused(s.message)));
+                }
+                Err(source) => {
+                    return Err(Error::CreateHook {
+                        job: run.job,
+                        source: Box::new(source),
+                    });
+                }
+            }
+        }
+    }
+    Ok(None)
+}
+
+/// The plan's hook Jobs (by its label), by name.
+async fn hook_jobs(
+    ctx: &Context<Data>,
+    plan: &UpgradePlan,
+    namespace: &str,
+) -> Result<BTreeMap<String, JobState>, Error> {
+    let api: Api<Job> = Api::namespaced(ctx.client.clone(), namespace);
+    let selector = format!("{}={}", hook::PLAN_LABEL, plan.name_any());
+    let jobs = api
+        .list(&ListParams::default().labels(&selector))
+        .await
+        .map_err(|source| Error::ReadHooks {
+            name: plan.name_any(),
+            source: Box::new(source),
+        })?;
+    Ok(jobs
+        .items
+        .iter()
+        .map(|job| (job.name_any(), hook::state(job)))
+        .collect())
+}
+
+/// Creates the Jobs of hooks the status records ([`hook::to_create`]); one that exists
+/// already (created before a crash, not yet listed) is left as it is.
+async fn create_hook_jobs(
+    ctx: &Context<Data>,
+    plan: &UpgradePlan,
+    namespace: &str,
+    runs: Vec<(usize, HookRun)>,
+    jobs: &mut BTreeMap<String, JobState>,
+) -> Result<(), Error> {
+    let api: Api<Job> = Api::namespaced(ctx.client.clone(), namespace);
+    let deadline = i64::from(plan.spec.strategy.progress_deadline_seconds);
+    for (index, run) in runs {
+        let Some(component) = plan.spec.components.get(index) else {
+            continue;
+        };
+        let job =
+            hook::build(plan, component, &run, deadline).map_err(|message| Error::BuildHook {
+                job: run.job.clone(),
+                message,
+            })?;
+        match api.create(&PostParams::default(), &job).await {
+            Ok(_) => {
+                tracing::info!(plan = %plan.name_any(), component = %component.name, job = %run.job, "created hook Job");
+            }
+            Err(kube::Error::Api(s)) if s.code == 409 => {}
+            // Refused as invalid: retrying cannot help; the step fails the component.
+            Err(kube::Error::Api(s)) if s.code == 422 => {
+                tracing::warn!(plan = %plan.name_any(), job = %run.job, message = %s.message, "hook Job refused");
+                jobs.insert(
+                    run.job.clone(),
+                    JobState::Failed(format!("the API server refused the Job: {}", s.message)),
+                );
+            }
+            Err(source) => {
+                return Err(Error::CreateHook {
+                    job: run.job.clone(),
+                    source: Box::new(source),
+                });
+            }
+        }
+    }
+    Ok(())
 }
 
 /// Whether the API server still holds exactly this version of `plan` (a quorum read).

@@ -303,6 +303,7 @@ mod tests {
             depends_on: vec![],
             rollback: None,
             health: None,
+            hooks: None,
         }
     }
 
