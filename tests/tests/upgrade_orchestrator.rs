@@ -127,6 +127,23 @@ impl Env {
         .await
     }
 
+    /// Waits until the plan has finished and asserts that it rolled back.
+    async fn wait_rolled_back(&self, plan: &str) -> UpgradePlanStatus {
+        let finished = [
+            PlanPhase::RolledBack,
+            PlanPhase::Failed,
+            PlanPhase::Succeeded,
+        ];
+        let status = self.wait_phase(plan, &finished, ROLL).await;
+        assert_eq!(
+            status.phase,
+            Some(PlanPhase::RolledBack),
+            "{}",
+            describe(&status)
+        );
+        status
+    }
+
     /// Waits until `done` holds for the plan's status and returns it.
     async fn wait_phase_until(
         &self,
@@ -1707,7 +1724,7 @@ async fn invalid_plans_are_reported_and_change_nothing() {
     ))
     .await;
     assert!(
-        err.contains("a PostgresCluster component sets version"),
+        err.contains("exactly one of: image (a Deployment, StatefulSet or DaemonSet), version (a PostgresCluster)"),
         "{err}"
     );
     let err = rejected(plan(
@@ -2599,23 +2616,7 @@ async fn hooks_gate_the_change_and_a_failed_hook_rolls_the_plan_back() {
         json!({"failurePolicy": "Rollback", "progressDeadlineSeconds": 60}),
     ))
     .await;
-    let status = env
-        .wait_phase(
-            "hooks",
-            &[
-                PlanPhase::RolledBack,
-                PlanPhase::Failed,
-                PlanPhase::Succeeded,
-            ],
-            ROLL,
-        )
-        .await;
-    assert_eq!(
-        status.phase,
-        Some(PlanPhase::RolledBack),
-        "{}",
-        describe(&status)
-    );
+    let status = env.wait_rolled_back("hooks").await;
 
     // The before hook finished before db's image changed; db succeeded only after its after
     // hook did.
@@ -2700,5 +2701,190 @@ async fn hooks_gate_the_change_and_a_failed_hook_rolls_the_plan_back() {
         t.abort();
     }
     job_watch.abort();
+    op.stop().await;
+}
+
+// ---------------------------------------------------------------------------------------------
+// Any kind: a field by JSON pointer
+
+/// A custom resource with no controller (so no status: healthy once changed).
+async fn widget_crd(env: &Env) -> Api<kube::api::DynamicObject> {
+    let crd: k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition =
+        serde_json::from_value(json!({
+            "metadata": {"name": "widgets.test.steward.dev"},
+            "spec": {
+                "group": "test.steward.dev",
+                "names": {"kind": "Widget", "plural": "widgets", "singular": "widget"},
+                "scope": "Namespaced",
+                "versions": [{"name": "v1", "served": true, "storage": true, "schema": {"openAPIV3Schema": {
+                    "type": "object",
+                    "properties": {"spec": {"type": "object", "properties": {"size": {"type": "integer", "maximum": 10}}}}
+                }}}]
+            }
+        }))
+        .expect("crd");
+    env.cp.apply_crd(&crd).await.expect("install Widget CRD");
+    let resource = kube::api::ApiResource {
+        group: "test.steward.dev".into(),
+        version: "v1".into(),
+        api_version: "test.steward.dev/v1".into(),
+        kind: "Widget".into(),
+        plural: "widgets".into(),
+    };
+    Api::namespaced_with(env.client.clone(), &env.ns, &resource)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn fields_of_any_kind_are_changed_and_rolled_back_exactly() {
+    use k8s_openapi::api::core::v1::ConfigMap;
+    let env = Env::new("uo-anykind").await;
+    let widgets = widget_crd(&env).await;
+    let widget: kube::api::DynamicObject = serde_json::from_value(json!({
+        "apiVersion": "test.steward.dev/v1", "kind": "Widget",
+        "metadata": {"name": "w1"}, "spec": {"size": 1}
+    }))
+    .expect("widget");
+    eventually("Widget served", Duration::from_secs(30), || async {
+        widgets
+            .create(&PostParams::default(), &widget)
+            .await
+            .map(|_| ())
+            .map_err(|e| e.to_string())
+    })
+    .await
+    .expect("create widget");
+    let config: ConfigMap = serde_json::from_value(json!({
+        "metadata": {"name": "app-config"}, "data": {"release": "1.0"}
+    }))
+    .expect("configmap");
+    env.api::<ConfigMap>()
+        .create(&PostParams::default(), &config)
+        .await
+        .expect("create configmap");
+    create_and_wait(
+        &env,
+        &[deployment("api", "api:1"), deployment("gate", "gate:1")],
+        &[],
+        &[],
+    )
+    .await;
+    let api_generation = deployment_image(&env, "api").await.1;
+    let op = env.start();
+
+    // Bad targets are refused at admission, saying why.
+    let mut no_version = component("config", "ConfigMap", "x", &[]);
+    no_version.as_object_mut().expect("object").remove("image");
+    no_version["set"] = json!({"path": "/data/release", "value": "2.0"});
+    let refused = env
+        .plans()
+        .create(
+            &PostParams::default(),
+            &serde_json::from_value(plan("bad-kind", vec![no_version], json!({}))).expect("plan"),
+        )
+        .await
+        .expect_err("a ConfigMap without apiVersion is refused");
+    assert!(
+        refused.to_string().contains("needs its apiVersion"),
+        "{refused}"
+    );
+    let mut image_on_config = component("config", "ConfigMap", "x", &[]);
+    image_on_config["target"]["apiVersion"] = json!("v1");
+    let refused = env
+        .plans()
+        .create(
+            &PostParams::default(),
+            &serde_json::from_value(plan("bad-change", vec![image_on_config], json!({})))
+                .expect("plan"),
+        )
+        .await
+        .expect_err("an image on a ConfigMap is refused");
+    assert!(refused.to_string().contains("exactly one of"), "{refused}");
+
+    // A ConfigMap's data, a custom resource's spec field and a container's env (absent before)
+    // change; then `gate` fails, and each is put back exactly.
+    let set = |name: &str, api_version: &str, kind: &str, path: &str, value: serde_json::Value| {
+        json!({"name": name, "target": {"apiVersion": api_version, "kind": kind, "name": name},
+               "set": {"path": path, "value": value}})
+    };
+    let mut config = set(
+        "app-config",
+        "v1",
+        "ConfigMap",
+        "/data/release",
+        json!("2.0"),
+    );
+    config["name"] = json!("config");
+    let mut widget = set(
+        "w1",
+        "test.steward.dev/v1",
+        "Widget",
+        "/spec/size",
+        json!(5),
+    );
+    widget["name"] = json!("widget");
+    let env_var = json!({"name": "api", "target": {"kind": "Deployment", "name": "api"},
+        "set": {"path": "/spec/template/spec/containers/0/env", "value": [{"name": "RELEASE", "value": "2.0"}]},
+        "dependsOn": ["config"]});
+    let mut gate = component("gate", "Deployment", "gate:2", &["widget", "api"]);
+    // It fails as soon as it holds gate:2, and is healthy again on gate:1.
+    gate["health"] = json!({
+        "healthy": "self.spec.template.spec.containers[0].image == 'gate:1'",
+        "failed": "self.spec.template.spec.containers[0].image == 'gate:2'"
+    });
+    env.create_plan(plan(
+        "anykind",
+        vec![config, widget, env_var, gate],
+        json!({"failurePolicy": "Rollback", "maxConcurrent": 3}),
+    ))
+    .await;
+    let status = env.wait_rolled_back("anykind").await;
+    let recorded = |name: &str| {
+        let c = comp(&status, name);
+        (
+            c.phase,
+            c.previous.clone().unwrap_or_default(),
+            c.target.clone().unwrap_or_default(),
+        )
+    };
+    assert_eq!(
+        recorded("config"),
+        (
+            ComponentPhase::RolledBack,
+            "\"1.0\"".into(),
+            "\"2.0\"".into()
+        )
+    );
+    assert_eq!(
+        recorded("widget"),
+        (ComponentPhase::RolledBack, "1".into(), "5".into())
+    );
+    assert_eq!(
+        recorded("api"),
+        (
+            ComponentPhase::RolledBack,
+            "null".into(),
+            r#"[{"name":"RELEASE","value":"2.0"}]"#.into()
+        )
+    );
+    let config = env
+        .api::<ConfigMap>()
+        .get("app-config")
+        .await
+        .expect("configmap");
+    assert_eq!(config.data.unwrap()["release"], "1.0");
+    let widget = widgets.get("w1").await.expect("widget");
+    assert_eq!(widget.data["spec"]["size"], json!(1));
+    let api = env.api::<Deployment>().get("api").await.expect("api");
+    assert_eq!(
+        api.spec.template.spec.unwrap().containers[0].env,
+        None,
+        "the env the plan added is removed again"
+    );
+    assert_eq!(api.metadata.generation, Some(api_generation + 2));
+    env.expect_events(
+        "anykind",
+        &["TargetChanged", "TargetReverted", "PlanRolledBack"],
+    )
+    .await;
     op.stop().await;
 }

@@ -13,6 +13,10 @@
 //!       target: {kind: Deployment, name: api}
 //!       image: {container: api, image: registry.example/api:2.0}
 //!       dependsOn: [db]
+//!     - name: flags
+//!       target: {apiVersion: v1, kind: ConfigMap, name: features}
+//!       set: {path: /data/checkout-v2, value: "on"}
+//!       dependsOn: [api]
 //!   strategy: {maxConcurrent: 1, progressDeadlineSeconds: 600, failurePolicy: Rollback}
 //! ```
 
@@ -79,9 +83,9 @@ pub struct UpgradePlanSpec {
 #[serde(rename_all = "camelCase")]
 #[x_kube(
     validation = Rule::new(
-        "self.target.kind == 'PostgresCluster' ? (has(self.version) && !has(self.image)) : (has(self.image) && !has(self.version))"
+        "(has(self.image) ? 1 : 0) + (has(self.version) ? 1 : 0) + (has(self.set) ? 1 : 0) == 1 && (!has(self.version) || (self.target.kind == 'PostgresCluster' && !has(self.target.apiVersion))) && (!has(self.image) || (self.target.kind in ['Deployment', 'StatefulSet', 'DaemonSet'] && !has(self.target.apiVersion)))"
     )
-    .message("a PostgresCluster component sets version; a Deployment, StatefulSet or DaemonSet component sets image")
+    .message("a component sets exactly one of: image (a Deployment, StatefulSet or DaemonSet), version (a PostgresCluster) or set (a field of any kind)")
 )]
 pub struct Component {
     /// Unique within the plan; other components name it in `dependsOn`.
@@ -97,6 +101,13 @@ pub struct Component {
     /// For a Deployment, StatefulSet or DaemonSet: the container whose image changes.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub image: Option<ImageChange>,
+
+    /// Any field of any kind: the JSON value to put at a JSON pointer, e.g.
+    /// `{path: /data/release, value: "2.0"}` on a ConfigMap, `{path: /spec/replicas, value: 3}`.
+    /// The previous value is recorded as JSON text (`null`: the field was absent, and a
+    /// rollback removes it again).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub set: Option<FieldChange>,
 
     /// For a PostgresCluster: the new `spec.version`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -218,6 +229,30 @@ pub struct HookRun {
     pub finished_at: Option<MicroTime>,
 }
 
+/// A value to put at a field of the target.
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct FieldChange {
+    /// A JSON pointer (RFC 6901) into the object, e.g. `/spec/template/spec/containers/0/env/0/value`
+    /// or `/data/release` (`~1` stands for a `/` inside a key). Under `/spec` or `/data`
+    /// (the status and metadata belong to others).
+    #[schemars(
+        length(min = 2, max = 512),
+        regex(pattern = r"^/(spec|data|stringData|binaryData)(/.*)?$")
+    )]
+    pub path: String,
+    /// The new value: any JSON (a string, number, boolean, list or object).
+    #[schemars(schema_with = "any_value_schema")]
+    pub value: serde_json::Value,
+}
+
+/// Any JSON value (checked by the target's own validation when the change is dry-run).
+fn any_value_schema(_: &mut schemars::SchemaGenerator) -> schemars::Schema {
+    schemars::json_schema!({
+        "x-kubernetes-preserve-unknown-fields": true,
+    })
+}
+
 /// A component's own health rule, evaluated each time the target changes.
 #[derive(Serialize, Deserialize, Clone, Debug, PartialEq, JsonSchema)]
 #[serde(rename_all = "camelCase")]
@@ -244,11 +279,29 @@ pub enum ComponentRollback {
     Never,
 }
 
-/// A workload in the plan's namespace.
-#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Eq, JsonSchema)]
+/// An object in the plan's namespace: one of the four built-in kinds (`kind` alone), or any
+/// namespaced kind with its `apiVersion` (then the component uses `set`, and the
+/// orchestrator needs `get` and `patch` on that kind: grant them to its ServiceAccount).
+#[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq, Eq)]
 #[serde(rename_all = "camelCase")]
+#[x_kube(
+    validation = Rule::new(
+        "has(self.apiVersion) || self.kind in ['Deployment', 'StatefulSet', 'DaemonSet', 'PostgresCluster']"
+    )
+    .message("a kind other than Deployment, StatefulSet, DaemonSet or PostgresCluster needs its apiVersion (e.g. v1 for a ConfigMap)")
+)]
 pub struct TargetRef {
-    pub kind: TargetKind,
+    /// `group/version` (or `v1`) of a kind other than the built-in four.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(
+        length(min = 1, max = 253),
+        regex(pattern = r"^([a-z0-9]([-a-z0-9.]*[a-z0-9])?/)?v[0-9]+((alpha|beta)[0-9]+)?$")
+    )]
+    pub api_version: Option<String>,
+    /// `Deployment`, `StatefulSet`, `DaemonSet`, `PostgresCluster`, or any kind with
+    /// `apiVersion`.
+    #[schemars(length(min = 1, max = 63), regex(pattern = r"^[A-Z][A-Za-z0-9]*$"))]
+    pub kind: String,
     #[schemars(
         length(min = 1, max = 253),
         regex(pattern = r"^[a-z0-9]([-a-z0-9.]*[a-z0-9])?$")
@@ -256,10 +309,8 @@ pub struct TargetRef {
     pub name: String,
 }
 
-/// The kinds of workload a component can target.
-#[derive(
-    Serialize, Deserialize, Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, JsonSchema,
-)]
+/// The kinds the orchestrator knows (typed short forms, built-in health, watched).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
 pub enum TargetKind {
     Deployment,
     StatefulSet,
@@ -268,7 +319,42 @@ pub enum TargetKind {
     PostgresCluster,
 }
 
+impl TargetRef {
+    /// The built-in kind this names, if any (without `apiVersion`, or with that kind's own).
+    pub fn typed(&self) -> Option<TargetKind> {
+        let kind = match self.kind.as_str() {
+            "Deployment" => TargetKind::Deployment,
+            "StatefulSet" => TargetKind::StatefulSet,
+            "DaemonSet" => TargetKind::DaemonSet,
+            "PostgresCluster" => TargetKind::PostgresCluster,
+            _ => return None,
+        };
+        match &self.api_version {
+            None => Some(kind),
+            Some(v) if *v == kind.api_version() => Some(kind),
+            Some(_) => None,
+        }
+    }
+
+    /// A target of the built-in `kind`.
+    pub fn of(kind: TargetKind, name: &str) -> Self {
+        Self {
+            api_version: None,
+            kind: kind.as_str().to_string(),
+            name: name.to_string(),
+        }
+    }
+}
+
 impl TargetKind {
+    /// The apiVersion of the built-in kind.
+    pub fn api_version(self) -> &'static str {
+        match self {
+            TargetKind::PostgresCluster => "database.steward.dev/v1alpha1",
+            _ => "apps/v1",
+        }
+    }
+
     pub fn as_str(self) -> &'static str {
         match self {
             TargetKind::Deployment => "Deployment",
@@ -573,11 +659,16 @@ impl ComponentPhase {
 }
 
 impl Component {
-    /// The value this component sets (image or version), if its spec is consistent.
-    pub fn desired(&self) -> Option<&str> {
-        match self.target.kind {
-            TargetKind::PostgresCluster => self.version.as_deref(),
-            _ => self.image.as_ref().map(|i| i.image.as_str()),
+    /// The value this component sets (image, version, or a field's JSON text), if its spec
+    /// is consistent.
+    pub fn desired(&self) -> Option<String> {
+        if let Some(set) = &self.set {
+            return Some(set.value.to_string());
+        }
+        match self.target.typed() {
+            Some(TargetKind::PostgresCluster) => self.version.clone(),
+            Some(_) => self.image.as_ref().map(|i| i.image.clone()),
+            None => None,
         }
     }
 
@@ -597,15 +688,14 @@ impl Component {
 
     /// What changes, for messages: `Deployment web container app image`.
     pub fn describe(&self) -> String {
-        match (&self.target.kind, &self.image) {
-            (TargetKind::PostgresCluster, _) => {
-                format!("PostgresCluster {} version", self.target.name)
+        let (kind, name) = (&self.target.kind, &self.target.name);
+        match (&self.set, &self.image) {
+            (Some(set), _) => format!("{kind} {name} {}", set.path),
+            (None, _) if self.target.typed() == Some(TargetKind::PostgresCluster) => {
+                format!("PostgresCluster {name} version")
             }
-            (kind, Some(i)) => format!(
-                "{kind} {} container {} image",
-                self.target.name, i.container
-            ),
-            (kind, None) => format!("{kind} {}", self.target.name),
+            (None, Some(i)) => format!("{kind} {name} container {} image", i.container),
+            (None, None) => format!("{kind} {name}"),
         }
     }
 }

@@ -1,7 +1,5 @@
 //! Errors of a reconcile, named after the step that failed.
 
-use crate::crd::TargetKind;
-
 /// Why a reconcile of an `UpgradePlan` failed. All are transient (retried with backoff):
 /// an invalid plan is not an error but `Valid=False` in its status.
 #[derive(Debug, thiserror::Error)]
@@ -12,7 +10,7 @@ pub enum Error {
     /// Reading a target failed.
     #[error("failed to read {kind} {name}")]
     ReadTarget {
-        kind: TargetKind,
+        kind: String,
         name: String,
         #[source]
         source: Box<kube::Error>,
@@ -20,7 +18,7 @@ pub enum Error {
     /// The recorded change does not fit the target as read.
     #[error("failed to build the change of {kind} {name}: {message}")]
     BuildChange {
-        kind: TargetKind,
+        kind: String,
         name: String,
         message: String,
     },
@@ -28,7 +26,7 @@ pub enum Error {
     /// changed the value meanwhile.
     #[error("failed to change {kind} {name} from {from:?} to {to:?}")]
     ChangeTarget {
-        kind: TargetKind,
+        kind: String,
         name: String,
         from: String,
         to: String,

@@ -186,6 +186,57 @@ pub fn daemonset(d: &DaemonSet) -> Health {
 /// A PostgresCluster (as JSON) is healthy when `status.observedGeneration` equals
 /// `metadata.generation` and its `Ready` condition is `True` (and, when the condition carries
 /// an `observedGeneration`, that is the current generation too).
+/// Any other kind, by the conventions kstatus reads: an object with no status (a ConfigMap)
+/// is healthy as soon as it is changed; one whose `status.observedGeneration` is behind
+/// `metadata.generation` is progressing; a `Stalled=True` condition is a failure; a `Ready`
+/// (or, failing that, `Available`) condition decides when present.
+pub fn generic(obj: &Value) -> Health {
+    let generation = obj.pointer("/metadata/generation").and_then(Value::as_i64);
+    let observed = obj
+        .pointer("/status/observedGeneration")
+        .and_then(Value::as_i64);
+    if let (Some(g), Some(o)) = (generation, observed)
+        && o < g
+    {
+        return Health::Progressing(format!(
+            "its controller observed generation {o}, not {g} yet"
+        ));
+    }
+    let conditions = obj
+        .pointer("/status/conditions")
+        .and_then(Value::as_array)
+        .map(Vec::as_slice)
+        .unwrap_or_default();
+    let condition = |t: &str| {
+        conditions
+            .iter()
+            .find(|c| c.get("type").and_then(Value::as_str) == Some(t))
+    };
+    let text = |c: &Value, key: &str| {
+        c.get(key)
+            .and_then(Value::as_str)
+            .unwrap_or_default()
+            .to_string()
+    };
+    if let Some(stalled) = condition("Stalled").filter(|c| text(c, "status") == "True") {
+        return Health::Failed(format!(
+            "Stalled: {} {}",
+            text(stalled, "reason"),
+            text(stalled, "message")
+        ));
+    }
+    match condition("Ready").or_else(|| condition("Available")) {
+        Some(c) if text(c, "status") == "True" => Health::Healthy,
+        Some(c) => Health::Progressing(format!(
+            "{}={}: {}",
+            text(c, "type"),
+            text(c, "status"),
+            text(c, "reason")
+        )),
+        None => Health::Healthy,
+    }
+}
+
 pub fn postgres(obj: &Value) -> Health {
     let generation = obj
         .pointer("/metadata/generation")
@@ -414,6 +465,39 @@ mod tests {
         assert!(matches!(
             postgres(&json!({"metadata": {"generation": 1}})),
             Health::Progressing(_)
+        ));
+    }
+
+    #[test]
+    fn other_kinds_follow_kstatus_conventions() {
+        assert_eq!(
+            generic(&json!({"data": {"a": "1"}})),
+            Health::Healthy,
+            "no status"
+        );
+        let obj = |observed: i64, conditions: Value| {
+            json!({"metadata": {"generation": 3},
+                   "status": {"observedGeneration": observed, "conditions": conditions}})
+        };
+        assert!(matches!(
+            generic(&obj(2, json!([]))),
+            Health::Progressing(_)
+        ));
+        assert_eq!(generic(&obj(3, json!([]))), Health::Healthy);
+        assert_eq!(
+            generic(&obj(3, json!([{"type": "Ready", "status": "True"}]))),
+            Health::Healthy
+        );
+        assert_eq!(
+            generic(&obj(
+                3,
+                json!([{"type": "Ready", "status": "False", "reason": "Syncing"}])
+            )),
+            Health::Progressing("Ready=False: Syncing".into())
+        );
+        assert!(matches!(
+            generic(&obj(3, json!([{"type": "Stalled", "status": "True", "reason": "BadConfig"}]))),
+            Health::Failed(m) if m.contains("BadConfig")
         ));
     }
 }

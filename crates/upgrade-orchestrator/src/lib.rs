@@ -172,7 +172,8 @@ fn plans_targeting<K: Resource>(
             })
             .filter(|p| {
                 p.spec.components.iter().any(|c| {
-                    c.target.kind == kind && meta.name.as_deref() == Some(c.target.name.as_str())
+                    c.target.typed() == Some(kind)
+                        && meta.name.as_deref() == Some(c.target.name.as_str())
                 })
             })
             .map(|p| ObjectRef::from_obj(p.as_ref()))

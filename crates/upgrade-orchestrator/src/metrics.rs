@@ -57,7 +57,7 @@ impl PlanMetrics {
         for f in finished {
             self.component_duration
                 .get_or_create(&DurationLabels {
-                    kind: f.kind.as_str().to_string(),
+                    kind: f.kind.clone(),
                     result: f.result.to_string(),
                 })
                 .observe(f.seconds);

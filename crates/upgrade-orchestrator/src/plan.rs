@@ -38,7 +38,7 @@ pub enum Invalid {
     #[error("component {component:?}: {kind} {name} refuses the change: {message}")]
     ChangeRefused {
         component: String,
-        kind: TargetKind,
+        kind: String,
         name: String,
         message: String,
     },
@@ -171,18 +171,31 @@ fn check_change(c: &Component) -> Result<(), Invalid> {
             message: message.to_string(),
         })
     };
-    match c.target.kind {
-        TargetKind::PostgresCluster => {
+    let set = c.set.is_some();
+    match c.target.typed() {
+        _ if set => {
+            if c.image.is_some() || c.version.is_some() {
+                return err("a component with set sets neither image nor version");
+            }
+        }
+        Some(TargetKind::PostgresCluster) => {
             if c.version.is_none() || c.image.is_some() {
                 return err("a PostgresCluster component sets version (and not image)");
             }
         }
-        TargetKind::Deployment | TargetKind::StatefulSet | TargetKind::DaemonSet => {
+        Some(TargetKind::Deployment | TargetKind::StatefulSet | TargetKind::DaemonSet) => {
             if c.image.is_none() || c.version.is_some() {
                 return err(
                     "a Deployment, StatefulSet or DaemonSet component sets image (and not version)",
                 );
             }
+        }
+        None => {
+            return err(&format!(
+                "{} {} is not a built-in kind: the component sets a field with set",
+                c.target.api_version.as_deref().unwrap_or("(no apiVersion)"),
+                c.target.kind
+            ));
         }
     }
     if let Some(check) = &c.health {
@@ -239,10 +252,7 @@ mod tests {
     fn c(name: &str, deps: &[&str]) -> Component {
         Component {
             name: name.into(),
-            target: TargetRef {
-                kind: TargetKind::Deployment,
-                name: name.into(),
-            },
+            target: TargetRef::of(TargetKind::Deployment, name),
             image: Some(ImageChange {
                 container: "app".into(),
                 image: "img:2".into(),
@@ -252,6 +262,7 @@ mod tests {
             rollback: None,
             health: None,
             hooks: None,
+            set: None,
         }
     }
 
@@ -357,7 +368,7 @@ mod tests {
     #[test]
     fn change_must_fit_the_kind() {
         let mut pg = c("db", &[]);
-        pg.target.kind = TargetKind::PostgresCluster;
+        pg.target = TargetRef::of(TargetKind::PostgresCluster, &pg.target.name);
         assert_eq!(
             plan(std::slice::from_ref(&pg)).unwrap_err().reason(),
             "InvalidChange"

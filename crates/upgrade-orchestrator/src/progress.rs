@@ -34,7 +34,7 @@ use steward_core::conditions;
 
 use crate::crd::{
     Approval, ComponentPhase, ComponentStatus, FailurePolicy, HookPhase, HookRun, HookStage,
-    PlanPhase, Scheduling, TargetKind, UpgradePlanSpec, UpgradePlanStatus,
+    PlanPhase, Scheduling, UpgradePlanSpec, UpgradePlanStatus,
 };
 use crate::health::Health;
 use crate::hook::{self, JobState};
@@ -44,6 +44,10 @@ use crate::window::Window;
 
 /// The `Valid` condition type.
 pub const VALID: &str = "Valid";
+
+/// How often a target of a kind the orchestrator does not watch (any but the built-in four)
+/// is read again while the plan waits for it.
+pub const POLL_UNWATCHED: Duration = Duration::from_secs(5);
 
 /// Everything [`step`] decides from.
 pub struct Input<'a> {
@@ -90,7 +94,8 @@ pub struct Note {
 /// A component that finished upgrading (or rolling back) in this step.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Finished {
-    pub kind: TargetKind,
+    /// The target's kind.
+    pub kind: String,
     /// `succeeded`, `failed` or `rolled_back`.
     pub result: &'static str,
     pub seconds: f64,
@@ -320,8 +325,8 @@ impl Stepper<'_> {
         self.recheck = Some(self.recheck.map_or(d, |r| r.min(d)));
     }
 
-    fn kind(&self, index: usize) -> TargetKind {
-        self.i.spec.components[index].target.kind
+    fn kind(&self, index: usize) -> String {
+        self.i.spec.components[index].target.kind.clone()
     }
 
     fn fail(&mut self, index: usize, message: String) {
@@ -518,8 +523,17 @@ impl Stepper<'_> {
                 Eval::Waiting(m) => {
                     self.comps[index].message = Some(m);
                     self.recheck_in(self.deadline - spent);
+                    self.poll_unwatched(index);
                 }
             }
+        }
+    }
+
+    /// A target of a kind the orchestrator does not watch is looked at again every
+    /// [`POLL_UNWATCHED`] while it is waited for.
+    fn poll_unwatched(&mut self, index: usize) {
+        if self.i.spec.components[index].target.typed().is_none() {
+            self.recheck_in(POLL_UNWATCHED);
         }
     }
 
@@ -582,6 +596,7 @@ impl Stepper<'_> {
                 Eval::Waiting(m) => {
                     self.comps[index].message = Some(m);
                     self.recheck_in(self.deadline - spent);
+                    self.poll_unwatched(index);
                 }
             }
         }
@@ -678,7 +693,7 @@ impl Stepper<'_> {
             }
             let component = &self.i.spec.components[index];
             let before_hook = component.hook(HookStage::Before).is_some();
-            let Some(desired) = component.desired().map(str::to_string) else {
+            let Some(desired) = component.desired() else {
                 self.fail(index, "the component sets no value".into());
                 continue;
             };
@@ -1204,7 +1219,7 @@ pub fn deletion_record(status: Option<&UpgradePlanStatus>) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::crd::{Component, ImageChange, Strategy, TargetRef};
+    use crate::crd::{Component, ImageChange, Strategy, TargetKind, TargetRef};
     use crate::plan;
 
     fn t(secs: i64) -> Timestamp {
@@ -1214,10 +1229,7 @@ mod tests {
     fn component(name: &str, deps: &[&str]) -> Component {
         Component {
             name: name.into(),
-            target: TargetRef {
-                kind: TargetKind::Deployment,
-                name: name.into(),
-            },
+            target: TargetRef::of(TargetKind::Deployment, name),
             image: Some(ImageChange {
                 container: "app".into(),
                 image: format!("{name}:2"),
@@ -1227,6 +1239,7 @@ mod tests {
             rollback: None,
             health: None,
             hooks: None,
+            set: None,
         }
     }
 
@@ -1909,7 +1922,7 @@ mod tests {
         assert_eq!(
             out.finished,
             vec![Finished {
-                kind: TargetKind::Deployment,
+                kind: "Deployment".into(),
                 result: "failed",
                 seconds: 1.0
             }]

@@ -245,10 +245,10 @@ async fn check_targets(
         ) else {
             continue;
         };
-        if current == desired {
+        if *current == desired {
             continue;
         }
-        let patch = match workload.change(component, current, desired) {
+        let patch = match workload.change(component, current, &desired) {
             Ok(patch) => patch,
             Err(message) => {
                 return Ok(Some(Invalid::InvalidChange {
@@ -271,14 +271,14 @@ async fn check_targets(
             Err(kube::Error::Api(s)) if s.code == 422 || s.code == 400 => {
                 return Ok(Some(Invalid::ChangeRefused {
                     component: component.name.clone(),
-                    kind: target.kind,
+                    kind: target.kind.clone(),
                     name: target.name.clone(),
                     message: s.message,
                 }));
             }
             Err(source) => {
                 return Err(Error::ChangeTarget {
-                    kind: target.kind,
+                    kind: target.kind.clone(),
                     name: target.name.clone(),
                     from: current.clone(),
                     to: desired.to_string(),
@@ -430,13 +430,25 @@ async fn observe(
     let mut observed = BTreeMap::new();
     let mut workloads = BTreeMap::new();
     for c in &plan.spec.components {
-        let workload = target::get(&ctx.client, namespace, &c.target)
-            .await
-            .map_err(|source| Error::ReadTarget {
-                kind: c.target.kind,
-                name: c.target.name.clone(),
-                source: Box::new(source),
-            })?;
+        let workload = match target::get(&ctx.client, namespace, &c.target).await {
+            Ok(workload) => workload,
+            // Not allowed to read it (a kind the orchestrator's role does not cover): say so
+            // in the plan, which cannot start (or go on) without it.
+            Err(kube::Error::Api(s)) if s.code == 403 => {
+                observed.insert(
+                    c.name.clone(),
+                    Observation::forbidden(&c.target, &s.message),
+                );
+                continue;
+            }
+            Err(source) => {
+                return Err(Error::ReadTarget {
+                    kind: c.target.kind.clone(),
+                    name: c.target.name.clone(),
+                    source: Box::new(source),
+                });
+            }
+        };
         let observation = workload.as_ref().map_or_else(
             || Observation::missing(&c.target),
             |w| Observation::of(c, w),
@@ -471,7 +483,7 @@ async fn apply_recorded(
         let patch = workload
             .change(component, &write.from, &write.to)
             .map_err(|message| Error::BuildChange {
-                kind: target.kind,
+                kind: target.kind.clone(),
                 name: target.name.clone(),
                 message,
             })?;
@@ -495,7 +507,7 @@ async fn apply_recorded(
             }
             Err(source) => {
                 return Err(Error::ChangeTarget {
-                    kind: target.kind,
+                    kind: target.kind.clone(),
                     name: target.name.clone(),
                     from: write.from.clone(),
                     to: write.to.clone(),

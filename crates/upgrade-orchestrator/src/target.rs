@@ -1,19 +1,22 @@
 //! Targets: reading a workload, the value a component changes in it, and the change itself.
 //!
 //! A change is a JSON patch with `test` operations: it replaces the container image (or
-//! `spec.version`) only if the value is still the one recorded as `previous` (and the
-//! container index still holds that container). So a change is applied at most once, and a
-//! concurrent edit by someone else makes the patch fail instead of being overwritten.
+//! `spec.version`, or the field a `set` names) only if the value is still the one recorded as
+//! `previous` (and the container index still holds that container). So a change is applied
+//! at most once, and a concurrent edit by someone else makes the patch fail instead of being
+//! overwritten. (A `set` on a field that was absent cannot test for the absence: it adds
+//! the field.) Kinds other than the built-in four are read and patched as dynamic objects,
+//! their API resource found by discovery.
 //! (Server-side apply would make the orchestrator the owner of the field for good, and has no
 //! compare-and-swap on a value.)
 
 use k8s_openapi::api::apps::v1::{DaemonSet, Deployment, StatefulSet};
 use k8s_openapi::api::core::v1::PodSpec;
 use kube::Client;
-use kube::api::{Api, ApiResource, DynamicObject, Patch, PatchParams};
+use kube::api::{Api, ApiResource, DynamicObject, GroupVersionKind, Patch, PatchParams};
 use serde_json::{Value, json};
 
-use crate::crd::{Component, TargetKind, TargetRef};
+use crate::crd::{Component, FieldChange, TargetKind, TargetRef};
 use crate::health::{self, Health};
 
 /// `database.steward.dev/v1alpha1` PostgresCluster, addressed dynamically so this crate does
@@ -35,6 +38,8 @@ pub enum Workload {
     StatefulSet(Box<StatefulSet>),
     DaemonSet(Box<DaemonSet>),
     Postgres(Box<DynamicObject>),
+    /// Any other kind.
+    Object(Box<DynamicObject>),
 }
 
 /// What the reconcile knows about one component's target.
@@ -50,6 +55,18 @@ impl Observation {
     /// A target that does not exist.
     pub fn missing(target: &TargetRef) -> Self {
         let why = format!("{} {} not found", target.kind, target.name);
+        Self {
+            value: Err(why.clone()),
+            health: Health::Progressing(why),
+        }
+    }
+
+    /// A target the orchestrator may not read.
+    pub fn forbidden(target: &TargetRef, message: &str) -> Self {
+        let why = format!(
+            "{} {} cannot be read: {message} (grant the upgrade-orchestrator get and patch on it)",
+            target.kind, target.name
+        );
         Self {
             value: Err(why.clone()),
             health: Health::Progressing(why),
@@ -79,7 +96,7 @@ impl Workload {
             Workload::Deployment(d) => serde_json::to_value(d.as_ref()),
             Workload::StatefulSet(s) => serde_json::to_value(s.as_ref()),
             Workload::DaemonSet(d) => serde_json::to_value(d.as_ref()),
-            Workload::Postgres(p) => serde_json::to_value(p.as_ref()),
+            Workload::Postgres(p) | Workload::Object(p) => serde_json::to_value(p.as_ref()),
         }
     }
 
@@ -93,6 +110,10 @@ impl Workload {
                 Ok(v) => health::postgres(&v),
                 Err(e) => Health::Progressing(format!("unreadable PostgresCluster: {e}")),
             },
+            Workload::Object(o) => match serde_json::to_value(o.as_ref()) {
+                Ok(v) => health::generic(&v),
+                Err(e) => Health::Progressing(format!("unreadable target: {e}")),
+            },
         }
     }
 
@@ -101,7 +122,7 @@ impl Workload {
             Workload::Deployment(d) => d.spec.template.spec.as_ref(),
             Workload::StatefulSet(s) => s.spec.template.spec.as_ref(),
             Workload::DaemonSet(d) => d.spec.template.spec.as_ref(),
-            Workload::Postgres(_) => None,
+            Workload::Postgres(_) | Workload::Object(_) => None,
         }
     }
 
@@ -133,8 +154,11 @@ impl Workload {
     /// # Errors
     /// Why there is none (missing container, no `spec.version`).
     pub fn value(&self, component: &Component) -> Result<String, String> {
-        match (&component.target.kind, &component.image) {
-            (TargetKind::PostgresCluster, _) => self.version().map(version_string),
+        if let Some(set) = &component.set {
+            return self.field(set).map(|v| v.to_string());
+        }
+        match (component.target.typed(), &component.image) {
+            (Some(TargetKind::PostgresCluster), _) => self.version().map(version_string),
             (_, Some(change)) => self.container(&change.container).map(|(_, image)| image),
             (_, None) => Err("the component sets no image".into()),
         }
@@ -151,8 +175,11 @@ impl Workload {
         from: &str,
         to: &str,
     ) -> Result<json_patch::Patch, String> {
-        let ops = match (&component.target.kind, &component.image) {
-            (TargetKind::PostgresCluster, _) => {
+        if let Some(set) = &component.set {
+            return self.set_field(set, from, to);
+        }
+        let ops = match (component.target.typed(), &component.image) {
+            (Some(TargetKind::PostgresCluster), _) => {
                 let current = self.version()?;
                 if version_string(current) != from {
                     return Err(format!(
@@ -189,6 +216,42 @@ impl Workload {
         };
         serde_json::from_value(ops).map_err(|e| format!("invalid JSON patch: {e}"))
     }
+
+    /// The value at `set.path` (`null` when absent).
+    fn field(&self, set: &FieldChange) -> Result<Value, String> {
+        let obj = self
+            .to_json()
+            .map_err(|e| format!("unreadable target: {e}"))?;
+        Ok(obj.pointer(&set.path).cloned().unwrap_or(Value::Null))
+    }
+
+    /// The patch that sets `set.path` from the JSON text `from` to the JSON text `to`
+    /// (`null`: remove the field).
+    fn set_field(
+        &self,
+        set: &FieldChange,
+        from: &str,
+        to: &str,
+    ) -> Result<json_patch::Patch, String> {
+        let current = self.field(set)?;
+        // Compared as JSON text: the string "2" and the number 2 differ.
+        let text = current.to_string();
+        if text != from {
+            return Err(format!("{} is {text}, not {from}", set.path));
+        }
+        let new: Value = serde_json::from_str(to).map_err(|e| format!("{to} is not JSON: {e}"))?;
+        let path = &set.path;
+        let mut ops = Vec::new();
+        if !current.is_null() {
+            ops.push(json!({"op": "test", "path": path, "value": current}));
+        }
+        ops.push(match (current.is_null(), new.is_null()) {
+            (_, true) => json!({"op": "remove", "path": path}),
+            (true, false) => json!({"op": "add", "path": path, "value": new}),
+            (false, false) => json!({"op": "replace", "path": path, "value": new}),
+        });
+        serde_json::from_value(Value::Array(ops)).map_err(|e| format!("invalid JSON patch: {e}"))
+    }
 }
 
 fn version_string(v: &Value) -> String {
@@ -208,7 +271,18 @@ pub async fn get(
     target: &TargetRef,
 ) -> Result<Option<Workload>, kube::Error> {
     let name = target.name.as_str();
-    Ok(match target.kind {
+    let Some(kind) = target.typed() else {
+        let Some(resource) = resource_of(client, target).await? else {
+            return Ok(None);
+        };
+        return Ok(
+            Api::<DynamicObject>::namespaced_with(client.clone(), namespace, &resource)
+                .get_opt(name)
+                .await?
+                .map(|o| Workload::Object(Box::new(o))),
+        );
+    };
+    Ok(match kind {
         TargetKind::Deployment => Api::<Deployment>::namespaced(client.clone(), namespace)
             .get_opt(name)
             .await?
@@ -258,7 +332,28 @@ pub async fn patch(
     };
     let patch = Patch::Json::<()>(patch);
     let name = target.name.as_str();
-    Ok(match target.kind {
+    let Some(kind) = target.typed() else {
+        let resource = resource_of(client, target).await?.ok_or_else(|| {
+            kube::Error::Api(
+                kube::core::Status::failure(
+                    &format!(
+                        "{} {} is not served",
+                        target_api_version(target),
+                        target.kind
+                    ),
+                    "NotFound",
+                )
+                .with_code(404)
+                .boxed(),
+            )
+        })?;
+        return Ok(Workload::Object(Box::new(
+            Api::<DynamicObject>::namespaced_with(client.clone(), namespace, &resource)
+                .patch(name, &params, &patch)
+                .await?,
+        )));
+    };
+    Ok(match kind {
         TargetKind::Deployment => Workload::Deployment(Box::new(
             Api::<Deployment>::namespaced(client.clone(), namespace)
                 .patch(name, &params, &patch)
@@ -282,6 +377,27 @@ pub async fn patch(
     })
 }
 
+fn target_api_version(target: &TargetRef) -> &str {
+    target.api_version.as_deref().unwrap_or_default()
+}
+
+/// The API resource of a kind other than the built-in four, by discovery; `None` when the
+/// API server does not serve it (the target then does not exist).
+async fn resource_of(
+    client: &Client,
+    target: &TargetRef,
+) -> Result<Option<ApiResource>, kube::Error> {
+    let api_version = target_api_version(target);
+    let (group, version) = api_version.split_once('/').unwrap_or(("", api_version));
+    let gvk = GroupVersionKind::gvk(group, version, &target.kind);
+    match kube::discovery::pinned_kind(client, &gvk).await {
+        Ok((resource, _)) => Ok(Some(resource)),
+        Err(kube::Error::Api(s)) if s.code == 404 => Ok(None),
+        Err(kube::Error::Discovery(_)) => Ok(None),
+        Err(e) => Err(e),
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -291,10 +407,7 @@ mod tests {
         let pg = kind == TargetKind::PostgresCluster;
         Component {
             name: "c".into(),
-            target: TargetRef {
-                kind,
-                name: "t".into(),
-            },
+            target: TargetRef::of(kind, "t"),
             image: (!pg).then(|| ImageChange {
                 container: "app".into(),
                 image: "app:2".into(),
@@ -304,6 +417,7 @@ mod tests {
             rollback: None,
             health: None,
             hooks: None,
+            set: None,
         }
     }
 
@@ -386,10 +500,86 @@ mod tests {
 
     #[test]
     fn missing_target_is_an_observation() {
-        let o = Observation::missing(&TargetRef {
-            kind: TargetKind::StatefulSet,
-            name: "db".into(),
-        });
+        let o = Observation::missing(&TargetRef::of(TargetKind::StatefulSet, "db"));
         assert_eq!(o.value, Err("StatefulSet db not found".into()));
+    }
+
+    fn config_map(data: Value) -> Workload {
+        Workload::Object(Box::new(
+            serde_json::from_value(json!({
+                "apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "t"}, "data": data
+            }))
+            .unwrap(),
+        ))
+    }
+
+    fn set(path: &str, value: Value) -> Component {
+        let mut c = component(TargetKind::Deployment);
+        c.target = TargetRef {
+            api_version: Some("v1".into()),
+            kind: "ConfigMap".into(),
+            name: "t".into(),
+        };
+        c.image = None;
+        c.set = Some(FieldChange {
+            path: path.into(),
+            value,
+        });
+        c
+    }
+
+    #[test]
+    fn a_field_change_is_json_text_guarded_by_the_previous_value() {
+        let c = set("/data/release", json!("2.0"));
+        assert_eq!(c.desired().as_deref(), Some("\"2.0\""));
+        assert_eq!(c.target.typed(), None);
+        let w = config_map(json!({"release": "1.0"}));
+        assert_eq!(w.value(&c), Ok("\"1.0\"".into()));
+        let patch = serde_json::to_value(w.change(&c, "\"1.0\"", "\"2.0\"").unwrap()).unwrap();
+        assert_eq!(
+            patch,
+            json!([
+                {"op": "test", "path": "/data/release", "value": "1.0"},
+                {"op": "replace", "path": "/data/release", "value": "2.0"},
+            ])
+        );
+        assert!(
+            w.change(&c, "\"0.9\"", "\"2.0\"")
+                .unwrap_err()
+                .contains("not \"0.9\"")
+        );
+        // Absent before: added, and a revert removes it again.
+        let absent = config_map(json!({}));
+        assert_eq!(absent.value(&c), Ok("null".into()));
+        let add = serde_json::to_value(absent.change(&c, "null", "\"2.0\"").unwrap()).unwrap();
+        assert_eq!(
+            add,
+            json!([{"op": "add", "path": "/data/release", "value": "2.0"}])
+        );
+        let changed = config_map(json!({"release": "2.0"}));
+        let revert = serde_json::to_value(changed.change(&c, "\"2.0\"", "null").unwrap()).unwrap();
+        assert_eq!(revert[1], json!({"op": "remove", "path": "/data/release"}));
+        // A number stays a number.
+        let replicas = set("/spec/replicas", json!(3));
+        assert_eq!(replicas.desired().as_deref(), Some("3"));
+    }
+
+    #[test]
+    fn only_the_four_built_in_kinds_are_typed() {
+        assert_eq!(
+            TargetRef::of(TargetKind::DaemonSet, "d").typed(),
+            Some(TargetKind::DaemonSet)
+        );
+        let with = |v: &str, k: &str| TargetRef {
+            api_version: Some(v.into()),
+            kind: k.into(),
+            name: "x".into(),
+        };
+        assert_eq!(
+            with("apps/v1", "Deployment").typed(),
+            Some(TargetKind::Deployment)
+        );
+        assert_eq!(with("example.com/v1", "Deployment").typed(), None);
+        assert_eq!(with("v1", "ConfigMap").typed(), None);
     }
 }
