@@ -2888,3 +2888,145 @@ async fn fields_of_any_kind_are_changed_and_rolled_back_exactly() {
     .await;
     op.stop().await;
 }
+
+// ---------------------------------------------------------------------------------------------
+// Acting as the plan's ServiceAccount, across namespaces
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_plan_acts_as_its_service_account_and_changes_only_what_it_may() {
+    use k8s_openapi::api::core::v1::ServiceAccount;
+    use k8s_openapi::api::rbac::v1::{Role, RoleBinding};
+    let env = Env::new("uo-impersonate").await;
+    let other = env.cp.namespace("uo-target").await.expect("namespace");
+    let in_other = |name: &str, image: &str| {
+        let mut d = deployment(name, image);
+        d.metadata.namespace = Some(other.clone());
+        d
+    };
+    let deployments: Api<Deployment> = Api::namespaced(env.client.clone(), &other);
+    for d in [in_other("web", "web:1"), in_other("admin", "admin:1")] {
+        deployments
+            .create(&PostParams::default(), &d)
+            .await
+            .expect("create deployment");
+    }
+    // `deployer` may get and patch the Deployment `web` there, nothing else; `nobody` nothing.
+    for sa in ["deployer", "nobody"] {
+        let sa: ServiceAccount =
+            serde_json::from_value(json!({"metadata": {"name": sa}})).expect("sa");
+        env.api::<ServiceAccount>()
+            .create(&PostParams::default(), &sa)
+            .await
+            .expect("create sa");
+    }
+    let role: Role = serde_json::from_value(json!({
+        "metadata": {"name": "deploy-web"},
+        "rules": [{"apiGroups": ["apps"], "resources": ["deployments"], "resourceNames": ["web"],
+                   "verbs": ["get", "patch"]}]
+    }))
+    .expect("role");
+    Api::<Role>::namespaced(env.client.clone(), &other)
+        .create(&PostParams::default(), &role)
+        .await
+        .expect("create role");
+    let binding: RoleBinding = serde_json::from_value(json!({
+        "metadata": {"name": "deploy-web"},
+        "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": "deploy-web"},
+        "subjects": [{"kind": "ServiceAccount", "name": "deployer", "namespace": env.ns}]
+    }))
+    .expect("binding");
+    Api::<RoleBinding>::namespaced(env.client.clone(), &other)
+        .create(&PostParams::default(), &binding)
+        .await
+        .expect("create binding");
+    let op = env.start();
+    let across = |target: &str, image: &str| {
+        let mut c = component(target, "Deployment", image, &[]);
+        c["target"]["namespace"] = json!(other);
+        c
+    };
+
+    // Without a ServiceAccount a target elsewhere is refused at admission.
+    let refused = env
+        .plans()
+        .create(
+            &PostParams::default(),
+            &serde_json::from_value(plan("no-sa", vec![across("web", "web:2")], json!({})))
+                .expect("plan"),
+        )
+        .await
+        .expect_err("refused");
+    assert!(
+        refused
+            .to_string()
+            .contains("needs spec.serviceAccountName"),
+        "{refused}"
+    );
+
+    // What the ServiceAccount may not touch is reported before anything changes.
+    for (name, sa, target) in [
+        ("as-nobody", "nobody", "web"),
+        ("other-target", "deployer", "admin"),
+    ] {
+        let mut p = plan(
+            name,
+            vec![across(target, &format!("{target}:2"))],
+            json!({}),
+        );
+        p["spec"]["serviceAccountName"] = json!(sa);
+        env.create_plan(p).await;
+        let status = env.wait_invalid(name).await;
+        let valid = steward_core::conditions::get(&status.conditions, "Valid").expect("Valid");
+        assert!(
+            valid.message.contains("cannot be read") && valid.message.contains("forbidden"),
+            "{name}: {}",
+            valid.message
+        );
+        assert!(status.started_at.is_none(), "{name} did not start");
+    }
+
+    // What it may change, it changes, as itself.
+    let mut p = plan("as-deployer", vec![across("web", "web:2")], json!({}));
+    p["spec"]["serviceAccountName"] = json!("deployer");
+    env.create_plan(p).await;
+    let status = env
+        .wait_phase(
+            "as-deployer",
+            &[PlanPhase::Succeeded, PlanPhase::Failed, PlanPhase::Paused],
+            ROLL,
+        )
+        .await;
+    assert_eq!(
+        status.phase,
+        Some(PlanPhase::Succeeded),
+        "{}",
+        describe(&status)
+    );
+    let web = deployments.get("web").await.expect("web");
+    assert_eq!(
+        web.spec
+            .template
+            .spec
+            .as_ref()
+            .expect("pod spec")
+            .containers[0]
+            .image
+            .as_deref(),
+        Some("web:2")
+    );
+    let admin = deployments.get("admin").await.expect("admin");
+    assert_eq!(
+        admin
+            .spec
+            .template
+            .spec
+            .as_ref()
+            .expect("pod spec")
+            .containers[0]
+            .image
+            .as_deref(),
+        Some("admin:1"),
+        "untouched"
+    );
+    op.stop().await;
+}

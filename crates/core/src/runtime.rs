@@ -64,6 +64,11 @@ pub struct Context<T> {
     pub data: T,
     /// What [`Context::apply_status`] wrote recently.
     written: crate::status::Written,
+    /// The operator's client configuration, for [`Context::impersonating`] (`None` for a
+    /// context built by [`Context::new`]).
+    config: Option<kube::Config>,
+    /// Impersonating clients by user name, built once each.
+    impersonating: std::sync::Mutex<std::collections::HashMap<String, Client>>,
 }
 
 impl<T> Context<T> {
@@ -78,6 +83,7 @@ impl<T> Context<T> {
     pub fn new(client: Client, name: &str, data: T) -> Self {
         Self::build(
             client,
+            None,
             name,
             Leadership::always_leader(),
             Metrics::new(),
@@ -85,9 +91,11 @@ impl<T> Context<T> {
         )
     }
 
-    /// The context of operator `name` writing through `client` while `leadership` holds.
+    /// The context of operator `name` writing through `client` (built from `config`) while
+    /// `leadership` holds.
     fn build(
         client: Client,
+        config: Option<kube::Config>,
         name: &str,
         leadership: Leadership,
         metrics: Metrics,
@@ -105,7 +113,34 @@ impl<T> Context<T> {
             field_manager: name.to_string(),
             data,
             written: crate::status::Written::default(),
+            config,
+            impersonating: std::sync::Mutex::default(),
         }
+    }
+
+    /// A client acting as `user` (Kubernetes impersonation: the API server authorizes each
+    /// request as that user, e.g. `system:serviceaccount:<namespace>:<name>`), fenced by
+    /// leadership like [`Context::client`]. Built once per user and kept. The operator's own
+    /// identity needs the `impersonate` verb on that kind of user (`serviceaccounts`).
+    ///
+    /// # Errors
+    /// [`Error::Config`] for a context without the operator's configuration
+    /// ([`Context::new`]) or when the client cannot be built.
+    pub fn impersonating(&self, user: &str) -> Result<Client, Error> {
+        let mut clients = self
+            .impersonating
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        if let Some(client) = clients.get(user) {
+            return Ok(client.clone());
+        }
+        let mut config = self.config.clone().ok_or_else(|| {
+            Error::Config("this context has no client configuration to impersonate with".into())
+        })?;
+        config.auth_info.impersonate = Some(user.to_string());
+        let client = crate::guard::client(config, self.leadership.clone())?;
+        clients.insert(user.to_string(), client.clone());
+        Ok(client)
     }
 
     /// Writes `status` by server-side apply under this operator's field manager unless it
@@ -214,6 +249,8 @@ pub struct Operator {
     args: CommonArgs,
     client: Client,
     guarded: Client,
+    /// The configuration `guarded` was built from (for impersonating clients).
+    config: kube::Config,
     metrics: Metrics,
     health: Health,
     leadership: Leadership,
@@ -268,7 +305,7 @@ impl Operator {
         } else {
             (None, Leadership::always_leader())
         };
-        let guarded = guard::client(config, leadership.clone())?;
+        let guarded = guard::client(config.clone(), leadership.clone())?;
         let health = Health::new();
         health.set_stall_timeout(args.stall_timeout);
         Ok(Self {
@@ -276,6 +313,7 @@ impl Operator {
             args,
             client,
             guarded,
+            config,
             metrics: Metrics::new(),
             health,
             leadership,
@@ -371,6 +409,7 @@ impl Operator {
         let name = kind.to_lowercase();
         let ctx = Arc::new(Context::build(
             self.guarded.clone(),
+            Some(self.config.clone()),
             &self.name,
             self.leadership.clone(),
             self.metrics.clone(),

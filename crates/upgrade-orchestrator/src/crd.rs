@@ -57,7 +57,11 @@ pub const GROUP: &str = "upgrade.steward.dev";
     validation = Rule::new(
         "self.spec.strategy.failurePolicy != 'Rollback' || self.spec.components.all(c, c.target.kind != 'PostgresCluster' || (has(c.rollback) && c.rollback == 'Never'))"
     )
-    .message("a PostgresCluster's version cannot be lowered, so failurePolicy Rollback cannot revert it: set rollback: Never on its component (it keeps the new version while the others are reverted) or use failurePolicy Pause")
+    .message("a PostgresCluster's version cannot be lowered, so failurePolicy Rollback cannot revert it: set rollback: Never on its component (it keeps the new version while the others are reverted) or use failurePolicy Pause"),
+    validation = Rule::new(
+        "!self.spec.components.exists(c, has(c.target.namespace)) || has(self.spec.serviceAccountName)"
+    )
+    .message("a target in another namespace needs spec.serviceAccountName: the plan acts there as that ServiceAccount, so it can change only what the ServiceAccount may")
 )]
 #[serde(rename_all = "camelCase")]
 pub struct UpgradePlanSpec {
@@ -76,6 +80,17 @@ pub struct UpgradePlanSpec {
     #[schemars(range(min = 0, max = 1000))]
     #[x_kube(validation = Rule::new("self >= oldSelf").message("approvedWaves cannot decrease"))]
     pub approved_waves: Option<i32>,
+
+    /// A ServiceAccount of the plan's namespace to act as: every target is read and changed,
+    /// and every hook Job created, by impersonating it, so the plan can change only what the
+    /// ServiceAccount may. Needed for targets in other namespaces. Without it the plan acts
+    /// with the orchestrator's own rights, in its own namespace only.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(
+        length(min = 1, max = 253),
+        regex(pattern = r"^[a-z0-9]([-a-z0-9.]*[a-z0-9])?$")
+    )]
+    pub service_account_name: Option<String>,
 }
 
 /// One workload to upgrade, and what to change in it.
@@ -298,6 +313,13 @@ pub struct TargetRef {
         regex(pattern = r"^([a-z0-9]([-a-z0-9.]*[a-z0-9])?/)?v[0-9]+((alpha|beta)[0-9]+)?$")
     )]
     pub api_version: Option<String>,
+    /// Another namespace than the plan's (requires `spec.serviceAccountName`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(
+        length(min = 1, max = 63),
+        regex(pattern = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
+    )]
+    pub namespace: Option<String>,
     /// `Deployment`, `StatefulSet`, `DaemonSet`, `PostgresCluster`, or any kind with
     /// `apiVersion`.
     #[schemars(length(min = 1, max = 63), regex(pattern = r"^[A-Z][A-Za-z0-9]*$"))]
@@ -336,10 +358,16 @@ impl TargetRef {
         }
     }
 
+    /// The namespace of the target of a plan in `plan_namespace`.
+    pub fn namespace_in<'a>(&'a self, plan_namespace: &'a str) -> &'a str {
+        self.namespace.as_deref().unwrap_or(plan_namespace)
+    }
+
     /// A target of the built-in `kind`.
     pub fn of(kind: TargetKind, name: &str) -> Self {
         Self {
             api_version: None,
+            namespace: None,
             kind: kind.as_str().to_string(),
             name: name.to_string(),
         }

@@ -57,6 +57,13 @@ pub enum Error {
         #[source]
         source: Box<kube::Error>,
     },
+    /// A client acting as the plan's ServiceAccount could not be built.
+    #[error("failed to act as ServiceAccount {account}")]
+    Impersonate {
+        account: String,
+        #[source]
+        source: Box<steward_core::Error>,
+    },
     /// Writing the plan's status failed.
     #[error("failed to write the status of UpgradePlan {name}")]
     WriteStatus {
@@ -77,6 +84,7 @@ impl steward_core::ReconcileError for Error {
             Error::ReadHooks { .. } => "ReadHooksFailed",
             Error::BuildHook { .. } => "BuildHookFailed",
             Error::CreateHook { .. } => "CreateHookFailed",
+            Error::Impersonate { .. } => "ImpersonateFailed",
             Error::WriteStatus { .. } => "WriteStatusFailed",
         }
     }

@@ -163,7 +163,6 @@ fn plans_targeting<K: Resource>(
         plans
             .state()
             .iter()
-            .filter(|p| p.metadata.namespace == meta.namespace)
             .filter(|p| {
                 !p.status
                     .as_ref()
@@ -171,9 +170,11 @@ fn plans_targeting<K: Resource>(
                     .is_some_and(|ph| ph.is_terminal())
             })
             .filter(|p| {
+                let plan_namespace = p.metadata.namespace.as_deref().unwrap_or_default();
                 p.spec.components.iter().any(|c| {
                     c.target.typed() == Some(kind)
                         && meta.name.as_deref() == Some(c.target.name.as_str())
+                        && meta.namespace.as_deref() == Some(c.target.namespace_in(plan_namespace))
                 })
             })
             .map(|p| ObjectRef::from_obj(p.as_ref()))

@@ -45,8 +45,8 @@ use crate::window::Window;
 /// The `Valid` condition type.
 pub const VALID: &str = "Valid";
 
-/// How often a target of a kind the orchestrator does not watch (any but the built-in four)
-/// is read again while the plan waits for it.
+/// How often a target the orchestrator does not watch (any kind but the built-in four, or
+/// in another namespace than its plan) is read again while the plan waits for it.
 pub const POLL_UNWATCHED: Duration = Duration::from_secs(5);
 
 /// Everything [`step`] decides from.
@@ -529,10 +529,11 @@ impl Stepper<'_> {
         }
     }
 
-    /// A target of a kind the orchestrator does not watch is looked at again every
-    /// [`POLL_UNWATCHED`] while it is waited for.
+    /// A target the orchestrator does not watch (another kind, or in another namespace) is
+    /// looked at again every [`POLL_UNWATCHED`] while it is waited for.
     fn poll_unwatched(&mut self, index: usize) {
-        if self.i.spec.components[index].target.typed().is_none() {
+        let target = &self.i.spec.components[index].target;
+        if target.typed().is_none() || target.namespace.is_some() {
             self.recheck_in(POLL_UNWATCHED);
         }
     }
@@ -1282,6 +1283,7 @@ mod tests {
                     components,
                     strategy: Strategy::default(),
                     approved_waves: None,
+                    service_account_name: None,
                 },
                 generation: 1,
                 status: UpgradePlanStatus::default(),

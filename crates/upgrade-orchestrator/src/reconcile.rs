@@ -22,7 +22,7 @@ use k8s_openapi::api::batch::v1::Job;
 use k8s_openapi::jiff::Timestamp;
 use kube::api::{Api, ListParams, Patch, PatchParams, PostParams};
 use kube::runtime::controller::Action;
-use kube::{Resource, ResourceExt};
+use kube::{Client, Resource, ResourceExt};
 use steward_core::Context;
 use steward_core::finalizer::{self, Event};
 
@@ -110,14 +110,15 @@ async fn converge(
     }
     let now = Timestamp::now();
 
+    let client = acting_client(&ctx, &plan, &namespace)?;
     let mut targets = None;
     let outcome = match plan::plan(&plan.spec.components) {
         Err(invalid) => progress::invalid(&status, generation, &invalid, now),
         Ok(validated) => {
-            let (mut observed, workloads) = observe(&ctx, &plan, &namespace).await?;
-            let mut jobs = hook_jobs(&ctx, &plan, &namespace).await?;
+            let (mut observed, workloads) = observe(&client, &plan, &namespace).await?;
+            let mut jobs = hook_jobs(&client, &plan, &namespace).await?;
             let refused = if status.started_at.is_none() {
-                check_targets(&ctx, &plan, &namespace, &workloads, &observed).await?
+                check_targets(&ctx, &client, &plan, &namespace, &workloads, &observed).await?
             } else {
                 None
             };
@@ -141,15 +142,15 @@ async fn converge(
                     }
                     apply_recorded(
                         &ctx,
+                        &client,
                         &plan,
-                        &namespace,
                         pending,
                         &workloads,
                         &mut observed,
                         &mut rejected,
                     )
                     .await?;
-                    create_hook_jobs(&ctx, &plan, &namespace, missing_jobs, &mut jobs).await?;
+                    create_hook_jobs(&client, &plan, &namespace, missing_jobs, &mut jobs).await?;
                 }
                 let outcome = progress::step(&Input {
                     name: &name,
@@ -187,13 +188,13 @@ async fn converge(
                 && !outcome.status.phase.is_some_and(|p| p.is_terminal())
             {
                 let recorded = hook::to_create(&plan.spec, &outcome.status, &jobs);
-                create_hook_jobs(&ctx, &plan, &namespace, recorded, &mut jobs).await?;
+                create_hook_jobs(&client, &plan, &namespace, recorded, &mut jobs).await?;
                 let mut rejected = BTreeMap::new();
                 let recorded = progress::writes(&plan.spec, &outcome.status, &observed);
                 apply_recorded(
                     &ctx,
+                    &client,
                     &plan,
-                    &namespace,
                     recorded,
                     &workloads,
                     &mut observed,
@@ -220,6 +221,24 @@ async fn converge(
     })
 }
 
+/// The client a plan acts through on its targets and hook Jobs: impersonating its
+/// `serviceAccountName` when it names one, else the orchestrator's own.
+fn acting_client(
+    ctx: &Context<Data>,
+    plan: &UpgradePlan,
+    namespace: &str,
+) -> Result<Client, Error> {
+    match &plan.spec.service_account_name {
+        Some(sa) => ctx
+            .impersonating(&format!("system:serviceaccount:{namespace}:{sa}"))
+            .map_err(|source| Error::Impersonate {
+                account: sa.clone(),
+                source: Box::new(source),
+            }),
+        None => Ok(ctx.client.clone()),
+    }
+}
+
 /// Before a plan starts: whether each target's kind accepts the new value, by a server-side
 /// dry run of the very patch the plan will send, so the target's own schema and CEL rules
 /// decide (a PostgresCluster version that is not a number, out of range or lower than the
@@ -228,12 +247,13 @@ async fn converge(
 /// Job is dry-run created first, the same way (`InvalidHook`).
 async fn check_targets(
     ctx: &Context<Data>,
+    client: &Client,
     plan: &UpgradePlan,
     namespace: &str,
     workloads: &BTreeMap<String, Workload>,
     observed: &BTreeMap<String, Observation>,
 ) -> Result<Option<Invalid>, Error> {
-    if let Some(invalid) = check_hooks(ctx, plan, namespace).await? {
+    if let Some(invalid) = check_hooks(client, plan, namespace).await? {
         return Ok(Some(invalid));
     }
     for component in &plan.spec.components {
@@ -258,8 +278,8 @@ async fn check_targets(
             }
         };
         match target::patch(
-            &ctx.client,
-            namespace,
+            client,
+            target.namespace_in(namespace),
             target,
             patch,
             &ctx.field_manager,
@@ -268,7 +288,8 @@ async fn check_targets(
         .await
         {
             Ok(_) => {}
-            Err(kube::Error::Api(s)) if s.code == 422 || s.code == 400 => {
+            // 403: the plan's ServiceAccount may not change it.
+            Err(kube::Error::Api(s)) if s.code == 422 || s.code == 400 || s.code == 403 => {
                 return Ok(Some(Invalid::ChangeRefused {
                     component: component.name.clone(),
                     kind: target.kind.clone(),
@@ -292,11 +313,11 @@ async fn check_targets(
 
 /// Whether the API server accepts each hook's Job, by a server-side dry run of its create.
 async fn check_hooks(
-    ctx: &Context<Data>,
+    client: &Client,
     plan: &UpgradePlan,
     namespace: &str,
 ) -> Result<Option<Invalid>, Error> {
-    let jobs: Api<Job> = Api::namespaced(ctx.client.clone(), namespace);
+    let jobs: Api<Job> = Api::namespaced(client.clone(), namespace);
     let generation = plan.metadata.generation.unwrap_or(0);
     let deadline = i64::from(plan.spec.strategy.progress_deadline_seconds);
     for component in &plan.spec.components {
@@ -323,7 +344,7 @@ async fn check_hooks(
                 // AlreadyExists: the name is taken (by this plan's own Job after a crash).
                 Ok(_) => {}
                 Err(kube::Error::Api(s)) if s.code == 409 => {}
-                Err(kube::Error::Api(s)) if s.code == 422 || s.code == 400 => {
+                Err(kube::Error::Api(s)) if s.code == 422 || s.code == 400 || s.code == 403 => {
                     return Ok(Some(refused(s.message)));
                 }
                 Err(source) => {
@@ -340,19 +361,24 @@ async fn check_hooks(
 
 /// The plan's hook Jobs (by its label), by name.
 async fn hook_jobs(
-    ctx: &Context<Data>,
+    client: &Client,
     plan: &UpgradePlan,
     namespace: &str,
 ) -> Result<BTreeMap<String, JobState>, Error> {
-    let api: Api<Job> = Api::namespaced(ctx.client.clone(), namespace);
+    let api: Api<Job> = Api::namespaced(client.clone(), namespace);
     let selector = format!("{}={}", hook::PLAN_LABEL, plan.name_any());
-    let jobs = api
-        .list(&ListParams::default().labels(&selector))
-        .await
-        .map_err(|source| Error::ReadHooks {
-            name: plan.name_any(),
-            source: Box::new(source),
-        })?;
+    let jobs = match api.list(&ListParams::default().labels(&selector)).await {
+        Ok(jobs) => jobs,
+        // The plan's ServiceAccount may not list Jobs: none seen; creating one is refused
+        // too, which fails the component saying so.
+        Err(kube::Error::Api(s)) if s.code == 403 => return Ok(BTreeMap::new()),
+        Err(source) => {
+            return Err(Error::ReadHooks {
+                name: plan.name_any(),
+                source: Box::new(source),
+            });
+        }
+    };
     Ok(jobs
         .items
         .iter()
@@ -363,13 +389,13 @@ async fn hook_jobs(
 /// Creates the Jobs of hooks the status records ([`hook::to_create`]); one that exists
 /// already (created before a crash, not yet listed) is left as it is.
 async fn create_hook_jobs(
-    ctx: &Context<Data>,
+    client: &Client,
     plan: &UpgradePlan,
     namespace: &str,
     runs: Vec<(usize, HookRun)>,
     jobs: &mut BTreeMap<String, JobState>,
 ) -> Result<(), Error> {
-    let api: Api<Job> = Api::namespaced(ctx.client.clone(), namespace);
+    let api: Api<Job> = Api::namespaced(client.clone(), namespace);
     let deadline = i64::from(plan.spec.strategy.progress_deadline_seconds);
     for (index, run) in runs {
         let Some(component) = plan.spec.components.get(index) else {
@@ -385,8 +411,9 @@ async fn create_hook_jobs(
                 tracing::info!(plan = %plan.name_any(), component = %component.name, job = %run.job, "created hook Job");
             }
             Err(kube::Error::Api(s)) if s.code == 409 => {}
-            // Refused as invalid: retrying cannot help; the step fails the component.
-            Err(kube::Error::Api(s)) if s.code == 422 => {
+            // Refused as invalid, or forbidden: retrying cannot help; the step fails the
+            // component.
+            Err(kube::Error::Api(s)) if s.code == 422 || s.code == 403 => {
                 tracing::warn!(plan = %plan.name_any(), job = %run.job, message = %s.message, "hook Job refused");
                 jobs.insert(
                     run.job.clone(),
@@ -423,14 +450,15 @@ async fn is_current(
 
 /// Reads every target of the plan.
 async fn observe(
-    ctx: &Context<Data>,
+    client: &Client,
     plan: &UpgradePlan,
     namespace: &str,
 ) -> Result<(BTreeMap<String, Observation>, BTreeMap<String, Workload>), Error> {
     let mut observed = BTreeMap::new();
     let mut workloads = BTreeMap::new();
     for c in &plan.spec.components {
-        let workload = match target::get(&ctx.client, namespace, &c.target).await {
+        let workload = match target::get(client, c.target.namespace_in(namespace), &c.target).await
+        {
             Ok(workload) => workload,
             // Not allowed to read it (a kind the orchestrator's role does not cover): say so
             // in the plan, which cannot start (or go on) without it.
@@ -465,13 +493,14 @@ async fn observe(
 /// ([`progress::writes`]).
 async fn apply_recorded(
     ctx: &Context<Data>,
+    client: &Client,
     plan: &UpgradePlan,
-    namespace: &str,
     writes: Vec<progress::Write>,
     workloads: &BTreeMap<String, Workload>,
     observed: &mut BTreeMap<String, Observation>,
     rejected: &mut BTreeMap<String, String>,
 ) -> Result<(), Error> {
+    let namespace = plan.namespace().unwrap_or_default();
     for write in writes {
         let Some(component) = plan.spec.components.get(write.index) else {
             continue;
@@ -488,8 +517,8 @@ async fn apply_recorded(
                 message,
             })?;
         let updated = match target::patch(
-            &ctx.client,
-            namespace,
+            client,
+            target.namespace_in(&namespace),
             target,
             patch,
             &ctx.field_manager,
@@ -500,7 +529,10 @@ async fn apply_recorded(
             Ok(updated) => updated,
             // Refused as invalid (a validation rule, e.g. a version that cannot be lowered):
             // retrying cannot help, the step fails the component (or the rollback).
-            Err(kube::Error::Api(s)) if s.code == 422 && s.reason == "Invalid" => {
+            // Or forbidden (the plan's ServiceAccount may not change it).
+            Err(kube::Error::Api(s))
+                if (s.code == 422 && s.reason == "Invalid") || s.code == 403 =>
+            {
                 tracing::warn!(plan = %plan.name_any(), component = %component.name, message = %s.message, "change refused");
                 rejected.insert(component.name.clone(), s.message.clone());
                 continue;

@@ -517,6 +517,7 @@ mod tests {
         let mut c = component(TargetKind::Deployment);
         c.target = TargetRef {
             api_version: Some("v1".into()),
+            namespace: None,
             kind: "ConfigMap".into(),
             name: "t".into(),
         };
@@ -572,6 +573,7 @@ mod tests {
         );
         let with = |v: &str, k: &str| TargetRef {
             api_version: Some(v.into()),
+            namespace: None,
             kind: k.into(),
             name: "x".into(),
         };
