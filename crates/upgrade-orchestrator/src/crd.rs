@@ -50,6 +50,7 @@ pub const GROUP: &str = "upgrade.steward.dev";
     printcolumn(name = "Paused", type_ = "boolean", json_path = ".spec.strategy.paused", priority = 1),
     printcolumn(name = "Age", type_ = "date", json_path = ".metadata.creationTimestamp"),
     printcolumn(name = "Step", type_ = "string", json_path = r#".status.conditions[?(@.type=="Ready")].message"#, description = "What the plan is doing and what it waits for"),
+    printcolumn(name = "Next", type_ = "string", json_path = ".status.next", description = "What follows the components in flight"),
     validation = Rule::new(
         "!has(oldSelf.status) || !has(oldSelf.status.startedAt) || self.spec.components == oldSelf.spec.components"
     )
@@ -550,6 +551,10 @@ pub struct UpgradePlanStatus {
     /// When the plan reached Succeeded, RolledBack or Failed.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub finished_at: Option<MicroTime>,
+    /// What follows the components in flight: the next components to start (`api, worker
+    /// (wave 2)`), or during a rollback `revert ...`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub next: Option<String>,
     /// One entry per component, in spec order.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub components: Vec<ComponentStatus>,

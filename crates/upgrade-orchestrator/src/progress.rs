@@ -1078,10 +1078,63 @@ pub fn step(i: &Input<'_>) -> Outcome {
         }
         (PlanPhase::Progressing, "Progressing", message)
     };
+    st.next = next_step(i, &s.comps, phase);
     st.components = s.comps;
     finish(
         st, old_phase, phase, reason, &message, generation, i.now, s.notes, s.finished, s.recheck,
     )
+}
+
+/// What the plan does after the components in flight, for `kubectl get uplan`: the
+/// Pending components of the earliest wave that has any (`api, worker (wave 2)`), or during a
+/// rollback the changed components of the latest wave not yet being reverted. `None` when
+/// nothing follows.
+fn next_step(i: &Input<'_>, comps: &[ComponentStatus], phase: PlanPhase) -> Option<String> {
+    let names = |wave: i32, pick: &dyn Fn(&ComponentStatus, usize) -> bool| {
+        let names: Vec<&str> = comps
+            .iter()
+            .enumerate()
+            .filter(|(x, c)| c.wave == wave && pick(c, *x))
+            .map(|(_, c)| c.name.as_str())
+            .collect();
+        format!("{} (wave {wave})", names.join(", "))
+    };
+    match phase {
+        PlanPhase::RollingBack => {
+            let to_revert = |c: &ComponentStatus, x: usize| {
+                c.previous.is_some()
+                    && i.spec.components[x].reverts()
+                    && matches!(
+                        c.phase,
+                        ComponentPhase::Progressing
+                            | ComponentPhase::Succeeded
+                            | ComponentPhase::Failed
+                    )
+            };
+            let reverting = comps
+                .iter()
+                .filter(|c| c.phase == ComponentPhase::RollingBack)
+                .map(|c| c.wave)
+                .max();
+            let wave = comps
+                .iter()
+                .enumerate()
+                .filter(|(x, c)| to_revert(c, *x) && reverting.is_none_or(|r| c.wave < r))
+                .map(|(_, c)| c.wave)
+                .max()?;
+            Some(format!("revert {}", names(wave, &to_revert)))
+        }
+        p if p.is_terminal() => None,
+        _ => {
+            let pending = |c: &ComponentStatus, _: usize| c.phase == ComponentPhase::Pending;
+            let wave = comps
+                .iter()
+                .filter(|c| c.phase == ComponentPhase::Pending)
+                .map(|c| c.wave)
+                .min()?;
+            Some(names(wave, &pending))
+        }
+    }
 }
 
 #[allow(clippy::too_many_arguments)]
@@ -2296,5 +2349,26 @@ mod tests {
             HookPhase::Failed
         );
         assert_eq!(s.values["api"], "api:1");
+    }
+
+    #[test]
+    fn the_status_says_what_comes_next() {
+        let mut s = Sim::diamond().with(|st| st.failure_policy = FailurePolicy::Rollback);
+        s.reconcile();
+        assert_eq!(s.comp("db").phase, ComponentPhase::Progressing);
+        assert_eq!(s.status.next.as_deref(), Some("api, worker (wave 2)"));
+        s.db_done_then_api_started();
+        assert_eq!(s.status.next.as_deref(), Some("worker (wave 2)"));
+        // api fails: api (wave 2) is reverted first, db after it.
+        s.now = 10_000;
+        s.reconcile();
+        assert_eq!(s.status.phase, Some(PlanPhase::RollingBack));
+        assert_eq!(s.status.next.as_deref(), Some("revert db (wave 1)"));
+        for _ in 0..6 {
+            s.roll_out_all();
+            s.reconcile();
+        }
+        assert_eq!(s.status.phase, Some(PlanPhase::RolledBack));
+        assert_eq!(s.status.next, None);
     }
 }
