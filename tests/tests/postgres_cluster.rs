@@ -33,7 +33,11 @@ struct Cluster {
     client: Client,
     password: String,
     operator: Option<steward_testenv::harness::Harness>,
+    /// An operator started by [`Cluster::start_killable_operator`].
+    killable: Option<steward_testenv::harness::Crashable>,
     instance_image: String,
+    /// The operator's binaries (for [`deploy::operator`]).
+    built: deploy::Built,
     instances: i32,
     /// The node's PostgreSQL image (`…:<major>`).
     image: String,
@@ -78,7 +82,9 @@ impl Cluster {
             client: client.clone(),
             password: String::new(),
             operator: None,
+            killable: None,
             instance_image,
+            built: binaries[0].clone(),
             instances,
             image,
         };
@@ -150,34 +156,60 @@ impl Cluster {
         String::from_utf8(secret.data.unwrap()["password"].0.clone()).unwrap()
     }
 
+    /// The database-operator watching the cluster's namespace, registered, not started
+    /// (a closure, to build it on the runtime it runs on).
+    fn operator(&self) -> impl FnOnce() -> steward_core::Operator + Send + 'static {
+        let (ns, config, instance_image) = (
+            self.ns.clone(),
+            self._cp.config().clone(),
+            self.instance_image.clone(),
+        );
+        move || {
+            let args = steward_core::cli::CommonArgs {
+                watch_namespace: Some(ns),
+                ..steward_testenv::harness::test_args()
+            };
+            let mut operator =
+                steward_core::Operator::with_config(database_operator::NAME, args, config).unwrap();
+            database_operator::register(
+                &mut operator,
+                database_operator::Options {
+                    resync_interval: Duration::from_secs(2),
+                    instance_image,
+                    ..Default::default()
+                },
+            )
+            .unwrap();
+            operator
+        }
+    }
+
     /// Starts the database-operator (in this process), watching the cluster's namespace.
     async fn start_operator(&mut self) {
-        let args = steward_core::cli::CommonArgs {
-            watch_namespace: Some(self.ns.clone()),
-            ..steward_testenv::harness::test_args()
-        };
-        let mut operator = steward_core::Operator::with_config(
-            database_operator::NAME,
-            args,
-            self._cp.config().clone(),
-        )
-        .unwrap();
-        database_operator::register(
-            &mut operator,
-            database_operator::Options {
-                resync_interval: Duration::from_secs(2),
-                instance_image: self.instance_image.clone(),
-                ..Default::default()
-            },
-        )
-        .unwrap();
+        let operator = self.operator()();
         self.operator = Some(steward_testenv::harness::Harness::start(operator).await);
+    }
+
+    /// Starts the database-operator on a runtime of its own, so that
+    /// [`Cluster::kill_operator`] can kill it mid-flight.
+    async fn start_killable_operator(&mut self) {
+        let build = self.operator();
+        let (operator, ()) =
+            steward_testenv::harness::Crashable::start(move || (build(), ())).await;
+        self.killable = Some(operator);
+    }
+
+    fn kill_operator(&mut self) {
+        if let Some(operator) = self.killable.take() {
+            operator.kill();
+        }
     }
 
     async fn stop_operator(&mut self) {
         if let Some(operator) = self.operator.take() {
             operator.stop().await.unwrap();
         }
+        self.kill_operator();
     }
 
     fn clusters(&self) -> Api<PostgresCluster> {
@@ -236,6 +268,14 @@ impl Cluster {
         let mut out = String::new();
         for i in 0..self.instances {
             let pod = format!("pg-{i}");
+            // A container that restarted: what it said before, too.
+            let previous = kube::api::LogParams {
+                previous: true,
+                ..Default::default()
+            };
+            if let Ok(before) = self.pods().logs(&pod, &previous).await {
+                out.push_str(&format!("--- {pod} (previous container):\n{before}\n"));
+            }
             out.push_str(&format!("--- {pod}:\n{}\n", logs(&self.pods(), &pod).await));
         }
         out
@@ -333,6 +373,16 @@ async fn verify_full(
     password: &str,
     ca: &[u8],
 ) -> Result<tokio_postgres::Client, String> {
+    verify_full_as(name, host_ip, ("postgres", password, "postgres"), ca).await
+}
+
+/// As [`verify_full`], as `(user, password, database)`.
+async fn verify_full_as(
+    name: &str,
+    host_ip: &str,
+    (user, password, dbname): (&str, &str, &str),
+    ca: &[u8],
+) -> Result<tokio_postgres::Client, String> {
     use rustls::pki_types::CertificateDer;
     use rustls::pki_types::pem::PemObject;
     let mut roots = rustls::RootCertStore::empty();
@@ -352,9 +402,9 @@ async fn verify_full(
         .host(name)
         .hostaddr(host_ip.parse().map_err(|e| format!("{e}"))?)
         .port(5432)
-        .user("postgres")
+        .user(user)
         .password(password)
-        .dbname("postgres")
+        .dbname(dbname)
         .ssl_mode(tokio_postgres::config::SslMode::Require)
         .connect_timeout(Duration::from_secs(5));
     let (client, connection) = config
@@ -551,7 +601,9 @@ enum Fault {
     /// keeps the Lease.
     KillPostgres,
     /// The primary's pod is deleted: its manager shuts PostgreSQL down (fast) and releases
-    /// the Lease; the replica takes over.
+    /// the Lease; the replica takes over. The operator is killed (its runtime dropped
+    /// mid-flight) as the pod is deleted and started again once the new primary writes:
+    /// failover does not need it, and the new one takes the cluster as it finds it.
     DeletePod,
     /// SIGSTOP of the primary's instance manager: it cannot renew; its watchdog stops
     /// PostgreSQL at the renew deadline, the replica takes the Lease after it expires.
@@ -567,6 +619,10 @@ enum Fault {
     /// A parameter change rolls every instance: the replica is replaced, the primary switches
     /// over to it, then the old primary is replaced.
     RollingChange,
+    /// A switchover asked for, and the operator killed (its runtime dropped mid-flight) the
+    /// moment its request is on the Lease: the instance managers finish the handover alone;
+    /// a new operator then clears the request without a second switchover.
+    OperatorKilledMidSwitchover,
 }
 
 /// What a writer saw: acknowledged ids, with when and which server acknowledged them.
@@ -759,6 +815,10 @@ async fn disrupt(cluster: &mut Cluster, rw: &str, fault: Fault) -> (Duration, i6
         // Failover needs no operator: the instance managers decide through the Lease.
         cluster.stop_operator().await;
     }
+    if matches!(fault, Fault::DeletePod | Fault::OperatorKilledMidSwitchover) {
+        cluster.stop_operator().await;
+        cluster.start_killable_operator().await;
+    }
     let fault_at = Instant::now();
     match fault {
         Fault::KillPostgres => signal(postmaster, "KILL"),
@@ -768,10 +828,11 @@ async fn disrupt(cluster: &mut Cluster, rw: &str, fault: Fault) -> (Duration, i6
                 .delete(&old, &DeleteParams::default())
                 .await
                 .unwrap();
+            cluster.kill_operator();
         }
         Fault::StopManager => signal(manager, "STOP"),
         Fault::Partition => partition(sandbox, false),
-        Fault::Switchover => {
+        Fault::Switchover | Fault::OperatorKilledMidSwitchover => {
             let to = (0..cluster.instances)
                 .map(|i| format!("pg-{i}"))
                 .find(|p| *p != old)
@@ -783,6 +844,26 @@ async fn disrupt(cluster: &mut Cluster, rw: &str, fault: Fault) -> (Duration, i6
                 .patch("pg", &PatchParams::default(), &Patch::Merge(annotation))
                 .await
                 .unwrap();
+            if matches!(fault, Fault::OperatorKilledMidSwitchover) {
+                let leases: Api<k8s_openapi::api::coordination::v1::Lease> =
+                    Api::namespaced(cluster.client.clone(), &cluster.ns);
+                let deadline = Instant::now() + WAIT;
+                loop {
+                    let lease = leases.get("pg-primary").await.unwrap();
+                    let target = lease
+                        .annotations()
+                        .get(steward_pg_instance::contract::TARGET_ANNOTATION);
+                    if target == Some(&to) {
+                        break;
+                    }
+                    assert!(
+                        Instant::now() < deadline,
+                        "the operator never asked the Lease for the switchover"
+                    );
+                    tokio::time::sleep(Duration::from_millis(10)).await;
+                }
+                cluster.kill_operator();
+            }
         }
         Fault::RollingChange => {
             let change = json!({"spec": {"parameters": {"work_mem": "8MB"}}});
@@ -835,6 +916,7 @@ async fn disrupt(cluster: &mut Cluster, rw: &str, fault: Fault) -> (Duration, i6
             partition(sandbox, true);
             cluster.start_operator().await;
         }
+        Fault::DeletePod | Fault::OperatorKilledMidSwitchover => cluster.start_operator().await,
         _ => {}
     }
     let last_before = acks
@@ -940,7 +1022,29 @@ async fn disrupt(cluster: &mut Cluster, rw: &str, fault: Fault) -> (Duration, i6
     if moved {
         assert_ne!(now, old, "{fault:?}: the primary moved");
     }
+    record_for_bench(fault, cluster.instances, unavailable, lost);
     (unavailable, lost)
+}
+
+/// With `STEWARD_BENCH_RECORD=<file>` (set by `cargo xtask bench --postgres`), appends what
+/// one fault measured as a JSON line: the bench runs these scenarios and tabulates them.
+fn record_for_bench(fault: Fault, instances: i32, unavailable: Duration, lost: i64) {
+    let Some(path) = std::env::var_os("STEWARD_BENCH_RECORD") else {
+        return;
+    };
+    let line = json!({
+        "scenario": format!("{fault:?}"),
+        "instances": instances,
+        "unavailable_ms": unavailable.as_millis(),
+        "lost": lost,
+    });
+    use std::io::Write;
+    let mut file = std::fs::OpenOptions::new()
+        .create(true)
+        .append(true)
+        .open(path)
+        .expect("open the bench record");
+    writeln!(file, "{line}").expect("write the bench record");
 }
 
 /// A PostgresCluster of 2 instances loses its primary three ways while a client writes
@@ -977,8 +1081,10 @@ async fn postgres_cluster_fails_over_and_never_has_two_writers() {
 }
 
 /// Planned changes cost one switchover each and no primary restart: a switchover asked for
-/// on the cluster, then a parameter change that rolls both instances (the replica is
-/// replaced, the primary hands over to it, the old primary is replaced). For each, the
+/// on the cluster; another whose operator is killed the moment it asked the Lease (the
+/// instance managers finish alone, a new operator clears the request); then a parameter
+/// change that rolls both instances (the replica is replaced, the primary hands over to it,
+/// the old primary is replaced). For each, the
 /// write unavailability is measured and printed, the old primary accepts no write once the
 /// new one did, no acknowledged row is lost, and the primary changed exactly once.
 #[tokio::test]
@@ -995,15 +1101,34 @@ async fn postgres_cluster_switches_over_and_rolls_a_parameter_change_with_one_sw
         .await
         .unwrap();
     drop(setup);
-    for fault in [Fault::Switchover, Fault::RollingChange] {
+    for fault in [
+        Fault::Switchover,
+        Fault::OperatorKilledMidSwitchover,
+        Fault::RollingChange,
+    ] {
         let before = cluster.status().await.primary_transitions.unwrap_or(0);
         let (unavailable, lost) = disrupt(&mut cluster, &rw, fault).await;
         assert_eq!(lost, 0, "{fault:?}: a clean handover loses nothing");
-        let status = cluster.status().await;
+        // The status says so once the operator (a new one, after a kill) has looked.
+        let primary = cluster.primary().await.0;
+        let recorded = eventually("the status names the new primary", WAIT, || {
+            let clusters = cluster.clusters();
+            let primary = primary.clone();
+            async move {
+                let status = status_of(&clusters, "pg").await?;
+                if status.primary.as_deref() == Some(primary.as_str()) {
+                    Ok(status)
+                } else {
+                    Err(format!("{status:?}"))
+                }
+            }
+        })
+        .await
+        .unwrap();
         assert_eq!(
-            status.primary_transitions.unwrap_or(0),
+            recorded.primary_transitions.unwrap_or(0),
             before + 1,
-            "{fault:?}: exactly one switchover ({status:?})"
+            "{fault:?}: exactly one switchover ({recorded:?})"
         );
         eprintln!("{fault:?}: writes unavailable for {unavailable:.1?}, one switchover");
     }
@@ -1018,6 +1143,31 @@ async fn postgres_cluster_switches_over_and_rolls_a_parameter_change_with_one_sw
     assert!(
         !annotations.contains_key("database.steward.dev/switchover-to"),
         "the operator removed the request once done: {annotations:?}"
+    );
+    // Every move was planned, the one whose operator was killed included.
+    let events: Api<k8s_openapi::api::core::v1::Event> =
+        Api::namespaced(cluster.client.clone(), &cluster.ns);
+    let reasons: Vec<String> = events
+        .list(&Default::default())
+        .await
+        .unwrap()
+        .items
+        .into_iter()
+        .filter(|e| e.involved_object.kind.as_deref() == Some("PostgresCluster"))
+        .map(|e| {
+            format!(
+                "{} {}: {}",
+                e.last_timestamp
+                    .map(|t| t.0.to_string())
+                    .unwrap_or_default(),
+                e.reason.unwrap_or_default(),
+                e.message.unwrap_or_default()
+            )
+        })
+        .collect();
+    assert!(
+        !reasons.iter().any(|r| r.contains(" FailedOver: ")),
+        "no switchover is reported as a failover: {reasons:#?}"
     );
     for service in ["pg-rw", "pg-ro"] {
         let c = connect(&cluster.cluster_ip(service).await, &cluster.password)
@@ -1996,4 +2146,110 @@ async fn postgres_cluster_upgrades_its_major_with_pg_upgrade() {
     if let Err(e) = streamed {
         panic!("{e}\n{}", cluster.logs().await);
     }
+}
+
+/// A Database on a PostgresCluster, reconciled by the database-operator running as its image
+/// in a pod (deployed by `deploy/database-operator/`, leader-elected): the operator reaches the
+/// cluster by its `-rw` Service's DNS name with `sslmode=verify-full` against the cluster's CA,
+/// creates the database and its owner, and publishes credentials that say so. (An in-process
+/// operator cannot: the host does not resolve Service names.)
+#[tokio::test]
+async fn a_database_on_a_cluster_is_created_by_the_operator_pod_over_verify_full() {
+    let _turn = NODE.lock().await;
+    let mut cluster = Cluster::new("rn-pgdb", 1).await;
+    cluster.stop_operator().await;
+    let deployed = deploy::operator(&cluster._cp, &cluster.built, "real-node-test")
+        .await
+        .expect("deploy the database-operator image");
+    deployed
+        .wait_available(&cluster._cp, WAIT)
+        .await
+        .unwrap_or_else(|e| panic!("{e}"));
+    cluster.create(json!({})).await;
+
+    let databases: Api<database_operator::api::Database> =
+        Api::namespaced(cluster.client.clone(), &cluster.ns);
+    let database: database_operator::api::Database = serde_json::from_value(json!({
+        "apiVersion": "database.steward.dev/v1alpha1", "kind": "Database",
+        "metadata": {"name": "app"},
+        "spec": {"clusterRef": {"name": "pg"}, "name": "app", "owner": "app_owner",
+                 "extensions": [{"name": "pgcrypto"}], "deletionPolicy": "Retain"}
+    }))
+    .unwrap();
+    let created = Instant::now();
+    databases
+        .create(&kube::api::PostParams::default(), &database)
+        .await
+        .unwrap();
+    let ready = eventually("Database app Ready", Duration::from_secs(120), || {
+        let databases = databases.clone();
+        async move {
+            let d = databases.get("app").await.map_err(|e| e.to_string())?;
+            let conditions = d.status.map(|s| s.conditions).unwrap_or_default();
+            if conditions
+                .iter()
+                .any(|c| c.type_ == "Ready" && c.status == "True")
+            {
+                Ok(())
+            } else {
+                Err(format!("{conditions:?}"))
+            }
+        }
+    })
+    .await;
+    if let Err(e) = ready {
+        let pods: Api<Pod> = Api::namespaced(cluster.client.clone(), &deployed.namespace);
+        let list = pods.list(&Default::default()).await.unwrap();
+        let mut logs_of = String::new();
+        for p in &list.items {
+            logs_of.push_str(&logs(&pods, &p.name_any()).await);
+        }
+        panic!("{e}\noperator logs:\n{logs_of}");
+    }
+    eprintln!(
+        "Database Ready {:.1?} after it was created",
+        created.elapsed()
+    );
+
+    // It is there, owned by its role, with the extension.
+    let rw = cluster.cluster_ip("pg-rw").await;
+    let c = connect(&rw, &cluster.password).await.unwrap();
+    let owner: String = c
+        .query_one(
+            "select pg_get_userbyid(datdba)::text from pg_database where datname = 'app'",
+            &[],
+        )
+        .await
+        .unwrap()
+        .get(0);
+    assert_eq!(owner, "app_owner");
+
+    // The credentials name the Service and verify-full, and hold the cluster's CA.
+    let secrets: Api<Secret> = Api::namespaced(cluster.client.clone(), &cluster.ns);
+    let credentials = secrets.get("app-db-credentials").await.unwrap();
+    let data = credentials.data.unwrap_or_default();
+    let text = |k: &str| String::from_utf8(data[k].0.clone()).unwrap();
+    let uri = text("uri");
+    assert!(
+        uri.contains(&format!("@pg-rw.{}.svc:5432/app", cluster.ns))
+            && uri.ends_with("sslmode=verify-full"),
+        "{uri}"
+    );
+    let ca = secrets.get("pg-superuser").await.unwrap().data.unwrap()["ca.crt"].clone();
+    assert_eq!(data["ca.crt"], ca, "the application gets the cluster's CA");
+    // The owner logs in with those credentials, the server's certificate verified for the
+    // Service's name against that CA (the host reaches the Service by its address).
+    let host = format!("pg-rw.{}.svc", cluster.ns);
+    let app = verify_full_as(&host, &rw, (&text("user"), &text("password"), "app"), &ca.0)
+        .await
+        .unwrap_or_else(|e| panic!("verify-full to {host} as the owner: {e}"));
+    let extension: i64 = app
+        .query_one(
+            "select count(*) from pg_extension where extname = 'pgcrypto'",
+            &[],
+        )
+        .await
+        .unwrap()
+        .get(0);
+    assert_eq!(extension, 1);
 }

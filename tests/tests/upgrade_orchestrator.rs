@@ -1777,20 +1777,14 @@ async fn invalid_plans_are_reported_and_change_nothing() {
 /// An orchestrator on its own tokio runtime, so it can be killed at any await point (dropping
 /// the runtime drops every task mid-flight, like a crashed process), not just shut down.
 struct Crashable {
-    runtime: tokio::runtime::Runtime,
+    operator: steward_testenv::harness::Crashable,
     leadership: steward_core::Leadership,
 }
 
 impl Crashable {
     async fn start(env: &Env, args: CommonArgs) -> Self {
-        let runtime = tokio::runtime::Builder::new_multi_thread()
-            .worker_threads(1)
-            .enable_all()
-            .build()
-            .expect("runtime");
         let config = env.cp.config().clone();
-        let (tx, rx) = tokio::sync::oneshot::channel();
-        runtime.spawn(async move {
+        let (operator, leadership) = steward_testenv::harness::Crashable::start(move || {
             let mut op = Operator::with_config(upgrade_orchestrator::NAME, args, config)
                 .expect("operator")
                 .backoff(Duration::from_millis(200), Duration::from_secs(2));
@@ -1801,17 +1795,18 @@ impl Crashable {
                 },
             )
             .expect("register");
-            let _ = tx.send(op.leadership());
-            let _ = op.run().await;
-        });
+            let leadership = op.leadership();
+            (op, leadership)
+        })
+        .await;
         Self {
-            runtime,
-            leadership: rx.await.expect("operator started"),
+            operator,
+            leadership,
         }
     }
 
     fn kill(self) {
-        self.runtime.shutdown_background();
+        self.operator.kill();
     }
 }
 

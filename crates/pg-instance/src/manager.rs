@@ -69,6 +69,8 @@ pub struct Settings {
 }
 
 const TICK: Duration = Duration::from_millis(500);
+/// Failed starts in a row after which a replica's data directory is cloned afresh.
+const MAX_FAILED_STARTS: u32 = 10;
 const API_TIMEOUT: Duration = Duration::from_secs(3);
 
 /// Runs the instance until `shutdown`, then stops PostgreSQL (fast) and releases the Lease.
@@ -141,6 +143,7 @@ pub async fn run(
         published: None,
         certificate: None,
         rewind_failures: 0,
+        failed_starts: 0,
     };
     let mut tick = tokio::time::interval(TICK);
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
@@ -304,6 +307,8 @@ struct Instance {
     certificate: Option<Vec<u8>>,
     /// `pg_rewind` failures since this instance last streamed.
     rewind_failures: u32,
+    /// Times in a row PostgreSQL exited before it ever answered (reset once it does).
+    failed_starts: u32,
 }
 
 /// The cluster as this tick saw it.
@@ -323,6 +328,18 @@ struct World {
 impl World {
     fn pod(&self, name: &str) -> Option<&Pod> {
         self.pods.iter().find(|p| p.name_any() == name)
+    }
+
+    /// Whether the Lease's holder (another instance) says it runs read-write: it finished its
+    /// promotion. A standby is no source to rewind from: its control file may still name the
+    /// timeline it is leaving, and `pg_rewind` would rewind to the wrong fork.
+    fn holder_is_primary(&self, me: &str) -> bool {
+        self.holder
+            .as_deref()
+            .filter(|h| !h.is_empty() && *h != me)
+            .and_then(|h| self.pod(h))
+            .and_then(|pod| peer(pod).status)
+            .is_some_and(|s| s.role == Role::Primary)
     }
 
     /// The holder's pod IP, if another instance holds the Lease.
@@ -398,6 +415,9 @@ impl Instance {
     fn reap(&mut self) {
         if let Some(status) = self.postmaster.as_mut().and_then(Postmaster::exited) {
             tracing::warn!(%status, "postgres exited");
+            if self.observed.is_none() {
+                self.failed_starts += 1;
+            }
             self.postmaster = None;
             self.observed = None;
             self.primary_pid.store(0, Ordering::SeqCst);
@@ -691,6 +711,10 @@ impl Instance {
                     }
                     return Ok(());
                 };
+                if !world.holder_is_primary(&self.settings.pod) {
+                    tracing::info!(%host, "waiting for the new primary to finish its promotion before rewinding from it");
+                    return Ok(());
+                }
                 tracing::info!(%host, "rewinding to follow the new primary");
                 match postgres::rewind(&paths, host).await {
                     Ok(out) => tracing::info!(output = %out.trim(), "pg_rewind finished"),
@@ -704,16 +728,18 @@ impl Instance {
                     }
                     Err(e) => {
                         tracing::warn!(error = %e, "pg_rewind failed again; cloning the primary afresh");
-                        clear_dir(&paths.pgdata)?;
-                        if let Err(e) = postgres::basebackup(&paths, host).await {
-                            clear_dir(&paths.pgdata)?;
-                            return Err(e.into());
-                        }
-                        std::fs::write(paths.standby_signal(), "")?;
-                        self.rewind_failures = 0;
+                        self.clone_afresh(host).await?;
                     }
                 }
                 self.needs_rewind = false;
+            } else if let Some(host) = host
+                .as_deref()
+                .filter(|_| self.failed_starts >= MAX_FAILED_STARTS)
+            {
+                // A replica's data directory PostgreSQL refuses to start from (say, a rewind
+                // that went wrong) holds nothing the primary lacks: take a new copy.
+                tracing::warn!(%host, failed_starts = self.failed_starts, "PostgreSQL does not start from this replica's data directory; cloning the primary afresh");
+                self.clone_afresh(host).await?;
             }
             self.configure_replica(host.as_deref())?;
             self.start(&paths)?;
@@ -752,6 +778,20 @@ impl Instance {
         Ok(())
     }
 
+    /// Replaces the data directory with a new copy of the primary at `host`.
+    async fn clone_afresh(&mut self, host: &str) -> anyhow::Result<()> {
+        let paths = self.settings.paths.clone();
+        clear_dir(&paths.pgdata)?;
+        if let Err(e) = postgres::basebackup(&paths, host).await {
+            clear_dir(&paths.pgdata)?;
+            return Err(e.into());
+        }
+        std::fs::write(paths.standby_signal(), "")?;
+        self.rewind_failures = 0;
+        self.failed_starts = 0;
+        Ok(())
+    }
+
     fn configure_replica(&mut self, host: Option<&str>) -> anyhow::Result<()> {
         let paths = &self.settings.paths;
         let conf = match host {
@@ -784,7 +824,10 @@ impl Instance {
         } else {
             match postgres::connect(&self.settings.paths).await {
                 Ok(client) => match postgres::observe(&client).await {
-                    Ok(o) => self.observed = Some(o),
+                    Ok(o) => {
+                        self.observed = Some(o);
+                        self.failed_starts = 0;
+                    }
                     Err(e) => tracing::debug!(error = %e, "observing PostgreSQL failed"),
                 },
                 Err(e) => tracing::debug!(error = %e, "PostgreSQL does not accept connections yet"),

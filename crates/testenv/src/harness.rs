@@ -254,3 +254,64 @@ pub fn kubectl(
         stderr: String::from_utf8_lossy(&out.stderr).into_owned(),
     })
 }
+
+/// An operator on a tokio runtime of its own, so it can be killed at any await point, as a
+/// crashed process would be: [`Crashable::kill`] drops the runtime and with it every task
+/// mid-flight (reconciles, Lease renewals, requests on the wire), where [`Harness::stop`]
+/// drains them.
+pub struct Crashable {
+    /// `None` once killed.
+    runtime: Option<tokio::runtime::Runtime>,
+}
+
+impl Crashable {
+    /// Builds the operator with `build` on a new one-thread runtime (a client must be built
+    /// on the runtime it runs on) and runs it; returns once it runs, with what `build`
+    /// returned besides the operator (its leadership, say).
+    ///
+    /// # Panics
+    /// When the runtime cannot be built or `build` panics.
+    pub async fn start<T, F>(build: F) -> (Self, T)
+    where
+        T: Send + 'static,
+        F: FnOnce() -> (Operator, T) + Send + 'static,
+    {
+        let runtime = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(1)
+            .enable_all()
+            .build()
+            .expect("a runtime for the operator");
+        let (tx, rx) = tokio::sync::oneshot::channel();
+        runtime.spawn(async move {
+            let (operator, value) = build();
+            let _ = tx.send(value);
+            let _ = operator.run().await;
+        });
+        let value = rx.await.expect("the operator was built");
+        (
+            Self {
+                runtime: Some(runtime),
+            },
+            value,
+        )
+    }
+
+    /// Kills the operator: nothing of it runs after this returns.
+    pub fn kill(mut self) {
+        self.shutdown();
+    }
+
+    fn shutdown(&mut self) {
+        if let Some(runtime) = self.runtime.take() {
+            runtime.shutdown_background();
+        }
+    }
+}
+
+/// Dropped (a test that failed half-way, say): killed, without blocking (a runtime must not
+/// be dropped inside another one's task).
+impl Drop for Crashable {
+    fn drop(&mut self) {
+        self.shutdown();
+    }
+}

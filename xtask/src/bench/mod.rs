@@ -8,11 +8,13 @@
 //! convergence and API load ([`workload`], [`apiserver`]), idle writes, memory, startup and
 //! failover ([`procs`]). Subjects run one after another, each starting from a cluster with
 //! none of the previous subject's Tenants or namespaces. [`report`] writes
-//! `docs/benchmarks.md` and `docs/benchmarks.json`.
+//! `docs/benchmarks.md` and `docs/benchmarks.json`. `--postgres N` runs [`postgres`] instead:
+//! PostgreSQL failover and switchover on the real node.
 
 mod apiserver;
 pub mod cache;
 mod orchestration;
+mod postgres;
 mod procs;
 mod report;
 mod workload;
@@ -89,6 +91,10 @@ pub struct Flags {
     /// Where to write benchmarks.md and benchmarks.json [default: docs].
     #[arg(long)]
     pub out: Option<PathBuf>,
+    /// Instead of the tenant benchmark: PostgreSQL failover and switchover on the real node
+    /// (as root), this many runs of each scenario; writes benchmarks-postgres.md and .json.
+    #[arg(long, value_name = "RUNS")]
+    pub postgres: Option<usize>,
 }
 
 impl Args {
@@ -219,6 +225,11 @@ pub struct Results {
 }
 
 pub fn run(flags: Flags) -> Result<()> {
+    if let Some(runs) = flags.postgres {
+        let root = crate::workspace_root();
+        let out = flags.out.clone().unwrap_or_else(|| root.join("docs"));
+        return postgres::run(&root, runs, &out);
+    }
     let args = Args::from_flags(flags)?;
     let started = Instant::now();
     let root = crate::workspace_root();

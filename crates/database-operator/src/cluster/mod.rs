@@ -193,26 +193,28 @@ pub async fn reconcile(
     let roles = PrimaryRoles::of(lease.as_ref(), &names);
     label_roles(&pods_api, &pods.items, roles.primary.as_deref()).await?;
     let previous = cluster.status.clone().unwrap_or_default();
-    if let (Some(now), Some(before), Some(after)) = (
+    // A new primary since the status was written: planned if recorded in the status, or still
+    // asked for on the cluster (the operator that passed the request to the Lease may have
+    // died before it recorded it). Said by an Event only once this reconcile's status write,
+    // guarded by the cluster's resourceVersion, went through: a reconcile of a stale copy
+    // (whose status predates the transition) would report it again.
+    let transition = match (
         &roles.primary,
         previous.primary_transitions,
         roles.transitions,
     ) {
-        if after > before && previous.switchover_target.as_ref() == Some(now) {
-            ctx.recorder
-                .normal(
-                    cluster.as_ref(),
-                    "SwitchedOver",
-                    "Switchover",
-                    format!("{now} is the primary, as planned"),
-                )
-                .await;
-        } else if after > before {
-            ctx.recorder
-                .warning(cluster.as_ref(), "FailedOver", "Failover", format!("{now} is the primary now: the instances elected the most advanced replica through the Lease {} after the previous primary stopped renewing or released it", names.lease))
-                .await;
+        (Some(now), Some(before), Some(after)) if after > before => {
+            let asked = cluster
+                .annotations()
+                .get(SWITCHOVER_ANNOTATION)
+                .is_some_and(|to| to == now);
+            Some((
+                now.clone(),
+                previous.switchover_target.as_ref() == Some(now) || asked,
+            ))
         }
-    }
+        _ => None,
+    };
 
     // A switchover asked for on the cluster.
     let requested = cluster
@@ -220,15 +222,21 @@ pub async fn reconcile(
         .get(SWITCHOVER_ANNOTATION)
         .filter(|to| !to.is_empty())
         .cloned();
+    // The switchover this reconcile asked the Lease for (the Lease as read does not say so).
+    let mut asked_now = None;
+    // Done: the request is removed after the status write (removing it changes the
+    // cluster's resourceVersion, which would void that guarded write and its Event).
+    let mut clear_request = false;
     if let Some(to) = &requested {
         if roles.primary.as_deref() == Some(to.as_str()) {
-            clear_switchover_request(&client, &cluster).await?;
+            clear_request = true;
         } else if let Err(why) = switchover_allowed(to, &cluster, &views, &roles) {
             ctx.recorder
                 .warning(cluster.as_ref(), "SwitchoverRefused", "Switchover", format!("switchover to {to} refused: {why}; the annotation {SWITCHOVER_ANNOTATION} is left for you to change or remove"))
                 .await;
         } else if roles.switching_to.as_deref() != Some(to.as_str()) {
             request_switchover(&leases, &names.lease, to).await?;
+            asked_now = Some(to.clone());
             ctx.recorder
                 .normal(
                     cluster.as_ref(),
@@ -279,6 +287,7 @@ pub async fn reconcile(
             }
             rollout::Step::Switchover { to } => {
                 request_switchover(&leases, &names.lease, &to).await?;
+                asked_now = Some(to.clone());
                 ctx.recorder
                     .normal(cluster.as_ref(), "Switchover", "Update", format!("every replica is updated: switching over to {to} before the old primary is replaced"))
                     .await;
@@ -297,7 +306,7 @@ pub async fn reconcile(
         superuser_secret: names.superuser_secret.clone(),
     };
     let mut status = rollout::status(&observed, cluster.status.as_ref());
-    status.switchover_target = roles.switching_to.clone();
+    status.switchover_target = asked_now.or_else(|| roles.switching_to.clone());
     status.primary_transitions = if roles.primary.is_some() {
         roles.transitions
     } else {
@@ -373,8 +382,30 @@ pub async fn reconcile(
     }
     let ready =
         steward_core::conditions::is_true(&status.conditions, steward_core::conditions::READY);
-    ctx.apply_status(cluster.as_ref(), cluster.status.as_ref(), &status)
+    let written = ctx
+        .apply_status(cluster.as_ref(), cluster.status.as_ref(), &status)
         .await?;
+    match transition.filter(|_| written) {
+        Some((now, true)) => {
+            ctx.recorder
+                .normal(
+                    cluster.as_ref(),
+                    "SwitchedOver",
+                    "Switchover",
+                    format!("{now} is the primary, as planned"),
+                )
+                .await;
+        }
+        Some((now, false)) => {
+            ctx.recorder
+                .warning(cluster.as_ref(), "FailedOver", "Failover", format!("{now} is the primary now: the instances elected the most advanced replica through the Lease {} after the previous primary stopped renewing or released it", names.lease))
+                .await;
+        }
+        None => {}
+    }
+    if clear_request {
+        clear_switchover_request(&client, &cluster).await?;
+    }
     let requeue = if ready {
         ctx.data.options.resync_interval
     } else {
