@@ -148,7 +148,8 @@ fn markdown(rows: &[Row], runs: usize, took: Duration) -> String {
          longest gap between writes acknowledged through the `-rw` Service around the fault \
          (a client writes every 50 ms); \"lost\" counts acknowledged rows missing afterwards, \
          summed over the runs. Every run also asserts that the old primary accepted no write \
-         once the new one had.\n\n",
+         once the new one had. The scenarios are the variants of `Fault` in \
+         `tests/tests/postgres_cluster.rs`, each documented there.\n\n",
         took.as_secs_f64()
     ));
     md.push_str("| scenario | runs | unavailable min | median | max | acknowledged rows lost |\n");
