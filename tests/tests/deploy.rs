@@ -383,19 +383,30 @@ fn check_rbac(r: &Rendered) -> Result<()> {
                 .flatten()
                 .filter_map(Value::as_str)
                 .collect();
-            for escalating in ["escalate", "impersonate"] {
-                ensure!(
-                    !verbs.contains(&escalating),
-                    "{op}: verb {escalating} in {}",
-                    describe(role)
-                );
-            }
+            ensure!(
+                !verbs.contains(&"escalate"),
+                "{op}: verb escalate in {}",
+                describe(role)
+            );
             let resources: Vec<&str> = rule["resources"]
                 .as_array()
                 .into_iter()
                 .flatten()
                 .filter_map(Value::as_str)
                 .collect();
+            if verbs.contains(&"impersonate") {
+                // The one exception: the upgrade-orchestrator acts as a plan's
+                // `serviceAccountName` (so a plan changes only what that account may). Never
+                // users, groups or other resources, and no other verb in the same rule.
+                ensure!(
+                    op == "upgrade-orchestrator"
+                        && resources == ["serviceaccounts"]
+                        && rule["apiGroups"] == json!([""])
+                        && verbs == ["impersonate"],
+                    "{op}: verb impersonate in {}: {rule}",
+                    describe(role)
+                );
+            }
             if resources.contains(&"leases") && grants_instance_leases(op, role_kind) {
                 // The database-operator gives each PostgresCluster's instance managers a
                 // Role on that cluster's Lease; RBAC lets it grant only what it holds.

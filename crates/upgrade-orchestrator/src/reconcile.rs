@@ -359,12 +359,15 @@ async fn check_hooks(
     Ok(None)
 }
 
-/// The plan's hook Jobs (by its label), by name.
+/// The plan's hook Jobs (by its label), by name; none listed for a plan without hooks.
 async fn hook_jobs(
     client: &Client,
     plan: &UpgradePlan,
     namespace: &str,
 ) -> Result<BTreeMap<String, JobState>, Error> {
+    if plan.spec.components.iter().all(|c| c.hooks.is_none()) {
+        return Ok(BTreeMap::new());
+    }
     let api: Api<Job> = Api::namespaced(client.clone(), namespace);
     let selector = format!("{}={}", hook::PLAN_LABEL, plan.name_any());
     let jobs = match api.list(&ListParams::default().labels(&selector)).await {
