@@ -334,21 +334,23 @@ impl World {
     /// promotion. A standby is no source to rewind from: its control file may still name the
     /// timeline it is leaving, and `pg_rewind` would rewind to the wrong fork.
     fn holder_is_primary(&self, me: &str) -> bool {
-        self.holder
-            .as_deref()
-            .filter(|h| !h.is_empty() && *h != me)
-            .and_then(|h| self.pod(h))
+        self.holder_pod(me)
             .and_then(|pod| peer(pod).status)
             .is_some_and(|s| s.role == Role::Primary)
     }
 
     /// The holder's pod IP, if another instance holds the Lease.
     fn primary_host(&self, me: &str) -> Option<String> {
+        self.holder_pod(me)?.status.as_ref()?.pod_ip.clone()
+    }
+
+    /// The pod of the Lease's holder, when that is another instance.
+    fn holder_pod(&self, me: &str) -> Option<&Pod> {
         let holder = self
             .holder
             .as_deref()
             .filter(|h| !h.is_empty() && *h != me)?;
-        self.pod(holder)?.status.as_ref()?.pod_ip.clone()
+        self.pod(holder)
     }
 }
 

@@ -74,17 +74,13 @@ pub fn job_name(plan: &str, component: &str, stage: HookStage, generation: i64) 
 }
 
 /// The Job of `run` for `component` of `plan`: the hook's spec, labelled, owned by the plan
-/// (deleted with it), with `activeDeadlineSeconds` defaulting to `deadline_seconds`.
+/// (deleted with it), with `activeDeadlineSeconds` defaulting to the plan's
+/// `progressDeadlineSeconds`.
 ///
 /// # Errors
 /// When the component has no hook at `run.stage` (the spec changed under the record), or
 /// the hook's `job` does not decode as a Job spec.
-pub fn build(
-    plan: &UpgradePlan,
-    component: &Component,
-    run: &HookRun,
-    deadline_seconds: i64,
-) -> Result<Job, String> {
+pub fn build(plan: &UpgradePlan, component: &Component, run: &HookRun) -> Result<Job, String> {
     let hook = component.hook(run.stage).ok_or_else(|| {
         format!(
             "component {} has no {} hook",
@@ -99,7 +95,8 @@ pub fn build(
     ]);
     let mut spec: JobSpec = serde_json::from_value(hook.job.clone())
         .map_err(|e| format!("hooks.{}.job is not a Job spec: {e}", run.stage.as_str()))?;
-    spec.active_deadline_seconds.get_or_insert(deadline_seconds);
+    spec.active_deadline_seconds
+        .get_or_insert(i64::from(plan.spec.strategy.progress_deadline_seconds));
     let template = spec
         .template
         .metadata
@@ -222,7 +219,7 @@ mod tests {
     fn the_job_is_the_hooks_spec_labelled_owned_and_bounded() {
         let plan = plan_with_hook();
         let run = HookRun::running(HookStage::Before, "release-api-before-1".into(), None);
-        let job = build(&plan, &plan.spec.components[0], &run, 600).unwrap();
+        let job = build(&plan, &plan.spec.components[0], &run).unwrap();
         assert_eq!(job.metadata.name.as_deref(), Some("release-api-before-1"));
         assert_eq!(job.metadata.namespace.as_deref(), Some("shop"));
         let owner = &job.metadata.owner_references.as_ref().unwrap()[0];
@@ -243,7 +240,7 @@ mod tests {
             stage: HookStage::After,
             ..run
         };
-        assert!(build(&plan, &plan.spec.components[0], &after, 600).is_err());
+        assert!(build(&plan, &plan.spec.components[0], &after).is_err());
         // A deadline the user set is kept.
         let mut own = plan_with_hook();
         own.spec.components[0].hooks.as_mut().unwrap().before = Some(crate::crd::Hook {
@@ -264,7 +261,7 @@ mod tests {
             stage: HookStage::Before,
             ..after
         };
-        let job = build(&own, &own.spec.components[0], &before, 600).unwrap();
+        let job = build(&own, &own.spec.components[0], &before).unwrap();
         assert_eq!(job.spec.unwrap().active_deadline_seconds, Some(30));
     }
 

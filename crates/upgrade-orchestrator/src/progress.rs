@@ -875,17 +875,6 @@ pub fn step(i: &Input<'_>) -> Outcome {
                     format!("reverting wave {wave}"),
                 );
             }
-            // Changed = started with a recorded previous value (a component that failed before
-            // its start was recorded has nothing to revert).
-            let changed = |c: &ComponentStatus| {
-                c.previous.is_some()
-                    && matches!(
-                        c.phase,
-                        ComponentPhase::Progressing
-                            | ComponentPhase::Succeeded
-                            | ComponentPhase::Failed
-                    )
-            };
             let to_revert =
                 |index: usize| changed(&s.comps[index]) && spec.components[index].reverts();
             let Some(wave) = (0..s.comps.len())
@@ -1085,6 +1074,17 @@ pub fn step(i: &Input<'_>) -> Outcome {
     )
 }
 
+/// Whether a component changed its target (started with a recorded previous value, and not
+/// reverted): what a rollback reverts. One that failed before its start was recorded has
+/// nothing to revert.
+fn changed(c: &ComponentStatus) -> bool {
+    c.previous.is_some()
+        && matches!(
+            c.phase,
+            ComponentPhase::Progressing | ComponentPhase::Succeeded | ComponentPhase::Failed
+        )
+}
+
 /// What the plan does after the components in flight, for `kubectl get uplan`: the
 /// Pending components of the earliest wave that has any (`api, worker (wave 2)`), or during a
 /// rollback the changed components of the latest wave not yet being reverted. `None` when
@@ -1101,16 +1101,8 @@ fn next_step(i: &Input<'_>, comps: &[ComponentStatus], phase: PlanPhase) -> Opti
     };
     match phase {
         PlanPhase::RollingBack => {
-            let to_revert = |c: &ComponentStatus, x: usize| {
-                c.previous.is_some()
-                    && i.spec.components[x].reverts()
-                    && matches!(
-                        c.phase,
-                        ComponentPhase::Progressing
-                            | ComponentPhase::Succeeded
-                            | ComponentPhase::Failed
-                    )
-            };
+            let to_revert =
+                |c: &ComponentStatus, x: usize| changed(c) && i.spec.components[x].reverts();
             let reverting = comps
                 .iter()
                 .filter(|c| c.phase == ComponentPhase::RollingBack)

@@ -319,7 +319,6 @@ async fn check_hooks(
 ) -> Result<Option<Invalid>, Error> {
     let jobs: Api<Job> = Api::namespaced(client.clone(), namespace);
     let generation = plan.metadata.generation.unwrap_or(0);
-    let deadline = i64::from(plan.spec.strategy.progress_deadline_seconds);
     for component in &plan.spec.components {
         for stage in [HookStage::Before, HookStage::After] {
             if component.hook(stage).is_none() {
@@ -332,7 +331,7 @@ async fn check_hooks(
             };
             let job = hook::job_name(&plan.name_any(), &component.name, stage, generation);
             let run = HookRun::running(stage, job, None);
-            let job = match hook::build(plan, component, &run, deadline) {
+            let job = match hook::build(plan, component, &run) {
                 Ok(job) => job,
                 Err(message) => return Ok(Some(refused(message))),
             };
@@ -399,16 +398,14 @@ async fn create_hook_jobs(
     jobs: &mut BTreeMap<String, JobState>,
 ) -> Result<(), Error> {
     let api: Api<Job> = Api::namespaced(client.clone(), namespace);
-    let deadline = i64::from(plan.spec.strategy.progress_deadline_seconds);
     for (index, run) in runs {
         let Some(component) = plan.spec.components.get(index) else {
             continue;
         };
-        let job =
-            hook::build(plan, component, &run, deadline).map_err(|message| Error::BuildHook {
-                job: run.job.clone(),
-                message,
-            })?;
+        let job = hook::build(plan, component, &run).map_err(|message| Error::BuildHook {
+            job: run.job.clone(),
+            message,
+        })?;
         match api.create(&PostParams::default(), &job).await {
             Ok(_) => {
                 tracing::info!(plan = %plan.name_any(), component = %component.name, job = %run.job, "created hook Job");

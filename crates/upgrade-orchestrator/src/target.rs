@@ -54,7 +54,11 @@ pub struct Observation {
 impl Observation {
     /// A target that does not exist.
     pub fn missing(target: &TargetRef) -> Self {
-        let why = format!("{} {} not found", target.kind, target.name);
+        Self::unavailable(format!("{} {} not found", target.kind, target.name))
+    }
+
+    /// A target with no value to read, and why.
+    fn unavailable(why: String) -> Self {
         Self {
             value: Err(why.clone()),
             health: Health::Progressing(why),
@@ -63,14 +67,10 @@ impl Observation {
 
     /// A target the orchestrator may not read.
     pub fn forbidden(target: &TargetRef, message: &str) -> Self {
-        let why = format!(
+        Self::unavailable(format!(
             "{} {} cannot be read: {message} (grant the upgrade-orchestrator get and patch on it)",
             target.kind, target.name
-        );
-        Self {
-            value: Err(why.clone()),
-            health: Health::Progressing(why),
-        }
+        ))
     }
 
     /// The observation of `workload` for `component`.
