@@ -54,6 +54,8 @@ impl Drop for Running {
 struct Env {
     client: Client,
     ns: String,
+    /// The operator's metrics (its reconcile and write counters).
+    metrics: steward_core::metrics::Metrics,
     _operator: Running,
 }
 
@@ -97,6 +99,7 @@ async fn env(prefix: &str) -> Env {
         ..Default::default()
     };
     database_operator::register(&mut operator, options).expect("register");
+    let metrics = operator.metrics();
     let stop = operator.shutdown_token();
     let task = tokio::spawn(async move {
         if let Err(e) = operator.run().await {
@@ -106,6 +109,7 @@ async fn env(prefix: &str) -> Env {
     Env {
         client: cp.client().expect("client"),
         ns,
+        metrics,
         _operator: Running {
             stop,
             task: Some(task),
@@ -114,6 +118,35 @@ async fn env(prefix: &str) -> Env {
 }
 
 impl Env {
+    /// `name`'s samples in the operator's metrics for `controller`, summed.
+    fn counter(&self, name: &str, controller: &str) -> f64 {
+        let label = format!("controller=\"{controller}\"");
+        self.metrics
+            .encode()
+            .lines()
+            .filter(|l| l.starts_with(&format!("{name}{{")) && l.contains(&label))
+            .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+            .sum()
+    }
+
+    /// Waits until `controller` has run `more` reconciles past `from`.
+    async fn reconciled(&self, controller: &str, from: f64, more: f64) {
+        eventually(
+            &format!("{more} more {controller} reconciles"),
+            WAIT,
+            || async {
+                let now = self.counter("controller_runtime_reconcile_total", controller);
+                if now >= from + more {
+                    Ok(())
+                } else {
+                    Err(format!("{} so far", now - from))
+                }
+            },
+        )
+        .await
+        .unwrap();
+    }
+
     fn api<K>(&self) -> Api<K>
     where
         K: Resource<Scope = k8s_openapi::NamespaceResourceScope, DynamicType = ()>,
@@ -626,6 +659,102 @@ async fn cluster_children_rollout_replicas_first_and_retained_claims() {
         superuser_password,
         "and so does the superuser Secret"
     );
+}
+
+/// The cluster's children are written only when they differ: resyncs of a converged cluster
+/// (every 2 s here) apply nothing, a deleted child and a child someone else changed are put
+/// back, each with its own apply, and then it is quiet again. Counted by the operator's own
+/// `steward_child_writes_total` and its reconcile counter, not by waiting.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn cluster_children_are_written_only_when_they_differ() {
+    let env = env("pgquiet").await;
+    let class = format!("steward-{}", env.ns);
+    volumes(&env.client, &class, 1).await;
+    let clusters = env.api::<PostgresCluster>();
+    let cluster: PostgresCluster = serde_json::from_value(json!({
+        "apiVersion": "database.steward.dev/v1alpha1", "kind": "PostgresCluster",
+        "metadata": {"name": "pg"},
+        "spec": {"instances": 1, "version": 16, "storage": {"size": "1Gi", "storageClassName": class},
+                 "parameters": {"max_connections": "150"}}
+    }))
+    .unwrap();
+    clusters
+        .create(&PostParams::default(), &cluster)
+        .await
+        .expect("create PostgresCluster");
+    eventually(
+        "PostgresCluster Ready",
+        Duration::from_secs(180),
+        || async {
+            let c = clusters.get("pg").await.map_err(|e| e.to_string())?;
+            let s = c.status.clone().unwrap_or_default();
+            match condition(&s.conditions, "Ready") {
+                Some(r) if r.0 == "True" && s.observed_generation == c.metadata.generation => {
+                    Ok(())
+                }
+                other => Err(format!("{other:?}")),
+            }
+        },
+    )
+    .await
+    .unwrap();
+    const C: &str = "postgrescluster";
+    let writes = || env.counter("steward_child_writes_total", C);
+    let reconciles = || env.counter("controller_runtime_reconcile_total", C);
+    // Converged: settle, then three more resyncs write no child.
+    env.reconciled(C, reconciles(), 2.0).await;
+    let (w0, r0) = (writes(), reconciles());
+    assert!(w0 >= 11.0, "the first reconciles applied every child: {w0}");
+    env.reconciled(C, r0, 3.0).await;
+    assert_eq!(
+        writes(),
+        w0,
+        "a resync of a converged cluster applied children"
+    );
+
+    // A deleted child is put back.
+    env.api::<Service>()
+        .delete("pg-ro", &DeleteParams::default())
+        .await
+        .unwrap();
+    eventually("pg-ro back", WAIT, || async {
+        match env.api::<Service>().get_opt("pg-ro").await {
+            Ok(Some(s)) if s.metadata.deletion_timestamp.is_none() => Ok(()),
+            other => Err(format!("{other:?}")),
+        }
+    })
+    .await
+    .unwrap();
+    // A field someone else changes is put back (the change moved it to their manager).
+    let configs = env.api::<ConfigMap>();
+    let mut cm = configs.get("pg-config").await.unwrap();
+    cm.data
+        .get_or_insert_with(Default::default)
+        .insert("postgresql.conf".into(), "max_connections = '5'\n".into());
+    cm.metadata.managed_fields = None;
+    configs
+        .replace("pg-config", &PostParams::default(), &cm)
+        .await
+        .unwrap();
+    eventually("pg-config restored", WAIT, || async {
+        let cm = configs.get("pg-config").await.map_err(|e| e.to_string())?;
+        let conf = cm.data.unwrap_or_default()["postgresql.conf"].clone();
+        if conf.contains("max_connections = '150'") {
+            Ok(())
+        } else {
+            Err(conf)
+        }
+    })
+    .await
+    .unwrap();
+    let w1 = writes();
+    assert!(
+        (w0 + 2.0..=w0 + 4.0).contains(&w1),
+        "the Service and the ConfigMap were applied again, nothing much else: {w0} -> {w1}"
+    );
+    // And quiet again.
+    env.reconciled(C, reconciles(), 3.0).await;
+    assert_eq!(writes(), w1, "resyncs after the repair applied children");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

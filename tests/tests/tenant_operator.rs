@@ -103,12 +103,16 @@ impl Running {
         self.reconciles("success")
     }
 
-    /// `tenant_operator_writes_total`, summed over kinds and verbs.
+    /// Every write of the operator: `steward_child_writes_total` (summed over kinds and
+    /// verbs) and its status writes.
     fn writes(&self) -> u64 {
         self.metrics
             .encode()
             .lines()
-            .filter(|l| l.starts_with("tenant_operator_writes_total{"))
+            .filter(|l| {
+                l.starts_with("steward_child_writes_total{")
+                    || l.starts_with("steward_status_writes_total{")
+            })
             .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
             .sum::<f64>() as u64
     }
@@ -2130,6 +2134,125 @@ async fn tenant_policies_refuse_what_the_tenant_may_not_run_even_through_a_contr
             .delete(class, &DeleteParams::default())
             .await;
     }
+    env.stop().await;
+}
+
+/// Owners get a namespace only once its quotas bind: every RoleBinding the operator creates
+/// is seen by a watch started before the Tenant, and at that moment each ResourceQuota of
+/// its namespace (the tenant's and the additional ones) already has all its limits in
+/// `status.hard`. Before that the API server would admit anything: an owner bound earlier
+/// could create unquoted objects.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn owners_are_bound_only_once_the_namespace_quotas_are_enforced() {
+    use futures::StreamExt;
+    use kube::runtime::{WatchStreamExt, watcher};
+
+    let _shared = EXCLUSIVE.read().await;
+    let mut env = Env::start("bindlast").await;
+    let t = env.id.clone();
+    let namespaces: Vec<String> = (0..4).map(|i| format!("{t}-{i}")).collect();
+    let checked = Arc::new(std::sync::Mutex::new(
+        Vec::<(String, Result<(), String>)>::new(),
+    ));
+    let (ready_tx, ready_rx) = tokio::sync::oneshot::channel();
+    let watch = {
+        let (client, checked) = (env.client.clone(), checked.clone());
+        let selector = format!("{TENANT_LABEL}={t}");
+        tokio::spawn(async move {
+            let mut ready_tx = Some(ready_tx);
+            let mut seen = std::collections::BTreeSet::new();
+            let stream = watcher(
+                Api::<RoleBinding>::all(client.clone()),
+                watcher::Config::default().labels(&selector),
+            )
+            .default_backoff();
+            futures::pin_mut!(stream);
+            while let Some(event) = stream.next().await {
+                let rb = match event {
+                    Ok(watcher::Event::InitDone) => {
+                        if let Some(tx) = ready_tx.take() {
+                            let _ = tx.send(());
+                        }
+                        continue;
+                    }
+                    Ok(watcher::Event::Apply(rb) | watcher::Event::InitApply(rb)) => rb,
+                    _ => continue,
+                };
+                let ns = rb.namespace().unwrap_or_default();
+                if !seen.insert((ns.clone(), rb.name_any())) {
+                    continue;
+                }
+                let quotas = Api::<ResourceQuota>::namespaced(client.clone(), &ns)
+                    .list(&ListParams::default())
+                    .await;
+                let verdict = match quotas {
+                    Err(e) => Err(e.to_string()),
+                    Ok(list) if list.items.len() < 2 => {
+                        Err(format!("{} ResourceQuotas", list.items.len()))
+                    }
+                    Ok(list) => list
+                        .items
+                        .iter()
+                        .map(|q| {
+                            let spec = q.spec.as_ref().and_then(|s| s.hard.clone());
+                            let hard = q.status.as_ref().and_then(|s| s.hard.clone());
+                            let missing: Vec<String> = spec
+                                .unwrap_or_default()
+                                .keys()
+                                .filter(|k| !hard.as_ref().is_some_and(|h| h.contains_key(*k)))
+                                .cloned()
+                                .collect();
+                            if missing.is_empty() {
+                                Ok(())
+                            } else {
+                                Err(format!("{}: {missing:?} not enforced", q.name_any()))
+                            }
+                        })
+                        .collect(),
+                };
+                checked
+                    .lock()
+                    .unwrap()
+                    .push((format!("{ns}/{}", rb.name_any()), verdict));
+            }
+        })
+    };
+    ready_rx.await.expect("the watch started");
+    env.create(
+        &t,
+        json!({
+            "owners": [{"kind": "User", "name": format!("uma-{t}")}],
+            "namespaces": namespaces,
+            "resourceQuota": {"hard": {"pods": "5", "configmaps": "20"}},
+            "additionalResourceQuotas": [
+                {"name": "no-best-effort", "hard": {"pods": "0"}, "scopes": ["BestEffort"]},
+            ],
+        }),
+    )
+    .await;
+    env.ready(&t).await;
+    // Ready means every namespace's bindings were applied; the watch delivers them in order.
+    eventually("a binding seen in every namespace", WAIT, || async {
+        let c = checked.lock().unwrap();
+        let bound: std::collections::BTreeSet<&str> = c
+            .iter()
+            .filter_map(|(rb, _)| rb.split('/').next())
+            .collect();
+        if namespaces.iter().all(|ns| bound.contains(ns.as_str())) {
+            Ok(())
+        } else {
+            Err(format!("bound so far: {bound:?}"))
+        }
+    })
+    .await
+    .unwrap();
+    watch.abort();
+    let checked = checked.lock().unwrap().clone();
+    let early: Vec<_> = checked.iter().filter(|(_, v)| v.is_err()).collect();
+    assert!(
+        early.is_empty(),
+        "RoleBindings created before their namespace's quotas were enforced: {early:?}"
+    );
     env.stop().await;
 }
 

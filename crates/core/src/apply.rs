@@ -1,23 +1,78 @@
-//! Owned children by server-side apply, and pruning of children no longer desired.
+//! Owned children by server-side apply, written only when they differ from what this
+//! manager last applied, and pruning of children no longer desired.
 //!
 //! Every child gets a controller owner reference to its parent (so the garbage collector
 //! removes it with the parent) and the label [`OWNER_LABEL`] = the parent's UID (so the
 //! operator finds its children with one label selector and deletes those it no longer wants).
+//!
+//! Start with [`crate::Context::children`]: [`Children::ensure`] applies a child unless the
+//! cached copy shows it already as desired, so a resync with nothing changed writes nothing;
+//! every write is counted in `steward_child_writes_total{controller, kind, verb}`.
 
 use std::collections::BTreeSet;
 use std::fmt::Debug;
 
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, OwnerReference};
 use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams};
+use kube::runtime::reflector::{ObjectRef, Store};
 use kube::{Client, Resource, ResourceExt};
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
 use serde::Serialize;
 use serde::de::DeserializeOwned;
+use serde_json::Value;
+use sha2::{Digest, Sha256};
 
 use crate::Error;
+use crate::metrics::{Metrics, WriteLabels};
 
 /// Label on every child, holding the owner's UID.
 pub const OWNER_LABEL: &str = "steward.dev/owner-uid";
 /// Label on every child, naming the operator that manages it.
 pub const MANAGED_BY_LABEL: &str = "app.kubernetes.io/managed-by";
+/// Annotation on every child: a digest of what this operator last applied, so
+/// [`up_to_date`] can tell "as desired" from the object's metadata alone.
+pub const APPLIED_ANNOTATION: &str = "steward.dev/applied";
+
+/// How long [`Children::ensure_cached`] waits for a cache's first list.
+const CACHE_WAIT: std::time::Duration = std::time::Duration::from_secs(10);
+
+/// What [`Children::ensure`] did.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Outcome {
+    /// The object already was as desired: nothing was sent.
+    Unchanged,
+    /// The object was applied.
+    Applied,
+}
+
+/// Counts one controller's writes in `steward_child_writes_total`.
+#[derive(Clone, Debug)]
+pub struct WriteCounter {
+    family: Family<WriteLabels, Counter>,
+    controller: String,
+}
+
+impl WriteCounter {
+    /// The counter of `controller` in `metrics`.
+    pub fn new(metrics: &Metrics, controller: &str) -> Self {
+        Self {
+            family: metrics.child_writes.clone(),
+            controller: controller.to_string(),
+        }
+    }
+
+    /// Counts one `verb` (`apply`, `delete`, `create`, `release`) of a `kind`.
+    pub fn inc(&self, kind: &str, verb: &str) {
+        self.family
+            .get_or_create(&WriteLabels {
+                controller: self.controller.clone(),
+                kind: kind.to_string(),
+                verb: verb.to_string(),
+            })
+            .inc();
+    }
+}
 
 /// Applies children of one owner under one field manager.
 ///
@@ -26,23 +81,33 @@ pub const MANAGED_BY_LABEL: &str = "app.kubernetes.io/managed-by";
 ///   [`Children::without_owner_reference`], a controller owner reference, so it is garbage
 ///   collected with the owner and found again by [`Children::selector`].
 /// - [`Children::apply`] is a forced server-side apply under one field manager: fields this
-///   manager stops setting are removed, fields other managers own are left alone.
+///   manager stops setting are removed, fields other managers own are left alone. It records
+///   a digest of the applied object in [`APPLIED_ANNOTATION`].
+/// - [`Children::ensure`] sends nothing when the current object's metadata shows it as
+///   desired ([`up_to_date`]): same digest, and this manager still owns exactly the fields it
+///   sets. A field someone else changed moves to their ownership, so it is noticed and put
+///   back; a deleted child (absent from the cache) is created again.
 /// - [`Children::prune`] deletes only objects carrying this owner's label.
+/// - With a counter ([`crate::Context::children`] sets one), every write is counted.
 ///
 /// # Caveats
-/// An apply carries no resourceVersion: a late apply from a former leader can land (see
-/// [`crate::guard`]); the next reconcile of the owner puts it right. Writes go through
-/// whatever client it was given: give it the guarded one ([`crate::Context::client`]).
+/// An apply carries no resourceVersion (except [`Children::ensure_unchanged_since`]): a late
+/// apply from a former leader can land (see [`crate::guard`]); the next reconcile of the owner
+/// puts it right. Writes go through whatever client it was given: give it the guarded one
+/// ([`crate::Context::client`]). [`Children::ensure`] trusts its `current`: a stale cached copy
+/// costs one needless apply, never a missed one, since a cache never runs ahead of the server.
 #[derive(Clone)]
 pub struct Children {
     client: Client,
     field_manager: String,
-    owner_ref: Option<k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference>,
-    owner_uid: String,
+    owner_ref: Option<OwnerReference>,
+    /// `None` for [`Children::unowned`].
+    owner_uid: Option<String>,
+    writes: Option<WriteCounter>,
 }
 
 impl Children {
-    /// Children of `owner`, written as `field_manager` (one per operator).
+    /// Children of `owner`, written as `field_manager` (one per operator), not counted.
     pub fn new<P: Resource<DynamicType = ()>>(
         client: Client,
         owner: &P,
@@ -52,28 +117,67 @@ impl Children {
             client,
             field_manager: field_manager.to_string(),
             owner_ref: owner.controller_owner_ref(&()),
-            owner_uid: owner.meta().uid.clone().unwrap_or_default(),
+            owner_uid: Some(owner.meta().uid.clone().unwrap_or_default()),
+            writes: None,
         }
+    }
+
+    /// Objects this operator manages that belong to no object (cluster-wide configuration
+    /// such as admission policies): applied as `field_manager` with the managed-by label only.
+    pub fn unowned(client: Client, field_manager: &str) -> Self {
+        Self {
+            client,
+            field_manager: field_manager.to_string(),
+            owner_ref: None,
+            owner_uid: None,
+            writes: None,
+        }
+    }
+
+    /// These children, with their writes counted by `writes`.
+    #[must_use]
+    pub fn counted(mut self, writes: WriteCounter) -> Self {
+        self.writes = Some(writes);
+        self
     }
 
     /// Children without an owner reference (cluster-scoped children of a cluster-scoped owner
     /// are fine with one; use this where the garbage collector must not delete them, e.g.
     /// namespaces kept by an `Orphan` policy). They still carry [`OWNER_LABEL`].
+    #[must_use]
     pub fn without_owner_reference(mut self) -> Self {
         self.owner_ref = None;
         self
     }
 
-    /// The label selector matching every child of this owner.
+    /// The label selector matching every child of this owner (of this manager, for
+    /// [`Children::unowned`]).
     pub fn selector(&self) -> String {
-        format!("{OWNER_LABEL}={}", self.owner_uid)
+        match &self.owner_uid {
+            Some(uid) => format!("{OWNER_LABEL}={uid}"),
+            None => format!("{MANAGED_BY_LABEL}={}", self.field_manager),
+        }
+    }
+
+    /// The field manager these children are applied as.
+    pub fn field_manager(&self) -> &str {
+        &self.field_manager
+    }
+
+    /// Counts one write (no-op without a counter).
+    pub fn count(&self, kind: &str, verb: &str) {
+        if let Some(w) = &self.writes {
+            w.inc(kind, verb);
+        }
     }
 
     /// Adds the owner reference and labels to `child` (pure; used by [`Children::apply`]).
     pub fn adopt<K: Resource>(&self, mut child: K) -> K {
         let meta = child.meta_mut();
         let labels = meta.labels.get_or_insert_with(Default::default);
-        labels.insert(OWNER_LABEL.to_string(), self.owner_uid.clone());
+        if let Some(uid) = &self.owner_uid {
+            labels.insert(OWNER_LABEL.to_string(), uid.clone());
+        }
         labels.insert(MANAGED_BY_LABEL.to_string(), self.field_manager.clone());
         if let Some(owner) = &self.owner_ref {
             meta.owner_references = Some(vec![owner.clone()]);
@@ -81,21 +185,18 @@ impl Children {
         child
     }
 
-    /// Server-side applies `child` (forced: the operator owns the fields it sets) in its
-    /// namespace (or cluster-wide), returning the object as stored.
+    /// The apply body for `child`: adopted, with apiVersion and kind, without status and
+    /// server-set metadata, and with [`APPLIED_ANNOTATION`] (pure).
     ///
     /// # Errors
-    /// [`Error::ApplyChild`] naming the child's kind and name.
-    pub async fn apply<K>(&self, child: K) -> Result<K, Error>
+    /// [`Error::Serialize`] when `child` does not serialize.
+    pub fn body<K>(&self, child: K) -> Result<Value, Error>
     where
-        K: Resource<DynamicType = ()> + Clone + Serialize + DeserializeOwned + Debug,
-        K::Scope: ScopeApi,
+        K: Resource<DynamicType = ()> + Serialize,
     {
         let child = self.adopt(child);
-        let name = child.name_any();
-        let api: Api<K> = K::Scope::api(self.client.clone(), child.namespace().as_deref());
         let mut value = serde_json::to_value(&child).map_err(|e| Error::Serialize {
-            what: name.clone(),
+            what: child.name_any(),
             message: e.to_string(),
         })?;
         if let Some(obj) = value.as_object_mut() {
@@ -106,23 +207,164 @@ impl Children {
                 meta.remove("resourceVersion");
                 meta.remove("managedFields");
                 meta.remove("creationTimestamp");
+                if let Some(Value::Object(a)) = meta.get_mut("annotations") {
+                    a.remove(APPLIED_ANNOTATION);
+                    if a.is_empty() {
+                        meta.remove("annotations");
+                    }
+                }
             }
         }
+        let digest = digest(&value);
+        if let Some(meta) = value.get_mut("metadata").and_then(|m| m.as_object_mut()) {
+            let annotations = meta
+                .entry("annotations")
+                .or_insert_with(|| Value::Object(Default::default()));
+            if let Some(a) = annotations.as_object_mut() {
+                a.insert(APPLIED_ANNOTATION.into(), digest.into());
+            }
+        }
+        Ok(value)
+    }
+
+    /// Server-side applies `child` (forced: the operator owns the fields it sets) in its
+    /// namespace (or cluster-wide), returning the object as stored. Always writes; prefer
+    /// [`Children::ensure`].
+    ///
+    /// # Errors
+    /// [`Error::ApplyChild`] naming the child's kind and name.
+    pub async fn apply<K>(&self, child: K) -> Result<K, Error>
+    where
+        K: Resource<DynamicType = ()> + Clone + Serialize + DeserializeOwned + Debug,
+        K::Scope: ScopeApi,
+    {
+        let (name, namespace) = (child.name_any(), child.namespace());
+        let body = self.body(child)?;
+        self.send::<K>(&name, namespace.as_deref(), &body).await
+    }
+
+    /// Applies `desired` unless `current` (the object as cached, or its metadata) already
+    /// shows it as desired ([`up_to_date`]); `None` means it does not exist.
+    ///
+    /// # Errors
+    /// [`Error::ApplyChild`] when the API server rejects the apply.
+    pub async fn ensure<K>(
+        &self,
+        current: Option<&ObjectMeta>,
+        desired: K,
+    ) -> Result<Outcome, Error>
+    where
+        K: Resource<DynamicType = ()> + Clone + Serialize + DeserializeOwned + Debug,
+        K::Scope: ScopeApi,
+    {
+        let (name, namespace) = (desired.name_any(), desired.namespace());
+        let body = self.body(desired)?;
+        if current.is_some_and(|c| up_to_date(c, &body, &self.field_manager)) {
+            return Ok(Outcome::Unchanged);
+        }
+        self.send::<K>(&name, namespace.as_deref(), &body).await?;
+        Ok(Outcome::Applied)
+    }
+
+    /// [`Children::ensure`] with the current object looked up in `store` (a cache of the
+    /// child's kind, or of its metadata from [`crate::controller::watch_metadata`]) by
+    /// `desired`'s name and namespace, once the cache has listed (waiting up to 10 s).
+    ///
+    /// # Errors
+    /// [`Error::ApplyChild`] when the API server rejects the apply.
+    pub async fn ensure_cached<K, S>(&self, store: &Store<S>, desired: K) -> Result<Outcome, Error>
+    where
+        K: Resource<DynamicType = ()> + Clone + Serialize + DeserializeOwned + Debug,
+        K::Scope: ScopeApi,
+        S: Resource<DynamicType = ()> + Clone,
+    {
+        let mut key = ObjectRef::<S>::new(&desired.name_any());
+        if let Some(ns) = desired.namespace() {
+            key = key.within(&ns);
+        }
+        // Right after a start or a failover the cache may not have listed yet: an empty cache
+        // would make every child look missing and cost a write each. Wait for its first list
+        // (bounded: a cache that cannot list costs a write, never a stuck reconcile).
+        let _ = tokio::time::timeout(CACHE_WAIT, store.wait_until_ready()).await;
+        let current = store.get(&key);
+        self.ensure(current.as_deref().map(Resource::meta), desired)
+            .await
+    }
+
+    /// [`Children::ensure`] with `current`'s resourceVersion as a precondition: the apply fails
+    /// with 409 Conflict ([`is_conflict`]) if the object changed since it was read.
+    ///
+    /// # Errors
+    /// [`Error::ApplyChild`]; a conflict has source `kube::Error::Api` with code 409.
+    pub async fn ensure_unchanged_since<K>(
+        &self,
+        current: Option<&ObjectMeta>,
+        desired: K,
+    ) -> Result<Outcome, Error>
+    where
+        K: Resource<DynamicType = ()> + Clone + Serialize + DeserializeOwned + Debug,
+        K::Scope: ScopeApi,
+    {
+        let (name, namespace) = (desired.name_any(), desired.namespace());
+        let mut body = self.body(desired)?;
+        if current.is_some_and(|c| up_to_date(c, &body, &self.field_manager)) {
+            return Ok(Outcome::Unchanged);
+        }
+        if let (Some(rv), Some(meta)) = (
+            current.and_then(|c| c.resource_version.clone()),
+            body.get_mut("metadata").and_then(|m| m.as_object_mut()),
+        ) {
+            meta.insert("resourceVersion".into(), rv.into());
+        }
+        self.send::<K>(&name, namespace.as_deref(), &body).await?;
+        Ok(Outcome::Applied)
+    }
+
+    async fn send<K>(&self, name: &str, namespace: Option<&str>, body: &Value) -> Result<K, Error>
+    where
+        K: Resource<DynamicType = ()> + Clone + Serialize + DeserializeOwned + Debug,
+        K::Scope: ScopeApi,
+    {
+        let api: Api<K> = K::Scope::api(self.client.clone(), namespace);
+        self.count(&K::kind(&()), "apply");
         api.patch(
-            &name,
+            name,
             &PatchParams::apply(&self.field_manager).force(),
-            &Patch::Apply(&value),
+            &Patch::Apply(body),
         )
         .await
         .map_err(|source| Error::ApplyChild {
             kind: K::kind(&()).to_string(),
-            name,
+            name: name.to_string(),
             source,
         })
     }
 
+    /// Deletes `name` (in `namespace`), counted; "already gone" is success.
+    ///
+    /// # Errors
+    /// [`Error::PruneChild`].
+    pub async fn delete<K>(&self, namespace: Option<&str>, name: &str) -> Result<(), Error>
+    where
+        K: Resource<DynamicType = ()> + Clone + DeserializeOwned + Debug,
+        K::Scope: ScopeApi,
+    {
+        self.count(&K::kind(&()), "delete");
+        let api: Api<K> = K::Scope::api(self.client.clone(), namespace);
+        match api.delete(name, &DeleteParams::background()).await {
+            Ok(_) => Ok(()),
+            Err(kube::Error::Api(s)) if s.code == 404 => Ok(()),
+            Err(source) => Err(Error::PruneChild {
+                kind: K::kind(&()).to_string(),
+                name: name.to_string(),
+                source,
+            }),
+        }
+    }
+
     /// Deletes children of kind `K` (in `namespace`, or cluster-wide) that carry this owner's
-    /// label but are not named in `keep`. Returns the names deleted.
+    /// label but are not named in `keep`, listing them from the API server. Returns the names
+    /// deleted.
     ///
     /// # Errors
     /// [`Error::PruneChild`] for the first list or delete that fails.
@@ -136,30 +378,147 @@ impl Children {
         K::Scope: ScopeApi,
     {
         let api: Api<K> = K::Scope::api(self.client.clone(), namespace);
-        let err = |name: String| {
-            move |source| Error::PruneChild {
-                kind: K::kind(&()).to_string(),
-                name,
-                source,
-            }
-        };
         let list = api
             .list_metadata(&ListParams::default().labels(&self.selector()))
             .await
-            .map_err(err(String::new()))?;
+            .map_err(|source| Error::PruneChild {
+                kind: K::kind(&()).to_string(),
+                name: String::new(),
+                source,
+            })?;
         let mut deleted = Vec::new();
         for item in list.items {
             let name = item.name_any();
             if keep.contains(&name) || item.metadata.deletion_timestamp.is_some() {
                 continue;
             }
-            match api.delete(&name, &DeleteParams::background()).await {
-                Ok(_) => deleted.push(name),
-                Err(kube::Error::Api(s)) if s.code == 404 => {}
-                Err(source) => return Err(err(name)(source)),
-            }
+            self.delete::<K>(item.namespace().as_deref(), &name).await?;
+            deleted.push(name);
         }
         Ok(deleted)
+    }
+}
+
+/// Whether `err` is the API server refusing a stale `resourceVersion`.
+pub fn is_conflict(err: &Error) -> bool {
+    matches!(err, Error::ApplyChild { source: kube::Error::Api(s), .. } if s.code == 409)
+}
+
+/// The digest recorded in [`APPLIED_ANNOTATION`]: SHA-256 of the apply body's JSON, 16 bytes.
+fn digest(body: &Value) -> String {
+    let bytes = serde_json::to_vec(body).unwrap_or_default();
+    let hash = Sha256::digest(&bytes);
+    hash.iter().take(16).map(|b| format!("{b:02x}")).collect()
+}
+
+/// Fields never recorded in managedFields (identity, not content).
+const IDENTITY: [&[&str]; 4] = [
+    &["apiVersion"],
+    &["kind"],
+    &["metadata", "name"],
+    &["metadata", "namespace"],
+];
+
+/// Whether an object whose metadata is `current` already is what applying `body` (from
+/// [`Children::body`]) as `manager` would make it: it carries `body`'s digest, and the fields
+/// `manager` owns through Apply (its `managedFields` entry) are exactly the fields `body`
+/// sets. Another manager that changes one of those fields takes it over, so a change by
+/// anyone else is noticed; a label this manager stopped setting is still owned, so it is
+/// noticed and removed. An atomic struct or list counts as one field.
+pub fn up_to_date(current: &ObjectMeta, body: &Value, manager: &str) -> bool {
+    let wanted_digest = body
+        .pointer("/metadata/annotations")
+        .and_then(|a| a.get(APPLIED_ANNOTATION))
+        .and_then(Value::as_str);
+    let current_digest = current
+        .annotations
+        .as_ref()
+        .and_then(|a| a.get(APPLIED_ANNOTATION))
+        .map(String::as_str);
+    if wanted_digest.is_none() || wanted_digest != current_digest {
+        return false;
+    }
+    let Some(owned) = owned_paths(current, manager) else {
+        return false;
+    };
+    let mut wanted = BTreeSet::new();
+    leaf_paths(body, &mut Vec::new(), &mut wanted);
+    wanted.retain(|p| !is_identity(p) && p.first().map(String::as_str) != Some("status"));
+    // An atomic struct or list is owned as one field (`f:roleRef: {}`) while the desired
+    // object names its leaves, so a desired field matches an owned one that is its prefix.
+    let related = |owned: &Vec<String>, wanted: &Vec<String>| {
+        owned.len() <= wanted.len() && owned.iter().zip(wanted).all(|(x, y)| x == y)
+    };
+    wanted.iter().all(|w| owned.iter().any(|o| related(o, w)))
+        && owned.iter().all(|o| wanted.iter().any(|w| related(o, w)))
+}
+
+fn is_identity(path: &[String]) -> bool {
+    IDENTITY
+        .iter()
+        .any(|id| id.len() == path.len() && id.iter().zip(path).all(|(a, b)| a == b))
+}
+
+/// The leaf field paths `manager` owns through Apply (no subresource), from `managedFields`.
+/// `None` when the manager never applied this object.
+fn owned_paths(current: &ObjectMeta, manager: &str) -> Option<BTreeSet<Vec<String>>> {
+    let mut out = BTreeSet::new();
+    let mut found = false;
+    for e in current.managed_fields.iter().flatten() {
+        let is_ours = e.manager.as_deref() == Some(manager)
+            && e.operation.as_deref() == Some("Apply")
+            && e.subresource.as_deref().unwrap_or("").is_empty();
+        if !is_ours {
+            continue;
+        }
+        found = true;
+        if let Some(fields) = &e.fields_v1 {
+            // Packed as JSON text in the operators' caches (crate::controller::trim).
+            let fields = crate::controller::fields_v1(&fields.0);
+            fields_paths(&fields, &mut Vec::new(), &mut out);
+        }
+    }
+    out.retain(|p| !is_identity(p));
+    found.then_some(out)
+}
+
+/// Leaf paths of a `fieldsV1` set: descends through `f:<field>` keys; a node without such
+/// children (a scalar, or a list keyed by `k:`/`v:`/`i:`) is a leaf.
+fn fields_paths(node: &Value, prefix: &mut Vec<String>, out: &mut BTreeSet<Vec<String>>) {
+    let children: Vec<(&String, &Value)> = node
+        .as_object()
+        .map(|m| m.iter().filter(|(k, _)| k.starts_with("f:")).collect())
+        .unwrap_or_default();
+    if children.is_empty() {
+        if !prefix.is_empty() {
+            out.insert(prefix.clone());
+        }
+        return;
+    }
+    for (k, v) in children {
+        prefix.push(k[2..].to_string());
+        fields_paths(v, prefix, out);
+        prefix.pop();
+    }
+}
+
+/// Leaf paths of a desired object: objects are descended (an empty object is a leaf), arrays
+/// and scalars are leaves, nulls are skipped.
+fn leaf_paths(v: &Value, prefix: &mut Vec<String>, out: &mut BTreeSet<Vec<String>>) {
+    match v {
+        Value::Null => {}
+        Value::Object(m) if !m.is_empty() => {
+            for (k, child) in m {
+                prefix.push(k.clone());
+                leaf_paths(child, prefix, out);
+                prefix.pop();
+            }
+        }
+        _ => {
+            if !prefix.is_empty() {
+                out.insert(prefix.clone());
+            }
+        }
     }
 }
 
@@ -191,5 +550,134 @@ impl ScopeApi for k8s_openapi::ClusterResourceScope {
         _namespace: Option<&str>,
     ) -> Api<K> {
         Api::all(client)
+    }
+}
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used)]
+mod tests {
+    use super::*;
+    use k8s_openapi::api::core::v1::ConfigMap;
+    use k8s_openapi::api::rbac::v1::RoleBinding;
+    use serde_json::json;
+
+    const ME: &str = "test-operator";
+
+    fn children() -> Children {
+        let config = kube::Config::new("http://127.0.0.1:9".parse().unwrap());
+        let owner: ConfigMap = serde_json::from_value(json!({
+            "metadata": {"name": "owner", "namespace": "n", "uid": "u-1"}
+        }))
+        .unwrap();
+        Children::new(Client::try_from(config).unwrap(), &owner, ME)
+    }
+
+    fn binding(role: &str, labels: Value) -> RoleBinding {
+        serde_json::from_value(json!({
+            "metadata": {"name": "rb", "namespace": "n", "labels": labels},
+            "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": role},
+            "subjects": [{"kind": "User", "name": "alice"}]
+        }))
+        .unwrap()
+    }
+
+    /// The metadata the API server would store after `body` was applied as `manager`, with
+    /// `fields` as its managedFields entry, plus another manager's entry.
+    fn stored(body: &Value, manager: &str, fields: Value) -> ObjectMeta {
+        let mut meta: ObjectMeta = serde_json::from_value(body["metadata"].clone()).unwrap();
+        meta.managed_fields = Some(
+            serde_json::from_value(json!([
+                {"manager": manager, "operation": "Apply", "apiVersion": "rbac.authorization.k8s.io/v1", "fieldsV1": fields},
+                {"manager": "kubectl", "operation": "Update", "fieldsV1": {"f:metadata": {"f:labels": {"f:x": {}}}}}
+            ]))
+            .unwrap(),
+        );
+        meta
+    }
+
+    fn owned(labels: &[&str]) -> Value {
+        let mut l: serde_json::Map<String, Value> = labels
+            .iter()
+            .map(|k| (format!("f:{k}"), json!({})))
+            .collect();
+        for k in [OWNER_LABEL, MANAGED_BY_LABEL] {
+            l.insert(format!("f:{k}"), json!({}));
+        }
+        json!({"f:metadata": {
+            "f:labels": l,
+            "f:annotations": {format!("f:{APPLIED_ANNOTATION}"): {}},
+            "f:ownerReferences": {"k:{\"uid\":\"u-1\"}": {}},
+        }, "f:roleRef": {}, "f:subjects": {}})
+    }
+
+    #[tokio::test]
+    async fn an_object_as_last_applied_is_up_to_date() {
+        let c = children();
+        let body = c.body(binding("admin", json!({"t": "a"}))).unwrap();
+        let meta = stored(&body, ME, owned(&["t"]));
+        assert!(up_to_date(&meta, &body, ME));
+        // The same as cached: fieldsV1 packed by the cache's trim.
+        let mut cached = RoleBinding {
+            metadata: meta,
+            ..binding("admin", json!({}))
+        };
+        crate::controller::trim(&mut cached);
+        assert!(up_to_date(&cached.metadata, &body, ME));
+    }
+
+    #[tokio::test]
+    async fn a_changed_desire_is_not_up_to_date() {
+        let c = children();
+        let body = c.body(binding("admin", json!({"t": "a"}))).unwrap();
+        let meta = stored(&body, ME, owned(&["t"]));
+        for other in [
+            binding("edit", json!({"t": "a"})),
+            binding("admin", json!({"t": "b"})),
+        ] {
+            assert!(!up_to_date(&meta, &c.body(other).unwrap(), ME));
+        }
+    }
+
+    #[tokio::test]
+    async fn a_field_taken_over_or_no_longer_set_is_not_up_to_date() {
+        let c = children();
+        let body = c.body(binding("admin", json!({"t": "a"}))).unwrap();
+        // Someone else changed roleRef: it is theirs now, no longer in our entry.
+        let mut fields = owned(&["t"]);
+        fields.as_object_mut().unwrap().remove("f:roleRef");
+        assert!(!up_to_date(&stored(&body, ME, fields), &body, ME));
+        // We still own a label we no longer set: the next apply removes it.
+        assert!(!up_to_date(
+            &stored(&body, ME, owned(&["t", "old"])),
+            &body,
+            ME
+        ));
+    }
+
+    #[tokio::test]
+    async fn never_applied_by_us_or_without_a_digest_is_not_up_to_date() {
+        let c = children();
+        let body = c.body(binding("admin", json!({}))).unwrap();
+        assert!(!up_to_date(
+            &stored(&body, "someone-else", owned(&[])),
+            &body,
+            ME
+        ));
+        let mut meta = stored(&body, ME, owned(&[]));
+        meta.annotations = None;
+        assert!(!up_to_date(&meta, &body, ME));
+    }
+
+    #[tokio::test]
+    async fn the_body_is_adopted_and_its_digest_ignores_a_digest_already_there() {
+        let c = children();
+        let body = c.body(binding("admin", json!({}))).unwrap();
+        assert_eq!(body["metadata"]["labels"][OWNER_LABEL], "u-1");
+        assert_eq!(body["metadata"]["labels"][MANAGED_BY_LABEL], ME);
+        assert_eq!(body["kind"], "RoleBinding");
+        let mut again = binding("admin", json!({}));
+        again.metadata.annotations =
+            Some([(APPLIED_ANNOTATION.to_string(), "stale".to_string())].into());
+        assert_eq!(c.body(again).unwrap(), body);
     }
 }

@@ -103,6 +103,33 @@ where
     )
 }
 
+/// A reflector over the metadata of `api`'s objects only (name, labels, annotations, owners,
+/// this manager's `managedFields`; [`trim`]med): enough for
+/// [`crate::apply::Children::ensure`] to judge a child, at a fraction of a full object's
+/// memory. Pass the watch to [`Controller::owns_watched`].
+pub fn watch_metadata<K>(
+    api: Api<K>,
+    config: watcher::Config,
+) -> (Store<PartialObjectMeta<K>>, Watch<PartialObjectMeta<K>>)
+where
+    K: Resource<DynamicType = ()> + Clone + DeserializeOwned + Debug + Send + Sync + 'static,
+{
+    let (reader, writer) = reflector::store();
+    let source = StreamSource::new(K::kind(&()).to_string());
+    #[allow(deprecated)]
+    let stream = resilient(
+        kube::runtime::reflector(writer, metadata_watcher(api, config).modify(trim)),
+        source.clone(),
+    );
+    (
+        reader,
+        Watch {
+            stream: Box::pin(stream),
+            source,
+        },
+    )
+}
+
 /// The `kubectl apply` annotation: a second copy of the object, never read by an operator.
 const LAST_APPLIED: &str = "kubectl.kubernetes.io/last-applied-configuration";
 
@@ -179,6 +206,28 @@ fn resilient<K: Send + 'static>(
     )
 }
 
+/// The `K`s in `child`'s `ownerReferences` (in its namespace).
+fn owners<K, Child>(child: PartialObjectMeta<Child>) -> Vec<ObjectRef<K>>
+where
+    K: Resource<DynamicType = ()>,
+    Child: Resource<DynamicType = ()>,
+{
+    let (kind, api_version) = (K::kind(&()), K::api_version(&()));
+    let namespace = child.namespace();
+    child
+        .owner_references()
+        .iter()
+        .filter(|o| o.kind == kind && o.api_version == api_version)
+        .map(|o| {
+            let r = ObjectRef::<K>::new(&o.name);
+            match &namespace {
+                Some(ns) => r.within(ns),
+                None => r,
+            }
+        })
+        .collect()
+}
+
 /// Touched objects of a watch: applied or deleted objects, markers dropped.
 fn touched<K: Send + 'static>(
     stream: impl Stream<Item = Event<K>> + Send + 'static,
@@ -229,23 +278,18 @@ where
         Child:
             Resource<DynamicType = ()> + Clone + DeserializeOwned + Debug + Send + Sync + 'static,
     {
-        let (kind, api_version) = (K::kind(&()).to_string(), K::api_version(&()).to_string());
-        let owners = move |child: PartialObjectMeta<Child>| {
-            let namespace = child.namespace();
-            child
-                .owner_references()
-                .iter()
-                .filter(|o| o.kind == kind && o.api_version == api_version)
-                .map(|o| {
-                    let r = ObjectRef::<K>::new(&o.name);
-                    match &namespace {
-                        Some(ns) => r.within(ns),
-                        None => r,
-                    }
-                })
-                .collect::<Vec<_>>()
-        };
-        self.watches_metadata(api, config, owners)
+        self.watches_metadata(api, config, owners::<K, Child>)
+    }
+
+    /// [`Controller::owns`] with a watch from [`watch_metadata`], whose store the operator
+    /// reads (the children's metadata, for [`crate::apply::Children::ensure`]).
+    #[must_use]
+    pub fn owns_watched<Child>(self, watch: Watch<PartialObjectMeta<Child>>) -> Self
+    where
+        Child:
+            Resource<DynamicType = ()> + Clone + DeserializeOwned + Debug + Send + Sync + 'static,
+    {
+        self.push(touched(watch.stream), watch.source, owners::<K, Child>, ())
     }
 
     /// Reconciles the objects `mapper` names when an `Other` selected by `config` changes,

@@ -9,6 +9,7 @@
 //! | `controller_runtime_max_concurrent_reconciles` | gauge | controller |
 //! | `leader_election_master_status` | gauge | name |
 //! | `steward_status_writes_total` | counter | controller |
+//! | `steward_child_writes_total` | counter | controller, kind, verb (`apply`, `delete`, `create`, `release`); writes [`crate::apply::Children`] made (an apply skipped as unchanged is not one) |
 //! | `steward_watch_errors_total` | counter | controller, kind |
 //! | `steward_reconcile_queue_oldest_seconds` | gauge | controller (age of the oldest trigger not yet reconciled; 0 when none) |
 //! | `steward_reconcile_panics_total` | counter | controller |
@@ -50,6 +51,17 @@ pub struct WatchLabels {
     pub kind: String,
 }
 
+/// Labels of `steward_child_writes_total`.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct WriteLabels {
+    /// The controller's name.
+    pub controller: String,
+    /// The written object's kind.
+    pub kind: String,
+    /// `apply`, `delete`, `create` or `release`.
+    pub verb: String,
+}
+
 /// Labels of `leader_election_master_status`.
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct LeaseLabels {
@@ -78,6 +90,8 @@ pub struct Metrics {
     pub leader: Family<LeaseLabels, Gauge>,
     /// `steward_status_writes_total{controller}`.
     pub status_writes: Family<ControllerLabels, Counter>,
+    /// `steward_child_writes_total{controller, kind, verb}`.
+    pub child_writes: Family<WriteLabels, Counter>,
     /// `steward_watch_errors_total{controller, kind}`.
     pub watch_errors: Family<WatchLabels, Counter>,
     /// `steward_reconcile_queue_oldest_seconds{controller}`: how long the oldest queued
@@ -107,6 +121,7 @@ impl Metrics {
         let max_concurrent = Family::<ControllerLabels, Gauge>::default();
         let leader = Family::<LeaseLabels, Gauge>::default();
         let status_writes = Family::<ControllerLabels, Counter>::default();
+        let child_writes = Family::<WriteLabels, Counter>::default();
         let watch_errors = Family::<WatchLabels, Counter>::default();
         let queue_oldest =
             Family::<ControllerLabels, Gauge<f64, std::sync::atomic::AtomicU64>>::default();
@@ -163,6 +178,13 @@ impl Metrics {
         add(
             &mut registry,
             &mut families,
+            "steward_child_writes",
+            "Writes to the objects a controller manages (an apply skipped because the object is as desired is not counted)",
+            child_writes.clone(),
+        );
+        add(
+            &mut registry,
+            &mut families,
             "steward_watch_errors",
             "Errors of a controller's watches, per watched kind (each is retried with its own backoff)",
             watch_errors.clone(),
@@ -191,6 +213,7 @@ impl Metrics {
             max_concurrent,
             leader,
             status_writes,
+            child_writes,
             watch_errors,
             queue_oldest,
             reconcile_panics,

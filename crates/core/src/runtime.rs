@@ -143,6 +143,20 @@ impl<T> Context<T> {
         Ok(client)
     }
 
+    /// The children of `owner`, applied as this operator through the guarded client, their
+    /// writes counted in `steward_child_writes_total` under the owner's controller (its kind,
+    /// lowercase). Use [`crate::apply::Children::ensure`] to write only what changed.
+    pub fn children<P: Resource<DynamicType = ()>>(&self, owner: &P) -> crate::apply::Children {
+        crate::apply::Children::new(self.client.clone(), owner, &self.field_manager)
+            .counted(self.writes(&P::kind(&()).to_lowercase()))
+    }
+
+    /// The write counter of `controller`, for writes made outside [`Context::children`]
+    /// (objects without an owner, namespaces created by POST).
+    pub fn writes(&self, controller: &str) -> crate::apply::WriteCounter {
+        crate::apply::WriteCounter::new(&self.metrics, controller)
+    }
+
     /// Writes `status` by server-side apply under this operator's field manager unless it
     /// equals `current` (see [`crate::status::apply`]) or this process already wrote it on top
     /// of this version of `obj` (see [`crate::status::Written`]), counting writes in

@@ -106,10 +106,29 @@ impl steward_core::operator::Definition for DatabaseOperator {
 }
 
 /// Shared state of the controllers.
-#[derive(Clone, Debug)]
+#[derive(Clone)]
 pub struct State {
     pub options: Options,
+    /// The metadata of the children the operator applies, so an apply is skipped when a child
+    /// is already as desired (`Children::ensure_cached`).
+    pub children: ChildStores,
 }
+
+/// Metadata caches of the operator's children (label `app.kubernetes.io/managed-by`).
+#[derive(Clone)]
+pub struct ChildStores {
+    pub secrets: Cache<k8s_openapi::api::core::v1::Secret>,
+    pub config_maps: Cache<k8s_openapi::api::core::v1::ConfigMap>,
+    pub services: Cache<k8s_openapi::api::core::v1::Service>,
+    pub service_accounts: Cache<k8s_openapi::api::core::v1::ServiceAccount>,
+    pub roles: Cache<k8s_openapi::api::rbac::v1::Role>,
+    pub role_bindings: Cache<k8s_openapi::api::rbac::v1::RoleBinding>,
+    pub statefulsets: Cache<k8s_openapi::api::apps::v1::StatefulSet>,
+    pub pdbs: Cache<k8s_openapi::api::policy::v1::PodDisruptionBudget>,
+}
+
+/// A metadata cache of one kind of child.
+pub type Cache<K> = kube::runtime::reflector::Store<kube::core::PartialObjectMeta<K>>;
 
 /// Adds the PostgresCluster, Database and DatabaseRole controllers to `operator`.
 ///
@@ -118,15 +137,16 @@ pub struct State {
 pub fn register(operator: &mut steward_core::Operator, options: Options) -> Result<(), Error> {
     use k8s_openapi::api::apps::v1::StatefulSet;
     use k8s_openapi::api::batch::v1::Job;
-    use k8s_openapi::api::core::v1::{ConfigMap, Pod, Secret, Service};
+    use k8s_openapi::api::core::v1::{ConfigMap, Pod, Secret, Service, ServiceAccount};
     use k8s_openapi::api::policy::v1::PodDisruptionBudget;
+    use k8s_openapi::api::rbac::v1::{Role, RoleBinding};
     use kube::ResourceExt;
     use kube::core::PartialObjectMeta;
     use kube::runtime::reflector::ObjectRef;
     use kube::runtime::watcher::Config;
     use steward_core::Controller;
+    use steward_core::controller::watch_metadata;
 
-    let state = State { options };
     let client = operator.client();
     let watch_namespace = operator.args().watch_namespace.clone();
     fn scoped<K>(client: &kube::Client, ns: Option<&str>) -> kube::Api<K>
@@ -141,18 +161,50 @@ pub fn register(operator: &mut steward_core::Operator, options: Options) -> Resu
     let ns = watch_namespace.as_deref();
     let managed =
         Config::default().labels(&format!("{}={NAME}", steward_core::apply::MANAGED_BY_LABEL));
+    // The children's metadata: each watch wakes the controller that owns that kind most and
+    // fills a cache all three read.
+    let (secrets, secrets_watch) = watch_metadata(scoped::<Secret>(&client, ns), managed.clone());
+    let (config_maps, config_maps_watch) =
+        watch_metadata(scoped::<ConfigMap>(&client, ns), managed.clone());
+    let (services, services_watch) =
+        watch_metadata(scoped::<Service>(&client, ns), managed.clone());
+    let (service_accounts, service_accounts_watch) =
+        watch_metadata(scoped::<ServiceAccount>(&client, ns), managed.clone());
+    let (roles, roles_watch) = watch_metadata(scoped::<Role>(&client, ns), managed.clone());
+    let (role_bindings, role_bindings_watch) =
+        watch_metadata(scoped::<RoleBinding>(&client, ns), managed.clone());
+    let (statefulsets, statefulsets_watch) =
+        watch_metadata(scoped::<StatefulSet>(&client, ns), managed.clone());
+    let (pdbs, pdbs_watch) =
+        watch_metadata(scoped::<PodDisruptionBudget>(&client, ns), managed.clone());
+    let state = State {
+        options,
+        children: ChildStores {
+            secrets,
+            config_maps,
+            services,
+            service_accounts,
+            roles,
+            role_bindings,
+            statefulsets,
+            pdbs,
+        },
+    };
 
     // PostgresCluster: its children and its pods.
     let clusters = Controller::new(scoped::<PostgresCluster>(&client, ns), Config::default());
     cluster::metrics::register(&operator.metrics(), &clusters.store());
     let clusters = clusters
-        .owns(scoped::<StatefulSet>(&client, ns), managed.clone())
+        .owns_watched(statefulsets_watch)
         // The major-upgrade Job.
         .owns(scoped::<Job>(&client, ns), managed.clone())
-        .owns(scoped::<Service>(&client, ns), managed.clone())
-        .owns(scoped::<ConfigMap>(&client, ns), managed.clone())
-        .owns(scoped::<Secret>(&client, ns), managed.clone())
-        .owns(scoped::<PodDisruptionBudget>(&client, ns), managed.clone())
+        .owns_watched(services_watch)
+        .owns_watched(config_maps_watch)
+        .owns_watched(secrets_watch)
+        .owns_watched(service_accounts_watch)
+        .owns_watched(roles_watch)
+        .owns_watched(role_bindings_watch)
+        .owns_watched(pdbs_watch)
         .watches(
             scoped::<PostgresBackup>(&client, ns),
             Config::default(),

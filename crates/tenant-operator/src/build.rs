@@ -115,6 +115,7 @@ pub fn namespace_metadata_keys(tenant: &Tenant) -> (Vec<String>, Vec<String>) {
         .into_keys()
         .collect();
     annotations.push(crate::crd::CREATED_FOR_ANNOTATION.to_string());
+    annotations.push(steward_core::apply::APPLIED_ANNOTATION.to_string());
     (labels, annotations)
 }
 
@@ -813,8 +814,12 @@ pub(crate) mod tests {
         }
         assert_eq!(
             annotations,
-            ["contact", crate::crd::CREATED_FOR_ANNOTATION],
-            "the creation marker goes too"
+            [
+                "contact",
+                crate::crd::CREATED_FOR_ANNOTATION,
+                steward_core::apply::APPLIED_ANNOTATION
+            ],
+            "the creation marker and the applied digest go too"
         );
     }
 

@@ -104,8 +104,6 @@ pub struct State {
     pub settings: Settings,
     /// Requeue interval without changes.
     pub resync: Duration,
-    /// Counts the writes to managed objects.
-    pub writes: crate::apply::Writes,
 }
 
 /// A reflector over `api` limited by `labels` (steward-core's watch: its own backoff, errors

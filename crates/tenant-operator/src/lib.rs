@@ -12,7 +12,7 @@
 //! quota      the tenant-wide quota split into per-namespace hard limits  (pure)
 //! build      namespaces, ResourceQuota, LimitRange, NetworkPolicy,
 //!            RoleBindings, shared copies, the owners' ClusterRole        (pure)
-//! apply      server-side apply of what differs; prune what is unwanted
+//! apply      steward-core's Children: apply what differs, prune what is unwanted
 //! status     namespaces, summed usage, Ready and QuotaExceeded           (pure, one write)
 //! ```
 //!
@@ -20,7 +20,6 @@
 //! keep owners from touching the operator's objects and tenant labels, from creating namespaces
 //! beyond their allowance, and from changing anything in a cordoned tenant.
 
-pub mod apply;
 pub mod build;
 pub mod controller;
 pub mod crd;
@@ -172,12 +171,8 @@ pub fn register(operator: &mut Operator, options: Options) -> Result<(), Error> 
         options.tenant_selector.as_deref(),
     );
     metrics::register(&operator.metrics(), &controller.store());
-    let writes = apply::Writes::default();
-    operator.metrics().register(
-        "tenant_operator_writes",
-        "Writes to the objects tenant-operator manages (skipped when already as desired)",
-        writes.family.clone(),
-    );
+    // The admission policies' writes, counted with the tenant controller's.
+    let writes = steward_core::apply::WriteCounter::new(&operator.metrics(), "tenant");
     let state = controller::State {
         stores,
         settings: build::Settings {
@@ -193,7 +188,6 @@ pub fn register(operator: &mut Operator, options: Options) -> Result<(), Error> 
             },
         },
         resync: options.resync_period,
-        writes: writes.clone(),
     };
     operator.controller(controller, state, reconcile::reconcile);
     if options.apply_policies {

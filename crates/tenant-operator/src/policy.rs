@@ -56,13 +56,13 @@ use k8s_openapi::api::authentication::v1::SelfSubjectReview;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{
     LabelSelector, LabelSelectorRequirement, ObjectMeta,
 };
-use kube::api::{Api, Patch, PatchParams, PostParams};
+use kube::api::{Api, PostParams};
 use kube::{Client, Resource};
 use tokio_util::sync::CancellationToken;
 
-use crate::apply::{Writes, up_to_date};
 use crate::build::{OWN_VERB, POLICY_PARAMS};
 use crate::crd::{CORDONED_LABEL, GROUP, TENANT_LABEL};
+use steward_core::apply::{Children, Outcome, WriteCounter};
 
 /// Every Pod Security admission label (`enforce`, `enforce-version`, `warn`, `audit`, …).
 const POD_SECURITY_PREFIX: &str = "pod-security.kubernetes.io/";
@@ -882,7 +882,7 @@ pub enum Error {
     Read(String, #[source] kube::Error),
     /// Applying a policy or binding failed.
     #[error("failed to apply {0}")]
-    Apply(String, #[source] kube::Error),
+    Apply(String, #[source] steward_core::Error),
 }
 
 /// The user this client authenticates as.
@@ -910,28 +910,22 @@ pub async fn whoami(client: &Client) -> Result<String, Error> {
 pub async fn apply(
     client: &Client,
     policies: &Policies,
-    manager: &str,
-    writes: &Writes,
+    children: &Children,
 ) -> Result<usize, Error> {
     let mut written = 0;
     // The defaults first: a rule never checks a pod its default was meant to complete.
     for p in &policies.mutating {
-        written += apply_one(client, &p.policy, manager, writes).await?;
-        written += apply_one(client, &p.binding, manager, writes).await?;
+        written += apply_one(client, &p.policy, children).await?;
+        written += apply_one(client, &p.binding, children).await?;
     }
     for p in &policies.validating {
-        written += apply_one(client, &p.policy, manager, writes).await?;
-        written += apply_one(client, &p.binding, manager, writes).await?;
+        written += apply_one(client, &p.policy, children).await?;
+        written += apply_one(client, &p.binding, children).await?;
     }
     Ok(written)
 }
 
-async fn apply_one<K>(
-    client: &Client,
-    obj: &K,
-    manager: &str,
-    writes: &Writes,
-) -> Result<usize, Error>
+async fn apply_one<K>(client: &Client, obj: &K, children: &Children) -> Result<usize, Error>
 where
     K: Resource<DynamicType = (), Scope = k8s_openapi::ClusterResourceScope>
         + Clone
@@ -946,21 +940,11 @@ where
         .get_opt(&name)
         .await
         .map_err(|e| Error::Read(what(), e))?;
-    if current
-        .as_ref()
-        .is_some_and(|c| up_to_date(c, obj, manager))
-    {
-        return Ok(0);
-    }
-    writes.inc(&K::kind(&()), "apply");
-    api.patch(
-        &name,
-        &PatchParams::apply(manager).force(),
-        &Patch::Apply(with_type(obj)),
-    )
-    .await
-    .map_err(|e| Error::Apply(what(), e))?;
-    Ok(1)
+    let outcome = children
+        .ensure(current.as_ref().map(|c| c.meta()), obj.clone())
+        .await
+        .map_err(|e| Error::Apply(what(), e))?;
+    Ok(usize::from(outcome == Outcome::Applied))
 }
 
 /// Leader-only task, for the whole leadership term: finds the operator's user, applies the
@@ -972,7 +956,7 @@ pub async fn keep_in_place(
     client: Client,
     extra: Exemptions,
     manager: String,
-    writes: Writes,
+    writes: WriteCounter,
     recheck: Duration,
     stop: CancellationToken,
 ) {
@@ -995,7 +979,8 @@ pub async fn keep_in_place(
                     (me, policies)
                 }
             };
-            let written = apply(&client, &policies, &manager, &writes).await;
+            let children = Children::unowned(client.clone(), &manager).counted(writes.clone());
+            let written = apply(&client, &policies, &children).await;
             wanted = Some((me.clone(), policies));
             Ok::<_, Error>((me, written?))
         };

@@ -177,15 +177,6 @@ impl std::str::FromStr for Milli {
     }
 }
 
-/// Whether two quantity strings denote the same value (`"1k"` and `"1000"`), falling back to
-/// string equality when either is not a quantity.
-pub fn same_quantity(a: &str, b: &str) -> bool {
-    if a == b {
-        return true;
-    }
-    matches!((Milli::parse(a), Milli::parse(b)), (Ok(x), Ok(y)) if x == y)
-}
-
 #[cfg(test)]
 #[allow(clippy::unwrap_used)]
 mod tests {
@@ -243,15 +234,5 @@ mod tests {
             let m = Milli::parse(s).unwrap();
             assert_eq!(Milli::parse(&m.format_for("memory")).unwrap(), m);
         }
-    }
-
-    #[test]
-    fn same_quantity_compares_values() {
-        assert!(same_quantity("1k", "1000"));
-        assert!(same_quantity("1Gi", "1024Mi"));
-        assert!(same_quantity("0.5", "500m"));
-        assert!(!same_quantity("1", "2"));
-        assert!(!same_quantity("abc", "abd"));
-        assert!(same_quantity("abc", "abc"));
     }
 }

@@ -19,11 +19,10 @@ use kube::runtime::reflector::{ObjectRef, Store};
 use kube::{Client, Resource, ResourceExt};
 use serde::Serialize;
 use serde::de::DeserializeOwned;
-use steward_core::apply::{Children, OWNER_LABEL, ScopeApi};
+use steward_core::apply::{Children, OWNER_LABEL, Outcome, ScopeApi, is_conflict};
 use steward_core::finalizer::{self, Event};
 use steward_core::{Context, ReconcileError};
 
-use crate::apply::{Outcome, Writes, delete, ensure, ensure_unchanged_since, is_conflict};
 use crate::build::{self, QUOTA_NAME};
 use crate::controller::State;
 use crate::crd::{FINALIZER, NamespaceDeletionPolicy, SharedKind, TENANT_LABEL, Tenant};
@@ -189,9 +188,6 @@ async fn write_status(
         .apply_status(tenant, tenant.status.as_ref(), &new)
         .await
         .map_err(Error::WriteStatus)?;
-    if written {
-        ctx.data.writes.inc("Tenant", "status");
-    }
     Ok(written)
 }
 
@@ -242,8 +238,7 @@ async fn converge(
     let uid = tenant.uid().unwrap_or_default();
     let stores = &ctx.data.stores;
     let client = &ctx.client;
-    let manager = ctx.field_manager.as_str();
-    let children = Children::new(client.clone(), tenant.as_ref(), manager);
+    let children = ctx.children(tenant.as_ref());
     let ns_children = children.clone().without_owner_reference();
 
     // Namespaces. The store holds only labelled ones: a listed name it lacks is read, so an
@@ -328,7 +323,8 @@ async fn converge(
     }
     for excess in &plan.excess {
         // Never admitted: nobody was given access in it, so nothing in it is lost.
-        delete::<Namespace>(&ctx.client, &ctx.data.writes, None, excess)
+        ctx.children(tenant.as_ref())
+            .delete::<Namespace>(None, excess)
             .await
             .map_err(|source| Error::DeleteNamespace {
                 name: excess.clone(),
@@ -384,18 +380,13 @@ async fn converge(
                 .await;
         }
         let current = stores.namespaces.get(&ObjectRef::new(&w.name));
-        let outcome = ensure(
-            &ns_children,
-            manager,
-            &ctx.data.writes,
-            current.as_deref(),
-            desired,
-        )
-        .await
-        .map_err(|source| Error::ApplyNamespace {
-            name: w.name.clone(),
-            source,
-        })?;
+        let outcome = ns_children
+            .ensure(current.as_deref().map(|c| &c.metadata), desired)
+            .await
+            .map_err(|source| Error::ApplyNamespace {
+                name: w.name.clone(),
+                source,
+            })?;
         if outcome == Outcome::Applied && current.is_none() && w.adopted {
             ctx.recorder
                 .normal(
@@ -434,22 +425,8 @@ async fn converge(
     let binding = build::owner_cluster_role_binding(tenant);
     let cluster_keep: BTreeSet<(String, String)> =
         [(String::new(), build::owner_cluster_object_name(tenant))].into();
-    ensure_child(
-        &children,
-        manager,
-        &ctx.data.writes,
-        &stores.cluster_roles,
-        role,
-    )
-    .await?;
-    ensure_child(
-        &children,
-        manager,
-        &ctx.data.writes,
-        &stores.cluster_role_bindings,
-        binding,
-    )
-    .await?;
+    ensure_child(&children, &stores.cluster_roles, role).await?;
+    ensure_child(&children, &stores.cluster_role_bindings, binding).await?;
 
     // Quotas first, so no namespace is usable before it is limited.
     let mut keep: Keep = Keep::default();
@@ -502,24 +479,13 @@ async fn converge(
             let desired = build::resource_quota(tenant, ns, &hard);
             keep.quotas.insert((ns.clone(), QUOTA_NAME.to_string()));
             let result = if spec.tenant.is_empty() {
-                ensure(
-                    &children,
-                    manager,
-                    &ctx.data.writes,
-                    current.get(ns),
-                    desired,
-                )
-                .await
+                children
+                    .ensure(current.get(ns).map(|q| &q.metadata), desired)
+                    .await
             } else {
-                ensure_unchanged_since(
-                    client,
-                    &children,
-                    manager,
-                    &ctx.data.writes,
-                    current.get(ns),
-                    desired,
-                )
-                .await
+                children
+                    .ensure_unchanged_since(current.get(ns).map(|q| &q.metadata), desired)
+                    .await
             };
             match result {
                 Ok(_) => {}
@@ -546,18 +512,11 @@ async fn converge(
     for ns in &active {
         for rq in build::additional_quotas(tenant, ns) {
             keep.quotas.insert((ns.clone(), rq.name_any()));
-            ensure_child(&children, manager, &ctx.data.writes, &stores.quotas, rq).await?;
+            ensure_child(&children, &stores.quotas, rq).await?;
         }
         if let Some(lr) = build::limit_range(tenant, ns) {
             keep.limit_ranges.insert((ns.clone(), lr.name_any()));
-            ensure_child(
-                &children,
-                manager,
-                &ctx.data.writes,
-                &stores.limit_ranges,
-                lr,
-            )
-            .await?;
+            ensure_child(&children, &stores.limit_ranges, lr).await?;
         }
         // The isolating policy and the tenant's own.
         for np in build::network_policy(tenant, ns)
@@ -565,26 +524,12 @@ async fn converge(
             .chain(build::additional_network_policies(tenant, ns))
         {
             keep.network_policies.insert((ns.clone(), np.name_any()));
-            ensure_child(
-                &children,
-                manager,
-                &ctx.data.writes,
-                &stores.network_policies,
-                np,
-            )
-            .await?;
+            ensure_child(&children, &stores.network_policies, np).await?;
         }
         // Before access: the owners never see the namespace without its admission rules.
         if let Some(params) = build::policy_params(tenant, ns) {
             keep.config_maps.insert((ns.clone(), params.name_any()));
-            ensure_child(
-                &children,
-                manager,
-                &ctx.data.writes,
-                &stores.config_maps,
-                params,
-            )
-            .await?;
+            ensure_child(&children, &stores.config_maps, params).await?;
         }
         for shared in &tenant.spec.shared_objects {
             if &shared.namespace == ns {
@@ -602,8 +547,6 @@ async fn converge(
                             copy(
                                 client,
                                 &children,
-                                manager,
-                                &ctx.data.writes,
                                 &uid,
                                 &stores.secrets,
                                 build::shared_secret(tenant, ns, &src),
@@ -622,8 +565,6 @@ async fn converge(
                             copy(
                                 client,
                                 &children,
-                                manager,
-                                &ctx.data.writes,
                                 &uid,
                                 &stores.config_maps,
                                 build::shared_config_map(tenant, ns, &src),
@@ -653,16 +594,31 @@ async fn converge(
                 }
             }
         }
+        // Access last, and only once the namespace's quotas are enforced: until the quota
+        // controller has copied a ResourceQuota's limits into `status.hard`, the API server
+        // admits anything, so an owner bound earlier could create unquoted objects.
+        let enforced = quotas_enforced(&stores.quotas, &keep.quotas, ns);
+        let mut waiting = false;
         for rb in build::role_bindings(tenant, ns, &ctx.data.settings) {
             keep.role_bindings.insert((ns.clone(), rb.name_any()));
-            ensure_child(
-                &children,
-                manager,
-                &ctx.data.writes,
-                &stores.role_bindings,
-                rb,
-            )
-            .await?;
+            let exists = stores
+                .role_bindings
+                .get(&ObjectRef::new(&rb.name_any()).within(ns))
+                .is_some();
+            if !enforced && !exists {
+                waiting = true;
+                continue;
+            }
+            ensure_child(&children, &stores.role_bindings, rb).await?;
+        }
+        if waiting {
+            soon = true;
+            obs.problems.push(Problem {
+                reason: "WaitingForQuota",
+                message: format!(
+                    "owners get access to namespace {ns} once its ResourceQuotas are enforced"
+                ),
+            });
         }
     }
     if !missing_sources.is_empty() {
@@ -686,18 +642,9 @@ async fn converge(
 
     tracing::debug!(tenant = %name, "children applied");
     // Whatever the tenant no longer wants.
+    prune(&children, &stores.quotas, &uid, &keep.quotas, &terminating).await?;
     prune(
-        client,
-        &ctx.data.writes,
-        &stores.quotas,
-        &uid,
-        &keep.quotas,
-        &terminating,
-    )
-    .await?;
-    prune(
-        client,
-        &ctx.data.writes,
+        &children,
         &stores.limit_ranges,
         &uid,
         &keep.limit_ranges,
@@ -705,8 +652,7 @@ async fn converge(
     )
     .await?;
     prune(
-        client,
-        &ctx.data.writes,
+        &children,
         &stores.network_policies,
         &uid,
         &keep.network_policies,
@@ -714,8 +660,7 @@ async fn converge(
     )
     .await?;
     prune(
-        client,
-        &ctx.data.writes,
+        &children,
         &stores.role_bindings,
         &uid,
         &keep.role_bindings,
@@ -723,8 +668,7 @@ async fn converge(
     )
     .await?;
     prune(
-        client,
-        &ctx.data.writes,
+        &children,
         &stores.secrets,
         &uid,
         &keep.secrets,
@@ -732,8 +676,7 @@ async fn converge(
     )
     .await?;
     prune(
-        client,
-        &ctx.data.writes,
+        &children,
         &stores.config_maps,
         &uid,
         &keep.config_maps,
@@ -741,8 +684,7 @@ async fn converge(
     )
     .await?;
     prune(
-        client,
-        &ctx.data.writes,
+        &children,
         &stores.cluster_roles,
         &uid,
         &cluster_keep,
@@ -750,8 +692,7 @@ async fn converge(
     )
     .await?;
     prune(
-        client,
-        &ctx.data.writes,
+        &children,
         &stores.cluster_role_bindings,
         &uid,
         &cluster_keep,
@@ -795,11 +736,32 @@ fn observed_quota(namespace: &str, rq: Option<&ResourceQuota>) -> quota::Observe
     }
 }
 
+/// Whether every ResourceQuota the tenant keeps in `ns` (`keep`) is enforced: the quota
+/// controller has put each of its `spec.hard` limits into `status.hard`. The store can lag
+/// the API server but never lead it, so `true` is never early.
+fn quotas_enforced(
+    store: &Store<ResourceQuota>,
+    keep: &BTreeSet<(String, String)>,
+    ns: &str,
+) -> bool {
+    keep.iter().filter(|(n, _)| n == ns).all(|(_, name)| {
+        store
+            .get(&ObjectRef::new(name).within(ns))
+            .is_some_and(|q| {
+                let enforced = q.status.as_ref().and_then(|s| s.hard.as_ref());
+                q.spec
+                    .as_ref()
+                    .and_then(|s| s.hard.as_ref())
+                    .into_iter()
+                    .flatten()
+                    .all(|(k, _)| enforced.is_some_and(|e| e.contains_key(k)))
+            })
+    })
+}
+
 /// [`ensure`] with the current object from `store`.
 async fn ensure_child<K>(
     children: &Children,
-    manager: &str,
-    writes: &Writes,
     store: &Store<K>,
     desired: K,
 ) -> Result<Outcome, Error>
@@ -809,12 +771,8 @@ where
 {
     let name = desired.name_any();
     let namespace = desired.namespace();
-    let mut r = ObjectRef::<K>::new(&name);
-    if let Some(ns) = &namespace {
-        r = r.within(ns);
-    }
-    let current = store.get(&r);
-    ensure(children, manager, writes, current.as_deref(), desired)
+    children
+        .ensure_cached(store, desired)
         .await
         .map_err(|source| Error::ApplyChild {
             kind: kind_name::<K>(),
@@ -843,8 +801,6 @@ fn kind_name<K: Resource<DynamicType = ()>>() -> &'static str {
 async fn copy<K>(
     client: &Client,
     children: &Children,
-    manager: &str,
-    writes: &Writes,
     uid: &str,
     store: &Store<K>,
     desired: K,
@@ -874,7 +830,8 @@ where
             return Ok(false);
         }
     }
-    ensure(children, manager, writes, cached.as_deref(), desired)
+    children
+        .ensure(cached.as_deref().map(|c| c.meta()), desired)
         .await
         .map_err(|source| Error::ApplyChild {
             kind: kind_name::<K>(),
@@ -887,8 +844,7 @@ where
 /// Deletes this tenant's children of one kind that are not in `keep` (skipping those in
 /// namespaces being deleted anyway).
 async fn prune<K>(
-    client: &Client,
-    writes: &Writes,
+    children: &Children,
     store: &Store<K>,
     uid: &str,
     keep: &BTreeSet<(String, String)>,
@@ -913,7 +869,8 @@ where
         {
             continue;
         }
-        delete::<K>(client, writes, namespace.as_deref(), &k.1)
+        children
+            .delete::<K>(namespace.as_deref(), &k.1)
             .await
             .map_err(|source| Error::Prune {
                 kind: kind_name::<K>(),
@@ -941,7 +898,7 @@ async fn create_namespace(ctx: &Context<State>, tenant: &str, ns: &str) -> Resul
         field_manager: Some(ctx.field_manager.clone()),
         ..Default::default()
     };
-    ctx.data.writes.inc("Namespace", "create");
+    ctx.writes("tenant").inc("Namespace", "create");
     match Api::<Namespace>::all(ctx.client.clone())
         .create(&params, &created)
         .await
@@ -974,7 +931,8 @@ async fn remove_namespace(
     };
     match policy {
         NamespaceDeletionPolicy::Delete => {
-            delete::<Namespace>(&ctx.client, &ctx.data.writes, None, ns)
+            ctx.children(tenant)
+                .delete::<Namespace>(None, ns)
                 .await
                 .map_err(|source| Error::DeleteNamespace {
                     name: ns.to_string(),
@@ -990,7 +948,7 @@ async fn remove_namespace(
                 .await;
         }
         NamespaceDeletionPolicy::Orphan => {
-            ctx.data.writes.inc("Namespace", "release");
+            ctx.children(tenant).count("Namespace", "release");
             release(&ctx.client, &ctx.field_manager, tenant, ns)
                 .await
                 .map_err(|source| Error::ReleaseNamespace {

@@ -69,7 +69,7 @@ pub enum Error {
     WriteStatus {
         name: String,
         #[source]
-        source: Box<kube::Error>,
+        source: Box<steward_core::Error>,
     },
 }
 

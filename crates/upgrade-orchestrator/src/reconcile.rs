@@ -20,13 +20,13 @@ use std::time::Duration;
 
 use k8s_openapi::api::batch::v1::Job;
 use k8s_openapi::jiff::Timestamp;
-use kube::api::{Api, ListParams, Patch, PatchParams, PostParams};
+use kube::api::{Api, ListParams, PostParams};
 use kube::runtime::controller::Action;
-use kube::{Client, Resource, ResourceExt};
+use kube::{Client, ResourceExt};
 use steward_core::Context;
 use steward_core::finalizer::{self, Event};
 
-use crate::crd::{HookRun, HookStage, UpgradePlan, UpgradePlanStatus};
+use crate::crd::{HookRun, HookStage, UpgradePlan};
 use crate::error::Error;
 use crate::hook::{self, JobState};
 use crate::metrics::PlanMetrics;
@@ -150,7 +150,8 @@ async fn converge(
                         &mut rejected,
                     )
                     .await?;
-                    create_hook_jobs(&client, &plan, &namespace, missing_jobs, &mut jobs).await?;
+                    create_hook_jobs(&ctx, &client, &plan, &namespace, missing_jobs, &mut jobs)
+                        .await?;
                 }
                 let outcome = progress::step(&Input {
                     name: &name,
@@ -170,16 +171,20 @@ async fn converge(
         }
     };
 
-    let api: Api<UpgradePlan> = Api::namespaced(ctx.client.clone(), &namespace);
-    match write_status(&api, &plan, &outcome.status, &ctx.field_manager).await {
+    // Guarded by the plan's resourceVersion (steward-core): a stale copy writes nothing.
+    let changed = plan.status.as_ref() != Some(&outcome.status);
+    match ctx
+        .apply_status(plan.as_ref(), plan.status.as_ref(), &outcome.status)
+        .await
+    {
+        Ok(false) if changed => {
+            // Our copy of the plan is stale (or this status is already written on top of
+            // it); the newer version's watch event brings us back.
+            tracing::debug!(plan = %name, "status not written on a stale copy; looking again");
+            return Ok(Action::requeue(Duration::from_secs(1)));
+        }
         Ok(false) => {}
         Ok(true) => {
-            ctx.metrics
-                .status_writes
-                .get_or_create(&steward_core::metrics::ControllerLabels {
-                    controller: CONTROLLER.into(),
-                })
-                .inc();
             publish(&ctx, &plan, &outcome).await;
             // The starts (and reverts) this write recorded are stored now: make them at once
             // rather than on the write's own watch event. After a crash here, the next
@@ -188,7 +193,7 @@ async fn converge(
                 && !outcome.status.phase.is_some_and(|p| p.is_terminal())
             {
                 let recorded = hook::to_create(&plan.spec, &outcome.status, &jobs);
-                create_hook_jobs(&client, &plan, &namespace, recorded, &mut jobs).await?;
+                create_hook_jobs(&ctx, &client, &plan, &namespace, recorded, &mut jobs).await?;
                 let mut rejected = BTreeMap::new();
                 let recorded = progress::writes(&plan.spec, &outcome.status, &observed);
                 apply_recorded(
@@ -202,11 +207,6 @@ async fn converge(
                 )
                 .await?;
             }
-        }
-        Err(kube::Error::Api(s)) if s.code == 409 => {
-            // Our copy of the plan is stale; the newer version's watch event brings us back.
-            tracing::debug!(plan = %name, "status conflict; looking again");
-            return Ok(Action::requeue(Duration::from_secs(1)));
         }
         Err(source) => {
             return Err(Error::WriteStatus {
@@ -391,6 +391,7 @@ async fn hook_jobs(
 /// Creates the Jobs of hooks the status records ([`hook::to_create`]); one that exists
 /// already (created before a crash, not yet listed) is left as it is.
 async fn create_hook_jobs(
+    ctx: &Context<Data>,
     client: &Client,
     plan: &UpgradePlan,
     namespace: &str,
@@ -406,6 +407,7 @@ async fn create_hook_jobs(
             job: run.job.clone(),
             message,
         })?;
+        ctx.writes(CONTROLLER).inc("Job", "create");
         match api.create(&PostParams::default(), &job).await {
             Ok(_) => {
                 tracing::info!(plan = %plan.name_any(), component = %component.name, job = %run.job, "created hook Job");
@@ -516,6 +518,7 @@ async fn apply_recorded(
                 name: target.name.clone(),
                 message,
             })?;
+        ctx.writes(CONTROLLER).inc(&target.kind, "patch");
         let updated = match target::patch(
             client,
             target.namespace_in(&namespace),
@@ -564,32 +567,6 @@ async fn apply_recorded(
         ctx.recorder.normal(plan, reason, action, note).await;
     }
     Ok(())
-}
-
-/// Writes `status` unless unchanged, with the plan's resourceVersion as a precondition.
-/// Returns whether it wrote.
-async fn write_status(
-    api: &Api<UpgradePlan>,
-    plan: &UpgradePlan,
-    status: &UpgradePlanStatus,
-    field_manager: &str,
-) -> Result<bool, kube::Error> {
-    if plan.status.as_ref() == Some(status) {
-        return Ok(false);
-    }
-    let patch = serde_json::json!({
-        "apiVersion": UpgradePlan::api_version(&()),
-        "kind": UpgradePlan::kind(&()),
-        "metadata": {"name": plan.name_any(), "resourceVersion": plan.resource_version()},
-        "status": status,
-    });
-    api.patch_status(
-        &plan.name_any(),
-        &PatchParams::apply(field_manager).force(),
-        &Patch::Apply(&patch),
-    )
-    .await?;
-    Ok(true)
 }
 
 /// Publishes the outcome's Events and records its metrics.

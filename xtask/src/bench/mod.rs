@@ -7,12 +7,14 @@
 //! ConfigMaps and Secrets, and then for each Tenant count and each subject measures, in order:
 //! convergence and API load ([`workload`], [`apiserver`]), idle writes, memory, startup and
 //! failover ([`procs`]). Subjects run one after another, each starting from a cluster with
-//! none of the previous subject's Tenants or namespaces. [`report`] writes
+//! none of the previous subject's Tenants or namespaces. Then the upgrade-orchestrator's
+//! overhead ([`orchestration`]) and the other two operators' idle writes ([`idle`]). [`report`] writes
 //! `docs/benchmarks.md` and `docs/benchmarks.json`. `--postgres N` runs [`postgres`] instead:
 //! PostgreSQL failover and switchover on the real node.
 
 mod apiserver;
 pub mod cache;
+mod idle;
 mod orchestration;
 mod postgres;
 mod procs;
@@ -43,6 +45,7 @@ pub struct Args {
     pub subjects: Vec<String>,
     pub client_go_defaults: bool,
     pub orchestration_components: usize,
+    pub idle_objects: usize,
     pub skip_build: bool,
     pub out: PathBuf,
 }
@@ -85,6 +88,10 @@ pub struct Flags {
     /// Deployments in the orchestration scenario's chain [default: 5].
     #[arg(long)]
     pub orchestration_components: Option<usize>,
+    /// PostgresClusters, Databases, DatabaseRoles and UpgradePlans in the idle-writes scenario
+    /// of the database-operator and upgrade-orchestrator (0 skips it) [default: 100].
+    #[arg(long)]
+    pub idle_objects: Option<usize>,
     /// Use the subjects' binaries already built.
     #[arg(long)]
     pub skip_build: bool,
@@ -141,6 +148,7 @@ impl Args {
             }),
             client_go_defaults: flags.client_go_defaults,
             orchestration_components: flags.orchestration_components.unwrap_or(5),
+            idle_objects: flags.idle_objects.unwrap_or(if smoke { 3 } else { 100 }),
             skip_build: flags.skip_build,
             out: flags
                 .out
@@ -221,6 +229,8 @@ pub struct Results {
     pub binary_sizes: BTreeMap<String, u64>,
     /// Scenario 5, or why it was not measured.
     pub orchestration: Result<orchestration::Orchestration, String>,
+    /// Scenario 6: the other operators' idle writes (each, or why it was not measured).
+    pub idle_writes: Vec<Result<idle::IdleWrites, String>>,
     pub total_secs: f64,
 }
 
@@ -321,6 +331,46 @@ pub fn run(flags: Flags) -> Result<()> {
         if let Err(e) = &orchestration {
             eprintln!("bench: orchestration {e}");
         }
+        let mut idle_writes = Vec::new();
+        if args.idle_objects > 0 {
+            let n = args.idle_objects;
+            eprintln!("bench: database-operator idle writes with {n} of each kind");
+            let db = idle::database_operator(
+                &client,
+                &baseline,
+                &args.binary(&root, "database-operator"),
+                &log_dir,
+                cp.kubeconfig_path(),
+                n,
+                args.idle,
+            )
+            .await
+            .map_err(|e| format!("database-operator not measured: {e:#}"));
+            eprintln!("bench: upgrade-orchestrator idle writes with {n} plans");
+            let up = idle::upgrade_orchestrator(
+                &client,
+                &baseline,
+                &orchestrator_bin,
+                &log_dir,
+                cp.kubeconfig_path(),
+                n,
+                args.idle,
+            )
+            .await
+            .map_err(|e| format!("upgrade-orchestrator not measured: {e:#}"));
+            for r in [&db, &up] {
+                match r {
+                    Ok(w) => eprintln!(
+                        "bench: {} idle: {:.0} writes, {:?} SQL changes",
+                        w.operator,
+                        w.total_writes(),
+                        w.sql_changes
+                    ),
+                    Err(e) => eprintln!("bench: {e}"),
+                }
+            }
+            idle_writes = vec![db, up];
+        }
         anyhow::Ok(Results {
             args: args.clone(),
             environment,
@@ -336,6 +386,7 @@ pub fn run(flags: Flags) -> Result<()> {
             runs,
             binary_sizes: sizes,
             orchestration,
+            idle_writes,
             total_secs: 0.0,
         })
     })?;
@@ -374,14 +425,21 @@ fn build(
         if args.subjects.iter().any(|s| s == "steward") {
             let release = (!args.smoke).then_some("--release");
             eprintln!(
-                "bench: cargo build {}-p tenant-operator -p upgrade-orchestrator",
+                "bench: cargo build {}-p tenant-operator -p upgrade-orchestrator -p database-operator",
                 release.map_or(String::new(), |r| format!("{r} "))
             );
             // Built like `cargo xtask test`'s build, so a smoke run reuses its dependencies.
             let status = crate::cargo_once()
                 .args(["build"])
                 .args(release)
-                .args(["-p", "tenant-operator", "-p", "upgrade-orchestrator"])
+                .args([
+                    "-p",
+                    "tenant-operator",
+                    "-p",
+                    "upgrade-orchestrator",
+                    "-p",
+                    "database-operator",
+                ])
                 .status()?;
             if !status.success() {
                 bail!("building tenant-operator failed");

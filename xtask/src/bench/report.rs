@@ -300,6 +300,48 @@ pub fn write(out: &Path, r: &Results) -> Result<()> {
             )?;
         }
     }
+    writeln!(
+        md,
+        "\n### The other operators\n\nEach runs as its binary with its objects converged, is restarted (the new process reconciles everything from empty caches, as a new leader does) and stays idle with its resyncs on; writes are the API server's own counts in the window (leases excluded, background subtracted). Events are shown apart: on kwok nodes the PostgresClusters' pods cannot run, and the scheduler and the volume controller keep writing Events about them. SQL: statements that changed anything on the Databases' PostgreSQL server (`log_statement = 'mod'`).\n"
+    )?;
+    writeln!(
+        md,
+        "| operator | objects | window (s) | resync | reconciles | writes (excluding Events) | Event writes | SQL statements that changed something | writes by verb |\n|---|---|---|---|---|---|---|---|---|"
+    )?;
+    for w in &r.idle_writes {
+        match w {
+            Ok(w) => {
+                let by: Vec<String> = w
+                    .writes
+                    .iter()
+                    .map(|(k, v)| format!("{k} {v:.0}"))
+                    .collect();
+                writeln!(
+                    md,
+                    "| {} | {} | {:.0} | {} | {:.0} | {:.0} | {:.0} | {} | {} |",
+                    w.operator,
+                    w.objects,
+                    w.window_secs,
+                    w.resync_secs
+                        .map_or("none (waits for changes)".to_string(), |s| format!(
+                            "{s:.0} s"
+                        )),
+                    w.reconciles,
+                    w.total_writes(),
+                    w.event_writes(),
+                    w.sql_changes.map_or("—".to_string(), |n| {
+                        if w.sql_sample.is_empty() {
+                            n.to_string()
+                        } else {
+                            format!("{n} (e.g. `{}`)", w.sql_sample.join("`, `"))
+                        }
+                    }),
+                    by.join(", ")
+                )?;
+            }
+            Err(e) => writeln!(md, "| {e} | | | | | | | | |")?,
+        }
+    }
     writeln!(md, "\n## 3. Memory\n")?;
     writeln!(
         md,
@@ -504,6 +546,21 @@ pub fn write(out: &Path, r: &Results) -> Result<()> {
             )?;
         }
         Err(_) => writeln!(md, "| orchestration overhead < 1 s | not measured | |")?,
+    }
+    for w in r.idle_writes.iter().flatten() {
+        let sql = w.sql_changes.unwrap_or(0);
+        writeln!(
+            md,
+            "| {}: zero idle writes ({}; {:.0} s, restart included) | {:.0} writes{} | {} |",
+            w.operator,
+            w.objects,
+            w.window_secs,
+            w.total_writes(),
+            w.sql_changes.map_or(String::new(), |n| format!(
+                ", {n} SQL statements that changed something"
+            )),
+            verdict(w.total_writes() == 0.0 && sql == 0)
+        )?;
     }
     let notes: Vec<String> = r
         .runs

@@ -53,7 +53,8 @@ pub async fn reconcile(
     let name = cluster.name_any();
     let names = Names::of(&name);
     let client = ctx.client.clone();
-    let children = Children::new(client.clone(), cluster.as_ref(), &ctx.field_manager);
+    let children = ctx.children(cluster.as_ref());
+    let cached = &ctx.data.children;
 
     let secrets: Api<Secret> = Api::namespaced(client.clone(), &ns);
     // The object stores' credentials exist before a pod needs them (else it would wait in
@@ -66,35 +67,50 @@ pub async fn reconcile(
     let ca = ensure_tls(&ctx, &children, &secrets, &cluster, &ns).await?;
     let secret = build::superuser_secret(&cluster, &password, &ca.cert_pem);
     if build::superuser_secret_owned(&cluster) {
-        children.apply(secret).await?;
+        children.ensure_cached(&cached.secrets, secret).await?;
     } else {
         children
             .clone()
             .without_owner_reference()
-            .apply(secret)
+            .ensure_cached(&cached.secrets, secret)
             .await?;
     }
     let replication = existing_password(&secrets, &cluster, &names.replication_secret).await?;
     children
-        .apply(build::replication_secret(&cluster, &replication))
+        .ensure_cached(
+            &cached.secrets,
+            build::replication_secret(&cluster, &replication),
+        )
         .await?;
     // The instance managers' identity and rights (before the pods that use them).
     children
-        .apply(build::instance_service_account(&cluster))
+        .ensure_cached(
+            &cached.service_accounts,
+            build::instance_service_account(&cluster),
+        )
         .await?;
-    children.apply(build::instance_role(&cluster)).await?;
     children
-        .apply(build::instance_role_binding(&cluster))
+        .ensure_cached(&cached.roles, build::instance_role(&cluster))
+        .await?;
+    children
+        .ensure_cached(
+            &cached.role_bindings,
+            build::instance_role_binding(&cluster),
+        )
         .await?;
 
     let config = build::config_map(&cluster);
     let config_hash = build::config_hash(&config);
-    children.apply(config).await?;
-    children.apply(build::headless_service(&cluster)).await?;
-    children.apply(build::rw_service(&cluster)).await?;
-    children.apply(build::ro_service(&cluster)).await?;
+    children.ensure_cached(&cached.config_maps, config).await?;
+    for service in [
+        build::headless_service(&cluster),
+        build::rw_service(&cluster),
+        build::ro_service(&cluster),
+    ] {
+        children.ensure_cached(&cached.services, service).await?;
+    }
     children
-        .apply(build::pod_disruption_budget(&cluster))
+        .ensure_cached(&cached.pdbs, build::pod_disruption_budget(&cluster))
         .await?;
 
     // The StatefulSet (`OnDelete`: the rollout below replaces pods one at a time).
@@ -173,7 +189,9 @@ pub async fn reconcile(
     desired
         .annotations_mut()
         .insert(TEMPLATE_HASH_ANNOTATION.into(), template_hash);
-    children.apply(desired).await?;
+    children
+        .ensure_cached(&cached.statefulsets, desired)
+        .await?;
     if template_changed {
         ctx.recorder
             .normal(cluster.as_ref(), "RollingUpdate", "Update", "pod template changed; replacing the replicas one at a time, then switching over to an updated replica, then the old primary")

@@ -32,7 +32,6 @@ use kube::api::{Api, ListParams};
 use kube::runtime::controller::Action;
 use kube::{Resource, ResourceExt};
 use steward_core::Context;
-use steward_core::apply::Children;
 use steward_core::finalizer::{self, Event};
 
 use crate::api::{
@@ -158,13 +157,11 @@ async fn converge(
         .and_then(server::password_of)
         .unwrap_or_else(Password::generate);
     let data = server::credentials(&server, &spec.name, &spec.owner, &password);
-    Children::new(ctx.client.clone(), db, &ctx.field_manager)
-        .apply(server::credentials_secret(
-            &name,
-            &ns,
-            data,
-            BTreeMap::new(),
-        ))
+    ctx.children(db)
+        .ensure_cached(
+            &ctx.data.children.secrets,
+            server::credentials_secret(&name, &ns, data, BTreeMap::new()),
+        )
         .await?;
     progress.secret = Some(name);
 
@@ -642,7 +639,7 @@ async fn ensure_backup(
     let job = match existing {
         Some(job) => job,
         None => {
-            let children = Children::new(ctx.client.clone(), db, &ctx.field_manager);
+            let children = ctx.children(db);
             // The claim outlives the Database: no owner reference.
             children
                 .clone()

@@ -17,7 +17,6 @@ use kube::api::Api;
 use kube::runtime::controller::Action;
 use kube::{Resource, ResourceExt};
 use steward_core::Context;
-use steward_core::apply::Children;
 use steward_core::finalizer::{self, Event};
 
 use crate::api::{
@@ -230,13 +229,11 @@ async fn converge(
         new_annotations.insert(HANDLED_REQUEST_ANNOTATION.to_string(), r);
     }
     let data = server::credentials(&server, &dbname, &role.spec.role_name, &password);
-    Children::new(ctx.client.clone(), role, &ctx.field_manager)
-        .apply(server::credentials_secret(
-            &name,
-            &ns,
-            data,
-            new_annotations,
-        ))
+    ctx.children(role)
+        .ensure_cached(
+            &ctx.data.children.secrets,
+            server::credentials_secret(&name, &ns, data, new_annotations),
+        )
         .await?;
     progress.secret = Some(name);
     progress.updated_at = Some(updated_at);
