@@ -2099,6 +2099,349 @@ async fn postgres_cluster_backs_up_under_writes_and_restores_exactly_the_acknowl
     cluster.stop_operator().await;
 }
 
+/// Host pids of every process of `pod`: its instance manager and all its descendants (the
+/// watchdog, PostgreSQL and its children; found by parent, since PostgreSQL's process titles
+/// overwrite the environment that [`Cluster::processes`] looks for).
+fn pod_processes(cluster: &Cluster, pod: &str) -> Vec<u32> {
+    let (manager, _) = cluster.processes(pod);
+    let parents: Vec<(u32, u32)> = std::fs::read_dir("/proc")
+        .unwrap()
+        .flatten()
+        .filter_map(|e| e.file_name().to_string_lossy().parse::<u32>().ok())
+        .filter_map(|pid| {
+            let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+            let ppid = stat
+                .rsplit(')')
+                .next()?
+                .split_whitespace()
+                .nth(1)?
+                .parse()
+                .ok()?;
+            Some((pid, ppid))
+        })
+        .collect();
+    let mut found = vec![manager];
+    let mut i = 0;
+    while i < found.len() {
+        let parent = found[i];
+        found.extend(
+            parents
+                .iter()
+                .filter(|(_, pp)| *pp == parent)
+                .map(|(p, _)| *p),
+        );
+        i += 1;
+    }
+    found
+}
+
+/// Kills the primary `old` the hard way, like a node lost mid-flight: every process of its pod
+/// is stopped at once (SIGSTOP: its manager cannot renew the Lease, PostgreSQL can neither
+/// archive nor answer), another instance takes over and accepts writes through the `-rw`
+/// Service (a row `-1` in table `marks`), then `old`'s instance manager (PID 1 of its container) is killed and the
+/// processes let go, so the kills land; the container starts again as a former primary.
+/// Returns the new primary.
+async fn kill_primary(cluster: &Cluster, old: &str) -> String {
+    // Twice: a process forked while the first signals went out is stopped too.
+    let mut stopped = Vec::new();
+    for _ in 0..2 {
+        for pid in pod_processes(cluster, old) {
+            let _ = std::process::Command::new("kill")
+                .args(["-STOP", &pid.to_string()])
+                .status();
+            stopped.push(pid);
+        }
+    }
+    let (manager, _) = cluster.processes(old);
+    let rw = cluster.cluster_ip("pg-rw").await;
+    let password = cluster.password.clone();
+    let old_ip = cluster
+        .pods()
+        .get(old)
+        .await
+        .unwrap()
+        .status
+        .unwrap()
+        .pod_ip
+        .unwrap();
+    let taken = eventually(
+        &format!("another primary than {old} writes"),
+        Duration::from_secs(120),
+        || {
+            let (rw, password, old_ip) = (rw.clone(), password.clone(), old_ip.clone());
+            async move {
+                let conn = format!(
+                    "host={rw} port=5432 user=postgres password={password} dbname=postgres connect_timeout=2"
+                );
+                // A stopped server completes the TCP handshake and then never answers.
+                let attempt = async {
+                    let (db, connection) = tokio_postgres::connect(&conn, tokio_postgres::NoTls)
+                        .await
+                        .map_err(|e| e.to_string())?;
+                    tokio::spawn(connection);
+                    db.query_one(
+                        "insert into marks values (-1) returning host(inet_server_addr())",
+                        &[],
+                    )
+                    .await
+                    .map_err(|e| e.to_string())
+                };
+                let row = tokio::time::timeout(Duration::from_secs(3), attempt)
+                    .await
+                    .map_err(|_| "no answer within 3 s".to_string())??;
+                let server: String = row.get(0);
+                if server == old_ip {
+                    Err("still the old primary".to_string())
+                } else {
+                    Ok(server)
+                }
+            }
+        },
+    )
+    .await;
+    signal(manager, "KILL");
+    for pid in stopped {
+        let _ = std::process::Command::new("kill")
+            .args(["-CONT", &pid.to_string()])
+            .status();
+    }
+    if let Err(e) = taken {
+        panic!("{e}\n{}", cluster.logs().await);
+    }
+    let (new, _) = cluster.primary().await;
+    new
+}
+
+/// The status of PostgresBackup `name` once it is `Failed`.
+async fn failed_backup(cluster: &Cluster, name: &str) -> steward_pg_instance::contract::BackupRun {
+    use database_operator::api::PostgresBackup;
+    use steward_pg_instance::contract::BackupPhase;
+    let backups: Api<PostgresBackup> = Api::namespaced(cluster.client.clone(), &cluster.ns);
+    let failed = eventually(&format!("PostgresBackup {name} failed"), WAIT, || {
+        let backups = backups.clone();
+        async move {
+            let status = backups
+                .get(name)
+                .await
+                .map_err(|e| e.to_string())?
+                .status
+                .unwrap_or_default();
+            if status.phase == Some(BackupPhase::Failed) {
+                Ok(status)
+            } else {
+                Err(format!("{status:?}"))
+            }
+        }
+    })
+    .await;
+    match failed {
+        Ok(status) => status,
+        Err(e) => panic!("{e}\n{}", cluster.logs().await),
+    }
+}
+
+/// A PostgresCluster of 2 instances loses its primary twice, the hard way ([`kill_primary`]):
+/// once while a `PostgresBackup` streams, once while its WAL archiver is 5 segments behind
+/// (held back with SIGSTOP, as a slow object store would). The interrupted backup is `Failed`
+/// saying why, the next backup completes on the new timeline; the archive has every WAL
+/// segment a recovery from the first backup reads, across both timeline switches (listed from
+/// the store, checked with the newest timeline's history); and a cluster restored to a time
+/// after the last rows (from the backup taken after the first kill) replays the segments the
+/// second killed primary had not archived, and has every row.
+#[tokio::test]
+async fn postgres_cluster_survives_its_primary_killed_mid_backup_and_mid_archiving_without_a_wal_gap()
+ {
+    use steward_pg_instance::archive;
+    let _turn = NODE.lock().await;
+    let mut cluster = Cluster::new("rn-pgk", 2).await;
+    let (_s3, object_store, store) = object_store(&cluster, "pg").await;
+    cluster
+        .create(json!({"backup": {"objectStore": object_store}}))
+        .await;
+    archiving(&cluster).await;
+    let rw = cluster.cluster_ip("pg-rw").await;
+    let db = connect(&rw, &cluster.password).await.unwrap();
+    db.batch_execute(
+        "create table marks (id int); \
+         create table bulk as select g as id, md5(g::text) || md5((g + 1)::text) as v \
+           from generate_series(1, 2000000) g",
+    )
+    .await
+    .unwrap();
+    archive_now(&cluster, &db).await;
+    drop(db);
+    create_backup(&cluster, "first", "pg").await;
+    let first = completed_backup(&cluster, "first").await;
+    let start_wal = archive::wal_file_name(
+        first.timeline.unwrap(),
+        first.begin_lsn.as_deref().unwrap().parse().unwrap(),
+    );
+
+    // 1. Killed while a base backup streams.
+    let (old, old_ip) = cluster.primary().await;
+    let on_old = connect(&old_ip, &cluster.password).await.unwrap();
+    create_backup(&cluster, "interrupted", "pg").await;
+    let streaming = eventually("the base backup streams the data files", WAIT, || {
+        let on_old = &on_old;
+        async move {
+            let phase: Option<String> = on_old
+                .query_opt("select phase from pg_stat_progress_basebackup", &[])
+                .await
+                .map_err(|e| e.to_string())?
+                .map(|r| r.get(0));
+            match phase.as_deref() {
+                Some("streaming database files") => Ok(()),
+                other => Err(format!("phase {other:?}")),
+            }
+        }
+    })
+    .await;
+    if let Err(e) = streaming {
+        panic!("{e}\n{}", cluster.logs().await);
+    }
+    drop(on_old);
+    let new = kill_primary(&cluster, &old).await;
+    let interrupted = failed_backup(&cluster, "interrupted").await;
+    let why = interrupted.message.clone().unwrap_or_default();
+    assert!(
+        why.contains("during the backup") || why.contains("pg_basebackup"),
+        "the reason: {interrupted:?}"
+    );
+    eprintln!("{old} killed during a base backup; {new} took over; the backup failed: {why}");
+    cluster.wait_ready(Duration::from_secs(240)).await;
+    create_backup(&cluster, "after-backup-kill", "pg").await;
+    let second = completed_backup(&cluster, "after-backup-kill").await;
+    assert!(second.timeline.unwrap() >= 2, "{second:?}");
+
+    // 2. Killed with 5 WAL segments of rows not archived yet.
+    let (old, old_ip) = cluster.primary().await;
+    let (_, postmaster) = cluster.processes(&old);
+    let archiver = pod_processes(&cluster, &old)
+        .into_iter()
+        .find(|pid| {
+            std::fs::read(format!("/proc/{pid}/cmdline"))
+                .is_ok_and(|c| String::from_utf8_lossy(&c).contains("archiver"))
+        })
+        .unwrap_or_else(|| panic!("no archiver under {old}'s postmaster {postmaster}"));
+    signal(archiver, "STOP");
+    let on_old = connect(&old_ip, &cluster.password).await.unwrap();
+    for i in 1..=5 {
+        on_old
+            .batch_execute(&format!(
+                "insert into marks select {i} from generate_series(1, 1000); select pg_switch_wal()"
+            ))
+            .await
+            .unwrap();
+    }
+    let target: String = on_old
+        .query_one("select to_json(clock_timestamp()) #>> '{}'", &[])
+        .await
+        .unwrap()
+        .get(0);
+    // The replica has every row (asynchronous replication must not lose them on top).
+    let caught_up = eventually("the replica replayed the marks", WAIT, || {
+        let on_old = &on_old;
+        async move {
+            let behind: bool = on_old
+                .query_one(
+                    "select coalesce(bool_or(replay_lsn < pg_current_wal_lsn()), true) from pg_stat_replication",
+                    &[],
+                )
+                .await
+                .map_err(|e| e.to_string())?
+                .get(0);
+            if behind { Err("behind".to_string()) } else { Ok(()) }
+        }
+    })
+    .await;
+    if let Err(e) = caught_up {
+        panic!("{e}\n{}", cluster.logs().await);
+    }
+    let (current, archived): (String, Option<String>) = {
+        let row = on_old
+            .query_one(
+                "select pg_walfile_name(pg_current_wal_lsn()), last_archived_wal from pg_stat_archiver",
+                &[],
+            )
+            .await
+            .unwrap();
+        (row.get(0), row.get(1))
+    };
+    drop(on_old);
+    let new = kill_primary(&cluster, &old).await;
+    eprintln!(
+        "{old} killed with its archiver at {archived:?} and WAL at {current}; {new} took over"
+    );
+    cluster.wait_ready(Duration::from_secs(240)).await;
+    // Back as a replica, the killed primary archived what it had not (no one else would: the
+    // new primary streamed those segments, and a replica's PostgreSQL does not archive).
+    let rejoined = logs(&cluster.pods(), &old).await;
+    let leftover = rejoined
+        .lines()
+        .find(|l| l.contains("archived the WAL this instance had not archived"))
+        .unwrap_or_else(|| panic!("{old} did not archive its leftover WAL:\n{rejoined}"));
+    eprintln!("{old} after its restart: {leftover}");
+    let db = connect(&rw, &cluster.password).await.unwrap();
+    archive_now(&cluster, &db).await;
+    create_backup(&cluster, "after-archive-kill", "pg").await;
+    let third = completed_backup(&cluster, "after-archive-kill").await;
+    assert!(third.timeline.unwrap() >= 3, "{third:?}");
+
+    // No gap from the first backup's start to the newest archived segment.
+    let archived = store.wal_files().await.unwrap();
+    let newest = archived
+        .iter()
+        .filter_map(|n| archive::parse_segment(n))
+        .map(|(t, _)| t)
+        .max()
+        .unwrap();
+    let history_file = tempfile::NamedTempFile::new().unwrap();
+    assert!(
+        archive::fetch_wal(
+            &store,
+            &format!("{newest:08X}.history"),
+            history_file.path()
+        )
+        .await
+        .unwrap(),
+        "timeline {newest}'s history is archived: {archived:?}"
+    );
+    let history = archive::parse_history(&std::fs::read_to_string(history_file.path()).unwrap());
+    let gaps = archive::wal_gaps(&archived, &start_wal, &history);
+    assert!(
+        gaps.is_empty(),
+        "WAL segments missing from the archive from {start_wal} on (history {history:?}): {gaps:?}\narchived: {archived:?}\n{}",
+        cluster.logs().await
+    );
+    eprintln!(
+        "the archive is continuous from {start_wal} to timeline {newest} ({} files, history {history:?})",
+        archived.len()
+    );
+
+    // A recovery to T reads the segments the killed primary had not archived.
+    let to_target = json!({"objectStore": object_store, "targetTime": target});
+    let (copy, took) = restore(&cluster, "replayed", to_target).await;
+    let marks: Vec<(i32, i64)> = copy
+        .query(
+            "select id, count(*) from marks where id > 0 group by id order by id",
+            &[],
+        )
+        .await
+        .unwrap()
+        .iter()
+        .map(|r| (r.get(0), r.get(1)))
+        .collect();
+    assert_eq!(
+        marks,
+        (1..=5).map(|i| (i, 1000)).collect::<Vec<_>>(),
+        "restored to {target}"
+    );
+    eprintln!(
+        "restored to {target} (from the backup after the first kill, through the segments the second killed primary had not archived) in {took:.1?}"
+    );
+    cluster.stop_operator().await;
+}
+
 /// Runs `program` as the `postgres` OS user with `PATH` = `path` first; its output.
 fn as_postgres(path: &std::path::Path, program: &str, args: &[&str]) -> (bool, String) {
     let out = std::process::Command::new("setpriv")

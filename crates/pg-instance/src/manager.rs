@@ -110,6 +110,7 @@ pub async fn run(
         .backup
         .clone()
         .map(|c| c.and_then(|c| Store::open(c).map_err(|e| e.to_string())));
+    let archive_to = backup_store.clone().and_then(Result::ok);
     let backups = backups::Runner::new(
         client.clone(),
         &settings.namespace,
@@ -123,6 +124,7 @@ pub async fn run(
     let recovering = paths.recovery_signal().exists() && settings.recovery.is_some();
     let mut instance = Instance {
         backups,
+        archive_to,
         recovering,
         leases: Api::namespaced(client.clone(), &settings.namespace),
         pods: Api::namespaced(client.clone(), &settings.namespace),
@@ -278,6 +280,8 @@ impl Election {
 struct Instance {
     settings: Settings,
     backups: backups::Runner,
+    /// Where WAL is archived (`spec.backup`), for what a former primary left unarchived.
+    archive_to: Option<Store>,
     /// Replaying a restored backup: promoted by PostgreSQL itself at the recovery target,
     /// never by the manager.
     recovering: bool,
@@ -742,6 +746,7 @@ impl Instance {
             if self.needs_rewind || !paths.standby_signal().exists() {
                 // It last ran read-write (or its stream broke): it may hold WAL the primary
                 // does not have.
+                self.archive_leftover_wal().await?;
                 let Some(host) = &host else {
                     let released_by_another = world.holder.as_deref() == Some("")
                         && world.last_primary.as_deref() != Some(self.settings.pod.as_str());
@@ -827,6 +832,24 @@ impl Instance {
                 self.needs_rewind = true;
                 self.not_streaming_since = None;
             }
+        }
+        Ok(())
+    }
+
+    /// A former primary's WAL that its PostgreSQL had not archived when it stopped (killed,
+    /// fenced, or its archiver behind): pushed now, before a rewind can remove it. As a
+    /// replica its PostgreSQL never archives, and the new primary does not archive the old
+    /// timeline's segments it streamed, so the archive would have a gap. Until the store
+    /// takes them, the instance does not rejoin (retried every tick).
+    async fn archive_leftover_wal(&self) -> anyhow::Result<()> {
+        let Some(store) = &self.archive_to else {
+            return Ok(());
+        };
+        let pushed = archive::push_ready(store, &self.settings.paths.pgdata)
+            .await
+            .map_err(|e| anyhow::anyhow!("archiving the WAL left by this former primary: {e}"))?;
+        if !pushed.is_empty() {
+            tracing::info!(files = ?pushed, "archived the WAL this instance had not archived as the primary");
         }
         Ok(())
     }
