@@ -293,6 +293,146 @@ impl Store {
     }
 }
 
+impl Store {
+    /// The names of the archived WAL files (segments, `.partial`, `.history`, `.backup`),
+    /// without `.gz`, sorted.
+    ///
+    /// # Errors
+    /// When the store cannot be listed.
+    pub async fn wal_files(&self) -> Result<Vec<String>, Error> {
+        let mut names: Vec<String> = self
+            .list("wal")
+            .await?
+            .into_iter()
+            .map(|n| n.trim_end_matches(".gz").to_string())
+            .collect();
+        names.sort();
+        Ok(names)
+    }
+}
+
+const SEGMENT_SIZE: u64 = 16 * 1024 * 1024;
+const SEGMENTS_PER_ID: u64 = 0x1_0000_0000 / SEGMENT_SIZE;
+
+/// `(timeline, segment number)` of a WAL segment's file name; `None` for any other file.
+pub fn parse_segment(name: &str) -> Option<(u32, u64)> {
+    if name.len() != 24 || !name.chars().all(|c| c.is_ascii_hexdigit()) {
+        return None;
+    }
+    let timeline = u32::from_str_radix(&name[..8], 16).ok()?;
+    let log = u64::from_str_radix(&name[8..16], 16).ok()?;
+    let seg = u64::from_str_radix(&name[16..24], 16).ok()?;
+    Some((timeline, log * SEGMENTS_PER_ID + seg))
+}
+
+fn segment_name(timeline: u32, segment: u64) -> String {
+    format!(
+        "{timeline:08X}{:08X}{:08X}",
+        segment / SEGMENTS_PER_ID,
+        segment % SEGMENTS_PER_ID
+    )
+}
+
+/// The `(parent timeline, switch point)` lines of a timeline history file
+/// (`1\t0/5000060\tno recovery target specified`), oldest first.
+pub fn parse_history(history: &str) -> Vec<(u32, Lsn)> {
+    history
+        .lines()
+        .filter_map(|line| {
+            let mut fields = line.split_whitespace();
+            let timeline = fields.next()?.parse().ok()?;
+            let lsn = fields.next()?.parse().ok()?;
+            Some((timeline, lsn))
+        })
+        .collect()
+}
+
+/// The WAL segments a recovery from segment `start` (a file name) to the newest archived
+/// segment of the newest timeline reads that are not in `archived`: on each timeline of the
+/// newest one's `history` ([`parse_history`]), from where the recovery enters it up to the
+/// segment before the one holding its switch point (which it reads from the next timeline,
+/// whose copy holds the old timeline's WAL up to the switch). Empty: the archive has no gap.
+pub fn wal_gaps(archived: &[String], start: &str, history: &[(u32, Lsn)]) -> Vec<String> {
+    let Some((start_timeline, mut next)) = parse_segment(start) else {
+        return vec![start.to_string()];
+    };
+    let segments: Vec<(u32, u64)> = archived.iter().filter_map(|n| parse_segment(n)).collect();
+    let Some(newest) = segments.iter().map(|(t, _)| *t).max() else {
+        return vec![start.to_string()];
+    };
+    let Some(end) = segments
+        .iter()
+        .filter(|(t, _)| *t == newest)
+        .map(|(_, s)| *s)
+        .max()
+    else {
+        return Vec::new();
+    };
+    // Each timeline with the segment its successor starts at; the newest runs to the end.
+    let mut path: Vec<(u32, u64)> = history
+        .iter()
+        .map(|(t, lsn)| (*t, lsn.0 / SEGMENT_SIZE))
+        .filter(|(t, _)| *t >= start_timeline)
+        .collect();
+    path.push((newest, end + 1));
+    let mut missing = Vec::new();
+    for (timeline, until) in path {
+        while next < until {
+            let name = segment_name(timeline, next);
+            if !archived.contains(&name) {
+                missing.push(name);
+            }
+            next += 1;
+        }
+    }
+    missing
+}
+
+/// A former primary's WAL files that PostgreSQL had not archived when it stopped
+/// (`pg_wal/archive_status/<file>.ready` under `pgdata`): pushed to `store`, oldest first,
+/// and marked `.done`. A replica's PostgreSQL does not archive, and the new primary never
+/// archives the old timeline's segments it received by streaming, so without this a primary
+/// killed while its archiver was behind leaves a gap in the archive. Returns what was pushed.
+/// A file the archive holds with other contents is left there and reported as an error in the
+/// log (it is not this cluster's history to overwrite).
+///
+/// # Errors
+/// When a file cannot be read or the store fails (nothing is marked done for it: tried again).
+pub async fn push_ready(store: &Store, pgdata: &Path) -> Result<Vec<String>, Error> {
+    let status = pgdata.join("pg_wal/archive_status");
+    let mut ready: Vec<String> = match std::fs::read_dir(&status) {
+        Ok(entries) => entries
+            .flatten()
+            .filter_map(|e| {
+                e.file_name()
+                    .to_string_lossy()
+                    .strip_suffix(".ready")
+                    .map(str::to_string)
+            })
+            .collect(),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(Vec::new()),
+        Err(e) => return Err(io(format!("read {}", status.display()))(e)),
+    };
+    ready.sort();
+    let mut pushed = Vec::new();
+    for name in ready {
+        let file = pgdata.join("pg_wal").join(&name);
+        if file.exists() {
+            match push_wal(store, &file, &name).await {
+                Ok(()) => pushed.push(name.clone()),
+                Err(Error::Conflict(n)) => {
+                    tracing::error!(file = %n, "a WAL file left by the former primary is archived already with other contents: kept the archived one");
+                }
+                Err(e) => return Err(e),
+            }
+        }
+        let flag = status.join(format!("{name}.ready"));
+        std::fs::rename(&flag, status.join(format!("{name}.done")))
+            .map_err(io(format!("rename {}", flag.display())))?;
+    }
+    Ok(pushed)
+}
+
 /// `wal-push`: archives the WAL file `file` (PostgreSQL's `%p`, relative to the data
 /// directory) as `name` (`%f`).
 ///
@@ -723,6 +863,78 @@ mod tests {
             5,
             "everything but the history file: {old_wal:?}"
         );
+    }
+
+    #[test]
+    fn a_gap_is_a_segment_on_the_recovery_path_the_archive_lacks() {
+        let names = |list: &[&str]| list.iter().map(|s| s.to_string()).collect::<Vec<_>>();
+        // Timeline 2 starts in segment 5 (at 0/5000060), timeline 3 exactly at segment 8.
+        let history = parse_history(
+            "1\t0/5000060\tno recovery target specified\n\n2\t0/8000000\tno recovery target specified\n",
+        );
+        assert_eq!(
+            history,
+            [
+                (1, "0/5000060".parse().unwrap()),
+                (2, "0/8000000".parse().unwrap())
+            ]
+        );
+        let whole = names(&[
+            "000000010000000000000003",
+            "000000010000000000000003.00000028.backup",
+            "000000010000000000000004",
+            "000000010000000000000005.partial",
+            "00000002.history",
+            "000000020000000000000005",
+            "000000020000000000000006",
+            "000000020000000000000007",
+            "00000003.history",
+            "000000030000000000000008",
+            "000000030000000000000009",
+        ]);
+        assert!(wal_gaps(&whole, "000000010000000000000003", &history).is_empty());
+        // Timeline 1's segment 4 was never archived (the primary was killed with it ready).
+        let mut gap = whole.clone();
+        gap.retain(|n| n != "000000010000000000000004" && n != "000000020000000000000007");
+        assert_eq!(
+            wal_gaps(&gap, "000000010000000000000003", &history),
+            ["000000010000000000000004", "000000020000000000000007"]
+        );
+        // From a backup on timeline 2: timeline 1 does not matter.
+        assert!(
+            wal_gaps(&gap[3..], "000000020000000000000005", &history)
+                .contains(&"000000020000000000000007".to_string())
+        );
+        let from_two = names(&[
+            "000000020000000000000006",
+            "000000020000000000000007",
+            "000000030000000000000008",
+        ]);
+        assert!(wal_gaps(&from_two, "000000020000000000000006", &history).is_empty());
+        assert_eq!(parse_segment("0000000A00000001000000FF"), Some((10, 0x1FF)));
+        assert_eq!(parse_segment("00000002.history"), None);
+    }
+
+    #[tokio::test]
+    async fn leftover_ready_files_without_their_wal_file_are_just_marked_done() {
+        // No archive_status directory: nothing to do, without a store being reached.
+        let dir = tempfile::tempdir().unwrap();
+        let config = StoreConfig::from_vars("S", |name| match name {
+            "S_ENDPOINT" => Some("http://127.0.0.1:9".into()),
+            "S_BUCKET" => Some("b".into()),
+            "S_ACCESS_KEY_ID" | "S_SECRET_ACCESS_KEY" => Some("x".into()),
+            _ => None,
+        })
+        .unwrap()
+        .unwrap();
+        let store = Store::open(config).unwrap();
+        assert!(push_ready(&store, dir.path()).await.unwrap().is_empty());
+        // A .ready flag whose file is gone (removed after a checkpoint): just marked done.
+        let status = dir.path().join("pg_wal/archive_status");
+        std::fs::create_dir_all(&status).unwrap();
+        std::fs::write(status.join("000000010000000000000004.ready"), "").unwrap();
+        assert!(push_ready(&store, dir.path()).await.unwrap().is_empty());
+        assert!(status.join("000000010000000000000004.done").exists());
     }
 
     #[test]

@@ -110,6 +110,7 @@ pub async fn run(
         .backup
         .clone()
         .map(|c| c.and_then(|c| Store::open(c).map_err(|e| e.to_string())));
+    let archive_to = backup_store.clone().and_then(Result::ok);
     let backups = backups::Runner::new(
         client.clone(),
         &settings.namespace,
@@ -123,6 +124,7 @@ pub async fn run(
     let recovering = paths.recovery_signal().exists() && settings.recovery.is_some();
     let mut instance = Instance {
         backups,
+        archive_to,
         recovering,
         leases: Api::namespaced(client.clone(), &settings.namespace),
         pods: Api::namespaced(client.clone(), &settings.namespace),
@@ -144,6 +146,8 @@ pub async fn run(
         certificate: None,
         rewind_failures: 0,
         failed_starts: 0,
+        analyze: None,
+        analyze_retry_at: None,
     };
     let mut tick = tokio::time::interval(TICK);
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
@@ -276,6 +280,8 @@ impl Election {
 struct Instance {
     settings: Settings,
     backups: backups::Runner,
+    /// Where WAL is archived (`spec.backup`), for what a former primary left unarchived.
+    archive_to: Option<Store>,
     /// Replaying a restored backup: promoted by PostgreSQL itself at the recovery target,
     /// never by the manager.
     recovering: bool,
@@ -309,6 +315,10 @@ struct Instance {
     rewind_failures: u32,
     /// Times in a row PostgreSQL exited before it ever answered (reset once it does).
     failed_starts: u32,
+    /// The ANALYZE after a major upgrade, while it runs.
+    analyze: Option<tokio::task::JoinHandle<Result<String, crate::upgrade::Error>>>,
+    /// After an ANALYZE failed: not tried again before this.
+    analyze_retry_at: Option<Instant>,
 }
 
 /// The cluster as this tick saw it.
@@ -638,6 +648,7 @@ impl Instance {
                 self.replication_role = true;
             }
             self.label(world).await?;
+            self.analyze_after_upgrade().await;
             match world.target.as_deref() {
                 Some(target) if target == self.settings.pod => self.clear_target().await?,
                 Some(target) => self.hand_over(target, world).await?,
@@ -645,6 +656,50 @@ impl Instance {
             }
         }
         Ok(())
+    }
+
+    /// After a major upgrade (the upgrade left [`crate::upgrade::analyze_marker`] beside the
+    /// data directory), once it runs read-write: gathers the planner statistics `pg_upgrade`
+    /// does not carry over, in a task (on a big database it takes a while, and fencing must
+    /// not wait for it), then removes the marker. A failure is retried after 30 s.
+    async fn analyze_after_upgrade(&mut self) {
+        let marker = crate::upgrade::analyze_marker(&self.settings.paths.pgdata);
+        if self
+            .analyze
+            .as_ref()
+            .is_some_and(tokio::task::JoinHandle::is_finished)
+            && let Some(task) = self.analyze.take()
+        {
+            let outcome = task.await.unwrap_or_else(|e| {
+                Err(crate::upgrade::Error::Refused(format!(
+                    "the ANALYZE task failed: {e}"
+                )))
+            });
+            match outcome.map(|_| std::fs::remove_file(&marker)) {
+                Ok(Ok(())) => tracing::info!(
+                    "planner statistics gathered after the major upgrade (vacuumdb --all --analyze-in-stages)"
+                ),
+                Ok(Err(e)) => {
+                    tracing::warn!(error = %e, marker = %marker.display(), "removing the ANALYZE marker failed")
+                }
+                Err(e) => {
+                    tracing::warn!(error = %e, "ANALYZE after the major upgrade failed; retrying in 30 s");
+                    self.analyze_retry_at = Some(Instant::now() + Duration::from_secs(30));
+                }
+            }
+            return;
+        }
+        let waiting = self.analyze_retry_at.is_some_and(|at| Instant::now() < at);
+        if self.analyze.is_some() || waiting || !marker.exists() {
+            return;
+        }
+        tracing::info!(
+            "first start read-write after a major upgrade: gathering planner statistics (vacuumdb --all --analyze-in-stages)"
+        );
+        let socket_dir = self.settings.paths.run_dir.clone();
+        self.analyze = Some(tokio::spawn(async move {
+            crate::upgrade::analyze(&socket_dir).await
+        }));
     }
 
     /// A planned switchover: when `target` is a ready replica, shut PostgreSQL down cleanly
@@ -691,6 +746,7 @@ impl Instance {
             if self.needs_rewind || !paths.standby_signal().exists() {
                 // It last ran read-write (or its stream broke): it may hold WAL the primary
                 // does not have.
+                self.archive_leftover_wal().await?;
                 let Some(host) = &host else {
                     let released_by_another = world.holder.as_deref() == Some("")
                         && world.last_primary.as_deref() != Some(self.settings.pod.as_str());
@@ -776,6 +832,24 @@ impl Instance {
                 self.needs_rewind = true;
                 self.not_streaming_since = None;
             }
+        }
+        Ok(())
+    }
+
+    /// A former primary's WAL that its PostgreSQL had not archived when it stopped (killed,
+    /// fenced, or its archiver behind): pushed now, before a rewind can remove it. As a
+    /// replica its PostgreSQL never archives, and the new primary does not archive the old
+    /// timeline's segments it streamed, so the archive would have a gap. Until the store
+    /// takes them, the instance does not rejoin (retried every tick).
+    async fn archive_leftover_wal(&self) -> anyhow::Result<()> {
+        let Some(store) = &self.archive_to else {
+            return Ok(());
+        };
+        let pushed = archive::push_ready(store, &self.settings.paths.pgdata)
+            .await
+            .map_err(|e| anyhow::anyhow!("archiving the WAL left by this former primary: {e}"))?;
+        if !pushed.is_empty() {
+            tracing::info!(files = ?pushed, "archived the WAL this instance had not archived as the primary");
         }
         Ok(())
     }

@@ -16,6 +16,11 @@
 //!
 //! [`upgrade`] is idempotent: run again after an interruption it finishes the swap, or starts
 //! over from the untouched old directory.
+//!
+//! `pg_upgrade` does not carry the planner's statistics over: the swap also writes
+//! [`analyze_marker`] beside the data directory, and the instance manager, once that data
+//! directory first runs read-write as the primary, runs [`analyze`] (`vacuumdb --all
+//! --analyze-in-stages`, as `pg_upgrade` itself recommends) and removes the marker.
 
 use std::collections::BTreeSet;
 use std::fmt::Write as _;
@@ -517,7 +522,38 @@ async fn shut_down_cleanly(
     .map_err(Error::from)
 }
 
+/// Beside the data directory `pgdata`: written when an upgraded data directory is swapped in,
+/// removed once [`analyze`] ran on it (an upgraded cluster has no planner statistics).
+pub fn analyze_marker(pgdata: &Path) -> PathBuf {
+    let mut name = pgdata.file_name().unwrap_or_default().to_os_string();
+    name.push(".analyze-pending");
+    pgdata.with_file_name(name)
+}
+
+/// Gathers planner statistics in every database of the instance whose socket is in
+/// `socket_dir` (as the superuser): `vacuumdb --all --analyze-in-stages`, which makes coarse
+/// statistics first so that plans are sane within seconds, then complete ones. Returns its
+/// output.
+///
+/// # Errors
+/// [`Error::Program`] when `vacuumdb` cannot be started or fails.
+pub async fn analyze(socket_dir: &Path) -> Result<String, Error> {
+    Ok(run(
+        "vacuumdb",
+        Command::new("vacuumdb")
+            .arg("--host")
+            .arg(socket_dir)
+            .args(["--port", &crate::contract::PG_PORT.to_string()])
+            .args(["--username", "postgres", "--no-password"])
+            .args(["--all", "--analyze-in-stages"]),
+    )
+    .await?)
+}
+
 fn swap_in(layout: &Layout) -> Result<(), Error> {
+    // Before the swap: an interrupted swap is finished by the next run, which writes it again.
+    std::fs::write(analyze_marker(&layout.pgdata), "")
+        .map_err(io("mark the upgraded cluster for ANALYZE"))?;
     std::fs::remove_file(layout.upgrading.join(DONE_MARKER)).ok();
     rename(&layout.upgrading, &layout.pgdata)?;
     remove(&layout.retired)
@@ -620,6 +656,10 @@ mod tests {
         assert_eq!(
             layout.retired,
             Path::new("/var/lib/postgresql/data/pgdata.retired")
+        );
+        assert_eq!(
+            analyze_marker(&layout.pgdata),
+            Path::new("/var/lib/postgresql/data/pgdata.analyze-pending")
         );
     }
 }
