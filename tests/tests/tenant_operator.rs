@@ -2190,25 +2190,21 @@ async fn owners_are_bound_only_once_the_namespace_quotas_are_enforced() {
                     Ok(list) if list.items.len() < 2 => {
                         Err(format!("{} ResourceQuotas", list.items.len()))
                     }
-                    Ok(list) => list
-                        .items
-                        .iter()
-                        .map(|q| {
-                            let spec = q.spec.as_ref().and_then(|s| s.hard.clone());
-                            let hard = q.status.as_ref().and_then(|s| s.hard.clone());
-                            let missing: Vec<String> = spec
-                                .unwrap_or_default()
-                                .keys()
-                                .filter(|k| !hard.as_ref().is_some_and(|h| h.contains_key(*k)))
-                                .cloned()
-                                .collect();
-                            if missing.is_empty() {
-                                Ok(())
-                            } else {
-                                Err(format!("{}: {missing:?} not enforced", q.name_any()))
-                            }
-                        })
-                        .collect(),
+                    Ok(list) => list.items.iter().try_for_each(|q| {
+                        let spec = q.spec.as_ref().and_then(|s| s.hard.clone());
+                        let hard = q.status.as_ref().and_then(|s| s.hard.clone());
+                        let missing: Vec<String> = spec
+                            .unwrap_or_default()
+                            .keys()
+                            .filter(|k| !hard.as_ref().is_some_and(|h| h.contains_key(*k)))
+                            .cloned()
+                            .collect();
+                        if missing.is_empty() {
+                            Ok(())
+                        } else {
+                            Err(format!("{}: {missing:?} not enforced", q.name_any()))
+                        }
+                    }),
                 };
                 checked
                     .lock()

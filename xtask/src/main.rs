@@ -78,7 +78,7 @@ enum Cmd {
         name: String,
     },
     /// Benchmarks against controller-runtime; writes docs/benchmarks.md.
-    Bench(bench::Flags),
+    Bench(Box<bench::Flags>),
     /// Build an OCI image archive (no daemon) into target/images/.
     Image {
         /// An operator of the registry, or all of them when omitted.
@@ -94,7 +94,7 @@ fn main() -> Result<()> {
         Cmd::Testenv { real_node } => testenv(real_node),
         Cmd::Up => up::run(),
         Cmd::NewOperator { name } => new_operator::run(&name),
-        Cmd::Bench(flags) => bench::run(flags),
+        Cmd::Bench(flags) => bench::run(*flags),
         Cmd::Image { operator } => match operator.as_deref() {
             None | Some("all") => steward_operators::names()
                 .into_iter()
