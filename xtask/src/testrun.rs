@@ -36,7 +36,12 @@ const DEFAULT_JOBS: usize = 1;
 /// The test targets that run in one lane, one after another: those that start testenv's real
 /// node (one per host), and the chaos soak, whose per-cycle deadline measures recovery and
 /// should not share the 2 cores with real pods (it once missed it doing so).
-const ONE_LANE: [&str; 3] = ["real_node", "postgres_cluster", "database_chaos"];
+const ONE_LANE: [&str; 4] = [
+    "real_node",
+    "postgres_cluster",
+    "postgres_backup",
+    "database_chaos",
+];
 
 /// The time limit of one test binary.
 fn limit() -> Duration {

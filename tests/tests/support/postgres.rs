@@ -1,0 +1,518 @@
+//! The PostgresCluster fixture of the real-node tests (`postgres_cluster`, `postgres_backup`):
+//! [`Cluster`] starts a control plane with the real node, the database-operator in the test
+//! process and a PostgresCluster on it; [`writer`] and [`gated_writer`] write through its
+//! `-rw` Service and record what was acknowledged.
+
+#![allow(dead_code)] // each test binary uses part of it
+
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use database_operator::api::PostgresCluster;
+use k8s_openapi::api::core::v1::{Pod, Secret, Service};
+use kube::api::Api;
+use kube::{Client, ResourceExt};
+use serde_json::json;
+use steward_testenv::{ControlPlane, deploy, eventually};
+
+use crate::support::{WAIT, logs, node, start};
+
+/// One real node per machine: the tests of this binary take turns.
+pub(crate) static NODE: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
+
+/// A PostgresCluster `pg` on the real node, reconciled by an in-process database-operator.
+pub(crate) struct Cluster {
+    /// Kept alive: dropping it stops the control plane and the node.
+    pub(crate) _cp: ControlPlane,
+    pub(crate) ns: String,
+    pub(crate) client: Client,
+    pub(crate) password: String,
+    pub(crate) operator: Option<steward_testenv::harness::Harness>,
+    /// An operator started by [`Cluster::start_killable_operator`].
+    pub(crate) killable: Option<steward_testenv::harness::Crashable>,
+    pub(crate) instance_image: String,
+    /// The operator's binaries (for [`deploy::operator`]).
+    pub(crate) built: deploy::Built,
+    pub(crate) instances: i32,
+    /// The node's PostgreSQL image (`…:<major>`).
+    pub(crate) image: String,
+}
+
+impl Cluster {
+    /// Builds the operator's image (with the instance manager), creates hostPath volumes,
+    /// starts the operator and a PostgresCluster of `instances`, and waits until it is Ready.
+    pub(crate) async fn start(
+        prefix: &str,
+        instances: i32,
+        synchronous_replicas: Option<i32>,
+    ) -> Cluster {
+        let mut cluster = Cluster::new(prefix, instances).await;
+        cluster
+            .create(json!({"synchronousReplicas": synchronous_replicas}))
+            .await;
+        cluster
+    }
+
+    /// Everything but the PostgresCluster: the control plane with the real node, the
+    /// operator's image, a namespace, hostPath volumes for `pg`'s instances, the operator.
+    pub(crate) async fn new(prefix: &str, instances: i32) -> Cluster {
+        let binaries = deploy::build(&[deploy::Spec {
+            name: database_operator::NAME,
+            companions: &[steward_pg_instance::contract::BINARY],
+        }])
+        .expect("database-operator and steward-pg-instance binaries");
+        let cp = start().await;
+        cp.install_crds(&steward_testenv::workspace_root().join("crds"))
+            .await
+            .expect("CRDs");
+        let instance_image = deploy::image(&cp, &binaries[0])
+            .await
+            .expect("the operator's image")
+            .reference;
+        let ns = cp.namespace(prefix).await.unwrap();
+        let image = node(&cp)
+            .postgresql_image()
+            .await
+            .expect("PostgreSQL image");
+        let client = cp.client().unwrap();
+        let mut cluster = Cluster {
+            _cp: cp,
+            ns: ns.clone(),
+            client: client.clone(),
+            password: String::new(),
+            operator: None,
+            killable: None,
+            instance_image,
+            built: binaries[0].clone(),
+            instances,
+            image,
+        };
+        cluster.volumes("pg", instances).await;
+        cluster.start_operator().await;
+        cluster
+    }
+
+    /// hostPath volumes for the instances of PostgresCluster `name`.
+    pub(crate) async fn volumes(&self, name: &str, instances: i32) {
+        for i in 0..instances {
+            let pv = node(&self._cp)
+                .volume(
+                    &format!("{}-{name}-{i}", self.ns),
+                    "1Gi",
+                    Some((&self.ns, &format!("data-{name}-{i}"))),
+                    steward_testenv::images::POSTGRES_UID,
+                )
+                .unwrap();
+            steward_testenv::manifests::apply(&self.client, &pv, None, "real-node-test", false)
+                .await
+                .unwrap();
+        }
+    }
+
+    /// The manifest of PostgresCluster `name` of `instances` on the node's PostgreSQL image,
+    /// with `extra` merged into its spec.
+    pub(crate) fn manifest(
+        &self,
+        name: &str,
+        instances: i32,
+        extra: serde_json::Value,
+    ) -> serde_json::Value {
+        let major: i32 = self.image.rsplit(':').next().unwrap().parse().unwrap();
+        let mut manifest = json!({
+            "apiVersion": "database.steward.dev/v1alpha1", "kind": "PostgresCluster",
+            "metadata": {"name": name, "namespace": self.ns},
+            "spec": {"instances": instances, "version": major, "image": self.image, "imagePullPolicy": "Never",
+                     "storage": {"size": "1Gi"}, "deletionPolicy": "Delete",
+                     "resources": {"requests": {"cpu": "100m", "memory": "128Mi"}, "limits": {"memory": "512Mi"}}},
+        });
+        for (k, v) in extra.as_object().unwrap() {
+            manifest["spec"][k] = v.clone();
+        }
+        manifest
+    }
+
+    /// Creates PostgresCluster `pg` (with `extra` in its spec) and waits until it is Ready.
+    pub(crate) async fn create(&mut self, extra: serde_json::Value) {
+        let (client, instances) = (self.client.clone(), self.instances);
+        let created = Instant::now();
+        let manifest = self.manifest("pg", instances, extra);
+        steward_testenv::manifests::apply(&client, &manifest, None, "real-node-test", false)
+            .await
+            .unwrap();
+        self.password = self.superuser_password("pg").await;
+        self.wait_ready(Duration::from_secs(240)).await;
+        eprintln!(
+            "PostgresCluster of {instances} instances Ready {:.1?} after it was created",
+            created.elapsed()
+        );
+    }
+
+    /// The superuser password of PostgresCluster `name`, once its Secret exists.
+    pub(crate) async fn superuser_password(&self, name: &str) -> String {
+        let secrets: Api<Secret> = Api::namespaced(self.client.clone(), &self.ns);
+        let secret_name = format!("{name}-superuser");
+        let secret: Secret = eventually("the superuser Secret", WAIT, || {
+            let (secrets, secret_name) = (secrets.clone(), secret_name.clone());
+            async move { secrets.get(&secret_name).await.map_err(|e| e.to_string()) }
+        })
+        .await
+        .unwrap();
+        String::from_utf8(secret.data.unwrap()["password"].0.clone()).unwrap()
+    }
+
+    /// The database-operator watching the cluster's namespace, registered, not started
+    /// (a closure, to build it on the runtime it runs on).
+    pub(crate) fn operator(&self) -> impl FnOnce() -> steward_core::Operator + Send + 'static {
+        let (ns, config, instance_image) = (
+            self.ns.clone(),
+            self._cp.config().clone(),
+            self.instance_image.clone(),
+        );
+        move || {
+            let args = steward_core::cli::CommonArgs {
+                watch_namespace: Some(ns),
+                ..steward_testenv::harness::test_args()
+            };
+            let mut operator =
+                steward_core::Operator::with_config(database_operator::NAME, args, config).unwrap();
+            database_operator::register(
+                &mut operator,
+                database_operator::Options {
+                    resync_interval: Duration::from_secs(2),
+                    instance_image,
+                    ..Default::default()
+                },
+            )
+            .unwrap();
+            operator
+        }
+    }
+
+    /// Starts the database-operator (in this process), watching the cluster's namespace.
+    pub(crate) async fn start_operator(&mut self) {
+        let operator = self.operator()();
+        self.operator = Some(steward_testenv::harness::Harness::start(operator).await);
+    }
+
+    /// Starts the database-operator on a runtime of its own, so that
+    /// [`Cluster::kill_operator`] can kill it mid-flight.
+    pub(crate) async fn start_killable_operator(&mut self) {
+        let build = self.operator();
+        let (operator, ()) =
+            steward_testenv::harness::Crashable::start(move || (build(), ())).await;
+        self.killable = Some(operator);
+    }
+
+    pub(crate) fn kill_operator(&mut self) {
+        if let Some(operator) = self.killable.take() {
+            operator.kill();
+        }
+    }
+
+    pub(crate) async fn stop_operator(&mut self) {
+        if let Some(operator) = self.operator.take() {
+            operator.stop().await.unwrap();
+        }
+        self.kill_operator();
+    }
+
+    pub(crate) fn clusters(&self) -> Api<PostgresCluster> {
+        Api::namespaced(self.client.clone(), &self.ns)
+    }
+
+    pub(crate) async fn status(&self) -> database_operator::api::PostgresClusterStatus {
+        self.clusters()
+            .get("pg")
+            .await
+            .unwrap()
+            .status
+            .unwrap_or_default()
+    }
+
+    pub(crate) fn pods(&self) -> Api<Pod> {
+        Api::namespaced(self.client.clone(), &self.ns)
+    }
+
+    /// Waits until the cluster says Ready with every instance ready; panics with the pods'
+    /// logs otherwise.
+    pub(crate) async fn wait_ready(&self, timeout: Duration) {
+        let clusters: Api<PostgresCluster> = Api::namespaced(self.client.clone(), &self.ns);
+        let (pods, instances) = (self.pods(), self.instances);
+        let ready = eventually("PostgresCluster pg Ready", timeout, || {
+            let (clusters, pods) = (clusters.clone(), pods.clone());
+            async move {
+                let c = clusters.get("pg").await.map_err(|e| e.to_string())?;
+                let status = c.status.unwrap_or_default();
+                let ready = status
+                    .conditions
+                    .iter()
+                    .any(|c| c.type_ == "Ready" && c.status == "True");
+                if ready && status.ready_instances == instances {
+                    return Ok(());
+                }
+                let list = pods
+                    .list(&Default::default())
+                    .await
+                    .map_err(|e| e.to_string())?;
+                Err(format!(
+                    "phase {:?}, primary {:?}; pods: {}",
+                    status.phase,
+                    status.primary,
+                    deploy::describe_pods(&list.items)
+                ))
+            }
+        })
+        .await;
+        if let Err(e) = ready {
+            panic!("{e}\n{}", self.logs().await);
+        }
+    }
+
+    pub(crate) async fn logs(&self) -> String {
+        let mut out = String::new();
+        for i in 0..self.instances {
+            let pod = format!("pg-{i}");
+            // A container that restarted: what it said before, too.
+            let previous = kube::api::LogParams {
+                previous: true,
+                ..Default::default()
+            };
+            if let Ok(before) = self.pods().logs(&pod, &previous).await {
+                out.push_str(&format!("--- {pod} (previous container):\n{before}\n"));
+            }
+            out.push_str(&format!("--- {pod}:\n{}\n", logs(&self.pods(), &pod).await));
+        }
+        out
+    }
+
+    pub(crate) async fn cluster_ip(&self, service: &str) -> String {
+        let services: Api<Service> = Api::namespaced(self.client.clone(), &self.ns);
+        services
+            .get(service)
+            .await
+            .unwrap()
+            .spec
+            .unwrap()
+            .cluster_ip
+            .unwrap()
+    }
+
+    /// The pod labelled primary, and its IP.
+    pub(crate) async fn primary(&self) -> (String, String) {
+        let list = self
+            .pods()
+            .list(&kube::api::ListParams::default().labels("database.steward.dev/role=primary"))
+            .await
+            .unwrap();
+        let pod = list.items.first().expect("a pod labelled primary");
+        (
+            pod.name_any(),
+            pod.status.as_ref().unwrap().pod_ip.clone().unwrap(),
+        )
+    }
+
+    /// Host pids of `pod`'s instance manager (`steward-pg-instance run`) and postmaster.
+    pub(crate) fn processes(&self, pod: &str) -> (u32, u32) {
+        let markers = [
+            format!("POD_NAME={pod}"),
+            format!("POD_NAMESPACE={}", self.ns),
+        ];
+        let mut manager = None;
+        let mut all = Vec::new();
+        for entry in std::fs::read_dir("/proc").unwrap().flatten() {
+            let Ok(pid) = entry.file_name().to_string_lossy().parse::<u32>() else {
+                continue;
+            };
+            let environ = std::fs::read(entry.path().join("environ")).unwrap_or_default();
+            let environ = String::from_utf8_lossy(&environ);
+            if !markers.iter().all(|m| environ.split('\0').any(|e| e == m)) {
+                continue;
+            }
+            let cmdline = std::fs::read(entry.path().join("cmdline")).unwrap_or_default();
+            let cmdline = String::from_utf8_lossy(&cmdline).replace('\0', " ");
+            let stat = std::fs::read_to_string(entry.path().join("stat")).unwrap_or_default();
+            let ppid: u32 = stat
+                .rsplit(')')
+                .next()
+                .and_then(|s| s.split_whitespace().nth(1))
+                .and_then(|s| s.parse().ok())
+                .unwrap_or(0);
+            if cmdline.contains("steward-pg-instance run") {
+                manager = Some(pid);
+            }
+            all.push((pid, ppid, cmdline));
+        }
+        let manager = manager.unwrap_or_else(|| panic!("no instance manager of {pod} found"));
+        let postmaster = all
+            .iter()
+            .find(|(_, ppid, cmd)| *ppid == manager && cmd.starts_with("postgres"))
+            .map(|(pid, ..)| *pid)
+            .unwrap_or_else(|| panic!("no postmaster under {pod}'s manager {manager}: {all:?}"));
+        (manager, postmaster)
+    }
+}
+
+/// A process in the same network namespace as host process `pid` that lives as long as the
+/// pod: its sandbox (pause) process, so the namespace can be entered after the container
+/// restarted.
+pub(crate) fn sandbox_of(pid: u32) -> u32 {
+    let netns = std::fs::read_link(format!("/proc/{pid}/ns/net")).unwrap();
+    std::fs::read_dir("/proc")
+        .unwrap()
+        .flatten()
+        .filter_map(|e| e.file_name().to_string_lossy().parse::<u32>().ok())
+        .find(|p| {
+            std::fs::read_link(format!("/proc/{p}/ns/net")).is_ok_and(|n| n == netns)
+                && std::fs::read(format!("/proc/{p}/cmdline"))
+                    .is_ok_and(|c| String::from_utf8_lossy(&c).contains("pause"))
+        })
+        .unwrap_or(pid)
+}
+
+/// A connection to `host_ip` as `postgres`, TLS verified for `name` against `ca` (PEM):
+/// libpq's `sslmode=verify-full` with `hostaddr`.
+pub(crate) async fn verify_full(
+    name: &str,
+    host_ip: &str,
+    password: &str,
+    ca: &[u8],
+) -> Result<tokio_postgres::Client, String> {
+    verify_full_as(name, host_ip, ("postgres", password, "postgres"), ca).await
+}
+
+/// As [`verify_full`], as `(user, password, database)`.
+pub(crate) async fn verify_full_as(
+    name: &str,
+    host_ip: &str,
+    (user, password, dbname): (&str, &str, &str),
+    ca: &[u8],
+) -> Result<tokio_postgres::Client, String> {
+    use rustls::pki_types::CertificateDer;
+    use rustls::pki_types::pem::PemObject;
+    let mut roots = rustls::RootCertStore::empty();
+    for cert in CertificateDer::pem_slice_iter(ca) {
+        roots
+            .add(cert.map_err(|e| e.to_string())?)
+            .map_err(|e| e.to_string())?;
+    }
+    let provider = Arc::new(rustls::crypto::ring::default_provider());
+    let tls = rustls::ClientConfig::builder_with_provider(provider)
+        .with_safe_default_protocol_versions()
+        .map_err(|e| e.to_string())?
+        .with_root_certificates(roots)
+        .with_no_client_auth();
+    let mut config = tokio_postgres::Config::new();
+    config
+        .host(name)
+        .hostaddr(host_ip.parse().map_err(|e| format!("{e}"))?)
+        .port(5432)
+        .user(user)
+        .password(password)
+        .dbname(dbname)
+        .ssl_mode(tokio_postgres::config::SslMode::Require)
+        .connect_timeout(Duration::from_secs(5));
+    let (client, connection) = config
+        .connect(tokio_postgres_rustls::MakeRustlsConnect::new(tls))
+        .await
+        .map_err(|e| format!("{e:?}"))?;
+    tokio::spawn(connection);
+    Ok(client)
+}
+
+pub(crate) fn signal(pid: u32, signal: &str) {
+    let status = std::process::Command::new("kill")
+        .args([&format!("-{signal}"), &pid.to_string()])
+        .status()
+        .unwrap();
+    assert!(status.success(), "kill -{signal} {pid}");
+}
+
+/// What a writer saw: acknowledged ids, with when and which server acknowledged them.
+#[derive(Default)]
+pub(crate) struct Acks {
+    pub(crate) rows: Vec<(i64, Instant, String)>,
+    /// Ids whose insert failed or timed out: they may or may not have committed.
+    pub(crate) unsure: Vec<i64>,
+}
+
+/// Inserts one row every 50 ms through `host` (the `-rw` Service) until `stop`, reconnecting
+/// after errors; records what was acknowledged.
+pub(crate) async fn writer(
+    host: String,
+    password: String,
+    acks: Arc<Mutex<Acks>>,
+    stop: tokio_util::sync::CancellationToken,
+) {
+    let gate = Arc::new(tokio::sync::Mutex::new(()));
+    gated_writer(host, password, acks, stop, gate).await;
+}
+
+/// [`writer`], holding `gate` during each insert: whoever holds it knows no insert is in
+/// flight (every id is acknowledged, or recorded as unsure) until it lets go.
+pub(crate) async fn gated_writer(
+    host: String,
+    password: String,
+    acks: Arc<Mutex<Acks>>,
+    stop: tokio_util::sync::CancellationToken,
+    gate: Arc<tokio::sync::Mutex<()>>,
+) {
+    let conn = format!(
+        "host={host} port=5432 user=postgres password={password} dbname=postgres connect_timeout=1"
+    );
+    let mut id: i64 = 0;
+    let mut client: Option<tokio_postgres::Client> = None;
+    while !stop.is_cancelled() {
+        if client
+            .as_ref()
+            .is_none_or(tokio_postgres::Client::is_closed)
+        {
+            client = match tokio::time::timeout(
+                Duration::from_secs(2),
+                tokio_postgres::connect(&conn, tokio_postgres::NoTls),
+            )
+            .await
+            {
+                Ok(Ok((c, connection))) => {
+                    tokio::spawn(connection);
+                    Some(c)
+                }
+                _ => {
+                    tokio::time::sleep(Duration::from_millis(50)).await;
+                    continue;
+                }
+            };
+        }
+        let Some(c) = client.as_ref() else { continue };
+        let held = gate.lock().await;
+        if stop.is_cancelled() {
+            break;
+        }
+        id += 1;
+        let params: [&(dyn tokio_postgres::types::ToSql + Sync); 1] = [&id];
+        let insert = c.query_one(
+            "insert into acks (id) values ($1) returning host(inet_server_addr())",
+            &params,
+        );
+        match tokio::time::timeout(Duration::from_secs(2), insert).await {
+            Ok(Ok(row)) => {
+                let server: String = row.get(0);
+                acks.lock().unwrap().rows.push((id, Instant::now(), server));
+            }
+            _ => {
+                acks.lock().unwrap().unsure.push(id);
+                client = None;
+            }
+        }
+        drop(held);
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+/// The status of PostgresCluster `name` (for `eventually`: errors as text).
+pub(crate) async fn status_of(
+    clusters: &Api<PostgresCluster>,
+    name: &str,
+) -> Result<database_operator::api::PostgresClusterStatus, String> {
+    let cluster = clusters.get(name).await.map_err(|e| e.to_string())?;
+    Ok(cluster.status.unwrap_or_default())
+}
