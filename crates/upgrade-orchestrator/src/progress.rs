@@ -738,17 +738,71 @@ impl Stepper<'_> {
     }
 }
 
+/// What the plan is after a step: its phase, and the reason and message of its conditions.
+struct Verdict {
+    phase: PlanPhase,
+    reason: String,
+    message: String,
+}
+
+impl Verdict {
+    fn new(phase: PlanPhase, reason: &str, message: impl Into<String>) -> Self {
+        Self {
+            phase,
+            reason: reason.to_string(),
+            message: message.into(),
+        }
+    }
+}
+
 /// One step of the plan: follows what is in flight, applies the failure policy, and records
 /// the next components to start. Pure; see the module's guarantees.
+///
+/// Validate → follow → decide ([`Stepper::decide`]: a rollback, a pause, a wait, or the next
+/// wave) → the conditions and Events of the decision ([`Stepper::finish`]).
 pub fn step(i: &Input<'_>) -> Outcome {
     let spec = i.spec;
-    let strategy = &spec.strategy;
     let mut st = i.status.clone();
     let old_phase = st.phase;
-    let generation = i.generation;
-    st.observed_generation = Some(generation);
+    st.observed_generation = Some(i.generation);
     st.waves = Some(i32::try_from(i.plan.waves.len()).unwrap_or(i32::MAX));
-    let comps: Vec<ComponentStatus> = spec
+    let mut s = Stepper {
+        i,
+        comps: components(i),
+        notes: Vec::new(),
+        finished: Vec::new(),
+        recheck: None,
+        deadline: Duration::from_secs(
+            u64::try_from(spec.strategy.progress_deadline_seconds.max(1)).unwrap_or(600),
+        ),
+    };
+    let waves = i.plan.waves.len();
+    s.set(
+        &mut st,
+        VALID,
+        true,
+        "Valid",
+        &format!("{} components in {waves} waves", spec.components.len()),
+    );
+    if let Some(p) = old_phase.filter(|p| p.is_terminal()) {
+        // A finished plan stays as it finished: only its conditions are kept current.
+        let ready = conditions::get(&st.conditions, conditions::READY);
+        let verdict = Verdict::new(
+            p,
+            ready.map_or(p.as_str(), |c| c.reason.as_str()),
+            ready.map(|c| c.message.clone()).unwrap_or_default(),
+        );
+        return s.finish(st, old_phase, &verdict);
+    }
+    let verdict = s.decide(&mut st, old_phase);
+    st.next = next_step(i, &s.comps, verdict.phase);
+    s.finish(st, old_phase, &verdict)
+}
+
+/// The plan's components in spec order, each with its recorded status (Pending if none) and
+/// its wave in the current plan.
+fn components(i: &Input<'_>) -> Vec<ComponentStatus> {
+    i.spec
         .components
         .iter()
         .enumerate()
@@ -764,181 +818,70 @@ pub fn step(i: &Input<'_>) -> Outcome {
             cs.wave = wave;
             cs
         })
-        .collect();
-    let deadline = Duration::from_secs(
-        u64::try_from(strategy.progress_deadline_seconds.max(1)).unwrap_or(600),
-    );
-    let mut s = Stepper {
-        i,
-        comps,
-        notes: Vec::new(),
-        finished: Vec::new(),
-        recheck: None,
-        deadline,
-    };
-    let at = second(i.now);
-    let waves = i.plan.waves.len();
-    set(
-        &mut st,
-        VALID,
-        true,
-        "Valid",
-        &format!("{} components in {waves} waves", spec.components.len()),
-        generation,
-        &at,
-    );
+        .collect()
+}
 
-    // (phase, reason, message) of the plan after this step.
-    let (phase, reason, message): (PlanPhase, &str, String) = 'decide: {
-        if let Some(p) = old_phase.filter(|p| p.is_terminal()) {
-            let message = conditions::get(&st.conditions, conditions::READY)
-                .map(|c| c.message.clone())
-                .unwrap_or_default();
-            let reason = conditions::get(&st.conditions, conditions::READY)
-                .map_or(p.as_str(), |c| c.reason.as_str())
-                .to_string();
-            st.components = s.comps;
-            return finish(
-                st, old_phase, p, &reason, &message, generation, i.now, s.notes, s.finished,
-                s.recheck,
-            );
+impl Stepper<'_> {
+    /// Sets condition `kind` on `st` for this step's generation and time.
+    fn set(&self, st: &mut UpgradePlanStatus, kind: &str, ok: bool, reason: &str, message: &str) {
+        set(
+            st,
+            kind,
+            ok,
+            reason,
+            message,
+            self.i.generation,
+            &second(self.i.now),
+        );
+    }
+
+    /// The decision of a plan that has not finished: follows the components in flight, then
+    /// the first that applies of: targets missing (before the start), a rollback, a pause for
+    /// failed components, success, a pause by the user, a wave waiting for approval, a closed
+    /// maintenance window, and otherwise the next components started.
+    fn decide(&mut self, st: &mut UpgradePlanStatus, old_phase: Option<PlanPhase>) -> Verdict {
+        let i = self.i;
+        let strategy = &i.spec.strategy;
+        if st.started_at.is_none()
+            && let Some(verdict) = self.targets_missing(st)
+        {
+            return verdict;
         }
-
-        if st.started_at.is_none() {
-            let missing: Vec<String> = spec
-                .components
-                .iter()
-                .filter_map(|c| match i.observed.get(&c.name).map(|o| &o.value) {
-                    Some(Ok(_)) => None,
-                    Some(Err(why)) => Some(format!("component {}: {why}", c.name)),
-                    None => Some(format!("component {}: target not observed", c.name)),
-                })
-                .collect();
-            if !missing.is_empty() {
-                let message = missing.join("; ");
-                set(
-                    &mut st,
-                    VALID,
-                    false,
-                    "TargetNotFound",
-                    &message,
-                    generation,
-                    &at,
-                );
-                if conditions::get(&i.status.conditions, VALID).is_none_or(|c| c.message != message)
-                {
-                    s.note(true, "TargetNotFound", "Validate", message.clone());
-                }
-                break 'decide (PlanPhase::Pending, "TargetNotFound", message);
-            }
-        }
-
-        s.track_forward();
-        let rollback_failure = s.track_rollback();
+        self.track_forward();
+        let rollback_failure = self.track_rollback();
         if strategy.failure_policy == FailurePolicy::Pause
             && !strategy.paused
             && !i.deleting
             && old_phase != Some(PlanPhase::RollingBack)
         {
-            s.retry_failed();
+            self.retry_failed();
         }
-
         if let Some(why) = rollback_failure {
-            break 'decide (
+            return Verdict::new(
                 PlanPhase::Failed,
                 "RollbackFailed",
                 format!("the rollback could not complete: {why}"),
             );
         }
-        let failed: Vec<String> = s
+        let failed: Vec<String> = self
             .comps
             .iter()
             .filter(|c| c.phase == ComponentPhase::Failed)
             .map(|c| c.name.clone())
             .collect();
-        let reverting = s
-            .comps
-            .iter()
-            .filter(|c| c.phase == ComponentPhase::RollingBack)
-            .map(|c| c.wave)
-            .max();
-        let rolling_back = old_phase == Some(PlanPhase::RollingBack) || reverting.is_some();
+        let rolling_back = old_phase == Some(PlanPhase::RollingBack)
+            || self
+                .comps
+                .iter()
+                .any(|c| c.phase == ComponentPhase::RollingBack);
         if rolling_back
             || i.deleting
             || (!failed.is_empty() && strategy.failure_policy == FailurePolicy::Rollback)
         {
-            if let Some(wave) = reverting {
-                st.current_wave = Some(wave);
-                break 'decide (
-                    PlanPhase::RollingBack,
-                    "RollingBack",
-                    format!("reverting wave {wave}"),
-                );
-            }
-            let to_revert =
-                |index: usize| changed(&s.comps[index]) && spec.components[index].reverts();
-            let Some(wave) = (0..s.comps.len())
-                .filter(|&x| to_revert(x))
-                .map(|x| s.comps[x].wave)
-                .max()
-            else {
-                let kept: Vec<String> = (0..s.comps.len())
-                    .filter(|&x| changed(&s.comps[x]))
-                    .map(|x| {
-                        let c = &s.comps[x];
-                        format!("{} at {}", c.name, c.target.as_deref().unwrap_or_default())
-                    })
-                    .collect();
-                let message = if kept.is_empty() {
-                    "every changed component is back to its previous value".to_string()
-                } else {
-                    format!(
-                        "every other changed component is back to its previous value; kept (rollback: Never): {}",
-                        kept.join(", ")
-                    )
-                };
-                break 'decide (PlanPhase::RolledBack, "RolledBack", message);
-            };
-            let reverting_now: Vec<usize> = (0..s.comps.len())
-                .filter(|&x| s.comps[x].wave == wave && to_revert(x))
-                .collect();
-            if !rolling_back {
-                let why = if i.deleting {
-                    "the plan is being deleted".to_string()
-                } else {
-                    format!("component(s) {} failed", failed.join(", "))
-                };
-                s.note(
-                    true,
-                    "RollbackStarted",
-                    "Rollback",
-                    format!("{why}; reverting every changed component, last wave first"),
-                );
-            }
-            for index in reverting_now {
-                let describe = spec.components[index].describe();
-                let cs = &mut s.comps[index];
-                cs.phase = ComponentPhase::RollingBack;
-                cs.rollback_started_at = Some(micro(i.now));
-                cs.message = Some("reverting to the previous value".into());
-                let note = format!(
-                    "component {}: reverting {describe} from {:?} to {:?}",
-                    cs.name,
-                    cs.target.as_deref().unwrap_or_default(),
-                    cs.previous.as_deref().unwrap_or_default()
-                );
-                s.note(true, "ComponentRollingBack", "Rollback", note);
-            }
-            s.recheck_in(deadline);
-            st.current_wave = Some(wave);
-            break 'decide (
-                PlanPhase::RollingBack,
-                "RollingBack",
-                format!("reverting wave {wave}"),
-            );
+            return self.roll_back(st, rolling_back, &failed);
         }
         if !failed.is_empty() {
-            break 'decide (
+            return Verdict::new(
                 PlanPhase::Paused,
                 "ComponentFailed",
                 format!(
@@ -947,31 +890,150 @@ pub fn step(i: &Input<'_>) -> Outcome {
                 ),
             );
         }
-        if s.comps.iter().all(|c| c.phase == ComponentPhase::Succeeded) {
+        if self
+            .comps
+            .iter()
+            .all(|c| c.phase == ComponentPhase::Succeeded)
+        {
             st.current_wave = st.waves;
-            break 'decide (
+            return Verdict::new(
                 PlanPhase::Succeeded,
                 "Succeeded",
-                format!("all {} components upgraded", s.comps.len()),
+                format!("all {} components upgraded", self.comps.len()),
             );
         }
         let Some(wave) = i.plan.waves.iter().position(|w| {
             w.iter()
-                .any(|&x| s.comps[x].phase != ComponentPhase::Succeeded)
+                .any(|&x| self.comps[x].phase != ComponentPhase::Succeeded)
         }) else {
-            break 'decide (
-                PlanPhase::Succeeded,
-                "Succeeded",
-                "all components upgraded".into(),
-            );
+            return Verdict::new(PlanPhase::Succeeded, "Succeeded", "all components upgraded");
         };
-        let wave_number = i32::try_from(wave + 1).unwrap_or(i32::MAX);
-        st.current_wave = Some(wave_number);
-        let in_flight = s
+        st.current_wave = Some(i32::try_from(wave + 1).unwrap_or(i32::MAX));
+        if let Some(verdict) = self.held(st, wave) {
+            return verdict;
+        }
+        self.advance(st, wave)
+    }
+
+    /// Before the plan starts: Pending with `TargetNotFound` (and the Valid condition false)
+    /// while a component's target cannot be read.
+    fn targets_missing(&mut self, st: &mut UpgradePlanStatus) -> Option<Verdict> {
+        let i = self.i;
+        let missing: Vec<String> = i
+            .spec
+            .components
+            .iter()
+            .filter_map(|c| match i.observed.get(&c.name).map(|o| &o.value) {
+                Some(Ok(_)) => None,
+                Some(Err(why)) => Some(format!("component {}: {why}", c.name)),
+                None => Some(format!("component {}: target not observed", c.name)),
+            })
+            .collect();
+        if missing.is_empty() {
+            return None;
+        }
+        let message = missing.join("; ");
+        self.set(st, VALID, false, "TargetNotFound", &message);
+        if conditions::get(&i.status.conditions, VALID).is_none_or(|c| c.message != message) {
+            self.note(true, "TargetNotFound", "Validate", message.clone());
+        }
+        Some(Verdict::new(PlanPhase::Pending, "TargetNotFound", message))
+    }
+
+    /// The rollback (a component failed under `failurePolicy: Rollback`, the plan is being
+    /// deleted, or a rollback is under way): reverts the latest wave that still has changed
+    /// components, one wave at a time; RolledBack once nothing is left to revert.
+    fn roll_back(
+        &mut self,
+        st: &mut UpgradePlanStatus,
+        rolling_back: bool,
+        failed: &[String],
+    ) -> Verdict {
+        let i = self.i;
+        let reverting = |wave: i32| {
+            Verdict::new(
+                PlanPhase::RollingBack,
+                "RollingBack",
+                format!("reverting wave {wave}"),
+            )
+        };
+        if let Some(wave) = self
             .comps
             .iter()
-            .filter(|c| c.phase == ComponentPhase::Progressing)
-            .count();
+            .filter(|c| c.phase == ComponentPhase::RollingBack)
+            .map(|c| c.wave)
+            .max()
+        {
+            st.current_wave = Some(wave);
+            return reverting(wave);
+        }
+        let to_revert = |comps: &[ComponentStatus], index: usize| {
+            changed(&comps[index]) && i.spec.components[index].reverts()
+        };
+        let Some(wave) = (0..self.comps.len())
+            .filter(|&x| to_revert(&self.comps, x))
+            .map(|x| self.comps[x].wave)
+            .max()
+        else {
+            let kept: Vec<String> = self
+                .comps
+                .iter()
+                .filter(|c| changed(c))
+                .map(|c| format!("{} at {}", c.name, c.target.as_deref().unwrap_or_default()))
+                .collect();
+            let message = if kept.is_empty() {
+                "every changed component is back to its previous value".to_string()
+            } else {
+                format!(
+                    "every other changed component is back to its previous value; kept (rollback: Never): {}",
+                    kept.join(", ")
+                )
+            };
+            return Verdict::new(PlanPhase::RolledBack, "RolledBack", message);
+        };
+        if !rolling_back {
+            let why = if i.deleting {
+                "the plan is being deleted".to_string()
+            } else {
+                format!("component(s) {} failed", failed.join(", "))
+            };
+            self.note(
+                true,
+                "RollbackStarted",
+                "Rollback",
+                format!("{why}; reverting every changed component, last wave first"),
+            );
+        }
+        let now: Vec<usize> = (0..self.comps.len())
+            .filter(|&x| self.comps[x].wave == wave && to_revert(&self.comps, x))
+            .collect();
+        for index in now {
+            let describe = i.spec.components[index].describe();
+            let cs = &mut self.comps[index];
+            cs.phase = ComponentPhase::RollingBack;
+            cs.rollback_started_at = Some(micro(i.now));
+            cs.message = Some("reverting to the previous value".into());
+            let note = format!(
+                "component {}: reverting {describe} from {:?} to {:?}",
+                cs.name,
+                cs.target.as_deref().unwrap_or_default(),
+                cs.previous.as_deref().unwrap_or_default()
+            );
+            self.note(true, "ComponentRollingBack", "Rollback", note);
+        }
+        self.recheck_in(self.deadline);
+        st.current_wave = Some(wave);
+        reverting(wave)
+    }
+
+    /// What holds wave `wave` (index) back, if anything: the user's pause, a missing
+    /// approval, a closed (or invalid) maintenance window. Components in flight are still
+    /// followed meanwhile.
+    fn held(&mut self, st: &mut UpgradePlanStatus, wave: usize) -> Option<Verdict> {
+        let i = self.i;
+        let strategy = &i.spec.strategy;
+        let wave_number = i32::try_from(wave + 1).unwrap_or(i32::MAX);
+        let in_flight = self.in_flight().count();
         if strategy.paused {
             let message = if in_flight > 0 {
                 format!("paused: no component starts; {in_flight} in flight still followed")
@@ -979,43 +1041,35 @@ pub fn step(i: &Input<'_>) -> Outcome {
                 "paused between components: no component starts until spec.strategy.paused is false"
                     .to_string()
             };
-            break 'decide (PlanPhase::Paused, "PausedByUser", message);
+            return Some(Verdict::new(PlanPhase::Paused, "PausedByUser", message));
         }
         let wave_started = i.plan.waves[wave]
             .iter()
-            .any(|&x| s.comps[x].phase != ComponentPhase::Pending);
+            .any(|&x| self.comps[x].phase != ComponentPhase::Pending);
         if strategy.approval == Approval::Manual
             && !wave_started
-            && spec.approved_waves.unwrap_or(0) < wave_number
+            && i.spec.approved_waves.unwrap_or(0) < wave_number
         {
-            break 'decide (
+            return Some(Verdict::new(
                 PlanPhase::WaitingApproval,
                 "WaitingApproval",
                 format!(
                     "wave {wave_number} waits for approval: set spec.approvedWaves to {wave_number}"
                 ),
-            );
+            ));
         }
         match crate::window::check(&strategy.maintenance_windows, i.now) {
             Err(why) => {
-                set(
-                    &mut st,
-                    VALID,
-                    false,
-                    "InvalidMaintenanceWindow",
-                    &why,
-                    generation,
-                    &at,
-                );
+                self.set(st, VALID, false, "InvalidMaintenanceWindow", &why);
                 let phase = if st.started_at.is_some() {
                     PlanPhase::Paused
                 } else {
                     PlanPhase::Pending
                 };
-                break 'decide (phase, "InvalidMaintenanceWindow", why);
+                Some(Verdict::new(phase, "InvalidMaintenanceWindow", why))
             }
             Ok(Window::Closed { opens, window }) => {
-                s.recheck_in(crate::window::until(i.now, opens.timestamp()));
+                self.recheck_in(crate::window::until(i.now, opens.timestamp()));
                 let next = format!(
                     "{}{} ({window})",
                     crate::window::NEXT_OPENING,
@@ -1028,34 +1082,46 @@ pub fn step(i: &Input<'_>) -> Outcome {
                 } else {
                     format!("outside the maintenance windows: no component starts; {next}")
                 };
-                break 'decide (
+                Some(Verdict::new(
                     PlanPhase::WaitingWindow,
                     "OutsideMaintenanceWindow",
                     message,
-                );
+                ))
             }
-            Ok(Window::Open { closes }) => s.recheck_in(crate::window::until(i.now, closes)),
-            Ok(Window::Always) => {}
+            Ok(Window::Open { closes }) => {
+                self.recheck_in(crate::window::until(i.now, closes));
+                None
+            }
+            Ok(Window::Always) => None,
         }
-        let blocked = s.start_wave(wave);
+    }
+
+    /// Starts what may start in wave `wave` (index), and under DAG scheduling with automatic
+    /// approval in later waves too (a component whose own dependencies are done need not wait
+    /// for the rest of its wave): Progressing, naming what is in flight and what is blocked.
+    fn advance(&mut self, st: &mut UpgradePlanStatus, wave: usize) -> Verdict {
+        let i = self.i;
+        let strategy = &i.spec.strategy;
+        let blocked = self.start_wave(wave);
         if strategy.scheduling == Scheduling::Dag && strategy.approval == Approval::Automatic {
-            // Later waves too: a component whose own dependencies are done need not wait for
-            // the rest of its wave (what blocks those is said by the first wave's message).
+            // What blocks later waves is said by the first wave's message.
             for later in wave + 1..i.plan.waves.len() {
-                s.start_wave(later);
+                self.start_wave(later);
             }
         }
-        if st.started_at.is_none() && s.comps.iter().any(|c| c.phase != ComponentPhase::Pending) {
+        if st.started_at.is_none()
+            && self
+                .comps
+                .iter()
+                .any(|c| c.phase != ComponentPhase::Pending)
+        {
             st.started_at = Some(micro(i.now));
         }
-        let active: Vec<&str> = s
-            .comps
-            .iter()
-            .filter(|c| c.phase == ComponentPhase::Progressing)
-            .map(|c| c.name.as_str())
-            .collect();
+        let active: Vec<&str> = self.in_flight().map(|c| c.name.as_str()).collect();
         let mut message = format!(
-            "wave {wave_number} of {waves}: upgrading {}",
+            "wave {} of {}: upgrading {}",
+            wave + 1,
+            i.plan.waves.len(),
             active.join(", ")
         );
         if let Some(b) = blocked {
@@ -1065,13 +1131,119 @@ pub fn step(i: &Input<'_>) -> Outcome {
                 format!("{message}; {b}")
             };
         }
-        (PlanPhase::Progressing, "Progressing", message)
-    };
-    st.next = next_step(i, &s.comps, phase);
-    st.components = s.comps;
-    finish(
-        st, old_phase, phase, reason, &message, generation, i.now, s.notes, s.finished, s.recheck,
-    )
+        Verdict::new(PlanPhase::Progressing, "Progressing", message)
+    }
+
+    /// The components in flight (Progressing).
+    fn in_flight(&self) -> impl Iterator<Item = &ComponentStatus> {
+        self.comps
+            .iter()
+            .filter(|c| c.phase == ComponentPhase::Progressing)
+    }
+
+    /// The step's outcome for `verdict`: the components, phase, progress, the Ready,
+    /// Progressing and Degraded conditions, and the Event of a phase change.
+    fn finish(
+        mut self,
+        mut st: UpgradePlanStatus,
+        old_phase: Option<PlanPhase>,
+        verdict: &Verdict,
+    ) -> Outcome {
+        let Verdict {
+            phase,
+            reason,
+            message,
+        } = verdict;
+        let phase = *phase;
+        st.components = std::mem::take(&mut self.comps);
+        if phase.is_terminal() && st.finished_at.is_none() {
+            st.finished_at = Some(micro(self.i.now));
+        }
+        st.phase = Some(phase);
+        let upgraded = st
+            .components
+            .iter()
+            .filter(|c| c.phase == ComponentPhase::Succeeded)
+            .count();
+        st.progress = Some(format!("{upgraded}/{}", st.components.len()));
+        self.set(
+            &mut st,
+            conditions::READY,
+            phase == PlanPhase::Succeeded,
+            reason,
+            message,
+        );
+        let progressing = matches!(phase, PlanPhase::Progressing | PlanPhase::RollingBack);
+        self.set(
+            &mut st,
+            conditions::PROGRESSING,
+            progressing,
+            reason,
+            message,
+        );
+        let failed: Vec<&str> = st
+            .components
+            .iter()
+            .filter(|c| c.phase == ComponentPhase::Failed)
+            .map(|c| c.name.as_str())
+            .collect();
+        let (degraded, degraded_reason, degraded_message) = match phase {
+            PlanPhase::Failed => (true, "RollbackFailed", message.clone()),
+            PlanPhase::RolledBack | PlanPhase::RollingBack => (
+                true,
+                "RolledBack",
+                "a component failed; the plan was rolled back".into(),
+            ),
+            _ if !failed.is_empty() => (
+                true,
+                "ComponentFailed",
+                format!("failed: {}", failed.join(", ")),
+            ),
+            _ => (false, "AsExpected", String::new()),
+        };
+        self.set(
+            &mut st,
+            conditions::DEGRADED,
+            degraded,
+            degraded_reason,
+            &degraded_message,
+        );
+        if old_phase != Some(phase)
+            && let Some((warning, reason)) = phase_event(old_phase, phase, reason)
+        {
+            self.note(warning, reason, "Upgrade", message.clone());
+        }
+        Outcome {
+            status: st,
+            notes: self.notes,
+            finished: self.finished,
+            recheck_after: self.recheck,
+        }
+    }
+}
+
+/// The Event of a change of the plan's phase to `phase` (`reason`: the decision's), as
+/// (warning, reason); `None` for phases whose start is said otherwise.
+fn phase_event(
+    old_phase: Option<PlanPhase>,
+    phase: PlanPhase,
+    reason: &str,
+) -> Option<(bool, &'static str)> {
+    match phase {
+        PlanPhase::Succeeded => Some((false, "PlanSucceeded")),
+        PlanPhase::RolledBack => Some((true, "PlanRolledBack")),
+        PlanPhase::Failed => Some((true, "PlanFailed")),
+        PlanPhase::Paused => Some((reason == "ComponentFailed", "PlanPaused")),
+        PlanPhase::WaitingApproval => Some((false, "WaitingApproval")),
+        PlanPhase::WaitingWindow => Some((false, "WaitingWindow")),
+        PlanPhase::Progressing => match old_phase {
+            None | Some(PlanPhase::Pending) => Some((false, "PlanStarted")),
+            Some(PlanPhase::WaitingApproval) => Some((false, "WaveApproved")),
+            Some(PlanPhase::WaitingWindow) => Some((false, "WindowOpened")),
+            Some(_) => Some((false, "PlanResumed")),
+        },
+        PlanPhase::Pending | PlanPhase::RollingBack => None,
+    }
 }
 
 /// Whether a component changed its target (started with a recorded previous value, and not
@@ -1126,112 +1298,6 @@ fn next_step(i: &Input<'_>, comps: &[ComponentStatus], phase: PlanPhase) -> Opti
                 .min()?;
             Some(names(wave, &pending))
         }
-    }
-}
-
-#[allow(clippy::too_many_arguments)]
-fn finish(
-    mut st: UpgradePlanStatus,
-    old_phase: Option<PlanPhase>,
-    phase: PlanPhase,
-    reason: &str,
-    message: &str,
-    generation: i64,
-    now: Timestamp,
-    mut notes: Vec<Note>,
-    finished: Vec<Finished>,
-    recheck_after: Option<Duration>,
-) -> Outcome {
-    let at = &second(now);
-    if phase.is_terminal() && st.finished_at.is_none() {
-        st.finished_at = Some(micro(now));
-    }
-    st.phase = Some(phase);
-    let upgraded = st
-        .components
-        .iter()
-        .filter(|c| c.phase == ComponentPhase::Succeeded)
-        .count();
-    st.progress = Some(format!("{upgraded}/{}", st.components.len()));
-    set(
-        &mut st,
-        conditions::READY,
-        phase == PlanPhase::Succeeded,
-        reason,
-        message,
-        generation,
-        at,
-    );
-    let progressing = matches!(phase, PlanPhase::Progressing | PlanPhase::RollingBack);
-    set(
-        &mut st,
-        conditions::PROGRESSING,
-        progressing,
-        reason,
-        message,
-        generation,
-        at,
-    );
-    let failed: Vec<&str> = st
-        .components
-        .iter()
-        .filter(|c| c.phase == ComponentPhase::Failed)
-        .map(|c| c.name.as_str())
-        .collect();
-    let (degraded, degraded_reason, degraded_message) = match phase {
-        PlanPhase::Failed => (true, "RollbackFailed", message.to_string()),
-        PlanPhase::RolledBack | PlanPhase::RollingBack => (
-            true,
-            "RolledBack",
-            "a component failed; the plan was rolled back".into(),
-        ),
-        _ if !failed.is_empty() => (
-            true,
-            "ComponentFailed",
-            format!("failed: {}", failed.join(", ")),
-        ),
-        _ => (false, "AsExpected", String::new()),
-    };
-    set(
-        &mut st,
-        conditions::DEGRADED,
-        degraded,
-        degraded_reason,
-        &degraded_message,
-        generation,
-        at,
-    );
-
-    if old_phase != Some(phase) {
-        let note = match phase {
-            PlanPhase::Succeeded => Some((false, "PlanSucceeded")),
-            PlanPhase::RolledBack => Some((true, "PlanRolledBack")),
-            PlanPhase::Failed => Some((true, "PlanFailed")),
-            PlanPhase::Paused => Some((reason == "ComponentFailed", "PlanPaused")),
-            PlanPhase::WaitingApproval => Some((false, "WaitingApproval")),
-            PlanPhase::WaitingWindow => Some((false, "WaitingWindow")),
-            PlanPhase::Progressing => match old_phase {
-                None | Some(PlanPhase::Pending) => Some((false, "PlanStarted")),
-                Some(PlanPhase::WaitingApproval) => Some((false, "WaveApproved")),
-                Some(PlanPhase::WaitingWindow) => Some((false, "WindowOpened")),
-                Some(_) => Some((false, "PlanResumed")),
-            },
-            PlanPhase::Pending | PlanPhase::RollingBack => None,
-        };
-        if let Some((warning, reason)) = note {
-            notes.push(Note {
-                warning,
-                reason,
-                action: "Upgrade",
-                message: message.to_string(),
-            });
-        }
-    }
-    Outcome {
-        status: st,
-        notes,
-        finished,
-        recheck_after,
     }
 }
 
