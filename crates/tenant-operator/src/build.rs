@@ -9,6 +9,7 @@
 //! Every object carries the label `tenancy.steward.dev/tenant=<tenant>`.
 
 use std::collections::BTreeMap;
+use std::sync::Arc;
 
 use k8s_openapi::api::core::v1::{
     ConfigMap, LimitRange, LimitRangeItem, LimitRangeSpec, Namespace, ResourceQuota,
@@ -28,7 +29,7 @@ use kube::ResourceExt;
 
 use crate::crd::{
     ADMITTED_LABEL, ADOPTED_LABEL, CORDONED_LABEL, DECLARED_LABEL, GROUP, POD_SECURITY_LABEL,
-    QuantityValue, SOURCE_ANNOTATION, SubjectKind, TENANT_LABEL, Tenant,
+    QuantityValue, SOURCE_ANNOTATION, SharedKind, SharedObject, SubjectKind, TENANT_LABEL, Tenant,
 };
 use crate::quantity::Milli;
 
@@ -474,6 +475,82 @@ pub fn shared_config_map(tenant: &Tenant, namespace: &str, source: &ConfigMap) -
     }
 }
 
+/// The source of a shared object, as the operator's cache holds it.
+pub enum Source {
+    /// A shared Secret.
+    Secret(Arc<Secret>),
+    /// A shared ConfigMap.
+    ConfigMap(Arc<ConfigMap>),
+}
+
+/// A tenant's copy of a shared object.
+pub enum SharedCopy {
+    /// A copy of a shared Secret.
+    Secret(Secret),
+    /// A copy of a shared ConfigMap.
+    ConfigMap(ConfigMap),
+}
+
+/// What a tenant wants in one of its namespaces besides its ResourceQuota
+/// [`QUOTA_NAME`] (which is split across namespaces, see [`crate::quota`]), per kind.
+/// Applied limits and isolation first, admission parameters before access, access last.
+#[derive(Default)]
+pub struct NamespaceChildren {
+    /// The spec's additional ResourceQuotas.
+    pub quotas: Vec<ResourceQuota>,
+    /// The LimitRange, if the spec asks for defaults or limits.
+    pub limit_ranges: Vec<LimitRange>,
+    /// The isolating NetworkPolicy and the spec's additional ones.
+    pub network_policies: Vec<NetworkPolicy>,
+    /// The parameters of the tenant's admission policies.
+    pub policy_params: Vec<ConfigMap>,
+    /// Copies of the shared objects whose source exists (not in the source's namespace).
+    pub copies: Vec<SharedCopy>,
+    /// The shared objects whose source was not found, as `Kind namespace/name`.
+    pub missing_sources: Vec<String>,
+    /// The owners' and other subjects' RoleBindings.
+    pub role_bindings: Vec<RoleBinding>,
+}
+
+/// Everything `tenant` wants in namespace `namespace` besides its split ResourceQuota;
+/// `source` finds a shared object's source.
+pub fn namespace_children(
+    tenant: &Tenant,
+    namespace: &str,
+    settings: &Settings,
+    source: impl Fn(&SharedObject) -> Option<Source>,
+) -> NamespaceChildren {
+    let mut wanted = NamespaceChildren {
+        quotas: additional_quotas(tenant, namespace),
+        limit_ranges: limit_range(tenant, namespace).into_iter().collect(),
+        network_policies: network_policy(tenant, namespace)
+            .into_iter()
+            .chain(additional_network_policies(tenant, namespace))
+            .collect(),
+        policy_params: policy_params(tenant, namespace).into_iter().collect(),
+        role_bindings: role_bindings(tenant, namespace, settings),
+        ..Default::default()
+    };
+    for shared in &tenant.spec.shared_objects {
+        if shared.namespace == namespace {
+            continue;
+        }
+        match (shared.kind, source(shared)) {
+            (SharedKind::Secret, Some(Source::Secret(src))) => wanted
+                .copies
+                .push(SharedCopy::Secret(shared_secret(tenant, namespace, &src))),
+            (SharedKind::ConfigMap, Some(Source::ConfigMap(src))) => wanted.copies.push(
+                SharedCopy::ConfigMap(shared_config_map(tenant, namespace, &src)),
+            ),
+            _ => wanted.missing_sources.push(format!(
+                "{:?} {}/{}",
+                shared.kind, shared.namespace, shared.name
+            )),
+        }
+    }
+    wanted
+}
+
 #[cfg(test)]
 #[allow(clippy::unwrap_used)]
 pub(crate) mod tests {
@@ -787,6 +864,49 @@ pub(crate) mod tests {
                 .contains_key("tenancy.steward.dev/shareable"),
             "copies are not sources"
         );
+    }
+
+    #[test]
+    fn a_namespace_wants_its_isolation_and_access_and_copies_of_found_sources_only() {
+        let shared = |kind, namespace: &str, name: &str| SharedObject {
+            kind,
+            namespace: namespace.into(),
+            name: name.into(),
+        };
+        let t = TenantFixture::new("acme")
+            .owner_user("alice")
+            .spec(|s| {
+                s.shared_objects = vec![
+                    shared(SharedKind::Secret, "shared", "registry"),
+                    shared(SharedKind::ConfigMap, "shared", "gone"),
+                    shared(SharedKind::ConfigMap, "acme-dev", "local"),
+                ];
+            })
+            .build();
+        let mut registry = Secret::default();
+        registry.metadata.name = Some("registry".into());
+        registry.metadata.namespace = Some("shared".into());
+        let registry = Arc::new(registry);
+        let wanted = namespace_children(&t, "acme-dev", &settings(), |s| {
+            (s.name == "registry").then(|| Source::Secret(registry.clone()))
+        });
+        assert_eq!(wanted.network_policies.len(), 1, "the isolating policy");
+        assert_eq!(wanted.role_bindings.len(), 1, "alice's binding");
+        assert!(wanted.limit_ranges.is_empty() && wanted.quotas.is_empty());
+        let copies: Vec<String> = wanted
+            .copies
+            .iter()
+            .map(|c| match c {
+                SharedCopy::Secret(s) => format!("Secret {}", s.name_any()),
+                SharedCopy::ConfigMap(c) => format!("ConfigMap {}", c.name_any()),
+            })
+            .collect();
+        assert_eq!(
+            copies,
+            ["Secret registry"],
+            "no copy into the source's namespace"
+        );
+        assert_eq!(wanted.missing_sources, ["ConfigMap shared/gone"]);
     }
 
     #[test]

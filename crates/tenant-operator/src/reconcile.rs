@@ -23,9 +23,11 @@ use steward_core::apply::{Children, OWNER_LABEL, Outcome, ScopeApi, is_conflict}
 use steward_core::finalizer::{self, Event};
 use steward_core::{Context, ReconcileError};
 
-use crate::build::{self, QUOTA_NAME};
+use crate::build::{self, QUOTA_NAME, SharedCopy, Source};
 use crate::controller::State;
-use crate::crd::{FINALIZER, NamespaceDeletionPolicy, SharedKind, TENANT_LABEL, Tenant};
+use crate::crd::{
+    FINALIZER, NamespaceDeletionPolicy, SharedKind, SharedObject, TENANT_LABEL, Tenant,
+};
 use crate::namespaces::{self, Existing};
 use crate::quantity::Milli;
 use crate::quota;
@@ -226,6 +228,9 @@ fn admitted_before(stores: &crate::controller::Stores, mut e: Existing) -> Exist
     e
 }
 
+/// Validate, then apply in order: the namespaces, the owners' cluster-scoped access, the
+/// quotas (so no namespace is usable before it is limited), each namespace's children (access
+/// last), and prune what the tenant no longer wants.
 async fn converge(
     tenant: &Arc<Tenant>,
     ctx: &Context<State>,
@@ -237,10 +242,164 @@ async fn converge(
     let name = tenant.name_any();
     let uid = tenant.uid().unwrap_or_default();
     let stores = &ctx.data.stores;
-    let client = &ctx.client;
     let children = ctx.children(tenant.as_ref());
-    let ns_children = children.clone().without_owner_reference();
 
+    let Namespaces {
+        active,
+        terminating,
+    } = converge_namespaces(tenant, ctx, obs).await?;
+    tracing::debug!(tenant = %name, namespaces = ?active, "namespaces applied");
+
+    // Per tenant: the owners' ClusterRole and ClusterRoleBinding.
+    ensure_child(
+        &children,
+        &stores.cluster_roles,
+        build::owner_cluster_role(tenant, &active),
+    )
+    .await?;
+    ensure_child(
+        &children,
+        &stores.cluster_role_bindings,
+        build::owner_cluster_role_binding(tenant),
+    )
+    .await?;
+
+    let mut keep = Keep::default();
+    let Some(mut soon) = converge_quotas(tenant, ctx, &spec, &active, &mut keep, obs).await? else {
+        // Usage changed since the list: plan again with fresh numbers. Nothing else is
+        // applied meanwhile, so no namespace is reachable without its quota.
+        return Ok(Action::requeue(Duration::from_millis(200)));
+    };
+    tracing::debug!(tenant = %name, "quotas applied");
+
+    let mut missing_sources = BTreeSet::new();
+    let mut taken = BTreeSet::new();
+    for ns in &active {
+        let wanted = build::namespace_children(tenant, ns, &ctx.data.settings, |shared| {
+            source(stores, shared)
+        });
+        ensure_all(&children, &stores.quotas, wanted.quotas, &mut keep.quotas).await?;
+        ensure_all(
+            &children,
+            &stores.limit_ranges,
+            wanted.limit_ranges,
+            &mut keep.limit_ranges,
+        )
+        .await?;
+        ensure_all(
+            &children,
+            &stores.network_policies,
+            wanted.network_policies,
+            &mut keep.network_policies,
+        )
+        .await?;
+        // Before access: the owners never see the namespace without its admission rules.
+        ensure_all(
+            &children,
+            &stores.config_maps,
+            wanted.policy_params,
+            &mut keep.config_maps,
+        )
+        .await?;
+        missing_sources.extend(wanted.missing_sources);
+        for shared in wanted.copies {
+            let (kind, copy_name, in_place) = match shared {
+                SharedCopy::Secret(s) => {
+                    let n = s.name_any();
+                    let ok = copy(&ctx.client, &children, &uid, &stores.secrets, s).await?;
+                    if ok {
+                        keep.secrets.insert((ns.clone(), n.clone()));
+                    }
+                    ("Secret", n, ok)
+                }
+                SharedCopy::ConfigMap(c) => {
+                    let n = c.name_any();
+                    let ok = copy(&ctx.client, &children, &uid, &stores.config_maps, c).await?;
+                    if ok {
+                        keep.config_maps.insert((ns.clone(), n.clone()));
+                    }
+                    ("ConfigMap", n, ok)
+                }
+            };
+            if !in_place {
+                taken.insert(format!("{kind} {ns}/{copy_name}"));
+            }
+        }
+        // Access last, and only once the namespace's quotas are enforced: until the quota
+        // controller has copied a ResourceQuota's limits into `status.hard`, the API server
+        // admits anything, so an owner bound earlier could create unquoted objects.
+        let enforced = quotas_enforced(&stores.quotas, &keep.quotas, ns);
+        let (bind, wait): (Vec<_>, Vec<_>) = wanted.role_bindings.into_iter().partition(|rb| {
+            enforced
+                || stores
+                    .role_bindings
+                    .get(&ObjectRef::new(&rb.name_any()).within(ns))
+                    .is_some()
+        });
+        keep.role_bindings
+            .extend(wait.iter().map(|rb| (ns.clone(), rb.name_any())));
+        ensure_all(
+            &children,
+            &stores.role_bindings,
+            bind,
+            &mut keep.role_bindings,
+        )
+        .await?;
+        if !wait.is_empty() {
+            soon = true;
+            obs.problems.push(Problem {
+                reason: "WaitingForQuota",
+                message: format!(
+                    "owners get access to namespace {ns} once its ResourceQuotas are enforced"
+                ),
+            });
+        }
+    }
+    if !missing_sources.is_empty() {
+        obs.problems.push(Problem {
+            reason: "SharedObjectMissing",
+            message: format!(
+                "{} not found (a source must carry the label tenancy.steward.dev/shareable=true)",
+                missing_sources.into_iter().collect::<Vec<_>>().join(", ")
+            ),
+        });
+    }
+    if !taken.is_empty() {
+        obs.problems.push(Problem {
+            reason: "SharedObjectConflict",
+            message: format!(
+                "{} already exist and are not the tenant's copies",
+                taken.into_iter().collect::<Vec<_>>().join(", ")
+            ),
+        });
+    }
+    tracing::debug!(tenant = %name, "children applied");
+
+    let cluster_keep = [(String::new(), build::owner_cluster_object_name(tenant))].into();
+    keep.prune(&children, stores, &uid, &cluster_keep, &terminating)
+        .await?;
+    Ok(Action::requeue(if soon { SOON } else { ctx.data.resync }))
+}
+
+/// The namespaces a tenant has after [`converge_namespaces`].
+struct Namespaces {
+    /// Its namespaces that are not being deleted: where its children go.
+    active: Vec<String>,
+    /// Its namespaces being deleted: their children are not pruned (they go with them).
+    terminating: BTreeSet<String>,
+}
+
+/// Decides which namespaces the tenant has ([`namespaces::plan`]), creates, adopts, applies,
+/// refuses, releases or deletes them accordingly, and records the problems in `obs`.
+async fn converge_namespaces(
+    tenant: &Arc<Tenant>,
+    ctx: &Context<State>,
+    obs: &mut Observation,
+) -> Result<Namespaces, Error> {
+    let name = tenant.name_any();
+    let stores = &ctx.data.stores;
+    let client = &ctx.client;
+    let ns_children = ctx.children(tenant.as_ref()).without_owner_reference();
     // Namespaces. The store holds only labelled ones: a listed name it lacks is read, so an
     // existing namespace is never taken without the adoption annotation.
     let max = tenant
@@ -412,24 +571,35 @@ async fn converge(
         .map(|w| w.name.clone())
         .collect();
     let active = plan.active();
-    tracing::debug!(tenant = %name, namespaces = ?active, "namespaces applied");
     obs.namespaces = active.clone();
-    let terminating: BTreeSet<String> = labelled
+    let terminating = labelled
         .iter()
         .filter(|e| e.terminating)
         .map(|e| e.name.clone())
         .collect();
+    Ok(Namespaces {
+        active,
+        terminating,
+    })
+}
 
-    // Per tenant: the owners' ClusterRole and ClusterRoleBinding.
-    let role = build::owner_cluster_role(tenant, &active);
-    let binding = build::owner_cluster_role_binding(tenant);
-    let cluster_keep: BTreeSet<(String, String)> =
-        [(String::new(), build::owner_cluster_object_name(tenant))].into();
-    ensure_child(&children, &stores.cluster_roles, role).await?;
-    ensure_child(&children, &stores.cluster_role_bindings, binding).await?;
-
-    // Quotas first, so no namespace is usable before it is limited.
-    let mut keep: Keep = Keep::default();
+/// Applies the tenant's ResourceQuota [`QUOTA_NAME`] in each active namespace: the
+/// per-namespace limits, with a tenant-wide quota split across namespaces ([`quota::plan`])
+/// from a consistent read of their usage, lowered limits before raised ones. `Some(soon)`:
+/// applied, and whether a split waits for the quota controller; `None`: a quota changed
+/// since it was read (the split must be planned again).
+async fn converge_quotas(
+    tenant: &Tenant,
+    ctx: &Context<State>,
+    spec: &validate::Validated,
+    active: &[String],
+    keep: &mut Keep,
+    obs: &mut Observation,
+) -> Result<Option<bool>, Error> {
+    let name = tenant.name_any();
+    let stores = &ctx.data.stores;
+    let client = &ctx.client;
+    let children = ctx.children(tenant);
     let mut soon = false;
     if !spec.tenant.is_empty() || !spec.per_namespace.is_empty() {
         let current: BTreeMap<String, ResourceQuota> = if spec.tenant.is_empty() {
@@ -490,10 +660,8 @@ async fn converge(
             match result {
                 Ok(_) => {}
                 Err(e) if is_conflict(&e) => {
-                    // Usage changed since the list: plan again with fresh numbers. Nothing else
-                    // is applied meanwhile, so no namespace is reachable without its quota.
                     tracing::debug!(namespace = %ns, "ResourceQuota changed while splitting the tenant quota; retrying");
-                    return Ok(Action::requeue(Duration::from_millis(200)));
+                    return Ok(None);
                 }
                 Err(source) => {
                     return Err(Error::ApplyQuota {
@@ -505,202 +673,7 @@ async fn converge(
         }
     }
 
-    tracing::debug!(tenant = %name, "quotas applied");
-    // Per namespace: limits, isolation, shared copies, and last, access.
-    let mut missing_sources = BTreeSet::new();
-    let mut taken = BTreeSet::new();
-    for ns in &active {
-        for rq in build::additional_quotas(tenant, ns) {
-            keep.quotas.insert((ns.clone(), rq.name_any()));
-            ensure_child(&children, &stores.quotas, rq).await?;
-        }
-        if let Some(lr) = build::limit_range(tenant, ns) {
-            keep.limit_ranges.insert((ns.clone(), lr.name_any()));
-            ensure_child(&children, &stores.limit_ranges, lr).await?;
-        }
-        // The isolating policy and the tenant's own.
-        for np in build::network_policy(tenant, ns)
-            .into_iter()
-            .chain(build::additional_network_policies(tenant, ns))
-        {
-            keep.network_policies.insert((ns.clone(), np.name_any()));
-            ensure_child(&children, &stores.network_policies, np).await?;
-        }
-        // Before access: the owners never see the namespace without its admission rules.
-        if let Some(params) = build::policy_params(tenant, ns) {
-            keep.config_maps.insert((ns.clone(), params.name_any()));
-            ensure_child(&children, &stores.config_maps, params).await?;
-        }
-        for shared in &tenant.spec.shared_objects {
-            if &shared.namespace == ns {
-                continue;
-            }
-            let source_ref = |n: &str| format!("{}/{n}", shared.namespace);
-            let copied = match shared.kind {
-                SharedKind::Secret => {
-                    let source = stores
-                        .source_secrets
-                        .get(&ObjectRef::new(&shared.name).within(&shared.namespace));
-                    match source {
-                        None => None,
-                        Some(src) => Some(
-                            copy(
-                                client,
-                                &children,
-                                &uid,
-                                &stores.secrets,
-                                build::shared_secret(tenant, ns, &src),
-                            )
-                            .await?,
-                        ),
-                    }
-                }
-                SharedKind::ConfigMap => {
-                    let source = stores
-                        .source_config_maps
-                        .get(&ObjectRef::new(&shared.name).within(&shared.namespace));
-                    match source {
-                        None => None,
-                        Some(src) => Some(
-                            copy(
-                                client,
-                                &children,
-                                &uid,
-                                &stores.config_maps,
-                                build::shared_config_map(tenant, ns, &src),
-                            )
-                            .await?,
-                        ),
-                    }
-                }
-            };
-            match copied {
-                None => {
-                    missing_sources.insert(format!(
-                        "{:?} {}",
-                        shared.kind,
-                        source_ref(&shared.name)
-                    ));
-                }
-                Some(false) => {
-                    taken.insert(format!("{:?} {ns}/{}", shared.kind, shared.name));
-                }
-                Some(true) => {
-                    let k = (ns.clone(), shared.name.clone());
-                    match shared.kind {
-                        SharedKind::Secret => keep.secrets.insert(k),
-                        SharedKind::ConfigMap => keep.config_maps.insert(k),
-                    };
-                }
-            }
-        }
-        // Access last, and only once the namespace's quotas are enforced: until the quota
-        // controller has copied a ResourceQuota's limits into `status.hard`, the API server
-        // admits anything, so an owner bound earlier could create unquoted objects.
-        let enforced = quotas_enforced(&stores.quotas, &keep.quotas, ns);
-        let mut waiting = false;
-        for rb in build::role_bindings(tenant, ns, &ctx.data.settings) {
-            keep.role_bindings.insert((ns.clone(), rb.name_any()));
-            let exists = stores
-                .role_bindings
-                .get(&ObjectRef::new(&rb.name_any()).within(ns))
-                .is_some();
-            if !enforced && !exists {
-                waiting = true;
-                continue;
-            }
-            ensure_child(&children, &stores.role_bindings, rb).await?;
-        }
-        if waiting {
-            soon = true;
-            obs.problems.push(Problem {
-                reason: "WaitingForQuota",
-                message: format!(
-                    "owners get access to namespace {ns} once its ResourceQuotas are enforced"
-                ),
-            });
-        }
-    }
-    if !missing_sources.is_empty() {
-        obs.problems.push(Problem {
-            reason: "SharedObjectMissing",
-            message: format!(
-                "{} not found (a source must carry the label tenancy.steward.dev/shareable=true)",
-                missing_sources.into_iter().collect::<Vec<_>>().join(", ")
-            ),
-        });
-    }
-    if !taken.is_empty() {
-        obs.problems.push(Problem {
-            reason: "SharedObjectConflict",
-            message: format!(
-                "{} already exist and are not the tenant's copies",
-                taken.into_iter().collect::<Vec<_>>().join(", ")
-            ),
-        });
-    }
-
-    tracing::debug!(tenant = %name, "children applied");
-    // Whatever the tenant no longer wants.
-    prune(&children, &stores.quotas, &uid, &keep.quotas, &terminating).await?;
-    prune(
-        &children,
-        &stores.limit_ranges,
-        &uid,
-        &keep.limit_ranges,
-        &terminating,
-    )
-    .await?;
-    prune(
-        &children,
-        &stores.network_policies,
-        &uid,
-        &keep.network_policies,
-        &terminating,
-    )
-    .await?;
-    prune(
-        &children,
-        &stores.role_bindings,
-        &uid,
-        &keep.role_bindings,
-        &terminating,
-    )
-    .await?;
-    prune(
-        &children,
-        &stores.secrets,
-        &uid,
-        &keep.secrets,
-        &terminating,
-    )
-    .await?;
-    prune(
-        &children,
-        &stores.config_maps,
-        &uid,
-        &keep.config_maps,
-        &terminating,
-    )
-    .await?;
-    prune(
-        &children,
-        &stores.cluster_roles,
-        &uid,
-        &cluster_keep,
-        &terminating,
-    )
-    .await?;
-    prune(
-        &children,
-        &stores.cluster_role_bindings,
-        &uid,
-        &cluster_keep,
-        &terminating,
-    )
-    .await?;
-
-    Ok(Action::requeue(if soon { SOON } else { ctx.data.resync }))
+    Ok(Some(soon))
 }
 
 /// The children to keep, per kind, as `(namespace, name)`.
@@ -839,6 +812,96 @@ where
             source,
         })?;
     Ok(true)
+}
+
+/// [`ensure_child`] for each of `desired`, each recorded in `keep`.
+async fn ensure_all<K>(
+    children: &Children,
+    store: &Store<K>,
+    desired: Vec<K>,
+    keep: &mut BTreeSet<(String, String)>,
+) -> Result<(), Error>
+where
+    K: Resource<DynamicType = ()> + Clone + Serialize + DeserializeOwned + Debug,
+    K::Scope: ScopeApi,
+{
+    for obj in desired {
+        keep.insert((obj.namespace().unwrap_or_default(), obj.name_any()));
+        ensure_child(children, store, obj).await?;
+    }
+    Ok(())
+}
+
+/// The cached source of a shared object (only shareable sources are cached).
+fn source(stores: &crate::controller::Stores, shared: &SharedObject) -> Option<Source> {
+    let (name, namespace) = (&shared.name, &shared.namespace);
+    match shared.kind {
+        SharedKind::Secret => stores
+            .source_secrets
+            .get(&ObjectRef::new(name).within(namespace))
+            .map(Source::Secret),
+        SharedKind::ConfigMap => stores
+            .source_config_maps
+            .get(&ObjectRef::new(name).within(namespace))
+            .map(Source::ConfigMap),
+    }
+}
+
+impl Keep {
+    /// Deletes the tenant's children of every kind that are not kept; `cluster`: the
+    /// cluster-scoped ones to keep.
+    async fn prune(
+        &self,
+        children: &Children,
+        stores: &crate::controller::Stores,
+        uid: &str,
+        cluster: &BTreeSet<(String, String)>,
+        terminating: &BTreeSet<String>,
+    ) -> Result<(), Error> {
+        prune(children, &stores.quotas, uid, &self.quotas, terminating).await?;
+        prune(
+            children,
+            &stores.limit_ranges,
+            uid,
+            &self.limit_ranges,
+            terminating,
+        )
+        .await?;
+        prune(
+            children,
+            &stores.network_policies,
+            uid,
+            &self.network_policies,
+            terminating,
+        )
+        .await?;
+        prune(
+            children,
+            &stores.role_bindings,
+            uid,
+            &self.role_bindings,
+            terminating,
+        )
+        .await?;
+        prune(children, &stores.secrets, uid, &self.secrets, terminating).await?;
+        prune(
+            children,
+            &stores.config_maps,
+            uid,
+            &self.config_maps,
+            terminating,
+        )
+        .await?;
+        prune(children, &stores.cluster_roles, uid, cluster, terminating).await?;
+        prune(
+            children,
+            &stores.cluster_role_bindings,
+            uid,
+            cluster,
+            terminating,
+        )
+        .await
+    }
 }
 
 /// Deletes this tenant's children of one kind that are not in `keep` (skipping those in
