@@ -15,7 +15,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
-use database_operator::api::{
+use database_operator::crd::{
     Database, DatabaseRole, DatabaseRoleSpec, DatabaseSpec, DeletionPolicy, ExternalServer,
     LocalRef, Privileges,
 };

@@ -10,7 +10,7 @@ use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use database_operator::api::{
+use database_operator::crd::{
     Database, DatabaseRole, DatabaseRoleSpec, DatabaseSpec, DeletionPolicy, Ensure, ExtensionSpec,
     ExternalServer, LocalRef, PostgresCluster, Privileges, ROTATE_ANNOTATION, SchemaSpec,
 };
@@ -1456,7 +1456,7 @@ async fn cleanup_blocked_by_owned_objects_explains_and_retries() {
         let r = roles.get("blocker").await.map_err(|e| e.to_string())?;
         let s = r.status.unwrap_or_default();
         match (condition(&s.conditions, "Ready"), s.phase) {
-            (Some((st, reason, msg)), Some(database_operator::api::ResourcePhase::Deleting))
+            (Some((st, reason, msg)), Some(database_operator::crd::ResourcePhase::Deleting))
                 if st == "False" && reason == "SqlFailed" =>
             {
                 Ok(msg)
@@ -1655,7 +1655,7 @@ async fn server_down_during_delete_keeps_the_object_and_explains() {
             (
                 Some((st, reason, msg)),
                 Some((r, _, _)),
-                Some(database_operator::api::ResourcePhase::Deleting),
+                Some(database_operator::crd::ResourcePhase::Deleting),
             ) if st == "False" && r == "False" => Ok((reason, msg)),
             other => Err(format!("{other:?}")),
         }
@@ -2355,7 +2355,7 @@ async fn sql_is_sent_only_while_leading_and_bounded_below_the_renew_deadline() {
     let server = pg::Server {
         host: "127.0.0.1".into(),
         port: pg_server.port(),
-        ssl_mode: database_operator::api::SslMode::Disable,
+        ssl_mode: database_operator::crd::SslMode::Disable,
         ca_pem: None,
         admin_user: pg_server.superuser().into(),
         admin_password: database_operator::password::Password::from_existing(

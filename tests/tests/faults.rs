@@ -16,7 +16,7 @@
 use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
 
-use database_operator::api::{Database, DatabaseSpec, DeletionPolicy, ExternalServer};
+use database_operator::crd::{Database, DatabaseSpec, DeletionPolicy, ExternalServer};
 use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::api::core::v1::{Namespace, ResourceQuota, Secret};
 use kube::api::{Api, ListParams, Patch, PatchParams, PostParams};

@@ -383,7 +383,7 @@ async fn status_shows_what_the_operators_report_and_actions_write_what_they_watc
             .metadata
             .annotations
             .unwrap_or_default()
-            .get(database_operator::api::ROTATE_ANNOTATION)
+            .get(database_operator::crd::ROTATE_ANNOTATION)
             .cloned()
     };
     let (ok, _, err) = kubectl(cp, &dir, &["steward", "rotate", "reader", "-n", &ns]);

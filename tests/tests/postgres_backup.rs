@@ -28,7 +28,7 @@ async fn completed_backup(
     cluster: &Cluster,
     name: &str,
 ) -> steward_pg_instance::contract::BackupRun {
-    use database_operator::api::PostgresBackup;
+    use database_operator::crd::PostgresBackup;
     use steward_pg_instance::contract::BackupPhase;
     let backups: Api<PostgresBackup> = Api::namespaced(cluster.client.clone(), &cluster.ns);
     let done = eventually(&format!("PostgresBackup {name} completed"), WAIT, || {
@@ -74,7 +74,7 @@ async fn create_backup(cluster: &Cluster, name: &str, of: &str) {
 /// without `spec.backup` fails saying why.
 #[tokio::test]
 async fn postgres_cluster_backs_up_to_object_storage_and_restores_to_a_point_in_time() {
-    use database_operator::api::PostgresBackup;
+    use database_operator::crd::PostgresBackup;
     use steward_pg_instance::archive::{Store, StoreConfig};
     use steward_pg_instance::contract::BackupPhase;
 
@@ -845,7 +845,7 @@ async fn kill_primary(cluster: &Cluster, old: &str) -> String {
 
 /// The status of PostgresBackup `name` once it is `Failed`.
 async fn failed_backup(cluster: &Cluster, name: &str) -> steward_pg_instance::contract::BackupRun {
-    use database_operator::api::PostgresBackup;
+    use database_operator::crd::PostgresBackup;
     use steward_pg_instance::contract::BackupPhase;
     let backups: Api<PostgresBackup> = Api::namespaced(cluster.client.clone(), &cluster.ns);
     let failed = eventually(&format!("PostgresBackup {name} failed"), WAIT, || {

@@ -921,9 +921,9 @@ async fn a_database_on_a_cluster_is_created_by_the_operator_pod_over_verify_full
         .unwrap_or_else(|e| panic!("{e}"));
     cluster.create(json!({})).await;
 
-    let databases: Api<database_operator::api::Database> =
+    let databases: Api<database_operator::crd::Database> =
         Api::namespaced(cluster.client.clone(), &cluster.ns);
-    let database: database_operator::api::Database = serde_json::from_value(json!({
+    let database: database_operator::crd::Database = serde_json::from_value(json!({
         "apiVersion": "database.steward.dev/v1alpha1", "kind": "Database",
         "metadata": {"name": "app"},
         "spec": {"clusterRef": {"name": "pg"}, "name": "app", "owner": "app_owner",

@@ -119,8 +119,8 @@ const FILES: [(&str, &str); 9] = [
         include_str!("../templates/operator/lib.rs.tmpl"),
     ),
     (
-        "crates/__name__/src/api.rs",
-        include_str!("../templates/operator/api.rs.tmpl"),
+        "crates/__name__/src/crd.rs",
+        include_str!("../templates/operator/crd.rs.tmpl"),
     ),
     (
         "crates/__name__/src/reconcile.rs",

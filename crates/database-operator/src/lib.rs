@@ -1,7 +1,7 @@
 //! database-operator: PostgreSQL on Kubernetes, built on steward-core.
 //!
-//! Start with [`api`] (the custom resources: [`api::PostgresCluster`], [`api::Database`],
-//! [`api::DatabaseRole`]) and [`register`] (the three controllers). Each controller is a
+//! Start with [`crd`] (the custom resources: [`crd::PostgresCluster`], [`crd::Database`],
+//! [`crd::DatabaseRole`]) and [`register`] (the three controllers). Each controller is a
 //! module with a `reconcile` that validates, builds with pure functions, applies and writes
 //! status once:
 //!
@@ -20,8 +20,8 @@
 #![forbid(unsafe_code)]
 #![cfg_attr(test, allow(clippy::unwrap_used))]
 
-pub mod api;
 pub mod cluster;
+pub mod crd;
 pub mod database;
 mod error;
 pub mod ident;
@@ -32,13 +32,14 @@ pub mod pg;
 pub mod role;
 pub mod server;
 pub mod sql;
+pub mod status;
 
 use std::time::Duration;
 
 use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
 use kube::CustomResourceExt;
 
-pub use api::{
+pub use crd::{
     Database, DatabaseRole, DatabaseRoleSpec, DatabaseSpec, PostgresBackup, PostgresBackupSpec,
     PostgresCluster, PostgresClusterSpec, PostgresClusterStatus,
 };
@@ -50,10 +51,10 @@ pub const NAME: &str = "database-operator";
 /// Every CustomResourceDefinition this operator owns, for `cargo xtask crdgen`.
 pub fn crds() -> Vec<CustomResourceDefinition> {
     vec![
-        api::PostgresCluster::crd(),
-        api::PostgresBackup::crd(),
-        api::Database::crd(),
-        api::DatabaseRole::crd(),
+        crd::PostgresCluster::crd(),
+        crd::PostgresBackup::crd(),
+        crd::Database::crd(),
+        crd::DatabaseRole::crd(),
     ]
 }
 

@@ -215,12 +215,12 @@ async fn resource_exists(client: &kube::Client, m: &Marker) -> Result<bool, crat
         source,
     };
     let uid = match m.kind.as_str() {
-        "Database" => Api::<crate::api::Database>::namespaced(client.clone(), &m.namespace)
+        "Database" => Api::<crate::crd::Database>::namespaced(client.clone(), &m.namespace)
             .get_opt(&m.name)
             .await
             .map_err(read)?
             .and_then(|o| o.uid()),
-        "DatabaseRole" => Api::<crate::api::DatabaseRole>::namespaced(client.clone(), &m.namespace)
+        "DatabaseRole" => Api::<crate::crd::DatabaseRole>::namespaced(client.clone(), &m.namespace)
             .get_opt(&m.name)
             .await
             .map_err(read)?
@@ -229,6 +229,46 @@ async fn resource_exists(client: &kube::Client, m: &Marker) -> Result<bool, crat
         _ => return Ok(true),
     };
     Ok(uid.as_deref() == Some(m.uid.as_str()))
+}
+
+/// Refuses to write Secret `existing` unless this operator created it for `owner`: it carries
+/// the owner's UID label ([`steward_core::apply::OWNER_LABEL`]), or, when `same_name_label`
+/// names a label and value, it is one this operator made for an earlier object of the same
+/// name (a superuser Secret retained with its volumes). A user's Secret that happens to have
+/// the name is never modified, adopted or garbage-collected.
+///
+/// # Errors
+/// [`crate::Error::SecretConflict`] naming the Secret.
+pub fn ensure_ours<K: kube::Resource>(
+    existing: Option<&k8s_openapi::api::core::v1::Secret>,
+    owner: &K,
+    same_name_label: Option<(&str, &str)>,
+) -> Result<(), crate::Error> {
+    use kube::ResourceExt;
+    let Some(secret) = existing else {
+        return Ok(());
+    };
+    let labels = secret.labels();
+    let uid = owner.meta().uid.as_deref().unwrap_or_default();
+    let ours = labels
+        .get(steward_core::apply::OWNER_LABEL)
+        .map(String::as_str)
+        == Some(uid);
+    let retained = labels
+        .get(steward_core::apply::MANAGED_BY_LABEL)
+        .map(String::as_str)
+        == Some(crate::NAME)
+        && same_name_label.is_some_and(|(k, v)| labels.get(k).map(String::as_str) == Some(v))
+        && secret.owner_references().is_empty();
+    if ours || retained {
+        Ok(())
+    } else {
+        Err(crate::Error::SecretConflict(format!(
+            "Secret {} already exists and was not created by this operator for {}; it was left untouched: delete or rename it, or rename this object",
+            secret.name_any(),
+            owner.name_any()
+        )))
+    }
 }
 
 #[cfg(test)]

@@ -14,7 +14,7 @@ use rustls::{DigitallySignedStruct, Error as TlsError, SignatureScheme};
 use steward_core::Leadership;
 use tokio_postgres::{Client, NoTls};
 
-use crate::api::SslMode;
+use crate::crd::SslMode;
 use crate::password::Password;
 
 /// How long connecting may take before the server counts as unreachable.

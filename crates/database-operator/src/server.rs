@@ -9,8 +9,8 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use kube::Api;
 
 use crate::Error;
-use crate::api::{DatabaseSpec, PostgresCluster, SslMode};
 use crate::cluster::build::{Names, PORT};
+use crate::crd::{DatabaseSpec, PostgresCluster, SslMode};
 use crate::password::Password;
 use crate::pg::Server;
 
@@ -240,102 +240,6 @@ fn encode(s: &str) -> String {
         }
     }
     out
-}
-
-/// The part of a Database's and a DatabaseRole's status that both share: `ServerReachable`
-/// from what the reconcile saw of the server (left as it was if it never got that far),
-/// `Ready` from the reconcile's result (`ready_message` on success), and the phase.
-pub(crate) fn server_status(
-    conds: &mut Vec<k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition>,
-    reachable: &Option<Result<(), String>>,
-    result: Result<(), &Error>,
-    deleting: bool,
-    ready_message: String,
-    generation: Option<i64>,
-) -> crate::api::ResourcePhase {
-    use crate::api::ResourcePhase;
-    use steward_core::ReconcileError;
-    use steward_core::conditions::{self, READY};
-    match reachable {
-        Some(Ok(())) => {
-            conditions::set(
-                conds,
-                crate::database::SERVER_REACHABLE,
-                true,
-                "Connected",
-                "connected and logged in",
-                generation,
-            );
-        }
-        Some(Err(why)) => {
-            conditions::set(
-                conds,
-                crate::database::SERVER_REACHABLE,
-                false,
-                "ServerUnreachable",
-                why.clone(),
-                generation,
-            );
-        }
-        None => {}
-    }
-    match &result {
-        Ok(()) => conditions::set(conds, READY, true, "Converged", ready_message, generation),
-        Err(e) => conditions::set(
-            conds,
-            READY,
-            false,
-            e.reason(),
-            steward_core::chain(*e),
-            generation,
-        ),
-    };
-    match (&result, deleting) {
-        (_, true) => ResourcePhase::Deleting,
-        (Ok(()), false) => ResourcePhase::Ready,
-        (Err(e), false) if e.is_permanent() => ResourcePhase::Failed,
-        (Err(_), false) => ResourcePhase::Pending,
-    }
-}
-
-/// Refuses to write Secret `existing` unless this operator created it for `owner`: it carries
-/// the owner's UID label ([`steward_core::apply::OWNER_LABEL`]), or, when `same_name_label`
-/// names a label and value, it is one this operator made for an earlier object of the same
-/// name (a superuser Secret retained with its volumes). A user's Secret that happens to have
-/// the name is never modified, adopted or garbage-collected.
-///
-/// # Errors
-/// [`Error::SecretConflict`] naming the Secret.
-pub fn ensure_ours<K: kube::Resource>(
-    existing: Option<&Secret>,
-    owner: &K,
-    same_name_label: Option<(&str, &str)>,
-) -> Result<(), Error> {
-    use kube::ResourceExt;
-    let Some(secret) = existing else {
-        return Ok(());
-    };
-    let labels = secret.labels();
-    let uid = owner.meta().uid.as_deref().unwrap_or_default();
-    let ours = labels
-        .get(steward_core::apply::OWNER_LABEL)
-        .map(String::as_str)
-        == Some(uid);
-    let retained = labels
-        .get(steward_core::apply::MANAGED_BY_LABEL)
-        .map(String::as_str)
-        == Some(crate::NAME)
-        && same_name_label.is_some_and(|(k, v)| labels.get(k).map(String::as_str) == Some(v))
-        && secret.owner_references().is_empty();
-    if ours || retained {
-        Ok(())
-    } else {
-        Err(Error::SecretConflict(format!(
-            "Secret {} already exists and was not created by this operator for {}; it was left untouched: delete or rename it, or rename this object",
-            secret.name_any(),
-            owner.name_any()
-        )))
-    }
 }
 
 #[cfg(test)]

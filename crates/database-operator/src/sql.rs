@@ -9,7 +9,7 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 
-use crate::api::{Ensure, ExtensionSpec, Privileges, SchemaSpec};
+use crate::crd::{Ensure, ExtensionSpec, Privileges, SchemaSpec};
 use crate::ident::{quote_ident as qi, quote_literal};
 use crate::password::{self, Password};
 

@@ -3,8 +3,8 @@
 //! it, to the annotation the operator watches otherwise. When the action does not apply,
 //! nothing is written and the error says why.
 
-use database_operator::api::ROTATE_ANNOTATION;
 use database_operator::cluster::SWITCHOVER_ANNOTATION;
+use database_operator::crd::ROTATE_ANNOTATION;
 use database_operator::{
     DatabaseRole, PostgresBackup, PostgresBackupSpec, PostgresCluster, PostgresClusterStatus,
 };

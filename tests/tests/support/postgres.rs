@@ -8,7 +8,7 @@
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use database_operator::api::PostgresCluster;
+use database_operator::crd::PostgresCluster;
 use k8s_openapi::api::core::v1::{Pod, Secret, Service};
 use kube::api::Api;
 use kube::{Client, ResourceExt};
@@ -220,7 +220,7 @@ impl Cluster {
         Api::namespaced(self.client.clone(), &self.ns)
     }
 
-    pub(crate) async fn status(&self) -> database_operator::api::PostgresClusterStatus {
+    pub(crate) async fn status(&self) -> database_operator::crd::PostgresClusterStatus {
         self.clusters()
             .get("pg")
             .await
@@ -512,7 +512,7 @@ pub(crate) async fn gated_writer(
 pub(crate) async fn status_of(
     clusters: &Api<PostgresCluster>,
     name: &str,
-) -> Result<database_operator::api::PostgresClusterStatus, String> {
+) -> Result<database_operator::crd::PostgresClusterStatus, String> {
     let cluster = clusters.get(name).await.map_err(|e| e.to_string())?;
     Ok(cluster.status.unwrap_or_default())
 }

@@ -16,7 +16,7 @@ use kube::api::{Api, DeleteParams, ListParams, PostParams};
 use kube::{Resource, ResourceExt};
 use steward_pg_instance::contract::{Archiver, BackupPhase, InstanceStatus, STATUS_ANNOTATION};
 
-use crate::api::{ClusterBackupStatus, PostgresBackup, PostgresBackupSpec, PostgresCluster};
+use crate::crd::{ClusterBackupStatus, PostgresBackup, PostgresBackupSpec, PostgresCluster};
 use crate::error::Error;
 
 /// The condition on a cluster with `spec.backup`: WAL reaches the object store.

@@ -21,7 +21,7 @@ use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
 use kube::ResourceExt;
 use sha2::{Digest, Sha256};
 
-use crate::api::{DeletionPolicy, ObjectStore, PostgresCluster, Resources};
+use crate::crd::{DeletionPolicy, ObjectStore, PostgresCluster, Resources};
 use crate::password::Password;
 
 use steward_pg_instance::contract::{self as instance, BINARY, HTTP_PORT};
@@ -795,11 +795,11 @@ pub fn statefulset(
 }
 
 /// The state an instance manager published on `pod`, if any.
-pub fn instance_state(pod: &k8s_openapi::api::core::v1::Pod) -> Option<crate::api::InstanceState> {
+pub fn instance_state(pod: &k8s_openapi::api::core::v1::Pod) -> Option<crate::crd::InstanceState> {
     let report: instance::InstanceStatus =
         serde_json::from_str(pod.annotations().get(instance::STATUS_ANNOTATION)?).ok()?;
     let ready = instance::pod_ready(pod);
-    Some(crate::api::InstanceState {
+    Some(crate::crd::InstanceState {
         name: pod.name_any(),
         role: match report.role {
             instance::Role::Primary => PRIMARY,

@@ -14,7 +14,7 @@ use kube::ResourceExt;
 use kube::runtime::reflector::Store;
 use steward_core::metrics::{FromStore, Metrics, SampleLabels};
 
-use crate::api::PostgresCluster;
+use crate::crd::PostgresCluster;
 
 fn labels(cluster: &PostgresCluster) -> SampleLabels {
     vec![
@@ -181,8 +181,8 @@ mod tests {
                             "message": "", "lastTransitionTime": "2026-12-02T03:00:00Z"}],
             "backup": {"lastBaseBackup": "b", "lastBaseBackupTime": "2026-12-02T03:00:00Z"},
         }));
-        backed_up.spec.backup = Some(crate::api::ClusterBackup {
-            object_store: crate::api::ObjectStore {
+        backed_up.spec.backup = Some(crate::crd::ClusterBackup {
+            object_store: crate::crd::ObjectStore {
                 endpoint: "http://s3:9000".into(),
                 bucket: "b".into(),
                 path: "p".into(),

@@ -26,7 +26,7 @@ use kube::{Resource, ResourceExt};
 use steward_core::Context;
 use steward_core::apply::Children;
 
-use crate::api::PostgresCluster;
+use crate::crd::PostgresCluster;
 use crate::ident::{self, Kind};
 use crate::password::Password;
 use crate::{Error, State};
@@ -375,7 +375,7 @@ pub async fn reconcile(
                 cluster.meta().generation,
             );
             if decided.hold.as_ref().is_some_and(|h| h.instances == 0) {
-                status.phase = Some(crate::api::ClusterPhase::Upgrading);
+                status.phase = Some(crate::crd::ClusterPhase::Upgrading);
                 steward_core::conditions::set(
                     &mut status.conditions,
                     steward_core::conditions::READY,
@@ -388,7 +388,7 @@ pub async fn reconcile(
             if let Some(u) = decided
                 .status
                 .as_ref()
-                .filter(|u| u.phase == crate::api::MajorUpgradePhase::Completed)
+                .filter(|u| u.phase == crate::crd::MajorUpgradePhase::Completed)
             {
                 // The data is on the new major from now on, even before a pod reports it.
                 status.current_version = status.current_version.max(Some(u.to));
@@ -672,7 +672,7 @@ async fn ensure_tls(
             what: format!("Secret {name}"),
             source,
         })?;
-        crate::server::ensure_ours(
+        crate::ownership::ensure_ours(
             existing.as_ref(),
             cluster,
             Some((build::CLUSTER_LABEL, cluster.name_any().as_str())),
@@ -746,7 +746,7 @@ async fn existing_password(
         what: format!("Secret {name}"),
         source,
     })?;
-    crate::server::ensure_ours(
+    crate::ownership::ensure_ours(
         existing.as_ref(),
         cluster,
         Some((build::CLUSTER_LABEL, cluster.name_any().as_str())),
@@ -827,7 +827,7 @@ mod tests {
 
     use super::build::*;
     use super::*;
-    use crate::api::{DeletionPolicy, PostgresClusterSpec, StorageSpec};
+    use crate::crd::{DeletionPolicy, PostgresClusterSpec, StorageSpec};
 
     /// A test fixture: `cluster("pg").instances(3).version(16)`.
     fn cluster(name: &str) -> PostgresCluster {
@@ -855,8 +855,8 @@ mod tests {
         c
     }
 
-    fn store(path: &str) -> crate::api::ObjectStore {
-        crate::api::ObjectStore {
+    fn store(path: &str) -> crate::crd::ObjectStore {
+        crate::crd::ObjectStore {
             endpoint: "http://s3.example:9000".into(),
             bucket: "backups".into(),
             path: path.into(),
@@ -870,7 +870,7 @@ mod tests {
         let mut c = cluster("pg");
         assert!(!render_parameters(&c.spec.parameters, None, false).contains("archive"));
         assert!(backup_env(&c).is_empty());
-        c.spec.backup = Some(crate::api::ClusterBackup {
+        c.spec.backup = Some(crate::crd::ClusterBackup {
             object_store: store("prod/pg"),
             schedule: Some("@daily".into()),
             keep: Some(3),
@@ -926,8 +926,8 @@ mod tests {
     #[test]
     fn a_restored_cluster_reads_its_source_and_must_archive_elsewhere() {
         let mut c = cluster("pg");
-        c.spec.bootstrap = Some(crate::api::Bootstrap {
-            recovery: crate::api::Recovery {
+        c.spec.bootstrap = Some(crate::crd::Bootstrap {
+            recovery: crate::crd::Recovery {
                 object_store: store("prod/pg"),
                 target_time: Some("2026-12-02T03:04:05Z".into()),
             },
@@ -941,14 +941,14 @@ mod tests {
             "{names:?}"
         );
         assert!(validate(&c).is_ok());
-        c.spec.backup = Some(crate::api::ClusterBackup {
+        c.spec.backup = Some(crate::crd::ClusterBackup {
             object_store: store("/prod/pg/"),
             schedule: None,
             keep: None,
         });
         let err = validate(&c).unwrap_err().to_string();
         assert!(err.contains("another path"), "{err}");
-        c.spec.backup = Some(crate::api::ClusterBackup {
+        c.spec.backup = Some(crate::crd::ClusterBackup {
             object_store: store("prod/pg-restored"),
             schedule: Some("every day".into()),
             keep: None,

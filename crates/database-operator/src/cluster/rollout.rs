@@ -13,7 +13,7 @@ use kube::ResourceExt;
 use steward_core::conditions::{self, DEGRADED, PROGRESSING, READY};
 
 use super::build::{REVISION_LABEL, VERSION_LABEL};
-use crate::api::{ClusterPhase, PostgresClusterStatus};
+use crate::crd::{ClusterPhase, PostgresClusterStatus};
 
 /// What matters about one pod.
 #[derive(Clone, Debug, PartialEq, Eq)]

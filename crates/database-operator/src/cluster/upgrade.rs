@@ -25,7 +25,7 @@ use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams, PostParams};
 use kube::{Resource, ResourceExt};
 
 use super::build;
-use crate::api::{
+use crate::crd::{
     MajorUpgradePhase as Phase, MajorUpgradeStatus, PostgresBackup, PostgresBackupSpec,
     PostgresCluster,
 };

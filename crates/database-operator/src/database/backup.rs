@@ -13,7 +13,7 @@ use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use kube::ResourceExt;
 
-use crate::api::{BackupStatus, Database};
+use crate::crd::{BackupStatus, Database};
 use crate::pg::Server;
 use crate::server::{admin_secret_of, sslmode_str};
 

@@ -34,7 +34,7 @@ use kube::{Resource, ResourceExt};
 use steward_core::Context;
 use steward_core::finalizer::{self, Event};
 
-use crate::api::{
+use crate::crd::{
     BackupStatus, Database, DatabaseRole, DatabaseSpec, DatabaseStatus, DeletionPolicy,
 };
 use crate::ident::{self, Kind};
@@ -49,8 +49,7 @@ pub const FINALIZER: &str = "database.steward.dev/database-cleanup";
 /// namespace (which deletes the Secret too) cannot strand a Database that still has to drop.
 pub const IN_USE_FINALIZER: &str = "database.steward.dev/in-use";
 const IN_USE_MANAGER: &str = "database-operator-in-use";
-/// Condition: whether the server could be reached at the last attempt.
-pub const SERVER_REACHABLE: &str = "ServerReachable";
+pub use crate::status::SERVER_REACHABLE;
 
 /// Name of a Database's credentials Secret.
 pub fn secret_name(db: &Database) -> String {
@@ -151,7 +150,7 @@ async fn converge(
         what: format!("Secret {name}"),
         source,
     })?;
-    server::ensure_ours(existing.as_ref(), db, None)?;
+    crate::ownership::ensure_ours(existing.as_ref(), db, None)?;
     let password = existing
         .as_ref()
         .and_then(server::password_of)
@@ -365,7 +364,7 @@ pub(crate) async fn cluster_gone(
     let Some(r) = &spec.cluster_ref else {
         return Ok(None);
     };
-    let clusters: Api<crate::api::PostgresCluster> = Api::namespaced(ctx.client.clone(), ns);
+    let clusters: Api<crate::crd::PostgresCluster> = Api::namespaced(ctx.client.clone(), ns);
     let cluster = clusters
         .get_opt(&r.name)
         .await
@@ -675,7 +674,7 @@ fn status_of(
     let previous = db.status.clone().unwrap_or_default();
     let generation = db.meta().generation;
     let mut conds = previous.conditions.clone();
-    let phase = crate::server::server_status(
+    let phase = crate::status::server_status(
         &mut conds,
         &progress.reachable,
         result,
@@ -705,7 +704,7 @@ async fn write_status(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::api::{DatabaseSpec, ExternalServer, ResourcePhase, SslMode};
+    use crate::crd::{DatabaseSpec, ExternalServer, ResourcePhase, SslMode};
     use steward_core::conditions;
 
     pub(crate) fn database(name: &str) -> Database {

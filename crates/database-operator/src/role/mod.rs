@@ -19,7 +19,7 @@ use kube::{Resource, ResourceExt};
 use steward_core::Context;
 use steward_core::finalizer::{self, Event};
 
-use crate::api::{
+use crate::crd::{
     Database, DatabaseRole, DatabaseRoleStatus, DeletionPolicy, Ensure, ROTATE_ANNOTATION,
 };
 use crate::ident::{self, Kind};
@@ -195,7 +195,7 @@ async fn converge(
         what: format!("Secret {name}"),
         source,
     })?;
-    server::ensure_ours(existing.as_ref(), role, None)?;
+    crate::ownership::ensure_ours(existing.as_ref(), role, None)?;
     let annotations = existing
         .as_ref()
         .map(|s| s.annotations().clone())
@@ -498,7 +498,7 @@ fn status_of(
     let previous = role.status.clone().unwrap_or_default();
     let generation = role.meta().generation;
     let mut conds = previous.conditions.clone();
-    let phase = crate::server::server_status(
+    let phase = crate::status::server_status(
         &mut conds,
         &progress.reachable,
         result,
@@ -580,11 +580,11 @@ mod tests {
     fn interval_parses() {
         let mut role = DatabaseRole::new(
             "r",
-            crate::api::DatabaseRoleSpec {
-                database_ref: crate::api::LocalRef { name: "db".into() },
+            crate::crd::DatabaseRoleSpec {
+                database_ref: crate::crd::LocalRef { name: "db".into() },
                 role_name: "r".into(),
-                privileges: crate::api::Privileges::ReadOnly,
-                password_rotation: Some(crate::api::PasswordRotation {
+                privileges: crate::crd::Privileges::ReadOnly,
+                password_rotation: Some(crate::crd::PasswordRotation {
                     interval: "720h".into(),
                 }),
                 deletion_policy: DeletionPolicy::Retain,
@@ -595,7 +595,7 @@ mod tests {
             interval(&role).unwrap(),
             Some(Duration::from_secs(720 * 3600))
         );
-        role.spec.password_rotation = Some(crate::api::PasswordRotation {
+        role.spec.password_rotation = Some(crate::crd::PasswordRotation {
             interval: "0s".into(),
         });
         assert!(interval(&role).is_err());
