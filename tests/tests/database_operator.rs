@@ -147,6 +147,15 @@ impl Env {
         .unwrap();
     }
 
+    /// Waits until `controller` has looked again at every object of this test: 4 more
+    /// reconciles (each test has at most 2 objects per controller, all resynced every 2 s).
+    /// What "nothing changed" asserts after this was decided by the operator, not by a sleep
+    /// that passes when the operator is slow.
+    async fn looked_again(&self, controller: &str) {
+        let now = self.counter("controller_runtime_reconcile_total", controller);
+        self.reconciled(controller, now, 4.0).await;
+    }
+
     fn api<K>(&self) -> Api<K>
     where
         K: Resource<Scope = k8s_openapi::NamespaceResourceScope, DynamicType = ()>,
@@ -644,20 +653,37 @@ async fn cluster_children_rollout_replicas_first_and_retained_claims() {
         .unwrap();
     wait_gone(&env.api::<StatefulSet>(), "pg").await;
     wait_gone(&env.api::<Service>(), "pg-rw").await;
-    tokio::time::sleep(Duration::from_secs(3)).await;
-    let after: Vec<String> = claims
-        .list(&ListParams::default())
+    // The cluster is gone, so its cleanup has run; the garbage collector deletes only owned
+    // objects, so claims and a Secret that nothing owns stay for good (no waiting needed).
+    wait_gone(&clusters, "pg").await;
+    let after = claims.list(&ListParams::default()).await.unwrap().items;
+    assert_eq!(
+        before,
+        after.iter().map(|c| c.name_any()).collect::<Vec<_>>(),
+        "the claims survive the cluster"
+    );
+    for claim in &after {
+        assert!(
+            claim.owner_references().is_empty() && claim.metadata.deletion_timestamp.is_none(),
+            "claim {} is owned or being deleted: {:?}",
+            claim.name_any(),
+            claim.metadata
+        );
+    }
+    let secret = env
+        .api::<Secret>()
+        .get("pg-superuser")
         .await
-        .unwrap()
-        .items
-        .iter()
-        .map(|c| c.name_any())
-        .collect();
-    assert_eq!(before, after, "the claims survive the cluster");
+        .expect("the superuser Secret survives the cluster");
+    assert!(
+        secret.owner_references().is_empty(),
+        "{:?}",
+        secret.metadata.owner_references
+    );
     assert_eq!(
         env.secret("pg-superuser").await["password"],
         superuser_password,
-        "and so does the superuser Secret"
+        "and so does the superuser Secret's password"
     );
 }
 
@@ -1231,7 +1257,7 @@ async fn password_rotation_on_request_and_on_interval() {
         "passwordUpdatedAt moved: {before:?} → {after:?}"
     );
     // The same annotation value does not rotate again.
-    tokio::time::sleep(Duration::from_secs(5)).await;
+    env.looked_again("databaserole").await;
     assert_eq!(
         env.secret("svc-role-credentials").await["password"],
         new,
@@ -1471,7 +1497,7 @@ async fn cleanup_blocked_by_owned_objects_explains_and_retries() {
         "{message}"
     );
     env.wait_event("SqlFailed", "depend").await;
-    tokio::time::sleep(Duration::from_secs(3)).await;
+    env.looked_again("databaserole").await;
     assert!(
         roles.get_opt("blocker").await.unwrap().is_some(),
         "kept while the role cannot be dropped"
@@ -1573,7 +1599,7 @@ async fn backup_before_delete_waits_for_the_dump_job() {
     .unwrap();
     assert_eq!(waiting.1.job, job_name);
     assert!(!waiting.1.succeeded);
-    tokio::time::sleep(Duration::from_secs(4)).await;
+    env.looked_again("database").await;
     assert!(
         exists(&admin, DB_EXISTS, "dumped").await,
         "not dropped while the dump has not succeeded"
@@ -1667,7 +1693,7 @@ async fn server_down_during_delete_keeps_the_object_and_explains() {
         message.contains(&format!("127.0.0.1:{}", pg.port())),
         "{message}"
     );
-    tokio::time::sleep(Duration::from_secs(5)).await;
+    env.looked_again("database").await;
     let still = dbs
         .get("fragile")
         .await

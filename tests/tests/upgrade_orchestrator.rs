@@ -270,6 +270,65 @@ impl Orchestrator {
     }
 }
 
+/// The plan reconciles so far, whatever their result.
+fn reconciles(metrics: &steward_core::metrics::Metrics) -> u64 {
+    ["success", "error", "skipped"]
+        .iter()
+        .map(|result| {
+            metrics
+                .reconcile_total
+                .get_or_create(&steward_core::metrics::ResultLabels {
+                    controller: upgrade_orchestrator::CONTROLLER.into(),
+                    result: (*result).into(),
+                })
+                .get()
+        })
+        .sum()
+}
+
+/// Makes the orchestrator look at `plan` again, and waits until it has: once no reconcile
+/// is running and the count is steady, an annotation on the plan (a watch event, no
+/// spec change) must be followed by one more reconcile. What the test asserts as
+/// "nothing changed" afterwards was decided by the operator, not by a sleep that passes
+/// when the operator is slow.
+async fn looked_again(metrics: &steward_core::metrics::Metrics, env: &Env, plan: &str) {
+    let workers = || {
+        metrics
+            .active_workers
+            .get_or_create(&steward_core::metrics::ControllerLabels {
+                controller: upgrade_orchestrator::CONTROLLER.into(),
+            })
+            .get()
+    };
+    // Settled: no reconcile running and the count steady over 200 ms.
+    let settle_by = Instant::now() + WAIT_VALID;
+    let mut from = reconciles(metrics);
+    loop {
+        tokio::time::sleep(Duration::from_millis(200)).await;
+        let now = reconciles(metrics);
+        if workers() == 0 && now == from {
+            break;
+        }
+        assert!(Instant::now() < settle_by, "plan reconciles never settled");
+        from = now;
+    }
+    let nudge = json!({"metadata": {"annotations": {"test.steward.dev/nudge": from.to_string()}}});
+    env.plans()
+        .patch(plan, &PatchParams::default(), &Patch::Merge(&nudge))
+        .await
+        .expect("annotate plan");
+    eventually("one more plan reconcile", WAIT_VALID, || async {
+        let now = reconciles(metrics);
+        if now > from {
+            Ok(())
+        } else {
+            Err("none yet".to_string())
+        }
+    })
+    .await
+    .expect("reconciled again");
+}
+
 fn describe(status: &UpgradePlanStatus) -> String {
     let comps: Vec<String> = status
         .components
@@ -1258,7 +1317,7 @@ async fn failed_component_pauses_the_plan_when_asked() {
     // It stays stopped: nothing is reverted, nothing else happens.
     let (front_image, front_generation) = deployment_image(&env, "front").await;
     let (back_image, back_generation) = deployment_image(&env, "back").await;
-    tokio::time::sleep(Duration::from_secs(4)).await;
+    looked_again(&op.metrics, &env, "careful").await;
     let later = env.status("careful").await;
     assert_eq!(later.phase, Some(PlanPhase::Paused));
     assert_eq!(
@@ -1330,7 +1389,7 @@ async fn manual_approval_waits_at_each_wave() {
         .await;
     assert_eq!(status.current_wave, Some(1));
     let (_, a_generation) = deployment_image(&env, "a").await;
-    tokio::time::sleep(Duration::from_secs(3)).await;
+    looked_again(&op.metrics, &env, "gated").await;
     assert_eq!(
         deployment_image(&env, "a").await,
         ("a:1".to_string(), a_generation),
@@ -1466,7 +1525,7 @@ async fn paused_plan_halts_between_components() {
     .await
     .expect("paused with a done");
     let (_, b_generation) = deployment_image(&env, "b").await;
-    tokio::time::sleep(Duration::from_secs(4)).await;
+    looked_again(&op.metrics, &env, "stepwise").await;
     let later = env.status("stepwise").await;
     assert_eq!(later.phase, Some(PlanPhase::Paused));
     assert_eq!(
@@ -1698,7 +1757,10 @@ async fn invalid_plans_are_reported_and_change_nothing() {
     .await
     .expect("sample reported");
 
-    tokio::time::sleep(Duration::from_secs(2)).await;
+    // Each plan looked at again after it was reported: still nothing touched.
+    for name in cases.iter().map(|c| c.0).chain(["release-2-0"]) {
+        looked_again(&op.metrics, &env, name).await;
+    }
     assert_eq!(
         (
             deployment_image(&env, "a").await,
@@ -1779,29 +1841,33 @@ async fn invalid_plans_are_reported_and_change_nothing() {
 struct Crashable {
     operator: steward_testenv::harness::Crashable,
     leadership: steward_core::Leadership,
+    metrics: steward_core::metrics::Metrics,
 }
 
 impl Crashable {
     async fn start(env: &Env, args: CommonArgs) -> Self {
         let config = env.cp.config().clone();
-        let (operator, leadership) = steward_testenv::harness::Crashable::start(move || {
-            let mut op = Operator::with_config(upgrade_orchestrator::NAME, args, config)
-                .expect("operator")
-                .backoff(Duration::from_millis(200), Duration::from_secs(2));
-            upgrade_orchestrator::register(
-                &mut op,
-                upgrade_orchestrator::Options {
-                    watch_postgresclusters: false,
-                },
-            )
-            .expect("register");
-            let leadership = op.leadership();
-            (op, leadership)
-        })
-        .await;
+        let (operator, (leadership, metrics)) =
+            steward_testenv::harness::Crashable::start(move || {
+                let mut op = Operator::with_config(upgrade_orchestrator::NAME, args, config)
+                    .expect("operator")
+                    .backoff(Duration::from_millis(200), Duration::from_secs(2));
+                upgrade_orchestrator::register(
+                    &mut op,
+                    upgrade_orchestrator::Options {
+                        watch_postgresclusters: false,
+                    },
+                )
+                .expect("register");
+                let leadership = op.leadership();
+                let metrics = op.metrics();
+                (op, (leadership, metrics))
+            })
+            .await;
         Self {
             operator,
             leadership,
+            metrics,
         }
     }
 
@@ -2013,7 +2079,7 @@ async fn killed_at_every_step_the_plan_completes_once() {
 
     // One more instance proves nothing is left to do and nothing changes again.
     let instance = Crashable::start(&env, env.args()).await;
-    tokio::time::sleep(Duration::from_secs(2)).await;
+    looked_again(&instance.metrics, &env, "resilient").await;
     let status = assert_completed_once(&env, &generations).await;
     instance.kill();
     eprintln!(
