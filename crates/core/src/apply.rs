@@ -356,7 +356,7 @@ impl Children {
             Err(kube::Error::Api(s)) if s.code == 404 => Ok(()),
             Err(source) => Err(Error::PruneChild {
                 kind: K::kind(&()).to_string(),
-                name: name.to_string(),
+                name: namespace.map_or_else(|| name.to_string(), |ns| format!("{ns}/{name}")),
                 source,
             }),
         }
@@ -394,6 +394,49 @@ impl Children {
             }
             self.delete::<K>(item.namespace().as_deref(), &name).await?;
             deleted.push(name);
+        }
+        Ok(deleted)
+    }
+
+    /// Whether `meta` is one of these children: it carries this owner's [`OWNER_LABEL`] (the
+    /// managed-by label, for [`Children::unowned`]).
+    pub fn is_child(&self, meta: &ObjectMeta) -> bool {
+        let labels = meta.labels.as_ref();
+        let label = |k: &str| labels.and_then(|l| l.get(k)).map(String::as_str);
+        match &self.owner_uid {
+            Some(uid) => label(OWNER_LABEL) == Some(uid),
+            None => label(MANAGED_BY_LABEL) == Some(&self.field_manager),
+        }
+    }
+
+    /// [`Children::prune`] from the operator's watch cache of `K` instead of a list: deletes
+    /// the children in `store` that are not being deleted and that `keep` does not keep.
+    /// Returns what it deleted.
+    ///
+    /// # Guarantees
+    /// Only children of this owner ([`Children::is_child`]) are deleted, each at most once per
+    /// call; a child the cache does not hold yet is left for a later call (a cache can lag,
+    /// so this is for children that are re-checked at every reconcile).
+    ///
+    /// # Errors
+    /// [`Error::PruneChild`] for the first delete that fails.
+    pub async fn prune_cached<K>(
+        &self,
+        store: &Store<K>,
+        keep: impl Fn(&K) -> bool,
+    ) -> Result<Vec<ObjectRef<K>>, Error>
+    where
+        K: Resource<DynamicType = ()> + Clone + DeserializeOwned + Debug,
+        K::Scope: ScopeApi,
+    {
+        let mut deleted = Vec::new();
+        for obj in store.state() {
+            if !self.is_child(obj.meta()) || obj.meta().deletion_timestamp.is_some() || keep(&obj) {
+                continue;
+            }
+            self.delete::<K>(obj.namespace().as_deref(), &obj.name_any())
+                .await?;
+            deleted.push(ObjectRef::from_obj(obj.as_ref()));
         }
         Ok(deleted)
     }
@@ -608,6 +651,20 @@ mod tests {
             "f:annotations": {format!("f:{APPLIED_ANNOTATION}"): {}},
             "f:ownerReferences": {"k:{\"uid\":\"u-1\"}": {}},
         }, "f:roleRef": {}, "f:subjects": {}})
+    }
+
+    #[tokio::test]
+    async fn children_are_recognised_by_the_owner_label_or_for_unowned_by_the_manager() {
+        let meta = |labels: Value| binding("admin", labels).metadata;
+        let c = children();
+        assert!(c.is_child(&meta(json!({OWNER_LABEL: "u-1"}))));
+        assert!(!c.is_child(&meta(json!({OWNER_LABEL: "u-2"}))));
+        assert!(!c.is_child(&meta(json!({MANAGED_BY_LABEL: ME}))));
+        let config = kube::Config::new("http://127.0.0.1:9".parse().unwrap());
+        let unowned = Children::unowned(Client::try_from(config).unwrap(), ME);
+        assert!(unowned.is_child(&meta(json!({MANAGED_BY_LABEL: ME}))));
+        assert!(!unowned.is_child(&meta(json!({MANAGED_BY_LABEL: "other"}))));
+        assert!(!unowned.is_child(&meta(json!({}))));
     }
 
     #[tokio::test]

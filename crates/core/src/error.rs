@@ -39,7 +39,7 @@ pub enum Error {
     PruneChild {
         /// The child's kind.
         kind: String,
-        /// The child's name.
+        /// The child's name (`namespace/name` when namespaced).
         name: String,
         /// The API server's answer.
         #[source]

@@ -101,14 +101,9 @@ pub enum Error {
         #[source]
         source: kube::Error,
     },
-    /// Deleting a child no longer wanted failed.
-    #[error("failed to prune {kind} {key}")]
-    Prune {
-        kind: &'static str,
-        key: String,
-        #[source]
-        source: steward_core::Error,
-    },
+    /// Deleting a child no longer wanted failed (the source names it).
+    #[error("failed to prune a child the tenant no longer wants")]
+    Prune(#[source] steward_core::Error),
     /// Writing the status failed.
     #[error("failed to write the status")]
     WriteStatus(#[source] steward_core::Error),
@@ -127,7 +122,7 @@ impl ReconcileError for Error {
             Error::ApplyQuota { .. } => "QuotaApplyFailed",
             Error::ApplyChild { .. } => "ApplyFailed",
             Error::ReadTarget { .. } => "ReadFailed",
-            Error::Prune { .. } => "PruneFailed",
+            Error::Prune(_) => "PruneFailed",
             Error::WriteStatus(_) => "StatusWriteFailed",
         }
     }
@@ -376,7 +371,7 @@ async fn converge(
     tracing::debug!(tenant = %name, "children applied");
 
     let cluster_keep = [(String::new(), build::owner_cluster_object_name(tenant))].into();
-    keep.prune(&children, stores, &uid, &cluster_keep, &terminating)
+    keep.prune(&children, stores, &cluster_keep, &terminating)
         .await?;
     Ok(Action::requeue(if soon { SOON } else { ctx.data.resync }))
 }
@@ -854,15 +849,13 @@ impl Keep {
         &self,
         children: &Children,
         stores: &crate::controller::Stores,
-        uid: &str,
         cluster: &BTreeSet<(String, String)>,
         terminating: &BTreeSet<String>,
     ) -> Result<(), Error> {
-        prune(children, &stores.quotas, uid, &self.quotas, terminating).await?;
+        prune(children, &stores.quotas, &self.quotas, terminating).await?;
         prune(
             children,
             &stores.limit_ranges,
-            uid,
             &self.limit_ranges,
             terminating,
         )
@@ -870,7 +863,6 @@ impl Keep {
         prune(
             children,
             &stores.network_policies,
-            uid,
             &self.network_policies,
             terminating,
         )
@@ -878,25 +870,22 @@ impl Keep {
         prune(
             children,
             &stores.role_bindings,
-            uid,
             &self.role_bindings,
             terminating,
         )
         .await?;
-        prune(children, &stores.secrets, uid, &self.secrets, terminating).await?;
+        prune(children, &stores.secrets, &self.secrets, terminating).await?;
         prune(
             children,
             &stores.config_maps,
-            uid,
             &self.config_maps,
             terminating,
         )
         .await?;
-        prune(children, &stores.cluster_roles, uid, cluster, terminating).await?;
+        prune(children, &stores.cluster_roles, cluster, terminating).await?;
         prune(
             children,
             &stores.cluster_role_bindings,
-            uid,
             cluster,
             terminating,
         )
@@ -905,11 +894,10 @@ impl Keep {
 }
 
 /// Deletes this tenant's children of one kind that are not in `keep` (skipping those in
-/// namespaces being deleted anyway).
+/// namespaces being deleted anyway), from the operator's cache.
 async fn prune<K>(
     children: &Children,
     store: &Store<K>,
-    uid: &str,
     keep: &BTreeSet<(String, String)>,
     terminating: &BTreeSet<String>,
 ) -> Result<(), Error>
@@ -917,30 +905,13 @@ where
     K: Resource<DynamicType = ()> + Clone + DeserializeOwned + Debug,
     K::Scope: ScopeApi,
 {
-    for obj in store.state() {
-        if obj.labels().get(OWNER_LABEL).map(String::as_str) != Some(uid)
-            || obj.meta().deletion_timestamp.is_some()
-        {
-            continue;
-        }
-        let namespace = obj.namespace();
-        let k = (namespace.clone().unwrap_or_default(), obj.name_any());
-        if keep.contains(&k)
-            || namespace
-                .as_ref()
-                .is_some_and(|ns| terminating.contains(ns))
-        {
-            continue;
-        }
-        children
-            .delete::<K>(namespace.as_deref(), &k.1)
-            .await
-            .map_err(|source| Error::Prune {
-                kind: kind_name::<K>(),
-                key: key(namespace.as_deref(), &k.1),
-                source,
-            })?;
-    }
+    children
+        .prune_cached(store, |obj| {
+            let namespace = obj.namespace().unwrap_or_default();
+            terminating.contains(&namespace) || keep.contains(&(namespace, obj.name_any()))
+        })
+        .await
+        .map_err(Error::Prune)?;
     Ok(())
 }
 
