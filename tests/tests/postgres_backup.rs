@@ -75,26 +75,12 @@ async fn create_backup(cluster: &Cluster, name: &str, of: &str) {
 #[tokio::test]
 async fn postgres_cluster_backs_up_to_object_storage_and_restores_to_a_point_in_time() {
     use database_operator::crd::PostgresBackup;
-    use steward_pg_instance::archive::{Store, StoreConfig};
     use steward_pg_instance::contract::BackupPhase;
 
     let _turn = NODE.lock().await;
     let mut cluster = Cluster::new("rn-pgb", 1).await;
-    let s3 = steward_testenv::s3::S3Server::start(steward_testenv::node::GATEWAY)
-        .await
-        .expect("SeaweedFS");
-    let secret = json!({
-        "apiVersion": "v1", "kind": "Secret",
-        "metadata": {"name": "s3-credentials", "namespace": cluster.ns},
-        "stringData": {"accessKeyId": steward_testenv::s3::S3Server::ACCESS_KEY,
-                       "secretAccessKey": steward_testenv::s3::S3Server::SECRET_KEY},
-    });
-    steward_testenv::manifests::apply(&cluster.client, &secret, None, "real-node-test", false)
-        .await
-        .unwrap();
+    let (s3, object_store, store) = object_store(&cluster, "pg").await;
     let path = format!("{}/pg", cluster.ns);
-    let object_store = json!({"endpoint": s3.endpoint(), "bucket": "steward-backups",
-                              "path": path, "credentialsSecret": "s3-credentials"});
     cluster
         .create(json!({"backup": {"objectStore": object_store, "keep": 2}}))
         .await;
@@ -302,19 +288,6 @@ async fn postgres_cluster_backs_up_to_object_storage_and_restores_to_a_point_in_
     completed_backup(&cluster, "second").await;
     create_backup(&cluster, "third", "pg").await;
     completed_backup(&cluster, "third").await;
-    let store = Store::open(
-        StoreConfig::from_vars("S3", |name| match name {
-            "S3_ENDPOINT" => Some(s3.endpoint().to_string()),
-            "S3_BUCKET" => Some("steward-backups".into()),
-            "S3_PATH" => Some(path.clone()),
-            "S3_ACCESS_KEY_ID" => Some(steward_testenv::s3::S3Server::ACCESS_KEY.into()),
-            "S3_SECRET_ACCESS_KEY" => Some(steward_testenv::s3::S3Server::SECRET_KEY.into()),
-            _ => None,
-        })
-        .unwrap()
-        .unwrap(),
-    )
-    .unwrap();
     let in_store: Vec<String> = store
         .base_backups()
         .await
@@ -1466,26 +1439,7 @@ async fn postgres_cluster_upgrades_its_major_with_pg_upgrade() {
     }
 
     // A client writes through pg-rw the whole time.
-    let acks = Arc::new(Mutex::new(Acks::default()));
-    let stop = tokio_util::sync::CancellationToken::new();
-    let writing = tokio::spawn(writer(
-        rw.clone(),
-        cluster.password.clone(),
-        acks.clone(),
-        stop.clone(),
-    ));
-    eventually("writes through pg-rw", WAIT, || {
-        let acks = acks.clone();
-        async move {
-            if acks.lock().unwrap().rows.len() >= 10 {
-                Ok(())
-            } else {
-                Err("fewer than 10 acknowledged writes".to_string())
-            }
-        }
-    })
-    .await
-    .unwrap();
+    let (acks, stop, writing) = start_writer(&rw, &cluster.password, 10).await;
 
     // Fixed; a spec change tries again.
     let started = Instant::now();

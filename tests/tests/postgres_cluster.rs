@@ -283,29 +283,9 @@ fn partition(pid: u32, heal: bool) {
 async fn disrupt(cluster: &mut Cluster, rw: &str, fault: Fault) -> (Duration, i64) {
     let rw = rw.to_string();
     let (old, old_ip) = cluster.primary().await;
-    let acks = Arc::new(Mutex::new(Acks::default()));
     let accepted_on_old = Arc::new(Mutex::new(Vec::new()));
-    let stop = tokio_util::sync::CancellationToken::new();
-    let writing = tokio::spawn(writer(
-        rw.clone(),
-        cluster.password.clone(),
-        acks.clone(),
-        stop.clone(),
-    ));
-
     // Writes flow before the fault.
-    eventually("writes through pg-rw", WAIT, || {
-        let acks = acks.clone();
-        async move {
-            if acks.lock().unwrap().rows.len() >= 5 {
-                Ok(())
-            } else {
-                Err("fewer than 5 acknowledged writes".to_string())
-            }
-        }
-    })
-    .await
-    .unwrap();
+    let (acks, stop, writing) = start_writer(&rw, &cluster.password, 5).await;
     // Every replica streams from the primary (so what it acknowledges reaches them).
     let streaming = eventually("every replica streaming from the primary", WAIT, || {
         let (rw, password, replicas) = (

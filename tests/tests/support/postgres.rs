@@ -435,6 +435,41 @@ pub(crate) struct Acks {
     pub(crate) unsure: Vec<i64>,
 }
 
+/// Starts a [`writer`] through `rw` and waits until it has `at_least` acknowledged writes:
+/// what it records, the token that stops it, and its task.
+pub(crate) async fn start_writer(
+    rw: &str,
+    password: &str,
+    at_least: usize,
+) -> (
+    Arc<Mutex<Acks>>,
+    tokio_util::sync::CancellationToken,
+    tokio::task::JoinHandle<()>,
+) {
+    let acks = Arc::new(Mutex::new(Acks::default()));
+    let stop = tokio_util::sync::CancellationToken::new();
+    let writing = tokio::spawn(writer(
+        rw.to_string(),
+        password.to_string(),
+        acks.clone(),
+        stop.clone(),
+    ));
+    eventually("writes through pg-rw", WAIT, || {
+        let acks = acks.clone();
+        async move {
+            let n = acks.lock().unwrap().rows.len();
+            if n >= at_least {
+                Ok(())
+            } else {
+                Err(format!("{n} of {at_least} acknowledged writes"))
+            }
+        }
+    })
+    .await
+    .unwrap();
+    (acks, stop, writing)
+}
+
 /// Inserts one row every 50 ms through `host` (the `-rw` Service) until `stop`, reconnecting
 /// after errors; records what was acknowledged.
 pub(crate) async fn writer(
