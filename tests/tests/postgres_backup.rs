@@ -168,47 +168,13 @@ async fn postgres_cluster_backs_up_to_object_storage_and_restores_to_a_point_in_
     .unwrap();
 
     // A new cluster from the backup, up to the target.
-    cluster.volumes("restored", 1).await;
-    let restored = cluster.manifest(
+    let (copy, took) = restore(
+        &cluster,
         "restored",
-        1,
-        json!({"bootstrap": {"recovery": {"objectStore": object_store, "targetTime": target}}}),
-    );
-    let restore_started = Instant::now();
-    steward_testenv::manifests::apply(&cluster.client, &restored, None, "real-node-test", false)
-        .await
-        .unwrap();
-    let password = cluster.superuser_password("restored").await;
-    let ready = eventually(
-        "PostgresCluster restored Ready",
-        Duration::from_secs(180),
-        || {
-            let clusters = cluster.clusters();
-            async move {
-                let status = status_of(&clusters, "restored").await?;
-                if status
-                    .conditions
-                    .iter()
-                    .any(|c| c.type_ == "Ready" && c.status == "True")
-                {
-                    Ok(())
-                } else {
-                    Err(format!("{:?} {:?}", status.phase, status.conditions))
-                }
-            }
-        },
+        json!({"objectStore": object_store, "targetTime": target}),
     )
     .await;
-    if let Err(e) = ready {
-        panic!(
-            "{e}\n--- restored-0:\n{}",
-            logs(&cluster.pods(), "restored-0").await
-        );
-    }
-    eprintln!("restored to {target} in {:.1?}", restore_started.elapsed());
-    let copy = connect(&cluster.cluster_ip("restored-rw").await, &password)
-        .await
-        .unwrap();
+    eprintln!("restored to {target} in {took:.1?}");
     let rows: Vec<String> = copy
         .query("select v from proof order by v", &[])
         .await
