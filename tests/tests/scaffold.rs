@@ -132,6 +132,20 @@ fn seed_target_dir() {
 /// The workspace's files (tracked, and untracked but not ignored) copied to `to`.
 fn copy_workspace(to: &Path) {
     let root = workspace_root();
+    for file in tracked_files(&root) {
+        let from = root.join(&file);
+        if !from.is_file() {
+            continue; // deleted in the work tree
+        }
+        let dest = to.join(&file);
+        std::fs::create_dir_all(dest.parent().expect("a parent")).expect("mkdir");
+        std::fs::copy(&from, &dest).unwrap_or_else(|e| panic!("copy {}: {e}", from.display()));
+    }
+}
+
+/// The files of the workspace at `root` that git tracks, or does not track but does not
+/// ignore, relative to `root`.
+fn tracked_files(root: &Path) -> Vec<std::path::PathBuf> {
     let out = Command::new("git")
         .args([
             "ls-files",
@@ -140,7 +154,7 @@ fn copy_workspace(to: &Path) {
             "--others",
             "--exclude-standard",
         ])
-        .current_dir(&root)
+        .current_dir(root)
         .output()
         .expect("git ls-files");
     assert!(
@@ -150,16 +164,11 @@ fn copy_workspace(to: &Path) {
         out.status,
         String::from_utf8_lossy(&out.stderr)
     );
-    for file in out.stdout.split(|b| *b == 0).filter(|f| !f.is_empty()) {
-        let file = Path::new(std::str::from_utf8(file).expect("a UTF-8 path"));
-        let from = root.join(file);
-        if !from.is_file() {
-            continue; // deleted in the work tree
-        }
-        let dest = to.join(file);
-        std::fs::create_dir_all(dest.parent().expect("a parent")).expect("mkdir");
-        std::fs::copy(&from, &dest).unwrap_or_else(|e| panic!("copy {}: {e}", from.display()));
-    }
+    out.stdout
+        .split(|b| *b == 0)
+        .filter(|f| !f.is_empty())
+        .map(|f| std::path::PathBuf::from(std::str::from_utf8(f).expect("a UTF-8 path")))
+        .collect()
 }
 
 #[test]
@@ -180,6 +189,36 @@ fn a_scaffolded_operator_builds_deploys_and_passes_its_own_test() {
             "new-operator",
             "demo-operator",
         ],
+    );
+    // Of the workspace's existing files, the scaffold changed by hand only the registry (one
+    // line in its list, one dependency line); the rest it changed are generated (crds/ and the
+    // kustomizations by crdgen, the chart by helm, Cargo.lock by cargo).
+    let root = workspace_root();
+    let mut by_hand = Vec::new();
+    for file in tracked_files(&root) {
+        let (before, after) = (
+            std::fs::read_to_string(root.join(&file)).unwrap_or_default(),
+            std::fs::read_to_string(ws.join(&file)).unwrap_or_default(),
+        );
+        let generated = file.starts_with("crds/")
+            || file.starts_with("charts/")
+            || file.ends_with("kustomization.yaml")
+            || file == Path::new("Cargo.lock");
+        if before != after && !generated {
+            let added: Vec<&str> = after
+                .lines()
+                .filter(|l| !before.lines().any(|b| b == *l))
+                .collect();
+            by_hand.push(format!("{}: {added:?}", file.display()));
+        }
+    }
+    assert_eq!(
+        by_hand,
+        [
+            "crates/operators/Cargo.toml: [\"demo-operator = { path = \\\"../demo-operator\\\" }\"]",
+            "crates/operators/src/lib.rs: [\"    demo_operator::DemoOperator,\"]",
+        ],
+        "existing files the scaffold changed by hand"
     );
     for generated in [
         "crates/demo-operator/src/reconcile.rs",

@@ -37,8 +37,14 @@ fn render() -> Result<BTreeMap<String, String>> {
     Ok(files)
 }
 
-/// Writes `crds/`, or with `check` fails naming every stale, missing or extra file.
+/// Writes `crds/` and the kustomizations that list the operators ([`crate::kustomize`]), or
+/// with `check` fails naming every stale, missing or extra file.
 pub fn run(check: bool) -> Result<()> {
-    let dir = crate::workspace_root().join("crds");
-    crate::generated::sync(&dir, "crds", &render()?, &[""], check, "cargo xtask crdgen")
+    let root = crate::workspace_root();
+    let crds = render()?;
+    let files: Vec<String> = crds.keys().cloned().collect();
+    let command = "cargo xtask crdgen";
+    crate::generated::sync(&root.join("crds"), "crds", &crds, &[""], check, command)?;
+    let kustomizations = crate::kustomize::render(&steward_operators::all(), &files);
+    crate::generated::sync(&root, ".", &kustomizations, &[], check, command)
 }

@@ -17,6 +17,7 @@ mod crdgen;
 mod generated;
 mod helm;
 mod image;
+mod kustomize;
 mod new_operator;
 mod prerequisites;
 mod testrun;

@@ -8,11 +8,11 @@
 //! - `deploy/<name>/`: its ClusterRole and a kustomization using the shared `deploy/base`;
 //! - `deploy/samples/<name>.yaml` and `tests/tests/<crate>.rs` (against the control plane);
 //!
-//! and registers it: the workspace member and dependency lines, the registry line in
-//! `crates/operators`, the test crate's dev-dependency, the root kustomization (its CRD file
-//! and `deploy/<name>`) and the samples kustomization.
-//! Then it runs `cargo xtask crdgen` and `cargo xtask helm` (a fresh build of xtask, which now
-//! links the new crate).
+//! and registers it: one line in the registry's list (`crates/operators/src/lib.rs`) and its
+//! dependency line (`crates/operators/Cargo.toml`); the workspace's members are `crates/*`, and
+//! the tests reach the crate through the registry (`steward_operators::<crate>`).
+//! Then it runs `cargo xtask crdgen` (the CRDs and the kustomizations listing the operators)
+//! and `cargo xtask helm` (a fresh build of xtask, which now links the new crate).
 //!
 //! `<name>` is a DNS label such as `cache-operator`; without the `-operator` suffix it is the
 //! base of the kind (`Cache`) and the group (`cache.steward.dev`).
@@ -78,11 +78,6 @@ impl Names {
             group: format!("{base}.steward.dev"),
             kind,
         })
-    }
-
-    /// The sample CRD's file in `crds/`, as crdgen names it (`<group>_<plural>.yaml`).
-    pub fn crd_file(&self) -> String {
-        format!("{}_{}.yaml", self.group, self.plural())
     }
 
     /// The sample CRD's plural: the lower-case kind plus `s` (`caches`).
@@ -197,42 +192,16 @@ pub fn scaffold(root: &Path, name: &str) -> Result<Names> {
     }
     // Registration first: it fails on a changed workspace before anything is written.
     let n = &names.name;
-    let edits: [(&str, &str, String); 8] = [
-        (
-            "Cargo.toml",
-            "    \"crates/",
-            format!("    \"crates/{n}\","),
-        ),
-        (
-            "Cargo.toml",
-            "= { path = \"crates/",
-            format!("{n} = {{ path = \"crates/{n}\" }}"),
-        ),
+    let edits: [(&str, &str, String); 2] = [
         (
             "crates/operators/Cargo.toml",
-            ".workspace = true",
-            format!("{n}.workspace = true"),
+            "= { path = \"../",
+            format!("{n} = {{ path = \"../{n}\" }}"),
         ),
         (
             "crates/operators/src/lib.rs",
-            "        Entry::of::<",
-            format!("        Entry::of::<{}::{}>(),", names.krate, names.type_),
-        ),
-        (
-            "tests/Cargo.toml",
-            "steward-testenv.workspace = true",
-            format!("{n}.workspace = true"),
-        ),
-        (
-            "kustomization.yaml",
-            "  - crds/",
-            format!("  - crds/{}", names.crd_file()),
-        ),
-        ("deploy/kustomization.yaml", "  - ", format!("  - {n}")),
-        (
-            "deploy/samples/kustomization.yaml",
-            "  - ",
-            format!("  - {n}.yaml"),
+            "::",
+            format!("    {}::{},", names.krate, names.type_),
         ),
     ];
     let edits = edits.map(|(file, anchor, line)| Edit { file, anchor, line });
@@ -330,15 +299,7 @@ mod tests {
     fn scaffold_writes_and_registers_the_operator() {
         let root = tempfile::tempdir().unwrap();
         let workspace = super::super::workspace_root();
-        for file in [
-            "Cargo.toml",
-            "crates/operators/Cargo.toml",
-            "crates/operators/src/lib.rs",
-            "tests/Cargo.toml",
-            "kustomization.yaml",
-            "deploy/kustomization.yaml",
-            "deploy/samples/kustomization.yaml",
-        ] {
+        for file in ["crates/operators/Cargo.toml", "crates/operators/src/lib.rs"] {
             let to = root.path().join(file);
             std::fs::create_dir_all(to.parent().unwrap()).unwrap();
             std::fs::copy(workspace.join(file), to).unwrap();
@@ -346,16 +307,12 @@ mod tests {
         let names = scaffold(root.path(), "demo-operator").unwrap();
         assert_eq!(names.kind, "Demo");
         let read = |f: &str| std::fs::read_to_string(root.path().join(f)).unwrap();
-        assert!(read("Cargo.toml").contains("    \"crates/demo-operator\",\n"));
-        assert!(read("Cargo.toml").contains("demo-operator = { path = \"crates/demo-operator\" }"));
         assert!(
-            read("crates/operators/src/lib.rs")
-                .contains("Entry::of::<demo_operator::DemoOperator>(),")
+            read("crates/operators/Cargo.toml")
+                .ends_with("demo-operator = { path = \"../demo-operator\" }\n")
         );
-        assert!(read("deploy/samples/kustomization.yaml").ends_with("  - demo-operator.yaml\n"));
         assert!(
-            read("kustomization.yaml")
-                .contains("  - crds/demo.steward.dev_demos.yaml\n  - deploy\n")
+            read("crates/operators/src/lib.rs").ends_with("    demo_operator::DemoOperator,\n}\n")
         );
         for (path, _) in FILES {
             let text = read(&names.render(path));

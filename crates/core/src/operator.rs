@@ -41,6 +41,10 @@ pub trait Definition: 'static {
     /// and binary of the same name, at `/usr/local/bin/<name>`): the database-operator's
     /// PostgreSQL instance manager, which its pods copy from the image.
     const COMPANIONS: &'static [&'static str] = &[];
+    /// The files of `deploy/samples/` with this operator's sample objects, in the order they
+    /// are applied (an object a sample refers to first): `cargo xtask crdgen` lists them in the
+    /// samples kustomization.
+    const SAMPLES: &'static [&'static str] = &[];
     /// The operator's own flags, next to [`CommonArgs`]. Give it `Default` with
     /// [`crate::cli::defaults`], so the defaults come from the flag definitions.
     type Options: clap::Args + clap::FromArgMatches + Clone + Send + 'static;
@@ -80,6 +84,8 @@ pub struct Entry {
     pub parse_args: fn(&[String]) -> Result<CommonArgs, clap::Error>,
     /// [`Definition::COMPANIONS`].
     pub companions: &'static [&'static str],
+    /// [`Definition::SAMPLES`].
+    pub samples: &'static [&'static str],
     /// Registers the operator on `operator` with its options parsed from a command line (the
     /// arguments after the binary's name; none: the defaults), as its binary would: for tests
     /// and tools that need every operator's controllers or metrics.
@@ -94,6 +100,7 @@ impl Entry {
             crds: D::crds,
             parse_args: parse_args::<D>,
             companions: D::COMPANIONS,
+            samples: D::SAMPLES,
             register: register::<D>,
         }
     }

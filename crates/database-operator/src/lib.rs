@@ -94,6 +94,12 @@ impl steward_core::operator::Definition for DatabaseOperator {
     const NAME: &'static str = NAME;
     const ABOUT: &'static str = "Manages PostgreSQL clusters, databases and roles";
     const COMPANIONS: &'static [&'static str] = &[steward_pg_instance::contract::BINARY];
+    const SAMPLES: &'static [&'static str] = &[
+        "database-postgrescluster.yaml",
+        "database-postgresbackup.yaml",
+        "database.yaml",
+        "database-role.yaml",
+    ];
     type Options = Options;
     type Error = Error;
 

@@ -1,17 +1,10 @@
-//! The registry of the workspace's operators: `cargo xtask` (crdgen, image) and the deploy
-//! tests iterate [`all`] instead of naming operators. Adding an operator crate is one line
-//! here (and the crate, and its workspace member line).
+//! The registry of the workspace's operators: `cargo xtask` (crdgen, helm, image, bench) and the
+//! tests iterate [`all`] instead of naming operators, and reach each operator crate through its
+//! re-export here (`steward_operators::tenant_operator`). Adding an operator crate is one line
+//! in the list at the end of this file and its dependency line in this crate's `Cargo.toml`
+//! (the workspace's members are `crates/*`; `cargo xtask new-operator` writes both lines).
 
 use steward_core::operator::Entry;
-
-/// Every operator of the workspace, by name.
-pub fn all() -> Vec<Entry> {
-    vec![
-        Entry::of::<database_operator::DatabaseOperator>(),
-        Entry::of::<tenant_operator::TenantOperator>(),
-        Entry::of::<upgrade_orchestrator::UpgradeOrchestrator>(),
-    ]
-}
 
 /// The operator named `name`.
 pub fn find(name: &str) -> Option<Entry> {
@@ -21,4 +14,23 @@ pub fn find(name: &str) -> Option<Entry> {
 /// Every operator's name.
 pub fn names() -> Vec<&'static str> {
     all().iter().map(|entry| entry.name).collect()
+}
+
+/// Re-exports each operator crate and lists its [`Entry`] in [`all`], in the order given.
+macro_rules! registry {
+    ($($krate:ident::$definition:ident),* $(,)?) => {
+        $(pub use $krate;)*
+
+        /// Every operator of the workspace, by name.
+        pub fn all() -> Vec<Entry> {
+            vec![$(Entry::of::<$krate::$definition>()),*]
+        }
+    };
+}
+
+// One line per operator: `<crate>::<its steward_core::operator::Definition>`.
+registry! {
+    database_operator::DatabaseOperator,
+    tenant_operator::TenantOperator,
+    upgrade_orchestrator::UpgradeOrchestrator,
 }

@@ -109,6 +109,7 @@ impl steward_core::operator::Definition for TenantOperator {
     const NAME: &'static str = NAME;
     const ABOUT: &'static str =
         "Gives each team a tenant: namespaces, access, quotas and isolation";
+    const SAMPLES: &'static [&'static str] = &["tenant.yaml"];
     type Options = Options;
     type Error = Error;
 

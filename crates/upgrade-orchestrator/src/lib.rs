@@ -87,6 +87,7 @@ pub struct UpgradeOrchestrator;
 impl steward_core::operator::Definition for UpgradeOrchestrator {
     const NAME: &'static str = NAME;
     const ABOUT: &'static str = "Rolls new versions across several dependent workloads, in order (UpgradePlan, upgrade.steward.dev)";
+    const SAMPLES: &'static [&'static str] = &["upgradeplan-targets.yaml", "upgradeplan.yaml"];
     type Options = Options;
     type Error = Error;
 

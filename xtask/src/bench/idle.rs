@@ -61,7 +61,8 @@ impl IdleWrites {
             .iter()
             .filter(|(k, _)| !k.ends_with(" events"))
             .map(|(_, v)| v)
-            .sum()
+            .sum::<f64>()
+            .max(0.0)
     }
 
     /// Event writes in the window, whoever wrote them.
@@ -225,8 +226,10 @@ pub async fn database_operator(
         .await
         .context("connecting to PostgreSQL")?;
     tokio::spawn(connection);
-    sql.batch_execute("ALTER SYSTEM SET log_statement = 'mod'; SELECT pg_reload_conf()")
+    // One statement each: several in one batch run as a transaction, which ALTER SYSTEM refuses.
+    sql.batch_execute("ALTER SYSTEM SET log_statement = 'mod'")
         .await?;
+    sql.batch_execute("SELECT pg_reload_conf()").await?;
 
     namespace(client, DB_NAMESPACE).await?;
     let admin: Secret = serde_json::from_value(json!({
