@@ -36,10 +36,11 @@ const DEFAULT_JOBS: usize = 1;
 /// The test targets that run in one lane, one after another: those that start testenv's real
 /// node (one per host), and the chaos soak, whose per-cycle deadline measures recovery and
 /// should not share the 2 cores with real pods (it once missed it doing so).
-const ONE_LANE: [&str; 4] = [
+const ONE_LANE: [&str; 5] = [
     "real_node",
     "postgres_cluster",
     "postgres_backup",
+    "postgres_upgrade",
     "database_chaos",
 ];
 
