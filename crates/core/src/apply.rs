@@ -257,13 +257,7 @@ impl Children {
         K: Resource<DynamicType = ()> + Clone + Serialize + DeserializeOwned + Debug,
         K::Scope: ScopeApi,
     {
-        let (name, namespace) = (desired.name_any(), desired.namespace());
-        let body = self.body(desired)?;
-        if current.is_some_and(|c| up_to_date(c, &body, &self.field_manager)) {
-            return Ok(Outcome::Unchanged);
-        }
-        self.send::<K>(&name, namespace.as_deref(), &body).await?;
-        Ok(Outcome::Applied)
+        self.ensure_with(current, desired, false).await
     }
 
     /// [`Children::ensure`] with the current object looked up in `store` (a cache of the
@@ -305,12 +299,28 @@ impl Children {
         K: Resource<DynamicType = ()> + Clone + Serialize + DeserializeOwned + Debug,
         K::Scope: ScopeApi,
     {
+        self.ensure_with(current, desired, true).await
+    }
+
+    /// [`Children::ensure`], with `current`'s resourceVersion as a precondition when
+    /// `unchanged_since`.
+    async fn ensure_with<K>(
+        &self,
+        current: Option<&ObjectMeta>,
+        desired: K,
+        unchanged_since: bool,
+    ) -> Result<Outcome, Error>
+    where
+        K: Resource<DynamicType = ()> + Clone + Serialize + DeserializeOwned + Debug,
+        K::Scope: ScopeApi,
+    {
         let (name, namespace) = (desired.name_any(), desired.namespace());
         let mut body = self.body(desired)?;
         if current.is_some_and(|c| up_to_date(c, &body, &self.field_manager)) {
             return Ok(Outcome::Unchanged);
         }
-        if let (Some(rv), Some(meta)) = (
+        if let (true, Some(rv), Some(meta)) = (
+            unchanged_since,
             current.and_then(|c| c.resource_version.clone()),
             body.get_mut("metadata").and_then(|m| m.as_object_mut()),
         ) {
