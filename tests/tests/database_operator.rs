@@ -1178,6 +1178,108 @@ async fn drift_is_converged_back() {
     );
 }
 
+/// Waits until both SQL controllers looked at every object again, twice, and asserts the
+/// second look ran no statement; returns `steward_sql_statements_total` of (database,
+/// databaserole).
+async fn quiet_sql(env: &Env, when: &str) -> (f64, f64) {
+    let statements = || {
+        (
+            env.counter("steward_sql_statements_total", "database"),
+            env.counter("steward_sql_statements_total", "databaserole"),
+        )
+    };
+    env.looked_again("databaserole").await;
+    env.looked_again("database").await;
+    let before = statements();
+    env.looked_again("databaserole").await;
+    env.looked_again("database").await;
+    assert_eq!(
+        statements(),
+        before,
+        "{when}: resyncs of converged objects ran SQL (database, databaserole)"
+    );
+    before
+}
+
+/// Converged Databases and DatabaseRoles run no SQL at resync (counted by the operator's own
+/// `steward_sql_statements_total` over resyncs it ran, not by waiting), and grants still
+/// converge: a table created since (not by the owner, so no default privilege covers it) is
+/// granted, a write privilege granted by hand to a read-only role is revoked; then it is
+/// quiet again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn converged_objects_run_no_sql_at_resync_and_grants_still_converge() {
+    let pg = Postgres::start().await.expect("PostgreSQL");
+    let env = env("pgidle").await;
+    env.admin_secret(&pg).await;
+    let mut db = database(&pg, "shop", "shop", "shop_owner");
+    db.spec.schemas = vec![SchemaSpec {
+        name: "sales".into(),
+        ensure: Ensure::Present,
+    }];
+    env.api::<Database>()
+        .create(&PostParams::default(), &db)
+        .await
+        .unwrap();
+    wait_database_ready(&env, "shop").await;
+    let roles = env.api::<DatabaseRole>();
+    for (object, name, privileges) in [
+        ("rw", "shop_rw", Privileges::ReadWrite),
+        ("ro", "shop_ro", Privileges::ReadOnly),
+    ] {
+        roles
+            .create(
+                &PostParams::default(),
+                &role(object, "shop", name, privileges),
+            )
+            .await
+            .unwrap();
+        wait_role_ready(&env, object).await;
+    }
+    let (_, roles_before) = quiet_sql(&env, "converged").await;
+    assert!(
+        roles_before >= 4.0,
+        "the roles' first reconciles ran their plans: {roles_before}"
+    );
+
+    // By hand: a table the owner did not create, a write grant to the read-only role.
+    let inside = connect(&pg, "shop", pg.superuser(), pg.password())
+        .await
+        .unwrap();
+    inside
+        .batch_execute(
+            "CREATE TABLE sales.orders (id serial PRIMARY KEY); \
+             GRANT INSERT ON sales.orders TO shop_ro",
+        )
+        .await
+        .unwrap();
+    const PRIVILEGES: &str = "SELECT has_table_privilege('shop_rw', 'sales.orders', 'INSERT'), \
+         has_sequence_privilege('shop_rw', 'sales.orders_id_seq', 'UPDATE'), \
+         has_table_privilege('shop_ro', 'sales.orders', 'SELECT'), \
+         has_table_privilege('shop_ro', 'sales.orders', 'INSERT'), \
+         has_sequence_privilege('shop_ro', 'sales.orders_id_seq', 'UPDATE')";
+    eventually("grants on the new table converged", WAIT, || async {
+        let row = inside
+            .query_one(PRIVILEGES, &[])
+            .await
+            .map_err(|e| e.to_string())?;
+        let got: [bool; 5] = std::array::from_fn(|i| row.get(i));
+        if got == [true, true, true, false, false] {
+            Ok(())
+        } else {
+            Err(format!(
+                "rw insert, rw sequence update, ro select, ro insert, ro sequence update = {got:?}"
+            ))
+        }
+    })
+    .await
+    .unwrap();
+    let (_, roles_after) = quiet_sql(&env, "repaired").await;
+    assert!(
+        roles_after > roles_before,
+        "the repair ran statements: {roles_before} -> {roles_after}"
+    );
+}
+
 // ---------------------------------------------------------------------------------------
 // 4. Rotation
 // ---------------------------------------------------------------------------------------
@@ -2366,15 +2468,22 @@ async fn sql_is_sent_only_while_leading_and_bounded_below_the_renew_deadline() {
     let follower = elector.leadership();
     let admin = superuser(&pg_server).await;
     let plan = vec!["CREATE ROLE fenced_out".to_string()];
-    let err = pg::execute(&admin, &plan, &follower)
+    let counted = Default::default();
+    let err = pg::execute(&admin, &plan, &follower, &counted)
         .await
         .expect_err("a follower sends nothing");
     assert!(matches!(err, pg::PgError::NotLeader { .. }), "{err}");
     assert!(!exists(&admin, ROLE_EXISTS, "fenced_out").await);
-    pg::execute(&admin, &plan, &steward_core::Leadership::always_leader())
-        .await
-        .expect("a leader's statement runs");
+    pg::execute(
+        &admin,
+        &plan,
+        &steward_core::Leadership::always_leader(),
+        &counted,
+    )
+    .await
+    .expect("a leader's statement runs");
     assert!(exists(&admin, ROLE_EXISTS, "fenced_out").await);
+    assert_eq!(counted.get(), 1, "only the statement that ran is counted");
 
     // The statement budget is 80 % of the renew deadline, set on every connection.
     assert_eq!(pg::statement_budget(&follower), Duration::from_millis(2400));

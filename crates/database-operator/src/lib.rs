@@ -119,6 +119,32 @@ pub struct State {
     /// The metadata of the children the operator applies, so an apply is skipped when a child
     /// is already as desired (`Children::ensure_cached`).
     pub children: ChildStores,
+    /// `steward_sql_statements_total{controller}`.
+    pub sql_statements: SqlStatements,
+}
+
+/// `steward_sql_statements_total{controller}`: the statements each controller ran that may
+/// change a server (plans; not the catalog reads). A converged object adds none at resync.
+#[derive(Clone, Default)]
+pub struct SqlStatements(
+    prometheus_client::metrics::family::Family<
+        steward_core::metrics::ControllerLabels,
+        prometheus_client::metrics::counter::Counter,
+    >,
+);
+
+impl SqlStatements {
+    /// The counter of the controller of `K` (named as steward-core names it: the kind in
+    /// lower case). It shares its value with the family.
+    pub fn of<K: kube::Resource<DynamicType = ()>>(
+        &self,
+    ) -> prometheus_client::metrics::counter::Counter {
+        self.0
+            .get_or_create(&steward_core::metrics::ControllerLabels {
+                controller: K::kind(&()).to_lowercase(),
+            })
+            .clone()
+    }
 }
 
 /// Metadata caches of the operator's children (label `app.kubernetes.io/managed-by`).
@@ -132,6 +158,25 @@ pub struct ChildStores {
     pub role_bindings: Cache<k8s_openapi::api::rbac::v1::RoleBinding>,
     pub statefulsets: Cache<k8s_openapi::api::apps::v1::StatefulSet>,
     pub pdbs: Cache<k8s_openapi::api::policy::v1::PodDisruptionBudget>,
+}
+
+/// Runs `plan` on `client` as the controller of `K`: fenced by leadership and counted in
+/// `steward_sql_statements_total` ([`pg::execute`]).
+///
+/// # Errors
+/// Those of [`pg::execute`].
+pub async fn run_plan<K: kube::Resource<DynamicType = ()>>(
+    ctx: &steward_core::Context<State>,
+    client: &tokio_postgres::Client,
+    plan: &[String],
+) -> Result<(), pg::PgError> {
+    pg::execute(
+        client,
+        plan,
+        &ctx.leadership,
+        &ctx.data.sql_statements.of::<K>(),
+    )
+    .await
 }
 
 /// A metadata cache of one kind of child.
@@ -184,8 +229,15 @@ pub fn register(operator: &mut steward_core::Operator, options: Options) -> Resu
         watch_metadata(scoped::<StatefulSet>(&client, ns), managed.clone());
     let (pdbs, pdbs_watch) =
         watch_metadata(scoped::<PodDisruptionBudget>(&client, ns), managed.clone());
+    let sql_statements = SqlStatements::default();
+    operator.metrics().register(
+        "steward_sql_statements",
+        "Statements run on PostgreSQL servers that may change them (catalog reads are not counted); a converged object adds none",
+        sql_statements.0.clone(),
+    );
     let state = State {
         options,
+        sql_statements,
         children: ChildStores {
             secrets,
             config_maps,

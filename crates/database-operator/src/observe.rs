@@ -5,7 +5,7 @@ use tokio_postgres::Client;
 
 use crate::ownership::Observed;
 use crate::pg::PgError;
-use crate::sql::{self, DatabaseServerState, InDatabaseState, RoleState};
+use crate::sql::{self, DatabaseServerState, HeldGrants, InDatabaseState, RoleState};
 
 fn stmt_err(what: &str) -> impl FnOnce(tokio_postgres::Error) -> PgError + '_ {
     move |source| PgError::Statement {
@@ -136,6 +136,57 @@ pub async fn in_database(client: &Client) -> Result<InDatabaseState, PgError> {
             .collect(),
         extensions: extensions.iter().map(|r| r.get::<_, String>(0)).collect(),
     })
+}
+
+/// What `role` holds, by name, inside the database `client` is connected to (`db`): CONNECT,
+/// and per schema of `schemas` that exists its USAGE, its privileges on the schema's tables
+/// and sequences, and the defaults `owner` gives it there.
+///
+/// # Errors
+/// [`PgError::Statement`].
+pub async fn grants(
+    client: &Client,
+    db: &str,
+    role: &str,
+    owner: &str,
+    schemas: &[String],
+) -> Result<HeldGrants, PgError> {
+    let connect = client
+        .query_one(sql::QUERY_ROLE_CONNECT, &[&role, &db])
+        .await
+        .map_err(stmt_err("read the database ACL"))?
+        .get(0);
+    let mut held = HeldGrants {
+        connect,
+        schemas: Default::default(),
+    };
+    for row in client
+        .query(sql::QUERY_SCHEMA_GRANTS, &[&role, &owner, &schemas])
+        .await
+        .map_err(stmt_err("read the schema ACLs"))?
+    {
+        let s = held.schemas.entry(row.get(0)).or_default();
+        s.usage = row.get(1);
+        s.default_tables = row.get::<_, Vec<String>>(2).into_iter().collect();
+        s.default_sequences = row.get::<_, Vec<String>>(3).into_iter().collect();
+    }
+    for row in client
+        .query(sql::QUERY_OBJECT_GRANTS, &[&role, &schemas])
+        .await
+        .map_err(stmt_err("read the table and sequence ACLs"))?
+    {
+        let Some(s) = held.schemas.get_mut(&row.get::<_, String>(0)) else {
+            continue;
+        };
+        let objects = if row.get(1) {
+            &mut s.sequences
+        } else {
+            &mut s.tables
+        };
+        objects.objects = row.get(3);
+        objects.holding.insert(row.get(2), row.get(4));
+    }
+    Ok(held)
 }
 
 /// The databases `role` owns.

@@ -8,6 +8,7 @@ use std::fmt;
 use std::sync::Arc;
 use std::time::Duration;
 
+use prometheus_client::metrics::counter::Counter;
 use rustls::client::danger::{HandshakeSignatureValid, ServerCertVerified, ServerCertVerifier};
 use rustls::pki_types::{CertificateDer, ServerName, UnixTime};
 use rustls::{DigitallySignedStruct, Error as TlsError, SignatureScheme};
@@ -208,13 +209,19 @@ pub async fn connect_as(
 /// finish before leadership could lapse ([`Leadership::deadline`]): the session's
 /// `statement_timeout` is set to the time left first, so the server ends a statement that
 /// would outlive it, and the client stops waiting at the same instant. A leader that was
-/// paused (or lost its Lease) mid-plan sends nothing more.
+/// paused (or lost its Lease) mid-plan sends nothing more. Each statement that succeeded is
+/// counted in `counted` (`steward_sql_statements_total`).
 ///
 /// # Errors
 /// [`PgError::Statement`] naming the first statement that failed (statements are logged by
 /// their first words only; they may hold SCRAM verifiers); [`PgError::NotLeader`] when one
 /// was not sent, or was abandoned unanswered (it may or may not have committed).
-pub async fn execute(client: &Client, plan: &[String], fence: &Leadership) -> Result<(), PgError> {
+pub async fn execute(
+    client: &Client,
+    plan: &[String],
+    fence: &Leadership,
+    counted: &Counter,
+) -> Result<(), PgError> {
     for statement in plan {
         let what = || redact(statement);
         let not_leader = |e: steward_core::leader::NotLeader| PgError::NotLeader {
@@ -231,6 +238,7 @@ pub async fn execute(client: &Client, plan: &[String], fence: &Leadership) -> Re
                 .batch_execute(statement)
                 .await
                 .map_err(statement_err)?;
+            counted.inc();
             continue;
         };
         let left = deadline.saturating_duration_since(tokio::time::Instant::now());
@@ -241,7 +249,10 @@ pub async fn execute(client: &Client, plan: &[String], fence: &Leadership) -> Re
         fence.guard().map_err(not_leader)?;
         tracing::info!(statement = %what(), "executing");
         match tokio::time::timeout_at(deadline, client.batch_execute(statement)).await {
-            Ok(result) => result.map_err(statement_err)?,
+            Ok(result) => {
+                result.map_err(statement_err)?;
+                counted.inc();
+            }
             Err(_) => {
                 return Err(PgError::NotLeader {
                     what: what(),

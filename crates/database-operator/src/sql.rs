@@ -56,6 +56,33 @@ pub const QUERY_SCHEMAS: &str =
     "SELECT nspname, pg_catalog.pg_get_userbyid(nspowner) FROM pg_catalog.pg_namespace";
 /// → every extension installed in the current database.
 pub const QUERY_EXTENSIONS: &str = "SELECT extname FROM pg_catalog.pg_extension";
+/// `$1` role, `$2` database → whether CONNECT on it is granted to the role by name.
+pub const QUERY_ROLE_CONNECT: &str = "SELECT EXISTS (SELECT 1 FROM pg_catalog.pg_database d, \
+     pg_catalog.aclexplode(d.datacl) a JOIN pg_catalog.pg_roles r ON r.oid = a.grantee \
+     WHERE r.rolname = $1 AND d.datname = $2 AND a.privilege_type = 'CONNECT')";
+/// `$1` role, `$2` owner, `$3` schemas → per schema: whether the role holds USAGE on it by
+/// name, and the privileges the owner's default ACL there gives it on new tables and on new
+/// sequences.
+pub const QUERY_SCHEMA_GRANTS: &str = "SELECT n.nspname, \
+     EXISTS (SELECT 1 FROM pg_catalog.aclexplode(n.nspacl) a \
+       WHERE a.grantee = r.oid AND a.privilege_type = 'USAGE'), \
+     ARRAY(SELECT a.privilege_type FROM pg_catalog.pg_default_acl d, pg_catalog.aclexplode(d.defaclacl) a \
+       WHERE d.defaclrole = o.oid AND d.defaclnamespace = n.oid AND d.defaclobjtype = 'r' AND a.grantee = r.oid), \
+     ARRAY(SELECT a.privilege_type FROM pg_catalog.pg_default_acl d, pg_catalog.aclexplode(d.defaclacl) a \
+       WHERE d.defaclrole = o.oid AND d.defaclnamespace = n.oid AND d.defaclobjtype = 'S' AND a.grantee = r.oid) \
+     FROM pg_catalog.pg_namespace n, pg_catalog.pg_roles r, pg_catalog.pg_roles o \
+     WHERE r.rolname = $1 AND o.rolname = $2 AND n.nspname = ANY($3)";
+/// `$1` role, `$2` schemas → per schema, kind (sequence or not) and privilege: how many
+/// objects there are and on how many the role holds the privilege by name. One row per
+/// privilege, not per object: a schema of 10 000 tables is still at most 12 rows.
+pub const QUERY_OBJECT_GRANTS: &str = "WITH rel AS (SELECT n.nspname, c.relkind = 'S' AS seq, \
+     ARRAY(SELECT a.privilege_type FROM pg_catalog.aclexplode(c.relacl) a \
+       JOIN pg_catalog.pg_roles r ON r.oid = a.grantee WHERE r.rolname = $1) AS held \
+     FROM pg_catalog.pg_class c JOIN pg_catalog.pg_namespace n ON n.oid = c.relnamespace \
+     WHERE n.nspname = ANY($2) AND c.relkind IN ('r', 'p', 'v', 'm', 'f', 'S')) \
+     SELECT nspname, seq, p, count(*), count(*) FILTER (WHERE p = ANY(held)) \
+     FROM rel, unnest(ARRAY['SELECT', 'INSERT', 'UPDATE', 'DELETE', 'TRUNCATE', 'USAGE']) p \
+     GROUP BY 1, 2, 3";
 /// `$1` database → terminates every other session on it.
 pub const TERMINATE_CONNECTIONS: &str = "SELECT pg_catalog.pg_terminate_backend(pid) FROM pg_catalog.pg_stat_activity \
      WHERE datname = $1 AND pid <> pg_catalog.pg_backend_pid()";
@@ -356,73 +383,151 @@ pub fn plan_in_database(
     out
 }
 
+/// What one privilege level grants on one kind of object: to hold on every object of that
+/// kind in a schema (and by default on new ones), and to hold on none.
+struct Level {
+    tables: (&'static [&'static str], &'static [&'static str]),
+    sequences: (&'static [&'static str], &'static [&'static str]),
+}
+
+const READ_WRITE: Level = Level {
+    tables: (&["SELECT", "INSERT", "UPDATE", "DELETE"], &[]),
+    sequences: (&["USAGE", "SELECT", "UPDATE"], &[]),
+};
+const READ_ONLY: Level = Level {
+    tables: (&["SELECT"], &["INSERT", "UPDATE", "DELETE", "TRUNCATE"]),
+    sequences: (&["USAGE", "SELECT"], &["UPDATE"]),
+};
+
 /// Statements (inside the database) granting `role` the `privileges` on database `db` owned
-/// by `owner`, over `schemas` (those that exist), revoking what the other privilege levels
-/// would have granted so a change of level converges.
+/// by `owner`, over the schemas of `held` (those that exist and are managed), revoking what
+/// the other privilege levels would have granted so a change of level converges.
+///
+/// Only what `held` shows missing (or extra) is planned: a converged role plans nothing, so
+/// resyncs change nothing on the server. A table created since is missing its grant and gets
+/// the `… ON ALL TABLES IN SCHEMA` statement again.
 pub fn plan_grants(
     db: &str,
     owner: &str,
     role: &str,
     privileges: Privileges,
-    schemas: &[String],
+    held: &HeldGrants,
     is_member_of_owner: bool,
 ) -> Vec<String> {
     let (r, o) = (qi(role), qi(owner));
-    let mut out = vec![grant_connect(db, role)];
-    match privileges {
+    let mut out = Vec::new();
+    if !held.connect {
+        out.push(grant_connect(db, role));
+    }
+    let level = match privileges {
         Privileges::Owner => {
             if !is_member_of_owner {
                 out.push(grant_role(owner, role));
             }
             return out;
         }
-        Privileges::ReadWrite | Privileges::ReadOnly if is_member_of_owner => {
-            out.push(revoke_role(owner, role))
-        }
-        _ => {}
+        Privileges::ReadWrite => READ_WRITE,
+        Privileges::ReadOnly => READ_ONLY,
+    };
+    if is_member_of_owner {
+        out.push(revoke_role(owner, role));
     }
-    for schema in schemas {
+    for (schema, h) in &held.schemas {
         let s = qi(schema);
-        out.push(format!("GRANT USAGE ON SCHEMA {s} TO {r}"));
+        if !h.usage {
+            out.push(format!("GRANT USAGE ON SCHEMA {s} TO {r}"));
+        }
         let default =
-            |what: &str| format!("ALTER DEFAULT PRIVILEGES FOR ROLE {o} IN SCHEMA {s} {what}");
-        match privileges {
-            Privileges::ReadWrite => {
+            |what: String| format!("ALTER DEFAULT PRIVILEGES FOR ROLE {o} IN SCHEMA {s} {what}");
+        let kinds = [
+            ("TABLES", level.tables, &h.tables, &h.default_tables),
+            (
+                "SEQUENCES",
+                level.sequences,
+                &h.sequences,
+                &h.default_sequences,
+            ),
+        ];
+        for (kind, (want, forbid), objects, defaults) in kinds {
+            let extra: Vec<&str> = forbid
+                .iter()
+                .copied()
+                .filter(|p| objects.on_any(p))
+                .collect();
+            if !extra.is_empty() {
                 out.push(format!(
-                    "GRANT SELECT, INSERT, UPDATE, DELETE ON ALL TABLES IN SCHEMA {s} TO {r}"
+                    "REVOKE {} ON ALL {kind} IN SCHEMA {s} FROM {r}",
+                    forbid.join(", ")
                 ));
+            }
+            if want.iter().any(|p| !objects.on_all(p)) {
                 out.push(format!(
-                    "GRANT USAGE, SELECT, UPDATE ON ALL SEQUENCES IN SCHEMA {s} TO {r}"
+                    "GRANT {} ON ALL {kind} IN SCHEMA {s} TO {r}",
+                    want.join(", ")
                 ));
-                out.push(default(&format!(
-                    "GRANT SELECT, INSERT, UPDATE, DELETE ON TABLES TO {r}"
-                )));
-                out.push(default(&format!(
-                    "GRANT USAGE, SELECT, UPDATE ON SEQUENCES TO {r}"
+            }
+            if forbid.iter().any(|p| defaults.contains(*p)) {
+                out.push(default(format!(
+                    "REVOKE {} ON {kind} FROM {r}",
+                    forbid.join(", ")
                 )));
             }
-            Privileges::ReadOnly => {
-                out.push(format!(
-                    "REVOKE INSERT, UPDATE, DELETE, TRUNCATE ON ALL TABLES IN SCHEMA {s} FROM {r}"
-                ));
-                out.push(format!("GRANT SELECT ON ALL TABLES IN SCHEMA {s} TO {r}"));
-                out.push(format!(
-                    "REVOKE UPDATE ON ALL SEQUENCES IN SCHEMA {s} FROM {r}"
-                ));
-                out.push(format!(
-                    "GRANT USAGE, SELECT ON ALL SEQUENCES IN SCHEMA {s} TO {r}"
-                ));
-                out.push(default(&format!(
-                    "REVOKE INSERT, UPDATE, DELETE, TRUNCATE ON TABLES FROM {r}"
+            if want.iter().any(|p| !defaults.contains(*p)) {
+                out.push(default(format!(
+                    "GRANT {} ON {kind} TO {r}",
+                    want.join(", ")
                 )));
-                out.push(default(&format!("GRANT SELECT ON TABLES TO {r}")));
-                out.push(default(&format!("REVOKE UPDATE ON SEQUENCES FROM {r}")));
-                out.push(default(&format!("GRANT USAGE, SELECT ON SEQUENCES TO {r}")));
             }
-            Privileges::Owner => {}
         }
     }
     out
+}
+
+/// What a role holds inside one database, granted to it by name (what PUBLIC holds does
+/// not count: the Database may revoke it): read by `observe::grants`.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct HeldGrants {
+    /// `CONNECT` on the database.
+    pub connect: bool,
+    /// Per managed schema that exists.
+    pub schemas: BTreeMap<String, SchemaGrants>,
+}
+
+/// What a role holds in one schema.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct SchemaGrants {
+    /// `USAGE` on the schema.
+    pub usage: bool,
+    /// Its tables (views, materialized views, foreign and partitioned tables included: what
+    /// `ALL TABLES IN SCHEMA` covers).
+    pub tables: Held,
+    pub sequences: Held,
+    /// What the owner's default privileges in the schema give the role on new tables.
+    pub default_tables: BTreeSet<String>,
+    pub default_sequences: BTreeSet<String>,
+}
+
+/// Privileges held over the objects of one kind in a schema.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Held {
+    /// How many objects there are.
+    pub objects: i64,
+    /// Privilege → on how many of them the role holds it.
+    pub holding: BTreeMap<String, i64>,
+}
+
+impl Held {
+    fn count(&self, privilege: &str) -> i64 {
+        self.holding.get(privilege).copied().unwrap_or(0)
+    }
+    /// Whether the role holds `privilege` on every object (true when there are none).
+    pub fn on_all(&self, privilege: &str) -> bool {
+        self.count(privilege) >= self.objects
+    }
+    /// Whether the role holds `privilege` on at least one object.
+    pub fn on_any(&self, privilege: &str) -> bool {
+        self.count(privilege) > 0
+    }
 }
 
 /// How a Database is dropped: statements on the admin database after
@@ -661,10 +766,39 @@ mod tests {
         assert!(plan_in_database("o", &schemas, &extensions, &converged).is_empty());
     }
 
+    fn held(objects: i64, privileges: &[&str]) -> Held {
+        Held {
+            objects,
+            holding: privileges
+                .iter()
+                .map(|p| (p.to_string(), objects))
+                .collect(),
+        }
+    }
+
+    fn set(privileges: &[&str]) -> BTreeSet<String> {
+        privileges.iter().map(|p| p.to_string()).collect()
+    }
+
+    /// Nothing held yet: one schema with a table and a sequence.
+    fn nothing() -> HeldGrants {
+        HeldGrants {
+            connect: false,
+            schemas: [(
+                "public".to_string(),
+                SchemaGrants {
+                    tables: held(1, &[]),
+                    sequences: held(1, &[]),
+                    ..Default::default()
+                },
+            )]
+            .into(),
+        }
+    }
+
     #[test]
     fn grants_per_privilege_level() {
-        let schemas = vec!["public".to_string()];
-        let owner = plan_grants("app", "o", "r", Privileges::Owner, &schemas, false);
+        let owner = plan_grants("app", "o", "r", Privileges::Owner, &nothing(), false);
         assert_eq!(
             owner,
             vec![
@@ -673,18 +807,29 @@ mod tests {
             ]
         );
         assert_eq!(
-            plan_grants("app", "o", "r", Privileges::Owner, &schemas, true).len(),
+            plan_grants("app", "o", "r", Privileges::Owner, &nothing(), true).len(),
             1
         );
 
-        let rw = plan_grants("app", "o", "r", Privileges::ReadWrite, &schemas, false).join(";\n");
-        assert!(rw.contains(
-            "GRANT SELECT, INSERT, UPDATE, DELETE ON ALL TABLES IN SCHEMA \"public\" TO \"r\""
-        ));
-        assert!(rw.contains("ALTER DEFAULT PRIVILEGES FOR ROLE \"o\" IN SCHEMA \"public\" GRANT SELECT, INSERT, UPDATE, DELETE ON TABLES TO \"r\""));
-        assert!(!rw.contains("REVOKE"));
+        let rw = plan_grants("app", "o", "r", Privileges::ReadWrite, &nothing(), false);
+        assert_eq!(
+            rw,
+            vec![
+                "GRANT CONNECT ON DATABASE \"app\" TO \"r\"",
+                "GRANT USAGE ON SCHEMA \"public\" TO \"r\"",
+                "GRANT SELECT, INSERT, UPDATE, DELETE ON ALL TABLES IN SCHEMA \"public\" TO \"r\"",
+                "ALTER DEFAULT PRIVILEGES FOR ROLE \"o\" IN SCHEMA \"public\" GRANT SELECT, INSERT, UPDATE, DELETE ON TABLES TO \"r\"",
+                "GRANT USAGE, SELECT, UPDATE ON ALL SEQUENCES IN SCHEMA \"public\" TO \"r\"",
+                "ALTER DEFAULT PRIVILEGES FOR ROLE \"o\" IN SCHEMA \"public\" GRANT USAGE, SELECT, UPDATE ON SEQUENCES TO \"r\"",
+            ]
+        );
 
-        let ro = plan_grants("app", "o", "r", Privileges::ReadOnly, &schemas, true).join(";\n");
+        // Demoted from owner to read-only, with write privileges left from read-write.
+        let mut was_rw = nothing();
+        let s = was_rw.schemas.get_mut("public").unwrap();
+        s.tables = held(1, &["SELECT", "INSERT", "UPDATE", "DELETE"]);
+        s.default_tables = set(&["SELECT", "INSERT"]);
+        let ro = plan_grants("app", "o", "r", Privileges::ReadOnly, &was_rw, true).join(";\n");
         assert!(
             ro.contains("REVOKE \"o\" FROM \"r\""),
             "demoted from owner: membership revoked"
@@ -692,8 +837,65 @@ mod tests {
         assert!(ro.contains(
             "REVOKE INSERT, UPDATE, DELETE, TRUNCATE ON ALL TABLES IN SCHEMA \"public\" FROM \"r\""
         ));
-        assert!(ro.contains("GRANT SELECT ON ALL TABLES IN SCHEMA \"public\" TO \"r\""));
+        assert!(
+            !ro.contains("GRANT SELECT ON ALL TABLES"),
+            "SELECT is held: {ro}"
+        );
+        assert!(ro.contains(
+            "IN SCHEMA \"public\" REVOKE INSERT, UPDATE, DELETE, TRUNCATE ON TABLES FROM \"r\""
+        ));
+        assert!(ro.contains("GRANT USAGE, SELECT ON ALL SEQUENCES IN SCHEMA \"public\" TO \"r\""));
         assert!(!ro.contains("GRANT SELECT, INSERT"));
+    }
+
+    /// A converged role plans nothing (so resyncs change nothing on the server); one table
+    /// created since brings back the one statement that covers it.
+    #[test]
+    fn converged_grants_plan_nothing() {
+        let converged = |privileges: Privileges| {
+            let (tables, sequences) = match privileges {
+                Privileges::ReadWrite => (READ_WRITE.tables.0, READ_WRITE.sequences.0),
+                _ => (READ_ONLY.tables.0, READ_ONLY.sequences.0),
+            };
+            HeldGrants {
+                connect: true,
+                schemas: ["public", "sales"]
+                    .map(|s| {
+                        let g = SchemaGrants {
+                            usage: true,
+                            tables: held(3, tables),
+                            sequences: held(2, sequences),
+                            default_tables: set(tables),
+                            default_sequences: set(sequences),
+                        };
+                        (s.to_string(), g)
+                    })
+                    .into(),
+            }
+        };
+        for privileges in [Privileges::ReadWrite, Privileges::ReadOnly] {
+            let mut held = converged(privileges);
+            assert_eq!(
+                plan_grants("app", "o", "r", privileges, &held, false),
+                Vec::<String>::new()
+            );
+            held.schemas.get_mut("sales").unwrap().tables.objects += 1;
+            let plan = plan_grants("app", "o", "r", privileges, &held, false);
+            assert_eq!(plan.len(), 1, "{plan:?}");
+            assert!(plan[0].contains("ON ALL TABLES IN SCHEMA \"sales\""));
+        }
+        let empty = HeldGrants {
+            connect: true,
+            schemas: BTreeMap::new(),
+        };
+        assert!(plan_grants("app", "o", "r", Privileges::Owner, &empty, true).is_empty());
+        // No objects at all: nothing to grant on them, only the defaults.
+        let mut bare = converged(Privileges::ReadWrite);
+        for s in bare.schemas.values_mut() {
+            s.tables = Held::default();
+            s.sequences = Held::default();
+        }
+        assert!(plan_grants("app", "o", "r", Privileges::ReadWrite, &bare, false).is_empty());
     }
 
     #[test]

@@ -215,7 +215,7 @@ async fn converge(
         &role_claim,
         sql::comment_on_role(&spec.owner, &me.render()),
     );
-    pg::execute(&admin, &role_plan, &ctx.leadership)
+    crate::run_plan::<Database>(ctx, &admin, &role_plan)
         .await
         .map_err(sql_err("create or update the owner role"))?;
     let db_state = observe::database_server(&admin, &spec.name, &spec.owner, admin_is_superuser)
@@ -226,7 +226,7 @@ async fn converge(
         &db_claim,
         sql::comment_on_database(&spec.name, &me.render()),
     );
-    pg::execute(&admin, &db_plan, &ctx.leadership)
+    crate::run_plan::<Database>(ctx, &admin, &db_plan)
         .await
         .map_err(sql_err("create or update the database"))?;
 
@@ -237,7 +237,7 @@ async fn converge(
         .await
         .map_err(sql_err("read schemas and extensions"))?;
     let in_plan = sql::plan_in_database(&spec.owner, &spec.schemas, &spec.extensions, &in_state);
-    pg::execute(&inside, &in_plan, &ctx.leadership)
+    crate::run_plan::<Database>(ctx, &inside, &in_plan)
         .await
         .map_err(sql_err("converge schemas and extensions"))?;
 
@@ -518,7 +518,7 @@ async fn drop_all(
     if !still_deleting(ctx, db).await? {
         return Ok(Action::await_change());
     }
-    pg::execute(&admin, &plan, &ctx.leadership)
+    crate::run_plan::<Database>(ctx, &admin, &plan)
         .await
         .map_err(sql_err("drop the database and its owner role"))?;
     let backup_note = progress

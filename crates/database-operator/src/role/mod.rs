@@ -282,7 +282,7 @@ async fn converge(
         &claim,
         sql::comment_on_role(&role.spec.role_name, &me.render()),
     );
-    pg::execute(&admin, &plan, &ctx.leadership)
+    crate::run_plan::<DatabaseRole>(ctx, &admin, &plan)
         .await
         .map_err(sql_err("create or update the role"))?;
 
@@ -305,15 +305,18 @@ async fn converge(
     let member = observe::is_direct_member(&inside, &role.spec.role_name, &owner)
         .await
         .map_err(sql_err("read role membership"))?;
+    let held = observe::grants(&inside, &dbname, &role.spec.role_name, &owner, &schemas)
+        .await
+        .map_err(sql_err("read the grants"))?;
     let grants = sql::plan_grants(
         &dbname,
         &owner,
         &role.spec.role_name,
         role.spec.privileges,
-        &schemas,
+        &held,
         member,
     );
-    pg::execute(&inside, &grants, &ctx.leadership)
+    crate::run_plan::<DatabaseRole>(ctx, &inside, &grants)
         .await
         .map_err(sql_err("grant privileges"))?;
 
@@ -471,11 +474,11 @@ async fn drop_role(
         let inside = pg::connect(&server, &db.spec.name, &ctx.leadership)
             .await
             .map_err(sql_err("connect to the database"))?;
-        pg::execute(&inside, &inside_plan, &ctx.leadership)
+        crate::run_plan::<DatabaseRole>(ctx, &inside, &inside_plan)
             .await
             .map_err(sql_err("reassign and drop the role's objects"))?;
     }
-    pg::execute(&admin, &admin_plan, &ctx.leadership)
+    crate::run_plan::<DatabaseRole>(ctx, &admin, &admin_plan)
         .await
         .map_err(sql_err("drop the role"))?;
     ctx.recorder
