@@ -16,7 +16,7 @@ use std::time::{Duration, Instant};
 use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::api::core::v1::{ConfigMap, LimitRange, Namespace, Pod, ResourceQuota, Secret};
 use k8s_openapi::api::networking::v1::NetworkPolicy;
-use k8s_openapi::api::rbac::v1::{ClusterRole, ClusterRoleBinding, RoleBinding};
+use k8s_openapi::api::rbac::v1::{ClusterRole, ClusterRoleBinding, Role, RoleBinding};
 use kube::api::{
     Api, ApiResource, DeleteParams, DynamicObject, ListParams, Patch, PatchParams, PostParams,
 };
@@ -76,6 +76,7 @@ impl Running {
         let options = Options {
             tenant_selector: Some(format!("{TEST_LABEL}={id}")),
             resync_period: resync,
+            shared_namespaces: vec![shared_namespace(id)],
             ..Options::default()
         };
         tenant_operator::register(&mut operator, options).expect("register");
@@ -123,6 +124,34 @@ impl Running {
     }
 }
 
+/// What the operator's access Role grants, as `(resource, name)` pairs, sorted.
+fn access_names(role: &Role) -> Vec<(&str, &str)> {
+    let mut names: Vec<(&str, &str)> = role
+        .rules
+        .iter()
+        .flatten()
+        .flat_map(|r| {
+            let resource = r
+                .resources
+                .as_ref()
+                .and_then(|r| r.first())
+                .map_or("", String::as_str);
+            r.resource_names
+                .iter()
+                .flatten()
+                .map(move |n| (resource, n.as_str()))
+        })
+        .collect();
+    names.sort();
+    names
+}
+
+/// The namespace the operator of test `id` shares sources from (created by
+/// [`Env::shared_namespace`]).
+fn shared_namespace(id: &str) -> String {
+    format!("{id}-src")
+}
+
 /// One test's world: the control plane, an admin client, the Tenant API and the operator.
 struct Env {
     cp: &'static ControlPlane,
@@ -146,6 +175,17 @@ impl Env {
             id,
             operator,
         }
+    }
+
+    /// Creates the namespace this test's operator shares sources from.
+    async fn shared_namespace(&self) -> String {
+        let name = shared_namespace(&self.id);
+        let ns: Namespace = serde_json::from_value(json!({"metadata": {"name": name}})).unwrap();
+        Api::<Namespace>::all(self.client.clone())
+            .create(&PostParams::default(), &ns)
+            .await
+            .expect("source namespace");
+        name
     }
 
     fn operator(&self) -> &Running {
@@ -362,7 +402,7 @@ async fn tenant_creates_its_objects_and_converges_on_spec_changes() {
     let owner = format!("alice-{t}");
 
     // Shared sources, opted in by label.
-    let src = env.cp.namespace("shared").await.expect("source namespace");
+    let src = env.shared_namespace().await;
     let secret: Secret = serde_json::from_value(json!({
         "metadata": {"name": "registry", "labels": {"tenancy.steward.dev/shareable": "true"}},
         "stringData": {"token": "s3cret"}
@@ -516,6 +556,16 @@ async fn tenant_creates_its_objects_and_converges_on_spec_changes() {
             .await
             .expect("shared ConfigMap");
         assert_eq!(cm.data.unwrap()["ca.crt"], "CERT");
+        // The operator reaches the copies by name only, through its own Role here.
+        let access = env
+            .api::<Role>(ns)
+            .get("tenancy.steward.dev:tenant-operator")
+            .await
+            .expect("the operator's access Role");
+        assert_eq!(
+            access_names(&access),
+            [("configmaps", "ca-bundle"), ("secrets", "registry")]
+        );
     }
     let role = Api::<ClusterRole>::all(env.client.clone())
         .get(&format!("tenancy.steward.dev:owner:{t}"))
@@ -586,6 +636,57 @@ async fn tenant_creates_its_objects_and_converges_on_spec_changes() {
     );
     assert_eq!(ns_a.labels()["team"], t);
     env.gone(&env.api::<ConfigMap>(&a), "ca-bundle").await;
+    let roles = env.api::<Role>(&a);
+    eventually("the access Role narrowed to the Secret", WAIT, || async {
+        let access = roles
+            .get("tenancy.steward.dev:tenant-operator")
+            .await
+            .map_err(|e| e.to_string())?;
+        match access_names(&access) {
+            names if names == [("secrets", "registry")] => Ok(()),
+            names => Err(format!("{names:?}")),
+        }
+    })
+    .await
+    .unwrap();
+
+    // A source outside the shared namespaces is never read: refused, with the reason.
+    env.patch_spec(
+        &t,
+        json!({"sharedObjects": [{"kind": "Secret", "namespace": src, "name": "registry"},
+                                 {"kind": "Secret", "namespace": "kube-system", "name": "anything"}]}),
+    )
+    .await;
+    eventually("the kube-system source refused", WAIT, || async {
+        let tenant = env.tenants.get(&t).await.map_err(|e| e.to_string())?;
+        let status = tenant.status.unwrap_or_default();
+        match status.conditions.iter().find(|c| c.type_ == "Ready") {
+            Some(c)
+                if c.reason == "SharedNamespaceNotAllowed"
+                    && c.message.contains("Secret kube-system/anything")
+                    && c.message.contains(&src) =>
+            {
+                Ok(())
+            }
+            other => Err(format!("{other:?}")),
+        }
+    })
+    .await
+    .unwrap();
+    assert!(
+        env.api::<Secret>(&a)
+            .get_opt("anything")
+            .await
+            .unwrap()
+            .is_none(),
+        "nothing copied from kube-system"
+    );
+    env.patch_spec(
+        &t,
+        json!({"sharedObjects": [{"kind": "Secret", "namespace": src, "name": "registry"}]}),
+    )
+    .await;
+    env.ready(&t).await;
 
     // A changed source reaches every copy.
     env.api::<Secret>(&src)

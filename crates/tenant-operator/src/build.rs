@@ -8,7 +8,7 @@
 //! its owners for the admission policies (the custom verb `own` on their Tenant).
 //! Every object carries the label `tenancy.steward.dev/tenant=<tenant>`.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
 
 use k8s_openapi::api::core::v1::{
@@ -19,7 +19,7 @@ use k8s_openapi::api::networking::v1::{
     NetworkPolicy, NetworkPolicyIngressRule, NetworkPolicyPeer, NetworkPolicySpec,
 };
 use k8s_openapi::api::rbac::v1::{
-    ClusterRole, ClusterRoleBinding, PolicyRule, RoleBinding, RoleRef, Subject as RbacSubject,
+    ClusterRole, ClusterRoleBinding, PolicyRule, Role, RoleBinding, RoleRef, Subject as RbacSubject,
 };
 use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{
@@ -435,6 +435,126 @@ pub fn owner_cluster_role_binding(tenant: &Tenant) -> ClusterRoleBinding {
             name,
         },
         subjects: Some(dedup_subjects(tenant.spec.owners.iter())),
+    }
+}
+
+/// Name of the Role and RoleBinding in each tenant namespace through which the operator reads
+/// and changes its copies and the policy parameters there, by name: it holds no cluster-wide
+/// read of Secrets or ConfigMaps.
+pub const ACCESS_ROLE: &str = "tenancy.steward.dev:tenant-operator";
+
+/// Verbs of [`access_role`]: reading a copy, applying it (server-side apply is a patch; the
+/// first one also needs `create`, which the operator holds cluster-wide, as RBAC cannot limit
+/// it by name) and deleting it.
+pub const ACCESS_VERBS: [&str; 3] = ["get", "patch", "delete"];
+
+/// The Secrets and ConfigMaps the operator may read and change in one namespace, by name.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Access {
+    pub secrets: BTreeSet<String>,
+    pub config_maps: BTreeSet<String>,
+}
+
+impl Access {
+    /// What `role` (an [`access_role`]) grants.
+    pub fn of(role: &Role) -> Access {
+        let mut access = Access::default();
+        for rule in role.rules.iter().flatten() {
+            let names = rule.resource_names.iter().flatten().cloned();
+            for resource in rule.resources.iter().flatten() {
+                match resource.as_str() {
+                    "secrets" => access.secrets.extend(names.clone()),
+                    "configmaps" => access.config_maps.extend(names.clone()),
+                    _ => {}
+                }
+            }
+        }
+        access
+    }
+
+    /// What either grants.
+    pub fn union(&self, other: &Access) -> Access {
+        Access {
+            secrets: self.secrets.union(&other.secrets).cloned().collect(),
+            config_maps: self
+                .config_maps
+                .union(&other.config_maps)
+                .cloned()
+                .collect(),
+        }
+    }
+
+    /// What `self` grants and `other` does not.
+    pub fn minus(&self, other: &Access) -> Access {
+        Access {
+            secrets: self.secrets.difference(&other.secrets).cloned().collect(),
+            config_maps: self
+                .config_maps
+                .difference(&other.config_maps)
+                .cloned()
+                .collect(),
+        }
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.secrets.is_empty() && self.config_maps.is_empty()
+    }
+}
+
+/// The operator's Role in `namespace`: [`ACCESS_VERBS`] on the Secrets and ConfigMaps named
+/// in `access`, nothing else.
+pub fn access_role(tenant: &Tenant, namespace: &str, access: &Access) -> Role {
+    let rule = |resource: &str, names: &BTreeSet<String>| {
+        (!names.is_empty()).then(|| PolicyRule {
+            api_groups: Some(vec![String::new()]),
+            resources: Some(vec![resource.to_string()]),
+            resource_names: Some(names.iter().cloned().collect()),
+            verbs: ACCESS_VERBS.iter().map(|v| v.to_string()).collect(),
+            ..Default::default()
+        })
+    };
+    Role {
+        metadata: meta(tenant, ACCESS_ROLE, Some(namespace)),
+        rules: Some(
+            [
+                rule("secrets", &access.secrets),
+                rule("configmaps", &access.config_maps),
+            ]
+            .into_iter()
+            .flatten()
+            .collect(),
+        ),
+    }
+}
+
+/// Binds [`access_role`] in `namespace` to the operator itself, user `me` (a ServiceAccount's
+/// user name becomes a ServiceAccount subject).
+pub fn access_role_binding(tenant: &Tenant, namespace: &str, me: &str) -> RoleBinding {
+    let subject = match me
+        .strip_prefix("system:serviceaccount:")
+        .and_then(|rest| rest.split_once(':'))
+    {
+        Some((ns, name)) => RbacSubject {
+            kind: "ServiceAccount".to_string(),
+            namespace: Some(ns.to_string()),
+            name: name.to_string(),
+            ..Default::default()
+        },
+        None => RbacSubject {
+            kind: "User".to_string(),
+            api_group: Some("rbac.authorization.k8s.io".to_string()),
+            name: me.to_string(),
+            ..Default::default()
+        },
+    };
+    RoleBinding {
+        metadata: meta(tenant, ACCESS_ROLE, Some(namespace)),
+        role_ref: RoleRef {
+            api_group: Some("rbac.authorization.k8s.io".to_string()),
+            kind: "Role".to_string(),
+            name: ACCESS_ROLE.to_string(),
+        },
+        subjects: Some(vec![subject]),
     }
 }
 

@@ -2,10 +2,15 @@
 //! the reconciler reads instead of the API server.
 //!
 //! Every child is watched through a reflector with a label selector
-//! (`tenancy.steward.dev/tenant`, or `tenancy.steward.dev/shareable=true` for shared sources),
-//! so the operator never caches unrelated Secrets, ConfigMaps or RoleBindings. A child's event
-//! is mapped to its Tenant by that label, after the store saw it, so a reconcile never reads
-//! a store older than its trigger.
+//! (`tenancy.steward.dev/tenant`), so the operator never caches unrelated objects. A child's
+//! event is mapped to its Tenant by that label, after the store saw it, so a reconcile never
+//! reads a store older than its trigger.
+//!
+//! Secrets and ConfigMaps are the exception: the operator may not read them cluster-wide.
+//! Shared sources are watched only in the shared namespaces (`--shared-namespace`, label
+//! `tenancy.steward.dev/shareable=true`), where its deployment grants it a Role; its copies
+//! (and the policy parameters) are read by name, through the Role it grants itself in each
+//! tenant namespace (see `build::access_role`).
 
 use std::fmt::Debug;
 use std::sync::Arc;
@@ -14,7 +19,7 @@ use std::time::Duration;
 
 use k8s_openapi::api::core::v1::{ConfigMap, LimitRange, Namespace, ResourceQuota, Secret};
 use k8s_openapi::api::networking::v1::NetworkPolicy;
-use k8s_openapi::api::rbac::v1::{ClusterRole, ClusterRoleBinding, RoleBinding};
+use k8s_openapi::api::rbac::v1::{ClusterRole, ClusterRoleBinding, Role, RoleBinding};
 use kube::api::Api;
 use kube::runtime::reflector::{ObjectRef, Store};
 use kube::runtime::watcher;
@@ -36,14 +41,13 @@ pub struct Stores {
     pub limit_ranges: Store<LimitRange>,
     pub network_policies: Store<NetworkPolicy>,
     pub role_bindings: Store<RoleBinding>,
+    /// The operator's access Roles, one per tenant namespace: which copies it may read.
+    pub roles: Store<Role>,
     pub cluster_roles: Store<ClusterRole>,
     pub cluster_role_bindings: Store<ClusterRoleBinding>,
-    /// Shared copies (labelled with their tenant).
-    pub secrets: Store<Secret>,
-    pub config_maps: Store<ConfigMap>,
-    /// Shared sources (labelled shareable).
-    pub source_secrets: Store<Secret>,
-    pub source_config_maps: Store<ConfigMap>,
+    /// Shared sources (labelled shareable), per shared namespace.
+    pub source_secrets: Sources<Secret>,
+    pub source_config_maps: Sources<ConfigMap>,
     /// Whether the child stores have listed.
     pub readiness: Readiness,
 }
@@ -98,12 +102,39 @@ impl Readiness {
     }
 }
 
+/// The caches of shared sources, one per shared namespace.
+#[derive(Clone)]
+pub struct Sources<K: Resource<DynamicType = ()> + 'static>(
+    std::collections::BTreeMap<String, Store<K>>,
+);
+
+impl<K: Resource<DynamicType = ()> + Clone + 'static> Sources<K> {
+    /// The cached source `namespace/name`; `None` also for a namespace that is not shared.
+    pub fn get(&self, namespace: &str, name: &str) -> Option<Arc<K>> {
+        self.0
+            .get(namespace)?
+            .get(&ObjectRef::new(name).within(namespace))
+    }
+
+    /// The shared namespaces.
+    pub fn namespaces(&self) -> Vec<String> {
+        self.0.keys().cloned().collect()
+    }
+
+    /// Whether `namespace` is a shared namespace.
+    pub fn shares(&self, namespace: &str) -> bool {
+        self.0.contains_key(namespace)
+    }
+}
+
 /// What every reconcile shares.
 pub struct State {
     pub stores: Stores,
     pub settings: Settings,
     /// Requeue interval without changes.
     pub resync: Duration,
+    /// The operator's own user (a SelfSubjectReview, once): the subject of its access Roles.
+    pub me: tokio::sync::OnceCell<String>,
 }
 
 /// A reflector over `api` limited by `labels` (steward-core's watch: its own backoff, errors
@@ -125,8 +156,13 @@ fn by_tenant_label<K: Resource>(obj: K) -> Option<ObjectRef<Tenant>> {
     obj.labels().get(TENANT_LABEL).map(|t| ObjectRef::new(t))
 }
 
-/// Builds the Tenant controller with all its watches, and the stores it reads.
-pub fn build(client: Client, tenant_selector: Option<&str>) -> (Controller<Tenant>, Stores) {
+/// Builds the Tenant controller with all its watches, and the stores it reads; shared
+/// sources are watched in `shared_namespaces` only.
+pub fn build(
+    client: Client,
+    tenant_selector: Option<&str>,
+    shared_namespaces: &[String],
+) -> (Controller<Tenant>, Stores) {
     let mut tenant_config = watcher::Config::default().any_semantic();
     if let Some(sel) = tenant_selector {
         tenant_config = tenant_config.labels(sel);
@@ -134,7 +170,6 @@ pub fn build(client: Client, tenant_selector: Option<&str>) -> (Controller<Tenan
     let controller = Controller::new(Api::<Tenant>::all(client.clone()), tenant_config);
     let tenants = controller.store();
     let has_tenant = TENANT_LABEL;
-    let shareable = format!("{SHAREABLE_LABEL}=true");
     let r = Readiness::new();
 
     let (namespaces, ns_stream) = reflect(Api::<Namespace>::all(client.clone()), has_tenant, &r);
@@ -144,6 +179,7 @@ pub fn build(client: Client, tenant_selector: Option<&str>) -> (Controller<Tenan
         reflect(Api::<NetworkPolicy>::all(client.clone()), has_tenant, &r);
     let (role_bindings, rb_stream) =
         reflect(Api::<RoleBinding>::all(client.clone()), has_tenant, &r);
+    let (roles, role_stream) = reflect(Api::<Role>::all(client.clone()), has_tenant, &r);
     let (cluster_roles, cr_stream) =
         reflect(Api::<ClusterRole>::all(client.clone()), has_tenant, &r);
     let (cluster_role_bindings, crb_stream) = reflect(
@@ -151,46 +187,21 @@ pub fn build(client: Client, tenant_selector: Option<&str>) -> (Controller<Tenan
         has_tenant,
         &r,
     );
-    let (secrets, secret_stream) = reflect(Api::<Secret>::all(client.clone()), has_tenant, &r);
-    let (config_maps, cm_stream) = reflect(Api::<ConfigMap>::all(client.clone()), has_tenant, &r);
-    let (source_secrets, src_secret_stream) =
-        reflect(Api::<Secret>::all(client.clone()), &shareable, &r);
-    let (source_config_maps, src_cm_stream) =
-        reflect(Api::<ConfigMap>::all(client), &shareable, &r);
 
-    let sharing = |kind: SharedKind, tenants: Store<Tenant>| {
-        move |obj: ObjectRefParts| {
-            tenants
-                .state()
-                .into_iter()
-                .filter(|t| {
-                    t.spec.shared_objects.iter().any(|s| {
-                        s.kind == kind && s.namespace == obj.namespace && s.name == obj.name
-                    })
-                })
-                .map(|t| ObjectRef::from_obj(t.as_ref()))
-                .collect::<Vec<_>>()
-        }
-    };
-    let secret_sharing = sharing(SharedKind::Secret, tenants.clone());
-    let cm_sharing = sharing(SharedKind::ConfigMap, tenants.clone());
-
-    let controller = controller
+    let mut controller = controller
         .watches_stream(ns_stream, by_tenant_label)
         .watches_stream(rq_stream, by_tenant_label)
         .watches_stream(lr_stream, by_tenant_label)
         .watches_stream(np_stream, by_tenant_label)
         .watches_stream(rb_stream, by_tenant_label)
+        .watches_stream(role_stream, by_tenant_label)
         .watches_stream(cr_stream, by_tenant_label)
-        .watches_stream(crb_stream, by_tenant_label)
-        .watches_stream(secret_stream, by_tenant_label)
-        .watches_stream(cm_stream, by_tenant_label)
-        .watches_stream(src_secret_stream, move |s: Secret| {
-            secret_sharing(ObjectRefParts::of(&s))
-        })
-        .watches_stream(src_cm_stream, move |c: ConfigMap| {
-            cm_sharing(ObjectRefParts::of(&c))
-        });
+        .watches_stream(crb_stream, by_tenant_label);
+    let (source_secrets, with_secrets) =
+        sources::<Secret>(&client, shared_namespaces, &tenants, &r, controller);
+    let (source_config_maps, with_config_maps) =
+        sources::<ConfigMap>(&client, shared_namespaces, &tenants, &r, with_secrets);
+    controller = with_config_maps;
 
     let stores = Stores {
         tenants,
@@ -199,10 +210,9 @@ pub fn build(client: Client, tenant_selector: Option<&str>) -> (Controller<Tenan
         limit_ranges,
         network_policies,
         role_bindings,
+        roles,
         cluster_roles,
         cluster_role_bindings,
-        secrets,
-        config_maps,
         source_secrets,
         source_config_maps,
         readiness: r,
@@ -210,19 +220,61 @@ pub fn build(client: Client, tenant_selector: Option<&str>) -> (Controller<Tenan
     (controller, stores)
 }
 
-/// Namespace and name of a shared source.
-struct ObjectRefParts {
-    namespace: String,
-    name: String,
+/// The kinds a Tenant can share.
+trait Shareable:
+    Resource<DynamicType = (), Scope = k8s_openapi::NamespaceResourceScope>
+    + Clone
+    + DeserializeOwned
+    + Debug
+    + Send
+    + Sync
+{
+    const KIND: SharedKind;
 }
 
-impl ObjectRefParts {
-    fn of<K: Resource>(obj: &K) -> Self {
-        Self {
-            namespace: obj.namespace().unwrap_or_default(),
-            name: obj.name_any(),
-        }
+impl Shareable for Secret {
+    const KIND: SharedKind = SharedKind::Secret;
+}
+
+impl Shareable for ConfigMap {
+    const KIND: SharedKind = SharedKind::ConfigMap;
+}
+
+/// Reflectors of the shareable `K`s of each shared namespace, each waking the Tenants that
+/// share the changed object.
+fn sources<K: Shareable + 'static>(
+    client: &Client,
+    namespaces: &[String],
+    tenants: &Store<Tenant>,
+    readiness: &Readiness,
+    mut controller: Controller<Tenant>,
+) -> (Sources<K>, Controller<Tenant>) {
+    let shareable = format!("{SHAREABLE_LABEL}=true");
+    let mut stores = std::collections::BTreeMap::new();
+    for ns in namespaces {
+        let (store, stream) = reflect(
+            Api::<K>::namespaced(client.clone(), ns),
+            &shareable,
+            readiness,
+        );
+        stores.insert(ns.clone(), store);
+        let tenants = tenants.clone();
+        controller = controller.watches_stream(stream, move |obj: K| {
+            let (namespace, name) = (obj.namespace().unwrap_or_default(), obj.name_any());
+            tenants
+                .state()
+                .into_iter()
+                .filter(|t| {
+                    t.spec
+                        .shared_objects
+                        .iter()
+                        .any(|s| s.kind == K::KIND && s.namespace == namespace && s.name == name)
+                })
+                .map(|t| ObjectRef::from_obj(t.as_ref()))
+                .collect::<Vec<_>>()
+        });
     }
+    (Sources(stores), controller)
 }
 
 #[cfg(test)]

@@ -89,6 +89,12 @@ pub struct Options {
     )]
     pub protected_namespaces: Vec<String>,
 
+    /// A namespace Tenants may share Secrets and ConfigMaps from (repeatable). The operator
+    /// watches only these for sources: it needs `get`, `list` and `watch` on Secrets and
+    /// ConfigMaps there (the deployment grants them in `steward-shared`), never cluster-wide.
+    #[arg(long = "shared-namespace", default_values_t = ["steward-shared".to_string()])]
+    pub shared_namespaces: Vec<String>,
+
     /// Print the admission policies (exempting `--exempt-user`/`--exempt-group`, which should
     /// include the operator's ServiceAccount) as YAML and exit.
     #[arg(long)]
@@ -170,6 +176,7 @@ pub fn register(operator: &mut Operator, options: Options) -> Result<(), Error> 
     let (controller, stores) = controller::build(
         operator.unguarded_client(),
         options.tenant_selector.as_deref(),
+        &options.shared_namespaces,
     );
     metrics::register(&operator.metrics(), &controller.store());
     // The admission policies' writes, counted with the tenant controller's.
@@ -189,6 +196,7 @@ pub fn register(operator: &mut Operator, options: Options) -> Result<(), Error> 
             },
         },
         resync: options.resync_period,
+        me: Default::default(),
     };
     operator.controller(controller, state, reconcile::reconcile);
     if options.apply_policies {

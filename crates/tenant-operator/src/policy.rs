@@ -3,7 +3,7 @@
 //!
 //! | policy | denies (to everyone but the exempt) |
 //! |---|---|
-//! | `…-managed-objects` | updating or deleting the quotas, limit ranges, network policies, role bindings and shared copies the operator manages in tenant namespaces |
+//! | `…-managed-objects` | updating or deleting the quotas, limit ranges, network policies, roles, role bindings and shared copies the operator manages in tenant namespaces |
 //! | `…-namespace-labels` | changing, adding or removing `tenancy.steward.dev/*` and `pod-security.kubernetes.io/*` labels of tenant namespaces |
 //! | `…-namespace-owner` | creating a namespace labelled for a tenant the requester does not own, or with other `tenancy.steward.dev/*` or Pod Security labels |
 //! | `…-namespace-allowance` | a tenant owner creating an unlabelled namespace, or one beyond `maxNamespaces`, or for a cordoned tenant; anyone creating a namespace a Tenant lists in `spec.namespaces` (reserved: the operator creates it) (one evaluation per Tenant, the Tenant as `params`) |
@@ -407,7 +407,7 @@ pub fn policies(exempt: &Exemptions, manager: &str) -> Vec<Policy> {
                         ),
                         rule(
                             &["rbac.authorization.k8s.io"],
-                            &["rolebindings"],
+                            &["roles", "rolebindings"],
                             &["UPDATE", "DELETE"],
                             None,
                         ),

@@ -23,7 +23,7 @@ use steward_core::apply::{Children, OWNER_LABEL, Outcome, ScopeApi, is_conflict}
 use steward_core::finalizer::{self, Event};
 use steward_core::{Context, ReconcileError};
 
-use crate::build::{self, QUOTA_NAME, SharedCopy, Source};
+use crate::build::{self, ACCESS_ROLE, Access, QUOTA_NAME, SharedCopy, Source};
 use crate::controller::State;
 use crate::crd::{
     FINALIZER, NamespaceDeletionPolicy, SharedKind, SharedObject, TENANT_LABEL, Tenant,
@@ -101,6 +101,9 @@ pub enum Error {
         #[source]
         source: kube::Error,
     },
+    /// Finding the operator's own user (the subject of its access Roles) failed.
+    #[error("failed to find the operator's own user")]
+    WhoAmI(#[source] crate::policy::Error),
     /// Deleting a child no longer wanted failed (the source names it).
     #[error("failed to prune a child the tenant no longer wants")]
     Prune(#[source] steward_core::Error),
@@ -122,6 +125,7 @@ impl ReconcileError for Error {
             Error::ApplyQuota { .. } => "QuotaApplyFailed",
             Error::ApplyChild { .. } => "ApplyFailed",
             Error::ReadTarget { .. } => "ReadFailed",
+            Error::WhoAmI(_) => "WhoAmIFailed",
             Error::Prune(_) => "PruneFailed",
             Error::WriteStatus(_) => "StatusWriteFailed",
         }
@@ -217,6 +221,7 @@ fn admitted_before(stores: &crate::controller::Stores, mut e: Existing) -> Exist
     if undecided(&e) {
         e.admitted = stores.role_bindings.state().iter().any(|rb| {
             rb.namespace().as_deref() == Some(e.name.as_str())
+                && rb.name_any() != ACCESS_ROLE
                 && rb.labels().get(TENANT_LABEL) == e.tenant.as_ref()
         });
     }
@@ -269,6 +274,13 @@ async fn converge(
 
     let mut missing_sources = BTreeSet::new();
     let mut taken = BTreeSet::new();
+    let not_shared: Vec<String> = tenant
+        .spec
+        .shared_objects
+        .iter()
+        .filter(|s| !stores.source_secrets.shares(&s.namespace))
+        .map(|s| format!("{:?} {}/{}", s.kind, s.namespace, s.name))
+        .collect();
     for ns in &active {
         let wanted = build::namespace_children(tenant, ns, &ctx.data.settings, |shared| {
             source(stores, shared)
@@ -288,37 +300,77 @@ async fn converge(
             &mut keep.network_policies,
         )
         .await?;
-        // Before access: the owners never see the namespace without its admission rules.
-        ensure_all(
-            &children,
-            &stores.config_maps,
-            wanted.policy_params,
-            &mut keep.config_maps,
-        )
-        .await?;
-        missing_sources.extend(wanted.missing_sources);
+        missing_sources.extend(
+            wanted
+                .missing_sources
+                .into_iter()
+                .filter(|m| !not_shared.contains(m)),
+        );
+        // The operator's access to what it writes here by name, then those objects: the
+        // admission parameters before the owners' access, the shared copies.
+        let want = Access {
+            secrets: wanted
+                .copies
+                .iter()
+                .filter_map(|c| match c {
+                    SharedCopy::Secret(s) => Some(s.name_any()),
+                    SharedCopy::ConfigMap(_) => None,
+                })
+                .collect(),
+            config_maps: wanted
+                .copies
+                .iter()
+                .filter_map(|c| match c {
+                    SharedCopy::ConfigMap(c) => Some(c.name_any()),
+                    SharedCopy::Secret(_) => None,
+                })
+                .chain(wanted.policy_params.iter().map(|c| c.name_any()))
+                .collect(),
+        };
+        let granted = granted(stores, ns);
+        let stale = granted.minus(&want);
+        grant(tenant, ctx, &children, ns, &want.union(&stale), &mut keep).await?;
+        let mut pending = false;
+        for params in wanted.policy_params {
+            pending |=
+                apply_by_name(ctx, &children, &uid, params, false).await? == ByName::NoAccessYet;
+        }
         for shared in wanted.copies {
-            let (kind, copy_name, in_place) = match shared {
+            let (kind, copy_name, applied) = match shared {
                 SharedCopy::Secret(s) => {
                     let n = s.name_any();
-                    let ok = copy(&ctx.client, &children, &uid, &stores.secrets, s).await?;
-                    if ok {
-                        keep.secrets.insert((ns.clone(), n.clone()));
-                    }
-                    ("Secret", n, ok)
+                    (
+                        "Secret",
+                        n,
+                        apply_by_name(ctx, &children, &uid, s, true).await?,
+                    )
                 }
                 SharedCopy::ConfigMap(c) => {
                     let n = c.name_any();
-                    let ok = copy(&ctx.client, &children, &uid, &stores.config_maps, c).await?;
-                    if ok {
-                        keep.config_maps.insert((ns.clone(), n.clone()));
-                    }
-                    ("ConfigMap", n, ok)
+                    (
+                        "ConfigMap",
+                        n,
+                        apply_by_name(ctx, &children, &uid, c, true).await?,
+                    )
                 }
             };
-            if !in_place {
-                taken.insert(format!("{kind} {ns}/{copy_name}"));
+            match applied {
+                ByName::Applied => {}
+                ByName::Taken => {
+                    taken.insert(format!("{kind} {ns}/{copy_name}"));
+                }
+                ByName::NoAccessYet => pending = true,
             }
+        }
+        if !stale.is_empty() {
+            delete_copies(ctx, &children, &uid, ns, &stale).await?;
+            grant(tenant, ctx, &children, ns, &want, &mut keep).await?;
+        }
+        if pending {
+            // The Role granting the operator access here was just applied: RBAC takes a
+            // moment to see it.
+            tracing::debug!(namespace = %ns, "waiting for the operator's access to its copies");
+            soon = true;
         }
         // Access last, and only once the namespace's quotas are enforced: until the quota
         // controller has copied a ResourceQuota's limits into `status.hard`, the API server
@@ -349,6 +401,28 @@ async fn converge(
                 ),
             });
         }
+    }
+    // Namespaces the tenant no longer has (released, or removed under `Orphan`): its copies
+    // there go first, then (pruned below) the access that let the operator reach them.
+    for role in stores.roles.state() {
+        let Some(ns) = role.namespace() else { continue };
+        if role.labels().get(TENANT_LABEL) != Some(&name)
+            || active.contains(&ns)
+            || terminating.contains(&ns)
+        {
+            continue;
+        }
+        delete_copies(ctx, &children, &uid, &ns, &Access::of(&role)).await?;
+    }
+    if !not_shared.is_empty() {
+        obs.problems.push(Problem {
+            reason: "SharedNamespaceNotAllowed",
+            message: format!(
+                "{} not copied: the operator reads shared objects only from the namespaces {} (--shared-namespace)",
+                not_shared.join(", "),
+                stores.source_secrets.namespaces().join(", ")
+            ),
+        });
     }
     if !missing_sources.is_empty() {
         obs.problems.push(Problem {
@@ -678,8 +752,7 @@ struct Keep {
     limit_ranges: BTreeSet<(String, String)>,
     network_policies: BTreeSet<(String, String)>,
     role_bindings: BTreeSet<(String, String)>,
-    secrets: BTreeSet<(String, String)>,
-    config_maps: BTreeSet<(String, String)>,
+    roles: BTreeSet<(String, String)>,
 }
 
 fn parse_quantities(map: Option<&BTreeMap<String, Quantity>>) -> BTreeMap<String, Milli> {
@@ -764,15 +837,27 @@ fn kind_name<K: Resource<DynamicType = ()>>() -> &'static str {
     }
 }
 
-/// Applies a shared copy unless its name is taken by an object that is not this tenant's
-/// copy. Returns whether the copy is in place.
-async fn copy<K>(
-    client: &Client,
+/// What [`apply_by_name`] did.
+#[derive(Debug, PartialEq, Eq)]
+enum ByName {
+    /// The object is as desired.
+    Applied,
+    /// The name is taken by an object that is not this tenant's (only when asked to check).
+    Taken,
+    /// The operator may not read it yet: the Role granting that was just applied.
+    NoAccessYet,
+}
+
+/// Applies `desired`, read first by name (the operator holds no list of Secrets or ConfigMaps,
+/// only `get` on the names of its [`build::access_role`]). With `only_ours`, a name taken by
+/// an object that is not this tenant's copy is left alone.
+async fn apply_by_name<K>(
+    ctx: &Context<State>,
     children: &Children,
     uid: &str,
-    store: &Store<K>,
     desired: K,
-) -> Result<bool, Error>
+    only_ours: bool,
+) -> Result<ByName, Error>
 where
     K: Resource<DynamicType = (), Scope = k8s_openapi::NamespaceResourceScope>
         + Clone
@@ -782,31 +867,130 @@ where
 {
     let name = desired.name_any();
     let namespace = desired.namespace().unwrap_or_default();
-    let cached = store.get(&ObjectRef::new(&name).within(&namespace));
-    let ours = |obj: &K| obj.labels().get(OWNER_LABEL).map(String::as_str) == Some(uid);
-    if cached.as_deref().is_none_or(|c| !ours(c)) {
-        let api: Api<K> = Api::namespaced(client.clone(), &namespace);
-        let existing = api
-            .get_opt(&name)
-            .await
-            .map_err(|source| Error::ReadTarget {
+    let api: Api<K> = Api::namespaced(ctx.client.clone(), &namespace);
+    let existing = match api.get_opt(&name).await {
+        Ok(existing) => existing,
+        Err(kube::Error::Api(s)) if s.code == 403 => return Ok(ByName::NoAccessYet),
+        Err(source) => {
+            return Err(Error::ReadTarget {
                 kind: kind_name::<K>(),
                 key: key(Some(&namespace), &name),
                 source,
-            })?;
-        if existing.as_ref().is_some_and(|e| !ours(e)) {
-            return Ok(false);
+            });
         }
+    };
+    if only_ours && existing.as_ref().is_some_and(|e| !ours(e, uid)) {
+        return Ok(ByName::Taken);
     }
     children
-        .ensure(cached.as_deref().map(|c| c.meta()), desired)
+        .ensure(existing.as_ref().map(|c| c.meta()), desired)
         .await
         .map_err(|source| Error::ApplyChild {
             kind: kind_name::<K>(),
             key: key(Some(&namespace), &name),
             source,
         })?;
-    Ok(true)
+    Ok(ByName::Applied)
+}
+
+fn ours<K: Resource>(obj: &K, uid: &str) -> bool {
+    obj.labels().get(OWNER_LABEL).map(String::as_str) == Some(uid)
+}
+
+/// What the operator's access Role in `ns` grants now (from the cache).
+fn granted(stores: &crate::controller::Stores, ns: &str) -> Access {
+    stores
+        .roles
+        .get(&ObjectRef::new(ACCESS_ROLE).within(ns))
+        .map(|r| Access::of(&r))
+        .unwrap_or_default()
+}
+
+/// Applies the operator's access Role and its binding in `ns` for `access` (kept), or keeps
+/// neither when there is nothing to reach (they are pruned).
+async fn grant(
+    tenant: &Tenant,
+    ctx: &Context<State>,
+    children: &Children,
+    ns: &str,
+    access: &Access,
+    keep: &mut Keep,
+) -> Result<(), Error> {
+    let key = (ns.to_string(), ACCESS_ROLE.to_string());
+    if access.is_empty() {
+        keep.roles.remove(&key);
+        keep.role_bindings.remove(&key);
+        return Ok(());
+    }
+    let me = ctx
+        .data
+        .me
+        .get_or_try_init(|| crate::policy::whoami(&ctx.client))
+        .await
+        .map_err(Error::WhoAmI)?;
+    let stores = &ctx.data.stores;
+    ensure_all(
+        children,
+        &stores.roles,
+        vec![build::access_role(tenant, ns, access)],
+        &mut keep.roles,
+    )
+    .await?;
+    ensure_all(
+        children,
+        &stores.role_bindings,
+        vec![build::access_role_binding(tenant, ns, me)],
+        &mut keep.role_bindings,
+    )
+    .await
+}
+
+/// Deletes the tenant's copies (and policy parameters) named in `access` in `ns`: each is read
+/// first, and only this tenant's own objects are deleted (a name once wanted may belong to
+/// someone else).
+async fn delete_copies(
+    ctx: &Context<State>,
+    children: &Children,
+    uid: &str,
+    ns: &str,
+    access: &Access,
+) -> Result<(), Error> {
+    for name in &access.secrets {
+        delete_ours::<k8s_openapi::api::core::v1::Secret>(ctx, children, uid, ns, name).await?;
+    }
+    for name in &access.config_maps {
+        delete_ours::<k8s_openapi::api::core::v1::ConfigMap>(ctx, children, uid, ns, name).await?;
+    }
+    Ok(())
+}
+
+async fn delete_ours<K>(
+    ctx: &Context<State>,
+    children: &Children,
+    uid: &str,
+    ns: &str,
+    name: &str,
+) -> Result<(), Error>
+where
+    K: Resource<DynamicType = (), Scope = k8s_openapi::NamespaceResourceScope>
+        + Clone
+        + DeserializeOwned
+        + Debug,
+{
+    let api: Api<K> = Api::namespaced(ctx.client.clone(), ns);
+    match api.get_opt(name).await {
+        Ok(Some(obj)) if ours(&obj, uid) => children
+            .delete::<K>(Some(ns), name)
+            .await
+            .map_err(Error::Prune),
+        Ok(_) => Ok(()),
+        Err(kube::Error::Api(s)) if s.code == 403 => Ok(()),
+        Err(source) => Err(Error::ReadTarget {
+            kind: kind_name::<K>(),
+            key: key(Some(ns), name),
+            source,
+        }),
+    }
 }
 
 /// [`ensure_child`] for each of `desired`, each recorded in `keep`.
@@ -827,17 +1011,18 @@ where
     Ok(())
 }
 
-/// The cached source of a shared object (only shareable sources are cached).
+/// The cached source of a shared object (only shareable sources in shared namespaces are
+/// cached).
 fn source(stores: &crate::controller::Stores, shared: &SharedObject) -> Option<Source> {
     let (name, namespace) = (&shared.name, &shared.namespace);
     match shared.kind {
         SharedKind::Secret => stores
             .source_secrets
-            .get(&ObjectRef::new(name).within(namespace))
+            .get(namespace, name)
             .map(Source::Secret),
         SharedKind::ConfigMap => stores
             .source_config_maps
-            .get(&ObjectRef::new(name).within(namespace))
+            .get(namespace, name)
             .map(Source::ConfigMap),
     }
 }
@@ -874,14 +1059,7 @@ impl Keep {
             terminating,
         )
         .await?;
-        prune(children, &stores.secrets, &self.secrets, terminating).await?;
-        prune(
-            children,
-            &stores.config_maps,
-            &self.config_maps,
-            terminating,
-        )
-        .await?;
+        prune(children, &stores.roles, &self.roles, terminating).await?;
         prune(children, &stores.cluster_roles, cluster, terminating).await?;
         prune(
             children,
