@@ -57,11 +57,14 @@ impl IdleWrites {
     /// Every write in the window but Events (the scheduler and the volume controller keep
     /// writing Events about the clusters' pods, which cannot run on kwok nodes).
     pub fn total_writes(&self) -> f64 {
-        self.writes
+        let sum: f64 = self
+            .writes
             .iter()
             .filter(|(k, _)| !k.ends_with(" events"))
             .map(|(_, v)| v)
-            .sum()
+            .sum();
+        // The background subtraction can leave -0, which would print as such.
+        sum.max(0.0) + 0.0
     }
 
     /// Event writes in the window, whoever wrote them.
@@ -339,17 +342,28 @@ pub async fn database_operator(
     for api in [&roles, &databases, &clusters] {
         api.delete_collection(&dp, &Default::default()).await?;
     }
+    // The operator removes their finalizers: it stops only once all are gone.
     let deadline = Instant::now() + converge;
-    while Instant::now() < deadline && !databases.list(&Default::default()).await?.items.is_empty()
-    {
+    while Instant::now() < deadline {
+        let mut left = 0;
+        for api in [&roles, &databases, &clusters] {
+            left += api.list(&Default::default()).await?.items.len();
+        }
+        if left == 0 {
+            break;
+        }
         tokio::time::sleep(Duration::from_millis(500)).await;
     }
     op.signal("TERM")?;
     op.wait_exit(Duration::from_secs(30)).await.ok();
-    Api::<Namespace>::all(client.clone())
-        .delete(DB_NAMESPACE, &dp)
-        .await
-        .ok();
+    // The namespace's deletion writes a few hundred objects' worth: wait for it, so they do
+    // not land in the next scenario's window.
+    let namespaces = Api::<Namespace>::all(client.clone());
+    namespaces.delete(DB_NAMESPACE, &dp).await.ok();
+    let deadline = Instant::now() + Duration::from_secs(180);
+    while Instant::now() < deadline && namespaces.get_opt(DB_NAMESPACE).await?.is_some() {
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    }
     Ok(IdleWrites {
         operator: "database-operator".into(),
         objects: format!("{n} PostgresClusters, {n} Databases, {n} DatabaseRoles"),
