@@ -158,8 +158,7 @@ struct Running {
     ns: String,
     probe: Arc<Probe>,
     addr: SocketAddr,
-    stop: tokio_util::sync::CancellationToken,
-    task: tokio::task::JoinHandle<Result<(), steward_core::Error>>,
+    operator: steward_testenv::harness::Harness,
 }
 
 async fn start(prefix: &str, backoff_base: Duration) -> Running {
@@ -208,22 +207,18 @@ async fn start_with(
         probe.clone(),
         reconcile,
     );
-    let stop = operator.shutdown_token();
-    let task = tokio::spawn(operator.run());
     Running {
         api: Api::namespaced(cp.client().unwrap(), &ns),
         ns,
         probe,
         addr,
-        stop,
-        task,
+        operator: steward_testenv::harness::Harness::start(operator).await,
     }
 }
 
 impl Running {
     async fn stop(self) {
-        self.stop.cancel();
-        self.task.await.expect("join").expect("clean shutdown");
+        self.operator.stop().await.expect("clean shutdown");
     }
 }
 

@@ -26,8 +26,8 @@ use kube::runtime::{WatchStreamExt, watcher};
 use kube::{Client, Resource, ResourceExt};
 use serde_json::json;
 use steward_testenv::eventually;
+use steward_testenv::harness::Harness;
 use steward_testenv::postgres::Postgres;
-use tokio_util::sync::CancellationToken;
 
 const WAIT: Duration = Duration::from_secs(90);
 const EVIL: &str = "x\"; DROP DATABASE postgres; --";
@@ -36,27 +36,11 @@ const EVIL: &str = "x\"; DROP DATABASE postgres; --";
 // Harness
 // ---------------------------------------------------------------------------------------
 
-/// The operator running in-process for one namespace; stopped on drop.
-struct Running {
-    stop: CancellationToken,
-    task: Option<tokio::task::JoinHandle<()>>,
-}
-
-impl Drop for Running {
-    fn drop(&mut self) {
-        self.stop.cancel();
-        if let Some(t) = self.task.take() {
-            t.abort();
-        }
-    }
-}
-
 struct Env {
     client: Client,
     ns: String,
-    /// The operator's metrics (its reconcile and write counters).
-    metrics: steward_core::metrics::Metrics,
-    _operator: Running,
+    /// The operator, in-process (stopped when the test's `Env` is dropped).
+    operator: Harness,
 }
 
 async fn env(prefix: &str) -> Env {
@@ -83,12 +67,8 @@ async fn env(prefix: &str) -> Env {
     }
     let ns = cp.namespace(prefix).await.expect("namespace");
     let args = steward_core::cli::CommonArgs {
-        leader_elect: false,
-        metrics_bind_address: "127.0.0.1:0".into(),
-        health_probe_bind_address: "127.0.0.1:0".into(),
         watch_namespace: Some(ns.clone()),
-        shutdown_timeout: Duration::from_secs(5),
-        ..Default::default()
+        ..steward_testenv::harness::test_args()
     };
     let mut operator =
         steward_core::Operator::with_config(database_operator::NAME, args, cp.config().clone())
@@ -99,61 +79,29 @@ async fn env(prefix: &str) -> Env {
         ..Default::default()
     };
     database_operator::register(&mut operator, options).expect("register");
-    let metrics = operator.metrics();
-    let stop = operator.shutdown_token();
-    let task = tokio::spawn(async move {
-        if let Err(e) = operator.run().await {
-            eprintln!("operator stopped with an error: {e}");
-        }
-    });
     Env {
         client: cp.client().expect("client"),
         ns,
-        metrics,
-        _operator: Running {
-            stop,
-            task: Some(task),
-        },
+        operator: Harness::start(operator).await,
     }
 }
 
 impl Env {
-    /// `name`'s samples in the operator's metrics for `controller`, summed.
-    fn counter(&self, name: &str, controller: &str) -> f64 {
-        let label = format!("controller=\"{controller}\"");
-        self.metrics
-            .encode()
-            .lines()
-            .filter(|l| l.starts_with(&format!("{name}{{")) && l.contains(&label))
-            .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
-            .sum()
-    }
-
-    /// Waits until `controller` has run `more` reconciles past `from`.
-    async fn reconciled(&self, controller: &str, from: f64, more: f64) {
-        eventually(
-            &format!("{more} more {controller} reconciles"),
-            WAIT,
-            || async {
-                let now = self.counter("controller_runtime_reconcile_total", controller);
-                if now >= from + more {
-                    Ok(())
-                } else {
-                    Err(format!("{} so far", now - from))
-                }
-            },
-        )
-        .await
-        .unwrap();
-    }
-
     /// Waits until `controller` has looked again at every object of this test: 4 more
     /// reconciles (each test has at most 2 objects per controller, all resynced every 2 s).
     /// What "nothing changed" asserts after this was decided by the operator, not by a sleep
     /// that passes when the operator is slow.
     async fn looked_again(&self, controller: &str) {
-        let now = self.counter("controller_runtime_reconcile_total", controller);
+        let now = self.operator.all_reconciles(controller);
         self.reconciled(controller, now, 4.0).await;
+    }
+
+    /// Waits until `controller` has run `more` reconciles past `from`.
+    async fn reconciled(&self, controller: &str, from: f64, more: f64) {
+        self.operator
+            .reconciled(controller, from, more, WAIT)
+            .await
+            .unwrap();
     }
 
     fn api<K>(&self) -> Api<K>
@@ -725,8 +673,11 @@ async fn cluster_children_are_written_only_when_they_differ() {
     .await
     .unwrap();
     const C: &str = "postgrescluster";
-    let writes = || env.counter("steward_child_writes_total", C);
-    let reconciles = || env.counter("controller_runtime_reconcile_total", C);
+    let writes = || env.operator.counter("steward_child_writes_total", C);
+    let reconciles = || {
+        env.operator
+            .counter("controller_runtime_reconcile_total", C)
+    };
     // Converged: settle, then three more resyncs write no child.
     env.reconciled(C, reconciles(), 2.0).await;
     let (w0, r0) = (writes(), reconciles());
@@ -1184,8 +1135,10 @@ async fn drift_is_converged_back() {
 async fn quiet_sql(env: &Env, when: &str) -> (f64, f64) {
     let statements = || {
         (
-            env.counter("steward_sql_statements_total", "database"),
-            env.counter("steward_sql_statements_total", "databaserole"),
+            env.operator
+                .counter("steward_sql_statements_total", "database"),
+            env.operator
+                .counter("steward_sql_statements_total", "databaserole"),
         )
     };
     env.looked_again("databaserole").await;

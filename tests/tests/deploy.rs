@@ -29,11 +29,10 @@ use kube::api::{Api, DynamicObject, ListParams, Patch, PatchParams, PostParams};
 use serde_json::{Value, json};
 use steward_core::Operator;
 use steward_core::cli::CommonArgs;
+use steward_testenv::harness::Harness;
 use steward_testenv::manifests;
 use steward_testenv::{ControlPlane, eventually, http_get, workspace_root};
 use tokio::sync::OnceCell;
-use tokio::task::JoinHandle;
-use tokio_util::sync::CancellationToken;
 
 const WAIT: Duration = Duration::from_secs(90);
 
@@ -728,8 +727,8 @@ struct Running {
     /// A client authenticated as the operator's ServiceAccount.
     client: Client,
     metrics: SocketAddr,
-    stop: CancellationToken,
-    task: JoinHandle<Result<(), steward_core::Error>>,
+    /// The operator, in-process (stopped on drop).
+    harness: Harness,
 }
 
 impl Running {
@@ -757,15 +756,12 @@ impl Running {
             .backoff(Duration::from_millis(200), Duration::from_secs(5));
         register(&mut op)?;
         let identity = op.leadership().identity().to_string();
-        let stop = op.shutdown_token();
-        let task = tokio::spawn(op.run());
         let running = Self {
             operator,
             user: format!("system:serviceaccount:{ns}:{operator}"),
             client: Client::try_from(config)?,
             metrics,
-            stop,
-            task,
+            harness: Harness::start(op).await,
         };
 
         // It leads through its own Lease ...
@@ -878,10 +874,9 @@ impl Running {
 
     /// Stops the operator and checks it released its Lease (Lease `update` is allowed).
     async fn stop(self, cp: &ControlPlane) -> Result<()> {
-        self.stop.cancel();
-        tokio::time::timeout(WAIT, self.task)
+        tokio::time::timeout(WAIT, self.harness.stop())
             .await
-            .context("operator did not stop")??
+            .context("operator did not stop")?
             .context("operator run failed")?;
         let ns = operator_namespace(self.operator);
         let lease = Api::<Lease>::namespaced(cp.client()?, &ns)

@@ -23,8 +23,7 @@ use kube::api::{
 use kube::{Client, CustomResourceExt, ResourceExt};
 use serde_json::{Value, json};
 use steward_core::Operator;
-use steward_core::cli::CommonArgs;
-use steward_core::metrics::{Metrics, ResultLabels};
+use steward_testenv::harness::{Harness, test_args};
 use steward_testenv::{ControlPlane, eventually};
 use tenant_operator::crd::{ADMITTED_LABEL, QUOTA_EXCEEDED, TENANT_LABEL, Tenant, TenantPhase};
 use tenant_operator::{NAME, Options};
@@ -47,81 +46,20 @@ fn rand_u32() -> u32 {
     h.finish() as u32
 }
 
-/// A running operator for the Tenants labelled `steward.dev/test=<id>`.
-struct Running {
-    stop: tokio_util::sync::CancellationToken,
-    task: tokio::task::JoinHandle<Result<(), steward_core::Error>>,
-    metrics: Metrics,
-}
-
-impl Running {
-    async fn start(cp: &ControlPlane, id: &str) -> Running {
-        Self::start_with_resync(cp, id, Duration::from_secs(3600)).await
-    }
-
-    /// [`Running::start`] with every Tenant reconciled again each `resync`.
-    async fn start_with_resync(cp: &ControlPlane, id: &str, resync: Duration) -> Running {
-        if std::env::var_os("RUST_LOG").is_some() {
-            CommonArgs::default().init_logging();
-        }
-        let args = CommonArgs {
-            leader_elect: false,
-            metrics_bind_address: "127.0.0.1:0".into(),
-            health_probe_bind_address: "127.0.0.1:0".into(),
-            ..CommonArgs::default()
-        };
-        let mut operator = Operator::with_config(NAME, args, cp.config().clone())
-            .expect("operator")
-            .backoff(Duration::from_millis(200), Duration::from_secs(5));
-        let options = Options {
-            tenant_selector: Some(format!("{TEST_LABEL}={id}")),
-            resync_period: resync,
-            shared_namespaces: vec![shared_namespace(id)],
-            ..Options::default()
-        };
-        tenant_operator::register(&mut operator, options).expect("register");
-        let stop = operator.shutdown_token();
-        let metrics = operator.metrics();
-        let task = tokio::spawn(operator.run());
-        Running {
-            stop,
-            task,
-            metrics,
-        }
-    }
-
-    async fn stop(self) {
-        self.stop.cancel();
-        self.task.await.expect("join").expect("clean shutdown");
-    }
-
-    fn reconciles(&self, result: &str) -> u64 {
-        self.metrics
-            .reconcile_total
-            .get_or_create(&ResultLabels {
-                controller: "tenant".into(),
-                result: result.into(),
-            })
-            .get()
-    }
-
-    fn successes(&self) -> u64 {
-        self.reconciles("success")
-    }
-
-    /// Every write of the operator: `steward_child_writes_total` (summed over kinds and
-    /// verbs) and its status writes.
-    fn writes(&self) -> u64 {
-        self.metrics
-            .encode()
-            .lines()
-            .filter(|l| {
-                l.starts_with("steward_child_writes_total{")
-                    || l.starts_with("steward_status_writes_total{")
-            })
-            .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
-            .sum::<f64>() as u64
-    }
+/// The operator, in-process, for the Tenants labelled `steward.dev/test=<id>`, reconciling
+/// every Tenant again each `resync`.
+async fn start_operator(cp: &ControlPlane, id: &str, resync: Duration) -> Harness {
+    let mut operator = Operator::with_config(NAME, test_args(), cp.config().clone())
+        .expect("operator")
+        .backoff(Duration::from_millis(200), Duration::from_secs(5));
+    let options = Options {
+        tenant_selector: Some(format!("{TEST_LABEL}={id}")),
+        resync_period: resync,
+        shared_namespaces: vec![shared_namespace(id)],
+        ..Options::default()
+    };
+    tenant_operator::register(&mut operator, options).expect("register");
+    Harness::start(operator).await
 }
 
 /// What the operator's access Role grants, as `(resource, name)` pairs, sorted.
@@ -158,7 +96,7 @@ struct Env {
     client: Client,
     tenants: Api<Tenant>,
     id: String,
-    operator: Option<Running>,
+    operator: Option<Harness>,
 }
 
 impl Env {
@@ -167,7 +105,7 @@ impl Env {
         cp.apply_crd(&Tenant::crd()).await.expect("Tenant CRD");
         let client = cp.client().expect("client");
         let id = format!("{prefix}-{}", suffix());
-        let operator = Some(Running::start(cp, &id).await);
+        let operator = Some(start_operator(cp, &id, Duration::from_secs(3600)).await);
         Env {
             cp,
             tenants: Api::all(client.clone()),
@@ -188,13 +126,13 @@ impl Env {
         name
     }
 
-    fn operator(&self) -> &Running {
+    fn operator(&self) -> &Harness {
         self.operator.as_ref().expect("running")
     }
 
     async fn stop(&mut self) {
         if let Some(op) = self.operator.take() {
-            op.stop().await;
+            op.stop().await.expect("clean shutdown");
         }
     }
 
@@ -2639,20 +2577,20 @@ async fn hundred_tenants_converge_and_a_resync_writes_nothing() {
         (w2, by2) = (w, by);
     }
     let restarted_at = Instant::now();
-    let restarted = Running::start_with_resync(env.cp, &env.id, Duration::from_secs(5)).await;
+    let restarted = start_operator(env.cp, &env.id, Duration::from_secs(5)).await;
     eventually(
         "every Tenant reconciled on start and at the next resync",
         Duration::from_secs(300),
         || async {
-            let n = restarted.successes();
+            let n = restarted.reconciles("tenant", "success");
             if n >= 2 * N as u64 {
                 Ok(())
             } else {
                 Err(format!(
                     "{n}/{} reconciles, {} errors, {} skipped",
                     2 * N,
-                    restarted.reconciles("error"),
-                    restarted.reconciles("skipped")
+                    restarted.reconciles("tenant", "error"),
+                    restarted.reconciles("tenant", "skipped")
                 ))
             }
         },
@@ -2664,17 +2602,17 @@ async fn hundred_tenants_converge_and_a_resync_writes_nothing() {
     let op_writes = restarted.writes();
     println!(
         "restart and resync of {N} tenants ({} reconciles in {resync_took:?} from a cold start, 5 s resync): {} API server writes to managed kinds, {} by the operator's count: {:?}",
-        restarted.successes(),
+        restarted.reconciles("tenant", "success"),
         w3 - w2,
         op_writes,
         diff(&by2, &by3),
     );
     assert_eq!(
-        op_writes, 0,
+        op_writes, 0.0,
         "the operator wrote on a resync with nothing changed"
     );
     assert_eq!(w3 - w2, 0, "writes on resync: {:?}", diff(&by2, &by3));
-    restarted.stop().await;
+    restarted.stop().await.expect("clean shutdown");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

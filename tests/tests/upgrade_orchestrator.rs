@@ -17,9 +17,10 @@ use kube::{Client, ResourceExt};
 use serde_json::json;
 use steward_core::Operator;
 use steward_core::cli::CommonArgs;
+use steward_testenv::harness::Harness;
 use steward_testenv::{ControlPlane, eventually};
 use tokio::task::JoinHandle;
-use tokio_util::sync::CancellationToken;
+
 use upgrade_orchestrator::crd::{
     ComponentPhase, ComponentStatus, PlanPhase, UpgradePlan, UpgradePlanStatus,
 };
@@ -74,27 +75,19 @@ impl Env {
     }
 
     /// Starts an orchestrator for this namespace on the test's runtime.
-    fn start(&self) -> Orchestrator {
-        self.start_with(self.args())
-    }
-
-    fn start_with(&self, args: CommonArgs) -> Orchestrator {
-        let mut op =
-            Operator::with_config(upgrade_orchestrator::NAME, args, self.cp.config().clone())
-                .expect("operator")
-                .backoff(Duration::from_millis(200), Duration::from_secs(2));
+    async fn start(&self) -> Harness {
+        let mut op = Operator::with_config(
+            upgrade_orchestrator::NAME,
+            self.args(),
+            self.cp.config().clone(),
+        )
+        .expect("operator")
+        .backoff(Duration::from_millis(200), Duration::from_secs(2));
         let options = upgrade_orchestrator::Options {
             watch_postgresclusters: false,
         };
         upgrade_orchestrator::register(&mut op, options).expect("register");
-        let token = op.shutdown_token();
-        let metrics = op.metrics();
-        let task = tokio::spawn(op.run());
-        Orchestrator {
-            token,
-            task,
-            metrics,
-        }
+        Harness::start(op).await
     }
 
     async fn create_plan(&self, plan: serde_json::Value) -> UpgradePlan {
@@ -254,19 +247,6 @@ impl Env {
             .expect("nodes")
             .items
             .len()
-    }
-}
-
-struct Orchestrator {
-    token: CancellationToken,
-    task: JoinHandle<Result<(), steward_core::Error>>,
-    metrics: steward_core::metrics::Metrics,
-}
-
-impl Orchestrator {
-    async fn stop(self) {
-        self.token.cancel();
-        self.task.await.expect("join").expect("clean shutdown");
     }
 }
 
@@ -672,7 +652,7 @@ async fn diamond_plan_upgrades_in_dependency_order() {
         .collect();
     let (timeline, watchers) = watch_timeline(&env, new_images);
 
-    let op = env.start();
+    let op = env.start().await;
     let started = Instant::now();
     env.create_plan(plan(
         "release",
@@ -791,7 +771,7 @@ async fn diamond_plan_upgrades_in_dependency_order() {
         ],
     )
     .await;
-    let metrics = op.metrics.encode();
+    let metrics = op.metrics().encode();
     assert!(
         metrics.contains(r#"steward_upgrade_component_duration_seconds_count{kind="Deployment",result="succeeded"} 2"#),
         "{metrics}"
@@ -800,7 +780,7 @@ async fn diamond_plan_upgrades_in_dependency_order() {
         metrics.contains("steward_upgrade_plans_in_progress 0"),
         "{metrics}"
     );
-    op.stop().await;
+    op.stop().await.expect("clean shutdown");
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -838,7 +818,7 @@ async fn failing_plan(
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn failed_component_rolls_back_every_upgraded_component() {
     let env = Env::new("uo-rollback").await;
-    let op = env.start();
+    let op = env.start().await;
     let deadline = 15;
     failing_plan(
         &env,
@@ -925,7 +905,7 @@ async fn failed_component_rolls_back_every_upgraded_component() {
         micros(&status.started_at),
         micros(&status.finished_at)
     );
-    op.stop().await;
+    op.stop().await.expect("clean shutdown");
 }
 
 /// A reconcile handed a stale copy of a plan must not re-apply what the stored plan already
@@ -941,7 +921,7 @@ async fn a_stale_copy_of_a_rolled_back_plan_changes_nothing() {
     use upgrade_orchestrator::reconcile::{Data, reconcile};
 
     let env = Env::new("uo-stale").await;
-    let op = env.start();
+    let op = env.start().await;
     // back's Deployment reports ProgressDeadlineExceeded after 5 s: the plan rolls back.
     failing_plan(
         &env,
@@ -969,7 +949,7 @@ async fn a_stale_copy_of_a_rolled_back_plan_changes_nothing() {
     let status = env
         .wait_phase("stale", &[PlanPhase::RolledBack], ROLL)
         .await;
-    op.stop().await;
+    op.stop().await.expect("clean shutdown");
     let reverted = [
         deployment_image(&env, "front").await,
         deployment_image(&env, "back").await,
@@ -1021,7 +1001,7 @@ async fn a_component_waits_only_for_its_own_dependencies() {
         &[],
     )
     .await;
-    let op = env.start();
+    let op = env.start().await;
     env.create_plan(plan(
         "dag",
         vec![
@@ -1042,7 +1022,7 @@ async fn a_component_waits_only_for_its_own_dependencies() {
     assert_eq!(comp(&status, "stuck").phase, ComponentPhase::Progressing);
     assert_eq!(status.phase, Some(PlanPhase::Progressing));
     assert_eq!(deployment_image(&env, "after").await.0, "after:2");
-    op.stop().await;
+    op.stop().await.expect("clean shutdown");
 }
 
 /// A component's own health rule (CEL over its target) decides when it is done: the next
@@ -1058,7 +1038,7 @@ async fn custom_health_rules_gate_the_next_component_and_can_fail_the_plan() {
         &[],
     )
     .await;
-    let op = env.start();
+    let op = env.start().await;
     let with_rule = |image: &str| {
         let mut gate = component("gate", "Deployment", image, &[]);
         gate["health"] = json!({
@@ -1156,7 +1136,7 @@ async fn custom_health_rules_gate_the_next_component_and_can_fail_the_plan() {
     )
     .await
     .expect("the failure says which rule held");
-    op.stop().await;
+    op.stop().await.expect("clean shutdown");
 }
 
 /// Deleting a plan mid-flight rolls it back before it goes (whatever its failure policy); a
@@ -1165,7 +1145,7 @@ async fn custom_health_rules_gate_the_next_component_and_can_fail_the_plan() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn deleting_a_running_plan_rolls_it_back_before_it_goes() {
     let env = Env::new("uo-delete").await;
-    let op = env.start();
+    let op = env.start().await;
     // Pause policy, long deadline: left alone, the plan would wait on `back` for minutes.
     failing_plan(
         &env,
@@ -1241,7 +1221,7 @@ async fn deleting_a_running_plan_rolls_it_back_before_it_goes() {
     assert_eq!(deployment_image(&env, "solo").await.0, "solo:2");
     let record = deleted_message(&env, "done").await;
     assert_eq!(record, "deleted while Succeeded: solo Succeeded at solo:2");
-    op.stop().await;
+    op.stop().await.expect("clean shutdown");
 }
 
 /// The message of the `PlanDeleted` Event about `plan`.
@@ -1268,7 +1248,7 @@ async fn deleted_message(env: &Env, plan: &str) -> String {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn failed_component_pauses_the_plan_when_asked() {
     let env = Env::new("uo-pause").await;
-    let op = env.start();
+    let op = env.start().await;
     // The Deployment itself reports failure (ProgressDeadlineExceeded after 5 s), long before
     // the plan's 300 s deadline.
     failing_plan(
@@ -1317,7 +1297,7 @@ async fn failed_component_pauses_the_plan_when_asked() {
     // It stays stopped: nothing is reverted, nothing else happens.
     let (front_image, front_generation) = deployment_image(&env, "front").await;
     let (back_image, back_generation) = deployment_image(&env, "back").await;
-    looked_again(&op.metrics, &env, "careful").await;
+    looked_again(op.metrics(), &env, "careful").await;
     let later = env.status("careful").await;
     assert_eq!(later.phase, Some(PlanPhase::Paused));
     assert_eq!(
@@ -1354,7 +1334,7 @@ async fn failed_component_pauses_the_plan_when_asked() {
     );
     assert_eq!(deployment_image(&env, "front").await.0, "front:1");
     assert_eq!(deployment_image(&env, "back").await.0, "back:1");
-    op.stop().await;
+    op.stop().await.expect("clean shutdown");
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -1370,7 +1350,7 @@ async fn manual_approval_waits_at_each_wave() {
         &[],
     )
     .await;
-    let op = env.start();
+    let op = env.start().await;
     env.create_plan(plan(
         "gated",
         vec![
@@ -1389,7 +1369,7 @@ async fn manual_approval_waits_at_each_wave() {
         .await;
     assert_eq!(status.current_wave, Some(1));
     let (_, a_generation) = deployment_image(&env, "a").await;
-    looked_again(&op.metrics, &env, "gated").await;
+    looked_again(op.metrics(), &env, "gated").await;
     assert_eq!(
         deployment_image(&env, "a").await,
         ("a:1".to_string(), a_generation),
@@ -1457,7 +1437,7 @@ async fn manual_approval_waits_at_each_wave() {
         &["WaitingApproval", "WaveApproved", "PlanSucceeded"],
     )
     .await;
-    op.stop().await;
+    op.stop().await.expect("clean shutdown");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -1467,7 +1447,7 @@ async fn paused_plan_halts_between_components() {
     let mut slow = deployment("a", "a:1");
     slow.spec.min_ready_seconds = Some(6);
     create_and_wait(&env, &[slow, deployment("b", "b:1")], &[], &[]).await;
-    let op = env.start();
+    let op = env.start().await;
     env.create_plan(plan(
         "stepwise",
         vec![
@@ -1525,7 +1505,7 @@ async fn paused_plan_halts_between_components() {
     .await
     .expect("paused with a done");
     let (_, b_generation) = deployment_image(&env, "b").await;
-    looked_again(&op.metrics, &env, "stepwise").await;
+    looked_again(op.metrics(), &env, "stepwise").await;
     let later = env.status("stepwise").await;
     assert_eq!(later.phase, Some(PlanPhase::Paused));
     assert_eq!(
@@ -1549,7 +1529,7 @@ async fn paused_plan_halts_between_components() {
     );
     env.expect_events("stepwise", &["PlanPaused", "PlanResumed"])
         .await;
-    op.stop().await;
+    op.stop().await.expect("clean shutdown");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -1558,7 +1538,7 @@ async fn a_plan_starts_components_only_inside_its_maintenance_window() {
 
     let env = Env::new("uo-window").await;
     create_and_wait(&env, &[deployment("a", "a:1")], &[], &[]).await;
-    let op = env.start();
+    let op = env.start().await;
 
     // A one-minute window twelve hours from now: closed for the whole test.
     let later = (Timestamp::now() + SignedDuration::from_hours(12)).to_zoned(TimeZone::UTC);
@@ -1624,7 +1604,7 @@ async fn a_plan_starts_components_only_inside_its_maintenance_window() {
     assert_eq!(deployment_image(&env, "a").await.0, "a:2");
     env.expect_events("nightly", &["WaitingWindow", "PlanStarted"])
         .await;
-    op.stop().await;
+    op.stop().await.expect("clean shutdown");
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -1644,7 +1624,7 @@ async fn invalid_plans_are_reported_and_change_nothing() {
         deployment_image(&env, "a").await,
         deployment_image(&env, "b").await,
     );
-    let op = env.start();
+    let op = env.start().await;
     let cases: Vec<(&str, Vec<serde_json::Value>, &str)> = vec![
         (
             "cycle",
@@ -1758,7 +1738,7 @@ async fn invalid_plans_are_reported_and_change_nothing() {
 
     // Each plan looked at again after it was reported: still nothing touched.
     for name in cases.iter().map(|c| c.0).chain(["release-2-0"]) {
-        looked_again(&op.metrics, &env, name).await;
+        looked_again(op.metrics(), &env, name).await;
     }
     assert_eq!(
         (
@@ -1829,7 +1809,7 @@ async fn invalid_plans_are_reported_and_change_nothing() {
             .contains("immutable once the plan has started"),
         "{err}"
     );
-    op.stop().await;
+    op.stop().await.expect("clean shutdown");
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -2187,7 +2167,7 @@ async fn changes_the_target_refuses_are_reported_before_anything_changes() {
         .create(&PostParams::default(), &cluster)
         .await
         .expect("create PostgresCluster");
-    let op = env.start();
+    let op = env.start().await;
     let version = |v: &str| json!({"name": "db", "target": {"kind": "PostgresCluster", "name": "pg"}, "version": v});
     let cases = [
         ("pg-abc", version("abc"), "spec.version"),
@@ -2223,7 +2203,7 @@ async fn changes_the_target_refuses_are_reported_before_anything_changes() {
         WAIT_VALID,
     )
     .await;
-    op.stop().await;
+    op.stop().await.expect("clean shutdown");
     let pg = clusters.get("pg").await.expect("get PostgresCluster");
     assert_eq!(
         pg.data["spec"]["version"],
@@ -2255,8 +2235,7 @@ async fn postgres_cluster_upgrade_is_a_component() {
             .backoff(Duration::from_millis(500), Duration::from_secs(4));
     database_operator::register(&mut db_operator, database_operator::Options::default())
         .expect("register");
-    let db_token = db_operator.shutdown_token();
-    let db_task = tokio::spawn(db_operator.run());
+    let db_operator = Harness::start(db_operator).await;
 
     // kwok has no volume provisioner: a PersistentVolume of a class unique to this test.
     let class = format!("steward-{}", env.ns);
@@ -2323,8 +2302,7 @@ async fn postgres_cluster_upgrade_is_a_component() {
         },
     )
     .expect("register");
-    let token = op.shutdown_token();
-    let task = tokio::spawn(op.run());
+    let op = Harness::start(op).await;
 
     env.create_plan(plan(
         "database-first",
@@ -2441,10 +2419,8 @@ async fn postgres_cluster_upgrade_is_a_component() {
     env.expect_events("one-way", &["PlanRolledBack", "TargetReverted"])
         .await;
 
-    token.cancel();
-    task.await.expect("join").expect("orchestrator stops");
-    db_token.cancel();
-    let _ = db_task.await;
+    op.stop().await.expect("orchestrator stops");
+    let _ = db_operator.stop().await;
 }
 
 /// The state a leader leaves when it dies right after recording a start (or a revert) and
@@ -2528,7 +2504,7 @@ async fn resumes_a_recorded_start_and_a_recorded_revert() {
         "recorded, not yet changed"
     );
 
-    let op = env.start();
+    let op = env.start().await;
     let forward = env
         .wait_phase(
             "forward",
@@ -2574,7 +2550,7 @@ async fn resumes_a_recorded_start_and_a_recorded_revert() {
         ("c:1".to_string(), generations.1 + 1),
         "reverted once, to the recorded value"
     );
-    op.stop().await;
+    op.stop().await.expect("clean shutdown");
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -2634,7 +2610,7 @@ async fn hooks_gate_the_change_and_a_failed_hook_rolls_the_plan_back() {
         deployment_image(&env, "db").await.1,
         deployment_image(&env, "api").await.1,
     );
-    let op = env.start();
+    let op = env.start().await;
 
     // A hook Job the API server refuses (no containers) is reported before anything changes.
     let mut bad = component("db", "Deployment", "db:2", &[]);
@@ -2761,7 +2737,7 @@ async fn hooks_gate_the_change_and_a_failed_hook_rolls_the_plan_back() {
         t.abort();
     }
     job_watch.abort();
-    op.stop().await;
+    op.stop().await.expect("clean shutdown");
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -2829,7 +2805,7 @@ async fn fields_of_any_kind_are_changed_and_rolled_back_exactly() {
     )
     .await;
     let api_generation = deployment_image(&env, "api").await.1;
-    let op = env.start();
+    let op = env.start().await;
 
     // Bad targets are refused at admission, saying why.
     let mut no_version = component("config", "ConfigMap", "x", &[]);
@@ -2946,7 +2922,7 @@ async fn fields_of_any_kind_are_changed_and_rolled_back_exactly() {
         &["TargetChanged", "TargetReverted", "PlanRolledBack"],
     )
     .await;
-    op.stop().await;
+    op.stop().await.expect("clean shutdown");
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -2999,7 +2975,7 @@ async fn a_plan_acts_as_its_service_account_and_changes_only_what_it_may() {
         .create(&PostParams::default(), &binding)
         .await
         .expect("create binding");
-    let op = env.start();
+    let op = env.start().await;
     let across = |target: &str, image: &str| {
         let mut c = component(target, "Deployment", image, &[]);
         c["target"]["namespace"] = json!(other);
@@ -3088,5 +3064,5 @@ async fn a_plan_acts_as_its_service_account_and_changes_only_what_it_may() {
         Some("admin:1"),
         "untouched"
     );
-    op.stop().await;
+    op.stop().await.expect("clean shutdown");
 }

@@ -368,9 +368,14 @@ async fn converge(
         }
         if pending {
             // The Role granting the operator access here was just applied: RBAC takes a
-            // moment to see it.
-            tracing::debug!(namespace = %ns, "waiting for the operator's access to its copies");
+            // moment to see it. Not Ready until the copies are in place.
             soon = true;
+            obs.problems.push(Problem {
+                reason: "CopiesPending",
+                message: format!(
+                    "waiting for the operator's access to namespace {ns} (its Role there was just applied) to copy the shared objects"
+                ),
+            });
         }
         // Access last, and only once the namespace's quotas are enforced: until the quota
         // controller has copied a ResourceQuota's limits into `status.hard`, the API server

@@ -38,12 +38,22 @@ pub fn test_args() -> CommonArgs {
     }
 }
 
-/// An operator running in this test process.
+/// An operator running in this test process; stopped when dropped (without waiting: call
+/// [`Harness::stop`] to see how it ended).
 pub struct Harness {
     stop: CancellationToken,
-    task: tokio::task::JoinHandle<Result<(), steward_core::Error>>,
+    task: Option<tokio::task::JoinHandle<Result<(), steward_core::Error>>>,
     metrics: Metrics,
     health_addr: Option<SocketAddr>,
+}
+
+impl Drop for Harness {
+    fn drop(&mut self) {
+        self.stop.cancel();
+        if let Some(task) = self.task.take() {
+            task.abort();
+        }
+    }
 }
 
 impl Harness {
@@ -55,7 +65,7 @@ impl Harness {
         let health_addr = operator.args().health_addr().ok().flatten();
         let stop = operator.shutdown_token();
         let metrics = operator.metrics();
-        let task = tokio::spawn(operator.run());
+        let task = Some(tokio::spawn(operator.run()));
         Self {
             stop,
             task,
@@ -83,6 +93,66 @@ impl Harness {
                 result: result.into(),
             })
             .get()
+    }
+
+    /// The sum of family `name`'s samples labelled `controller` in the operator's metrics
+    /// (a counter by its exposed name: `steward_child_writes_total`), summed over their
+    /// other labels.
+    pub fn counter(&self, name: &str, controller: &str) -> f64 {
+        let label = format!("controller=\"{controller}\"");
+        let prefix = format!("{name}{{");
+        self.metrics
+            .encode()
+            .lines()
+            .filter(|l| l.starts_with(&prefix) && l.contains(&label))
+            .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+            .sum()
+    }
+
+    /// Every reconcile of `controller` so far, whatever its result.
+    pub fn all_reconciles(&self, controller: &str) -> f64 {
+        self.counter("controller_runtime_reconcile_total", controller)
+    }
+
+    /// Every write of the operator so far: its children's (`steward_child_writes_total`)
+    /// and its status writes, all controllers.
+    pub fn writes(&self) -> f64 {
+        self.metrics
+            .encode()
+            .lines()
+            .filter(|l| {
+                l.starts_with("steward_child_writes_total{")
+                    || l.starts_with("steward_status_writes_total{")
+            })
+            .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+            .sum()
+    }
+
+    /// Waits until `controller` has run `more` reconciles (whatever their result) past
+    /// `from` (an earlier [`Harness::all_reconciles`]).
+    ///
+    /// # Errors
+    /// [`Error::Timeout`] with the count seen.
+    pub async fn reconciled(
+        &self,
+        controller: &str,
+        from: f64,
+        more: f64,
+        timeout: Duration,
+    ) -> Result<(), Error> {
+        eventually(
+            &format!("{more} more {controller} reconciles"),
+            timeout,
+            || async move {
+                let now = self.all_reconciles(controller);
+                if now >= from + more {
+                    Ok(())
+                } else {
+                    Err(format!("{} so far", now - from))
+                }
+            },
+        )
+        .await
     }
 
     /// Waits until `controller` has `n` more successful reconciles than `from` (use
@@ -130,16 +200,19 @@ impl Harness {
 
     /// Whether the operator is still running (its `run` has not returned).
     pub fn is_running(&self) -> bool {
-        !self.task.is_finished()
+        self.task.as_ref().is_some_and(|t| !t.is_finished())
     }
 
     /// Stops the operator (SIGTERM-like: drain, release the Lease) and returns how `run` ended.
     ///
     /// # Errors
     /// The operator's own error, or [`Error::Other`] when its task panicked.
-    pub async fn stop(self) -> Result<(), Error> {
+    pub async fn stop(mut self) -> Result<(), Error> {
         self.stop.cancel();
-        match self.task.await {
+        let Some(task) = self.task.take() else {
+            return Ok(());
+        };
+        match task.await {
             Ok(r) => r.map_err(|e| Error::Other(format!("operator stopped with an error: {e}"))),
             Err(e) => Err(Error::Other(format!("operator task failed: {e}"))),
         }
