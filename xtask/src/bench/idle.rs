@@ -186,6 +186,7 @@ async fn restart_and_idle(
 ) -> Result<(Replica, f64, BTreeMap<String, f64>, f64)> {
     op.signal("TERM")?;
     op.wait_exit(Duration::from_secs(30)).await?;
+    no_namespace_terminating(client).await?;
     let a = apiserver::read(client).await?;
     let mut restarted = Replica::spawn(launch, kubeconfig, 1)?;
     restarted.wait_ready(Duration::from_secs(120)).await?;
@@ -199,6 +200,30 @@ async fn restart_and_idle(
         writes(&apiserver::delta(&a, &b, baseline)),
         n,
     ))
+}
+
+/// Waits (up to 5 min) until no namespace is being deleted: the namespace controller's
+/// deletes of what an earlier scenario left would otherwise count as this window's writes.
+async fn no_namespace_terminating(client: &Client) -> Result<()> {
+    let namespaces = Api::<Namespace>::all(client.clone());
+    let deadline = Instant::now() + Duration::from_secs(300);
+    loop {
+        let terminating: Vec<String> = namespaces
+            .list(&Default::default())
+            .await?
+            .items
+            .into_iter()
+            .filter(|n| n.metadata.deletion_timestamp.is_some())
+            .map(|n| n.metadata.name.unwrap_or_default())
+            .collect();
+        if terminating.is_empty() {
+            return Ok(());
+        }
+        if Instant::now() > deadline {
+            bail!("namespaces still terminating after 5 min: {terminating:?}");
+        }
+        tokio::time::sleep(Duration::from_secs(1)).await;
+    }
 }
 
 fn launch(binary: &Path, log_dir: &Path, label: &str, extra: &[String]) -> Launch {
