@@ -71,6 +71,42 @@ pub trait Definition: 'static {
     }
 }
 
+/// What every Steward CRD has, so that `kubectl get steward` lists it and `kubectl get <kind>`
+/// says how each object is: the category `steward`, the status subresource (one status write
+/// per reconcile goes there), an `Age` column and a `Ready` or `Phase` column. Returns what
+/// `crd` misses, one sentence each (empty: it follows them all).
+pub fn crd_conventions(crd: &CustomResourceDefinition) -> Vec<String> {
+    let mut missed = Vec::new();
+    let names = &crd.spec.names;
+    if !names.categories.iter().flatten().any(|c| c == "steward") {
+        missed.push("not in the category `steward`".to_string());
+    }
+    for version in &crd.spec.versions {
+        let v = &version.name;
+        if version
+            .subresources
+            .as_ref()
+            .and_then(|s| s.status.as_ref())
+            .is_none()
+        {
+            missed.push(format!("{v}: no status subresource"));
+        }
+        let columns: Vec<&str> = version
+            .additional_printer_columns
+            .iter()
+            .flatten()
+            .map(|c| c.name.as_str())
+            .collect();
+        if !columns.contains(&"Age") {
+            missed.push(format!("{v}: no Age column"));
+        }
+        if !columns.iter().any(|c| *c == "Ready" || *c == "Phase") {
+            missed.push(format!("{v}: neither a Ready nor a Phase column"));
+        }
+    }
+    missed
+}
+
 /// An operator as the workspace's registry lists it: what xtask and the tests need without
 /// knowing its types.
 #[derive(Clone, Copy, Debug)]
@@ -189,6 +225,27 @@ fn fail(name: &str, err: &(dyn std::error::Error + 'static)) -> ExitCode {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A CRD without the conventions is told each one it misses.
+    #[test]
+    fn a_bare_crd_misses_every_convention() {
+        let crd: CustomResourceDefinition = serde_json::from_value(serde_json::json!({
+            "metadata": {"name": "things.example.dev"},
+            "spec": {"group": "example.dev", "scope": "Namespaced",
+                     "names": {"kind": "Thing", "plural": "things"},
+                     "versions": [{"name": "v1", "served": true, "storage": true}]}
+        }))
+        .unwrap_or_else(|e| panic!("{e}"));
+        assert_eq!(
+            crd_conventions(&crd),
+            [
+                "not in the category `steward`",
+                "v1: no status subresource",
+                "v1: no Age column",
+                "v1: neither a Ready nor a Phase column"
+            ]
+        );
+    }
 
     #[derive(clap::Args, Clone, Debug, PartialEq)]
     struct Options {

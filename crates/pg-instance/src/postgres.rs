@@ -165,6 +165,7 @@ pub async fn basebackup(paths: &Paths, host: &str) -> Result<(), Error> {
 /// after the timelines forked is discarded. `pg_rewind` first runs crash recovery itself if
 /// the instance was not shut down cleanly.
 pub async fn rewind(paths: &Paths, host: &str) -> Result<String, Error> {
+    clear_stale_locks(paths);
     run(
         "pg_rewind",
         Command::new("pg_rewind")
@@ -184,6 +185,46 @@ pub async fn rewind(paths: &Paths, host: &str) -> Result<String, Error> {
     .await
 }
 
+/// The lock files a postmaster leaves when it is killed: `postmaster.pid` in the data
+/// directory and the socket's `.s.PGSQL.<port>.lock`.
+fn lock_files(paths: &Paths) -> [PathBuf; 2] {
+    [
+        paths.pgdata.join("postmaster.pid"),
+        paths.run_dir.join(format!(".s.PGSQL.{PG_PORT}.lock")),
+    ]
+}
+
+/// Removes the lock files of a postmaster that is gone. PostgreSQL refuses to start while
+/// the PID in one is alive, and in a container that PID soon belongs to another process (a
+/// restarted container numbers its processes from 1 again, and the run directory and the data
+/// directory outlive it): seen as `FATAL: lock file ".s.PGSQL.5432.lock" already exists` after
+/// a primary was killed, the replica never starting again. Only the manager starts postgres
+/// in this pod and on this volume, and it calls this only with its own postmaster stopped; a
+/// lock whose PID is a running `postgres` (a backend still exiting) is kept, as Patroni does.
+fn clear_stale_locks(paths: &Paths) {
+    for lock in lock_files(paths) {
+        let Ok(text) = std::fs::read_to_string(&lock) else {
+            continue;
+        };
+        let pid = text
+            .lines()
+            .next()
+            .and_then(|l| l.trim().parse::<u32>().ok());
+        if pid.is_some_and(is_postgres) {
+            continue;
+        }
+        tracing::warn!(lock = %lock.display(), ?pid, "removing the lock file of a postmaster that is gone");
+        if let Err(e) = std::fs::remove_file(&lock) {
+            tracing::warn!(lock = %lock.display(), error = %e, "could not remove a stale lock file");
+        }
+    }
+}
+
+/// Whether process `pid` runs and is a `postgres`.
+fn is_postgres(pid: u32) -> bool {
+    std::fs::read_to_string(format!("/proc/{pid}/comm")).is_ok_and(|comm| comm.trim() == "postgres")
+}
+
 /// The running postmaster, a child of the manager.
 #[derive(Debug)]
 pub struct Postmaster {
@@ -195,6 +236,7 @@ impl Postmaster {
     /// Starts `postgres` on the data directory with the operator's configuration, its
     /// socket in the run directory. Logs go to the container's output.
     pub fn start(paths: &Paths) -> Result<Self, Error> {
+        clear_stale_locks(paths);
         let child = Command::new("postgres")
             .arg("-D")
             .arg(&paths.pgdata)
@@ -415,4 +457,36 @@ pub async fn ensure_replication_role(
         .await
         .map_err(|_| Error::Timeout(Duration::from_secs(10)))??;
     Ok(())
+}
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used)]
+mod tests {
+    use super::*;
+
+    /// A lock file whose PID is not a running postgres (this test process, a PID that does
+    /// not exist) is removed, and so is one naming no PID; the data directory's and the
+    /// socket's are both handled.
+    #[test]
+    fn stale_lock_files_are_removed() {
+        let dir = tempfile::tempdir().unwrap();
+        let paths = Paths {
+            pgdata: dir.path().join("pgdata"),
+            config_file: dir.path().join("postgresql.conf"),
+            run_dir: dir.path().join("run"),
+            tls_dir: dir.path().join("tls"),
+        };
+        std::fs::create_dir_all(&paths.pgdata).unwrap();
+        std::fs::create_dir_all(&paths.run_dir).unwrap();
+        for first_line in [std::process::id().to_string(), "4194303".into(), "x".into()] {
+            for lock in lock_files(&paths) {
+                std::fs::write(&lock, format!("{first_line}\n/var/lib/postgresql/data\n")).unwrap();
+            }
+            clear_stale_locks(&paths);
+            for lock in lock_files(&paths) {
+                assert!(!lock.exists(), "{} kept for {first_line}", lock.display());
+            }
+        }
+        assert!(!is_postgres(std::process::id()));
+    }
 }

@@ -73,7 +73,8 @@ pub fn describe(obj: &Value) -> String {
     }
 }
 
-/// `objects` moved from namespace `from` to `to`: without the Namespace objects, every string
+/// `objects` moved from namespace `from` to `to`: without the Namespace `from` (others, such as
+/// the tenant-operator's `steward-shared`, stay), every string
 /// equal to `from` (the objects' namespaces, subjects' namespaces) replaced by `to`. What the
 /// Helm chart renders of `deploy/<operator>` (whose namespace is `<operator>-system`).
 pub fn moved(objects: Vec<Value>, from: &str, to: &str) -> Vec<Value> {
@@ -87,7 +88,7 @@ pub fn moved(objects: Vec<Value>, from: &str, to: &str) -> Vec<Value> {
     }
     objects
         .into_iter()
-        .filter(|o| o["kind"] != "Namespace")
+        .filter(|o| !(o["kind"] == "Namespace" && o["metadata"]["name"] == from))
         .map(|mut o| {
             replace(&mut o, from, to);
             o

@@ -17,7 +17,7 @@ use std::collections::BTreeMap;
 use anyhow::Result;
 use k8s_openapi::api::core::v1::{ConfigMap, LimitRange, Namespace, ResourceQuota, Secret};
 use k8s_openapi::api::networking::v1::NetworkPolicy;
-use k8s_openapi::api::rbac::v1::{ClusterRole, ClusterRoleBinding, RoleBinding};
+use k8s_openapi::api::rbac::v1::{ClusterRole, ClusterRoleBinding, Role, RoleBinding};
 use kube::api::ListParams;
 use kube::{Api, Client, Resource};
 use serde::Serialize;
@@ -108,10 +108,11 @@ pub async fn tenant_operator(client: &Client) -> Result<Vec<Kind>> {
         kind::<LimitRange>(client, t).await?,
         kind::<NetworkPolicy>(client, t).await?,
         kind::<RoleBinding>(client, t).await?,
+        kind::<Role>(client, t).await?,
         kind::<ClusterRole>(client, t).await?,
         kind::<ClusterRoleBinding>(client, t).await?,
-        kind::<Secret>(client, t).await?,
-        kind::<ConfigMap>(client, t).await?,
+        // The shared sources (the operator watches them in its shared namespaces only; the
+        // bench shares from none other). Its copies are read by name, never cached.
         kind::<Secret>(client, &s).await?,
         kind::<ConfigMap>(client, &s).await?,
     ])
