@@ -34,24 +34,3 @@ registry! {
     tenant_operator::TenantOperator,
     upgrade_orchestrator::UpgradeOrchestrator,
 }
-
-#[cfg(test)]
-mod tests {
-    /// Every CRD of every registered operator follows Steward's conventions
-    /// ([`steward_core::operator::crd_conventions`]).
-    #[test]
-    fn every_crd_follows_the_conventions() {
-        for entry in super::all() {
-            for crd in (entry.crds)() {
-                let missed = steward_core::operator::crd_conventions(&crd);
-                assert!(
-                    missed.is_empty(),
-                    "{} ({}): {}",
-                    crd.metadata.name.unwrap_or_default(),
-                    entry.name,
-                    missed.join("; ")
-                );
-            }
-        }
-    }
-}
