@@ -186,7 +186,6 @@ async fn restart_and_idle(
 ) -> Result<(Replica, f64, BTreeMap<String, f64>, f64)> {
     op.signal("TERM")?;
     op.wait_exit(Duration::from_secs(30)).await?;
-    no_namespace_terminating(client).await?;
     let a = apiserver::read(client).await?;
     let mut restarted = Replica::spawn(launch, kubeconfig, 1)?;
     restarted.wait_ready(Duration::from_secs(120)).await?;
@@ -200,30 +199,6 @@ async fn restart_and_idle(
         writes(&apiserver::delta(&a, &b, baseline)),
         n,
     ))
-}
-
-/// Waits (up to 5 min) until no namespace is being deleted: the namespace controller's
-/// deletes of what an earlier scenario left would otherwise count as this window's writes.
-async fn no_namespace_terminating(client: &Client) -> Result<()> {
-    let namespaces = Api::<Namespace>::all(client.clone());
-    let deadline = Instant::now() + Duration::from_secs(300);
-    loop {
-        let terminating: Vec<String> = namespaces
-            .list(&Default::default())
-            .await?
-            .items
-            .into_iter()
-            .filter(|n| n.metadata.deletion_timestamp.is_some())
-            .map(|n| n.metadata.name.unwrap_or_default())
-            .collect();
-        if terminating.is_empty() {
-            return Ok(());
-        }
-        if Instant::now() > deadline {
-            bail!("namespaces still terminating after 5 min: {terminating:?}");
-        }
-        tokio::time::sleep(Duration::from_secs(1)).await;
-    }
 }
 
 fn launch(binary: &Path, log_dir: &Path, label: &str, extra: &[String]) -> Launch {
@@ -367,28 +342,17 @@ pub async fn database_operator(
     for api in [&roles, &databases, &clusters] {
         api.delete_collection(&dp, &Default::default()).await?;
     }
-    // The operator removes their finalizers: it stops only once all are gone.
     let deadline = Instant::now() + converge;
-    while Instant::now() < deadline {
-        let mut left = 0;
-        for api in [&roles, &databases, &clusters] {
-            left += api.list(&Default::default()).await?.items.len();
-        }
-        if left == 0 {
-            break;
-        }
+    while Instant::now() < deadline && !databases.list(&Default::default()).await?.items.is_empty()
+    {
         tokio::time::sleep(Duration::from_millis(500)).await;
     }
     op.signal("TERM")?;
     op.wait_exit(Duration::from_secs(30)).await.ok();
-    // The namespace's deletion writes a few hundred objects' worth: wait for it, so they do
-    // not land in the next scenario's window.
-    let namespaces = Api::<Namespace>::all(client.clone());
-    namespaces.delete(DB_NAMESPACE, &dp).await.ok();
-    let deadline = Instant::now() + Duration::from_secs(180);
-    while Instant::now() < deadline && namespaces.get_opt(DB_NAMESPACE).await?.is_some() {
-        tokio::time::sleep(Duration::from_millis(500)).await;
-    }
+    Api::<Namespace>::all(client.clone())
+        .delete(DB_NAMESPACE, &dp)
+        .await
+        .ok();
     Ok(IdleWrites {
         operator: "database-operator".into(),
         objects: format!("{n} PostgresClusters, {n} Databases, {n} DatabaseRoles"),
