@@ -611,6 +611,24 @@ pub enum SharedCopy {
     ConfigMap(ConfigMap),
 }
 
+impl SharedCopy {
+    /// `Secret` or `ConfigMap`.
+    pub fn kind(&self) -> &'static str {
+        match self {
+            SharedCopy::Secret(_) => "Secret",
+            SharedCopy::ConfigMap(_) => "ConfigMap",
+        }
+    }
+
+    /// The copy's name (its source's).
+    pub fn name(&self) -> String {
+        match self {
+            SharedCopy::Secret(s) => s.name_any(),
+            SharedCopy::ConfigMap(c) => c.name_any(),
+        }
+    }
+}
+
 /// What a tenant wants in one of its namespaces besides its ResourceQuota
 /// [`QUOTA_NAME`] (which is split across namespaces, see [`crate::quota`]), per kind.
 /// Applied limits and isolation first, admission parameters before access, access last.
@@ -630,6 +648,25 @@ pub struct NamespaceChildren {
     pub missing_sources: Vec<String>,
     /// The owners' and other subjects' RoleBindings.
     pub role_bindings: Vec<RoleBinding>,
+}
+
+impl NamespaceChildren {
+    /// What the operator must reach by name here: the copies and the policy parameters.
+    pub fn access(&self) -> Access {
+        let named = |kind: &str| {
+            self.copies
+                .iter()
+                .filter(|c| c.kind() == kind)
+                .map(SharedCopy::name)
+                .collect::<BTreeSet<_>>()
+        };
+        let mut config_maps = named("ConfigMap");
+        config_maps.extend(self.policy_params.iter().map(|c| c.name_any()));
+        Access {
+            secrets: named("Secret"),
+            config_maps,
+        }
+    }
 }
 
 /// Everything `tenant` wants in namespace `namespace` besides its split ResourceQuota;

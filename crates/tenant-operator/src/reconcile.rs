@@ -285,6 +285,8 @@ async fn converge(
         let wanted = build::namespace_children(tenant, ns, &ctx.data.settings, |shared| {
             source(stores, shared)
         });
+        // What the operator reaches here by name (the copies, the policy parameters).
+        let want = wanted.access();
         ensure_all(&children, &stores.quotas, wanted.quotas, &mut keep.quotas).await?;
         ensure_all(
             &children,
@@ -308,25 +310,6 @@ async fn converge(
         );
         // The operator's access to what it writes here by name, then those objects: the
         // admission parameters before the owners' access, the shared copies.
-        let want = Access {
-            secrets: wanted
-                .copies
-                .iter()
-                .filter_map(|c| match c {
-                    SharedCopy::Secret(s) => Some(s.name_any()),
-                    SharedCopy::ConfigMap(_) => None,
-                })
-                .collect(),
-            config_maps: wanted
-                .copies
-                .iter()
-                .filter_map(|c| match c {
-                    SharedCopy::ConfigMap(c) => Some(c.name_any()),
-                    SharedCopy::Secret(_) => None,
-                })
-                .chain(wanted.policy_params.iter().map(|c| c.name_any()))
-                .collect(),
-        };
         let granted = granted(stores, ns);
         let stale = granted.minus(&want);
         grant(tenant, ctx, &children, ns, &want.union(&stale), &mut keep).await?;
@@ -336,23 +319,10 @@ async fn converge(
                 apply_by_name(ctx, &children, &uid, params, false).await? == ByName::NoAccessYet;
         }
         for shared in wanted.copies {
-            let (kind, copy_name, applied) = match shared {
-                SharedCopy::Secret(s) => {
-                    let n = s.name_any();
-                    (
-                        "Secret",
-                        n,
-                        apply_by_name(ctx, &children, &uid, s, true).await?,
-                    )
-                }
-                SharedCopy::ConfigMap(c) => {
-                    let n = c.name_any();
-                    (
-                        "ConfigMap",
-                        n,
-                        apply_by_name(ctx, &children, &uid, c, true).await?,
-                    )
-                }
+            let (kind, copy_name) = (shared.kind(), shared.name());
+            let applied = match shared {
+                SharedCopy::Secret(s) => apply_by_name(ctx, &children, &uid, s, true).await?,
+                SharedCopy::ConfigMap(c) => apply_by_name(ctx, &children, &uid, c, true).await?,
             };
             match applied {
                 ByName::Applied => {}
