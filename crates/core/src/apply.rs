@@ -103,6 +103,8 @@ pub struct Children {
     owner_ref: Option<OwnerReference>,
     /// `None` for [`Children::unowned`].
     owner_uid: Option<String>,
+    /// The owner's [`crate::shard::SHARD_LABEL`], copied to every child.
+    shard: Option<String>,
     writes: Option<WriteCounter>,
 }
 
@@ -118,6 +120,7 @@ impl Children {
             field_manager: field_manager.to_string(),
             owner_ref: owner.controller_owner_ref(&()),
             owner_uid: Some(owner.meta().uid.clone().unwrap_or_default()),
+            shard: owner.labels().get(crate::shard::SHARD_LABEL).cloned(),
             writes: None,
         }
     }
@@ -130,6 +133,7 @@ impl Children {
             field_manager: field_manager.to_string(),
             owner_ref: None,
             owner_uid: None,
+            shard: None,
             writes: None,
         }
     }
@@ -171,7 +175,9 @@ impl Children {
         }
     }
 
-    /// Adds the owner reference and labels to `child` (pure; used by [`Children::apply`]).
+    /// Adds the owner reference and labels to `child` (pure; used by [`Children::apply`]):
+    /// [`OWNER_LABEL`], [`MANAGED_BY_LABEL`] and the owner's shard ([`crate::shard`]), so a
+    /// sharded controller's child watches see it.
     pub fn adopt<K: Resource>(&self, mut child: K) -> K {
         let meta = child.meta_mut();
         let labels = meta.labels.get_or_insert_with(Default::default);
@@ -179,6 +185,9 @@ impl Children {
             labels.insert(OWNER_LABEL.to_string(), uid.clone());
         }
         labels.insert(MANAGED_BY_LABEL.to_string(), self.field_manager.clone());
+        if let Some(shard) = &self.shard {
+            labels.insert(crate::shard::SHARD_LABEL.to_string(), shard.clone());
+        }
         if let Some(owner) = &self.owner_ref {
             meta.owner_references = Some(vec![owner.clone()]);
         }

@@ -47,6 +47,12 @@ pub struct CommonArgs {
     #[arg(long, default_value = "2s", value_parser = parse_duration)]
     pub leader_election_retry_period: Duration,
 
+    /// Spread the objects of sharded controllers over this many shards, each held by one
+    /// replica through a Lease of its own (`<lease>-shard-<i>`); needs leader election. `1`
+    /// (the default): one leader reconciles everything. See `steward_core::shard`.
+    #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..=256))]
+    pub shards: u32,
+
     /// Address of the Prometheus `/metrics` endpoint (`0` disables).
     #[arg(long, default_value = "0.0.0.0:8080")]
     pub metrics_bind_address: String,

@@ -22,6 +22,7 @@ pub mod metrics;
 pub mod operator;
 pub mod runtime;
 pub mod server;
+pub mod shard;
 pub mod status;
 pub mod telemetry;
 

@@ -269,6 +269,8 @@ pub struct Operator {
     health: Health,
     leadership: Leadership,
     elector: Option<LeaderElector>,
+    /// With `--shards N > 1`: the ring and one elector, leadership and guarded client per shard.
+    sharding: Option<Sharding>,
     shutdown: CancellationToken,
     backoff_base: Duration,
     backoff_max: Duration,
@@ -292,7 +294,7 @@ impl Operator {
     /// As [`Operator::new`].
     pub fn with_config(name: &str, args: CommonArgs, config: kube::Config) -> Result<Self, Error> {
         let client = Client::try_from(config.clone()).map_err(|e| Error::Config(e.to_string()))?;
-        let (elector, leadership) = if args.leader_elect {
+        let (elector, leadership, sharding) = if args.leader_elect {
             let namespace = args
                 .leader_election_namespace
                 .clone()
@@ -313,11 +315,21 @@ impl Operator {
             lease.lease_duration = args.leader_election_lease_duration;
             lease.renew_deadline = args.leader_election_renew_deadline;
             lease.retry_period = args.leader_election_retry_period;
+            let sharding = if args.shards > 1 {
+                Some(Sharding::new(&client, &config, &lease, args.shards)?)
+            } else {
+                None
+            };
             let elector = LeaderElector::new(client.clone(), lease)?;
             let leadership = elector.leadership();
-            (Some(elector), leadership)
+            (Some(elector), leadership, sharding)
+        } else if args.shards > 1 {
+            return Err(Error::Config(
+                "--shards needs leader election (--leader-elect=true): each shard is a Lease"
+                    .into(),
+            ));
         } else {
-            (None, Leadership::always_leader())
+            (None, Leadership::always_leader(), None)
         };
         let guarded = guard::client(config.clone(), leadership.clone())?;
         let health = Health::new();
@@ -332,6 +344,7 @@ impl Operator {
             health,
             leadership,
             elector,
+            sharding,
             shutdown: CancellationToken::new(),
             backoff_base: Duration::from_secs(1),
             backoff_max: Duration::from_secs(300),
@@ -419,13 +432,372 @@ impl Operator {
         Fut: Future<Output = Result<Action, E>> + Send + 'static,
         E: ReconcileError,
     {
+        let ready = self.health.register_cache();
+        let run = self.runner().run(
+            controller,
+            data,
+            Arc::new(reconcile),
+            self.leadership.clone(),
+            self.guarded.clone(),
+            self.shutdown.clone(),
+            Some(Box::new(ready)),
+            false,
+        );
+        self.tasks.push(Box::pin(run));
+        self
+    }
+
+    fn runner(&self) -> Runner {
+        Runner {
+            name: self.name.clone(),
+            config: self.config.clone(),
+            metrics: self.metrics.clone(),
+            health: self.health.clone(),
+            concurrency: self.args.concurrency,
+            backoff_base: self.backoff_base,
+            backoff_max: self.backoff_max,
+        }
+    }
+
+    /// How many shards the sharded controllers of this process spread their objects over
+    /// (`--shards`; 1: not sharded).
+    pub fn shards(&self) -> u32 {
+        self.sharding
+            .as_ref()
+            .map_or(1, |s| s.leaderships.len() as u32)
+    }
+
+    /// The leadership of each shard this process may hold (empty when not sharded).
+    pub fn shard_leaderships(&self) -> Vec<Leadership> {
+        self.sharding
+            .as_ref()
+            .map(|s| s.leaderships.iter().map(|(l, _)| l.clone()).collect())
+            .unwrap_or_default()
+    }
+
+    /// Adds a controller whose objects are spread over `--shards` shards (see [`crate::shard`]).
+    /// `build(shard)` builds the controller and its data: for `Some(i)`, every watch of it must
+    /// select only shard `i`'s objects (add [`crate::shard::selector`], e.g. with
+    /// [`crate::shard::narrow`]). Without sharding it is called once with `None` and the
+    /// controller runs as [`Operator::controller`] runs it.
+    ///
+    /// # Guarantees
+    /// Those of [`Operator::controller`], per shard: shard `i`'s controller (its watches, stores
+    /// and queue) runs only while this process holds shard `i`'s Lease, is built anew for each
+    /// term and dropped when it ends, and its reconciles write through a client guarded by that
+    /// Lease.
+    ///
+    /// # Caveats
+    /// The objects must carry [`crate::shard::SHARD_LABEL`]: call [`Operator::shard_labels`]
+    /// for the kind and for children users create. Children applied through
+    /// [`Context::children`] are labelled with their owner's shard.
+    pub fn sharded_controller<K, T, B, F, Fut, E>(&mut self, build: B, reconcile: F) -> &mut Self
+    where
+        K: Resource<DynamicType = ()> + Clone + DeserializeOwned + Debug + Send + Sync + 'static,
+        T: Send + Sync + 'static,
+        B: Fn(Option<u32>) -> (Controller<K>, T) + Send + Sync + 'static,
+        F: Fn(Arc<K>, Arc<Context<T>>) -> Fut + Send + Sync + 'static,
+        Fut: Future<Output = Result<Action, E>> + Send + 'static,
+        E: ReconcileError,
+    {
+        let Some(sharding) = &self.sharding else {
+            let (controller, data) = build(None);
+            return self.controller(controller, data, reconcile);
+        };
+        let build = Arc::new(build);
+        let reconcile = Arc::new(reconcile);
+        let terms: Vec<_> = sharding
+            .leaderships
+            .iter()
+            .enumerate()
+            .map(|(shard, (leadership, guarded))| {
+                let (runner, build, reconcile) = (self.runner(), build.clone(), reconcile.clone());
+                let (leadership, guarded) = (leadership.clone(), guarded.clone());
+                let shard = u32::try_from(shard).unwrap_or(u32::MAX);
+                crate::leader::run_while_leader(
+                    leadership.clone(),
+                    self.shutdown.clone(),
+                    move |stop| {
+                        tracing::info!(shard, "holding the shard: starting its controller");
+                        let (controller, data) = build(Some(shard));
+                        runner.run(
+                            controller,
+                            data,
+                            reconcile.clone(),
+                            leadership.clone(),
+                            guarded.clone(),
+                            stop,
+                            None,
+                            true,
+                        )
+                    },
+                )
+            })
+            .collect();
+        self.tasks
+            .push(Box::pin(futures::future::join_all(terms).map(|_| ())));
+        self
+    }
+
+    /// With `--shards N > 1`: while this process leads (the operator's main Lease), keeps
+    /// [`crate::shard::SHARD_LABEL`] on every `K` matching `labels` right, for the shard of
+    /// `key(metadata)` (`None`: leave the object alone). For the sharded kind itself pass
+    /// [`crate::shard::key_of`]; for children users create, the key of the owner named by
+    /// their label. Does nothing without sharding.
+    pub fn shard_labels<K>(
+        &mut self,
+        labels: Option<&str>,
+        key: impl Fn(&k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta) -> Option<String>
+        + Send
+        + Sync
+        + 'static,
+    ) -> &mut Self
+    where
+        K: Resource<DynamicType = ()> + Clone + DeserializeOwned + Debug + Send + Sync + 'static,
+        K::Scope: crate::apply::ScopeApi,
+    {
+        let shards = self.shards();
+        if shards <= 1 {
+            return self;
+        }
+        let (client, namespace) = (self.guarded.clone(), self.args.watch_namespace.clone());
+        let labels = labels.map(str::to_string);
+        let key: crate::shard::ShardKey = Arc::new(key);
+        self.singleton(move |stop| {
+            crate::shard::label::<K>(
+                client.clone(),
+                namespace.clone(),
+                labels.clone(),
+                shards,
+                key.clone(),
+                stop,
+            )
+        })
+    }
+
+    /// Adds a singleton task: `f(token)` runs each time this process becomes leader; the token
+    /// is cancelled when leadership is lost or the operator shuts down.
+    pub fn singleton<F, Fut>(&mut self, f: F) -> &mut Self
+    where
+        F: Fn(CancellationToken) -> Fut + Send + Sync + 'static,
+        Fut: Future<Output = ()> + Send + 'static,
+    {
+        let leadership = self.leadership.clone();
+        let shutdown = self.shutdown.clone();
+        self.tasks.push(Box::pin(crate::leader::run_while_leader(
+            leadership, shutdown, f,
+        )));
+        self
+    }
+
+    /// Serves the endpoints, runs leader election and every controller until SIGTERM/SIGINT
+    /// or [`Operator::shutdown_token`] is cancelled; then drains (bounded by
+    /// `--shutdown-timeout`) and releases the Lease.
+    ///
+    /// # Errors
+    /// [`Error::Bind`] when an endpoint cannot bind; [`Error::ShutdownTimeout`] when draining
+    /// takes too long (the Lease is still released).
+    pub async fn run(self) -> Result<(), Error> {
+        let Operator {
+            name,
+            args,
+            metrics,
+            health,
+            leadership,
+            elector,
+            sharding,
+            shutdown,
+            tasks,
+            ..
+        } = self;
+        let server_stop = CancellationToken::new();
+        let metrics_addr = args.metrics_addr()?;
+        let health_addr = args.health_addr()?;
+        let mut servers = Vec::new();
+        let addrs: Vec<SocketAddr> = match (metrics_addr, health_addr) {
+            (Some(m), Some(h)) if m == h => vec![m],
+            (m, h) => m.into_iter().chain(h).collect(),
+        };
+        for addr in addrs {
+            let (bound, task) =
+                server::serve(addr, metrics.clone(), health.clone(), server_stop.clone()).await?;
+            tracing::info!(%bound, "serving /metrics, /healthz and /readyz");
+            servers.push(task);
+        }
+
+        let elector_stop = CancellationToken::new();
+        let elector_task = elector.map(|e| tokio::spawn(e.run(elector_stop.clone())));
+        let mut shard_tasks = Vec::new();
+        if let Some(Sharding { ring, electors, .. }) = sharding {
+            let ready = health.register_cache();
+            let mut settled = ring.settled();
+            shard_tasks.push(tokio::spawn(async move {
+                if settled.wait_for(|s| *s).await.is_ok() {
+                    ready();
+                }
+            }));
+            shard_tasks.push(tokio::spawn(ring.run(elector_stop.clone())));
+            for (shard, elector) in electors.into_iter().enumerate() {
+                let gauge = metrics
+                    .leader
+                    .get_or_create(&crate::metrics::LeaseLabels {
+                        name: format!("{name}-shard-{shard}"),
+                    })
+                    .clone();
+                let mut leading = elector.leadership().subscribe();
+                let stop = elector_stop.clone();
+                shard_tasks.push(tokio::spawn(async move {
+                    let election = tokio::spawn(elector.run(stop));
+                    loop {
+                        gauge.set(i64::from(*leading.borrow_and_update()));
+                        if leading.changed().await.is_err() {
+                            break;
+                        }
+                    }
+                    if let Ok(Err(e)) = election.await {
+                        tracing::warn!(shard, error = %chain(&e), "shard election ended with an error");
+                    }
+                }));
+            }
+        }
+        let gauge = metrics
+            .leader
+            .get_or_create(&crate::metrics::LeaseLabels { name: name.clone() })
+            .clone();
+        let mut leading = leadership.subscribe();
+        let gauge_task = tokio::spawn(async move {
+            loop {
+                gauge.set(i64::from(*leading.borrow_and_update()));
+                if leading.changed().await.is_err() {
+                    break;
+                }
+            }
+        });
+
+        let work = tokio::spawn(futures::future::join_all(tasks));
+        tracing::info!(operator = %name, identity = leadership.identity(), "started");
+        let signal_stop = shutdown.clone();
+        tokio::select! {
+            () = wait_for_signal() => tracing::info!("shutdown signal received"),
+            () = signal_stop.cancelled() => tracing::info!("shutdown requested"),
+        }
+        shutdown.cancel();
+        let drained = tokio::time::timeout(args.shutdown_timeout, work).await;
+        if drained.is_err() {
+            tracing::warn!(timeout = ?args.shutdown_timeout, "graceful shutdown timed out; abandoning in-flight reconciles");
+        }
+        elector_stop.cancel();
+        if let Some(task) = elector_task {
+            match task.await {
+                Ok(Err(e)) => {
+                    tracing::warn!(error = %chain(&e), "leader election ended with an error")
+                }
+                Err(e) => tracing::warn!(error = %e, "leader election task failed"),
+                Ok(Ok(())) => {}
+            }
+        }
+        for task in shard_tasks {
+            let _ = task.await;
+        }
+        gauge_task.abort();
+        server_stop.cancel();
+        for s in servers {
+            let _ = s.await;
+        }
+        tracing::info!("stopped");
+        if drained.is_err() {
+            Err(Error::ShutdownTimeout(args.shutdown_timeout))
+        } else {
+            Ok(())
+        }
+    }
+}
+
+/// The shards of one process: the ring deciding which it stands for, and per shard an elector,
+/// its leadership and the client that leadership guards.
+struct Sharding {
+    ring: crate::shard::Ring,
+    electors: Vec<LeaderElector>,
+    leaderships: Vec<(Leadership, Client)>,
+}
+
+impl Sharding {
+    /// `shards` shard Leases `<lease>-shard-<i>` next to the operator's `lease`, for the same
+    /// candidate.
+    fn new(
+        client: &Client,
+        config: &kube::Config,
+        lease: &LeaseConfig,
+        shards: u32,
+    ) -> Result<Self, Error> {
+        let ring =
+            crate::shard::Ring::new(client.clone(), lease.clone(), &lease.lease_name, shards);
+        let mut electors = Vec::new();
+        let mut leaderships = Vec::new();
+        for shard in 0..shards {
+            let mut config_i = lease.clone();
+            config_i.lease_name = format!("{}-shard-{shard}", lease.lease_name);
+            let elector = LeaderElector::new(client.clone(), config_i)?
+                .with_candidacy(ring.candidacy(shard))
+                .handing_over_when_ineligible()
+                .with_reporter(lease.lease_name.clone());
+            let leadership = elector.leadership();
+            leaderships.push((
+                leadership.clone(),
+                guard::client(config.clone(), leadership)?,
+            ));
+            electors.push(elector);
+        }
+        Ok(Self {
+            ring,
+            electors,
+            leaderships,
+        })
+    }
+}
+
+/// What running a controller needs from its [`Operator`] (cheap to clone).
+#[derive(Clone)]
+struct Runner {
+    name: String,
+    config: kube::Config,
+    metrics: Metrics,
+    health: Health,
+    concurrency: u16,
+    backoff_base: Duration,
+    backoff_max: Duration,
+}
+
+impl Runner {
+    /// The future that runs `controller` (see [`Operator::controller`]) with `leadership` and
+    /// its `guarded` client until `stop`; `ready` is called when its cache synced. With
+    /// `shard_term`, the run is one shard's term: its liveness is forgotten when it ends.
+    #[allow(clippy::too_many_arguments)]
+    fn run<K, T, F, Fut, E>(
+        &self,
+        controller: Controller<K>,
+        data: T,
+        reconcile: Arc<F>,
+        leadership: Leadership,
+        guarded: Client,
+        stop: CancellationToken,
+        ready: Option<Box<dyn FnOnce() + Send>>,
+        shard_term: bool,
+    ) -> impl Future<Output = ()> + Send + 'static + use<K, T, F, Fut, E>
+    where
+        K: Resource<DynamicType = ()> + Clone + DeserializeOwned + Debug + Send + Sync + 'static,
+        T: Send + Sync + 'static,
+        F: Fn(Arc<K>, Arc<Context<T>>) -> Fut + Send + Sync + 'static,
+        Fut: Future<Output = Result<Action, E>> + Send + 'static,
+        E: ReconcileError,
+    {
         let kind = K::kind(&()).to_string();
         let name = kind.to_lowercase();
         let ctx = Arc::new(Context::build(
-            self.guarded.clone(),
+            guarded,
             Some(self.config.clone()),
             &self.name,
-            self.leadership.clone(),
+            leadership.clone(),
             self.metrics.clone(),
             data,
         ));
@@ -434,25 +806,22 @@ impl Operator {
         metrics
             .max_concurrent
             .get_or_create(&metrics.controller(&name))
-            .set(i64::from(self.args.concurrency));
+            .set(i64::from(self.concurrency));
 
-        let ready = self.health.register_cache();
         let (controller, store, tracker) = controller.into_parts();
-        tracker.attach(&name, &self.metrics, self.leadership.clone());
-        self.health.watch_controller(tracker.clone());
+        tracker.attach(&name, &self.metrics, leadership.clone());
+        let liveness: Arc<dyn crate::controller::Liveness> = tracker.clone();
+        self.health.watch_controller(liveness.clone());
         let acquired = {
             let tracker = tracker.clone();
-            leadership_acquired(self.leadership.clone()).inspect(move |()| tracker.triggered_all())
+            leadership_acquired(leadership.clone()).inspect(move |()| tracker.triggered_all())
         };
-        let shutdown = self.shutdown.clone();
+        let shutdown = stop.clone();
         let controller = controller
-            .with_config(
-                kube::runtime::controller::Config::default().concurrency(self.args.concurrency),
-            )
+            .with_config(kube::runtime::controller::Config::default().concurrency(self.concurrency))
             .reconcile_all_on(acquired)
             .graceful_shutdown_on(async move { shutdown.cancelled_owned().await });
 
-        let reconcile = Arc::new(reconcile);
         let wrapped = {
             let backoff = backoff.clone();
             let metrics = metrics.clone();
@@ -550,10 +919,10 @@ impl Operator {
             RunError::Panicked(_) => Action::requeue(backoff.next_delay(&object_key(obj.as_ref()))),
         };
 
-        let cache_stop = self.shutdown.clone();
+        let cache_stop = stop.clone();
         let synced = Arc::new(std::sync::atomic::AtomicBool::new(false));
         let synced_flag = synced.clone();
-        self.tasks.push(Box::pin(async move {
+        let cache = async move {
             // kube-runtime's `wait_until_ready` can lose a wakeup when several tasks wait on
             // the same store (the Controller waits too), so ask again every half second.
             // A cache that never syncs (a watch that keeps failing) must not hold up shutdown.
@@ -563,17 +932,19 @@ impl Operator {
                 {
                     Ok(Ok(())) => {
                         synced_flag.store(true, std::sync::atomic::Ordering::SeqCst);
-                        ready();
+                        if let Some(ready) = ready {
+                            ready();
+                        }
                         break;
                     }
                     Ok(Err(_)) => break,
                     Err(_) => {}
                 }
             }
-        }));
+        };
         let health = self.health.clone();
-        let stopping = self.shutdown.clone();
-        self.tasks.push(Box::pin(async move {
+        let stopping = stop;
+        let run = async move {
             let run = controller
                 .run(wrapped, error_policy, ctx)
                 .for_each(|result| async move {
@@ -608,107 +979,12 @@ impl Operator {
                 tracing::error!(reason = %why, "controller is dead; /healthz fails");
                 health.set_dead(why);
             }
-        }));
-        self
-    }
-
-    /// Adds a singleton task: `f(token)` runs each time this process becomes leader; the token
-    /// is cancelled when leadership is lost or the operator shuts down.
-    pub fn singleton<F, Fut>(&mut self, f: F) -> &mut Self
-    where
-        F: Fn(CancellationToken) -> Fut + Send + Sync + 'static,
-        Fut: Future<Output = ()> + Send + 'static,
-    {
-        let leadership = self.leadership.clone();
-        let shutdown = self.shutdown.clone();
-        self.tasks.push(Box::pin(crate::leader::run_while_leader(
-            leadership, shutdown, f,
-        )));
-        self
-    }
-
-    /// Serves the endpoints, runs leader election and every controller until SIGTERM/SIGINT
-    /// or [`Operator::shutdown_token`] is cancelled; then drains (bounded by
-    /// `--shutdown-timeout`) and releases the Lease.
-    ///
-    /// # Errors
-    /// [`Error::Bind`] when an endpoint cannot bind; [`Error::ShutdownTimeout`] when draining
-    /// takes too long (the Lease is still released).
-    pub async fn run(self) -> Result<(), Error> {
-        let Operator {
-            name,
-            args,
-            metrics,
-            health,
-            leadership,
-            elector,
-            shutdown,
-            tasks,
-            ..
-        } = self;
-        let server_stop = CancellationToken::new();
-        let metrics_addr = args.metrics_addr()?;
-        let health_addr = args.health_addr()?;
-        let mut servers = Vec::new();
-        let addrs: Vec<SocketAddr> = match (metrics_addr, health_addr) {
-            (Some(m), Some(h)) if m == h => vec![m],
-            (m, h) => m.into_iter().chain(h).collect(),
+            if shard_term {
+                health.unwatch_controller(&liveness);
+            }
         };
-        for addr in addrs {
-            let (bound, task) =
-                server::serve(addr, metrics.clone(), health.clone(), server_stop.clone()).await?;
-            tracing::info!(%bound, "serving /metrics, /healthz and /readyz");
-            servers.push(task);
-        }
-
-        let elector_stop = CancellationToken::new();
-        let elector_task = elector.map(|e| tokio::spawn(e.run(elector_stop.clone())));
-        let gauge = metrics
-            .leader
-            .get_or_create(&crate::metrics::LeaseLabels { name: name.clone() })
-            .clone();
-        let mut leading = leadership.subscribe();
-        let gauge_task = tokio::spawn(async move {
-            loop {
-                gauge.set(i64::from(*leading.borrow_and_update()));
-                if leading.changed().await.is_err() {
-                    break;
-                }
-            }
-        });
-
-        let work = tokio::spawn(futures::future::join_all(tasks));
-        tracing::info!(operator = %name, identity = leadership.identity(), "started");
-        let signal_stop = shutdown.clone();
-        tokio::select! {
-            () = wait_for_signal() => tracing::info!("shutdown signal received"),
-            () = signal_stop.cancelled() => tracing::info!("shutdown requested"),
-        }
-        shutdown.cancel();
-        let drained = tokio::time::timeout(args.shutdown_timeout, work).await;
-        if drained.is_err() {
-            tracing::warn!(timeout = ?args.shutdown_timeout, "graceful shutdown timed out; abandoning in-flight reconciles");
-        }
-        elector_stop.cancel();
-        if let Some(task) = elector_task {
-            match task.await {
-                Ok(Err(e)) => {
-                    tracing::warn!(error = %chain(&e), "leader election ended with an error")
-                }
-                Err(e) => tracing::warn!(error = %e, "leader election task failed"),
-                Ok(Ok(())) => {}
-            }
-        }
-        gauge_task.abort();
-        server_stop.cancel();
-        for s in servers {
-            let _ = s.await;
-        }
-        tracing::info!("stopped");
-        if drained.is_err() {
-            Err(Error::ShutdownTimeout(args.shutdown_timeout))
-        } else {
-            Ok(())
+        async move {
+            futures::future::join(cache, run).await;
         }
     }
 }

@@ -77,6 +77,15 @@ impl Health {
             .push(controller);
     }
 
+    /// Forgets a controller [`Health::watch_controller`] registered (a shard's term ended).
+    pub(crate) fn unwatch_controller(&self, controller: &Arc<dyn Liveness>) {
+        self.inner
+            .controllers
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .retain(|c| !Arc::ptr_eq(c, controller));
+    }
+
     fn controllers(&self) -> Vec<Arc<dyn Liveness>> {
         self.inner
             .controllers

@@ -157,19 +157,22 @@ fn by_tenant_label<K: Resource>(obj: K) -> Option<ObjectRef<Tenant>> {
 }
 
 /// Builds the Tenant controller with all its watches, and the stores it reads; shared
-/// sources are watched in `shared_namespaces` only.
+/// sources are watched in `shared_namespaces` only. With `shard`, the Tenants and children of
+/// that shard only (`steward_core::shard`).
 pub fn build(
     client: Client,
     tenant_selector: Option<&str>,
     shared_namespaces: &[String],
+    shard: Option<u32>,
 ) -> (Controller<Tenant>, Stores) {
     let mut tenant_config = watcher::Config::default().any_semantic();
-    if let Some(sel) = tenant_selector {
-        tenant_config = tenant_config.labels(sel);
+    if let Some(sel) = steward_core::shard::narrow(tenant_selector, shard) {
+        tenant_config = tenant_config.labels(&sel);
     }
     let controller = Controller::new(Api::<Tenant>::all(client.clone()), tenant_config);
     let tenants = controller.store();
-    let has_tenant = TENANT_LABEL;
+    let children = steward_core::shard::narrow(Some(TENANT_LABEL), shard).unwrap_or_default();
+    let has_tenant = children.as_str();
     let r = Readiness::new();
 
     let (namespaces, ns_stream) = reflect(Api::<Namespace>::all(client.clone()), has_tenant, &r);

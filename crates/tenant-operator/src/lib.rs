@@ -173,32 +173,51 @@ pub fn register(operator: &mut Operator, options: Options) -> Result<(), Error> 
             reason: "must not be empty".into(),
         });
     }
-    let (controller, stores) = controller::build(
-        operator.unguarded_client(),
-        options.tenant_selector.as_deref(),
-        &options.shared_namespaces,
-    );
-    metrics::register(&operator.metrics(), &controller.store());
     // The admission policies' writes, counted with the tenant controller's.
     let writes = steward_core::apply::WriteCounter::new(&operator.metrics(), "tenant");
-    let state = controller::State {
-        stores,
-        settings: build::Settings {
-            owner_cluster_role: options.owner_cluster_role.clone(),
-            protected: namespaces::Protected {
-                names: options
-                    .protected_namespaces
-                    .iter()
-                    .cloned()
-                    .chain(std::env::var("POD_NAMESPACE").ok())
-                    .filter(|n| !n.trim().is_empty())
-                    .collect(),
-            },
+    let settings = build::Settings {
+        owner_cluster_role: options.owner_cluster_role.clone(),
+        protected: namespaces::Protected {
+            names: options
+                .protected_namespaces
+                .iter()
+                .cloned()
+                .chain(std::env::var("POD_NAMESPACE").ok())
+                .filter(|n| !n.trim().is_empty())
+                .collect(),
         },
-        resync: options.resync_period,
-        me: Default::default(),
     };
-    operator.controller(controller, state, reconcile::reconcile);
+    let (client, metrics) = (operator.unguarded_client(), operator.metrics());
+    let (selector, shared) = (
+        options.tenant_selector.clone(),
+        options.shared_namespaces.clone(),
+    );
+    let resync = options.resync_period;
+    // Per shard (`--shards`): a controller watching and caching only that shard's Tenants and
+    // children, built when this replica takes the shard.
+    let build = move |shard: Option<u32>| {
+        let (controller, stores) =
+            controller::build(client.clone(), selector.as_deref(), &shared, shard);
+        if shard.is_none() {
+            // Sharded, the stores live only as long as a shard is held: no per-Tenant gauges.
+            metrics::register(&metrics, &controller.store());
+        }
+        let state = controller::State {
+            stores,
+            settings: settings.clone(),
+            resync,
+            me: Default::default(),
+        };
+        (controller, state)
+    };
+    operator.sharded_controller(build, reconcile::reconcile);
+    // Sharded: the main leader labels new Tenants, and namespaces owners create, with their shard.
+    operator.shard_labels::<Tenant>(options.tenant_selector.as_deref(), |m| {
+        Some(steward_core::shard::key_of(m))
+    });
+    operator.shard_labels::<k8s_openapi::api::core::v1::Namespace>(Some(crd::TENANT_LABEL), |m| {
+        m.labels.as_ref()?.get(crd::TENANT_LABEL).cloned()
+    });
     if options.apply_policies {
         let client = operator.client();
         let extra = policy::Exemptions {

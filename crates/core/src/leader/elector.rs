@@ -112,6 +112,7 @@ pub struct LeaderElector {
     reporter: String,
     leadership: Leadership,
     candidacy: Option<watch::Receiver<bool>>,
+    hand_over: bool,
 }
 
 impl LeaderElector {
@@ -130,6 +131,7 @@ impl LeaderElector {
             leadership: Leadership::new(&config),
             config,
             candidacy: None,
+            hand_over: false,
         })
     }
 
@@ -143,6 +145,16 @@ impl LeaderElector {
     #[must_use]
     pub fn with_candidacy(mut self, eligible: watch::Receiver<bool>) -> Self {
         self.candidacy = Some(eligible);
+        self
+    }
+
+    /// With [`LeaderElector::with_candidacy`]: a leader that becomes ineligible steps down
+    /// and releases the Lease (its work is cancelled first, as on shutdown), then stands again
+    /// as a candidate. Shards are handed to the replica the ring prefers this way
+    /// ([`crate::shard`]).
+    #[must_use]
+    pub fn handing_over_when_ineligible(mut self) -> Self {
+        self.hand_over = true;
         self
     }
 
@@ -192,6 +204,7 @@ impl LeaderElector {
             observed: None,
             events: Vec::new(),
             candidacy: self.candidacy,
+            hand_over: self.hand_over,
         };
         let result = election.run(&shutdown).await;
         drop(watching);
@@ -226,6 +239,8 @@ struct Election {
     events: Vec<JoinHandle<()>>,
     /// See [`LeaderElector::with_candidacy`].
     candidacy: Option<watch::Receiver<bool>>,
+    /// See [`LeaderElector::handing_over_when_ineligible`].
+    hand_over: bool,
 }
 
 /// The outcome of one attempt to acquire or renew.
@@ -252,7 +267,11 @@ enum Candidacy {
 
 /// How the leader phase ended.
 enum Term {
-    Lost { reason: String },
+    Lost {
+        reason: String,
+    },
+    /// No longer eligible, with [`LeaderElector::handing_over_when_ineligible`].
+    HandOver,
     Shutdown,
 }
 
@@ -281,6 +300,12 @@ impl Election {
                     if self.leadership.step_down() {
                         tracing::info!(lease = %self.lease_ref, identity = %self.config.identity, %reason, "stopped leading");
                         self.record_event("stopped leading");
+                    }
+                }
+                Term::HandOver => {
+                    tracing::info!(lease = %self.lease_ref, identity = %self.config.identity, "no longer eligible; handing the lease over");
+                    if let Err(err) = self.release().await {
+                        self.log_failure(&err, "failed to release lease for hand-over");
                     }
                 }
                 Term::Shutdown => return self.release().await,
@@ -344,10 +369,14 @@ impl Election {
     async fn lead(&mut self, shutdown: &CancellationToken) -> Term {
         let renew_deadline = self.config.renew_deadline;
         loop {
+            if self.hand_over && !self.eligible() {
+                return Term::HandOver;
+            }
             tokio::select! {
                 biased;
                 () = shutdown.cancelled() => return Term::Shutdown,
                 () = tokio::time::sleep(self.config.retry_period) => {}
+                Ok(()) = eligibility_changed(self.candidacy.as_mut()), if self.hand_over => continue,
             }
             let Some(renewed) = self.leadership.last_renewal() else {
                 return Term::Lost {
@@ -549,7 +578,7 @@ impl Election {
     /// `ReleaseOnCancel`). Gives up after the renew deadline.
     async fn release(&mut self) -> Result<(), Error> {
         if self.leadership.step_down() {
-            tracing::info!(lease = %self.lease_ref, identity = %self.config.identity, "stopped leading (shutting down)");
+            tracing::info!(lease = %self.lease_ref, identity = %self.config.identity, "stopped leading (releasing the lease)");
             self.record_event("stopped leading");
         }
         let timeout = self.config.renew_deadline;

@@ -1,0 +1,419 @@
+//! Sharding: one controller's objects spread over several replicas, on Leases and labels.
+//!
+//! With `--shards N` (N > 1, leader election on) every object of a sharded controller belongs
+//! to one of N shards, and each replica reconciles, watches and caches only the shards it holds:
+//!
+//! ```text
+//! shard_of(key)        stable hash of the object's namespace/name, mod N     (pure)
+//! SHARD_LABEL          written on the object by the labeller (the main leader), and on
+//!                      every child by steward-core's Children (copied from the owner)
+//! member Lease         one per replica ({lease}-member-…, labelled with the ring), renewed
+//!                      every retry period: who is alive, seen on each replica's own clock
+//! assign(N, members)   which live replica each shard should go to: rendezvous hashing with
+//!                      bounded loads (each replica gets ⌊N/M⌋ or ⌈N/M⌉ shards)     (pure)
+//! shard Lease          one per shard ({lease}-shard-i), an ordinary leader election whose
+//!                      candidacy is "the assignment names me"; a holder the assignment no
+//!                      longer names releases it
+//! ```
+//!
+//! A shard's controller (its watches with `SHARD_LABEL=i` added to their selectors, its
+//! stores, its queue) runs only while this replica holds the shard's Lease, with a client
+//! whose writes that Lease guards ([`crate::guard`]). Start with
+//! [`crate::Operator::sharded_controller`].
+//!
+//! # Guarantees
+//! - **One writer per shard.** The assignment only says who *tries*; who writes is decided
+//!   by the shard's Lease alone, with every guarantee of [`crate::leader`]: a replica writes
+//!   for a shard's objects only through that shard's guarded client, so no two replicas
+//!   reconcile an object at once even while their views of the ring differ.
+//! - **Takeover.** When a replica dies its member Lease stops changing; after
+//!   `lease_duration` on the others' clocks it is no longer live, the assignment moves its
+//!   shards, and their new holders take them at their next retry: the shard Lease has been
+//!   unchanged just as long. So a dead replica's shards are taken over within about
+//!   `lease_duration + retry_period`, while the other shards keep their holders and work.
+//! - **Balance and little movement.** Each live replica is assigned ⌊N/M⌋ or ⌈N/M⌉ shards; a
+//!   replica joining or leaving moves about N/M shards, not all of them (rendezvous hashing).
+//!   A shard is handed over by release, so a joining replica takes it within a watch event.
+//! - **A single replica works unchanged**: with `--shards 1` (the default) none of this runs.
+//!
+//! # Caveats
+//! - A handed-over or taken-over shard is listed again by its new holder before its first
+//!   reconcile (its cache is per holder): failover includes one list of that shard.
+//! - An object without the label (just created) is reconciled once the labeller, which runs
+//!   on the main leader, has labelled it: one extra write and watch event per new object.
+//!   Children a user creates (a namespace an owner makes) are labelled by it the same way.
+//! - Cluster-wide reads a reconcile does through its stores see only its shard; reads that
+//!   must see every object (a conflict between two owners) have to go to the API server.
+//! - Changing N moves most objects to other shards: every object is labelled again.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+
+use futures::StreamExt;
+use k8s_openapi::api::coordination::v1::{Lease, LeaseSpec};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{MicroTime, ObjectMeta};
+use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams, PostParams};
+use kube::core::PartialObjectMeta;
+use kube::runtime::{WatchStreamExt, watcher};
+use kube::{Client, Resource, ResourceExt};
+use serde::de::DeserializeOwned;
+use sha2::Digest;
+use tokio::sync::watch;
+use tokio::time::Instant;
+use tokio_util::sync::CancellationToken;
+
+use crate::apply::ScopeApi;
+use crate::leader::LeaseConfig;
+
+/// Gives the key an object is sharded by, from its metadata (`None`: not a sharded object).
+pub type ShardKey = Arc<dyn Fn(&ObjectMeta) -> Option<String> + Send + Sync>;
+
+/// The label carrying an object's shard number (decimal, `0..N`).
+pub const SHARD_LABEL: &str = "steward.dev/shard";
+/// The label naming the ring a member Lease belongs to.
+pub const RING_LABEL: &str = "steward.dev/ring";
+
+/// A stable 64-bit hash (the first 8 bytes of SHA-256): the same on every replica and release.
+fn hash(parts: &[&str]) -> u64 {
+    let mut h = sha2::Sha256::new();
+    for p in parts {
+        h.update(p.as_bytes());
+        h.update([0]);
+    }
+    let d = h.finalize();
+    let mut b = [0u8; 8];
+    b.copy_from_slice(&d[..8]);
+    u64::from_be_bytes(b)
+}
+
+/// The shard of the object `key` (`namespace/name`, or `name` when cluster-scoped).
+pub fn shard_of(key: &str, shards: u32) -> u32 {
+    // The remainder is below `shards`, so it fits.
+    u32::try_from(hash(&[key]) % u64::from(shards.max(1))).unwrap_or(0)
+}
+
+/// The key [`shard_of`] hashes for an object.
+pub fn key_of(meta: &ObjectMeta) -> String {
+    let name = meta.name.clone().unwrap_or_default();
+    match &meta.namespace {
+        Some(ns) => format!("{ns}/{name}"),
+        None => name,
+    }
+}
+
+/// The label selector of shard `shard`'s objects.
+pub fn selector(shard: u32) -> String {
+    format!("{SHARD_LABEL}={shard}")
+}
+
+/// `base` (a label selector, possibly empty) narrowed to shard `shard` when there is one.
+pub fn narrow(base: Option<&str>, shard: Option<u32>) -> Option<String> {
+    match (base.filter(|b| !b.trim().is_empty()), shard) {
+        (Some(b), Some(s)) => Some(format!("{b},{}", selector(s))),
+        (Some(b), None) => Some(b.to_string()),
+        (None, Some(s)) => Some(selector(s)),
+        (None, None) => None,
+    }
+}
+
+/// Which of `members` each of `shards` shards goes to: rendezvous hashing with bounded
+/// loads. Shards are placed in order; each goes to the member with the highest score
+/// `hash(member, shard)` among those holding fewer than ⌈shards/members⌉. `None` for every
+/// shard when there are no members. Pure and the same on every replica for the same members.
+pub fn assign(shards: u32, members: &[String]) -> Vec<Option<String>> {
+    let mut members: Vec<&String> = members.iter().collect();
+    members.sort();
+    members.dedup();
+    if members.is_empty() {
+        return vec![None; shards as usize];
+    }
+    let cap = (shards as usize).div_ceil(members.len());
+    let mut load: HashMap<&str, usize> = HashMap::new();
+    (0..shards)
+        .map(|s| {
+            let shard = s.to_string();
+            let best = members
+                .iter()
+                .filter(|m| load.get(m.as_str()).copied().unwrap_or(0) < cap)
+                .max_by_key(|m| (hash(&[m.as_str(), &shard]), m.as_str()))?;
+            *load.entry(best.as_str()).or_default() += 1;
+            Some((*best).clone())
+        })
+        .collect()
+}
+
+/// This replica's view of the ring: the candidacy of each shard, from live member Leases.
+pub(crate) struct Ring {
+    client: Client,
+    config: LeaseConfig,
+    ring: String,
+    shards: u32,
+    candidacy: Vec<watch::Sender<bool>>,
+    /// Flips to `true` after the first full pass (members read, candidacy published).
+    settled: watch::Sender<bool>,
+}
+
+impl Ring {
+    /// The ring `ring` (the operator's Lease name) of `shards` shards, for the candidate of
+    /// `config` (its identity, namespace and timings; its lease name is not used).
+    pub(crate) fn new(client: Client, config: LeaseConfig, ring: &str, shards: u32) -> Self {
+        Self {
+            client,
+            config,
+            ring: ring.to_string(),
+            shards,
+            candidacy: (0..shards).map(|_| watch::channel(false).0).collect(),
+            settled: watch::channel(false).0,
+        }
+    }
+
+    /// The candidacy gate of shard `shard` (see [`crate::LeaderElector::with_candidacy`]).
+    pub(crate) fn candidacy(&self, shard: u32) -> watch::Receiver<bool> {
+        self.candidacy[shard as usize].subscribe()
+    }
+
+    /// `true` once the ring has read the members once.
+    pub(crate) fn settled(&self) -> watch::Receiver<bool> {
+        self.settled.subscribe()
+    }
+
+    /// The name of this replica's member Lease.
+    fn member_lease(&self) -> String {
+        format!(
+            "{}-member-{:016x}",
+            self.ring,
+            hash(&[&self.config.identity])
+        )
+    }
+
+    /// Renews this replica's member Lease and recomputes the assignment every retry period
+    /// until `shutdown`; then deletes the member Lease, so the others rebalance at once.
+    pub(crate) async fn run(self, shutdown: CancellationToken) {
+        let api: Api<Lease> = Api::namespaced(self.client.clone(), &self.config.namespace);
+        let mine = self.member_lease();
+        let mut seen: HashMap<String, (String, Instant)> = HashMap::new();
+        loop {
+            if let Err(e) = self.renew(&api, &mine).await {
+                tracing::warn!(lease = %mine, error = %e, "failed to renew the ring member lease");
+            }
+            match api
+                .list(&ListParams::default().labels(&format!("{RING_LABEL}={}", self.ring)))
+                .await
+            {
+                Ok(list) => {
+                    let now = Instant::now();
+                    let mut live = vec![self.config.identity.clone()];
+                    let mut present = std::collections::HashSet::new();
+                    for lease in list.items {
+                        let name = lease.name_any();
+                        present.insert(name.clone());
+                        let Some(spec) = lease.spec else { continue };
+                        let Some(holder) = spec.holder_identity.clone() else {
+                            continue;
+                        };
+                        let version = format!("{:?}", spec.renew_time);
+                        let since = match seen.get(&name) {
+                            Some((v, since)) if *v == version => *since,
+                            _ => now,
+                        };
+                        seen.insert(name, (version, since));
+                        if now.duration_since(since) < self.config.lease_duration
+                            && holder != self.config.identity
+                        {
+                            live.push(holder);
+                        }
+                    }
+                    seen.retain(|name, _| present.contains(name));
+                    let plan = assign(self.shards, &live);
+                    for (shard, owner) in plan.iter().enumerate() {
+                        let me = owner.as_deref() == Some(self.config.identity.as_str());
+                        self.candidacy[shard].send_if_modified(|c| std::mem::replace(c, me) != me);
+                    }
+                    self.settled
+                        .send_if_modified(|s| !std::mem::replace(s, true));
+                }
+                Err(e) => {
+                    tracing::warn!(ring = %self.ring, error = %e, "failed to list the ring's member leases")
+                }
+            }
+            tokio::select! {
+                () = shutdown.cancelled() => break,
+                () = tokio::time::sleep(self.config.retry_period) => {}
+            }
+        }
+        for c in &self.candidacy {
+            c.send_if_modified(|c| std::mem::replace(c, false));
+        }
+        if let Err(e) = api.delete(&mine, &DeleteParams::default()).await {
+            tracing::debug!(lease = %mine, error = %e, "failed to delete the ring member lease");
+        }
+    }
+
+    /// Creates or renews this replica's member Lease (holder: this identity; renewTime: now).
+    async fn renew(&self, api: &Api<Lease>, name: &str) -> Result<(), kube::Error> {
+        let spec = LeaseSpec {
+            holder_identity: Some(self.config.identity.clone()),
+            lease_duration_seconds: i32::try_from(self.config.lease_duration.as_secs().max(1)).ok(),
+            renew_time: Some(MicroTime(k8s_openapi::jiff::Timestamp::now())),
+            ..LeaseSpec::default()
+        };
+        let patch = serde_json::json!({"spec": {"holderIdentity": spec.holder_identity, "leaseDurationSeconds": spec.lease_duration_seconds, "renewTime": spec.renew_time}});
+        match api
+            .patch(name, &PatchParams::default(), &Patch::Merge(&patch))
+            .await
+        {
+            Err(kube::Error::Api(s)) if s.code == 404 => {
+                let lease = Lease {
+                    metadata: ObjectMeta {
+                        name: Some(name.to_string()),
+                        labels: Some([(RING_LABEL.to_string(), self.ring.clone())].into()),
+                        ..ObjectMeta::default()
+                    },
+                    spec: Some(spec),
+                };
+                api.create(&PostParams::default(), &lease).await.map(|_| ())
+            }
+            other => other.map(|_| ()),
+        }
+    }
+}
+
+/// Keeps [`SHARD_LABEL`] on every `K` (of `api`'s scope) right: an object without it, or with
+/// another shard's number, is patched to `shard_of(key(meta))`. Runs until `stop`; meant for
+/// the main leader ([`crate::Operator::shard_labels`]); `namespace` limits it as `--watch-namespace` does. `key` gives the key an object is
+/// sharded by: its own ([`key_of`]) for the sharded kind, its owner's for a child found by a
+/// label (`None`: not ours, left alone).
+pub async fn label<K>(
+    client: Client,
+    namespace: Option<String>,
+    labels: Option<String>,
+    shards: u32,
+    key: ShardKey,
+    stop: CancellationToken,
+) where
+    K: Resource<DynamicType = ()>
+        + Clone
+        + DeserializeOwned
+        + std::fmt::Debug
+        + Send
+        + Sync
+        + 'static,
+    K::Scope: ScopeApi,
+{
+    let api: Api<K> = <K::Scope as ScopeApi>::api(client.clone(), namespace.as_deref());
+    let mut config = watcher::Config::default().any_semantic();
+    if let Some(l) = labels {
+        config = config.labels(&l);
+    }
+    #[allow(deprecated)]
+    let events = kube::runtime::metadata_watcher(api.clone(), config)
+        .default_backoff()
+        .take_until(stop.cancelled_owned());
+    futures::pin_mut!(events);
+    while let Some(event) = events.next().await {
+        let obj: PartialObjectMeta<K> = match event {
+            Ok(watcher::Event::Apply(o) | watcher::Event::InitApply(o)) => o,
+            Ok(_) => continue,
+            Err(e) => {
+                tracing::debug!(error = %e, "shard labeller watch error");
+                continue;
+            }
+        };
+        let Some(k) = key(&obj.metadata) else {
+            continue;
+        };
+        let want = shard_of(&k, shards).to_string();
+        if obj.labels().get(SHARD_LABEL) == Some(&want) {
+            continue;
+        }
+        let api: Api<K> =
+            <K::Scope as ScopeApi>::api(client.clone(), obj.metadata.namespace.as_deref());
+        let patch = serde_json::json!({"metadata": {"labels": {SHARD_LABEL: want}}});
+        if let Err(e) = api
+            .patch_metadata(
+                &obj.name_any(),
+                &PatchParams::default(),
+                &Patch::Merge(&patch),
+            )
+            .await
+        {
+            tracing::debug!(object = %k, error = %e, "failed to label the object's shard");
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn members(n: usize) -> Vec<String> {
+        (0..n).map(|i| format!("replica-{i}")).collect()
+    }
+
+    #[test]
+    fn the_shard_of_a_key_is_stable_and_spread() {
+        assert_eq!(shard_of("ns/a", 3), shard_of("ns/a", 3));
+        let mut counts = [0u32; 4];
+        for i in 0..4000 {
+            counts[shard_of(&format!("tenant-{i}"), 4) as usize] += 1;
+        }
+        assert!(counts.iter().all(|c| (800..1200).contains(c)), "{counts:?}");
+        assert_eq!(shard_of("x", 1), 0);
+        assert_eq!(shard_of("x", 0), 0, "no shards count as one");
+    }
+
+    #[test]
+    fn every_live_member_gets_its_fair_share() {
+        for (shards, n) in [(3, 3), (3, 2), (8, 3), (2, 5), (12, 4)] {
+            let plan = assign(shards, &members(n));
+            assert!(plan.iter().all(Option::is_some));
+            let mut load: HashMap<String, usize> = HashMap::new();
+            for m in plan.into_iter().flatten() {
+                *load.entry(m).or_default() += 1;
+            }
+            let (lo, hi) = (shards as usize / n, (shards as usize).div_ceil(n));
+            assert!(
+                load.values().all(|l| (lo..=hi).contains(l)),
+                "{shards} shards over {n}: {load:?}"
+            );
+        }
+        assert_eq!(assign(2, &[]), vec![None, None]);
+    }
+
+    #[test]
+    fn the_assignment_ignores_order_and_duplicates() {
+        let mut m = members(3);
+        let a = assign(6, &m);
+        m.reverse();
+        m.push("replica-1".into());
+        assert_eq!(assign(6, &m), a);
+    }
+
+    #[test]
+    fn a_member_leaving_moves_only_its_shards() {
+        let m = members(4);
+        let before = assign(64, &m);
+        let gone = "replica-2";
+        let rest: Vec<String> = m.iter().filter(|x| *x != gone).cloned().collect();
+        let after = assign(64, &rest);
+        let moved = before.iter().zip(&after).filter(|(b, a)| b != a).count();
+        let had = before.iter().filter(|b| b.as_deref() == Some(gone)).count();
+        // Bounded loads may shift a few more than the departed member's own shards.
+        assert!(moved <= had + 64 / 4, "moved {moved}, the member had {had}");
+        assert!(after.iter().all(|a| a.as_deref() != Some(gone)));
+    }
+
+    #[test]
+    fn selectors_narrow_to_the_shard() {
+        assert_eq!(
+            narrow(Some("a=b"), Some(2)).as_deref(),
+            Some("a=b,steward.dev/shard=2")
+        );
+        assert_eq!(
+            narrow(None, Some(0)).as_deref(),
+            Some("steward.dev/shard=0")
+        );
+        assert_eq!(narrow(Some(" "), None), None);
+        assert_eq!(narrow(Some("a"), None).as_deref(), Some("a"));
+    }
+}
