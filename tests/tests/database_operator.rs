@@ -11,8 +11,9 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use database_operator::crd::{
-    Database, DatabaseRole, DatabaseRoleSpec, DatabaseSpec, DeletionPolicy, Ensure, ExtensionSpec,
-    ExternalServer, LocalRef, PostgresCluster, Privileges, ROTATE_ANNOTATION, SchemaSpec,
+    BackupSpec, Database, DatabaseRole, DatabaseRoleSpec, DatabaseSpec, DeletionPolicy, Ensure,
+    ExtensionSpec, ExternalServer, LocalRef, PostgresCluster, Privileges, ROTATE_ANNOTATION,
+    SchemaSpec, SslMode,
 };
 use futures::StreamExt;
 use k8s_openapi::api::apps::v1::StatefulSet;
@@ -28,6 +29,9 @@ use serde_json::json;
 use steward_testenv::eventually;
 use steward_testenv::harness::Harness;
 use steward_testenv::postgres::Postgres;
+
+#[path = "support/fixtures.rs"]
+mod fixtures;
 
 const WAIT: Duration = Duration::from_secs(90);
 const EVIL: &str = "x\"; DROP DATABASE postgres; --";
@@ -113,11 +117,10 @@ impl Env {
 
     /// A Secret `admin` with the test server's superuser credentials.
     async fn admin_secret(&self, pg: &Postgres) {
-        let secret: Secret = serde_json::from_value(json!({
-            "metadata": {"name": "admin"},
-            "stringData": {"username": pg.superuser(), "password": pg.password()}
-        }))
-        .unwrap();
+        let secret = fixtures::secret(
+            "admin",
+            [("username", pg.superuser()), ("password", pg.password())],
+        );
         self.api::<Secret>()
             .create(&PostParams::default(), &secret)
             .await
@@ -337,17 +340,12 @@ async fn assert_no_password_leaks(env: &Env, pg: &Postgres, passwords: &[String]
 async fn volumes(client: &Client, class: &str, count: usize) {
     let pvs: Api<PersistentVolume> = Api::all(client.clone());
     for i in 0..count {
-        let pv: PersistentVolume = serde_json::from_value(json!({
-            "metadata": {"name": format!("{class}-{i}"), "labels": {"steward.dev/test": "database-operator"}},
-            "spec": {
-                "capacity": {"storage": "1Gi"},
-                "accessModes": ["ReadWriteOnce"],
-                "storageClassName": class,
-                "persistentVolumeReclaimPolicy": "Retain",
-                "hostPath": {"path": format!("/tmp/{class}-{i}")}
-            }
-        }))
-        .unwrap();
+        let pv = fixtures::persistent_volume(
+            &format!("{class}-{i}"),
+            class,
+            "Retain",
+            "database-operator",
+        );
         pvs.create(&PostParams::default(), &pv)
             .await
             .expect("create PV");
@@ -368,13 +366,10 @@ async fn cluster_children_rollout_replicas_first_and_retained_claims() {
     let class = format!("steward-{}", env.ns);
     volumes(&env.client, &class, 3).await;
     let clusters = env.api::<PostgresCluster>();
-    let cluster: PostgresCluster = serde_json::from_value(json!({
-        "apiVersion": "database.steward.dev/v1alpha1", "kind": "PostgresCluster",
-        "metadata": {"name": "pg"},
-        "spec": {"instances": 3, "version": 16, "storage": {"size": "1Gi", "storageClassName": class},
-                 "parameters": {"max_connections": "150"}}
-    }))
-    .unwrap();
+    let cluster = fixtures::postgres_cluster("pg", 3)
+        .storage_class(&class)
+        .parameter("max_connections", "150")
+        .build();
     let created = clusters
         .create(&PostParams::default(), &cluster)
         .await
@@ -645,13 +640,10 @@ async fn cluster_children_are_written_only_when_they_differ() {
     let class = format!("steward-{}", env.ns);
     volumes(&env.client, &class, 1).await;
     let clusters = env.api::<PostgresCluster>();
-    let cluster: PostgresCluster = serde_json::from_value(json!({
-        "apiVersion": "database.steward.dev/v1alpha1", "kind": "PostgresCluster",
-        "metadata": {"name": "pg"},
-        "spec": {"instances": 1, "version": 16, "storage": {"size": "1Gi", "storageClassName": class},
-                 "parameters": {"max_connections": "150"}}
-    }))
-    .unwrap();
+    let cluster = fixtures::postgres_cluster("pg", 1)
+        .storage_class(&class)
+        .parameter("max_connections", "150")
+        .build();
     clusters
         .create(&PostParams::default(), &cluster)
         .await
@@ -738,12 +730,9 @@ async fn cluster_children_are_written_only_when_they_differ() {
 async fn cluster_delete_policy_deletes_claims_and_secret() {
     let env = env("pgc-del").await;
     let clusters = env.api::<PostgresCluster>();
-    let cluster: PostgresCluster = serde_json::from_value(json!({
-        "apiVersion": "database.steward.dev/v1alpha1", "kind": "PostgresCluster",
-        "metadata": {"name": "gone"},
-        "spec": {"instances": 1, "version": 16, "storage": {"size": "1Gi"}, "deletionPolicy": "Delete"}
-    }))
-    .unwrap();
+    let cluster = fixtures::postgres_cluster("gone", 1)
+        .deletion_policy(DeletionPolicy::Delete)
+        .build();
     let created = clusters
         .create(&PostParams::default(), &cluster)
         .await
@@ -1617,7 +1606,11 @@ async fn backup_before_delete_waits_for_the_dump_job() {
     let mut db = database(&pg, "dumped", "dumped", "dumped_owner");
     db.spec.deletion_policy = DeletionPolicy::Delete;
     db.spec.backup_before_delete = true;
-    db.spec.backup = Some(serde_json::from_value(json!({"storageClassName": class})).unwrap());
+    db.spec.backup = Some(BackupSpec {
+        storage_size: None,
+        storage_class_name: Some(class.clone()),
+        image: None,
+    });
     let created = dbs.create(&PostParams::default(), &db).await.unwrap();
     wait_database_ready(&env, "dumped").await;
     dbs.delete("dumped", &DeleteParams::default())
@@ -1855,8 +1848,17 @@ async fn schema_rejects_bad_input_and_quoting_defuses_it() {
     assert!(m.contains("deletionPolicy"), "{m}");
 
     // Immutable name.
-    let good: Database =
-        serde_json::from_value(db(json!({"external": ext, "name": "fine", "owner": "o"}))).unwrap();
+    let good = Database::new(
+        "bad",
+        DatabaseSpec::on(
+            ExternalServer {
+                ssl_mode: SslMode::default(),
+                ..external(&pg)
+            },
+            "fine",
+            "o",
+        ),
+    );
     dbs.create(&PostParams::default(), &good).await.unwrap();
     let err = dbs
         .patch(
@@ -1967,10 +1969,7 @@ async fn schema_rejects_bad_input_and_quoting_defuses_it() {
         .expect("valid quantities and a backslash are accepted");
     let m = rejected(&clusters, pgc(json!({"instances": 1, "version": 16, "storage": {"size": "1Gi"}, "parameters": {"bad key'": "1"}}))).await;
     assert!(m.contains("parameter names"), "{m}");
-    let c: PostgresCluster = serde_json::from_value(pgc(
-        json!({"instances": 1, "version": 16, "storage": {"size": "1Gi"}}),
-    ))
-    .unwrap();
+    let c = fixtures::postgres_cluster("c", 1).build();
     clusters.create(&PostParams::default(), &c).await.unwrap();
     let err = clusters
         .patch(
@@ -2085,11 +2084,10 @@ async fn a_users_secret_with_the_credentials_name_is_never_taken_over() {
     let pg = Postgres::start().await.expect("PostgreSQL");
     let env = env("pgsecret").await;
     env.admin_secret(&pg).await;
-    let mine: Secret = serde_json::from_value(json!({
-        "metadata": {"name": "app-db-credentials", "labels": {"team": "payments"}},
-        "stringData": {"mine": "keep me"}
-    }))
-    .unwrap();
+    let mine = Secret {
+        metadata: fixtures::labelled("app-db-credentials", [("team", "payments")]),
+        ..fixtures::secret("app-db-credentials", [("mine", "keep me")])
+    };
     let secrets = env.api::<Secret>();
     secrets.create(&PostParams::default(), &mine).await.unwrap();
     let mut db = database(&pg, "app", "app_db", "app_owner");
@@ -2150,72 +2148,86 @@ async fn namespace_deletion_finishes_for_every_mix_of_policies() {
             }
         }
     }
-    let runs = combos.into_iter().map(|(cluster, database, role_policy)| async move {
-        let what = format!("cluster {cluster:?}, database {database:?}, role {role_policy:?}");
-        let env = env("pgmix").await;
-        let pgc: PostgresCluster = serde_json::from_value(json!({
-            "apiVersion": "database.steward.dev/v1alpha1", "kind": "PostgresCluster",
-            "metadata": {"name": "main"},
-            "spec": {"instances": 1, "version": 16, "storage": {"size": "1Gi"}, "deletionPolicy": cluster}
-        }))
-        .unwrap();
-        env.api::<PostgresCluster>()
-            .create(&PostParams::default(), &pgc)
+    let runs = combos
+        .into_iter()
+        .map(|(cluster, database, role_policy)| async move {
+            let what = format!("cluster {cluster:?}, database {database:?}, role {role_policy:?}");
+            let env = env("pgmix").await;
+            let pgc = fixtures::postgres_cluster("main", 1)
+                .deletion_policy(cluster)
+                .build();
+            env.api::<PostgresCluster>()
+                .create(&PostParams::default(), &pgc)
+                .await
+                .unwrap();
+            let db = Database::new(
+                "app",
+                DatabaseSpec {
+                    cluster_ref: Some(LocalRef {
+                        name: "main".into(),
+                    }),
+                    external: None,
+                    name: "app".into(),
+                    owner: "app_owner".into(),
+                    extensions: vec![],
+                    schemas: vec![],
+                    deletion_policy: database,
+                    backup_before_delete: false,
+                    backup: None,
+                    adopt: false,
+                },
+            );
+            env.api::<Database>()
+                .create(&PostParams::default(), &db)
+                .await
+                .unwrap();
+            let mut r = role("reader", "app", "reader", Privileges::ReadOnly);
+            r.spec.deletion_policy = role_policy;
+            env.api::<DatabaseRole>()
+                .create(&PostParams::default(), &r)
+                .await
+                .unwrap();
+            // Both are reconciled (their finalizers are on) before the namespace goes.
+            eventually(&format!("{what}: finalizers on"), WAIT, || async {
+                let d = env
+                    .api::<Database>()
+                    .get("app")
+                    .await
+                    .map_err(|e| e.to_string())?;
+                let r = env
+                    .api::<DatabaseRole>()
+                    .get("reader")
+                    .await
+                    .map_err(|e| e.to_string())?;
+                if !d.finalizers().is_empty() && !r.finalizers().is_empty() {
+                    Ok(())
+                } else {
+                    Err(format!("{:?} {:?}", d.finalizers(), r.finalizers()))
+                }
+            })
             .await
             .unwrap();
-        let db = Database::new(
-            "app",
-            DatabaseSpec {
-                cluster_ref: Some(LocalRef { name: "main".into() }),
-                external: None,
-                name: "app".into(),
-                owner: "app_owner".into(),
-                extensions: vec![],
-                schemas: vec![],
-                deletion_policy: database,
-                backup_before_delete: false,
-                backup: None,
-                adopt: false,
-            },
-        );
-        env.api::<Database>()
-            .create(&PostParams::default(), &db)
-            .await
-            .unwrap();
-        let mut r = role("reader", "app", "reader", Privileges::ReadOnly);
-        r.spec.deletion_policy = role_policy;
-        env.api::<DatabaseRole>()
-            .create(&PostParams::default(), &r)
-            .await
-            .unwrap();
-        // Both are reconciled (their finalizers are on) before the namespace goes.
-        eventually(&format!("{what}: finalizers on"), WAIT, || async {
-            let d = env.api::<Database>().get("app").await.map_err(|e| e.to_string())?;
-            let r = env.api::<DatabaseRole>().get("reader").await.map_err(|e| e.to_string())?;
-            if !d.finalizers().is_empty() && !r.finalizers().is_empty() {
-                Ok(())
-            } else {
-                Err(format!("{:?} {:?}", d.finalizers(), r.finalizers()))
-            }
-        })
-        .await
-        .unwrap();
-        let namespaces: Api<k8s_openapi::api::core::v1::Namespace> = Api::all(env.client.clone());
-        let started = Instant::now();
-        namespaces
-            .delete(&env.ns, &DeleteParams::default())
-            .await
-            .unwrap();
-        let left = eventually(&format!("{what}: namespace gone"), Duration::from_secs(60), || async {
-            match namespaces.get_opt(&env.ns).await {
-                Ok(None) => Ok(()),
-                Ok(Some(_)) => Err(env.events_text().await),
-                Err(e) => Err(e.to_string()),
-            }
-        })
-        .await;
-        (what, started.elapsed(), left.err().map(|e| e.to_string()))
-    });
+            let namespaces: Api<k8s_openapi::api::core::v1::Namespace> =
+                Api::all(env.client.clone());
+            let started = Instant::now();
+            namespaces
+                .delete(&env.ns, &DeleteParams::default())
+                .await
+                .unwrap();
+            let left = eventually(
+                &format!("{what}: namespace gone"),
+                Duration::from_secs(60),
+                || async {
+                    match namespaces.get_opt(&env.ns).await {
+                        Ok(None) => Ok(()),
+                        Ok(Some(_)) => Err(env.events_text().await),
+                        Err(e) => Err(e.to_string()),
+                    }
+                },
+            )
+            .await;
+            (what, started.elapsed(), left.err().map(|e| e.to_string()))
+        });
     let results = futures::future::join_all(runs).await;
     for (what, took, err) in &results {
         println!("{what}: namespace gone after {took:.1?}");

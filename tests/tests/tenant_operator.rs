@@ -14,9 +14,16 @@ use std::sync::atomic::{AtomicI64, Ordering};
 use std::time::{Duration, Instant};
 
 use k8s_openapi::api::apps::v1::Deployment;
-use k8s_openapi::api::core::v1::{ConfigMap, LimitRange, Namespace, Pod, ResourceQuota, Secret};
-use k8s_openapi::api::networking::v1::NetworkPolicy;
+use k8s_openapi::api::core::v1::{
+    ConfigMap, Container, LimitRange, Namespace, Pod, PodSpec, ResourceQuota, ResourceRequirements,
+    ScopeSelector, ScopedResourceSelectorRequirement, Secret,
+};
+use k8s_openapi::api::networking::v1::{
+    NetworkPolicy, NetworkPolicyEgressRule, NetworkPolicyPort, NetworkPolicySpec,
+};
 use k8s_openapi::api::rbac::v1::{ClusterRole, ClusterRoleBinding, Role, RoleBinding};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::LabelSelector;
+use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
 use kube::api::{
     Api, ApiResource, DeleteParams, DynamicObject, ListParams, Patch, PatchParams, PostParams,
 };
@@ -25,8 +32,16 @@ use serde_json::{Value, json};
 use steward_core::Operator;
 use steward_testenv::harness::{Harness, test_args};
 use steward_testenv::{ControlPlane, eventually};
-use tenant_operator::crd::{ADMITTED_LABEL, QUOTA_EXCEEDED, TENANT_LABEL, Tenant, TenantPhase};
+use tenant_operator::crd::{
+    ADMITTED_LABEL, NamedQuota, NamespaceDeletionPolicy, PodSecurityLevel, PullPolicy,
+    QUOTA_EXCEEDED, ServiceType, SharedKind, SubjectKind, TENANT_LABEL, Tenant, TenantPhase,
+    TenantPolicies,
+};
 use tenant_operator::{NAME, Options};
+
+#[path = "support/fixtures.rs"]
+mod fixtures;
+use fixtures::TenantBuilder;
 
 const WAIT: Duration = Duration::from_secs(90);
 const TEST_LABEL: &str = "steward.dev/test";
@@ -118,7 +133,7 @@ impl Env {
     /// Creates the namespace this test's operator shares sources from.
     async fn shared_namespace(&self) -> String {
         let name = shared_namespace(&self.id);
-        let ns: Namespace = serde_json::from_value(json!({"metadata": {"name": name}})).unwrap();
+        let ns = fixtures::namespace(&name);
         Api::<Namespace>::all(self.client.clone())
             .create(&PostParams::default(), &ns)
             .await
@@ -136,14 +151,9 @@ impl Env {
         }
     }
 
-    /// Creates Tenant `name` (labelled for this test's operator) with `spec`.
-    async fn create(&self, name: &str, spec: Value) -> Tenant {
-        let t: Tenant = serde_json::from_value(json!({
-            "apiVersion": "tenancy.steward.dev/v1alpha1", "kind": "Tenant",
-            "metadata": {"name": name, "labels": {TEST_LABEL: self.id}},
-            "spec": spec,
-        }))
-        .expect("tenant json");
+    /// Creates the Tenant `tenant` builds, labelled for this test's operator.
+    async fn create(&self, tenant: TenantBuilder) -> Tenant {
+        let t = tenant.label(TEST_LABEL, &self.id).build();
         self.tenants
             .create(&PostParams::default(), &t)
             .await
@@ -286,11 +296,10 @@ fn configmap(name: &str, extra_labels: &[(&str, &str)], data: &[(&str, &str)]) -
 }
 
 fn pod(name: &str) -> Pod {
-    serde_json::from_value(json!({
-        "metadata": {"name": name},
-        "spec": {"containers": [{"name": "app", "image": "registry.k8s.io/pause:3.10"}]}
-    }))
-    .expect("pod")
+    fixtures::pod(
+        name,
+        fixtures::pod_spec([fixtures::container("app", "registry.k8s.io/pause:3.10")]),
+    )
 }
 
 fn namespace(name: &str, tenant: Option<&str>) -> Namespace {
@@ -341,11 +350,10 @@ async fn tenant_creates_its_objects_and_converges_on_spec_changes() {
 
     // Shared sources, opted in by label.
     let src = env.shared_namespace().await;
-    let secret: Secret = serde_json::from_value(json!({
-        "metadata": {"name": "registry", "labels": {"tenancy.steward.dev/shareable": "true"}},
-        "stringData": {"token": "s3cret"}
-    }))
-    .unwrap();
+    let secret = Secret {
+        metadata: fixtures::labelled("registry", [("tenancy.steward.dev/shareable", "true")]),
+        ..fixtures::secret("registry", [("token", "s3cret")])
+    };
     env.api::<Secret>(&src)
         .create(&PostParams::default(), &secret)
         .await
@@ -366,19 +374,27 @@ async fn tenant_creates_its_objects_and_converges_on_spec_changes() {
     let started = Instant::now();
     let created = env
         .create(
-            &t,
-            json!({
-                "owners": [{"kind": "User", "name": owner}],
-                "namespaces": [a, b],
-                "deletionPolicy": "Delete",
-                "podSecurity": "baseline",
-                "namespaceMetadata": {"labels": {"team": t, "cost-center": "42"}, "annotations": {"contact": "team@example.com"}},
-                "resourceQuota": {"hard": {"pods": 5, "requests.cpu": "2"}},
-                "limitRange": {"limits": [{"type": "Container", "default": {"cpu": "200m", "memory": "128Mi"}, "defaultRequest": {"cpu": "100m", "memory": "64Mi"}}]},
-                "networkIsolation": {"allowFromNamespaces": ["monitoring"]},
-                "sharedObjects": [{"kind": "Secret", "namespace": src, "name": "registry"}, {"kind": "ConfigMap", "namespace": src, "name": "ca-bundle"}],
-                "additionalRoleBindings": [{"clusterRole": "view", "subjects": [{"kind": "Group", "name": "auditors"}]}]
-            }),
+            fixtures::tenant(&t)
+                .owner_user(&owner)
+                .namespaces([&a, &b])
+                .deletion_policy(NamespaceDeletionPolicy::Delete)
+                .pod_security(PodSecurityLevel::Baseline)
+                .namespace_metadata(
+                    [("team", t.as_str()), ("cost-center", "42")],
+                    [("contact", "team@example.com")],
+                )
+                .resource_quota([("pods", "5"), ("requests.cpu", "2")])
+                .container_limits(
+                    [("cpu", "200m"), ("memory", "128Mi")],
+                    [("cpu", "100m"), ("memory", "64Mi")],
+                )
+                .allow_from_namespaces(["monitoring"])
+                .shared(SharedKind::Secret, &src, "registry")
+                .shared(SharedKind::ConfigMap, &src, "ca-bundle")
+                .role_binding(
+                    "view",
+                    vec![fixtures::tenant_subject(SubjectKind::Group, "auditors")],
+                ),
         )
         .await;
     let uid = created.uid().unwrap();
@@ -662,51 +678,45 @@ async fn owners_act_in_their_tenant_only_and_cannot_touch_its_guard_rails() {
     // Give alice, through the Tenant, RBAC rights that the admission policies must still
     // override: delete/update quotas, limit ranges and network policies.
     let editor = format!("{}-guard-rail-editor", env.id);
-    let role: ClusterRole = serde_json::from_value(json!({
-        "metadata": {"name": editor},
-        "rules": [
-            {"apiGroups": [""], "resources": ["resourcequotas", "limitranges"], "verbs": ["get", "list", "update", "patch", "delete"]},
-            {"apiGroups": ["networking.k8s.io"], "resources": ["networkpolicies"], "verbs": ["get", "list", "update", "patch", "delete"]}
-        ]
-    }))
-    .unwrap();
+    let verbs = ["get", "list", "update", "patch", "delete"];
+    let role = fixtures::cluster_role(
+        &editor,
+        vec![
+            fixtures::rule(&[""], &["resourcequotas", "limitranges"], &verbs),
+            fixtures::rule(&["networking.k8s.io"], &["networkpolicies"], &verbs),
+        ],
+    );
     Api::<ClusterRole>::all(env.client.clone())
         .create(&PostParams::default(), &role)
         .await
         .expect("editor role");
 
     env.create(
-        &ta,
-        json!({
-            "owners": [{"kind": "User", "name": alice}],
-            "namespaces": [a1],
-            "maxNamespaces": 2,
-            "podSecurity": "baseline",
-            "resourceQuota": {"hard": {"pods": 2}},
-            "limitRange": {"limits": [{"type": "Container", "defaultRequest": {"cpu": "10m", "memory": "16Mi"}}]},
-            "additionalRoleBindings": [{"clusterRole": editor, "subjects": [{"kind": "User", "name": alice}]}]
-        }),
+        fixtures::tenant(&ta)
+            .owner_user(&alice)
+            .namespaces([&a1])
+            .max_namespaces(2)
+            .pod_security(PodSecurityLevel::Baseline)
+            .resource_quota([("pods", "2")])
+            .container_limits([], [("cpu", "10m"), ("memory", "16Mi")])
+            .role_binding(
+                &editor,
+                vec![fixtures::tenant_subject(SubjectKind::User, &alice)],
+            ),
     )
     .await;
-    env.create(
-        &tb,
-        json!({"owners": [{"kind": "User", "name": bob}], "namespaces": [b1]}),
-    )
-    .await;
+    env.create(fixtures::tenant(&tb).owner_user(&bob).namespaces([&b1]))
+        .await;
     env.ready(&ta).await;
     env.ready(&tb).await;
     let as_alice = env.as_user(&alice);
 
     // In her own namespace alice can deploy.
-    let deployment: Deployment = serde_json::from_value(json!({
-        "metadata": {"name": "web"},
-        "spec": {
-            "replicas": 1,
-            "selector": {"matchLabels": {"app": "web"}},
-            "template": {"metadata": {"labels": {"app": "web"}}, "spec": {"containers": [{"name": "web", "image": "registry.k8s.io/pause:3.10"}]}}
-        }
-    }))
-    .unwrap();
+    let deployment = fixtures::deployment(
+        "web",
+        1,
+        fixtures::pod_spec([fixtures::container("web", "registry.k8s.io/pause:3.10")]),
+    );
     let deployments: Api<Deployment> = Api::namespaced(as_alice.clone(), &a1);
     eventually(
         "alice may create a Deployment in her namespace",
@@ -913,12 +923,11 @@ async fn owners_act_in_their_tenant_only_and_cannot_touch_its_guard_rails() {
     // Tenant has no operator: no test's operator selects it).
     let reserved = format!("{ta}-reserved");
     let reserver = format!("{}-reserver", env.id);
-    let other: Tenant = serde_json::from_value(json!({
-        "apiVersion": "tenancy.steward.dev/v1alpha1", "kind": "Tenant",
-        "metadata": {"name": reserver, "labels": {TEST_LABEL: "nobody"}},
-        "spec": {"owners": [{"kind": "User", "name": "someone"}], "namespaces": [reserved]},
-    }))
-    .unwrap();
+    let other = fixtures::tenant(&reserver)
+        .label(TEST_LABEL, "nobody")
+        .owner_user("someone")
+        .namespaces([&reserved])
+        .build();
     env.tenants
         .create(&PostParams::default(), &other)
         .await
@@ -987,12 +996,19 @@ async fn owners_act_in_their_tenant_only_and_cannot_touch_its_guard_rails() {
 
     // Tenant labels of her namespaces are not hers to change, even with namespace patch rights.
     let patcher = format!("{}-ns-patcher", env.id);
-    let cr: ClusterRole = serde_json::from_value(json!({"metadata": {"name": patcher}, "rules": [{"apiGroups": [""], "resources": ["namespaces"], "verbs": ["get", "patch", "update"]}]})).unwrap();
+    let cr = fixtures::cluster_role(
+        &patcher,
+        vec![fixtures::rule(
+            &[""],
+            &["namespaces"],
+            &["get", "patch", "update"],
+        )],
+    );
     Api::<ClusterRole>::all(env.client.clone())
         .create(&PostParams::default(), &cr)
         .await
         .unwrap();
-    let crb: ClusterRoleBinding = serde_json::from_value(json!({"metadata": {"name": patcher}, "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": patcher}, "subjects": [{"apiGroup": "rbac.authorization.k8s.io", "kind": "User", "name": alice}]})).unwrap();
+    let crb = fixtures::cluster_role_binding(&patcher, vec![fixtures::rbac_user(&alice)]);
     Api::<ClusterRoleBinding>::all(env.client.clone())
         .create(&PostParams::default(), &crb)
         .await
@@ -1047,13 +1063,19 @@ async fn owners_act_in_their_tenant_only_and_cannot_touch_its_guard_rails() {
     let pods: Api<Pod> = Api::namespaced(as_alice.clone(), &a1);
     let accounts: Api<k8s_openapi::api::core::v1::ServiceAccount> =
         Api::namespaced(as_alice.clone(), &a1);
-    let web: Deployment = serde_json::from_value(json!({
-        "metadata": {"name": "scaled"},
-        "spec": {"replicas": 0, "selector": {"matchLabels": {"app": "scaled"}},
-                 "template": {"metadata": {"labels": {"app": "scaled"}},
-                              "spec": {"containers": [{"name": "app", "image": "registry.k8s.io/pause:3.10", "resources": {"requests": {"cpu": "10m", "memory": "16Mi"}, "limits": {"cpu": "10m", "memory": "16Mi"}}}]}}}
-    }))
-    .unwrap();
+    let tiny = || fixtures::resource_list([("cpu", "10m"), ("memory", "16Mi")]);
+    let web = fixtures::deployment(
+        "scaled",
+        0,
+        fixtures::pod_spec([Container {
+            resources: Some(ResourceRequirements {
+                requests: Some(tiny()),
+                limits: Some(tiny()),
+                ..ResourceRequirements::default()
+            }),
+            ..fixtures::container("app", "registry.k8s.io/pause:3.10")
+        }]),
+    );
     env.api::<Deployment>(&a1)
         .create(&PostParams::default(), &web)
         .await
@@ -1156,12 +1178,10 @@ async fn tenant_quota_holds_across_namespaces_under_concurrent_creates() {
     let (qa, qb) = (format!("{t}-a"), format!("{t}-b"));
     const LIMIT: i64 = 6;
     env.create(
-        &t,
-        json!({
-            "owners": [{"kind": "User", "name": "carol"}],
-            "namespaces": [qa, qb],
-            "tenantQuota": {"hard": {"configmaps": LIMIT}},
-        }),
+        fixtures::tenant(&t)
+            .owner_user("carol")
+            .namespaces([&qa, &qb])
+            .tenant_quota([("configmaps", LIMIT.to_string().as_str())]),
     )
     .await;
     env.ready(&t).await;
@@ -1431,12 +1451,10 @@ async fn max_namespaces_holds_under_fifty_parallel_creates() {
     const ROUNDS: usize = 10;
     const PARALLEL: usize = 50;
     env.create(
-        &t,
-        json!({
-            "owners": [{"kind": "User", "name": owner}],
-            "namespaces": [declared],
-            "maxNamespaces": MAX,
-        }),
+        fixtures::tenant(&t)
+            .owner_user(&owner)
+            .namespaces([&declared])
+            .max_namespaces(i32::try_from(MAX).unwrap()),
     )
     .await;
     env.ready(&t).await;
@@ -1604,12 +1622,10 @@ async fn a_tenant_takes_only_namespaces_created_for_it_or_handed_over() {
         .unwrap();
 
     env.create(
-        &t,
-        json!({
-            "owners": [{"kind": "User", "name": "erin"}],
-            "namespaces": [plain, handed, fresh, "tenant-operator-system"],
-            "deletionPolicy": "Delete",
-        }),
+        fixtures::tenant(&t)
+            .owner_user("erin")
+            .namespaces([&plain, &handed, &fresh, "tenant-operator-system"])
+            .deletion_policy(NamespaceDeletionPolicy::Delete),
     )
     .await;
     let status = eventually("the Tenant reports what it refused", WAIT, || async {
@@ -1722,13 +1738,11 @@ async fn a_tenant_limit_below_the_per_namespace_one_is_reported() {
     let t = format!("{}-t", env.id);
     let (a, b) = (format!("{t}-a"), format!("{t}-b"));
     env.create(
-        &t,
-        json!({
-            "owners": [{"kind": "User", "name": "fay"}],
-            "namespaces": [a, b],
-            "resourceQuota": {"hard": {"pods": 50}},
-            "tenantQuota": {"hard": {"pods": 10}},
-        }),
+        fixtures::tenant(&t)
+            .owner_user("fay")
+            .namespaces([&a, &b])
+            .resource_quota([("pods", "50")])
+            .tenant_quota([("pods", "10")]),
     )
     .await;
     env.ready(&t).await;
@@ -1771,8 +1785,13 @@ async fn a_tenant_limit_below_the_per_namespace_one_is_reported() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn tenant_policies_refuse_what_the_tenant_may_not_run_even_through_a_controller() {
     use k8s_openapi::api::apps::v1::ReplicaSet;
-    use k8s_openapi::api::core::v1::{PersistentVolumeClaim, Service};
-    use k8s_openapi::api::networking::v1::Ingress;
+    use k8s_openapi::api::core::v1::{
+        PersistentVolumeClaim, PersistentVolumeClaimSpec, Service, ServicePort, ServiceSpec,
+        VolumeResourceRequirements,
+    };
+    use k8s_openapi::api::networking::v1::{
+        Ingress, IngressBackend, IngressServiceBackend, IngressSpec, ServiceBackendPort,
+    };
 
     use k8s_openapi::api::node::v1::RuntimeClass;
 
@@ -1789,29 +1808,31 @@ async fn tenant_policies_refuse_what_the_tenant_may_not_run_even_through_a_contr
         runtime_classes
             .create(
                 &PostParams::default(),
-                &serde_json::from_value(json!({"metadata": {"name": class}, "handler": "runc"}))
-                    .unwrap(),
+                &RuntimeClass {
+                    metadata: fixtures::meta(class),
+                    handler: "runc".into(),
+                    ..RuntimeClass::default()
+                },
             )
             .await
             .expect("RuntimeClass");
     }
     env.create(
-        &t,
-        json!({
-            "owners": [{"kind": "User", "name": "rita"}],
-            "namespaces": [ns],
-            "policies": {
-                "allowedRegistries": [registry],
-                "imagePullPolicy": "Always",
-                "allowedStorageClasses": ["standard"],
-                "allowedIngressClasses": ["internal"],
-                "forbiddenServiceTypes": ["NodePort", "LoadBalancer"],
-                "forbidExternalIPs": true,
-                "nodeSelector": {"pool": "team", "example.com/zone": "a"},
-                "allowedRuntimeClasses": [sandboxed, plain],
-                "defaultRuntimeClass": sandboxed,
-            },
-        }),
+        fixtures::tenant(&t)
+            .owner_user("rita")
+            .namespaces([&ns])
+            .policies(TenantPolicies {
+                allowed_registries: vec![registry.to_string()],
+                image_pull_policy: Some(PullPolicy::Always),
+                allowed_storage_classes: vec!["standard".into()],
+                allowed_ingress_classes: vec!["internal".into()],
+                forbidden_service_types: vec![ServiceType::NodePort, ServiceType::LoadBalancer],
+                forbid_external_ips: true,
+                node_selector: fixtures::map([("pool", "team"), ("example.com/zone", "a")]),
+                allowed_runtime_classes: vec![sandboxed.clone(), plain.clone()],
+                default_runtime_class: Some(sandboxed.clone()),
+                ..TenantPolicies::default()
+            }),
     )
     .await;
     env.ready(&t).await;
@@ -1820,12 +1841,14 @@ async fn tenant_policies_refuse_what_the_tenant_may_not_run_even_through_a_contr
 
     let pods: Api<Pod> = Api::namespaced(owner.clone(), &ns);
     let pod_with = |image: &str, pull: &str, pinned: bool| -> Pod {
-        let mut spec =
-            json!({"containers": [{"name": "app", "image": image, "imagePullPolicy": pull}]});
+        let mut spec = fixtures::pod_spec([Container {
+            image_pull_policy: Some(pull.into()),
+            ..fixtures::container("app", image)
+        }]);
         if pinned {
-            spec["nodeSelector"] = json!({"pool": "team", "example.com/zone": "a"});
+            spec.node_selector = Some(fixtures::map([("pool", "team"), ("example.com/zone", "a")]));
         }
-        serde_json::from_value(json!({"metadata": {"name": "p"}, "spec": spec})).unwrap()
+        fixtures::pod("p", spec)
     };
     let good = format!("{registry}app:1");
     let message = denied_eventually(
@@ -1929,25 +1952,40 @@ async fn tenant_policies_refuse_what_the_tenant_may_not_run_even_through_a_contr
     }
 
     let services: Api<Service> = Api::namespaced(owner.clone(), &ns);
-    let service = |spec: Value| -> Service {
-        let mut spec = spec;
-        spec["ports"] = json!([{"port": 80}]);
-        serde_json::from_value(json!({"metadata": {"name": "s"}, "spec": spec})).unwrap()
+    let service = |spec: ServiceSpec| -> Service {
+        Service {
+            metadata: fixtures::meta("s"),
+            spec: Some(ServiceSpec {
+                ports: Some(vec![ServicePort {
+                    port: 80,
+                    ..ServicePort::default()
+                }]),
+                ..spec
+            }),
+            ..Service::default()
+        }
+    };
+    let of_type = |type_: &str| ServiceSpec {
+        type_: Some(type_.into()),
+        ..ServiceSpec::default()
     };
     for (what, spec, needle) in [
         (
             "a NodePort Service",
-            json!({"type": "NodePort"}),
+            of_type("NodePort"),
             "Services of type NodePort are forbidden",
         ),
         (
             "a LoadBalancer Service",
-            json!({"type": "LoadBalancer"}),
+            of_type("LoadBalancer"),
             "Services of type LoadBalancer are forbidden",
         ),
         (
             "a Service with externalIPs",
-            json!({"externalIPs": ["198.18.0.9"]}),
+            ServiceSpec {
+                external_ips: Some(vec!["198.18.0.9".into()]),
+                ..ServiceSpec::default()
+            },
             "Services with externalIPs are forbidden",
         ),
     ] {
@@ -1961,17 +1999,25 @@ async fn tenant_policies_refuse_what_the_tenant_may_not_run_even_through_a_contr
         );
     }
     services
-        .create(&dry_post(), &service(json!({})))
+        .create(&dry_post(), &service(ServiceSpec::default()))
         .await
         .expect("a ClusterIP Service is admitted");
 
     let claims: Api<PersistentVolumeClaim> = Api::namespaced(owner.clone(), &ns);
     let claim = |class: Option<&str>| -> PersistentVolumeClaim {
-        let mut spec = json!({"accessModes": ["ReadWriteOnce"], "resources": {"requests": {"storage": "1Gi"}}});
-        if let Some(class) = class {
-            spec["storageClassName"] = json!(class);
+        PersistentVolumeClaim {
+            metadata: fixtures::meta("c"),
+            spec: Some(PersistentVolumeClaimSpec {
+                access_modes: Some(vec!["ReadWriteOnce".into()]),
+                resources: Some(VolumeResourceRequirements {
+                    requests: Some(fixtures::resource_list([("storage", "1Gi")])),
+                    ..VolumeResourceRequirements::default()
+                }),
+                storage_class_name: class.map(str::to_string),
+                ..PersistentVolumeClaimSpec::default()
+            }),
+            ..PersistentVolumeClaim::default()
         }
-        serde_json::from_value(json!({"metadata": {"name": "c"}, "spec": spec})).unwrap()
     };
     for class in [Some("fast"), None] {
         let err = claims
@@ -1993,11 +2039,24 @@ async fn tenant_policies_refuse_what_the_tenant_may_not_run_even_through_a_contr
 
     let ingresses: Api<Ingress> = Api::namespaced(owner.clone(), &ns);
     let ingress = |class: &str| -> Ingress {
-        serde_json::from_value(json!({"metadata": {"name": "i"}, "spec": {
-            "ingressClassName": class,
-            "defaultBackend": {"service": {"name": "s", "port": {"number": 80}}},
-        }}))
-        .unwrap()
+        Ingress {
+            metadata: fixtures::meta("i"),
+            spec: Some(IngressSpec {
+                ingress_class_name: Some(class.into()),
+                default_backend: Some(IngressBackend {
+                    service: Some(IngressServiceBackend {
+                        name: "s".into(),
+                        port: Some(ServiceBackendPort {
+                            number: Some(80),
+                            ..ServiceBackendPort::default()
+                        }),
+                    }),
+                    ..IngressBackend::default()
+                }),
+                ..IngressSpec::default()
+            }),
+            ..Ingress::default()
+        }
     };
     let err = ingresses
         .create(&dry_post(), &ingress("public"))
@@ -2015,18 +2074,18 @@ async fn tenant_policies_refuse_what_the_tenant_may_not_run_even_through_a_contr
 
     // A Deployment is admitted, but the ReplicaSet controller cannot create its pods: the rules
     // hold for what controllers create on the tenant's behalf.
-    let deployment: Deployment = serde_json::from_value(json!({
-        "metadata": {"name": "web"},
-        "spec": {
-            "replicas": 1,
-            "selector": {"matchLabels": {"app": "web"}},
-            "template": {"metadata": {"labels": {"app": "web"}}, "spec": {
-                "containers": [{"name": "app", "image": "docker.io/library/nginx:1", "imagePullPolicy": "Always"}],
-                "nodeSelector": {"pool": "team"},
-            }},
+    let always = |image: &str| Container {
+        image_pull_policy: Some("Always".into()),
+        ..fixtures::container("app", image)
+    };
+    let deployment = fixtures::deployment(
+        "web",
+        1,
+        PodSpec {
+            node_selector: Some(fixtures::map([("pool", "team")])),
+            ..fixtures::pod_spec([always("docker.io/library/nginx:1")])
         },
-    }))
-    .unwrap();
+    );
     Api::<Deployment>::namespaced(owner.clone(), &ns)
         .create(&PostParams::default(), &deployment)
         .await
@@ -2053,17 +2112,7 @@ async fn tenant_policies_refuse_what_the_tenant_may_not_run_even_through_a_contr
 
     // The defaults hold for what controllers create too: a Deployment that says nothing of
     // nodes or runtimes gets pods pinned to the tenant's nodes, in its default runtime.
-    let plain_deployment: Deployment = serde_json::from_value(json!({
-        "metadata": {"name": "api"},
-        "spec": {
-            "replicas": 1,
-            "selector": {"matchLabels": {"app": "api"}},
-            "template": {"metadata": {"labels": {"app": "api"}}, "spec": {
-                "containers": [{"name": "app", "image": good, "imagePullPolicy": "Always"}],
-            }},
-        },
-    }))
-    .unwrap();
+    let plain_deployment = fixtures::deployment("api", 1, fixtures::pod_spec([always(&good)]));
     Api::<Deployment>::namespaced(owner.clone(), &ns)
         .create(&PostParams::default(), &plain_deployment)
         .await
@@ -2259,15 +2308,14 @@ async fn owners_are_bound_only_once_the_namespace_quotas_are_enforced() {
     };
     ready_rx.await.expect("the watch started");
     env.create(
-        &t,
-        json!({
-            "owners": [{"kind": "User", "name": format!("uma-{t}")}],
-            "namespaces": namespaces,
-            "resourceQuota": {"hard": {"pods": "5", "configmaps": "20"}},
-            "additionalResourceQuotas": [
-                {"name": "no-best-effort", "hard": {"pods": "0"}, "scopes": ["BestEffort"]},
-            ],
-        }),
+        fixtures::tenant(&t)
+            .owner_user(&format!("uma-{t}"))
+            .namespaces(&namespaces)
+            .resource_quota([("pods", "5"), ("configmaps", "20")])
+            .additional_quota(NamedQuota {
+                scopes: vec!["BestEffort".into()],
+                ..fixtures::named_quota("no-best-effort", [("pods", "0")])
+            }),
     )
     .await;
     env.ready(&t).await;
@@ -2303,20 +2351,39 @@ async fn additional_quotas_and_network_policies_are_kept_in_every_namespace() {
     let t = format!("{}-t", env.id);
     let (a, b) = (format!("{t}-a"), format!("{t}-b"));
     env.create(
-        &t,
-        json!({
-            "owners": [{"kind": "User", "name": "ines"}],
-            "namespaces": [a, b],
-            "additionalResourceQuotas": [
-                {"name": "no-best-effort", "hard": {"pods": "0"}, "scopes": ["BestEffort"]},
-                {"name": "high-priority", "hard": {"pods": "2"}, "scopeSelector": {"matchExpressions": [
-                    {"scopeName": "PriorityClass", "operator": "In", "values": ["high"]}]}},
-            ],
-            "additionalNetworkPolicies": [
-                {"name": "dns-egress", "spec": {"podSelector": {}, "policyTypes": ["Egress"], "egress": [
-                    {"ports": [{"protocol": "UDP", "port": 53}]}]}},
-            ],
-        }),
+        fixtures::tenant(&t)
+            .owner_user("ines")
+            .namespaces([&a, &b])
+            .additional_quota(NamedQuota {
+                scopes: vec!["BestEffort".into()],
+                ..fixtures::named_quota("no-best-effort", [("pods", "0")])
+            })
+            .additional_quota(NamedQuota {
+                scope_selector: Some(ScopeSelector {
+                    match_expressions: Some(vec![ScopedResourceSelectorRequirement {
+                        scope_name: "PriorityClass".into(),
+                        operator: "In".into(),
+                        values: Some(vec!["high".into()]),
+                    }]),
+                }),
+                ..fixtures::named_quota("high-priority", [("pods", "2")])
+            })
+            .additional_network_policy(
+                "dns-egress",
+                NetworkPolicySpec {
+                    pod_selector: Some(LabelSelector::default()),
+                    policy_types: Some(vec!["Egress".into()]),
+                    egress: Some(vec![NetworkPolicyEgressRule {
+                        ports: Some(vec![NetworkPolicyPort {
+                            protocol: Some("UDP".into()),
+                            port: Some(IntOrString::Int(53)),
+                            ..NetworkPolicyPort::default()
+                        }]),
+                        ..NetworkPolicyEgressRule::default()
+                    }]),
+                    ..NetworkPolicySpec::default()
+                },
+            ),
     )
     .await;
     env.ready(&t).await;
@@ -2394,9 +2461,17 @@ async fn deleting_a_tenant_deletes_or_orphans_its_namespaces() {
     let mut env = Env::start("del").await;
     let (td, to) = (format!("{}-d", env.id), format!("{}-o", env.id));
     let (d1, d2, o1) = (format!("{td}-1"), format!("{td}-2"), format!("{to}-1"));
-    let spec = |nss: Vec<&String>, policy: &str| json!({"owners": [{"kind": "User", "name": "dave"}], "namespaces": nss, "deletionPolicy": policy, "resourceQuota": {"hard": {"pods": 3}}});
-    env.create(&td, spec(vec![&d1, &d2], "Delete")).await;
-    env.create(&to, spec(vec![&o1], "Orphan")).await;
+    let tenant = |name: &str, nss: Vec<&String>, policy: NamespaceDeletionPolicy| {
+        fixtures::tenant(name)
+            .owner_user("dave")
+            .namespaces(nss)
+            .deletion_policy(policy)
+            .resource_quota([("pods", "3")])
+    };
+    env.create(tenant(&td, vec![&d1, &d2], NamespaceDeletionPolicy::Delete))
+        .await;
+    env.create(tenant(&to, vec![&o1], NamespaceDeletionPolicy::Orphan))
+        .await;
     env.ready(&td).await;
     env.ready(&to).await;
     env.api::<ConfigMap>(&o1)
@@ -2515,13 +2590,11 @@ async fn hundred_tenants_converge_and_a_resync_writes_nothing() {
     let started = Instant::now();
     for name in &names {
         env.create(
-            name,
-            json!({
-                "owners": [{"kind": "User", "name": format!("owner-{name}")}],
-                "namespaces": [format!("{name}-ns")],
-                "resourceQuota": {"hard": {"pods": 10, "requests.memory": "1Gi"}},
-                "limitRange": {"limits": [{"type": "Container", "defaultRequest": {"memory": "64Mi"}}]},
-            }),
+            fixtures::tenant(name)
+                .owner_user(&format!("owner-{name}"))
+                .namespaces([format!("{name}-ns")])
+                .resource_quota([("pods", "10"), ("requests.memory", "1Gi")])
+                .container_limits([], [("memory", "64Mi")]),
         )
         .await;
     }

@@ -8,9 +8,15 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use futures::StreamExt;
-use k8s_openapi::api::apps::v1::{DaemonSet, Deployment, StatefulSet};
-use k8s_openapi::api::core::v1::Node;
+use k8s_openapi::api::apps::v1::{
+    DaemonSet, DaemonSetSpec, Deployment, DeploymentStrategy, RollingUpdateDeployment, StatefulSet,
+    StatefulSetSpec,
+};
+use k8s_openapi::api::core::v1::{
+    Affinity, Node, PodAffinityTerm, PodAntiAffinity, PodSpec, PodTemplateSpec,
+};
 use k8s_openapi::api::events::v1::Event;
+use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
 use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams, PostParams};
 use kube::runtime::{WatchStreamExt, watcher};
 use kube::{Client, ResourceExt};
@@ -22,9 +28,15 @@ use steward_testenv::{ControlPlane, eventually};
 use tokio::task::JoinHandle;
 
 use upgrade_orchestrator::crd::{
-    ComponentPhase, ComponentStatus, PlanPhase, UpgradePlan, UpgradePlanStatus,
+    Approval, Component, ComponentPhase, ComponentRollback, ComponentStatus, FailurePolicy,
+    FieldChange, HealthCheck, MaintenanceWindow, PlanPhase, Strategy, TargetRef, UpgradePlan,
+    UpgradePlanStatus,
 };
 use upgrade_orchestrator::health::{self, Health};
+
+#[path = "support/fixtures.rs"]
+mod fixtures;
+use fixtures::{component, plan};
 
 const ROLL: Duration = Duration::from_secs(180);
 /// How long a plan may take to be reported valid or invalid.
@@ -90,8 +102,7 @@ impl Env {
         Harness::start(op).await
     }
 
-    async fn create_plan(&self, plan: serde_json::Value) -> UpgradePlan {
-        let plan: UpgradePlan = serde_json::from_value(plan).expect("plan");
+    async fn create_plan(&self, plan: UpgradePlan) -> UpgradePlan {
         self.plans()
             .create(&PostParams::default(), &plan)
             .await
@@ -355,11 +366,16 @@ fn micros(t: &Option<k8s_openapi::apimachinery::pkg::apis::meta::v1::MicroTime>)
 // ---------------------------------------------------------------------------------------------
 // Fixtures
 
-fn template(app: &str, image: &str) -> serde_json::Value {
-    json!({
-        "metadata": {"labels": {"app": app}},
-        "spec": {"containers": [{"name": "app", "image": image}], "terminationGracePeriodSeconds": 0}
-    })
+/// One container `app` running `image`, stopped at once.
+fn pod(image: &str) -> PodSpec {
+    PodSpec {
+        termination_grace_period_seconds: Some(0),
+        ..fixtures::pod_spec([fixtures::container("app", image)])
+    }
+}
+
+fn template(app: &str, image: &str) -> PodTemplateSpec {
+    fixtures::pod_template(app, pod(image))
 }
 
 fn deployment(name: &str, image: &str) -> Deployment {
@@ -367,20 +383,29 @@ fn deployment(name: &str, image: &str) -> Deployment {
 }
 
 fn statefulset(name: &str, image: &str) -> StatefulSet {
-    serde_json::from_value(json!({
-        "metadata": {"name": name},
-        "spec": {"replicas": 2, "serviceName": name, "selector": {"matchLabels": {"app": name}},
-                 "template": template(name, image)}
-    }))
-    .expect("statefulset")
+    StatefulSet {
+        metadata: fixtures::meta(name),
+        spec: StatefulSetSpec {
+            replicas: Some(2),
+            service_name: Some(name.into()),
+            selector: fixtures::app_selector(name),
+            template: template(name, image),
+            ..StatefulSetSpec::default()
+        },
+        ..StatefulSet::default()
+    }
 }
 
 fn daemonset(name: &str, image: &str) -> DaemonSet {
-    serde_json::from_value(json!({
-        "metadata": {"name": name},
-        "spec": {"selector": {"matchLabels": {"app": name}}, "template": template(name, image)}
-    }))
-    .expect("daemonset")
+    DaemonSet {
+        metadata: fixtures::meta(name),
+        spec: DaemonSetSpec {
+            selector: fixtures::app_selector(name),
+            template: template(name, image),
+            ..DaemonSetSpec::default()
+        },
+        ..DaemonSet::default()
+    }
 }
 
 /// A Deployment whose next rollout can never finish: one replica per node, required
@@ -394,42 +419,58 @@ fn stuck_on_update(
     replicas: usize,
     progress_deadline: Option<i32>,
 ) -> Deployment {
-    let mut t = template(name, image);
-    t["spec"]["affinity"] = json!({"podAntiAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": [
-        {"labelSelector": {"matchLabels": {"app": name}}, "topologyKey": "kubernetes.io/hostname"}
-    ]}});
-    let mut spec = json!({
-        "replicas": replicas,
-        "selector": {"matchLabels": {"app": name}},
-        "strategy": {"type": "RollingUpdate", "rollingUpdate": {"maxSurge": 1, "maxUnavailable": 0}},
-        "template": t,
+    let spread = PodSpec {
+        affinity: Some(Affinity {
+            pod_anti_affinity: Some(PodAntiAffinity {
+                required_during_scheduling_ignored_during_execution: Some(vec![PodAffinityTerm {
+                    label_selector: Some(fixtures::app_selector(name)),
+                    topology_key: "kubernetes.io/hostname".into(),
+                    ..PodAffinityTerm::default()
+                }]),
+                ..PodAntiAffinity::default()
+            }),
+            ..Affinity::default()
+        }),
+        ..pod(image)
+    };
+    let mut d = fixtures::deployment(name, i32::try_from(replicas).expect("replicas"), spread);
+    d.spec.strategy = Some(DeploymentStrategy {
+        type_: Some("RollingUpdate".into()),
+        rolling_update: Some(RollingUpdateDeployment {
+            max_surge: Some(IntOrString::Int(1)),
+            max_unavailable: Some(IntOrString::Int(0)),
+        }),
     });
-    if let Some(secs) = progress_deadline {
-        spec["progressDeadlineSeconds"] = json!(secs);
+    d.spec.progress_deadline_seconds = progress_deadline;
+    d
+}
+
+/// A plan's strategy: at most `max_concurrent` components at a time, each within
+/// `progress_deadline_seconds`, the rest as by default.
+fn concurrent(max_concurrent: i32, progress_deadline_seconds: i32) -> Strategy {
+    Strategy {
+        max_concurrent,
+        progress_deadline_seconds,
+        ..Strategy::default()
     }
-    serde_json::from_value(json!({"metadata": {"name": name}, "spec": spec})).expect("deployment")
 }
 
-fn component(name: &str, kind: &str, image: &str, deps: &[&str]) -> serde_json::Value {
-    json!({
-        "name": name,
-        "target": {"kind": kind, "name": name},
-        "image": {"container": "app", "image": image},
-        "dependsOn": deps,
-    })
+/// A plan's strategy: roll back on failure, the rest as by default.
+fn rollback() -> Strategy {
+    Strategy {
+        failure_policy: FailurePolicy::Rollback,
+        ..Strategy::default()
+    }
 }
 
-fn plan(
-    name: &str,
-    components: Vec<serde_json::Value>,
-    strategy: serde_json::Value,
-) -> serde_json::Value {
-    json!({
-        "apiVersion": "upgrade.steward.dev/v1alpha1",
-        "kind": "UpgradePlan",
-        "metadata": {"name": name},
-        "spec": {"components": components, "strategy": strategy},
-    })
+/// A plan's strategy: on failure `failure_policy`, each component within
+/// `progress_deadline_seconds`.
+fn on_failure(failure_policy: FailurePolicy, progress_deadline_seconds: i32) -> Strategy {
+    Strategy {
+        failure_policy,
+        progress_deadline_seconds,
+        ..Strategy::default()
+    }
 }
 
 /// Creates the workloads and waits until each has rolled out.
@@ -662,7 +703,7 @@ async fn diamond_plan_upgrades_in_dependency_order() {
             component("worker", "Deployment", "worker:2", &["db"]),
             component("db", "StatefulSet", "db:2", &[]),
         ],
-        json!({"maxConcurrent": 2, "progressDeadlineSeconds": 120}),
+        concurrent(2, 120),
     ))
     .await;
     let status = env
@@ -790,7 +831,7 @@ async fn diamond_plan_upgrades_in_dependency_order() {
 async fn failing_plan(
     env: &Env,
     plan_name: &str,
-    strategy: serde_json::Value,
+    strategy: Strategy,
     back_progress_deadline: Option<i32>,
 ) {
     let nodes = env.node_count().await;
@@ -819,11 +860,14 @@ async fn failing_plan(
 async fn failed_component_rolls_back_every_upgraded_component() {
     let env = Env::new("uo-rollback").await;
     let op = env.start().await;
-    let deadline = 15;
+    let deadline: i64 = 15;
     failing_plan(
         &env,
         "risky",
-        json!({"failurePolicy": "Rollback", "progressDeadlineSeconds": deadline}),
+        on_failure(
+            FailurePolicy::Rollback,
+            i32::try_from(deadline).expect("deadline"),
+        ),
         None,
     )
     .await;
@@ -926,7 +970,7 @@ async fn a_stale_copy_of_a_rolled_back_plan_changes_nothing() {
     failing_plan(
         &env,
         "stale",
-        json!({"failurePolicy": "Rollback", "progressDeadlineSeconds": 300}),
+        on_failure(FailurePolicy::Rollback, 300),
         Some(5),
     )
     .await;
@@ -1009,7 +1053,7 @@ async fn a_component_waits_only_for_its_own_dependencies() {
             component("stuck", "Deployment", "stuck:2", &[]),
             component("after", "Deployment", "after:2", &["fast"]),
         ],
-        json!({"maxConcurrent": 2, "progressDeadlineSeconds": 600}),
+        concurrent(2, 600),
     ))
     .await;
     let status = env
@@ -1041,9 +1085,9 @@ async fn custom_health_rules_gate_the_next_component_and_can_fail_the_plan() {
     let op = env.start().await;
     let with_rule = |image: &str| {
         let mut gate = component("gate", "Deployment", image, &[]);
-        gate["health"] = json!({
-            "healthy": "has(self.metadata.annotations) && 'verified' in self.metadata.annotations && self.metadata.annotations['verified'] == self.spec.template.spec.containers[0].image",
-            "failed": "has(self.metadata.annotations) && 'broken' in self.metadata.annotations && self.metadata.annotations['broken'] == self.spec.template.spec.containers[0].image",
+        gate.health = Some(HealthCheck {
+            healthy: "has(self.metadata.annotations) && 'verified' in self.metadata.annotations && self.metadata.annotations['verified'] == self.spec.template.spec.containers[0].image".into(),
+            failed: Some("has(self.metadata.annotations) && 'broken' in self.metadata.annotations && self.metadata.annotations['broken'] == self.spec.template.spec.containers[0].image".into()),
         });
         gate
     };
@@ -1053,7 +1097,7 @@ async fn custom_health_rules_gate_the_next_component_and_can_fail_the_plan() {
             with_rule("gate:2"),
             component("next", "Deployment", "next:2", &["gate"]),
         ],
-        json!({"failurePolicy": "Rollback"}),
+        rollback(),
     ))
     .await;
     // Rolled out by the built-in rule's measure, but not verified: next waits.
@@ -1092,12 +1136,8 @@ async fn custom_health_rules_gate_the_next_component_and_can_fail_the_plan() {
     assert_eq!(deployment_image(&env, "next").await.0, "next:2");
 
     // A second plan whose target reports itself broken is rolled back.
-    env.create_plan(plan(
-        "cel-broken",
-        vec![with_rule("gate:3")],
-        json!({"failurePolicy": "Rollback"}),
-    ))
-    .await;
+    env.create_plan(plan("cel-broken", vec![with_rule("gate:3")], rollback()))
+        .await;
     env.wait_phase_until("cel-broken", ROLL, |s| {
         s.components
             .iter()
@@ -1147,13 +1187,7 @@ async fn deleting_a_running_plan_rolls_it_back_before_it_goes() {
     let env = Env::new("uo-delete").await;
     let op = env.start().await;
     // Pause policy, long deadline: left alone, the plan would wait on `back` for minutes.
-    failing_plan(
-        &env,
-        "doomed",
-        json!({"failurePolicy": "Pause", "progressDeadlineSeconds": 600}),
-        None,
-    )
-    .await;
+    failing_plan(&env, "doomed", on_failure(FailurePolicy::Pause, 600), None).await;
     eventually("back changed, the plan in flight", ROLL, || async {
         match deployment_image(&env, "back").await.0.as_str() {
             "back:2" => Ok(()),
@@ -1198,7 +1232,7 @@ async fn deleting_a_running_plan_rolls_it_back_before_it_goes() {
     env.create_plan(plan(
         "done",
         vec![component("solo", "Deployment", "solo:2", &[])],
-        json!({}),
+        Strategy::default(),
     ))
     .await;
     env.wait_phase("done", &[PlanPhase::Succeeded], ROLL).await;
@@ -1254,7 +1288,7 @@ async fn failed_component_pauses_the_plan_when_asked() {
     failing_plan(
         &env,
         "careful",
-        json!({"failurePolicy": "Pause", "progressDeadlineSeconds": 300}),
+        on_failure(FailurePolicy::Pause, 300),
         Some(5),
     )
     .await;
@@ -1357,7 +1391,10 @@ async fn manual_approval_waits_at_each_wave() {
             component("a", "Deployment", "a:2", &[]),
             component("b", "Deployment", "b:2", &["a"]),
         ],
-        json!({"approval": "Manual"}),
+        Strategy {
+            approval: Approval::Manual,
+            ..Strategy::default()
+        },
     ))
     .await;
     let status = env
@@ -1454,7 +1491,7 @@ async fn paused_plan_halts_between_components() {
             component("a", "Deployment", "a:2", &[]),
             component("b", "Deployment", "b:2", &["a"]),
         ],
-        json!({}),
+        Strategy::default(),
     ))
     .await;
     let plans = env.plans();
@@ -1543,7 +1580,14 @@ async fn a_plan_starts_components_only_inside_its_maintenance_window() {
     // A one-minute window twelve hours from now: closed for the whole test.
     let later = (Timestamp::now() + SignedDuration::from_hours(12)).to_zoned(TimeZone::UTC);
     let schedule = format!("{} {} * * *", later.minute(), later.hour());
-    let closed = json!({"maintenanceWindows": [{"schedule": schedule, "duration": "1m"}]});
+    let closed = Strategy {
+        maintenance_windows: vec![MaintenanceWindow {
+            schedule,
+            duration: "1m".into(),
+            time_zone: None,
+        }],
+        ..Strategy::default()
+    };
     env.create_plan(plan(
         "nightly",
         vec![component("a", "Deployment", "a:2", &[])],
@@ -1625,7 +1669,7 @@ async fn invalid_plans_are_reported_and_change_nothing() {
         deployment_image(&env, "b").await,
     );
     let op = env.start().await;
-    let cases: Vec<(&str, Vec<serde_json::Value>, &str)> = vec![
+    let cases: Vec<(&str, Vec<Component>, &str)> = vec![
         (
             "cycle",
             vec![
@@ -1657,22 +1701,26 @@ async fn invalid_plans_are_reported_and_change_nothing() {
         ),
         (
             "container",
-            vec![
-                json!({"name": "a", "target": {"kind": "Deployment", "name": "a"}, "image": {"container": "nope", "image": "a:2"}}),
-            ],
+            vec![Component {
+                image: fixtures::image("nope", "a:2"),
+                ..component("a", "Deployment", "a:2", &[])
+            }],
             "TargetNotFound",
         ),
         (
             "badhealth",
-            vec![
-                json!({"name": "a", "target": {"kind": "Deployment", "name": "a"}, "image": {"container": "app", "image": "a:2"},
-                       "health": {"healthy": "self.status.("}}),
-            ],
+            vec![Component {
+                health: Some(HealthCheck {
+                    healthy: "self.status.(".into(),
+                    failed: None,
+                }),
+                ..component("a", "Deployment", "a:2", &[])
+            }],
             "InvalidHealthCheck",
         ),
     ];
     for (name, components, _) in &cases {
-        env.create_plan(plan(name, components.clone(), json!({})))
+        env.create_plan(plan(name, components.clone(), Strategy::default()))
             .await;
     }
     for (name, _, reason) in &cases {
@@ -1750,18 +1798,23 @@ async fn invalid_plans_are_reported_and_change_nothing() {
     );
 
     // Schema-level rules reject what cannot be expressed at all.
-    let rejected = |plan: serde_json::Value| async {
-        let plan: UpgradePlan = serde_json::from_value(plan).expect("plan");
-        env.plans()
-            .create(&PostParams::default(), &plan)
-            .await
-            .expect_err("rejected by the API server")
-            .to_string()
+    let rejected = |plan: UpgradePlan| {
+        let plans = env.plans();
+        async move {
+            plans
+                .create(&PostParams::default(), &plan)
+                .await
+                .expect_err("rejected by the API server")
+                .to_string()
+        }
     };
     let err = rejected(plan(
         "pg-with-image",
-        vec![json!({"name": "db", "target": {"kind": "PostgresCluster", "name": "db"}, "image": {"container": "x", "image": "y"}})],
-        json!({}),
+        vec![Component {
+            image: fixtures::image("x", "y"),
+            ..fixtures::change("db", fixtures::target("PostgresCluster", "db"))
+        }],
+        Strategy::default(),
     ))
     .await;
     assert!(
@@ -1771,16 +1824,19 @@ async fn invalid_plans_are_reported_and_change_nothing() {
     let err = rejected(plan(
         "bad-name",
         vec![component("Not_A_Name", "Deployment", "x", &[])],
-        json!({}),
+        Strategy::default(),
     ))
     .await;
     assert!(err.contains("spec.components[0].name"), "{err}");
-    let err = rejected(plan("no-components", vec![], json!({}))).await;
+    let err = rejected(plan("no-components", vec![], Strategy::default())).await;
     assert!(err.contains("spec.components"), "{err}");
     let err = rejected(plan(
         "zero",
         vec![component("a", "Deployment", "a:2", &[])],
-        json!({"maxConcurrent": 0}),
+        Strategy {
+            max_concurrent: 0,
+            ..Strategy::default()
+        },
     ))
     .await;
     assert!(err.contains("maxConcurrent"), "{err}");
@@ -1875,9 +1931,12 @@ async fn crash_fixture(env: &Env) -> BTreeMap<String, i64> {
         generations.insert(n.to_string(), deployment_image(env, n).await.1);
     }
     let mut api = component("api", "Deployment", "api:2", &["db"]);
-    api["hooks"] = json!({"before": {"job": hook_job(false)}, "after": {"job": hook_job(false)}});
+    api.hooks = fixtures::hooks(Some(hook_job(false)), Some(hook_job(false)));
     let mut worker = component("worker", "Deployment", "worker:2", &["db"]);
-    worker["health"] = json!({"healthy": "self.status.observedGeneration == self.metadata.generation && self.status.updatedReplicas == self.spec.replicas && self.status.availableReplicas == self.spec.replicas && !has(self.status.unavailableReplicas)"});
+    worker.health = Some(HealthCheck {
+        healthy: "self.status.observedGeneration == self.metadata.generation && self.status.updatedReplicas == self.spec.replicas && self.status.availableReplicas == self.spec.replicas && !has(self.status.unavailableReplicas)".into(),
+        failed: None,
+    });
     env.create_plan(plan(
         "resilient",
         vec![
@@ -1886,7 +1945,7 @@ async fn crash_fixture(env: &Env) -> BTreeMap<String, i64> {
             worker,
             component("db", "Deployment", "db:2", &[]),
         ],
-        json!({"maxConcurrent": 1, "progressDeadlineSeconds": 120}),
+        concurrent(1, 120),
     ))
     .await;
     generations
@@ -2168,14 +2227,14 @@ async fn changes_the_target_refuses_are_reported_before_anything_changes() {
         .await
         .expect("create PostgresCluster");
     let op = env.start().await;
-    let version = |v: &str| json!({"name": "db", "target": {"kind": "PostgresCluster", "name": "pg"}, "version": v});
+    let version = |v: &str| fixtures::version("db", "pg", v);
     let cases = [
         ("pg-abc", version("abc"), "spec.version"),
         ("pg-99", version("99"), "spec.version"),
         ("pg-lower", version("14"), "cannot be lowered"),
     ];
     for (name, component, _) in &cases {
-        env.create_plan(plan(name, vec![component.clone()], json!({})))
+        env.create_plan(plan(name, vec![component.clone()], Strategy::default()))
             .await;
     }
     for (name, _, says) in &cases {
@@ -2191,7 +2250,7 @@ async fn changes_the_target_refuses_are_reported_before_anything_changes() {
         assert!(status.started_at.is_none(), "{name}");
     }
     // A valid change of the same targets is not refused (the dry run changed nothing).
-    env.create_plan(plan("pg-17", vec![version("17")], json!({})))
+    env.create_plan(plan("pg-17", vec![version("17")], Strategy::default()))
         .await;
     env.wait_phase(
         "pg-17",
@@ -2239,12 +2298,12 @@ async fn postgres_cluster_upgrade_is_a_component() {
 
     // kwok has no volume provisioner: a PersistentVolume of a class unique to this test.
     let class = format!("steward-{}", env.ns);
-    let pv: PersistentVolume = serde_json::from_value(json!({
-        "metadata": {"name": format!("{class}-0"), "labels": {"steward.dev/test": "upgrade-orchestrator"}},
-        "spec": {"capacity": {"storage": "1Gi"}, "accessModes": ["ReadWriteOnce"], "storageClassName": class,
-                 "persistentVolumeReclaimPolicy": "Delete", "hostPath": {"path": format!("/tmp/{class}-0")}}
-    }))
-    .expect("pv");
+    let pv = fixtures::persistent_volume(
+        &format!("{class}-0"),
+        &class,
+        "Delete",
+        "upgrade-orchestrator",
+    );
     Api::<PersistentVolume>::all(env.client.clone())
         .create(&PostParams::default(), &pv)
         .await
@@ -2307,10 +2366,13 @@ async fn postgres_cluster_upgrade_is_a_component() {
     env.create_plan(plan(
         "database-first",
         vec![
-            json!({"name": "db", "target": {"kind": "PostgresCluster", "name": "pg"}, "version": "17"}),
+            fixtures::version("db", "pg", "17"),
             component("app", "Deployment", "app:2", &["db"]),
         ],
-        json!({"progressDeadlineSeconds": 180}),
+        Strategy {
+            progress_deadline_seconds: 180,
+            ..Strategy::default()
+        },
     ))
     .await;
     let status = env
@@ -2355,23 +2417,20 @@ async fn postgres_cluster_upgrade_is_a_component() {
         &[],
     )
     .await;
-    let one_way = |rollback: Option<&str>| {
-        let mut db = json!({"name": "db", "target": {"kind": "PostgresCluster", "name": "pg"}, "version": "18"});
-        if let Some(r) = rollback {
-            db["rollback"] = json!(r);
-        }
+    let one_way = |rollback: Option<ComponentRollback>| {
+        let db = Component {
+            rollback,
+            ..fixtures::version("db", "pg", "18")
+        };
         plan(
             "one-way",
             vec![db, component("late", "Deployment", "late:2", &["db"])],
-            json!({"failurePolicy": "Rollback", "progressDeadlineSeconds": 15}),
+            on_failure(FailurePolicy::Rollback, 15),
         )
     };
     let refused = env
         .plans()
-        .create(
-            &PostParams::default(),
-            &serde_json::from_value(one_way(None)).expect("plan"),
-        )
+        .create(&PostParams::default(), &one_way(None))
         .await
         .expect_err("a plan that would roll a PostgresCluster back is refused");
     assert!(
@@ -2380,7 +2439,8 @@ async fn postgres_cluster_upgrade_is_a_component() {
             .contains("set rollback: Never on its component"),
         "{refused}"
     );
-    env.create_plan(one_way(Some("Never"))).await;
+    env.create_plan(one_way(Some(ComponentRollback::Never)))
+        .await;
     let status = env
         .wait_phase(
             "one-way",
@@ -2454,13 +2514,13 @@ async fn resumes_a_recorded_start_and_a_recorded_revert() {
             component("a", "Deployment", "a:2", &[]),
             component("b", "Deployment", "b:2", &["a"]),
         ],
-        json!({}),
+        Strategy::default(),
     ))
     .await;
     env.create_plan(plan(
         "backward",
         vec![component("c", "Deployment", "c:2", &[])],
-        json!({"failurePolicy": "Rollback"}),
+        rollback(),
     ))
     .await;
     let recorded = k8s_openapi::jiff::Timestamp::from_microsecond(
@@ -2614,8 +2674,11 @@ async fn hooks_gate_the_change_and_a_failed_hook_rolls_the_plan_back() {
 
     // A hook Job the API server refuses (no containers) is reported before anything changes.
     let mut bad = component("db", "Deployment", "db:2", &[]);
-    bad["hooks"] = json!({"before": {"job": {"template": {"spec": {"restartPolicy": "Never", "containers": []}}}}});
-    env.create_plan(plan("bad-hook", vec![bad], json!({})))
+    bad.hooks = fixtures::hooks(
+        Some(json!({"template": {"spec": {"restartPolicy": "Never", "containers": []}}})),
+        None,
+    );
+    env.create_plan(plan("bad-hook", vec![bad], Strategy::default()))
         .await;
     let status = env.wait_invalid("bad-hook").await;
     let valid = steward_core::conditions::get(&status.conditions, "Valid").expect("Valid");
@@ -2643,13 +2706,13 @@ async fn hooks_gate_the_change_and_a_failed_hook_rolls_the_plan_back() {
     );
     let (completed, job_watch) = watch_job_completions(&env);
     let mut db = component("db", "Deployment", "db:2", &[]);
-    db["hooks"] = json!({"before": {"job": hook_job(false)}, "after": {"job": hook_job(false)}});
+    db.hooks = fixtures::hooks(Some(hook_job(false)), Some(hook_job(false)));
     let mut api = component("api", "Deployment", "api:2", &["db"]);
-    api["hooks"] = json!({"after": {"job": hook_job(true)}});
+    api.hooks = fixtures::hooks(None, Some(hook_job(true)));
     env.create_plan(plan(
         "hooks",
         vec![db, api],
-        json!({"failurePolicy": "Rollback", "progressDeadlineSeconds": 60}),
+        on_failure(FailurePolicy::Rollback, 60),
     ))
     .await;
     let status = env.wait_rolled_back("hooks").await;
@@ -2789,10 +2852,11 @@ async fn fields_of_any_kind_are_changed_and_rolled_back_exactly() {
     })
     .await
     .expect("create widget");
-    let config: ConfigMap = serde_json::from_value(json!({
-        "metadata": {"name": "app-config"}, "data": {"release": "1.0"}
-    }))
-    .expect("configmap");
+    let config = ConfigMap {
+        metadata: fixtures::meta("app-config"),
+        data: Some(fixtures::map([("release", "1.0")])),
+        ..ConfigMap::default()
+    };
     env.api::<ConfigMap>()
         .create(&PostParams::default(), &config)
         .await
@@ -2808,14 +2872,18 @@ async fn fields_of_any_kind_are_changed_and_rolled_back_exactly() {
     let op = env.start().await;
 
     // Bad targets are refused at admission, saying why.
-    let mut no_version = component("config", "ConfigMap", "x", &[]);
-    no_version.as_object_mut().expect("object").remove("image");
-    no_version["set"] = json!({"path": "/data/release", "value": "2.0"});
+    let no_version = Component {
+        set: Some(FieldChange {
+            path: "/data/release".into(),
+            value: "2.0".into(),
+        }),
+        ..fixtures::change("config", fixtures::target("ConfigMap", "config"))
+    };
     let refused = env
         .plans()
         .create(
             &PostParams::default(),
-            &serde_json::from_value(plan("bad-kind", vec![no_version], json!({}))).expect("plan"),
+            &plan("bad-kind", vec![no_version], Strategy::default()),
         )
         .await
         .expect_err("a ConfigMap without apiVersion is refused");
@@ -2824,13 +2892,12 @@ async fn fields_of_any_kind_are_changed_and_rolled_back_exactly() {
         "{refused}"
     );
     let mut image_on_config = component("config", "ConfigMap", "x", &[]);
-    image_on_config["target"]["apiVersion"] = json!("v1");
+    image_on_config.target.api_version = Some("v1".into());
     let refused = env
         .plans()
         .create(
             &PostParams::default(),
-            &serde_json::from_value(plan("bad-change", vec![image_on_config], json!({})))
-                .expect("plan"),
+            &plan("bad-change", vec![image_on_config], Strategy::default()),
         )
         .await
         .expect_err("an image on a ConfigMap is refused");
@@ -2838,39 +2905,55 @@ async fn fields_of_any_kind_are_changed_and_rolled_back_exactly() {
 
     // A ConfigMap's data, a custom resource's spec field and a container's env (absent before)
     // change; then `gate` fails, and each is put back exactly.
-    let set = |name: &str, api_version: &str, kind: &str, path: &str, value: serde_json::Value| {
-        json!({"name": name, "target": {"apiVersion": api_version, "kind": kind, "name": name},
-               "set": {"path": path, "value": value}})
+    // Component `name` setting `path` of `target` to `value`.
+    let set = |name: &str, target: TargetRef, path: &str, value: serde_json::Value| Component {
+        set: Some(FieldChange {
+            path: path.into(),
+            value,
+        }),
+        ..fixtures::change(name, target)
     };
-    let mut config = set(
-        "app-config",
-        "v1",
-        "ConfigMap",
+    let config = set(
+        "config",
+        TargetRef {
+            api_version: Some("v1".into()),
+            ..fixtures::target("ConfigMap", "app-config")
+        },
         "/data/release",
-        json!("2.0"),
+        "2.0".into(),
     );
-    config["name"] = json!("config");
-    let mut widget = set(
-        "w1",
-        "test.steward.dev/v1",
-        "Widget",
+    let widget = set(
+        "widget",
+        TargetRef {
+            api_version: Some("test.steward.dev/v1".into()),
+            ..fixtures::target("Widget", "w1")
+        },
         "/spec/size",
-        json!(5),
+        5.into(),
     );
-    widget["name"] = json!("widget");
-    let env_var = json!({"name": "api", "target": {"kind": "Deployment", "name": "api"},
-        "set": {"path": "/spec/template/spec/containers/0/env", "value": [{"name": "RELEASE", "value": "2.0"}]},
-        "dependsOn": ["config"]});
+    let env_var = Component {
+        depends_on: vec!["config".into()],
+        ..set(
+            "api",
+            fixtures::target("Deployment", "api"),
+            "/spec/template/spec/containers/0/env",
+            json!([{"name": "RELEASE", "value": "2.0"}]),
+        )
+    };
     let mut gate = component("gate", "Deployment", "gate:2", &["widget", "api"]);
     // It fails as soon as it holds gate:2, and is healthy again on gate:1.
-    gate["health"] = json!({
-        "healthy": "self.spec.template.spec.containers[0].image == 'gate:1'",
-        "failed": "self.spec.template.spec.containers[0].image == 'gate:2'"
+    gate.health = Some(HealthCheck {
+        healthy: "self.spec.template.spec.containers[0].image == 'gate:1'".into(),
+        failed: Some("self.spec.template.spec.containers[0].image == 'gate:2'".into()),
     });
     env.create_plan(plan(
         "anykind",
         vec![config, widget, env_var, gate],
-        json!({"failurePolicy": "Rollback", "maxConcurrent": 3}),
+        Strategy {
+            failure_policy: FailurePolicy::Rollback,
+            max_concurrent: 3,
+            ..Strategy::default()
+        },
     ))
     .await;
     let status = env.wait_rolled_back("anykind").await;
@@ -2931,7 +3014,7 @@ async fn fields_of_any_kind_are_changed_and_rolled_back_exactly() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_plan_acts_as_its_service_account_and_changes_only_what_it_may() {
     use k8s_openapi::api::core::v1::ServiceAccount;
-    use k8s_openapi::api::rbac::v1::{Role, RoleBinding};
+    use k8s_openapi::api::rbac::v1::{PolicyRule, Role, RoleBinding};
     let env = Env::new("uo-impersonate").await;
     let other = env.cp.namespace("uo-target").await.expect("namespace");
     let in_other = |name: &str, image: &str| {
@@ -2948,29 +3031,30 @@ async fn a_plan_acts_as_its_service_account_and_changes_only_what_it_may() {
     }
     // `deployer` may get and patch the Deployment `web` there, nothing else; `nobody` nothing.
     for sa in ["deployer", "nobody"] {
-        let sa: ServiceAccount =
-            serde_json::from_value(json!({"metadata": {"name": sa}})).expect("sa");
+        let sa = ServiceAccount {
+            metadata: fixtures::meta(sa),
+            ..ServiceAccount::default()
+        };
         env.api::<ServiceAccount>()
             .create(&PostParams::default(), &sa)
             .await
             .expect("create sa");
     }
-    let role: Role = serde_json::from_value(json!({
-        "metadata": {"name": "deploy-web"},
-        "rules": [{"apiGroups": ["apps"], "resources": ["deployments"], "resourceNames": ["web"],
-                   "verbs": ["get", "patch"]}]
-    }))
-    .expect("role");
+    let role = fixtures::role(
+        "deploy-web",
+        vec![PolicyRule {
+            resource_names: Some(vec!["web".into()]),
+            ..fixtures::rule(&["apps"], &["deployments"], &["get", "patch"])
+        }],
+    );
     Api::<Role>::namespaced(env.client.clone(), &other)
         .create(&PostParams::default(), &role)
         .await
         .expect("create role");
-    let binding: RoleBinding = serde_json::from_value(json!({
-        "metadata": {"name": "deploy-web"},
-        "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": "deploy-web"},
-        "subjects": [{"kind": "ServiceAccount", "name": "deployer", "namespace": env.ns}]
-    }))
-    .expect("binding");
+    let binding = fixtures::role_binding(
+        "deploy-web",
+        vec![fixtures::rbac_service_account(&env.ns, "deployer")],
+    );
     Api::<RoleBinding>::namespaced(env.client.clone(), &other)
         .create(&PostParams::default(), &binding)
         .await
@@ -2978,7 +3062,7 @@ async fn a_plan_acts_as_its_service_account_and_changes_only_what_it_may() {
     let op = env.start().await;
     let across = |target: &str, image: &str| {
         let mut c = component(target, "Deployment", image, &[]);
-        c["target"]["namespace"] = json!(other);
+        c.target.namespace = Some(other.clone());
         c
     };
 
@@ -2987,8 +3071,7 @@ async fn a_plan_acts_as_its_service_account_and_changes_only_what_it_may() {
         .plans()
         .create(
             &PostParams::default(),
-            &serde_json::from_value(plan("no-sa", vec![across("web", "web:2")], json!({})))
-                .expect("plan"),
+            &plan("no-sa", vec![across("web", "web:2")], Strategy::default()),
         )
         .await
         .expect_err("refused");
@@ -3007,9 +3090,9 @@ async fn a_plan_acts_as_its_service_account_and_changes_only_what_it_may() {
         let mut p = plan(
             name,
             vec![across(target, &format!("{target}:2"))],
-            json!({}),
+            Strategy::default(),
         );
-        p["spec"]["serviceAccountName"] = json!(sa);
+        p.spec.service_account_name = Some(sa.into());
         env.create_plan(p).await;
         let status = env.wait_invalid(name).await;
         let valid = steward_core::conditions::get(&status.conditions, "Valid").expect("Valid");
@@ -3022,8 +3105,12 @@ async fn a_plan_acts_as_its_service_account_and_changes_only_what_it_may() {
     }
 
     // What it may change, it changes, as itself.
-    let mut p = plan("as-deployer", vec![across("web", "web:2")], json!({}));
-    p["spec"]["serviceAccountName"] = json!("deployer");
+    let mut p = plan(
+        "as-deployer",
+        vec![across("web", "web:2")],
+        Strategy::default(),
+    );
+    p.spec.service_account_name = Some("deployer".into());
     env.create_plan(p).await;
     let status = env
         .wait_phase(
