@@ -1452,3 +1452,146 @@ fn vaps_as(
 ) -> Api<k8s_openapi::api::admissionregistration::v1::ValidatingAdmissionPolicy> {
     Api::all(client.clone())
 }
+
+/// A reconcile that does nothing, for a controller whose only job here is to need RBAC.
+#[derive(Debug, thiserror::Error)]
+#[error("never fails")]
+struct NeverFails;
+
+impl steward_core::ReconcileError for NeverFails {}
+
+#[tokio::test]
+async fn sharded_tenant_operator_needs_only_the_sharded_overlays_rbac() -> Result<()> {
+    use steward_core::shard::{RING_LABEL, key_of, narrow};
+    let cp = installed().await?;
+    let admin = cp.client()?;
+    let operator = "tenant-operator";
+    let ns = operator_namespace(operator);
+
+    // The overlay renders the base plus exactly the shard Leases' Role and binding, with three
+    // replicas running --shards=3.
+    let base = kustomize(&workspace_root().join("deploy").join(operator))?;
+    let sharded = kustomize(&workspace_root().join("deploy/sharded").join(operator))?;
+    let extra: Vec<&Value> = sharded
+        .iter()
+        .filter(|o| !base.iter().any(|b| describe(b) == describe(o)))
+        .collect();
+    let kinds: BTreeSet<&str> = extra.iter().map(|o| kind(o)).collect();
+    ensure!(
+        kinds == BTreeSet::from(["Role", "RoleBinding"]) && extra.len() == 2,
+        "the overlay adds {:?}",
+        extra.iter().map(|o| describe(o)).collect::<Vec<_>>()
+    );
+    let deployment = sharded
+        .iter()
+        .find(|o| kind(o) == "Deployment")
+        .context("a Deployment")?;
+    ensure!(deployment["spec"]["replicas"] == 3, "three replicas");
+    let args: Vec<String> = serde_json::from_value(
+        deployment["spec"]["template"]["spec"]["containers"][0]["args"].clone(),
+    )?;
+    ensure!(
+        parse_args(operator, &args)?.shards == 3,
+        "--shards=3 in {args:?}"
+    );
+    for obj in &extra {
+        apply(&admin, obj, None, false).await?;
+    }
+
+    // Two replicas as the operator's ServiceAccount, two shards, a Lease name of this test's
+    // own (the other tests' operators hold `tenant-operator`).
+    let config = cp.service_account_config(&ns, operator).await?;
+    let user = format!("system:serviceaccount:{ns}:{operator}");
+    let id = format!("{operator}-shards-{}", std::process::id());
+    let selector = format!("steward.dev/test={id}");
+    let mut replicas = Vec::new();
+    let mut identities = BTreeSet::new();
+    for _ in 0..2 {
+        logs();
+        let args = CommonArgs {
+            leader_elect: true,
+            leader_election_namespace: Some(ns.clone()),
+            leader_election_id: Some(id.clone()),
+            leader_election_lease_duration: Duration::from_secs(3),
+            leader_election_renew_deadline: Duration::from_secs(2),
+            leader_election_retry_period: Duration::from_millis(500),
+            shards: 2,
+            metrics_bind_address: "0".into(),
+            health_probe_bind_address: "0".into(),
+            ..CommonArgs::default()
+        };
+        let mut op = Operator::with_config(operator, args, config.clone())?;
+        let (client, of_test) = (op.unguarded_client(), selector.clone());
+        op.sharded_controller(
+            move |shard| {
+                let labels = narrow(Some(&of_test), shard).unwrap_or_default();
+                let controller = steward_core::Controller::new(
+                    Api::<tenant_operator::Tenant>::all(client.clone()),
+                    kube::runtime::watcher::Config::default().labels(&labels),
+                );
+                (controller, ())
+            },
+            |_, _| async { Ok::<_, NeverFails>(kube::runtime::controller::Action::await_change()) },
+        );
+        op.shard_labels::<tenant_operator::Tenant>(Some(&selector), |m| Some(key_of(m)));
+        identities.insert(op.leadership().identity().to_string());
+        replicas.push(Harness::start(op).await);
+    }
+    let leases: Api<Lease> = Api::namespaced(admin.clone(), &ns);
+    eventually("each replica holds one shard", WAIT, || {
+        let (leases, id, identities) = (leases.clone(), id.clone(), identities.clone());
+        async move {
+            let mut holders = BTreeSet::new();
+            for shard in 0..2 {
+                let lease = leases
+                    .get_opt(&format!("{id}-shard-{shard}"))
+                    .await
+                    .map_err(|e| e.to_string())?;
+                if let Some(h) = lease.and_then(|l| l.spec?.holder_identity) {
+                    holders.insert(h);
+                }
+            }
+            let members = leases
+                .list(&ListParams::default().labels(&format!("{RING_LABEL}={id}")))
+                .await
+                .map_err(|e| e.to_string())?
+                .items
+                .len();
+            if holders == identities && members == 2 {
+                Ok(())
+            } else {
+                Err(format!("shard holders {holders:?}, {members} ring members"))
+            }
+        }
+    })
+    .await
+    .map_err(|e| anyhow!("{e}\nlast log lines:\n{}", log_tail(12)))?;
+    let forbidden: Vec<String> = forbidden_lines(&user)
+        .into_iter()
+        .filter(|l| l.contains("lease"))
+        .collect();
+    ensure!(forbidden.is_empty(), "refused: {forbidden:#?}");
+
+    // Stopped gracefully, they release their shards and leave the ring.
+    for r in replicas {
+        tokio::time::timeout(WAIT, r.stop())
+            .await
+            .context("operator did not stop")?
+            .context("operator run failed")?;
+    }
+    for shard in 0..2 {
+        let holder = leases
+            .get(&format!("{id}-shard-{shard}"))
+            .await?
+            .spec
+            .and_then(|s| s.holder_identity)
+            .unwrap_or_default();
+        ensure!(holder.is_empty(), "shard {shard} still held by {holder}");
+    }
+    let left = leases
+        .list(&ListParams::default().labels(&format!("{RING_LABEL}={id}")))
+        .await?
+        .items;
+    ensure!(left.is_empty(), "{} member Leases left", left.len());
+    Ok(())
+}

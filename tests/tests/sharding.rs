@@ -22,6 +22,9 @@ use steward_core::shard::{SHARD_LABEL, key_of, narrow};
 use steward_core::{Context, Controller, Leadership, Operator};
 use steward_testenv::{ControlPlane, eventually};
 
+#[path = "support/fixtures.rs"]
+mod fixtures;
+
 const TEST_LABEL: &str = "steward.dev/test";
 const SHARDS: u32 = 3;
 const LEASE_DURATION: Duration = Duration::from_secs(3);
@@ -126,15 +129,8 @@ async fn holders(client: &Client, ns: &str, lease: &str) -> Vec<Option<String>> 
 }
 
 async fn namespace(client: &Client, name: &str) {
-    let ns = Namespace {
-        metadata: kube::api::ObjectMeta {
-            name: Some(name.to_string()),
-            ..Default::default()
-        },
-        ..Default::default()
-    };
     Api::<Namespace>::all(client.clone())
-        .create(&PostParams::default(), &ns)
+        .create(&PostParams::default(), &fixtures::namespace(name))
         .await
         .expect("namespace");
 }
@@ -403,11 +399,11 @@ async fn tenants_spread_over_three_replicas() {
     let tenants: Api<Tenant> = Api::all(client.clone());
     let names: Vec<String> = (0..6).map(|i| format!("{id}-t{i}")).collect();
     for name in &names {
-        let t: Tenant = serde_json::from_value(serde_json::json!({
-            "metadata": {"name": name, "labels": {TEST_LABEL: id}},
-            "spec": {"owners": [{"kind": "User", "name": "alice"}], "namespaces": [format!("{name}-a")]},
-        }))
-        .expect("tenant");
+        let t = fixtures::tenant(name)
+            .label(TEST_LABEL, &id)
+            .owner_user("alice")
+            .namespaces([format!("{name}-a")])
+            .build();
         tenants
             .create(&PostParams::default(), &t)
             .await

@@ -628,7 +628,13 @@ impl Operator {
         let elector_stop = CancellationToken::new();
         let elector_task = elector.map(|e| tokio::spawn(e.run(elector_stop.clone())));
         let mut shard_tasks = Vec::new();
-        if let Some(Sharding { ring, electors, .. }) = sharding {
+        if let Some(Sharding {
+            ring,
+            electors,
+            leases,
+            ..
+        }) = sharding
+        {
             let ready = health.register_cache();
             let mut settled = ring.settled();
             shard_tasks.push(tokio::spawn(async move {
@@ -637,24 +643,27 @@ impl Operator {
                 }
             }));
             shard_tasks.push(tokio::spawn(ring.run(elector_stop.clone())));
-            for (shard, elector) in electors.into_iter().enumerate() {
+            for (shard, (elector, lease)) in electors.into_iter().zip(leases).enumerate() {
                 let gauge = metrics
                     .leader
-                    .get_or_create(&crate::metrics::LeaseLabels {
-                        name: format!("{name}-shard-{shard}"),
-                    })
+                    .get_or_create(&crate::metrics::LeaseLabels { name: lease })
                     .clone();
                 let mut leading = elector.leadership().subscribe();
                 let stop = elector_stop.clone();
                 shard_tasks.push(tokio::spawn(async move {
-                    let election = tokio::spawn(elector.run(stop));
-                    loop {
+                    let election = elector.run(stop);
+                    tokio::pin!(election);
+                    let ended = loop {
                         gauge.set(i64::from(*leading.borrow_and_update()));
-                        if leading.changed().await.is_err() {
-                            break;
+                        tokio::select! {
+                            ended = &mut election => break ended,
+                            changed = leading.changed() => if changed.is_err() {
+                                break election.await;
+                            },
                         }
-                    }
-                    if let Ok(Err(e)) = election.await {
+                    };
+                    gauge.set(0);
+                    if let Err(e) = ended {
                         tracing::warn!(shard, error = %chain(&e), "shard election ended with an error");
                     }
                 }));
@@ -718,6 +727,8 @@ impl Operator {
 struct Sharding {
     ring: crate::shard::Ring,
     electors: Vec<LeaderElector>,
+    /// The shard Leases' names, by shard.
+    leases: Vec<String>,
     leaderships: Vec<(Leadership, Client)>,
 }
 
@@ -733,10 +744,12 @@ impl Sharding {
         let ring =
             crate::shard::Ring::new(client.clone(), lease.clone(), &lease.lease_name, shards);
         let mut electors = Vec::new();
+        let mut leases = Vec::new();
         let mut leaderships = Vec::new();
         for shard in 0..shards {
             let mut config_i = lease.clone();
             config_i.lease_name = format!("{}-shard-{shard}", lease.lease_name);
+            leases.push(config_i.lease_name.clone());
             let elector = LeaderElector::new(client.clone(), config_i)?
                 .with_candidacy(ring.candidacy(shard))
                 .handing_over_when_ineligible()
@@ -751,6 +764,7 @@ impl Sharding {
         Ok(Self {
             ring,
             electors,
+            leases,
             leaderships,
         })
     }

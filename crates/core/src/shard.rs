@@ -236,9 +236,24 @@ impl Ring {
                     tracing::warn!(ring = %self.ring, error = %e, "failed to list the ring's member leases")
                 }
             }
+            // Look again at the next retry, or as soon as a live member would expire, so a
+            // dead replica's shards move the moment it is past its lease duration.
+            let now = Instant::now();
+            let expiry = seen
+                .values()
+                .filter_map(|(_, since)| {
+                    (*since + self.config.lease_duration).checked_duration_since(now)
+                })
+                .filter(|d| !d.is_zero())
+                .min();
+            let pause = expiry.map_or(self.config.retry_period, |e| {
+                self.config
+                    .retry_period
+                    .min(e + std::time::Duration::from_millis(10))
+            });
             tokio::select! {
                 () = shutdown.cancelled() => break,
-                () = tokio::time::sleep(self.config.retry_period) => {}
+                () = tokio::time::sleep(pause) => {}
             }
         }
         for c in &self.candidacy {

@@ -19,6 +19,7 @@ mod orchestration;
 mod postgres;
 mod procs;
 mod report;
+mod sharded;
 mod workload;
 
 use std::collections::BTreeMap;
@@ -46,6 +47,7 @@ pub struct Args {
     pub client_go_defaults: bool,
     pub orchestration_components: usize,
     pub idle_objects: usize,
+    pub sharded: bool,
     pub skip_build: bool,
     pub out: PathBuf,
 }
@@ -92,6 +94,10 @@ pub struct Flags {
     /// of the database-operator and upgrade-orchestrator (0 skips it) [default: 100].
     #[arg(long)]
     pub idle_objects: Option<usize>,
+    /// Skip scenario 7, the tenant-operator with `--shards 3` on three replicas (run at the
+    /// largest Tenant count when `steward` is a subject).
+    #[arg(long)]
+    pub no_sharded: bool,
     /// Use the subjects' binaries already built.
     #[arg(long)]
     pub skip_build: bool,
@@ -149,6 +155,7 @@ impl Args {
             client_go_defaults: flags.client_go_defaults,
             orchestration_components: flags.orchestration_components.unwrap_or(5),
             idle_objects: flags.idle_objects.unwrap_or(if smoke { 3 } else { 100 }),
+            sharded: !flags.no_sharded,
             skip_build: flags.skip_build,
             out: flags
                 .out
@@ -231,6 +238,8 @@ pub struct Results {
     pub orchestration: Result<orchestration::Orchestration, String>,
     /// Scenario 6: the other operators' idle writes (each, or why it was not measured).
     pub idle_writes: Vec<Result<idle::IdleWrites, String>>,
+    /// Scenario 7: the tenant-operator on three replicas with three shards, or why not.
+    pub sharded: Result<sharded::Sharded, String>,
     pub total_secs: f64,
 }
 
@@ -311,6 +320,32 @@ pub fn run(flags: Flags) -> Result<()> {
                 std::fs::write(&partial, serde_json::to_string_pretty(&runs)?)?;
             }
         }
+        let steward = subjects.iter().find(|s| s.name == "steward");
+        let sharded = match (args.sharded, steward.and_then(|s| s.launch.as_ref())) {
+            (true, Some(launch)) => {
+                let n = args.tenants.iter().copied().max().unwrap_or(5);
+                eprintln!(
+                    "bench: tenant-operator with {n} Tenants, {} shards on {} replicas",
+                    sharded::SHARDS,
+                    sharded::SHARDS
+                );
+                let r = sharded::measure(&args, &client, launch, cp.kubeconfig_path(), n)
+                    .await
+                    .map_err(|e| format!("not measured: {e:#}"));
+                if let Err(e) = &r {
+                    eprintln!("bench: sharded {e}");
+                    let run = format!("sh{n}");
+                    if let Err(c) =
+                        workload::cleanup(&client, &run, false, Duration::from_secs(300)).await
+                    {
+                        eprintln!("bench: cleanup after the failure failed too: {c:#}");
+                    }
+                }
+                r
+            }
+            (false, _) => Err("not measured (--no-sharded)".to_string()),
+            (true, None) => Err("not measured (steward is not a subject)".to_string()),
+        };
         let orchestration = if args.orchestration_components > 1 {
             eprintln!(
                 "bench: upgrade-orchestrator with {} chained Deployments",
@@ -387,6 +422,7 @@ pub fn run(flags: Flags) -> Result<()> {
             binary_sizes: sizes,
             orchestration,
             idle_writes,
+            sharded,
             total_secs: 0.0,
         })
     })?;
