@@ -426,7 +426,14 @@ impl Operator {
         reconcile: F,
     ) -> &mut Self
     where
-        K: Resource<DynamicType = ()> + Clone + DeserializeOwned + Debug + Send + Sync + 'static,
+        K: Resource<DynamicType = ()>
+            + Clone
+            + DeserializeOwned
+            + serde::Serialize
+            + Debug
+            + Send
+            + Sync
+            + 'static,
         T: Send + Sync + 'static,
         F: Fn(Arc<K>, Arc<Context<T>>) -> Fut + Send + Sync + 'static,
         Fut: Future<Output = Result<Action, E>> + Send + 'static,
@@ -493,7 +500,14 @@ impl Operator {
     /// [`Context::children`] are labelled with their owner's shard.
     pub fn sharded_controller<K, T, B, F, Fut, E>(&mut self, build: B, reconcile: F) -> &mut Self
     where
-        K: Resource<DynamicType = ()> + Clone + DeserializeOwned + Debug + Send + Sync + 'static,
+        K: Resource<DynamicType = ()>
+            + Clone
+            + DeserializeOwned
+            + serde::Serialize
+            + Debug
+            + Send
+            + Sync
+            + 'static,
         T: Send + Sync + 'static,
         B: Fn(Option<u32>) -> (Controller<K>, T) + Send + Sync + 'static,
         F: Fn(Arc<K>, Arc<Context<T>>) -> Fut + Send + Sync + 'static,
@@ -799,7 +813,14 @@ impl Runner {
         shard_term: bool,
     ) -> impl Future<Output = ()> + Send + 'static + use<K, T, F, Fut, E>
     where
-        K: Resource<DynamicType = ()> + Clone + DeserializeOwned + Debug + Send + Sync + 'static,
+        K: Resource<DynamicType = ()>
+            + Clone
+            + DeserializeOwned
+            + serde::Serialize
+            + Debug
+            + Send
+            + Sync
+            + 'static,
         T: Send + Sync + 'static,
         F: Fn(Arc<K>, Arc<Context<T>>) -> Fut + Send + Sync + 'static,
         Fut: Future<Output = Result<Action, E>> + Send + 'static,
@@ -826,14 +847,17 @@ impl Runner {
         tracker.attach(&name, &self.metrics, leadership.clone());
         let liveness: Arc<dyn crate::controller::Liveness> = tracker.clone();
         self.health.watch_controller(liveness.clone());
-        let acquired = {
-            let tracker = tracker.clone();
-            leadership_acquired(leadership.clone()).inspect(move |()| tracker.triggered_all())
+        let resync = {
+            let (tracker, store) = (tracker.clone(), store.clone());
+            leadership_acquired(leadership.clone()).flat_map(move |()| {
+                tracker.triggered_all();
+                changed_first(store.state())
+            })
         };
         let shutdown = stop.clone();
         let controller = controller
             .with_config(kube::runtime::controller::Config::default().concurrency(self.concurrency))
-            .reconcile_all_on(acquired)
+            .reconcile_on(resync)
             .graceful_shutdown_on(async move { shutdown.cancelled_owned().await });
 
         let wrapped = {
@@ -1020,6 +1044,56 @@ pub fn object_key<K: Resource>(obj: &K) -> String {
     }
 }
 
+/// Whether `obj`'s status does not yet reflect its spec: no `status.observedGeneration`, or
+/// one below `metadata.generation` (a spec changed since it was last reconciled, e.g. while
+/// no replica led). Objects without a generation are settled.
+fn unsettled<K: serde::Serialize>(obj: &K) -> bool {
+    let Ok(value) = serde_json::to_value(obj) else {
+        return false;
+    };
+    let Some(generation) = value["metadata"]["generation"].as_i64() else {
+        return false;
+    };
+    value["status"]["observedGeneration"]
+        .as_i64()
+        .is_none_or(|observed| observed < generation)
+}
+
+/// The reconcile-all on acquiring leadership, in an order that does not make a changed object
+/// wait behind every other: the [`unsettled`] objects first, then the rest in small batches a
+/// millisecond apart, so the scheduler (which starts due requests in the order they fell due)
+/// runs them after the changed ones, and a change arriving meanwhile joins the queue behind a
+/// batch, not behind all of them.
+fn changed_first<K>(
+    objects: Vec<Arc<K>>,
+) -> impl futures::Stream<Item = kube::runtime::reflector::ObjectRef<K>> + Send + 'static
+where
+    K: Resource<DynamicType = ()> + serde::Serialize + Send + Sync + 'static,
+{
+    const BATCH: usize = 32;
+    let (changed, rest): (Vec<_>, Vec<_>) =
+        objects.into_iter().partition(|o| unsettled(o.as_ref()));
+    let first = futures::stream::iter(
+        changed
+            .iter()
+            .map(|o| kube::runtime::reflector::ObjectRef::from_obj(o.as_ref()))
+            .collect::<Vec<_>>(),
+    );
+    let batches: Vec<Vec<_>> = rest
+        .chunks(BATCH)
+        .map(|c| {
+            c.iter()
+                .map(|o| kube::runtime::reflector::ObjectRef::from_obj(o.as_ref()))
+                .collect()
+        })
+        .collect();
+    let later = futures::stream::iter(batches).then(|batch| async move {
+        tokio::time::sleep(Duration::from_millis(1)).await;
+        futures::stream::iter(batch)
+    });
+    first.chain(later.flatten())
+}
+
 /// A stream that yields once each time leadership goes from false to true (and once at
 /// start if already leading).
 fn leadership_acquired(leadership: Leadership) -> impl futures::Stream<Item = ()> + Send + 'static {
@@ -1063,6 +1137,49 @@ async fn wait_for_signal() {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    fn deployment(
+        name: &str,
+        generation: i64,
+        observed: Option<i64>,
+    ) -> Arc<k8s_openapi::api::apps::v1::Deployment> {
+        let mut d = k8s_openapi::api::apps::v1::Deployment::default();
+        d.metadata.name = Some(name.into());
+        d.metadata.namespace = Some("ns".into());
+        d.metadata.generation = Some(generation);
+        d.status = observed.map(|o| k8s_openapi::api::apps::v1::DeploymentStatus {
+            observed_generation: Some(o),
+            ..Default::default()
+        });
+        Arc::new(d)
+    }
+
+    #[test]
+    fn an_object_is_unsettled_until_its_generation_is_observed() {
+        assert!(unsettled(deployment("a", 2, Some(1)).as_ref()));
+        assert!(
+            unsettled(deployment("a", 1, None).as_ref()),
+            "never reconciled"
+        );
+        assert!(!unsettled(deployment("a", 2, Some(2)).as_ref()));
+        assert!(
+            !unsettled(&k8s_openapi::api::core::v1::ConfigMap::default()),
+            "no generation: nothing to compare"
+        );
+    }
+
+    #[tokio::test]
+    async fn the_resync_starts_with_the_changed_objects() {
+        let mut objects: Vec<_> = (0..100)
+            .map(|i| deployment(&format!("d{i}"), 1, Some(1)))
+            .collect();
+        objects.insert(70, deployment("changed", 3, Some(2)));
+        objects.insert(5, deployment("new", 1, None));
+        let order: Vec<String> = changed_first(objects).map(|r| r.name).collect().await;
+        assert_eq!(order.len(), 102);
+        assert_eq!(&order[..2], ["new", "changed"]);
+        assert_eq!(order[2], "d0");
+    }
 
     #[test]
     fn backoff_doubles_caps_and_resets() {
