@@ -6,6 +6,8 @@
 //! metrics and health endpoints ([`server`]). Inside a reconcile, use [`finalizer`] for safe
 //! deletion, [`apply`] for owned children by server-side apply, [`conditions`] and
 //! [`status`] for one status write per reconcile, and [`events`] to tell users what happened.
+//! To spread one controller's objects over several replicas, use
+//! [`Operator::sharded_controller`] with `--shards N` ([`shard`]: one Lease per shard).
 //! Operator binaries flatten [`cli::CommonArgs`] into their own clap parser; [`telemetry`]
 //! turns its logging and `--otlp-endpoint` flags into logs and traces.
 

@@ -44,7 +44,10 @@
 //!   Children a user creates (a namespace an owner makes) are labelled by it the same way.
 //! - Cluster-wide reads a reconcile does through its stores see only its shard; reads that
 //!   must see every object (a conflict between two owners) have to go to the API server.
-//! - Changing N moves most objects to other shards: every object is labelled again.
+//! - Changing N moves most objects to other shards: every object is labelled again. Two
+//!   deployments of one operator that split objects by a label selector must use the same N:
+//!   the label is computed from the object (or its owner's) key alone, and a children labeller
+//!   (the tenant-operator's, for namespaces owners create) sees every owner's children.
 
 use std::collections::HashMap;
 use std::sync::Arc;

@@ -7,8 +7,10 @@
 //! ConfigMaps and Secrets, and then for each Tenant count and each subject measures, in order:
 //! convergence and API load ([`workload`], [`apiserver`]), idle writes, memory, startup and
 //! failover ([`procs`]). Subjects run one after another, each starting from a cluster with
-//! none of the previous subject's Tenants or namespaces. Then the upgrade-orchestrator's
-//! overhead ([`orchestration`]) and the other two operators' idle writes ([`idle`]). [`report`] writes
+//! none of the previous subject's Tenants or namespaces. Then the tenant-operator scaled out on
+//! three replicas with three shards, at the largest Tenant count ([`sharded`]), the
+//! upgrade-orchestrator's overhead ([`orchestration`]) and the other two operators' idle writes
+//! ([`idle`]). A 10 000-Tenant point is `--tenants 10000` (not in the default run). [`report`] writes
 //! `docs/benchmarks.md` and `docs/benchmarks.json`. `--postgres N` runs [`postgres`] instead:
 //! PostgreSQL failover and switchover on the real node.
 
@@ -296,7 +298,8 @@ pub fn run(flags: Flags) -> Result<()> {
                         eprintln!("bench: {} with {n} Tenants FAILED: {e:#}", subject.name);
                         let run = format!("{}{n}", subject.short);
                         if let Err(c) =
-                            workload::cleanup(&client, &run, false, Duration::from_secs(300)).await
+                            workload::cleanup(&client, &run, false, workload::cleanup_timeout(n))
+                                .await
                         {
                             eprintln!("bench: cleanup after the failure failed too: {c:#}");
                         }
@@ -336,7 +339,7 @@ pub fn run(flags: Flags) -> Result<()> {
                     eprintln!("bench: sharded {e}");
                     let run = format!("sh{n}");
                     if let Err(c) =
-                        workload::cleanup(&client, &run, false, Duration::from_secs(300)).await
+                        workload::cleanup(&client, &run, false, workload::cleanup_timeout(n)).await
                     {
                         eprintln!("bench: cleanup after the failure failed too: {c:#}");
                     }
@@ -656,7 +659,7 @@ async fn measure(
             "the harness writes the objects itself: load counts the floor's own requests".into(),
         );
         watch.abort();
-        workload::cleanup(client, &run, false, Duration::from_secs(300)).await?;
+        workload::cleanup(client, &run, false, workload::cleanup_timeout(n)).await?;
         return Ok(m);
     };
 
@@ -726,7 +729,7 @@ async fn measure(
         }
     }
 
-    workload::cleanup(client, &run, true, Duration::from_secs(300)).await?;
+    workload::cleanup(client, &run, true, workload::cleanup_timeout(n)).await?;
     watch.abort();
     leader.stop().await?;
     Ok(m)

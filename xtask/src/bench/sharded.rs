@@ -244,7 +244,7 @@ pub async fn measure(
         balanced(&leases, id, Duration::from_secs(120)).await?;
     }
 
-    workload::cleanup(client, &run, true, Duration::from_secs(300)).await?;
+    workload::cleanup(client, &run, true, workload::cleanup_timeout(n)).await?;
     watch.abort();
     for r in replicas {
         r.stop().await?;

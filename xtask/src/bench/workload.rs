@@ -58,6 +58,12 @@ pub fn tenant(run: &str, i: usize, namespaces_per_tenant: usize) -> Value {
     })
 }
 
+/// How long deleting `n` Tenants and their namespaces may take: the namespace controller
+/// deletes a namespace's contents kind by kind, about 10 namespaces a second here.
+pub fn cleanup_timeout(n: usize) -> Duration {
+    Duration::from_secs(300 + n as u64 / 10)
+}
+
 pub fn tenant_name(run: &str, i: usize) -> String {
     format!("{run}-{i:04}")
 }

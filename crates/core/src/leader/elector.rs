@@ -369,14 +369,20 @@ impl Election {
     async fn lead(&mut self, shutdown: &CancellationToken) -> Term {
         let renew_deadline = self.config.renew_deadline;
         loop {
-            if self.hand_over && !self.eligible() {
-                return Term::HandOver;
-            }
-            tokio::select! {
-                biased;
-                () = shutdown.cancelled() => return Term::Shutdown,
-                () = tokio::time::sleep(self.config.retry_period) => {}
-                Ok(()) = eligibility_changed(self.candidacy.as_mut()), if self.hand_over => continue,
+            // Renew every retry period; meanwhile, with hand-over, step down as soon as this
+            // candidate is no longer eligible (a change that keeps it eligible does not delay
+            // the renewal).
+            let renew_at = Instant::now() + self.config.retry_period;
+            loop {
+                if self.hand_over && !self.eligible() {
+                    return Term::HandOver;
+                }
+                tokio::select! {
+                    biased;
+                    () = shutdown.cancelled() => return Term::Shutdown,
+                    () = tokio::time::sleep_until(renew_at) => break,
+                    Ok(()) = eligibility_changed(self.candidacy.as_mut()), if self.hand_over => {}
+                }
             }
             let Some(renewed) = self.leadership.last_renewal() else {
                 return Term::Lost {
