@@ -473,6 +473,16 @@ fn digest(body: &Value) -> String {
     hash.iter().take(16).map(|b| format!("{b:02x}")).collect()
 }
 
+/// The digest of what was last applied to the object of `meta` ([`APPLIED_ANNOTATION`]), also
+/// on an object a store keeps, where [`crate::controller::trim`] moved it to the labels.
+pub fn applied_digest(meta: &ObjectMeta) -> Option<&str> {
+    meta.annotations
+        .as_ref()
+        .and_then(|a| a.get(APPLIED_ANNOTATION))
+        .or_else(|| meta.labels.as_ref()?.get(APPLIED_ANNOTATION))
+        .map(String::as_str)
+}
+
 /// Fields never recorded in managedFields (identity, not content).
 const IDENTITY: [&[&str]; 4] = [
     &["apiVersion"],
@@ -492,11 +502,7 @@ pub fn up_to_date(current: &ObjectMeta, body: &Value, manager: &str) -> bool {
         .pointer("/metadata/annotations")
         .and_then(|a| a.get(APPLIED_ANNOTATION))
         .and_then(Value::as_str);
-    let current_digest = current
-        .annotations
-        .as_ref()
-        .and_then(|a| a.get(APPLIED_ANNOTATION))
-        .map(String::as_str);
+    let current_digest = applied_digest(current);
     if wanted_digest.is_none() || wanted_digest != current_digest {
         return false;
     }
@@ -698,6 +704,11 @@ mod tests {
             ..binding("admin", json!({}))
         };
         crate::controller::trim(&mut cached);
+        assert!(
+            cached.metadata.annotations.is_none(),
+            "the digest, its only annotation, is kept with the labels"
+        );
+        assert!(applied_digest(&cached.metadata).is_some());
         assert!(up_to_date(&cached.metadata, &body, ME));
     }
 

@@ -145,11 +145,15 @@ const LAST_APPLIED: &str = "kubectl.kubernetes.io/last-applied-configuration";
 ///   annotation.
 /// - Packed: each kept entry's `fieldsV1` is stored as its JSON text (one string instead of a
 ///   tree of maps: a tenth of the heap); [`fields_v1`] reads it back.
+/// - Moved: the write-skip's digest ([`crate::apply::APPLIED_ANNOTATION`], on every child) is
+///   kept among the labels, whose map every child has anyway: on most children it is the only
+///   annotation, and a map of its own costs about half a KiB per object.
+///   [`crate::apply::applied_digest`] reads it from either place.
 ///
 /// # Caveats
 /// A reconcile that needs what is dropped must read the object from the API server. A cached
-/// object is not fit to send back whole (its `fieldsV1` are strings): Steward's writes are
-/// applies of desired objects, never of cached ones.
+/// object is not fit to send back whole (its `fieldsV1` are strings, the digest is among its
+/// labels): Steward's writes are applies of desired objects, never of cached ones.
 pub fn trim<K: Resource>(obj: &mut K) {
     let meta = obj.meta_mut();
     if let Some(entries) = meta.managed_fields.as_mut() {
@@ -165,6 +169,14 @@ pub fn trim<K: Resource>(obj: &mut K) {
     }
     if let Some(annotations) = meta.annotations.as_mut() {
         annotations.remove(LAST_APPLIED);
+        if let Some(digest) = annotations.remove(crate::apply::APPLIED_ANNOTATION) {
+            meta.labels
+                .get_or_insert_with(Default::default)
+                .insert(crate::apply::APPLIED_ANNOTATION.to_string(), digest);
+        }
+        if annotations.is_empty() {
+            meta.annotations = None;
+        }
     }
 }
 
