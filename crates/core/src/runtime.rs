@@ -662,19 +662,14 @@ impl Operator {
                     .leader
                     .get_or_create(&crate::metrics::LeaseLabels { name: lease })
                     .clone();
-                let mut leading = elector.leadership().subscribe();
+                let leading = elector.leadership().subscribe();
                 let stop = elector_stop.clone();
                 shard_tasks.push(tokio::spawn(async move {
                     let election = elector.run(stop);
                     tokio::pin!(election);
-                    let ended = loop {
-                        gauge.set(i64::from(*leading.borrow_and_update()));
-                        tokio::select! {
-                            ended = &mut election => break ended,
-                            changed = leading.changed() => if changed.is_err() {
-                                break election.await;
-                            },
-                        }
+                    let ended = tokio::select! {
+                        ended = &mut election => ended,
+                        () = mirror(gauge.clone(), leading) => election.await,
                     };
                     gauge.set(0);
                     if let Err(e) = ended {
@@ -687,15 +682,7 @@ impl Operator {
             .leader
             .get_or_create(&crate::metrics::LeaseLabels { name: name.clone() })
             .clone();
-        let mut leading = leadership.subscribe();
-        let gauge_task = tokio::spawn(async move {
-            loop {
-                gauge.set(i64::from(*leading.borrow_and_update()));
-                if leading.changed().await.is_err() {
-                    break;
-                }
-            }
-        });
+        let gauge_task = tokio::spawn(mirror(gauge, leadership.subscribe()));
 
         let work = tokio::spawn(futures::future::join_all(tasks));
         tracing::info!(operator = %name, identity = leadership.identity(), "started");
@@ -1023,6 +1010,20 @@ impl Runner {
         };
         async move {
             futures::future::join(cache, run).await;
+        }
+    }
+}
+
+/// Keeps `gauge` (`leader_election_master_status`) at 1 while `leading` says so, until the
+/// leadership is dropped.
+async fn mirror(
+    gauge: prometheus_client::metrics::gauge::Gauge,
+    mut leading: tokio::sync::watch::Receiver<bool>,
+) {
+    loop {
+        gauge.set(i64::from(*leading.borrow_and_update()));
+        if leading.changed().await.is_err() {
+            return;
         }
     }
 }

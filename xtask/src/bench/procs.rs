@@ -94,12 +94,24 @@ impl Replica {
         }
     }
 
-    /// Whether this replica reports `leader_election_master_status 1`.
+    /// Whether this replica reports `leader_election_master_status 1` (for any Lease).
     pub async fn is_leader(&self) -> bool {
+        self.reports_leading(|_| true).await
+    }
+
+    /// Whether this replica reports `leader_election_master_status{name="<lease>"} 1`.
+    pub async fn holds(&self, lease: &str) -> bool {
+        let labels = format!("{{name=\"{lease}\"}}");
+        self.reports_leading(|rest| rest.starts_with(&labels)).await
+    }
+
+    /// Whether a `leader_election_master_status` sample whose labels pass `labels` is 1.
+    async fn reports_leading(&self, labels: impl Fn(&str) -> bool) -> bool {
         match http_get(self.metrics_port, "/metrics").await {
             Ok((200, body)) => body
                 .lines()
-                .filter(|l| l.starts_with("leader_election_master_status"))
+                .filter_map(|l| l.strip_prefix("leader_election_master_status"))
+                .filter(|rest| labels(rest))
                 .any(|l| {
                     l.split_whitespace()
                         .last()

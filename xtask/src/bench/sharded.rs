@@ -17,7 +17,7 @@ use serde::Serialize;
 use steward_core::shard::shard_of;
 
 use super::Args;
-use super::procs::{Launch, Replica, http_get};
+use super::procs::{Launch, Replica};
 use super::workload;
 
 /// Shards and replicas of the scenario.
@@ -42,17 +42,6 @@ pub struct Sharded {
     pub takeover_secs: Vec<f64>,
     /// SIGKILL → a Tenant of that shard changed right after the kill is observed (seconds).
     pub dead_shard_reconciled_secs: Vec<f64>,
-}
-
-/// Whether the replica's `/metrics` says it holds Lease `lease`.
-async fn holds(replica: &Replica, lease: &str) -> bool {
-    let prefix = format!("leader_election_master_status{{name=\"{lease}\"}}");
-    match http_get(replica.metrics_port, "/metrics").await {
-        Ok((200, body)) => body
-            .lines()
-            .any(|l| l.starts_with(&prefix) && l.ends_with(" 1")),
-        _ => false,
-    }
 }
 
 /// The holder and acquireTime of shard `shard`'s Lease.
@@ -191,7 +180,7 @@ pub async fn measure(
         let lease = format!("{id}-shard-{shard}");
         let mut victim = None;
         for (i, r) in replicas.iter().enumerate() {
-            if holds(r, &lease).await {
+            if r.holds(&lease).await {
                 victim = Some(i);
             }
         }
