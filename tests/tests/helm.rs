@@ -87,6 +87,15 @@ fn expected(cp_kubectl: &Path) -> BTreeMap<String, Value> {
     by_key(objects)
 }
 
+/// `helm template` of the chart into [`NS`], with `--set set` when given, by kind and name.
+fn template(bin: &Path, set: Option<&str>) -> BTreeMap<String, Value> {
+    let mut args = vec!["template", "steward", "charts/steward", "--namespace", NS];
+    if let Some(set) = set {
+        args.extend(["--set", set]);
+    }
+    by_key(documents(&helm(bin, None, &args)))
+}
+
 /// The args of the container of Deployment `name` in rendered objects.
 fn args(objects: &BTreeMap<String, Value>, name: &str) -> Vec<String> {
     objects[&format!("Deployment {name}")]["spec"]["template"]["spec"]["containers"][0]["args"]
@@ -104,11 +113,7 @@ fn the_chart_lints_and_renders_what_deploy_renders() {
     let lint = helm(&bin, None, &["lint", "--strict", "charts/steward"]);
     assert!(lint.contains("0 chart(s) failed"), "{lint}");
 
-    let rendered = by_key(documents(&helm(
-        &bin,
-        None,
-        &["template", "steward", "charts/steward", "--namespace", NS],
-    )));
+    let rendered = template(&bin, None);
     let expected = expected(&binaries.kubectl);
     assert_eq!(
         rendered.keys().collect::<Vec<_>>(),
@@ -117,6 +122,30 @@ fn the_chart_lints_and_renders_what_deploy_renders() {
     );
     for (key, want) in &expected {
         assert_eq!(&rendered[key], want, "{key} differs from deploy/");
+    }
+
+    // `shards` above 1 renders what the sharded overlay renders.
+    let sharded = template(
+        &bin,
+        Some("tenantOperator.shards=3,tenantOperator.replicas=3"),
+    );
+    let overlay = steward_testenv::manifests::kustomize(
+        &binaries.kubectl,
+        &workspace_root().join("deploy/sharded/tenant-operator"),
+    )
+    .expect("kustomize the sharded overlay");
+    let overlay = by_key(steward_testenv::manifests::moved(
+        overlay,
+        "tenant-operator-system",
+        NS,
+    ));
+    assert!(overlay.contains_key("Role tenant-operator-shards"));
+    for (key, want) in overlay.iter().filter(|(k, _)| !k.starts_with("Namespace ")) {
+        assert_eq!(
+            sharded.get(key),
+            Some(want),
+            "{key}: the chart with shards=3 renders what deploy/sharded/tenant-operator does"
+        );
     }
 
     // Values do what they say.
@@ -132,19 +161,7 @@ fn the_chart_lints_and_renders_what_deploy_renders() {
         "databaseOperator.resources.limits.memory=1Gi",
     ]
     .join(",");
-    let custom = by_key(documents(&helm(
-        &bin,
-        None,
-        &[
-            "template",
-            "steward",
-            "charts/steward",
-            "--namespace",
-            NS,
-            "--set",
-            &set,
-        ],
-    )));
+    let custom = template(&bin, Some(&set));
     assert!(
         !custom
             .keys()

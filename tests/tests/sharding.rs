@@ -64,6 +64,7 @@ struct Replica {
     runtime: Option<tokio::runtime::Runtime>,
     identity: String,
     shards: Vec<Leadership>,
+    metrics: steward_core::metrics::Metrics,
 }
 
 impl Replica {
@@ -87,14 +88,16 @@ impl Replica {
             let _ = tx.send((
                 operator.leadership().identity().to_string(),
                 operator.shard_leaderships(),
+                operator.metrics(),
             ));
             let _ = operator.run().await;
         });
-        let (identity, shards) = rx.await.expect("replica started");
+        let (identity, shards, metrics) = rx.await.expect("replica started");
         Replica {
             runtime: Some(runtime),
             identity,
             shards,
+            metrics,
         }
     }
 
@@ -455,6 +458,26 @@ async fn tenants_spread_over_three_replicas() {
     let h = holders(&client, &id, &id).await;
     let distinct: BTreeSet<_> = h.iter().flatten().collect();
     assert_eq!(distinct.len(), 3, "each replica holds one shard: {h:?}");
+    // The per-Tenant gauges: each Tenant reported by exactly one replica, its shard's holder.
+    eventually("each Tenant's gauge on one replica", WAIT, || async {
+        let scraped: Vec<String> = replicas.iter().map(|r| r.metrics.encode()).collect();
+        for name in &names {
+            let series = format!("steward_tenant_ready{{tenant=\"{name}\"}}");
+            let on: Vec<usize> = (0..scraped.len())
+                .filter(|&i| scraped[i].lines().any(|l| l.starts_with(&series)))
+                .collect();
+            let shard = steward_core::shard::shard_of(name, SHARDS) as usize;
+            let holder = replicas
+                .iter()
+                .position(|r| Some(&r.identity) == h[shard].as_ref());
+            if on.len() != 1 || holder != on.first().copied() {
+                return Err(format!("{name}: on replicas {on:?}, holder {holder:?}"));
+            }
+        }
+        Ok(())
+    })
+    .await
+    .expect("per-Tenant gauges follow the shards");
     for name in &names {
         tenants
             .delete(name, &Default::default())

@@ -9,6 +9,10 @@
 //! namespace (the chart test checks this object by object). CRDs are templates too (behind
 //! `crds.install`, kept on uninstall by `crds.keep`), so `helm upgrade` upgrades them; Helm's
 //! `crds/` directory would install them once and never again.
+//!
+//! An operator with a `deploy/sharded/<operator>` overlay also gets a `shards` value: above 1 it
+//! adds `--shards` and the overlay's extra objects (the shard Leases' Role and binding), so
+//! `shards: 3` with `replicas: 3` renders what the overlay renders.
 
 use std::collections::BTreeMap;
 use std::fmt::Write as _;
@@ -43,7 +47,20 @@ pub fn values_key(operator: &str) -> String {
 struct Operator {
     name: &'static str,
     objects: Vec<Value>,
+    /// What `deploy/sharded/<name>` adds to `objects`, when that overlay exists.
+    sharded: Option<Vec<Value>>,
     crds: Vec<String>,
+}
+
+/// `kind name` of a rendered object.
+fn object_key(object: &Value) -> (String, String) {
+    let field = |p: &str| {
+        object
+            .pointer(p)
+            .and_then(Value::as_str)
+            .unwrap_or_default()
+    };
+    (field("/kind").into(), field("/metadata/name").into())
 }
 
 /// The chart's files, by path relative to the chart.
@@ -59,9 +76,23 @@ fn render() -> Result<BTreeMap<String, String>> {
             .iter()
             .map(crate::crdgen::file_name)
             .collect();
+        let overlay = root.join("deploy/sharded").join(entry.name);
+        let sharded = if overlay.is_dir() {
+            let base: Vec<_> = objects.iter().map(object_key).collect();
+            let all = steward_testenv::manifests::kustomize(&binaries.kubectl, &overlay)
+                .with_context(|| format!("render {}", overlay.display()))?;
+            Some(
+                all.into_iter()
+                    .filter(|o| !base.contains(&object_key(o)))
+                    .collect(),
+            )
+        } else {
+            None
+        };
         operators.push(Operator {
             name: entry.name,
             objects,
+            sharded,
             crds,
         });
     }
@@ -177,6 +208,8 @@ fn operator_template(op: &Operator) -> Result<(String, String)> {
                         a
                     }
                 })
+                // Last, where the sharded overlay appends it.
+                .chain(op.sharded.is_some().then(|| "__SHARDS__".into()))
                 .collect();
             c.insert("args".into(), Value::Array(kept));
         }
@@ -221,6 +254,12 @@ fn operator_template(op: &Operator) -> Result<(String, String)> {
                     );
                 }
             }
+            "- __SHARDS__" => {
+                let _ = writeln!(
+                    body,
+                    "{pad}{{{{- if gt (int .Values.{key}.shards) 1 }}}}\n{pad}- --shards={{{{ .Values.{key}.shards }}}}\n{pad}{{{{- end }}}}"
+                );
+            }
             _ => {
                 let line = line
                     .replace("__NAMESPACE__", "{{ .Release.Namespace }}")
@@ -232,7 +271,21 @@ fn operator_template(op: &Operator) -> Result<(String, String)> {
             }
         }
     }
+    if let Some(extra) = &op.sharded {
+        let mut docs = Vec::new();
+        for object in steward_testenv::manifests::moved(extra.clone(), &namespace, "__NAMESPACE__")
+        {
+            docs.push(serde_yaml::to_string(&object)?);
+        }
+        let _ = write!(
+            body,
+            "{{{{- if gt (int .Values.{key}.shards) 1 }}}}\n---\n{}{{{{- end }}}}\n",
+            docs.join("---\n")
+                .replace("__NAMESPACE__", "{{ .Release.Namespace }}")
+        );
+    }
     for placeholder in [
+        "__SHARDS__",
         "__NAMESPACE__",
         "__REPLICAS__",
         "__IMAGE__",
@@ -247,8 +300,13 @@ fn operator_template(op: &Operator) -> Result<(String, String)> {
 
     let resources = serde_yaml::to_string(&resources)?;
     let resources: String = resources.lines().map(|l| format!("    {l}\n")).collect();
+    let shards = if op.sharded.is_some() {
+        "  # Above 1: spread the objects over this many shards, each held by one replica (scale\n  # replicas with it; see deploy/sharded/).\n  shards: 1\n"
+    } else {
+        ""
+    };
     let values = format!(
-        "\n{key}:\n  enabled: true\n  replicas: {replicas}\n  # Whole image reference; empty: <image.repository>/{name}:<image.tag>.\n  image: \"\"\n  resources:\n{resources}",
+        "\n{key}:\n  enabled: true\n  replicas: {replicas}\n{shards}  # Whole image reference; empty: <image.repository>/{name}:<image.tag>.\n  image: \"\"\n  resources:\n{resources}",
         name = op.name
     );
     Ok((template, values))

@@ -17,6 +17,7 @@
 //! Operators add their own with [`Metrics::register`]; [`FromStore`] computes a gauge family
 //! from a watch cache at scrape time (what each object's status says).
 
+use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex};
 
 use prometheus_client::encoding::EncodeLabelSet;
@@ -283,9 +284,10 @@ pub type Sampler<K> = dyn Fn(&K) -> Vec<(SampleLabels, f64)> + Send + Sync;
 /// A gauge family computed from a watch cache when it is scraped: the samples `sample` returns
 /// for each cached object. Nothing is updated on the reconcile path, and a deleted object's
 /// series goes with it. Every replica reports it (standbys keep warm caches), so alert rules
-/// aggregate over replicas.
+/// aggregate over replicas. A sharded controller's family reports, on each replica, the
+/// objects of the shards that replica holds now ([`Stores`]).
 pub struct FromStore<K: kube::Resource<DynamicType = ()> + 'static> {
-    store: kube::runtime::reflector::Store<K>,
+    stores: Stores<K>,
     sample: Box<Sampler<K>>,
 }
 
@@ -293,15 +295,96 @@ impl<K> FromStore<K>
 where
     K: kube::Resource<DynamicType = ()> + Clone + 'static,
 {
-    /// The family over `store`, sampled by `sample`.
+    /// The family over `stores` (one [`Store`](kube::runtime::reflector::Store), or a
+    /// [`Stores`] a sharded controller fills), sampled by `sample`.
     pub fn new(
-        store: kube::runtime::reflector::Store<K>,
+        stores: impl Into<Stores<K>>,
         sample: impl Fn(&K) -> Vec<(SampleLabels, f64)> + Send + Sync + 'static,
     ) -> Self {
         Self {
-            store,
+            stores: stores.into(),
             sample: Box::new(sample),
         }
+    }
+}
+
+/// The watch caches a [`FromStore`] family reads: one per shard, each counted only while
+/// its shard's [`Leadership`](crate::leader::Leadership) is held. A sharded controller is built
+/// anew, with new stores, for each term of its shard ([`crate::Operator::sharded_controller`]):
+/// its build calls [`Stores::set`], replacing the store of the shard's last term (which no
+/// watch updates any more) so a shard handed to another replica stops being reported here.
+pub struct Stores<K: kube::Resource<DynamicType = ()> + 'static> {
+    by_shard: Arc<Mutex<BTreeMap<Option<u32>, Held<K>>>>,
+}
+
+type Held<K> = (
+    kube::runtime::reflector::Store<K>,
+    crate::leader::Leadership,
+);
+
+impl<K: kube::Resource<DynamicType = ()> + 'static> Clone for Stores<K> {
+    fn clone(&self) -> Self {
+        Self {
+            by_shard: Arc::clone(&self.by_shard),
+        }
+    }
+}
+
+impl<K: kube::Resource<DynamicType = ()> + 'static> Default for Stores<K> {
+    fn default() -> Self {
+        Self {
+            by_shard: Arc::default(),
+        }
+    }
+}
+
+impl<K> Stores<K>
+where
+    K: kube::Resource<DynamicType = ()> + Clone + 'static,
+{
+    /// Shard `shard`'s store (`None`: the controller is not sharded), reported while `held`.
+    pub fn set(
+        &self,
+        shard: Option<u32>,
+        store: kube::runtime::reflector::Store<K>,
+        held: crate::leader::Leadership,
+    ) {
+        let mut by_shard = self
+            .by_shard
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        by_shard.insert(shard, (store, held));
+        Self::forget_lost(&mut by_shard);
+    }
+
+    /// Every object of the stores whose shard is held now.
+    fn objects(&self) -> Vec<Arc<K>> {
+        let mut by_shard = self
+            .by_shard
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        Self::forget_lost(&mut by_shard);
+        by_shard
+            .values()
+            .flat_map(|(store, _)| store.state())
+            .collect()
+    }
+
+    /// Drops the stores of shards no longer held, so their objects are freed (a store
+    /// handle keeps its cache alive after the watch that filled it stopped).
+    fn forget_lost(by_shard: &mut BTreeMap<Option<u32>, Held<K>>) {
+        by_shard.retain(|_, (_, held)| held.is_leader());
+    }
+}
+
+impl<K> From<kube::runtime::reflector::Store<K>> for Stores<K>
+where
+    K: kube::Resource<DynamicType = ()> + Clone + 'static,
+{
+    fn from(store: kube::runtime::reflector::Store<K>) -> Self {
+        let stores = Self::default();
+        stores.set(None, store, crate::leader::Leadership::always_leader());
+        stores
     }
 }
 
@@ -319,7 +402,7 @@ where
         &self,
         mut encoder: prometheus_client::encoding::MetricEncoder,
     ) -> Result<(), std::fmt::Error> {
-        for object in self.store.state() {
+        for object in self.stores.objects() {
             for (labels, value) in (self.sample)(&object) {
                 encoder.encode_family(&labels)?.encode_gauge(&value)?;
             }
@@ -329,5 +412,69 @@ where
 
     fn metric_type(&self) -> prometheus_client::metrics::MetricType {
         prometheus_client::metrics::MetricType::Gauge
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use k8s_openapi::api::core::v1::ConfigMap;
+    use kube::runtime::{reflector, watcher};
+
+    use super::*;
+    use crate::LeaseConfig;
+    use crate::leader::Leadership;
+
+    fn store(names: &[&str]) -> kube::runtime::reflector::Store<ConfigMap> {
+        let (store, mut writer) = reflector::store();
+        for name in names {
+            let mut cm = ConfigMap::default();
+            cm.metadata.name = Some((*name).to_string());
+            cm.metadata.namespace = Some("ns".into());
+            writer.apply_watcher_event(&watcher::Event::Apply(cm));
+        }
+        store
+    }
+
+    fn names(stores: &Stores<ConfigMap>) -> Vec<String> {
+        let mut v: Vec<String> = stores
+            .objects()
+            .iter()
+            .filter_map(|o| o.metadata.name.clone())
+            .collect();
+        v.sort();
+        v
+    }
+
+    #[test]
+    fn only_the_stores_of_held_shards_are_reported_and_a_lost_one_is_dropped() {
+        let held = Leadership::new(&LeaseConfig::new("l-shard-0", "ns", "me"));
+        held.renewed_at(tokio::time::Instant::now());
+        let other = Leadership::new(&LeaseConfig::new("l-shard-1", "ns", "me"));
+        let stores = Stores::default();
+        stores.set(Some(0), store(&["a", "b"]), held.clone());
+        stores.set(Some(1), store(&["c"]), other.clone());
+        assert_eq!(names(&stores), ["a", "b"], "shard 1 is not held here");
+        assert_eq!(stores.by_shard.lock().map(|m| m.len()).ok(), Some(1));
+
+        // A new term of shard 0 replaces the last term's store.
+        stores.set(Some(0), store(&["d"]), held.clone());
+        assert_eq!(names(&stores), ["d"]);
+
+        held.step_down();
+        assert!(
+            names(&stores).is_empty(),
+            "a shard handed over is not reported"
+        );
+        assert_eq!(
+            stores.by_shard.lock().map(|m| m.len()).ok(),
+            Some(0),
+            "and its cache is freed"
+        );
+    }
+
+    #[test]
+    fn a_single_store_is_always_reported() {
+        let stores: Stores<ConfigMap> = store(&["x"]).into();
+        assert_eq!(names(&stores), ["x"]);
     }
 }

@@ -193,15 +193,20 @@ pub fn register(operator: &mut Operator, options: Options) -> Result<(), Error> 
         options.shared_namespaces.clone(),
     );
     let resync = options.resync_period;
+    // The per-Tenant gauges read the Tenant cache of each shard this replica holds (the one
+    // cache when not sharded).
+    let tenants = steward_core::metrics::Stores::default();
+    metrics::register(&metrics, &tenants);
+    let held = operator.shard_leaderships();
     // Per shard (`--shards`): a controller watching and caching only that shard's Tenants and
     // children, built when this replica takes the shard.
     let build = move |shard: Option<u32>| {
         let (controller, stores) =
             controller::build(client.clone(), selector.as_deref(), &shared, shard);
-        if shard.is_none() {
-            // Sharded, the stores live only as long as a shard is held: no per-Tenant gauges.
-            metrics::register(&metrics, &controller.store());
-        }
+        let leadership = shard
+            .and_then(|i| held.get(usize::try_from(i).ok()?).cloned())
+            .unwrap_or_else(steward_core::leader::Leadership::always_leader);
+        tenants.set(shard, controller.store(), leadership);
         let state = controller::State {
             stores,
             settings: settings.clone(),

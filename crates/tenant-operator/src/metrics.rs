@@ -6,10 +6,11 @@
 //! | `steward_tenant_namespaces` | tenant — `status.namespaceCount` |
 //! | `steward_tenant_quota_exceeded` | tenant — 1 while the `QuotaExceeded` condition is True |
 //! | `steward_tenant_ready` | tenant — 1 while `Ready` is True |
+//!
+//! With `--shards`, each replica reports the Tenants of the shards it holds.
 
 use kube::ResourceExt;
-use kube::runtime::reflector::Store;
-use steward_core::metrics::{FromStore, Metrics, SampleLabels};
+use steward_core::metrics::{FromStore, Metrics, SampleLabels, Stores};
 
 use crate::crd::{QUOTA_EXCEEDED, Tenant};
 
@@ -46,7 +47,7 @@ pub fn ready(tenant: &Tenant) -> Vec<(SampleLabels, f64)> {
 }
 
 /// Registers the gauges over the Tenant cache.
-pub fn register(metrics: &Metrics, tenants: &Store<Tenant>) {
+pub fn register(metrics: &Metrics, tenants: &Stores<Tenant>) {
     metrics.register(
         "steward_tenant_namespaces",
         "Namespaces of a Tenant (status.namespaceCount)",

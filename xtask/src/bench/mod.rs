@@ -10,7 +10,8 @@
 //! none of the previous subject's Tenants or namespaces. Then the tenant-operator scaled out on
 //! three replicas with three shards, at the largest Tenant count ([`sharded`]), the
 //! upgrade-orchestrator's overhead ([`orchestration`]) and the other two operators' idle writes
-//! ([`idle`]). A 10 000-Tenant point is `--tenants 10000` (not in the default run). [`report`] writes
+//! ([`idle`]). A 10 000-Tenant point is `--tenants 1000,10000` (not in the default run; from
+//! [`FRESH_CLUSTER_AT`] Tenants on, each subject gets a control plane of its own). [`report`] writes
 //! `docs/benchmarks.md` and `docs/benchmarks.json`. `--postgres N` runs [`postgres`] instead:
 //! PostgreSQL failover and switchover on the real node.
 
@@ -261,28 +262,14 @@ pub fn run(flags: Flags) -> Result<()> {
 
     let rt = tokio::runtime::Runtime::new()?;
     let results = rt.block_on(async {
-        eprintln!("bench: starting the control plane");
-        let cp = steward_testenv::ControlPlane::start(steward_testenv::Options::default()).await?;
-        let client = cp.client()?;
-        cp.install_crds(&root.join("crds")).await?;
-        let environment = report::environment(&root, cp.binaries());
+        let mut slot = None;
+        let cluster = clean(&mut slot, &root, &args).await?;
+        let first_baseline = cluster.baseline.clone();
+        let environment = report::environment(&root, cluster.cp.binaries());
         let log_dir = bench_dir.join("logs");
         let _ = std::fs::remove_dir_all(&log_dir);
         let subjects = subjects(&args, &steward_bin, &go_bin, &log_dir);
-
-        eprintln!(
-            "bench: creating {} unrelated ConfigMaps and Secrets",
-            args.unrelated
-        );
-        let t = Instant::now();
-        workload::create_unrelated(&client, args.unrelated).await?;
-        eprintln!("bench: unrelated objects created in {:.1?}", t.elapsed());
-        eprintln!("bench: measuring the background request rate");
-        let baseline = apiserver::baseline(
-            &client,
-            Duration::from_secs(if args.smoke { 5 } else { 20 }),
-        )
-        .await?;
+        let largest = args.tenants.iter().copied().max().unwrap_or(5);
 
         let mut runs = Vec::new();
         for (ni, &n) in args.tenants.iter().enumerate() {
@@ -290,16 +277,26 @@ pub fn run(flags: Flags) -> Result<()> {
                 if subject.name == "controller-runtime-qps5" && ni > 0 {
                     continue;
                 }
+                let cluster = clean(&mut slot, &root, &args).await?;
+                let cleanup = n < FRESH_CLUSTER_AT;
+                cluster.dirty = !cleanup;
                 eprintln!("bench: {} with {n} Tenants", subject.name);
-                let m = match measure(&args, &cp, &client, subject, n, ni == 0, &baseline).await {
+                let c: &Cluster = cluster;
+                let failovers = n == largest && !args.tenants[..ni].contains(&n);
+                let m = match measure(&args, c, subject, n, failovers, cleanup).await {
                     Ok(m) => m,
                     Err(e) => {
                         // Report what failed and go on with a clean cluster.
                         eprintln!("bench: {} with {n} Tenants FAILED: {e:#}", subject.name);
                         let run = format!("{}{n}", subject.short);
-                        if let Err(c) =
-                            workload::cleanup(&client, &run, false, workload::cleanup_timeout(n))
-                                .await
+                        if cleanup
+                            && let Err(c) = workload::cleanup(
+                                &c.client,
+                                &run,
+                                false,
+                                workload::cleanup_timeout(n),
+                            )
+                            .await
                         {
                             eprintln!("bench: cleanup after the failure failed too: {c:#}");
                         }
@@ -326,20 +323,27 @@ pub fn run(flags: Flags) -> Result<()> {
         let steward = subjects.iter().find(|s| s.name == "steward");
         let sharded = match (args.sharded, steward.and_then(|s| s.launch.as_ref())) {
             (true, Some(launch)) => {
-                let n = args.tenants.iter().copied().max().unwrap_or(5);
+                let n = largest;
+                let cluster = clean(&mut slot, &root, &args).await?;
+                let cleanup = n < FRESH_CLUSTER_AT;
+                cluster.dirty = !cleanup;
                 eprintln!(
                     "bench: tenant-operator with {n} Tenants, {} shards on {} replicas",
                     sharded::SHARDS,
                     sharded::SHARDS
                 );
-                let r = sharded::measure(&args, &client, launch, cp.kubeconfig_path(), n)
-                    .await
-                    .map_err(|e| format!("not measured: {e:#}"));
+                let c: &Cluster = cluster;
+                let r =
+                    sharded::measure(&args, &c.client, launch, c.cp.kubeconfig_path(), n, cleanup)
+                        .await
+                        .map_err(|e| format!("not measured: {e:#}"));
                 if let Err(e) = &r {
                     eprintln!("bench: sharded {e}");
                     let run = format!("sh{n}");
-                    if let Err(c) =
-                        workload::cleanup(&client, &run, false, workload::cleanup_timeout(n)).await
+                    if cleanup
+                        && let Err(c) =
+                            workload::cleanup(&c.client, &run, false, workload::cleanup_timeout(n))
+                                .await
                     {
                         eprintln!("bench: cleanup after the failure failed too: {c:#}");
                     }
@@ -349,70 +353,18 @@ pub fn run(flags: Flags) -> Result<()> {
             (false, _) => Err("not measured (--no-sharded)".to_string()),
             (true, None) => Err("not measured (steward is not a subject)".to_string()),
         };
-        let orchestration = if args.orchestration_components > 1 {
-            eprintln!(
-                "bench: upgrade-orchestrator with {} chained Deployments",
-                args.orchestration_components
-            );
-            orchestration::measure(
-                &client,
-                &orchestrator_bin,
-                &log_dir,
-                cp.kubeconfig_path(),
-                args.orchestration_components,
-            )
-            .await
-            .map_err(|e| format!("not measured: {e:#}"))
-        } else {
-            Err("not measured (--orchestration-components 0)".to_string())
-        };
-        if let Err(e) = &orchestration {
-            eprintln!("bench: orchestration {e}");
-        }
-        let mut idle_writes = Vec::new();
-        if args.idle_objects > 0 {
-            let n = args.idle_objects;
-            eprintln!("bench: database-operator idle writes with {n} of each kind");
-            let db = idle::database_operator(
-                &client,
-                &baseline,
-                &args.binary(&root, "database-operator"),
-                &log_dir,
-                cp.kubeconfig_path(),
-                n,
-                args.idle,
-            )
-            .await
-            .map_err(|e| format!("database-operator not measured: {e:#}"));
-            eprintln!("bench: upgrade-orchestrator idle writes with {n} plans");
-            let up = idle::upgrade_orchestrator(
-                &client,
-                &baseline,
-                &orchestrator_bin,
-                &log_dir,
-                cp.kubeconfig_path(),
-                n,
-                args.idle,
-            )
-            .await
-            .map_err(|e| format!("upgrade-orchestrator not measured: {e:#}"));
-            for r in [&db, &up] {
-                match r {
-                    Ok(w) => eprintln!(
-                        "bench: {} idle: {:.0} writes, {:?} SQL changes",
-                        w.operator,
-                        w.total_writes(),
-                        w.sql_changes
-                    ),
-                    Err(e) => eprintln!("bench: {e}"),
-                }
-            }
-            idle_writes = vec![db, up];
-        }
+        let (orchestration, idle_writes) =
+            if args.orchestration_components > 1 || args.idle_objects > 0 {
+                let cluster = clean(&mut slot, &root, &args).await?;
+                others(&args, cluster, &root, &orchestrator_bin, &log_dir).await
+            } else {
+                let not = "not measured (--orchestration-components 0)";
+                (Err(not.to_string()), Vec::new())
+            };
         anyhow::Ok(Results {
             args: args.clone(),
             environment,
-            baseline_requests_per_sec: baseline
+            baseline_requests_per_sec: first_baseline
                 .into_iter()
                 .map(|((v, r, s), x)| {
                     (
@@ -438,6 +390,82 @@ pub fn run(flags: Flags) -> Result<()> {
         started.elapsed()
     );
     Ok(())
+}
+
+/// Scenarios 5 and 6: the upgrade-orchestrator's overhead and the other operators' idle
+/// writes, each or why it was not measured.
+async fn others(
+    args: &Args,
+    cluster: &Cluster,
+    root: &Path,
+    orchestrator_bin: &Path,
+    log_dir: &Path,
+) -> (
+    Result<orchestration::Orchestration, String>,
+    Vec<Result<idle::IdleWrites, String>>,
+) {
+    let (client, cp, baseline) = (&cluster.client, &cluster.cp, &cluster.baseline);
+    let orchestration = if args.orchestration_components > 1 {
+        eprintln!(
+            "bench: upgrade-orchestrator with {} chained Deployments",
+            args.orchestration_components
+        );
+        orchestration::measure(
+            client,
+            orchestrator_bin,
+            log_dir,
+            cp.kubeconfig_path(),
+            args.orchestration_components,
+        )
+        .await
+        .map_err(|e| format!("not measured: {e:#}"))
+    } else {
+        Err("not measured (--orchestration-components 0)".to_string())
+    };
+    if let Err(e) = &orchestration {
+        eprintln!("bench: orchestration {e}");
+    }
+    let mut idle_writes = Vec::new();
+    if args.idle_objects > 0 {
+        let n = args.idle_objects;
+        eprintln!("bench: database-operator idle writes with {n} of each kind");
+        let db = idle::database_operator(
+            client,
+            baseline,
+            &args.binary(root, "database-operator"),
+            log_dir,
+            cp.kubeconfig_path(),
+            n,
+            args.idle,
+        )
+        .await
+        .map_err(|e| format!("database-operator not measured: {e:#}"));
+        eprintln!("bench: upgrade-orchestrator idle writes with {n} plans");
+        let up = idle::upgrade_orchestrator(
+            client,
+            baseline,
+            orchestrator_bin,
+            log_dir,
+            cp.kubeconfig_path(),
+            n,
+            args.idle,
+        )
+        .await
+        .map_err(|e| format!("upgrade-orchestrator not measured: {e:#}"));
+        for r in [&db, &up] {
+            match r {
+                Ok(w) => eprintln!(
+                    "bench: {} idle: {:.0} writes, {:?} SQL changes",
+                    w.operator,
+                    w.total_writes(),
+                    w.sql_changes
+                ),
+                Err(e) => eprintln!("bench: {e}"),
+            }
+        }
+        idle_writes = vec![db, up];
+    }
+    (orchestration, idle_writes)
 }
 
 impl Args {
@@ -609,15 +637,79 @@ fn subjects(args: &Args, steward: &Path, go: &Path, log_dir: &Path) -> Vec<Subje
     out
 }
 
+/// From this many Tenants on, each subject (and scenario 7) runs on a control plane of its
+/// own, started with the same unrelated objects, and leaves its objects behind: deleting
+/// 10 000 namespaces takes the namespace controller tens of minutes on 2 cores, and a
+/// deletion still running would load the next subject's window.
+pub const FRESH_CLUSTER_AT: usize = 5000;
+
+/// The control plane the scenarios run on, with the unrelated objects and the background
+/// request rate measured on it.
+struct Cluster {
+    cp: steward_testenv::ControlPlane,
+    client: Client,
+    baseline: BTreeMap<apiserver::Key, f64>,
+    /// A scenario left its objects behind: the next one needs a fresh control plane.
+    dirty: bool,
+}
+
+impl Cluster {
+    async fn start(root: &Path, args: &Args) -> Result<Self> {
+        eprintln!("bench: starting the control plane");
+        let cp = steward_testenv::ControlPlane::start(steward_testenv::Options::default()).await?;
+        let client = cp.client()?;
+        cp.install_crds(&root.join("crds")).await?;
+        eprintln!(
+            "bench: creating {} unrelated ConfigMaps and Secrets",
+            args.unrelated
+        );
+        let t = Instant::now();
+        workload::create_unrelated(&client, args.unrelated).await?;
+        eprintln!("bench: unrelated objects created in {:.1?}", t.elapsed());
+        eprintln!("bench: measuring the background request rate");
+        let baseline = apiserver::baseline(
+            &client,
+            Duration::from_secs(if args.smoke { 5 } else { 20 }),
+        )
+        .await?;
+        Ok(Self {
+            cp,
+            client,
+            baseline,
+            dirty: false,
+        })
+    }
+}
+
+/// The control plane in `slot`, started afresh if there is none or the last scenario left its
+/// objects on it (the old one is stopped first: they would share 2 cores).
+async fn clean<'a>(
+    slot: &'a mut Option<Cluster>,
+    root: &Path,
+    args: &Args,
+) -> Result<&'a mut Cluster> {
+    if let Some(old) = slot.take_if(|c| c.dirty) {
+        eprintln!("bench: replacing the control plane (the last scenario left its objects)");
+        drop(old);
+    }
+    if slot.is_none() {
+        *slot = Some(Cluster::start(root, args).await?);
+    }
+    slot.as_mut().context("no control plane")
+}
+
+/// Measures `subject` at `n` Tenants on `cluster`; failover only when `failovers` (it takes
+/// LeaseDuration per repetition, so it runs at one Tenant count); deletes what it created when
+/// `cleanup`.
 async fn measure(
     args: &Args,
-    cp: &steward_testenv::ControlPlane,
-    client: &Client,
+    cluster: &Cluster,
     subject: &Subject,
     n: usize,
-    first_n: bool,
-    baseline: &BTreeMap<apiserver::Key, f64>,
+    failovers: bool,
+    cleanup: bool,
 ) -> Result<Measured> {
+    let (cp, client, baseline) = (&cluster.cp, &cluster.client, &cluster.baseline);
     let run = format!("{}{n}", subject.short);
     let mut m = Measured {
         subject: subject.name.clone(),
@@ -659,7 +751,9 @@ async fn measure(
             "the harness writes the objects itself: load counts the floor's own requests".into(),
         );
         watch.abort();
-        workload::cleanup(client, &run, false, workload::cleanup_timeout(n)).await?;
+        if cleanup {
+            workload::cleanup(client, &run, false, workload::cleanup_timeout(n)).await?;
+        }
         return Ok(m);
     };
 
@@ -718,10 +812,10 @@ async fn measure(
         });
         leader = fresh;
 
-        // 4. Failover (at the first Tenant count only: it takes LeaseDuration per repetition).
-        if first_n && args.failovers > 0 {
+        // 4. Failover (at the largest Tenant count only: it takes LeaseDuration per repetition).
+        if failovers && args.failovers > 0 {
             let f = failover(
-                args, client, launch, kubeconfig, &tracker, &name, leader, &mut index,
+                args, client, launch, kubeconfig, &tracker, n, &name, leader, &mut index,
             )
             .await?;
             m.failover = Some(f.0);
@@ -729,7 +823,9 @@ async fn measure(
         }
     }
 
-    workload::cleanup(client, &run, true, workload::cleanup_timeout(n)).await?;
+    if cleanup {
+        workload::cleanup(client, &run, true, workload::cleanup_timeout(n)).await?;
+    }
     watch.abort();
     leader.stop().await?;
     Ok(m)
@@ -755,6 +851,7 @@ async fn failover(
     launch: &Launch,
     kubeconfig: &Path,
     tracker: &workload::Tracker,
+    n: usize,
     tenant: &str,
     first: Replica,
     index: &mut usize,
@@ -802,7 +899,7 @@ async fn failover(
             bump += 1;
             let generation = workload::bump(client, tenant, bump).await?;
             let observed = tracker
-                .wait_observed(tenant, generation, Duration::from_secs(180))
+                .wait_observed(tenant, generation, workload::resync_timeout(n))
                 .await?;
             let secs = observed.saturating_duration_since(t0).as_secs_f64();
             let lease = leases.get(&lease_name).await?;

@@ -284,6 +284,15 @@ pub fn write(out: &Path, r: &Results) -> Result<()> {
          in one run on one local control plane. Raw numbers: [`benchmarks.json`](benchmarks.json). \
          Regenerate with `cargo xtask bench` (`--smoke` for the tiny configuration).\n"
     )?;
+    if a.tenants.iter().any(|&n| n >= super::FRESH_CLUSTER_AT) {
+        writeln!(
+            md,
+            "From {} Tenants on, each subject (and the sharded scenario) ran on a control plane of its own, \
+             started the same way with the same unrelated objects: deleting that many namespaces between subjects \
+             takes the namespace controller tens of minutes here, and would load the next subject's window.\n",
+            super::FRESH_CLUSTER_AT
+        )?;
+    }
     if a.smoke {
         writeln!(
             md,
@@ -578,12 +587,14 @@ pub fn write(out: &Path, r: &Results) -> Result<()> {
             continue;
         };
         let ratio = st.convergence_secs / fl.convergence_secs;
+        // #16 asks for a tighter bound at 10 000 Tenants, where per-object costs dominate.
+        let bound = if n >= 10_000 { 1.15 } else { 1.2 };
         writeln!(
             md,
-            "| {n} Tenants: convergence ≤ 1.2 × raw-write floor | {:.2}s vs {:.2}s = {ratio:.2}× | {} |",
+            "| {n} Tenants: convergence ≤ {bound} × raw-write floor | {:.2}s vs {:.2}s = {ratio:.2}× | {} |",
             st.convergence_secs,
             fl.convergence_secs,
-            verdict(ratio <= 1.2)
+            verdict(ratio <= bound)
         )?;
         if let Some(cr) = find(r, "controller-runtime", n) {
             writeln!(

@@ -101,6 +101,7 @@ pub async fn measure(
     launch: &Launch,
     kubeconfig: &Path,
     n: usize,
+    cleanup: bool,
 ) -> Result<Sharded> {
     let id = "bench-sharded";
     let mut launch = launch.clone();
@@ -233,7 +234,9 @@ pub async fn measure(
         balanced(&leases, id, Duration::from_secs(120)).await?;
     }
 
-    workload::cleanup(client, &run, true, workload::cleanup_timeout(n)).await?;
+    if cleanup {
+        workload::cleanup(client, &run, true, workload::cleanup_timeout(n)).await?;
+    }
     watch.abort();
     for r in replicas {
         r.stop().await?;

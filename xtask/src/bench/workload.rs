@@ -64,6 +64,12 @@ pub fn cleanup_timeout(n: usize) -> Duration {
     Duration::from_secs(300 + n as u64 / 10)
 }
 
+/// How long a new leader may take to reach one changed Tenant: controller-runtime queues its
+/// resync of every Tenant in no particular order, at about 9 writes per Tenant.
+pub fn resync_timeout(n: usize) -> Duration {
+    Duration::from_secs(180 + n as u64 / 20)
+}
+
 pub fn tenant_name(run: &str, i: usize) -> String {
     format!("{run}-{i:04}")
 }
