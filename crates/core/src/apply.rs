@@ -11,6 +11,7 @@
 
 use std::collections::BTreeSet;
 use std::fmt::Debug;
+use std::sync::Arc;
 
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, OwnerReference};
 use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams};
@@ -429,8 +430,9 @@ impl Children {
     }
 
     /// [`Children::prune`] from the operator's watch cache of `K` instead of a list: deletes
-    /// the children in `store` that are not being deleted and that `keep` does not keep.
-    /// Returns what it deleted.
+    /// the children among `cached` (a store's `state()`, or the part of it an
+    /// [`crate::index::Indexed`] finds by the owner's label, without a scan) that are not
+    /// being deleted and that `keep` does not keep. Returns what it deleted.
     ///
     /// # Guarantees
     /// Only children of this owner ([`Children::is_child`]) are deleted, each at most once per
@@ -441,7 +443,7 @@ impl Children {
     /// [`Error::PruneChild`] for the first delete that fails.
     pub async fn prune_cached<K>(
         &self,
-        store: &Store<K>,
+        cached: impl IntoIterator<Item = Arc<K>>,
         keep: impl Fn(&K) -> bool,
     ) -> Result<Vec<ObjectRef<K>>, Error>
     where
@@ -449,7 +451,7 @@ impl Children {
         K::Scope: ScopeApi,
     {
         let mut deleted = Vec::new();
-        for obj in store.state() {
+        for obj in cached {
             if !self.is_child(obj.meta()) || obj.meta().deletion_timestamp.is_some() || keep(&obj) {
                 continue;
             }

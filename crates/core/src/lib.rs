@@ -19,6 +19,7 @@ mod error;
 pub mod events;
 pub mod finalizer;
 pub mod guard;
+pub mod index;
 pub mod leader;
 pub mod metrics;
 pub mod operator;

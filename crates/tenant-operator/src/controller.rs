@@ -27,6 +27,7 @@ use kube::{Client, Resource, ResourceExt};
 use serde::de::DeserializeOwned;
 use steward_core::Controller;
 use steward_core::controller::Watch;
+use steward_core::index::Indexed;
 use tokio::sync::watch;
 
 use crate::build::Settings;
@@ -36,15 +37,17 @@ use crate::crd::{SHAREABLE_LABEL, SharedKind, TENANT_LABEL, Tenant};
 #[derive(Clone)]
 pub struct Stores {
     pub tenants: Store<Tenant>,
-    pub namespaces: Store<Namespace>,
-    pub quotas: Store<ResourceQuota>,
-    pub limit_ranges: Store<LimitRange>,
-    pub network_policies: Store<NetworkPolicy>,
-    pub role_bindings: Store<RoleBinding>,
+    /// The children, each also by tenant ([`TENANT_LABEL`]): a reconcile finds its tenant's
+    /// without scanning every tenant's.
+    pub namespaces: Indexed<Namespace>,
+    pub quotas: Indexed<ResourceQuota>,
+    pub limit_ranges: Indexed<LimitRange>,
+    pub network_policies: Indexed<NetworkPolicy>,
+    pub role_bindings: Indexed<RoleBinding>,
     /// The operator's access Roles, one per tenant namespace: which copies it may read.
-    pub roles: Store<Role>,
-    pub cluster_roles: Store<ClusterRole>,
-    pub cluster_role_bindings: Store<ClusterRoleBinding>,
+    pub roles: Indexed<Role>,
+    pub cluster_roles: Indexed<ClusterRole>,
+    pub cluster_role_bindings: Indexed<ClusterRoleBinding>,
     /// Shared sources (labelled shareable), per shared namespace.
     pub source_secrets: Sources<Secret>,
     pub source_config_maps: Sources<ConfigMap>,
@@ -152,6 +155,17 @@ where
     (reader, watch.inspect(move |event| listed(event)))
 }
 
+/// [`reflect`] of the objects labelled with a tenant (those `labels` selects), indexed by it.
+fn reflect_children<K>(api: Api<K>, labels: &str, readiness: &Readiness) -> (Indexed<K>, Watch<K>)
+where
+    K: Resource<DynamicType = ()> + Clone + DeserializeOwned + Debug + Send + Sync + 'static,
+{
+    let (store, watch) = reflect(api, labels, readiness);
+    let index = Indexed::new(store, TENANT_LABEL);
+    let watch = index.follow(watch);
+    (index, watch)
+}
+
 fn by_tenant_label<K: Resource>(obj: K) -> Option<ObjectRef<Tenant>> {
     obj.labels().get(TENANT_LABEL).map(|t| ObjectRef::new(t))
 }
@@ -175,17 +189,20 @@ pub fn build(
     let has_tenant = children.as_str();
     let r = Readiness::new();
 
-    let (namespaces, ns_stream) = reflect(Api::<Namespace>::all(client.clone()), has_tenant, &r);
-    let (quotas, rq_stream) = reflect(Api::<ResourceQuota>::all(client.clone()), has_tenant, &r);
-    let (limit_ranges, lr_stream) = reflect(Api::<LimitRange>::all(client.clone()), has_tenant, &r);
+    let (namespaces, ns_stream) =
+        reflect_children(Api::<Namespace>::all(client.clone()), has_tenant, &r);
+    let (quotas, rq_stream) =
+        reflect_children(Api::<ResourceQuota>::all(client.clone()), has_tenant, &r);
+    let (limit_ranges, lr_stream) =
+        reflect_children(Api::<LimitRange>::all(client.clone()), has_tenant, &r);
     let (network_policies, np_stream) =
-        reflect(Api::<NetworkPolicy>::all(client.clone()), has_tenant, &r);
+        reflect_children(Api::<NetworkPolicy>::all(client.clone()), has_tenant, &r);
     let (role_bindings, rb_stream) =
-        reflect(Api::<RoleBinding>::all(client.clone()), has_tenant, &r);
-    let (roles, role_stream) = reflect(Api::<Role>::all(client.clone()), has_tenant, &r);
+        reflect_children(Api::<RoleBinding>::all(client.clone()), has_tenant, &r);
+    let (roles, role_stream) = reflect_children(Api::<Role>::all(client.clone()), has_tenant, &r);
     let (cluster_roles, cr_stream) =
-        reflect(Api::<ClusterRole>::all(client.clone()), has_tenant, &r);
-    let (cluster_role_bindings, crb_stream) = reflect(
+        reflect_children(Api::<ClusterRole>::all(client.clone()), has_tenant, &r);
+    let (cluster_role_bindings, crb_stream) = reflect_children(
         Api::<ClusterRoleBinding>::all(client.clone()),
         has_tenant,
         &r,

@@ -21,6 +21,7 @@ use serde::Serialize;
 use serde::de::DeserializeOwned;
 use steward_core::apply::{Children, OWNER_LABEL, Outcome, ScopeApi, is_conflict};
 use steward_core::finalizer::{self, Event};
+use steward_core::index::Indexed;
 use steward_core::{Context, ReconcileError};
 
 use crate::build::{self, ACCESS_ROLE, Access, QUOTA_NAME, SharedCopy, Source};
@@ -202,9 +203,8 @@ fn key(namespace: Option<&str>, name: &str) -> String {
 fn labelled_namespaces(stores: &crate::controller::Stores, tenant: &str) -> Vec<Existing> {
     stores
         .namespaces
-        .state()
+        .labelled(tenant)
         .iter()
-        .filter(|n| n.labels().get(TENANT_LABEL).map(String::as_str) == Some(tenant))
         .map(|n| Existing::of(n))
         .collect()
 }
@@ -218,11 +218,11 @@ fn undecided(e: &Existing) -> bool {
 /// carried [`crate::crd::ADMITTED_LABEL`] (so an upgrade never takes a namespace in use for an
 /// excess one).
 fn admitted_before(stores: &crate::controller::Stores, mut e: Existing) -> Existing {
-    if undecided(&e) {
-        e.admitted = stores.role_bindings.state().iter().any(|rb| {
-            rb.namespace().as_deref() == Some(e.name.as_str())
-                && rb.name_any() != ACCESS_ROLE
-                && rb.labels().get(TENANT_LABEL) == e.tenant.as_ref()
+    if undecided(&e)
+        && let Some(tenant) = &e.tenant
+    {
+        e.admitted = stores.role_bindings.labelled(tenant).iter().any(|rb| {
+            rb.namespace().as_deref() == Some(e.name.as_str()) && rb.name_any() != ACCESS_ROLE
         });
     }
     e
@@ -379,12 +379,9 @@ async fn converge(
     }
     // Namespaces the tenant no longer has (released, or removed under `Orphan`): its copies
     // there go first, then (pruned below) the access that let the operator reach them.
-    for role in stores.roles.state() {
+    for role in stores.roles.labelled(&name) {
         let Some(ns) = role.namespace() else { continue };
-        if role.labels().get(TENANT_LABEL) != Some(&name)
-            || active.contains(&ns)
-            || terminating.contains(&ns)
-        {
+        if active.contains(&ns) || terminating.contains(&ns) {
             continue;
         }
         delete_copies(ctx, &children, &uid, &ns, &Access::of(&role)).await?;
@@ -420,7 +417,7 @@ async fn converge(
     tracing::debug!(tenant = %name, "children applied");
 
     let cluster_keep = [(String::new(), build::owner_cluster_object_name(tenant))].into();
-    keep.prune(&children, stores, &cluster_keep, &terminating)
+    keep.prune(&children, &name, stores, &cluster_keep, &terminating)
         .await?;
     Ok(Action::requeue(if soon { SOON } else { ctx.data.resync }))
 }
@@ -649,11 +646,9 @@ async fn converge_quotas(
         let current: BTreeMap<String, ResourceQuota> = if spec.tenant.is_empty() {
             stores
                 .quotas
-                .state()
+                .labelled(&name)
                 .iter()
-                .filter(|q| {
-                    q.name_any() == QUOTA_NAME && q.labels().get(TENANT_LABEL) == Some(&name)
-                })
+                .filter(|q| q.name_any() == QUOTA_NAME)
                 .map(|q| (q.namespace().unwrap_or_default(), q.as_ref().clone()))
                 .collect()
         } else {
@@ -1008,13 +1003,15 @@ impl Keep {
     async fn prune(
         &self,
         children: &Children,
+        tenant: &str,
         stores: &crate::controller::Stores,
         cluster: &BTreeSet<(String, String)>,
         terminating: &BTreeSet<String>,
     ) -> Result<(), Error> {
-        prune(children, &stores.quotas, &self.quotas, terminating).await?;
+        prune(children, tenant, &stores.quotas, &self.quotas, terminating).await?;
         prune(
             children,
+            tenant,
             &stores.limit_ranges,
             &self.limit_ranges,
             terminating,
@@ -1022,6 +1019,7 @@ impl Keep {
         .await?;
         prune(
             children,
+            tenant,
             &stores.network_policies,
             &self.network_policies,
             terminating,
@@ -1029,15 +1027,24 @@ impl Keep {
         .await?;
         prune(
             children,
+            tenant,
             &stores.role_bindings,
             &self.role_bindings,
             terminating,
         )
         .await?;
-        prune(children, &stores.roles, &self.roles, terminating).await?;
-        prune(children, &stores.cluster_roles, cluster, terminating).await?;
+        prune(children, tenant, &stores.roles, &self.roles, terminating).await?;
         prune(
             children,
+            tenant,
+            &stores.cluster_roles,
+            cluster,
+            terminating,
+        )
+        .await?;
+        prune(
+            children,
+            tenant,
             &stores.cluster_role_bindings,
             cluster,
             terminating,
@@ -1050,16 +1057,18 @@ impl Keep {
 /// namespaces being deleted anyway), from the operator's cache.
 async fn prune<K>(
     children: &Children,
-    store: &Store<K>,
+    tenant: &str,
+    store: &Indexed<K>,
     keep: &BTreeSet<(String, String)>,
     terminating: &BTreeSet<String>,
 ) -> Result<(), Error>
 where
-    K: Resource<DynamicType = ()> + Clone + DeserializeOwned + Debug,
+    K: Resource<DynamicType = ()> + Clone + DeserializeOwned + Debug + Send + Sync,
     K::Scope: ScopeApi,
 {
+    // The tenant's children carry its name in TENANT_LABEL (prune_cached checks the owner).
     children
-        .prune_cached(store, |obj| {
+        .prune_cached(store.labelled(tenant), |obj| {
             let namespace = obj.namespace().unwrap_or_default();
             terminating.contains(&namespace) || keep.contains(&(namespace, obj.name_any()))
         })

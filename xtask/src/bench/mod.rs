@@ -263,7 +263,7 @@ pub fn run(flags: Flags) -> Result<()> {
     let rt = tokio::runtime::Runtime::new()?;
     let results = rt.block_on(async {
         let mut slot = None;
-        let cluster = clean(&mut slot, &root, &args).await?;
+        let cluster = slot.insert(Cluster::start(&root, &args).await?);
         let first_baseline = cluster.baseline.clone();
         let environment = report::environment(&root, cluster.cp.binaries());
         let log_dir = bench_dir.join("logs");
@@ -277,11 +277,8 @@ pub fn run(flags: Flags) -> Result<()> {
                 if subject.name == "controller-runtime-qps5" && ni > 0 {
                     continue;
                 }
-                let cluster = clean(&mut slot, &root, &args).await?;
-                let cleanup = n < FRESH_CLUSTER_AT;
-                cluster.dirty = !cleanup;
+                let (c, cleanup) = cluster_for(&mut slot, &root, &args, n).await?;
                 eprintln!("bench: {} with {n} Tenants", subject.name);
-                let c: &Cluster = cluster;
                 let failovers = n == largest && !args.tenants[..ni].contains(&n);
                 let m = match measure(&args, c, subject, n, failovers, cleanup).await {
                     Ok(m) => m,
@@ -324,15 +321,12 @@ pub fn run(flags: Flags) -> Result<()> {
         let sharded = match (args.sharded, steward.and_then(|s| s.launch.as_ref())) {
             (true, Some(launch)) => {
                 let n = largest;
-                let cluster = clean(&mut slot, &root, &args).await?;
-                let cleanup = n < FRESH_CLUSTER_AT;
-                cluster.dirty = !cleanup;
+                let (c, cleanup) = cluster_for(&mut slot, &root, &args, n).await?;
                 eprintln!(
                     "bench: tenant-operator with {n} Tenants, {} shards on {} replicas",
                     sharded::SHARDS,
                     sharded::SHARDS
                 );
-                let c: &Cluster = cluster;
                 let r =
                     sharded::measure(&args, &c.client, launch, c.cp.kubeconfig_path(), n, cleanup)
                         .await
@@ -355,7 +349,7 @@ pub fn run(flags: Flags) -> Result<()> {
         };
         let (orchestration, idle_writes) =
             if args.orchestration_components > 1 || args.idle_objects > 0 {
-                let cluster = clean(&mut slot, &root, &args).await?;
+                let (cluster, _) = cluster_for(&mut slot, &root, &args, 0).await?;
                 others(&args, cluster, &root, &orchestrator_bin, &log_dir).await
             } else {
                 let not = "not measured (--orchestration-components 0)";
@@ -649,6 +643,8 @@ struct Cluster {
     cp: steward_testenv::ControlPlane,
     client: Client,
     baseline: BTreeMap<apiserver::Key, f64>,
+    /// A scenario ran on it.
+    used: bool,
     /// A scenario left its objects behind: the next one needs a fresh control plane.
     dirty: bool,
 }
@@ -676,26 +672,35 @@ impl Cluster {
             cp,
             client,
             baseline,
+            used: false,
             dirty: false,
         })
     }
 }
 
-/// The control plane in `slot`, started afresh if there is none or the last scenario left its
-/// objects on it (the old one is stopped first: they would share 2 cores).
-async fn clean<'a>(
+/// The control plane for a scenario with `n` Tenants, and whether that scenario deletes what it
+/// creates. From [`FRESH_CLUSTER_AT`] Tenants on, the scenario gets a control plane nothing
+/// ran on and leaves its objects; below, it shares one with the others and cleans up. A
+/// control plane a scenario left objects on is replaced (stopped before its successor starts:
+/// they would share 2 cores).
+async fn cluster_for<'a>(
     slot: &'a mut Option<Cluster>,
     root: &Path,
     args: &Args,
-) -> Result<&'a mut Cluster> {
-    if let Some(old) = slot.take_if(|c| c.dirty) {
-        eprintln!("bench: replacing the control plane (the last scenario left its objects)");
+    n: usize,
+) -> Result<(&'a Cluster, bool)> {
+    let own = n >= FRESH_CLUSTER_AT;
+    if let Some(old) = slot.take_if(|c| c.dirty || (own && c.used)) {
+        eprintln!("bench: replacing the control plane");
         drop(old);
     }
     if slot.is_none() {
         *slot = Some(Cluster::start(root, args).await?);
     }
-    slot.as_mut().context("no control plane")
+    let cluster = slot.as_mut().context("no control plane")?;
+    cluster.used = true;
+    cluster.dirty = own;
+    Ok((cluster, !own))
 }
 
 /// Measures `subject` at `n` Tenants on `cluster`; failover only when `failovers` (it takes
