@@ -37,8 +37,9 @@ type Groups<K> = HashMap<u64, Vec<Arc<K>>>;
 /// # Caveats
 /// - Objects without the label are not indexed ([`Indexed::labelled`] never returns them).
 /// - An object whose label value changes stays in its old group too until the next full
-///   list (it is filtered out on lookup, but kept alive until then); Steward's tenant and
-///   owner labels never change on an object.
+///   list (a lookup checks each object is still the store's, so it is not returned, but that
+///   old version is kept alive until then); Steward's tenant and owner labels never change on
+///   an object.
 pub struct Indexed<K: Resource<DynamicType = ()> + Clone + 'static> {
     store: Store<K>,
     label: &'static str,
@@ -97,6 +98,12 @@ impl<K: Resource<DynamicType = ()> + Clone + Send + Sync + 'static> Indexed<K> {
                 group
                     .iter()
                     .filter(|o| o.labels().get(self.label).map(String::as_str) == Some(value))
+                    // Still the store's object (not one relabelled since, left in this group).
+                    .filter(|o| {
+                        self.store
+                            .get(&ObjectRef::from_obj(o.as_ref()))
+                            .is_some_and(|current| Arc::ptr_eq(&current, o))
+                    })
                     .cloned()
                     .collect()
             })

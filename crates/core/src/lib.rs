@@ -6,6 +6,7 @@
 //! metrics and health endpoints ([`server`]). Inside a reconcile, use [`finalizer`] for safe
 //! deletion, [`apply`] for owned children by server-side apply, [`conditions`] and
 //! [`status`] for one status write per reconcile, and [`events`] to tell users what happened.
+//! To find an owner's objects in a watch cache without scanning it, use [`index::Indexed`].
 //! To spread one controller's objects over several replicas, use
 //! [`Operator::sharded_controller`] with `--shards N` ([`shard`]: one Lease per shard).
 //! Operator binaries flatten [`cli::CommonArgs`] into their own clap parser; [`telemetry`]
