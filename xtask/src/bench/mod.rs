@@ -277,26 +277,15 @@ pub fn run(flags: Flags) -> Result<()> {
                 if subject.name == "controller-runtime-qps5" && ni > 0 {
                     continue;
                 }
-                let (c, cleanup) = cluster_for(&mut slot, &root, &args, n).await?;
+                let c = cluster_for(&mut slot, &root, &args, n).await?;
                 eprintln!("bench: {} with {n} Tenants", subject.name);
                 let failovers = n == largest && !args.tenants[..ni].contains(&n);
-                let m = match measure(&args, c, subject, n, failovers, cleanup).await {
+                let m = match measure(&args, c, subject, n, failovers).await {
                     Ok(m) => m,
                     Err(e) => {
                         // Report what failed and go on with a clean cluster.
                         eprintln!("bench: {} with {n} Tenants FAILED: {e:#}", subject.name);
-                        let run = format!("{}{n}", subject.short);
-                        if cleanup
-                            && let Err(c) = workload::cleanup(
-                                &c.client,
-                                &run,
-                                false,
-                                workload::cleanup_timeout(n),
-                            )
-                            .await
-                        {
-                            eprintln!("bench: cleanup after the failure failed too: {c:#}");
-                        }
+                        c.after_failure(&format!("{}{n}", subject.short), n).await;
                         Measured {
                             subject: subject.name.clone(),
                             tenants: n,
@@ -321,26 +310,18 @@ pub fn run(flags: Flags) -> Result<()> {
         let sharded = match (args.sharded, steward.and_then(|s| s.launch.as_ref())) {
             (true, Some(launch)) => {
                 let n = largest;
-                let (c, cleanup) = cluster_for(&mut slot, &root, &args, n).await?;
+                let c = cluster_for(&mut slot, &root, &args, n).await?;
                 eprintln!(
                     "bench: tenant-operator with {n} Tenants, {} shards on {} replicas",
                     sharded::SHARDS,
                     sharded::SHARDS
                 );
-                let r =
-                    sharded::measure(&args, &c.client, launch, c.cp.kubeconfig_path(), n, cleanup)
-                        .await
-                        .map_err(|e| format!("not measured: {e:#}"));
+                let r = sharded::measure(&args, c, launch, n)
+                    .await
+                    .map_err(|e| format!("not measured: {e:#}"));
                 if let Err(e) = &r {
                     eprintln!("bench: sharded {e}");
-                    let run = format!("sh{n}");
-                    if cleanup
-                        && let Err(c) =
-                            workload::cleanup(&c.client, &run, false, workload::cleanup_timeout(n))
-                                .await
-                    {
-                        eprintln!("bench: cleanup after the failure failed too: {c:#}");
-                    }
+                    c.after_failure(&format!("sh{n}"), n).await;
                 }
                 r
             }
@@ -349,7 +330,7 @@ pub fn run(flags: Flags) -> Result<()> {
         };
         let (orchestration, idle_writes) =
             if args.orchestration_components > 1 || args.idle_objects > 0 {
-                let (cluster, _) = cluster_for(&mut slot, &root, &args, 0).await?;
+                let cluster = cluster_for(&mut slot, &root, &args, 0).await?;
                 others(&args, cluster, &root, &orchestrator_bin, &log_dir).await
             } else {
                 let not = "not measured (--orchestration-components 0)";
@@ -676,11 +657,35 @@ impl Cluster {
             dirty: false,
         })
     }
+
+    /// Deletes run `run`'s `n` Tenants and namespaces (through the operator's finalizers when
+    /// `operator_running`), unless the scenario has this control plane to itself: then it is
+    /// replaced instead ([`cluster_for`]).
+    async fn clean_up(&self, run: &str, operator_running: bool, n: usize) -> Result<()> {
+        if self.dirty {
+            return Ok(());
+        }
+        workload::cleanup(
+            &self.client,
+            run,
+            operator_running,
+            workload::cleanup_timeout(n),
+        )
+        .await
+    }
+
+    /// [`Cluster::clean_up`] after a scenario failed, its operator stopped; a failure to clean
+    /// up is reported, and the run goes on.
+    async fn after_failure(&self, run: &str, n: usize) {
+        if let Err(e) = self.clean_up(run, false, n).await {
+            eprintln!("bench: cleanup after the failure failed too: {e:#}");
+        }
+    }
 }
 
-/// The control plane for a scenario with `n` Tenants, and whether that scenario deletes what it
-/// creates. From [`FRESH_CLUSTER_AT`] Tenants on, the scenario gets a control plane nothing
-/// ran on and leaves its objects; below, it shares one with the others and cleans up. A
+/// The control plane for a scenario with `n` Tenants. From [`FRESH_CLUSTER_AT`] Tenants on,
+/// the scenario gets a control plane nothing ran on and leaves its objects; below, it shares
+/// one with the others and cleans up ([`Cluster::clean_up`]). A
 /// control plane a scenario left objects on is replaced (stopped before its successor starts:
 /// they would share 2 cores).
 async fn cluster_for<'a>(
@@ -688,7 +693,7 @@ async fn cluster_for<'a>(
     root: &Path,
     args: &Args,
     n: usize,
-) -> Result<(&'a Cluster, bool)> {
+) -> Result<&'a Cluster> {
     let own = n >= FRESH_CLUSTER_AT;
     if let Some(old) = slot.take_if(|c| c.dirty || (own && c.used)) {
         eprintln!("bench: replacing the control plane");
@@ -700,19 +705,17 @@ async fn cluster_for<'a>(
     let cluster = slot.as_mut().context("no control plane")?;
     cluster.used = true;
     cluster.dirty = own;
-    Ok((cluster, !own))
+    Ok(cluster)
 }
 
 /// Measures `subject` at `n` Tenants on `cluster`; failover only when `failovers` (it takes
-/// LeaseDuration per repetition, so it runs at one Tenant count); deletes what it created when
-/// `cleanup`.
+/// LeaseDuration per repetition, so it runs at one Tenant count); then [`Cluster::clean_up`].
 async fn measure(
     args: &Args,
     cluster: &Cluster,
     subject: &Subject,
     n: usize,
     failovers: bool,
-    cleanup: bool,
 ) -> Result<Measured> {
     let (cp, client, baseline) = (&cluster.cp, &cluster.client, &cluster.baseline);
     let run = format!("{}{n}", subject.short);
@@ -756,9 +759,7 @@ async fn measure(
             "the harness writes the objects itself: load counts the floor's own requests".into(),
         );
         watch.abort();
-        if cleanup {
-            workload::cleanup(client, &run, false, workload::cleanup_timeout(n)).await?;
-        }
+        cluster.clean_up(&run, false, n).await?;
         return Ok(m);
     };
 
@@ -828,9 +829,7 @@ async fn measure(
         }
     }
 
-    if cleanup {
-        workload::cleanup(client, &run, true, workload::cleanup_timeout(n)).await?;
-    }
+    cluster.clean_up(&run, true, n).await?;
     watch.abort();
     leader.stop().await?;
     Ok(m)

@@ -7,7 +7,6 @@
 //! dead replica's shard is held again (SIGKILL → the shard Lease's `acquireTime`) and until a
 //! Tenant of that shard changed right after the kill is reconciled.
 
-use std::path::Path;
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result, bail};
@@ -16,9 +15,9 @@ use kube::{Api, Client};
 use serde::Serialize;
 use steward_core::shard::shard_of;
 
-use super::Args;
 use super::procs::{Launch, Replica};
 use super::workload;
+use super::{Args, Cluster};
 
 /// Shards and replicas of the scenario.
 pub const SHARDS: u32 = 3;
@@ -94,15 +93,15 @@ async fn change(
     Ok(seen.saturating_duration_since(t0).as_secs_f64())
 }
 
-/// Runs scenario 7 with `n` Tenants; `launch` is the single-leader steward subject's.
-pub async fn measure(
+/// Runs scenario 7 with `n` Tenants on `cluster`; `launch` is the single-leader steward
+/// subject's.
+pub(super) async fn measure(
     args: &Args,
-    client: &Client,
+    cluster: &Cluster,
     launch: &Launch,
-    kubeconfig: &Path,
     n: usize,
-    cleanup: bool,
 ) -> Result<Sharded> {
+    let (client, kubeconfig) = (&cluster.client, cluster.cp.kubeconfig_path());
     let id = "bench-sharded";
     let mut launch = launch.clone();
     launch
@@ -234,9 +233,7 @@ pub async fn measure(
         balanced(&leases, id, Duration::from_secs(120)).await?;
     }
 
-    if cleanup {
-        workload::cleanup(client, &run, true, workload::cleanup_timeout(n)).await?;
-    }
+    cluster.clean_up(&run, true, n).await?;
     watch.abort();
     for r in replicas {
         r.stop().await?;
