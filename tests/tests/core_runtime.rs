@@ -57,6 +57,9 @@ struct Probe {
     attempts: Mutex<HashMap<String, Vec<Instant>>>,
     /// A reconcile of the object of this name panics.
     panic_on: Mutex<Option<String>>,
+    /// A reconcile of the object of this name never returns (a call to a server that
+    /// stopped answering, with no timeout of its own).
+    hang_on: Mutex<Option<String>>,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -115,6 +118,9 @@ async fn reconcile(obj: Arc<Gadget>, ctx: Arc<Context<Arc<Probe>>>) -> Result<Ac
         .push(Instant::now());
     if probe.panic_on.lock().unwrap().as_deref() == Some(obj.name_any().as_str()) {
         panic!("reconcile of {} panicked on purpose", obj.name_any());
+    }
+    if probe.hang_on.lock().unwrap().as_deref() == Some(obj.name_any().as_str()) {
+        std::future::pending::<()>().await;
     }
     let api: Api<Gadget> =
         Api::namespaced(ctx.client.clone(), &obj.namespace().unwrap_or_default());
@@ -809,4 +815,71 @@ async fn a_stale_copy_of_a_finalized_object_is_not_an_error() {
     reconcile(Arc::new(created))
         .await
         .expect("a copy of a deleted object is not an error");
+}
+
+/// SIGTERM while a reconcile waits on a call that never returns (a SIGSTOPped server, a
+/// paused API server, an unrouted connect): the operator stops taking work, cancels that
+/// reconcile at the drain deadline, releases its Lease and returns `Ok` within
+/// `--shutdown-timeout`, whatever the reconcile was waiting for.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn shutdown_cancels_a_hung_reconcile_and_releases_the_lease_within_the_bound() {
+    let shutdown_timeout = Duration::from_secs(4);
+    let renew_deadline = Duration::from_secs(2);
+    let lease_ns = std::sync::OnceLock::new();
+    let run = start_with("hang", Duration::from_millis(200), None, |a| {
+        a.shutdown_timeout = shutdown_timeout;
+        a.leader_elect = true;
+        a.leader_election_namespace = a.watch_namespace.clone();
+        a.leader_election_id = Some("coretest-hang".into());
+        a.leader_election_lease_duration = Duration::from_secs(3);
+        a.leader_election_renew_deadline = renew_deadline;
+        a.leader_election_retry_period = Duration::from_millis(500);
+        let _ = lease_ns.set(a.watch_namespace.clone().unwrap_or_default());
+    })
+    .await;
+    *run.probe.hang_on.lock().unwrap() = Some("stuck".into());
+    run.api
+        .create(&PostParams::default(), &gadget("stuck", DeletionPolicy::Retain))
+        .await
+        .unwrap();
+    eventually("the reconcile of stuck in flight", WAIT, || async {
+        let n = run
+            .probe
+            .attempts
+            .lock()
+            .unwrap()
+            .get("stuck")
+            .map_or(0, Vec::len);
+        if n >= 1 { Ok(()) } else { Err("not started".to_string()) }
+    })
+    .await
+    .unwrap();
+    let leases: Api<k8s_openapi::api::coordination::v1::Lease> =
+        Api::namespaced(run.api.clone().into_client(), lease_ns.get().unwrap());
+    let holder = |l: &k8s_openapi::api::coordination::v1::Lease| {
+        l.spec
+            .as_ref()
+            .and_then(|s| s.holder_identity.clone())
+            .unwrap_or_default()
+    };
+    let held = leases.get("coretest-hang").await.unwrap();
+    assert!(!holder(&held).is_empty(), "the operator leads while it reconciles");
+
+    let stopping = Instant::now();
+    let ended = run.operator.stop().await;
+    let took = stopping.elapsed();
+    assert!(ended.is_ok(), "a clean stop, the hung reconcile cancelled: {ended:?}");
+    // The bound is the configured one; the margin covers the test's own scheduling, not
+    // the operator's work (which is cancelled at shutdown_timeout - renew_deadline).
+    assert!(
+        took <= shutdown_timeout + Duration::from_millis(500),
+        "stopped in {took:?}, bound {shutdown_timeout:?}"
+    );
+    assert!(
+        took >= shutdown_timeout - renew_deadline,
+        "the hung reconcile had until the drain deadline ({:?}); stopped in {took:?}",
+        shutdown_timeout - renew_deadline
+    );
+    let released = leases.get("coretest-hang").await.unwrap();
+    assert_eq!(holder(&released), "", "the Lease is released: {released:?}");
 }

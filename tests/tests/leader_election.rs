@@ -121,7 +121,13 @@ impl Election {
             Kind::Go => go_candidate(),
         };
         let ms = |d: Duration| d.as_millis().to_string();
+        // `follows` reads the elector's debug line "lease held by another candidate".
+        let log_filter = std::env::var("RUST_LOG").map_or_else(
+            |_| "info,steward_core=debug".to_string(),
+            |f| format!("{f},steward_core::leader=debug"),
+        );
         let child = Command::new(program)
+            .env("RUST_LOG", log_filter)
             .arg(self.cp.kubeconfig_path())
             .arg(&self.namespace)
             .arg(LEASE)
@@ -184,6 +190,24 @@ impl Election {
         )
         .await
         .unwrap_or_else(|e| panic!("{e}\n{}", self.logs()))
+    }
+
+    /// Waits until `identity` has read the Lease and found it held by another candidate
+    /// (its log says so: Steward's elector at debug level, client-go's `OnNewLeader`), so
+    /// it is a running follower that could take over, or write wrongly, from now on.
+    async fn follows(&self, identity: &str) {
+        let candidate = &self.candidates[self.index_of(identity)];
+        eventually(&format!("{identity} follows"), WAIT, || async {
+            let log = std::fs::read_to_string(&candidate.stderr).unwrap_or_default();
+            let observed = log.lines().any(|l| {
+                l.contains("lease held by another candidate")
+                    || (l.starts_with(&format!("{identity}: observed leader "))
+                        && !l.ends_with(&format!(" {identity}")))
+            });
+            if observed { Ok(()) } else { Err("has not read the Lease yet".to_string()) }
+        })
+        .await
+        .unwrap_or_else(|e| panic!("{e}\n{}", self.logs()));
     }
 
     /// Waits until `identity` has logged a write after `after`; returns that write's time.
@@ -349,7 +373,17 @@ async fn one_of_three_leads_and_others_take_over_on_kill_and_term() {
     // Exactly one leads: it holds the Lease, and only it writes.
     let (first, acquired) = e.leader_among(&ids).await;
     e.first_write_after(&first, acquired).await;
-    tokio::time::sleep(Duration::from_secs(2)).await;
+    // Every follower has read the Lease held (so could have written wrongly since), and
+    // the leader has had time for its ten writes.
+    for id in ids.iter().filter(|id| **id != first) {
+        e.follows(id).await;
+    }
+    eventually("the leader's tenth write", WAIT, || async {
+        let n = read_writes(&e.candidates[e.index_of(&first)].writes).len();
+        if n >= 10 { Ok(()) } else { Err(format!("{n} writes")) }
+    })
+    .await
+    .unwrap();
     let lease = e.lease().await.expect("Lease");
     assert_eq!(
         lease
@@ -529,7 +563,7 @@ async fn go_and_rust_candidates_take_over_from_each_other() {
     let (_, acquired) = e.leader_among(&["go-1"]).await;
     e.first_write_after("go-1", acquired).await;
     e.start(Kind::Rust, "rust-1");
-    tokio::time::sleep(Duration::from_secs(2)).await;
+    e.follows("rust-1").await;
     assert!(
         read_writes(&e.candidates[e.index_of("rust-1")].writes).is_empty(),
         "rust-1 follows\n{}",
@@ -547,7 +581,7 @@ async fn go_and_rust_candidates_take_over_from_each_other() {
 
     // SIGTERM the Rust leader: it releases, the Go follower takes over.
     e.start(Kind::Go, "go-2");
-    tokio::time::sleep(Duration::from_secs(2)).await;
+    e.follows("go-2").await;
     let terminated = e.candidates[e.index_of("rust-1")].signal("TERM");
     let (_, acquired) = e.leader_among(&["go-2"]).await;
     e.first_write_after("go-2", acquired).await;
@@ -561,7 +595,7 @@ async fn go_and_rust_candidates_take_over_from_each_other() {
 
     // SIGTERM the Go leader: client-go releases, the Rust follower takes over.
     e.start(Kind::Rust, "rust-2");
-    tokio::time::sleep(Duration::from_secs(2)).await;
+    e.follows("rust-2").await;
     let terminated = e.candidates[e.index_of("go-2")].signal("TERM");
     let (_, acquired) = e.leader_among(&["rust-2"]).await;
     e.first_write_after("rust-2", acquired).await;
@@ -575,7 +609,7 @@ async fn go_and_rust_candidates_take_over_from_each_other() {
 
     // SIGKILL the Rust leader: the Go follower takes over the expired Lease.
     e.start(Kind::Go, "go-3");
-    tokio::time::sleep(Duration::from_secs(2)).await;
+    e.follows("go-3").await;
     let killed = e.candidates[e.index_of("rust-2")].signal("KILL");
     let (_, acquired) = e.leader_among(&["go-3"]).await;
     e.first_write_after("go-3", acquired).await;

@@ -9,6 +9,8 @@
 //! proxy really delivers late writes, so the fenced write's absence means something.
 
 use std::net::SocketAddr;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::time::Duration;
 
 use k8s_openapi::api::core::v1::ConfigMap;
@@ -52,6 +54,17 @@ pub struct FenceProbeStatus {
 struct HoldingProxy {
     addr: SocketAddr,
     hold: watch::Sender<bool>,
+    counts: Arc<Counts>,
+}
+
+/// What the proxy has in flight, so a test waits for the held bytes to have reached the
+/// server and been answered instead of sleeping.
+#[derive(Default)]
+struct Counts {
+    /// Chunks read from a client while held, not yet written to the server.
+    held: AtomicUsize,
+    /// Connections that delivered held bytes and have not heard from the server since.
+    unanswered: AtomicUsize,
 }
 
 impl HoldingProxy {
@@ -59,22 +72,52 @@ impl HoldingProxy {
         let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind proxy");
         let addr = listener.local_addr().expect("proxy address");
         let (hold, held) = watch::channel(false);
+        let counts = Arc::new(Counts::default());
+        let all = counts.clone();
         tokio::spawn(async move {
             while let Ok((client, _)) = listener.accept().await {
                 let held = held.clone();
+                let counts = all.clone();
                 tokio::spawn(async move {
                     let Ok(server) = TcpStream::connect(upstream).await else {
                         return;
                     };
                     let (client_read, client_write) = client.into_split();
                     let (server_read, server_write) = server.into_split();
-                    let up = tokio::spawn(pipe(client_read, server_write, held.clone()));
-                    let down = tokio::spawn(pipe(server_read, client_write, held));
+                    let awaiting = Arc::new(AtomicBool::new(false));
+                    let up = tokio::spawn(pipe(
+                        client_read,
+                        server_write,
+                        held.clone(),
+                        Direction::Up(counts.clone(), awaiting.clone()),
+                    ));
+                    let down = tokio::spawn(pipe(
+                        server_read,
+                        client_write,
+                        held,
+                        Direction::Down(counts, awaiting),
+                    ));
                     let _ = tokio::join!(up, down);
                 });
             }
         });
-        Self { addr, hold }
+        Self { addr, hold, counts }
+    }
+
+    /// Waits until every byte held has been delivered to the server and the server has
+    /// answered (or closed) on each connection that carried some.
+    async fn delivered_and_answered(&self) {
+        eventually("the held bytes delivered and answered", WAIT, || async {
+            let held = self.counts.held.load(Ordering::SeqCst);
+            let unanswered = self.counts.unanswered.load(Ordering::SeqCst);
+            if held == 0 && unanswered == 0 {
+                Ok(())
+            } else {
+                Err(format!("{held} chunks held, {unanswered} connections unanswered"))
+            }
+        })
+        .await
+        .expect("the proxy delivers what it held");
     }
 
     fn hold(&self) {
@@ -93,12 +136,31 @@ impl HoldingProxy {
     }
 }
 
+/// Which way a [`pipe`] copies: up (client to server) counts held chunks and marks the
+/// connection as awaiting the server once they are delivered; down (server to client)
+/// clears that mark when the server sends anything or closes.
+enum Direction {
+    Up(Arc<Counts>, Arc<AtomicBool>),
+    Down(Arc<Counts>, Arc<AtomicBool>),
+}
+
+impl Direction {
+    fn heard_from_server(&self) {
+        if let Direction::Down(counts, awaiting) = self
+            && awaiting.swap(false, Ordering::SeqCst)
+        {
+            counts.unanswered.fetch_sub(1, Ordering::SeqCst);
+        }
+    }
+}
+
 /// Copies `from` to `to`, waiting while `held`; keeps `to` open (and the server's side of the
 /// connection with it) for a while after `from` ended, so the last request is answered.
 async fn pipe(
     mut from: tokio::net::tcp::OwnedReadHalf,
     mut to: tokio::net::tcp::OwnedWriteHalf,
     mut held: watch::Receiver<bool>,
+    direction: Direction,
 ) {
     let mut buf = vec![0u8; 64 * 1024];
     loop {
@@ -106,13 +168,26 @@ async fn pipe(
             Ok(0) | Err(_) => break,
             Ok(n) => n,
         };
+        direction.heard_from_server();
+        let was_held = matches!(direction, Direction::Up(..)) && *held.borrow();
+        if let (true, Direction::Up(counts, _)) = (was_held, &direction) {
+            counts.held.fetch_add(1, Ordering::SeqCst);
+        }
         if held.wait_for(|h| !*h).await.is_err() {
             break;
         }
-        if to.write_all(&buf[..n]).await.is_err() {
+        let written = to.write_all(&buf[..n]).await;
+        if let (true, Direction::Up(counts, awaiting)) = (was_held, &direction) {
+            if written.is_ok() && !awaiting.swap(true, Ordering::SeqCst) {
+                counts.unanswered.fetch_add(1, Ordering::SeqCst);
+            }
+            counts.held.fetch_sub(1, Ordering::SeqCst);
+        }
+        if written.is_err() {
             return;
         }
     }
+    direction.heard_from_server();
     let _ = held.wait_for(|h| !*h).await;
     tokio::time::sleep(Duration::from_secs(5)).await;
     let _ = to.shutdown().await;
@@ -277,8 +352,9 @@ async fn a_write_held_in_flight_past_the_lease_never_lands() {
     })
     .await
     .expect("control write");
-    // Whatever of the fenced request had reached the proxy was delivered with the control.
-    tokio::time::sleep(Duration::from_secs(1)).await;
+    // Whatever of the fenced request had reached the proxy was delivered with the control,
+    // and the server has answered it.
+    s.proxy.delivered_and_answered().await;
     assert!(
         cms.get_opt("from-old-leader").await.expect("get").is_none(),
         "the old leader's write landed after b took over"
@@ -364,7 +440,7 @@ async fn a_late_status_write_of_the_old_leader_is_refused_by_the_server() {
     .await
     .expect("the unconditional late write overwrote b's status (the proxy delivers)");
     let _ = control_write.await;
-    tokio::time::sleep(Duration::from_secs(1)).await;
+    s.proxy.delivered_and_answered().await;
     let probe = direct.get("probe").await.expect("read probe");
     assert_eq!(
         probe.status.map(|s| s.writer).as_deref(),

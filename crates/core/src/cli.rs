@@ -69,7 +69,10 @@ pub struct CommonArgs {
     #[arg(long, default_value_t = 8)]
     pub concurrency: u16,
 
-    /// How long graceful shutdown may take before in-flight reconciles are abandoned.
+    /// How long graceful shutdown takes at most: in-flight reconciles may finish until this
+    /// minus the time kept for releasing the Lease (the renew deadline, at most half), then
+    /// they are cancelled; the process exits within it. Keep it below the pod's
+    /// terminationGracePeriodSeconds.
     #[arg(long, default_value = "30s", value_parser = parse_duration)]
     pub shutdown_timeout: Duration,
 

@@ -62,8 +62,10 @@ pub enum Error {
         /// The serializer's message.
         message: String,
     },
-    /// Graceful shutdown did not finish in time.
-    #[error("graceful shutdown did not finish within {0:?}")]
+    /// Graceful shutdown could not release the Lease (or a shard Lease) within its bound:
+    /// in-flight work is cancelled at the drain deadline, so only the release can miss it
+    /// (an API server that does not answer); the Lease then expires on its own.
+    #[error("graceful shutdown did not release the Lease within {0:?}")]
     ShutdownTimeout(std::time::Duration),
 }
 

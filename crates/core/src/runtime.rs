@@ -605,12 +605,14 @@ impl Operator {
     }
 
     /// Serves the endpoints, runs leader election and every controller until SIGTERM/SIGINT
-    /// or [`Operator::shutdown_token`] is cancelled; then drains (bounded by
-    /// `--shutdown-timeout`) and releases the Lease.
+    /// or [`Operator::shutdown_token`] is cancelled; then stops taking work, lets in-flight
+    /// reconciles finish until the drain deadline (`--shutdown-timeout` minus the release
+    /// reserve), cancels what is still running, releases the Lease and returns, all within
+    /// `--shutdown-timeout`.
     ///
     /// # Errors
-    /// [`Error::Bind`] when an endpoint cannot bind; [`Error::ShutdownTimeout`] when draining
-    /// takes too long (the Lease is still released).
+    /// [`Error::Bind`] when an endpoint cannot bind; [`Error::ShutdownTimeout`] when the Lease
+    /// could not be released within the bound (it then expires on its own).
     pub async fn run(self) -> Result<(), Error> {
         let Operator {
             name,
@@ -691,36 +693,76 @@ impl Operator {
             () = wait_for_signal() => tracing::info!("shutdown signal received"),
             () = signal_stop.cancelled() => tracing::info!("shutdown requested"),
         }
+        // The bound holds by construction: in-flight work gets until `drain_until` to finish,
+        // then its futures are dropped (every reconcile, with its API requests, SQL and
+        // port-forwards, is polled inside them: dropping cancels them where they wait, as a
+        // crash at that line would); the Lease is released in what is left.
+        let deadline = tokio::time::Instant::now() + args.shutdown_timeout;
+        let drain_until = deadline - release_reserve(&args);
         shutdown.cancel();
-        let drained = tokio::time::timeout(args.shutdown_timeout, work).await;
-        if drained.is_err() {
-            tracing::warn!(timeout = ?args.shutdown_timeout, "graceful shutdown timed out; abandoning in-flight reconciles");
-        }
+        let mut work = work;
+        let cancelled = match tokio::time::timeout_at(drain_until, &mut work).await {
+            Ok(_) => false,
+            Err(_) => {
+                tracing::warn!(
+                    drain = ?(args.shutdown_timeout - release_reserve(&args)),
+                    "in-flight work did not finish in time; cancelling it"
+                );
+                work.abort();
+                let _ = tokio::time::timeout_at(deadline, work).await;
+                true
+            }
+        };
         elector_stop.cancel();
+        let mut released = true;
         if let Some(task) = elector_task {
-            match task.await {
-                Ok(Err(e)) => {
+            match tokio::time::timeout_at(deadline, task).await {
+                Ok(Ok(Err(e))) => {
+                    released = false;
                     tracing::warn!(error = %chain(&e), "leader election ended with an error")
                 }
-                Err(e) => tracing::warn!(error = %e, "leader election task failed"),
-                Ok(Ok(())) => {}
+                Ok(Err(e)) => {
+                    released = false;
+                    tracing::warn!(error = %e, "leader election task failed")
+                }
+                Ok(Ok(Ok(()))) => {}
+                Err(_) => {
+                    released = false;
+                    tracing::warn!("the Lease was not released within the shutdown bound; it expires on its own");
+                }
             }
         }
         for task in shard_tasks {
-            let _ = task.await;
+            if tokio::time::timeout_at(deadline, task).await.is_err() {
+                released = false;
+            }
         }
         gauge_task.abort();
         server_stop.cancel();
         for s in servers {
-            let _ = s.await;
+            let _ = tokio::time::timeout_at(deadline, s).await;
+        }
+        if cancelled {
+            tracing::info!("stopped (in-flight work cancelled at the drain deadline)");
         }
         tracing::info!("stopped");
-        if drained.is_err() {
-            Err(Error::ShutdownTimeout(args.shutdown_timeout))
-        } else {
+        if released {
             Ok(())
+        } else {
+            Err(Error::ShutdownTimeout(args.shutdown_timeout))
         }
     }
+}
+
+/// How much of `--shutdown-timeout` is kept for releasing the Lease (and the shard Leases)
+/// after in-flight work is drained or cancelled: a release takes one API request, given up
+/// after the renew deadline; never more than half the bound, so the drain gets the rest.
+fn release_reserve(args: &CommonArgs) -> Duration {
+    if !args.leader_elect && args.shards <= 1 {
+        return args.shutdown_timeout / 10;
+    }
+    args.leader_election_renew_deadline
+        .min(args.shutdown_timeout / 2)
 }
 
 /// The shards of one process: the ring deciding which it stands for, and per shard an elector,

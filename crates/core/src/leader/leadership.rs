@@ -309,20 +309,25 @@ mod tests {
 
     #[tokio::test]
     async fn acquired_and_lost_follow_the_watch() {
+        use futures::FutureExt;
         let l = leadership(10_000);
-        l.lost().await; // not leading: resolves at once
-        let waiter = tokio::spawn({
-            let l = l.clone();
-            async move { l.acquired().await }
-        });
+        assert!(l.lost().now_or_never().is_some(), "not leading: lost() resolves at once");
+        let mut acquired = std::pin::pin!(l.acquired());
+        assert!(
+            futures::poll!(&mut acquired).is_pending(),
+            "not leading: acquired() waits"
+        );
         l.renewed_at(Instant::now());
-        waiter.await.expect("waiter");
-        let waiter = tokio::spawn({
-            let l = l.clone();
-            async move { l.lost().await }
-        });
+        tokio::time::timeout(Duration::from_secs(5), acquired)
+            .await
+            .expect("acquired() resolves once leading");
+        assert!(l.acquired().now_or_never().is_some(), "leading: acquired() resolves at once");
+        let mut lost = std::pin::pin!(l.lost());
+        assert!(futures::poll!(&mut lost).is_pending(), "leading: lost() waits");
         l.step_down();
-        waiter.await.expect("waiter");
+        tokio::time::timeout(Duration::from_secs(5), lost)
+            .await
+            .expect("lost() resolves on stepping down");
     }
 
     #[tokio::test(start_paused = true)]

@@ -91,6 +91,10 @@ func main() {
 			OnStoppedLeading: func() {
 				fmt.Fprintf(os.Stderr, "%s: stopped leading\n", identity)
 			},
+			// Called when the holder it observes changes, first when it reads the Lease.
+			OnNewLeader: func(holder string) {
+				fmt.Fprintf(os.Stderr, "%s: observed leader %s\n", identity, holder)
+			},
 		},
 	})
 	check(err)
