@@ -129,50 +129,129 @@ fn cargo_once() -> Command {
     cmd
 }
 
-/// Runs every test. Builds the control plane first (a cold build takes 10–20 minutes), so the
-/// integration tests start in seconds.
+/// Runs every test. The Go builds (control plane, real node, Helm, Prometheus, the
+/// collector, SeaweedFS: 20 minutes cold on 2 cores) start first, in two background chains,
+/// so they overlap the Debian packages and the Rust build of the tests; the tests start once
+/// all are done. Ends with a table of where the time went.
 fn test(extra: &[&str]) -> Result<()> {
     let started = std::time::Instant::now();
-    crdgen::run(true)?;
+    let phases = Phases::default();
+    let result = test_phases(extra, &phases);
+    phases.print(started.elapsed());
+    result
+}
+
+fn test_phases(extra: &[&str], phases: &Phases) -> Result<()> {
+    phases.time("crdgen --check", || crdgen::run(true))?;
     eprintln!("xtask: crds/ is up to date");
 
-    prerequisites::ensure_postgres()?;
-    prerequisites::ensure_node_packages()?;
-    let binaries = steward_testenv::binaries::ensure().context("building the control plane")?;
-    let node = steward_testenv::binaries::ensure_node().context("building the real node")?;
-    steward_testenv::binaries::helm().context("building Helm")?;
-    steward_testenv::binaries::prometheus().context("building Prometheus")?;
-    steward_testenv::binaries::otelcol().context("building the OpenTelemetry Collector")?;
-    steward_testenv::binaries::seaweedfs().context("building SeaweedFS")?;
-    helm::run(true)?;
-    eprintln!("xtask: {} is up to date", helm::CHART);
-    eprintln!(
-        "xtask: control plane ready: kubernetes {}, etcd {}, kwok {}, containerd {}, CoreDNS {} ({})",
-        binaries.versions.kubernetes,
-        binaries.versions.etcd,
-        binaries.versions.kwok,
-        node.containerd_version,
-        node.coredns_version,
-        binaries.versions.go
-    );
-
-    let tests = testrun::run(extra);
-    eprintln!("xtask: the tests finished in {:.0?}", started.elapsed());
+    // The two chains take about as long as each other cold; each build is cached apart.
+    let control_plane = std::thread::spawn(|| {
+        let started = std::time::Instant::now();
+        let built = steward_testenv::binaries::ensure()
+            .context("building the control plane")
+            .and_then(|b| {
+                let node = steward_testenv::binaries::ensure_node()
+                    .context("building the real node")?;
+                Ok((b, node))
+            });
+        (built, started.elapsed())
+    });
+    let tools = std::thread::spawn(|| {
+        let started = std::time::Instant::now();
+        let built = (|| -> Result<()> {
+            steward_testenv::binaries::prometheus().context("building Prometheus")?;
+            steward_testenv::binaries::seaweedfs().context("building SeaweedFS")?;
+            steward_testenv::binaries::helm().context("building Helm")?;
+            steward_testenv::binaries::otelcol()
+                .context("building the OpenTelemetry Collector")?;
+            Ok(())
+        })();
+        (built, started.elapsed())
+    });
+    let packages = phases.time("Debian packages", || {
+        prerequisites::ensure_postgres()?;
+        prerequisites::ensure_node_packages()
+    });
+    let go_builds = || -> Result<()> {
+        let (built, took) = control_plane
+            .join()
+            .map_err(|_| anyhow::anyhow!("the control-plane build thread panicked"))?;
+        phases.record("Go: control plane and real node (background)", took);
+        let (binaries, node) = built?;
+        let (built, took) = tools
+            .join()
+            .map_err(|_| anyhow::anyhow!("the tools build thread panicked"))?;
+        phases.record("Go: Prometheus, SeaweedFS, Helm, collector (background)", took);
+        built?;
+        eprintln!(
+            "xtask: control plane ready: kubernetes {}, etcd {}, kwok {}, containerd {}, CoreDNS {} ({})",
+            binaries.versions.kubernetes,
+            binaries.versions.etcd,
+            binaries.versions.kwok,
+            node.containerd_version,
+            node.coredns_version,
+            binaries.versions.go
+        );
+        phases.time("helm --check", || helm::run(true))?;
+        eprintln!("xtask: {} is up to date", helm::CHART);
+        Ok(())
+    };
+    let tests = match packages {
+        Ok(()) => testrun::run(extra, go_builds, phases),
+        // Still wait for the Go builds: they are cached for the next run.
+        Err(e) => {
+            let _ = go_builds();
+            Err(e)
+        }
+    };
     tests?;
     // The benchmark harness in its tiny configuration, so it does not rot; it asserts no
     // timing. Skipped when the run is narrowed to some tests.
     if extra.is_empty() {
         let out = workspace_root().join("target/bench-smoke");
-        bench::run(bench::Flags {
-            smoke: true,
-            out: Some(out.clone()),
-            ..bench::Flags::default()
-        })
-        .context("cargo xtask bench --smoke")?;
+        phases
+            .time("bench --smoke", || {
+                bench::run(bench::Flags {
+                    smoke: true,
+                    out: Some(out.clone()),
+                    ..bench::Flags::default()
+                })
+            })
+            .context("cargo xtask bench --smoke")?;
         eprintln!("xtask: bench --smoke wrote {}/benchmarks.md", out.display());
     }
-    eprintln!("xtask: test finished in {:.0?}", started.elapsed());
     Ok(())
+}
+
+/// Where `cargo xtask test`'s time went, phase by phase, printed at the end (also when it
+/// failed). Background phases overlap the others, so the rows add up to more than the total.
+#[derive(Default)]
+pub(crate) struct Phases(std::sync::Mutex<Vec<(String, std::time::Duration)>>);
+
+impl Phases {
+    pub(crate) fn record(&self, phase: &str, took: std::time::Duration) {
+        if let Ok(mut rows) = self.0.lock() {
+            rows.push((phase.to_string(), took));
+        }
+    }
+
+    pub(crate) fn time<T>(&self, phase: &str, f: impl FnOnce() -> Result<T>) -> Result<T> {
+        let started = std::time::Instant::now();
+        let out = f();
+        self.record(phase, started.elapsed());
+        out
+    }
+
+    fn print(&self, total: std::time::Duration) {
+        let rows = self.0.lock().map(|r| r.clone()).unwrap_or_default();
+        let width = rows.iter().map(|(p, _)| p.len()).max().unwrap_or(0).max(5);
+        eprintln!("\nxtask: where the time went");
+        for (phase, took) in &rows {
+            eprintln!("  {phase:<width$}  {:>7.1} s", took.as_secs_f64());
+        }
+        eprintln!("  {:<width$}  {:>7.1} s", "total", total.as_secs_f64());
+    }
 }
 
 /// Starts a control plane (with a real node: no kwok nodes) and keeps it running until Ctrl-C.

@@ -80,12 +80,21 @@ struct TestBinary {
 
 /// Builds and runs every test of the workspace; `extra` is what `cargo xtask test` was given:
 /// cargo's options, then `--` and the test binaries' (`--test real_node -- --nocapture`).
-pub fn run(extra: &[&str]) -> Result<()> {
+/// `before_running` runs between the build and the first test (it waits for the Go builds);
+/// each phase's time goes to `phases`.
+pub fn run(
+    extra: &[&str],
+    before_running: impl FnOnce() -> Result<()>,
+    phases: &super::Phases,
+) -> Result<()> {
     let (cargo_args, test_args) = match extra.iter().position(|a| *a == "--") {
         Some(i) => (&extra[..i], &extra[i + 1..]),
         None => (extra, &[][..]),
     };
-    let binaries = build(cargo_args)?;
+    let built = phases.time("Rust: build the tests", || build(cargo_args));
+    let waited = phases.time("waiting for the Go builds", before_running);
+    let binaries = built?;
+    waited?;
     let target_dir = binaries[0]
         .executable
         .ancestors()
@@ -110,6 +119,7 @@ pub fn run(extra: &[&str]) -> Result<()> {
         for binary in lane {
             let log = log_dir.map(|d| d.join(format!("{}.log", binary.name.replace(' ', "-"))));
             let result = run_logged(binary, test_args, limit, log.as_deref());
+            phases.record(&format!("test {}", binary.name), result.elapsed);
             if let Ok(mut times) = times.lock() {
                 times.insert(binary.name.clone(), result.elapsed);
             }
@@ -138,13 +148,15 @@ pub fn run(extra: &[&str]) -> Result<()> {
     }
     let mut failed = failed.into_inner().unwrap_or_default();
     if runs_doc_tests(cargo_args) {
-        let status = super::cargo_once()
-            .args(["test", "--workspace", "--doc"])
-            .args(cargo_args)
-            .arg("--")
-            .args(test_args)
-            .status()
-            .context("running the doc tests")?;
+        let status = phases.time("doc tests", || {
+            super::cargo_once()
+                .args(["test", "--workspace", "--doc"])
+                .args(cargo_args)
+                .arg("--")
+                .args(test_args)
+                .status()
+                .context("running the doc tests")
+        })?;
         if !status.success() {
             failed.push(format!("doc tests ({status})"));
         }

@@ -16,7 +16,9 @@
 //!                      pods (the image testenv assembles from Debian's PostgreSQL package,
 //!                      imagePullPolicy Never) on hostPath volumes of the node; the Database and
 //!                      DatabaseRole samples use that cluster; the Tenant's shared Secret gets
-//!                      a stand-in
+//!                      a stand-in; the PostgresCluster backs up to a demo object store
+//!                      (SeaweedFS's S3 gateway on the node's bridge address, bucket
+//!                      `steward-demo`), so the PostgresBackup sample completes
 //! ```
 //!
 //! Then it waits until every sample is Ready and prints what to look at next. Ctrl-C stops the
@@ -42,6 +44,9 @@ use steward_testenv::{ControlPlane, RealNode, manifests};
 /// Where the samples go.
 const DEMO_NAMESPACE: &str = "steward-demo";
 const FIELD_MANAGER: &str = "steward-xtask-up";
+/// The demo object store's bucket and the Secret holding its credentials.
+const DEMO_BUCKET: &str = "steward-demo";
+const DEMO_S3_SECRET: &str = "main-s3";
 /// How long `up` waits for the operators' replicas, then for the samples.
 const OPERATORS_TIMEOUT: Duration = Duration::from_secs(120);
 const READY_TIMEOUT: Duration = Duration::from_secs(300);
@@ -147,9 +152,31 @@ async fn up() -> Result<()> {
         None,
     )
     .await?;
+    // A demo object store, so the PostgresCluster archives its WAL and the PostgresBackup
+    // sample really completes: SeaweedFS's S3 gateway on the node's bridge address (pods
+    // reach it), the same server the backup tests use; stopped with `up`.
+    say("starting an S3 object store for backups (SeaweedFS, built on first use)");
+    let s3 = steward_testenv::s3::S3Server::start(steward_testenv::node::GATEWAY)
+        .await
+        .context("starting SeaweedFS for the backup samples")?;
+    apply(
+        &client,
+        &json!({
+            "apiVersion": "v1", "kind": "Secret",
+            "metadata": {"name": DEMO_S3_SECRET, "namespace": DEMO_NAMESPACE},
+            "stringData": {
+                "accessKeyId": steward_testenv::s3::S3Server::ACCESS_KEY,
+                "secretAccessKey": steward_testenv::s3::S3Server::SECRET_KEY,
+            },
+        }),
+        None,
+    )
+    .await?;
+    say(&format!("  {} (bucket {DEMO_BUCKET})", s3.endpoint()));
     let mut samples = cp.kustomize(&root.join("deploy/samples"))?;
     for sample in &mut samples {
         on_this_node(sample, &postgres_image, major);
+        backed_up_to(sample, s3.endpoint());
         for (volume, claim, size) in volumes_for(sample) {
             let pv = node.volume(
                 &volume,
@@ -175,13 +202,14 @@ async fn up() -> Result<()> {
     // Ctrl-C while waiting stops as cleanly as Ctrl-C after the summary.
     let interrupted = tokio::select! {
         all_ready = wait_ready(&watched) => {
-            print_summary(&cp, node, &client, &deployed, all_ready).await;
+            print_summary(&cp, node, &client, &deployed, s3.endpoint(), all_ready).await;
             tokio::signal::ctrl_c().await
         }
         signal = tokio::signal::ctrl_c() => signal,
     };
     interrupted.context("waiting for Ctrl-C")?;
     say("stopping the control plane and removing the node from the host");
+    drop(s3);
     drop(cp);
     Ok(())
 }
@@ -220,6 +248,29 @@ fn on_this_node(obj: &mut Value, image: &str, major: i64) {
         spec.insert("image".into(), json!(image));
         spec.insert("imagePullPolicy".into(), json!("Never"));
         spec.insert("version".into(), json!(major));
+    }
+}
+
+/// Gives a PostgresCluster sample without `spec.backup` the demo object store (bucket
+/// [`DEMO_BUCKET`], a path of its own, credentials in [`DEMO_S3_SECRET`]).
+fn backed_up_to(obj: &mut Value, endpoint: &str) {
+    if kind(obj) != "PostgresCluster" || !obj["spec"]["backup"].is_null() {
+        return;
+    }
+    let path = format!("{DEMO_NAMESPACE}/{}", name(obj));
+    if let Some(spec) = obj["spec"].as_object_mut() {
+        spec.insert(
+            "backup".into(),
+            json!({
+                "objectStore": {
+                    "endpoint": endpoint,
+                    "bucket": DEMO_BUCKET,
+                    "path": path,
+                    "credentialsSecret": DEMO_S3_SECRET,
+                },
+                "keep": 7,
+            }),
+        );
     }
 }
 
@@ -284,10 +335,13 @@ fn shared_sources(obj: &Value) -> Vec<Value> {
 // Readiness and the summary
 // ---------------------------------------------------------------------------------------
 
-/// Whether `up` stops waiting for an object: it is Ready, or it waits for a person (an
-/// UpgradePlan with `approval: Manual` waiting for `spec.approvedWaves`).
+/// Whether `up` stops waiting for an object: it is Ready, it waits for a person (an
+/// UpgradePlan with `approval: Manual` waiting for `spec.approvedWaves`), or it is a
+/// PostgresBackup that completed (a backup has a phase, no Ready condition).
 fn settled(kind: &str, ready: &str, phase: &str) -> bool {
-    ready == "True" || (kind == "UpgradePlan" && phase == "WaitingApproval")
+    ready == "True"
+        || (kind == "UpgradePlan" && phase == "WaitingApproval")
+        || (kind == "PostgresBackup" && phase == "Completed")
 }
 
 /// `Ready` condition status (`True`, `False`, `Unknown`, or `-`), phase and the Ready message.
@@ -417,6 +471,7 @@ async fn print_summary(
     node: &RealNode,
     client: &Client,
     deployed: &[Deployed],
+    s3_endpoint: &str,
     all_ready: bool,
 ) {
     let kubectl = cp.binaries().kubectl.display().to_string();
@@ -445,6 +500,12 @@ async fn print_summary(
     println!("  kubectl get leases -A           # who leads: the holder of each operator's Lease");
     println!(
         "  kubectl -n {DEMO_NAMESPACE} exec -it main-0 -- psql -U postgres   # the PostgresCluster's primary"
+    );
+    println!(
+        "  kubectl -n {DEMO_NAMESPACE} get pgb -w             # backups to {s3_endpoint} (bucket {DEMO_BUCKET})"
+    );
+    println!(
+        "  kubectl steward backup main -n {DEMO_NAMESPACE}   # another backup (plugin: cargo install --path crates/kubectl-steward)"
     );
     println!();
     match steward_objects(client).await {
