@@ -2476,3 +2476,55 @@ async fn sql_is_sent_only_while_leading_and_bounded_below_the_renew_deadline() {
         "a statement longer than the budget is cancelled"
     );
 }
+
+/// SIGTERM while reconciles wait on SQL to a server that stopped answering (its postmaster
+/// SIGSTOPped: connections are accepted by the kernel and never answered, so no connect or
+/// statement timeout of the client fires): the operator cancels them at the drain deadline
+/// and stops cleanly within its `--shutdown-timeout`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn shutdown_is_bounded_while_sql_waits_on_a_stopped_server() {
+    let pg = Postgres::start().await.expect("PostgreSQL");
+    let env = env("pgstop").await;
+    env.admin_secret(&pg).await;
+    env.api::<Database>()
+        .create(
+            &PostParams::default(),
+            &database(&pg, "paused", "paused", "paused_owner"),
+        )
+        .await
+        .unwrap();
+    wait_database_ready(&env, "paused").await;
+
+    pg.signal("STOP").expect("SIGSTOP the postmaster");
+    // The next resync (every 2 s) connects and waits: a reconcile is in flight for longer
+    // than it takes to look.
+    let metrics = env.operator.metrics().clone();
+    let busy = || {
+        metrics
+            .active_workers
+            .get_or_create(&metrics.controller("database"))
+            .get()
+    };
+    eventually("a database reconcile waiting on the stopped server", WAIT, || async {
+        if busy() >= 1 {
+            Ok(())
+        } else {
+            Err("none in flight".to_string())
+        }
+    })
+    .await
+    .unwrap();
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    assert!(busy() >= 1, "the reconcile is still waiting on the stopped server");
+
+    let bound = steward_testenv::harness::test_args().shutdown_timeout;
+    let stopping = Instant::now();
+    let ended = env.operator.stop().await;
+    let took = stopping.elapsed();
+    pg.signal("CONT").expect("SIGCONT the postmaster");
+    assert!(ended.is_ok(), "a clean stop: {ended:?}");
+    assert!(
+        took <= bound + Duration::from_millis(500),
+        "stopped in {took:?}, bound {bound:?}"
+    );
+}

@@ -69,6 +69,10 @@ pub struct Settings {
 }
 
 const TICK: Duration = Duration::from_millis(500);
+/// After SIGTERM: how long the step in flight may still take, and the bound on recording the
+/// last primary. With PostgreSQL's fast shutdown (30 s, then immediate) and the Lease's
+/// release (its renew deadline) this stays within the pod's 60 s grace period.
+const STEP_GRACE: Duration = Duration::from_secs(5);
 /// Failed starts in a row after which a replica's data directory is cloned afresh.
 const MAX_FAILED_STARTS: u32 = 10;
 const API_TIMEOUT: Duration = Duration::from_secs(3);
@@ -157,8 +161,24 @@ pub async fn run(
             () = shutdown.cancelled() => break,
             _ = tick.tick() => {}
         }
-        if let Err(e) = instance.tick().await {
-            tracing::warn!(error = %format!("{e:#}"), "instance step failed; retrying");
+        // A step waits on PostgreSQL, the API server, pg_rewind…: SIGTERM must not wait for
+        // one that hangs (a SIGSTOPped postmaster, a paused API server). The step in flight
+        // gets STEP_GRACE to finish, then is cancelled where it waits, as a kill there would.
+        let step = instance.tick();
+        tokio::pin!(step);
+        let stepped = tokio::select! {
+            r = &mut step => Some(r),
+            () = shutdown.cancelled() => tokio::time::timeout(STEP_GRACE, &mut step).await.ok(),
+        };
+        match stepped {
+            Some(Err(e)) => {
+                tracing::warn!(error = %format!("{e:#}"), "instance step failed; retrying");
+            }
+            Some(Ok(())) => {}
+            None => {
+                tracing::warn!(grace = ?STEP_GRACE, "the step in flight did not finish after SIGTERM; cancelled");
+                break;
+            }
         }
     }
 
@@ -175,8 +195,14 @@ pub async fn run(
     if ran_read_write && instance.election.leadership.is_leader() {
         // Stopped cleanly with every write: named on the Lease, so that if the whole cluster
         // stopped, it is the one that starts as the primary again.
-        if let Err(e) = instance.record_last_primary().await {
-            tracing::warn!(error = %format!("{e:#}"), "recording this instance as the last primary failed");
+        match tokio::time::timeout(STEP_GRACE, instance.record_last_primary()).await {
+            Ok(Ok(())) => {}
+            Ok(Err(e)) => {
+                tracing::warn!(error = %format!("{e:#}"), "recording this instance as the last primary failed");
+            }
+            Err(_) => tracing::warn!(
+                "recording this instance as the last primary took over {STEP_GRACE:?}; skipped"
+            ),
         }
     }
     instance.election.stop().await;

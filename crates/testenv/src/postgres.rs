@@ -177,6 +177,18 @@ impl Postgres {
         out
     }
 
+    /// Sends `signal` (`STOP`, `CONT`, …) to the postmaster: `STOP` makes a server that
+    /// accepts TCP connections (the kernel's backlog) and never answers them.
+    ///
+    /// # Errors
+    /// [`Error::Other`] when the server is not running or `kill` fails.
+    pub fn signal(&self, signal: &str) -> Result<(), Error> {
+        self.process
+            .as_ref()
+            .ok_or_else(|| Error::Other("the server is not running".into()))?
+            .signal(signal)
+    }
+
     /// Starts a stopped server again on the same port and data directory.
     ///
     /// # Errors

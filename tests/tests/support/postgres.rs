@@ -169,12 +169,12 @@ impl Cluster {
             self.instance_image.clone(),
         );
         move || {
+            // test_args' 5 s shutdown bound, shorter than the 10 s connect timeout on
+            // purpose: a reconcile connecting to a partitioned or killed instance when the
+            // test stops the operator is cancelled at the drain deadline, and the stop is
+            // clean (`stop_operator` asserts it).
             let args = steward_core::cli::CommonArgs {
                 watch_namespace: Some(ns),
-                // A reconcile may be connecting to a partitioned or killed instance (10 s
-                // connect timeout) when the test stops the operator: the drain waits for it
-                // (5 s, test_args' bound, once ran out after a partition).
-                shutdown_timeout: database_operator::pg::CONNECT_TIMEOUT + Duration::from_secs(5),
                 ..steward_testenv::harness::test_args()
             };
             let mut operator =
