@@ -130,9 +130,9 @@ fn cargo_once() -> Command {
 }
 
 /// Runs every test. The Go builds (control plane, real node, Helm, Prometheus, the
-/// collector, SeaweedFS: 20 minutes cold on 2 cores) start first, in two background chains,
-/// so they overlap the Debian packages and the Rust build of the tests; the tests start once
-/// all are done. Ends with a table of where the time went.
+/// collector, SeaweedFS: 20 minutes cold on 2 cores, one after another) start first, taken
+/// by two background workers, so they overlap each other, the Debian packages and the Rust
+/// build of the tests; the tests start once all are done. Ends with a table of where the time went.
 fn test(extra: &[&str]) -> Result<()> {
     let started = std::time::Instant::now();
     let phases = Phases::default();
@@ -145,45 +145,18 @@ fn test_phases(extra: &[&str], phases: &Phases) -> Result<()> {
     phases.time("crdgen --check", || crdgen::run(true))?;
     eprintln!("xtask: crds/ is up to date");
 
-    // The two chains take about as long as each other cold; each build is cached apart.
-    let control_plane = std::thread::spawn(|| {
-        let started = std::time::Instant::now();
-        let built = steward_testenv::binaries::ensure()
-            .context("building the control plane")
-            .and_then(|b| {
-                let node = steward_testenv::binaries::ensure_node()
-                    .context("building the real node")?;
-                Ok((b, node))
-            });
-        (built, started.elapsed())
-    });
-    let tools = std::thread::spawn(|| {
-        let started = std::time::Instant::now();
-        let built = (|| -> Result<()> {
-            steward_testenv::binaries::prometheus().context("building Prometheus")?;
-            steward_testenv::binaries::seaweedfs().context("building SeaweedFS")?;
-            steward_testenv::binaries::helm().context("building Helm")?;
-            steward_testenv::binaries::otelcol()
-                .context("building the OpenTelemetry Collector")?;
-            Ok(())
-        })();
-        (built, started.elapsed())
-    });
+    // Two workers take the builds longest first (cold on 2 cores: kubernetes 6.5 min,
+    // Prometheus 4.5, SeaweedFS 3.5, CoreDNS 1.5, Helm 1.5, kwok 1, containerd 1, etcd 0.75,
+    // the collector 0.5); each build is cached apart, a warm one takes milliseconds.
+    let go_builds = GoBuilds::start(2);
     let packages = phases.time("Debian packages", || {
         prerequisites::ensure_postgres()?;
         prerequisites::ensure_node_packages()
     });
     let go_builds = || -> Result<()> {
-        let (built, took) = control_plane
-            .join()
-            .map_err(|_| anyhow::anyhow!("the control-plane build thread panicked"))?;
-        phases.record("Go: control plane and real node (background)", took);
-        let (binaries, node) = built?;
-        let (built, took) = tools
-            .join()
-            .map_err(|_| anyhow::anyhow!("the tools build thread panicked"))?;
-        phases.record("Go: Prometheus, SeaweedFS, Helm, collector (background)", took);
-        built?;
+        go_builds.wait(phases)?;
+        let binaries = steward_testenv::binaries::ensure().context("the control plane")?;
+        let node = steward_testenv::binaries::ensure_node().context("the real node")?;
         eprintln!(
             "xtask: control plane ready: kubernetes {}, etcd {}, kwok {}, containerd {}, CoreDNS {} ({})",
             binaries.versions.kubernetes,
@@ -222,6 +195,94 @@ fn test_phases(extra: &[&str], phases: &Phases) -> Result<()> {
         eprintln!("xtask: bench --smoke wrote {}/benchmarks.md", out.display());
     }
     Ok(())
+}
+
+/// The Go builds, run by worker threads in the background while the rest of `test` goes on.
+struct GoBuilds {
+    workers: Vec<std::thread::JoinHandle<Vec<Built>>>,
+}
+
+/// One Go build: its name in the time table and the call that builds it unless cached.
+type GoBuild = (&'static str, fn() -> Result<()>);
+
+/// A Go build done: its name, how long it took, how it ended.
+type Built = (&'static str, std::time::Duration, Result<()>);
+
+/// Longest first (cold), so the workers end about together.
+const GO_BUILDS: [GoBuild; 6] = [
+    ("Go: kubernetes, etcd, kwok", || {
+        steward_testenv::binaries::ensure()
+            .map(|_| ())
+            .context("building the control plane")
+    }),
+    ("Go: Prometheus", || {
+        steward_testenv::binaries::prometheus()
+            .map(|_| ())
+            .context("building Prometheus")
+    }),
+    ("Go: SeaweedFS", || {
+        steward_testenv::binaries::seaweedfs()
+            .map(|_| ())
+            .context("building SeaweedFS")
+    }),
+    ("Go: containerd, CoreDNS", || {
+        steward_testenv::binaries::ensure_node()
+            .map(|_| ())
+            .context("building the real node")
+    }),
+    ("Go: Helm", || {
+        steward_testenv::binaries::helm()
+            .map(|_| ())
+            .context("building Helm")
+    }),
+    ("Go: OpenTelemetry Collector", || {
+        steward_testenv::binaries::otelcol()
+            .map(|_| ())
+            .context("building the OpenTelemetry Collector")
+    }),
+];
+
+impl GoBuilds {
+    /// Starts `workers` threads taking [`GO_BUILDS`] in order; a failed build does not stop
+    /// the others (they are cached for the next run).
+    fn start(workers: usize) -> Self {
+        let queue = std::sync::Arc::new(std::sync::Mutex::new(GO_BUILDS.iter()));
+        let workers = (0..workers)
+            .map(|_| {
+                let queue = queue.clone();
+                std::thread::spawn(move || {
+                    let mut done = Vec::new();
+                    loop {
+                        let next = queue.lock().ok().and_then(|mut q| q.next());
+                        let Some((name, build)) = next else { break };
+                        let started = std::time::Instant::now();
+                        let result = build();
+                        done.push((*name, started.elapsed(), result));
+                    }
+                    done
+                })
+            })
+            .collect();
+        Self { workers }
+    }
+
+    /// Waits for every build, records each one's time in `phases`; the first failure, if any.
+    fn wait(self, phases: &Phases) -> Result<()> {
+        let mut failed = None;
+        for worker in self.workers {
+            let Ok(done) = worker.join() else {
+                failed.get_or_insert_with(|| anyhow::anyhow!("a Go build thread panicked"));
+                continue;
+            };
+            for (name, took, result) in done {
+                phases.record(&format!("{name} (background)"), took);
+                if let Err(e) = result {
+                    failed.get_or_insert(e);
+                }
+            }
+        }
+        failed.map_or(Ok(()), Err)
+    }
 }
 
 /// Where `cargo xtask test`'s time went, phase by phase, printed at the end (also when it

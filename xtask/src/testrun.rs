@@ -92,7 +92,7 @@ pub fn run(
         None => (extra, &[][..]),
     };
     let built = phases.time("Rust: build the tests", || build(cargo_args));
-    let waited = phases.time("waiting for the Go builds", before_running);
+    let waited = phases.time("after it: waiting for the Go builds", before_running);
     let binaries = built?;
     waited?;
     let target_dir = binaries[0]
