@@ -28,13 +28,13 @@ use anyhow::{Context, Result, bail};
 /// slowest binary takes about 5 min on a quiet machine.
 const DEFAULT_LIMIT: Duration = Duration::from_secs(15 * 60);
 
-/// Test binaries run at once unless `STEWARD_TEST_JOBS` says otherwise: one (output live).
-/// Two puts the real node's lane beside all the other binaries (with [`SOLO`] last, alone):
-/// about 35 instead of 48 minutes of tests, but in both full runs made that way a real-node
-/// test failed, each time finding a real weakness that contention exposed (a killed
-/// postmaster's lock file that kept a replica down; a 5 s shutdown bound shorter than a
-/// connect timeout). Both are fixed; two at once stays opt-in until a run passes whole.
-const DEFAULT_JOBS: usize = 1;
+/// Test binaries run at once unless `STEWARD_TEST_JOBS` says otherwise (1: one at a time,
+/// output live). Two put the real node's lane beside all the other binaries (with [`SOLO`]
+/// last, alone): most of an integration test's time is spent waiting on a control plane, a
+/// kubelet or PostgreSQL. The two weaknesses that contention once exposed (a killed
+/// postmaster's lock file; a shutdown that waited on a connect timeout) are fixed, the
+/// second by construction (steward-core cancels in-flight work at its drain deadline).
+const DEFAULT_JOBS: usize = 2;
 
 /// The test targets that run in one lane, one after another: those that start testenv's real
 /// node (one per host).
