@@ -71,7 +71,12 @@ enum Cmd {
     },
     /// A control plane with a real node, the CRDs, the operators as their images (deploy/)
     /// and the samples; Ctrl-C stops.
-    Up,
+    Up {
+        /// Stop once every sample is Ready (after the summary) instead of waiting for Ctrl-C;
+        /// fail if one is not (what the up test runs).
+        #[arg(long)]
+        check: bool,
+    },
     /// A new operator crate (sample CRD, working reconcile, deploy/, sample, integration
     /// test), registered in the workspace; then crdgen.
     NewOperator {
@@ -93,7 +98,7 @@ fn main() -> Result<()> {
         Cmd::Helm { check } => helm::run(check),
         Cmd::Test { args } => test(&args.iter().map(String::as_str).collect::<Vec<_>>()),
         Cmd::Testenv { real_node } => testenv(real_node),
-        Cmd::Up => up::run(),
+        Cmd::Up { check } => up::run(check),
         Cmd::NewOperator { name } => new_operator::run(&name),
         Cmd::Bench(flags) => bench::run(*flags),
         Cmd::Image { operator } => match operator.as_deref() {

@@ -51,14 +51,16 @@ const DEMO_S3_SECRET: &str = "main-s3";
 const OPERATORS_TIMEOUT: Duration = Duration::from_secs(120);
 const READY_TIMEOUT: Duration = Duration::from_secs(300);
 
-pub fn run() -> Result<()> {
+/// `check`: stop after the summary instead of waiting for Ctrl-C, failing unless every
+/// sample became Ready.
+pub fn run(check: bool) -> Result<()> {
     can_run_a_real_node()?;
     crate::prerequisites::ensure_node_packages()?;
     crate::prerequisites::ensure_postgres()?;
     let rt = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()?;
-    rt.block_on(up())
+    rt.block_on(up(check))
 }
 
 /// What the real node needs and cannot install: Linux and root (kubelet, containerd, the
@@ -81,7 +83,8 @@ fn can_run_a_real_node() -> Result<()> {
     Ok(())
 }
 
-async fn up() -> Result<()> {
+async fn up(check: bool) -> Result<()> {
+    let started = Instant::now();
     let root = crate::workspace_root();
     say("building the operators (debug)");
     let specs: Vec<deploy::Spec<'_>> = steward_operators::all()
@@ -200,17 +203,30 @@ async fn up() -> Result<()> {
         }
     }
     // Ctrl-C while waiting stops as cleanly as Ctrl-C after the summary.
+    let mut samples_ready = false;
     let interrupted = tokio::select! {
         all_ready = wait_ready(&watched) => {
-            print_summary(&cp, node, &client, &deployed, s3.endpoint(), all_ready).await;
-            tokio::signal::ctrl_c().await
+            samples_ready = all_ready;
+            let took = started.elapsed();
+            print_summary(&cp, node, &client, &deployed, s3.endpoint(), all_ready, took).await;
+            if check {
+                Ok(())
+            } else {
+                tokio::signal::ctrl_c().await
+            }
         }
         signal = tokio::signal::ctrl_c() => signal,
     };
     interrupted.context("waiting for Ctrl-C")?;
-    say("stopping the control plane and removing the node from the host");
+    say(&format!(
+        "stopping the control plane and removing the node from the host (up for {:.0?})",
+        started.elapsed()
+    ));
     drop(s3);
     drop(cp);
+    if check && !samples_ready {
+        bail!("not every sample became Ready within {READY_TIMEOUT:?}");
+    }
     Ok(())
 }
 
@@ -473,17 +489,19 @@ async fn print_summary(
     deployed: &[Deployed],
     s3_endpoint: &str,
     all_ready: bool,
+    took: Duration,
 ) {
     let kubectl = cp.binaries().kubectl.display().to_string();
     let kubeconfig = cp.kubeconfig_path().display().to_string();
     println!();
     println!(
-        "Steward is up{}.",
+        "Steward is up{} ({:.0?} after `cargo xtask up` started its work).",
         if all_ready {
             ""
         } else {
             " (some samples are not Ready yet; see below)"
-        }
+        },
+        took
     );
     println!();
     println!("  export KUBECONFIG={kubeconfig}");
