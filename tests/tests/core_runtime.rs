@@ -839,7 +839,10 @@ async fn shutdown_cancels_a_hung_reconcile_and_releases_the_lease_within_the_bou
     .await;
     *run.probe.hang_on.lock().unwrap() = Some("stuck".into());
     run.api
-        .create(&PostParams::default(), &gadget("stuck", DeletionPolicy::Retain))
+        .create(
+            &PostParams::default(),
+            &gadget("stuck", DeletionPolicy::Retain),
+        )
         .await
         .unwrap();
     eventually("the reconcile of stuck in flight", WAIT, || async {
@@ -850,7 +853,11 @@ async fn shutdown_cancels_a_hung_reconcile_and_releases_the_lease_within_the_bou
             .unwrap()
             .get("stuck")
             .map_or(0, Vec::len);
-        if n >= 1 { Ok(()) } else { Err("not started".to_string()) }
+        if n >= 1 {
+            Ok(())
+        } else {
+            Err("not started".to_string())
+        }
     })
     .await
     .unwrap();
@@ -863,12 +870,18 @@ async fn shutdown_cancels_a_hung_reconcile_and_releases_the_lease_within_the_bou
             .unwrap_or_default()
     };
     let held = leases.get("coretest-hang").await.unwrap();
-    assert!(!holder(&held).is_empty(), "the operator leads while it reconciles");
+    assert!(
+        !holder(&held).is_empty(),
+        "the operator leads while it reconciles"
+    );
 
     let stopping = Instant::now();
     let ended = run.operator.stop().await;
     let took = stopping.elapsed();
-    assert!(ended.is_ok(), "a clean stop, the hung reconcile cancelled: {ended:?}");
+    assert!(
+        ended.is_ok(),
+        "a clean stop, the hung reconcile cancelled: {ended:?}"
+    );
     // The bound is the configured one; the margin covers the test's own scheduling, not
     // the operator's work (which is cancelled at shutdown_timeout - renew_deadline).
     assert!(

@@ -2505,17 +2505,24 @@ async fn shutdown_is_bounded_while_sql_waits_on_a_stopped_server() {
             .get_or_create(&metrics.controller("database"))
             .get()
     };
-    eventually("a database reconcile waiting on the stopped server", WAIT, || async {
-        if busy() >= 1 {
-            Ok(())
-        } else {
-            Err("none in flight".to_string())
-        }
-    })
+    eventually(
+        "a database reconcile waiting on the stopped server",
+        WAIT,
+        || async {
+            if busy() >= 1 {
+                Ok(())
+            } else {
+                Err("none in flight".to_string())
+            }
+        },
+    )
     .await
     .unwrap();
     tokio::time::sleep(Duration::from_millis(500)).await;
-    assert!(busy() >= 1, "the reconcile is still waiting on the stopped server");
+    assert!(
+        busy() >= 1,
+        "the reconcile is still waiting on the stopped server"
+    );
 
     let bound = steward_testenv::harness::test_args().shutdown_timeout;
     let stopping = Instant::now();

@@ -204,7 +204,11 @@ impl Election {
                     || (l.starts_with(&format!("{identity}: observed leader "))
                         && !l.ends_with(&format!(" {identity}")))
             });
-            if observed { Ok(()) } else { Err("has not read the Lease yet".to_string()) }
+            if observed {
+                Ok(())
+            } else {
+                Err("has not read the Lease yet".to_string())
+            }
         })
         .await
         .unwrap_or_else(|e| panic!("{e}\n{}", self.logs()));
@@ -380,7 +384,11 @@ async fn one_of_three_leads_and_others_take_over_on_kill_and_term() {
     }
     eventually("the leader's tenth write", WAIT, || async {
         let n = read_writes(&e.candidates[e.index_of(&first)].writes).len();
-        if n >= 10 { Ok(()) } else { Err(format!("{n} writes")) }
+        if n >= 10 {
+            Ok(())
+        } else {
+            Err(format!("{n} writes"))
+        }
     })
     .await
     .unwrap();

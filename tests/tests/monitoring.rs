@@ -1,7 +1,8 @@
-//! `deploy/monitoring` with a real Prometheus and promtool, built from Go modules by testenv:
-//! the alert rules pass their `promtool test rules` cases; every metric the rules and the
-//! Grafana dashboard read is one the operators export; and a Prometheus server scrapes a
-//! running tenant-operator, loads the rules without error and sees a Tenant's gauge.
+//! `deploy/monitoring` with a real Prometheus and promtool (Debian's, or built from Go modules
+//! by testenv where it is not installed): the alert rules pass their `promtool test rules`
+//! cases; every metric the rules and the Grafana dashboard read is one the operators export;
+//! and a Prometheus server scrapes a running tenant-operator, loads the rules without error
+//! and sees a Tenant's gauge.
 
 use std::collections::BTreeSet;
 use std::path::{Path, PathBuf};

@@ -113,7 +113,9 @@ impl HoldingProxy {
             if held == 0 && unanswered == 0 {
                 Ok(())
             } else {
-                Err(format!("{held} chunks held, {unanswered} connections unanswered"))
+                Err(format!(
+                    "{held} chunks held, {unanswered} connections unanswered"
+                ))
             }
         })
         .await

@@ -134,8 +134,8 @@ fn cargo_once() -> Command {
     cmd
 }
 
-/// Runs every test. The Go builds (control plane, real node, Helm, Prometheus, the
-/// collector, SeaweedFS: 20 minutes cold on 2 cores, one after another) start first, taken
+/// Runs every test. The Go builds (control plane, real node, Helm, the collector,
+/// SeaweedFS: 16 minutes cold on 2 cores, one after another) start first, taken
 /// by two background workers, so they overlap each other, the Debian packages and the Rust
 /// build of the tests; the tests start once all are done. Ends with a table of where the time went.
 fn test(extra: &[&str]) -> Result<()> {
@@ -151,8 +151,9 @@ fn test_phases(extra: &[&str], phases: &Phases) -> Result<()> {
     eprintln!("xtask: crds/ is up to date");
 
     // Two workers take the builds longest first (cold on 2 cores: kubernetes 6.5 min,
-    // Prometheus 4.5, SeaweedFS 3.5, CoreDNS 1.5, Helm 1.5, kwok 1, containerd 1, etcd 0.75,
-    // the collector 0.5); each build is cached apart, a warm one takes milliseconds.
+    // SeaweedFS 3.5, CoreDNS 1.5, Helm 1.5, kwok 1, containerd 1, etcd 0.75, the collector
+    // 0.5); each build is cached apart, a warm one takes milliseconds. Prometheus comes from
+    // Debian's packages.
     let go_builds = GoBuilds::start(2);
     let packages = phases.time("Debian packages", || {
         prerequisites::ensure_postgres()?;
@@ -162,6 +163,11 @@ fn test_phases(extra: &[&str], phases: &Phases) -> Result<()> {
         go_builds.wait(phases)?;
         let binaries = steward_testenv::binaries::ensure().context("the control plane")?;
         let node = steward_testenv::binaries::ensure_node().context("the real node")?;
+        // Debian's, installed with the packages; built from Go modules only where apt could
+        // not install it.
+        phases.time("Prometheus", || {
+            steward_testenv::binaries::prometheus().context("Prometheus")
+        })?;
         eprintln!(
             "xtask: control plane ready: kubernetes {}, etcd {}, kwok {}, containerd {}, CoreDNS {} ({})",
             binaries.versions.kubernetes,
@@ -214,16 +220,11 @@ type GoBuild = (&'static str, fn() -> Result<()>);
 type Built = (&'static str, std::time::Duration, Result<()>);
 
 /// Longest first (cold), so the workers end about together.
-const GO_BUILDS: [GoBuild; 6] = [
+const GO_BUILDS: [GoBuild; 5] = [
     ("Go: kubernetes, etcd, kwok", || {
         steward_testenv::binaries::ensure()
             .map(|_| ())
             .context("building the control plane")
-    }),
-    ("Go: Prometheus", || {
-        steward_testenv::binaries::prometheus()
-            .map(|_| ())
-            .context("building Prometheus")
     }),
     ("Go: SeaweedFS", || {
         steward_testenv::binaries::seaweedfs()

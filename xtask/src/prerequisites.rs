@@ -6,13 +6,15 @@ use std::process::Command;
 use anyhow::{Context, Result, bail};
 
 /// Debian packages the real node needs (runc, the CNI plugins, iptables), busybox for its
-/// test images and unzip/xz for the second PostgreSQL major's bundle, each with a file that
-/// shows it is installed.
+/// test images, unzip/xz for the second PostgreSQL major's bundle and Prometheus for the
+/// monitoring tests, each with a file that shows it is installed.
 const NODE_PACKAGES: &[(&str, &str)] = &[
     ("runc", "/usr/sbin/runc"),
     ("containernetworking-plugins", "/usr/lib/cni/bridge"),
     ("iptables", "/usr/sbin/iptables"),
     ("busybox-static", "/bin/busybox"),
+    // Prometheus and promtool for the monitoring tests (instead of a build from Go modules).
+    ("prometheus", "/usr/bin/promtool"),
     // Unpacking the PostgreSQL bundles from Maven Central (a jar holding a .txz).
     ("unzip", "/usr/bin/unzip"),
     ("xz-utils", "/usr/bin/xz"),

@@ -728,7 +728,9 @@ impl Operator {
                 Ok(Ok(Ok(()))) => {}
                 Err(_) => {
                     released = false;
-                    tracing::warn!("the Lease was not released within the shutdown bound; it expires on its own");
+                    tracing::warn!(
+                        "the Lease was not released within the shutdown bound; it expires on its own"
+                    );
                 }
             }
         }

@@ -311,7 +311,10 @@ mod tests {
     async fn acquired_and_lost_follow_the_watch() {
         use futures::FutureExt;
         let l = leadership(10_000);
-        assert!(l.lost().now_or_never().is_some(), "not leading: lost() resolves at once");
+        assert!(
+            l.lost().now_or_never().is_some(),
+            "not leading: lost() resolves at once"
+        );
         let mut acquired = std::pin::pin!(l.acquired());
         assert!(
             futures::poll!(&mut acquired).is_pending(),
@@ -321,9 +324,15 @@ mod tests {
         tokio::time::timeout(Duration::from_secs(5), acquired)
             .await
             .expect("acquired() resolves once leading");
-        assert!(l.acquired().now_or_never().is_some(), "leading: acquired() resolves at once");
+        assert!(
+            l.acquired().now_or_never().is_some(),
+            "leading: acquired() resolves at once"
+        );
         let mut lost = std::pin::pin!(l.lost());
-        assert!(futures::poll!(&mut lost).is_pending(), "leading: lost() waits");
+        assert!(
+            futures::poll!(&mut lost).is_pending(),
+            "leading: lost() waits"
+        );
         l.step_down();
         tokio::time::timeout(Duration::from_secs(5), lost)
             .await
