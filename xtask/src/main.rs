@@ -137,7 +137,7 @@ fn cargo_once() -> Command {
 /// Runs every test. The Go builds (control plane, real node, Helm, the collector,
 /// SeaweedFS: 16 minutes cold on 2 cores, one after another) start first, taken
 /// by two background workers, so they overlap each other, the Debian packages and the Rust
-/// build of the tests; the tests start once all are done. Ends with a table of where the time went.
+/// build of the tests; the tests start once all are done, the smoke benchmark beside them. Ends with a table of where the time went.
 fn test(extra: &[&str]) -> Result<()> {
     let started = std::time::Instant::now();
     let phases = Phases::default();
@@ -181,28 +181,32 @@ fn test_phases(extra: &[&str], phases: &Phases) -> Result<()> {
         eprintln!("xtask: {} is up to date", helm::CHART);
         Ok(())
     };
-    let tests = match packages {
-        Ok(()) => testrun::run(extra, go_builds, phases),
+    // The benchmark harness in its tiny configuration, so it does not rot; it asserts no
+    // timing, so it runs beside the tests (it has a control plane of its own). Skipped when
+    // the run is narrowed to some tests.
+    let out = workspace_root().join("target/bench-smoke");
+    let bench_out = out.clone();
+    let bench: Option<testrun::SideJob<'_>> = extra.is_empty().then(|| {
+        let job: Box<dyn FnOnce() -> Result<()> + Send> = Box::new(move || {
+            bench::run(bench::Flags {
+                smoke: true,
+                out: Some(bench_out),
+                ..bench::Flags::default()
+            })
+            .context("cargo xtask bench --smoke")
+        });
+        ("bench --smoke", job)
+    });
+    let ran_bench = bench.is_some();
+    match packages {
+        Ok(()) => testrun::run(extra, go_builds, bench, phases)?,
         // Still wait for the Go builds: they are cached for the next run.
         Err(e) => {
             let _ = go_builds();
-            Err(e)
+            return Err(e);
         }
-    };
-    tests?;
-    // The benchmark harness in its tiny configuration, so it does not rot; it asserts no
-    // timing. Skipped when the run is narrowed to some tests.
-    if extra.is_empty() {
-        let out = workspace_root().join("target/bench-smoke");
-        phases
-            .time("bench --smoke", || {
-                bench::run(bench::Flags {
-                    smoke: true,
-                    out: Some(out.clone()),
-                    ..bench::Flags::default()
-                })
-            })
-            .context("cargo xtask bench --smoke")?;
+    }
+    if ran_bench {
         eprintln!("xtask: bench --smoke wrote {}/benchmarks.md", out.display());
     }
     Ok(())

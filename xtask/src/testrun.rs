@@ -85,6 +85,7 @@ struct TestBinary {
 pub fn run(
     extra: &[&str],
     before_running: impl FnOnce() -> Result<()>,
+    side_job: Option<SideJob<'_>>,
     phases: &super::Phases,
 ) -> Result<()> {
     let (cargo_args, test_args) = match extra.iter().position(|a| *a == "--") {
@@ -130,6 +131,24 @@ pub fn run(
             }
         }
     };
+    // The side job goes to the first worker that finds the queue empty: with two, beside the
+    // real node's lane, which is the longest.
+    let side_job = Mutex::new(side_job);
+    let run_side_job = || {
+        let Some((name, job)) = side_job.lock().ok().and_then(|mut j| j.take()) else {
+            return;
+        };
+        eprintln!("\n     Running {name}");
+        let started = Instant::now();
+        let result = job();
+        phases.record(name, started.elapsed());
+        if let Err(e) = result
+            && let Ok(mut failed) = failed.lock()
+        {
+            failed.push(format!("{name} ({e:#})"));
+        }
+    };
+    let started = Instant::now();
     std::thread::scope(|scope| {
         for _ in 0..jobs {
             scope.spawn(|| {
@@ -138,11 +157,18 @@ pub fn run(
                     let Some(lane) = lane else { break };
                     run_lane(&lane, log_dir.as_deref());
                 }
+                run_side_job();
             });
         }
     });
+    phases.record(
+        &format!("all of the above, {jobs} at a time (wall clock)"),
+        started.elapsed(),
+    );
     // Alone, output live.
+    let started = Instant::now();
     run_lane(&solo, None);
+    phases.record("the solo binaries (wall clock)", started.elapsed());
     if let Ok(times) = times.into_inner() {
         write_times(&times_file, &times);
     }
@@ -166,6 +192,9 @@ pub fn run(
     }
     Ok(())
 }
+
+/// Work that runs beside the test binaries (the smoke benchmark): its name and the call.
+pub type SideJob<'a> = (&'static str, Box<dyn FnOnce() -> Result<()> + Send + 'a>);
 
 /// What running one binary came to.
 struct Ran {
