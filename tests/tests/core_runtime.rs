@@ -825,7 +825,6 @@ async fn a_stale_copy_of_a_finalized_object_is_not_an_error() {
 async fn shutdown_cancels_a_hung_reconcile_and_releases_the_lease_within_the_bound() {
     let shutdown_timeout = Duration::from_secs(4);
     let renew_deadline = Duration::from_secs(2);
-    let lease_ns = std::sync::OnceLock::new();
     let run = start_with("hang", Duration::from_millis(200), None, |a| {
         a.shutdown_timeout = shutdown_timeout;
         a.leader_elect = true;
@@ -834,7 +833,6 @@ async fn shutdown_cancels_a_hung_reconcile_and_releases_the_lease_within_the_bou
         a.leader_election_lease_duration = Duration::from_secs(3);
         a.leader_election_renew_deadline = renew_deadline;
         a.leader_election_retry_period = Duration::from_millis(500);
-        let _ = lease_ns.set(a.watch_namespace.clone().unwrap_or_default());
     })
     .await;
     *run.probe.hang_on.lock().unwrap() = Some("stuck".into());
@@ -862,7 +860,7 @@ async fn shutdown_cancels_a_hung_reconcile_and_releases_the_lease_within_the_bou
     .await
     .unwrap();
     let leases: Api<k8s_openapi::api::coordination::v1::Lease> =
-        Api::namespaced(run.api.clone().into_client(), lease_ns.get().unwrap());
+        Api::namespaced(run.api.clone().into_client(), &run.ns);
     let holder = |l: &k8s_openapi::api::coordination::v1::Lease| {
         l.spec
             .as_ref()

@@ -340,12 +340,7 @@ async fn object_store(
     let s3 = steward_testenv::s3::S3Server::start(steward_testenv::node::GATEWAY)
         .await
         .expect("SeaweedFS");
-    let secret = json!({
-        "apiVersion": "v1", "kind": "Secret",
-        "metadata": {"name": "s3-credentials", "namespace": cluster.ns},
-        "stringData": {"accessKeyId": steward_testenv::s3::S3Server::ACCESS_KEY,
-                       "secretAccessKey": steward_testenv::s3::S3Server::SECRET_KEY},
-    });
+    let secret = steward_testenv::s3::S3Server::credentials_secret("s3-credentials", &cluster.ns);
     steward_testenv::manifests::apply(&cluster.client, &secret, None, "real-node-test", false)
         .await
         .unwrap();
@@ -489,20 +484,20 @@ fn seconds_between(from: &str, to: &str) -> f64 {
         .unwrap()
 }
 
-/// A base backup of a database of about 250 MB taken while a client inserts a row every
-/// 50 ms, the client paused a moment to read the server's clock (T), then writing on:
-/// restored to T, a new cluster holds exactly the rows acknowledged before T (compared id by
-/// id; none after); restored to the end of the archive, every acknowledged row. Prints the
-/// backup's throughput and the restore's time for that size (the README's figures).
 /// Rows of the generated table the backup-under-writes test backs up: 500 000 (about 52 MB)
 /// in the test command; `STEWARD_BACKUP_ROWS=2500000` (about 261 MB) for the README's figures.
-fn bulk_rows() -> u64 {
+fn generated_rows() -> u64 {
     std::env::var("STEWARD_BACKUP_ROWS")
         .ok()
         .and_then(|v| v.parse().ok())
         .unwrap_or(500_000)
 }
 
+/// A base backup of a database of about 250 MB taken while a client inserts a row every
+/// 50 ms, the client paused a moment to read the server's clock (T), then writing on:
+/// restored to T, a new cluster holds exactly the rows acknowledged before T (compared id by
+/// id; none after); restored to the end of the archive, every acknowledged row. Prints the
+/// backup's throughput and the restore's time for that size (the README's figures).
 #[tokio::test]
 async fn postgres_cluster_backs_up_under_writes_and_restores_exactly_the_acknowledged_rows() {
     let _turn = NODE.lock().await;
@@ -520,7 +515,7 @@ async fn postgres_cluster_backs_up_under_writes_and_restores_exactly_the_acknowl
          create table bulk as select g as id, md5(g::text) || md5((g + 1)::text) as v \
            from generate_series(1, {}) g; \
          checkpoint",
-        bulk_rows()
+        generated_rows()
     ))
     .await
     .unwrap();

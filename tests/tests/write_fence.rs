@@ -85,18 +85,14 @@ impl HoldingProxy {
                     let (client_read, client_write) = client.into_split();
                     let (server_read, server_write) = server.into_split();
                     let awaiting = Arc::new(AtomicBool::new(false));
-                    let up = tokio::spawn(pipe(
-                        client_read,
-                        server_write,
-                        held.clone(),
-                        Direction::Up(counts.clone(), awaiting.clone()),
-                    ));
-                    let down = tokio::spawn(pipe(
-                        server_read,
-                        client_write,
-                        held,
-                        Direction::Down(counts, awaiting),
-                    ));
+                    let tally = |upstream| Tally {
+                        counts: counts.clone(),
+                        awaiting: awaiting.clone(),
+                        upstream,
+                    };
+                    let up =
+                        tokio::spawn(pipe(client_read, server_write, held.clone(), tally(true)));
+                    let down = tokio::spawn(pipe(server_read, client_write, held, tally(false)));
                     let _ = tokio::join!(up, down);
                 });
             }
@@ -138,20 +134,41 @@ impl HoldingProxy {
     }
 }
 
-/// Which way a [`pipe`] copies: up (client to server) counts held chunks and marks the
-/// connection as awaiting the server once they are delivered; down (server to client)
-/// clears that mark when the server sends anything or closes.
-enum Direction {
-    Up(Arc<Counts>, Arc<AtomicBool>),
-    Down(Arc<Counts>, Arc<AtomicBool>),
+/// One [`pipe`]'s share of the proxy's [`Counts`]: which way it copies, and its connection's
+/// mark "delivered held bytes the server has not answered yet" (set upstream, cleared
+/// downstream when the server sends anything or closes).
+struct Tally {
+    counts: Arc<Counts>,
+    awaiting: Arc<AtomicBool>,
+    upstream: bool,
 }
 
-impl Direction {
-    fn heard_from_server(&self) {
-        if let Direction::Down(counts, awaiting) = self
-            && awaiting.swap(false, Ordering::SeqCst)
-        {
-            counts.unanswered.fetch_sub(1, Ordering::SeqCst);
+impl Tally {
+    /// A chunk was read while `held` (or not): returns whether it is a held upstream chunk,
+    /// counted until delivered. Anything read downstream is the server answering.
+    fn read(&self, held: bool) -> bool {
+        if !self.upstream {
+            self.answered();
+            return false;
+        }
+        if held {
+            self.counts.held.fetch_add(1, Ordering::SeqCst);
+        }
+        held
+    }
+
+    /// A held chunk was written to the server (`ok`) or could not be.
+    fn delivered(&self, ok: bool) {
+        if ok && !self.awaiting.swap(true, Ordering::SeqCst) {
+            self.counts.unanswered.fetch_add(1, Ordering::SeqCst);
+        }
+        self.counts.held.fetch_sub(1, Ordering::SeqCst);
+    }
+
+    /// The server sent something or closed (downstream only).
+    fn answered(&self) {
+        if !self.upstream && self.awaiting.swap(false, Ordering::SeqCst) {
+            self.counts.unanswered.fetch_sub(1, Ordering::SeqCst);
         }
     }
 }
@@ -162,7 +179,7 @@ async fn pipe(
     mut from: tokio::net::tcp::OwnedReadHalf,
     mut to: tokio::net::tcp::OwnedWriteHalf,
     mut held: watch::Receiver<bool>,
-    direction: Direction,
+    tally: Tally,
 ) {
     let mut buf = vec![0u8; 64 * 1024];
     loop {
@@ -170,26 +187,19 @@ async fn pipe(
             Ok(0) | Err(_) => break,
             Ok(n) => n,
         };
-        direction.heard_from_server();
-        let was_held = matches!(direction, Direction::Up(..)) && *held.borrow();
-        if let (true, Direction::Up(counts, _)) = (was_held, &direction) {
-            counts.held.fetch_add(1, Ordering::SeqCst);
-        }
+        let held_chunk = tally.read(*held.borrow());
         if held.wait_for(|h| !*h).await.is_err() {
             break;
         }
         let written = to.write_all(&buf[..n]).await;
-        if let (true, Direction::Up(counts, awaiting)) = (was_held, &direction) {
-            if written.is_ok() && !awaiting.swap(true, Ordering::SeqCst) {
-                counts.unanswered.fetch_add(1, Ordering::SeqCst);
-            }
-            counts.held.fetch_sub(1, Ordering::SeqCst);
+        if held_chunk {
+            tally.delivered(written.is_ok());
         }
         if written.is_err() {
             return;
         }
     }
-    direction.heard_from_server();
+    tally.answered();
     let _ = held.wait_for(|h| !*h).await;
     tokio::time::sleep(Duration::from_secs(5)).await;
     let _ = to.shutdown().await;

@@ -73,7 +73,7 @@ enum Cmd {
     /// and the samples; Ctrl-C stops.
     Up {
         /// Stop once every sample is Ready (after the summary) instead of waiting for Ctrl-C;
-        /// fail if one is not (what the up test runs).
+        /// fail if one is not.
         #[arg(long)]
         check: bool,
     },
@@ -135,9 +135,10 @@ fn cargo_once() -> Command {
 }
 
 /// Runs every test. The Go builds (control plane, real node, Helm, the collector,
-/// SeaweedFS: 16 minutes cold on 2 cores, one after another) start first, taken
-/// by two background workers, so they overlap each other, the Debian packages and the Rust
-/// build of the tests; the tests start once all are done, the smoke benchmark beside them. Ends with a table of where the time went.
+/// SeaweedFS: 16 minutes cold on 2 cores, one after another) start first, taken by two
+/// background workers, so they overlap each other, the Debian packages and the Rust build of
+/// the tests; the tests start once all are done, the smoke benchmark beside them. Ends with
+/// a table of where the time went.
 fn test(extra: &[&str]) -> Result<()> {
     let started = std::time::Instant::now();
     let phases = Phases::default();

@@ -162,19 +162,9 @@ async fn up(check: bool) -> Result<()> {
     let s3 = steward_testenv::s3::S3Server::start(steward_testenv::node::GATEWAY)
         .await
         .context("starting SeaweedFS for the backup samples")?;
-    apply(
-        &client,
-        &json!({
-            "apiVersion": "v1", "kind": "Secret",
-            "metadata": {"name": DEMO_S3_SECRET, "namespace": DEMO_NAMESPACE},
-            "stringData": {
-                "accessKeyId": steward_testenv::s3::S3Server::ACCESS_KEY,
-                "secretAccessKey": steward_testenv::s3::S3Server::SECRET_KEY,
-            },
-        }),
-        None,
-    )
-    .await?;
+    let credentials =
+        steward_testenv::s3::S3Server::credentials_secret(DEMO_S3_SECRET, DEMO_NAMESPACE);
+    apply(&client, &credentials, None).await?;
     say(&format!("  {} (bucket {DEMO_BUCKET})", s3.endpoint()));
     let mut samples = cp.kustomize(&root.join("deploy/samples"))?;
     for sample in &mut samples {

@@ -697,15 +697,16 @@ impl Operator {
         // then its futures are dropped (every reconcile, with its API requests, SQL and
         // port-forwards, is polled inside them: dropping cancels them where they wait, as a
         // crash at that line would); the Lease is released in what is left.
-        let deadline = tokio::time::Instant::now() + args.shutdown_timeout;
-        let drain_until = deadline - release_reserve(&args);
+        let stopping = tokio::time::Instant::now();
+        let drain = args.shutdown_timeout - release_reserve(&args);
+        let (drain_until, deadline) = (stopping + drain, stopping + args.shutdown_timeout);
         shutdown.cancel();
         let mut work = work;
         let cancelled = match tokio::time::timeout_at(drain_until, &mut work).await {
             Ok(_) => false,
             Err(_) => {
                 tracing::warn!(
-                    drain = ?(args.shutdown_timeout - release_reserve(&args)),
+                    ?drain,
                     "in-flight work did not finish in time; cancelling it"
                 );
                 work.abort();

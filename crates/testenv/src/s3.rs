@@ -104,6 +104,20 @@ impl S3Server {
         }
     }
 
+    /// A Secret `name` in `namespace` with this server's credentials, as a PostgresCluster's
+    /// `spec.backup.objectStore.credentialsSecret` names them (`accessKeyId`,
+    /// `secretAccessKey`).
+    pub fn credentials_secret(name: &str, namespace: &str) -> serde_json::Value {
+        serde_json::json!({
+            "apiVersion": "v1", "kind": "Secret",
+            "metadata": {"name": name, "namespace": namespace},
+            "stringData": {
+                "accessKeyId": Self::ACCESS_KEY,
+                "secretAccessKey": Self::SECRET_KEY,
+            },
+        })
+    }
+
     /// `http://<ip>:<port>`.
     pub fn endpoint(&self) -> &str {
         &self.endpoint
