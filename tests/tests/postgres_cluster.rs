@@ -206,6 +206,11 @@ enum Fault {
     /// mid-flight) as the pod is deleted and started again once the new primary writes:
     /// failover does not need it, and the new one takes the cluster as it finds it.
     DeletePod,
+    /// SIGSTOP of the primary's postmaster: PostgreSQL hangs (new connections time out)
+    /// while its manager would renew the Lease for ever. The manager finds its health query
+    /// unanswered for `UNRESPONSIVE_TIMEOUT` (10 s), kills the postmaster and its backends
+    /// and releases the Lease; the replica takes over; the old primary rejoins rewound.
+    StopPostmaster,
     /// SIGSTOP of the primary's instance manager: it cannot renew; its watchdog stops
     /// PostgreSQL at the renew deadline, the replica takes the Lease after it expires.
     StopManager,
@@ -354,6 +359,7 @@ async fn disrupt(cluster: &mut Cluster, rw: &str, fault: Fault) -> (Duration, i6
             cluster.kill_operator();
         }
         Fault::StopManager => signal(manager, "STOP"),
+        Fault::StopPostmaster => signal(postmaster, "STOP"),
         Fault::Partition => partition(sandbox, false),
         Fault::Switchover | Fault::OperatorKilledMidSwitchover => {
             let to = (0..cluster.instances)
@@ -422,6 +428,11 @@ async fn disrupt(cluster: &mut Cluster, rw: &str, fault: Fault) -> (Duration, i6
         Err(e) => {
             match fault {
                 Fault::StopManager => signal(manager, "CONT"),
+                Fault::StopPostmaster => {
+                    let _ = std::process::Command::new("kill")
+                        .args(["-CONT", &postmaster.to_string()])
+                        .status();
+                }
                 Fault::Partition => partition(sandbox, true),
                 _ => {}
             }
@@ -570,7 +581,7 @@ fn record_for_bench(fault: Fault, instances: i32, unavailable: Duration, lost: i
     writeln!(file, "{line}").expect("write the bench record");
 }
 
-/// A PostgresCluster of 2 instances loses its primary three ways while a client writes
+/// A PostgresCluster of 2 instances loses its primary five ways while a client writes
 /// through the `-rw` Service: for each fault, a primary accepts writes again within a bound
 /// (measured and printed), the old primary accepts no write once the new one has (probed
 /// directly on its pod IP), the acknowledged rows lost are counted, and the cluster returns
@@ -594,6 +605,7 @@ async fn postgres_cluster_fails_over_and_never_has_two_writers() {
         Fault::KillPostgres,
         Fault::DeletePod,
         Fault::StopManager,
+        Fault::StopPostmaster,
         Fault::Partition,
     ] {
         let (unavailable, lost) = disrupt(&mut cluster, &rw, fault).await;
@@ -624,6 +636,7 @@ async fn postgres_cluster_switches_over_and_rolls_a_parameter_change_with_one_sw
         .await
         .unwrap();
     drop(setup);
+    a_switchover_to_a_replica_that_lacks_acknowledged_rows_is_refused(&cluster, &rw).await;
     for fault in [
         Fault::Switchover,
         Fault::OperatorKilledMidSwitchover,
@@ -736,6 +749,125 @@ async fn postgres_cluster_switches_over_and_rolls_a_parameter_change_with_one_sw
     }
 
     cluster.stop_operator().await;
+}
+
+/// A switchover asked for right after the primary acknowledged rows its target never
+/// received (asynchronous replication, the target's WAL receiver `SIGSTOP`ped): the primary
+/// must not hand over. Its fast shutdown cannot finish (its WAL sender waits for the target),
+/// so it starts again as the primary, records the refusal on the Lease, the operator reports
+/// `SwitchoverRefused` with the reason, and every acknowledged row is still there. Before
+/// (issue #37, item 4) the primary fell back to an immediate shutdown after 60 s, released the
+/// Lease anyway, the target was promoted without the rows, and they were lost for good.
+async fn a_switchover_to_a_replica_that_lacks_acknowledged_rows_is_refused(
+    cluster: &Cluster,
+    rw: &str,
+) {
+    let (old, _) = cluster.primary().await;
+    let target = if old == "pg-0" { "pg-1" } else { "pg-0" };
+    let client = connect(rw, &cluster.password).await.unwrap();
+    // The target has just replied (it flushed everything), so the primary's check that it
+    // streams and answers passes when the request comes.
+    eventually("the target has flushed every row", WAIT, || {
+        let client = &client;
+        async move {
+            client.batch_execute("insert into acks values (-1)").await.map_err(|e| e.to_string())?;
+            let behind: i64 = client
+                .query_one(
+                    "select count(*) from pg_stat_replication where application_name = $1                      and (state <> 'streaming' or flush_lsn < pg_current_wal_lsn())",
+                    &[&target],
+                )
+                .await
+                .map_err(|e| e.to_string())?
+                .get(0);
+            if behind == 0 { Ok(()) } else { Err("behind".to_string()) }
+        }
+    })
+    .await
+    .unwrap();
+    let receiver = cluster
+        .walreceiver(target)
+        .unwrap_or_else(|| panic!("{target} runs no WAL receiver"));
+    signal(receiver, "STOP");
+    for id in 0..50_i64 {
+        client
+            .execute("insert into acks values ($1)", &[&id])
+            .await
+            .unwrap();
+    }
+    drop(client);
+    let asked = Instant::now();
+    let annotation =
+        json!({"metadata": {"annotations": {"database.steward.dev/switchover-to": target}}});
+    cluster
+        .clusters()
+        .patch("pg", &PatchParams::default(), &Patch::Merge(annotation))
+        .await
+        .unwrap();
+    let events: Api<k8s_openapi::api::core::v1::Event> =
+        Api::namespaced(cluster.client.clone(), &cluster.ns);
+    let refused = eventually(
+        "the switchover is refused",
+        Duration::from_secs(120),
+        || {
+            let events = events.clone();
+            async move {
+                events
+                    .list(&Default::default())
+                    .await
+                    .map_err(|e| e.to_string())?
+                    .items
+                    .into_iter()
+                    .find(|e| {
+                        e.reason.as_deref() == Some("SwitchoverRefused")
+                            && e.message
+                                .as_deref()
+                                .is_some_and(|m| m.contains("the primary refused"))
+                    })
+                    .and_then(|e| e.message)
+                    .ok_or_else(|| "not yet".to_string())
+            }
+        },
+    )
+    .await;
+    signal(receiver, "CONT");
+    let refused = match refused {
+        Ok(message) => message,
+        Err(e) => panic!(
+            "{e}
+{}",
+            cluster.logs().await
+        ),
+    };
+    eprintln!(
+        "refused {:.1?} after the request: {refused}",
+        asked.elapsed()
+    );
+    assert_eq!(cluster.primary().await.0, old, "the primary did not move");
+    let remove = json!({"metadata": {"annotations": {"database.steward.dev/switchover-to": null}}});
+    cluster
+        .clusters()
+        .patch("pg", &PatchParams::default(), &Patch::Merge(remove))
+        .await
+        .unwrap();
+    let kept = eventually("the acknowledged rows are read through pg-rw", WAIT, || {
+        let (rw, password) = (rw.to_string(), cluster.password.clone());
+        async move {
+            let c = connect(&rw, &password).await.map_err(|e| e.to_string())?;
+            let n: i64 = c
+                .query_one("select count(*) from acks where id >= 0", &[])
+                .await
+                .map_err(|e| e.to_string())?
+                .get(0);
+            c.batch_execute("truncate acks")
+                .await
+                .map_err(|e| e.to_string())?;
+            Ok::<i64, String>(n)
+        }
+    })
+    .await
+    .unwrap();
+    assert_eq!(kept, 50, "every acknowledged row is on the primary");
+    cluster.wait_ready(Duration::from_secs(180)).await;
 }
 
 /// The whole cluster stopped at once (every pod deleted, as a node drain or a restart of

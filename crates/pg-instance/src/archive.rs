@@ -727,8 +727,11 @@ pub fn retention_plan(
         .iter()
         .filter(|w| {
             let file = w.trim_end_matches(".gz");
-            let is_segment_or_label = file.len() >= 24
-                && file[..24].chars().all(|c| c.is_ascii_hexdigit())
+            // `get`, not an index: any object can be put under `wal/`, and a name whose
+            // 24th byte is inside a multi-byte character must not panic the backup task.
+            let is_segment_or_label = file
+                .get(..24)
+                .is_some_and(|prefix| prefix.chars().all(|c| c.is_ascii_hexdigit()))
                 && !file.ends_with(".history");
             is_segment_or_label && position(file).is_some_and(|p| p < horizon)
         })
@@ -863,6 +866,13 @@ mod tests {
             5,
             "everything but the history file: {old_wal:?}"
         );
+        // Issue #37, item 11: an object under wal/ whose 24th byte falls inside a multi-byte
+        // character panicked the backup task; it is not WAL and is left alone.
+        let mut odd = wal.clone();
+        odd.push(format!("{}é.gz", "0".repeat(23))); // 'é' is bytes 23 and 24
+        odd.push("é".into());
+        let (_, old_wal) = retention_plan(&backups, &odd, 1);
+        assert_eq!(old_wal.len(), 5, "{old_wal:?}");
     }
 
     #[test]

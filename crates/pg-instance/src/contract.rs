@@ -22,6 +22,11 @@ pub const STATUS_ANNOTATION: &str = "database.steward.dev/instance";
 /// down cleanly and releases the Lease; only that instance may take it; it clears the
 /// annotation once it leads.
 pub const TARGET_ANNOTATION: &str = "database.steward.dev/target-primary";
+/// Annotation on the Lease: a switchover the primary refused, as `<target>: <reason>` (the
+/// target did not confirm the primary's last WAL; the primary runs on). Written by the
+/// primary as it clears [`TARGET_ANNOTATION`]; the operator reports it and removes it when
+/// it asks for another switchover or the request is withdrawn.
+pub const SWITCHOVER_REFUSED_ANNOTATION: &str = "database.steward.dev/switchover-refused";
 /// Annotation on the Lease: the instance that last released it on a clean stop (written just
 /// before it released), so a cluster stopped as a whole starts again on the instance that
 /// has every write.

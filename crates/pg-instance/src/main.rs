@@ -91,6 +91,10 @@ struct RunArgs {
     retry_period: Duration,
     #[arg(long, env = "STREAM_TIMEOUT", default_value = "20s", value_parser = steward_core::cli::parse_duration)]
     stream_timeout: Duration,
+    /// How long the primary's PostgreSQL may leave the health query unanswered (hung,
+    /// `SIGSTOP`ped, out of connections) before the instance kills it and gives up the Lease.
+    #[arg(long, env = "UNRESPONSIVE_TIMEOUT", default_value = "10s", value_parser = steward_core::cli::parse_duration)]
+    unresponsive_timeout: Duration,
     /// Base backups the retention policy keeps (0: all).
     #[arg(long, env = contract::BACKUP_KEEP_ENV, default_value_t = 0)]
     backup_keep: usize,
@@ -195,6 +199,7 @@ async fn run(args: RunArgs) -> anyhow::Result<()> {
         renew_deadline: args.renew_deadline,
         retry_period: args.retry_period,
         stream_timeout: args.stream_timeout,
+        unresponsive_timeout: args.unresponsive_timeout,
         exe: std::env::current_exe()?,
         backup: StoreConfig::from_env(contract::BACKUP_ENV)
             .map_err(|e| e.to_string())

@@ -54,6 +54,9 @@ pub struct Settings {
     pub retry_period: Duration,
     /// How long a replica may fail to stream from the primary before it is rewound.
     pub stream_timeout: Duration,
+    /// How long the primary's PostgreSQL may not answer before this instance kills it and
+    /// gives up the Lease.
+    pub unresponsive_timeout: Duration,
     /// The manager's own executable, started again as the watchdog.
     pub exe: PathBuf,
     /// `spec.backup`'s object store: WAL is archived there (by PostgreSQL's
@@ -76,6 +79,15 @@ const STEP_GRACE: Duration = Duration::from_secs(5);
 /// Failed starts in a row after which a replica's data directory is cloned afresh.
 const MAX_FAILED_STARTS: u32 = 10;
 const API_TIMEOUT: Duration = Duration::from_secs(3);
+/// A switchover: how long the fast shutdown may take (a checkpoint just before keeps it
+/// short) before it is refused, how long the target may take to confirm the last WAL, how
+/// lately it must have replied and how far behind it may be to start.
+const HANDOVER_SHUTDOWN: Duration = Duration::from_secs(30);
+const HANDOVER_CONFIRM: Duration = Duration::from_secs(10);
+const REPLY_FRESH: Duration = Duration::from_secs(15);
+const MAX_HANDOVER_LAG: u64 = 16 << 20;
+/// An instance whose PostgreSQL has not answered for this long is not ready.
+const STALE_AFTER: Duration = Duration::from_secs(5);
 
 /// Runs the instance until `shutdown`, then stops PostgreSQL (fast) and releases the Lease.
 ///
@@ -141,11 +153,13 @@ pub async fn run(
         health,
         postmaster: None,
         observed: None,
+        answered_at: None,
+        switchover_waiting: None,
         following: None,
         installed_major: crate::upgrade::installed_major().await.ok(),
         needs_rewind: false,
         not_streaming_since: None,
-        replication_role: false,
+        roles_ensured: false,
         published: None,
         certificate: None,
         rewind_failures: 0,
@@ -325,15 +339,21 @@ struct Instance {
     primary_pid: Arc<AtomicI32>,
     health: http::Health,
     postmaster: Option<Postmaster>,
+    /// The last observation, kept when a query fails (fencing acts on what was last seen
+    /// running read-write).
     observed: Option<Observed>,
+    /// When this postmaster last answered the health query (`None`: not since it started).
+    answered_at: Option<Instant>,
+    /// Why a requested switchover waits (logged when it changes).
+    switchover_waiting: Option<String>,
     /// The primary host `instance.conf` points a replica at.
     following: Option<String>,
     /// The data directory ran read-write on a timeline the primary may not have, or failed
     /// to stream: rewind before following.
     needs_rewind: bool,
     not_streaming_since: Option<Instant>,
-    /// The replication role was ensured on this postmaster (as primary).
-    replication_role: bool,
+    /// The superuser and replication roles were ensured on this postmaster (as primary).
+    roles_ensured: bool,
     published: Option<(InstanceStatus, Instant)>,
     /// The server certificate as last read.
     certificate: Option<Vec<u8>>,
@@ -396,8 +416,34 @@ impl Instance {
         self.reload_renewed_certificate();
         let leading = self.election.leadership.is_leader();
         self.fence(leading).await;
+        if leading && self.step_down_if_unresponsive().await? {
+            return Ok(()); // a replica from the next tick on
+        }
 
-        let world = self.observe_world().await?;
+        if !self.settings.paths.initialized() {
+            // Never a new cluster (or a clone) where an interrupted major upgrade left the
+            // data beside the data directory.
+            let pgdata = &self.settings.paths.pgdata;
+            if let Some(done) =
+                crate::upgrade::recover_interrupted_swap(pgdata, self.installed_major)?
+            {
+                tracing::warn!(
+                    ?done,
+                    "recovered the data directory from an interrupted major upgrade"
+                );
+            }
+        }
+
+        let world = match self.observe_world().await {
+            Ok(world) => world,
+            Err(e) => {
+                // Cut off from the API server: what readiness says must still be true (the
+                // watchdog may have stopped PostgreSQL, the Lease may have run out).
+                self.reap();
+                self.observe().await;
+                return Err(e);
+            }
+        };
         let paths = self.settings.paths.clone();
         let older = paths
             .initialized()
@@ -460,6 +506,49 @@ impl Instance {
             self.observed = None;
             self.primary_pid.store(0, Ordering::SeqCst);
         }
+    }
+
+    /// The primary's PostgreSQL has not answered for longer than `unresponsive_timeout`
+    /// (hung, `SIGSTOP`ped: new connections time out while the Lease would renew for ever):
+    /// kill it and every backend, then release the Lease so that a replica is elected. It
+    /// rejoins as a replica (rewound first). A postmaster that never answered since it
+    /// started (crash recovery, a long promotion) is not judged here.
+    /// Returns whether it stepped down.
+    async fn step_down_if_unresponsive(&mut self) -> anyhow::Result<bool> {
+        let silent = match (self.answered_at, &self.postmaster) {
+            (Some(at), Some(_)) => at.elapsed(),
+            _ => return Ok(false),
+        };
+        if silent <= self.settings.unresponsive_timeout {
+            return Ok(false);
+        }
+        tracing::error!(
+            silent_for = ?silent,
+            "the primary's PostgreSQL does not answer: killing it and giving up the Lease"
+        );
+        self.eligible.send_replace(false);
+        self.primary_pid.store(0, Ordering::SeqCst);
+        if let Some(pm) = self.postmaster.take() {
+            pm.kill_all().await;
+        }
+        self.observed = None;
+        self.answered_at = None;
+        self.needs_rewind = true;
+        self.following = None;
+        self.health.set(false, true);
+        self.release_lease().await?;
+        Ok(true)
+    }
+
+    /// Releases the Lease (if held) and stands again, with whatever eligibility
+    /// [`Instance::report`] computes next.
+    async fn release_lease(&mut self) -> anyhow::Result<()> {
+        self.election.stop().await;
+        let eligible = self.election.eligible.clone();
+        self.election = Election::start(&self.client, &self.settings, eligible)?;
+        self.leadership
+            .send_replace(self.election.leadership.clone());
+        Ok(())
     }
 
     /// Not the leader but running read-write: stop at once.
@@ -561,13 +650,7 @@ impl Instance {
             return Ok(());
         };
         tracing::info!(%host, "cloning the primary");
-        clear_dir(&paths.pgdata)?;
-        if let Err(e) = postgres::basebackup(paths, &host).await {
-            clear_dir(&paths.pgdata)?;
-            return Err(e.into());
-        }
-        std::fs::write(paths.standby_signal(), "")?;
-        Ok(())
+        self.clone_afresh(&host).await
     }
 
     /// The first instance of a restored cluster: unpacks the newest base backup that
@@ -620,9 +703,7 @@ impl Instance {
                 if let Some(pm) = &self.postmaster {
                     pm.reload();
                 }
-                let client = postgres::connect(&paths).await?;
-                postgres::set_superuser_password(&client, &self.settings.superuser_password)
-                    .await?;
+                // Its superuser password is set to this cluster's as it runs as the primary.
                 self.recovering = false;
             }
             _ => {} // starting up or replaying
@@ -661,19 +742,30 @@ impl Instance {
                 self.primary_pid.store(pm.pid(), Ordering::SeqCst);
             }
             self.needs_rewind = false;
-            if !self.replication_role {
+            if !self.roles_ensured {
                 let client = postgres::connect(&paths).await?;
-                postgres::ensure_replication_role(&client, &self.settings.replication_password)
-                    .await?;
+                postgres::ensure_roles(
+                    &client,
+                    &self.settings.superuser_password,
+                    &self.settings.replication_password,
+                )
+                .await?;
                 if self.observed.as_ref().is_some_and(|o| o.archiver.is_some()) {
                     // Archive what exists now, so a new primary's archiving is proven (and a
                     // new timeline's history reaches the store) without waiting for
                     // archive_timeout.
                     postgres::switch_wal(&client).await?;
                 }
-                self.replication_role = true;
+                self.roles_ensured = true;
             }
             self.label(world).await?;
+            if world.last_primary.is_some() {
+                // The record of a clean stop served its purpose: a primary runs. Kept, it
+                // would make the others wait for (and the named instance retake) the Lease
+                // the next time it is released, say by a primary that hung.
+                self.annotate_lease(contract::LAST_PRIMARY_ANNOTATION, None)
+                    .await?;
+            }
             self.analyze_after_upgrade().await;
             match world.target.as_deref() {
                 Some(target) if target == self.settings.pod => self.clear_target().await?,
@@ -728,33 +820,108 @@ impl Instance {
         }));
     }
 
-    /// A planned switchover: when `target` is a ready replica, shut PostgreSQL down cleanly
-    /// (a fast shutdown sends the remaining WAL, up to the shutdown checkpoint, to the
-    /// connected replicas), then release the Lease so the target takes it. This instance
-    /// rejoins as a replica at the next ticks.
+    /// A planned switchover: once `target` is a ready replica that streams from this primary
+    /// ([`may_hand_over`]), checkpoint, shut PostgreSQL down cleanly (a fast shutdown sends
+    /// the remaining WAL, up to the shutdown checkpoint, to the connected replicas), and
+    /// release the Lease so the target takes it, but only once the target confirms it has
+    /// flushed that WAL to its end. Otherwise (the shutdown was not clean, the target does
+    /// not confirm) every acknowledged write would not be on the new primary: this instance
+    /// starts again as the primary and records the refusal on the Lease
+    /// ([`contract::SWITCHOVER_REFUSED_ANNOTATION`]). After a handover it rejoins as a
+    /// replica at the next ticks.
     async fn hand_over(&mut self, target: &str, world: &World) -> anyhow::Result<()> {
+        let paths = self.settings.paths.clone();
         let ready = world.pods.iter().map(peer).any(|p| {
             p.name == target
                 && p.ready
                 && p.status.as_ref().is_some_and(|s| s.role == Role::Replica)
         });
-        if !ready {
-            tracing::info!(%target, "switchover requested; waiting for the target to be a ready replica");
+        let waiting = if ready {
+            let client = postgres::connect(&paths).await?;
+            let standby = postgres::standby(&client, target).await?;
+            match may_hand_over(standby.as_ref()) {
+                Ok(()) => {
+                    // Little left for the shutdown checkpoint to write (best effort).
+                    if let Err(e) = postgres::checkpoint(&client, HANDOVER_SHUTDOWN).await {
+                        tracing::warn!(error = %e, "the checkpoint before the switchover failed");
+                    }
+                    None
+                }
+                Err(why) => Some(why),
+            }
+        } else {
+            Some("it is not a ready replica".to_string())
+        };
+        if let Some(why) = waiting {
+            if self.switchover_waiting.as_deref() != Some(why.as_str()) {
+                tracing::info!(%target, "switchover requested; waiting: {why}");
+                self.switchover_waiting = Some(why);
+            }
             return Ok(());
         }
-        tracing::info!(%target, "switchover: shutting down cleanly, then releasing the Lease");
+        self.switchover_waiting = None;
+        let Some(host) = world
+            .pod(target)
+            .and_then(|p| p.status.as_ref()?.pod_ip.clone())
+        else {
+            return Ok(());
+        };
+        tracing::info!(%target, "switchover: shutting down cleanly, then releasing the Lease once the target confirms the last WAL");
         self.primary_pid.store(0, Ordering::SeqCst);
-        if let Some(pm) = self.postmaster.take() {
-            pm.stop(Duration::from_secs(60)).await;
-        }
+        let clean = match self.postmaster.take() {
+            Some(pm) => pm.stop(HANDOVER_SHUTDOWN).await,
+            None => false,
+        };
         self.observed = None;
-        self.needs_rewind = true;
-        self.election.stop().await;
-        let eligible = self.election.eligible.clone();
-        self.election = Election::start(&self.client, &self.settings, eligible)?;
-        self.leadership
-            .send_replace(self.election.leadership.clone());
-        Ok(())
+        let confirmed = if clean {
+            self.confirm_handover(&host).await
+        } else {
+            Err(format!(
+                "the fast shutdown did not finish within {HANDOVER_SHUTDOWN:?} (its WAL senders waited for a replica that does not answer)"
+            ))
+        };
+        match confirmed {
+            Ok(end) => {
+                tracing::info!(%target, %end, "the target has every WAL record: releasing the Lease");
+                self.needs_rewind = true;
+                self.release_lease().await
+            }
+            Err(why) => {
+                // Still the holder: run on as the primary, every acknowledged write kept.
+                tracing::warn!(%target, "switchover refused, running on as the primary: {why}");
+                self.start(&paths)?;
+                self.annotate_lease(
+                    contract::SWITCHOVER_REFUSED_ANNOTATION,
+                    Some(&format!("{target}: {why}")),
+                )
+                .await?;
+                self.annotate_lease(contract::TARGET_ANNOTATION, None).await
+            }
+        }
+    }
+
+    /// After a clean shutdown for a switchover: waits (up to [`HANDOVER_CONFIRM`]) until the
+    /// target at `host` has flushed this instance's WAL up to the end of its shutdown
+    /// checkpoint. Returns that end, or why it could not be confirmed.
+    async fn confirm_handover(&self, host: &str) -> Result<contract::Lsn, String> {
+        let end = match postgres::clean_wal_end(&self.settings.paths).await {
+            Ok(Some(end)) => end,
+            Ok(None) => return Err("the data directory was not shut down cleanly".into()),
+            Err(e) => return Err(format!("reading where the WAL ends: {e}")),
+        };
+        let deadline = Instant::now() + HANDOVER_CONFIRM;
+        let mut last = String::from("not asked yet");
+        while Instant::now() < deadline {
+            match postgres::received_lsn(&self.settings.paths, host).await {
+                Ok(Some(received)) if received >= end => return Ok(end),
+                Ok(received) => last = format!("it has flushed up to {received:?}"),
+                Err(e) => last = format!("asking it failed: {e}"),
+            }
+            tokio::time::sleep(Duration::from_millis(250)).await;
+        }
+        Err(format!(
+            "the target did not confirm the WAL up to {end} within {HANDOVER_CONFIRM:?} ({last})"
+        ))
     }
 
     /// As the switchover's target, once leading: the Lease no longer names a target.
@@ -802,6 +969,13 @@ impl Instance {
                 tracing::info!(%host, "rewinding to follow the new primary");
                 match postgres::rewind(&paths, host).await {
                     Ok(out) => tracing::info!(output = %out.trim(), "pg_rewind finished"),
+                    // It could not reach or log in to the primary (a partition, "too many
+                    // clients", a certificate or password problem): nothing is known about
+                    // the data, which stays as it is. Tried again at the next tick.
+                    Err(e) if postgres::unreachable(&e) => {
+                        tracing::warn!(error = %e, "pg_rewind could not reach the primary; trying again");
+                        return Ok(());
+                    }
                     // pg_rewind cannot rewind a data directory whose WAL ends exactly where
                     // the timelines forked (nothing to undo): follow without rewinding. If
                     // the stream then fails too, it is rewound again, and after a second
@@ -880,15 +1054,32 @@ impl Instance {
         Ok(())
     }
 
-    /// Replaces the data directory with a new copy of the primary at `host`.
+    /// Replaces the data directory with a new copy of the primary at `host`. The copy is
+    /// made beside it (`<pgdata>.cloning`) and swapped in only once complete: a clone that
+    /// fails (the primary unreachable, the volume full, a kill) leaves the data directory
+    /// as it was, whatever it holds.
     async fn clone_afresh(&mut self, host: &str) -> anyhow::Result<()> {
         let paths = self.settings.paths.clone();
-        clear_dir(&paths.pgdata)?;
-        if let Err(e) = postgres::basebackup(&paths, host).await {
-            clear_dir(&paths.pgdata)?;
+        let staging = sibling(&paths.pgdata, ".cloning");
+        let discarded = sibling(&paths.pgdata, ".discarded");
+        for leftover in [&staging, &discarded] {
+            remove_dir_if_exists(leftover)?;
+        }
+        clear_dir(&staging)?;
+        let staged = Paths {
+            pgdata: staging.clone(),
+            ..paths.clone()
+        };
+        if let Err(e) = postgres::basebackup(&staged, host).await {
+            remove_dir_if_exists(&staging)?;
             return Err(e.into());
         }
-        std::fs::write(paths.standby_signal(), "")?;
+        std::fs::write(staged.standby_signal(), "")?;
+        if paths.pgdata.exists() {
+            std::fs::rename(&paths.pgdata, &discarded)?;
+        }
+        std::fs::rename(&staging, &paths.pgdata)?;
+        remove_dir_if_exists(&discarded)?;
         self.rewind_failures = 0;
         self.failed_starts = 0;
         Ok(())
@@ -915,7 +1106,8 @@ impl Instance {
     fn start(&mut self, paths: &Paths) -> anyhow::Result<()> {
         self.postmaster = Some(Postmaster::start(paths)?);
         self.observed = None;
-        self.replication_role = false;
+        self.answered_at = None;
+        self.roles_ensured = false;
         Ok(())
     }
 
@@ -928,6 +1120,7 @@ impl Instance {
                 Ok(client) => match postgres::observe(&client).await {
                     Ok(o) => {
                         self.observed = Some(o);
+                        self.answered_at = Some(Instant::now());
                         self.failed_starts = 0;
                     }
                     Err(e) => tracing::debug!(error = %e, "observing PostgreSQL failed"),
@@ -936,10 +1129,15 @@ impl Instance {
             }
         }
         let leading = self.election.leadership.is_leader();
-        let ready = self
-            .observed
-            .as_ref()
-            .is_some_and(|o| o.in_recovery != leading);
+        // Ready: PostgreSQL answered lately, in the role the Lease gives this instance.
+        let answering = self
+            .answered_at
+            .is_some_and(|at| at.elapsed() < STALE_AFTER);
+        let ready = answering
+            && self
+                .observed
+                .as_ref()
+                .is_some_and(|o| o.in_recovery != leading);
         self.health
             .set(ready, self.observed.is_some() || self.postmaster.is_none());
     }
@@ -1057,6 +1255,35 @@ impl Instance {
     }
 }
 
+/// Whether the primary may shut down for a switchover to a replica it sees as `standby`
+/// (`None`: not connected): it must stream, have replied lately (a replica whose WAL
+/// receiver hangs is still listed as streaming until `wal_sender_timeout`), and be close
+/// behind. Otherwise the reason to wait. The shutdown is still confirmed afterwards
+/// ([`Instance::confirm_handover`]): this only avoids stopping when it would be refused.
+fn may_hand_over(standby: Option<&postgres::Standby>) -> Result<(), String> {
+    let Some(standby) = standby else {
+        return Err("it is not connected to this primary".into());
+    };
+    if !standby.streaming {
+        return Err("it is connected but not streaming".into());
+    }
+    match standby.reply_age {
+        Some(age) if age <= REPLY_FRESH => {}
+        age => {
+            return Err(format!(
+                "it has not replied for {age:?} (a replica replies at least every 10 s)"
+            ));
+        }
+    }
+    if standby.flush_lag > MAX_HANDOVER_LAG {
+        return Err(format!(
+            "it is {} bytes behind (at most {MAX_HANDOVER_LAG} to hand over)",
+            standby.flush_lag
+        ));
+    }
+    Ok(())
+}
+
 /// A pod as the election sees it.
 fn peer(pod: &Pod) -> Peer {
     let ready = contract::pod_ready(pod);
@@ -1068,6 +1295,20 @@ fn peer(pod: &Pod) -> Peer {
         name: pod.name_any(),
         ready: ready && pod.metadata.deletion_timestamp.is_none(),
         status,
+    }
+}
+
+/// `<dir><suffix>` beside `dir`.
+fn sibling(dir: &std::path::Path, suffix: &str) -> PathBuf {
+    let mut name = dir.file_name().unwrap_or_default().to_os_string();
+    name.push(suffix);
+    dir.with_file_name(name)
+}
+
+fn remove_dir_if_exists(dir: &std::path::Path) -> std::io::Result<()> {
+    match std::fs::remove_dir_all(dir) {
+        Err(e) if e.kind() != std::io::ErrorKind::NotFound => Err(e),
+        _ => Ok(()),
     }
 }
 
@@ -1084,4 +1325,37 @@ fn clear_dir(dir: &std::path::Path) -> std::io::Result<()> {
     }
     use std::os::unix::fs::PermissionsExt;
     std::fs::set_permissions(dir, std::fs::Permissions::from_mode(0o700))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use postgres::Standby;
+
+    fn standby(streaming: bool, flush_lag: u64, reply_age: Option<u64>) -> Standby {
+        Standby {
+            streaming,
+            flush_lag,
+            reply_age: reply_age.map(Duration::from_secs),
+        }
+    }
+
+    #[test]
+    fn a_switchover_starts_only_to_a_streaming_replica_that_replied_lately_and_is_close() {
+        assert_eq!(may_hand_over(Some(&standby(true, 0, Some(1)))), Ok(()));
+        assert_eq!(
+            may_hand_over(Some(&standby(true, MAX_HANDOVER_LAG, Some(15)))),
+            Ok(())
+        );
+        for (s, why) in [
+            (None, "not connected"),
+            (Some(standby(false, 0, Some(1))), "not streaming"),
+            (Some(standby(true, 0, Some(16))), "not replied"),
+            (Some(standby(true, 0, None)), "not replied"),
+            (Some(standby(true, MAX_HANDOVER_LAG + 1, Some(1))), "behind"),
+        ] {
+            let refused = may_hand_over(s.as_ref()).unwrap_err();
+            assert!(refused.contains(why), "{s:?}: {refused}");
+        }
+    }
 }

@@ -142,14 +142,10 @@ pub async fn basebackup(paths: &Paths, host: &str) -> Result<(), Error> {
     run(
         "pg_basebackup",
         Command::new("pg_basebackup")
-            .args([
-                "-h",
-                host,
-                "-p",
-                &PG_PORT.to_string(),
-                "-U",
-                REPLICATION_USER,
-            ])
+            .arg("-d")
+            .arg(format!(
+                "host={host} port={PG_PORT} user={REPLICATION_USER} connect_timeout=5"
+            ))
             .arg("-D")
             .arg(&paths.pgdata)
             .args(["-X", "stream", "-c", "fast", "--no-password"])
@@ -183,6 +179,24 @@ pub async fn rewind(paths: &Paths, host: &str) -> Result<String, Error> {
             .env("PGSSLROOTCERT", paths.ca_file()),
     )
     .await
+}
+
+/// Whether a program failed because it could not reach or log in to the server (as opposed
+/// to what it found there): libpq's connection errors.
+pub fn unreachable(error: &Error) -> bool {
+    let Error::Failed { output, .. } = error else {
+        return false;
+    };
+    const CONNECTING: [&str; 7] = [
+        "could not connect to server",
+        "connection to server at",
+        "too many clients already",
+        "password authentication failed",
+        "no password supplied",
+        "SSL error",
+        "the database system is",
+    ];
+    CONNECTING.iter().any(|needle| output.contains(needle))
 }
 
 /// The lock files a postmaster leaves when it is killed: `postmaster.pid` in the data
@@ -281,12 +295,12 @@ impl Postmaster {
 
     /// Fast shutdown (SIGINT: sessions are cancelled, the primary's remaining WAL is sent
     /// to connected replicas); immediate (SIGQUIT) if it takes longer than `timeout`.
-    pub async fn stop(mut self, timeout: Duration) {
+    /// Returns whether the fast shutdown finished in time (an immediate one writes no
+    /// shutdown checkpoint).
+    pub async fn stop(mut self, timeout: Duration) -> bool {
         self.signal(Signal::SIGINT);
-        if tokio::time::timeout(timeout, self.child.wait())
-            .await
-            .is_err()
-        {
+        let finished = tokio::time::timeout(timeout, self.child.wait()).await;
+        if finished.is_err() {
             tracing::warn!(
                 pid = self.pid,
                 "fast shutdown took over {timeout:?}; immediate shutdown"
@@ -295,6 +309,16 @@ impl Postmaster {
             let _ = tokio::time::timeout(Duration::from_secs(5), self.child.wait()).await;
             let _ = self.child.kill().await;
         }
+        matches!(finished, Ok(Ok(status)) if status.success())
+    }
+
+    /// Kills the postmaster and every process it started, even when it does not run (a
+    /// `SIGSTOP`ped or hung postmaster cannot forward a shutdown signal to its backends,
+    /// which would go on serving the sessions they have). The postmaster is stopped first
+    /// so that it forks nothing new while its children are listed and killed.
+    pub async fn kill_all(mut self) {
+        kill_tree(self.pid);
+        let _ = self.child.kill().await;
     }
 
     /// Immediate shutdown: no checkpoint, sessions killed at once (the fence).
@@ -307,6 +331,41 @@ impl Postmaster {
             let _ = self.child.kill().await;
         }
     }
+}
+
+/// `SIGSTOP`s process `pid`, `SIGKILL`s each of its children, then `pid` itself.
+pub fn kill_tree(pid: i32) {
+    let target = Pid::from_raw(pid);
+    if kill(target, Signal::SIGSTOP).is_err() {
+        return;
+    }
+    for child in children_of(pid) {
+        let _ = kill(Pid::from_raw(child), Signal::SIGKILL);
+    }
+    let _ = kill(target, Signal::SIGKILL);
+}
+
+/// The processes whose parent is `pid` (from `/proc`).
+fn children_of(pid: i32) -> Vec<i32> {
+    let Ok(entries) = std::fs::read_dir("/proc") else {
+        return Vec::new();
+    };
+    entries
+        .filter_map(|e| e.ok()?.file_name().to_str()?.parse::<i32>().ok())
+        .filter(|p| {
+            std::fs::read_to_string(format!("/proc/{p}/stat"))
+                .ok()
+                .and_then(|stat| parent_in_stat(&stat))
+                == Some(pid)
+        })
+        .collect()
+}
+
+/// The parent pid in a `/proc/<pid>/stat` line: the field after the state, which follows
+/// the command in parentheses (a command may itself contain `)` and spaces).
+fn parent_in_stat(stat: &str) -> Option<i32> {
+    let (_, rest) = stat.rsplit_once(')')?;
+    rest.split_whitespace().nth(1)?.parse().ok()
 }
 
 /// What a query tells about the running instance.
@@ -416,47 +475,158 @@ pub async fn switch_wal(client: &tokio_postgres::Client) -> Result<(), Error> {
     Ok(())
 }
 
-/// Sets the superuser's password (a restored cluster's data has the source's).
-pub async fn set_superuser_password(
+/// A replica as the primary sees it (`pg_stat_replication`, by `application_name`, which
+/// each replica sets to its pod's name).
+#[derive(Clone, Debug, PartialEq)]
+pub struct Standby {
+    /// The WAL sender's state is `streaming`.
+    pub streaming: bool,
+    /// Bytes of WAL the primary wrote that the replica has not confirmed flushed.
+    pub flush_lag: u64,
+    /// How long ago the replica last replied (`None`: never).
+    pub reply_age: Option<Duration>,
+}
+
+/// On the primary: the replica `name`, if it is connected.
+pub async fn standby(
     client: &tokio_postgres::Client,
-    password: &str,
+    name: &str,
+) -> Result<Option<Standby>, Error> {
+    const SQL: &str = "select state = 'streaming', \
+        coalesce(pg_wal_lsn_diff(pg_current_wal_lsn(), flush_lsn), 0)::float8, \
+        extract(epoch from clock_timestamp() - reply_time)::float8 \
+        from pg_stat_replication where application_name = $1 \
+        order by (state = 'streaming') desc, reply_time desc nulls last limit 1";
+    let rows = tokio::time::timeout(QUERY_TIMEOUT, client.query(SQL, &[&name]))
+        .await
+        .map_err(|_| Error::Timeout(QUERY_TIMEOUT))??;
+    Ok(rows.first().map(|row| Standby {
+        streaming: row.get(0),
+        // Whole bytes, never negative (a replica may confirm past a stale read).
+        #[allow(clippy::cast_possible_truncation, clippy::cast_sign_loss)]
+        flush_lag: row.get::<_, f64>(1).max(0.0) as u64,
+        reply_age: row
+            .get::<_, Option<f64>>(2)
+            .map(|s| Duration::from_secs_f64(s.max(0.0))),
+    }))
+}
+
+/// A `CHECKPOINT`, so that a shutdown right after has little left to write.
+pub async fn checkpoint(client: &tokio_postgres::Client, timeout: Duration) -> Result<(), Error> {
+    tokio::time::timeout(timeout, client.batch_execute("checkpoint"))
+        .await
+        .map_err(|_| Error::Timeout(timeout))??;
+    Ok(())
+}
+
+/// Where the WAL of this stopped data directory ends, if it was shut down cleanly: just after
+/// its shutdown checkpoint record (`pg_controldata` locates it, `pg_waldump` gives its
+/// length). `None`: not shut down cleanly (no shutdown checkpoint: the end is unknown).
+pub async fn clean_wal_end(paths: &Paths) -> Result<Option<Lsn>, Error> {
+    let control = run(
+        "pg_controldata",
+        Command::new("pg_controldata").arg(&paths.pgdata),
+    )
+    .await?;
+    let field = |name: &str| {
+        control
+            .lines()
+            .find_map(|l| l.strip_prefix(name))
+            .map(str::trim)
+            .unwrap_or_default()
+            .to_string()
+    };
+    if field("Database cluster state:") != "shut down" {
+        return Ok(None);
+    }
+    let checkpoint = field("Latest checkpoint location:");
+    let dump = run(
+        "pg_waldump",
+        Command::new("pg_waldump")
+            .arg("-p")
+            .arg(paths.pgdata.join("pg_wal"))
+            .args(["-s", &checkpoint, "-n", "1"]),
+    )
+    .await?;
+    let failed = |output: String| Error::Failed {
+        program: "pg_waldump",
+        status: std::process::ExitStatus::default(),
+        output,
+    };
+    let start: Lsn = checkpoint.parse().map_err(|_| {
+        failed(format!(
+            "no checkpoint location in pg_controldata: {control}"
+        ))
+    })?;
+    let length = record_length(&dump).ok_or_else(|| failed(dump.clone()))?;
+    Ok(Some(Lsn(start.0 + length)))
+}
+
+/// The total length of the first record `pg_waldump` printed (`len (rec/tot): 114/ 114`).
+fn record_length(dump: &str) -> Option<u64> {
+    let (_, rest) = dump.split_once("len (rec/tot):")?;
+    let (_, total) = rest.split_once('/')?;
+    total.split(',').next()?.trim().parse().ok()
+}
+
+/// The WAL a replica at `host` has received and flushed (`pg_last_wal_receive_lsn()`),
+/// asked as [`REPLICATION_USER`] over verified TLS.
+pub async fn received_lsn(paths: &Paths, host: &str) -> Result<Option<Lsn>, Error> {
+    let out = run(
+        "psql",
+        Command::new("psql")
+            .arg(format!(
+                "host={host} port={PG_PORT} user={REPLICATION_USER} dbname=postgres connect_timeout=3"
+            ))
+            .args(["-XAtc", "select pg_last_wal_receive_lsn()"])
+            .env("PGPASSFILE", paths.passfile())
+            .env("PGSSLMODE", "verify-ca")
+            .env("PGSSLROOTCERT", paths.ca_file()),
+    )
+    .await?;
+    Ok(out.trim().parse().ok())
+}
+
+/// On the primary, each time it starts read-write: the superuser has the password this
+/// cluster's Secret holds (a restored cluster's data has the source's, and a restart right
+/// after the promotion must not keep it), and the replication role exists, can log in with
+/// its password, and may run what `pg_rewind` needs (PostgreSQL's documented grants), so
+/// neither cloning nor rewinding uses the superuser.
+pub async fn ensure_roles(
+    client: &tokio_postgres::Client,
+    superuser_password: &str,
+    replication_password: &str,
 ) -> Result<(), Error> {
-    let literal = format!("'{}'", password.replace('\'', "''"));
-    let sql = format!(
-        "set local synchronous_commit = local; alter role postgres with password {literal}"
-    );
+    let sql = roles_sql(superuser_password, replication_password);
     tokio::time::timeout(Duration::from_secs(10), client.batch_execute(&sql))
         .await
         .map_err(|_| Error::Timeout(Duration::from_secs(10)))??;
     Ok(())
 }
 
-/// On the primary: the replication role exists, can log in with `password`, and may run
-/// what `pg_rewind` needs (PostgreSQL's documented grants), so neither cloning nor
-/// rewinding uses the superuser.
-pub async fn ensure_replication_role(
-    client: &tokio_postgres::Client,
-    password: &str,
-) -> Result<(), Error> {
-    let literal = format!("'{}'", password.replace('\'', "''"));
+/// The statements of [`ensure_roles`]. Passwords are sent as SCRAM-SHA-256 verifiers,
+/// never in clear text: a statement can be logged (`log_statement`, errors) and shows in
+/// `pg_stat_activity`.
+fn roles_sql(superuser_password: &str, replication_password: &str) -> String {
+    // The verifier's alphabet (base64, `$`, `:`, digits) needs no quoting.
+    let verifier = |password: &str| postgres_protocol::password::scram_sha_256(password.as_bytes());
     // `synchronous_commit = local`: with synchronous replication configured and no replica
     // yet (bootstrap), a commit would wait for a replica that cannot clone without this role.
-    let sql = format!(
+    format!(
         "set local synchronous_commit = local; \
+         alter role postgres with password '{}'; \
          do $$ begin \
            if not exists (select from pg_roles where rolname = '{REPLICATION_USER}') then \
              create role {REPLICATION_USER} with login replication; \
            end if; end $$; \
-         alter role {REPLICATION_USER} with login replication password {literal}; \
+         alter role {REPLICATION_USER} with login replication password '{}'; \
          grant execute on function pg_catalog.pg_ls_dir(text, boolean, boolean) to {REPLICATION_USER}; \
          grant execute on function pg_catalog.pg_stat_file(text, boolean) to {REPLICATION_USER}; \
          grant execute on function pg_catalog.pg_read_binary_file(text) to {REPLICATION_USER}; \
-         grant execute on function pg_catalog.pg_read_binary_file(text, bigint, bigint, boolean) to {REPLICATION_USER};"
-    );
-    tokio::time::timeout(Duration::from_secs(10), client.batch_execute(&sql))
-        .await
-        .map_err(|_| Error::Timeout(Duration::from_secs(10)))??;
-    Ok(())
+         grant execute on function pg_catalog.pg_read_binary_file(text, bigint, bigint, boolean) to {REPLICATION_USER};",
+        verifier(superuser_password),
+        verifier(replication_password),
+    )
 }
 
 #[cfg(test)]
@@ -488,5 +658,108 @@ mod tests {
             }
         }
         assert!(!is_postgres(std::process::id()));
+    }
+
+    /// Issue #37, item 8: the passwords were sent as `PASSWORD '<clear text>'`, which the
+    /// server logs with `log_statement`.
+    #[test]
+    fn roles_are_given_scram_verifiers_never_the_passwords() {
+        let sql = roles_sql("super'secret", "repl-secret");
+        assert!(!sql.contains("secret"), "{sql}");
+        assert_eq!(
+            sql.matches("password 'SCRAM-SHA-256$4096:").count(),
+            2,
+            "{sql}"
+        );
+        // Each verifier has its own salt.
+        assert_ne!(roles_sql("a", "b"), roles_sql("a", "b"));
+    }
+
+    #[test]
+    fn the_length_of_a_shutdown_checkpoint_is_read_from_pg_waldump() {
+        let dump = "rmgr: XLOG        len (rec/tot):    114/   114, tx:          0, lsn: 0/03000028, prev 0/03000000, desc: CHECKPOINT_SHUTDOWN redo 0/3000028; tli 1\n";
+        assert_eq!(record_length(dump), Some(114));
+        assert_eq!(
+            record_length("pg_waldump: error: could not find a valid record"),
+            None
+        );
+    }
+
+    /// Issue #37, item 3: a replica erased itself after two `pg_rewind` failures of any
+    /// cause; one that could not reach the primary proves nothing about the data.
+    #[test]
+    fn a_rewind_that_could_not_connect_is_told_from_one_that_found_divergent_data() {
+        let failed = |output: &str| Error::Failed {
+            program: "pg_rewind",
+            status: std::process::ExitStatus::default(),
+            output: output.into(),
+        };
+        for output in [
+            "pg_rewind: error: could not connect to server: connection to server at \"198.18.0.5\", port 5432 failed: Connection timed out",
+            "pg_rewind: error: connection to server at \"198.18.0.5\", port 5432 failed: FATAL:  sorry, too many clients already",
+            "connection to server at \"198.18.0.5\", port 5432 failed: FATAL:  password authentication failed for user \"steward_replication\"",
+            "connection to server at \"198.18.0.5\", port 5432 failed: SSL error: certificate verify failed",
+            "FATAL:  the database system is starting up",
+        ] {
+            assert!(unreachable(&failed(output)), "{output}");
+        }
+        for output in [
+            "pg_rewind: error: could not find common ancestor of the source and target cluster's timelines",
+            "pg_rewind: error: target server needs to use either data checksums or \"wal_log_hints = on\"",
+        ] {
+            assert!(!unreachable(&failed(output)), "{output}");
+        }
+        assert!(!unreachable(&Error::Timeout(Duration::from_secs(1))));
+    }
+
+    #[test]
+    fn the_parent_is_read_after_the_last_parenthesis() {
+        assert_eq!(parent_in_stat("42 (postgres) S 7 42 42 0 -1"), Some(7));
+        assert_eq!(parent_in_stat("43 (a) b (c) R 9 1 1"), Some(9));
+        assert_eq!(parent_in_stat("garbage"), None);
+    }
+
+    /// A stopped parent and its child are both killed: the child first, while the
+    /// parent (frozen) cannot start another.
+    #[tokio::test]
+    async fn kill_tree_kills_a_stopped_parent_and_its_children() {
+        let mut parent = Command::new("sh")
+            .args(["-c", "sleep 300 & wait"])
+            .spawn()
+            .unwrap();
+        let pid = i32::try_from(parent.id().unwrap()).unwrap();
+        let deadline = std::time::Instant::now() + Duration::from_secs(5);
+        let child = loop {
+            if let Some(c) = children_of(pid).first() {
+                break *c;
+            }
+            assert!(
+                std::time::Instant::now() < deadline,
+                "sh never started sleep"
+            );
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        };
+        kill(Pid::from_raw(pid), Signal::SIGSTOP).unwrap();
+        kill_tree(pid);
+        let status = tokio::time::timeout(Duration::from_secs(5), parent.wait())
+            .await
+            .expect("the stopped parent was killed")
+            .unwrap();
+        assert!(!status.success());
+        // The child is gone or a zombie (a SIGKILL takes effect when it is next scheduled).
+        let deadline = std::time::Instant::now() + Duration::from_secs(5);
+        loop {
+            let state = std::fs::read_to_string(format!("/proc/{child}/stat"))
+                .ok()
+                .and_then(|s| s.rsplit_once(')')?.1.trim().chars().next());
+            if matches!(state, None | Some('Z')) {
+                break;
+            }
+            assert!(
+                std::time::Instant::now() < deadline,
+                "the child {child} still runs: {state:?}"
+            );
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
     }
 }

@@ -550,6 +550,51 @@ pub async fn analyze(socket_dir: &Path) -> Result<String, Error> {
     .await?)
 }
 
+/// What [`recover_interrupted_swap`] did.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Recovered {
+    /// The upgraded directory (complete, of the installed major) was moved in.
+    FinishedSwap,
+    /// The old directory was moved back: the upgrade did not complete.
+    PutBack,
+}
+
+/// Before anything decides that an empty data directory is a new cluster (and runs `initdb`
+/// there, or clones into it): a major upgrade interrupted between its two renames leaves
+/// `pgdata` missing or empty and the data in `.retired`. The swap is finished when the
+/// upgraded directory is complete and of `installed` (this image's major), else the old
+/// directory is put back (the next upgrade attempt starts over from it). `None`: there
+/// was nothing to recover.
+///
+/// # Errors
+/// When a rename fails: the caller must then not touch the data directory.
+pub fn recover_interrupted_swap(
+    pgdata: &Path,
+    installed: Option<u32>,
+) -> Result<Option<Recovered>, Error> {
+    let layout = Layout::of(pgdata);
+    if data_major(pgdata).is_some() || data_major(&layout.retired).is_none() {
+        return Ok(None);
+    }
+    let upgraded =
+        data_major(&layout.upgrading).filter(|_| layout.upgrading.join(DONE_MARKER).exists());
+    // An empty directory may stand where the old one was (a volume's mount point is never
+    // renamed; a half-done rename leaves none): out of the way first.
+    if pgdata.exists() {
+        std::fs::remove_dir(pgdata).map_err(io(format!(
+            "remove the empty {} (an interrupted upgrade left the data in {})",
+            pgdata.display(),
+            layout.retired.display()
+        )))?;
+    }
+    if upgraded.is_some() && upgraded == installed {
+        swap_in(&layout)?;
+        return Ok(Some(Recovered::FinishedSwap));
+    }
+    rename(&layout.retired, pgdata)?;
+    Ok(Some(Recovered::PutBack))
+}
+
 fn swap_in(layout: &Layout) -> Result<(), Error> {
     // Before the swap: an interrupted swap is finished by the next run, which writes it again.
     std::fs::write(analyze_marker(&layout.pgdata), "")
@@ -575,6 +620,55 @@ fn remove(dir: &Path) -> Result<(), Error> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Issue #37, item 2: after an upgrade stopped between its renames, the data is in
+    /// `.retired` and `pgdata` is empty; the instance manager ran `initdb` there.
+    #[test]
+    fn an_interrupted_swap_is_finished_or_undone_never_left_empty() {
+        let dir = tempfile::tempdir().unwrap();
+        let pgdata = dir.path().join("pgdata");
+        let layout = Layout::of(&pgdata);
+        let cluster = |path: &Path, major: &str| {
+            std::fs::create_dir_all(path).unwrap();
+            std::fs::write(path.join("PG_VERSION"), format!("{major}\n")).unwrap();
+        };
+        // Nothing to recover: a data directory in place, or nothing retired.
+        cluster(&pgdata, "15");
+        assert_eq!(recover_interrupted_swap(&pgdata, Some(17)).unwrap(), None);
+        std::fs::remove_dir_all(&pgdata).unwrap();
+        assert_eq!(recover_interrupted_swap(&pgdata, Some(17)).unwrap(), None);
+
+        // pg_upgrade finished (marked): the upgraded directory goes in.
+        cluster(&layout.retired, "15");
+        cluster(&layout.upgrading, "17");
+        std::fs::write(layout.upgrading.join(DONE_MARKER), "15 -> 17\n").unwrap();
+        std::fs::create_dir_all(&pgdata).unwrap(); // empty, as initdb would find it
+        assert_eq!(
+            recover_interrupted_swap(&pgdata, Some(17)).unwrap(),
+            Some(Recovered::FinishedSwap)
+        );
+        assert_eq!(data_major(&pgdata), Some(17));
+        assert!(!layout.retired.exists() && !layout.upgrading.exists());
+
+        // Not finished (no marker), or for another image: the old directory goes back.
+        std::fs::remove_dir_all(&pgdata).unwrap();
+        cluster(&layout.retired, "15");
+        cluster(&layout.upgrading, "17");
+        assert_eq!(
+            recover_interrupted_swap(&pgdata, Some(17)).unwrap(),
+            Some(Recovered::PutBack)
+        );
+        assert_eq!(data_major(&pgdata), Some(15));
+        assert!(!layout.retired.exists());
+        std::fs::remove_dir_all(&pgdata).unwrap();
+        cluster(&layout.retired, "15");
+        std::fs::write(layout.upgrading.join(DONE_MARKER), "15 -> 17\n").unwrap();
+        assert_eq!(
+            recover_interrupted_swap(&pgdata, Some(16)).unwrap(),
+            Some(Recovered::PutBack)
+        );
+        assert_eq!(data_major(&pgdata), Some(15));
+    }
 
     #[test]
     fn majors_are_read_from_version_output_and_pg_version() {

@@ -317,36 +317,12 @@ impl Cluster {
 
     /// Host pids of `pod`'s instance manager (`steward-pg-instance run`) and postmaster.
     pub(crate) fn processes(&self, pod: &str) -> (u32, u32) {
-        let markers = [
-            format!("POD_NAME={pod}"),
-            format!("POD_NAMESPACE={}", self.ns),
-        ];
-        let mut manager = None;
-        let mut all = Vec::new();
-        for entry in std::fs::read_dir("/proc").unwrap().flatten() {
-            let Ok(pid) = entry.file_name().to_string_lossy().parse::<u32>() else {
-                continue;
-            };
-            let environ = std::fs::read(entry.path().join("environ")).unwrap_or_default();
-            let environ = String::from_utf8_lossy(&environ);
-            if !markers.iter().all(|m| environ.split('\0').any(|e| e == m)) {
-                continue;
-            }
-            let cmdline = std::fs::read(entry.path().join("cmdline")).unwrap_or_default();
-            let cmdline = String::from_utf8_lossy(&cmdline).replace('\0', " ");
-            let stat = std::fs::read_to_string(entry.path().join("stat")).unwrap_or_default();
-            let ppid: u32 = stat
-                .rsplit(')')
-                .next()
-                .and_then(|s| s.split_whitespace().nth(1))
-                .and_then(|s| s.parse().ok())
-                .unwrap_or(0);
-            if cmdline.contains("steward-pg-instance run") {
-                manager = Some(pid);
-            }
-            all.push((pid, ppid, cmdline));
-        }
-        let manager = manager.unwrap_or_else(|| panic!("no instance manager of {pod} found"));
+        let all = self.pod_processes(pod);
+        let manager = all
+            .iter()
+            .find(|(_, _, cmd)| cmd.contains("steward-pg-instance run"))
+            .map(|(pid, ..)| *pid)
+            .unwrap_or_else(|| panic!("no instance manager of {pod} found"));
         let postmaster = all
             .iter()
             .find(|(_, ppid, cmd)| *ppid == manager && cmd.starts_with("postgres"))
@@ -354,6 +330,52 @@ impl Cluster {
             .unwrap_or_else(|| panic!("no postmaster under {pod}'s manager {manager}: {all:?}"));
         (manager, postmaster)
     }
+
+    /// The host pid of `pod`'s WAL receiver (a replica streaming), if it runs: a child of
+    /// its postmaster (PostgreSQL's process titles overwrite a child's environment, so it is
+    /// found by its parent, not by the pod's variables).
+    pub(crate) fn walreceiver(&self, pod: &str) -> Option<u32> {
+        let (_, postmaster) = self.processes(pod);
+        host_processes(|_| true)
+            .into_iter()
+            .find(|(_, ppid, cmd)| *ppid == postmaster && cmd.contains("walreceiver"))
+            .map(|(pid, ..)| pid)
+    }
+
+    /// Every host process of `pod`'s instance container that still has its environment:
+    /// pid, parent pid, command line.
+    fn pod_processes(&self, pod: &str) -> Vec<(u32, u32, String)> {
+        let markers = [
+            format!("POD_NAME={pod}"),
+            format!("POD_NAMESPACE={}", self.ns),
+        ];
+        host_processes(|environ| markers.iter().all(|m| environ.split('\0').any(|e| e == m)))
+    }
+}
+
+/// The host's processes whose environment passes `keep`: pid, parent pid, command line.
+fn host_processes(keep: impl Fn(&str) -> bool) -> Vec<(u32, u32, String)> {
+    let mut all = Vec::new();
+    for entry in std::fs::read_dir("/proc").unwrap().flatten() {
+        let Ok(pid) = entry.file_name().to_string_lossy().parse::<u32>() else {
+            continue;
+        };
+        let environ = std::fs::read(entry.path().join("environ")).unwrap_or_default();
+        if !keep(&String::from_utf8_lossy(&environ)) {
+            continue;
+        }
+        let cmdline = std::fs::read(entry.path().join("cmdline")).unwrap_or_default();
+        let cmdline = String::from_utf8_lossy(&cmdline).replace('\0', " ");
+        let stat = std::fs::read_to_string(entry.path().join("stat")).unwrap_or_default();
+        let ppid: u32 = stat
+            .rsplit(')')
+            .next()
+            .and_then(|s| s.split_whitespace().nth(1))
+            .and_then(|s| s.parse().ok())
+            .unwrap_or(0);
+        all.push((pid, ppid, cmdline));
+    }
+    all
 }
 
 /// A process in the same network namespace as host process `pid` that lives as long as the

@@ -245,9 +245,36 @@ pub async fn reconcile(
     // Done: the request is removed after the status write (removing it changes the
     // cluster's resourceVersion, which would void that guarded write and its Event).
     let mut clear_request = false;
+    // A switchover the primary refused (its target did not confirm the last WAL).
+    let refused = roles
+        .refused
+        .as_ref()
+        .filter(|(target, _)| roles.switching_to.as_deref() != Some(target.as_str()));
+    if let Some((target, why)) = refused {
+        let asked = requested.as_deref() == Some(target.as_str());
+        let message = if asked {
+            format!(
+                "the primary refused the switchover to {target} and runs on: {why}; the annotation {SWITCHOVER_ANNOTATION} is left for you to change or remove"
+            )
+        } else {
+            format!(
+                "the primary refused the switchover to {target} and runs on: {why}; it is asked again while still needed"
+            )
+        };
+        ctx.recorder
+            .warning(cluster.as_ref(), "SwitchoverRefused", "Switchover", message)
+            .await;
+        if !asked {
+            // Withdrawn, or the rolling update's: the next reconcile may ask again.
+            clear_refusal(&leases, &names.lease, target).await?;
+        }
+    }
+    let refused_target = refused.map(|(target, _)| target.as_str());
     if let Some(to) = &requested {
         if roles.primary.as_deref() == Some(to.as_str()) {
             clear_request = true;
+        } else if refused_target == Some(to.as_str()) {
+            // Reported above; asking again needs a new request.
         } else if let Err(why) = switchover_allowed(to, &cluster, &views, &roles) {
             ctx.recorder
                 .warning(cluster.as_ref(), "SwitchoverRefused", "Switchover", format!("switchover to {to} refused: {why}; the annotation {SWITCHOVER_ANNOTATION} is left for you to change or remove"))
@@ -303,6 +330,7 @@ pub async fn reconcile(
                     Err(source) => return Err(Error::ReplacePod { pod, source }),
                 }
             }
+            rollout::Step::Switchover { to } if refused_target == Some(to.as_str()) => {}
             rollout::Step::Switchover { to } => {
                 request_switchover(&leases, &names.lease, &to).await?;
                 asked_now = Some(to.clone());
@@ -520,6 +548,8 @@ struct PrimaryRoles {
     primary: Option<String>,
     /// The switchover target the Lease names.
     switching_to: Option<String>,
+    /// A switchover the primary refused: its target and why.
+    refused: Option<(String, String)>,
     /// The Lease's `leaseTransitions`.
     transitions: Option<i32>,
 }
@@ -530,6 +560,7 @@ impl PrimaryRoles {
             None => Self {
                 primary: Some(names.first_pod.clone()),
                 switching_to: None,
+                refused: None,
                 transitions: None,
             },
             Some(lease) => Self {
@@ -543,6 +574,11 @@ impl PrimaryRoles {
                     .get(steward_pg_instance::contract::TARGET_ANNOTATION)
                     .filter(|t| !t.is_empty())
                     .cloned(),
+                refused: lease
+                    .annotations()
+                    .get(steward_pg_instance::contract::SWITCHOVER_REFUSED_ANNOTATION)
+                    .and_then(|r| r.split_once(": "))
+                    .map(|(target, why)| (target.to_string(), why.to_string())),
                 transitions: lease.spec.as_ref().and_then(|s| s.lease_transitions),
             },
         }
@@ -616,12 +652,30 @@ fn switchover_allowed(
     Ok(())
 }
 
-/// Names `to` as the switchover target on the cluster's Lease: the primary's instance
-/// manager hands over to it.
+/// Names `to` as the switchover target on the cluster's Lease (and removes an earlier
+/// refusal): the primary's instance manager hands over to it.
 async fn request_switchover(leases: &Api<Lease>, lease: &str, to: &str) -> Result<(), Error> {
-    let patch = serde_json::json!({"metadata": {"annotations": {
-        steward_pg_instance::contract::TARGET_ANNOTATION: to
-    }}});
+    use steward_pg_instance::contract::{SWITCHOVER_REFUSED_ANNOTATION, TARGET_ANNOTATION};
+    let annotations =
+        serde_json::json!({TARGET_ANNOTATION: to, SWITCHOVER_REFUSED_ANNOTATION: null});
+    annotate_lease(leases, lease, to, annotations).await
+}
+
+/// Removes a reported refusal of the switchover to `target` from the cluster's Lease.
+async fn clear_refusal(leases: &Api<Lease>, lease: &str, target: &str) -> Result<(), Error> {
+    use steward_pg_instance::contract::SWITCHOVER_REFUSED_ANNOTATION;
+    let annotations = serde_json::json!({SWITCHOVER_REFUSED_ANNOTATION: null});
+    annotate_lease(leases, lease, target, annotations).await
+}
+
+/// Merges `annotations` into the cluster's Lease, for the switchover to `to`.
+async fn annotate_lease(
+    leases: &Api<Lease>,
+    lease: &str,
+    to: &str,
+    annotations: serde_json::Value,
+) -> Result<(), Error> {
+    let patch = serde_json::json!({"metadata": {"annotations": annotations}});
     leases
         .patch(lease, &PatchParams::default(), &Patch::Merge(&patch))
         .await
