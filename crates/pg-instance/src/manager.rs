@@ -154,6 +154,7 @@ pub async fn run(
         postmaster: None,
         observed: None,
         answered_at: None,
+        unanswered_since: None,
         switchover_waiting: None,
         following: None,
         installed_major: crate::upgrade::installed_major().await.ok(),
@@ -344,6 +345,9 @@ struct Instance {
     observed: Option<Observed>,
     /// When this postmaster last answered the health query (`None`: not since it started).
     answered_at: Option<Instant>,
+    /// Since when the health query of a postmaster that had answered fails: time spent in
+    /// other steps (a checkpoint, a promotion) does not count, only queries that failed.
+    unanswered_since: Option<Instant>,
     /// Why a requested switchover waits (logged when it changes).
     switchover_waiting: Option<String>,
     /// The primary host `instance.conf` points a replica at.
@@ -512,10 +516,10 @@ impl Instance {
     /// (hung, `SIGSTOP`ped: new connections time out while the Lease would renew for ever):
     /// kill it and every backend, then release the Lease so that a replica is elected. It
     /// rejoins as a replica (rewound first). A postmaster that never answered since it
-    /// started (crash recovery, a long promotion) is not judged here.
-    /// Returns whether it stepped down.
+    /// started (crash recovery, a long promotion) is not judged here. Returns whether it
+    /// stepped down.
     async fn step_down_if_unresponsive(&mut self) -> anyhow::Result<bool> {
-        let silent = match (self.answered_at, &self.postmaster) {
+        let silent = match (self.unanswered_since, &self.postmaster) {
             (Some(at), Some(_)) => at.elapsed(),
             _ => return Ok(false),
         };
@@ -533,6 +537,7 @@ impl Instance {
         }
         self.observed = None;
         self.answered_at = None;
+        self.unanswered_since = None;
         self.needs_rewind = true;
         self.following = None;
         self.health.set(false, true);
@@ -1107,6 +1112,7 @@ impl Instance {
         self.postmaster = Some(Postmaster::start(paths)?);
         self.observed = None;
         self.answered_at = None;
+        self.unanswered_since = None;
         self.roles_ensured = false;
         Ok(())
     }
@@ -1116,16 +1122,23 @@ impl Instance {
         if self.postmaster.is_none() {
             self.observed = None;
         } else {
-            match postgres::connect(&self.settings.paths).await {
-                Ok(client) => match postgres::observe(&client).await {
-                    Ok(o) => {
-                        self.observed = Some(o);
-                        self.answered_at = Some(Instant::now());
-                        self.failed_starts = 0;
+            let answer = match postgres::connect(&self.settings.paths).await {
+                Ok(client) => postgres::observe(&client).await,
+                Err(e) => Err(e),
+            };
+            match answer {
+                Ok(o) => {
+                    self.observed = Some(o);
+                    self.answered_at = Some(Instant::now());
+                    self.unanswered_since = None;
+                    self.failed_starts = 0;
+                }
+                Err(e) => {
+                    tracing::debug!(error = %e, "PostgreSQL does not answer (yet)");
+                    if self.answered_at.is_some() {
+                        self.unanswered_since.get_or_insert_with(Instant::now);
                     }
-                    Err(e) => tracing::debug!(error = %e, "observing PostgreSQL failed"),
-                },
-                Err(e) => tracing::debug!(error = %e, "PostgreSQL does not accept connections yet"),
+                }
             }
         }
         let leading = self.election.leadership.is_leader();
