@@ -395,7 +395,10 @@ async fn disrupt(cluster: &mut Cluster, rw: &str, fault: Fault) -> (Duration, i6
             }
         }
         Fault::RollingChange => {
-            let change = json!({"spec": {"parameters": {"work_mem": "8MB"}}});
+            // A small wal_keep_size too: the lagging-replica scenario after the switchovers
+            // needs the primary to remove WAL a replica has not received.
+            let change =
+                json!({"spec": {"parameters": {"work_mem": "8MB", "wal_keep_size": "32MB"}}});
             cluster
                 .clusters()
                 .patch("pg", &PatchParams::default(), &Patch::Merge(change))
@@ -747,8 +750,74 @@ async fn postgres_cluster_switches_over_and_rolls_a_parameter_change_with_one_sw
             .collect();
         panic!("{e}\npods report {annotations:?}\n{}", cluster.logs().await);
     }
+    a_replica_the_primary_removed_wal_for_is_cloned_again(&cluster, &rw).await;
 
     cluster.stop_operator().await;
+}
+
+/// A replica whose WAL receiver hung while the primary wrote far more than `wal_keep_size`
+/// (32 MB here) and checkpointed: the primary no longer has the WAL it needs. Before (issue
+/// #37, item 5) it looped for ever (not streaming → "no rewind required" → restart), Ready,
+/// a candidate for the Lease, serving stale data on `-ro`. Now, after the second time it
+/// cannot stream with nothing to rewind, it is cloned afresh, and streams again: a row
+/// written after the gap reaches it.
+async fn a_replica_the_primary_removed_wal_for_is_cloned_again(cluster: &Cluster, rw: &str) {
+    let (primary, _) = cluster.primary().await;
+    let replica = if primary == "pg-0" { "pg-1" } else { "pg-0" };
+    let receiver = cluster
+        .walreceiver(replica)
+        .unwrap_or_else(|| panic!("{replica} runs no WAL receiver"));
+    signal(receiver, "STOP");
+    let c = connect(rw, &cluster.password).await.unwrap();
+    c.batch_execute(
+        "create table filler as select i, repeat('x', 200) as pad from generate_series(1, 400000) i; \
+         checkpoint; select pg_switch_wal(); checkpoint; \
+         create table after_the_gap (at timestamptz default now()); \
+         insert into after_the_gap default values",
+    )
+    .await
+    .unwrap();
+    let written: i64 = c
+        .query_one(
+            "select pg_wal_lsn_diff(pg_current_wal_lsn(), '0/0')::bigint",
+            &[],
+        )
+        .await
+        .unwrap()
+        .get(0);
+    drop(c);
+    signal(receiver, "CONT");
+    let started = Instant::now();
+    let ro = cluster.cluster_ip("pg-ro").await;
+    let caught_up = eventually(
+        "the replica reads the row written after the gap",
+        Duration::from_secs(240),
+        || {
+            let (ro, password) = (ro.clone(), cluster.password.clone());
+            async move {
+                let c = connect(&ro, &password).await.map_err(|e| e.to_string())?;
+                let n: i64 = c
+                    .query_one("select count(*) from after_the_gap", &[])
+                    .await
+                    .map_err(|e| e.to_string())?
+                    .get(0);
+                if n == 1 {
+                    Ok(())
+                } else {
+                    Err(format!("{n} rows"))
+                }
+            }
+        },
+    )
+    .await;
+    if let Err(e) = caught_up {
+        panic!("{e}\n{}", cluster.logs().await);
+    }
+    eprintln!(
+        "the replica behind by more than wal_keep_size streams again {:.1?} after its WAL receiver resumed (WAL position {written})",
+        started.elapsed()
+    );
+    cluster.wait_ready(Duration::from_secs(180)).await;
 }
 
 /// A switchover asked for right after the primary acknowledged rows its target never

@@ -164,6 +164,8 @@ pub async fn run(
         published: None,
         certificate: None,
         rewind_failures: 0,
+        stream_broke: false,
+        cannot_catch_up: 0,
         failed_starts: 0,
         analyze: None,
         analyze_retry_at: None,
@@ -363,6 +365,12 @@ struct Instance {
     certificate: Option<Vec<u8>>,
     /// `pg_rewind` failures since this instance last streamed.
     rewind_failures: u32,
+    /// Stopped because it did not stream from a reachable primary (not as a former primary).
+    stream_broke: bool,
+    /// Times in a row it stopped streaming and `pg_rewind` then found nothing to undo: the
+    /// primary no longer has the WAL it needs (past `wal_keep_size`). Not a candidate for
+    /// the Lease meanwhile (its data may be arbitrarily old); cloned afresh at the second.
+    cannot_catch_up: u32,
     /// Times in a row PostgreSQL exited before it ever answered (reset once it does).
     failed_starts: u32,
     /// The ANALYZE after a major upgrade, while it runs.
@@ -972,13 +980,24 @@ impl Instance {
                     return Ok(());
                 }
                 tracing::info!(%host, "rewinding to follow the new primary");
+                let stream_broke = std::mem::take(&mut self.stream_broke);
                 match postgres::rewind(&paths, host).await {
+                    Ok(out) if stream_broke && out.contains("no rewind required") => {
+                        self.cannot_catch_up += 1;
+                        if self.cannot_catch_up >= 2 {
+                            tracing::warn!(%host, "this replica cannot catch up (it stopped streaming twice with nothing to rewind: the primary no longer has the WAL it needs); cloning the primary afresh");
+                            self.clone_afresh(host).await?;
+                        } else {
+                            tracing::warn!(%host, "not streaming, and nothing to rewind: the primary may no longer have the WAL this replica needs; not a candidate until it streams");
+                        }
+                    }
                     Ok(out) => tracing::info!(output = %out.trim(), "pg_rewind finished"),
                     // It could not reach or log in to the primary (a partition, "too many
                     // clients", a certificate or password problem): nothing is known about
                     // the data, which stays as it is. Tried again at the next tick.
                     Err(e) if postgres::unreachable(&e) => {
                         tracing::warn!(error = %e, "pg_rewind could not reach the primary; trying again");
+                        self.stream_broke = stream_broke;
                         return Ok(());
                     }
                     // pg_rewind cannot rewind a data directory whose WAL ends exactly where
@@ -1019,6 +1038,7 @@ impl Instance {
         let streaming = self.observed.as_ref().is_some_and(|o| o.streaming);
         if streaming {
             self.rewind_failures = 0;
+            self.cannot_catch_up = 0;
         }
         if streaming || host.is_none() {
             self.not_streaming_since = None;
@@ -1035,6 +1055,7 @@ impl Instance {
                 }
                 self.observed = None;
                 self.needs_rewind = true;
+                self.stream_broke = true;
                 self.not_streaming_since = None;
             }
         }
@@ -1086,6 +1107,7 @@ impl Instance {
         std::fs::rename(&staging, &paths.pgdata)?;
         remove_dir_if_exists(&discarded)?;
         self.rewind_failures = 0;
+        self.cannot_catch_up = 0;
         self.failed_starts = 0;
         Ok(())
     }
@@ -1198,6 +1220,7 @@ impl Instance {
             )
         });
         let eligible = candidacy.eligible()
+            && self.cannot_catch_up == 0
             && (self.settings.paths.initialized() || candidacy == Candidacy::Bootstrap);
         self.eligible.send_if_modified(|e| {
             let changed = *e != eligible;
