@@ -738,6 +738,7 @@ impl Instance {
         let Some(observed) = self.observed.clone() else {
             return Ok(()); // starting up
         };
+        let mut promoted_now = false;
         if observed.in_recovery {
             tracing::info!(lsn = %observed.lsn, "holding the Lease: promoting");
             postgres::write_file(&paths.instance_conf(), &conf::primary_conf(), 0o644)?;
@@ -747,6 +748,7 @@ impl Instance {
             let client = postgres::connect(&paths).await?;
             let promoted = postgres::promote(&client).await?;
             tracing::info!(promoted, "promotion finished");
+            promoted_now = true;
             self.observed = Some(postgres::observe(&client).await?);
             self.following = None;
         }
@@ -772,6 +774,17 @@ impl Instance {
                 self.roles_ensured = true;
             }
             self.label(world).await?;
+            if promoted_now {
+                // The control file names the new timeline only after the checkpoint that
+                // follows a promotion; until then a former primary's pg_rewind reads the old
+                // one from it, finds "no rewind required" and cannot follow (issue #37, item
+                // 9). Done (writes already flow) before this tick publishes that this
+                // instance runs read-write, which is what a rewind waits for.
+                let client = postgres::connect(&paths).await?;
+                if let Err(e) = postgres::checkpoint(&client, Duration::from_secs(60)).await {
+                    tracing::warn!(error = %e, "the checkpoint after the promotion failed");
+                }
+            }
             if world.last_primary.is_some() {
                 // The record of a clean stop served its purpose: a primary runs. Kept, it
                 // would make the others wait for (and the named instance retake) the Lease
@@ -1133,6 +1146,8 @@ impl Instance {
     fn start(&mut self, paths: &Paths) -> anyhow::Result<()> {
         self.postmaster = Some(Postmaster::start(paths)?);
         self.observed = None;
+        // A new postmaster's stream is judged from now, not from a timer of the last one.
+        self.not_streaming_since = None;
         self.answered_at = None;
         self.unanswered_since = None;
         self.roles_ensured = false;
