@@ -90,12 +90,17 @@ pub fn candidacy(
     target: Option<&str>,
     peers: &[Peer],
 ) -> Candidacy {
-    let Some(holder) = holder else {
-        return if ordinal(me) == Some(0) {
-            Candidacy::Bootstrap
-        } else {
-            Candidacy::NotFirst
-        };
+    // No Lease, yet an instance runs PostgreSQL: the Lease was deleted (by hand, say), not
+    // never created. Bootstrapping would hand it to `-0` whatever its WAL, while the old
+    // primary may still write until it notices: the ordinary election decides, as for a
+    // released Lease (issue #37, item 11).
+    let running = |s: Option<&InstanceStatus>| s.is_some_and(|s| s.role != Role::Down);
+    let cluster_runs = running(mine) || peers.iter().any(|p| running(p.status.as_ref()));
+    let holder = match holder {
+        Some(holder) => holder,
+        None if cluster_runs => "",
+        None if ordinal(me) == Some(0) => return Candidacy::Bootstrap,
+        None => return Candidacy::NotFirst,
     };
     let Some(mine) = mine.filter(|s| s.role == Role::Replica) else {
         return Candidacy::NotRunning;
@@ -158,6 +163,33 @@ mod tests {
         assert_eq!(
             candidacy("pg-1", None, None, None, &[]),
             Candidacy::NotFirst
+        );
+    }
+
+    #[test]
+    fn a_deleted_lease_is_elected_again_not_bootstrapped() {
+        let peers = [
+            peer("pg-0", true, Some(replica(100))),
+            peer("pg-1", true, Some(replica(200))),
+        ];
+        assert_eq!(
+            candidacy("pg-0", Some(&replica(100)), None, None, &peers),
+            Candidacy::Behind {
+                peer: "pg-1".into()
+            }
+        );
+        assert_eq!(
+            candidacy("pg-1", Some(&replica(200)), None, None, &peers),
+            Candidacy::MostAdvanced
+        );
+        // A new cluster: instances that report nothing, or only that they are down.
+        let down = InstanceStatus {
+            role: Role::Down,
+            ..replica(0)
+        };
+        assert_eq!(
+            candidacy("pg-0", Some(&down), None, None, &[peer("pg-1", false, None)]),
+            Candidacy::Bootstrap
         );
     }
 
