@@ -188,7 +188,13 @@ mod tests {
             ..replica(0)
         };
         assert_eq!(
-            candidacy("pg-0", Some(&down), None, None, &[peer("pg-1", false, None)]),
+            candidacy(
+                "pg-0",
+                Some(&down),
+                None,
+                None,
+                &[peer("pg-1", false, None)]
+            ),
             Candidacy::Bootstrap
         );
     }

@@ -135,6 +135,24 @@ pub async fn reconcile(
         .iter()
         .filter_map(|p| rollout::PodView::of(p, &names.statefulset))
         .collect();
+    // The primary is the Lease's holder (the instance managers elect it); before any Lease
+    // exists, the first instance, which creates it.
+    let leases: Api<Lease> = Api::namespaced(client.clone(), &ns);
+    let lease = leases
+        .get_opt(&names.lease)
+        .await
+        .map_err(|source| Error::Read {
+            what: format!("Lease {}", names.lease),
+            source,
+        })?;
+    let last_primary = lease.as_ref().and_then(|l| {
+        l.annotations()
+            .get(steward_pg_instance::contract::LAST_PRIMARY_ANNOTATION)
+            .filter(|v| !v.is_empty())
+            .cloned()
+            .or_else(|| l.spec.as_ref()?.holder_identity.clone())
+            .filter(|v| !v.is_empty())
+    });
     // A raised major: held on the old one while the upgrade runs (see `upgrade`).
     let previous_status = cluster.status.clone().unwrap_or_default();
     let running_image = current.as_ref().and_then(upgrade::running_image);
@@ -149,6 +167,7 @@ pub async fn reconcile(
             current_version: previous_status.current_version,
             previous: previous_status.major_upgrade.as_ref(),
             primary: previous_status.primary.as_deref(),
+            last_primary: last_primary.as_deref(),
             running_image: running_image.as_deref(),
             pods: views.len(),
             first_ready: views
@@ -198,16 +217,6 @@ pub async fn reconcile(
             .await;
     }
 
-    // The primary is the Lease's holder (the instance managers elect it); before any Lease
-    // exists, the first instance, which creates it.
-    let leases: Api<Lease> = Api::namespaced(client.clone(), &ns);
-    let lease = leases
-        .get_opt(&names.lease)
-        .await
-        .map_err(|source| Error::Read {
-            what: format!("Lease {}", names.lease),
-            source,
-        })?;
     let roles = PrimaryRoles::of(lease.as_ref(), &names);
     label_roles(&pods_api, &pods.items, roles.primary.as_deref()).await?;
     let previous = cluster.status.clone().unwrap_or_default();

@@ -64,6 +64,9 @@ pub struct Inputs<'a> {
     pub previous: Option<&'a MajorUpgradeStatus>,
     /// The primary (the Lease's holder, or the status' last one).
     pub primary: Option<&'a str>,
+    /// Who last ran read-write, as the cluster's Lease says: the instance that recorded a
+    /// clean stop on it, else its (last) holder. Read once every pod is gone.
+    pub last_primary: Option<&'a str>,
     /// The image the StatefulSet runs now.
     pub running_image: Option<&'a str>,
     /// The cluster's pods that exist.
@@ -262,6 +265,12 @@ pub fn plan(cluster: &str, i: &Inputs<'_>) -> Decision {
         Phase::Stopping => {
             d.hold = Some(hold_old(&u, 0));
             if i.pods == 0 {
+                // The primary may have moved since the upgrade started (a failover while
+                // backing up or stopping): pg_upgrade runs on the volume of the instance
+                // that last wrote, never on a stale copy (issue #37, item 11).
+                if let Some(last) = i.last_primary.filter(|l| *l != u.instance) {
+                    u.instance = last.to_string();
+                }
                 u.phase = Phase::Upgrading;
                 d.create_job = i.job == JobState::Missing;
             }
@@ -713,6 +722,7 @@ mod tests {
             current_version: Some(15),
             previous,
             primary: Some("pg-0"),
+            last_primary: Some("pg-0"),
             running_image: Some("postgres:15"),
             pods: 2,
             first_ready: true,
@@ -752,6 +762,12 @@ mod tests {
         assert_eq!(u.phase, Phase::Upgrading);
         assert!(d.create_job);
         assert_eq!(d.hold.as_ref().unwrap().instances, 0);
+        // A failover while stopping: the Job goes to the instance that last wrote.
+        let stopping = plan("pg", &inputs(None)).status.unwrap();
+        let mut moved = inputs(Some(&stopping));
+        moved.pods = 0;
+        moved.last_primary = Some("pg-1");
+        assert_eq!(plan("pg", &moved).status.unwrap().instance, "pg-1");
 
         let upgrading_copy = u.clone();
         let mut i = inputs(Some(&u));
