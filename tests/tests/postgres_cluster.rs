@@ -584,13 +584,81 @@ fn record_for_bench(fault: Fault, instances: i32, unavailable: Duration, lost: i
     writeln!(file, "{line}").expect("write the bench record");
 }
 
-/// A PostgresCluster of 2 instances loses its primary five ways while a client writes
-/// through the `-rw` Service: for each fault, a primary accepts writes again within a bound
-/// (measured and printed), the old primary accepts no write once the new one has (probed
-/// directly on its pod IP), the acknowledged rows lost are counted, and the cluster returns
-/// to 2 ready instances.
+/// The faults a campaign draws from: every way to lose the primary, then the planned moves
+/// (a parameter change is not drawn: the same change twice rolls nothing).
+const CAMPAIGN: [Fault; 7] = [
+    Fault::KillPostgres,
+    Fault::DeletePod,
+    Fault::StopManager,
+    Fault::StopPostmaster,
+    Fault::Partition,
+    Fault::Switchover,
+    Fault::OperatorKilledMidSwitchover,
+];
+/// The failures (the first five of [`CAMPAIGN`]): a default run has each once.
+const FAILURES: usize = 5;
+
+/// A seeded fault campaign's order: the failures in an order drawn from `seed` (each once
+/// when `steps` allows), then draws from the whole catalogue. splitmix64: the same seed gives
+/// the same campaign on every machine.
+fn campaign(seed: u64, steps: usize) -> Vec<Fault> {
+    let mut state = seed;
+    let mut next = move || {
+        state = state.wrapping_add(0x9E37_79B9_7F4A_7C15);
+        let mut z = state;
+        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+        z ^ (z >> 31)
+    };
+    let mut below = move |n: usize| usize::try_from(next() % n as u64).unwrap_or(0);
+    let mut failures: Vec<Fault> = CAMPAIGN[..FAILURES].to_vec();
+    for i in (1..failures.len()).rev() {
+        failures.swap(i, below(i + 1));
+    }
+    let mut order: Vec<Fault> = failures.into_iter().take(steps).collect();
+    while order.len() < steps {
+        order.push(CAMPAIGN[below(CAMPAIGN.len())]);
+    }
+    order
+}
+
+#[test]
+fn a_campaign_is_replayed_from_its_seed_and_has_every_failure_first() {
+    let a = campaign(42, 12);
+    assert_eq!(format!("{a:?}"), format!("{:?}", campaign(42, 12)));
+    assert_ne!(format!("{a:?}"), format!("{:?}", campaign(43, 12)));
+    let first: Vec<String> = a[..FAILURES].iter().map(|f| format!("{f:?}")).collect();
+    for fault in &CAMPAIGN[..FAILURES] {
+        assert!(
+            first.contains(&format!("{fault:?}")),
+            "{fault:?} in {first:?}"
+        );
+    }
+    assert_eq!(campaign(7, 3).len(), 3);
+}
+
+/// A seeded fault campaign on a PostgresCluster of 2 instances while a client writes through
+/// the `-rw` Service: `STEWARD_CHAOS_STEPS` faults (default: each of the five failures once,
+/// in an order drawn from the seed; more steps draw from every fault, switchovers included)
+/// with `STEWARD_CHAOS_SEED` (default: a new one, printed so that a failing run can be
+/// replayed; `cargo xtask chaos postgres --seed S --steps N` sets both). After every fault: a
+/// primary accepts writes again within a bound (measured and printed), the old primary accepts
+/// no write once the new one has (probed directly on its pod IP), the acknowledged rows lost
+/// are counted, and the cluster returns to 2 ready instances.
 #[tokio::test]
 async fn postgres_cluster_fails_over_and_never_has_two_writers() {
+    let seed = std::env::var("STEWARD_CHAOS_SEED")
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or_else(|| u64::from(support::rand_u32()));
+    let steps = std::env::var("STEWARD_CHAOS_STEPS")
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(FAILURES);
+    let order = campaign(seed, steps);
+    eprintln!(
+        "fault campaign: seed {seed}, {steps} steps: {order:?} (replay: cargo xtask chaos postgres --seed {seed} --steps {steps})"
+    );
     let _turn = NODE.lock().await;
     let mut cluster = Cluster::start("rn-pgha", 2, None).await;
     let rw = cluster.cluster_ip("pg-rw").await;
@@ -604,17 +672,17 @@ async fn postgres_cluster_fails_over_and_never_has_two_writers() {
         .unwrap();
     drop(setup);
     let mut report = Vec::new();
-    for fault in [
-        Fault::KillPostgres,
-        Fault::DeletePod,
-        Fault::StopManager,
-        Fault::StopPostmaster,
-        Fault::Partition,
-    ] {
+    for (step, fault) in order.into_iter().enumerate() {
+        eprintln!(
+            "fault campaign (seed {seed}): step {} of {steps}: {fault:?}",
+            step + 1
+        );
         let (unavailable, lost) = disrupt(&mut cluster, &rw, fault).await;
         report.push((fault, unavailable, lost));
     }
-    eprintln!("failover summary (lease 10 s, renew deadline 6 s, retry 1 s): {report:?}");
+    eprintln!(
+        "fault campaign summary (seed {seed}; lease 10 s, renew deadline 6 s, retry 1 s): {report:?}"
+    );
     cluster.stop_operator().await;
 }
 

@@ -85,6 +85,20 @@ enum Cmd {
     },
     /// Benchmarks against controller-runtime; writes docs/benchmarks.md.
     Bench(Box<bench::Flags>),
+    /// A seeded fault campaign on the real node (as root): `postgres` runs the failover
+    /// test's campaign (a client writing through `-rw`; after every fault: no second writer,
+    /// acknowledged rows counted, every instance ready again).
+    Chaos {
+        /// What to disrupt: `postgres`.
+        target: String,
+        /// The campaign's seed (a failing run prints its own).
+        #[arg(long, default_value_t = 1)]
+        seed: u64,
+        /// Faults in the campaign (the first five are each failure once, in an order drawn
+        /// from the seed).
+        #[arg(long, default_value_t = 20)]
+        steps: usize,
+    },
     /// Build an OCI image archive (no daemon) into target/images/.
     Image {
         /// An operator of the registry, or all of them when omitted.
@@ -101,6 +115,14 @@ fn main() -> Result<()> {
         Cmd::Up { check } => up::run(check),
         Cmd::NewOperator { name } => new_operator::run(&name),
         Cmd::Bench(flags) => bench::run(*flags),
+        Cmd::Chaos {
+            target,
+            seed,
+            steps,
+        } => match target.as_str() {
+            "postgres" => bench::postgres::chaos(&workspace_root(), seed, steps),
+            other => anyhow::bail!("cargo xtask chaos {other}: only `postgres` has a campaign"),
+        },
         Cmd::Image { operator } => match operator.as_deref() {
             None | Some("all") => steward_operators::names()
                 .into_iter()

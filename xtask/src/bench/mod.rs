@@ -19,7 +19,7 @@ mod apiserver;
 pub mod cache;
 mod idle;
 mod orchestration;
-mod postgres;
+pub mod postgres;
 mod procs;
 mod report;
 mod sharded;

@@ -46,6 +46,48 @@ pub struct Row {
     pub lost: i64,
 }
 
+/// `cargo test` of `tests` (exact names) in `tests/tests/postgres_cluster.rs`, one at a time.
+pub fn cargo_test_scenarios(root: &Path, tests: &[&str]) -> std::process::Command {
+    let mut cmd = steward_testenv::harness::cargo_command();
+    cmd.current_dir(root)
+        .args([
+            "test",
+            "-p",
+            "steward-integration-tests",
+            "--test",
+            "postgres_cluster",
+            "--",
+            "--exact",
+            "--test-threads",
+            "1",
+        ])
+        .args(tests);
+    cmd
+}
+
+/// `cargo xtask chaos postgres`: the failover test's seeded fault campaign, `steps` faults
+/// drawn from `seed` (see `postgres_cluster_fails_over_and_never_has_two_writers`).
+///
+/// # Errors
+/// When the campaign fails: its output (inherited) names the seed and the step.
+pub fn chaos(root: &Path, seed: u64, steps: usize) -> Result<()> {
+    let started = Instant::now();
+    let mut cmd = cargo_test_scenarios(root, &[TESTS[0], "--nocapture"]);
+    cmd.env("STEWARD_CHAOS_SEED", seed.to_string())
+        .env("STEWARD_CHAOS_STEPS", steps.to_string());
+    let status = cmd.status().context("cargo test")?;
+    if !status.success() {
+        bail!(
+            "the fault campaign with seed {seed} ({steps} steps) failed ({status}); replay it with the same --seed and --steps"
+        );
+    }
+    eprintln!(
+        "chaos: seed {seed}, {steps} steps passed in {:.0?}",
+        started.elapsed()
+    );
+    Ok(())
+}
+
 /// Runs the scenarios `runs` times and writes the report into `out`.
 ///
 /// # Errors
@@ -60,21 +102,8 @@ pub fn run(root: &Path, runs: usize, out: &Path) -> Result<()> {
     let started = Instant::now();
     for run in 1..=runs {
         eprintln!("bench: PostgreSQL failover and switchover, run {run} of {runs}");
-        let mut cmd = steward_testenv::harness::cargo_command();
-        cmd.current_dir(root)
-            .args([
-                "test",
-                "-p",
-                "steward-integration-tests",
-                "--test",
-                "postgres_cluster",
-                "--",
-                "--exact",
-                "--test-threads",
-                "1",
-            ])
-            .args(TESTS)
-            .env("STEWARD_BENCH_RECORD", &record);
+        let mut cmd = cargo_test_scenarios(root, TESTS);
+        cmd.env("STEWARD_BENCH_RECORD", &record);
         let status = cmd.status().context("cargo test")?;
         if !status.success() {
             bail!("run {run}: the PostgreSQL scenarios failed ({status})");
