@@ -556,7 +556,14 @@ impl Instance {
     /// Releases the Lease (if held) and stands again, with whatever eligibility
     /// [`Instance::report`] computes next.
     async fn release_lease(&mut self) -> anyhow::Result<()> {
-        self.election.stop().await;
+        // Bounded: with the API server unreachable the release cannot be written (the Lease
+        // then expires), and the manager must go on (PostgreSQL is already stopped).
+        if tokio::time::timeout(self.settings.renew_deadline, self.election.stop())
+            .await
+            .is_err()
+        {
+            tracing::warn!("releasing the Lease took over the renew deadline; it will expire");
+        }
         let eligible = self.election.eligible.clone();
         self.election = Election::start(&self.client, &self.settings, eligible)?;
         self.leadership
