@@ -540,12 +540,14 @@ pub async fn clean_wal_end(paths: &Paths) -> Result<Option<Lsn>, Error> {
         return Ok(None);
     }
     let checkpoint = field("Latest checkpoint location:");
+    // Its timeline's WAL files (pg_waldump reads timeline 1 unless told).
+    let timeline = field("Latest checkpoint's TimeLineID:");
     let dump = run(
         "pg_waldump",
         Command::new("pg_waldump")
             .arg("-p")
             .arg(paths.pgdata.join("pg_wal"))
-            .args(["-s", &checkpoint, "-n", "1"]),
+            .args(["-t", &timeline, "-s", &checkpoint, "-n", "1"]),
     )
     .await?;
     let failed = |output: String| Error::Failed {
