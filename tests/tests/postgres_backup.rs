@@ -21,39 +21,6 @@ mod support;
 use postgres::*;
 use support::{WAIT, connect, logs};
 
-/// The status of PostgresBackup `name`, once it is `Completed` (panics with the pods' logs
-/// if it fails or takes too long).
-async fn completed_backup(
-    cluster: &Cluster,
-    name: &str,
-) -> steward_pg_instance::contract::BackupRun {
-    use database_operator::crd::PostgresBackup;
-    use steward_pg_instance::contract::BackupPhase;
-    let backups: Api<PostgresBackup> = Api::namespaced(cluster.client.clone(), &cluster.ns);
-    let done = eventually(&format!("PostgresBackup {name} completed"), WAIT, || {
-        let backups = backups.clone();
-        async move {
-            let status = backups
-                .get(name)
-                .await
-                .map_err(|e| e.to_string())?
-                .status
-                .unwrap_or_default();
-            match status.phase {
-                Some(BackupPhase::Completed) => Ok(Ok(status)),
-                Some(BackupPhase::Failed) => Ok(Err(status)),
-                _ => Err(format!("{status:?}")),
-            }
-        }
-    })
-    .await;
-    match done {
-        Ok(Ok(status)) => status,
-        Ok(Err(failed)) => panic!("{name} failed: {failed:?}\n{}", cluster.logs().await),
-        Err(e) => panic!("{e}\n{}", cluster.logs().await),
-    }
-}
-
 async fn create_backup(cluster: &Cluster, name: &str, of: &str) {
     let manifest = json!({
         "apiVersion": "database.steward.dev/v1alpha1", "kind": "PostgresBackup",
@@ -85,30 +52,7 @@ async fn postgres_cluster_backs_up_to_object_storage_and_restores_to_a_point_in_
         .await;
 
     // Archiving works from the start (the new primary switches WAL files at once).
-    let archived = eventually("ContinuousArchiving True", WAIT, || {
-        let clusters = cluster.clusters();
-        async move {
-            let status = status_of(&clusters, "pg").await?;
-            let archiving = status
-                .conditions
-                .iter()
-                .find(|c| c.type_ == "ContinuousArchiving")
-                .cloned();
-            match archiving {
-                Some(c) if c.status == "True" => Ok(status.backup.unwrap_or_default()),
-                other => Err(format!("{other:?}")),
-            }
-        }
-    })
-    .await;
-    let archived = match archived {
-        Ok(a) => a,
-        Err(e) => panic!(
-            "{e}\n{}\nS3 log:\n{}",
-            cluster.logs().await,
-            std::fs::read_to_string(s3.log()).unwrap_or_default()
-        ),
-    };
+    let archived = archiving(&cluster, &s3).await;
     assert!(archived.last_archived_wal.is_some(), "{archived:?}");
 
     let db = connect(&cluster.cluster_ip("pg-rw").await, &cluster.password)
@@ -142,29 +86,7 @@ async fn postgres_cluster_backs_up_to_object_storage_and_restores_to_a_point_in_
     db.batch_execute("insert into proof values ('too-late')")
         .await
         .unwrap();
-    let segment: String = db
-        .query_one("select pg_walfile_name(pg_switch_wal())", &[])
-        .await
-        .unwrap()
-        .get(0);
-    eventually(&format!("{segment} archived"), WAIT, || {
-        let clusters = cluster.clusters();
-        let segment = segment.clone();
-        async move {
-            let status = status_of(&clusters, "pg").await?;
-            let last = status
-                .backup
-                .and_then(|b| b.last_archived_wal)
-                .unwrap_or_default();
-            if last >= segment {
-                Ok(())
-            } else {
-                Err(format!("last archived {last}"))
-            }
-        }
-    })
-    .await
-    .unwrap();
+    archive_now(&cluster, &db).await;
 
     // A new cluster from the backup, up to the target.
     let (copy, took) = restore(
@@ -325,147 +247,6 @@ async fn postgres_cluster_backs_up_to_object_storage_and_restores_to_a_point_in_
     cluster.stop_operator().await;
 }
 
-/// A SeaweedFS S3 server on the node's bridge address, the `s3-credentials` Secret in the
-/// cluster's namespace, `spec.backup.objectStore` for the prefix `<ns>/<prefix>`, and a client
-/// of that prefix to list what is stored.
-async fn object_store(
-    cluster: &Cluster,
-    prefix: &str,
-) -> (
-    steward_testenv::s3::S3Server,
-    serde_json::Value,
-    steward_pg_instance::archive::Store,
-) {
-    use steward_pg_instance::archive::{Store, StoreConfig};
-    let s3 = steward_testenv::s3::S3Server::start(steward_testenv::node::GATEWAY)
-        .await
-        .expect("SeaweedFS");
-    let secret = steward_testenv::s3::S3Server::credentials_secret("s3-credentials", &cluster.ns);
-    steward_testenv::manifests::apply(&cluster.client, &secret, None, "real-node-test", false)
-        .await
-        .unwrap();
-    let path = format!("{}/{prefix}", cluster.ns);
-    let spec = json!({"endpoint": s3.endpoint(), "bucket": "steward-backups",
-                      "path": path, "credentialsSecret": "s3-credentials"});
-    let store = Store::open(
-        StoreConfig::from_vars("S3", |name| match name {
-            "S3_ENDPOINT" => Some(s3.endpoint().to_string()),
-            "S3_BUCKET" => Some("steward-backups".into()),
-            "S3_PATH" => Some(path.clone()),
-            "S3_ACCESS_KEY_ID" => Some(steward_testenv::s3::S3Server::ACCESS_KEY.into()),
-            "S3_SECRET_ACCESS_KEY" => Some(steward_testenv::s3::S3Server::SECRET_KEY.into()),
-            _ => None,
-        })
-        .unwrap()
-        .unwrap(),
-    )
-    .unwrap();
-    (s3, spec, store)
-}
-
-/// Waits until PostgresCluster `pg` says its WAL archiving works.
-async fn archiving(cluster: &Cluster) {
-    let archived = eventually("ContinuousArchiving True", WAIT, || {
-        let clusters = cluster.clusters();
-        async move {
-            let status = status_of(&clusters, "pg").await?;
-            let archiving = status
-                .conditions
-                .iter()
-                .find(|c| c.type_ == "ContinuousArchiving")
-                .cloned();
-            match archiving {
-                Some(c) if c.status == "True" => Ok(()),
-                other => Err(format!("{other:?}")),
-            }
-        }
-    })
-    .await;
-    if let Err(e) = archived {
-        panic!("{e}\n{}", cluster.logs().await);
-    }
-}
-
-/// Ends the primary's current WAL file (on `db`) and waits until `pg`'s status reports it
-/// archived; its name.
-async fn archive_now(cluster: &Cluster, db: &tokio_postgres::Client) -> String {
-    let segment: String = db
-        .query_one("select pg_walfile_name(pg_switch_wal())", &[])
-        .await
-        .unwrap()
-        .get(0);
-    let archived = eventually(&format!("{segment} archived"), WAIT, || {
-        let clusters = cluster.clusters();
-        let segment = segment.clone();
-        async move {
-            let status = status_of(&clusters, "pg").await?;
-            let last = status
-                .backup
-                .and_then(|b| b.last_archived_wal)
-                .unwrap_or_default();
-            // Compare log and segment numbers: a later timeline archives the same segment.
-            if last.get(8..24) >= segment.get(8..24) {
-                Ok(())
-            } else {
-                Err(format!("last archived {last}"))
-            }
-        }
-    })
-    .await;
-    if let Err(e) = archived {
-        panic!("{e}\n{}", cluster.logs().await);
-    }
-    segment
-}
-
-/// Creates PostgresCluster `name` (1 instance) restored from `recovery`
-/// (`spec.bootstrap.recovery`), waits until it is Ready; a connection to it and the time from
-/// its creation to Ready.
-async fn restore(
-    cluster: &Cluster,
-    name: &str,
-    recovery: serde_json::Value,
-) -> (tokio_postgres::Client, Duration) {
-    cluster.volumes(name, 1).await;
-    let manifest = cluster.manifest(name, 1, json!({"bootstrap": {"recovery": recovery}}));
-    let started = Instant::now();
-    steward_testenv::manifests::apply(&cluster.client, &manifest, None, "real-node-test", false)
-        .await
-        .unwrap();
-    let password = cluster.superuser_password(name).await;
-    let ready = eventually(
-        &format!("PostgresCluster {name} Ready"),
-        Duration::from_secs(600),
-        || {
-            let clusters = cluster.clusters();
-            async move {
-                let status = status_of(&clusters, name).await?;
-                if status
-                    .conditions
-                    .iter()
-                    .any(|c| c.type_ == "Ready" && c.status == "True")
-                {
-                    Ok(())
-                } else {
-                    Err(format!("{:?} {:?}", status.phase, status.conditions))
-                }
-            }
-        },
-    )
-    .await;
-    let took = started.elapsed();
-    if let Err(e) = ready {
-        panic!(
-            "{e}\n--- {name}-0:\n{}",
-            logs(&cluster.pods(), &format!("{name}-0")).await
-        );
-    }
-    let db = connect(&cluster.cluster_ip(&format!("{name}-rw")).await, &password)
-        .await
-        .unwrap();
-    (db, took)
-}
-
 /// The ids in `acks` on `db`, sorted.
 async fn ack_ids(db: &tokio_postgres::Client) -> Vec<i64> {
     db.query("select id from acks order by id", &[])
@@ -502,11 +283,11 @@ fn generated_rows() -> u64 {
 async fn postgres_cluster_backs_up_under_writes_and_restores_exactly_the_acknowledged_rows() {
     let _turn = NODE.lock().await;
     let mut cluster = Cluster::new("rn-pgw", 1).await;
-    let (_s3, object_store, _store) = object_store(&cluster, "pg").await;
+    let (s3, object_store, _store) = object_store(&cluster, "pg").await;
     cluster
         .create(json!({"backup": {"objectStore": object_store}}))
         .await;
-    archiving(&cluster).await;
+    archiving(&cluster, &s3).await;
     let rw = cluster.cluster_ip("pg-rw").await;
     let db = connect(&rw, &cluster.password).await.unwrap();
     let generated = Instant::now();
@@ -788,29 +569,9 @@ async fn kill_primary(cluster: &Cluster, old: &str) -> String {
 
 /// The status of PostgresBackup `name` once it is `Failed`.
 async fn failed_backup(cluster: &Cluster, name: &str) -> steward_pg_instance::contract::BackupRun {
-    use database_operator::crd::PostgresBackup;
-    use steward_pg_instance::contract::BackupPhase;
-    let backups: Api<PostgresBackup> = Api::namespaced(cluster.client.clone(), &cluster.ns);
-    let failed = eventually(&format!("PostgresBackup {name} failed"), WAIT, || {
-        let backups = backups.clone();
-        async move {
-            let status = backups
-                .get(name)
-                .await
-                .map_err(|e| e.to_string())?
-                .status
-                .unwrap_or_default();
-            if status.phase == Some(BackupPhase::Failed) {
-                Ok(status)
-            } else {
-                Err(format!("{status:?}"))
-            }
-        }
-    })
-    .await;
-    match failed {
-        Ok(status) => status,
-        Err(e) => panic!("{e}\n{}", cluster.logs().await),
+    match ended_backup(cluster, name).await {
+        Err(failed) => failed,
+        Ok(completed) => panic!("{name} completed, it should have failed: {completed:?}"),
     }
 }
 
@@ -828,11 +589,11 @@ async fn postgres_cluster_survives_its_primary_killed_mid_backup_and_mid_archivi
     use steward_pg_instance::archive;
     let _turn = NODE.lock().await;
     let mut cluster = Cluster::new("rn-pgk", 2).await;
-    let (_s3, object_store, store) = object_store(&cluster, "pg").await;
+    let (s3, object_store, store) = object_store(&cluster, "pg").await;
     cluster
         .create(json!({"backup": {"objectStore": object_store}}))
         .await;
-    archiving(&cluster).await;
+    archiving(&cluster, &s3).await;
     let rw = cluster.cluster_ip("pg-rw").await;
     let db = connect(&rw, &cluster.password).await.unwrap();
     db.batch_execute(
@@ -962,7 +723,20 @@ async fn postgres_cluster_survives_its_primary_killed_mid_backup_and_mid_archivi
     assert!(third.timeline.unwrap() >= 3, "{third:?}");
 
     // No gap from the first backup's start to the newest archived segment.
-    let archived = store.wal_files().await.unwrap();
+    // WAL is kept per PostgreSQL system: the one the archive names, which every backup is of.
+    let system = store
+        .system()
+        .await
+        .unwrap()
+        .expect("the archive names the system archiving to it");
+    let of_system = store.base_backups().await.unwrap();
+    assert!(
+        of_system
+            .iter()
+            .all(|b| b.system_identifier.as_deref() == Some(system.as_str())),
+        "every base backup is of system {system}: {of_system:?}"
+    );
+    let archived = store.wal_files(&system).await.unwrap();
     let newest = archived
         .iter()
         .filter_map(|n| archive::parse_segment(n))
@@ -973,6 +747,7 @@ async fn postgres_cluster_survives_its_primary_killed_mid_backup_and_mid_archivi
     assert!(
         archive::fetch_wal(
             &store,
+            &system,
             &format!("{newest:08X}.history"),
             history_file.path()
         )

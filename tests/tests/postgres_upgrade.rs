@@ -282,6 +282,73 @@ async fn kept_digest(db: &tokio_postgres::Client) -> (i64, String, i64) {
     (rows, md5, by_trigram)
 }
 
+/// Waits until the archive holds timeline `timeline`'s history file for the system archiving
+/// to it now; that system.
+async fn archived_history(store: &steward_pg_instance::archive::Store, timeline: u32) -> String {
+    let file = format!("{timeline:08X}.history");
+    eventually(&format!("{file} archived"), WAIT, || {
+        let file = file.clone();
+        async move {
+            let system = store
+                .system()
+                .await
+                .map_err(|e| e.to_string())?
+                .ok_or("no system archives yet")?;
+            let files = store.wal_files(&system).await.map_err(|e| e.to_string())?;
+            if files.contains(&file) {
+                Ok(system)
+            } else {
+                Err(format!("system {system} archived {files:?}"))
+            }
+        }
+    })
+    .await
+    .unwrap()
+}
+
+/// Asks PostgresCluster `pg` to switch over to `to` and waits until `to` is its primary and
+/// the request is done.
+async fn switch_over(cluster: &Cluster, to: &str) {
+    cluster
+        .clusters()
+        .patch(
+            "pg",
+            &PatchParams::default(),
+            &Patch::Merge(
+                &json!({"metadata": {"annotations": {"database.steward.dev/switchover-to": to}}}),
+            ),
+        )
+        .await
+        .unwrap();
+    let clusters = cluster.clusters();
+    let moved = eventually(
+        &format!("{to} is the primary and the request is done"),
+        WAIT,
+        || {
+            let clusters = clusters.clone();
+            async move {
+                let c = clusters.get("pg").await.map_err(|e| e.to_string())?;
+                let status = c.status.clone().unwrap_or_default();
+                let pending = c
+                    .annotations()
+                    .contains_key("database.steward.dev/switchover-to");
+                if status.primary.as_deref() == Some(to) && !pending {
+                    Ok(())
+                } else {
+                    Err(format!(
+                        "primary {:?}, request pending {pending}",
+                        status.primary
+                    ))
+                }
+            }
+        },
+    )
+    .await;
+    if let Err(e) = moved {
+        panic!("{e}\n{}", cluster.logs().await);
+    }
+}
+
 /// `spec.version` 15 → 17 (with the image of the PyPI bundle) on a cluster of 3 instances
 /// with 20 000 rows, a `pg_trgm` index and a client writing through the `-rw` Service the
 /// whole time: the operator stops the instances, a Job runs `pg_upgrade` on the primary's
@@ -298,7 +365,11 @@ async fn kept_digest(db: &tokio_postgres::Client) -> (i64, String, i64) {
 async fn postgres_cluster_upgrades_its_major_with_pg_upgrade() {
     let _turn = NODE.lock().await;
     let mut cluster = Cluster::new("rn-pgu", 3).await;
-    cluster.create(json!({})).await;
+    // Archiving to an object store throughout (issue #37, item 1).
+    let (_s3, object_store, store) = object_store(&cluster, "pg").await;
+    cluster
+        .create(json!({"backup": {"objectStore": object_store}}))
+        .await;
     let (version, _, _) = steward_testenv::images::BUNDLED_POSTGRESQL[0];
     let new_image = node(&cluster._cp)
         .postgresql_bundle_image(version)
@@ -375,40 +446,9 @@ async fn postgres_cluster_upgrades_its_major_with_pg_upgrade() {
     eprintln!("blocker dropped; changing the spec to try again");
     // With the primary on the second instance: the operator switches over to the first before
     // it stops anything (the StatefulSet starts pods in order).
-    cluster
-        .clusters()
-        .patch(
-            "pg",
-            &PatchParams::default(),
-            &Patch::Merge(
-                &json!({"metadata": {"annotations": {"database.steward.dev/switchover-to": "pg-1"}}}),
-            ),
-        )
-        .await
-        .unwrap();
-    let clusters = cluster.clusters();
-    let moved = eventually("pg-1 is the primary and the request is done", WAIT, || {
-        let clusters = clusters.clone();
-        async move {
-            let c = clusters.get("pg").await.map_err(|e| e.to_string())?;
-            let status = c.status.clone().unwrap_or_default();
-            let pending = c
-                .annotations()
-                .contains_key("database.steward.dev/switchover-to");
-            if status.primary.as_deref() == Some("pg-1") && !pending {
-                Ok(())
-            } else {
-                Err(format!(
-                    "primary {:?}, request pending {pending}",
-                    status.primary
-                ))
-            }
-        }
-    })
-    .await;
-    if let Err(e) = moved {
-        panic!("{e}\n{}", cluster.logs().await);
-    }
+    switch_over(&cluster, "pg-1").await;
+    // The old system's archive has its timeline 2 (the switchover's).
+    let old_system = archived_history(&store, 2).await;
 
     // A client writes through pg-rw the whole time.
     let (acks, stop, writing) = start_writer(&rw, &cluster.password, 10).await;
@@ -597,6 +637,50 @@ async fn postgres_cluster_upgrades_its_major_with_pg_upgrade() {
             panic!("{e}\n{}", cluster.logs().await);
         }
     }
+    // Issue #37, item 1: the upgraded cluster is a new PostgreSQL system on timeline 1 again,
+    // archiving to the same path. Its first promotion writes its own 00000002.history (the old
+    // system's is there with other contents: archiving stopped for good before), its WAL is
+    // archived on, and a restore of it replays its own timelines, not the old system's.
+    completed_backup(&cluster, "pg-after-pg17").await;
+    switch_over(&cluster, "pg-1").await;
+    let new_system = archived_history(&store, 2).await;
+    assert_ne!(new_system, old_system, "the upgrade made a new system");
+    assert!(
+        store
+            .wal_files(&old_system)
+            .await
+            .unwrap()
+            .contains(&"00000002.history".to_string()),
+        "the old system's history is kept apart"
+    );
+    let primary = connect(&cluster.cluster_ip("pg-rw").await, &cluster.password)
+        .await
+        .unwrap();
+    primary
+        .batch_execute("insert into kept values (20002, 'after the switchover on 17')")
+        .await
+        .unwrap();
+    archive_now(&cluster, &primary).await;
+    drop(primary);
+    let (restored, took) = restore_with(
+        &cluster,
+        "restored",
+        json!({"version": 17, "image": new_image,
+               "bootstrap": {"recovery": {"objectStore": object_store}}}),
+    )
+    .await;
+    let rows: i64 = restored
+        .query_one("select count(*) from kept", &[])
+        .await
+        .unwrap()
+        .get(0);
+    assert_eq!(
+        rows, 20002,
+        "the restore replays the new system's timelines to the end of its archive"
+    );
+    eprintln!(
+        "restored the upgraded system's archive (timeline 2 after the upgrade) in {took:.1?}"
+    );
     eprintln!(
         "PostgresCluster of 3 instances upgraded from 15 to 17 and Ready {ready_after:.1?} after the spec change; \
          writes unavailable for {downtime:.1?} (longest gap between acknowledged writes, ending {gap_ends:.1?} after the spec change); \

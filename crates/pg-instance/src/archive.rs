@@ -7,16 +7,27 @@
 //! are `pg_basebackup` tar streams ([`base_backup`]). Under the cluster's `path`:
 //!
 //! ```text
-//! wal/<WAL file name>.gz              every archived file (segments, .history, .backup), gzip
+//! system                              the system identifier archiving here now ([`claim`])
+//! wal/<system>/<WAL file name>.gz     every archived file (segments, .history, .backup) of
+//!                                     the PostgreSQL system <system>, gzip
 //! base/<backup>/data.tar.gz           the data directory, WAL to be consistent included
 //! base/<backup>/backup.json           [`BaseBackup`]; written last: a backup without it is
 //!                                     incomplete and never restored
 //! ```
 //!
+//! WAL is kept per PostgreSQL system (the identifier `initdb` gives a cluster, which its
+//! replicas, backups and restores share): `pg_upgrade` makes a new system that starts again
+//! on timeline 1, and its timeline history files and segments must never meet the old
+//! system's (issue #37, item 1: a promotion after an upgrade wrote `00000002.history` over
+//! the old one's and archiving stopped for good; a restore followed the old system's
+//! timelines). `system` says which system may archive to the path: another one is refused
+//! ([`Error::OtherSystem`]: two clusters writing to one path), except the system a major
+//! upgrade made of it ([`UPGRADED_FROM`] in its data directory), which takes the path over.
 //! A WAL file is never overwritten with different contents: pushing a name that exists with
 //! the same contents succeeds (PostgreSQL retries after a crash), with different contents
-//! fails (two clusters writing to one path).
+//! fails.
 
+use std::collections::BTreeMap;
 use std::io::{Read, Write};
 use std::path::Path;
 use std::process::Stdio;
@@ -57,6 +68,10 @@ pub enum Error {
         "WAL file {0} is already archived with different contents: is another cluster archiving to this path?"
     )]
     Conflict(String),
+    #[error(
+        "the archive belongs to PostgreSQL system {archive}, this data directory to system {ours}: another cluster archives to this path (give each cluster its own path)"
+    )]
+    OtherSystem { archive: String, ours: String },
     #[error("pg_basebackup failed ({status}): {output}")]
     BaseBackup {
         status: std::process::ExitStatus,
@@ -200,6 +215,10 @@ pub struct BaseBackup {
     pub completed_at: String,
     /// Compressed size in bytes.
     pub size: u64,
+    /// The PostgreSQL system it is a copy of, whose WAL (`wal/<system>/`) a restore replays;
+    /// absent in backups taken before WAL was kept per system.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub system_identifier: Option<String>,
 }
 
 impl Store {
@@ -249,8 +268,8 @@ impl Store {
         }
     }
 
-    /// Names of the objects under `dir/` (one level, relative).
-    async fn list(&self, dir: &str) -> Result<Vec<String>, Error> {
+    /// One level under `dir/`: the objects' names and the "directories'" names, relative.
+    async fn listing(&self, dir: &str) -> Result<(Vec<String>, Vec<String>), Error> {
         let prefix = self.path(dir);
         let listed = self
             .inner
@@ -258,12 +277,20 @@ impl Store {
             .await
             .map_err(store_err(format!("list {prefix}")))?;
         let name = |p: &ObjectPath| p.filename().map(str::to_string);
-        Ok(listed
-            .objects
-            .iter()
-            .filter_map(|o| name(&o.location))
-            .chain(listed.common_prefixes.iter().filter_map(name))
-            .collect())
+        Ok((
+            listed
+                .objects
+                .iter()
+                .filter_map(|o| name(&o.location))
+                .collect(),
+            listed.common_prefixes.iter().filter_map(name).collect(),
+        ))
+    }
+
+    /// Names of everything under `dir/` (one level, relative).
+    async fn list(&self, dir: &str) -> Result<Vec<String>, Error> {
+        let (objects, dirs) = self.listing(dir).await?;
+        Ok(objects.into_iter().chain(dirs).collect())
     }
 
     async fn delete(&self, path: &ObjectPath) -> Result<(), Error> {
@@ -294,14 +321,14 @@ impl Store {
 }
 
 impl Store {
-    /// The names of the archived WAL files (segments, `.partial`, `.history`, `.backup`),
-    /// without `.gz`, sorted.
+    /// The names of the WAL files archived for `system` (segments, `.partial`, `.history`,
+    /// `.backup`), without `.gz`, sorted.
     ///
     /// # Errors
     /// When the store cannot be listed.
-    pub async fn wal_files(&self) -> Result<Vec<String>, Error> {
+    pub async fn wal_files(&self, system: &str) -> Result<Vec<String>, Error> {
         let mut names: Vec<String> = self
-            .list("wal")
+            .list(&wal_dir(system))
             .await?
             .into_iter()
             .map(|n| n.trim_end_matches(".gz").to_string())
@@ -309,6 +336,85 @@ impl Store {
         names.sort();
         Ok(names)
     }
+
+    /// The system identifier the archive's `system` object names, if any.
+    ///
+    /// # Errors
+    /// When the store cannot be read.
+    pub async fn system(&self) -> Result<Option<String>, Error> {
+        Ok(self
+            .get(&self.path(SYSTEM))
+            .await?
+            .map(|b| String::from_utf8_lossy(&b).trim().to_string()))
+    }
+}
+
+/// The object naming the system that archives to a path.
+const SYSTEM: &str = "system";
+
+/// A file a major upgrade writes into the new data directory: the system identifier of the
+/// cluster it was made from, which lets the new system take over that system's archive path.
+pub const UPGRADED_FROM: &str = "steward-upgraded-from-system";
+
+fn wal_dir(system: &str) -> String {
+    format!("wal/{system}")
+}
+
+/// The system identifier of the PostgreSQL cluster in `pgdata`: the first field of
+/// `global/pg_control` (a `uint64` in the machine's byte order), as `pg_controldata` prints
+/// it ("Database system identifier").
+///
+/// # Errors
+/// When `global/pg_control` cannot be read or is too short.
+pub fn system_identifier(pgdata: &Path) -> Result<String, Error> {
+    let control = pgdata.join("global/pg_control");
+    let bytes = std::fs::read(&control).map_err(io(format!("read {}", control.display())))?;
+    let first: [u8; 8] = bytes
+        .get(..8)
+        .and_then(|b| b.try_into().ok())
+        .ok_or_else(|| Error::Invalid(format!("{} is too short", control.display())))?;
+    Ok(u64::from_ne_bytes(first).to_string())
+}
+
+/// Whether the system `ours` may archive to a path whose `system` object names `archive`
+/// (`None`: nobody archives there yet), given the system it was upgraded from, if any.
+fn may_archive(archive: Option<&str>, ours: &str, upgraded_from: Option<&str>) -> bool {
+    match archive {
+        None => true,
+        Some(a) => a == ours || upgraded_from == Some(a),
+    }
+}
+
+/// The system of `pgdata`, once the archive's `system` object names it: written when there
+/// is none, and when it names the system a major upgrade made this one of.
+///
+/// # Errors
+/// [`Error::OtherSystem`] when another system archives there; when the store fails.
+pub async fn claim(store: &Store, pgdata: &Path) -> Result<String, Error> {
+    let ours = system_identifier(pgdata)?;
+    let archive = store.system().await?;
+    if archive.as_deref() == Some(ours.as_str()) {
+        return Ok(ours);
+    }
+    let upgraded_from = std::fs::read_to_string(pgdata.join(UPGRADED_FROM))
+        .ok()
+        .map(|s| s.trim().to_string());
+    if !may_archive(archive.as_deref(), &ours, upgraded_from.as_deref()) {
+        return Err(Error::OtherSystem {
+            archive: archive.unwrap_or_default(),
+            ours,
+        });
+    }
+    if let Some(previous) = &archive {
+        tracing::info!(%previous, system = %ours, "this cluster was upgraded from the system that archived here: its WAL goes to wal/{ours}/ from now on");
+    }
+    let path = store.path(SYSTEM);
+    store
+        .inner
+        .put(&path, Bytes::from(format!("{ours}\n")).into())
+        .await
+        .map_err(store_err(format!("put {path}")))?;
+    Ok(ours)
 }
 
 const SEGMENT_SIZE: u64 = 16 * 1024 * 1024;
@@ -418,10 +524,16 @@ pub async fn push_ready(store: &Store, pgdata: &Path) -> Result<Vec<String>, Err
     for name in ready {
         let file = pgdata.join("pg_wal").join(&name);
         if file.exists() {
-            match push_wal(store, &file, &name).await {
+            match push_wal(store, pgdata, &file, &name).await {
                 Ok(()) => pushed.push(name.clone()),
                 Err(Error::Conflict(n)) => {
                     tracing::error!(file = %n, "a WAL file left by the former primary is archived already with other contents: kept the archived one");
+                }
+                Err(e @ Error::OtherSystem { .. }) => {
+                    // A system the cluster left behind (a major upgrade made a new one):
+                    // its WAL is no restore's any more, and this copy is replaced by a clone.
+                    tracing::warn!(error = %e, "not archiving the WAL left by a former primary of another system");
+                    return Ok(pushed);
                 }
                 Err(e) => return Err(e),
             }
@@ -434,18 +546,20 @@ pub async fn push_ready(store: &Store, pgdata: &Path) -> Result<Vec<String>, Err
 }
 
 /// `wal-push`: archives the WAL file `file` (PostgreSQL's `%p`, relative to the data
-/// directory) as `name` (`%f`).
+/// directory `pgdata`) as `name` (`%f`), under the data directory's system ([`claim`]).
 ///
 /// # Errors
-/// When it cannot be read or stored, or [`Error::Conflict`].
-pub async fn push_wal(store: &Store, file: &Path, name: &str) -> Result<(), Error> {
-    let data = tokio::fs::read(file)
+/// When it cannot be read or stored, [`Error::Conflict`] or [`Error::OtherSystem`].
+pub async fn push_wal(store: &Store, pgdata: &Path, file: &Path, name: &str) -> Result<(), Error> {
+    let system = claim(store, pgdata).await?;
+    let file = pgdata.join(file);
+    let data = tokio::fs::read(&file)
         .await
         .map_err(io(format!("read {}", file.display())))?;
     let compressed = tokio::task::spawn_blocking(move || gzip(&data))
         .await
         .map_err(|e| Error::Invalid(e.to_string()))??;
-    let path = store.path(&format!("wal/{name}.gz"));
+    let path = store.path(&format!("{}/{name}.gz", wal_dir(&system)));
     if let Some(existing) = store.get(&path).await? {
         let same = gunzip(&existing).ok() == gunzip(&compressed).ok();
         return if same {
@@ -462,13 +576,20 @@ pub async fn push_wal(store: &Store, file: &Path, name: &str) -> Result<(), Erro
     Ok(())
 }
 
-/// `wal-fetch`: restores the archived WAL file `name` to `dest`. `Ok(false)` when the
-/// archive does not have it (PostgreSQL asks for files that may not exist).
+/// `wal-fetch`: restores the WAL file `name` archived for `system` (the data directory's
+/// [`system_identifier`]: a restored copy reads its own system's WAL, never a later system's
+/// of the same path) to `dest`. `Ok(false)` when the archive does not have it (PostgreSQL
+/// asks for files that may not exist).
 ///
 /// # Errors
 /// When the store fails or the file cannot be written.
-pub async fn fetch_wal(store: &Store, name: &str, dest: &Path) -> Result<bool, Error> {
-    let path = store.path(&format!("wal/{name}.gz"));
+pub async fn fetch_wal(
+    store: &Store,
+    system: &str,
+    name: &str,
+    dest: &Path,
+) -> Result<bool, Error> {
+    let path = store.path(&format!("{}/{name}.gz", wal_dir(system)));
     let Some(compressed) = store.get(&path).await? else {
         return Ok(false);
     };
@@ -612,6 +733,7 @@ pub async fn base_backup(store: &Store, paths: &Paths, name: &str) -> Result<Bas
         started_at,
         completed_at: jiff::Timestamp::now().to_string(),
         size,
+        system_identifier: Some(system_identifier(&paths.pgdata)?),
     };
     let manifest = store.path(&format!("base/{name}/backup.json"));
     let json = serde_json::to_vec_pretty(&backup).map_err(|e| Error::Invalid(e.to_string()))?;
@@ -701,12 +823,17 @@ pub async fn restore(store: &Store, backup: &BaseBackup, paths: &Paths) -> Resul
     unpacked
 }
 
-/// What retention deletes when `keep` base backups are kept: the older backups, then every
-/// WAL segment (and `.backup` file) before the oldest kept backup's first WAL file, on any
-/// timeline. Timeline history files are kept: they are small and every restore needs them.
+/// What retention deletes when `keep` base backups are kept, given the WAL files archived
+/// for each system (`wal`: system → file names) and the system archiving now (`current`):
+/// the older backups; in each system with a kept backup, every WAL segment (and `.backup`
+/// file) before the oldest kept backup's first WAL file, on any timeline (timeline history
+/// files are kept: they are small and every restore needs them); a system with no kept
+/// backup that is not `current` (one a major upgrade left behind), all of its WAL, since no
+/// restore can start from it. WAL files are returned as `<system>/<file>`.
 pub fn retention_plan(
     backups: &[BaseBackup],
-    wal: &[String],
+    wal: &BTreeMap<String, Vec<String>>,
+    current: Option<&str>,
     keep: usize,
 ) -> (Vec<String>, Vec<String>) {
     let mut newest_first: Vec<&BaseBackup> = backups.iter().collect();
@@ -715,40 +842,61 @@ pub fn retention_plan(
         return (Vec::new(), Vec::new());
     }
     let (kept, dropped) = newest_first.split_at(keep);
-    let Some(oldest_kept) = kept.last() else {
-        return (Vec::new(), Vec::new());
-    };
+    // A kept backup that does not say its system could need any system's WAL.
+    let all_known = kept.iter().all(|b| b.system_identifier.is_some());
     // Compare log and segment numbers (the name without its timeline).
     let position = |name: &str| name.get(8..24).map(str::to_string);
-    let Some(horizon) = position(&oldest_kept.begin_wal) else {
-        return (Vec::new(), Vec::new());
-    };
-    let old_wal = wal
-        .iter()
-        .filter(|w| {
-            let file = w.trim_end_matches(".gz");
-            // `get`, not an index: any object can be put under `wal/`, and a name whose
-            // 24th byte is inside a multi-byte character must not panic the backup task.
-            let is_segment_or_label = file
-                .get(..24)
-                .is_some_and(|prefix| prefix.chars().all(|c| c.is_ascii_hexdigit()))
-                && !file.ends_with(".history");
-            is_segment_or_label && position(file).is_some_and(|p| p < horizon)
-        })
-        .cloned()
-        .collect();
+    let mut old_wal = Vec::new();
+    for (system, files) in wal {
+        let oldest_kept = kept
+            .iter()
+            .rev()
+            .find(|b| b.system_identifier.as_deref() == Some(system.as_str()));
+        let horizon = match oldest_kept {
+            Some(backup) => match position(&backup.begin_wal) {
+                Some(horizon) => Some(horizon),
+                None => continue,
+            },
+            None if all_known && current != Some(system.as_str()) => None,
+            None => continue,
+        };
+        old_wal.extend(
+            files
+                .iter()
+                .filter(|w| {
+                    let Some(horizon) = &horizon else {
+                        return true; // a system left behind: all of it
+                    };
+                    let file = w.trim_end_matches(".gz");
+                    // `get`, not an index: any object can be put under `wal/`, and a name whose
+                    // 24th byte is inside a multi-byte character must not panic the backup task.
+                    let is_segment_or_label = file
+                        .get(..24)
+                        .is_some_and(|prefix| prefix.chars().all(|c| c.is_ascii_hexdigit()))
+                        && !file.ends_with(".history");
+                    is_segment_or_label && position(file).is_some_and(|p| &p < horizon)
+                })
+                .map(|f| format!("{system}/{f}")),
+        );
+    }
     (dropped.iter().map(|b| b.name.clone()).collect(), old_wal)
 }
 
 /// Applies [`retention_plan`]: the chosen backups' manifests first (so a half-deleted
-/// backup is never taken for complete), then their data, then the WAL.
+/// backup is never taken for complete), then their data, then the WAL. Objects directly
+/// under `wal/` (the layout before WAL was kept per system) are left alone.
 ///
 /// # Errors
 /// When listing or deleting fails (what was deleted stays deleted; the next run goes on).
 pub async fn apply_retention(store: &Store, keep: usize) -> Result<(Vec<String>, usize), Error> {
     let backups = store.base_backups().await?;
-    let wal = store.list("wal").await?;
-    let (old_backups, old_wal) = retention_plan(&backups, &wal, keep);
+    let mut wal = BTreeMap::new();
+    for system in store.listing("wal").await?.1 {
+        let files = store.list(&wal_dir(&system)).await?;
+        wal.insert(system, files);
+    }
+    let current = store.system().await?;
+    let (old_backups, old_wal) = retention_plan(&backups, &wal, current.as_deref(), keep);
     for name in &old_backups {
         store
             .delete(&store.path(&format!("base/{name}/backup.json")))
@@ -776,6 +924,7 @@ mod tests {
             started_at: completed_at.into(),
             completed_at: completed_at.into(),
             size: 1,
+            system_identifier: Some(SYS.into()),
         }
     }
 
@@ -830,6 +979,16 @@ mod tests {
         assert!(matches!(choose_backup(&[], None), Err(Error::NoBackup(_))));
     }
 
+    /// One system's WAL, as `apply_retention` hands it to `retention_plan`.
+    fn one_system(files: &[&str]) -> BTreeMap<String, Vec<String>> {
+        BTreeMap::from([(
+            SYS.to_string(),
+            files.iter().map(|f| f.to_string()).collect(),
+        )])
+    }
+
+    const SYS: &str = "7312345678901234567";
+
     #[test]
     fn retention_keeps_the_newest_backups_and_the_wal_they_need() {
         let backups = [
@@ -837,29 +996,34 @@ mod tests {
             backup("mid", "000000010000000000000005", "2026-12-01T11:00:00Z"),
             backup("new", "000000020000000000000009", "2026-12-01T12:00:00Z"),
         ];
-        let wal: Vec<String> = [
+        let files = [
             "000000010000000000000002.gz",
             "000000010000000000000002.00000028.backup.gz",
             "000000010000000000000004.gz",
             "000000010000000000000005.gz",
             "00000002.history.gz",
             "000000020000000000000006.gz",
-        ]
-        .map(String::from)
-        .into();
-        let (old, old_wal) = retention_plan(&backups, &wal, 2);
+        ];
+        let wal = one_system(&files);
+        let (old, old_wal) = retention_plan(&backups, &wal, Some(SYS), 2);
         assert_eq!(old, ["old"]);
         assert_eq!(
             old_wal,
             [
-                "000000010000000000000002.gz",
-                "000000010000000000000002.00000028.backup.gz",
-                "000000010000000000000004.gz"
+                format!("{SYS}/000000010000000000000002.gz"),
+                format!("{SYS}/000000010000000000000002.00000028.backup.gz"),
+                format!("{SYS}/000000010000000000000004.gz"),
             ]
         );
-        assert_eq!(retention_plan(&backups, &wal, 3), (vec![], vec![]));
-        assert_eq!(retention_plan(&backups, &wal, 0), (vec![], vec![]));
-        let (old, old_wal) = retention_plan(&backups, &wal, 1);
+        assert_eq!(
+            retention_plan(&backups, &wal, Some(SYS), 3),
+            (vec![], vec![])
+        );
+        assert_eq!(
+            retention_plan(&backups, &wal, Some(SYS), 0),
+            (vec![], vec![])
+        );
+        let (old, old_wal) = retention_plan(&backups, &wal, Some(SYS), 1);
         assert_eq!(old, ["mid", "old"]);
         assert_eq!(
             old_wal.len(),
@@ -868,11 +1032,119 @@ mod tests {
         );
         // Issue #37, item 11: an object under wal/ whose 24th byte falls inside a multi-byte
         // character panicked the backup task; it is not WAL and is left alone.
-        let mut odd = wal.clone();
+        let mut odd = files.map(String::from).to_vec();
         odd.push(format!("{}é.gz", "0".repeat(23))); // 'é' is bytes 23 and 24
         odd.push("é".into());
-        let (_, old_wal) = retention_plan(&backups, &odd, 1);
+        let odd = BTreeMap::from([(SYS.to_string(), odd)]);
+        let (_, old_wal) = retention_plan(&backups, &odd, Some(SYS), 1);
         assert_eq!(old_wal.len(), 5, "{old_wal:?}");
+    }
+
+    /// Issue #37, item 1: after a major upgrade the new system starts again on timeline 1.
+    /// Its WAL lives apart from the old system's, and once no kept backup is of the old system,
+    /// all of the old system's WAL goes, history files too (none of it can be restored); the
+    /// system archiving now is never emptied, and a kept backup that does not say its system
+    /// keeps every system's WAL.
+    #[test]
+    fn retention_drops_the_wal_of_a_system_an_upgrade_left_behind() {
+        let new_system = "7399999999999999999";
+        let mut before = backup("before", "000000030000000000000010", "2026-12-01T10:00:00Z");
+        before.system_identifier = Some(SYS.into());
+        let mut after = backup("after", "000000010000000000000002", "2026-12-01T12:00:00Z");
+        after.system_identifier = Some(new_system.into());
+        let mut later = backup("later", "000000020000000000000007", "2026-12-01T13:00:00Z");
+        later.system_identifier = Some(new_system.into());
+        let wal = BTreeMap::from([
+            (
+                SYS.to_string(),
+                vec![
+                    "00000003.history.gz".to_string(),
+                    "000000030000000000000011.gz".into(),
+                ],
+            ),
+            (
+                new_system.to_string(),
+                vec![
+                    "000000010000000000000002.gz".to_string(),
+                    "00000002.history.gz".into(),
+                    "000000020000000000000007.gz".into(),
+                ],
+            ),
+        ]);
+        // Both systems have a kept backup: each keeps what its backup needs.
+        let (old, old_wal) = retention_plan(
+            &[before.clone(), after.clone(), later.clone()],
+            &wal,
+            Some(new_system),
+            3,
+        );
+        assert!(old.is_empty() && old_wal.is_empty(), "{old:?} {old_wal:?}");
+        let (old, old_wal) = retention_plan(
+            &[before.clone(), after.clone(), later.clone()],
+            &wal,
+            Some(new_system),
+            2,
+        );
+        assert_eq!(old, ["before"]);
+        assert_eq!(
+            old_wal,
+            [
+                format!("{SYS}/00000003.history.gz"),
+                format!("{SYS}/000000030000000000000011.gz"),
+            ],
+            "the old system's WAL, all of it; the new system's from its oldest kept backup"
+        );
+        let (_, old_wal) = retention_plan(
+            &[before.clone(), after.clone(), later.clone()],
+            &wal,
+            Some(new_system),
+            1,
+        );
+        assert_eq!(old_wal.len(), 3, "{old_wal:?}");
+        assert!(old_wal.contains(&format!("{new_system}/000000010000000000000002.gz")));
+        // The system archiving now keeps its WAL even with no kept backup of its own.
+        let (_, old_wal) = retention_plan(
+            &[before.clone(), after.clone(), later.clone()],
+            &wal,
+            Some(SYS),
+            1,
+        );
+        assert!(old_wal.iter().all(|f| !f.starts_with(SYS)), "{old_wal:?}");
+        // A kept backup from before systems were recorded could need any of them.
+        let mut unknown = later.clone();
+        unknown.system_identifier = None;
+        let (_, old_wal) = retention_plan(&[before, after, unknown], &wal, Some(new_system), 1);
+        assert!(old_wal.is_empty(), "{old_wal:?}");
+    }
+
+    #[test]
+    fn a_path_is_archived_to_by_one_system_or_the_one_upgraded_from_it() {
+        assert!(may_archive(None, SYS, None), "an empty path is taken");
+        assert!(may_archive(Some(SYS), SYS, None));
+        assert!(
+            !may_archive(Some(SYS), "7399999999999999999", None),
+            "another cluster's path"
+        );
+        assert!(
+            may_archive(Some(SYS), "7399999999999999999", Some(SYS)),
+            "the system a major upgrade made of it"
+        );
+        assert!(!may_archive(Some(SYS), "7399999999999999999", Some("1")));
+    }
+
+    #[test]
+    fn the_system_identifier_is_read_from_pg_control() {
+        let dir = tempfile::tempdir().unwrap();
+        std::fs::create_dir(dir.path().join("global")).unwrap();
+        let mut control = 7_312_345_678_901_234_567_u64.to_ne_bytes().to_vec();
+        control.extend([0u8; 64]);
+        std::fs::write(dir.path().join("global/pg_control"), control).unwrap();
+        assert_eq!(
+            system_identifier(dir.path()).unwrap(),
+            "7312345678901234567"
+        );
+        std::fs::write(dir.path().join("global/pg_control"), [1u8; 4]).unwrap();
+        assert!(system_identifier(dir.path()).is_err());
     }
 
     #[test]

@@ -149,7 +149,9 @@ fn main() -> anyhow::Result<()> {
         }
         Command::WalPush { path, name } => {
             let store = store(contract::BACKUP_ENV)?;
-            rt.block_on(archive::push_wal(&store, &path, &name))
+            // PostgreSQL runs it in the data directory, `path` relative to it.
+            let pgdata = std::env::current_dir().context("the data directory")?;
+            rt.block_on(archive::push_wal(&store, &pgdata, &path, &name))
                 .with_context(|| format!("archiving {name} to {}", store.config().url()))
         }
         Command::WalFetch {
@@ -163,8 +165,11 @@ fn main() -> anyhow::Result<()> {
                 contract::BACKUP_ENV
             };
             let store = store(prefix)?;
+            // PostgreSQL runs it in the data directory: the WAL of the system restored there.
+            let pgdata = std::env::current_dir().context("the data directory")?;
+            let system = archive::system_identifier(&pgdata)?;
             let found = rt
-                .block_on(archive::fetch_wal(&store, &name, &dest))
+                .block_on(archive::fetch_wal(&store, &system, &name, &dest))
                 .with_context(|| format!("restoring {name} from {}", store.config().url()))?;
             if !found {
                 // Not an error: PostgreSQL asks for files that may not exist.

@@ -434,6 +434,15 @@ pub async fn upgrade(pgdata: &Path, old: &Path, work: &Path) -> Result<(u32, u32
         .into());
     }
     result?;
+    // The new cluster is a new PostgreSQL system (its own identifier, timeline 1 again): this
+    // lets it take over the old system's archive path, its WAL kept apart (archive::claim).
+    let previous = crate::archive::system_identifier(pgdata)
+        .map_err(|e| Error::Refused(format!("the old cluster's system identifier: {e}")))?;
+    std::fs::write(
+        layout.upgrading.join(crate::archive::UPGRADED_FROM),
+        format!("{previous}\n"),
+    )
+    .map_err(io("record the system upgraded from"))?;
     std::fs::write(
         layout.upgrading.join(DONE_MARKER),
         format!("{from} -> {to}\n"),

@@ -15,7 +15,7 @@ use kube::{Client, ResourceExt};
 use serde_json::json;
 use steward_testenv::{ControlPlane, deploy, eventually};
 
-use crate::support::{WAIT, logs, node, start};
+use crate::support::{WAIT, connect, logs, node, start};
 
 /// One real node per machine: the tests of this binary take turns.
 pub(crate) static NODE: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
@@ -576,4 +576,207 @@ pub(crate) async fn status_of(
 ) -> Result<database_operator::crd::PostgresClusterStatus, String> {
     let cluster = clusters.get(name).await.map_err(|e| e.to_string())?;
     Ok(cluster.status.unwrap_or_default())
+}
+
+/// A SeaweedFS S3 server on the node's bridge address, the `s3-credentials` Secret in the
+/// cluster's namespace, `spec.backup.objectStore` for the prefix `<ns>/<prefix>`, and a client
+/// of that prefix to list what is stored.
+pub(crate) async fn object_store(
+    cluster: &Cluster,
+    prefix: &str,
+) -> (
+    steward_testenv::s3::S3Server,
+    serde_json::Value,
+    steward_pg_instance::archive::Store,
+) {
+    use steward_pg_instance::archive::{Store, StoreConfig};
+    let s3 = steward_testenv::s3::S3Server::start(steward_testenv::node::GATEWAY)
+        .await
+        .expect("SeaweedFS");
+    let secret = steward_testenv::s3::S3Server::credentials_secret("s3-credentials", &cluster.ns);
+    steward_testenv::manifests::apply(&cluster.client, &secret, None, "real-node-test", false)
+        .await
+        .unwrap();
+    let path = format!("{}/{prefix}", cluster.ns);
+    let spec = json!({"endpoint": s3.endpoint(), "bucket": "steward-backups",
+                      "path": path, "credentialsSecret": "s3-credentials"});
+    let store = Store::open(
+        StoreConfig::from_vars("S3", |name| match name {
+            "S3_ENDPOINT" => Some(s3.endpoint().to_string()),
+            "S3_BUCKET" => Some("steward-backups".into()),
+            "S3_PATH" => Some(path.clone()),
+            "S3_ACCESS_KEY_ID" => Some(steward_testenv::s3::S3Server::ACCESS_KEY.into()),
+            "S3_SECRET_ACCESS_KEY" => Some(steward_testenv::s3::S3Server::SECRET_KEY.into()),
+            _ => None,
+        })
+        .unwrap()
+        .unwrap(),
+    )
+    .unwrap();
+    (s3, spec, store)
+}
+
+/// Waits until PostgresCluster `pg` says its WAL archiving works; its `status.backup` then
+/// (the test's log and S3's in the panic otherwise).
+pub(crate) async fn archiving(
+    cluster: &Cluster,
+    s3: &steward_testenv::s3::S3Server,
+) -> database_operator::crd::ClusterBackupStatus {
+    let archived = eventually("ContinuousArchiving True", WAIT, || {
+        let clusters = cluster.clusters();
+        async move {
+            let status = status_of(&clusters, "pg").await?;
+            let archiving = status
+                .conditions
+                .iter()
+                .find(|c| c.type_ == "ContinuousArchiving")
+                .cloned();
+            match archiving {
+                Some(c) if c.status == "True" => Ok(status.backup.unwrap_or_default()),
+                other => Err(format!("{other:?}")),
+            }
+        }
+    })
+    .await;
+    match archived {
+        Ok(a) => a,
+        Err(e) => panic!(
+            "{e}\n{}\nS3 log:\n{}",
+            cluster.logs().await,
+            std::fs::read_to_string(s3.log()).unwrap_or_default()
+        ),
+    }
+}
+
+/// Ends the primary's current WAL file (on `db`) and waits until `pg`'s status reports it
+/// archived; its name.
+pub(crate) async fn archive_now(cluster: &Cluster, db: &tokio_postgres::Client) -> String {
+    let segment: String = db
+        .query_one("select pg_walfile_name(pg_switch_wal())", &[])
+        .await
+        .unwrap()
+        .get(0);
+    let archived = eventually(&format!("{segment} archived"), WAIT, || {
+        let clusters = cluster.clusters();
+        let segment = segment.clone();
+        async move {
+            let status = status_of(&clusters, "pg").await?;
+            let last = status
+                .backup
+                .and_then(|b| b.last_archived_wal)
+                .unwrap_or_default();
+            // Compare log and segment numbers: a later timeline archives the same segment.
+            if last.get(8..24) >= segment.get(8..24) {
+                Ok(())
+            } else {
+                Err(format!("last archived {last}"))
+            }
+        }
+    })
+    .await;
+    if let Err(e) = archived {
+        panic!("{e}\n{}", cluster.logs().await);
+    }
+    segment
+}
+
+/// Creates PostgresCluster `name` (1 instance) restored from `recovery`
+/// (`spec.bootstrap.recovery`), waits until it is Ready; a connection to it and the time from
+/// its creation to Ready.
+pub(crate) async fn restore(
+    cluster: &Cluster,
+    name: &str,
+    recovery: serde_json::Value,
+) -> (tokio_postgres::Client, Duration) {
+    restore_with(cluster, name, json!({"bootstrap": {"recovery": recovery}})).await
+}
+
+/// [`restore`] with the whole of `spec` beyond `instances` (`bootstrap.recovery` in it).
+pub(crate) async fn restore_with(
+    cluster: &Cluster,
+    name: &str,
+    spec: serde_json::Value,
+) -> (tokio_postgres::Client, Duration) {
+    cluster.volumes(name, 1).await;
+    let manifest = cluster.manifest(name, 1, spec);
+    let started = Instant::now();
+    steward_testenv::manifests::apply(&cluster.client, &manifest, None, "real-node-test", false)
+        .await
+        .unwrap();
+    let password = cluster.superuser_password(name).await;
+    let ready = eventually(
+        &format!("PostgresCluster {name} Ready"),
+        Duration::from_secs(600),
+        || {
+            let clusters = cluster.clusters();
+            async move {
+                let status = status_of(&clusters, name).await?;
+                if status
+                    .conditions
+                    .iter()
+                    .any(|c| c.type_ == "Ready" && c.status == "True")
+                {
+                    Ok(())
+                } else {
+                    Err(format!("{:?} {:?}", status.phase, status.conditions))
+                }
+            }
+        },
+    )
+    .await;
+    let took = started.elapsed();
+    if let Err(e) = ready {
+        panic!(
+            "{e}\n--- {name}-0:\n{}",
+            logs(&cluster.pods(), &format!("{name}-0")).await
+        );
+    }
+    let db = connect(&cluster.cluster_ip(&format!("{name}-rw")).await, &password)
+        .await
+        .unwrap();
+    (db, took)
+}
+
+/// The status of PostgresBackup `name` once it has ended: `Ok` when it completed, `Err` when
+/// it failed (panics with the pods' logs if it takes too long).
+pub(crate) async fn ended_backup(
+    cluster: &Cluster,
+    name: &str,
+) -> Result<steward_pg_instance::contract::BackupRun, steward_pg_instance::contract::BackupRun> {
+    use database_operator::crd::PostgresBackup;
+    use steward_pg_instance::contract::BackupPhase;
+    let backups: Api<PostgresBackup> = Api::namespaced(cluster.client.clone(), &cluster.ns);
+    let done = eventually(&format!("PostgresBackup {name} ended"), WAIT, || {
+        let backups = backups.clone();
+        async move {
+            let status = backups
+                .get(name)
+                .await
+                .map_err(|e| e.to_string())?
+                .status
+                .unwrap_or_default();
+            match status.phase {
+                Some(BackupPhase::Completed) => Ok(Ok(status)),
+                Some(BackupPhase::Failed) => Ok(Err(status)),
+                _ => Err(format!("{status:?}")),
+            }
+        }
+    })
+    .await;
+    match done {
+        Ok(ended) => ended,
+        Err(e) => panic!("{e}\n{}", cluster.logs().await),
+    }
+}
+
+/// The status of PostgresBackup `name`, once it is `Completed` (panics with the pods' logs
+/// if it fails or takes too long).
+pub(crate) async fn completed_backup(
+    cluster: &Cluster,
+    name: &str,
+) -> steward_pg_instance::contract::BackupRun {
+    match ended_backup(cluster, name).await {
+        Ok(status) => status,
+        Err(failed) => panic!("{name} failed: {failed:?}\n{}", cluster.logs().await),
+    }
 }
