@@ -1065,6 +1065,38 @@ async fn postgres_cluster_starts_again_after_every_pod_is_deleted() {
         .iter()
         .filter_map(|p| p.uid())
         .collect();
+    // The record of a clean stop lives only until a primary runs again (then it is cleared):
+    // the Lease is watched from before the stop, every value the record takes kept.
+    let records = Arc::new(Mutex::new(Vec::<String>::new()));
+    let watching = {
+        use futures::StreamExt;
+        use kube::runtime::watcher;
+        let leases = Api::<k8s_openapi::api::coordination::v1::Lease>::namespaced(
+            cluster.client.clone(),
+            &cluster.ns,
+        );
+        let records = records.clone();
+        tokio::spawn(async move {
+            let config = watcher::Config::default().fields("metadata.name=pg-primary");
+            let mut events = std::pin::pin!(watcher(leases, config));
+            while let Some(event) = events.next().await {
+                let (Ok(watcher::Event::Apply(lease)) | Ok(watcher::Event::InitApply(lease))) =
+                    event
+                else {
+                    continue;
+                };
+                if let Some(value) = lease
+                    .annotations()
+                    .get(steward_pg_instance::contract::LAST_PRIMARY_ANNOTATION)
+                {
+                    let mut records = records.lock().unwrap();
+                    if records.last() != Some(value) {
+                        records.push(value.clone());
+                    }
+                }
+            }
+        })
+    };
     cluster
         .pods()
         .delete_collection(&DeleteParams::default(), &of_cluster)
@@ -1120,20 +1152,29 @@ async fn postgres_cluster_starts_again_after_every_pod_is_deleted() {
         stopped.elapsed()
     );
     let status = cluster.status().await;
-    // Only a clean stop of a primary writes the annotation, and nothing clears it.
-    let last_primary = Api::<k8s_openapi::api::coordination::v1::Lease>::namespaced(
+    // Only a clean stop of a primary writes the record; the new primary clears it.
+    let leases = Api::<k8s_openapi::api::coordination::v1::Lease>::namespaced(
         cluster.client.clone(),
         &cluster.ns,
-    )
-    .get("pg-primary")
-    .await
-    .unwrap()
-    .annotations()
-    .get("database.steward.dev/last-primary")
-    .cloned();
-    eprintln!("the last primary to stop: {last_primary:?}");
+    );
+    let cleared = eventually("the record of the clean stop cleared", WAIT, || async {
+        let lease = leases.get("pg-primary").await.map_err(|e| e.to_string())?;
+        match lease
+            .annotations()
+            .get(steward_pg_instance::contract::LAST_PRIMARY_ANNOTATION)
+        {
+            None => Ok(()),
+            Some(v) => Err(format!("still names {v}")),
+        }
+    })
+    .await;
+    watching.abort();
+    let records = records.lock().unwrap().clone();
+    eprintln!("the last primary to stop, as the Lease recorded it: {records:?}");
+    cleared.unwrap();
     assert_eq!(
-        status.primary, last_primary,
+        status.primary.as_ref(),
+        records.last(),
         "the last primary leads again: {status:?}"
     );
     let rows_after: i64 = eventually("pg-rw answers", Duration::from_secs(60), || async {
