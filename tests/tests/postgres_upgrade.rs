@@ -653,13 +653,22 @@ async fn postgres_cluster_upgrades_its_major_with_pg_upgrade() {
             .contains(&"00000002.history".to_string()),
         "the old system's history is kept apart"
     );
-    let primary = connect(&cluster.cluster_ip("pg-rw").await, &cluster.password)
-        .await
-        .unwrap();
-    primary
-        .batch_execute("insert into kept values (20002, 'after the switchover on 17')")
-        .await
-        .unwrap();
+    // Through pg-rw once it leads to the new primary (kube-proxy follows the endpoints).
+    let rw = cluster.cluster_ip("pg-rw").await;
+    let primary = eventually("a write through pg-rw after the switchover", WAIT, || {
+        let (rw, password) = (rw.clone(), cluster.password.clone());
+        async move {
+            let db = connect(&rw, &password).await.map_err(|e| e.to_string())?;
+            db.batch_execute(
+                "insert into kept values (20002, 'after the switchover on 17') on conflict do nothing",
+            )
+            .await
+            .map_err(|e| e.to_string())?;
+            Ok(db)
+        }
+    })
+    .await
+    .unwrap();
     archive_now(&cluster, &primary).await;
     drop(primary);
     let (restored, took) = restore_with(
