@@ -1,8 +1,9 @@
 //! `/healthz` and `/readyz` for the kubelet's probes.
 //!
-//! - ready: PostgreSQL accepts connections in the role the Lease gives this instance
-//!   (read-write while holding it, in recovery otherwise), so the `-rw` and `-ro` Services
-//!   only route to instances that serve their role;
+//! - ready: PostgreSQL answered lately, in the role the Lease gives this instance
+//!   (read-write while holding it, in recovery otherwise), and a replica is not known to be
+//!   unable to catch up, so the `-rw` and `-ro` Services only route to instances that serve
+//!   their role;
 //! - live: the manager answers (a paused or hung manager does not) and PostgreSQL, when it
 //!   should be running, answers its queries.
 

@@ -1185,16 +1185,15 @@ impl Instance {
                 }
             }
         }
-        let leading = self.election.leadership.is_leader();
-        // Ready: PostgreSQL answered lately, in the role the Lease gives this instance.
         let answering = self
             .answered_at
             .is_some_and(|at| at.elapsed() < STALE_AFTER);
-        let ready = answering
-            && self
-                .observed
-                .as_ref()
-                .is_some_and(|o| o.in_recovery != leading);
+        let ready = is_ready(
+            answering,
+            self.observed.as_ref().map(|o| o.in_recovery),
+            self.election.leadership.is_leader(),
+            self.cannot_catch_up > 0,
+        );
         self.health
             .set(ready, self.observed.is_some() || self.postmaster.is_none());
     }
@@ -1343,6 +1342,20 @@ fn may_hand_over(standby: Option<&postgres::Standby>) -> Result<(), String> {
 }
 
 /// A pod as the election sees it.
+/// Ready: PostgreSQL answered lately (`answering`), in the role the Lease gives this instance
+/// (in recovery unless `leading`) and, as a replica, not known to be unable to catch up (it
+/// stopped streaming with nothing to rewind: the primary no longer has the WAL it needs, and
+/// through `-ro` it would serve data arbitrarily old; issue #37, item 5) until it streams
+/// again or is cloned afresh.
+fn is_ready(
+    answering: bool,
+    in_recovery: Option<bool>,
+    leading: bool,
+    cannot_catch_up: bool,
+) -> bool {
+    answering && in_recovery.is_some_and(|r| r != leading && !(r && cannot_catch_up))
+}
+
 fn peer(pod: &Pod) -> Peer {
     let ready = contract::pod_ready(pod);
     let status = pod
@@ -1388,6 +1401,34 @@ fn clear_dir(dir: &std::path::Path) -> std::io::Result<()> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn ready_in_the_role_the_lease_gives_and_never_as_a_replica_that_cannot_catch_up() {
+        // (answering, in recovery, leading, cannot catch up) -> ready
+        assert!(is_ready(true, Some(false), true, false), "the primary");
+        assert!(is_ready(true, Some(true), false, false), "a replica");
+        assert!(
+            is_ready(true, Some(false), true, true),
+            "a primary is never a replica that cannot catch up"
+        );
+        assert!(
+            !is_ready(true, Some(true), false, true),
+            "a replica the primary no longer has the WAL for serves stale data"
+        );
+        assert!(
+            !is_ready(true, Some(true), true, false),
+            "leading, still in recovery"
+        );
+        assert!(
+            !is_ready(true, Some(false), false, false),
+            "read-write without the Lease"
+        );
+        assert!(
+            !is_ready(false, Some(true), false, false),
+            "not answering lately"
+        );
+        assert!(!is_ready(true, None, false, false), "nothing observed");
+    }
     use postgres::Standby;
 
     fn standby(streaming: bool, flush_lag: u64, reply_age: Option<u64>) -> Standby {
