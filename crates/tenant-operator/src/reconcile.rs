@@ -814,7 +814,7 @@ enum ByName {
     Applied,
     /// The name is taken by an object that is not this tenant's (only when asked to check).
     Taken,
-    /// The operator may not read it yet: the Role granting that was just applied.
+    /// The operator may not read or write it yet: the Role granting that was just applied.
     NoAccessYet,
 }
 
@@ -852,15 +852,24 @@ where
     if only_ours && existing.as_ref().is_some_and(|e| !ours(e, uid)) {
         return Ok(ByName::Taken);
     }
-    children
+    match children
         .ensure(existing.as_ref().map(|c| c.meta()), desired)
         .await
-        .map_err(|source| Error::ApplyChild {
+    {
+        Ok(_) => Ok(ByName::Applied),
+        // The read may pass where the write does not yet: the operator may `get` every
+        // ConfigMap (admission policies with ConfigMap params need that), while `patch` comes
+        // only from the access Role, which RBAC sees a moment after it is applied.
+        Err(steward_core::Error::ApplyChild {
+            source: kube::Error::Api(s),
+            ..
+        }) if s.code == 403 => Ok(ByName::NoAccessYet),
+        Err(source) => Err(Error::ApplyChild {
             kind: kind_name::<K>(),
             key: key(Some(&namespace), &name),
             source,
-        })?;
-    Ok(ByName::Applied)
+        }),
+    }
 }
 
 fn ours<K: Resource>(obj: &K, uid: &str) -> bool {
