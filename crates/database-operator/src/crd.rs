@@ -281,6 +281,11 @@ pub struct PostgresClusterStatus {
     /// The instance a switchover is handing the primary to, while one is under way.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub switchover_target: Option<String>,
+    /// A switchover the primary refused, and why (`<target>: <reason>`: the target did not
+    /// stream, lagged, or did not confirm the last WAL), while the refusal stands; a requested
+    /// one is left for you to change or remove.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub switchover_refused: Option<String>,
     /// Each instance as its instance manager last reported it.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub instances: Vec<InstanceState>,
@@ -390,6 +395,14 @@ pub struct InstanceState {
     pub replay_lag_bytes: u64,
     /// The pod is Ready (serving its role).
     pub ready: bool,
+    /// On the primary: commits waiting more than 5 s for synchronous standbys to confirm
+    /// them (`synchronousReplicas` replicas must stream for them to return).
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub commits_waiting: u32,
+}
+
+fn is_zero(n: &u32) -> bool {
+    *n == 0
 }
 
 /// Lifecycle phase of a [`PostgresCluster`].

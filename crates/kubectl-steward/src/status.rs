@@ -105,6 +105,7 @@ pub struct ClusterRow {
     pub version: String,
     /// The largest replay lag of a replica, in bytes.
     pub max_lag_bytes: Option<u64>,
+    /// The switchover under way, or the one the primary refused (`refused: <target>: <reason>`).
     pub switchover_to: Option<String>,
     /// With `spec.backup`: when the newest base backup completed, and whether WAL archiving
     /// works (the `ContinuousArchiving` condition).
@@ -299,7 +300,11 @@ pub fn cluster_row(cluster: &PostgresCluster) -> ClusterRow {
             .filter(|i| i.role == "replica")
             .map(|i| i.replay_lag_bytes)
             .max(),
-        switchover_to: status.switchover_target.clone(),
+        switchover_to: match (&status.switchover_target, &status.switchover_refused) {
+            (Some(to), _) => Some(to.clone()),
+            (None, Some(refused)) => Some(format!("refused: {refused}")),
+            (None, None) => None,
+        },
         backup: cluster.spec.backup.as_ref().map(|_| {
             let archiving = status
                 .conditions
@@ -798,6 +803,15 @@ mod tests {
             },
         }))
         .expect("cluster");
+        let mut refused = cluster.clone();
+        if let Some(s) = refused.status.as_mut() {
+            s.switchover_refused = Some("pg-2: it does not stream from this primary".into());
+        }
+        assert_eq!(
+            cluster_row(&refused).switchover_to.as_deref(),
+            Some("refused: pg-2: it does not stream from this primary"),
+            "a refused switchover says why"
+        );
         let row = cluster_row(&cluster);
         assert_eq!(row.version, "16→17");
         assert_eq!(row.primary.as_deref(), Some("pg-1"));

@@ -29,6 +29,26 @@ pub fn replica_conf(
     )
 }
 
+/// Connection slots kept for roles granted `pg_use_reserved_connections` (PostgreSQL 16 and
+/// later): the replication role, as which `pg_rewind` and a switchover's confirmation connect
+/// through ordinary (not replication) connections. The instance manager's own queries go
+/// over the socket as the superuser, which `superuser_reserved_connections` (3) covers;
+/// streaming and cloning use WAL senders, which have slots of their own.
+pub const RESERVED_CONNECTIONS: u32 = 3;
+
+/// `defaults.conf`: what this instance manager sets for its PostgreSQL major, included by the
+/// operator's `postgresql.conf` before `spec.parameters` (which may override it). `major` is
+/// the image's (`None`: unknown, nothing version-specific).
+pub fn defaults_conf(major: Option<u32>) -> String {
+    let mut out = String::from(
+        "# Managed by steward-pg-instance: defaults for this PostgreSQL major (spec.parameters override them).\n",
+    );
+    if major.is_some_and(|m| m >= 16) {
+        out.push_str(&format!("reserved_connections = {RESERVED_CONNECTIONS}\n"));
+    }
+    out
+}
+
 /// `instance.conf` for the primary.
 pub fn primary_conf() -> String {
     "# Managed by steward-pg-instance: this instance is the primary.\n".to_string()
@@ -99,6 +119,17 @@ mod tests {
              recovery_target_action = 'promote'\n"
         );
         assert!(!recovery_conf(Path::new("/x"), None).contains("recovery_target_time ="));
+    }
+
+    /// Issue #37, item 10: clients filling `max_connections` locked the replication role out
+    /// (`pg_rewind`: too many clients already). PostgreSQL 15 has no `reserved_connections`
+    /// and would refuse to start with it.
+    #[test]
+    fn connections_are_reserved_for_the_replication_role_from_postgresql_16_on() {
+        assert!(defaults_conf(Some(17)).contains("\nreserved_connections = 3\n"));
+        assert!(defaults_conf(Some(16)).contains("reserved_connections"));
+        assert!(!defaults_conf(Some(15)).contains("reserved_connections"));
+        assert!(!defaults_conf(None).contains("reserved_connections"));
     }
 
     #[test]

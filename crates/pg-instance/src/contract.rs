@@ -147,6 +147,20 @@ pub struct InstanceStatus {
     /// The primary's WAL archiving (`pg_stat_archiver`), when archiving is on.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub archiver: Option<Archiver>,
+    /// On the primary: commits that have waited longer than [`COMMIT_WAIT`] for synchronous
+    /// standbys to confirm them (`pg_stat_activity`, wait event `SyncRep`): they return
+    /// once enough replicas stream again.
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub commits_waiting: u32,
+}
+
+/// How long a commit may wait for synchronous standbys before it counts as waiting (each
+/// commit waits for their confirmation a moment; only a standby that is missing makes it
+/// wait this long).
+pub const COMMIT_WAIT: std::time::Duration = std::time::Duration::from_secs(5);
+
+fn is_zero(n: &u32) -> bool {
+    *n == 0
 }
 
 /// `pg_stat_archiver`: the last WAL file archived and the last that failed, with when (RFC
@@ -259,12 +273,31 @@ mod tests {
             lsn: Lsn(0x3000060),
             replay_lag: 0,
             archiver: None,
+            commits_waiting: 0,
         };
         let json = serde_json::to_string(&status).unwrap();
         assert_eq!(
             json,
             r#"{"role":"replica","timeline":2,"lsn":"0/3000060","replayLag":0}"#
         );
+        assert_eq!(
+            serde_json::from_str::<InstanceStatus>(&json).unwrap(),
+            status
+        );
+    }
+
+    #[test]
+    fn commits_waiting_are_published_only_when_there_are_some() {
+        let status = InstanceStatus {
+            role: Role::Primary,
+            timeline: 1,
+            lsn: Lsn(1),
+            replay_lag: 0,
+            archiver: None,
+            commits_waiting: 4,
+        };
+        let json = serde_json::to_string(&status).unwrap();
+        assert!(json.ends_with(r#","commitsWaiting":4}"#), "{json}");
         assert_eq!(
             serde_json::from_str::<InstanceStatus>(&json).unwrap(),
             status

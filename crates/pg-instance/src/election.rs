@@ -143,6 +143,7 @@ mod tests {
             lsn: Lsn(lsn),
             replay_lag: 0,
             archiver: None,
+            commits_waiting: 0,
         }
     }
 

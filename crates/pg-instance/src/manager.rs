@@ -108,6 +108,12 @@ pub async fn run(
     if !paths.instance_conf().exists() {
         postgres::write_file(&paths.instance_conf(), &conf::primary_conf(), 0o644)?;
     }
+    let installed_major = crate::upgrade::installed_major().await.ok();
+    postgres::write_file(
+        &paths.defaults_conf(),
+        &conf::defaults_conf(installed_major),
+        0o644,
+    )?;
 
     let (eligible_tx, eligible_rx) = watch::channel(false);
     let election = Election::start(&client, &settings, eligible_rx)?;
@@ -157,7 +163,7 @@ pub async fn run(
         unanswered_since: None,
         switchover_waiting: None,
         following: None,
-        installed_major: crate::upgrade::installed_major().await.ok(),
+        installed_major,
         needs_rewind: false,
         not_streaming_since: None,
         roles_ensured: false,
@@ -1212,6 +1218,7 @@ impl Instance {
                 lsn: o.lsn,
                 replay_lag: o.replay_lag,
                 archiver: o.archiver.clone(),
+                commits_waiting: o.commits_waiting,
             },
             None => InstanceStatus {
                 role: Role::Down,
@@ -1219,6 +1226,7 @@ impl Instance {
                 lsn: contract::Lsn(0),
                 replay_lag: 0,
                 archiver: None,
+                commits_waiting: 0,
             },
         };
         let peers: Vec<Peer> = world.pods.iter().map(peer).collect();

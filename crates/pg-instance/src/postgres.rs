@@ -57,6 +57,10 @@ impl Paths {
     pub fn instance_conf(&self) -> PathBuf {
         self.run_dir.join("instance.conf")
     }
+    /// [`crate::conf::defaults_conf`], included before the user's parameters.
+    pub fn defaults_conf(&self) -> PathBuf {
+        self.run_dir.join("defaults.conf")
+    }
     pub fn passfile(&self) -> PathBuf {
         self.run_dir.join("pgpass")
     }
@@ -380,6 +384,9 @@ pub struct Observed {
     pub streaming: bool,
     /// The primary's WAL archiving, when `archive_mode` is on.
     pub archiver: Option<Archiver>,
+    /// On the primary: commits waiting longer than [`crate::contract::COMMIT_WAIT`] for
+    /// synchronous standbys.
+    pub commits_waiting: u32,
 }
 
 const QUERY_TIMEOUT: Duration = Duration::from_secs(3);
@@ -414,9 +421,12 @@ pub async fn observe(client: &tokio_postgres::Client) -> Result<Observed, Error>
         coalesce((select received_tli from pg_stat_wal_receiver limit 1), (select timeline_id from pg_control_checkpoint())), \
         current_setting('archive_mode') <> 'off', \
         a.last_archived_wal, to_json(a.last_archived_time) #>> '{}', \
-        a.last_failed_wal, to_json(a.last_failed_time) #>> '{}' \
+        a.last_failed_wal, to_json(a.last_failed_time) #>> '{}', \
+        (select count(*) from pg_stat_activity where wait_event = 'SyncRep' \
+           and clock_timestamp() - state_change > make_interval(secs => $1))::int \
         from pg_stat_archiver a";
-    let row = tokio::time::timeout(QUERY_TIMEOUT, client.query_one(SQL, &[]))
+    let waited = crate::contract::COMMIT_WAIT.as_secs_f64();
+    let row = tokio::time::timeout(QUERY_TIMEOUT, client.query_one(SQL, &[&waited]))
         .await
         .map_err(|_| Error::Timeout(QUERY_TIMEOUT))??;
     let lsn = |i: usize| -> Lsn {
@@ -434,6 +444,7 @@ pub async fn observe(client: &tokio_postgres::Client) -> Result<Observed, Error>
             replay_lag: received.0.saturating_sub(replayed.0),
             streaming: row.get::<_, Option<String>>(5).as_deref() == Some("streaming"),
             archiver: None,
+            commits_waiting: 0,
         }
     } else {
         let text = |i: usize| row.get::<_, Option<String>>(i);
@@ -449,6 +460,7 @@ pub async fn observe(client: &tokio_postgres::Client) -> Result<Observed, Error>
                 last_failed_wal: text(10),
                 last_failed_at: text(11),
             }),
+            commits_waiting: u32::try_from(row.get::<_, Option<i32>>(12).unwrap_or(0)).unwrap_or(0),
         }
     })
 }
@@ -593,7 +605,10 @@ pub async fn received_lsn(paths: &Paths, host: &str) -> Result<Option<Lsn>, Erro
 /// cluster's Secret holds (a restored cluster's data has the source's, and a restart right
 /// after the promotion must not keep it), and the replication role exists, can log in with
 /// its password, and may run what `pg_rewind` needs (PostgreSQL's documented grants), so
-/// neither cloning nor rewinding uses the superuser.
+/// neither cloning nor rewinding uses the superuser. From PostgreSQL 16 on it may also use
+/// the `reserved_connections` ([`crate::conf::defaults_conf`]): clients that fill
+/// `max_connections` (say, commits waiting for a missing synchronous standby, abandoned and
+/// retried) do not lock out a rewind or a switchover's confirmation.
 pub async fn ensure_roles(
     client: &tokio_postgres::Client,
     superuser_password: &str,
@@ -625,7 +640,11 @@ fn roles_sql(superuser_password: &str, replication_password: &str) -> String {
          grant execute on function pg_catalog.pg_ls_dir(text, boolean, boolean) to {REPLICATION_USER}; \
          grant execute on function pg_catalog.pg_stat_file(text, boolean) to {REPLICATION_USER}; \
          grant execute on function pg_catalog.pg_read_binary_file(text) to {REPLICATION_USER}; \
-         grant execute on function pg_catalog.pg_read_binary_file(text, bigint, bigint, boolean) to {REPLICATION_USER};",
+         grant execute on function pg_catalog.pg_read_binary_file(text, bigint, bigint, boolean) to {REPLICATION_USER}; \
+         do $$ begin \
+           if exists (select from pg_roles where rolname = 'pg_use_reserved_connections') then \
+             grant pg_use_reserved_connections to {REPLICATION_USER}; \
+           end if; end $$;",
         verifier(superuser_password),
         verifier(replication_password),
     )

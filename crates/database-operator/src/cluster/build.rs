@@ -414,6 +414,11 @@ pub fn render_parameters(
         ));
         out.push_str("archive_timeout = '5min'\n");
     }
+    // The instance manager's defaults for the major its image runs (reserved_connections
+    // from 16 on), before the user's parameters so that they may override them.
+    out.push_str(&format!(
+        "include_if_exists = '{STEWARD_DIR}/run/defaults.conf'\n"
+    ));
     for (k, v) in parameters {
         // The schema and validation restrict keys and refuse control characters in values.
         out.push_str(&format!("{k} = {}\n", conf_quote(v)));
@@ -811,6 +816,7 @@ pub fn instance_state(pod: &k8s_openapi::api::core::v1::Pod) -> Option<crate::cr
         lsn: report.lsn.to_string(),
         replay_lag_bytes: report.replay_lag,
         ready,
+        commits_waiting: report.commits_waiting,
     })
 }
 

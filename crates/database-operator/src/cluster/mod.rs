@@ -14,6 +14,7 @@ pub mod rollout;
 pub mod tls;
 pub mod upgrade;
 
+use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -362,6 +363,7 @@ pub async fn reconcile(
     };
     let mut status = rollout::status(&observed, cluster.status.as_ref());
     status.switchover_target = asked_now.or_else(|| roles.switching_to.clone());
+    status.switchover_refused = refused.map(|(target, why)| format!("{target}: {why}"));
     status.primary_transitions = if roles.primary.is_some() {
         roles.transitions
     } else {
@@ -372,6 +374,11 @@ pub async fn reconcile(
         .iter()
         .filter_map(build::instance_state)
         .collect();
+    rollout::commits_waiting(
+        &mut status,
+        held.spec.synchronous_replicas,
+        cluster.meta().generation,
+    );
     // Continuous backup: the schedule, retention, and what is recoverable.
     let primary_pod = roles
         .primary
@@ -849,6 +856,7 @@ pub fn validate(cluster: &PostgresCluster) -> Result<(), Error> {
             )));
         }
     }
+    connection_slots(spec.version, &spec.parameters).map_err(Error::InvalidParameters)?;
     if let Some(n) = spec
         .synchronous_replicas
         .filter(|n| !(1..spec.instances).contains(n))
@@ -876,6 +884,33 @@ pub fn validate(cluster: &PostgresCluster) -> Result<(), Error> {
     if cluster.name_any().len() > 47 {
         return Err(Error::InvalidSpec(
             "metadata.name must be at most 47 characters".into(),
+        ));
+    }
+    Ok(())
+}
+
+/// Refuses `max_connections` that leave no slot for clients once the superuser's and the
+/// instance manager's are reserved: PostgreSQL would not start ("superuser_reserved_connections
+/// plus reserved_connections must be less than max_connections"). Values that are not plain
+/// integers are left to PostgreSQL.
+fn connection_slots(version: i32, parameters: &BTreeMap<String, String>) -> Result<(), String> {
+    let int = |key: &str| {
+        parameters
+            .get(key)
+            .and_then(|v| v.trim().parse::<i64>().ok())
+    };
+    let Some(max) = int("max_connections") else {
+        return Ok(());
+    };
+    let superuser = int("superuser_reserved_connections").unwrap_or(3);
+    let reserved = int("reserved_connections").unwrap_or(if version >= 16 {
+        i64::from(steward_pg_instance::conf::RESERVED_CONNECTIONS)
+    } else {
+        0
+    });
+    if max <= superuser + reserved {
+        return Err(format!(
+            "max_connections ({max}) must be more than superuser_reserved_connections ({superuser}) plus reserved_connections ({reserved}, kept for the instance manager's rewinds and switchovers from PostgreSQL 16 on), or PostgreSQL does not start; no instance was restarted"
         ));
     }
     Ok(())
@@ -1147,6 +1182,11 @@ mod tests {
         let conf = &cm.data.as_ref().unwrap()["postgresql.conf"];
         assert!(conf.contains("max_connections = '200'\n"), "{conf}");
         assert!(conf.contains("search_path = 'a'', b'\n"), "{conf}");
+        // The instance manager's defaults first, so a parameter overrides them.
+        let defaults = conf
+            .find("include_if_exists = '/steward/run/defaults.conf'\n")
+            .unwrap();
+        assert!(defaults < conf.find("max_connections").unwrap(), "{conf}");
         assert!(conf.contains("hba_file = '/etc/steward/pg_hba.conf'"));
         let h1 = config_hash(&cm);
         c.spec
@@ -1178,6 +1218,42 @@ mod tests {
         assert!(
             matches!(validate(&c), Err(Error::InvalidParameters(m)) if m.contains("log_line_prefix"))
         );
+    }
+
+    #[test]
+    fn max_connections_must_leave_slots_beyond_the_reserved_ones() {
+        let mut c = cluster("pg");
+        c.spec.version = 17;
+        c.spec
+            .parameters
+            .insert("max_connections".into(), "6".into());
+        assert!(
+            matches!(validate(&c), Err(Error::InvalidParameters(m)) if m.contains("max_connections (6)") && m.contains("reserved_connections (3"))
+        );
+        c.spec
+            .parameters
+            .insert("max_connections".into(), "7".into());
+        assert!(validate(&c).is_ok());
+        // PostgreSQL 15 has no reserved_connections.
+        c.spec.version = 15;
+        c.spec
+            .parameters
+            .insert("max_connections".into(), "4".into());
+        assert!(validate(&c).is_ok());
+        c.spec
+            .parameters
+            .insert("superuser_reserved_connections".into(), "4".into());
+        assert!(matches!(validate(&c), Err(Error::InvalidParameters(_))));
+        c.spec.version = 17;
+        c.spec.parameters = BTreeMap::from([
+            ("max_connections".into(), "20".into()),
+            ("reserved_connections".into(), "17".into()),
+        ]);
+        assert!(matches!(validate(&c), Err(Error::InvalidParameters(_))));
+        c.spec
+            .parameters
+            .insert("max_connections".into(), "a lot".into());
+        assert!(validate(&c).is_ok(), "left to PostgreSQL");
     }
 
     #[test]

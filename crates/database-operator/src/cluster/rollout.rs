@@ -265,6 +265,7 @@ pub fn status(
         target_version: Some(observed.target_version),
         primary: observed.primary.map(str::to_string),
         switchover_target: None,
+        switchover_refused: None,
         primary_transitions: None,
         instances: Vec::new(),
         superuser_secret: Some(observed.superuser_secret.clone()),
@@ -272,6 +273,47 @@ pub fn status(
         major_upgrade: None,
         observed_generation: generation,
         conditions: conds,
+    }
+}
+
+/// Marks `status` when commits on the primary wait for synchronous standbys that do not
+/// confirm them (`status.instances` as reported): writes hang, so the cluster is neither
+/// Ready nor as expected, and the conditions say what would let them through. Nothing
+/// when no commit waits.
+pub fn commits_waiting(
+    status: &mut PostgresClusterStatus,
+    synchronous_replicas: Option<i32>,
+    generation: Option<i64>,
+) {
+    let Some(primary) = status
+        .instances
+        .iter()
+        .find(|i| i.role == "primary" && i.commits_waiting > 0)
+    else {
+        return;
+    };
+    let streaming = status
+        .instances
+        .iter()
+        .filter(|i| i.role == "replica" && i.ready)
+        .count();
+    let message = format!(
+        "{} commits on the primary {} have waited more than {} s for synchronous standbys: synchronousReplicas is {} and {streaming} replicas are ready; they complete once enough replicas stream again (or lower spec.synchronousReplicas)",
+        primary.commits_waiting,
+        primary.name,
+        steward_pg_instance::contract::COMMIT_WAIT.as_secs(),
+        synchronous_replicas.unwrap_or(0),
+    );
+    status.phase = Some(ClusterPhase::Degraded);
+    for (kind, value) in [(READY, false), (DEGRADED, true)] {
+        conditions::set(
+            &mut status.conditions,
+            kind,
+            value,
+            "CommitsWaiting",
+            message.clone(),
+            generation,
+        );
     }
 }
 
@@ -486,6 +528,48 @@ mod tests {
         ];
         let s = status(&observed(&lost, Some("new"), 17), Some(&s));
         assert_eq!(s.phase, Some(ClusterPhase::Degraded));
+        assert!(conditions::is_true(&s.conditions, DEGRADED));
+    }
+
+    /// Issue #37, item 10: a primary whose commits hung on a missing synchronous standby was
+    /// reported Ready.
+    #[test]
+    fn commits_waiting_for_standbys_make_the_cluster_not_ready_and_say_why() {
+        let pods = vec![pod(0, "old", true), pod(1, "old", true)];
+        let mut s = status(&observed(&pods, Some("old"), 16), None);
+        let instance = |name: &str, role: &str, waiting: u32| crate::crd::InstanceState {
+            name: name.into(),
+            role: role.into(),
+            timeline: 1,
+            lsn: "0/3000060".into(),
+            replay_lag_bytes: 0,
+            ready: true,
+            commits_waiting: waiting,
+        };
+        s.instances = vec![
+            instance("pg-0", "primary", 0),
+            instance("pg-1", "replica", 0),
+        ];
+        let before = s.clone();
+        commits_waiting(&mut s, Some(1), Some(2));
+        assert_eq!(s, before, "nothing waits: nothing changes");
+
+        s.instances = vec![instance("pg-0", "primary", 7), instance("pg-1", "down", 0)];
+        commits_waiting(&mut s, Some(1), Some(2));
+        assert_eq!(s.phase, Some(ClusterPhase::Degraded));
+        let ready = conditions::get(&s.conditions, READY).unwrap();
+        assert_eq!(
+            (ready.status.as_str(), ready.reason.as_str()),
+            ("False", "CommitsWaiting")
+        );
+        assert!(
+            ready.message.contains("7 commits on the primary pg-0")
+                && ready
+                    .message
+                    .contains("synchronousReplicas is 1 and 0 replicas are ready"),
+            "{}",
+            ready.message
+        );
         assert!(conditions::is_true(&s.conditions, DEGRADED));
     }
 
