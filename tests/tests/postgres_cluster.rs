@@ -1317,8 +1317,10 @@ async fn commits_waiting_for_a_standby_are_reported_and_leave_the_replication_ro
         .await
         .expect("PostgreSQL 17 image");
     cluster
-        .create(json!({"version": 17, "image": image, "synchronousReplicas": 1,
-                       "parameters": {"max_connections": "16"}}))
+        .create(
+            json!({"version": 17, "image": image, "synchronousReplicas": 1,
+                       "parameters": {"max_connections": "16"}}),
+        )
         .await;
     let rw = cluster.cluster_ip("pg-rw").await;
     let admin = connect(&rw, &cluster.password).await.unwrap();
@@ -1369,7 +1371,11 @@ async fn commits_waiting_for_a_standby_are_reported_and_leave_the_replication_ro
     let secrets: Api<Secret> = Api::namespaced(cluster.client.clone(), &cluster.ns);
     let secret_key = |name: &'static str, key: &'static str| {
         let secrets = secrets.clone();
-        async move { secrets.get(name).await.unwrap().data.unwrap()[key].0.clone() }
+        async move {
+            secrets.get(name).await.unwrap().data.unwrap()[key]
+                .0
+                .clone()
+        }
     };
     let ca = secret_key("pg-superuser", "ca.crt").await;
     let replication_password =
@@ -1440,5 +1446,105 @@ async fn commits_waiting_for_a_standby_are_reported_and_leave_the_replication_ro
         .get(0);
     assert_eq!(rows, clients as i64);
     cluster.wait_ready(WAIT).await;
+    cluster.stop_operator().await;
+}
+
+/// Issue #37, item 7: a primary that stops cleanly and cannot come back (a drain, a pod that
+/// stays Pending, a lost volume) blocked the cluster for ever: the replicas waited for it
+/// while its pod existed (`WaitingForLastPrimary`). Here the node is cordoned and the
+/// primary's pod deleted while a client writes through `-rw`: the primary stops cleanly and
+/// records where its WAL ends, its new pod stays Pending, and the replica, which received all
+/// of that WAL, takes the Lease: writes resume through `-rw` with no acknowledged row lost,
+/// while the old primary's pod is still Pending. Uncordoned, that pod starts, follows the new
+/// primary, and the cluster is Ready.
+#[tokio::test]
+async fn a_primary_that_stops_cleanly_and_cannot_come_back_is_replaced_by_a_replica_with_its_wal() {
+    let _turn = NODE.lock().await;
+    let mut cluster = Cluster::start("rn-pgpend", 2, None).await;
+    let rw = cluster.cluster_ip("pg-rw").await;
+    connect(&rw, &cluster.password)
+        .await
+        .unwrap()
+        .batch_execute("create table acks (id bigint, at timestamptz default now())")
+        .await
+        .unwrap();
+    let (old, old_ip) = cluster.primary().await;
+    let old_uid = cluster.pods().get(&old).await.unwrap().uid();
+    let (acks, stop, writing) = start_writer(&rw, &cluster.password, 5).await;
+
+    let nodes: Api<k8s_openapi::api::core::v1::Node> = Api::all(cluster.client.clone());
+    let node_name = support::node(&cluster._cp).name();
+    let cordon = |unschedulable: bool| {
+        let nodes = nodes.clone();
+        async move {
+            let patch = json!({"spec": {"unschedulable": unschedulable}});
+            nodes
+                .patch(node_name, &PatchParams::default(), &Patch::Merge(patch))
+                .await
+                .unwrap();
+        }
+    };
+    cordon(true).await;
+    let deleted_at = Instant::now();
+    cluster
+        .pods()
+        .delete(&old, &DeleteParams::default())
+        .await
+        .unwrap();
+    let taken_over = eventually(
+        "a write acknowledged through pg-rw by another instance",
+        Duration::from_secs(120),
+        || {
+            let (acks, old_ip) = (acks.clone(), old_ip.clone());
+            async move {
+                let acks = acks.lock().unwrap();
+                acks.rows
+                    .iter()
+                    .find(|(_, at, server)| *at > deleted_at && *server != old_ip)
+                    .map(|(_, at, _)| at.duration_since(deleted_at))
+                    .ok_or_else(|| format!("{} writes acknowledged", acks.rows.len()))
+            }
+        },
+    )
+    .await;
+    let taken_over = match taken_over {
+        Ok(after) => after,
+        Err(e) => {
+            cordon(false).await;
+            panic!("{e}\n{}", cluster.logs().await)
+        }
+    };
+    // The old primary did not come back in between: its new pod is still Pending.
+    let pending = cluster.pods().get(&old).await.unwrap();
+    let phase = pending.status.as_ref().and_then(|s| s.phase.clone());
+    assert!(
+        pending.uid() != old_uid && phase.as_deref() == Some("Pending"),
+        "{old} is {phase:?} (uid changed: {})",
+        pending.uid() != old_uid
+    );
+    stop.cancel();
+    writing.await.unwrap();
+    let ids: Vec<i64> = acks.lock().unwrap().rows.iter().map(|r| r.0).collect();
+    let present: i64 = connect(&rw, &cluster.password)
+        .await
+        .unwrap()
+        .query_one(
+            "select count(distinct id) from acks where id = any($1)",
+            &[&ids],
+        )
+        .await
+        .unwrap()
+        .get(0);
+    eprintln!(
+        "the replica took over {taken_over:.1?} after the primary's pod was deleted (its new pod Pending); acknowledged rows lost: {} of {}",
+        ids.len() as i64 - present,
+        ids.len()
+    );
+    assert_eq!(present, ids.len() as i64, "acknowledged rows lost");
+
+    // Back on a schedulable node, the old primary follows the new one.
+    cordon(false).await;
+    cluster.wait_ready(Duration::from_secs(180)).await;
+    assert_ne!(cluster.primary().await.0, old, "the primary moved");
     cluster.stop_operator().await;
 }

@@ -31,6 +31,11 @@ pub const SWITCHOVER_REFUSED_ANNOTATION: &str = "database.steward.dev/switchover
 /// before it released), so a cluster stopped as a whole starts again on the instance that
 /// has every write.
 pub const LAST_PRIMARY_ANNOTATION: &str = "database.steward.dev/last-primary";
+/// Annotation on the Lease beside [`LAST_PRIMARY_ANNOTATION`]: where that primary's WAL ends
+/// ([`WalEnd`], just after its shutdown checkpoint). A replica on that timeline that has
+/// received WAL up to there has every write and need not wait for the last primary to come
+/// back (a drained node, a pod that stays Pending, a lost volume).
+pub const LAST_PRIMARY_WAL_ANNOTATION: &str = "database.steward.dev/last-primary-wal";
 /// The role streaming replicas (and `pg_rewind`) connect as; never the superuser.
 pub const REPLICATION_USER: &str = "steward_replication";
 /// The instance manager's binary, in the operator's image and copied into each pod.
@@ -237,6 +242,41 @@ impl<'de> Deserialize<'de> for Lsn {
     }
 }
 
+/// Where a cleanly stopped primary's WAL ends: its timeline and the position just after its
+/// shutdown checkpoint, written `<timeline>:<LSN>` (`2:0/3000108`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct WalEnd {
+    pub timeline: u32,
+    pub lsn: Lsn,
+}
+
+impl WalEnd {
+    /// Whether an instance reporting `status` has all of this WAL: on the same timeline, at
+    /// least as far.
+    pub fn reached_by(&self, status: &InstanceStatus) -> bool {
+        status.timeline == self.timeline && status.lsn >= self.lsn
+    }
+}
+
+impl fmt::Display for WalEnd {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}:{}", self.timeline, self.lsn)
+    }
+}
+
+impl FromStr for WalEnd {
+    type Err = BadLsn;
+
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        let bad = || BadLsn(s.to_string());
+        let (timeline, lsn) = s.split_once(':').ok_or_else(bad)?;
+        Ok(WalEnd {
+            timeline: timeline.parse().map_err(|_| bad())?,
+            lsn: lsn.parse().map_err(|_| bad())?,
+        })
+    }
+}
+
 /// Whether `pod`'s `Ready` condition is true (the kubelet's probes pass).
 pub fn pod_ready(pod: &k8s_openapi::api::core::v1::Pod) -> bool {
     pod.status
@@ -322,6 +362,34 @@ mod tests {
             )
             .failing()
         );
+    }
+
+    #[test]
+    fn a_wal_end_round_trips_and_is_reached_on_its_timeline_only() {
+        let end: WalEnd = "2:0/3000108".parse().unwrap();
+        assert_eq!(
+            end,
+            WalEnd {
+                timeline: 2,
+                lsn: Lsn(0x300_0108)
+            }
+        );
+        assert_eq!(end.to_string(), "2:0/3000108");
+        assert!("0/3000108".parse::<WalEnd>().is_err());
+        assert!("x:0/1".parse::<WalEnd>().is_err());
+        let at = |timeline, lsn| InstanceStatus {
+            role: Role::Replica,
+            timeline,
+            lsn: Lsn(lsn),
+            replay_lag: 0,
+            archiver: None,
+            commits_waiting: 0,
+        };
+        assert!(end.reached_by(&at(2, 0x300_0108)));
+        assert!(end.reached_by(&at(2, 0x400_0000)));
+        assert!(!end.reached_by(&at(2, 0x300_0107)), "one byte short");
+        assert!(!end.reached_by(&at(3, 0x400_0000)), "another timeline");
+        assert!(!end.reached_by(&at(1, 0x400_0000)), "another timeline");
     }
 
     #[test]

@@ -5,7 +5,7 @@
 //! resourceVersion-guarded write wins); this decides *who should try*: the most advanced
 //! running replica, so the promotion loses as little acknowledged WAL as possible.
 
-use crate::contract::{InstanceStatus, Role, ordinal};
+use crate::contract::{InstanceStatus, Role, WalEnd, ordinal};
 
 /// Another instance of the cluster, as listed.
 #[derive(Clone, Debug)]
@@ -48,29 +48,51 @@ impl Candidacy {
     }
 }
 
+/// The record a primary left on the Lease when it stopped cleanly.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct CleanStop<'a> {
+    /// The instance that released the Lease.
+    pub last_primary: &'a str,
+    /// Where its WAL ends. `None`: not recorded (an older instance manager, or reading the
+    /// stopped data directory failed).
+    pub wal_end: Option<WalEnd>,
+}
+
 /// After a clean stop of the primary (the Lease released, no switchover under way), the
-/// instance that released it (`last_primary`, from the Lease's annotation) becomes the
+/// instance that released it (`clean_stop`, from the Lease's annotations) becomes the
 /// primary again when it returns, even before any replica runs: a StatefulSet that starts
 /// its pods in order would otherwise wait forever for a replica to elect. The others wait
 /// for it while its pod exists or its ordinal is below `instances` (the StatefulSet's
 /// replicas: a pod the StatefulSet has not created yet, because it starts them one by
-/// one, is coming back; one past the count was removed). `None`: the ordinary election
-/// ([`candidacy`]) decides.
+/// one, is coming back; one past the count was removed), unless they have every write it
+/// made: a replica (`mine`) that has received its WAL up to the recorded end, on its
+/// timeline, does not wait for an instance that may never come back (a drained node, a pod
+/// that stays Pending, a lost volume). `None`: the ordinary election ([`candidacy`])
+/// decides.
 pub fn after_clean_stop(
     me: &str,
-    running_replica: bool,
+    mine: Option<&InstanceStatus>,
     holder: Option<&str>,
     target: Option<&str>,
-    last_primary: Option<&str>,
+    clean_stop: Option<CleanStop<'_>>,
     instances: Option<u32>,
     peers: &[Peer],
 ) -> Option<Candidacy> {
     if holder != Some("") || target.is_some() {
         return None;
     }
-    let last = last_primary.filter(|l| !l.is_empty())?;
+    let stop = clean_stop.filter(|s| !s.last_primary.is_empty())?;
+    let last = stop.last_primary;
+    let replica = mine.filter(|s| s.role == Role::Replica);
     if last == me {
-        return (!running_replica).then_some(Candidacy::LastPrimary);
+        return replica.is_none().then_some(Candidacy::LastPrimary);
+    }
+    if stop
+        .wal_end
+        .zip(replica)
+        .is_some_and(|(end, mine)| end.reached_by(mine))
+    {
+        return None;
     }
     let counted = ordinal(last).zip(instances).is_some_and(|(o, n)| o < n);
     (counted || peers.iter().any(|p| p.name == last)).then(|| Candidacy::WaitingForLastPrimary {
@@ -144,6 +166,13 @@ mod tests {
             replay_lag: 0,
             archiver: None,
             commits_waiting: 0,
+        }
+    }
+
+    fn stop(last_primary: &str) -> CleanStop<'_> {
+        CleanStop {
+            last_primary,
+            wal_end: None,
         }
     }
 
@@ -322,18 +351,33 @@ mod tests {
         let peers = [peer("pg-1", true, Some(replica(100)))];
         // The primary released the Lease naming itself: back, and not a replica, it leads.
         assert_eq!(
-            after_clean_stop("pg-0", false, Some(""), None, Some("pg-0"), None, &[]),
+            after_clean_stop("pg-0", None, Some(""), None, Some(stop("pg-0")), None, &[]),
             Some(Candidacy::LastPrimary)
         );
         assert!(Candidacy::LastPrimary.eligible());
         // Even with a replica running: that one waits for it while its pod exists.
         assert_eq!(
-            after_clean_stop("pg-0", false, Some(""), None, Some("pg-0"), None, &peers),
+            after_clean_stop(
+                "pg-0",
+                None,
+                Some(""),
+                None,
+                Some(stop("pg-0")),
+                None,
+                &peers
+            ),
             Some(Candidacy::LastPrimary)
         );
         let with_last = [peer("pg-0", false, None)];
-        let waiting =
-            after_clean_stop("pg-1", true, Some(""), None, Some("pg-0"), None, &with_last);
+        let waiting = after_clean_stop(
+            "pg-1",
+            Some(&replica(100)),
+            Some(""),
+            None,
+            Some(stop("pg-0")),
+            None,
+            &with_last,
+        );
         assert_eq!(
             waiting,
             Some(Candidacy::WaitingForLastPrimary {
@@ -343,8 +387,85 @@ mod tests {
         assert!(!waiting.unwrap().eligible());
         // Its pod gone (the instance removed): the ordinary election decides.
         assert_eq!(
-            after_clean_stop("pg-1", true, Some(""), None, Some("pg-0"), None, &[]),
+            after_clean_stop(
+                "pg-1",
+                Some(&replica(100)),
+                Some(""),
+                None,
+                Some(stop("pg-0")),
+                None,
+                &[]
+            ),
             None
+        );
+    }
+
+    /// Issue #37, item 7: a primary that stopped cleanly and could not come back (its pod
+    /// Pending on a cordoned node, a lost volume) blocked the cluster for ever.
+    #[test]
+    fn a_replica_with_every_write_of_the_last_primary_does_not_wait_for_it() {
+        let with_last = [peer("pg-0", false, None)];
+        let recorded = |timeline, lsn| {
+            Some(CleanStop {
+                last_primary: "pg-0",
+                wal_end: Some(WalEnd {
+                    timeline,
+                    lsn: Lsn(lsn),
+                }),
+            })
+        };
+        // Received up to the end (replica(100) is on timeline 1 at 100): the election decides.
+        let complete = replica(100);
+        for end in [recorded(1, 100), recorded(1, 99)] {
+            assert_eq!(
+                after_clean_stop(
+                    "pg-1",
+                    Some(&complete),
+                    Some(""),
+                    None,
+                    end,
+                    Some(2),
+                    &with_last
+                ),
+                None
+            );
+        }
+        // Short of it, or on another timeline, or no end recorded: it waits.
+        for end in [recorded(1, 101), recorded(2, 50), Some(stop("pg-0"))] {
+            assert_eq!(
+                after_clean_stop(
+                    "pg-1",
+                    Some(&complete),
+                    Some(""),
+                    None,
+                    end,
+                    Some(2),
+                    &with_last
+                ),
+                Some(Candidacy::WaitingForLastPrimary {
+                    peer: "pg-0".into()
+                })
+            );
+        }
+        // Not a running replica: no proof, it waits.
+        assert_eq!(
+            after_clean_stop(
+                "pg-1",
+                None,
+                Some(""),
+                None,
+                recorded(1, 1),
+                Some(2),
+                &with_last
+            ),
+            Some(Candidacy::WaitingForLastPrimary {
+                peer: "pg-0".into()
+            })
+        );
+        // The last primary itself, back with its data, still leads first.
+        assert_eq!(
+            after_clean_stop("pg-0", None, Some(""), None, recorded(1, 100), Some(2), &[]),
+            Some(Candidacy::LastPrimary)
         );
     }
 
@@ -353,14 +474,30 @@ mod tests {
         // Every pod deleted: the StatefulSet creates pg-0 first and pg-1 only once pg-0 is
         // ready, so pg-0 must wait for pg-1 without its pod existing.
         assert_eq!(
-            after_clean_stop("pg-0", true, Some(""), None, Some("pg-1"), Some(2), &[]),
+            after_clean_stop(
+                "pg-0",
+                Some(&replica(100)),
+                Some(""),
+                None,
+                Some(stop("pg-1")),
+                Some(2),
+                &[]
+            ),
             Some(Candidacy::WaitingForLastPrimary {
                 peer: "pg-1".into()
             })
         );
         // Scaled down to one instance: pg-1 is not coming back.
         assert_eq!(
-            after_clean_stop("pg-0", true, Some(""), None, Some("pg-1"), Some(1), &[]),
+            after_clean_stop(
+                "pg-0",
+                Some(&replica(100)),
+                Some(""),
+                None,
+                Some(stop("pg-1")),
+                Some(1),
+                &[]
+            ),
             None
         );
     }
@@ -369,22 +506,30 @@ mod tests {
     fn a_held_lease_a_switchover_or_no_record_leave_it_to_the_election() {
         // Held (a crash leaves the holder's name until it expires).
         assert_eq!(
-            after_clean_stop("pg-0", false, Some("pg-0"), None, Some("pg-0"), None, &[]),
+            after_clean_stop(
+                "pg-0",
+                None,
+                Some("pg-0"),
+                None,
+                Some(stop("pg-0")),
+                None,
+                &[]
+            ),
             None
         );
         // No Lease yet: bootstrap rules.
         assert_eq!(
-            after_clean_stop("pg-0", false, None, None, Some("pg-0"), None, &[]),
+            after_clean_stop("pg-0", None, None, None, Some(stop("pg-0")), None, &[]),
             None
         );
         // A switchover releases the Lease for its target only.
         assert_eq!(
             after_clean_stop(
                 "pg-0",
-                false,
+                None,
                 Some(""),
                 Some("pg-1"),
-                Some("pg-0"),
+                Some(stop("pg-0")),
                 None,
                 &[]
             ),
@@ -392,12 +537,20 @@ mod tests {
         );
         // Released without a record (an older instance manager).
         assert_eq!(
-            after_clean_stop("pg-0", false, Some(""), None, None, None, &[]),
+            after_clean_stop("pg-0", None, Some(""), None, None, None, &[]),
             None
         );
         // The last primary running as a replica follows the ordinary rules.
         assert_eq!(
-            after_clean_stop("pg-0", true, Some(""), None, Some("pg-0"), None, &[]),
+            after_clean_stop(
+                "pg-0",
+                Some(&replica(100)),
+                Some(""),
+                None,
+                Some(stop("pg-0")),
+                None,
+                &[]
+            ),
             None
         );
     }

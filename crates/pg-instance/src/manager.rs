@@ -211,6 +211,7 @@ pub async fn run(
     // primary without ever running read-write).
     instance.eligible.send_replace(false);
     let ran_read_write = instance.observed.as_ref().is_some_and(|o| !o.in_recovery);
+    let timeline = instance.observed.as_ref().map(|o| o.timeline);
     instance.primary_pid.store(0, Ordering::SeqCst);
     if let Some(pm) = instance.postmaster.take() {
         pm.stop(Duration::from_secs(30)).await;
@@ -218,7 +219,7 @@ pub async fn run(
     if ran_read_write && instance.election.leadership.is_leader() {
         // Stopped cleanly with every write: named on the Lease, so that if the whole cluster
         // stopped, it is the one that starts as the primary again.
-        match tokio::time::timeout(STEP_GRACE, instance.record_last_primary()).await {
+        match tokio::time::timeout(STEP_GRACE, instance.record_last_primary(timeline)).await {
             Ok(Ok(())) => {}
             Ok(Err(e)) => {
                 tracing::warn!(error = %format!("{e:#}"), "recording this instance as the last primary failed");
@@ -393,6 +394,8 @@ struct World {
     target: Option<String>,
     /// The instance that released the Lease on its last clean stop.
     last_primary: Option<String>,
+    /// Where its WAL ended (recorded with it).
+    last_primary_wal: Option<contract::WalEnd>,
     /// The StatefulSet's replicas, read only while the Lease is released by a last primary
     /// whose pod does not exist: is it coming back, or was it removed?
     instances: Option<u32>,
@@ -595,16 +598,42 @@ impl Instance {
         self.following = None;
     }
 
-    /// Names this instance on the Lease as the one that stopped last as the primary.
-    async fn record_last_primary(&self) -> anyhow::Result<()> {
-        self.annotate_lease(contract::LAST_PRIMARY_ANNOTATION, Some(&self.settings.pod))
-            .await
+    /// Names this instance on the Lease as the one that stopped last as the primary, with
+    /// where its WAL ends on `timeline` (read from the stopped data directory), so that a
+    /// replica with all of it need not wait for this instance to come back.
+    async fn record_last_primary(&self, timeline: Option<u32>) -> anyhow::Result<()> {
+        let end = match (
+            timeline,
+            postgres::clean_wal_end(&self.settings.paths).await,
+        ) {
+            (Some(timeline), Ok(Some(lsn))) => Some(contract::WalEnd { timeline, lsn }),
+            (_, Err(e)) => {
+                tracing::warn!(error = %e, "where this instance's WAL ends is unknown: replicas wait for it to come back");
+                None
+            }
+            _ => None,
+        };
+        let end = end.map(|e| e.to_string());
+        self.annotate_lease_all(&[
+            (contract::LAST_PRIMARY_ANNOTATION, Some(&self.settings.pod)),
+            (contract::LAST_PRIMARY_WAL_ANNOTATION, end.as_deref()),
+        ])
+        .await
     }
 
     /// Sets (or, with `None`, removes) an annotation of the cluster's Lease.
     async fn annotate_lease(&self, key: &str, value: Option<&str>) -> anyhow::Result<()> {
+        self.annotate_lease_all(&[(key, value)]).await
+    }
+
+    /// Sets (or removes) annotations of the cluster's Lease in one write.
+    async fn annotate_lease_all(&self, values: &[(&str, Option<&str>)]) -> anyhow::Result<()> {
         let name = contract::lease_name(&self.settings.cluster);
-        let patch = serde_json::json!({"metadata": {"annotations": { key: value }}});
+        let annotations: serde_json::Map<String, serde_json::Value> = values
+            .iter()
+            .map(|(key, value)| (key.to_string(), serde_json::json!(value)))
+            .collect();
+        let patch = serde_json::json!({"metadata": {"annotations": annotations}});
         tokio::time::timeout(
             API_TIMEOUT,
             self.leases
@@ -626,6 +655,8 @@ impl Instance {
         };
         let target = named(contract::TARGET_ANNOTATION);
         let last_primary = named(contract::LAST_PRIMARY_ANNOTATION);
+        let last_primary_wal =
+            named(contract::LAST_PRIMARY_WAL_ANNOTATION).and_then(|w| w.parse().ok());
         let holder = lease.map(|l| l.spec.and_then(|s| s.holder_identity).unwrap_or_default());
         let selector = format!("{CLUSTER_LABEL}={}", self.settings.cluster);
         let pods = tokio::time::timeout(
@@ -653,6 +684,7 @@ impl Instance {
             holder,
             target,
             last_primary,
+            last_primary_wal,
             instances,
             pods,
         })
@@ -802,8 +834,11 @@ impl Instance {
                 // The record of a clean stop served its purpose: a primary runs. Kept, it
                 // would make the others wait for (and the named instance retake) the Lease
                 // the next time it is released, say by a primary that hung.
-                self.annotate_lease(contract::LAST_PRIMARY_ANNOTATION, None)
-                    .await?;
+                self.annotate_lease_all(&[
+                    (contract::LAST_PRIMARY_ANNOTATION, None),
+                    (contract::LAST_PRIMARY_WAL_ANNOTATION, None),
+                ])
+                .await?;
             }
             self.analyze_after_upgrade().await;
             match world.target.as_deref() {
@@ -1232,10 +1267,16 @@ impl Instance {
         let peers: Vec<Peer> = world.pods.iter().map(peer).collect();
         let candidacy = election::after_clean_stop(
             &self.settings.pod,
-            status.role == Role::Replica,
+            Some(&status),
             world.holder.as_deref(),
             world.target.as_deref(),
-            world.last_primary.as_deref(),
+            world
+                .last_primary
+                .as_deref()
+                .map(|last_primary| election::CleanStop {
+                    last_primary,
+                    wal_end: world.last_primary_wal,
+                }),
             world.instances,
             &peers,
         )
