@@ -182,11 +182,13 @@ async fn world(prefix: &str) -> World {
     }
 }
 
-/// The operator as its own process, SIGKILLed and restarted by [`Chaos::kill`].
+/// The operator as its own process, SIGKILLed and restarted by [`Chaos::kill`]. Every
+/// incarnation appends its log (info) to `log`, which a failure quotes.
 struct Operator {
     binary: std::path::PathBuf,
     kubeconfig: std::path::PathBuf,
     ns: String,
+    log: std::path::PathBuf,
     child: tokio::process::Child,
 }
 
@@ -195,7 +197,13 @@ impl Operator {
         binary: &std::path::Path,
         kubeconfig: &std::path::Path,
         ns: &str,
+        log: &std::path::Path,
     ) -> tokio::process::Child {
+        let log = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(log)
+            .expect("the operator's log file");
         tokio::process::Command::new(binary)
             .args([
                 "--kubeconfig",
@@ -206,10 +214,10 @@ impl Operator {
                 "--metrics-bind-address=0",
                 "--health-probe-bind-address=0",
                 "--resync-interval=2s",
-                "--log-level=warn",
+                "--log-level=info",
             ])
-            .stdout(std::process::Stdio::null())
-            .stderr(std::process::Stdio::null())
+            .stdout(log.try_clone().expect("the operator's log file"))
+            .stderr(log)
             .kill_on_drop(true)
             .spawn()
             .expect("start the database-operator")
@@ -218,7 +226,7 @@ impl Operator {
     async fn kill_and_restart(&mut self) {
         let _ = self.child.start_kill();
         let _ = self.child.wait().await;
-        self.child = Self::spawn(&self.binary, &self.kubeconfig, &self.ns);
+        self.child = Self::spawn(&self.binary, &self.kubeconfig, &self.ns, &self.log);
     }
 }
 
@@ -240,8 +248,10 @@ async fn random_sigkills_leak_nothing_drop_nothing_wrongly_and_leave_nothing_stu
         ns,
     } = world("chaos").await;
 
+    let log = std::env::temp_dir().join(format!("database-chaos-{ns}.log"));
     let operator = Arc::new(tokio::sync::Mutex::new(Operator {
-        child: Operator::spawn(&binary, cp.kubeconfig_path(), &ns),
+        child: Operator::spawn(&binary, cp.kubeconfig_path(), &ns, &log),
+        log: log.clone(),
         binary,
         kubeconfig: cp.kubeconfig_path().to_path_buf(),
         ns: ns.clone(),
@@ -369,6 +379,30 @@ async fn random_sigkills_leak_nothing_drop_nothing_wrongly_and_leave_nothing_stu
             .as_ref()
             .map_or_else(|e| e.to_string(), |_| "0".into()),
     );
+    if !leaked.is_empty() || !wrongly_dropped.is_empty() {
+        // What the operator's incarnations logged about the cycles concerned.
+        let cycles: Vec<String> = leaked
+            .iter()
+            .chain(&wrongly_dropped)
+            .filter_map(|w| w.rsplit('_').next())
+            .map(|i| format!("-{i}"))
+            .collect();
+        let text = std::fs::read_to_string(&log).unwrap_or_default();
+        let lines: Vec<&str> = text
+            .lines()
+            .filter(|l| {
+                l.contains("started")
+                    || cycles
+                        .iter()
+                        .any(|c| l.contains(&format!("db{c}")) || l.contains(&format!("role{c}")))
+            })
+            .collect();
+        println!(
+            "the operator's log ({}) on those cycles and its starts:\n{}",
+            log.display(),
+            lines.join("\n")
+        );
+    }
     assert!(stuck.is_ok(), "stuck: {stuck:?}");
     assert!(leaked.is_empty(), "leaked: {leaked:?}");
     assert!(

@@ -1450,13 +1450,14 @@ async fn commits_waiting_for_a_standby_are_reported_and_leave_the_replication_ro
 }
 
 /// Issue #37, item 7: a primary that stops cleanly and cannot come back (a drain, a pod that
-/// stays Pending, a lost volume) blocked the cluster for ever: the replicas waited for it
-/// while its pod existed (`WaitingForLastPrimary`). Here the node is cordoned and the
-/// primary's pod deleted while a client writes through `-rw`: the primary stops cleanly and
-/// records where its WAL ends, its new pod stays Pending, and the replica, which received all
-/// of that WAL, takes the Lease: writes resume through `-rw` with no acknowledged row lost,
-/// while the old primary's pod is still Pending. Uncordoned, that pod starts, follows the new
-/// primary, and the cluster is Ready.
+/// stays Pending, a lost volume) blocked the cluster for ever: a replica that was not running
+/// when it stopped waited for it while its pod existed (`WaitingForLastPrimary`). Here, with
+/// the node cordoned and a client writing through `-rw`: the replica's instance manager is
+/// paused (its PostgreSQL goes on streaming), the primary's pod deleted (it stops cleanly,
+/// records where its WAL ends, releases the Lease; its new pod stays Pending), then the
+/// replica's manager is killed and restarted by the kubelet. Back, it has every write of the
+/// last primary, so it takes the Lease: writes resume with no acknowledged row lost while the
+/// old primary's pod is still Pending. Uncordoned, that pod starts and follows the new primary.
 #[tokio::test]
 async fn a_primary_that_stops_cleanly_and_cannot_come_back_is_replaced_by_a_replica_with_its_wal() {
     let _turn = NODE.lock().await;
@@ -1469,6 +1470,7 @@ async fn a_primary_that_stops_cleanly_and_cannot_come_back_is_replaced_by_a_repl
         .await
         .unwrap();
     let (old, old_ip) = cluster.primary().await;
+    let replica = if old == "pg-0" { "pg-1" } else { "pg-0" };
     let old_uid = cluster.pods().get(&old).await.unwrap().uid();
     let (acks, stop, writing) = start_writer(&rw, &cluster.password, 5).await;
 
@@ -1485,12 +1487,57 @@ async fn a_primary_that_stops_cleanly_and_cannot_come_back_is_replaced_by_a_repl
         }
     };
     cordon(true).await;
+    // The replica's manager paused: it cannot take the Lease when it is released.
+    let (paused, _) = cluster.processes(replica);
+    signal(paused, "STOP");
     let deleted_at = Instant::now();
     cluster
         .pods()
         .delete(&old, &DeleteParams::default())
         .await
         .unwrap();
+    let leases = Api::<k8s_openapi::api::coordination::v1::Lease>::namespaced(
+        cluster.client.clone(),
+        &cluster.ns,
+    );
+    let recorded = eventually(
+        "the Lease released with the clean stop's record",
+        WAIT,
+        || {
+            let leases = leases.clone();
+            async move {
+                let lease = leases.get("pg-primary").await.map_err(|e| e.to_string())?;
+                let holder = lease
+                    .spec
+                    .as_ref()
+                    .and_then(|s| s.holder_identity.clone())
+                    .unwrap_or_default();
+                let wal = lease
+                    .annotations()
+                    .get(steward_pg_instance::contract::LAST_PRIMARY_WAL_ANNOTATION)
+                    .cloned();
+                match wal {
+                    Some(wal) if holder.is_empty() => Ok(wal),
+                    _ => Err(format!(
+                        "holder {holder:?}, annotations {:?}",
+                        lease.annotations()
+                    )),
+                }
+            }
+        },
+    )
+    .await;
+    let recorded = match recorded {
+        Ok(wal) => wal,
+        Err(e) => {
+            signal(paused, "CONT");
+            cordon(false).await;
+            panic!("{e}\n{}", cluster.logs().await)
+        }
+    };
+    eprintln!("{old} stopped cleanly; its WAL ends at {recorded}");
+    // The replica's manager comes back fresh (as after a crash or an eviction elsewhere).
+    signal(paused, "KILL");
     let taken_over = eventually(
         "a write acknowledged through pg-rw by another instance",
         Duration::from_secs(120),
@@ -1536,7 +1583,7 @@ async fn a_primary_that_stops_cleanly_and_cannot_come_back_is_replaced_by_a_repl
         .unwrap()
         .get(0);
     eprintln!(
-        "the replica took over {taken_over:.1?} after the primary's pod was deleted (its new pod Pending); acknowledged rows lost: {} of {}",
+        "{replica} took over {taken_over:.1?} after {old}'s pod was deleted (its new pod Pending); acknowledged rows lost: {} of {}",
         ids.len() as i64 - present,
         ids.len()
     );
@@ -1545,6 +1592,6 @@ async fn a_primary_that_stops_cleanly_and_cannot_come_back_is_replaced_by_a_repl
     // Back on a schedulable node, the old primary follows the new one.
     cordon(false).await;
     cluster.wait_ready(Duration::from_secs(180)).await;
-    assert_ne!(cluster.primary().await.0, old, "the primary moved");
+    assert_eq!(cluster.primary().await.0, replica, "the primary moved");
     cluster.stop_operator().await;
 }
