@@ -171,6 +171,7 @@ pub async fn run(
         certificate: None,
         rewind_failures: 0,
         stream_broke: false,
+        streamed_timeline: None,
         cannot_catch_up: 0,
         failed_starts: 0,
         analyze: None,
@@ -374,6 +375,9 @@ struct Instance {
     rewind_failures: u32,
     /// Stopped because it did not stream from a reachable primary (not as a former primary).
     stream_broke: bool,
+    /// The timeline this replica last streamed on: once its WAL receiver stops (the primary
+    /// stopped), PostgreSQL reports only its last restartpoint's, which may be older.
+    streamed_timeline: Option<u32>,
     /// Times in a row it stopped streaming and `pg_rewind` then found nothing to undo: the
     /// primary no longer has the WAL it needs (past `wal_keep_size`). Not a candidate for
     /// the Lease meanwhile (its data may be arbitrarily old); cloned afresh at the second.
@@ -1212,7 +1216,8 @@ impl Instance {
                 Err(e) => Err(e),
             };
             match answer {
-                Ok(o) => {
+                Ok(mut o) => {
+                    o.timeline = replica_timeline(&mut self.streamed_timeline, &o);
                     self.observed = Some(o);
                     self.answered_at = Some(Instant::now());
                     self.unanswered_since = None;
@@ -1447,9 +1452,60 @@ fn clear_dir(dir: &std::path::Path) -> std::io::Result<()> {
     std::fs::set_permissions(dir, std::fs::Permissions::from_mode(0o700))
 }
 
+/// The timeline `o` runs on, remembering it in `streamed` while a replica streams: a replica
+/// whose stream ended reports the newest it streamed on (a clean-stop record it must match is
+/// on that timeline), never an older one. A primary forgets it.
+fn replica_timeline(streamed: &mut Option<u32>, o: &postgres::Observed) -> u32 {
+    if !o.in_recovery {
+        *streamed = None;
+        return o.timeline;
+    }
+    if o.streaming {
+        *streamed = Some(o.timeline);
+    }
+    streamed.map_or(o.timeline, |t| t.max(o.timeline))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// The item-7 rule broke after a failover: a replica whose stream from the new primary
+    /// ended reported its last restartpoint's timeline (the old one), did not match the
+    /// stopped primary's record, and waited for it.
+    #[test]
+    fn a_replica_reports_the_timeline_it_streamed_on_after_its_stream_ended() {
+        let observed = |in_recovery, streaming, timeline| postgres::Observed {
+            in_recovery,
+            timeline,
+            lsn: contract::Lsn(1),
+            replay_lag: 0,
+            streaming,
+            archiver: None,
+            commits_waiting: 0,
+        };
+        let mut streamed = None;
+        assert_eq!(
+            replica_timeline(&mut streamed, &observed(true, false, 1)),
+            1
+        );
+        assert_eq!(replica_timeline(&mut streamed, &observed(true, true, 2)), 2);
+        // The primary stopped: PostgreSQL now says 1 (its last restartpoint).
+        assert_eq!(
+            replica_timeline(&mut streamed, &observed(true, false, 1)),
+            2
+        );
+        assert_eq!(
+            replica_timeline(&mut streamed, &observed(true, false, 3)),
+            3
+        );
+        // Promoted: its own timeline, and nothing remembered.
+        assert_eq!(
+            replica_timeline(&mut streamed, &observed(false, false, 4)),
+            4
+        );
+        assert_eq!(streamed, None);
+    }
 
     #[test]
     fn ready_in_the_role_the_lease_gives_and_never_as_a_replica_that_cannot_catch_up() {

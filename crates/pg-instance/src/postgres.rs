@@ -418,7 +418,8 @@ pub async fn observe(client: &tokio_postgres::Client) -> Result<Observed, Error>
         case when pg_is_in_recovery() then null else ('x' || substr(pg_walfile_name(pg_current_wal_lsn()), 1, 8))::bit(32)::int end, \
         pg_last_wal_receive_lsn()::text, pg_last_wal_replay_lsn()::text, \
         (select status from pg_stat_wal_receiver limit 1), \
-        coalesce((select received_tli from pg_stat_wal_receiver limit 1), (select timeline_id from pg_control_checkpoint())), \
+        coalesce((select nullif(received_tli, 0) from pg_stat_wal_receiver limit 1), \
+          greatest((select timeline_id from pg_control_checkpoint()), (select min_recovery_end_timeline from pg_control_recovery()))), \
         current_setting('archive_mode') <> 'off', \
         a.last_archived_wal, to_json(a.last_archived_time) #>> '{}', \
         a.last_failed_wal, to_json(a.last_failed_time) #>> '{}', \
