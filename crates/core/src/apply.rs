@@ -468,6 +468,12 @@ pub fn is_conflict(err: &Error) -> bool {
     matches!(err, Error::ApplyChild { source: kube::Error::Api(s), .. } if s.code == 409)
 }
 
+/// Whether `err` is the API server refusing the apply as not permitted (403: RBAC, or an
+/// admission policy that denies with `Forbidden`).
+pub fn is_forbidden(err: &Error) -> bool {
+    matches!(err, Error::ApplyChild { source: kube::Error::Api(s), .. } if s.code == 403)
+}
+
 /// The digest recorded in [`APPLIED_ANNOTATION`]: SHA-256 of the apply body's JSON, 16 bytes.
 fn digest(body: &Value) -> String {
     let bytes = serde_json::to_vec(body).unwrap_or_default();

@@ -212,7 +212,6 @@ pub async fn run(
     // primary without ever running read-write).
     instance.eligible.send_replace(false);
     let ran_read_write = instance.observed.as_ref().is_some_and(|o| !o.in_recovery);
-    let timeline = instance.observed.as_ref().map(|o| o.timeline);
     instance.primary_pid.store(0, Ordering::SeqCst);
     if let Some(pm) = instance.postmaster.take() {
         pm.stop(Duration::from_secs(30)).await;
@@ -220,7 +219,7 @@ pub async fn run(
     if ran_read_write && instance.election.leadership.is_leader() {
         // Stopped cleanly with every write: named on the Lease, so that if the whole cluster
         // stopped, it is the one that starts as the primary again.
-        match tokio::time::timeout(STEP_GRACE, instance.record_last_primary(timeline)).await {
+        match tokio::time::timeout(STEP_GRACE, instance.record_last_primary()).await {
             Ok(Ok(())) => {}
             Ok(Err(e)) => {
                 tracing::warn!(error = %format!("{e:#}"), "recording this instance as the last primary failed");
@@ -603,21 +602,16 @@ impl Instance {
     }
 
     /// Names this instance on the Lease as the one that stopped last as the primary, with
-    /// where its WAL ends on `timeline` (read from the stopped data directory), so that a
-    /// replica with all of it need not wait for this instance to come back.
-    async fn record_last_primary(&self, timeline: Option<u32>) -> anyhow::Result<()> {
-        let end = match (
-            timeline,
-            postgres::clean_wal_end(&self.settings.paths).await,
-        ) {
-            (Some(timeline), Ok(Some(lsn))) => Some(contract::WalEnd { timeline, lsn }),
-            (_, Err(e)) => {
+    /// where its WAL ends (read from the stopped data directory), so that a replica with all
+    /// of it need not wait for this instance to come back.
+    async fn record_last_primary(&self) -> anyhow::Result<()> {
+        let end = match postgres::clean_wal_end(&self.settings.paths).await {
+            Ok(end) => end.map(|e| e.to_string()),
+            Err(e) => {
                 tracing::warn!(error = %e, "where this instance's WAL ends is unknown: replicas wait for it to come back");
                 None
             }
-            _ => None,
         };
-        let end = end.map(|e| e.to_string());
         self.annotate_lease_all(&[
             (contract::LAST_PRIMARY_ANNOTATION, Some(&self.settings.pod)),
             (contract::LAST_PRIMARY_WAL_ANNOTATION, end.as_deref()),
@@ -983,7 +977,7 @@ impl Instance {
     /// checkpoint. Returns that end, or why it could not be confirmed.
     async fn confirm_handover(&self, host: &str) -> Result<contract::Lsn, String> {
         let end = match postgres::clean_wal_end(&self.settings.paths).await {
-            Ok(Some(end)) => end,
+            Ok(Some(end)) => end.lsn,
             Ok(None) => return Err("the data directory was not shut down cleanly".into()),
             Err(e) => return Err(format!("reading where the WAL ends: {e}")),
         };

@@ -11,7 +11,7 @@ use nix::sys::signal::{Signal, kill};
 use nix::unistd::Pid;
 use tokio::process::{Child, Command};
 
-use crate::contract::{Archiver, Lsn, PG_PORT, REPLICATION_USER};
+use crate::contract::{Archiver, Lsn, PG_PORT, REPLICATION_USER, WalEnd};
 
 /// Failures of PostgreSQL or its programs.
 #[derive(Debug, thiserror::Error)]
@@ -532,10 +532,11 @@ pub async fn checkpoint(client: &tokio_postgres::Client, timeout: Duration) -> R
     Ok(())
 }
 
-/// Where the WAL of this stopped data directory ends, if it was shut down cleanly: just after
-/// its shutdown checkpoint record (`pg_controldata` locates it, `pg_waldump` gives its
-/// length). `None`: not shut down cleanly (no shutdown checkpoint: the end is unknown).
-pub async fn clean_wal_end(paths: &Paths) -> Result<Option<Lsn>, Error> {
+/// Where the WAL of this stopped data directory ends, if it was shut down cleanly: its
+/// timeline and the position just after its shutdown checkpoint record (`pg_controldata`
+/// locates it, `pg_waldump` gives its length). `None`: not shut down cleanly (no shutdown
+/// checkpoint: the end is unknown).
+pub async fn clean_wal_end(paths: &Paths) -> Result<Option<WalEnd>, Error> {
     let control = run(
         "pg_controldata",
         Command::new("pg_controldata").arg(&paths.pgdata),
@@ -573,8 +574,16 @@ pub async fn clean_wal_end(paths: &Paths) -> Result<Option<Lsn>, Error> {
             "no checkpoint location in pg_controldata: {control}"
         ))
     })?;
+    let timeline = timeline.parse().map_err(|_| {
+        failed(format!(
+            "no checkpoint timeline in pg_controldata: {control}"
+        ))
+    })?;
     let length = record_length(&dump).ok_or_else(|| failed(dump.clone()))?;
-    Ok(Some(Lsn(start.0 + length)))
+    Ok(Some(WalEnd {
+        timeline,
+        lsn: Lsn(start.0 + length),
+    }))
 }
 
 /// The total length of the first record `pg_waldump` printed (`len (rec/tot): 114/ 114`).

@@ -860,10 +860,7 @@ where
         // The read may pass where the write does not yet: the operator may `get` every
         // ConfigMap (admission policies with ConfigMap params need that), while `patch` comes
         // only from the access Role, which RBAC sees a moment after it is applied.
-        Err(steward_core::Error::ApplyChild {
-            source: kube::Error::Api(s),
-            ..
-        }) if s.code == 403 => Ok(ByName::NoAccessYet),
+        Err(e) if steward_core::apply::is_forbidden(&e) => Ok(ByName::NoAccessYet),
         Err(source) => Err(Error::ApplyChild {
             kind: kind_name::<K>(),
             key: key(Some(&namespace), &name),

@@ -12,7 +12,7 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition;
 use kube::ResourceExt;
 use steward_core::conditions::{self, DEGRADED, PROGRESSING, READY};
 
-use super::build::{REVISION_LABEL, VERSION_LABEL};
+use super::build::{PRIMARY, REPLICA, REVISION_LABEL, VERSION_LABEL};
 use crate::crd::{ClusterPhase, PostgresClusterStatus};
 
 /// What matters about one pod.
@@ -288,17 +288,17 @@ pub fn commits_waiting(
     let Some(primary) = status
         .instances
         .iter()
-        .find(|i| i.role == "primary" && i.commits_waiting > 0)
+        .find(|i| i.role == PRIMARY && i.commits_waiting > 0)
     else {
         return;
     };
-    let streaming = status
+    let ready_replicas = status
         .instances
         .iter()
-        .filter(|i| i.role == "replica" && i.ready)
+        .filter(|i| i.role == REPLICA && i.ready)
         .count();
     let message = format!(
-        "{} commits on the primary {} have waited more than {} s for synchronous standbys: synchronousReplicas is {} and {streaming} replicas are ready; they complete once enough replicas stream again (or lower spec.synchronousReplicas)",
+        "{} commits on the primary {} have waited more than {} s for synchronous standbys: synchronousReplicas is {} and {ready_replicas} replicas are ready; they complete once enough replicas stream again (or lower spec.synchronousReplicas)",
         primary.commits_waiting,
         primary.name,
         steward_pg_instance::contract::COMMIT_WAIT.as_secs(),
