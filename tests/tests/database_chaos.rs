@@ -149,14 +149,9 @@ struct World {
 }
 
 async fn world(prefix: &str) -> World {
-    let binary = steward_testenv::harness::cargo_build(&[
-        "--package",
-        "database-operator",
-        "--bin",
-        "database-operator",
-    ])
-    .expect("database-operator binary")
-    .join("database-operator");
+    let binary = steward_testenv::harness::cargo_build()
+        .expect("database-operator binary")
+        .join("database-operator");
     let cp = steward_testenv::shared().await.expect("control plane");
     for crd in [Database::crd(), DatabaseRole::crd()] {
         cp.apply_crd(&crd).await.expect("CRD");

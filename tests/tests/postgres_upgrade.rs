@@ -50,14 +50,9 @@ fn as_postgres(path: &std::path::Path, program: &str, args: &[&str]) -> (bool, S
 /// untouched on 15, and the error says why.
 #[tokio::test]
 async fn the_instance_manager_upgrades_a_data_directory_with_pg_upgrade() {
-    let manager = steward_testenv::harness::cargo_build(&[
-        "--package",
-        "steward-pg-instance",
-        "--bin",
-        "steward-pg-instance",
-    ])
-    .unwrap()
-    .join("steward-pg-instance");
+    let manager = steward_testenv::harness::cargo_build()
+        .unwrap()
+        .join("steward-pg-instance");
     let manager = manager.to_str().unwrap();
     let (version, _, _) = steward_testenv::images::BUNDLED_POSTGRESQL[0];
     let bundle = steward_testenv::images::postgresql_bundle_tree(version).unwrap();

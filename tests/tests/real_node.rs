@@ -382,14 +382,9 @@ async fn teardown_leaves_nothing_behind() {
 async fn a_crashed_node_is_swept_at_the_next_start() {
     use tokio::io::AsyncBufReadExt;
 
-    let example = steward_testenv::harness::cargo_build(&[
-        "--package",
-        "steward-testenv",
-        "--example",
-        "start",
-    ])
-    .expect("the start example")
-    .join("examples/start");
+    let example = steward_testenv::harness::cargo_build()
+        .expect("the start example")
+        .join("examples/start");
 
     let _turn = NODE.lock().await;
     let mut child = tokio::process::Command::new(&example)

@@ -282,7 +282,7 @@ async fn no_write_lands_outside_its_writers_term() {
         )
         .await
         .unwrap();
-    let binary = steward_testenv::harness::cargo_build(&["-p", "tenant-operator"])
+    let binary = steward_testenv::harness::cargo_build()
         .expect("build the tenant-operator")
         .join("tenant-operator");
     let dir = cp.dir().to_path_buf();

@@ -50,18 +50,13 @@ pub struct Built {
     pub companions: Vec<PathBuf>,
 }
 
-/// Builds the (debug) binaries of `operators` and their companions in one `cargo build`.
+/// Builds the (debug) binaries of `operators` and their companions (with the workspace's
+/// other binaries: see [`crate::harness::cargo_build`]).
 ///
 /// # Errors
 /// As [`crate::harness::cargo_build`].
 pub fn build(operators: &[Spec<'_>]) -> Result<Vec<Built>, Error> {
-    let mut args = Vec::new();
-    for op in operators {
-        for bin in std::iter::once(&op.name).chain(op.companions) {
-            args.extend(["--package", bin, "--bin", bin]);
-        }
-    }
-    let dir = crate::harness::cargo_build(&args)?;
+    let dir = crate::harness::cargo_build()?;
     Ok(operators
         .iter()
         .map(|op| Built {

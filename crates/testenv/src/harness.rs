@@ -250,28 +250,37 @@ pub fn cargo_command() -> std::process::Command {
     cmd
 }
 
-/// `cargo build --quiet ARGS` (debug, as the tests are) in the workspace, for tests that run
-/// an operator or an example as its own process (to SIGKILL it, or to put it in an image);
-/// returns the debug output directory (`target/debug`).
+/// [`cargo_build`]'s arguments.
+pub const CARGO_BUILD: [&str; 5] = ["build", "--quiet", "--workspace", "--bins", "--examples"];
+
+/// `cargo build --quiet --workspace --bins --examples` (debug, as the tests are), for tests
+/// that run an operator, the plugin or an example as its own process (to SIGKILL it, or to put
+/// it in an image); returns the debug output directory (`target/debug`).
+///
+/// Every binary and example at once rather than the one a test needs: cargo resolves features
+/// per invocation, over the packages it selects and, when an example is among the targets,
+/// their dev-dependencies (tokio's `test-util` among them), which is exactly how `cargo test
+/// --workspace` resolves them. So this build reuses the test build's dependencies; a build of
+/// `-p tenant-operator` alone would compile tokio and everything above it again (about 45 s of
+/// both cores for each package set a test asked for).
 ///
 /// # Errors
-/// [`Error::Build`] naming the arguments and a log of cargo's output when the build fails.
-pub fn cargo_build(args: &[&str]) -> Result<std::path::PathBuf, Error> {
+/// [`Error::Build`] with a log of cargo's output when the build fails.
+pub fn cargo_build() -> Result<std::path::PathBuf, Error> {
     let root = crate::workspace_root();
     let out = cargo_command()
         .current_dir(&root)
-        .args(["build", "--quiet"])
-        .args(args)
+        .args(CARGO_BUILD)
         .output()
         .map_err(|source| Error::Io {
-            what: format!("run cargo build {}", args.join(" ")),
+            what: format!("run cargo {}", CARGO_BUILD.join(" ")),
             source,
         })?;
     if !out.status.success() {
         let log = std::env::temp_dir().join("steward-cargo-build.log");
         let _ = std::fs::write(&log, &out.stderr);
         return Err(Error::Build {
-            component: args.join(" "),
+            component: "the workspace's binaries".into(),
             log,
             reason: format!("cargo build exited with {}", out.status),
         });
@@ -287,7 +296,7 @@ pub fn cargo_build(args: &[&str]) -> Result<std::path::PathBuf, Error> {
 /// # Errors
 /// As [`cargo_build`].
 pub fn kubectl_steward() -> Result<std::path::PathBuf, Error> {
-    cargo_build(&["--package", "kubectl-steward", "--bin", "kubectl-steward"])
+    cargo_build()
 }
 
 /// What a command printed.

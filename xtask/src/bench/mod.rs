@@ -465,26 +465,32 @@ fn build(
     let go_stripped = bench_dir.join("reference-tenant-controller-stripped");
     if !args.skip_build {
         if args.subjects.iter().any(|s| s == "steward") {
-            let release = (!args.smoke).then_some("--release");
-            eprintln!(
-                "bench: cargo build {}-p tenant-operator -p upgrade-orchestrator -p database-operator",
-                release.map_or(String::new(), |r| format!("{r} "))
-            );
-            // Built like `cargo xtask test`'s build, so a smoke run reuses its dependencies.
-            let status = crate::cargo_once()
-                .args(["build"])
-                .args(release)
-                .args([
-                    "-p",
-                    "tenant-operator",
-                    "-p",
-                    "upgrade-orchestrator",
-                    "-p",
-                    "database-operator",
-                ])
-                .status()?;
-            if !status.success() {
-                bail!("building tenant-operator failed");
+            if args.smoke {
+                // As the tests build them (and in `cargo xtask test`'s environment), so it
+                // shares their dependencies.
+                let args = steward_testenv::harness::CARGO_BUILD;
+                eprintln!("bench: cargo {}", args.join(" "));
+                if !crate::cargo_once().args(args).status()?.success() {
+                    bail!("building the operators failed");
+                }
+            } else {
+                eprintln!(
+                    "bench: cargo build --release -p tenant-operator -p upgrade-orchestrator -p database-operator"
+                );
+                let status = crate::cargo_once()
+                    .args(["build", "--release"])
+                    .args([
+                        "-p",
+                        "tenant-operator",
+                        "-p",
+                        "upgrade-orchestrator",
+                        "-p",
+                        "database-operator",
+                    ])
+                    .status()?;
+                if !status.success() {
+                    bail!("building tenant-operator failed");
+                }
             }
         }
         let src = root.join("bench/reference-tenant-controller");
