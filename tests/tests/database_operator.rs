@@ -2137,6 +2137,97 @@ async fn a_users_secret_with_the_credentials_name_is_never_taken_over() {
 /// cluster) and DatabaseRole it holds and whatever their deletion policies: the cluster has no
 /// finalizer and goes first, and the Database and DatabaseRole cleanups then have no server
 /// to drop from, which they report (ClusterGone) instead of blocking forever.
+/// Issue #39 item 6: three Databases sharing one admin Secret, deleted with their namespace
+/// (each used to release the Secret only when it saw no other Database referring to it, so
+/// when they were deleted together none did and the namespace stayed Terminating), and a
+/// Delete-policy DatabaseRole whose Database never existed (it kept its finalizer, though it
+/// created nothing). The namespace goes within 60 s, and every database and owner is dropped.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn namespace_deletion_finishes_with_databases_sharing_a_secret_and_a_role_of_no_database() {
+    let pg = Postgres::start().await.expect("PostgreSQL");
+    let env = env("pgshare").await;
+    env.admin_secret(&pg).await;
+    let names = ["shared-a", "shared-b", "shared-c"];
+    for (i, object) in names.iter().enumerate() {
+        let mut db = database(
+            &pg,
+            object,
+            &format!("shared_{i}"),
+            &format!("shared_owner_{i}"),
+        );
+        db.spec.deletion_policy = DeletionPolicy::Delete;
+        db.spec.backup_before_delete = false;
+        env.api::<Database>()
+            .create(&PostParams::default(), &db)
+            .await
+            .unwrap();
+    }
+    for object in names {
+        wait_database_ready(&env, object).await;
+    }
+    let mut orphan = role(
+        "orphan",
+        "never-existed",
+        "orphan_role",
+        Privileges::ReadOnly,
+    );
+    orphan.spec.deletion_policy = DeletionPolicy::Delete;
+    env.api::<DatabaseRole>()
+        .create(&PostParams::default(), &orphan)
+        .await
+        .unwrap();
+    eventually("the orphan role's finalizer is on", WAIT, || async {
+        let r = env
+            .api::<DatabaseRole>()
+            .get("orphan")
+            .await
+            .map_err(|e| e.to_string())?;
+        (!r.finalizers().is_empty())
+            .then_some(())
+            .ok_or_else(|| format!("{:?}", r.status))
+    })
+    .await
+    .unwrap();
+    let admin = superuser(&pg).await;
+    let namespaces: Api<k8s_openapi::api::core::v1::Namespace> = Api::all(env.client.clone());
+    let started = Instant::now();
+    namespaces
+        .delete(&env.ns, &DeleteParams::default())
+        .await
+        .unwrap();
+    let left = eventually("the namespace gone", Duration::from_secs(60), || async {
+        match namespaces.get_opt(&env.ns).await {
+            Ok(None) => Ok(()),
+            Ok(Some(_)) => {
+                let secret = env.api::<Secret>().get_opt("admin").await;
+                let secret = secret.map(|s| s.map(|s| s.finalizers().to_vec()));
+                let left = |names: Vec<String>| names.join(", ");
+                let databases = env.api::<Database>().list(&Default::default()).await;
+                let databases = databases.map(|l| {
+                    left(l.items.iter().map(|d| format!("{} {:?}", d.name_any(), d.status)).collect())
+                });
+                let roles = env.api::<DatabaseRole>().list(&Default::default()).await;
+                let roles = roles.map(|l| {
+                    left(l.items.iter().map(|r| format!("{} {:?}", r.name_any(), r.status)).collect())
+                });
+                Err(format!(
+                    "admin Secret finalizers: {secret:?}\nDatabases left: {databases:?}\nDatabaseRoles left: {roles:?}"
+                ))
+            }
+            Err(e) => Err(e.to_string()),
+        }
+    })
+    .await;
+    if let Err(e) = left {
+        panic!("{e}");
+    }
+    println!("namespace gone after {:.1?}", started.elapsed());
+    for i in 0..names.len() {
+        assert!(!exists(&admin, DB_EXISTS, &format!("shared_{i}")).await);
+        assert!(!exists(&admin, ROLE_EXISTS, &format!("shared_owner_{i}")).await);
+    }
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn namespace_deletion_finishes_for_every_mix_of_policies() {
     use DeletionPolicy::{Delete, Retain};

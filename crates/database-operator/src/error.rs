@@ -118,6 +118,13 @@ pub enum Error {
     #[error("waiting for DatabaseRoles that refer to this Database to be deleted first: {0}")]
     WaitingForRoles(String),
 
+    /// Deletion waits for the other deleting Databases that share this one's admin Secret:
+    /// the last of them (by name) releases the Secret's in-use finalizer once they are gone.
+    #[error(
+        "waiting for the other Databases being deleted that share admin Secret {secret} to finish first (this one releases it last): {databases}"
+    )]
+    WaitingForDatabases { secret: String, databases: String },
+
     /// Deletion waits for the pre-delete dump.
     #[error("waiting for the pre-delete dump (Job {job}) to succeed before dropping the database")]
     WaitingForBackup { job: String },
@@ -161,6 +168,7 @@ impl steward_core::ReconcileError for Error {
             Error::Unsafe(_) => "Unsafe",
             Error::WaitingForRoles(_) => "WaitingForRoles",
             Error::WaitingForBackup { .. } => "WaitingForBackup",
+            Error::WaitingForDatabases { .. } => "WaitingForDatabases",
             Error::BackupFailed { .. } => "BackupFailed",
             Error::CleanupBlocked(inner) => inner.reason(),
         }
@@ -168,9 +176,14 @@ impl steward_core::ReconcileError for Error {
 
     /// An unreachable server (restarted, failed over) is retried at least every 10 s, so it is
     /// reconnected within seconds of coming back rather than after a grown backoff.
+    /// A Database waiting for the others that share its admin Secret has no watch that wakes
+    /// it when they are gone, so it looks again every 2 s.
     fn max_backoff(&self) -> Option<std::time::Duration> {
-        matches!(self, Error::ServerUnreachable { .. })
-            .then_some(std::time::Duration::from_secs(10))
+        match self {
+            Error::ServerUnreachable { .. } => Some(std::time::Duration::from_secs(10)),
+            Error::WaitingForDatabases { .. } => Some(std::time::Duration::from_secs(2)),
+            _ => None,
+        }
     }
 
     fn is_permanent(&self) -> bool {
@@ -187,6 +200,7 @@ impl Error {
         match self {
             e @ (Error::WaitingForRoles(_)
             | Error::WaitingForBackup { .. }
+            | Error::WaitingForDatabases { .. }
             | Error::CleanupBlocked(_)) => e,
             e => Error::CleanupBlocked(Box::new(e)),
         }

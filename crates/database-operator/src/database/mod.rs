@@ -8,7 +8,8 @@
 //!          → owner role (CREATE/ALTER ROLE … PASSWORD '<SCRAM verifier>')
 //!          → database (CREATE DATABASE / ALTER DATABASE … OWNER, REVOKE CONNECT FROM PUBLIC)
 //!          → inside it: schemas, extensions → status (one write)
-//! cleanup: wait for DatabaseRoles → Retain: done | Delete: [dump Job] → terminate sessions
+//! cleanup: wait for DatabaseRoles (and, the last by name, for Databases sharing its admin
+//!          Secret) → Retain: done | Delete: [dump Job] → terminate sessions
 //!          → DROP DATABASE → REASSIGN/DROP OWNED → DROP ROLE → release the admin Secret
 //!          (any failure: finalizer kept, Ready=False saying why, Warning Event, retry)
 //! ```
@@ -17,7 +18,8 @@
 //! Cleanup needs the server: a Delete-policy Database whose server never comes back stays
 //! until its `deletionPolicy` is set to `Retain` (the condition says so). The admin Secret
 //! of an `external` server carries [`IN_USE_FINALIZER`] so that deleting the namespace
-//! cannot take the credentials away first. A Database whose `clusterRef` cluster is gone or
+//! cannot take the credentials away first; of several Databases deleted together that share
+//! it, the last by name releases it, after the others ([`secret_release`]). A Database whose `clusterRef` cluster is gone or
 //! being deleted finishes without dropping (a Warning Event says so): the database lives and
 //! dies with the cluster's volumes.
 
@@ -403,6 +405,7 @@ async fn drop_all(
     if !waiting.is_empty() {
         return Err(Error::WaitingForRoles(waiting.join(", ")));
     }
+    wait_for_sharing_databases(db, ctx).await?;
 
     if spec.deletion_policy == DeletionPolicy::Retain {
         ctx.recorder
@@ -416,7 +419,7 @@ async fn drop_all(
                 ),
             )
             .await;
-        protect_admin_secret(db, ctx, false).await?;
+        release_admin_secret(db, ctx).await?;
         return Ok(Action::await_change());
     }
     validate(db)?;
@@ -497,7 +500,7 @@ async fn drop_all(
                 ),
             )
             .await;
-        protect_admin_secret(db, ctx, false).await?;
+        release_admin_secret(db, ctx).await?;
         return Ok(Action::await_change());
     }
     let owner_exists = ownership::may_drop(&role_owner, &me);
@@ -540,13 +543,111 @@ async fn drop_all(
     if let Some(why) = kept {
         ctx.recorder.normal(db, "RoleKept", "Delete", why).await;
     }
-    protect_admin_secret(db, ctx, false).await?;
+    release_admin_secret(db, ctx).await?;
     Ok(Action::await_change())
 }
 
-/// Adds (`protect`) or releases this operator's [`IN_USE_FINALIZER`] on the admin Secret of
-/// an `external` server. It is released only when no other Database of the namespace refers
-/// to the Secret. Server-side apply under its own field manager touches only that list entry.
+/// What a deleting Database does with the in-use finalizer of the admin Secret it shares
+/// ([`secret_release`]).
+#[derive(Debug, PartialEq, Eq)]
+pub enum SecretRelease {
+    /// No other Database refers to the Secret: release it.
+    Release,
+    /// A Database that is not being deleted refers to it: leave it.
+    InUse,
+    /// Other Databases that refer to it are being deleted too, and one of them (the last by
+    /// name) releases it: leave it and finish.
+    LeaveToLast,
+    /// Other Databases that refer to it are being deleted, and this one is the last by name:
+    /// it waits until they are gone, then releases the Secret.
+    WaitFor(Vec<String>),
+}
+
+/// Decides [`SecretRelease`] for `db` (being deleted), given every Database of its namespace.
+/// Deciding "am I the last?" on what each one sees would race when several are deleted at
+/// once (each sees the others, none releases, and the Secret keeps its namespace Terminating
+/// for ever): the last by name is the one that releases, and it waits for the others, which
+/// never wait for anything, so the order of their cleanups does not matter.
+pub fn secret_release(db: &Database, secret: &str, databases: &[Database]) -> SecretRelease {
+    let me = db.name_any();
+    let others: Vec<&Database> = databases
+        .iter()
+        .filter(|d| d.uid() != db.uid())
+        .filter(|d| {
+            d.spec
+                .external
+                .as_ref()
+                .is_some_and(|e| e.admin_secret_ref.name == secret)
+        })
+        .collect();
+    if others.is_empty() {
+        return SecretRelease::Release;
+    }
+    if others.iter().any(|d| d.meta().deletion_timestamp.is_none()) {
+        return SecretRelease::InUse;
+    }
+    let mut deleting: Vec<String> = others.iter().map(|d| d.name_any()).collect();
+    deleting.sort();
+    if deleting.iter().any(|name| *name > me) {
+        SecretRelease::LeaveToLast
+    } else {
+        SecretRelease::WaitFor(deleting)
+    }
+}
+
+/// The [`secret_release`] of `db` for its `external` server's admin Secret (`None` without
+/// one): read from the API server, not a cache, since the Databases sharing it change while
+/// they are deleted.
+async fn admin_secret_release(
+    db: &Database,
+    ctx: &Context<State>,
+) -> Result<Option<(String, SecretRelease)>, Error> {
+    let Some(ext) = &db.spec.external else {
+        return Ok(None);
+    };
+    let name = &ext.admin_secret_ref.name;
+    let databases: Api<Database> =
+        Api::namespaced(ctx.client.clone(), &db.namespace().unwrap_or_default());
+    let all = databases
+        .list(&ListParams::default())
+        .await
+        .map_err(|source| Error::Read {
+            what: "Databases".into(),
+            source,
+        })?
+        .items;
+    Ok(Some((name.clone(), secret_release(db, name, &all))))
+}
+
+/// Before a deleting Database's cleanup: the last (by name) of several deleting Databases that
+/// share an admin Secret waits for the others ([`Error::WaitingForDatabases`]).
+async fn wait_for_sharing_databases(db: &Database, ctx: &Context<State>) -> Result<(), Error> {
+    match admin_secret_release(db, ctx).await? {
+        Some((secret, SecretRelease::WaitFor(databases))) => Err(Error::WaitingForDatabases {
+            secret,
+            databases: databases.join(", "),
+        }),
+        _ => Ok(()),
+    }
+}
+
+/// At the end of a deleting Database's cleanup: releases the admin Secret's in-use finalizer
+/// when [`secret_release`] says so (a Database that came to share it meanwhile makes the
+/// last one wait again).
+async fn release_admin_secret(db: &Database, ctx: &Context<State>) -> Result<(), Error> {
+    match admin_secret_release(db, ctx).await? {
+        Some((_, SecretRelease::Release)) => protect_admin_secret(db, ctx, false).await,
+        Some((secret, SecretRelease::WaitFor(databases))) => Err(Error::WaitingForDatabases {
+            secret,
+            databases: databases.join(", "),
+        }),
+        _ => Ok(()),
+    }
+}
+
+/// Adds (`protect`) or removes this operator's [`IN_USE_FINALIZER`] on the admin Secret of
+/// an `external` server (removed only as [`release_admin_secret`] decides). Server-side apply
+/// under its own field manager touches only that list entry.
 async fn protect_admin_secret(
     db: &Database,
     ctx: &Context<State>,
@@ -566,35 +667,14 @@ async fn protect_admin_secret(
         return Ok(());
     };
     let has = secret.finalizers().iter().any(|f| f == IN_USE_FINALIZER);
-    if protect {
-        // No finalizer can be added to an object already being deleted.
-        if has || secret.metadata.deletion_timestamp.is_some() {
-            return Ok(());
-        }
+    // No finalizer can be added to an object already being deleted.
+    let unchanged = if protect {
+        has || secret.metadata.deletion_timestamp.is_some()
     } else {
-        if !has {
-            return Ok(());
-        }
-        let databases: Api<Database> = Api::namespaced(ctx.client.clone(), &ns);
-        let others = databases
-            .list(&ListParams::default())
-            .await
-            .map_err(|source| Error::Read {
-                what: "Databases".into(),
-                source,
-            })?
-            .items
-            .into_iter()
-            .any(|d| {
-                d.uid() != db.uid()
-                    && d.spec
-                        .external
-                        .as_ref()
-                        .is_some_and(|e| &e.admin_secret_ref.name == name)
-            });
-        if others {
-            return Ok(());
-        }
+        !has
+    };
+    if unchanged {
+        return Ok(());
     }
     let finalizers: Vec<&str> = if protect {
         vec![IN_USE_FINALIZER]
@@ -727,6 +807,55 @@ mod tests {
         db.meta_mut().uid = Some("0123abcd-ffff".into());
         db.meta_mut().generation = Some(3);
         db
+    }
+
+    #[test]
+    fn of_several_databases_deleted_with_one_admin_secret_exactly_the_last_by_name_releases_it() {
+        use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
+        let secret = "admin"; // ExternalServer::plain's admin Secret
+        let make = |name: &str, deleting: bool| {
+            let mut d = database(name);
+            d.meta_mut().uid = Some(format!("uid-{name}"));
+            if deleting {
+                d.meta_mut().deletion_timestamp = Some(Time(jiff::Timestamp::UNIX_EPOCH));
+            }
+            d
+        };
+        let all = [make("a", true), make("b", true), make("c", true)];
+        let decisions: Vec<SecretRelease> = all
+            .iter()
+            .map(|d| secret_release(d, secret, &all))
+            .collect();
+        assert_eq!(
+            decisions,
+            [
+                SecretRelease::LeaveToLast,
+                SecretRelease::LeaveToLast,
+                SecretRelease::WaitFor(vec!["a".into(), "b".into()]),
+            ],
+            "the two that finish first leave it; the last waits for them"
+        );
+        // Once a and b are gone, c releases it: whatever order their cleanups ran in.
+        assert_eq!(
+            secret_release(&all[2], secret, &all[2..]),
+            SecretRelease::Release
+        );
+        // One that is not being deleted keeps it for everyone, and nobody waits for it.
+        let with_live = [make("a", true), make("z", false)];
+        assert_eq!(
+            secret_release(&with_live[0], secret, &with_live),
+            SecretRelease::InUse
+        );
+        // Another Secret, or a clusterRef, does not count.
+        let mut other = make("b", true);
+        other.spec.external = Some(ExternalServer::plain("127.0.0.1", 5432, "other-admin"));
+        let mut cluster = make("c", true);
+        cluster.spec.external = None;
+        let unrelated = [make("a", true), other, cluster];
+        assert_eq!(
+            secret_release(&unrelated[0], secret, &unrelated),
+            SecretRelease::Release
+        );
     }
 
     #[test]

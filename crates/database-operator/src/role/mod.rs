@@ -373,6 +373,23 @@ async fn cleanup(role: &DatabaseRole, ctx: &Context<State>) -> Result<Action, Er
     result
 }
 
+/// Whether `role` never got as far as its server: its credentials Secret (written before the
+/// role is created) does not exist and its status never named one.
+async fn never_created(role: &DatabaseRole, ctx: &Context<State>) -> Result<bool, Error> {
+    let status = role.status.clone().unwrap_or_default();
+    if status.secret_name.is_some() || status.password_updated_at.is_some() {
+        return Ok(false);
+    }
+    let name = secret_name(role);
+    let secrets: Api<Secret> =
+        Api::namespaced(ctx.client.clone(), &role.namespace().unwrap_or_default());
+    let secret = secrets.get_opt(&name).await.map_err(|source| Error::Read {
+        what: format!("Secret {name}"),
+        source,
+    })?;
+    Ok(secret.is_none())
+}
+
 async fn drop_role(
     role: &DatabaseRole,
     ctx: &Context<State>,
@@ -395,13 +412,32 @@ async fn drop_role(
     ident::validate(Kind::Role, &role.spec.role_name)
         .map_err(|e| Error::InvalidSpec(e.to_string()))?;
     let ns = role.namespace().unwrap_or_default();
-    let db = get_database(ctx, &ns, &role.spec.database_ref.name).await.map_err(|e| match e {
-        Error::MissingReference(m) => Error::MissingReference(format!(
-            "{m}: cannot find the server to drop role {}; recreate the Database or set deletionPolicy: Retain to release this object",
-            role.spec.role_name
-        )),
-        other => other,
-    })?;
+    let db = match get_database(ctx, &ns, &role.spec.database_ref.name).await {
+        Ok(db) => db,
+        Err(Error::MissingReference(m)) => {
+            // Its password goes to its Secret before the role goes to the server: without
+            // either (nor a trace of them in status), it never created anything.
+            if never_created(role, ctx).await? {
+                ctx.recorder
+                    .normal(
+                        role,
+                        "NothingToDrop",
+                        "Delete",
+                        format!(
+                            "{m}, and role {} was never created (no credentials Secret was ever written), so there is nothing to drop",
+                            role.spec.role_name
+                        ),
+                    )
+                    .await;
+                return Ok(Action::await_change());
+            }
+            return Err(Error::MissingReference(format!(
+                "{m}: cannot find the server to drop role {}; recreate the Database or set deletionPolicy: Retain to release this object",
+                role.spec.role_name
+            )));
+        }
+        Err(other) => return Err(other),
+    };
     if let Some(cluster) = crate::database::cluster_gone(ctx, &ns, &db.spec).await? {
         ctx.recorder
             .warning(
