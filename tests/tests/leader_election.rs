@@ -634,3 +634,82 @@ async fn go_and_rust_candidates_take_over_from_each_other() {
     let leaders: Vec<&str> = terms.iter().map(|t| t.identity.as_str()).collect();
     assert_eq!(leaders, ["go-1", "rust-1", "go-2", "rust-2", "go-3"]);
 }
+
+/// `with_lease_check` gates a take-over on the Lease as just read (issue #37: a PostgreSQL
+/// replica eligible a moment before must not take a Lease released with a new clean-stop
+/// record before it decided on that record). A candidate whose check refuses Leases annotated
+/// `example.com/wait` does not take such a Lease when it is released, and takes it at its
+/// next retry once the annotation is gone.
+#[tokio::test]
+async fn a_released_lease_is_taken_only_when_the_lease_check_accepts_it() {
+    use kube::api::{Patch, PatchParams};
+    use steward_core::leader::{LeaderElector, LeaseConfig};
+    use tokio_util::sync::CancellationToken;
+
+    let _serial = SERIAL.lock().await;
+    let election = Election::new("leasecheck").await;
+    let client = election.cp.client().expect("client");
+    let config = |identity: &str| LeaseConfig {
+        lease_name: LEASE.into(),
+        namespace: election.namespace.clone(),
+        identity: identity.into(),
+        lease_duration: LEASE_DURATION,
+        renew_deadline: RENEW_DEADLINE,
+        retry_period: RETRY_PERIOD,
+    };
+    // A Lease released by "gone", carrying the record the check refuses.
+    let lease: Lease = serde_json::from_value(serde_json::json!({
+        "metadata": {"name": LEASE, "annotations": {"example.com/wait": "yes"}},
+        "spec": {"holderIdentity": "", "leaseDurationSeconds": 1},
+    }))
+    .unwrap();
+    election
+        .leases
+        .create(&Default::default(), &lease)
+        .await
+        .unwrap();
+    let checked = LeaderElector::new(client.clone(), config("checked"))
+        .unwrap()
+        .with_lease_check(std::sync::Arc::new(|lease: &Lease| {
+            !kube::ResourceExt::annotations(lease).contains_key("example.com/wait")
+        }));
+    let leadership = checked.leadership();
+    let stop = CancellationToken::new();
+    let task = tokio::spawn(checked.run(stop.clone()));
+    // Several retries (and the release watch's wake-up) pass without a take-over.
+    tokio::time::sleep(MAX_RETRY * 3 + SLACK).await;
+    let holder = election.lease().await.and_then(|l| l.spec?.holder_identity);
+    assert_eq!(
+        holder.as_deref(),
+        Some(""),
+        "refused by its check: still released"
+    );
+    assert!(!leadership.is_leader());
+    let started = Instant::now();
+    election
+        .leases
+        .patch(
+            LEASE,
+            &PatchParams::default(),
+            &Patch::Merge(
+                serde_json::json!({"metadata": {"annotations": {"example.com/wait": null}}}),
+            ),
+        )
+        .await
+        .unwrap();
+    eventually("the checked candidate leads", WAIT, || async {
+        leadership
+            .is_leader()
+            .then_some(())
+            .ok_or_else(|| "not yet".to_string())
+    })
+    .await
+    .unwrap();
+    let took = started.elapsed();
+    assert!(
+        took <= MAX_RETRY + SLACK,
+        "taken at its next retry once accepted ({took:?})"
+    );
+    stop.cancel();
+    task.await.unwrap().unwrap();
+}

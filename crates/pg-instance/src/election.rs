@@ -5,7 +5,9 @@
 //! resourceVersion-guarded write wins); this decides *who should try*: the most advanced
 //! running replica, so the promotion loses as little acknowledged WAL as possible.
 
-use crate::contract::{InstanceStatus, Role, WalEnd, ordinal};
+use k8s_openapi::api::coordination::v1::Lease;
+
+use crate::contract::{self, InstanceStatus, Role, WalEnd, ordinal};
 
 /// Another instance of the cluster, as listed.
 #[derive(Clone, Debug)]
@@ -56,6 +58,60 @@ pub struct CleanStop<'a> {
     /// Where its WAL ends. `None`: not recorded (an older instance manager, or reading the
     /// stopped data directory failed).
     pub wal_end: Option<WalEnd>,
+}
+
+/// The clean-stop record on the Lease ([`contract::LAST_PRIMARY_ANNOTATION`] and
+/// [`contract::LAST_PRIMARY_WAL_ANNOTATION`], empty values as none), as written: what an
+/// eligibility decision was made on. The elector takes a released Lease only if the record on
+/// it is the one the instance manager last decided on ([`Decided::allows`]): a primary that
+/// stopped cleanly writes the record and releases the Lease in quick succession, and a replica
+/// eligible a moment before (with no record) must not take the Lease before it has decided on
+/// the new record (it may lack that primary's last writes).
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct CleanStopRecord {
+    pub last_primary: Option<String>,
+    pub wal_end: Option<String>,
+}
+
+impl CleanStopRecord {
+    /// The record on `lease` (none when it has no annotations).
+    pub fn of(lease: &Lease) -> Self {
+        let named = |key: &str| {
+            lease
+                .metadata
+                .annotations
+                .as_ref()
+                .and_then(|a| a.get(key))
+                .filter(|v| !v.is_empty())
+                .cloned()
+        };
+        Self {
+            last_primary: named(contract::LAST_PRIMARY_ANNOTATION),
+            wal_end: named(contract::LAST_PRIMARY_WAL_ANNOTATION),
+        }
+    }
+
+    /// The instance that released the Lease and where its WAL ends ([`CleanStop`]).
+    pub fn clean_stop(&self) -> Option<CleanStop<'_>> {
+        self.last_primary.as_deref().map(|last_primary| CleanStop {
+            last_primary,
+            wal_end: self.wal_end.as_deref().and_then(|w| w.parse().ok()),
+        })
+    }
+}
+
+/// The instance manager's last eligibility decision and the record it was made on.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Decided {
+    pub eligible: bool,
+    pub record: CleanStopRecord,
+}
+
+impl Decided {
+    /// Whether the elector may take `lease` (released or expired) on this decision.
+    pub fn allows(&self, lease: &Lease) -> bool {
+        self.eligible && self.record == CleanStopRecord::of(lease)
+    }
 }
 
 /// After a clean stop of the primary (the Lease released, no switchover under way), the
@@ -343,6 +399,59 @@ mod tests {
         assert_eq!(
             candidacy("pg-1", Some(&replica(1)), Some("pg-0"), None, &peers),
             Candidacy::MostAdvanced
+        );
+    }
+
+    #[test]
+    fn a_released_lease_is_taken_only_on_a_decision_made_on_its_clean_stop_record() {
+        use std::collections::BTreeMap;
+        let lease = |annotations: &[(&str, &str)]| {
+            let mut l = Lease::default();
+            l.metadata.annotations = Some(
+                annotations
+                    .iter()
+                    .map(|(k, v)| (k.to_string(), v.to_string()))
+                    .collect::<BTreeMap<_, _>>(),
+            );
+            l
+        };
+        let none = lease(&[]);
+        let stopped = lease(&[
+            (contract::LAST_PRIMARY_ANNOTATION, "pg-0"),
+            (contract::LAST_PRIMARY_WAL_ANNOTATION, "1:0/3000028"),
+        ]);
+        // Eligible on a Lease without a record (pg-0 held it): pg-0 then stopped cleanly,
+        // wrote its record and released it. Not taken until decided on that record.
+        let before = Decided {
+            eligible: true,
+            record: CleanStopRecord::of(&none),
+        };
+        assert!(before.allows(&none));
+        assert!(!before.allows(&stopped));
+        let on_it = Decided {
+            eligible: true,
+            record: CleanStopRecord::of(&stopped),
+        };
+        assert!(on_it.allows(&stopped));
+        assert!(
+            !Decided {
+                eligible: false,
+                ..on_it.clone()
+            }
+            .allows(&stopped)
+        );
+        // Empty values are no record, as when the next primary clears it.
+        let cleared = lease(&[
+            (contract::LAST_PRIMARY_ANNOTATION, ""),
+            (contract::LAST_PRIMARY_WAL_ANNOTATION, ""),
+        ]);
+        assert!(before.allows(&cleared));
+        assert_eq!(
+            on_it.record.clean_stop(),
+            Some(CleanStop {
+                last_primary: "pg-0",
+                wal_end: "1:0/3000028".parse().ok(),
+            })
         );
     }
 

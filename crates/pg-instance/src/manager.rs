@@ -116,7 +116,8 @@ pub async fn run(
     )?;
 
     let (eligible_tx, eligible_rx) = watch::channel(false);
-    let election = Election::start(&client, &settings, eligible_rx)?;
+    let (decided_tx, decided_rx) = watch::channel(election::Decided::default());
+    let election = Election::start(&client, &settings, eligible_rx, decided_rx)?;
     let (leadership_tx, leadership_rx) = watch::channel(election.leadership.clone());
 
     let primary_pid = Arc::new(AtomicI32::new(0));
@@ -155,6 +156,7 @@ pub async fn run(
         election,
         leadership: leadership_tx,
         eligible: eligible_tx,
+        decided: decided_tx,
         primary_pid,
         health,
         postmaster: None,
@@ -285,6 +287,7 @@ struct Election {
     task: tokio::task::JoinHandle<Result<(), steward_core::leader::Error>>,
     /// For a new election after a handover.
     eligible: watch::Receiver<bool>,
+    decided: watch::Receiver<election::Decided>,
 }
 
 impl Election {
@@ -292,6 +295,7 @@ impl Election {
         client: &Client,
         settings: &Settings,
         eligible: watch::Receiver<bool>,
+        decided: watch::Receiver<election::Decided>,
     ) -> anyhow::Result<Self> {
         let config = LeaseConfig {
             lease_name: contract::lease_name(&settings.cluster),
@@ -303,7 +307,11 @@ impl Election {
         };
         let elector = LeaderElector::new(client.clone(), config)?
             .with_reporter(contract::BINARY)
-            .with_candidacy(eligible.clone());
+            .with_candidacy(eligible.clone())
+            .with_lease_check({
+                let decided = decided.clone();
+                std::sync::Arc::new(move |lease| decided.borrow().allows(lease))
+            });
         let leadership = elector.leadership();
         let stop = CancellationToken::new();
         let task = tokio::spawn(elector.run(stop.clone()));
@@ -312,6 +320,7 @@ impl Election {
             stop,
             task,
             eligible,
+            decided,
         })
     }
 
@@ -345,6 +354,9 @@ struct Instance {
     /// The current election's leadership, for the watchdog's heartbeat.
     leadership: watch::Sender<Leadership>,
     eligible: watch::Sender<bool>,
+    /// The last eligibility decision with the clean-stop record it was made on, which the
+    /// elector checks against the Lease it is about to take ([`election::Decided::allows`]).
+    decided: watch::Sender<election::Decided>,
     /// The postmaster's pid while it runs read-write (0 otherwise), for the watchdog.
     primary_pid: Arc<AtomicI32>,
     health: http::Health,
@@ -395,10 +407,8 @@ struct World {
     holder: Option<String>,
     /// The switchover target named on the Lease.
     target: Option<String>,
-    /// The instance that released the Lease on its last clean stop.
-    last_primary: Option<String>,
-    /// Where its WAL ended (recorded with it).
-    last_primary_wal: Option<contract::WalEnd>,
+    /// The instance that released the Lease on its last clean stop, and where its WAL ended.
+    clean_stop: election::CleanStopRecord,
     /// The StatefulSet's replicas, read only while the Lease is released by a last primary
     /// whose pod does not exist: is it coming back, or was it removed?
     instances: Option<u32>,
@@ -577,7 +587,8 @@ impl Instance {
             tracing::warn!("releasing the Lease took over the renew deadline; it will expire");
         }
         let eligible = self.election.eligible.clone();
-        self.election = Election::start(&self.client, &self.settings, eligible)?;
+        let decided = self.election.decided.clone();
+        self.election = Election::start(&self.client, &self.settings, eligible, decided)?;
         self.leadership
             .send_replace(self.election.leadership.clone());
         Ok(())
@@ -652,9 +663,11 @@ impl Instance {
                 .filter(|v| !v.is_empty())
         };
         let target = named(contract::TARGET_ANNOTATION);
-        let last_primary = named(contract::LAST_PRIMARY_ANNOTATION);
-        let last_primary_wal =
-            named(contract::LAST_PRIMARY_WAL_ANNOTATION).and_then(|w| w.parse().ok());
+        let clean_stop = lease
+            .as_ref()
+            .map(election::CleanStopRecord::of)
+            .unwrap_or_default();
+        let last_primary = clean_stop.last_primary.clone();
         let holder = lease.map(|l| l.spec.and_then(|s| s.holder_identity).unwrap_or_default());
         let selector = format!("{CLUSTER_LABEL}={}", self.settings.cluster);
         let pods = tokio::time::timeout(
@@ -681,8 +694,7 @@ impl Instance {
         Ok(World {
             holder,
             target,
-            last_primary,
-            last_primary_wal,
+            clean_stop,
             instances,
             pods,
         })
@@ -828,7 +840,7 @@ impl Instance {
                     tracing::warn!(error = %e, "the checkpoint after the promotion failed");
                 }
             }
-            if world.last_primary.is_some() {
+            if world.clean_stop.last_primary.is_some() {
                 // The record of a clean stop served its purpose: a primary runs. Kept, it
                 // would make the others wait for (and the named instance retake) the Lease
                 // the next time it is released, say by a primary that hung.
@@ -1014,7 +1026,8 @@ impl Instance {
                 self.archive_leftover_wal().await?;
                 let Some(host) = &host else {
                     let released_by_another = world.holder.as_deref() == Some("")
-                        && world.last_primary.as_deref() != Some(self.settings.pod.as_str());
+                        && world.clean_stop.last_primary.as_deref()
+                            != Some(self.settings.pod.as_str());
                     if released_by_another {
                         // Released on a clean stop by another instance that is not back
                         // yet: run as a standby following nobody (the last primary itself
@@ -1023,7 +1036,7 @@ impl Instance {
                         // the next one; once a primary leads, it follows it, and if its
                         // timeline forked the stream fails and it is rewound then.
                         tracing::info!(
-                            last_primary = ?world.last_primary,
+                            last_primary = ?world.clean_stop.last_primary,
                             "a former primary with no primary to follow: starting as a standby"
                         );
                         self.needs_rewind = false;
@@ -1269,13 +1282,7 @@ impl Instance {
             Some(&status),
             world.holder.as_deref(),
             world.target.as_deref(),
-            world
-                .last_primary
-                .as_deref()
-                .map(|last_primary| election::CleanStop {
-                    last_primary,
-                    wal_end: world.last_primary_wal,
-                }),
+            world.clean_stop.clean_stop(),
             world.instances,
             &peers,
         )
@@ -1291,13 +1298,25 @@ impl Instance {
         let eligible = candidacy.eligible()
             && self.cannot_catch_up == 0
             && (self.settings.paths.initialized() || candidacy == Candidacy::Bootstrap);
+        // Before the bool the elector wakes on: a take-over it allows is checked on this pair.
+        let decided = election::Decided {
+            eligible,
+            record: world.clean_stop.clone(),
+        };
+        let redecided = self.decided.send_if_modified(|d| {
+            let changed = *d != decided;
+            *d = decided;
+            changed
+        });
         self.eligible.send_if_modified(|e| {
             let changed = *e != eligible;
             if changed {
                 tracing::info!(?candidacy, "eligible to become primary: {eligible}");
             }
             *e = eligible;
-            changed
+            // Still eligible on a new record: wake the elector, which refused the Lease
+            // while the record was new to it.
+            changed || (redecided && eligible)
         });
 
         let due = match &self.published {

@@ -112,8 +112,12 @@ pub struct LeaderElector {
     reporter: String,
     leadership: Leadership,
     candidacy: Option<watch::Receiver<bool>>,
+    lease_check: Option<LeaseCheck>,
     hand_over: bool,
 }
+
+/// See [`LeaderElector::with_lease_check`].
+pub type LeaseCheck = std::sync::Arc<dyn Fn(&Lease) -> bool + Send + Sync>;
 
 impl LeaderElector {
     /// Validates `config` and prepares an elector; nothing is sent until [`LeaderElector::run`].
@@ -131,6 +135,7 @@ impl LeaderElector {
             leadership: Leadership::new(&config),
             config,
             candidacy: None,
+            lease_check: None,
             hand_over: false,
         })
     }
@@ -145,6 +150,18 @@ impl LeaderElector {
     #[must_use]
     pub fn with_candidacy(mut self, eligible: watch::Receiver<bool>) -> Self {
         self.candidacy = Some(eligible);
+        self
+    }
+
+    /// Takes over a released or expired Lease only if `check` also accepts the Lease as just
+    /// read (its annotations, say). With [`LeaderElector::with_candidacy`] alone the gate is
+    /// the candidate's last decision, made on what it read before: a Lease released with a new
+    /// record on it (the PostgreSQL instance manager's clean-stop record: "wait for the last
+    /// primary unless you have its WAL") would be taken before the candidate decided on that
+    /// record. Creating a missing Lease and renewing a held one are not checked.
+    #[must_use]
+    pub fn with_lease_check(mut self, check: LeaseCheck) -> Self {
+        self.lease_check = Some(check);
         self
     }
 
@@ -204,6 +221,7 @@ impl LeaderElector {
             observed: None,
             events: Vec::new(),
             candidacy: self.candidacy,
+            lease_check: self.lease_check,
             hand_over: self.hand_over,
         };
         let result = election.run(&shutdown).await;
@@ -239,6 +257,8 @@ struct Election {
     events: Vec<JoinHandle<()>>,
     /// See [`LeaderElector::with_candidacy`].
     candidacy: Option<watch::Receiver<bool>>,
+    /// See [`LeaderElector::with_lease_check`].
+    lease_check: Option<LeaseCheck>,
     /// See [`LeaderElector::handing_over_when_ineligible`].
     hand_over: bool,
 }
@@ -495,13 +515,16 @@ impl Election {
         );
         let current = observed.spec.clone();
         self.observed = Some(observed);
+        let accepted = self.lease_check.as_ref().is_none_or(|check| check(&lease));
         self.lease = Some(lease);
         let write = match decision {
             Decision::Wait { holder, expires_in } => {
                 return Ok(Attempt::Held { holder, expires_in });
             }
             Decision::Write(Write::Renew) => Write::Renew,
-            Decision::Write(_) if !self.eligible() => return Ok(Attempt::Ineligible),
+            Decision::Write(_) if !self.eligible() || !accepted => {
+                return Ok(Attempt::Ineligible);
+            }
             Decision::Write(write) => write,
         };
         if let Write::TakeOver {

@@ -79,5 +79,5 @@ mod elector;
 mod leadership;
 
 pub use config::{ConfigError, JITTER_FACTOR, LeaseConfig};
-pub use elector::{Error, LeaderElector};
+pub use elector::{Error, LeaderElector, LeaseCheck};
 pub use leadership::{Leadership, NotLeader, run_while_leader};
