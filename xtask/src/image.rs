@@ -155,12 +155,11 @@ mod tests {
     #[test]
     fn image_is_a_valid_oci_layout_whose_binary_runs() {
         let operator = "tenant-operator";
-        let status = crate::cargo()
-            .args(["build", "--quiet", "--package", operator])
-            .status()
-            .unwrap();
-        assert!(status.success());
-        let binary = crate::workspace_root().join("target/debug").join(operator);
+        // The tests' build of it (a build of the one package would compile its dependencies
+        // again, with the features it alone asks for).
+        let binary = steward_testenv::harness::cargo_build()
+            .unwrap()
+            .join(operator);
         let out = tempfile::tempdir().unwrap();
         let image = build(&binary, &[], operator, "0.0.0-test", out.path()).unwrap();
 
