@@ -73,21 +73,24 @@ pub struct CleanStopRecord {
     pub wal_end: Option<String>,
 }
 
+/// The value of the Lease's annotation `key`, an empty value as none (the Lease's annotations
+/// name instances; an empty value names none).
+pub fn named_on(lease: &Lease, key: &str) -> Option<String> {
+    lease
+        .metadata
+        .annotations
+        .as_ref()
+        .and_then(|a| a.get(key))
+        .filter(|v| !v.is_empty())
+        .cloned()
+}
+
 impl CleanStopRecord {
     /// The record on `lease` (none when it has no annotations).
     pub fn of(lease: &Lease) -> Self {
-        let named = |key: &str| {
-            lease
-                .metadata
-                .annotations
-                .as_ref()
-                .and_then(|a| a.get(key))
-                .filter(|v| !v.is_empty())
-                .cloned()
-        };
         Self {
-            last_primary: named(contract::LAST_PRIMARY_ANNOTATION),
-            wal_end: named(contract::LAST_PRIMARY_WAL_ANNOTATION),
+            last_primary: named_on(lease, contract::LAST_PRIMARY_ANNOTATION),
+            wal_end: named_on(lease, contract::LAST_PRIMARY_WAL_ANNOTATION),
         }
     }
 

@@ -655,19 +655,13 @@ impl Instance {
     async fn observe_world(&self) -> anyhow::Result<World> {
         let name = contract::lease_name(&self.settings.cluster);
         let lease = tokio::time::timeout(API_TIMEOUT, self.leases.get_opt(&name)).await??;
-        // An instance the Lease names (an empty value names none).
-        let named = |key: &str| {
-            lease
-                .as_ref()
-                .and_then(|l| l.annotations().get(key).cloned())
-                .filter(|v| !v.is_empty())
-        };
-        let target = named(contract::TARGET_ANNOTATION);
+        let target = lease
+            .as_ref()
+            .and_then(|l| election::named_on(l, contract::TARGET_ANNOTATION));
         let clean_stop = lease
             .as_ref()
             .map(election::CleanStopRecord::of)
             .unwrap_or_default();
-        let last_primary = clean_stop.last_primary.clone();
         let holder = lease.map(|l| l.spec.and_then(|s| s.holder_identity).unwrap_or_default());
         let selector = format!("{CLUSTER_LABEL}={}", self.settings.cluster);
         let pods = tokio::time::timeout(
@@ -677,7 +671,7 @@ impl Instance {
         .await??
         .items;
         let absent_last_primary = holder.as_deref() == Some("")
-            && last_primary.as_ref().is_some_and(|last| {
+            && clean_stop.last_primary.as_ref().is_some_and(|last| {
                 *last != self.settings.pod && !pods.iter().any(|p| p.name_any() == *last)
             });
         let instances = if absent_last_primary {

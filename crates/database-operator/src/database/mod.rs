@@ -19,9 +19,9 @@
 //! until its `deletionPolicy` is set to `Retain` (the condition says so). The admin Secret
 //! of an `external` server carries [`IN_USE_FINALIZER`] so that deleting the namespace
 //! cannot take the credentials away first; of several Databases deleted together that share
-//! it, the last by name releases it, after the others ([`secret_release`]). A Database whose `clusterRef` cluster is gone or
-//! being deleted finishes without dropping (a Warning Event says so): the database lives and
-//! dies with the cluster's volumes.
+//! it, the last by name releases it, after the others ([`secret_release`]). A Database whose
+//! `clusterRef` cluster is gone or being deleted finishes without dropping (a Warning Event
+//! says so): the database lives and dies with the cluster's volumes.
 
 pub mod backup;
 
@@ -596,12 +596,12 @@ pub fn secret_release(db: &Database, secret: &str, databases: &[Database]) -> Se
 }
 
 /// The [`secret_release`] of `db` for its `external` server's admin Secret (`None` without
-/// one): read from the API server, not a cache, since the Databases sharing it change while
-/// they are deleted.
+/// one), read from the API server, not a cache, since the Databases sharing it change while
+/// they are deleted. [`SecretRelease::WaitFor`] is [`Error::WaitingForDatabases`].
 async fn admin_secret_release(
     db: &Database,
     ctx: &Context<State>,
-) -> Result<Option<(String, SecretRelease)>, Error> {
+) -> Result<Option<SecretRelease>, Error> {
     let Some(ext) = &db.spec.external else {
         return Ok(None);
     };
@@ -616,19 +616,19 @@ async fn admin_secret_release(
             source,
         })?
         .items;
-    Ok(Some((name.clone(), secret_release(db, name, &all))))
+    match secret_release(db, name, &all) {
+        SecretRelease::WaitFor(databases) => Err(Error::WaitingForDatabases {
+            secret: name.clone(),
+            databases: databases.join(", "),
+        }),
+        release => Ok(Some(release)),
+    }
 }
 
 /// Before a deleting Database's cleanup: the last (by name) of several deleting Databases that
 /// share an admin Secret waits for the others ([`Error::WaitingForDatabases`]).
 async fn wait_for_sharing_databases(db: &Database, ctx: &Context<State>) -> Result<(), Error> {
-    match admin_secret_release(db, ctx).await? {
-        Some((secret, SecretRelease::WaitFor(databases))) => Err(Error::WaitingForDatabases {
-            secret,
-            databases: databases.join(", "),
-        }),
-        _ => Ok(()),
-    }
+    admin_secret_release(db, ctx).await.map(|_| ())
 }
 
 /// At the end of a deleting Database's cleanup: releases the admin Secret's in-use finalizer
@@ -636,11 +636,7 @@ async fn wait_for_sharing_databases(db: &Database, ctx: &Context<State>) -> Resu
 /// last one wait again).
 async fn release_admin_secret(db: &Database, ctx: &Context<State>) -> Result<(), Error> {
     match admin_secret_release(db, ctx).await? {
-        Some((_, SecretRelease::Release)) => protect_admin_secret(db, ctx, false).await,
-        Some((secret, SecretRelease::WaitFor(databases))) => Err(Error::WaitingForDatabases {
-            secret,
-            databases: databases.join(", "),
-        }),
+        Some(SecretRelease::Release) => protect_admin_secret(db, ctx, false).await,
         _ => Ok(()),
     }
 }

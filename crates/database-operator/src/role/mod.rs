@@ -376,8 +376,11 @@ async fn cleanup(role: &DatabaseRole, ctx: &Context<State>) -> Result<Action, Er
 /// Whether `role` never got as far as its server: its credentials Secret (written before the
 /// role is created) does not exist and its status never named one.
 async fn never_created(role: &DatabaseRole, ctx: &Context<State>) -> Result<bool, Error> {
-    let status = role.status.clone().unwrap_or_default();
-    if status.secret_name.is_some() || status.password_updated_at.is_some() {
+    if role
+        .status
+        .as_ref()
+        .is_some_and(|s| s.secret_name.is_some() || s.password_updated_at.is_some())
+    {
         return Ok(false);
     }
     let name = secret_name(role);
