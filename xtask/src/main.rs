@@ -159,7 +159,8 @@ fn cargo_once() -> Command {
 /// Runs every test. The Go builds (control plane, real node, Helm, the collector: about 16
 /// minutes of one core cold) start first, taken by two
 /// background workers, so they overlap each other, the Debian packages and the Rust build of
-/// the tests; the tests start once all are done, the smoke benchmark beside them. Ends with
+/// the tests; the tests start once all are done, the smoke benchmark beside the real node's
+/// lane. Ends with
 /// a table of where the time went.
 fn test(extra: &[&str]) -> Result<()> {
     let started = std::time::Instant::now();

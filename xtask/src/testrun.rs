@@ -1,20 +1,24 @@
 //! `cargo xtask test`'s test runner: `cargo test`, but every test binary runs under a time
 //! limit, so one hung test fails the run with its name instead of eating CI's whole budget,
-//! and, with `STEWARD_TEST_JOBS=2`, two binaries run at once, since most of an integration
-//! test's time is spent waiting for a control plane, a kubelet or a timeout rather than on
-//! the CPU (not the default yet: see [`DEFAULT_JOBS`]). The few that measure recovery against
-//! a deadline, or that load both cores themselves ([`SOLO`]), run last, alone.
+//! and binaries that mostly wait run beside each other.
 //!
 //! The binaries are built by `cargo test --no-run` and run as cargo would run them (working
 //! directory = their package, the arguments after `--`); the doc tests run by
-//! `cargo test --doc` afterwards. [`jobs`] binaries run at once, the longest first (by the
-//! times of the previous run, kept in `target/xtask-test-times.tsv`); the binaries that
-//! need the real node and the chaos soak ([`ONE_LANE`]) run one after another in one lane,
-//! since the host has one node (testenv's lock would make a second wait anyway). While several run, each one's
-//! output goes to `target/xtask-test-logs/<binary>.log` and is printed whole when it ends.
-//! A binary still running after [`limit`] is killed; its processes (control planes, kubelets)
-//! go with it (testenv starts them with a parent-death signal) and a real node it left is
-//! swept by the next start.
+//! `cargo test --doc` afterwards. They run in three phases:
+//! 1. the binaries that need the real node ([`ONE_LANE`], one after another: the host has
+//!    one node), and beside them the light binaries ([`BESIDE_THE_NODE`]) and then the side
+//!    job (the smoke benchmark): the real node's lane leaves about half of the two cores idle
+//!    while it waits for kubelets, PostgreSQL and failover timeouts;
+//! 2. every other binary, [`jobs`] at a time (one unless `STEWARD_TEST_JOBS` says more: see
+//!    [`DEFAULT_JOBS`]), the longest first (by the times of the previous run, kept in
+//!    `target/xtask-test-times.tsv`);
+//! 3. the [`SOLO`] binaries, alone.
+//!
+//! A binary running beside another writes its output to `target/xtask-test-logs/<binary>.log`,
+//! printed whole when it ends; the real node's lane, and everything when one runs at a time,
+//! prints live. A binary still running after [`limit`] is killed; its processes (control
+//! planes, kubelets) go with it (testenv starts them with a parent-death signal) and a real
+//! node it left is swept by the next start.
 
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
@@ -28,12 +32,11 @@ use anyhow::{Context, Result, bail};
 /// slowest binary takes about 5 min on a quiet machine.
 const DEFAULT_LIMIT: Duration = Duration::from_secs(15 * 60);
 
-/// Test binaries run at once unless `STEWARD_TEST_JOBS` says otherwise: one (output live).
-/// Two put the real node's lane beside all the other binaries (with [`SOLO`] last, alone):
-/// 37.3 min warm instead of about 41, green at `4a15a13`; but on the cold run at `9b6c4c0`
-/// the tenant-operator's binary failed beside the real node's lane (it is in [`SOLO`] since),
-/// and each earlier run two at a time found a contention failure. One at a time stays the
-/// default until two at a time has passed several runs in a row.
+/// The binaries of phase 2 that run at once unless `STEWARD_TEST_JOBS` says otherwise: one
+/// (output live). Two at a time once put the real node's lane beside all the other binaries
+/// (37.3 min warm instead of about 41, green at `4a15a13`), but each run that way found a
+/// contention failure (on the cold run at `9b6c4c0`, the tenant-operator's binary, in
+/// [`SOLO`] since). Only the binaries in [`BESIDE_THE_NODE`] share the cores by default.
 const DEFAULT_JOBS: usize = 1;
 
 /// The test targets that run in one lane, one after another: those that start testenv's real
@@ -43,6 +46,22 @@ const ONE_LANE: [&str; 4] = [
     "postgres_cluster",
     "postgres_backup",
     "postgres_upgrade",
+];
+
+/// The test targets that run beside the real node's lane, one after another, and then the
+/// side job: short binaries (under a minute each at `a1e72b3`, 2.1 min in all) whose tests
+/// wait on a control plane and measure nothing against the machine's speed (the sharding
+/// test's takeover bound has 4 s of margin over its Lease timings), and the smoke benchmark
+/// (2.4 min), which asserts no timing. Nothing that starts a real node, loads both cores or
+/// was ever seen failing beside another binary.
+const BESIDE_THE_NODE: [&str; 7] = [
+    "xtask",
+    "kubectl_plugin",
+    "monitoring",
+    "traces",
+    "deploy",
+    "sharding",
+    "helm",
 ];
 
 /// The test targets that run alone, after all the others: the chaos soak and the control
@@ -109,14 +128,14 @@ pub fn run(
     let (solo, binaries): (Vec<_>, Vec<_>) = binaries
         .into_iter()
         .partition(|b| SOLO.contains(&b.target.as_str()));
-    let lanes = lanes(binaries, &previous);
+    let (beside, binaries): (Vec<_>, Vec<_>) = binaries
+        .into_iter()
+        .partition(|b| BESIDE_THE_NODE.contains(&b.target.as_str()));
+    let (node_lane, lanes) = node_lane(lanes(binaries, &previous));
     let jobs = jobs();
-    let log_dir = (jobs > 1).then(|| target_dir.join("xtask-test-logs"));
-    if let Some(dir) = &log_dir {
-        std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
-    }
+    let log_dir = target_dir.join("xtask-test-logs");
+    std::fs::create_dir_all(&log_dir).with_context(|| format!("creating {}", log_dir.display()))?;
     let limit = limit();
-    let queue = Mutex::new(lanes.into_iter());
     let failed = Mutex::new(Vec::new());
     let times = Mutex::new(previous);
     let run_lane = |lane: &[TestBinary], log_dir: Option<&Path>| {
@@ -134,13 +153,7 @@ pub fn run(
             }
         }
     };
-    // The side job goes to the first worker that finds the queue empty: with two, beside the
-    // real node's lane, which is the longest.
-    let side_job = Mutex::new(side_job);
-    let run_side_job = || {
-        let Some((name, job)) = side_job.lock().ok().and_then(|mut j| j.take()) else {
-            return;
-        };
+    let run_side_job = |(name, job): SideJob<'_>| {
         eprintln!("\n     Running {name}");
         let started = Instant::now();
         let result = job();
@@ -153,19 +166,34 @@ pub fn run(
     };
     let started = Instant::now();
     std::thread::scope(|scope| {
+        scope.spawn(|| run_lane(&node_lane, None));
+        scope.spawn(|| {
+            run_lane(&beside, Some(&log_dir));
+            if let Some(job) = side_job {
+                run_side_job(job);
+            }
+        });
+    });
+    phases.record(
+        "the real node's lane, the light binaries and the side job beside it (wall clock)",
+        started.elapsed(),
+    );
+    let started = Instant::now();
+    let queue = Mutex::new(lanes.into_iter());
+    let log_dir = (jobs > 1).then_some(log_dir.as_path());
+    std::thread::scope(|scope| {
         for _ in 0..jobs {
             scope.spawn(|| {
                 loop {
                     let lane = queue.lock().map(|mut q| q.next()).ok().flatten();
                     let Some(lane) = lane else { break };
-                    run_lane(&lane, log_dir.as_deref());
+                    run_lane(&lane, log_dir);
                 }
-                run_side_job();
             });
         }
     });
     phases.record(
-        &format!("all of the above, {jobs} at a time (wall clock)"),
+        &format!("the other binaries, {jobs} at a time (wall clock)"),
         started.elapsed(),
     );
     // Alone, output live.
@@ -196,7 +224,8 @@ pub fn run(
     Ok(())
 }
 
-/// Work that runs beside the test binaries (the smoke benchmark): its name and the call.
+/// Work that runs beside the real node's lane after the light binaries (the smoke
+/// benchmark): its name and the call.
 pub type SideJob<'a> = (&'static str, Box<dyn FnOnce() -> Result<()> + Send + 'a>);
 
 /// What running one binary came to.
@@ -256,6 +285,17 @@ fn lanes(binaries: Vec<TestBinary>, previous: &HashMap<String, Duration>) -> Vec
     };
     lanes.sort_by_key(|lane| std::cmp::Reverse(expected(lane)));
     lanes
+}
+
+/// The lane of the binaries that need the real node (empty when none was built), and the
+/// other lanes.
+fn node_lane(mut lanes: Vec<Vec<TestBinary>>) -> (Vec<TestBinary>, Vec<Vec<TestBinary>>) {
+    let node = lanes
+        .iter()
+        .position(|lane| lane.iter().any(|b| ONE_LANE.contains(&b.target.as_str())))
+        .map(|i| lanes.remove(i))
+        .unwrap_or_default();
+    (node, lanes)
 }
 
 /// `name<TAB>seconds` lines of the previous run (nothing when there is none).
@@ -482,6 +522,26 @@ mod tests {
                 vec!["deploy"],
             ]
         );
+    }
+
+    #[test]
+    fn the_real_node_lane_is_taken_apart_from_the_others() {
+        let targets = |lanes: &[Vec<TestBinary>]| -> Vec<Vec<String>> {
+            lanes
+                .iter()
+                .map(|lane| lane.iter().map(|b| b.target.clone()).collect())
+                .collect()
+        };
+        let (node, others) = node_lane(vec![
+            vec![binary("faults")],
+            vec![binary("real_node"), binary("postgres_cluster")],
+            vec![binary("deploy")],
+        ]);
+        assert_eq!(targets(&[node]), [vec!["real_node", "postgres_cluster"]]);
+        assert_eq!(targets(&others), [vec!["faults"], vec!["deploy"]]);
+        let (node, others) = node_lane(vec![vec![binary("deploy")]]);
+        assert!(node.is_empty());
+        assert_eq!(targets(&others), [vec!["deploy"]]);
     }
 
     #[test]
