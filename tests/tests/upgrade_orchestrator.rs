@@ -109,6 +109,17 @@ impl Env {
             .expect("create plan")
     }
 
+    /// Creates `plan`, which admission must refuse, and asserts the refusal says `why`.
+    async fn assert_refused(&self, plan: UpgradePlan, why: &str) {
+        let name = plan.name_any();
+        let refused = self
+            .plans()
+            .create(&PostParams::default(), &plan)
+            .await
+            .expect_err(&format!("plan {name} is refused at admission"));
+        assert!(refused.to_string().contains(why), "{name}: {refused}");
+    }
+
     async fn status(&self, plan: &str) -> UpgradePlanStatus {
         self.plans()
             .get(plan)
@@ -171,6 +182,22 @@ impl Env {
         })
         .await
         .expect("plan status")
+    }
+
+    /// Waits until the plan's component `component` is in `phase` and returns the plan's
+    /// status.
+    async fn wait_component(
+        &self,
+        plan: &str,
+        component: &str,
+        phase: ComponentPhase,
+    ) -> UpgradePlanStatus {
+        self.wait_phase_until(plan, ROLL, |s| {
+            s.components
+                .iter()
+                .any(|c| c.name == component && c.phase == phase)
+        })
+        .await
     }
 
     /// Waits until the plan reports `Valid=False` and returns its status.
@@ -1057,11 +1084,7 @@ async fn a_component_waits_only_for_its_own_dependencies() {
     ))
     .await;
     let status = env
-        .wait_phase_until("dag", ROLL, |s| {
-            s.components
-                .iter()
-                .any(|c| c.name == "after" && c.phase == ComponentPhase::Succeeded)
-        })
+        .wait_component("dag", "after", ComponentPhase::Succeeded)
         .await;
     assert_eq!(comp(&status, "stuck").phase, ComponentPhase::Progressing);
     assert_eq!(status.phase, Some(PlanPhase::Progressing));
@@ -1138,12 +1161,8 @@ async fn custom_health_rules_gate_the_next_component_and_can_fail_the_plan() {
     // A second plan whose target reports itself broken is rolled back.
     env.create_plan(plan("cel-broken", vec![with_rule("gate:3")], rollback()))
         .await;
-    env.wait_phase_until("cel-broken", ROLL, |s| {
-        s.components
-            .iter()
-            .any(|c| c.name == "gate" && c.phase == ComponentPhase::Progressing)
-    })
-    .await;
+    env.wait_component("cel-broken", "gate", ComponentPhase::Progressing)
+        .await;
     // gate:3 reports itself broken; gate:2, reverted to, is still verified and not broken.
     annotate("broken", "gate:3").await;
     env.wait_phase("cel-broken", &[PlanPhase::RolledBack], ROLL)
@@ -2879,29 +2898,18 @@ async fn fields_of_any_kind_are_changed_and_rolled_back_exactly() {
         }),
         ..fixtures::change("config", fixtures::target("ConfigMap", "config"))
     };
-    let refused = env
-        .plans()
-        .create(
-            &PostParams::default(),
-            &plan("bad-kind", vec![no_version], Strategy::default()),
-        )
-        .await
-        .expect_err("a ConfigMap without apiVersion is refused");
-    assert!(
-        refused.to_string().contains("needs its apiVersion"),
-        "{refused}"
-    );
+    env.assert_refused(
+        plan("bad-kind", vec![no_version], Strategy::default()),
+        "needs its apiVersion",
+    )
+    .await;
     let mut image_on_config = component("config", "ConfigMap", "x", &[]);
     image_on_config.target.api_version = Some("v1".into());
-    let refused = env
-        .plans()
-        .create(
-            &PostParams::default(),
-            &plan("bad-change", vec![image_on_config], Strategy::default()),
-        )
-        .await
-        .expect_err("an image on a ConfigMap is refused");
-    assert!(refused.to_string().contains("exactly one of"), "{refused}");
+    env.assert_refused(
+        plan("bad-change", vec![image_on_config], Strategy::default()),
+        "exactly one of",
+    )
+    .await;
 
     // A ConfigMap's data, a custom resource's spec field and a container's env (absent before)
     // change; then `gate` fails, and each is put back exactly.
@@ -2965,12 +2973,13 @@ async fn fields_of_any_kind_are_changed_and_rolled_back_exactly() {
             c.target.clone().unwrap_or_default(),
         )
     };
+    // Outside /spec: recorded as digests only (the ConfigMap kept the value to restore).
     assert_eq!(
         recorded("config"),
         (
             ComponentPhase::RolledBack,
-            "\"1.0\"".into(),
-            "\"2.0\"".into()
+            upgrade_orchestrator::redact::digest("\"1.0\""),
+            upgrade_orchestrator::redact::digest("\"2.0\"")
         )
     );
     assert_eq!(
@@ -3151,5 +3160,371 @@ async fn a_plan_acts_as_its_service_account_and_changes_only_what_it_may() {
         Some("admin:1"),
         "untouched"
     );
+    op.stop().await.expect("clean shutdown");
+}
+
+// ---------------------------------------------------------------------------------------------
+// What a plan publishes of the values it changes (issue #39, item 3)
+
+/// Every Event note in the test's namespace.
+async fn event_notes(env: &Env) -> Vec<String> {
+    let events: Api<Event> = env.api();
+    events
+        .list(&ListParams::default())
+        .await
+        .expect("events")
+        .items
+        .into_iter()
+        .filter_map(|e| e.note)
+        .collect()
+}
+
+/// Asserts that none of `values` appears in `status` or in any Event of the namespace.
+async fn assert_unpublished(env: &Env, status: &UpgradePlanStatus, values: &[String]) {
+    let status = serde_json::to_string(status).expect("status");
+    let notes = event_notes(env).await;
+    let texts = std::iter::once(("the plan's status", &status))
+        .chain(notes.iter().map(|note| ("an Event", note)));
+    for (what, text) in texts {
+        for value in values {
+            assert!(
+                !text.contains(value.as_str()),
+                "{what} shows {value:?}: {text}"
+            );
+        }
+    }
+}
+
+/// A plan on a Secret's field and a ConfigMap's data, rolled back by a failing component:
+/// neither the Secret's old nor its new value (as text or base64) appears in the plan's
+/// status or in any Event of the namespace, the ConfigMap's only as a digest, and the
+/// rollback restores both exactly. Fault: a component fails after both changed. Invariant:
+/// no value of the Secret outside the Secret (and the plan's own spec, which holds the new
+/// one); every target back to its value.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_plan_on_a_secret_publishes_none_of_its_values_and_still_reverts_them() {
+    use k8s_openapi::ByteString;
+    use k8s_openapi::api::core::v1::{ConfigMap, Secret};
+    const OLD: &str = "hunter2-old-password";
+    const NEW: &str = "s3cret-new-password";
+    const RELEASE_OLD: &str = "release-1.0-old";
+    const RELEASE_NEW: &str = "release-2.0-new";
+    let base64 = |text: &str| -> String {
+        serde_json::to_value(ByteString(text.as_bytes().to_vec()))
+            .expect("base64")
+            .as_str()
+            .expect("a string")
+            .to_string()
+    };
+    let forbidden = [
+        OLD.to_string(),
+        NEW.to_string(),
+        base64(OLD),
+        base64(NEW),
+        RELEASE_OLD.to_string(),
+        RELEASE_NEW.to_string(),
+    ];
+    let env = Env::new("uo-secret").await;
+    env.api::<Secret>()
+        .create(
+            &PostParams::default(),
+            &Secret {
+                metadata: fixtures::meta("db-credentials"),
+                data: Some([("password".to_string(), ByteString(OLD.into()))].into()),
+                ..Secret::default()
+            },
+        )
+        .await
+        .expect("create secret");
+    env.api::<ConfigMap>()
+        .create(
+            &PostParams::default(),
+            &ConfigMap {
+                metadata: fixtures::meta("app-config"),
+                data: Some(fixtures::map([("release", RELEASE_OLD)])),
+                ..ConfigMap::default()
+            },
+        )
+        .await
+        .expect("create configmap");
+    create_and_wait(&env, &[deployment("gate", "gate:1")], &[], &[]).await;
+    let op = env.start().await;
+
+    // `/stringData` is write-only: refused at admission, naming the field.
+    let string_data = Component {
+        set: Some(FieldChange {
+            path: "/stringData/password".into(),
+            value: NEW.into(),
+        }),
+        ..fixtures::change(
+            "password",
+            TargetRef {
+                api_version: Some("v1".into()),
+                ..fixtures::target("Secret", "db-credentials")
+            },
+        )
+    };
+    env.assert_refused(
+        plan("string-data", vec![string_data], Strategy::default()),
+        "set.path",
+    )
+    .await;
+
+    let set = |name: &str, kind: &str, target: &str, path: &str, value: &str| Component {
+        set: Some(FieldChange {
+            path: path.into(),
+            value: value.into(),
+        }),
+        ..fixtures::change(
+            name,
+            TargetRef {
+                api_version: Some("v1".into()),
+                ..fixtures::target(kind, target)
+            },
+        )
+    };
+    let mut gate = component("gate", "Deployment", "gate:2", &["password", "release"]);
+    // Fails once annotated broken at the image it holds; healthy on gate:1 again.
+    gate.health = Some(HealthCheck {
+        healthy: "self.spec.template.spec.containers[0].image == 'gate:1'".into(),
+        failed: Some("has(self.metadata.annotations) && 'broken' in self.metadata.annotations && self.metadata.annotations['broken'] == self.spec.template.spec.containers[0].image".into()),
+    });
+    env.create_plan(plan(
+        "secret",
+        vec![
+            set(
+                "password",
+                "Secret",
+                "db-credentials",
+                "/data/password",
+                &base64(NEW),
+            ),
+            set(
+                "release",
+                "ConfigMap",
+                "app-config",
+                "/data/release",
+                RELEASE_NEW,
+            ),
+            gate,
+        ],
+        Strategy {
+            failure_policy: FailurePolicy::Rollback,
+            max_concurrent: 2,
+            ..Strategy::default()
+        },
+    ))
+    .await;
+
+    // Both changed, gate in flight.
+    let status = env
+        .wait_component("secret", "gate", ComponentPhase::Progressing)
+        .await;
+    let secret = env
+        .api::<Secret>()
+        .get("db-credentials")
+        .await
+        .expect("secret");
+    assert_eq!(secret.data.as_ref().unwrap()["password"].0, NEW.as_bytes());
+    // The value to restore is kept on the Secret itself.
+    let kept: Vec<&String> = secret
+        .metadata
+        .annotations
+        .iter()
+        .flatten()
+        .filter(|(k, _)| k.starts_with("upgrade.steward.dev/previous-"))
+        .map(|(_, v)| v)
+        .collect();
+    assert_eq!(kept, [&format!("\"{}\"", base64(OLD))]);
+    let password = comp(&status, "password");
+    for shown in [&password.previous, &password.target] {
+        let shown = shown.as_deref().unwrap_or_default();
+        assert!(
+            !shown.is_empty() && !shown.contains("sha256:"),
+            "a Secret's value is not even digested: {shown:?}"
+        );
+    }
+    assert_ne!(password.previous, password.target);
+    let release = comp(&status, "release");
+    for shown in [&release.previous, &release.target] {
+        let shown = shown.as_deref().unwrap_or_default();
+        assert!(shown.starts_with("sha256:"), "{shown:?}");
+    }
+    env.expect_events("secret", &["ComponentStarted", "TargetChanged"])
+        .await;
+    assert_unpublished(&env, &status, &forbidden).await;
+
+    // gate fails: everything is reverted, the Secret from its annotation.
+    env.api::<Deployment>()
+        .patch(
+            "gate",
+            &PatchParams::default(),
+            &Patch::Merge(json!({"metadata": {"annotations": {"broken": "gate:2"}}})),
+        )
+        .await
+        .expect("annotate gate");
+    let status = env.wait_rolled_back("secret").await;
+    let secret = env
+        .api::<Secret>()
+        .get("db-credentials")
+        .await
+        .expect("secret");
+    assert_eq!(secret.data.as_ref().unwrap()["password"].0, OLD.as_bytes());
+    assert!(
+        !secret
+            .metadata
+            .annotations
+            .iter()
+            .flatten()
+            .any(|(k, _)| k.starts_with("upgrade.steward.dev/")),
+        "the revert removes the kept value: {:?}",
+        secret.metadata.annotations
+    );
+    let config = env
+        .api::<ConfigMap>()
+        .get("app-config")
+        .await
+        .expect("configmap");
+    assert_eq!(config.data.unwrap()["release"], RELEASE_OLD);
+    env.expect_events("secret", &["TargetReverted", "PlanRolledBack"])
+        .await;
+    assert_unpublished(&env, &status, &forbidden).await;
+
+    // A plan that succeeds: the new value stays, the kept one is removed once it is over.
+    env.create_plan(plan(
+        "secret-succeeds",
+        vec![set(
+            "password",
+            "Secret",
+            "db-credentials",
+            "/data/password",
+            &base64(NEW),
+        )],
+        Strategy::default(),
+    ))
+    .await;
+    let status = env
+        .wait_phase("secret-succeeds", &[PlanPhase::Succeeded], ROLL)
+        .await;
+    env.expect_events("secret-succeeds", &["TargetChanged", "PlanSucceeded"])
+        .await;
+    let secret = eventually("the kept value removed", WAIT_VALID, || async {
+        let secret = env
+            .api::<Secret>()
+            .get("db-credentials")
+            .await
+            .map_err(|e| e.to_string())?;
+        match &secret.metadata.annotations {
+            Some(a) if a.keys().any(|k| k.starts_with("upgrade.steward.dev/")) => {
+                Err(format!("{a:?}"))
+            }
+            _ => Ok(secret),
+        }
+    })
+    .await
+    .expect("no kept value after success");
+    assert_eq!(secret.data.as_ref().unwrap()["password"].0, NEW.as_bytes());
+    assert_unpublished(&env, &status, &forbidden).await;
+    op.stop().await.expect("clean shutdown");
+}
+
+// ---------------------------------------------------------------------------------------------
+// Custom health rules within a budget (issue #39, item 4)
+
+/// Issue #39's reproduction: five comprehensions over a literal list of 40 ints (614
+/// characters), 40^5 evaluations of the innermost body.
+fn pathological_health() -> String {
+    let list = format!(
+        "[{}]",
+        (0..40).map(|i| i.to_string()).collect::<Vec<_>>().join(",")
+    );
+    let rule = format!(
+        "{list}.all(a, {list}.all(b, {list}.all(c, {list}.all(d, {list}.all(e, a+b+c+d+e >= 0)))))"
+    );
+    assert_eq!(rule.len(), 614);
+    rule
+}
+
+/// Two plans whose health rule is the pathological expression of issue #39, and one nested
+/// 2 000 parentheses deep, are `Valid=False InvalidHealthCheck` (nothing changed), while an
+/// ordinary plan created after them progresses to Succeeded. Fault: expressions that pinned
+/// the leader's CPU (and could overflow a stack). Invariant: refused before anything changes,
+/// other plans unaffected. Figures: time to each verdict.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn pathological_health_rules_are_refused_and_other_plans_progress() {
+    let env = Env::new("uo-budget").await;
+    create_and_wait(
+        &env,
+        &[
+            deployment("slow-a", "slow-a:1"),
+            deployment("slow-b", "slow-b:1"),
+            deployment("fine", "fine:1"),
+        ],
+        &[],
+        &[],
+    )
+    .await;
+    let op = env.start().await;
+    let started = Instant::now();
+    let with_rule = |name: &str, healthy: String| Component {
+        health: Some(HealthCheck {
+            healthy,
+            failed: None,
+        }),
+        ..component(name, "Deployment", &format!("{name}:2"), &[])
+    };
+    let deep = format!("{}true{}", "(".repeat(2000), ")".repeat(2000));
+    for (plan_name, target, rule) in [
+        ("pathological-a", "slow-a", pathological_health()),
+        ("pathological-b", "slow-b", pathological_health()),
+        ("deep", "slow-a", deep),
+    ] {
+        env.create_plan(plan(
+            plan_name,
+            vec![with_rule(target, rule)],
+            Strategy::default(),
+        ))
+        .await;
+    }
+    env.create_plan(plan(
+        "ordinary",
+        vec![component("fine", "Deployment", "fine:2", &[])],
+        Strategy::default(),
+    ))
+    .await;
+    for name in ["pathological-a", "pathological-b", "deep"] {
+        let status = env.wait_invalid(name).await;
+        let valid = steward_core::conditions::get(&status.conditions, "Valid").expect("Valid");
+        assert_eq!(
+            valid.reason, "InvalidHealthCheck",
+            "{name}: {}",
+            valid.message
+        );
+        assert!(
+            valid.message.contains("health.healthy"),
+            "{}",
+            valid.message
+        );
+        assert!(status.started_at.is_none(), "{name}");
+        eprintln!(
+            "{name}: Valid=False after {:.1}s: {}",
+            started.elapsed().as_secs_f64(),
+            valid.message
+        );
+    }
+    let status = env.status("pathological-a").await;
+    let budget = &steward_core::conditions::get(&status.conditions, "Valid")
+        .expect("Valid")
+        .message;
+    assert!(budget.contains("budget"), "{budget}");
+    env.wait_phase("ordinary", &[PlanPhase::Succeeded], ROLL)
+        .await;
+    eprintln!(
+        "ordinary: Succeeded after {:.1}s",
+        started.elapsed().as_secs_f64()
+    );
+    assert_eq!(deployment_image(&env, "fine").await.0, "fine:2");
+    assert_eq!(deployment_image(&env, "slow-a").await.0, "slow-a:1");
+    assert_eq!(deployment_image(&env, "slow-b").await.0, "slow-b:1");
     op.stop().await.expect("clean shutdown");
 }

@@ -121,7 +121,8 @@ pub struct Component {
     /// Any field of any kind: the JSON value to put at a JSON pointer, e.g.
     /// `{path: /data/release, value: "2.0"}` on a ConfigMap, `{path: /spec/replicas, value: 3}`.
     /// The previous value is recorded as JSON text (`null`: the field was absent, and a
-    /// rollback removes it again).
+    /// rollback removes it again); outside `/spec` only as a digest, and for a Secret not at
+    /// all: the target itself keeps the previous value, in an annotation, for the rollback.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub set: Option<FieldChange>,
 
@@ -146,7 +147,10 @@ pub struct Component {
 
     /// When the target counts as healthy (or failed), as CEL over the target object
     /// (`self`), instead of the built-in rule of its kind. Compiled when the plan is
-    /// validated: an expression that does not parse is `Valid=False InvalidHealthCheck`.
+    /// validated: an expression that does not parse, nests deeper than 64 levels or whose
+    /// estimated cost exceeds its budget (comprehensions multiply their body's cost by their
+    /// list's size) is `Valid=False InvalidHealthCheck`. Evaluated off the reconcile's
+    /// workers, within 1 s.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub health: Option<HealthCheck>,
 
@@ -250,11 +254,14 @@ pub struct HookRun {
 #[serde(rename_all = "camelCase")]
 pub struct FieldChange {
     /// A JSON pointer (RFC 6901) into the object, e.g. `/spec/template/spec/containers/0/env/0/value`
-    /// or `/data/release` (`~1` stands for a `/` inside a key). Under `/spec` or `/data`
-    /// (the status and metadata belong to others).
+    /// or `/data/release` (`~1` stands for a `/` inside a key). Under `/spec`, `/data` or
+    /// `/binaryData` (the status and metadata belong to others; a Secret's `/stringData` is
+    /// write-only, so a change there could be neither seen nor reverted). Values outside
+    /// `/spec` are shown in the plan's status and Events only as a digest, a Secret's not at
+    /// all (see the README).
     #[schemars(
         length(min = 2, max = 512),
-        regex(pattern = r"^/(spec|data|stringData|binaryData)(/.*)?$")
+        regex(pattern = r"^/(spec|data|binaryData)(/.*)?$")
     )]
     pub path: String,
     /// The new value: any JSON (a string, number, boolean, list or object).
@@ -616,10 +623,11 @@ pub struct ComponentStatus {
     /// The component's dependency wave, 1-based.
     pub wave: i32,
     pub phase: ComponentPhase,
-    /// The image or version before the change.
+    /// The image or version before the change (a field's JSON text; outside `/spec` its
+    /// `sha256:` digest; for a Secret a stand-in that shows nothing of it).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub previous: Option<String>,
-    /// The image or version the change sets.
+    /// The image or version the change sets (shown as `previous` is).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub target: Option<String>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -692,11 +700,14 @@ impl ComponentPhase {
 }
 
 impl Component {
-    /// The value this component sets (image, version, or a field's JSON text), if its spec
-    /// is consistent.
+    /// The value this component sets (image, version, or a field's JSON text), as its plan
+    /// shows it ([`crate::redact`]: a digest outside `/spec`, a stand-in for a Secret), if its
+    /// spec is consistent.
     pub fn desired(&self) -> Option<String> {
         if let Some(set) = &self.set {
-            return Some(set.value.to_string());
+            let text = set.value.to_string();
+            let exposure = crate::redact::exposure(self);
+            return Some(crate::redact::shown(exposure, &text, &text, None));
         }
         match self.target.typed() {
             Some(TargetKind::PostgresCluster) => self.version.clone(),

@@ -3,6 +3,21 @@
 //! Pure functions of the object as read, one per kind; the reconcile calls them each time a
 //! watch event on the target (or the plan) wakes it. They judge the *current* spec: whether
 //! that spec carries the component's new value is checked separately (see [`crate::progress`]).
+//!
+//! # Custom rules: a budget, and never on the async workers
+//!
+//! A component's own rules (`health: {healthy, failed}`, CEL over the target) are checked
+//! before the plan starts ([`check`]): they must parse, nest at most [`MAX_DEPTH`] deep, and
+//! cost at most [`MAX_COST`] by a static [`estimate`] (comprehensions multiply the cost of
+//! their body by the size of their list, so `L.all(a, L.all(b, ...))` over a literal list of
+//! 40 grows as 40^n); otherwise the plan is `Valid=False InvalidHealthCheck` saying which
+//! limit. Parsing runs on a thread with a large stack, so no nesting can overflow a worker's.
+//! They are evaluated ([`bounded`]) on a thread of their own, one evaluation at a time, with a
+//! time limit ([`EVALUATION_LIMIT`]); the reconcile's async workers only wait for the answer.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::sync::{Mutex, PoisonError};
+use std::time::Duration;
 
 use k8s_openapi::api::apps::v1::{DaemonSet, Deployment, StatefulSet};
 use serde_json::Value;
@@ -24,18 +39,317 @@ impl Health {
     }
 }
 
-/// Compiles a custom health expression.
+/// The most a custom health expression may cost, by [`estimate`]: about a million steps of
+/// evaluation (the Kubernetes API server's per-expression runtime limit is the same figure).
+pub const MAX_COST: u64 = 1_000_000;
+/// The deepest a custom health expression's syntax tree may be (its parentheses, brackets,
+/// calls and operators nested in one another; a macro such as `all` counts a few levels).
+pub const MAX_DEPTH: usize = 64;
+/// The most parentheses and brackets a custom health expression may nest ([`nesting`]).
+pub const MAX_NESTING: usize = 32;
+/// How many elements [`estimate`] assumes a list or map of the target (or any list whose
+/// length is not written in the expression) has.
+pub const ASSUMED_SIZE: u64 = 100;
+/// How long one evaluation of a component's health rules may take, and the longest it waits
+/// for the evaluator (one evaluation runs at a time).
+pub const EVALUATION_LIMIT: Duration = Duration::from_secs(1);
+/// The stack of the threads that parse and evaluate expressions: far more than a tree of
+/// [`MAX_DEPTH`] needs, and enough for the parser on the deepest 4 096 characters can nest
+/// before its own limit stops it.
+pub const STACK: usize = 64 << 20;
+
+/// Checks a custom health expression: it parses, its syntax tree is at most [`MAX_DEPTH`]
+/// deep and its [`estimate`] is at most [`MAX_COST`]. The parse runs on a thread of its own
+/// with a large stack ([`STACK`]), so no expression can overflow the caller's; results are
+/// remembered by text, so a plan's rules are parsed once, not on every reconcile.
 ///
 /// # Errors
-/// The parser's message (with the position).
-pub fn compile(expression: &str) -> Result<cel::Program, String> {
-    cel::Program::compile(expression).map_err(|e| e.to_string().trim().to_string())
+/// The parser's message (with the position), or which limit the expression exceeds.
+pub fn check(expression: &str) -> Result<(), String> {
+    static CHECKED: Mutex<BTreeMap<String, Result<(), String>>> = Mutex::new(BTreeMap::new());
+    if let Some(known) = lock(&CHECKED).get(expression) {
+        return known.clone();
+    }
+    let text = expression.to_string();
+    let result = on_big_stack(move || compile(&text).map(drop))
+        .unwrap_or_else(|| Err("the expression could not be checked".to_string()));
+    let mut checked = lock(&CHECKED);
+    if checked.len() >= 4096 {
+        checked.clear();
+    }
+    checked.insert(expression.to_string(), result.clone());
+    result
+}
+
+fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(PoisonError::into_inner)
+}
+
+/// Runs `f` on a thread with a [`STACK`]-sized stack and waits for it; `None` if the thread
+/// could not be started or panicked.
+fn on_big_stack<T: Send + 'static>(f: impl FnOnce() -> T + Send + 'static) -> Option<T> {
+    std::thread::Builder::new()
+        .name("health-cel".into())
+        .stack_size(STACK)
+        .spawn(f)
+        .ok()?
+        .join()
+        .ok()
+}
+
+/// Compiles a custom health expression within the limits of [`check`]. Call it on a thread
+/// with a [`STACK`]-sized stack: the parser recurses as deep as the expression nests.
+///
+/// # Errors
+/// As [`check`].
+fn compile(expression: &str) -> Result<cel::Program, String> {
+    let brackets = nesting(expression);
+    if brackets > MAX_NESTING {
+        return Err(format!(
+            "it nests {brackets} levels of parentheses and brackets, more than {MAX_NESTING}"
+        ));
+    }
+    let program =
+        cel::Program::compile(expression).map_err(|e| e.to_string().trim().to_string())?;
+    let cost = estimate(program.expression())?;
+    if cost > MAX_COST {
+        return Err(format!(
+            "its estimated cost {cost} exceeds the budget of {MAX_COST} (comprehensions such as all, exists and map multiply the cost of their body by the size of their list: {ASSUMED_SIZE} elements assumed for a list of the target, the number written for a literal list)"
+        ));
+    }
+    Ok(program)
+}
+
+/// How deep `expression` nests parentheses and brackets, read before it is parsed (quoted
+/// text skipped, as far as a simple scan can tell: the parse is safe anyway, on its own
+/// thread with a large stack; this refuses deep nesting early and cheaply).
+pub fn nesting(expression: &str) -> usize {
+    let (mut depth, mut deepest) = (0usize, 0usize);
+    let mut quote: Option<char> = None;
+    let mut escaped = false;
+    for ch in expression.chars() {
+        match (quote, ch) {
+            (Some(_), _) if escaped => escaped = false,
+            (Some(_), '\\') => escaped = true,
+            (Some(q), c) if c == q => quote = None,
+            (Some(_), _) => {}
+            (None, '\'' | '"') => quote = Some(ch),
+            (None, '(' | '[' | '{') => {
+                depth += 1;
+                deepest = deepest.max(depth);
+            }
+            (None, ')' | ']' | '}') => depth = depth.saturating_sub(1),
+            (None, _) => {}
+        }
+    }
+    deepest
+}
+
+/// A static estimate of the cost of evaluating `expr`, like the API server's estimate for its
+/// CEL rules: one per node of the syntax tree, a comprehension (`all`, `exists`,
+/// `exists_one`, `map`, `filter`) costing its body once per element of its list (the
+/// number of elements of a list or map literal; [`ASSUMED_SIZE`] for any other list, such as
+/// one of the target), `x in list` the list's size. Pure.
+///
+/// # Errors
+/// The tree is deeper than [`MAX_DEPTH`].
+pub fn estimate(expr: &cel::IdedExpr) -> Result<u64, String> {
+    walk(expr, 0).map(|e| e.cost)
+}
+
+/// The cost of evaluating an expression and, if it is a list or map, its size.
+#[derive(Clone, Copy)]
+struct Estimate {
+    cost: u64,
+    size: u64,
+}
+
+fn walk(expr: &cel::IdedExpr, depth: usize) -> Result<Estimate, String> {
+    use cel::common::ast::{Expr, operators};
+    if depth > MAX_DEPTH {
+        return Err(format!(
+            "it nests deeper than {MAX_DEPTH} levels (parentheses, brackets, calls and operators inside one another)"
+        ));
+    }
+    let sum =
+        |exprs: &mut dyn Iterator<Item = &cel::IdedExpr>| -> Result<(u64, Vec<Estimate>), String> {
+            let mut cost = 1u64;
+            let mut parts = Vec::new();
+            for e in exprs {
+                let part = walk(e, depth + 1)?;
+                cost = cost.saturating_add(part.cost);
+                parts.push(part);
+            }
+            Ok((cost, parts))
+        };
+    let count = |n: usize| u64::try_from(n).unwrap_or(u64::MAX);
+    Ok(match &expr.expr {
+        Expr::Unspecified | Expr::Literal(_) => Estimate { cost: 1, size: 1 },
+        Expr::Ident(_) => Estimate {
+            cost: 1,
+            size: ASSUMED_SIZE,
+        },
+        Expr::Select(select) => Estimate {
+            cost: walk(&select.operand, depth + 1)?.cost.saturating_add(1),
+            size: ASSUMED_SIZE,
+        },
+        Expr::List(list) => Estimate {
+            cost: sum(&mut list.elements.iter())?.0,
+            size: count(list.elements.len()),
+        },
+        Expr::Map(map) => Estimate {
+            cost: sum(&mut entries(&map.entries))?.0,
+            size: count(map.entries.len()),
+        },
+        Expr::Struct(structure) => Estimate {
+            cost: sum(&mut entries(&structure.entries))?.0,
+            size: 1,
+        },
+        Expr::Call(call) => {
+            let (cost, parts) = sum(&mut call.target.iter().map(|t| &**t).chain(&call.args))?;
+            match call.func_name.as_str() {
+                // Concatenating lists: as long as both.
+                operators::ADD => Estimate {
+                    cost,
+                    size: parts.iter().fold(0u64, |n, p| n.saturating_add(p.size)),
+                },
+                // A search through the list (or map).
+                operators::IN => Estimate {
+                    cost: cost.saturating_add(parts.last().map_or(0, |p| p.size)),
+                    size: 1,
+                },
+                _ => Estimate {
+                    cost,
+                    size: ASSUMED_SIZE,
+                },
+            }
+        }
+        Expr::Comprehension(c) => {
+            let range = walk(&c.iter_range, depth + 1)?;
+            let once = [&c.accu_init, &c.result]
+                .into_iter()
+                .map(|e| walk(e, depth + 1).map(|e| e.cost))
+                .try_fold(range.cost.saturating_add(1), |n, c| {
+                    c.map(|c| n.saturating_add(c))
+                })?;
+            let step = walk(&c.loop_cond, depth + 1)?
+                .cost
+                .saturating_add(walk(&c.loop_step, depth + 1)?.cost);
+            Estimate {
+                cost: once.saturating_add(range.size.saturating_mul(step)),
+                size: range.size,
+            }
+        }
+    })
+}
+
+/// The expressions of a map's or struct's entries.
+fn entries(entries: &[cel::common::ast::IdedEntryExpr]) -> impl Iterator<Item = &cel::IdedExpr> {
+    use cel::common::ast::EntryExpr;
+    entries.iter().flat_map(|entry| match &entry.expr {
+        EntryExpr::MapEntry(e) => vec![&e.key, &e.value],
+        EntryExpr::StructField(f) => vec![&f.value],
+    })
+}
+
+/// A component's own rule ([`crate::crd::HealthCheck`]) over the target `obj`, evaluated off
+/// the async workers: on a thread of its own (with a [`STACK`]-sized stack), one at a time
+/// (so runaway evaluations can take one core at most, never the async workers that renew the
+/// Lease and answer probes), within [`EVALUATION_LIMIT`] (after waiting at most as long for
+/// the evaluator: a busy evaluator is reported as progressing). `quote_errors`: whether an
+/// evaluation error may be shown as it is (it may quote the target's data); see [`custom`].
+///
+/// An evaluation that does not finish in time is reported as progressing, and its rules are
+/// remembered as too slow ([`too_slow`]): a plan that has not started yet is then
+/// `Valid=False`, and they are not evaluated again (until the orchestrator restarts).
+///
+/// # Caveats
+/// A thread cannot be stopped: an evaluation past its limit still runs to its end, holding
+/// the evaluator. [`check`]'s budget bounds how long that is (the estimate assumes lists of
+/// the target hold [`ASSUMED_SIZE`] elements; a target with far longer lists takes
+/// proportionally longer).
+pub async fn bounded(check: &crate::crd::HealthCheck, obj: Value, quote_errors: bool) -> Health {
+    bounded_within(check, obj, quote_errors, EVALUATION_LIMIT).await
+}
+
+/// [`bounded`] with the time limit `limit`.
+async fn bounded_within(
+    check: &crate::crd::HealthCheck,
+    obj: Value,
+    quote_errors: bool,
+    limit: Duration,
+) -> Health {
+    static EVALUATOR: tokio::sync::Semaphore = tokio::sync::Semaphore::const_new(1);
+    let expressions = || std::iter::once(&check.healthy).chain(check.failed.as_ref());
+    if let Some(slow) = expressions().find(|e| too_slow(e)) {
+        return Health::Progressing(slow_message(slow));
+    }
+    let Ok(Ok(permit)) = tokio::time::timeout(limit, EVALUATOR.acquire()).await else {
+        return Health::Progressing(format!(
+            "{BUSY}, busy for over {}s with another expression",
+            limit.as_secs_f64()
+        ));
+    };
+    let (tx, rx) = tokio::sync::oneshot::channel();
+    let rules = check.clone();
+    let spawned = std::thread::Builder::new()
+        .name("health-cel".into())
+        .stack_size(STACK)
+        .spawn(move || {
+            let health = custom(&rules, &obj, quote_errors);
+            drop(permit);
+            let _ = tx.send(health);
+        });
+    if let Err(e) = spawned {
+        return Health::Progressing(format!("the health rules cannot be evaluated: {e}"));
+    }
+    match tokio::time::timeout(limit, rx).await {
+        Ok(Ok(health)) => health,
+        Ok(Err(_)) => Health::Progressing("the evaluation of the health rules failed".into()),
+        Err(_) => {
+            let mut slow = lock(&SLOW);
+            // At most one a second can be added (one evaluation at a time); bounded anyway.
+            if slow.len() < 4096 {
+                slow.extend(expressions().cloned());
+            }
+            Health::Progressing(slow_message(&check.healthy))
+        }
+    }
+}
+
+/// How the health of a component whose rules wait for the evaluator starts.
+const BUSY: &str = "the health rules wait for the evaluator";
+
+/// Whether `health` says the rules could not be evaluated because the evaluator was busy
+/// (the reconcile then looks again within [`EVALUATION_LIMIT`]).
+pub fn is_busy(health: &Health) -> bool {
+    matches!(health, Health::Progressing(m) if m.starts_with(BUSY))
+}
+
+/// Expressions whose evaluation outlived [`EVALUATION_LIMIT`].
+static SLOW: Mutex<BTreeSet<String>> = Mutex::new(BTreeSet::new());
+
+/// Whether an evaluation of `expression` outlived [`EVALUATION_LIMIT`] (since the
+/// orchestrator started).
+pub fn too_slow(expression: &str) -> bool {
+    lock(&SLOW).contains(expression)
+}
+
+fn slow_message(expression: &str) -> String {
+    let short: String = expression.chars().take(80).collect();
+    format!(
+        "evaluating the health rules took over {}s (the limit) on this target: not evaluated again; change the expression ({short}...)",
+        EVALUATION_LIMIT.as_secs_f64()
+    )
 }
 
 /// A component's own rule ([`crate::crd::HealthCheck`]) over the target `obj` (`self`):
 /// `failed` first, then `healthy`. An expression that cannot be evaluated yet (a field the
-/// target does not have, as before its controller wrote a status) means still progressing.
-pub fn custom(check: &crate::crd::HealthCheck, obj: &Value) -> Health {
+/// target does not have, as before its controller wrote a status) means still progressing;
+/// the evaluation error is shown only if `quote_errors` (it may quote the target's data, see
+/// [`crate::redact`]). Synchronous and unbounded: call [`bounded`] instead, or call it on a
+/// thread with a [`STACK`]-sized stack.
+pub fn custom(check: &crate::crd::HealthCheck, obj: &Value, quote_errors: bool) -> Health {
     let evaluate = |expression: &str| -> Result<bool, String> {
         let program = compile(expression)?;
         let mut context = cel::Context::default();
@@ -45,8 +359,13 @@ pub fn custom(check: &crate::crd::HealthCheck, obj: &Value) -> Health {
             .map_err(|e| e.to_string())?;
         match program.execute(&context) {
             Ok(cel::Value::Bool(b)) => Ok(b),
-            Ok(other) => Err(format!("it gave {other:?}, not a bool")),
-            Err(e) => Err(e.to_string()),
+            Ok(other) if quote_errors => Err(format!("it gave {other:?}, not a bool")),
+            Ok(_) => Err("it did not give a bool".into()),
+            Err(e) if quote_errors => Err(e.to_string()),
+            Err(_) => Err(
+                "(the error is not shown: it may quote the target's data, which this plan does not publish)"
+                    .into(),
+            ),
         }
     };
     if let Some(failed) = &check.failed {
@@ -421,15 +740,18 @@ mod tests {
                    "status": {"observedGeneration": observed,
                               "conditions": [{"type": "Ready", "status": status, "reason": reason}]}})
         };
-        assert_eq!(custom(&check, &obj(2, 2, "Done", "True")), Health::Healthy);
-        assert!(
-            matches!(custom(&check, &obj(2, 1, "Done", "True")), Health::Progressing(m) if m.starts_with("waiting for health.healthy"))
+        assert_eq!(
+            custom(&check, &obj(2, 2, "Done", "True"), true),
+            Health::Healthy
         );
         assert!(
-            matches!(custom(&check, &obj(2, 2, "Broken", "False")), Health::Failed(m) if m.contains("Broken"))
+            matches!(custom(&check, &obj(2, 1, "Done", "True"), true), Health::Progressing(m) if m.starts_with("waiting for health.healthy"))
+        );
+        assert!(
+            matches!(custom(&check, &obj(2, 2, "Broken", "False"), true), Health::Failed(m) if m.contains("Broken"))
         );
         assert!(matches!(
-            custom(&check, &json!({"metadata": {"generation": 1}})),
+            custom(&check, &json!({"metadata": {"generation": 1}}), true),
             Health::Progressing(m) if m.contains("cannot be evaluated yet")
         ));
         let not_bool = crate::crd::HealthCheck {
@@ -437,9 +759,190 @@ mod tests {
             failed: None,
         };
         assert!(
-            matches!(custom(&not_bool, &json!({})), Health::Progressing(m) if m.contains("not a bool"))
+            matches!(custom(&not_bool, &json!({}), true), Health::Progressing(m) if m.contains("not a bool"))
         );
-        assert!(compile("self.status.(").is_err());
+        assert!(crate::health::check("self.status.(").is_err());
+        // A rule over a target whose data the plan does not show: errors quote none of it.
+        let quoting = crate::crd::HealthCheck {
+            healthy: "self.data.password + 1 == 2".into(),
+            failed: None,
+        };
+        let secret = json!({"data": {"password": "aHVudGVyMg=="}});
+        assert!(
+            matches!(custom(&quoting, &secret, true), Health::Progressing(m) if m.contains("aHVudGVyMg=="))
+        );
+        assert!(
+            matches!(custom(&quoting, &secret, false), Health::Progressing(m) if !m.contains("aHVudGVyMg==") && m.contains("not shown"))
+        );
+    }
+
+    /// The reproduction of issue #39: five comprehensions nested over a literal list of 40.
+    fn pathological() -> String {
+        let list = format!(
+            "[{}]",
+            (0..40)
+                .map(|i| i.to_string())
+                .collect::<Vec<_>>()
+                .join(", ")
+        );
+        format!(
+            "{list}.all(a, {list}.all(b, {list}.all(c, {list}.all(d, {list}.all(e, a+b+c+d+e >= 0)))))"
+        )
+    }
+
+    #[test]
+    fn nested_comprehensions_over_literal_lists_exceed_the_budget() {
+        let expression = pathological();
+        let err = check(&expression).unwrap_err();
+        assert!(err.contains("exceeds the budget"), "{err}");
+        let cost = |e: &str| estimate(cel::Program::compile(e).unwrap().expression()).unwrap();
+        // 40^5 iterations of the innermost body.
+        assert!(cost(&expression) > 40u64.pow(5), "{}", cost(&expression));
+        // Each level multiplies by the list's length.
+        let level = |n: usize| {
+            let mut e = "true".to_string();
+            for v in 0..n {
+                e = format!("[1, 2, 3, 4, 5, 6, 7, 8, 9, 10].all(x{v}, {e})");
+            }
+            cost(&e)
+        };
+        assert!(level(2) > 10 * level(1) && level(3) > 10 * level(2));
+        assert!(level(5) <= MAX_COST && level(6) > MAX_COST);
+        // Lists of the target are assumed to hold ASSUMED_SIZE elements.
+        let over_target = cost("self.items.all(a, a.ports.all(p, p.port > 0))");
+        assert!(
+            over_target > ASSUMED_SIZE * ASSUMED_SIZE && over_target <= MAX_COST,
+            "{over_target}"
+        );
+        assert!(cost("self.a.all(x, self.b.all(y, self.c.all(z, x + y + z > 0)))") > MAX_COST);
+        // `in` searches its list.
+        assert!(cost("1 in self.items") > ASSUMED_SIZE);
+        // The rules of the README and the tests are well within it.
+        for ordinary in [
+            "self.status.observedGeneration == self.metadata.generation && self.status.conditions.exists(c, c.type == 'Ready' && c.status == 'True')",
+            "has(self.metadata.annotations) && 'verified' in self.metadata.annotations && self.metadata.annotations['verified'] == self.spec.template.spec.containers[0].image",
+        ] {
+            assert_eq!(check(ordinary), Ok(()), "{ordinary}");
+            assert!(
+                cost(ordinary) < MAX_COST / 100,
+                "{ordinary}: {}",
+                cost(ordinary)
+            );
+        }
+    }
+
+    #[test]
+    fn nesting_is_counted_outside_quoted_text() {
+        assert_eq!(nesting("self.a"), 0);
+        assert_eq!(nesting("size([1, (2)]) > 0 && {'a': [1]}.size() == 1"), 3);
+        assert_eq!(nesting("'(((' + \"[[[\" + 'it\\'s ((' == ''"), 0);
+        assert_eq!(
+            nesting(&format!("{}1{}", "[".repeat(40), "]".repeat(40))),
+            40
+        );
+        let too_deep = format!("{}1{} == [1]", "[".repeat(33), "]".repeat(33));
+        let err = check(&too_deep).unwrap_err();
+        assert!(err.contains("33 levels"), "{err}");
+    }
+
+    #[test]
+    fn deep_nesting_is_refused_without_overflowing_a_stack() {
+        let short = |e: &str| e.chars().take(40).collect::<String>();
+        let cases = [
+            // Brackets, counted before parsing.
+            (
+                format!("{}true{}", "(".repeat(2000), ")".repeat(2000)),
+                Some("levels of parentheses"),
+            ),
+            (
+                format!("{}1{}.size() > 0", "[".repeat(2000), "]".repeat(2000)),
+                Some("levels of parentheses"),
+            ),
+            (
+                format!("{}1{}", "size([".repeat(500), "])".repeat(500)),
+                Some("levels of parentheses"),
+            ),
+            (
+                format!("{}true", "!(".repeat(1000)),
+                Some("levels of parentheses"),
+            ),
+            (
+                format!("{}1", "(true ? ".repeat(500)),
+                Some("levels of parentheses"),
+            ),
+            // Chains without brackets nest the syntax tree as deep (parsed on the big stack).
+            (
+                format!("1{} > 0", " + 1".repeat(1000)),
+                Some("deeper than 64"),
+            ),
+            (
+                format!("self{} == 1", ".a".repeat(2000)),
+                Some("deeper than 64"),
+            ),
+            // Runs of unary operators fold into a node or two: harmless, accepted.
+            (format!("{}true", "!".repeat(4000)), None),
+            (format!("{}1 > 0", "-".repeat(4000)), None),
+        ];
+        for (expression, refused) in &cases {
+            assert!(expression.len() <= 4096);
+            match (check(expression), refused) {
+                (Err(err), Some(why)) => assert!(err.contains(why), "{}: {err}", short(expression)),
+                (Ok(()), None) => {}
+                (result, _) => panic!("{}: {result:?}", short(expression)),
+            }
+        }
+        // Within the depth: accepted.
+        let nested = format!("{}true{}", "(".repeat(20), ")".repeat(20));
+        assert_eq!(check(&nested), Ok(()));
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn an_evaluation_past_its_limit_is_reported_and_remembered() {
+        let rules = |healthy: &str| crate::crd::HealthCheck {
+            healthy: healthy.into(),
+            failed: None,
+        };
+        let items: Vec<i64> = (0..2000).collect();
+        let obj = json!({"items": items});
+        let quick = rules("self.items.exists(i, i == 1999)");
+        let start = std::time::Instant::now();
+        assert_eq!(bounded(&quick, obj.clone(), true).await, Health::Healthy);
+        assert!(start.elapsed() < EVALUATION_LIMIT);
+        // Within the static budget (lists of the target are assumed to hold 100), but 4 million
+        // steps on this one: past a 20 ms limit.
+        let slow = rules("self.items.all(a, self.items.all(b, a + b >= 0))");
+        assert_eq!(check(&slow.healthy), Ok(()));
+        let limit = Duration::from_millis(20);
+        let start = std::time::Instant::now();
+        let health = bounded_within(&slow, obj.clone(), true, limit).await;
+        let took = start.elapsed();
+        assert!(
+            matches!(&health, Health::Progressing(m) if m.contains("not evaluated again")),
+            "{health:?}"
+        );
+        assert!(took < limit * 10, "answered after {took:?}");
+        // The timed-out evaluation still holds the evaluator: another waits, then says so.
+        let other = bounded_within(&quick, obj.clone(), true, limit).await;
+        assert!(is_busy(&other), "{other:?}");
+        assert!(!is_busy(&health));
+        assert!(too_slow(&slow.healthy) && !too_slow(&quick.healthy));
+        // Not evaluated again: answered at once.
+        let start = std::time::Instant::now();
+        assert_eq!(bounded(&slow, obj, true).await, health);
+        assert!(start.elapsed() < limit);
+        // A plan that has not started with that rule is invalid.
+        let mut component: crate::crd::Component = serde_json::from_value(json!({
+            "name": "c", "target": {"kind": "Deployment", "name": "d"},
+            "image": {"container": "app", "image": "app:2"}
+        }))
+        .unwrap();
+        assert_eq!(
+            crate::plan::slow_health(std::slice::from_ref(&component)),
+            Ok(())
+        );
+        component.health = Some(slow);
+        let invalid = crate::plan::slow_health(&[component]).unwrap_err();
+        assert_eq!(invalid.reason(), "InvalidHealthCheck");
     }
 
     #[test]

@@ -10,6 +10,7 @@
 //! progress  build:    the state machine → next status, Events        (pure)
 //! hook                the Jobs run before/after a component's change (pure)
 //! window              maintenance windows: may a component start now (pure)
+//! redact              what a plan shows of the values it changes        (pure)
 //! reconcile status:   one write, resourceVersion-guarded; then Events
 //! ```
 //!
@@ -19,7 +20,12 @@
 //! - **Write-ahead**: a component's previous value is recorded in the status before its target
 //!   changes, and a change is made only while the target still holds that value. A crash or
 //!   leader change at any point resumes where it stopped and never changes a target twice; a
-//!   rollback restores exactly the recorded value.
+//!   rollback restores exactly the recorded value. (A value the plan must not publish — a
+//!   Secret's, or outside `/spec` — is recorded as a stand-in or a digest, and the target
+//!   keeps the value itself, written by the patch that changes it: see [`redact`].)
+//! - **Bounded health rules**: custom CEL health rules have a cost budget and a nesting limit
+//!   checked before the plan starts, and run off the async workers within a time limit (see
+//!   [`health`]).
 //! - **Watch-driven**: Deployments, StatefulSets, DaemonSets and PostgresClusters are watched
 //!   and mapped to the plans that target them, so a rollout finishing wakes its plan; timers
 //!   are used only for deadlines. Hook Jobs (owned by their plan) wake it when they finish.
@@ -37,6 +43,7 @@ pub mod metrics;
 pub mod plan;
 pub mod progress;
 pub mod reconcile;
+pub mod redact;
 pub mod target;
 pub mod window;
 

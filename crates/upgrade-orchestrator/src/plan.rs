@@ -42,8 +42,9 @@ pub enum Invalid {
         name: String,
         message: String,
     },
-    /// A custom health expression does not compile.
-    #[error("component {component:?}: health.{field} is not a valid CEL expression: {message}")]
+    /// A custom health expression does not compile, exceeds its cost budget or nesting
+    /// depth, or its evaluation outlived its time limit (see [`crate::health`]).
+    #[error("component {component:?}: health.{field} is refused: {message}")]
     InvalidHealthCheck {
         component: String,
         field: &'static str,
@@ -204,11 +205,40 @@ fn check_change(c: &Component) -> Result<(), Invalid> {
             ("failed", check.failed.as_ref()),
         ];
         for (field, expression) in expressions {
-            if let Some(Err(message)) = expression.map(|e| crate::health::compile(e)) {
+            if let Some(Err(message)) = expression.map(|e| crate::health::check(e)) {
                 return Err(Invalid::InvalidHealthCheck {
                     component: c.name.clone(),
                     field,
                     message,
+                });
+            }
+        }
+    }
+    Ok(())
+}
+
+/// Whether a component's health rule outlived its evaluation's time limit
+/// ([`crate::health::too_slow`]): checked before a plan starts (a started plan's rules are
+/// not evaluated again, and its component fails at its deadline).
+///
+/// # Errors
+/// [`Invalid::InvalidHealthCheck`] for the first such rule.
+pub fn slow_health(components: &[Component]) -> Result<(), Invalid> {
+    for c in components {
+        let Some(check) = &c.health else { continue };
+        let expressions = [
+            ("healthy", Some(&check.healthy)),
+            ("failed", check.failed.as_ref()),
+        ];
+        for (field, expression) in expressions {
+            if expression.is_some_and(|e| crate::health::too_slow(e)) {
+                return Err(Invalid::InvalidHealthCheck {
+                    component: c.name.clone(),
+                    field,
+                    message: format!(
+                        "its evaluation took over {}s (the limit)",
+                        crate::health::EVALUATION_LIMIT.as_secs_f64()
+                    ),
                 });
             }
         }
@@ -388,9 +418,28 @@ mod tests {
         let err = plan(&[a]).unwrap_err();
         assert_eq!(err.reason(), "InvalidHealthCheck");
         assert!(
-            err.to_string()
-                .contains("health.failed is not a valid CEL expression"),
+            err.to_string().contains("health.failed is refused"),
             "{err}"
         );
+    }
+
+    #[test]
+    fn a_health_rule_over_its_cost_budget_makes_the_plan_invalid() {
+        // Issue #39's reproduction: five comprehensions over a literal list of 40 ints.
+        let list = format!(
+            "[{}]",
+            (0..40).map(|i| i.to_string()).collect::<Vec<_>>().join(",")
+        );
+        let healthy = format!(
+            "{list}.all(a, {list}.all(b, {list}.all(c, {list}.all(d, {list}.all(e, a+b+c+d+e >= 0)))))"
+        );
+        let mut a = c("a", &[]);
+        a.health = Some(crate::crd::HealthCheck {
+            healthy,
+            failed: None,
+        });
+        let err = plan(&[a, c("b", &["a"])]).unwrap_err();
+        assert_eq!(err.reason(), "InvalidHealthCheck", "{err}");
+        assert!(err.to_string().contains("health.healthy"), "{err}");
     }
 }

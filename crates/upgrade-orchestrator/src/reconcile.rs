@@ -26,12 +26,14 @@ use kube::{Client, ResourceExt};
 use steward_core::Context;
 use steward_core::finalizer::{self, Event};
 
-use crate::crd::{HookRun, HookStage, UpgradePlan};
+use crate::crd::{Component, HookRun, HookStage, PlanPhase, TargetRef, UpgradePlan};
 use crate::error::Error;
+use crate::health;
 use crate::hook::{self, JobState};
 use crate::metrics::PlanMetrics;
 use crate::plan::Invalid;
 use crate::progress::{self, Input, Outcome};
+use crate::redact;
 use crate::target::{self, Observation, Workload};
 use crate::{CONTROLLER, plan};
 
@@ -118,7 +120,13 @@ async fn converge(
             let (mut observed, workloads) = observe(&client, &plan, &namespace).await?;
             let mut jobs = hook_jobs(&client, &plan, &namespace).await?;
             let refused = if status.started_at.is_none() {
-                check_targets(&ctx, &client, &plan, &namespace, &workloads, &observed).await?
+                match plan::slow_health(&plan.spec.components) {
+                    Err(invalid) => Some(invalid),
+                    Ok(()) => {
+                        check_targets(&ctx, &client, &plan, &namespace, &workloads, &observed)
+                            .await?
+                    }
+                }
             } else {
                 None
             };
@@ -171,6 +179,11 @@ async fn converge(
         }
     };
 
+    // A health rule that could not be evaluated (the evaluator was busy) is looked at again
+    // soon, not only on the target's next change.
+    let busy = targets
+        .as_ref()
+        .is_some_and(|(observed, _, _)| observed.values().any(|o| health::is_busy(&o.health)));
     // Guarded by the plan's resourceVersion (steward-core): a stale copy writes nothing.
     let changed = plan.status.as_ref() != Some(&outcome.status);
     match ctx
@@ -186,6 +199,14 @@ async fn converge(
         Ok(false) => {}
         Ok(true) => {
             publish(&ctx, &plan, &outcome).await;
+            if let Some((_, workloads, _)) = &targets
+                && matches!(
+                    outcome.status.phase,
+                    Some(PlanPhase::Succeeded | PlanPhase::RolledBack)
+                )
+            {
+                forget_kept(&ctx, &client, &plan, workloads).await;
+            }
             // The starts (and reverts) this write recorded are stored now: make them at once
             // rather than on the write's own watch event. After a crash here, the next
             // reconcile makes them from the stored status instead.
@@ -215,7 +236,12 @@ async fn converge(
             });
         }
     }
-    Ok(match outcome.recheck_after {
+    let recheck = match (outcome.recheck_after, busy) {
+        (Some(d), true) => Some(d.min(health::EVALUATION_LIMIT)),
+        (None, true) => Some(health::EVALUATION_LIMIT),
+        (after, false) => after,
+    };
+    Ok(match recheck {
         Some(d) => Action::requeue(d + Duration::from_millis(100)),
         None => Action::await_change(),
     })
@@ -268,7 +294,8 @@ async fn check_targets(
         if *current == desired {
             continue;
         }
-        let patch = match workload.change(component, current, &desired) {
+        let kept = kept_annotation(plan, component);
+        let patch = match workload.change(component, &kept, current, &desired) {
             Ok(patch) => patch,
             Err(message) => {
                 return Ok(Some(Invalid::InvalidChange {
@@ -479,10 +506,10 @@ async fn observe(
                 });
             }
         };
-        let observation = workload.as_ref().map_or_else(
-            || Observation::missing(&c.target),
-            |w| Observation::of(c, w),
-        );
+        let observation = match &workload {
+            Some(w) => Observation::of(c, w, &kept_annotation(plan, c)).await,
+            None => Observation::missing(&c.target),
+        };
         observed.insert(c.name.clone(), observation);
         if let Some(w) = workload {
             workloads.insert(c.name.clone(), w);
@@ -511,24 +538,15 @@ async fn apply_recorded(
         let Some(workload) = workloads.get(&component.name) else {
             continue;
         };
+        let kept = kept_annotation(plan, component);
         let patch = workload
-            .change(component, &write.from, &write.to)
+            .change(component, &kept, &write.from, &write.to)
             .map_err(|message| Error::BuildChange {
                 kind: target.kind.clone(),
                 name: target.name.clone(),
                 message,
             })?;
-        ctx.writes(CONTROLLER).inc(&target.kind, "patch");
-        let updated = match target::patch(
-            client,
-            target.namespace_in(&namespace),
-            target,
-            patch,
-            &ctx.field_manager,
-            false,
-        )
-        .await
-        {
+        let updated = match change_target(ctx, client, &namespace, target, patch).await {
             Ok(updated) => updated,
             // Refused as invalid (a validation rule, e.g. a version that cannot be lowered):
             // retrying cannot help, the step fails the component (or the rollback).
@@ -550,7 +568,10 @@ async fn apply_recorded(
                 });
             }
         };
-        observed.insert(component.name.clone(), Observation::of(component, &updated));
+        observed.insert(
+            component.name.clone(),
+            Observation::of(component, &updated, &kept).await,
+        );
         let (reason, action, verb) = if write.revert {
             ("TargetReverted", "Rollback", "reverted")
         } else {
@@ -567,6 +588,61 @@ async fn apply_recorded(
         ctx.recorder.normal(plan, reason, action, note).await;
     }
     Ok(())
+}
+
+/// Patches `target` of a plan in `namespace` (counted as a write), returning it as stored.
+async fn change_target(
+    ctx: &Context<Data>,
+    client: &Client,
+    namespace: &str,
+    target: &TargetRef,
+    patch: json_patch::Patch,
+) -> Result<Workload, kube::Error> {
+    ctx.writes(CONTROLLER).inc(&target.kind, "patch");
+    target::patch(
+        client,
+        target.namespace_in(namespace),
+        target,
+        patch,
+        &ctx.field_manager,
+        false,
+    )
+    .await
+}
+
+/// Once a plan has succeeded or rolled back, nothing restores a replaced value any more:
+/// removes the annotations in which its targets keep them ([`redact`]). Best effort: a
+/// removal that fails (or a crash before it) leaves the annotation, and says so in the log.
+async fn forget_kept(
+    ctx: &Context<Data>,
+    client: &Client,
+    plan: &UpgradePlan,
+    workloads: &BTreeMap<String, Workload>,
+) {
+    let namespace = plan.namespace().unwrap_or_default();
+    for component in &plan.spec.components {
+        if redact::exposure(component) == redact::Exposure::Clear {
+            continue;
+        }
+        let kept = kept_annotation(plan, component);
+        let Some(patch) = workloads.get(&component.name).and_then(|w| w.forget(&kept)) else {
+            continue;
+        };
+        let removed = change_target(ctx, client, &namespace, &component.target, patch).await;
+        if let Err(error) = removed {
+            tracing::warn!(plan = %plan.name_any(), component = %component.name, annotation = %kept, %error, "could not remove the kept previous value");
+        }
+    }
+}
+
+/// The annotation in which `component`'s target keeps the value it replaced, when its plan
+/// does not show it ([`redact`]).
+fn kept_annotation(plan: &UpgradePlan, component: &Component) -> String {
+    redact::kept_annotation(
+        &plan.namespace().unwrap_or_default(),
+        &plan.name_any(),
+        &component.name,
+    )
 }
 
 /// Publishes the outcome's Events and records its metrics.

@@ -7,8 +7,13 @@
 //! overwritten. (A `set` on a field that was absent cannot test for the absence: it adds
 //! the field.) Kinds other than the built-in four are read and patched as dynamic objects,
 //! their API resource found by discovery.
+//! A value the plan does not show as it is (a Secret's field, a field outside `/spec`: see
+//! [`crate::redact`]) is compared through what the plan shows of it, and its change also
+//! keeps the replaced value in an annotation of the target, which the revert restores it from.
 //! (Server-side apply would make the orchestrator the owner of the field for good, and has no
 //! compare-and-swap on a value.)
+
+use std::collections::BTreeMap;
 
 use k8s_openapi::api::apps::v1::{DaemonSet, Deployment, StatefulSet};
 use k8s_openapi::api::core::v1::PodSpec;
@@ -18,6 +23,7 @@ use serde_json::{Value, json};
 
 use crate::crd::{Component, FieldChange, TargetKind, TargetRef};
 use crate::health::{self, Health};
+use crate::redact::{self, Exposure};
 
 /// `database.steward.dev/v1alpha1` PostgresCluster, addressed dynamically so this crate does
 /// not depend on the database operator's types.
@@ -73,17 +79,23 @@ impl Observation {
         ))
     }
 
-    /// The observation of `workload` for `component`.
-    pub fn of(component: &Component, workload: &Workload) -> Self {
+    /// The observation of `workload` for `component`, whose target keeps the value the
+    /// component replaced in the annotation `kept` ([`redact::kept_annotation`]). A custom
+    /// health rule is evaluated off the async workers, within its time limit
+    /// ([`health::bounded`]).
+    pub async fn of(component: &Component, workload: &Workload, kept: &str) -> Self {
         let health = match &component.health {
             Some(check) => match workload.to_json() {
-                Ok(obj) => health::custom(check, &obj),
+                Ok(obj) => {
+                    let quote = redact::exposure(component) == Exposure::Clear;
+                    health::bounded(check, obj, quote).await
+                }
                 Err(e) => Health::Progressing(format!("unreadable target: {e}")),
             },
             None => workload.health(),
         };
         Self {
-            value: workload.value(component),
+            value: workload.value(component, kept),
             health,
         }
     }
@@ -149,13 +161,18 @@ impl Workload {
         }
     }
 
-    /// The value `component` changes, as it is now.
+    /// The value `component` changes, as it is now and as its plan shows it
+    /// ([`redact::shown`]; `kept`: the annotation the target keeps the replaced value in).
     ///
     /// # Errors
     /// Why there is none (missing container, no `spec.version`).
-    pub fn value(&self, component: &Component) -> Result<String, String> {
+    pub fn value(&self, component: &Component, kept: &str) -> Result<String, String> {
         if let Some(set) = &component.set {
-            return self.field(set).map(|v| v.to_string());
+            let current = self.field(set)?.to_string();
+            let planned = set.value.to_string();
+            let exposure = redact::exposure(component);
+            let kept = self.annotation(kept);
+            return Ok(redact::shown(exposure, &current, &planned, kept.as_deref()));
         }
         match (component.target.typed(), &component.image) {
             (Some(TargetKind::PostgresCluster), _) => self.version().map(version_string),
@@ -164,19 +181,24 @@ impl Workload {
         }
     }
 
-    /// The JSON patch that changes `component`'s value from `from` to `to`, guarded by `test`
-    /// operations so it applies only while the value is still `from`.
+    /// The JSON patch that changes `component`'s value from `from` to `to` (as its plan shows
+    /// them, see [`Workload::value`]), guarded by `test` operations so it applies only while
+    /// the value is still `from`.
     ///
     /// # Errors
     /// A message when the value is not `from` (any more) or cannot be found.
     pub fn change(
         &self,
         component: &Component,
+        kept: &str,
         from: &str,
         to: &str,
     ) -> Result<json_patch::Patch, String> {
         if let Some(set) = &component.set {
-            return self.set_field(set, from, to);
+            return match redact::exposure(component) {
+                Exposure::Clear => self.set_field(set, from, to),
+                exposure => self.set_unshown(component, set, exposure, kept, from, to),
+            };
         }
         let ops = match (component.target.typed(), &component.image) {
             (Some(TargetKind::PostgresCluster), _) => {
@@ -251,6 +273,100 @@ impl Workload {
             (false, false) => json!({"op": "replace", "path": path, "value": new}),
         });
         serde_json::from_value(Value::Array(ops)).map_err(|e| format!("invalid JSON patch: {e}"))
+    }
+}
+
+impl Workload {
+    /// The target's annotations, if it has any.
+    fn annotations(&self) -> Option<&BTreeMap<String, String>> {
+        match self {
+            Workload::Deployment(d) => d.metadata.annotations.as_ref(),
+            Workload::StatefulSet(s) => s.metadata.annotations.as_ref(),
+            Workload::DaemonSet(d) => d.metadata.annotations.as_ref(),
+            Workload::Postgres(p) | Workload::Object(p) => p.metadata.annotations.as_ref(),
+        }
+    }
+
+    /// The patch that removes the annotation `key` (while it holds what it holds now), if the
+    /// target has it.
+    pub fn forget(&self, key: &str) -> Option<json_patch::Patch> {
+        let value = self.annotation(key)?;
+        let path = format!("/metadata/annotations/{}", redact::pointer_segment(key));
+        serde_json::from_value(json!([
+            {"op": "test", "path": path, "value": value},
+            {"op": "remove", "path": path},
+        ]))
+        .ok()
+    }
+
+    /// The value of annotation `key`, if the target has it.
+    fn annotation(&self, key: &str) -> Option<String> {
+        self.annotations().and_then(|a| a.get(key)).cloned()
+    }
+
+    /// [`Workload::set_field`] for a value the plan does not show as it is
+    /// ([`redact`]): `from` and `to` are what the plan shows. The change writes the value it
+    /// replaces to the annotation `kept`, in the same patch; the revert (a `to` other than the
+    /// plan's value) restores the field from that annotation, and removes it. No message
+    /// quotes a value.
+    fn set_unshown(
+        &self,
+        component: &Component,
+        set: &FieldChange,
+        exposure: Exposure,
+        kept: &str,
+        from: &str,
+        to: &str,
+    ) -> Result<json_patch::Patch, String> {
+        let current = self.field(set)?;
+        let planned = set.value.to_string();
+        let kept_value = self.annotation(kept);
+        let shown = |text: &str| redact::shown(exposure, text, &planned, kept_value.as_deref());
+        let path = &set.path;
+        let now = shown(&current.to_string());
+        if now != from {
+            return Err(format!("{path} is {now}, not {from}"));
+        }
+        let annotation = format!("/metadata/annotations/{}", redact::pointer_segment(kept));
+        let mut ops = Vec::new();
+        if !current.is_null() {
+            ops.push(json!({"op": "test", "path": path, "value": current}));
+        }
+        let new = if to == shown(&planned) {
+            // The change: keep what it replaces.
+            let replaced = current.to_string();
+            // Into the annotations, or as the first one.
+            ops.push(if self.annotations().is_some() {
+                json!({"op": "add", "path": annotation, "value": replaced})
+            } else {
+                json!({"op": "add", "path": "/metadata/annotations", "value": {kept: replaced}})
+            });
+            set.value.clone()
+        } else {
+            // The revert: back to the kept value, which must be the recorded one.
+            let Some(previous) = kept_value.as_deref() else {
+                return Err(format!(
+                    "{} {}: the annotation {kept} that keeps the value to restore is gone, so {path} cannot be reverted",
+                    component.target.kind, component.target.name
+                ));
+            };
+            if shown(previous) != to {
+                return Err(format!(
+                    "the annotation {kept} keeps {}, not the recorded {to}",
+                    shown(previous)
+                ));
+            }
+            ops.push(json!({"op": "test", "path": annotation, "value": previous}));
+            ops.push(json!({"op": "remove", "path": annotation}));
+            serde_json::from_str(previous)
+                .map_err(|_| format!("the annotation {kept} does not hold JSON"))?
+        };
+        ops.push(match (current.is_null(), new.is_null()) {
+            (_, true) => json!({"op": "remove", "path": path}),
+            (true, false) => json!({"op": "add", "path": path, "value": new}),
+            (false, false) => json!({"op": "replace", "path": path, "value": new}),
+        });
+        serde_json::from_value(Value::Array(ops)).map_err(|_| "invalid JSON patch".to_string())
     }
 }
 
@@ -403,6 +519,9 @@ mod tests {
     use super::*;
     use crate::crd::ImageChange;
 
+    /// The annotation the tests' targets keep a replaced value in.
+    const K: &str = "upgrade.steward.dev/previous-0123456789abcdef";
+
     fn component(kind: TargetKind) -> Component {
         let pg = kind == TargetKind::PostgresCluster;
         Component {
@@ -447,8 +566,8 @@ mod tests {
     fn image_change_is_guarded_by_name_and_previous_image() {
         let c = component(TargetKind::Deployment);
         let w = deployment();
-        assert_eq!(w.value(&c), Ok("app:1".into()));
-        let patch = serde_json::to_value(w.change(&c, "app:1", "app:2").unwrap()).unwrap();
+        assert_eq!(w.value(&c, K), Ok("app:1".into()));
+        let patch = serde_json::to_value(w.change(&c, K, "app:1", "app:2").unwrap()).unwrap();
         assert_eq!(
             patch,
             json!([
@@ -458,7 +577,7 @@ mod tests {
             ])
         );
         assert!(
-            w.change(&c, "app:0", "app:2")
+            w.change(&c, K, "app:0", "app:2")
                 .unwrap_err()
                 .contains("not \"app:0\"")
         );
@@ -473,7 +592,7 @@ mod tests {
         });
         assert!(
             deployment()
-                .value(&c)
+                .value(&c, K)
                 .unwrap_err()
                 .contains("\"nope\" not found")
         );
@@ -483,8 +602,8 @@ mod tests {
     fn postgres_version_keeps_its_json_type() {
         let c = component(TargetKind::PostgresCluster);
         let numeric = postgres(json!(16));
-        assert_eq!(numeric.value(&c), Ok("16".into()));
-        let patch = serde_json::to_value(numeric.change(&c, "16", "17").unwrap()).unwrap();
+        assert_eq!(numeric.value(&c, K), Ok("16".into()));
+        let patch = serde_json::to_value(numeric.change(&c, K, "16", "17").unwrap()).unwrap();
         assert_eq!(
             patch[0],
             json!({"op": "test", "path": "/spec/version", "value": 16})
@@ -494,7 +613,7 @@ mod tests {
             json!({"op": "replace", "path": "/spec/version", "value": 17})
         );
         let text = postgres(json!("16"));
-        let patch = serde_json::to_value(text.change(&c, "16", "17").unwrap()).unwrap();
+        let patch = serde_json::to_value(text.change(&c, K, "16", "17").unwrap()).unwrap();
         assert_eq!(patch[1]["value"], json!("17"));
     }
 
@@ -529,40 +648,203 @@ mod tests {
         c
     }
 
+    fn widget(spec: Value) -> Workload {
+        Workload::Object(Box::new(
+            serde_json::from_value(json!({
+                "apiVersion": "test.steward.dev/v1", "kind": "Widget", "metadata": {"name": "t"},
+                "spec": spec
+            }))
+            .unwrap(),
+        ))
+    }
+
+    fn set_on(api_version: &str, kind: &str, path: &str, value: Value) -> Component {
+        let mut c = set(path, value);
+        c.target.api_version = Some(api_version.into());
+        c.target.kind = kind.into();
+        c
+    }
+
     #[test]
     fn a_field_change_is_json_text_guarded_by_the_previous_value() {
-        let c = set("/data/release", json!("2.0"));
+        let c = set_on(
+            "test.steward.dev/v1",
+            "Widget",
+            "/spec/release",
+            json!("2.0"),
+        );
         assert_eq!(c.desired().as_deref(), Some("\"2.0\""));
         assert_eq!(c.target.typed(), None);
-        let w = config_map(json!({"release": "1.0"}));
-        assert_eq!(w.value(&c), Ok("\"1.0\"".into()));
-        let patch = serde_json::to_value(w.change(&c, "\"1.0\"", "\"2.0\"").unwrap()).unwrap();
+        let w = widget(json!({"release": "1.0"}));
+        assert_eq!(w.value(&c, K), Ok("\"1.0\"".into()));
+        let patch = serde_json::to_value(w.change(&c, K, "\"1.0\"", "\"2.0\"").unwrap()).unwrap();
         assert_eq!(
             patch,
             json!([
-                {"op": "test", "path": "/data/release", "value": "1.0"},
-                {"op": "replace", "path": "/data/release", "value": "2.0"},
+                {"op": "test", "path": "/spec/release", "value": "1.0"},
+                {"op": "replace", "path": "/spec/release", "value": "2.0"},
             ])
         );
         assert!(
-            w.change(&c, "\"0.9\"", "\"2.0\"")
+            w.change(&c, K, "\"0.9\"", "\"2.0\"")
                 .unwrap_err()
                 .contains("not \"0.9\"")
         );
         // Absent before: added, and a revert removes it again.
-        let absent = config_map(json!({}));
-        assert_eq!(absent.value(&c), Ok("null".into()));
-        let add = serde_json::to_value(absent.change(&c, "null", "\"2.0\"").unwrap()).unwrap();
+        let absent = widget(json!({}));
+        assert_eq!(absent.value(&c, K), Ok("null".into()));
+        let add = serde_json::to_value(absent.change(&c, K, "null", "\"2.0\"").unwrap()).unwrap();
         assert_eq!(
             add,
-            json!([{"op": "add", "path": "/data/release", "value": "2.0"}])
+            json!([{"op": "add", "path": "/spec/release", "value": "2.0"}])
         );
-        let changed = config_map(json!({"release": "2.0"}));
-        let revert = serde_json::to_value(changed.change(&c, "\"2.0\"", "null").unwrap()).unwrap();
-        assert_eq!(revert[1], json!({"op": "remove", "path": "/data/release"}));
+        let changed = widget(json!({"release": "2.0"}));
+        let revert =
+            serde_json::to_value(changed.change(&c, K, "\"2.0\"", "null").unwrap()).unwrap();
+        assert_eq!(revert[1], json!({"op": "remove", "path": "/spec/release"}));
         // A number stays a number.
         let replicas = set("/spec/replicas", json!(3));
         assert_eq!(replicas.desired().as_deref(), Some("3"));
+    }
+
+    /// `obj` with the annotation `K` holding `kept`.
+    fn keeping(w: Workload, kept: &str) -> Workload {
+        let Workload::Object(mut o) = w else {
+            panic!("not an object")
+        };
+        o.metadata.annotations = Some([(K.to_string(), kept.to_string())].into());
+        Workload::Object(o)
+    }
+
+    fn secret(data: Value) -> Workload {
+        Workload::Object(Box::new(
+            serde_json::from_value(json!({
+                "apiVersion": "v1", "kind": "Secret", "metadata": {"name": "t"}, "data": data
+            }))
+            .unwrap(),
+        ))
+    }
+
+    #[test]
+    fn a_field_outside_spec_is_shown_as_a_digest_and_kept_on_the_target() {
+        let c = set("/data/release", json!("2.0"));
+        let (d1, d2) = (redact::digest("\"1.0\""), redact::digest("\"2.0\""));
+        assert_eq!(c.desired(), Some(d2.clone()));
+        let w = config_map(json!({"release": "1.0"}));
+        assert_eq!(w.value(&c, K), Ok(d1.clone()));
+        // The change keeps the replaced value in the annotation, in the same patch.
+        let patch = serde_json::to_value(w.change(&c, K, &d1, &d2).unwrap()).unwrap();
+        assert_eq!(
+            patch,
+            json!([
+                {"op": "test", "path": "/data/release", "value": "1.0"},
+                {"op": "add", "path": "/metadata/annotations", "value": {K: "\"1.0\""}},
+                {"op": "replace", "path": "/data/release", "value": "2.0"},
+            ])
+        );
+        let stale = w
+            .change(&c, K, &redact::digest("\"0.9\""), &d2)
+            .unwrap_err();
+        assert!(!stale.contains("1.0") && stale.contains(&d1), "{stale}");
+        // The revert restores the kept value, tests and removes the annotation.
+        let changed = keeping(config_map(json!({"release": "2.0"})), "\"1.0\"");
+        assert_eq!(changed.value(&c, K), Ok(d2.clone()));
+        let revert = serde_json::to_value(changed.change(&c, K, &d2, &d1).unwrap()).unwrap();
+        let annotation = format!("/metadata/annotations/{}", K.replace('/', "~1"));
+        assert_eq!(
+            revert,
+            json!([
+                {"op": "test", "path": "/data/release", "value": "2.0"},
+                {"op": "test", "path": annotation, "value": "\"1.0\""},
+                {"op": "remove", "path": annotation},
+                {"op": "replace", "path": "/data/release", "value": "1.0"},
+            ])
+        );
+        // Without the annotation (or with another value in it) there is nothing to revert to.
+        let gone = config_map(json!({"release": "2.0"}))
+            .change(&c, K, &d2, &d1)
+            .unwrap_err();
+        assert!(gone.contains("is gone") && !gone.contains("1.0"), "{gone}");
+        let other = keeping(config_map(json!({"release": "2.0"})), "\"0.9\"")
+            .change(&c, K, &d2, &d1)
+            .unwrap_err();
+        assert!(!other.contains("0.9") && !other.contains("1.0"), "{other}");
+    }
+
+    #[test]
+    fn a_secret_field_is_never_shown_not_even_as_a_digest() {
+        let (old, new) = ("aHVudGVyMg==", "czNjcmV0");
+        let c = set_on("v1", "Secret", "/data/password", json!(new));
+        let shows = |text: &str| {
+            for secret in [old, new] {
+                let quoted = format!("\"{secret}\"");
+                assert!(
+                    !text.contains(secret) && !text.contains(&redact::digest(&quoted)),
+                    "{text} shows {secret}"
+                );
+            }
+        };
+        assert_eq!(c.desired().as_deref(), Some(redact::PLANNED));
+        let w = secret(json!({"password": old}));
+        let before = w.value(&c, K).unwrap();
+        assert_eq!(before, redact::BEFORE);
+        let patch = w.change(&c, K, redact::BEFORE, redact::PLANNED).unwrap();
+        assert_eq!(
+            serde_json::to_value(&patch).unwrap(),
+            json!([
+                {"op": "test", "path": "/data/password", "value": old},
+                {"op": "add", "path": "/metadata/annotations", "value": {K: format!("\"{old}\"")}},
+                {"op": "replace", "path": "/data/password", "value": new},
+            ])
+        );
+        let changed = keeping(secret(json!({"password": new})), &format!("\"{old}\""));
+        assert_eq!(changed.value(&c, K).unwrap(), redact::PLANNED);
+        let revert = changed
+            .change(&c, K, redact::PLANNED, redact::BEFORE)
+            .unwrap();
+        assert_eq!(
+            serde_json::to_value(&revert).unwrap()[3],
+            json!({"op": "replace", "path": "/data/password", "value": old})
+        );
+        // Someone else's value, once the plan changed it, is neither.
+        let edited = keeping(
+            secret(json!({"password": "b3RoZXI="})),
+            &format!("\"{old}\""),
+        );
+        assert_eq!(edited.value(&c, K).unwrap(), redact::OTHER);
+        let refused = edited
+            .change(&c, K, redact::PLANNED, redact::BEFORE)
+            .unwrap_err();
+        shows(&refused);
+        assert!(!refused.contains("b3RoZXI="), "{refused}");
+        // Absent before: the revert removes it again.
+        let absent = secret(json!({}));
+        assert_eq!(absent.value(&c, K).unwrap(), redact::BEFORE);
+        let added = keeping(secret(json!({"password": new})), "null");
+        let remove = serde_json::to_value(
+            added
+                .change(&c, K, redact::PLANNED, redact::BEFORE)
+                .unwrap(),
+        )
+        .unwrap();
+        assert_eq!(remove[3], json!({"op": "remove", "path": "/data/password"}));
+        let gone = secret(json!({"password": new}))
+            .change(&c, K, redact::PLANNED, redact::BEFORE)
+            .unwrap_err();
+        for shown in [before, c.desired().unwrap(), gone] {
+            shows(&shown);
+        }
+        // Once the plan is over, the kept value is removed (while it is the one seen).
+        let forget = serde_json::to_value(added.forget(K).unwrap()).unwrap();
+        let annotation = format!("/metadata/annotations/{}", K.replace('/', "~1"));
+        assert_eq!(
+            forget,
+            json!([
+                {"op": "test", "path": annotation, "value": "null"},
+                {"op": "remove", "path": annotation},
+            ])
+        );
+        assert!(secret(json!({})).forget(K).is_none());
     }
 
     #[test]
