@@ -448,11 +448,53 @@ fn check_rbac(r: &Rendered) -> Result<()> {
             groups: vec![],
             user_prefixes: vec![],
         };
-        let generated: BTreeSet<String> =
-            tenant_operator::policy::Policies::new(&exempt, tenant_operator::NAME)
-                .names()
-                .into_iter()
-                .collect();
+        let policies = tenant_operator::policy::Policies::new(&exempt, None, tenant_operator::NAME);
+        let generated: BTreeSet<String> = policies
+            .validating
+            .iter()
+            .flat_map(|p| {
+                [
+                    p.policy.metadata.name.clone(),
+                    p.binding.metadata.name.clone(),
+                ]
+            })
+            .flatten()
+            .collect();
+        // Its mutating policies it may only read: the deployment installs them.
+        for rule in r
+            .of_kind("ClusterRole")
+            .flat_map(|role| role["rules"].as_array().cloned().unwrap_or_default())
+            .filter(|rule| rule["apiGroups"] == json!(["admissionregistration.k8s.io"]))
+        {
+            let resources = rule["resources"].as_array().cloned().unwrap_or_default();
+            let verbs = rule["verbs"].as_array().cloned().unwrap_or_default();
+            let mutating = resources
+                .iter()
+                .any(|r| r.as_str().is_some_and(|r| r.starts_with("mutating")));
+            let writes = verbs
+                .iter()
+                .any(|v| !["get", "list", "watch"].contains(&v.as_str().unwrap_or("")));
+            ensure!(
+                !(mutating && writes),
+                "{op}: may write mutating admission policies: {rule}"
+            );
+            ensure!(
+                !writes || !rule["resourceNames"].is_null(),
+                "{op}: writes admission policies of any name: {rule}"
+            );
+        }
+        for d in &policies.mutating {
+            for (kind, name) in [
+                ("MutatingAdmissionPolicy", &d.policy.metadata.name),
+                ("MutatingAdmissionPolicyBinding", &d.binding.metadata.name),
+            ] {
+                let name = name.as_deref().unwrap_or_default();
+                ensure!(
+                    r.of_kind(kind).any(|o| self::name(o) == name),
+                    "{op}: the deployment does not install {kind} {name}"
+                );
+            }
+        }
         let named: BTreeSet<String> = r
             .of_kind("ClusterRole")
             .flat_map(|role| role["rules"].as_array().cloned().unwrap_or_default())
@@ -1274,6 +1316,63 @@ async fn tenant_operator_runs_as_its_service_account() -> Result<()> {
         .await
         .context("the defaults' MutatingAdmissionPolicy (applied before the rules)")?;
 
+    // A guard rail out of force (here the defaults' binding, which the operator may not write
+    // back): a new Tenant says which, and its owners get no access until it is back.
+    type Mapb = k8s_openapi::api::admissionregistration::v1::MutatingAdmissionPolicyBinding;
+    let mapbs = Api::<Mapb>::all(admin.clone());
+    let binding_name = "tenancy.steward.dev-pod-defaults";
+    let deployed = kustomize(&workspace_root().join("deploy/tenant-operator"))?
+        .into_iter()
+        .find(|o| kind(o) == "MutatingAdmissionPolicyBinding")
+        .context("the deployment installs the defaults' binding")?;
+    mapbs.delete(binding_name, &Default::default()).await?;
+    let guarded = format!("{tenant}-g");
+    let guarded_ns = format!("{guarded}-a");
+    let guarded_obj = json!({"apiVersion": "tenancy.steward.dev/v1alpha1", "kind": "Tenant", "metadata": {"name": guarded},
+        "spec": {"owners": [{"kind": "User", "name": "alice"}], "namespaces": [guarded_ns], "deletionPolicy": "Delete"}});
+    apply(&admin, &guarded_obj, None, false).await?;
+    let missing = eventually("the Tenant reports the missing guard rail", WAIT, || {
+        let tenants = tenants.clone();
+        let guarded = guarded.clone();
+        async move {
+            let t = tenants.get(&guarded).await.map_err(|e| e.to_string())?;
+            let (ready, detail) = readiness(&t);
+            if ready.as_deref() == Some("False")
+                && detail.contains("GuardRailsMissing")
+                && detail.contains(&format!("MutatingAdmissionPolicyBinding {binding_name}"))
+            {
+                Ok(detail)
+            } else {
+                Err(detail)
+            }
+        }
+    })
+    .await?;
+    write_note(&format!("guard rail missing: {missing}"));
+    let owner_binding = || async {
+        Api::<k8s_openapi::api::rbac::v1::RoleBinding>::namespaced(admin.clone(), &guarded_ns)
+            .get_opt("tenant-owner-admin")
+            .await
+    };
+    ensure!(
+        Api::<k8s_openapi::api::core::v1::Namespace>::all(admin.clone())
+            .get_opt(&guarded_ns)
+            .await?
+            .is_some(),
+        "the namespace is created meanwhile"
+    );
+    ensure!(
+        owner_binding().await?.is_none(),
+        "owners were bound while a guard rail was missing"
+    );
+    apply(&admin, &deployed, None, false).await?;
+    wait_ready(&tenants, &guarded).await?;
+    ensure!(
+        owner_binding().await?.is_some(),
+        "owners are bound once every guard rail is back"
+    );
+    tenants.delete(&guarded, &Default::default()).await?;
+
     // A Tenant cannot make the operator grant what it may not bind: cluster-admin is refused.
     let greedy = format!("{tenant}-x");
     let greedy_obj = json!({"apiVersion": "tenancy.steward.dev/v1alpha1", "kind": "Tenant", "metadata": {"name": greedy},
@@ -1325,7 +1424,10 @@ async fn tenant_operator_runs_as_its_service_account() -> Result<()> {
         .await?;
     }
 
-    running.check_rbac_except(&["cluster-admin"]).await?;
+    // Its writes of the defaults' binding deleted above were refused, as they must be.
+    running
+        .check_rbac_except(&["cluster-admin", "mutatingadmissionpolicybindings"])
+        .await?;
     running
         .expect_forbidden("bind the cluster-admin ClusterRole in a namespace", async {
             let rb: k8s_openapi::api::rbac::v1::RoleBinding = escalation("cluster-admin")?;
@@ -1396,6 +1498,177 @@ async fn tenant_operator_runs_as_its_service_account() -> Result<()> {
             ),
         )
         .await?;
+    // Two steps that would give any namespace to a tenant (then an admin RoleBinding there,
+    // or its deletion): writing the created-for or adopt-by mark first, then the label.
+    type Ns = k8s_openapi::api::core::v1::Namespace;
+    let namespaces = Api::<Ns>::all(running.client.clone());
+    for key in ["created-for", "adopt-by"] {
+        running
+            .expect_forbidden(
+                &format!("mark kube-system tenancy.steward.dev/{key}"),
+                dry_merge(
+                    namespaces.clone(),
+                    "kube-system",
+                    json!({"metadata": {"annotations": {format!("tenancy.steward.dev/{key}"): tenant}}}),
+                ),
+            )
+            .await?;
+    }
+    let victim = format!("{tenant}-victim");
+    apply(
+        &admin,
+        &json!({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": victim}}),
+        None,
+        false,
+    )
+    .await?;
+    // Not a dry run: if the mark were written, the label would be next.
+    running
+        .expect_forbidden(
+            "mark a namespace it did not create as created for a tenant",
+            async {
+                let patch = json!({"metadata": {"annotations": {"tenancy.steward.dev/created-for": tenant}}});
+                namespaces
+                    .patch(&victim, &PatchParams::default(), &Patch::Merge(&patch))
+                    .await
+                    .map(drop)
+                    .map_err(Into::into)
+            },
+        )
+        .await?;
+    running
+        .expect_forbidden(
+            "label a namespace it did not create for a tenant",
+            dry_merge(
+                namespaces.clone(),
+                &victim,
+                json!({"metadata": {"labels": {"tenancy.steward.dev/tenant": tenant}}}),
+            ),
+        )
+        .await?;
+    // A namespace a cluster admin handed over is taken only as adopted, and stays adopted
+    // (an adopted namespace is released, never deleted).
+    let handed = format!("{tenant}-handed");
+    // Handed to a tenant that does not exist, so the running operator leaves it alone.
+    let ghost = format!("{tenant}-ghost");
+    apply(
+        &admin,
+        &json!({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": handed,
+            "annotations": {"tenancy.steward.dev/adopt-by": ghost}}}),
+        None,
+        false,
+    )
+    .await?;
+    running
+        .expect_forbidden(
+            "take a handed-over namespace without marking it adopted",
+            dry_merge(
+                namespaces.clone(),
+                &handed,
+                json!({"metadata": {"labels": {"tenancy.steward.dev/tenant": ghost}}}),
+            ),
+        )
+        .await?;
+    dry_merge(
+        namespaces.clone(),
+        &handed,
+        json!({"metadata": {"labels": {"tenancy.steward.dev/tenant": ghost, "tenancy.steward.dev/adopted": "true"}}}),
+    )
+    .await
+    .context("the operator takes a handed-over namespace as adopted")?;
+    apply(
+        &admin,
+        &json!({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": handed,
+            "labels": {"tenancy.steward.dev/tenant": ghost, "tenancy.steward.dev/adopted": "true"}}}),
+        None,
+        false,
+    )
+    .await?;
+    running
+        .expect_forbidden(
+            "unmark an adopted namespace (to delete it next)",
+            dry_merge(
+                namespaces.clone(),
+                &handed,
+                json!({"metadata": {"labels": {"tenancy.steward.dev/adopted": null}}}),
+            ),
+        )
+        .await?;
+    running
+        .expect_forbidden("delete an adopted namespace", async {
+            namespaces
+                .delete(
+                    &handed,
+                    &kube::api::DeleteParams {
+                        dry_run: true,
+                        ..Default::default()
+                    },
+                )
+                .await
+                .map(drop)
+                .map_err(Into::into)
+        })
+        .await?;
+    for ns in [&victim, &handed] {
+        Api::<Ns>::all(admin.clone())
+            .delete(ns, &Default::default())
+            .await?;
+    }
+    // Admission policies: only its own validating ones, by name; no mutating one at all (a
+    // mutating policy may rewrite anything anyone creates, and admission policies never apply
+    // to admission configuration: RBAC is the only restraint).
+    let foreign_vap: k8s_openapi::api::admissionregistration::v1::ValidatingAdmissionPolicy =
+        serde_json::from_value(json!({"metadata": {"name": "someone-elses-policy"},
+            "spec": {"failurePolicy": "Fail", "matchConstraints": {"resourceRules": [{"apiGroups": [""],
+              "apiVersions": ["v1"], "operations": ["CREATE"], "resources": ["configmaps"]}]},
+              "validations": [{"expression": "false"}]}}))?;
+    running
+        .expect_forbidden(
+            "create a ValidatingAdmissionPolicy of another name",
+            async {
+                vaps_as(&running.client)
+                    .create(&dry, &foreign_vap)
+                    .await
+                    .map(drop)
+                    .map_err(Into::into)
+            },
+        )
+        .await?;
+    running
+        .expect_forbidden(
+            "create a ValidatingAdmissionPolicy of another name by server-side apply",
+            dry_apply(vaps_as(&running.client), &foreign_vap),
+        )
+        .await?;
+    let maps = Api::<k8s_openapi::api::admissionregistration::v1::MutatingAdmissionPolicy>::all(
+        running.client.clone(),
+    );
+    let mut own_map =
+        Api::<k8s_openapi::api::admissionregistration::v1::MutatingAdmissionPolicy>::all(
+            admin.clone(),
+        )
+        .get("tenancy.steward.dev-pod-defaults")
+        .await?;
+    own_map.metadata.managed_fields = None;
+    own_map.metadata.resource_version = None;
+    own_map.metadata.uid = None;
+    own_map.metadata.creation_timestamp = None;
+    own_map.metadata.generation = None;
+    running
+        .expect_forbidden(
+            "rewrite its own MutatingAdmissionPolicy",
+            dry_apply(maps.clone(), &own_map),
+        )
+        .await?;
+    own_map.metadata.name = Some("steward-takeover".into());
+    running
+        .expect_forbidden("create a MutatingAdmissionPolicy", async {
+            maps.create(&dry, &own_map)
+                .await
+                .map(drop)
+                .map_err(Into::into)
+        })
+        .await?;
     running
         .expect_forbidden("delete a namespace outside every tenant", async {
             Api::<k8s_openapi::api::core::v1::Namespace>::all(running.client.clone())
@@ -1433,6 +1706,27 @@ where
         ..Default::default()
     };
     api.patch(name, &params, &Patch::Merge(&patch))
+        .await
+        .map(drop)
+        .map_err(Into::into)
+}
+
+/// A dry-run server-side apply of `obj` through `api` (as the operator's field manager): refused
+/// or not, nothing changes.
+async fn dry_apply<K>(api: Api<K>, obj: &K) -> Result<()>
+where
+    K: kube::Resource + Clone + serde::Serialize + serde::de::DeserializeOwned + std::fmt::Debug,
+    K::DynamicType: Default,
+{
+    let mut body = serde_json::to_value(obj)?;
+    body["apiVersion"] = K::api_version(&Default::default()).into();
+    body["kind"] = K::kind(&Default::default()).into();
+    let params = PatchParams {
+        dry_run: true,
+        ..PatchParams::apply("tenant-operator").force()
+    };
+    let name = obj.meta().name.clone().unwrap_or_default();
+    api.patch(&name, &params, &Patch::Apply(&body))
         .await
         .map(drop)
         .map_err(Into::into)

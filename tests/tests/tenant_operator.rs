@@ -1822,7 +1822,7 @@ async fn tenant_policies_refuse_what_the_tenant_may_not_run_even_through_a_contr
             .owner_user("rita")
             .namespaces([&ns])
             .policies(TenantPolicies {
-                allowed_registries: vec![registry.to_string()],
+                allowed_registries: vec![registry.to_string(), "registry.k8s.io".to_string()],
                 image_pull_policy: Some(PullPolicy::Always),
                 allowed_storage_classes: vec!["standard".into()],
                 allowed_ingress_classes: vec!["internal".into()],
@@ -1863,13 +1863,37 @@ async fn tenant_policies_refuse_what_the_tenant_may_not_run_even_through_a_contr
         },
     )
     .await;
+    let registries = format!("{registry},registry.k8s.io");
     assert!(
         message.contains(&format!(
             "image docker.io/library/nginx:1 is not from an allowed registry {}",
-            because("allowedRegistries", registry)
+            because("allowedRegistries", &registries)
         )),
         "{message}"
     );
+    // An entry matches whole segments: a registry is not a prefix of another host's name.
+    let message = denied_eventually(
+        "a pod from a host whose name starts with an allowed registry's",
+        "not from an allowed registry",
+        || async {
+            pods.create(
+                &dry_post(),
+                &pod_with("registry.k8s.io.evil.example/pause:3.10", "Always", true),
+            )
+            .await
+        },
+    )
+    .await;
+    assert!(
+        message.contains("image registry.k8s.io.evil.example/pause:3.10 is not from"),
+        "{message}"
+    );
+    pods.create(
+        &dry_post(),
+        &pod_with("registry.k8s.io/pause:3.10", "Always", true),
+    )
+    .await
+    .expect("an image of an allowed registry");
     for (what, pod, needle) in [
         (
             "a container pulled IfNotPresent",
@@ -2776,6 +2800,18 @@ async fn bad_input_is_rejected_at_admission_with_a_clear_message() {
             format!("{id}-12"),
             json!({"owners": owner, "namespaceMetadata": {"labels": {"tenancy.steward.dev/tenant": "other"}}}),
             "set by the operator",
+        ),
+        (
+            "a wildcard registry",
+            format!("{id}-14"),
+            json!({"owners": owner, "policies": {"allowedRegistries": ["*"]}}),
+            "spec.policies.allowedRegistries[0]",
+        ),
+        (
+            "an empty list of registries",
+            format!("{id}-15"),
+            json!({"owners": owner, "policies": {"allowedRegistries": []}}),
+            "spec.policies.allowedRegistries",
         ),
         (
             "a default RuntimeClass that is not allowed",

@@ -1,4 +1,5 @@
-//! `cargo xtask crdgen`: one YAML file per CRD in `crds/`, generated from the Rust types.
+//! `cargo xtask crdgen`: one YAML file per CRD in `crds/`, generated from the Rust types, the
+//! kustomizations listing the operators, and the manifests operators generate into `deploy/`.
 
 use std::collections::BTreeMap;
 
@@ -46,5 +47,20 @@ pub fn run(check: bool) -> Result<()> {
     let command = "cargo xtask crdgen";
     crate::generated::sync(&root.join("crds"), "crds", &crds, &[""], check, command)?;
     let kustomizations = crate::kustomize::render(&steward_operators::all(), &files);
-    crate::generated::sync(&root, ".", &kustomizations, &[], check, command)
+    crate::generated::sync(&root, ".", &kustomizations, &[], check, command)?;
+    crate::generated::sync(&root, ".", &manifests()?, &[], check, command)
+}
+
+/// Every operator's generated manifests ([`steward_core::operator::Definition::manifests`]),
+/// by path (`deploy/<operator>/<file>`).
+fn manifests() -> Result<BTreeMap<String, String>> {
+    let mut files = BTreeMap::new();
+    for operator in steward_operators::all() {
+        let generated = (operator.manifests)()
+            .map_err(|e| anyhow::anyhow!("{}'s manifests: {e}", operator.name))?;
+        for (file, text) in generated {
+            files.insert(format!("deploy/{}/{file}", operator.name), text);
+        }
+    }
+    Ok(files)
 }

@@ -204,37 +204,7 @@ impl Children {
     where
         K: Resource<DynamicType = ()> + Serialize,
     {
-        let child = self.adopt(child);
-        let mut value = serde_json::to_value(&child).map_err(|e| Error::Serialize {
-            what: child.name_any(),
-            message: e.to_string(),
-        })?;
-        if let Some(obj) = value.as_object_mut() {
-            obj.insert("apiVersion".into(), K::api_version(&()).into());
-            obj.insert("kind".into(), K::kind(&()).into());
-            obj.remove("status");
-            if let Some(meta) = obj.get_mut("metadata").and_then(|m| m.as_object_mut()) {
-                meta.remove("resourceVersion");
-                meta.remove("managedFields");
-                meta.remove("creationTimestamp");
-                if let Some(Value::Object(a)) = meta.get_mut("annotations") {
-                    a.remove(APPLIED_ANNOTATION);
-                    if a.is_empty() {
-                        meta.remove("annotations");
-                    }
-                }
-            }
-        }
-        let digest = digest(&value);
-        if let Some(meta) = value.get_mut("metadata").and_then(|m| m.as_object_mut()) {
-            let annotations = meta
-                .entry("annotations")
-                .or_insert_with(|| Value::Object(Default::default()));
-            if let Some(a) = annotations.as_object_mut() {
-                a.insert(APPLIED_ANNOTATION.into(), digest.into());
-            }
-        }
-        Ok(value)
+        stamped(self.adopt(child))
     }
 
     /// Server-side applies `child` (forced: the operator owns the fields it sets) in its
@@ -472,6 +442,62 @@ pub fn is_conflict(err: &Error) -> bool {
 /// admission policy that denies with `Forbidden`).
 pub fn is_forbidden(err: &Error) -> bool {
     matches!(err, Error::ApplyChild { source: kube::Error::Api(s), .. } if s.code == 403)
+}
+
+/// The apply body of an unowned child (what [`Children::unowned`]'s [`Children::body`] makes
+/// of `child` for `field_manager`), without a client: for manifests generated ahead of time
+/// and installed by someone else, which the operator then finds up to date by their digest.
+///
+/// # Errors
+/// [`Error::Serialize`] when `child` does not serialize.
+pub fn unowned_body<K>(field_manager: &str, mut child: K) -> Result<Value, Error>
+where
+    K: Resource<DynamicType = ()> + Serialize,
+{
+    child
+        .meta_mut()
+        .labels
+        .get_or_insert_with(Default::default)
+        .insert(MANAGED_BY_LABEL.to_string(), field_manager.to_string());
+    stamped(child)
+}
+
+/// `child` as an apply body: with apiVersion and kind, without status and server-set
+/// metadata, and with [`APPLIED_ANNOTATION`].
+fn stamped<K>(child: K) -> Result<Value, Error>
+where
+    K: Resource<DynamicType = ()> + Serialize,
+{
+    let mut value = serde_json::to_value(&child).map_err(|e| Error::Serialize {
+        what: child.name_any(),
+        message: e.to_string(),
+    })?;
+    if let Some(obj) = value.as_object_mut() {
+        obj.insert("apiVersion".into(), K::api_version(&()).into());
+        obj.insert("kind".into(), K::kind(&()).into());
+        obj.remove("status");
+        if let Some(meta) = obj.get_mut("metadata").and_then(|m| m.as_object_mut()) {
+            meta.remove("resourceVersion");
+            meta.remove("managedFields");
+            meta.remove("creationTimestamp");
+            if let Some(Value::Object(a)) = meta.get_mut("annotations") {
+                a.remove(APPLIED_ANNOTATION);
+                if a.is_empty() {
+                    meta.remove("annotations");
+                }
+            }
+        }
+    }
+    let digest = digest(&value);
+    if let Some(meta) = value.get_mut("metadata").and_then(|m| m.as_object_mut()) {
+        let annotations = meta
+            .entry("annotations")
+            .or_insert_with(|| Value::Object(Default::default()));
+        if let Some(a) = annotations.as_object_mut() {
+            a.insert(APPLIED_ANNOTATION.into(), digest.into());
+        }
+    }
+    Ok(value)
 }
 
 /// The digest recorded in [`APPLIED_ANNOTATION`]: SHA-256 of the apply body's JSON, 16 bytes.

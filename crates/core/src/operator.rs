@@ -69,6 +69,18 @@ pub trait Definition: 'static {
         let _ = options;
         Ok(None)
     }
+
+    /// Manifests generated from the code into `deploy/<NAME>/`, by file name (`cargo xtask
+    /// crdgen` writes them, its `--check` fails when one is stale): objects the operator needs
+    /// in force but must not be able to write itself, installed with its deployment (list
+    /// them in its kustomization). The tenant-operator's MutatingAdmissionPolicy is one: a
+    /// ServiceAccount that may write a mutating policy may rewrite any object of the cluster.
+    ///
+    /// # Errors
+    /// When a manifest cannot be serialized.
+    fn manifests() -> Result<Manifests, String> {
+        Ok(Vec::new())
+    }
 }
 
 /// What every Steward CRD has, so that `kubectl get steward` lists it and `kubectl get <kind>`
@@ -107,6 +119,9 @@ pub fn crd_conventions(crd: &CustomResourceDefinition) -> Vec<String> {
     missed
 }
 
+/// Generated manifests by file name ([`Definition::manifests`]).
+pub type Manifests = Vec<(&'static str, String)>;
+
 /// An operator as the workspace's registry lists it: what xtask and the tests need without
 /// knowing its types.
 #[derive(Clone, Copy, Debug)]
@@ -122,6 +137,8 @@ pub struct Entry {
     pub companions: &'static [&'static str],
     /// [`Definition::SAMPLES`].
     pub samples: &'static [&'static str],
+    /// [`Definition::manifests`].
+    pub manifests: fn() -> Result<Manifests, String>,
     /// Registers the operator on `operator` with its options parsed from a command line (the
     /// arguments after the binary's name; none: the defaults), as its binary would: for tests
     /// and tools that need every operator's controllers or metrics.
@@ -137,6 +154,7 @@ impl Entry {
             parse_args: parse_args::<D>,
             companions: D::COMPANIONS,
             samples: D::SAMPLES,
+            manifests: D::manifests,
             register: register::<D>,
         }
     }

@@ -51,6 +51,10 @@ pub struct Stores {
     /// Shared sources (labelled shareable), per shared namespace.
     pub source_secrets: Sources<Secret>,
     pub source_config_maps: Sources<ConfigMap>,
+    /// The operator's admission policies and bindings (by its managed-by label), for
+    /// [`crate::policy::GuardRails`]; not waited for: a kind the API server does not serve never
+    /// lists, and an empty cache only makes the guard rails look missing (owners wait).
+    pub admission: crate::policy::Cached,
     /// Whether the child stores have listed.
     pub readiness: Readiness,
 }
@@ -138,6 +142,9 @@ pub struct State {
     pub resync: Duration,
     /// The operator's own user (a SelfSubjectReview, once): the subject of its access Roles.
     pub me: tokio::sync::OnceCell<String>,
+    /// The admission policies owners must not get access without (`None` without
+    /// `--apply-policies`: the cluster admin enforces something else).
+    pub guard_rails: Option<crate::policy::GuardRails>,
 }
 
 /// A reflector over `api` limited by `labels` (steward-core's watch: its own backoff, errors
@@ -155,6 +162,17 @@ where
     (reader, watch.inspect(move |event| listed(event)))
 }
 
+/// A reflector over `api` limited by `labels`, not waited for ([`Stores::ready`]).
+fn cache<K>(api: Api<K>, labels: &str) -> (Store<K>, Watch<K>)
+where
+    K: Resource<DynamicType = ()> + Clone + DeserializeOwned + Debug + Send + Sync + 'static,
+{
+    steward_core::controller::watch(
+        api,
+        watcher::Config::default().labels(labels).any_semantic(),
+    )
+}
+
 /// [`reflect`] of the objects labelled with a tenant (those `labels` selects), indexed by it.
 fn reflect_children<K>(api: Api<K>, labels: &str, readiness: &Readiness) -> (Indexed<K>, Watch<K>)
 where
@@ -164,6 +182,11 @@ where
     let index = Indexed::new(store, TENANT_LABEL);
     let watch = index.follow(watch);
     (index, watch)
+}
+
+/// For a watch that only fills a cache.
+fn wakes_none<K>(_: K) -> Option<ObjectRef<Tenant>> {
+    None
 }
 
 fn by_tenant_label<K: Resource>(obj: K) -> Option<ObjectRef<Tenant>> {
@@ -208,7 +231,24 @@ pub fn build(
         &r,
     );
 
+    // The admission policies: cached only (a Tenant waiting for one requeues soon).
+    let managed = format!("{}={}", steward_core::apply::MANAGED_BY_LABEL, crate::NAME);
+    let (vaps, vap_stream) = cache(Api::all(client.clone()), &managed);
+    let (vap_bindings, vapb_stream) = cache(Api::all(client.clone()), &managed);
+    let (maps, map_stream) = cache(Api::all(client.clone()), &managed);
+    let (map_bindings, mapb_stream) = cache(Api::all(client.clone()), &managed);
+    let admission = crate::policy::Cached {
+        vaps,
+        vap_bindings,
+        maps,
+        map_bindings,
+    };
+
     let mut controller = controller
+        .watches_stream(vap_stream, wakes_none)
+        .watches_stream(vapb_stream, wakes_none)
+        .watches_stream(map_stream, wakes_none)
+        .watches_stream(mapb_stream, wakes_none)
         .watches_stream(ns_stream, by_tenant_label)
         .watches_stream(rq_stream, by_tenant_label)
         .watches_stream(lr_stream, by_tenant_label)
@@ -235,6 +275,7 @@ pub fn build(
         cluster_role_bindings,
         source_secrets,
         source_config_maps,
+        admission,
         readiness: r,
     };
     (controller, stores)

@@ -186,10 +186,15 @@ pub struct TenantSpec {
      "message": "defaultRuntimeClass must be one of allowedRuntimeClasses"}
 ]))]
 pub struct TenantPolicies {
-    /// Image prefixes a container image must start with, e.g. `registry.example.com/team-a/`
-    /// (every container, init and ephemeral container of a pod).
+    /// Where every container image (init and ephemeral ones too) must come from: a registry
+    /// (`registry.example.com`, or with a port), or a repository path in one
+    /// (`registry.example.com/team-a`, or `…/team-a/` for what lies under it only). An entry
+    /// matches whole segments: `registry.example.com` admits `registry.example.com/app:1`,
+    /// never `registry.example.com.evil.example/app`; a repository also with its tag or digest
+    /// (`…/team-a:1`, `…/team-a@sha256:…`). No wildcards; to allow every registry, leave the
+    /// field out (an empty list is refused: it would read as "none").
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
-    #[schemars(length(max = 32), extend("x-kubernetes-list-type" = "set"), inner(length(min = 1, max = 253), regex(pattern = r"^[^,\s]+$")))]
+    #[schemars(length(min = 1, max = 32), extend("x-kubernetes-list-type" = "set"), inner(length(min = 1, max = 253), regex(pattern = r"^[a-z0-9]([a-z0-9.-]*[a-z0-9])?(:[0-9]{1,5})?(/[A-Za-z0-9._-]+)*/?$")))]
     pub allowed_registries: Vec<String>,
 
     /// The `imagePullPolicy` every container must have (e.g. `Always`, so a node's cached copy

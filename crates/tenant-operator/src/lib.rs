@@ -134,9 +134,17 @@ impl steward_core::operator::Definition for TenantOperator {
         }
         let exempt =
             policy::Exemptions::new(options.exempt_users.clone(), options.exempt_groups.clone());
-        policy::to_yaml(&policy::Policies::new(&exempt, NAME))
+        policy::to_yaml(&policy::Policies::new(&exempt, None, NAME))
             .map(Some)
             .map_err(|e| Error::PrintPolicies(e.to_string()))
+    }
+
+    /// The MutatingAdmissionPolicy and its binding, which the deployment installs.
+    fn manifests() -> Result<steward_core::operator::Manifests, String> {
+        Ok(vec![(
+            policy::DEFAULTS_FILE,
+            policy::deployed_defaults(NAME)?,
+        )])
     }
 }
 
@@ -193,6 +201,14 @@ pub fn register(operator: &mut Operator, options: Options) -> Result<(), Error> 
         options.shared_namespaces.clone(),
     );
     let resync = options.resync_period;
+    let extra = policy::Exemptions {
+        users: options.exempt_users,
+        groups: options.exempt_groups,
+        user_prefixes: Vec::new(),
+    };
+    let guard_rails = options
+        .apply_policies
+        .then(|| policy::GuardRails::new(operator.unguarded_client(), extra.clone(), NAME));
     // The per-Tenant gauges read the Tenant cache of each shard this replica holds (the one
     // cache when not sharded).
     let tenants = steward_core::metrics::Stores::default();
@@ -212,6 +228,7 @@ pub fn register(operator: &mut Operator, options: Options) -> Result<(), Error> 
             settings: settings.clone(),
             resync,
             me: Default::default(),
+            guard_rails: guard_rails.clone(),
         };
         (controller, state)
     };
@@ -225,11 +242,6 @@ pub fn register(operator: &mut Operator, options: Options) -> Result<(), Error> 
     });
     if options.apply_policies {
         let client = operator.client();
-        let extra = policy::Exemptions {
-            users: options.exempt_users,
-            groups: options.exempt_groups,
-            user_prefixes: Vec::new(),
-        };
         let recheck = options.resync_period;
         operator.singleton(move |stop| {
             policy::keep_in_place(

@@ -108,6 +108,9 @@ pub enum Error {
     /// Deleting a child no longer wanted failed (the source names it).
     #[error("failed to prune a child the tenant no longer wants")]
     Prune(#[source] steward_core::Error),
+    /// Finding which admission policies are wanted (they exempt the operator) failed.
+    #[error("failed to find which admission policies are wanted")]
+    GuardRails(#[source] crate::policy::Error),
     /// Writing the status failed.
     #[error("failed to write the status")]
     WriteStatus(#[source] steward_core::Error),
@@ -127,6 +130,7 @@ impl ReconcileError for Error {
             Error::ApplyChild { .. } => "ApplyFailed",
             Error::ReadTarget { .. } => "ReadFailed",
             Error::WhoAmI(_) => "WhoAmIFailed",
+            Error::GuardRails(_) => "GuardRailsReadFailed",
             Error::Prune(_) => "PruneFailed",
             Error::WriteStatus(_) => "StatusWriteFailed",
         }
@@ -272,6 +276,26 @@ async fn converge(
     };
     tracing::debug!(tenant = %name, "quotas applied");
 
+    // Owners get access only where every guard rail is in force: the admission policies
+    // (read back from the API server, not taken on trust) and, per namespace below, the
+    // parameters they read there.
+    let rails_missing = match &ctx.data.guard_rails {
+        Some(rails) => rails
+            .missing(&stores.admission)
+            .await
+            .map_err(Error::GuardRails)?,
+        None => Vec::new(),
+    };
+    if !rails_missing.is_empty() {
+        soon = true;
+        obs.problems.push(Problem {
+            reason: "GuardRailsMissing",
+            message: format!(
+                "owners get access to new namespaces once every admission policy is in force; not in force: {}",
+                rails_missing.join("; ")
+            ),
+        });
+    }
     let mut missing_sources = BTreeSet::new();
     let mut taken = BTreeSet::new();
     let not_shared: Vec<String> = tenant
@@ -314,9 +338,11 @@ async fn converge(
         let stale = granted.minus(&want);
         grant(tenant, ctx, &children, ns, &want.union(&stale), &mut keep).await?;
         let mut pending = false;
+        let mut params_written = true;
         for params in wanted.policy_params {
-            pending |=
-                apply_by_name(ctx, &children, &uid, params, false).await? == ByName::NoAccessYet;
+            let applied = apply_by_name(ctx, &children, &uid, params, false).await?;
+            params_written &= applied == ByName::Applied;
+            pending |= applied == ByName::NoAccessYet;
         }
         for shared in wanted.copies {
             let (kind, copy_name) = (shared.kind(), shared.name());
@@ -350,9 +376,12 @@ async fn converge(
         // Access last, and only once the namespace's quotas are enforced: until the quota
         // controller has copied a ResourceQuota's limits into `status.hard`, the API server
         // admits anything, so an owner bound earlier could create unquoted objects.
+        // And only once the admission policies and their parameters here are in force: a
+        // pod created before would never be checked.
         let enforced = quotas_enforced(&stores.quotas, &keep.quotas, ns);
+        let guarded = rails_missing.is_empty() && params_written;
         let (bind, wait): (Vec<_>, Vec<_>) = wanted.role_bindings.into_iter().partition(|rb| {
-            enforced
+            (enforced && guarded)
                 || stores
                     .role_bindings
                     .get(&ObjectRef::new(&rb.name_any()).within(ns))
@@ -367,7 +396,15 @@ async fn converge(
             &mut keep.role_bindings,
         )
         .await?;
-        if !wait.is_empty() {
+        if !wait.is_empty() && !params_written {
+            soon = true;
+            obs.problems.push(Problem {
+                reason: "WaitingForPolicies",
+                message: format!(
+                    "owners get access to namespace {ns} once the parameters of its admission policies are written there"
+                ),
+            });
+        } else if !wait.is_empty() && !enforced {
             soon = true;
             obs.problems.push(Problem {
                 reason: "WaitingForQuota",
