@@ -1034,6 +1034,20 @@ impl Stepper<'_> {
         let strategy = &i.spec.strategy;
         let wave_number = i32::try_from(wave + 1).unwrap_or(i32::MAX);
         let in_flight = self.in_flight().count();
+        // An invalid window is a validation failure whatever else holds the wave (a pause, a
+        // missing approval): reported now, not once the wave is approved.
+        let window = match crate::window::check(&strategy.maintenance_windows, i.now) {
+            Ok(window) => window,
+            Err(why) => {
+                self.set(st, VALID, false, "InvalidMaintenanceWindow", &why);
+                let phase = if st.started_at.is_some() {
+                    PlanPhase::Paused
+                } else {
+                    PlanPhase::Pending
+                };
+                return Some(Verdict::new(phase, "InvalidMaintenanceWindow", why));
+            }
+        };
         if strategy.paused {
             let message = if in_flight > 0 {
                 format!("paused: no component starts; {in_flight} in flight still followed")
@@ -1058,17 +1072,8 @@ impl Stepper<'_> {
                 ),
             ));
         }
-        match crate::window::check(&strategy.maintenance_windows, i.now) {
-            Err(why) => {
-                self.set(st, VALID, false, "InvalidMaintenanceWindow", &why);
-                let phase = if st.started_at.is_some() {
-                    PlanPhase::Paused
-                } else {
-                    PlanPhase::Pending
-                };
-                Some(Verdict::new(phase, "InvalidMaintenanceWindow", why))
-            }
-            Ok(Window::Closed { opens, window }) => {
+        match window {
+            Window::Closed { opens, window } => {
                 self.recheck_in(crate::window::until(i.now, opens.timestamp()));
                 let next = format!(
                     "{}{} ({window})",
@@ -1088,11 +1093,11 @@ impl Stepper<'_> {
                     message,
                 ))
             }
-            Ok(Window::Open { closes }) => {
+            Window::Open { closes } => {
                 self.recheck_in(crate::window::until(i.now, closes));
                 None
             }
-            Ok(Window::Always) => None,
+            Window::Always => None,
         }
     }
 
@@ -1638,6 +1643,31 @@ mod tests {
             valid.message
         );
         assert!(s.changes.is_empty());
+    }
+
+    #[test]
+    fn an_invalid_window_is_reported_before_its_wave_is_approved_or_unpaused() {
+        for (manual, paused) in [(true, false), (false, true)] {
+            let mut s = Sim::diamond().with(|st| {
+                if manual {
+                    st.approval = crate::crd::Approval::Manual;
+                }
+                st.paused = paused;
+                st.maintenance_windows = vec![crate::crd::MaintenanceWindow {
+                    schedule: "0 25 * * *".into(),
+                    duration: "1h".into(),
+                    time_zone: None,
+                }];
+            });
+            s.reconcile();
+            let valid = conditions::get(&s.status.conditions, VALID).unwrap();
+            assert_eq!(
+                (valid.status.as_str(), valid.reason.as_str()),
+                ("False", "InvalidMaintenanceWindow"),
+                "manual approval {manual}, paused {paused}"
+            );
+            assert!(s.changes.is_empty());
+        }
     }
 
     #[test]
