@@ -237,46 +237,80 @@ pub async fn run(
     Ok(())
 }
 
-/// Tells the watchdog, every 200 ms, until when the primary's postmaster may write.
+/// Tells the watchdog, every 200 ms, until when the primary's postmaster may write; starts it
+/// again whenever it is gone ([`keep_watchdog`]).
 async fn heartbeat(
     exe: PathBuf,
     leadership: watch::Receiver<Leadership>,
     primary_pid: Arc<AtomicI32>,
 ) {
-    let child = tokio::process::Command::new(&exe)
-        .arg("watchdog")
-        .stdin(std::process::Stdio::piped())
-        .kill_on_drop(true)
-        .spawn();
-    let mut child = match child {
-        Ok(c) => c,
-        Err(e) => {
-            tracing::error!(error = %e, "the watchdog could not be started: nothing fences a paused manager");
-            return;
-        }
+    let spawn = || {
+        tokio::process::Command::new(&exe)
+            .arg("watchdog")
+            .stdin(std::process::Stdio::piped())
+            .kill_on_drop(true)
+            .spawn()
     };
-    let Some(mut stdin) = child.stdin.take() else {
-        return;
-    };
-    let mut tick = tokio::time::interval(Duration::from_millis(200));
-    loop {
-        tick.tick().await;
+    let message = || {
         let pid = primary_pid.load(Ordering::SeqCst);
-        let message = if pid == 0 {
-            Message::Standby
-        } else {
-            let deadline = leadership.borrow().deadline();
-            let valid_for = match deadline {
-                Ok(Some(deadline)) => deadline.saturating_duration_since(Instant::now()),
-                Ok(None) => Duration::from_secs(3600),
-                Err(_) => Duration::ZERO,
-            };
-            Message::Primary { valid_for, pid }
-        };
-        if stdin.write_all(message.encode().as_bytes()).await.is_err() {
-            tracing::error!("the watchdog is gone");
-            return;
+        if pid == 0 {
+            return Message::Standby;
         }
+        let deadline = leadership.borrow().deadline();
+        let valid_for = match deadline {
+            Ok(Some(deadline)) => deadline.saturating_duration_since(Instant::now()),
+            Ok(None) => Duration::from_secs(3600),
+            Err(_) => Duration::ZERO,
+        };
+        Message::Primary { valid_for, pid }
+    };
+    keep_watchdog(spawn, message).await;
+}
+
+/// How soon a watchdog that is gone is started again: doubling from the first to the last,
+/// back to the first once one has run for [`WATCHDOG_STEADY`].
+const WATCHDOG_RESTART: (Duration, Duration) = (Duration::from_millis(100), Duration::from_secs(5));
+const WATCHDOG_STEADY: Duration = Duration::from_secs(10);
+
+/// Runs the watchdog `spawn` starts and sends it `message()` every 200 ms, for ever: a
+/// watchdog that exits, is killed or cannot be written to is started again (with backoff),
+/// since without it nothing fences a primary whose manager is paused.
+async fn keep_watchdog<S, M>(mut spawn: S, mut message: M)
+where
+    S: FnMut() -> std::io::Result<tokio::process::Child>,
+    M: FnMut() -> Message,
+{
+    let mut delay = WATCHDOG_RESTART.0;
+    loop {
+        let started = Instant::now();
+        match spawn() {
+            Ok(mut child) => {
+                if let Some(mut stdin) = child.stdin.take() {
+                    let mut tick = tokio::time::interval(Duration::from_millis(200));
+                    loop {
+                        tick.tick().await;
+                        if stdin
+                            .write_all(message().encode().as_bytes())
+                            .await
+                            .is_err()
+                        {
+                            break;
+                        }
+                    }
+                }
+                // Reaped (killed first if it still runs but no longer reads).
+                let _ = child.kill().await;
+                tracing::error!(restart_in = ?delay, "the watchdog is gone; starting it again");
+            }
+            Err(e) => {
+                tracing::error!(error = %e, restart_in = ?delay, "the watchdog could not be started: nothing fences a paused manager until it is");
+            }
+        }
+        if started.elapsed() >= WATCHDOG_STEADY {
+            delay = WATCHDOG_RESTART.0;
+        }
+        tokio::time::sleep(delay).await;
+        delay = (delay * 2).min(WATCHDOG_RESTART.1);
     }
 }
 
@@ -1476,6 +1510,32 @@ fn replica_timeline(streamed: &mut Option<u32>, o: &postgres::Observed) -> u32 {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[tokio::test]
+    async fn a_watchdog_that_is_gone_is_started_again() {
+        // A "watchdog" that reads one message and exits, as if it crashed.
+        let spawned = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+        let count = spawned.clone();
+        let spawn = move || {
+            count.fetch_add(1, Ordering::SeqCst);
+            tokio::process::Command::new("sh")
+                .args(["-c", "read line"])
+                .stdin(std::process::Stdio::piped())
+                .kill_on_drop(true)
+                .spawn()
+        };
+        let task = tokio::spawn(keep_watchdog(spawn, || Message::Standby));
+        let deadline = Instant::now() + Duration::from_secs(20);
+        while spawned.load(Ordering::SeqCst) < 3 && Instant::now() < deadline {
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        task.abort();
+        assert!(
+            spawned.load(Ordering::SeqCst) >= 3,
+            "started {} times",
+            spawned.load(Ordering::SeqCst)
+        );
+    }
 
     /// The item-7 rule broke after a failover: a replica whose stream from the new primary
     /// ended reported its last restartpoint's timeline (the old one), did not match the
