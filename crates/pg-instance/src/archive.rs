@@ -10,7 +10,8 @@
 //! system                              the system identifier archiving here now ([`claim`])
 //! wal/<system>/<WAL file name>.gz     every archived file (segments, .history, .backup) of
 //!                                     the PostgreSQL system <system>, gzip
-//! base/<backup>/data.tar.gz           the data directory, WAL to be consistent included
+//! base/<backup>/data.tar.gz           the data directory (the WAL to make it consistent is
+//!                                     archived before the backup ends, read back in restore)
 //! base/<backup>/backup.json           [`BaseBackup`]; written last: a backup without it is
 //!                                     incomplete and never restored
 //! ```
@@ -654,7 +655,12 @@ pub async fn base_backup(store: &Store, paths: &Paths, name: &str) -> Result<Bas
         .arg("-h")
         .arg(&paths.run_dir)
         .args(["-p", &contract::PG_PORT.to_string(), "-U", "postgres"])
-        .args(["-D", "-", "-F", "tar", "-X", "fetch", "-c", "fast", "-v"])
+        // `-X none`: the WAL that makes the copy consistent is archived, and pg_basebackup
+        // ends only once it is (`pg_backup_stop` waits for the archiver); a restore reads it
+        // back through `restore_command`. `-X fetch` (the only other choice writing a tar to
+        // stdout) fetches that WAL at the end, from `pg_wal`, which a busy primary may have
+        // recycled by then: the backup failed.
+        .args(["-D", "-", "-F", "tar", "-X", "none", "-c", "fast", "-v"])
         .args(["-l", name, "--no-password"])
         .stdin(Stdio::null())
         .stdout(Stdio::piped())
