@@ -14,7 +14,7 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 use k8s_openapi::api::coordination::v1::Lease;
 use k8s_openapi::api::events::v1::Event;
 use kube::api::Api;
-use steward_testenv::{ControlPlane, eventually};
+use steward_testenv::{ControlPlane, at_least, eventually};
 use tokio::process::{Child, Command};
 use tokio::sync::Mutex;
 
@@ -382,13 +382,8 @@ async fn one_of_three_leads_and_others_take_over_on_kill_and_term() {
     for id in ids.iter().filter(|id| **id != first) {
         e.follows(id).await;
     }
-    eventually("the leader's tenth write", WAIT, || async {
-        let n = read_writes(&e.candidates[e.index_of(&first)].writes).len();
-        if n >= 10 {
-            Ok(())
-        } else {
-            Err(format!("{n} writes"))
-        }
+    at_least("the leader's tenth write", 10, WAIT, || {
+        read_writes(&e.candidates[e.index_of(&first)].writes).len()
     })
     .await
     .unwrap();
@@ -668,16 +663,24 @@ async fn a_released_lease_is_taken_only_when_the_lease_check_accepts_it() {
         .create(&Default::default(), &lease)
         .await
         .unwrap();
+    // How often the elector asked its check about a Lease it could take.
+    let asked = std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let counted = asked.clone();
     let checked = LeaderElector::new(client.clone(), config("checked"))
         .unwrap()
-        .with_lease_check(std::sync::Arc::new(|lease: &Lease| {
+        .with_lease_check(std::sync::Arc::new(move |lease: &Lease| {
+            counted.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
             !kube::ResourceExt::annotations(lease).contains_key("example.com/wait")
         }));
     let leadership = checked.leadership();
     let stop = CancellationToken::new();
     let task = tokio::spawn(checked.run(stop.clone()));
-    // Several retries (and the release watch's wake-up) pass without a take-over.
-    tokio::time::sleep(MAX_RETRY * 3 + SLACK).await;
+    // Three attempts to take the released Lease, each refused by the check.
+    at_least("three take-over attempts", 3, WAIT, || {
+        asked.load(std::sync::atomic::Ordering::SeqCst)
+    })
+    .await
+    .unwrap();
     let holder = election.lease().await.and_then(|l| l.spec?.holder_identity);
     assert_eq!(
         holder.as_deref(),

@@ -212,7 +212,8 @@ enum Fault {
     /// and releases the Lease; the replica takes over; the old primary rejoins rewound.
     StopPostmaster,
     /// SIGSTOP of the primary's instance manager: it cannot renew; its watchdog stops
-    /// PostgreSQL at the renew deadline, the replica takes the Lease after it expires.
+    /// PostgreSQL at the renew deadline, the replica takes the Lease after it expires. The
+    /// watchdog is SIGKILLed first: the manager starts another, and that one fences.
     StopManager,
     /// The primary's pod is cut off the network (iptables DROP in its network namespace,
     /// both directions, API server included) longer than the Lease, with the operator
@@ -346,6 +347,27 @@ async fn disrupt(cluster: &mut Cluster, rw: &str, fault: Fault) -> (Duration, i6
     if matches!(fault, Fault::DeletePod | Fault::OperatorKilledMidSwitchover) {
         cluster.stop_operator().await;
         cluster.start_killable_operator().await;
+    }
+    if matches!(fault, Fault::StopManager) {
+        // The watchdog that will fence is one the manager started again.
+        let first = cluster
+            .watchdog(&old, manager)
+            .expect("the primary's watchdog");
+        signal(first, "KILL");
+        let again = eventually("the manager starts its watchdog again", WAIT, || {
+            let found = cluster.watchdog(&old, manager);
+            async move {
+                match found {
+                    Some(pid) if pid != first => Ok(pid),
+                    _ => Err(format!("no watchdog but the killed {first}")),
+                }
+            }
+        })
+        .await
+        .unwrap();
+        eprintln!("watchdog {first} killed: {again} started in its place");
+        // A heartbeat or two reaches the new watchdog before its manager stops.
+        tokio::time::sleep(Duration::from_millis(500)).await;
     }
     let fault_at = Instant::now();
     match fault {

@@ -82,6 +82,30 @@ where
     })
 }
 
+/// Waits until `count` (a counter the test keeps: attempts, writes, calls) reaches `min`:
+/// [`eventually`] with the count as its message ("2/3 attempts").
+///
+/// # Errors
+/// [`Error::Timeout`].
+pub async fn at_least(
+    what: &str,
+    min: usize,
+    timeout: Duration,
+    mut count: impl FnMut() -> usize,
+) -> Result<usize, Error> {
+    eventually(what, timeout, || {
+        let n = count();
+        async move {
+            if n >= min {
+                Ok(n)
+            } else {
+                Err(format!("{n}/{min}"))
+            }
+        }
+    })
+    .await
+}
+
 fn kube_err(what: impl Into<String>) -> impl FnOnce(kube::Error) -> Error {
     let what = what.into();
     move |source| Error::Kube { what, source }

@@ -34,7 +34,7 @@ pub mod s3;
 
 pub use binaries::{Binaries, NodeBinaries, Versions};
 pub use controlplane::{Component, ControlPlane, Options};
-pub use helpers::{eventually, shared, workspace_root};
+pub use helpers::{at_least, eventually, shared, workspace_root};
 pub use node::RealNode;
 pub use process::{Process, free_port, http_get};
 

@@ -331,6 +331,15 @@ impl Cluster {
         (manager, postmaster)
     }
 
+    /// The host pid of `pod`'s watchdog (`steward-pg-instance watchdog`, a child of its
+    /// instance manager `manager`), if it runs.
+    pub(crate) fn watchdog(&self, pod: &str, manager: u32) -> Option<u32> {
+        self.pod_processes(pod)
+            .into_iter()
+            .find(|(_, ppid, cmd)| *ppid == manager && cmd.contains("watchdog"))
+            .map(|(pid, ..)| pid)
+    }
+
     /// The host pid of `pod`'s WAL receiver (a replica streaming), if it runs: a child of
     /// its postmaster (PostgreSQL's process titles overwrite a child's environment, so it is
     /// found by its parent, not by the pod's variables).
