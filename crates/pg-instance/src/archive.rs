@@ -633,14 +633,48 @@ pub fn wal_file_name(timeline: u32, lsn: Lsn) -> String {
     )
 }
 
-/// `pg_basebackup -v`'s "write-ahead log start point: 0/2000028 on timeline 1".
-fn parse_start_point(stderr: &str) -> Option<(Lsn, u32)> {
-    let line = stderr.lines().find_map(|l| {
-        l.split_once("write-ahead log start point: ")
-            .map(|(_, r)| r)
-    })?;
-    let (lsn, timeline) = line.split_once(" on timeline ")?;
-    Some((lsn.trim().parse().ok()?, timeline.trim().parse().ok()?))
+/// The start of base backup `label` (its WAL location and timeline), from the backup history
+/// file PostgreSQL writes into `pg_wal` when a backup ends (`<segment>.<offset>.backup`, kept
+/// there until the next backup ends): `pg_basebackup -X none` does not print it. The newest
+/// if several carry the label (an earlier attempt under the same name).
+///
+/// # Errors
+/// [`Error::Invalid`] when no history file names `label`.
+fn backup_start(pgdata: &Path, label: &str) -> Result<(Lsn, u32), Error> {
+    let dir = pgdata.join("pg_wal");
+    let entries = std::fs::read_dir(&dir).map_err(io(format!("list {}", dir.display())))?;
+    entries
+        .filter_map(Result::ok)
+        .filter(|e| e.file_name().to_string_lossy().ends_with(".backup"))
+        .filter_map(|e| std::fs::read_to_string(e.path()).ok())
+        .filter_map(|text| parse_backup_history(&text, label))
+        .max()
+        .ok_or_else(|| {
+            Error::Invalid(format!(
+                "no backup history file in {} names the backup {label}",
+                dir.display()
+            ))
+        })
+}
+
+/// `START WAL LOCATION: 0/2000028 (file …)` and `START TIMELINE: 1` of a backup history file
+/// whose `LABEL:` is `label`.
+fn parse_backup_history(text: &str, label: &str) -> Option<(Lsn, u32)> {
+    let field = |key: &str| {
+        text.lines()
+            .find_map(|l| l.strip_prefix(key))
+            .map(str::trim)
+    };
+    if field("LABEL:")? != label {
+        return None;
+    }
+    let lsn = field("START WAL LOCATION:")?
+        .split_whitespace()
+        .next()?
+        .parse()
+        .ok()?;
+    let timeline = field("START TIMELINE:")?.parse().ok()?;
+    Some((lsn, timeline))
 }
 
 /// Takes a base backup of the local instance (over its socket, as the superuser) named
@@ -726,11 +760,7 @@ pub async fn base_backup(store: &Store, paths: &Paths, name: &str) -> Result<Bas
         .finish()
         .await
         .map_err(store_err(format!("finish upload {data_path}")))?;
-    let (begin_lsn, timeline) = parse_start_point(&output).ok_or_else(|| {
-        Error::Invalid(format!(
-            "pg_basebackup did not report its start point: {output}"
-        ))
-    })?;
+    let (begin_lsn, timeline) = backup_start(&paths.pgdata, name)?;
     let backup = BaseBackup {
         name: name.to_string(),
         timeline,
@@ -947,12 +977,47 @@ mod tests {
     }
 
     #[test]
-    fn the_start_point_is_read_from_pg_basebackups_output() {
-        let out = "pg_basebackup: initiating base backup, waiting for checkpoint to complete\n\
-                   pg_basebackup: checkpoint completed\n\
-                   pg_basebackup: write-ahead log start point: 0/2000028 on timeline 1\n";
-        assert_eq!(parse_start_point(out), Some((Lsn(0x2000028), 1)));
-        assert_eq!(parse_start_point("nothing"), None);
+    fn the_start_point_is_read_from_the_backup_history_file_of_its_label() {
+        let history = "START WAL LOCATION: 0/2000028 (file 000000010000000000000002)\n\
+                       STOP WAL LOCATION: 0/2000100 (file 000000010000000000000002)\n\
+                       CHECKPOINT LOCATION: 0/2000060\n\
+                       BACKUP METHOD: streamed\n\
+                       BACKUP FROM: primary\n\
+                       START TIME: 2026-12-04 20:16:59 UTC\n\
+                       LABEL: nightly-1\n\
+                       START TIMELINE: 3\n\
+                       STOP TIME: 2026-12-04 20:17:02 UTC\n\
+                       STOP TIMELINE: 3\n";
+        assert_eq!(
+            parse_backup_history(history, "nightly-1"),
+            Some((Lsn(0x2000028), 3))
+        );
+        assert_eq!(
+            parse_backup_history(history, "nightly"),
+            None,
+            "another label"
+        );
+        assert_eq!(parse_backup_history("nothing", "nightly-1"), None);
+        let dir = tempfile::tempdir().unwrap();
+        let wal = dir.path().join("pg_wal");
+        std::fs::create_dir(&wal).unwrap();
+        std::fs::write(
+            wal.join("000000030000000000000002.00000028.backup"),
+            history,
+        )
+        .unwrap();
+        std::fs::write(
+            wal.join("000000030000000000000005.00000028.backup"),
+            history.replace("0/2000028", "0/5000028"),
+        )
+        .unwrap();
+        std::fs::write(wal.join("000000030000000000000005"), "segment").unwrap();
+        assert_eq!(
+            backup_start(dir.path(), "nightly-1").unwrap(),
+            (Lsn(0x5000028), 3),
+            "the newest of the label"
+        );
+        assert!(backup_start(dir.path(), "other").is_err());
     }
 
     #[test]
