@@ -518,7 +518,11 @@ async fn tenant_creates_its_objects_and_converges_on_spec_changes() {
             .expect("the operator's access Role");
         assert_eq!(
             access_names(&access),
-            [("configmaps", "ca-bundle"), ("secrets", "registry")]
+            [
+                ("configmaps", "ca-bundle"),
+                ("configmaps", "tenancy.steward.dev-policies"),
+                ("secrets", "registry")
+            ]
         );
     }
     let role = Api::<ClusterRole>::all(env.client.clone())
@@ -591,16 +595,28 @@ async fn tenant_creates_its_objects_and_converges_on_spec_changes() {
     assert_eq!(ns_a.labels()["team"], t);
     env.gone(&env.api::<ConfigMap>(&a), "ca-bundle").await;
     let roles = env.api::<Role>(&a);
-    eventually("the access Role narrowed to the Secret", WAIT, || async {
-        let access = roles
-            .get("tenancy.steward.dev:tenant-operator")
-            .await
-            .map_err(|e| e.to_string())?;
-        match access_names(&access) {
-            names if names == [("secrets", "registry")] => Ok(()),
-            names => Err(format!("{names:?}")),
-        }
-    })
+    eventually(
+        "the access Role narrowed to the Secret (and the parameters)",
+        WAIT,
+        || async {
+            let access = roles
+                .get("tenancy.steward.dev:tenant-operator")
+                .await
+                .map_err(|e| e.to_string())?;
+            match access_names(&access) {
+                names
+                    if names
+                        == [
+                            ("configmaps", "tenancy.steward.dev-policies"),
+                            ("secrets", "registry"),
+                        ] =>
+                {
+                    Ok(())
+                }
+                names => Err(format!("{names:?}")),
+            }
+        },
+    )
     .await
     .unwrap();
 
@@ -2251,6 +2267,70 @@ async fn tenant_policies_refuse_what_the_tenant_may_not_run_even_through_a_contr
             .delete(class, &DeleteParams::default())
             .await;
     }
+    env.stop().await;
+}
+
+/// Issue #39, item 2: the tenant rules fail closed. A tenant namespace whose policy
+/// parameters are missing (deleted by a cluster admin while the operator was down, or not
+/// written yet) admits no pod, even for a tenant without `spec.policies`; the operator
+/// writes them back (empty for such a tenant) and pods are admitted again. With
+/// `parameterNotFoundAction: Allow` the pod below was admitted at once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_tenant_namespace_without_its_policy_parameters_admits_no_pod() {
+    use tenant_operator::build::POLICY_PARAMS;
+
+    let _shared = EXCLUSIVE.read().await;
+    let mut env = Env::start("closed").await;
+    let t = format!("{}-t", env.id);
+    let ns = format!("{t}-a");
+    env.create(fixtures::tenant(&t).owner_user("rita").namespaces([&ns]))
+        .await;
+    env.ready(&t).await;
+    let pods: Api<Pod> = env.api(&ns);
+    let params: Api<ConfigMap> = env.api(&ns);
+    let written = params.get(POLICY_PARAMS).await.expect("the parameters");
+    assert_eq!(
+        written.data.unwrap_or_default(),
+        BTreeMap::new(),
+        "a tenant without spec.policies gets its parameters, with no rule"
+    );
+    pods.create(&dry_post(), &pod("p"))
+        .await
+        .expect("admitted with the (empty) parameters in place");
+
+    // The operator is down; a cluster admin deletes the parameters.
+    env.stop().await;
+    params
+        .delete(POLICY_PARAMS, &DeleteParams::default())
+        .await
+        .expect("a cluster admin may delete them");
+    // Refused by the pod policies (the mutating one first), whatever code the API server
+    // gives a binding whose params are missing.
+    let message = eventually(
+        "a pod in a namespace without its parameters refused",
+        WAIT,
+        || async {
+            match pods.create(&dry_post(), &pod("p")).await {
+                Ok(_) => Err("admitted".to_string()),
+                Err(e) if e.to_string().contains("tenancy.steward.dev-pod") => Ok(e.to_string()),
+                Err(e) => Err(format!("unexpected error: {e}")),
+            }
+        },
+    )
+    .await
+    .unwrap();
+    eprintln!("refused without parameters: {message}");
+
+    // Back up, the operator writes them again and pods are admitted.
+    env.operator = Some(start_operator(env.cp, &env.id, Duration::from_secs(3600)).await);
+    eventually("a pod admitted again", WAIT, || async {
+        pods.create(&dry_post(), &pod("p"))
+            .await
+            .map(|_| ())
+            .map_err(|e| e.to_string())
+    })
+    .await
+    .unwrap();
     env.stop().await;
 }
 

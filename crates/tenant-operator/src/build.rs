@@ -335,11 +335,18 @@ pub fn role_bindings(tenant: &Tenant, namespace: &str, settings: &Settings) -> V
 pub const POLICY_PARAMS: &str = "tenancy.steward.dev-policies";
 
 /// The `spec.policies` of `tenant` as the admission policies read them in `namespace`: one key
-/// per rule that is set, lists joined with `,`, the node selector as `k=v,…`. `None` when no
-/// rule is set.
-pub fn policy_params(tenant: &Tenant, namespace: &str) -> Option<ConfigMap> {
-    let p = tenant.spec.policies.as_ref().filter(|p| !p.is_empty())?;
+/// per rule that is set, lists joined with `,`, the node selector as `k=v,…`. Written for
+/// every tenant, empty when no rule is set: the policies refuse a tenant namespace without
+/// it (their `parameterNotFoundAction` is `Deny`).
+pub fn policy_params(tenant: &Tenant, namespace: &str) -> ConfigMap {
     let mut data = BTreeMap::new();
+    let Some(p) = tenant.spec.policies.as_ref() else {
+        return ConfigMap {
+            metadata: meta(tenant, POLICY_PARAMS, Some(namespace)),
+            data: Some(data),
+            ..Default::default()
+        };
+    };
     let mut list = |key: &str, values: Vec<String>| {
         if !values.is_empty() {
             data.insert(key.to_string(), values.join(","));
@@ -373,11 +380,11 @@ pub fn policy_params(tenant: &Tenant, namespace: &str) -> Option<ConfigMap> {
     if p.forbid_external_ips {
         data.insert("forbidExternalIPs".to_string(), "true".to_string());
     }
-    Some(ConfigMap {
+    ConfigMap {
         metadata: meta(tenant, POLICY_PARAMS, Some(namespace)),
         data: Some(data),
         ..Default::default()
-    })
+    }
 }
 
 /// Name of the per-tenant ClusterRole and ClusterRoleBinding.
@@ -684,7 +691,7 @@ pub fn namespace_children(
             .into_iter()
             .chain(additional_network_policies(tenant, namespace))
             .collect(),
-        policy_params: policy_params(tenant, namespace).into_iter().collect(),
+        policy_params: vec![policy_params(tenant, namespace)],
         role_bindings: role_bindings(tenant, namespace, settings),
         ..Default::default()
     };
@@ -1103,7 +1110,12 @@ pub(crate) mod tests {
     #[test]
     fn policy_params_hold_only_the_rules_that_are_set() {
         use crate::crd::{PullPolicy, ServiceType, TenantPolicies};
-        assert!(policy_params(&TenantFixture::new("t").build(), "ns").is_none());
+        let none = policy_params(&TenantFixture::new("t").build(), "ns");
+        assert_eq!(
+            none.data,
+            Some(BTreeMap::new()),
+            "written, empty, for a tenant without spec.policies"
+        );
         let t = TenantFixture::new("t")
             .spec(|s| {
                 s.policies = Some(TenantPolicies {
@@ -1116,7 +1128,7 @@ pub(crate) mod tests {
                 })
             })
             .build();
-        let cm = policy_params(&t, "ns").unwrap();
+        let cm = policy_params(&t, "ns");
         assert_eq!(cm.metadata.name.as_deref(), Some(POLICY_PARAMS));
         assert_eq!(cm.metadata.namespace.as_deref(), Some("ns"));
         let data = cm.data.unwrap();
@@ -1136,9 +1148,10 @@ pub(crate) mod tests {
         let none = TenantFixture::new("t")
             .spec(|s| s.policies = Some(TenantPolicies::default()))
             .build();
-        assert!(
-            policy_params(&none, "ns").is_none(),
-            "an empty policies block writes nothing"
+        assert_eq!(
+            policy_params(&none, "ns").data,
+            Some(BTreeMap::new()),
+            "an empty policies block writes no rule"
         );
     }
 }

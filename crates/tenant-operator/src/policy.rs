@@ -21,7 +21,9 @@
 //!
 //! The last four, and the defaults, read the tenant's `spec.policies` as `params` from the ConfigMap
 //! `tenancy.steward.dev-policies` the operator keeps in every tenant namespace (written before
-//! the owners get access there; changing or deleting it is refused by `…-managed-objects`). They
+//! the owners get access there, empty for a tenant without `spec.policies`; changing or
+//! deleting it is refused by `…-managed-objects`). A tenant namespace without it admits
+//! nothing they match (`parameterNotFoundAction: Deny`: they fail closed). They
 //! exempt only the operator and `--exempt-user`/`--exempt-group`, not the control plane nor
 //! `system:masters`: the pods a ReplicaSet or Job controller creates for the tenant are checked
 //! too, whatever credentials the controller manager runs with.
@@ -639,12 +641,14 @@ fn in_tenant_namespaces(resources: Vec<NamedRuleWithOperations>) -> MatchResourc
     }
 }
 
-/// `params`: the ConfigMap [`POLICY_PARAMS`] in the namespace of the object admitted; a
-/// namespace without one (a tenant without `spec.policies`) passes.
+/// `params`: the ConfigMap [`POLICY_PARAMS`] in the namespace of the object admitted. A
+/// tenant namespace without one is refused everything these policies match (fail closed):
+/// the operator writes one into every tenant namespace, empty for a tenant without
+/// `spec.policies`, before the owners get access there, and nobody else may delete it.
 fn params_in_namespace() -> ParamRef {
     ParamRef {
         name: Some(POLICY_PARAMS.to_string()),
-        parameter_not_found_action: Some("Allow".to_string()),
+        parameter_not_found_action: Some("Deny".to_string()),
         ..Default::default()
     }
 }
@@ -1387,7 +1391,11 @@ mod tests {
             let pr = p.binding.spec.param_ref.as_ref().unwrap();
             assert_eq!(pr.name.as_deref(), Some(POLICY_PARAMS));
             assert_eq!(pr.namespace, None, "the admitted object's namespace");
-            assert_eq!(pr.parameter_not_found_action.as_deref(), Some("Allow"));
+            assert_eq!(
+                pr.parameter_not_found_action.as_deref(),
+                Some("Deny"),
+                "a tenant namespace without its parameters is refused, not open"
+            );
             let exempt = &spec.match_conditions.as_ref().unwrap()[0].expression;
             assert!(
                 exempt.contains("'op'") && exempt.contains("'admins'"),
