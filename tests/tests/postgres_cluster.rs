@@ -840,9 +840,102 @@ async fn postgres_cluster_switches_over_and_rolls_a_parameter_change_with_one_sw
             .collect();
         panic!("{e}\npods report {annotations:?}\n{}", cluster.logs().await);
     }
+    a_parameter_postgresql_refuses_is_never_rolled_out(&cluster).await;
     a_replica_the_primary_removed_wal_for_is_cloned_again(&cluster, &rw).await;
 
     cluster.stop_operator().await;
+}
+
+/// Issue #39, item 5: a parameter PostgreSQL refuses, which no table of the operator's knows
+/// (`timezone: Mars/Olympus`), was rolled out and took the instances down one by one. Now
+/// the cluster's own PostgreSQL reads a new configuration first (a check Job of the
+/// instances' image): the cluster is `Ready=False InvalidParameters` in PostgreSQL's words,
+/// the ConfigMap keeps what the instances run and no pod is replaced; taking the parameter
+/// out makes the cluster Ready again, still with the same pods.
+async fn a_parameter_postgresql_refuses_is_never_rolled_out(cluster: &Cluster) {
+    let clusters = cluster.clusters();
+    let configs: Api<k8s_openapi::api::core::v1::ConfigMap> =
+        Api::namespaced(cluster.client.clone(), &cluster.ns);
+    let instances = || async {
+        let pods = cluster.pods().list(&Default::default()).await.unwrap();
+        pods.items
+            .into_iter()
+            .filter(|p| {
+                p.labels()
+                    .contains_key(steward_pg_instance::contract::CLUSTER_LABEL)
+            })
+            .map(|p| (p.name_any(), p.uid()))
+            .collect::<Vec<_>>()
+    };
+    let before = instances().await;
+    let config = configs.get("pg-config").await.unwrap().data;
+    let timezone = |value: serde_json::Value| {
+        let clusters = clusters.clone();
+        async move {
+            let change = json!({"spec": {"parameters": {"timezone": value}}});
+            clusters
+                .patch("pg", &PatchParams::default(), &Patch::Merge(change))
+                .await
+                .unwrap()
+        }
+    };
+    // The Ready condition of the cluster's current generation: (status, reason, message).
+    let ready = || {
+        let clusters = clusters.clone();
+        async move {
+            let c = clusters.get("pg").await.map_err(|e| e.to_string())?;
+            let status = c.status.unwrap_or_default();
+            if status.observed_generation != c.metadata.generation {
+                return Err(format!(
+                    "generation {:?} not observed",
+                    c.metadata.generation
+                ));
+            }
+            status
+                .conditions
+                .iter()
+                .find(|c| c.type_ == "Ready")
+                .map(|c| (c.status.clone(), c.reason.clone(), c.message.clone()))
+                .ok_or_else(|| "no Ready condition".to_string())
+        }
+    };
+    timezone(json!("Mars/Olympus")).await;
+    let asked = Instant::now();
+    let message = eventually("the parameter refused by PostgreSQL", WAIT, || async {
+        match ready().await? {
+            (status, reason, message) if status == "False" && reason == "InvalidParameters" => {
+                Ok(message)
+            }
+            other => Err(format!("{other:?}")),
+        }
+    })
+    .await
+    .unwrap();
+    eprintln!(
+        "refused {:.1?} after the change: {message}",
+        asked.elapsed()
+    );
+    assert!(
+        message.contains("refuses spec.parameters") && message.contains("Mars/Olympus"),
+        "{message}"
+    );
+    assert_eq!(
+        configs.get("pg-config").await.unwrap().data,
+        config,
+        "the ConfigMap keeps what the instances run"
+    );
+    assert_eq!(instances().await, before, "no instance was replaced");
+
+    timezone(serde_json::Value::Null).await;
+    eventually("Ready again without the parameter", WAIT, || async {
+        match ready().await? {
+            (status, ..) if status == "True" => Ok(()),
+            other => Err(format!("{other:?}")),
+        }
+    })
+    .await
+    .unwrap();
+    assert_eq!(instances().await, before, "still no instance replaced");
 }
 
 /// A replica whose WAL receiver hung while the primary wrote far more than `wal_keep_size`

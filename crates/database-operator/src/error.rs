@@ -94,6 +94,14 @@ pub enum Error {
         source: kube::Error,
     },
 
+    /// Starting or clearing away PostgreSQL's check of new parameters failed.
+    #[error("parameters check: failed to {what}")]
+    CheckParameters {
+        what: String,
+        #[source]
+        source: kube::Error,
+    },
+
     /// The PostgreSQL server could not be reached or logged into.
     #[error("PostgreSQL server {address} is unreachable")]
     ServerUnreachable {
@@ -162,6 +170,7 @@ impl steward_core::ReconcileError for Error {
             Error::Certificate(_) => "CertificateFailed",
             Error::Switchover { .. } => "SwitchoverFailed",
             Error::MajorUpgrade { .. } => "MajorUpgradeFailed",
+            Error::CheckParameters { .. } => "CheckParametersFailed",
             Error::ProtectSecret { .. } => "ProtectSecretFailed",
             Error::ServerUnreachable { .. } => "ServerUnreachable",
             Error::Sql { .. } => "SqlFailed",

@@ -82,6 +82,12 @@ pub struct Options {
         default_value = "steward/database-operator:0.1.0"
     )]
     pub instance_image: String,
+
+    /// Has the cluster's own PostgreSQL read every new `spec.parameters` (`postgres -C`, in a
+    /// one-off Job of the instances' image) before any instance loads it. Off only where no
+    /// pod can run (the tests on a control plane without a node).
+    #[arg(long, env = "STEWARD_CHECK_PARAMETERS", default_value_t = true, action = clap::ArgAction::Set)]
+    pub check_parameters: bool,
 }
 
 impl Default for Options {

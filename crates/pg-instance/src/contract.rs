@@ -66,6 +66,11 @@ pub const STORE_FIELDS: [&str; 6] = [
 pub const BACKUP_KEEP_ENV: &str = "STEWARD_BACKUP_KEEP";
 /// Recover up to this time (RFC 3339), not to the end of the archive.
 pub const RECOVERY_TARGET_TIME_ENV: &str = "STEWARD_RECOVERY_TARGET_TIME";
+/// The `postgresql.conf` a parameters check Job (`check-config`) has PostgreSQL read.
+pub const CHECK_CONFIG_ENV: &str = "STEWARD_CHECK_CONFIG";
+/// The most a checked `postgresql.conf` may hold: it travels in [`CHECK_CONFIG_ENV`], and
+/// Linux takes at most 128 KiB in one environment variable.
+pub const CHECK_CONFIG_MAX_BYTES: usize = 64 * 1024;
 
 /// `<prefix>_<field>`.
 pub fn store_env(prefix: &str, field: &str) -> String {

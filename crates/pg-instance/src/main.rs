@@ -45,6 +45,16 @@ enum Command {
     /// An init container of the old major's image: exports that PostgreSQL installation (and
     /// the libraries it links) into `to` for `major-upgrade`.
     ExportBinaries { to: PathBuf },
+    /// A parameters check Job, in the cluster's PostgreSQL image: has `postgres -C` read the
+    /// `postgresql.conf` in `STEWARD_CHECK_CONFIG` as a starting server would, so that no
+    /// instance is restarted onto a configuration PostgreSQL refuses. A refusal (PostgreSQL's
+    /// own words) is also written to `/dev/termination-log` for the operator's condition.
+    CheckConfig {
+        #[arg(long, env = contract::CHECK_CONFIG_ENV, hide_env_values = true)]
+        config: String,
+        #[arg(long, env = "STEWARD_RUN_DIR", default_value = "/steward/run")]
+        run_dir: PathBuf,
+    },
     /// The upgrade Job, in the new major's image: `pg_upgrade`s the data directory with the
     /// old major's programs exported to `old`. On failure the reason is also written to
     /// `/dev/termination-log` (the operator shows it in the cluster's condition).
@@ -131,6 +141,17 @@ fn main() -> anyhow::Result<()> {
             println!("exported PostgreSQL {major} to {}", to.display());
             Ok(())
         }
+        Command::CheckConfig { config, run_dir } => {
+            match rt.block_on(steward_pg_instance::postgres::check_config(
+                &run_dir, &config,
+            )) {
+                Ok(()) => {
+                    println!("PostgreSQL accepts the configuration");
+                    Ok(())
+                }
+                Err(e) => told(e),
+            }
+        }
         Command::MajorUpgrade { pgdata, old, work } => {
             match rt.block_on(steward_pg_instance::upgrade::upgrade(&pgdata, &old, &work)) {
                 Ok((from, to)) => {
@@ -140,11 +161,7 @@ fn main() -> anyhow::Result<()> {
                     );
                     Ok(())
                 }
-                Err(e) => {
-                    let reason: String = format!("{e}").chars().take(3500).collect();
-                    let _ = std::fs::write("/dev/termination-log", &reason);
-                    Err(e.into())
-                }
+                Err(e) => told(e),
             }
         }
         Command::WalPush { path, name } => {
@@ -178,6 +195,17 @@ fn main() -> anyhow::Result<()> {
             Ok(())
         }
     }
+}
+
+/// A one-off Job's failure: its reason also goes to `/dev/termination-log`, which the operator
+/// shows in the cluster's condition.
+fn told<E>(e: E) -> anyhow::Result<()>
+where
+    E: std::fmt::Display + Into<anyhow::Error>,
+{
+    let reason: String = format!("{e}").chars().take(3500).collect();
+    let _ = std::fs::write("/dev/termination-log", &reason);
+    Err(e.into())
 }
 
 /// The object store configured under `prefix` in the environment.

@@ -38,6 +38,9 @@ pub enum Error {
     Query(#[from] tokio_postgres::Error),
     #[error("PostgreSQL did not answer within {0:?}")]
     Timeout(Duration),
+    /// PostgreSQL's own words about a configuration it refuses.
+    #[error("{0}")]
+    ConfigRefused(String),
 }
 
 /// Where this instance keeps its files.
@@ -112,6 +115,63 @@ pub(crate) async fn run(program: &'static str, cmd: &mut Command) -> Result<Stri
             status: out.status,
             output,
         })
+    }
+}
+
+/// Whether this image's PostgreSQL accepts `config`, a `postgresql.conf` as the operator
+/// renders it. The file goes into a scratch directory under `run_dir`, beside this instance
+/// manager's `defaults.conf` (which it includes from there), and `postgres -C port` reads it:
+/// PostgreSQL parses the configuration files as a starting server does and exits, so every
+/// name and value is checked by the major that will run it (an unknown name, a value out of
+/// range or not in an enum, a time zone it does not know). Not checked: what a server finds
+/// only later at start (a preloaded library that fails to load, limits across settings).
+///
+/// # Errors
+/// [`Error::ConfigRefused`] with PostgreSQL's complaint ([`complaint`]); [`Error::Write`],
+/// [`Error::Spawn`].
+pub async fn check_config(run_dir: &Path, config: &str) -> Result<(), Error> {
+    use std::os::unix::fs::PermissionsExt;
+    let major = crate::upgrade::installed_major().await.ok();
+    let dir = run_dir.join("check");
+    let err = |path: &Path| {
+        let path = path.to_path_buf();
+        move |source: std::io::Error| Error::Write { path, source }
+    };
+    std::fs::create_dir_all(&dir).map_err(err(&dir))?;
+    std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o700)).map_err(err(&dir))?;
+    write_file(
+        &run_dir.join("defaults.conf"),
+        &crate::conf::defaults_conf(major),
+        0o600,
+    )?;
+    write_file(&dir.join("postgresql.conf"), config, 0o600)?;
+    let mut cmd = Command::new("postgres");
+    cmd.arg("-D").arg(&dir).args(["-C", "port"]);
+    match run("postgres", &mut cmd).await {
+        Ok(_) => Ok(()),
+        Err(Error::Failed { output, .. }) => Err(Error::ConfigRefused(complaint(&output))),
+        Err(e) => Err(e),
+    }
+}
+
+/// What PostgreSQL said about a configuration it refused: its messages without the log line
+/// prefix, one after another (`invalid value for parameter "TimeZone": "Mars/Olympus"; …`),
+/// without the notes that are not complaints (a missing optional include).
+pub fn complaint(output: &str) -> String {
+    const SEVERITIES: [&str; 5] = ["FATAL:", "ERROR:", "LOG:", "DETAIL:", "HINT:"];
+    let said: Vec<&str> = output
+        .lines()
+        .filter_map(|line| {
+            let at = SEVERITIES.iter().filter_map(|s| line.find(s)).min()?;
+            let message = line[at..].split_once(':')?.1.trim();
+            (!message.is_empty() && !message.starts_with("skipping missing configuration file"))
+                .then_some(message)
+        })
+        .collect();
+    if said.is_empty() {
+        output.trim().to_string()
+    } else {
+        said.join("; ")
     }
 }
 
@@ -664,6 +724,20 @@ fn roles_sql(superuser_password: &str, replication_password: &str) -> String {
 #[allow(clippy::unwrap_used)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_refused_configuration_is_told_in_postgresql_s_words() {
+        let output = "\
+2026-12-04 20:10:00.000 UTC [12] LOG:  skipping missing configuration file \"/steward/run/instance.conf\"
+2026-12-04 20:10:00.000 UTC [12] LOG:  invalid value for parameter \"TimeZone\": \"Mars/Olympus\"
+2026-12-04 20:10:00.000 UTC [12] FATAL:  configuration file \"/steward/run/check/postgresql.conf\" contains errors
+";
+        assert_eq!(
+            complaint(output),
+            "invalid value for parameter \"TimeZone\": \"Mars/Olympus\"; configuration file \"/steward/run/check/postgresql.conf\" contains errors"
+        );
+        assert_eq!(complaint("postgres: oops\n"), "postgres: oops");
+    }
 
     /// A lock file whose PID is not a running postgres (this test process, a PID that does
     /// not exist) is removed, and so is one naming no PID; the data directory's and the

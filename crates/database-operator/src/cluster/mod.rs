@@ -9,6 +9,7 @@
 
 pub mod backup;
 pub mod build;
+pub mod check;
 pub mod metrics;
 pub mod rollout;
 pub mod tls;
@@ -102,7 +103,28 @@ pub async fn reconcile(
 
     let config = build::config_map(&cluster);
     let config_hash = build::config_hash(&config);
+    // PostgreSQL reads a new configuration before any instance may load it.
+    let instance_image = &ctx.data.options.instance_image;
+    let checked = if ctx.data.options.check_parameters {
+        let target = build::statefulset(&cluster, &config_hash, instance_image);
+        check::check(&client, &cluster, &config, &config_hash, &target).await?
+    } else {
+        check::Checked::Unneeded
+    };
+    match &checked {
+        check::Checked::Unneeded | check::Checked::Passed => {}
+        check::Checked::Running => return Ok(Action::requeue(Duration::from_secs(2))),
+        check::Checked::Refused(why) => {
+            let invalid = Error::InvalidParameters(format!(
+                "{why}; nothing was rolled out: the instances keep the last valid configuration"
+            ));
+            return Err(refuse(&ctx, &cluster, invalid).await);
+        }
+    }
     children.ensure_cached(&cached.config_maps, config).await?;
+    if checked == check::Checked::Passed {
+        check::clean_up(&client, &cluster).await?;
+    }
     for service in [
         build::headless_service(&cluster),
         build::rw_service(&cluster),
@@ -157,7 +179,6 @@ pub async fn reconcile(
     // A raised major: held on the old one while the upgrade runs (see `upgrade`).
     let previous_status = cluster.status.clone().unwrap_or_default();
     let running_image = current.as_ref().and_then(upgrade::running_image);
-    let instance_image = &ctx.data.options.instance_image;
     let decided = upgrade::reconcile(
         &client,
         &cluster,
@@ -966,7 +987,7 @@ mod tests {
     use crate::crd::{DeletionPolicy, PostgresClusterSpec, StorageSpec};
 
     /// A test fixture: `cluster("pg").instances(3).version(16)`.
-    fn cluster(name: &str) -> PostgresCluster {
+    pub(super) fn cluster(name: &str) -> PostgresCluster {
         let mut c = PostgresCluster::new(
             name,
             PostgresClusterSpec {

@@ -44,7 +44,7 @@ pub struct Hold {
     pub instances: i32,
 }
 
-/// The upgrade Job, as read.
+/// A one-off Job (the upgrade's, a parameters check), as read.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum JobState {
     Missing,
@@ -512,7 +512,7 @@ pub async fn reconcile(
 }
 
 /// The Job's outcome; a failure's reason is its pod's termination message.
-async fn job_state(
+pub(crate) async fn job_state(
     client: &kube::Client,
     ns: &str,
     jobs: &Api<Job>,
@@ -632,29 +632,19 @@ fn handed_lease_spec(
 /// of `u.instance`, an init container of the old image that exports its programs, and the
 /// postgres container running `major-upgrade` instead of the instance manager.
 pub fn job(cluster: &PostgresCluster, sts: &StatefulSet, u: &MajorUpgradeStatus) -> Job {
-    use k8s_openapi::api::batch::v1::JobSpec;
     use k8s_openapi::api::core::v1::{PersistentVolumeClaimVolumeSource, Volume};
 
     let name = cluster.name_any();
-    let mut template = sts.spec.template.clone();
-    let mut labels = build::selector_labels(&name);
-    labels.insert(
-        "database.steward.dev/major-upgrade".into(),
-        u.to.to_string(),
+    let mut job = one_off_job(
+        cluster,
+        sts,
+        &job_name(&name, u.generation),
+        [
+            ("database.steward.dev/major-upgrade", u.to.to_string()),
+            (UPGRADE_OF_LABEL, name.clone()),
+        ],
     );
-    // Not an instance: the Services and the PodDisruptionBudget must not select it.
-    labels.remove(build::CLUSTER_LABEL);
-    labels.insert(UPGRADE_OF_LABEL.into(), name.clone());
-    // Watched by the cluster's controller (its status wakes the reconcile).
-    labels.insert(
-        steward_core::apply::MANAGED_BY_LABEL.into(),
-        crate::NAME.into(),
-    );
-    let metadata = template.metadata.get_or_insert_with(Default::default);
-    metadata.labels = Some(labels);
-    metadata.annotations = None;
-    if let Some(spec) = template.spec.as_mut() {
-        spec.restart_policy = Some("Never".into());
+    if let Some(spec) = job.spec.as_mut().and_then(|j| j.template.spec.as_mut()) {
         let claim = format!("data-{}", u.instance);
         let mut volumes: Vec<Volume> = spec.volumes.clone().unwrap_or_default();
         volumes.retain(|v| v.name != "data");
@@ -684,15 +674,42 @@ pub fn job(cluster: &PostgresCluster, sts: &StatefulSet, u: &MajorUpgradeStatus)
             .push(export);
         spec.containers = vec![upgrade];
     }
+    job
+}
+
+/// A one-off Job `name` of `cluster` (the major upgrade, a parameters check) made from the
+/// instances' pod template `sts`: labelled with `labels` and not as an instance (the Services
+/// and the PodDisruptionBudget must not select it), watched by the cluster's controller (its
+/// status wakes the reconcile), owned by the cluster, its pod never restarted nor retried.
+pub(crate) fn one_off_job<'a>(
+    cluster: &PostgresCluster,
+    sts: &StatefulSet,
+    name: &str,
+    labels: impl IntoIterator<Item = (&'a str, String)>,
+) -> Job {
+    let mut template = sts.spec.template.clone();
+    let mut all = build::selector_labels(&cluster.name_any());
+    all.remove(build::CLUSTER_LABEL);
+    all.extend(labels.into_iter().map(|(k, v)| (k.to_string(), v)));
+    all.insert(
+        steward_core::apply::MANAGED_BY_LABEL.into(),
+        crate::NAME.into(),
+    );
+    let metadata = template.metadata.get_or_insert_with(Default::default);
+    metadata.labels = Some(all.clone());
+    metadata.annotations = None;
+    if let Some(spec) = template.spec.as_mut() {
+        spec.restart_policy = Some("Never".into());
+    }
     Job {
         metadata: kube::api::ObjectMeta {
-            name: Some(job_name(&name, u.generation)),
+            name: Some(name.to_string()),
             namespace: cluster.namespace(),
-            labels: template.metadata.as_ref().and_then(|m| m.labels.clone()),
+            labels: Some(all),
             owner_references: cluster.controller_owner_ref(&()).map(|o| vec![o]),
             ..Default::default()
         },
-        spec: Some(JobSpec {
+        spec: Some(k8s_openapi::api::batch::v1::JobSpec {
             backoff_limit: Some(0),
             template,
             ..Default::default()
@@ -702,7 +719,7 @@ pub fn job(cluster: &PostgresCluster, sts: &StatefulSet, u: &MajorUpgradeStatus)
 }
 
 /// A container of the instance's template as a one-off step: no probes or ports.
-fn strip_instance(c: &mut k8s_openapi::api::core::v1::Container) {
+pub(crate) fn strip_instance(c: &mut k8s_openapi::api::core::v1::Container) {
     c.readiness_probe = None;
     c.liveness_probe = None;
     c.startup_probe = None;
