@@ -272,7 +272,7 @@ fn seconds_between(from: &str, to: &str) -> f64 {
 }
 
 /// Rows of the generated table the backup-under-writes test backs up: 500 000 (about 52 MB)
-/// in the test command; `STEWARD_BACKUP_ROWS=2500000` (about 261 MB) for the README's figures.
+/// in the test command; `STEWARD_BACKUP_ROWS=2500000` (about 261 MB) for the figures in docs/postgres.md.
 fn generated_rows() -> u64 {
     std::env::var("STEWARD_BACKUP_ROWS")
         .ok()
@@ -284,7 +284,7 @@ fn generated_rows() -> u64 {
 /// 50 ms, the client paused a moment to read the server's clock (T), then writing on:
 /// restored to T, a new cluster holds exactly the rows acknowledged before T (compared id by
 /// id; none after); restored to the end of the archive, every acknowledged row. Prints the
-/// backup's throughput and the restore's time for that size (the README's figures).
+/// backup's throughput and the restore's time for that size (the figures in docs/postgres.md).
 #[tokio::test]
 async fn postgres_cluster_backs_up_under_writes_and_restores_exactly_the_acknowledged_rows() {
     let _turn = NODE.lock().await;

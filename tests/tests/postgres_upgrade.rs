@@ -351,7 +351,7 @@ async fn switch_over(cluster: &Cluster, to: &str) {
 /// extension at the same version and its index answering the same, planner statistics
 /// gathered by the instance manager's ANALYZE (`pg_upgrade` carries none), both replicas
 /// cloned again and streaming on 17, and no acknowledged write lost; the longest time without
-/// an acknowledged write is printed (the README's figure). Before that, a cluster `pg_upgrade`
+/// an acknowledged write is printed (docs/postgres.md's figure). Before that, a cluster `pg_upgrade`
 /// refuses (a `regproc` column) fails the upgrade with the reason in the `MajorUpgrade`
 /// condition and comes back on 15 with its 3 instances and its data; fixed, and the spec
 /// changed, it is tried again — with the primary moved to the second instance first, so the

@@ -258,7 +258,7 @@ pub struct FieldChange {
     /// `/binaryData` (the status and metadata belong to others; a Secret's `/stringData` is
     /// write-only, so a change there could be neither seen nor reverted). Values outside
     /// `/spec` are shown in the plan's status and Events only as a digest, a Secret's not at
-    /// all (see the README).
+    /// all (see docs/upgrades.md).
     #[schemars(
         length(min = 2, max = 512),
         regex(pattern = r"^/(spec|data|binaryData)(/.*)?$")

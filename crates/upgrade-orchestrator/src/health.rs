@@ -817,7 +817,7 @@ mod tests {
         assert!(cost("self.a.all(x, self.b.all(y, self.c.all(z, x + y + z > 0)))") > MAX_COST);
         // `in` searches its list.
         assert!(cost("1 in self.items") > ASSUMED_SIZE);
-        // The rules of the README and the tests are well within it.
+        // The rules of docs/upgrades.md and the tests are well within it.
         for ordinary in [
             "self.status.observedGeneration == self.metadata.generation && self.status.conditions.exists(c, c.type == 'Ready' && c.status == 'True')",
             "has(self.metadata.annotations) && 'verified' in self.metadata.annotations && self.metadata.annotations['verified'] == self.spec.template.spec.containers[0].image",
