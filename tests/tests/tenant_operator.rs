@@ -2304,21 +2304,13 @@ async fn a_tenant_namespace_without_its_policy_parameters_admits_no_pod() {
         .delete(POLICY_PARAMS, &DeleteParams::default())
         .await
         .expect("a cluster admin may delete them");
-    // Refused by the pod policies (the mutating one first), whatever code the API server
-    // gives a binding whose params are missing.
-    let message = eventually(
-        "a pod in a namespace without its parameters refused",
-        WAIT,
-        || async {
-            match pods.create(&dry_post(), &pod("p")).await {
-                Ok(_) => Err("admitted".to_string()),
-                Err(e) if e.to_string().contains("tenancy.steward.dev-pod") => Ok(e.to_string()),
-                Err(e) => Err(format!("unexpected error: {e}")),
-            }
-        },
+    // Refused by the pod policies (the mutating one first).
+    let message = denied_eventually(
+        "a pod in a namespace without its parameters",
+        "tenancy.steward.dev-pod",
+        || async { pods.create(&dry_post(), &pod("p")).await },
     )
-    .await
-    .unwrap();
+    .await;
     eprintln!("refused without parameters: {message}");
 
     // Back up, the operator writes them again and pods are admitted.
