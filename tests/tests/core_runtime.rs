@@ -222,6 +222,37 @@ async fn start_with(
     }
 }
 
+/// Waits until Gadget `name` is Ready; `what` names the wait in its failure.
+async fn wait_ready(api: &Api<Gadget>, name: &str, what: &str) {
+    eventually(what, WAIT, || async {
+        let g = api.get(name).await.map_err(|e| e.to_string())?;
+        g.status
+            .as_ref()
+            .filter(|s| conditions::is_true(&s.conditions, "Ready"))
+            .map(|_| ())
+            .ok_or_else(|| "not Ready".to_string())
+    })
+    .await
+    .unwrap();
+}
+
+/// Waits for an Event of `reason` in namespace `ns` and returns it.
+async fn event_of(api: &Api<Gadget>, ns: &str, reason: &str) -> CoreEvent {
+    let events: Api<CoreEvent> = Api::namespaced(api.clone().into_client(), ns);
+    eventually(&format!("a {reason} Event"), WAIT, || async {
+        let list = events
+            .list(&ListParams::default())
+            .await
+            .map_err(|e| e.to_string())?;
+        list.items
+            .into_iter()
+            .find(|e| e.reason.as_deref() == Some(reason))
+            .ok_or_else(|| "none yet".to_string())
+    })
+    .await
+    .unwrap()
+}
+
 impl Running {
     async fn stop(self) {
         self.operator.stop().await.expect("clean shutdown");
@@ -644,29 +675,8 @@ async fn a_panicking_reconcile_is_a_retried_failure_and_the_controller_keeps_wor
     )
     .await
     .unwrap();
-    eventually("fine Ready", WAIT, || async {
-        let g = api.get("fine").await.map_err(|e| e.to_string())?;
-        g.status
-            .as_ref()
-            .filter(|s| conditions::is_true(&s.conditions, "Ready"))
-            .map(|_| ())
-            .ok_or_else(|| "not Ready".to_string())
-    })
-    .await
-    .unwrap();
-    let events: Api<CoreEvent> = Api::namespaced(api.clone().into_client(), &run.ns);
-    let warning = eventually("a ReconcilePanicked Event", WAIT, || async {
-        let list = events
-            .list(&ListParams::default())
-            .await
-            .map_err(|e| e.to_string())?;
-        list.items
-            .into_iter()
-            .find(|e| e.reason.as_deref() == Some("ReconcilePanicked"))
-            .ok_or_else(|| "none yet".to_string())
-    })
-    .await
-    .unwrap();
+    wait_ready(&api, "fine", "fine Ready").await;
+    let warning = event_of(&api, &run.ns, "ReconcilePanicked").await;
     assert!(
         warning
             .message
@@ -688,16 +698,64 @@ async fn a_panicking_reconcile_is_a_retried_failure_and_the_controller_keeps_wor
     );
     // Once the object stops panicking, it converges.
     *run.probe.panic_on.lock().unwrap() = None;
-    eventually("boom Ready after the panics stop", WAIT, || async {
-        let g = api.get("boom").await.map_err(|e| e.to_string())?;
-        g.status
-            .as_ref()
-            .filter(|s| conditions::is_true(&s.conditions, "Ready"))
-            .map(|_| ())
-            .ok_or_else(|| "not Ready".to_string())
+    wait_ready(&api, "boom", "boom Ready after the panics stop").await;
+    run.stop().await;
+}
+
+/// A reconcile that waits on a call with no bound of its own (a server that accepts a
+/// connection and never answers) is cancelled after `--reconcile-timeout`, said in a
+/// `ReconcileTimedOut` warning Event and retried with backoff, while the controller keeps
+/// reconciling other objects.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_reconcile_past_its_timeout_is_cancelled_explained_and_retried() {
+    let timeout = Duration::from_secs(1);
+    let run = start_with("rtimeout", Duration::from_millis(200), None, |a| {
+        a.reconcile_timeout = timeout;
+    })
+    .await;
+    *run.probe.hang_on.lock().unwrap() = Some("stuck".into());
+    let api = run.api.clone();
+    api.create(
+        &PostParams::default(),
+        &gadget("stuck", DeletionPolicy::Retain),
+    )
+    .await
+    .unwrap();
+    // Each attempt hangs until the timeout cancels it; a second one starts only after that.
+    at_least("stuck attempted twice", 2, WAIT, || {
+        run.probe
+            .attempts
+            .lock()
+            .unwrap()
+            .get("stuck")
+            .map_or(0, Vec::len)
     })
     .await
     .unwrap();
+    let attempts = run.probe.attempts.lock().unwrap()["stuck"].clone();
+    assert!(
+        attempts[1] - attempts[0] >= timeout,
+        "the second attempt started {:?} after the first: not before the timeout cancelled it",
+        attempts[1] - attempts[0]
+    );
+    api.create(
+        &PostParams::default(),
+        &gadget("fine", DeletionPolicy::Retain),
+    )
+    .await
+    .unwrap();
+    wait_ready(&api, "fine", "fine Ready beside the stuck one").await;
+    let warning = event_of(&api, &run.ns, "ReconcileTimedOut").await;
+    assert!(
+        warning
+            .message
+            .unwrap_or_default()
+            .contains("--reconcile-timeout"),
+        "the Event names the flag"
+    );
+    // Once the call answers again, the object converges.
+    *run.probe.hang_on.lock().unwrap() = None;
+    wait_ready(&api, "stuck", "stuck Ready once its calls answer").await;
     run.stop().await;
 }
 

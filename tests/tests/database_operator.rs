@@ -233,6 +233,24 @@ fn condition(
         .map(|c| (c.status.clone(), c.reason.clone(), c.message.clone()))
 }
 
+/// Waits until Database `name` says ServerReachable=False and returns the condition's message.
+async fn unreachable_message(env: &Env, name: &str) -> String {
+    let dbs = env.api::<Database>();
+    eventually(
+        &format!("Database {name} ServerReachable=False"),
+        WAIT,
+        || async {
+            let d = dbs.get(name).await.map_err(|e| e.to_string())?;
+            match condition(&d.status.unwrap_or_default().conditions, "ServerReachable") {
+                Some((s, _, m)) if s == "False" => Ok(m),
+                other => Err(format!("{other:?}")),
+            }
+        },
+    )
+    .await
+    .unwrap()
+}
+
 async fn wait_database_ready(env: &Env, name: &str) -> Database {
     let api = env.api::<Database>();
     eventually(&format!("Database {name} Ready"), WAIT, || async {
@@ -1701,15 +1719,7 @@ async fn server_down_during_delete_keeps_the_object_and_explains() {
     let mut nowhere = database(&pg, "nowhere", "nowhere", "nowhere_owner");
     nowhere.spec.external.as_mut().unwrap().port = 1;
     dbs.create(&PostParams::default(), &nowhere).await.unwrap();
-    let msg = eventually("ServerReachable=False", WAIT, || async {
-        let d = dbs.get("nowhere").await.map_err(|e| e.to_string())?;
-        match condition(&d.status.unwrap_or_default().conditions, "ServerReachable") {
-            Some((s, _, m)) if s == "False" => Ok(m),
-            other => Err(format!("{other:?}")),
-        }
-    })
-    .await
-    .unwrap();
+    let msg = unreachable_message(&env, "nowhere").await;
     assert!(
         msg.contains("127.0.0.1:1") || msg.to_lowercase().contains("connect"),
         "{msg}"
@@ -2943,10 +2953,11 @@ async fn sql_is_sent_only_while_leading_and_bounded_below_the_renew_deadline() {
     );
 }
 
-/// SIGTERM while reconciles wait on SQL to a server that stopped answering (its postmaster
-/// SIGSTOPped: connections are accepted by the kernel and never answered, so no connect or
-/// statement timeout of the client fires): the operator cancels them at the drain deadline
-/// and stops cleanly within its `--shutdown-timeout`.
+/// A server that stopped answering (its postmaster SIGSTOPped: connections are accepted by
+/// the kernel and never answered, so neither the TCP connect timeout nor a statement timeout
+/// fires): each reconcile gives up connecting after `pg::CONNECT_TIMEOUT` and says so
+/// (ServerReachable=False naming the bound) instead of waiting for ever; SIGTERM while one
+/// waits cancels it at the drain deadline and the operator stops within `--shutdown-timeout`.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn shutdown_is_bounded_while_sql_waits_on_a_stopped_server() {
     let pg = Postgres::start().await.expect("PostgreSQL");
@@ -2962,8 +2973,18 @@ async fn shutdown_is_bounded_while_sql_waits_on_a_stopped_server() {
     wait_database_ready(&env, "paused").await;
 
     pg.signal("STOP").expect("SIGSTOP the postmaster");
-    // The next resync (every 2 s) connects and waits: a reconcile is in flight for longer
-    // than it takes to look.
+    let message = unreachable_message(&env, "paused").await;
+    assert!(
+        message.contains(&format!(
+            "did not finish within {:?}",
+            database_operator::pg::CONNECT_TIMEOUT
+        )),
+        "{message}"
+    );
+    // The next resync (every 2 s) connects and waits until the connect bound
+    // (`pg::CONNECT_TIMEOUT`, 10 s). A reconcile that was already past its SQL when the
+    // postmaster stopped is in flight too, for the milliseconds its API writes take: wait
+    // for one that stays in flight on every look for a second.
     let metrics = env.operator.metrics().clone();
     let busy = || {
         metrics
@@ -2972,23 +2993,20 @@ async fn shutdown_is_bounded_while_sql_waits_on_a_stopped_server() {
             .get()
     };
     eventually(
-        "a database reconcile waiting on the stopped server",
+        "a database reconcile waiting on the stopped server for a second",
         WAIT,
         || async {
-            if busy() >= 1 {
-                Ok(())
-            } else {
-                Err("none in flight".to_string())
+            for _ in 0..20 {
+                if busy() < 1 {
+                    return Err("none in flight".to_string());
+                }
+                tokio::time::sleep(Duration::from_millis(50)).await;
             }
+            Ok(())
         },
     )
     .await
     .unwrap();
-    tokio::time::sleep(Duration::from_millis(500)).await;
-    assert!(
-        busy() >= 1,
-        "the reconcile is still waiting on the stopped server"
-    );
 
     let bound = steward_testenv::harness::test_args().shutdown_timeout;
     let stopping = Instant::now();

@@ -76,6 +76,12 @@ pub struct CommonArgs {
     #[arg(long, default_value = "30s", value_parser = parse_duration)]
     pub shutdown_timeout: Duration,
 
+    /// How long one reconcile may run before it is cancelled and retried with backoff (a
+    /// `ReconcileTimedOut` warning Event says so): the bound on any call a reconcile makes
+    /// that has none of its own (a server that accepts a connection and never answers).
+    #[arg(long, default_value = "2m", value_parser = parse_duration)]
+    pub reconcile_timeout: Duration,
+
     /// How long a leading controller may have queued work without starting a reconcile, or
     /// a watch may keep failing, before `/healthz` fails (so the kubelet restarts the pod).
     #[arg(long, default_value = "60s", value_parser = parse_duration)]

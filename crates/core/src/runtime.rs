@@ -255,6 +255,10 @@ pub enum RunError<E: std::error::Error + 'static> {
     /// The operator's reconcile panicked; it is retried with backoff like a failure.
     #[error("reconcile panicked: {0}")]
     Panicked(String),
+    /// The reconcile ran longer than `--reconcile-timeout` and was cancelled; it is retried
+    /// with backoff like a failure.
+    #[error("reconcile did not finish within {0:?} (--reconcile-timeout) and was cancelled")]
+    TimedOut(Duration),
 }
 
 /// One operator process.
@@ -461,6 +465,7 @@ impl Operator {
             metrics: self.metrics.clone(),
             health: self.health.clone(),
             concurrency: self.args.concurrency,
+            reconcile_timeout: self.args.reconcile_timeout,
             backoff_base: self.backoff_base,
             backoff_max: self.backoff_max,
         }
@@ -824,6 +829,7 @@ struct Runner {
     metrics: Metrics,
     health: Health,
     concurrency: u16,
+    reconcile_timeout: Duration,
     backoff_base: Duration,
     backoff_max: Duration,
 }
@@ -892,6 +898,7 @@ impl Runner {
             .reconcile_on(resync)
             .graceful_shutdown_on(async move { shutdown.cancelled_owned().await });
 
+        let reconcile_timeout = self.reconcile_timeout;
         let wrapped = {
             let backoff = backoff.clone();
             let metrics = metrics.clone();
@@ -935,6 +942,7 @@ impl Runner {
                             Err(panic) => Err(RunError::Panicked(panic_message(panic.as_ref()))),
                         },
                         () = leadership.lost() => Err(RunError::LostLeadership),
+                        () = tokio::time::sleep(reconcile_timeout) => Err(RunError::TimedOut(reconcile_timeout)),
                     };
                     metrics.active_workers.get_or_create(&labels).dec();
                     metrics.reconcile_time.get_or_create(&labels).observe(started.elapsed().as_secs_f64());
@@ -961,6 +969,16 @@ impl Runner {
                                 .warning(obj.as_ref(), "ReconcilePanicked", "Reconcile", format!("reconcile panicked: {message}"))
                                 .await;
                         }
+                        Err(RunError::TimedOut(_)) => {
+                            let message = result.as_ref().err().map(ToString::to_string).unwrap_or_default();
+                            metrics.reconcile_total.get_or_create(&metrics.result(&name, "error")).inc();
+                            metrics.reconcile_errors.get_or_create(&labels).inc();
+                            tracing::warn!(error = %message, "reconcile timed out");
+                            traced.record("result", "error");
+                            traced.record("error", message.as_str());
+                            traced.record("otel.status_code", "ERROR");
+                            ctx.recorder.warning(obj.as_ref(), "ReconcileTimedOut", "Reconcile", message).await;
+                        }
                         Err(RunError::Reconcile(e)) => {
                             let e: &E = e;
                             metrics.reconcile_total.get_or_create(&metrics.result(&name, "error")).inc();
@@ -986,7 +1004,9 @@ impl Runner {
                 let delay = backoff.next_delay(&object_key(obj.as_ref()));
                 Action::requeue(e.max_backoff().map_or(delay, |cap| delay.min(cap)))
             }
-            RunError::Panicked(_) => Action::requeue(backoff.next_delay(&object_key(obj.as_ref()))),
+            RunError::Panicked(_) | RunError::TimedOut(_) => {
+                Action::requeue(backoff.next_delay(&object_key(obj.as_ref())))
+            }
         };
 
         let cache_stop = stop.clone();

@@ -69,6 +69,17 @@ pub enum PgError {
         #[source]
         source: tokio_postgres::Error,
     },
+    /// The server accepted the connection but did not finish the handshake (TLS, startup,
+    /// authentication) within [`CONNECT_TIMEOUT`]: a postmaster that is paused or overloaded.
+    #[error(
+        "connecting to {address} as {user} (database {database}) did not finish within {after:?}"
+    )]
+    ConnectTimedOut {
+        address: String,
+        user: String,
+        database: String,
+        after: Duration,
+    },
     /// The TLS configuration could not be built (bad CA bundle).
     #[error("failed to set up TLS for {address}: {message}")]
     Tls { address: String, message: String },
@@ -88,8 +99,10 @@ pub enum PgError {
 impl PgError {
     /// Whether the failure is about reaching the server (vs. a statement it refused).
     pub fn is_connect(&self) -> bool {
-        matches!(self, PgError::Connect { .. } | PgError::Tls { .. })
-            || matches!(self, PgError::Statement { source, .. } if source.is_closed() || source.as_db_error().is_none())
+        matches!(
+            self,
+            PgError::Connect { .. } | PgError::ConnectTimedOut { .. } | PgError::Tls { .. }
+        ) || matches!(self, PgError::Statement { source, .. } if source.is_closed() || source.as_db_error().is_none())
     }
 
     /// The SQLSTATE of a statement error, if the server sent one.
@@ -104,7 +117,7 @@ impl PgError {
 /// Connects to `database` on `server` as its admin.
 ///
 /// # Errors
-/// [`PgError::Connect`] or [`PgError::Tls`].
+/// [`PgError::Connect`], [`PgError::ConnectTimedOut`] or [`PgError::Tls`].
 pub async fn connect(
     server: &Server,
     database: &str,
@@ -144,7 +157,7 @@ pub fn statement_budget(fence: &Leadership) -> Duration {
 /// Connects to `database` on `server` as `user`.
 ///
 /// # Errors
-/// [`PgError::Connect`] or [`PgError::Tls`].
+/// [`PgError::Connect`], [`PgError::ConnectTimedOut`] or [`PgError::Tls`].
 pub async fn connect_as(
     server: &Server,
     database: &str,
@@ -167,6 +180,9 @@ pub async fn connect_as(
         .dbname(database)
         .application_name(application_name)
         .connect_timeout(CONNECT_TIMEOUT)
+        // Data the server's kernel does not acknowledge (a partition mid-session) fails the
+        // connection after this long instead of the kernel's ~15 minutes of retransmissions.
+        .tcp_user_timeout(CONNECT_TIMEOUT)
         .ssl_mode(match server.ssl_mode {
             SslMode::Disable => tokio_postgres::config::SslMode::Disable,
             SslMode::Prefer => tokio_postgres::config::SslMode::Prefer,
@@ -200,7 +216,19 @@ pub async fn connect_as(
             Ok(client)
         }
     };
-    connect.await
+    // `connect_timeout` bounds the TCP connect only: a server whose kernel accepts the
+    // connection while the postmaster never answers (paused, overloaded) would hold the
+    // reconcile for ever in the startup handshake.
+    tokio::time::timeout(CONNECT_TIMEOUT, connect)
+        .await
+        .unwrap_or_else(|_| {
+            Err(PgError::ConnectTimedOut {
+                address: server.address(),
+                user: user.to_string(),
+                database: database.to_string(),
+                after: CONNECT_TIMEOUT,
+            })
+        })
 }
 
 /// Runs each statement of `plan` on its own (no implicit transaction).
