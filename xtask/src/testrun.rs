@@ -4,15 +4,17 @@
 //!
 //! The binaries are built by `cargo test --no-run` and run as cargo would run them (working
 //! directory = their package, the arguments after `--`); the doc tests run by
-//! `cargo test --doc` afterwards. They run in three phases:
+//! `cargo test --doc` afterwards. They run in two phases:
 //! 1. the binaries that need the real node ([`ONE_LANE`], one after another: the host has
-//!    one node), and beside them the light binaries ([`BESIDE_THE_NODE`]) and then the side
-//!    job (the smoke benchmark): the real node's lane leaves about half of the two cores idle
-//!    while it waits for kubelets, PostgreSQL and failover timeouts;
-//! 2. every other binary, [`jobs`] at a time (one unless `STEWARD_TEST_JOBS` says more: see
-//!    [`DEFAULT_JOBS`]), the longest first (by the times of the previous run, kept in
-//!    `target/xtask-test-times.tsv`);
-//! 3. the [`SOLO`] binaries, alone.
+//!    one node), and beside them, one at a time: the light binaries ([`BESIDE_THE_NODE`]),
+//!    then every other binary but the solo ones, the longest first (by the times of the
+//!    previous run, kept in `target/xtask-test-times.tsv`), then the side job (the smoke
+//!    benchmark). The real node's lane leaves about half of the two cores idle while it
+//!    waits for kubelets, PostgreSQL and failover timeouts; the binaries beside it wait on
+//!    control planes and Lease timings, and assert with margins derived from those, never
+//!    from the machine's speed. `STEWARD_TEST_JOBS=N` (see [`DEFAULT_JOBS`]) runs N of the
+//!    other binaries at once once the lane has ended;
+//! 2. the [`SOLO`] binaries, alone.
 //!
 //! A binary running beside another writes its output to `target/xtask-test-logs/<binary>.log`,
 //! printed whole when it ends; the real node's lane, and everything when one runs at a time,
@@ -32,11 +34,12 @@ use anyhow::{Context, Result, bail};
 /// slowest binary takes about 5 min on a quiet machine.
 const DEFAULT_LIMIT: Duration = Duration::from_secs(15 * 60);
 
-/// The binaries of phase 2 that run at once unless `STEWARD_TEST_JOBS` says otherwise: one
-/// (output live). Two at a time once put the real node's lane beside all the other binaries
-/// (37.3 min warm instead of about 41, green at `4a15a13`), but each run that way found a
+/// How many of the other binaries run at once once the real node's lane has ended, unless
+/// `STEWARD_TEST_JOBS` says otherwise: one (beside the lane, one at a time always). Two at a
+/// time once put the real node's lane beside all the other binaries at two at a time (37.3
+/// min warm instead of about 41, green at `4a15a13`), but each run that way found a
 /// contention failure (on the cold run at `9b6c4c0`, the tenant-operator's binary, in
-/// [`SOLO`] since). Only the binaries in [`BESIDE_THE_NODE`] share the cores by default.
+/// [`SOLO`] since).
 const DEFAULT_JOBS: usize = 1;
 
 /// The test targets that run in one lane, one after another: those that start testenv's real
@@ -165,35 +168,38 @@ pub fn run(
         }
     };
     let started = Instant::now();
+    let queue = Mutex::new(lanes.into_iter());
+    let drain = |log_dir: Option<&Path>| {
+        loop {
+            let lane = queue.lock().map(|mut q| q.next()).ok().flatten();
+            let Some(lane) = lane else { break };
+            run_lane(&lane, log_dir);
+        }
+    };
+    // Beside the real node's lane (when there is one), output to logs; alone, live.
+    let beside_log = (!node_lane.is_empty()).then_some(log_dir.as_path());
     std::thread::scope(|scope| {
-        scope.spawn(|| run_lane(&node_lane, None));
+        scope.spawn(|| {
+            run_lane(&node_lane, None);
+            // More than one at a time only when asked: the lane's end frees its share.
+            if jobs > 1 {
+                std::thread::scope(|inner| {
+                    for _ in 1..jobs {
+                        inner.spawn(|| drain(Some(&log_dir)));
+                    }
+                });
+            }
+        });
         scope.spawn(|| {
             run_lane(&beside, Some(&log_dir));
+            drain(if jobs > 1 { Some(&log_dir) } else { beside_log });
             if let Some(job) = side_job {
                 run_side_job(job);
             }
         });
     });
     phases.record(
-        "the real node's lane, the light binaries and the side job beside it (wall clock)",
-        started.elapsed(),
-    );
-    let started = Instant::now();
-    let queue = Mutex::new(lanes.into_iter());
-    let log_dir = (jobs > 1).then_some(log_dir.as_path());
-    std::thread::scope(|scope| {
-        for _ in 0..jobs {
-            scope.spawn(|| {
-                loop {
-                    let lane = queue.lock().map(|mut q| q.next()).ok().flatten();
-                    let Some(lane) = lane else { break };
-                    run_lane(&lane, log_dir);
-                }
-            });
-        }
-    });
-    phases.record(
-        &format!("the other binaries, {jobs} at a time (wall clock)"),
+        "the real node's lane, and beside it the light binaries, the other binaries one at a time and the side job (wall clock)",
         started.elapsed(),
     );
     // Alone, output live.
