@@ -633,6 +633,25 @@ pub fn wal_file_name(timeline: u32, lsn: Lsn) -> String {
     )
 }
 
+/// How many of a base backup's first bytes are kept to read its `backup_label` from.
+const HEAD: usize = 64 * 1024;
+
+/// The start of base backup `label` (its WAL location and timeline) from its `backup_label`,
+/// which the server sends as the first member of the tar `pg_basebackup` streams (`head`: the
+/// tar's first bytes). `pg_basebackup -X none` does not print the start, and the backup
+/// history file in `pg_wal` ([`backup_start`]) can be gone by the time it is read: once
+/// archived, the end of any other base backup (a replica cloning the primary) removes it.
+fn label_start(head: &[u8], label: &str) -> Option<(Lsn, u32)> {
+    let mut archive = tar::Archive::new(head);
+    let mut first = archive.entries().ok()?.next()?.ok()?;
+    if first.path().ok()?.as_os_str() != "backup_label" {
+        return None;
+    }
+    let mut text = String::new();
+    first.read_to_string(&mut text).ok()?;
+    parse_backup_history(&text, label)
+}
+
 /// The start of base backup `label` (its WAL location and timeline), from the backup history
 /// file PostgreSQL writes into `pg_wal` when a backup ends (`<segment>.<offset>.backup`, kept
 /// there until the next backup ends): `pg_basebackup -X none` does not print it. The newest
@@ -718,6 +737,8 @@ pub async fn base_backup(store: &Store, paths: &Paths, name: &str) -> Result<Bas
     let mut encoder = GzEncoder::new(Vec::new(), Compression::fast());
     let mut buf = vec![0u8; 256 * 1024];
     let mut size = 0u64;
+    // The tar's first bytes, for its `backup_label` (the start of the backup).
+    let mut head: Vec<u8> = Vec::with_capacity(HEAD);
     let streamed: Result<(), Error> = async {
         loop {
             let n = stdout
@@ -726,6 +747,9 @@ pub async fn base_backup(store: &Store, paths: &Paths, name: &str) -> Result<Bas
                 .map_err(io("read pg_basebackup's output"))?;
             if n == 0 {
                 break;
+            }
+            if head.len() < HEAD {
+                head.extend_from_slice(&buf[..n.min(HEAD - head.len())]);
             }
             encoder.write_all(&buf[..n]).map_err(io("compress"))?;
             let out = std::mem::take(encoder.get_mut());
@@ -760,7 +784,10 @@ pub async fn base_backup(store: &Store, paths: &Paths, name: &str) -> Result<Bas
         .finish()
         .await
         .map_err(store_err(format!("finish upload {data_path}")))?;
-    let (begin_lsn, timeline) = backup_start(&paths.pgdata, name)?;
+    let (begin_lsn, timeline) = match label_start(&head, name) {
+        Some(start) => start,
+        None => backup_start(&paths.pgdata, name)?,
+    };
     let backup = BaseBackup {
         name: name.to_string(),
         timeline,
@@ -1018,6 +1045,42 @@ mod tests {
             "the newest of the label"
         );
         assert!(backup_start(dir.path(), "other").is_err());
+    }
+
+    /// The start comes from the tar's own `backup_label`: the history file in `pg_wal` was
+    /// removed by a replica's clone ending at the same time (seen in a test run).
+    #[test]
+    fn the_start_point_is_read_from_the_backup_label_the_tar_begins_with() {
+        let label = "START WAL LOCATION: 0/10000028 (file 000000020000000000000010)\n\
+                     CHECKPOINT LOCATION: 0/10000080\n\
+                     BACKUP METHOD: streamed\n\
+                     BACKUP FROM: primary\n\
+                     START TIME: 2026-12-04 23:30:57 UTC\n\
+                     LABEL: pg-after-pg17\n\
+                     START TIMELINE: 2\n";
+        let mut tar = tar::Builder::new(Vec::new());
+        for (name, data) in [
+            ("backup_label", label.as_bytes()),
+            ("PG_VERSION", b"17\n".as_slice()),
+        ] {
+            let mut header = tar::Header::new_gnu();
+            header.set_size(data.len() as u64);
+            header.set_mode(0o600);
+            header.set_cksum();
+            tar.append_data(&mut header, name, data).unwrap();
+        }
+        let bytes = tar.into_inner().unwrap();
+        assert_eq!(
+            label_start(&bytes, "pg-after-pg17"),
+            Some((Lsn(0x1000_0028), 2))
+        );
+        assert_eq!(label_start(&bytes, "other"), None, "another label");
+        assert_eq!(
+            label_start(&bytes[..300], "pg-after-pg17"),
+            None,
+            "cut short"
+        );
+        assert_eq!(label_start(b"", "pg-after-pg17"), None);
     }
 
     #[test]
