@@ -105,9 +105,19 @@ pub fn backup_name(cluster: &str, to: i32) -> String {
     format!("{cluster}-before-pg{to}")
 }
 
-/// The upgrade Job of `cluster` for the attempt made at `generation`.
+/// The upgrade Job of `cluster` for the attempt made at `generation`, within the 63
+/// characters of the `job-name` label: `<cluster>-major-upgrade-<generation>` when that fits
+/// (the name every upgrade Job had, so one in flight is found again after an operator
+/// upgrade), else `<cluster>-upgrade-<generation>` (a Job with the longer name could never be
+/// created: nothing runs under it).
 pub fn job_name(cluster: &str, generation: Option<i64>) -> String {
-    format!("{cluster}-major-upgrade-{}", generation.unwrap_or(0))
+    let generation = generation.unwrap_or(0);
+    let name = format!("{cluster}-major-upgrade-{generation}");
+    if name.len() <= 63 {
+        name
+    } else {
+        format!("{cluster}-upgrade-{generation}")
+    }
 }
 
 /// The label on every upgrade Job of a cluster.
@@ -757,6 +767,14 @@ mod tests {
         assert_eq!((u.from, u.to, u.phase), (15, 17, Phase::Stopping));
         assert!(d.delete_old_jobs, "a new attempt");
         assert_eq!(job_name("pg", u.generation), "pg-major-upgrade-3");
+        // The longest cluster name (47 characters) from generation 10 on.
+        let longest = "p".repeat(47);
+        assert_eq!(job_name(&longest, Some(9)).len(), 63);
+        for generation in [10, 999, 9_999_999] {
+            let name = job_name(&longest, Some(generation));
+            assert!(name.len() <= 63, "{name}");
+            assert!(name.ends_with(&format!("-upgrade-{generation}")), "{name}");
+        }
         assert_eq!(u.instance, "pg-0");
         assert_eq!(
             d.hold,
