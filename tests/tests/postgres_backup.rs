@@ -596,8 +596,12 @@ async fn postgres_cluster_survives_its_primary_killed_mid_backup_and_mid_archivi
     let _turn = NODE.lock().await;
     let mut cluster = Cluster::new("rn-pgk", 2).await;
     let (s3, object_store, store) = object_store(&cluster, "pg").await;
+    // A small wal_keep_size: the primary soon removes WAL a lagging replica needs (step 3).
     cluster
-        .create(json!({"backup": {"objectStore": object_store}}))
+        .create(json!({
+            "backup": {"objectStore": object_store},
+            "parameters": {"wal_keep_size": "32MB"},
+        }))
         .await;
     archiving(&cluster, &s3).await;
     let rw = cluster.cluster_ip("pg-rw").await;
@@ -794,5 +798,35 @@ async fn postgres_cluster_survives_its_primary_killed_mid_backup_and_mid_archivi
     eprintln!(
         "restored to {target} (from the backup after the first kill, through the segments the second killed primary had not archived) in {took:.1?}"
     );
+
+    // 3. A replica further behind than the primary keeps WAL catches up from the archive.
+    a_replica_behind_the_primarys_wal_catches_up_from_the_archive(&cluster, &rw).await;
     cluster.stop_operator().await;
+}
+
+/// A replica whose WAL receiver hung while the primary wrote far more than `wal_keep_size`
+/// (32 MB) and checkpointed: the primary no longer has the WAL it needs, the archive does.
+/// The replica replays it from there (its `restore_command`) and streams again — no copy of
+/// the whole database. Before (issue #37, item 5) a replica had no `restore_command`: it
+/// could not catch up at all, and since then it was cloned afresh.
+async fn a_replica_behind_the_primarys_wal_catches_up_from_the_archive(
+    cluster: &Cluster,
+    rw: &str,
+) {
+    let (primary, _) = cluster.primary().await;
+    let replica = if primary == "pg-0" { "pg-1" } else { "pg-0" };
+    let (_, resumed) = leave_behind(cluster, rw, replica, |db| async move {
+        archive_now(cluster, &db).await;
+    })
+    .await;
+    reads_after_the_gap(cluster).await;
+    let log = logs(&cluster.pods(), replica).await;
+    assert!(
+        log.contains("from archive") && !log.contains("cloning the primary afresh"),
+        "{replica} caught up from the archive, not by a new copy:\n{log}"
+    );
+    eprintln!(
+        "{replica}, behind by more than wal_keep_size, replayed the archive and reads the row written after the gap {:.1?} after its WAL receiver resumed",
+        resumed.elapsed()
+    );
 }

@@ -947,55 +947,8 @@ async fn a_parameter_postgresql_refuses_is_never_rolled_out(cluster: &Cluster) {
 async fn a_replica_the_primary_removed_wal_for_is_cloned_again(cluster: &Cluster, rw: &str) {
     let (primary, _) = cluster.primary().await;
     let replica = if primary == "pg-0" { "pg-1" } else { "pg-0" };
-    let receiver = cluster
-        .walreceiver(replica)
-        .unwrap_or_else(|| panic!("{replica} runs no WAL receiver"));
-    signal(receiver, "STOP");
-    let c = connect(rw, &cluster.password).await.unwrap();
-    c.batch_execute(
-        "create table filler as select i, repeat('x', 200) as pad from generate_series(1, 400000) i; \
-         checkpoint; select pg_switch_wal(); checkpoint; \
-         create table after_the_gap (at timestamptz default now()); \
-         insert into after_the_gap default values",
-    )
-    .await
-    .unwrap();
-    let written: i64 = c
-        .query_one(
-            "select pg_wal_lsn_diff(pg_current_wal_lsn(), '0/0')::bigint",
-            &[],
-        )
-        .await
-        .unwrap()
-        .get(0);
-    drop(c);
-    signal(receiver, "CONT");
-    let started = Instant::now();
-    let ro = cluster.cluster_ip("pg-ro").await;
-    let caught_up = eventually(
-        "the replica reads the row written after the gap",
-        Duration::from_secs(240),
-        || {
-            let (ro, password) = (ro.clone(), cluster.password.clone());
-            async move {
-                let c = connect(&ro, &password).await.map_err(|e| e.to_string())?;
-                let n: i64 = c
-                    .query_one("select count(*) from after_the_gap", &[])
-                    .await
-                    .map_err(|e| e.to_string())?
-                    .get(0);
-                if n == 1 {
-                    Ok(())
-                } else {
-                    Err(format!("{n} rows"))
-                }
-            }
-        },
-    )
-    .await;
-    if let Err(e) = caught_up {
-        panic!("{e}\n{}", cluster.logs().await);
-    }
+    let (written, started) = leave_behind(cluster, rw, replica, |_| async {}).await;
+    reads_after_the_gap(cluster).await;
     eprintln!(
         "the replica behind by more than wal_keep_size streams again {:.1?} after its WAL receiver resumed (WAL position {written})",
         started.elapsed()

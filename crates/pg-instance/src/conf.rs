@@ -11,22 +11,45 @@ use crate::contract::{PG_PORT, REPLICATION_USER};
 /// `instance.conf` for a replica streaming from `primary_host` as [`REPLICATION_USER`], its
 /// password read from `passfile` (never written into a setting), over TLS verified against
 /// the cluster's CA `ca_file` (the primary's certificate names the Services, not pod
-/// addresses, so `verify-ca`).
+/// addresses, so `verify-ca`). With `archive` (the manager's executable, when the cluster
+/// archives WAL), a replica that fell behind further than the primary keeps WAL
+/// (`wal_keep_size`) catches up from the cluster's own archive (`exe wal-fetch`, which gives
+/// up quickly so PostgreSQL goes back to streaming) instead of never catching up.
 pub fn replica_conf(
     primary_host: &str,
     application_name: &str,
     passfile: &Path,
     ca_file: &Path,
+    archive: Option<&Path>,
 ) -> String {
     let conninfo = format!(
         "host={primary_host} port={PG_PORT} user={REPLICATION_USER} passfile={} application_name={application_name} connect_timeout=5 sslmode=verify-ca sslrootcert={}",
         passfile.display(),
         ca_file.display()
     );
-    format!(
-        "# Managed by steward-pg-instance: this instance is a replica.\nprimary_conninfo = {}\nrecovery_target_timeline = 'latest'\n",
+    let mut out = format!(
+        "# Managed by steward-pg-instance: this instance is a replica.\nprimary_conninfo = {}\n",
         quote(&conninfo)
-    )
+    );
+    if let Some(exe) = archive {
+        out.push_str(&format!(
+            "restore_command = {}\n",
+            quote(&fetch_command(exe, false))
+        ));
+    }
+    out.push_str("recovery_target_timeline = 'latest'\n");
+    out
+}
+
+/// The `restore_command` that fetches WAL with `exe wal-fetch`: from the store the cluster
+/// is restored from (`from_recovery`), else from its own archive.
+fn fetch_command(exe: &Path, from_recovery: bool) -> String {
+    let from = if from_recovery {
+        " --from-recovery"
+    } else {
+        ""
+    };
+    format!("{} wal-fetch{from} %f %p", exe.display())
 }
 
 /// Connection slots kept for roles granted `pg_use_reserved_connections` (PostgreSQL 16 and
@@ -60,8 +83,10 @@ pub fn primary_conf() -> String {
 pub fn recovery_conf(exe: &Path, target_time: Option<&str>) -> String {
     let mut out =
         String::from("# Managed by steward-pg-instance: restoring this cluster from a backup.\n");
-    let command = format!("{} wal-fetch --from-recovery %f %p", exe.display());
-    out.push_str(&format!("restore_command = {}\n", quote(&command)));
+    out.push_str(&format!(
+        "restore_command = {}\n",
+        quote(&fetch_command(exe, true))
+    ));
     out.push_str("recovery_target_timeline = 'latest'\n");
     if let Some(t) = target_time {
         out.push_str(&format!("recovery_target_time = {}\n", quote(t)));
@@ -93,6 +118,7 @@ mod tests {
             "pg-1",
             Path::new("/steward/run/pgpass"),
             Path::new("/tls/ca.crt"),
+            None,
         );
         assert_eq!(
             conf,
@@ -101,6 +127,25 @@ mod tests {
              recovery_target_timeline = 'latest'\n"
         );
         assert!(!conf.contains("password"));
+    }
+
+    /// Issue #37, item 5: a replica further behind than `wal_keep_size` looped for ever.
+    #[test]
+    fn a_replica_of_an_archiving_cluster_catches_up_from_its_own_archive() {
+        let conf = replica_conf(
+            "198.18.0.7",
+            "pg-1",
+            Path::new("/steward/run/pgpass"),
+            Path::new("/tls/ca.crt"),
+            Some(Path::new("/steward/bin/steward-pg-instance")),
+        );
+        assert!(
+            conf.contains(
+                "\nrestore_command = '/steward/bin/steward-pg-instance wal-fetch %f %p'\n"
+            ),
+            "{conf}"
+        );
+        assert!(!conf.contains("--from-recovery"));
     }
 
     #[test]

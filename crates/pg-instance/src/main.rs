@@ -181,21 +181,54 @@ fn main() -> anyhow::Result<()> {
             } else {
                 contract::BACKUP_ENV
             };
-            let store = store(prefix)?;
-            // PostgreSQL runs it in the data directory: the WAL of the system restored there.
-            let pgdata = std::env::current_dir().context("the data directory")?;
-            let system = archive::system_identifier(&pgdata)?;
-            let found = rt
-                .block_on(archive::fetch_wal(&store, &system, &name, &dest))
-                .with_context(|| format!("restoring {name} from {}", store.config().url()))?;
-            if !found {
+            let fetched = store(prefix).and_then(|store| {
+                // PostgreSQL runs it in the data directory: the WAL of the system restored there.
+                let pgdata = std::env::current_dir().context("the data directory")?;
+                let system = archive::system_identifier(&pgdata)?;
+                let fetch = archive::fetch_wal(&store, &system, &name, &dest);
+                let found = if from_recovery {
+                    rt.block_on(fetch)
+                } else {
+                    rt.block_on(tokio::time::timeout(STANDBY_FETCH_TIMEOUT, fetch))
+                        .unwrap_or_else(|_| {
+                            Err(archive::Error::Invalid(format!(
+                                "no answer within {STANDBY_FETCH_TIMEOUT:?}"
+                            )))
+                        })
+                };
+                found.with_context(|| format!("restoring {name} from {}", store.config().url()))
+            });
+            match fetched {
+                Ok(true) => Ok(()),
                 // Not an error: PostgreSQL asks for files that may not exist.
-                std::process::exit(1);
+                Ok(false) => std::process::exit(1),
+                // A replica: the file counts as missing, so PostgreSQL goes back to streaming
+                // from the primary at once instead of waiting on the store.
+                Err(e) if !from_recovery => {
+                    eprintln!("steward-pg-instance wal-fetch: {e:#}; trying the primary");
+                    std::process::exit(1)
+                }
+                // A restore: "missing" would end recovery here and promote without the rest
+                // of the archive. An exit status above 125 makes PostgreSQL stop instead;
+                // the instance manager starts it again, and replay resumes where it was.
+                Err(e) => {
+                    eprintln!(
+                        "steward-pg-instance wal-fetch: {e:#}; stopping the restore rather than ending it early"
+                    );
+                    std::process::exit(RESTORE_FAILED)
+                }
             }
-            Ok(())
         }
     }
 }
+
+/// How long a replica's `wal-fetch` may wait on its cluster's object store.
+const STANDBY_FETCH_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// `wal-fetch`'s exit status when a restore cannot read its archive: PostgreSQL treats a
+/// `restore_command` status above 125 as fatal (as the shell's "command not found" or a
+/// signal), any other failure as a file the archive does not have.
+const RESTORE_FAILED: i32 = 126;
 
 /// A one-off Job's failure: its reason also goes to `/dev/termination-log`, which the operator
 /// shows in the cluster's condition.

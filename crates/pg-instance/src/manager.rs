@@ -33,7 +33,7 @@ use tokio_util::sync::CancellationToken;
 use crate::archive::{self, Store, StoreConfig};
 use crate::backups;
 use crate::contract::{
-    self, CLUSTER_LABEL, InstanceStatus, PRIMARY, REPLICA, ROLE_LABEL, Role, STATUS_ANNOTATION,
+    self, CLUSTER_LABEL, InstanceStatus, Lsn, PRIMARY, REPLICA, ROLE_LABEL, Role, STATUS_ANNOTATION,
 };
 use crate::election::{self, Candidacy, Peer};
 use crate::postgres::{self, Observed, Paths, Postmaster};
@@ -410,7 +410,8 @@ struct Instance {
     /// The data directory ran read-write on a timeline the primary may not have, or failed
     /// to stream: rewind before following.
     needs_rewind: bool,
-    not_streaming_since: Option<Instant>,
+    /// Since when a replica that should stream does not, and the position it had then.
+    not_streaming_since: Option<(Instant, Option<Lsn>)>,
     /// The superuser and replication roles were ensured on this postmaster (as primary).
     roles_ensured: bool,
     published: Option<(InstanceStatus, Instant)>,
@@ -1143,7 +1144,14 @@ impl Instance {
         if streaming || host.is_none() {
             self.not_streaming_since = None;
         } else {
-            let since = *self.not_streaming_since.get_or_insert_with(Instant::now);
+            // Replaying WAL it fetched from the archive is catching up, not a broken stream:
+            // the timer runs only while nothing is replayed.
+            let lsn = self.observed.as_ref().map(|o| o.lsn);
+            let (since, _) = *self.not_streaming_since.insert(stream_timer(
+                self.not_streaming_since,
+                lsn,
+                Instant::now(),
+            ));
             if since.elapsed() > self.settings.stream_timeout {
                 tracing::warn!(
                     ?host,
@@ -1214,15 +1222,27 @@ impl Instance {
 
     fn configure_replica(&mut self, host: Option<&str>) -> anyhow::Result<()> {
         let paths = &self.settings.paths;
+        // Behind further than the primary keeps WAL, a replica catches up from the archive.
+        let archive = self
+            .archive_to
+            .is_some()
+            .then_some(self.settings.exe.as_path());
         let conf = match host {
             Some(host) => conf::replica_conf(
                 host,
                 &self.settings.pod,
                 &paths.passfile(),
                 &paths.ca_file(),
+                archive,
             ),
-            None => conf::replica_conf("", &self.settings.pod, &paths.passfile(), &paths.ca_file())
-                .replace("primary_conninfo", "#primary_conninfo"),
+            None => conf::replica_conf(
+                "",
+                &self.settings.pod,
+                &paths.passfile(),
+                &paths.ca_file(),
+                archive,
+            )
+            .replace("primary_conninfo", "#primary_conninfo"),
         };
         postgres::write_file(&paths.instance_conf(), &conf, 0o644)?;
         std::fs::write(paths.standby_signal(), "")?;
@@ -1436,6 +1456,20 @@ fn may_hand_over(standby: Option<&postgres::Standby>) -> Result<(), String> {
     Ok(())
 }
 
+/// The not-streaming timer of a replica whose position is `lsn` now: started at `now` when
+/// none runs, or started again when the position moved on since it started (WAL fetched from
+/// the archive is being replayed: the replica is catching up, its stream is not broken).
+fn stream_timer(
+    timer: Option<(Instant, Option<Lsn>)>,
+    lsn: Option<Lsn>,
+    now: Instant,
+) -> (Instant, Option<Lsn>) {
+    match timer {
+        Some((since, at)) if lsn <= at => (since, at),
+        _ => (now, lsn),
+    }
+}
+
 /// A pod as the election sees it.
 /// Ready: PostgreSQL answered lately (`answering`), in the role the Lease gives this instance
 /// (in recovery unless `leading`) and, as a replica, not known to be unable to catch up (it
@@ -1510,6 +1544,31 @@ fn replica_timeline(streamed: &mut Option<u32>, o: &postgres::Observed) -> u32 {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Issue #37, item 5: a replica replaying WAL from the archive is catching up; only one
+    /// whose position stands still is stopped to rewind after the stream timeout.
+    #[test]
+    fn the_stream_timer_runs_only_while_nothing_is_replayed() {
+        let t0 = Instant::now();
+        let later = t0 + Duration::from_secs(5);
+        let started = stream_timer(None, Some(Lsn(100)), t0);
+        assert_eq!(started, (t0, Some(Lsn(100))));
+        assert_eq!(
+            stream_timer(Some(started), Some(Lsn(100)), later),
+            started,
+            "standing still: the timer runs on"
+        );
+        assert_eq!(
+            stream_timer(Some(started), None, later),
+            started,
+            "not observed: the timer runs on"
+        );
+        assert_eq!(
+            stream_timer(Some(started), Some(Lsn(200)), later),
+            (later, Some(Lsn(200))),
+            "replayed more: started again from here"
+        );
+    }
 
     #[tokio::test]
     async fn a_watchdog_that_is_gone_is_started_again() {

@@ -692,6 +692,71 @@ pub(crate) async fn archive_now(cluster: &Cluster, db: &tokio_postgres::Client) 
     segment
 }
 
+/// Leaves `replica` behind by far more than a `wal_keep_size` of 32 MB: its WAL receiver is
+/// stopped while the primary (through `rw`) writes about 100 MB of WAL and checkpoints twice,
+/// then `after_the_gap` gets a row; `before_resuming` runs on the primary's connection, then
+/// the receiver resumes. The WAL position then, and when it resumed.
+pub(crate) async fn leave_behind<F: std::future::Future<Output = ()>>(
+    cluster: &Cluster,
+    rw: &str,
+    replica: &str,
+    before_resuming: impl FnOnce(tokio_postgres::Client) -> F,
+) -> (i64, Instant) {
+    let receiver = cluster
+        .walreceiver(replica)
+        .unwrap_or_else(|| panic!("{replica} runs no WAL receiver"));
+    signal(receiver, "STOP");
+    let db = connect(rw, &cluster.password).await.unwrap();
+    db.batch_execute(
+        "create table filler as select i, repeat('x', 200) as pad from generate_series(1, 400000) i; \
+         checkpoint; select pg_switch_wal(); checkpoint; \
+         create table after_the_gap (at timestamptz default now()); \
+         insert into after_the_gap default values",
+    )
+    .await
+    .unwrap();
+    let written: i64 = db
+        .query_one(
+            "select pg_wal_lsn_diff(pg_current_wal_lsn(), '0/0')::bigint",
+            &[],
+        )
+        .await
+        .unwrap()
+        .get(0);
+    before_resuming(db).await;
+    signal(receiver, "CONT");
+    (written, Instant::now())
+}
+
+/// Waits (up to 4 minutes) until `-ro` serves the row [`leave_behind`] wrote after the gap.
+pub(crate) async fn reads_after_the_gap(cluster: &Cluster) {
+    let ro = cluster.cluster_ip("pg-ro").await;
+    let caught_up = eventually(
+        "the replica reads the row written after the gap",
+        Duration::from_secs(240),
+        || {
+            let (ro, password) = (ro.clone(), cluster.password.clone());
+            async move {
+                let c = connect(&ro, &password).await.map_err(|e| e.to_string())?;
+                let n: i64 = c
+                    .query_one("select count(*) from after_the_gap", &[])
+                    .await
+                    .map_err(|e| e.to_string())?
+                    .get(0);
+                if n == 1 {
+                    Ok(())
+                } else {
+                    Err(format!("{n} rows"))
+                }
+            }
+        },
+    )
+    .await;
+    if let Err(e) = caught_up {
+        panic!("{e}\n{}", cluster.logs().await);
+    }
+}
+
 /// Creates PostgresCluster `name` (1 instance) restored from `recovery`
 /// (`spec.bootstrap.recovery`), waits until it is Ready; a connection to it and the time from
 /// its creation to Ready.
