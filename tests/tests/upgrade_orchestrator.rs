@@ -3038,10 +3038,23 @@ async fn a_plan_acts_as_its_service_account_and_changes_only_what_it_may() {
             .await
             .expect("create deployment");
     }
-    // `deployer` may get and patch the Deployment `web` there, nothing else; `nobody` nothing.
-    for sa in ["deployer", "nobody"] {
+    // `deployer` may get and patch the Deployment `web` there, nothing else; `nobody` nothing;
+    // `bystander` as much as `deployer`, but it lets no plan act as it.
+    let delegate = upgrade_orchestrator::plan::DELEGATE_ANNOTATION;
+    for (sa, plans) in [
+        (
+            "deployer",
+            Some("as-deployer, other-target, hook-as-nobody"),
+        ),
+        ("nobody", Some("*")),
+        ("bystander", None),
+    ] {
+        let mut metadata = fixtures::meta(sa);
+        if let Some(plans) = plans {
+            metadata.annotations = Some([(delegate.to_string(), plans.to_string())].into());
+        }
         let sa = ServiceAccount {
-            metadata: fixtures::meta(sa),
+            metadata,
             ..ServiceAccount::default()
         };
         env.api::<ServiceAccount>()
@@ -3062,7 +3075,10 @@ async fn a_plan_acts_as_its_service_account_and_changes_only_what_it_may() {
         .expect("create role");
     let binding = fixtures::role_binding(
         "deploy-web",
-        vec![fixtures::rbac_service_account(&env.ns, "deployer")],
+        vec![
+            fixtures::rbac_service_account(&env.ns, "deployer"),
+            fixtures::rbac_service_account(&env.ns, "bystander"),
+        ],
     );
     Api::<RoleBinding>::namespaced(env.client.clone(), &other)
         .create(&PostParams::default(), &binding)
@@ -3112,6 +3128,62 @@ async fn a_plan_acts_as_its_service_account_and_changes_only_what_it_may() {
         );
         assert!(status.started_at.is_none(), "{name} did not start");
     }
+
+    // A ServiceAccount that does not delegate to the plan (or does not exist) is not acted
+    // as, whatever it may do (issue #39, item 7: creating a plan amounted to acting as any
+    // ServiceAccount of the namespace).
+    for (name, sa, why) in [
+        (
+            "as-bystander",
+            "bystander",
+            "does not delegate to this plan",
+        ),
+        ("as-ghost", "ghost", "does not exist"),
+    ] {
+        let mut p = plan(name, vec![across("web", "web:2")], Strategy::default());
+        p.spec.service_account_name = Some(sa.into());
+        env.create_plan(p).await;
+        let status = env.wait_invalid(name).await;
+        let valid = steward_core::conditions::get(&status.conditions, "Valid").expect("Valid");
+        assert_eq!(valid.reason, "ServiceAccountNotDelegated", "{name}");
+        assert!(
+            valid.message.contains(why) && valid.message.contains(delegate),
+            "{name}: {}",
+            valid.message
+        );
+        assert!(status.started_at.is_none(), "{name} did not start");
+    }
+    // Nor does a hook run as another ServiceAccount than the plan's.
+    let mut hooked = across("web", "web:2");
+    let mut job = hook_job(false);
+    job["template"]["spec"]["serviceAccountName"] = json!("nobody");
+    hooked.hooks = fixtures::hooks(Some(job), None);
+    let mut p = plan("hook-as-nobody", vec![hooked], Strategy::default());
+    p.spec.service_account_name = Some("deployer".into());
+    env.create_plan(p).await;
+    let status = env.wait_invalid("hook-as-nobody").await;
+    let valid = steward_core::conditions::get(&status.conditions, "Valid").expect("Valid");
+    assert_eq!(valid.reason, "InvalidHook", "{}", valid.message);
+    assert!(
+        valid.message.contains("runs as ServiceAccount \"nobody\""),
+        "{}",
+        valid.message
+    );
+    assert_eq!(
+        deployments
+            .get("web")
+            .await
+            .expect("web")
+            .spec
+            .template
+            .spec
+            .unwrap()
+            .containers[0]
+            .image
+            .as_deref(),
+        Some("web:1"),
+        "nothing changed yet"
+    );
 
     // What it may change, it changes, as itself.
     let mut p = plan(

@@ -84,8 +84,10 @@ pub struct UpgradePlanSpec {
 
     /// A ServiceAccount of the plan's namespace to act as: every target is read and changed,
     /// and every hook Job created, by impersonating it, so the plan can change only what the
-    /// ServiceAccount may. Needed for targets in other namespaces. Without it the plan acts
-    /// with the orchestrator's own rights, in its own namespace only.
+    /// ServiceAccount may. The ServiceAccount must delegate to the plan: its annotation
+    /// `upgrade.steward.dev/plans` names the plan (comma-separated names, or `*`). Needed for
+    /// targets in other namespaces. Without it the plan acts with the orchestrator's own
+    /// rights, in its own namespace only.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(
         length(min = 1, max = 253),

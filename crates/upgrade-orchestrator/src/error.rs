@@ -57,6 +57,13 @@ pub enum Error {
         #[source]
         source: Box<kube::Error>,
     },
+    /// Reading the plan's ServiceAccount (whether it delegates to the plan) failed.
+    #[error("failed to read ServiceAccount {account}")]
+    ReadServiceAccount {
+        account: String,
+        #[source]
+        source: Box<kube::Error>,
+    },
     /// A client acting as the plan's ServiceAccount could not be built.
     #[error("failed to act as ServiceAccount {account}")]
     Impersonate {
@@ -84,6 +91,7 @@ impl steward_core::ReconcileError for Error {
             Error::ReadHooks { .. } => "ReadHooksFailed",
             Error::BuildHook { .. } => "BuildHookFailed",
             Error::CreateHook { .. } => "CreateHookFailed",
+            Error::ReadServiceAccount { .. } => "ReadServiceAccountFailed",
             Error::Impersonate { .. } => "ImpersonateFailed",
             Error::WriteStatus { .. } => "WriteStatusFailed",
         }

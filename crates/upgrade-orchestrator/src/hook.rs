@@ -95,6 +95,22 @@ pub fn build(plan: &UpgradePlan, component: &Component, run: &HookRun) -> Result
     ]);
     let mut spec: JobSpec = serde_json::from_value(hook.job.clone())
         .map_err(|e| format!("hooks.{}.job is not a Job spec: {e}", run.stage.as_str()))?;
+    let pod = spec.template.spec.as_ref();
+    let account = pod.and_then(|p| {
+        p.service_account_name
+            .as_deref()
+            .or(p.service_account.as_deref())
+    });
+    if let Some(account) = account.filter(|a| !may_run_as(plan, a)) {
+        return Err(format!(
+            "hooks.{}.job runs as ServiceAccount {account:?}: a hook runs as the plan's spec.serviceAccountName ({}) or as the namespace's default",
+            run.stage.as_str(),
+            plan.spec
+                .service_account_name
+                .as_deref()
+                .unwrap_or("none named")
+        ));
+    }
     spec.active_deadline_seconds
         .get_or_insert(i64::from(plan.spec.strategy.progress_deadline_seconds));
     let template = spec
@@ -116,6 +132,14 @@ pub fn build(plan: &UpgradePlan, component: &Component, run: &HookRun) -> Result
         spec: Some(spec),
         status: None,
     })
+}
+
+/// Whether a hook Job of `plan` may run as ServiceAccount `account`: the namespace's
+/// `default` or the plan's own `spec.serviceAccountName` (which delegates to the plan). Any
+/// other would let whoever may create a plan run code as every ServiceAccount of its
+/// namespace.
+fn may_run_as(plan: &UpgradePlan, account: &str) -> bool {
+    account == "default" || plan.spec.service_account_name.as_deref() == Some(account)
 }
 
 /// The recorded hooks whose Job does not exist yet: `(component index, run)` of every
@@ -213,6 +237,32 @@ mod tests {
         plan.metadata.namespace = Some("shop".into());
         plan.metadata.uid = Some("uid-1".into());
         plan
+    }
+
+    /// Issue #39, item 7: a hook ran as any ServiceAccount its Job spec named.
+    #[test]
+    fn a_hook_runs_as_the_plans_service_account_or_the_default_only() {
+        let run = HookRun::running(HookStage::Before, "release-api-before-1".into(), None);
+        let as_account = |plan_account: Option<&str>, field: &str, account: &str| {
+            let mut plan = plan_with_hook();
+            plan.spec.service_account_name = plan_account.map(str::to_string);
+            let hooks = plan.spec.components[0].hooks.as_mut().unwrap();
+            hooks.before.as_mut().unwrap().job["template"]["spec"][field] = account.into();
+            build(&plan, &plan.spec.components[0], &run)
+        };
+        assert!(as_account(None, "serviceAccountName", "default").is_ok());
+        assert!(as_account(Some("deployer"), "serviceAccountName", "deployer").is_ok());
+        for (plan_account, field) in [
+            (None, "serviceAccountName"),
+            (Some("deployer"), "serviceAccountName"),
+            (Some("deployer"), "serviceAccount"),
+        ] {
+            let refused = as_account(plan_account, field, "cluster-admin-sa").unwrap_err();
+            assert!(
+                refused.contains("runs as ServiceAccount \"cluster-admin-sa\""),
+                "{refused}"
+            );
+        }
     }
 
     #[test]

@@ -50,6 +50,16 @@ pub enum Invalid {
         field: &'static str,
         message: String,
     },
+    /// `spec.serviceAccountName` names a ServiceAccount that does not delegate to this plan
+    /// ([`DELEGATE_ANNOTATION`]), or does not exist.
+    #[error(
+        "ServiceAccount {account:?} {why}: to let this plan act as it, annotate it {DELEGATE_ANNOTATION}: \"{plan}\" (plan names, comma-separated, or \"*\" for every plan of the namespace)"
+    )]
+    NotDelegated {
+        account: String,
+        plan: String,
+        why: &'static str,
+    },
     /// The API server refuses a hook's Job (a server-side dry run before the plan starts).
     #[error("component {component:?}: the {stage} hook's Job is refused: {message}")]
     InvalidHook {
@@ -71,6 +81,7 @@ impl Invalid {
             Invalid::ChangeRefused { .. } => "ChangeRefused",
             Invalid::InvalidHealthCheck { .. } => "InvalidHealthCheck",
             Invalid::InvalidHook { .. } => "InvalidHook",
+            Invalid::NotDelegated { .. } => "ServiceAccountNotDelegated",
         }
     }
 }
@@ -217,6 +228,23 @@ fn check_change(c: &Component) -> Result<(), Invalid> {
     Ok(())
 }
 
+/// The annotation by which a ServiceAccount lets plans of its namespace act as it
+/// (`spec.serviceAccountName`): their names, comma-separated, or `*` for every plan there. Set
+/// by whoever may change the ServiceAccount, so that creating an UpgradePlan does not amount to
+/// acting as any ServiceAccount of the namespace.
+pub const DELEGATE_ANNOTATION: &str = "upgrade.steward.dev/plans";
+
+/// Whether a ServiceAccount whose [`DELEGATE_ANNOTATION`] is `annotation` lets plan `plan`
+/// act as it.
+pub fn delegates(annotation: Option<&str>, plan: &str) -> bool {
+    annotation.is_some_and(|names| {
+        names
+            .split(',')
+            .map(str::trim)
+            .any(|name| name == "*" || name == plan)
+    })
+}
+
 /// Whether a component's health rule outlived its evaluation's time limit
 /// ([`crate::health::too_slow`]): checked before a plan starts (a started plan's rules are
 /// not evaluated again, and its component fails at its deadline).
@@ -277,6 +305,15 @@ fn find_cycle(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_service_account_delegates_to_the_plans_it_names() {
+        assert!(delegates(Some("*"), "release"));
+        assert!(delegates(Some("nightly, release"), "release"));
+        assert!(!delegates(Some("nightly,release-2"), "release"));
+        assert!(!delegates(Some(""), "release"));
+        assert!(!delegates(None, "release"));
+    }
     use crate::crd::{ImageChange, TargetRef};
 
     fn c(name: &str, deps: &[&str]) -> Component {

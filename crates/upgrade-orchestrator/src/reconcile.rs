@@ -19,6 +19,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use k8s_openapi::api::batch::v1::Job;
+use k8s_openapi::api::core::v1::ServiceAccount;
 use k8s_openapi::jiff::Timestamp;
 use kube::api::{Api, ListParams, PostParams};
 use kube::runtime::controller::Action;
@@ -112,11 +113,20 @@ async fn converge(
     }
     let now = Timestamp::now();
 
+    // A deleted plan rolls back as its ServiceAccount still (its namespace may be going, the
+    // ServiceAccount with it).
+    let not_delegated = if deleting {
+        None
+    } else {
+        not_delegated(&ctx, &plan, &namespace).await?
+    };
     let client = acting_client(&ctx, &plan, &namespace)?;
     let mut targets = None;
-    let outcome = match plan::plan(&plan.spec.components) {
-        Err(invalid) => progress::invalid(&status, generation, &invalid, now),
-        Ok(validated) => {
+    let outcome = match (not_delegated, plan::plan(&plan.spec.components)) {
+        (Some(invalid), _) | (None, Err(invalid)) => {
+            progress::invalid(&status, generation, &invalid, now)
+        }
+        (None, Ok(validated)) => {
             let (mut observed, workloads) = observe(&client, &plan, &namespace).await?;
             let mut jobs = hook_jobs(&client, &plan, &namespace).await?;
             let refused = if status.started_at.is_none() {
@@ -245,6 +255,42 @@ async fn converge(
         Some(d) => Action::requeue(d + Duration::from_millis(100)),
         None => Action::await_change(),
     })
+}
+
+/// Why `plan` may not act as its `spec.serviceAccountName`: the ServiceAccount does not exist
+/// or does not delegate to the plan ([`plan::DELEGATE_ANNOTATION`]). Looked at on every
+/// reconcile, so taking the annotation away stops a plan (`Valid=False`) until it is back.
+async fn not_delegated(
+    ctx: &Context<Data>,
+    plan: &UpgradePlan,
+    namespace: &str,
+) -> Result<Option<Invalid>, Error> {
+    let Some(account) = &plan.spec.service_account_name else {
+        return Ok(None);
+    };
+    let accounts: Api<ServiceAccount> = Api::namespaced(ctx.client.clone(), namespace);
+    let found = accounts
+        .get_opt(account)
+        .await
+        .map_err(|source| Error::ReadServiceAccount {
+            account: account.clone(),
+            source: Box::new(source),
+        })?;
+    let why = match &found {
+        None => "does not exist",
+        Some(sa) => {
+            let names = sa.annotations().get(plan::DELEGATE_ANNOTATION);
+            if plan::delegates(names.map(String::as_str), &plan.name_any()) {
+                return Ok(None);
+            }
+            "does not delegate to this plan"
+        }
+    };
+    Ok(Some(Invalid::NotDelegated {
+        account: account.clone(),
+        plan: plan.name_any(),
+        why,
+    }))
 }
 
 /// The client a plan acts through on its targets and hook Jobs: impersonating its
