@@ -726,6 +726,13 @@ async fn postgres_cluster_survives_its_primary_killed_mid_backup_and_mid_archivi
         .find(|l| l.contains("archived the WAL this instance had not archived"))
         .unwrap_or_else(|| panic!("{old} did not archive its leftover WAL:\n{rejoined}"));
     eprintln!("{old} after its restart: {leftover}");
+    // It rejoined by pg_rewind, reading back from the archive its own WAL that pg_rewind's
+    // crash recovery had checkpointed away; before, the rewind failed on the missing segment
+    // and the instance was cloned afresh (a copy of the whole database).
+    assert!(
+        rejoined.contains("pg_rewind finished") && !rejoined.contains("cloning the primary afresh"),
+        "{old} rejoined by pg_rewind, not by a new copy:\n{rejoined}"
+    );
     let db = connect(&rw, &cluster.password).await.unwrap();
     archive_now(&cluster, &db).await;
     create_backup(&cluster, "after-archive-kill", "pg").await;
@@ -815,15 +822,30 @@ async fn a_replica_behind_the_primarys_wal_catches_up_from_the_archive(
 ) {
     let (primary, _) = cluster.primary().await;
     let replica = if primary == "pg-0" { "pg-1" } else { "pg-0" };
+    let stopped = Instant::now();
+    // Once the archive has the segments, checkpoints remove them from the primary (it keeps
+    // WAL it has not archived yet).
     let (_, resumed) = leave_behind(cluster, rw, replica, |db| async move {
         archive_now(cluster, &db).await;
+        db.batch_execute("checkpoint; select pg_switch_wal(); checkpoint")
+            .await
+            .unwrap();
     })
     .await;
     reads_after_the_gap(cluster).await;
-    let log = logs(&cluster.pods(), replica).await;
+    // What the replica said since its WAL receiver stopped.
+    let since = kube::api::LogParams {
+        since_seconds: Some(i64::try_from(stopped.elapsed().as_secs()).unwrap_or(i64::MAX) + 1),
+        ..Default::default()
+    };
+    let log = cluster.pods().logs(replica, &since).await.unwrap();
     assert!(
-        log.contains("from archive") && !log.contains("cloning the primary afresh"),
-        "{replica} caught up from the archive, not by a new copy:\n{log}"
+        log.contains("has already been removed")
+            && log.contains("from archive")
+            && !log.contains("cloning the primary afresh"),
+        "{replica} fell behind the primary's WAL and caught up from the archive, not by a new copy; since its WAL receiver stopped ({:?} ago):\n{log}\nits whole log:\n{}",
+        stopped.elapsed(),
+        logs(&cluster.pods(), replica).await
     );
     eprintln!(
         "{replica}, behind by more than wal_keep_size, replayed the archive and reads the row written after the gap {:.1?} after its WAL receiver resumed",

@@ -1,6 +1,6 @@
 //! `steward-pg-instance`: see the library's documentation.
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use anyhow::Context;
@@ -182,14 +182,18 @@ fn main() -> anyhow::Result<()> {
                 contract::BACKUP_ENV
             };
             let fetched = store(prefix).and_then(|store| {
-                // PostgreSQL runs it in the data directory: the WAL of the system restored there.
-                let pgdata = std::env::current_dir().context("the data directory")?;
+                // The WAL of the system of the data directory it restores into: the server
+                // runs it there (`%p` = pg_wal/…), pg_rewind elsewhere (`%p` = <data>/pg_wal/…).
+                let pgdata = match dest.parent().and_then(Path::parent) {
+                    Some(data) if dest.is_absolute() => data.to_path_buf(),
+                    _ => std::env::current_dir().context("the data directory")?,
+                };
                 let system = archive::system_identifier(&pgdata)?;
                 let fetch = archive::fetch_wal(&store, &system, &name, &dest);
                 let found = if from_recovery {
                     rt.block_on(fetch)
                 } else {
-                    rt.block_on(tokio::time::timeout(STANDBY_FETCH_TIMEOUT, fetch))
+                    rt.block_on(async { tokio::time::timeout(STANDBY_FETCH_TIMEOUT, fetch).await })
                         .unwrap_or_else(|_| {
                             Err(archive::Error::Invalid(format!(
                                 "no answer within {STANDBY_FETCH_TIMEOUT:?}"

@@ -1082,7 +1082,14 @@ impl Instance {
                 }
                 tracing::info!(%host, "rewinding to follow the new primary");
                 let stream_broke = std::mem::take(&mut self.stream_broke);
-                match postgres::rewind(&paths, host).await {
+                // With an archive, pg_rewind reads from it what it needs of this directory's
+                // own WAL, through the restore_command of the replica's configuration
+                // (written now; standby.signal only once it is rewound).
+                let from_archive = self.archive_to.is_some();
+                if from_archive {
+                    self.write_replica_conf(Some(host))?;
+                }
+                match postgres::rewind(&paths, host, from_archive).await {
                     Ok(out) if stream_broke && out.contains("no rewind required") => {
                         self.cannot_catch_up += 1;
                         if self.cannot_catch_up >= 2 {
@@ -1221,6 +1228,14 @@ impl Instance {
     }
 
     fn configure_replica(&mut self, host: Option<&str>) -> anyhow::Result<()> {
+        self.write_replica_conf(host)?;
+        std::fs::write(self.settings.paths.standby_signal(), "")?;
+        self.following = host.map(str::to_string);
+        Ok(())
+    }
+
+    /// `instance.conf` of a replica following `host` (nobody: `None`).
+    fn write_replica_conf(&self, host: Option<&str>) -> anyhow::Result<()> {
         let paths = &self.settings.paths;
         // Behind further than the primary keeps WAL, a replica catches up from the archive.
         let archive = self
@@ -1245,8 +1260,6 @@ impl Instance {
             .replace("primary_conninfo", "#primary_conninfo"),
         };
         postgres::write_file(&paths.instance_conf(), &conf, 0o644)?;
-        std::fs::write(paths.standby_signal(), "")?;
-        self.following = host.map(str::to_string);
         Ok(())
     }
 
@@ -1470,7 +1483,6 @@ fn stream_timer(
     }
 }
 
-/// A pod as the election sees it.
 /// Ready: PostgreSQL answered lately (`answering`), in the role the Lease gives this instance
 /// (in recovery unless `leading`) and, as a replica, not known to be unable to catch up (it
 /// stopped streaming with nothing to rewind: the primary no longer has the WAL it needs, and

@@ -224,11 +224,18 @@ pub async fn basebackup(paths: &Paths, host: &str) -> Result<(), Error> {
 /// Rewinds this (stopped) data directory to follow the primary at `host`: what it wrote
 /// after the timelines forked is discarded. `pg_rewind` first runs crash recovery itself if
 /// the instance was not shut down cleanly.
-pub async fn rewind(paths: &Paths, host: &str) -> Result<String, Error> {
+pub async fn rewind(paths: &Paths, host: &str, from_archive: bool) -> Result<String, Error> {
     clear_stale_locks(paths);
+    let mut command = Command::new("pg_rewind");
+    if from_archive {
+        // WAL of its own that the data directory no longer has (a killed primary's crash
+        // recovery checkpointed it away once it was archived) comes from the archive,
+        // through the restore_command of its configuration.
+        command.arg("--restore-target-wal");
+    }
     run(
         "pg_rewind",
-        Command::new("pg_rewind")
+        command
             .arg("-D")
             .arg(&paths.pgdata)
             .arg(format!(

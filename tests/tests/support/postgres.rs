@@ -344,7 +344,11 @@ impl Cluster {
     /// its postmaster (PostgreSQL's process titles overwrite a child's environment, so it is
     /// found by its parent, not by the pod's variables).
     pub(crate) fn walreceiver(&self, pod: &str) -> Option<u32> {
-        let (_, postmaster) = self.processes(pod);
+        let postmaster = self
+            .pod_processes(pod)
+            .into_iter()
+            .find(|(.., cmd)| cmd.starts_with("postgres"))?
+            .0;
         host_processes(|_| true)
             .into_iter()
             .find(|(_, ppid, cmd)| *ppid == postmaster && cmd.contains("walreceiver"))
@@ -702,9 +706,17 @@ pub(crate) async fn leave_behind<F: std::future::Future<Output = ()>>(
     replica: &str,
     before_resuming: impl FnOnce(tokio_postgres::Client) -> F,
 ) -> (i64, Instant) {
-    let receiver = cluster
-        .walreceiver(replica)
-        .unwrap_or_else(|| panic!("{replica} runs no WAL receiver"));
+    // A replica that just rejoined may still replay the archive before it streams.
+    let receiver = eventually(&format!("{replica} runs a WAL receiver"), WAIT, || async {
+        cluster
+            .walreceiver(replica)
+            .ok_or_else(|| "none yet".to_string())
+    })
+    .await;
+    let receiver = match receiver {
+        Ok(pid) => pid,
+        Err(e) => panic!("{e}\n{}", cluster.logs().await),
+    };
     signal(receiver, "STOP");
     let db = connect(rw, &cluster.password).await.unwrap();
     db.batch_execute(
