@@ -62,6 +62,13 @@ struct Probe {
     hang_on: Mutex<Option<String>>,
 }
 
+impl Probe {
+    /// How many reconciles of the object `name` started.
+    fn attempts_of(&self, name: &str) -> usize {
+        self.attempts.lock().unwrap().get(name).map_or(0, Vec::len)
+    }
+}
+
 #[derive(Debug, thiserror::Error)]
 enum TestError {
     #[error("apply failed on purpose")]
@@ -659,12 +666,7 @@ async fn a_panicking_reconcile_is_a_retried_failure_and_the_controller_keeps_wor
     .unwrap();
     // The panicking object is retried with backoff...
     at_least("boom attempted three times", 3, WAIT, || {
-        run.probe
-            .attempts
-            .lock()
-            .unwrap()
-            .get("boom")
-            .map_or(0, Vec::len)
+        run.probe.attempts_of("boom")
     })
     .await
     .unwrap();
@@ -723,12 +725,7 @@ async fn a_reconcile_past_its_timeout_is_cancelled_explained_and_retried() {
     .unwrap();
     // Each attempt hangs until the timeout cancels it; a second one starts only after that.
     at_least("stuck attempted twice", 2, WAIT, || {
-        run.probe
-            .attempts
-            .lock()
-            .unwrap()
-            .get("stuck")
-            .map_or(0, Vec::len)
+        run.probe.attempts_of("stuck")
     })
     .await
     .unwrap();
@@ -896,12 +893,7 @@ async fn shutdown_cancels_a_hung_reconcile_and_releases_the_lease_within_the_bou
         .await
         .unwrap();
     at_least("the reconcile of stuck in flight", 1, WAIT, || {
-        run.probe
-            .attempts
-            .lock()
-            .unwrap()
-            .get("stuck")
-            .map_or(0, Vec::len)
+        run.probe.attempts_of("stuck")
     })
     .await
     .unwrap();

@@ -969,27 +969,22 @@ impl Runner {
                                 .warning(obj.as_ref(), "ReconcilePanicked", "Reconcile", format!("reconcile panicked: {message}"))
                                 .await;
                         }
-                        Err(RunError::TimedOut(_)) => {
-                            let message = result.as_ref().err().map(ToString::to_string).unwrap_or_default();
+                        Err(failed @ (RunError::Reconcile(_) | RunError::TimedOut(_))) => {
+                            let (reason, message) = match failed {
+                                RunError::Reconcile(e) => {
+                                    let e: &E = e;
+                                    (e.reason(), chain(e))
+                                }
+                                timed_out => ("ReconcileTimedOut", timed_out.to_string()),
+                            };
                             metrics.reconcile_total.get_or_create(&metrics.result(&name, "error")).inc();
                             metrics.reconcile_errors.get_or_create(&labels).inc();
-                            tracing::warn!(error = %message, "reconcile timed out");
-                            traced.record("result", "error");
-                            traced.record("error", message.as_str());
-                            traced.record("otel.status_code", "ERROR");
-                            ctx.recorder.warning(obj.as_ref(), "ReconcileTimedOut", "Reconcile", message).await;
-                        }
-                        Err(RunError::Reconcile(e)) => {
-                            let e: &E = e;
-                            metrics.reconcile_total.get_or_create(&metrics.result(&name, "error")).inc();
-                            metrics.reconcile_errors.get_or_create(&labels).inc();
-                            let message = chain(e);
-                            tracing::warn!(reason = e.reason(), error = %message, "reconcile failed");
+                            tracing::warn!(reason, error = %message, "reconcile failed");
                             // After the log line, which already says it.
                             traced.record("result", "error");
                             traced.record("error", message.as_str());
                             traced.record("otel.status_code", "ERROR");
-                            ctx.recorder.warning(obj.as_ref(), e.reason(), "Reconcile", message).await;
+                            ctx.recorder.warning(obj.as_ref(), reason, "Reconcile", message).await;
                         }
                     }
                     result
