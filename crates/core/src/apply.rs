@@ -15,7 +15,7 @@ use std::sync::Arc;
 
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, OwnerReference};
 use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams};
-use kube::runtime::reflector::{ObjectRef, Store};
+use kube::runtime::reflector::ObjectRef;
 use kube::{Client, Resource, ResourceExt};
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
@@ -25,6 +25,7 @@ use serde_json::Value;
 use sha2::{Digest, Sha256};
 
 use crate::Error;
+use crate::cache::Cache;
 use crate::metrics::{Metrics, WriteLabels};
 
 /// Label on every child, holding the owner's UID.
@@ -36,7 +37,7 @@ pub const MANAGED_BY_LABEL: &str = "app.kubernetes.io/managed-by";
 pub const APPLIED_ANNOTATION: &str = "steward.dev/applied";
 
 /// How long [`Children::ensure_cached`] waits for a cache's first list.
-const CACHE_WAIT: std::time::Duration = std::time::Duration::from_secs(10);
+pub(crate) const CACHE_WAIT: std::time::Duration = std::time::Duration::from_secs(10);
 
 /// What [`Children::ensure`] did.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -240,13 +241,14 @@ impl Children {
         self.ensure_with(current, desired, false).await
     }
 
-    /// [`Children::ensure`] with the current object looked up in `store` (a cache of the
-    /// child's kind, or of its metadata from [`crate::controller::watch_metadata`]) by
-    /// `desired`'s name and namespace, once the cache has listed (waiting up to 10 s).
+    /// [`Children::ensure`] with the current object looked up in `cache` (of the child's kind,
+    /// or of its metadata from [`crate::controller::watch_metadata`]) by `desired`'s name and
+    /// namespace, once the cache has listed (waiting up to 10 s; every concurrent waiter wakes
+    /// when it has, see [`Cache`]).
     ///
     /// # Errors
     /// [`Error::ApplyChild`] when the API server rejects the apply.
-    pub async fn ensure_cached<K, S>(&self, store: &Store<S>, desired: K) -> Result<Outcome, Error>
+    pub async fn ensure_cached<K, S>(&self, cache: &Cache<S>, desired: K) -> Result<Outcome, Error>
     where
         K: Resource<DynamicType = ()> + Clone + Serialize + DeserializeOwned + Debug,
         K::Scope: ScopeApi,
@@ -259,8 +261,8 @@ impl Children {
         // Right after a start or a failover the cache may not have listed yet: an empty cache
         // would make every child look missing and cost a write each. Wait for its first list
         // (bounded: a cache that cannot list costs a write, never a stuck reconcile).
-        let _ = tokio::time::timeout(CACHE_WAIT, store.wait_until_ready()).await;
-        let current = store.get(&key);
+        let _ = tokio::time::timeout(CACHE_WAIT, cache.listed()).await;
+        let current = cache.get(&key);
         self.ensure(current.as_deref().map(Resource::meta), desired)
             .await
     }

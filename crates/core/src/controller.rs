@@ -45,6 +45,7 @@ use kube::runtime::watcher::{self, Event};
 use kube::{Api, Resource, ResourceExt};
 use serde::de::DeserializeOwned;
 
+pub use crate::cache::{Cache, Listed};
 use crate::leader::Leadership;
 use crate::metrics::{ControllerLabels, Metrics, WatchLabels};
 
@@ -61,7 +62,7 @@ where
     K: Resource<DynamicType = ()> + Clone + DeserializeOwned + Debug + Send + Sync + 'static,
 {
     inner: kube::runtime::Controller<K>,
-    store: Store<K>,
+    cache: Cache<K>,
     tracker: Arc<Tracker<K>>,
 }
 
@@ -82,9 +83,29 @@ impl<K: Send + 'static> Watch<K> {
     }
 }
 
-/// A reflector over `api`: the store it fills and the [`Watch`] that drives it. The watch
-/// must be polled (pass it to [`Controller::watches_stream`]) for the store to fill.
-pub fn watch<K>(api: Api<K>, config: watcher::Config) -> (Store<K>, Watch<K>)
+/// The [`Cache`] of `reader` and the [`Watch`] of `stream`, which fills it and says when it
+/// has listed.
+fn cache<K>(
+    reader: Store<K>,
+    stream: impl Stream<Item = Event<K>> + Send + 'static,
+    source: Arc<StreamSource>,
+) -> (Cache<K>, Watch<K>)
+where
+    K: Resource<DynamicType = ()> + Clone + Send + 'static,
+{
+    let (cache, stream) = Cache::follow(reader, stream);
+    (
+        cache,
+        Watch {
+            stream: Box::pin(stream),
+            source,
+        },
+    )
+}
+
+/// A reflector over `api`: the cache it fills and the [`Watch`] that drives it. The watch
+/// must be polled (pass it to [`Controller::watches_stream`]) for the cache to fill.
+pub fn watch<K>(api: Api<K>, config: watcher::Config) -> (Cache<K>, Watch<K>)
 where
     K: Resource<DynamicType = ()> + Clone + DeserializeOwned + Debug + Send + Sync + 'static,
 {
@@ -94,13 +115,7 @@ where
         kube::runtime::reflector(writer, watcher(api, config).modify(trim)),
         source.clone(),
     );
-    (
-        reader,
-        Watch {
-            stream: Box::pin(stream),
-            source,
-        },
-    )
+    cache(reader, stream, source)
 }
 
 /// A reflector over the metadata of `api`'s objects only (name, labels, annotations, owners,
@@ -110,7 +125,7 @@ where
 pub fn watch_metadata<K>(
     api: Api<K>,
     config: watcher::Config,
-) -> (Store<PartialObjectMeta<K>>, Watch<PartialObjectMeta<K>>)
+) -> (Cache<PartialObjectMeta<K>>, Watch<PartialObjectMeta<K>>)
 where
     K: Resource<DynamicType = ()> + Clone + DeserializeOwned + Debug + Send + Sync + 'static,
 {
@@ -121,13 +136,7 @@ where
         kube::runtime::reflector(writer, metadata_watcher(api, config).modify(trim)),
         source.clone(),
     );
-    (
-        reader,
-        Watch {
-            stream: Box::pin(stream),
-            source,
-        },
-    )
+    cache(reader, stream, source)
 }
 
 /// The `kubectl apply` annotation: a second copy of the object, never read by an operator.
@@ -259,7 +268,8 @@ where
 {
     /// A controller for the objects of `api` selected by `config`.
     pub fn new(api: Api<K>, config: watcher::Config) -> Self {
-        let (store, main) = watch(api, config);
+        let (cache, main) = watch(api, config);
+        let store = cache.store().clone();
         let tracker = Arc::new(Tracker::new(store.clone()));
         tracker.add_source(main.source.clone());
         let marks = tracker.clone();
@@ -268,18 +278,18 @@ where
                 marks.triggered(ObjectRef::from_obj(obj));
             }
         });
-        let inner = kube::runtime::Controller::for_stream(trigger, store.clone())
-            .trigger_backoff(NeverPause);
+        let inner =
+            kube::runtime::Controller::for_stream(trigger, store).trigger_backoff(NeverPause);
         Self {
             inner,
-            store,
+            cache,
             tracker,
         }
     }
 
     /// The cache of the controller's own kind.
     pub fn store(&self) -> Store<K> {
-        self.store.clone()
+        self.cache.store().clone()
     }
 
     /// Reconciles the owner (a `K` in the child's `ownerReferences`) when a `Child` selected
@@ -404,13 +414,13 @@ where
         };
         Self {
             inner: self.inner.watches_stream_with(stream, mapper, dyntype),
-            store: self.store,
+            cache: self.cache,
             tracker: self.tracker,
         }
     }
 
-    pub(crate) fn into_parts(self) -> (kube::runtime::Controller<K>, Store<K>, Arc<Tracker<K>>) {
-        (self.inner, self.store, self.tracker)
+    pub(crate) fn into_parts(self) -> (kube::runtime::Controller<K>, Cache<K>, Arc<Tracker<K>>) {
+        (self.inner, self.cache, self.tracker)
     }
 }
 

@@ -1,6 +1,6 @@
 //! A watch cache with an index by one label's value: [`Indexed`].
 //!
-//! A reconcile that finds "the objects of this owner" by scanning a [`Store`] costs O(N) per
+//! A reconcile that finds "the objects of this owner" by scanning a store costs O(N) per
 //! reconcile, and so O(N²) for a resync or a convergence of N owners: at 10 000 Tenants the
 //! tenant-operator's scans of its child stores (namespaces, quotas, the children it prunes)
 //! took more CPU than the API server (`docs/benchmarks.md`). [`Indexed`] keeps, next to the
@@ -15,17 +15,18 @@ use std::collections::HashMap;
 use std::hash::{BuildHasher, BuildHasherDefault, DefaultHasher};
 use std::sync::{Arc, RwLock};
 
-use kube::runtime::reflector::{ObjectRef, Store};
+use kube::runtime::reflector::ObjectRef;
 use kube::runtime::watcher::Event;
 use kube::{Resource, ResourceExt};
 
+use crate::cache::Cache;
 use crate::controller::Watch;
 
 /// Objects grouped by the hash of a label value: the hash, not the value, is the key (8 bytes
 /// per group instead of a string), so a lookup checks the label of what it finds.
 type Groups<K> = HashMap<u64, Vec<Arc<K>>>;
 
-/// A [`Store`] and its objects grouped by the value of the label `label`.
+/// A [`Cache`] and its objects grouped by the value of the label `label`.
 ///
 /// # Guarantees
 /// - [`Indexed::labelled`] returns exactly the objects of the store whose label has that
@@ -41,7 +42,7 @@ type Groups<K> = HashMap<u64, Vec<Arc<K>>>;
 ///   old version is kept alive until then); Steward's tenant and owner labels never change on
 ///   an object.
 pub struct Indexed<K: Resource<DynamicType = ()> + Clone + 'static> {
-    store: Store<K>,
+    store: Cache<K>,
     label: &'static str,
     groups: Arc<RwLock<Groups<K>>>,
 }
@@ -57,9 +58,9 @@ impl<K: Resource<DynamicType = ()> + Clone + 'static> Clone for Indexed<K> {
 }
 
 impl<K: Resource<DynamicType = ()> + Clone + 'static> std::ops::Deref for Indexed<K> {
-    type Target = Store<K>;
+    type Target = Cache<K>;
 
-    fn deref(&self) -> &Store<K> {
+    fn deref(&self) -> &Cache<K> {
         &self.store
     }
 }
@@ -70,7 +71,7 @@ fn hash(value: &str) -> u64 {
 
 impl<K: Resource<DynamicType = ()> + Clone + Send + Sync + 'static> Indexed<K> {
     /// An index of `store` by `label`; empty until [`Indexed::follow`]'s watch runs.
-    pub fn new(store: Store<K>, label: &'static str) -> Self {
+    pub fn new(store: Cache<K>, label: &'static str) -> Self {
         Self {
             store,
             label,
@@ -201,7 +202,8 @@ mod tests {
     #[test]
     fn the_index_follows_lists_updates_and_deletes_and_holds_the_stores_objects() {
         let (store, mut writer) = reflector::store();
-        let index = Indexed::new(store, LABEL);
+        let (cache, _) = crate::cache::Cache::follow(store, futures::stream::empty());
+        let index = Indexed::new(cache, LABEL);
         feed(&mut writer, &index, Event::Init);
         for (name, owner) in [
             ("a", Some("x")),

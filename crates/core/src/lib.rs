@@ -13,6 +13,7 @@
 //! turns its logging and `--otlp-endpoint` flags into logs and traces.
 
 pub mod apply;
+mod cache;
 pub mod cli;
 pub mod conditions;
 pub mod controller;

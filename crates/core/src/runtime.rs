@@ -1008,23 +1008,17 @@ impl Runner {
         let synced = Arc::new(std::sync::atomic::AtomicBool::new(false));
         let synced_flag = synced.clone();
         let cache = async move {
-            // kube-runtime's `wait_until_ready` can lose a wakeup when several tasks wait on
-            // the same store (the Controller waits too), so ask again every half second.
-            // A cache that never syncs (a watch that keeps failing) must not hold up shutdown.
-            while !cache_stop.is_cancelled() {
-                match tokio::time::timeout(Duration::from_millis(500), store.wait_until_ready())
-                    .await
-                {
-                    Ok(Ok(())) => {
+            // A cache that never lists (a watch that keeps failing) must not hold up shutdown.
+            tokio::select! {
+                listed = store.listed() => {
+                    if listed {
                         synced_flag.store(true, std::sync::atomic::Ordering::SeqCst);
                         if let Some(ready) = ready {
                             ready();
                         }
-                        break;
                     }
-                    Ok(Err(_)) => break,
-                    Err(_) => {}
                 }
+                () = cache_stop.cancelled() => {}
             }
         };
         let health = self.health.clone();

@@ -190,7 +190,7 @@ pub async fn run_plan<K: kube::Resource<DynamicType = ()>>(
 }
 
 /// A metadata cache of one kind of child.
-pub type Cache<K> = kube::runtime::reflector::Store<kube::core::PartialObjectMeta<K>>;
+pub type Cache<K> = steward_core::controller::Cache<kube::core::PartialObjectMeta<K>>;
 
 /// Adds the PostgresCluster, Database and DatabaseRole controllers to `operator`.
 ///

@@ -14,7 +14,6 @@
 
 use std::fmt::Debug;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
 use k8s_openapi::api::core::v1::{ConfigMap, LimitRange, Namespace, ResourceQuota, Secret};
@@ -26,9 +25,8 @@ use kube::runtime::watcher;
 use kube::{Client, Resource, ResourceExt};
 use serde::de::DeserializeOwned;
 use steward_core::Controller;
-use steward_core::controller::Watch;
+use steward_core::controller::{Cache, Listed, Watch};
 use steward_core::index::Indexed;
-use tokio::sync::watch;
 
 use crate::build::Settings;
 use crate::crd::{SHAREABLE_LABEL, SharedKind, TENANT_LABEL, Tenant};
@@ -55,64 +53,23 @@ pub struct Stores {
     /// [`crate::policy::GuardRails`]; not waited for: a kind the API server does not serve never
     /// lists, and an empty cache only makes the guard rails look missing (owners wait).
     pub admission: crate::policy::Cached,
-    /// Whether the child stores have listed.
-    pub readiness: Readiness,
+    /// Whether each child store has listed.
+    pub readiness: Vec<Listed>,
 }
 
 impl Stores {
     /// Waits until every child store has its initial list (the Tenant store is ready before
     /// the controller runs any reconcile). `false` if the reflectors were dropped.
     ///
-    /// # Caveats
-    /// This deliberately does not use `Store::wait_until_ready`: in kube-runtime 5 it awaits a
-    /// single oneshot receiver that keeps only the last poller's waker, so of several reconciles
-    /// waiting at startup all but one would never wake.
     pub async fn ready(&self) -> bool {
-        self.readiness.wait().await
-    }
-}
-
-/// Readiness of the child reflectors, from their `InitDone` events, on a `watch` channel
-/// (which wakes every waiter).
-#[derive(Clone, Debug)]
-pub struct Readiness {
-    tx: Arc<watch::Sender<usize>>,
-    total: Arc<AtomicUsize>,
-}
-
-impl Readiness {
-    fn new() -> Self {
-        Self {
-            tx: Arc::new(watch::channel(0).0),
-            total: Arc::new(AtomicUsize::new(0)),
-        }
-    }
-
-    /// A new reflector to wait for; call the returned closure on each of its events.
-    fn slot<K>(&self) -> impl FnMut(&watcher::Event<K>) + Send + 'static {
-        self.total.fetch_add(1, Ordering::SeqCst);
-        let tx = self.tx.clone();
-        let mut done = false;
-        move |event| {
-            if !done && matches!(event, watcher::Event::InitDone) {
-                done = true;
-                tx.send_modify(|n| *n += 1);
-            }
-        }
-    }
-
-    /// Waits until every reflector listed once.
-    pub async fn wait(&self) -> bool {
-        let total = self.total.load(Ordering::SeqCst);
-        let mut rx = self.tx.subscribe();
-        rx.wait_for(|n| *n >= total).await.is_ok()
+        Listed::all(&self.readiness).await
     }
 }
 
 /// The caches of shared sources, one per shared namespace.
 #[derive(Clone)]
 pub struct Sources<K: Resource<DynamicType = ()> + 'static>(
-    std::collections::BTreeMap<String, Store<K>>,
+    std::collections::BTreeMap<String, Cache<K>>,
 );
 
 impl<K: Resource<DynamicType = ()> + Clone + 'static> Sources<K> {
@@ -148,22 +105,19 @@ pub struct State {
 }
 
 /// A reflector over `api` limited by `labels` (steward-core's watch: its own backoff, errors
-/// counted): its store and the watch that drives it. Its first complete list is reported to
+/// counted): its cache and the watch that drives it. Whether it has listed is added to
 /// `readiness`.
-fn reflect<K>(api: Api<K>, labels: &str, readiness: &Readiness) -> (Store<K>, Watch<K>)
+fn reflect<K>(api: Api<K>, labels: &str, readiness: &mut Vec<Listed>) -> (Cache<K>, Watch<K>)
 where
     K: Resource<DynamicType = ()> + Clone + DeserializeOwned + Debug + Send + Sync + 'static,
 {
-    let mut listed = readiness.slot::<K>();
-    let (reader, watch) = steward_core::controller::watch(
-        api,
-        watcher::Config::default().labels(labels).any_semantic(),
-    );
-    (reader, watch.inspect(move |event| listed(event)))
+    let (cache, watch) = cache(api, labels);
+    readiness.push(cache.listed_handle());
+    (cache, watch)
 }
 
 /// A reflector over `api` limited by `labels`, not waited for ([`Stores::ready`]).
-fn cache<K>(api: Api<K>, labels: &str) -> (Store<K>, Watch<K>)
+fn cache<K>(api: Api<K>, labels: &str) -> (Cache<K>, Watch<K>)
 where
     K: Resource<DynamicType = ()> + Clone + DeserializeOwned + Debug + Send + Sync + 'static,
 {
@@ -174,7 +128,11 @@ where
 }
 
 /// [`reflect`] of the objects labelled with a tenant (those `labels` selects), indexed by it.
-fn reflect_children<K>(api: Api<K>, labels: &str, readiness: &Readiness) -> (Indexed<K>, Watch<K>)
+fn reflect_children<K>(
+    api: Api<K>,
+    labels: &str,
+    readiness: &mut Vec<Listed>,
+) -> (Indexed<K>, Watch<K>)
 where
     K: Resource<DynamicType = ()> + Clone + DeserializeOwned + Debug + Send + Sync + 'static,
 {
@@ -210,25 +168,32 @@ pub fn build(
     let tenants = controller.store();
     let children = steward_core::shard::narrow(Some(TENANT_LABEL), shard).unwrap_or_default();
     let has_tenant = children.as_str();
-    let r = Readiness::new();
+    let mut r = Vec::new();
 
     let (namespaces, ns_stream) =
-        reflect_children(Api::<Namespace>::all(client.clone()), has_tenant, &r);
-    let (quotas, rq_stream) =
-        reflect_children(Api::<ResourceQuota>::all(client.clone()), has_tenant, &r);
+        reflect_children(Api::<Namespace>::all(client.clone()), has_tenant, &mut r);
+    let (quotas, rq_stream) = reflect_children(
+        Api::<ResourceQuota>::all(client.clone()),
+        has_tenant,
+        &mut r,
+    );
     let (limit_ranges, lr_stream) =
-        reflect_children(Api::<LimitRange>::all(client.clone()), has_tenant, &r);
-    let (network_policies, np_stream) =
-        reflect_children(Api::<NetworkPolicy>::all(client.clone()), has_tenant, &r);
+        reflect_children(Api::<LimitRange>::all(client.clone()), has_tenant, &mut r);
+    let (network_policies, np_stream) = reflect_children(
+        Api::<NetworkPolicy>::all(client.clone()),
+        has_tenant,
+        &mut r,
+    );
     let (role_bindings, rb_stream) =
-        reflect_children(Api::<RoleBinding>::all(client.clone()), has_tenant, &r);
-    let (roles, role_stream) = reflect_children(Api::<Role>::all(client.clone()), has_tenant, &r);
+        reflect_children(Api::<RoleBinding>::all(client.clone()), has_tenant, &mut r);
+    let (roles, role_stream) =
+        reflect_children(Api::<Role>::all(client.clone()), has_tenant, &mut r);
     let (cluster_roles, cr_stream) =
-        reflect_children(Api::<ClusterRole>::all(client.clone()), has_tenant, &r);
+        reflect_children(Api::<ClusterRole>::all(client.clone()), has_tenant, &mut r);
     let (cluster_role_bindings, crb_stream) = reflect_children(
         Api::<ClusterRoleBinding>::all(client.clone()),
         has_tenant,
-        &r,
+        &mut r,
     );
 
     // The admission policies: cached only (a Tenant waiting for one requeues soon).
@@ -238,10 +203,10 @@ pub fn build(
     let (maps, map_stream) = cache(Api::all(client.clone()), &managed);
     let (map_bindings, mapb_stream) = cache(Api::all(client.clone()), &managed);
     let admission = crate::policy::Cached {
-        vaps,
-        vap_bindings,
-        maps,
-        map_bindings,
+        vaps: vaps.store().clone(),
+        vap_bindings: vap_bindings.store().clone(),
+        maps: maps.store().clone(),
+        map_bindings: map_bindings.store().clone(),
     };
 
     let mut controller = controller
@@ -258,9 +223,9 @@ pub fn build(
         .watches_stream(cr_stream, by_tenant_label)
         .watches_stream(crb_stream, by_tenant_label);
     let (source_secrets, with_secrets) =
-        sources::<Secret>(&client, shared_namespaces, &tenants, &r, controller);
+        sources::<Secret>(&client, shared_namespaces, &tenants, &mut r, controller);
     let (source_config_maps, with_config_maps) =
-        sources::<ConfigMap>(&client, shared_namespaces, &tenants, &r, with_secrets);
+        sources::<ConfigMap>(&client, shared_namespaces, &tenants, &mut r, with_secrets);
     controller = with_config_maps;
 
     let stores = Stores {
@@ -307,7 +272,7 @@ fn sources<K: Shareable + 'static>(
     client: &Client,
     namespaces: &[String],
     tenants: &Store<Tenant>,
-    readiness: &Readiness,
+    readiness: &mut Vec<Listed>,
     mut controller: Controller<Tenant>,
 ) -> (Sources<K>, Controller<Tenant>) {
     let shareable = format!("{SHAREABLE_LABEL}=true");
@@ -336,46 +301,4 @@ fn sources<K: Shareable + 'static>(
         });
     }
     (Sources(stores), controller)
-}
-
-#[cfg(test)]
-#[allow(clippy::unwrap_used)]
-mod tests {
-    use std::time::Duration;
-
-    use k8s_openapi::api::core::v1::ConfigMap;
-    use kube::runtime::watcher;
-
-    use super::Readiness;
-
-    #[tokio::test]
-    async fn every_concurrent_waiter_wakes_once_all_reflectors_listed() {
-        let r = Readiness::new();
-        let mut a = r.slot::<ConfigMap>();
-        let mut b = r.slot::<ConfigMap>();
-        let waiters: Vec<_> = (0..4)
-            .map(|_| {
-                let r = r.clone();
-                tokio::spawn(async move { r.wait().await })
-            })
-            .collect();
-        tokio::time::sleep(Duration::from_millis(50)).await;
-        a(&watcher::Event::Init);
-        a(&watcher::Event::InitDone);
-        a(&watcher::Event::InitDone); // a re-list counts once
-        assert!(
-            waiters.iter().all(|w| !w.is_finished()),
-            "b has not listed yet"
-        );
-        b(&watcher::Event::InitDone);
-        for w in waiters {
-            assert!(
-                tokio::time::timeout(Duration::from_secs(1), w)
-                    .await
-                    .unwrap()
-                    .unwrap(),
-                "every waiter wakes"
-            );
-        }
-    }
 }

@@ -20,6 +20,7 @@ use kube::{Client, Resource, ResourceExt};
 use serde::Serialize;
 use serde::de::DeserializeOwned;
 use steward_core::apply::{Children, OWNER_LABEL, Outcome, ScopeApi, is_conflict};
+use steward_core::controller::Cache;
 use steward_core::finalizer::{self, Event};
 use steward_core::index::Indexed;
 use steward_core::{Context, ReconcileError};
@@ -810,7 +811,7 @@ fn quotas_enforced(
 /// [`ensure`] with the current object from `store`.
 async fn ensure_child<K>(
     children: &Children,
-    store: &Store<K>,
+    store: &Cache<K>,
     desired: K,
 ) -> Result<Outcome, Error>
 where
@@ -1009,7 +1010,7 @@ where
 /// [`ensure_child`] for each of `desired`, each recorded in `keep`.
 async fn ensure_all<K>(
     children: &Children,
-    store: &Store<K>,
+    store: &Cache<K>,
     desired: Vec<K>,
     keep: &mut BTreeSet<(String, String)>,
 ) -> Result<(), Error>
