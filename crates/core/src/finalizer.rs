@@ -1,23 +1,17 @@
 //! Safe deletion: a finalizer on kube-runtime's [`kube::runtime::finalizer()`], and the shared
 //! [`DeletionPolicy`] of Steward's CRDs.
 //!
-//! The top-level reconcile only dispatches:
+//! The top-level reconcile only dispatches, with [`dispatch`]:
 //!
 //! ```no_run
 //! # use std::sync::Arc;
 //! # use kube::runtime::controller::Action;
-//! # use steward_core::finalizer::{self, Event};
+//! # use steward_core::finalizer::{self, Cleanup};
 //! # #[derive(Debug, thiserror::Error)] #[error("x")] struct MyError;
 //! # async fn apply(_: Arc<k8s_openapi::api::core::v1::ConfigMap>) -> Result<Action, MyError> { todo!() }
-//! # async fn cleanup(_: Arc<k8s_openapi::api::core::v1::ConfigMap>) -> Result<Action, MyError> { todo!() }
-//! # async fn f(api: kube::Api<k8s_openapi::api::core::v1::ConfigMap>, obj: Arc<k8s_openapi::api::core::v1::ConfigMap>) {
-//! let result = finalizer::run(&api, "example.steward.dev/cleanup", obj, |event| async move {
-//!     match event {
-//!         Event::Apply(obj) => apply(obj).await,
-//!         Event::Cleanup(obj) => cleanup(obj).await,
-//!     }
-//! })
-//! .await;
+//! # async fn cleanup(_: Arc<k8s_openapi::api::core::v1::ConfigMap>) -> Result<Cleanup, MyError> { todo!() }
+//! # async fn f(client: kube::Client, obj: Arc<k8s_openapi::api::core::v1::ConfigMap>) {
+//! let result = finalizer::dispatch(&client, "example.steward.dev/cleanup", obj, apply, cleanup).await;
 //! # }
 //! ```
 //!
@@ -131,6 +125,62 @@ where
         KubeErr::UnnamedObject => Error::UnnamedObject,
         KubeErr::InvalidFinalizer => Error::InvalidFinalizer,
     })
+}
+
+/// What a finalizer's cleanup achieved.
+#[derive(Debug)]
+pub enum Cleanup {
+    /// Everything is cleaned up: the finalizer is removed and the object goes.
+    Done,
+    /// Not yet (a rollback under way, say): the finalizer stays and the object is reconciled
+    /// again as `Action` says (or on its next change).
+    Pending(Action),
+}
+
+/// The top-level reconcile of a kind with finalizer `name`: `apply` while `obj` lives (after
+/// adding the finalizer), `cleanup` once it is being deleted, the finalizer removed when the
+/// cleanup is [`Cleanup::Done`]. The `Api` is `obj`'s own (its namespace, or cluster-scoped).
+///
+/// # Errors
+/// [`Error::Apply`] / [`Error::Cleanup`] carry the operator's error (a failed cleanup keeps
+/// the finalizer); the others are API failures.
+pub async fn dispatch<K, E, A, FA, C, FC>(
+    client: &kube::Client,
+    name: &str,
+    obj: Arc<K>,
+    apply: A,
+    cleanup: C,
+) -> Result<Action, Error<E>>
+where
+    K: Resource<DynamicType = ()> + Clone + DeserializeOwned + Serialize + Debug,
+    K::Scope: crate::apply::ScopeApi,
+    E: std::error::Error + Send + 'static,
+    A: FnOnce(Arc<K>) -> FA,
+    FA: Future<Output = Result<Action, E>>,
+    C: FnOnce(Arc<K>) -> FC,
+    FC: Future<Output = Result<Cleanup, E>>,
+{
+    use crate::apply::ScopeApi;
+    let api = K::Scope::api::<K>(client.clone(), obj.namespace().as_deref());
+    if is_deleting(obj.as_ref()) && has_finalizer(obj.as_ref(), name) {
+        if let Cleanup::Pending(action) = cleanup(obj.clone()).await.map_err(Error::Cleanup)? {
+            return Ok(action);
+        }
+        // Cleaned up: kube-runtime's finalizer removes it (its cleanup has nothing left to do).
+        return run(&api, name, obj, |_| async {
+            Ok::<_, E>(Action::await_change())
+        })
+        .await;
+    }
+    run(&api, name, obj, |event| async move {
+        match event {
+            Event::Apply(obj) => apply(obj).await,
+            // A deleted object without the finalizer: nothing of the operator's to clean up
+            // (kube-runtime does not call this; kept total).
+            Event::Cleanup(_) => Ok(Action::await_change()),
+        }
+    })
+    .await
 }
 
 /// Whether `obj` is being deleted.

@@ -21,7 +21,7 @@ use serde::Serialize;
 use serde::de::DeserializeOwned;
 use steward_core::apply::{Children, OWNER_LABEL, Outcome, ScopeApi, is_conflict};
 use steward_core::controller::Cache;
-use steward_core::finalizer::{self, Event};
+use steward_core::finalizer::{self, Cleanup};
 use steward_core::index::Indexed;
 use steward_core::{Context, ReconcileError};
 
@@ -161,13 +161,13 @@ pub async fn reconcile(
         Ok(true) => {}
         Ok(false) | Err(_) => return Err(finalizer::Error::Apply(Error::CachesUnavailable)),
     }
-    let api: Api<Tenant> = Api::all(ctx.client.clone());
-    finalizer::run(&api, FINALIZER, tenant, |event| async {
-        match event {
-            Event::Apply(t) => apply(t, &ctx).await,
-            Event::Cleanup(t) => cleanup(t, &ctx).await,
-        }
-    })
+    finalizer::dispatch(
+        &ctx.client,
+        FINALIZER,
+        tenant,
+        |t| apply(t, &ctx),
+        |t| cleanup(t, &ctx),
+    )
     .await
 }
 
@@ -1244,7 +1244,7 @@ async fn release(
 /// The finalizer's cleanup: applies `deletionPolicy` to every namespace of the tenant. The
 /// other children go with the Tenant (owner references). A failure keeps the finalizer and
 /// says why in the Ready condition.
-async fn cleanup(tenant: Arc<Tenant>, ctx: &Context<State>) -> Result<Action, Error> {
+async fn cleanup(tenant: Arc<Tenant>, ctx: &Context<State>) -> Result<Cleanup, Error> {
     let name = tenant.name_any();
     let existing: Vec<Existing> = labelled_namespaces(&ctx.data.stores, &name)
         .into_iter()
@@ -1270,5 +1270,5 @@ async fn cleanup(tenant: Arc<Tenant>, ctx: &Context<State>) -> Result<Action, Er
             tracing::warn!(error = %steward_core::chain(&status_err), "failed to report the cleanup failure in the status");
         }
     }
-    result.map(|()| Action::await_change())
+    result.map(|()| Cleanup::Done)
 }

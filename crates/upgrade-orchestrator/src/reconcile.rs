@@ -25,7 +25,7 @@ use kube::api::{Api, ListParams, PostParams};
 use kube::runtime::controller::Action;
 use kube::{Client, ResourceExt};
 use steward_core::Context;
-use steward_core::finalizer::{self, Event};
+use steward_core::finalizer::{self, Cleanup};
 
 use crate::crd::{Component, HookRun, HookStage, PlanPhase, TargetRef, UpgradePlan};
 use crate::error::Error;
@@ -62,28 +62,25 @@ pub async fn reconcile(
     plan: Arc<UpgradePlan>,
     ctx: Arc<Context<Data>>,
 ) -> Result<Action, finalizer::Error<Error>> {
-    let namespace = plan.namespace().unwrap_or_default();
-    if finalizer::is_deleting(plan.as_ref())
-        && finalizer::has_finalizer(plan.as_ref(), FINALIZER)
-        && !may_go(&plan)
-    {
-        return converge(plan, ctx, true)
-            .await
-            .map_err(finalizer::Error::Apply);
-    }
-    let api: Api<UpgradePlan> = Api::namespaced(ctx.client.clone(), &namespace);
-    finalizer::run(&api, FINALIZER, plan, |event| async {
-        match event {
-            Event::Apply(plan) => converge(plan, ctx.clone(), false).await,
-            Event::Cleanup(plan) => {
-                let message = progress::deletion_record(plan.status.as_ref());
-                ctx.recorder
-                    .normal(plan.as_ref(), "PlanDeleted", "Delete", message)
-                    .await;
-                Ok(Action::await_change())
+    finalizer::dispatch(
+        &ctx.client,
+        FINALIZER,
+        plan,
+        |plan| converge(plan, ctx.clone(), false),
+        |plan| async {
+            if !may_go(&plan) {
+                // Roll back what it changed first; the finalizer stays until then.
+                return converge(plan, ctx.clone(), true)
+                    .await
+                    .map(Cleanup::Pending);
             }
-        }
-    })
+            let message = progress::deletion_record(plan.status.as_ref());
+            ctx.recorder
+                .normal(plan.as_ref(), "PlanDeleted", "Delete", message)
+                .await;
+            Ok(Cleanup::Done)
+        },
+    )
     .await
 }
 

@@ -34,7 +34,7 @@ use kube::api::{Api, ListParams};
 use kube::runtime::controller::Action;
 use kube::{Resource, ResourceExt};
 use steward_core::Context;
-use steward_core::finalizer::{self, Event};
+use steward_core::finalizer::{self, Cleanup};
 
 use crate::crd::{
     BackupStatus, Database, DatabaseRole, DatabaseSpec, DatabaseStatus, DeletionPolicy,
@@ -66,14 +66,14 @@ pub async fn reconcile(
     db: Arc<Database>,
     ctx: Arc<Context<State>>,
 ) -> Result<Action, finalizer::Error<Error>> {
-    let ns = db.namespace().unwrap_or_default();
-    let api: Api<Database> = Api::namespaced(ctx.client.clone(), &ns);
-    finalizer::run(&api, FINALIZER, db, |event| async {
-        match event {
-            Event::Apply(db) => apply(&db, &ctx).await,
-            Event::Cleanup(db) => cleanup(&db, &ctx).await,
-        }
-    })
+    let ctx = ctx.as_ref();
+    finalizer::dispatch(
+        &ctx.client,
+        FINALIZER,
+        db,
+        |db| async move { apply(&db, ctx).await },
+        |db| async move { cleanup(&db, ctx).await },
+    )
     .await
 }
 
@@ -289,7 +289,7 @@ async fn converge(
     Ok(())
 }
 
-async fn cleanup(db: &Database, ctx: &Context<State>) -> Result<Action, Error> {
+async fn cleanup(db: &Database, ctx: &Context<State>) -> Result<Cleanup, Error> {
     let mut progress = Progress::default();
     let result = drop_all(db, ctx, &mut progress)
         .await
@@ -298,7 +298,7 @@ async fn cleanup(db: &Database, ctx: &Context<State>) -> Result<Action, Error> {
         let status = status_of(db, &progress, Err(e), true);
         write_status(db, ctx, status).await?;
     }
-    result
+    result.map(|_| Cleanup::Done)
 }
 
 /// Re-reads `obj` from the API server (not the cache) right before something is dropped:

@@ -17,7 +17,7 @@ use kube::api::Api;
 use kube::runtime::controller::Action;
 use kube::{Resource, ResourceExt};
 use steward_core::Context;
-use steward_core::finalizer::{self, Event};
+use steward_core::finalizer::{self, Cleanup};
 
 use crate::crd::{
     Database, DatabaseRole, DatabaseRoleStatus, DeletionPolicy, Ensure, ROTATE_ANNOTATION,
@@ -47,14 +47,14 @@ pub async fn reconcile(
     role: Arc<DatabaseRole>,
     ctx: Arc<Context<State>>,
 ) -> Result<Action, finalizer::Error<Error>> {
-    let ns = role.namespace().unwrap_or_default();
-    let api: Api<DatabaseRole> = Api::namespaced(ctx.client.clone(), &ns);
-    finalizer::run(&api, FINALIZER, role, |event| async {
-        match event {
-            Event::Apply(role) => apply(&role, &ctx).await,
-            Event::Cleanup(role) => cleanup(&role, &ctx).await,
-        }
-    })
+    let ctx = ctx.as_ref();
+    finalizer::dispatch(
+        &ctx.client,
+        FINALIZER,
+        role,
+        |role| async move { apply(&role, ctx).await },
+        |role| async move { cleanup(&role, ctx).await },
+    )
     .await
 }
 
@@ -361,7 +361,7 @@ async fn converge(
     }))
 }
 
-async fn cleanup(role: &DatabaseRole, ctx: &Context<State>) -> Result<Action, Error> {
+async fn cleanup(role: &DatabaseRole, ctx: &Context<State>) -> Result<Cleanup, Error> {
     let mut progress = Progress::default();
     let result = drop_role(role, ctx, &mut progress)
         .await
@@ -370,7 +370,7 @@ async fn cleanup(role: &DatabaseRole, ctx: &Context<State>) -> Result<Action, Er
         let status = status_of(role, &progress, Err(e), true);
         write_status(role, ctx, status).await?;
     }
-    result
+    result.map(|_| Cleanup::Done)
 }
 
 /// Whether `role` never got as far as its server: its credentials Secret (written before the
