@@ -201,7 +201,7 @@ async fn start_with(
     };
     flags(&mut args);
     if std::env::var_os("RUST_LOG").is_some() {
-        args.init_logging();
+        steward_core::telemetry::init_logs(&args);
     }
     let config = match service_account {
         Some(sa) => cp

@@ -111,7 +111,7 @@ async fn reconcile(source: Arc<ConfigMap>, ctx: Arc<Context<String>>) -> Result<
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
     let args = Args::parse();
-    args.common.init_logging();
+    steward_core::telemetry::init_logs(&args.common);
     let mut operator = Operator::new("echo-operator", args.common.clone()).await?;
     let sources = operator.api::<ConfigMap>();
     let children = operator.api::<ConfigMap>();

@@ -25,19 +25,9 @@ use serde_json::Value;
 use sha2::{Digest, Sha256};
 
 use crate::Error;
-use crate::cache::Cache;
+use crate::cache::{CACHE_WAIT, Cache};
 use crate::metrics::{Metrics, WriteLabels};
-
-/// Label on every child, holding the owner's UID.
-pub const OWNER_LABEL: &str = "steward.dev/owner-uid";
-/// Label on every child, naming the operator that manages it.
-pub const MANAGED_BY_LABEL: &str = "app.kubernetes.io/managed-by";
-/// Annotation on every child: a digest of what this operator last applied, so
-/// [`up_to_date`] can tell "as desired" from the object's metadata alone.
-pub const APPLIED_ANNOTATION: &str = "steward.dev/applied";
-
-/// How long [`Children::ensure_cached`] waits for a cache's first list.
-pub(crate) const CACHE_WAIT: std::time::Duration = std::time::Duration::from_secs(10);
+pub use crate::object::{APPLIED_ANNOTATION, MANAGED_BY_LABEL, OWNER_LABEL, ScopeApi};
 
 /// What [`Children::ensure`] did.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -105,7 +95,7 @@ pub struct Children {
     owner_ref: Option<OwnerReference>,
     /// `None` for [`Children::unowned`].
     owner_uid: Option<String>,
-    /// The owner's [`crate::shard::SHARD_LABEL`], copied to every child.
+    /// The owner's [`crate::object::SHARD_LABEL`], copied to every child.
     shard: Option<String>,
     writes: Option<WriteCounter>,
 }
@@ -122,7 +112,7 @@ impl Children {
             field_manager: field_manager.to_string(),
             owner_ref: owner.controller_owner_ref(&()),
             owner_uid: Some(owner.meta().uid.clone().unwrap_or_default()),
-            shard: owner.labels().get(crate::shard::SHARD_LABEL).cloned(),
+            shard: owner.labels().get(crate::object::SHARD_LABEL).cloned(),
             writes: None,
         }
     }
@@ -188,7 +178,7 @@ impl Children {
         }
         labels.insert(MANAGED_BY_LABEL.to_string(), self.field_manager.clone());
         if let Some(shard) = &self.shard {
-            labels.insert(crate::shard::SHARD_LABEL.to_string(), shard.clone());
+            labels.insert(crate::object::SHARD_LABEL.to_string(), shard.clone());
         }
         if let Some(owner) = &self.owner_ref {
             meta.owner_references = Some(vec![owner.clone()]);
@@ -510,7 +500,7 @@ fn digest(body: &Value) -> String {
 }
 
 /// The digest of what was last applied to the object of `meta` ([`APPLIED_ANNOTATION`]), also
-/// on an object a store keeps, where [`crate::controller::trim`] moved it to the labels.
+/// on an object a store keeps, where [`crate::cache::trim`] moved it to the labels.
 pub fn applied_digest(meta: &ObjectMeta) -> Option<&str> {
     meta.annotations
         .as_ref()
@@ -577,8 +567,8 @@ fn owned_paths(current: &ObjectMeta, manager: &str) -> Option<BTreeSet<Vec<Strin
         }
         found = true;
         if let Some(fields) = &e.fields_v1 {
-            // Packed as JSON text in the operators' caches (crate::controller::trim).
-            let fields = crate::controller::fields_v1(&fields.0);
+            // Packed as JSON text in the operators' caches (crate::cache::trim).
+            let fields = crate::cache::fields_v1(&fields.0);
             fields_paths(&fields, &mut Vec::new(), &mut out);
         }
     }
@@ -623,37 +613,6 @@ fn leaf_paths(v: &Value, prefix: &mut Vec<String>, out: &mut BTreeSet<Vec<String
                 out.insert(prefix.clone());
             }
         }
-    }
-}
-
-/// Builds an `Api` for namespaced or cluster-scoped kinds alike.
-pub trait ScopeApi: Sized {
-    /// An `Api<K>` in `namespace`; across all namespaces with `None`, and always for
-    /// cluster-scoped kinds.
-    fn api<K: Resource<DynamicType = (), Scope = Self>>(
-        client: Client,
-        namespace: Option<&str>,
-    ) -> Api<K>;
-}
-
-impl ScopeApi for k8s_openapi::NamespaceResourceScope {
-    fn api<K: Resource<DynamicType = (), Scope = Self>>(
-        client: Client,
-        namespace: Option<&str>,
-    ) -> Api<K> {
-        match namespace {
-            Some(ns) => Api::namespaced(client, ns),
-            None => Api::all(client),
-        }
-    }
-}
-
-impl ScopeApi for k8s_openapi::ClusterResourceScope {
-    fn api<K: Resource<DynamicType = (), Scope = Self>>(
-        client: Client,
-        _namespace: Option<&str>,
-    ) -> Api<K> {
-        Api::all(client)
     }
 }
 
@@ -739,7 +698,7 @@ mod tests {
             metadata: meta,
             ..binding("admin", json!({}))
         };
-        crate::controller::trim(&mut cached);
+        crate::cache::trim(&mut cached);
         assert!(
             cached.metadata.annotations.is_none(),
             "the digest, its only annotation, is kept with the labels"

@@ -99,9 +99,74 @@ impl<K: Resource<DynamicType = ()> + Clone + 'static> Cache<K> {
     }
 }
 
+/// How long `Children::ensure_cached` waits for a cache's first list.
+pub(crate) const CACHE_WAIT: std::time::Duration = std::time::Duration::from_secs(10);
+
+/// The `kubectl apply` annotation: a second copy of the object, never read by an operator.
+const LAST_APPLIED: &str = "kubectl.kubernetes.io/last-applied-configuration";
+
+/// Drops from `obj` what no Steward operator reads, and packs what it reads rarely, before a
+/// store keeps it.
+///
+/// # Guarantees
+/// - Kept: every field of the object except those below; in `managedFields`, every
+///   server-side-apply entry of the object itself (`operation: Apply`, no subresource), which
+///   is what a write-skip compares against (the fields its own last apply set).
+/// - Dropped: `managedFields` entries of `Update` operations and of subresources (such as the
+///   quota controller's `status` updates), and the `kubectl.kubernetes.io/last-applied-configuration`
+///   annotation.
+/// - Packed: each kept entry's `fieldsV1` is stored as its JSON text (one string instead of a
+///   tree of maps: a tenth of the heap); [`fields_v1`] reads it back.
+/// - Moved: the write-skip's digest ([`crate::object::APPLIED_ANNOTATION`], on every child) is
+///   kept among the labels, whose map every child has anyway: on most children it is the only
+///   annotation, and a map of its own costs about half a KiB per object.
+///   `apply::applied_digest` reads it from either place.
+///
+/// # Caveats
+/// A reconcile that needs what is dropped must read the object from the API server. A cached
+/// object is not fit to send back whole (its `fieldsV1` are strings, the digest is among its
+/// labels): Steward's writes are applies of desired objects, never of cached ones.
+pub fn trim<K: Resource>(obj: &mut K) {
+    let meta = obj.meta_mut();
+    if let Some(entries) = meta.managed_fields.as_mut() {
+        entries.retain(|e| {
+            e.operation.as_deref() == Some("Apply")
+                && e.subresource.as_deref().unwrap_or_default().is_empty()
+        });
+        for fields in entries.iter_mut().filter_map(|e| e.fields_v1.as_mut()) {
+            if !fields.0.is_string() {
+                fields.0 = serde_json::Value::String(fields.0.to_string());
+            }
+        }
+    }
+    if let Some(annotations) = meta.annotations.as_mut() {
+        annotations.remove(LAST_APPLIED);
+        if let Some(digest) = annotations.remove(crate::object::APPLIED_ANNOTATION) {
+            meta.labels
+                .get_or_insert_with(Default::default)
+                .insert(crate::object::APPLIED_ANNOTATION.to_string(), digest);
+        }
+        if annotations.is_empty() {
+            meta.annotations = None;
+        }
+    }
+}
+
+/// The `fieldsV1` of a `managedFields` entry (as JSON), whether [`trim`] packed it or not.
+pub fn fields_v1(fields: &serde_json::Value) -> std::borrow::Cow<'_, serde_json::Value> {
+    match fields {
+        serde_json::Value::String(packed) => {
+            std::borrow::Cow::Owned(serde_json::from_str(packed).unwrap_or(serde_json::Value::Null))
+        }
+        tree => std::borrow::Cow::Borrowed(tree),
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use std::time::Duration;
+
+    use super::{LAST_APPLIED, fields_v1, trim};
 
     use futures::StreamExt;
     use k8s_openapi::api::core::v1::ConfigMap;
@@ -122,7 +187,7 @@ mod tests {
     #[tokio::test(start_paused = true)]
     async fn every_concurrent_waiter_wakes_when_the_cache_lists() {
         const WAITERS: usize = 8;
-        const BOUND: Duration = crate::apply::CACHE_WAIT;
+        const BOUND: Duration = super::CACHE_WAIT;
         let (reader, writer) = reflector::store::<ConfigMap>();
         let (tx, events) = futures::channel::mpsc::unbounded();
         let (cache, stream) = Cache::follow(
@@ -195,5 +260,51 @@ mod tests {
                 .expect("no panic");
             assert!(all_listed);
         }
+    }
+
+    #[test]
+    fn trim_keeps_the_applies_of_the_object_and_drops_the_rest() {
+        let entry = |manager: &str, operation: &str, subresource: Option<&str>| {
+            serde_json::json!({"manager": manager, "operation": operation,
+                "subresource": subresource, "fieldsType": "FieldsV1",
+                "fieldsV1": {"f:data": {"f:k": {}}}})
+        };
+        let mut cm: ConfigMap = serde_json::from_value(serde_json::json!({
+            "metadata": {"name": "a", "annotations": {LAST_APPLIED: "{}", "keep": "me"},
+                "managedFields": [entry("op", "Apply", None), entry("kubectl", "Update", None),
+                    entry("kcm", "Update", Some("status")), entry("op", "Apply", Some("status")),
+                    entry("gitops", "Apply", None)]},
+            "data": {"k": "v"},
+        }))
+        .unwrap_or_default();
+        trim(&mut cm);
+        let managers: Vec<(&str, &str)> = cm
+            .metadata
+            .managed_fields
+            .iter()
+            .flatten()
+            .map(|e| {
+                (
+                    e.manager.as_deref().unwrap_or_default(),
+                    e.operation.as_deref().unwrap_or_default(),
+                )
+            })
+            .collect();
+        assert_eq!(managers, vec![("op", "Apply"), ("gitops", "Apply")]);
+        let packed = cm.metadata.managed_fields.iter().flatten().map(|e| {
+            let fields = &e
+                .fields_v1
+                .as_ref()
+                .map(|f| f.0.clone())
+                .unwrap_or_default();
+            (fields.is_string(), fields_v1(fields).into_owned())
+        });
+        for (is_string, fields) in packed {
+            assert!(is_string);
+            assert_eq!(fields, serde_json::json!({"f:data": {"f:k": {}}}));
+        }
+        let annotations = cm.metadata.annotations.unwrap_or_default();
+        assert_eq!(annotations.keys().collect::<Vec<_>>(), vec!["keep"]);
+        assert_eq!(cm.data.unwrap_or_default()["k"], "v");
     }
 }

@@ -123,13 +123,6 @@ pub enum LogFormat {
 }
 
 impl CommonArgs {
-    /// Installs a tracing subscriber that logs as these flags say, without exporting traces
-    /// (tests, examples). Operator binaries get logs and traces from
-    /// [`crate::telemetry::init`], which [`crate::operator::main`] calls.
-    pub fn init_logging(&self) {
-        crate::telemetry::init_logs(self);
-    }
-
     /// A client from `--kubeconfig`, else the usual inference (KUBECONFIG, in-cluster).
     ///
     /// # Errors
@@ -214,9 +207,27 @@ pub const MAX_DURATION: Duration = Duration::from_secs(100 * 365 * 24 * 3600);
 
 /// Parses `--otlp-endpoint`: an `http://` or `https://` base URL.
 fn parse_otlp_endpoint(text: &str) -> Result<String, String> {
-    crate::telemetry::traces_url(text)
-        .map(|_| text.to_string())
-        .map_err(|e| e.to_string())
+    traces_url(text).map(|_| text.to_string())
+}
+
+/// The OTLP/HTTP traces URL for a `--otlp-endpoint` base URL (`/v1/traces` appended, as the
+/// OpenTelemetry specification says for `OTEL_EXPORTER_OTLP_ENDPOINT`).
+///
+/// # Errors
+/// The reason, when `endpoint` is not an `http://` or `https://` URL.
+pub fn traces_url(endpoint: &str) -> Result<String, String> {
+    let uri: http::Uri = endpoint
+        .parse()
+        .map_err(|e| format!("--otlp-endpoint {endpoint:?}: {e}"))?;
+    match uri.scheme_str() {
+        Some("http" | "https") if uri.host().is_some() => {}
+        _ => {
+            return Err(format!(
+                "--otlp-endpoint {endpoint:?}: expected an http:// or https:// URL such as http://otel-collector:4318"
+            ));
+        }
+    }
+    Ok(format!("{}/v1/traces", endpoint.trim_end_matches('/')))
 }
 
 /// Parses a duration in Go's syntax, as `kubectl` and CEL's `duration()` do: a sequence of

@@ -24,6 +24,7 @@ pub mod guard;
 pub mod index;
 pub mod leader;
 pub mod metrics;
+pub mod object;
 pub mod operator;
 pub mod runtime;
 pub mod server;

@@ -65,14 +65,13 @@ use tokio::sync::watch;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
-use crate::apply::ScopeApi;
 use crate::leader::LeaseConfig;
+pub use crate::object::SHARD_LABEL;
+use crate::object::ScopeApi;
 
 /// Gives the key an object is sharded by, from its metadata (`None`: not a sharded object).
 pub type ShardKey = Arc<dyn Fn(&ObjectMeta) -> Option<String> + Send + Sync>;
 
-/// The label carrying an object's shard number (decimal, `0..N`).
-pub const SHARD_LABEL: &str = "steward.dev/shard";
 /// The label naming the ring a member Lease belongs to.
 pub const RING_LABEL: &str = "steward.dev/ring";
 

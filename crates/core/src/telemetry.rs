@@ -34,7 +34,7 @@ use tracing_subscriber::util::SubscriberInitExt;
 use tracing_subscriber::{EnvFilter, Layer};
 
 use crate::Error;
-use crate::cli::{CommonArgs, LogFormat};
+use crate::cli::{CommonArgs, LogFormat, traces_url};
 
 /// How long the exporter waits for the collector per batch.
 const EXPORT_TIMEOUT: Duration = Duration::from_secs(10);
@@ -70,26 +70,6 @@ impl Drop for Telemetry {
     fn drop(&mut self) {
         self.stop();
     }
-}
-
-/// The OTLP/HTTP traces URL for a `--otlp-endpoint` base URL (`/v1/traces` appended, as the
-/// OpenTelemetry specification says for `OTEL_EXPORTER_OTLP_ENDPOINT`).
-///
-/// # Errors
-/// [`Error::Config`] when `endpoint` is not an `http://` or `https://` URL.
-pub fn traces_url(endpoint: &str) -> Result<String, Error> {
-    let uri: http::Uri = endpoint
-        .parse()
-        .map_err(|e| Error::Config(format!("--otlp-endpoint {endpoint:?}: {e}")))?;
-    match uri.scheme_str() {
-        Some("http" | "https") if uri.host().is_some() => {}
-        _ => {
-            return Err(Error::Config(format!(
-                "--otlp-endpoint {endpoint:?}: expected an http:// or https:// URL such as http://otel-collector:4318"
-            )));
-        }
-    }
-    Ok(format!("{}/v1/traces", endpoint.trim_end_matches('/')))
 }
 
 /// Installs the process's tracing subscriber for `args`; `service` names this process in
@@ -147,7 +127,7 @@ where
 }
 
 fn provider(endpoint: &str, service: &str) -> Result<SdkTracerProvider, Error> {
-    let url = traces_url(endpoint)?;
+    let url = traces_url(endpoint).map_err(Error::Config)?;
     // reqwest's rustls uses the process's crypto provider; kube uses ring, so does this.
     let _ = rustls::crypto::ring::default_provider().install_default();
     let exporter = opentelemetry_otlp::SpanExporter::builder()

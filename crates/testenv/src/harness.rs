@@ -60,7 +60,7 @@ impl Harness {
     /// Runs `operator` (already registered) on the current runtime.
     pub async fn start(operator: Operator) -> Self {
         if std::env::var_os("RUST_LOG").is_some() {
-            operator.args().init_logging();
+            steward_core::telemetry::init_logs(operator.args());
         }
         let health_addr = operator.args().health_addr().ok().flatten();
         let stop = operator.shutdown_token();

@@ -1,0 +1,47 @@
+//! What every module agrees on about the objects Steward manages: the labels and annotations it
+//! writes on them, and how to reach a kind of either scope ([`ScopeApi`]). It depends on no
+//! other module of steward-core.
+
+use kube::{Api, Client, Resource};
+
+/// Label on every child, holding the owner's UID.
+pub const OWNER_LABEL: &str = "steward.dev/owner-uid";
+/// Label on every child, naming the operator that manages it.
+pub const MANAGED_BY_LABEL: &str = "app.kubernetes.io/managed-by";
+/// Annotation on every child: a digest of what this operator last applied, so
+/// [`crate::apply::up_to_date`] can tell "as desired" from the object's metadata alone.
+pub const APPLIED_ANNOTATION: &str = "steward.dev/applied";
+
+/// The label carrying an object's shard number (decimal, `0..N`).
+pub const SHARD_LABEL: &str = "steward.dev/shard";
+
+/// Builds an `Api` for namespaced or cluster-scoped kinds alike.
+pub trait ScopeApi: Sized {
+    /// An `Api<K>` in `namespace`; across all namespaces with `None`, and always for
+    /// cluster-scoped kinds.
+    fn api<K: Resource<DynamicType = (), Scope = Self>>(
+        client: Client,
+        namespace: Option<&str>,
+    ) -> Api<K>;
+}
+
+impl ScopeApi for k8s_openapi::NamespaceResourceScope {
+    fn api<K: Resource<DynamicType = (), Scope = Self>>(
+        client: Client,
+        namespace: Option<&str>,
+    ) -> Api<K> {
+        match namespace {
+            Some(ns) => Api::namespaced(client, ns),
+            None => Api::all(client),
+        }
+    }
+}
+
+impl ScopeApi for k8s_openapi::ClusterResourceScope {
+    fn api<K: Resource<DynamicType = (), Scope = Self>>(
+        client: Client,
+        _namespace: Option<&str>,
+    ) -> Api<K> {
+        Api::all(client)
+    }
+}
