@@ -15,7 +15,7 @@ use std::collections::HashMap;
 use std::hash::{BuildHasher, BuildHasherDefault, DefaultHasher};
 use std::sync::{Arc, RwLock};
 
-use kube::runtime::reflector::ObjectRef;
+use kube::runtime::reflector::{ObjectRef, Store};
 use kube::runtime::watcher::Event;
 use kube::{Resource, ResourceExt};
 
@@ -164,6 +164,33 @@ fn same<K: Resource>(a: &K, b: &K) -> bool {
     a.meta().name == b.meta().name && a.meta().namespace == b.meta().namespace
 }
 
+/// A mapper for a watch of `Target`s (for `Controller::watches*`): the objects of `store` that
+/// refer to the changed target, as `refers(object, target_namespace, target_name)` says.
+///
+/// # Caveats
+/// A scan of `store` per event of a target (not an index): for kinds that refer to few targets
+/// and change rarely (Databases to their cluster, plans to their workloads, Tenants to shared
+/// sources).
+pub fn referring<K, Target>(
+    store: Store<K>,
+    refers: impl Fn(&K, &str, &str) -> bool + Send + Sync + 'static,
+) -> impl Fn(Target) -> Vec<ObjectRef<K>> + Send + Sync + 'static
+where
+    K: Resource<DynamicType = ()> + Clone + Send + Sync + 'static,
+    Target: Resource,
+{
+    move |target| {
+        let namespace = target.meta().namespace.clone().unwrap_or_default();
+        let name = target.meta().name.clone().unwrap_or_default();
+        store
+            .state()
+            .iter()
+            .filter(|obj| refers(obj, &namespace, &name))
+            .map(|obj| ObjectRef::from_obj(obj.as_ref()))
+            .collect()
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use k8s_openapi::api::core::v1::ConfigMap;
@@ -262,5 +289,39 @@ mod tests {
         feed(&mut writer, &index, Event::InitDone);
         assert_eq!(names(&index.labelled("x")), ["f"]);
         assert!(index.labelled("y").is_empty());
+    }
+
+    /// `referring` names the objects whose reference matches the changed target, in its
+    /// namespace, and nothing else.
+    #[test]
+    fn referring_maps_a_target_to_the_objects_that_name_it() {
+        let (store, mut writer) = reflector::store();
+        // Each ConfigMap "refers" to the target named by its data.
+        for (name, target) in [("a", "t1"), ("b", "t1"), ("c", "t2")] {
+            writer.apply_watcher_event(&Event::Apply(cm(name, None, target)));
+        }
+        let mapper = referring(store, |obj: &ConfigMap, namespace, name| {
+            obj.metadata.namespace.as_deref() == Some(namespace)
+                && obj
+                    .data
+                    .as_ref()
+                    .and_then(|d| d.get("v"))
+                    .map(String::as_str)
+                    == Some(name)
+        });
+        let refs = |target: ConfigMap| {
+            let mut v: Vec<String> = mapper(target).into_iter().map(|r| r.name).collect();
+            v.sort();
+            v
+        };
+        assert_eq!(refs(cm("t1", None, "")), ["a", "b"]);
+        assert_eq!(refs(cm("t2", None, "")), ["c"]);
+        assert!(refs(cm("t3", None, "")).is_empty());
+        let mut elsewhere = cm("t1", None, "");
+        elsewhere.metadata.namespace = Some("other".into());
+        assert!(
+            refs(elsewhere).is_empty(),
+            "a target of the same name in another namespace"
+        );
     }
 }

@@ -348,16 +348,9 @@ where
     K: kube::Resource<DynamicType = ()> + Clone + Send + Sync + 'static,
     Target: kube::Resource<DynamicType = ()>,
 {
-    use kube::ResourceExt;
-    move |target| {
-        let (name, ns) = (target.name_any(), target.namespace());
-        store
-            .state()
-            .into_iter()
-            .filter(|obj| obj.namespace() == ns && names(obj) == Some(name.as_str()))
-            .map(|obj| kube::runtime::reflector::ObjectRef::from_obj(obj.as_ref()))
-            .collect()
-    }
+    steward_core::index::referring(store, move |obj: &K, namespace, name| {
+        obj.meta().namespace.as_deref() == Some(namespace) && names(obj) == Some(name)
+    })
 }
 
 #[cfg(test)]

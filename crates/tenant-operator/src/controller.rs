@@ -284,21 +284,14 @@ fn sources<K: Shareable + 'static>(
             readiness,
         );
         stores.insert(ns.clone(), store);
-        let tenants = tenants.clone();
-        controller = controller.watches_stream(stream, move |obj: K| {
-            let (namespace, name) = (obj.namespace().unwrap_or_default(), obj.name_any());
-            tenants
-                .state()
-                .into_iter()
-                .filter(|t| {
-                    t.spec
-                        .shared_objects
-                        .iter()
-                        .any(|s| s.kind == K::KIND && s.namespace == namespace && s.name == name)
-                })
-                .map(|t| ObjectRef::from_obj(t.as_ref()))
-                .collect::<Vec<_>>()
-        });
+        let sharing =
+            steward_core::index::referring(tenants.clone(), |t: &Tenant, namespace, name| {
+                t.spec
+                    .shared_objects
+                    .iter()
+                    .any(|s| s.kind == K::KIND && s.namespace == namespace && s.name == name)
+            });
+        controller = controller.watches_stream(stream, sharing);
     }
     (Sources(stores), controller)
 }

@@ -166,26 +166,18 @@ fn plans_targeting<K: Resource>(
     plans: Store<UpgradePlan>,
     kind: crd::TargetKind,
 ) -> impl Fn(K) -> Vec<ObjectRef<UpgradePlan>> + Send + Sync + 'static {
-    move |obj: K| {
-        let meta = obj.meta();
-        plans
-            .state()
-            .iter()
-            .filter(|p| {
-                !p.status
-                    .as_ref()
-                    .and_then(|s| s.phase)
-                    .is_some_and(|ph| ph.is_terminal())
+    steward_core::index::referring(plans, move |p: &UpgradePlan, namespace, name| {
+        let finished = p
+            .status
+            .as_ref()
+            .and_then(|s| s.phase)
+            .is_some_and(|ph| ph.is_terminal());
+        let plan_namespace = p.metadata.namespace.as_deref().unwrap_or_default();
+        !finished
+            && p.spec.components.iter().any(|c| {
+                c.target.typed() == Some(kind)
+                    && c.target.name == name
+                    && c.target.namespace_in(plan_namespace) == namespace
             })
-            .filter(|p| {
-                let plan_namespace = p.metadata.namespace.as_deref().unwrap_or_default();
-                p.spec.components.iter().any(|c| {
-                    c.target.typed() == Some(kind)
-                        && meta.name.as_deref() == Some(c.target.name.as_str())
-                        && meta.namespace.as_deref() == Some(c.target.namespace_in(plan_namespace))
-                })
-            })
-            .map(|p| ObjectRef::from_obj(p.as_ref()))
-            .collect()
-    }
+    })
 }
