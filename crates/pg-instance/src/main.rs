@@ -177,6 +177,13 @@ fn main() -> anyhow::Result<()> {
             from_recovery,
         } => {
             let prefix = if from_recovery {
+                // A panic's exit status (101) would read as "missing" too, and end the
+                // restore early: a panicking restore stops as a failed read does.
+                let report = std::panic::take_hook();
+                std::panic::set_hook(Box::new(move |info| {
+                    report(info);
+                    std::process::exit(RESTORE_FAILED);
+                }));
                 contract::RECOVERY_ENV
             } else {
                 contract::BACKUP_ENV
