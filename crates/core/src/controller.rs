@@ -48,6 +48,7 @@ use serde::de::DeserializeOwned;
 pub use crate::cache::{Cache, Listed, fields_v1, trim};
 use crate::leader::Leadership;
 use crate::metrics::{ControllerLabels, Metrics, WatchLabels};
+use crate::object::Object;
 
 /// A controller under construction: kube-runtime's `Controller` with Steward's watches.
 ///
@@ -59,7 +60,7 @@ use crate::metrics::{ControllerLabels, Metrics, WatchLabels};
 /// - Every watch error is counted and logged at `warn` with the kind that failed.
 pub struct Controller<K>
 where
-    K: Resource<DynamicType = ()> + Clone + DeserializeOwned + Debug + Send + Sync + 'static,
+    K: Object,
 {
     inner: kube::runtime::Controller<K>,
     cache: Cache<K>,
@@ -107,7 +108,7 @@ where
 /// must be polled (pass it to [`Controller::watches_stream`]) for the cache to fill.
 pub fn watch<K>(api: Api<K>, config: watcher::Config) -> (Cache<K>, Watch<K>)
 where
-    K: Resource<DynamicType = ()> + Clone + DeserializeOwned + Debug + Send + Sync + 'static,
+    K: Object,
 {
     let (reader, writer) = reflector::store();
     let source = StreamSource::new(K::kind(&()).to_string());
@@ -127,7 +128,7 @@ pub fn watch_metadata<K>(
     config: watcher::Config,
 ) -> (Cache<PartialObjectMeta<K>>, Watch<PartialObjectMeta<K>>)
 where
-    K: Resource<DynamicType = ()> + Clone + DeserializeOwned + Debug + Send + Sync + 'static,
+    K: Object,
 {
     let (reader, writer) = reflector::store();
     let source = StreamSource::new(K::kind(&()).to_string());
@@ -204,7 +205,7 @@ fn touched<K: Send + 'static>(
 
 impl<K> Controller<K>
 where
-    K: Resource<DynamicType = ()> + Clone + DeserializeOwned + Debug + Send + Sync + 'static,
+    K: Object,
 {
     /// A controller for the objects of `api` selected by `config`.
     pub fn new(api: Api<K>, config: watcher::Config) -> Self {
@@ -237,8 +238,7 @@ where
     #[must_use]
     pub fn owns<Child>(self, api: Api<Child>, config: watcher::Config) -> Self
     where
-        Child:
-            Resource<DynamicType = ()> + Clone + DeserializeOwned + Debug + Send + Sync + 'static,
+        Child: Object,
     {
         self.watches_metadata(api, config, owners::<K, Child>)
     }
@@ -248,8 +248,7 @@ where
     #[must_use]
     pub fn owns_watched<Child>(self, watch: Watch<PartialObjectMeta<Child>>) -> Self
     where
-        Child:
-            Resource<DynamicType = ()> + Clone + DeserializeOwned + Debug + Send + Sync + 'static,
+        Child: Object,
     {
         self.push(touched(watch.stream), watch.source, owners::<K, Child>, ())
     }
@@ -265,8 +264,7 @@ where
         mapper: impl Fn(PartialObjectMeta<Other>) -> I + Send + Sync + 'static,
     ) -> Self
     where
-        Other:
-            Resource<DynamicType = ()> + Clone + DeserializeOwned + Debug + Send + Sync + 'static,
+        Other: Object,
         I: IntoIterator<Item = ObjectRef<K>> + 'static,
         I::IntoIter: Send,
     {
@@ -285,8 +283,7 @@ where
         mapper: impl Fn(Other) -> I + Send + Sync + 'static,
     ) -> Self
     where
-        Other:
-            Resource<DynamicType = ()> + Clone + DeserializeOwned + Debug + Send + Sync + 'static,
+        Other: Object,
         I: IntoIterator<Item = ObjectRef<K>> + 'static,
         I::IntoIter: Send,
     {
@@ -322,8 +319,7 @@ where
         mapper: impl Fn(Other) -> I + Send + Sync + 'static,
     ) -> Self
     where
-        Other:
-            Resource<DynamicType = ()> + Clone + DeserializeOwned + Debug + Send + Sync + 'static,
+        Other: Object,
         I: IntoIterator<Item = ObjectRef<K>> + 'static,
         I::IntoIter: Send,
     {
@@ -482,7 +478,7 @@ struct Attached {
 
 impl<K> Tracker<K>
 where
-    K: Resource<DynamicType = ()> + Clone + DeserializeOwned + Debug + Send + Sync + 'static,
+    K: Object,
 {
     fn new(store: Store<K>) -> Self {
         Self {
@@ -571,7 +567,7 @@ pub(crate) trait Liveness: Send + Sync {
 
 impl<K> Liveness for Tracker<K>
 where
-    K: Resource<DynamicType = ()> + Clone + DeserializeOwned + Debug + Send + Sync + 'static,
+    K: Object,
 {
     fn name(&self) -> &str {
         self.attached.get().map_or("", |a| a.name.as_str())

@@ -2,7 +2,10 @@
 //! writes on them, and how to reach a kind of either scope ([`ScopeApi`]). It depends on no
 //! other module of steward-core.
 
+use std::fmt::Debug;
+
 use kube::{Api, Client, Resource};
+use serde::de::DeserializeOwned;
 
 /// Label on every child, holding the owner's UID.
 pub const OWNER_LABEL: &str = "steward.dev/owner-uid";
@@ -44,4 +47,16 @@ impl ScopeApi for k8s_openapi::ClusterResourceScope {
     ) -> Api<K> {
         Api::all(client)
     }
+}
+
+/// A kind Steward's controllers and caches can watch: a typed Kubernetes object that can be
+/// decoded, cloned and shared between tasks. Implemented for every such type.
+pub trait Object:
+    Resource<DynamicType = ()> + Clone + DeserializeOwned + Debug + Send + Sync + 'static
+{
+}
+
+impl<K> Object for K where
+    K: Resource<DynamicType = ()> + Clone + DeserializeOwned + Debug + Send + Sync + 'static
+{
 }

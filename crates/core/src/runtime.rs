@@ -572,7 +572,7 @@ impl Operator {
         + 'static,
     ) -> &mut Self
     where
-        K: Resource<DynamicType = ()> + Clone + DeserializeOwned + Debug + Send + Sync + 'static,
+        K: crate::object::Object,
         K::Scope: crate::apply::ScopeApi,
     {
         let shards = self.shards();

@@ -109,7 +109,7 @@ pub struct State {
 /// `readiness`.
 fn reflect<K>(api: Api<K>, labels: &str, readiness: &mut Vec<Listed>) -> (Cache<K>, Watch<K>)
 where
-    K: Resource<DynamicType = ()> + Clone + DeserializeOwned + Debug + Send + Sync + 'static,
+    K: steward_core::object::Object,
 {
     let (cache, watch) = cache(api, labels);
     readiness.push(cache.listed_handle());
@@ -119,7 +119,7 @@ where
 /// A reflector over `api` limited by `labels`, not waited for ([`Stores::ready`]).
 fn cache<K>(api: Api<K>, labels: &str) -> (Cache<K>, Watch<K>)
 where
-    K: Resource<DynamicType = ()> + Clone + DeserializeOwned + Debug + Send + Sync + 'static,
+    K: steward_core::object::Object,
 {
     steward_core::controller::watch(
         api,
@@ -134,7 +134,7 @@ fn reflect_children<K>(
     readiness: &mut Vec<Listed>,
 ) -> (Indexed<K>, Watch<K>)
 where
-    K: Resource<DynamicType = ()> + Clone + DeserializeOwned + Debug + Send + Sync + 'static,
+    K: steward_core::object::Object,
 {
     let (store, watch) = reflect(api, labels, readiness);
     let index = Indexed::new(store, TENANT_LABEL);
