@@ -9,10 +9,11 @@
 //!   kubeconfig path; Ctrl-C stops it.
 //! - `up`: the control plane with a real node, the operators deployed as their images by
 //!   `deploy/`, and `deploy/samples/` (see `up.rs`).
-//! - `image [OPERATOR|all]`, `bench`: operator images; benchmarks.
+//! - `image [OPERATOR|all]`: operator images.
+//! - `bench`, `chaos`: run `steward-bench` (`crates/bench`), the benchmark harness and the
+//!   PostgreSQL fault campaign, with the arguments given.
 //! - `new-operator <name>`: scaffold and register a new operator crate (see `new_operator.rs`).
 
-mod bench;
 mod crdgen;
 mod generated;
 mod helm;
@@ -24,10 +25,6 @@ mod testrun;
 mod up;
 
 use std::process::Command;
-
-/// Counts what each thread allocates, for `bench`'s cache breakdown (`bench/cache.rs`).
-#[global_allocator]
-static ALLOCATOR: bench::cache::Counting = bench::cache::Counting;
 
 use anyhow::{Context, Result};
 use clap::{Parser, Subcommand};
@@ -83,21 +80,21 @@ enum Cmd {
         /// The operator's name, a DNS label such as `cache-operator`.
         name: String,
     },
-    /// Benchmarks against controller-runtime; writes docs/benchmarks.md.
-    Bench(Box<bench::Flags>),
-    /// A seeded fault campaign on the real node (as root): `postgres` runs the failover
-    /// test's campaign (a client writing through `-rw`; after every fault: no second writer,
-    /// acknowledged rows counted, every instance ready again).
+    /// Benchmarks against controller-runtime; writes docs/benchmarks.md (`steward-bench`;
+    /// `cargo xtask bench --help` for its flags).
+    #[command(disable_help_flag = true)]
+    Bench {
+        /// Passed to `steward-bench`.
+        #[arg(trailing_var_arg = true, allow_hyphen_values = true)]
+        args: Vec<String>,
+    },
+    /// A seeded fault campaign on the real node (as root): `cargo xtask chaos postgres --seed S
+    /// --steps N` (`steward-bench chaos`; `cargo xtask chaos --help` for its flags).
+    #[command(disable_help_flag = true)]
     Chaos {
-        /// What to disrupt: `postgres`.
-        target: String,
-        /// The campaign's seed (a failing run prints its own).
-        #[arg(long, default_value_t = 1)]
-        seed: u64,
-        /// Faults in the campaign (the first five are each failure once, in an order drawn
-        /// from the seed).
-        #[arg(long, default_value_t = 20)]
-        steps: usize,
+        /// Passed to `steward-bench chaos`.
+        #[arg(trailing_var_arg = true, allow_hyphen_values = true)]
+        args: Vec<String>,
     },
     /// Build an OCI image archive (no daemon) into target/images/.
     Image {
@@ -114,15 +111,8 @@ fn main() -> Result<()> {
         Cmd::Testenv { real_node } => testenv(real_node),
         Cmd::Up { check } => up::run(check),
         Cmd::NewOperator { name } => new_operator::run(&name),
-        Cmd::Bench(flags) => bench::run(*flags),
-        Cmd::Chaos {
-            target,
-            seed,
-            steps,
-        } => match target.as_str() {
-            "postgres" => bench::postgres::chaos(&workspace_root(), seed, steps),
-            other => anyhow::bail!("cargo xtask chaos {other}: only `postgres` has a campaign"),
-        },
+        Cmd::Bench { args } => bench(&[], &args),
+        Cmd::Chaos { args } => bench(&["chaos"], &args),
         Cmd::Image { operator } => match operator.as_deref() {
             None | Some("all") => steward_operators::names()
                 .into_iter()
@@ -130,6 +120,30 @@ fn main() -> Result<()> {
             Some(op) => image::run(op).map(|_| ()),
         },
     }
+}
+
+/// Runs `steward-bench <subcommand> <args>` by `cargo run`, a dev build as `cargo xtask`'s own,
+/// from the directory `cargo xtask` was run in (an `--out` is relative to it); exits with its
+/// status when it fails (its own message is the error).
+fn bench(subcommand: &[&str], args: &[String]) -> Result<()> {
+    let status = steward_testenv::harness::cargo_command()
+        .args([
+            "run",
+            "--quiet",
+            "--package",
+            "steward-bench",
+            "--manifest-path",
+        ])
+        .arg(workspace_root().join("Cargo.toml"))
+        .arg("--")
+        .args(subcommand)
+        .args(args)
+        .status()
+        .context("running cargo run --package steward-bench")?;
+    if !status.success() {
+        std::process::exit(status.code().unwrap_or(1));
+    }
+    Ok(())
 }
 
 fn workspace_root() -> std::path::PathBuf {
@@ -207,19 +221,12 @@ fn test_phases(extra: &[&str], phases: &Phases) -> Result<()> {
     };
     // The benchmark harness in its tiny configuration, so it does not rot; it asserts no
     // timing, so it runs beside the tests (it has a control plane of its own). Skipped when
-    // the run is narrowed to some tests.
+    // the run is narrowed to some tests. Its binary is built with the tests.
     let out = workspace_root().join("target/bench-smoke");
-    let bench_out = out.clone();
-    let bench: Option<testrun::SideJob<'_>> = extra.is_empty().then(|| {
-        let job: Box<dyn FnOnce() -> Result<()> + Send> = Box::new(move || {
-            bench::run(bench::Flags {
-                smoke: true,
-                out: Some(bench_out),
-                ..bench::Flags::default()
-            })
-            .context("cargo xtask bench --smoke")
-        });
-        ("bench --smoke", job)
+    let bench = extra.is_empty().then(|| testrun::SideJob {
+        name: "bench --smoke",
+        binary: "steward-bench",
+        args: vec!["--smoke".into(), "--out".into(), out.display().to_string()],
     });
     let ran_bench = bench.is_some();
     match packages {

@@ -4,7 +4,10 @@
 //!
 //! The binaries are built by `cargo test --no-run` and run as cargo would run them (working
 //! directory = their package, the arguments after `--`); the doc tests run by
-//! `cargo test --doc` afterwards. They run in two phases:
+//! `cargo test --doc` afterwards. The side job's binary (the smoke benchmark's
+//! `steward-bench`) is built right after them, with every binary of the workspace as the
+//! tests build them ([`steward_testenv::harness::CARGO_BUILD`]), so neither it nor a test that
+//! starts a binary waits for a compile later. They run in two phases:
 //! 1. the binaries that need the real node ([`ONE_LANE`], one after another: the host has
 //!    one node), and beside them, one at a time: the light binaries ([`BESIDE_THE_NODE`]),
 //!    then every other binary but the solo ones, the longest first (by the times of the
@@ -57,8 +60,9 @@ const ONE_LANE: [&str; 4] = [
 /// test's takeover bound has 4 s of margin over its Lease timings), and the smoke benchmark
 /// (2.4 min), which asserts no timing. Nothing that starts a real node, loads both cores or
 /// was ever seen failing beside another binary.
-const BESIDE_THE_NODE: [&str; 7] = [
+const BESIDE_THE_NODE: [&str; 8] = [
     "xtask",
+    "steward_bench",
     "kubectl_plugin",
     "monitoring",
     "traces",
@@ -110,16 +114,23 @@ struct TestBinary {
 pub fn run(
     extra: &[&str],
     before_running: impl FnOnce() -> Result<()>,
-    side_job: Option<SideJob<'_>>,
+    side_job: Option<SideJob>,
     phases: &super::Phases,
 ) -> Result<()> {
     let (cargo_args, test_args) = match extra.iter().position(|a| *a == "--") {
         Some(i) => (&extra[..i], &extra[i + 1..]),
         None => (extra, &[][..]),
     };
-    let built = phases.time("Rust: build the tests", || build(cargo_args));
+    let built = phases
+        .time("Rust: build the tests", || build(cargo_args))
+        .and_then(|binaries| {
+            let side_job = side_job
+                .map(|job| phases.time("Rust: build the binaries", || build_side_job(job)))
+                .transpose()?;
+            Ok((binaries, side_job))
+        });
     let waited = phases.time("after it: waiting for the Go builds", before_running);
-    let binaries = built?;
+    let (binaries, side_job) = built?;
     waited?;
     let target_dir = binaries[0]
         .executable
@@ -156,15 +167,15 @@ pub fn run(
             }
         }
     };
-    let run_side_job = |(name, job): SideJob<'_>| {
-        eprintln!("\n     Running {name}");
-        let started = Instant::now();
-        let result = job();
-        phases.record(name, started.elapsed());
-        if let Err(e) = result
+    // Like a test binary, under the same limit; output live.
+    let run_side_job = |(binary, args): (TestBinary, Vec<String>)| {
+        let args: Vec<&str> = args.iter().map(String::as_str).collect();
+        let result = run_logged(&binary, &args, limit, None);
+        phases.record(&binary.name, result.elapsed);
+        if let Some(failure) = result.failure
             && let Ok(mut failed) = failed.lock()
         {
-            failed.push(format!("{name} ({e:#})"));
+            failed.push(failure);
         }
     };
     let started = Instant::now();
@@ -231,8 +242,14 @@ pub fn run(
 }
 
 /// Work that runs beside the real node's lane after the light binaries (the smoke
-/// benchmark): its name and the call.
-pub type SideJob<'a> = (&'static str, Box<dyn FnOnce() -> Result<()> + Send + 'a>);
+/// benchmark): a binary of the workspace, built with the tests, run as a test binary is.
+pub struct SideJob {
+    /// Its name in the output and the time table (`bench --smoke`).
+    pub name: &'static str,
+    /// The binary target it runs (`steward-bench`).
+    pub binary: &'static str,
+    pub args: Vec<String>,
+}
 
 /// What running one binary came to.
 struct Ran {
@@ -352,6 +369,33 @@ fn runs_doc_tests(cargo_args: &[&str]) -> bool {
     })
 }
 
+/// Builds every binary of the workspace as the tests build them (so the side job and the tests
+/// that start a binary find them built); the side job's executable, named after the job, and
+/// its arguments.
+fn build_side_job(job: SideJob) -> Result<(TestBinary, Vec<String>)> {
+    let build = steward_testenv::harness::CARGO_BUILD;
+    let out = super::cargo_once()
+        .args(build)
+        .arg("--message-format=json-render-diagnostics")
+        .stderr(Stdio::inherit())
+        .output()
+        .with_context(|| format!("running cargo {}", build.join(" ")))?;
+    if !out.status.success() {
+        bail!("building the binaries failed ({})", out.status);
+    }
+    let binary = executables(&String::from_utf8_lossy(&out.stdout), false)
+        .into_iter()
+        .find(|b| b.target == job.binary)
+        .with_context(|| format!("cargo {} built no {}", build.join(" "), job.binary))?;
+    Ok((
+        TestBinary {
+            name: job.name.to_string(),
+            ..binary
+        },
+        job.args,
+    ))
+}
+
 fn build(cargo_args: &[&str]) -> Result<Vec<TestBinary>> {
     let out = super::cargo_once()
         .args([
@@ -367,19 +411,20 @@ fn build(cargo_args: &[&str]) -> Result<Vec<TestBinary>> {
     if !out.status.success() {
         bail!("building the tests failed ({})", out.status);
     }
-    let binaries = test_binaries(&String::from_utf8_lossy(&out.stdout));
+    let binaries = executables(&String::from_utf8_lossy(&out.stdout), true);
     if binaries.is_empty() {
         bail!("cargo test --no-run built no test binary");
     }
     Ok(binaries)
 }
 
-/// The test executables in cargo's JSON messages, in cargo's order.
-fn test_binaries(messages: &str) -> Vec<TestBinary> {
+/// The executables in cargo's JSON messages, in cargo's order: the test executables when
+/// `test`, else the binaries and examples.
+fn executables(messages: &str, test: bool) -> Vec<TestBinary> {
     messages
         .lines()
         .filter_map(|line| serde_json::from_str::<serde_json::Value>(line).ok())
-        .filter(|m| m["reason"] == "compiler-artifact" && m["profile"]["test"] == true)
+        .filter(|m| m["reason"] == "compiler-artifact" && m["profile"]["test"] == test)
         .filter_map(|m| {
             let executable = PathBuf::from(m["executable"].as_str()?);
             let manifest = PathBuf::from(m["manifest_path"].as_str()?);
@@ -450,12 +495,13 @@ mod tests {
     use super::*;
 
     #[test]
-    fn test_executables_are_read_from_cargos_messages() {
+    fn executables_are_read_from_cargos_messages() {
         let messages = r#"{"reason":"compiler-artifact","manifest_path":"/w/tests/Cargo.toml","target":{"kind":["test"],"name":"real_node"},"profile":{"test":true},"executable":"/w/target/debug/deps/real_node-1"}
 {"reason":"compiler-artifact","manifest_path":"/w/crates/core/Cargo.toml","target":{"kind":["lib"],"name":"steward_core"},"profile":{"test":false},"executable":null}
 {"reason":"compiler-artifact","manifest_path":"/w/crates/core/Cargo.toml","target":{"kind":["lib"],"name":"steward_core"},"profile":{"test":true},"executable":"/w/target/debug/deps/steward_core-2"}
+{"reason":"compiler-artifact","manifest_path":"/w/crates/bench/Cargo.toml","target":{"kind":["bin"],"name":"steward-bench"},"profile":{"test":false},"executable":"/w/target/debug/steward-bench"}
 {"reason":"build-finished","success":true}"#;
-        let found: Vec<(String, PathBuf, PathBuf)> = test_binaries(messages)
+        let found: Vec<(String, PathBuf, PathBuf)> = executables(messages, true)
             .into_iter()
             .map(|b| (b.name, b.executable, b.package_dir))
             .collect();
@@ -473,6 +519,17 @@ mod tests {
                     PathBuf::from("/w/crates/core")
                 ),
             ]
+        );
+        let built: Vec<(String, PathBuf)> = executables(messages, false)
+            .into_iter()
+            .map(|b| (b.target, b.executable))
+            .collect();
+        assert_eq!(
+            built,
+            [(
+                "steward-bench".to_string(),
+                PathBuf::from("/w/target/debug/steward-bench")
+            )]
         );
     }
 

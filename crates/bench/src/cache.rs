@@ -4,8 +4,9 @@
 //! `tenant_operator::controller::build`), the harness lists the objects and measures the Rust
 //! heap each one takes once deserialized into its `k8s-openapi` type, as a reflector store
 //! holds it: the live bytes a deserialization leaves allocated on this thread, counted by
-//! [`Counting`] (xtask's global allocator). A part's cost is what removing it saves. `trimmed`
-//! is the object as `steward_core::controller::trim` leaves it, i.e. what the stores keep now.
+//! [`Counting`] (the harness's global allocator, installed by `lib.rs`). A part's cost is what
+//! removing it saves. `trimmed` is the object as `steward_core::controller::trim` leaves it,
+//! i.e. what the stores keep now.
 //!
 //! Bytes are the sizes requested from the allocator (its own per-allocation overhead, typically
 //! 8–16 bytes, is not included; the allocation count is reported for that reason).

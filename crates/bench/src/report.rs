@@ -197,7 +197,7 @@ fn cache_table(md: &mut String, tenants: usize, kinds: &[super::cache::Kind]) ->
     let names = super::cache::PARTS.map(|(name, _)| name);
     writeln!(
         md,
-        "\nWhat the tenant-operator's stores hold at {tenants} Tenants: the Rust heap of each cached object once deserialized (bytes requested from the allocator, counted by xtask's global allocator; see `xtask/src/bench/cache.rs`), as the API server sends it and as `steward_core::controller::trim` keeps it; a part's cost is what removing it saves (`required`: the type cannot be read without it).\n"
+        "\nWhat the tenant-operator's stores hold at {tenants} Tenants: the Rust heap of each cached object once deserialized (bytes requested from the allocator, counted by the harness's global allocator; see `crates/bench/src/cache.rs`), as the API server sends it and as `steward_core::controller::trim` keeps it; a part's cost is what removing it saves (`required`: the type cannot be read without it).\n"
     )?;
     writeln!(
         md,

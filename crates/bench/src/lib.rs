@@ -1,5 +1,7 @@
-//! `cargo xtask bench`: Steward's tenant-operator against a controller-runtime reference and a
-//! raw-write floor, on one real control plane, in one run.
+//! Steward's benchmark harness, the `steward-bench` binary (run as `cargo xtask bench`):
+//! Steward's tenant-operator against a controller-runtime reference and a raw-write floor, on
+//! one real control plane, in one run. Also the PostgreSQL fault campaign
+//! (`cargo xtask chaos postgres`, [`postgres::chaos`]).
 //!
 //! Start with [`run`]: it builds the subjects (the release `tenant-operator` — debug for
 //! `--smoke`, which measures nothing — and the Go reference
@@ -14,6 +16,10 @@
 //! [`FRESH_CLUSTER_AT`] Tenants on, each subject gets a control plane of its own). [`report`] writes
 //! `docs/benchmarks.md` and `docs/benchmarks.json`. `--postgres N` runs [`postgres`] instead:
 //! PostgreSQL failover and switchover on the real node.
+//!
+//! Its own crate, apart from xtask, so that xtask stays small and quick to build and has no
+//! global allocator: this library installs [`cache::Counting`], for the binary and the unit
+//! tests alike (nothing else links it).
 
 mod apiserver;
 pub mod cache;
@@ -24,6 +30,10 @@ mod procs;
 mod report;
 mod sharded;
 mod workload;
+
+/// Counts what each thread allocates, for the cache breakdown ([`cache`]).
+#[global_allocator]
+static ALLOCATOR: cache::Counting = cache::Counting;
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
@@ -162,7 +172,7 @@ impl Args {
             skip_build: flags.skip_build,
             out: flags
                 .out
-                .unwrap_or_else(|| crate::workspace_root().join("docs")),
+                .unwrap_or_else(|| steward_testenv::workspace_root().join("docs")),
         };
         if a.namespaces_per_tenant == 0 || a.namespaces_per_tenant > 26 {
             bail!("--namespaces-per-tenant must be 1..=26");
@@ -246,15 +256,20 @@ pub struct Results {
     pub total_secs: f64,
 }
 
+/// Runs the benchmark `flags` ask for and writes its report (`docs/` unless `--out`).
+///
+/// # Errors
+/// A flag out of range, a failed build of a subject, or a control plane that does not start;
+/// a subject that fails is reported in the tables instead.
 pub fn run(flags: Flags) -> Result<()> {
     if let Some(runs) = flags.postgres {
-        let root = crate::workspace_root();
+        let root = steward_testenv::workspace_root();
         let out = flags.out.clone().unwrap_or_else(|| root.join("docs"));
         return postgres::run(&root, runs, &out);
     }
     let args = Args::from_flags(flags)?;
     let started = Instant::now();
-    let root = crate::workspace_root();
+    let root = steward_testenv::workspace_root();
     let bench_dir = root.join("target/bench");
     std::fs::create_dir_all(&bench_dir)?;
     let (steward_bin, go_bin, sizes) = build(&root, &bench_dir, &args)?;
@@ -367,6 +382,15 @@ pub fn run(flags: Flags) -> Result<()> {
     Ok(())
 }
 
+/// `cargo` in the workspace, for a build made once (the subjects): no incremental state, in
+/// the environment `cargo xtask test`'s builds have, so they share every artifact.
+fn cargo_once() -> std::process::Command {
+    let mut cmd = steward_testenv::harness::cargo_command();
+    cmd.current_dir(steward_testenv::workspace_root())
+        .env("CARGO_INCREMENTAL", "0");
+    cmd
+}
+
 /// Scenarios 5 and 6: the upgrade-orchestrator's overhead and the other operators' idle
 /// writes, each or why it was not measured.
 async fn others(
@@ -470,14 +494,14 @@ fn build(
                 // shares their dependencies.
                 let args = steward_testenv::harness::CARGO_BUILD;
                 eprintln!("bench: cargo {}", args.join(" "));
-                if !crate::cargo_once().args(args).status()?.success() {
+                if !cargo_once().args(args).status()?.success() {
                     bail!("building the operators failed");
                 }
             } else {
                 eprintln!(
                     "bench: cargo build --release -p tenant-operator -p upgrade-orchestrator -p database-operator"
                 );
-                let status = crate::cargo_once()
+                let status = cargo_once()
                     .args(["build", "--release"])
                     .args([
                         "-p",
