@@ -1,9 +1,9 @@
 //! database-operator: PostgreSQL on Kubernetes, built on steward-core.
 //!
 //! Start with [`crd`] (the custom resources: [`crd::PostgresCluster`], [`crd::Database`],
-//! [`crd::DatabaseRole`]) and [`register`] (the three controllers). Each controller is a
-//! module with a `reconcile` that validates, builds with pure functions, applies and writes
-//! status once:
+//! [`crd::DatabaseRole`], defined in `steward-database-api`) and [`register`] (the three
+//! controllers). Each controller is a module with a `reconcile` that validates, builds with
+//! pure functions, applies and writes status once:
 //!
 //! - [`cluster`]: a StatefulSet of one primary and replicas (each pod runs
 //!   `steward-pg-instance`, which elects the primary through the cluster's Lease), its
@@ -24,13 +24,14 @@
 #![cfg_attr(test, allow(clippy::unwrap_used))]
 
 pub mod cluster;
-pub mod crd;
+/// The custom resources and the instance contract, from their own crate (types only).
+pub use steward_database_api as crd;
 pub mod database;
 mod error;
 pub mod ident;
 pub mod observe;
 pub mod ownership;
-pub mod parameters;
+pub use steward_database_api::parameters;
 pub mod password;
 pub mod pg;
 pub mod role;
@@ -50,7 +51,7 @@ pub use crd::{
 pub use error::Error;
 
 /// The operator's name: field manager, Event reporter, Lease name.
-pub const NAME: &str = "database-operator";
+pub const NAME: &str = steward_database_api::OPERATOR;
 
 /// Every CustomResourceDefinition this operator owns, for `cargo xtask crdgen`.
 pub fn crds() -> Vec<CustomResourceDefinition> {

@@ -3,16 +3,14 @@
 //! it, to the annotation the operator watches otherwise. When the action does not apply,
 //! nothing is written and the error says why.
 
-use database_operator::cluster::SWITCHOVER_ANNOTATION;
-use database_operator::crd::ROTATE_ANNOTATION;
-use database_operator::{
-    DatabaseRole, PostgresBackup, PostgresBackupSpec, PostgresCluster, PostgresClusterStatus,
-};
 use kube::api::{Api, Patch, PatchParams};
 use kube::{Client, Resource, ResourceExt};
 use serde_json::json;
-use upgrade_orchestrator::UpgradePlan;
-use upgrade_orchestrator::crd::Approval;
+use steward_database_api::{
+    DatabaseRole, PostgresBackup, PostgresBackupSpec, PostgresCluster, PostgresClusterStatus,
+    ROTATE_ANNOTATION, SWITCHOVER_ANNOTATION,
+};
+use steward_upgrade_api::{Approval, UpgradePlan};
 
 use crate::Error;
 
@@ -233,7 +231,7 @@ pub fn backup_for(
         );
     }
     let name = name.map_or_else(
-        || database_operator::cluster::backup::scheduled_name(&cluster_name, now),
+        || steward_database_api::scheduled_backup_name(&cluster_name, now),
         str::to_string,
     );
     let mut backup = PostgresBackup::new(

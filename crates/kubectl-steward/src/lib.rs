@@ -18,6 +18,14 @@ use clap::{CommandFactory, Parser, Subcommand, ValueEnum};
 use kube::Client;
 use kube::config::{Config, KubeConfigOptions};
 
+/// The operators, by the name each API crate gives its operator (its Lease's name): `status`
+/// shows which pod leads each, `logs` reads the leader's log.
+pub const OPERATORS: [&str; 3] = [
+    steward_database_api::OPERATOR,
+    steward_tenant_api::OPERATOR,
+    steward_upgrade_api::OPERATOR,
+];
+
 /// What went wrong, named after the step.
 #[derive(Debug, thiserror::Error)]
 pub enum Error {

@@ -45,7 +45,7 @@ pub async fn leader(
     };
     let lease = match leases.as_slice() {
         [] => {
-            let known = steward_operators::names().join(", ");
+            let known = crate::OPERATORS.join(", ");
             return Err(Error::Refused(format!(
                 "no Lease named {operator}{}: is the operator running with leader election? (operators: {known})",
                 namespace.map(|ns| format!(" in {ns}")).unwrap_or_default()

@@ -5,15 +5,14 @@
 
 use std::collections::BTreeSet;
 
-use database_operator::{Database, DatabaseRole, PostgresCluster};
 use k8s_openapi::api::coordination::v1::Lease;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition;
 use kube::api::{Api, ListParams};
 use kube::{Client, Resource, ResourceExt};
 use serde::Serialize;
-use tenant_operator::Tenant;
-use upgrade_orchestrator::UpgradePlan;
-use upgrade_orchestrator::crd::{ComponentPhase, PlanPhase};
+use steward_database_api::{Database, DatabaseRole, PostgresCluster};
+use steward_tenant_api::Tenant;
+use steward_upgrade_api::{ComponentPhase, PlanPhase, UpgradePlan};
 
 use crate::Error;
 
@@ -196,7 +195,7 @@ pub struct PlanRow {
 pub async fn gather(client: &Client, scope: &Scope) -> Result<Report, Error> {
     let mut report = Report::default();
     let now = jiff::Timestamp::now();
-    let operators: BTreeSet<&str> = steward_operators::names().into_iter().collect();
+    let operators: BTreeSet<&str> = crate::OPERATORS.into_iter().collect();
     if let Some(leases) = list(Api::<Lease>::all(client.clone()), &mut report).await? {
         report.operators = leases
             .iter()
@@ -422,7 +421,7 @@ pub fn next_step(plan: &UpgradePlan) -> String {
             .message
             .and_then(|m| {
                 m.split("; ")
-                    .find_map(|part| part.strip_prefix(upgrade_orchestrator::window::NEXT_OPENING))
+                    .find_map(|part| part.strip_prefix(steward_upgrade_api::NEXT_OPENING))
                     .map(str::to_string)
             })
             .map_or_else(

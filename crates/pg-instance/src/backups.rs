@@ -13,15 +13,13 @@
 use std::time::Duration;
 
 use kube::api::{Api, ListParams, Patch, PatchParams};
-use kube::core::{ApiResource, DynamicObject, GroupVersionKind};
 use kube::{Client, ResourceExt};
+use steward_database_api::PostgresBackup;
 use tokio::task::JoinHandle;
 use tokio::time::Instant;
 
 use crate::archive::{self, BaseBackup, Store};
-use crate::contract::{
-    BACKUP_GROUP, BACKUP_KIND, BACKUP_PLURAL, BACKUP_VERSION, BackupPhase, BackupRun,
-};
+use crate::contract::{BackupPhase, BackupRun};
 use crate::postgres::Paths;
 
 const CHECK_EVERY: Duration = Duration::from_secs(3);
@@ -29,7 +27,7 @@ const API_TIMEOUT: Duration = Duration::from_secs(5);
 
 /// The backups of one cluster, as its instance manager runs them.
 pub struct Runner {
-    api: Api<DynamicObject>,
+    api: Api<PostgresBackup>,
     cluster: String,
     pod: String,
     /// `Err`: `spec.backup` is set but unusable (said on every backup requested).
@@ -38,14 +36,6 @@ pub struct Runner {
     paths: Paths,
     running: Option<(String, JoinHandle<Result<BaseBackup, archive::Error>>)>,
     checked: Option<Instant>,
-}
-
-/// The `PostgresBackup` API.
-pub fn api_resource() -> ApiResource {
-    ApiResource::from_gvk_with_plural(
-        &GroupVersionKind::gvk(BACKUP_GROUP, BACKUP_VERSION, BACKUP_KIND),
-        BACKUP_PLURAL,
-    )
 }
 
 impl Runner {
@@ -59,7 +49,7 @@ impl Runner {
         paths: Paths,
     ) -> Self {
         Self {
-            api: Api::namespaced_with(client, namespace, &api_resource()),
+            api: Api::namespaced(client, namespace),
             cluster: cluster.to_string(),
             pod: pod.to_string(),
             store,
@@ -92,20 +82,19 @@ impl Runner {
             return Ok(());
         }
         self.checked = Some(Instant::now());
-        let mut backups: Vec<DynamicObject> =
+        let mut backups: Vec<PostgresBackup> =
             tokio::time::timeout(API_TIMEOUT, self.api.list(&ListParams::default()))
                 .await??
                 .items
                 .into_iter()
-                .filter(|b| b.data["spec"]["cluster"].as_str() == Some(self.cluster.as_str()))
+                .filter(|b| b.spec.cluster == self.cluster)
                 .collect();
         backups.sort_by(|a, b| {
             (a.creation_timestamp(), a.name_any()).cmp(&(b.creation_timestamp(), b.name_any()))
         });
         for backup in &backups {
             let name = backup.name_any();
-            let status: BackupRun =
-                serde_json::from_value(backup.data["status"].clone()).unwrap_or_default();
+            let status = backup.status.clone().unwrap_or_default();
             let mine = self.running.as_ref().is_some_and(|(n, _)| *n == name);
             match status.phase {
                 Some(BackupPhase::Running) if !mine => {
@@ -127,7 +116,7 @@ impl Runner {
     }
 
     /// Claims `backup` (guarded by its resourceVersion) and starts it.
-    async fn start(&mut self, backup: &DynamicObject, status: BackupRun) -> anyhow::Result<()> {
+    async fn start(&mut self, backup: &PostgresBackup, status: BackupRun) -> anyhow::Result<()> {
         let name = backup.name_any();
         let store = match &self.store {
             Some(Ok(store)) => store.clone(),

@@ -52,12 +52,7 @@ fn fetch_command(exe: &Path, from_recovery: bool) -> String {
     format!("{} wal-fetch{from} %f %p", exe.display())
 }
 
-/// Connection slots kept for roles granted `pg_use_reserved_connections` (PostgreSQL 16 and
-/// later): the replication role, as which `pg_rewind` and a switchover's confirmation connect
-/// through ordinary (not replication) connections. The instance manager's own queries go
-/// over the socket as the superuser, which `superuser_reserved_connections` (3) covers;
-/// streaming and cloning use WAL senders, which have slots of their own.
-pub const RESERVED_CONNECTIONS: u32 = 3;
+pub use crate::contract::RESERVED_CONNECTIONS;
 
 /// `defaults.conf`: what this instance manager sets for its PostgreSQL major, included by the
 /// operator's `postgresql.conf` before `spec.parameters` (which may override it). `major` is

@@ -3,7 +3,8 @@
 //! Start with [`manager`]: its loop decides from the cluster's Lease which role this
 //! instance has, runs PostgreSQL in it, and reports on its pod. The pieces:
 //! - [`contract`]: the names the instance manager and the database-operator share (they talk
-//!   only through the Kubernetes API);
+//!   only through the Kubernetes API), from `steward-database-api` with the `PostgresBackup`
+//!   type the manager reads and writes;
 //! - [`election`]: which replica should take a free Lease (pure);
 //! - [`postgres`]: the postmaster and `initdb`/`pg_basebackup`/`pg_rewind`;
 //! - [`conf`]: `instance.conf` and the passfile (pure);
@@ -25,7 +26,7 @@
 pub mod archive;
 pub mod backups;
 pub mod conf;
-pub mod contract;
+pub use steward_database_api::contract;
 pub mod election;
 pub mod http;
 pub mod manager;

@@ -22,11 +22,12 @@
 
 pub mod build;
 pub mod controller;
-pub mod crd;
+/// The `Tenant` resource, from its own crate (types only).
+pub use steward_tenant_api as crd;
 pub mod metrics;
 pub mod namespaces;
 pub mod policy;
-pub mod quantity;
+pub use steward_tenant_api::quantity;
 pub mod quota;
 pub mod reconcile;
 pub mod status;
@@ -41,7 +42,7 @@ use steward_core::Operator;
 pub use crd::{Tenant, TenantSpec, TenantStatus};
 
 /// The operator's name: binary, field manager, Lease and Event reporter.
-pub const NAME: &str = "tenant-operator";
+pub const NAME: &str = steward_tenant_api::OPERATOR;
 
 /// Every CustomResourceDefinition this operator owns, for `cargo xtask crdgen`.
 pub fn crds() -> Vec<CustomResourceDefinition> {

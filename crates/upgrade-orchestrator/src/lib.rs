@@ -35,7 +35,8 @@
 #![forbid(unsafe_code)]
 #![cfg_attr(test, allow(clippy::unwrap_used))]
 
-pub mod crd;
+/// The `UpgradePlan` resource, from its own crate (types only).
+pub use steward_upgrade_api as crd;
 pub mod error;
 pub mod health;
 pub mod hook;
@@ -43,7 +44,7 @@ pub mod metrics;
 pub mod plan;
 pub mod progress;
 pub mod reconcile;
-pub mod redact;
+pub use steward_upgrade_api::redact;
 pub mod target;
 pub mod window;
 
@@ -62,7 +63,7 @@ pub use crd::{UpgradePlan, UpgradePlanSpec, UpgradePlanStatus};
 pub use error::Error;
 
 /// The operator's name: binary, field manager, Lease, Event reporter.
-pub const NAME: &str = "upgrade-orchestrator";
+pub const NAME: &str = steward_upgrade_api::OPERATOR;
 /// The controller's name in metrics.
 pub const CONTROLLER: &str = "upgradeplan";
 

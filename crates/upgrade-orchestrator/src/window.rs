@@ -26,8 +26,7 @@ pub enum Window {
     Closed { opens: Zoned, window: String },
 }
 
-/// How a plan's Ready message introduces the next opening (`kubectl steward status` reads it).
-pub const NEXT_OPENING: &str = "the next maintenance window opens at ";
+pub use steward_upgrade_api::NEXT_OPENING;
 
 /// The longest window: longer ones are almost certainly a typo (`duration: 2000h`).
 const MAX_DURATION: Duration = Duration::from_secs(31 * 24 * 3600);

@@ -66,10 +66,7 @@ pub fn schedule_step(
     }
 }
 
-/// The name of the scheduled backup due at `at`: `<cluster>-<yyyymmddhhmmss>`.
-pub fn scheduled_name(cluster: &str, at: jiff::Timestamp) -> String {
-    format!("{cluster}-{}", at.strftime("%Y%m%d%H%M%S"))
-}
+pub use crate::crd::scheduled_backup_name as scheduled_name;
 
 /// The completed backups as (completion time, name), oldest first.
 fn completed(backups: &[PostgresBackup]) -> Vec<(&str, String)> {

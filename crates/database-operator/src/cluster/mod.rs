@@ -574,9 +574,7 @@ async fn check_store_credentials(
     Ok(())
 }
 
-/// Annotation on a PostgresCluster asking for a switchover to the named instance (pod);
-/// removed by the operator once that instance is the primary.
-pub const SWITCHOVER_ANNOTATION: &str = "database.steward.dev/switchover-to";
+pub use crate::crd::SWITCHOVER_ANNOTATION;
 
 /// Who is primary, as the cluster's Lease says.
 struct PrimaryRoles {

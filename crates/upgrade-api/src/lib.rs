@@ -1,4 +1,6 @@
-//! The `UpgradePlan` custom resource (`upgrade.steward.dev/v1alpha1`).
+//! The `UpgradePlan` custom resource (`upgrade.steward.dev/v1alpha1`), and what a plan may
+//! publish of the values it changes ([`redact`]). Types only: no controller code, so
+//! `kubectl steward` depends on this crate, not on the upgrade-orchestrator.
 //!
 //! ```yaml
 //! apiVersion: upgrade.steward.dev/v1alpha1
@@ -20,6 +22,10 @@
 //!   strategy: {maxConcurrent: 1, progressDeadlineSeconds: 600, failurePolicy: Rollback}
 //! ```
 
+#![forbid(unsafe_code)]
+
+pub mod redact;
+
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, MicroTime};
 use kube::{CustomResource, KubeSchema};
 use schemars::JsonSchema;
@@ -27,6 +33,12 @@ use serde::{Deserialize, Serialize};
 
 /// The API group of this operator.
 pub const GROUP: &str = "upgrade.steward.dev";
+/// The operator that serves these kinds: its binary, field manager, Lease and Event reporter.
+pub const OPERATOR: &str = "upgrade-orchestrator";
+
+/// How a plan's Ready message introduces the next opening of its maintenance windows
+/// (`kubectl steward status` reads it).
+pub const NEXT_OPENING: &str = "the next maintenance window opens at ";
 
 /// Rolls new versions across several dependent workloads, one dependency wave at a time.
 #[derive(CustomResource, KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq)]

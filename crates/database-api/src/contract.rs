@@ -44,6 +44,13 @@ pub const BINARY: &str = "steward-pg-instance";
 pub const HTTP_PORT: u16 = 8008;
 /// PostgreSQL's port.
 pub const PG_PORT: u16 = 5432;
+/// Connection slots kept for roles granted `pg_use_reserved_connections` (PostgreSQL 16 and
+/// later): the replication role, as which `pg_rewind` and a switchover's confirmation connect
+/// through ordinary (not replication) connections. The instance manager's own queries go
+/// over the socket as the superuser, which `superuser_reserved_connections` (3) covers;
+/// streaming and cloning use WAL senders, which have slots of their own. The instance manager
+/// sets it; the operator counts it when it checks `max_connections`.
+pub const RESERVED_CONNECTIONS: u32 = 3;
 
 /// Environment of the PostgreSQL container naming the cluster's backup object store
 /// (`spec.backup`): `STEWARD_BACKUP_<field>` for each of [`STORE_FIELDS`].
@@ -77,11 +84,10 @@ pub fn store_env(prefix: &str, field: &str) -> String {
     format!("{prefix}_{field}")
 }
 
-/// The API of `PostgresBackup` (a base backup, run by the cluster's primary instance
-/// manager, which claims it by writing its status).
-pub const BACKUP_GROUP: &str = "database.steward.dev";
-pub const BACKUP_VERSION: &str = "v1alpha1";
-pub const BACKUP_KIND: &str = "PostgresBackup";
+/// The API group and plural of [`PostgresBackup`](crate::PostgresBackup) (a base backup, run
+/// by the cluster's primary instance manager, which claims it by writing its status), for the
+/// instances' RBAC rules.
+pub const BACKUP_GROUP: &str = crate::GROUP;
 pub const BACKUP_PLURAL: &str = "postgresbackups";
 
 /// Where a base backup is.
@@ -395,6 +401,13 @@ mod tests {
         assert!(!end.reached_by(&at(2, 0x300_0107)), "one byte short");
         assert!(!end.reached_by(&at(3, 0x400_0000)), "another timeline");
         assert!(!end.reached_by(&at(1, 0x400_0000)), "another timeline");
+    }
+
+    #[test]
+    fn the_backup_api_names_are_the_crds() {
+        use kube::Resource;
+        assert_eq!(crate::PostgresBackup::group(&()), BACKUP_GROUP);
+        assert_eq!(crate::PostgresBackup::plural(&()), BACKUP_PLURAL);
     }
 
     #[test]

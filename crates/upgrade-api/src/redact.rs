@@ -16,7 +16,7 @@
 //!   [`PLANNED`] (the plan's value) and [`OTHER`] (neither: someone else changed it).
 //!
 //! The status records those stand-ins where it recorded the values, and the state machine
-//! ([`crate::progress`]) compares them exactly as it compared the values: a change is made
+//! (the upgrade-orchestrator's `progress`) compares them exactly as it compared the values: a change is made
 //! while the target shows the recorded `previous`, a component is upgraded when it shows
 //! `target`, anything else was changed by someone else.
 //!
@@ -42,7 +42,7 @@
 
 use sha2::{Digest, Sha256};
 
-use crate::crd::Component;
+use crate::Component;
 
 /// How much of a component's values its plan shows. See the module's documentation.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -118,7 +118,7 @@ pub fn pointer_segment(key: &str) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::crd::{FieldChange, TargetKind, TargetRef};
+    use crate::{FieldChange, TargetKind, TargetRef};
     use serde_json::json;
 
     fn set(kind: &str, path: &str) -> Component {

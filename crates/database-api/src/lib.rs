@@ -1,12 +1,22 @@
-//! The custom resources of `database.steward.dev/v1alpha1`: [`PostgresCluster`],
-//! [`Database`] and [`DatabaseRole`].
+//! The API of `database.steward.dev/v1alpha1`: the custom resources [`PostgresCluster`],
+//! [`PostgresBackup`], [`Database`] and [`DatabaseRole`], the annotations users set on them,
+//! and the [`contract`] between the database-operator and the instance manager
+//! (`steward-pg-instance`) in each PostgreSQL pod. Types only: no controller code, so the
+//! operator, the instance manager and `kubectl steward` depend on this crate and never on
+//! each other.
 //!
 //! Names are validated twice: by the schema (pattern, at most 63 bytes, CEL rules, so bad
-//! input is rejected at admission with a message naming the field) and again in code
-//! ([`crate::ident::validate`]) before any SQL is built.
+//! input is rejected at admission with a message naming the field) and again in code (the
+//! database-operator's `ident::validate`) before any SQL is built. What `spec.parameters` may
+//! hold is decided in [`parameters`]: the CRD's admission rules and the operator's value
+//! checks come from the same tables.
 
+#![forbid(unsafe_code)]
 // kube-derive takes one `printcolumn(...)` per column; clippy reads them as duplicates.
 #![allow(clippy::duplicated_attributes)]
+
+pub mod contract;
+pub mod parameters;
 
 use std::collections::BTreeMap;
 
@@ -24,6 +34,13 @@ pub const GROUP: &str = "database.steward.dev";
 /// Annotation that asks for a password rotation of a [`DatabaseRole`]: set it to a new value
 /// (a timestamp, a counter) and the password is rotated once for that value.
 pub const ROTATE_ANNOTATION: &str = "database.steward.dev/rotate-password";
+
+/// Annotation on a [`PostgresCluster`] asking for a switchover to the named instance (pod);
+/// removed by the operator once that instance is the primary.
+pub const SWITCHOVER_ANNOTATION: &str = "database.steward.dev/switchover-to";
+
+/// The operator that serves these kinds: its field manager, Event reporter and Lease name.
+pub const OPERATOR: &str = "database-operator";
 
 // ---------------------------------------------------------------------------------------
 // PostgresCluster
@@ -442,7 +459,7 @@ pub enum ClusterPhase {
     namespaced,
     shortname = "pgb",
     category = "steward",
-    status = "steward_pg_instance::contract::BackupRun",
+    status = "contract::BackupRun",
     derive = "PartialEq",
     doc = "A base backup of a PostgresCluster to its object store, taken by its primary.",
     printcolumn(name = "Cluster", type_ = "string", json_path = ".spec.cluster"),
@@ -472,6 +489,12 @@ pub struct PostgresBackupSpec {
     #[schemars(length(min = 1, max = 63))]
     #[x_kube(validation = Rule::new("self == oldSelf").message("cluster is immutable"))]
     pub cluster: String,
+}
+
+/// The name of the `PostgresBackup` a cluster's `spec.backup.schedule` creates when it is due
+/// at `at`: `<cluster>-<yyyymmddhhmmss>` (UTC).
+pub fn scheduled_backup_name(cluster: &str, at: jiff::Timestamp) -> String {
+    format!("{cluster}-{}", at.strftime("%Y%m%d%H%M%S"))
 }
 
 // ---------------------------------------------------------------------------------------

@@ -1,9 +1,16 @@
-//! The `Tenant` custom resource (`tenancy.steward.dev/v1alpha1`, cluster-scoped, short name `tnt`).
+//! The `Tenant` custom resource (`tenancy.steward.dev/v1alpha1`, cluster-scoped, short name `tnt`),
+//! the labels and annotations the tenant-operator puts on tenant namespaces, and exact
+//! [`quantity`] arithmetic. Types only: no controller code, so `kubectl steward` depends on
+//! this crate, not on the operator.
 //!
 //! Invalid input is rejected at admission by the schema: names are DNS labels, quantities are
 //! CEL-checked with the Kubernetes quantity library (`isQuantity`, non-negative), owner kinds
 //! are an enum, and cross-field rules (`namespaces` within `maxNamespaces`, a namespace for
 //! ServiceAccount owners) are `x-kubernetes-validations`.
+
+#![forbid(unsafe_code)]
+
+pub mod quantity;
 
 use std::collections::BTreeMap;
 use std::fmt;
@@ -17,6 +24,8 @@ use crate::quantity::{Milli, ParseError};
 
 /// API group of every Steward tenancy kind.
 pub const GROUP: &str = "tenancy.steward.dev";
+/// The operator that serves these kinds: its binary, field manager, Lease and Event reporter.
+pub const OPERATOR: &str = "tenant-operator";
 /// Label on every tenant namespace and every object the operator makes for a tenant.
 pub const TENANT_LABEL: &str = "tenancy.steward.dev/tenant";
 /// Label on namespaces listed in `spec.namespaces` (as opposed to those owners created).
