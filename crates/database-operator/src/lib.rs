@@ -104,7 +104,7 @@ pub struct DatabaseOperator;
 impl steward_core::operator::Definition for DatabaseOperator {
     const NAME: &'static str = NAME;
     const ABOUT: &'static str = "Manages PostgreSQL clusters, databases and roles";
-    const COMPANIONS: &'static [&'static str] = &[steward_pg_instance::contract::BINARY];
+    const COMPANIONS: &'static [&'static str] = &[steward_database_api::contract::BINARY];
     const SAMPLES: &'static [&'static str] = &[
         "database-postgrescluster.yaml",
         "database-postgresbackup.yaml",

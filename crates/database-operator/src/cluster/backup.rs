@@ -14,7 +14,7 @@ use croner::parser::{CronParser, Seconds, Year};
 use k8s_openapi::api::core::v1::Pod;
 use kube::api::{Api, DeleteParams, ListParams, PostParams};
 use kube::{Resource, ResourceExt};
-use steward_pg_instance::contract::{Archiver, BackupPhase, InstanceStatus, STATUS_ANNOTATION};
+use steward_database_api::contract::{Archiver, BackupPhase, InstanceStatus, STATUS_ANNOTATION};
 
 use crate::crd::{ClusterBackupStatus, PostgresBackup, PostgresBackupSpec, PostgresCluster};
 use crate::error::Error;
@@ -263,7 +263,7 @@ pub async fn reconcile(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use steward_pg_instance::contract::BackupRun;
+    use steward_database_api::contract::BackupRun;
 
     fn ts(s: &str) -> jiff::Timestamp {
         s.parse().unwrap()

@@ -24,8 +24,8 @@ use sha2::{Digest, Sha256};
 use crate::crd::{DeletionPolicy, ObjectStore, PostgresCluster, Resources};
 use crate::password::Password;
 
-use steward_pg_instance::contract::{self as instance, BINARY, HTTP_PORT};
-pub use steward_pg_instance::contract::{CLUSTER_LABEL, PRIMARY, REPLICA, ROLE_LABEL};
+use steward_database_api::contract::{self as instance, BINARY, HTTP_PORT};
+pub use steward_database_api::contract::{CLUSTER_LABEL, PRIMARY, REPLICA, ROLE_LABEL};
 /// Label on each pod: the PostgreSQL major version of its template.
 pub const VERSION_LABEL: &str = "database.steward.dev/version";
 /// Annotation on the pod template: hash of the configuration, so a change rolls the pods.

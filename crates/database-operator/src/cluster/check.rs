@@ -28,7 +28,7 @@ use k8s_openapi::api::batch::v1::Job;
 use k8s_openapi::api::core::v1::{ConfigMap, EmptyDirVolumeSource, EnvVar, Volume};
 use kube::ResourceExt;
 use kube::api::{Api, DeleteParams, ListParams, PostParams};
-use steward_pg_instance::contract::{BINARY, CHECK_CONFIG_ENV, CHECK_CONFIG_MAX_BYTES};
+use steward_database_api::contract::{BINARY, CHECK_CONFIG_ENV, CHECK_CONFIG_MAX_BYTES};
 
 use super::build;
 use super::upgrade::{self, JobState};

@@ -170,7 +170,7 @@ pub async fn reconcile(
         })?;
     let last_primary = lease.as_ref().and_then(|l| {
         l.annotations()
-            .get(steward_pg_instance::contract::LAST_PRIMARY_ANNOTATION)
+            .get(steward_database_api::contract::LAST_PRIMARY_ANNOTATION)
             .filter(|v| !v.is_empty())
             .cloned()
             .or_else(|| l.spec.as_ref()?.holder_identity.clone())
@@ -606,12 +606,12 @@ impl PrimaryRoles {
                     .filter(|h| !h.is_empty()),
                 switching_to: lease
                     .annotations()
-                    .get(steward_pg_instance::contract::TARGET_ANNOTATION)
+                    .get(steward_database_api::contract::TARGET_ANNOTATION)
                     .filter(|t| !t.is_empty())
                     .cloned(),
                 refused: lease
                     .annotations()
-                    .get(steward_pg_instance::contract::SWITCHOVER_REFUSED_ANNOTATION)
+                    .get(steward_database_api::contract::SWITCHOVER_REFUSED_ANNOTATION)
                     .and_then(|r| r.split_once(": "))
                     .map(|(target, why)| (target.to_string(), why.to_string())),
                 transitions: lease.spec.as_ref().and_then(|s| s.lease_transitions),
@@ -690,7 +690,7 @@ fn switchover_allowed(
 /// Names `to` as the switchover target on the cluster's Lease (and removes an earlier
 /// refusal): the primary's instance manager hands over to it.
 async fn request_switchover(leases: &Api<Lease>, lease: &str, to: &str) -> Result<(), Error> {
-    use steward_pg_instance::contract::{SWITCHOVER_REFUSED_ANNOTATION, TARGET_ANNOTATION};
+    use steward_database_api::contract::{SWITCHOVER_REFUSED_ANNOTATION, TARGET_ANNOTATION};
     let annotations =
         serde_json::json!({TARGET_ANNOTATION: to, SWITCHOVER_REFUSED_ANNOTATION: null});
     annotate_lease(leases, lease, to, annotations).await
@@ -698,7 +698,7 @@ async fn request_switchover(leases: &Api<Lease>, lease: &str, to: &str) -> Resul
 
 /// Removes a reported refusal of the switchover to `target` from the cluster's Lease.
 async fn clear_refusal(leases: &Api<Lease>, lease: &str, target: &str) -> Result<(), Error> {
-    use steward_pg_instance::contract::SWITCHOVER_REFUSED_ANNOTATION;
+    use steward_database_api::contract::SWITCHOVER_REFUSED_ANNOTATION;
     let annotations = serde_json::json!({SWITCHOVER_REFUSED_ANNOTATION: null});
     annotate_lease(leases, lease, target, annotations).await
 }
@@ -961,7 +961,7 @@ fn connection_slots(version: i32, parameters: &BTreeMap<String, String>) -> Resu
     };
     let superuser = int("superuser_reserved_connections").unwrap_or(3);
     let reserved = int("reserved_connections").unwrap_or(if version >= 16 {
-        i64::from(steward_pg_instance::conf::RESERVED_CONNECTIONS)
+        i64::from(steward_database_api::contract::RESERVED_CONNECTIONS)
     } else {
         0
     });

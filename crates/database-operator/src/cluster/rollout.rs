@@ -35,7 +35,7 @@ impl PodView {
             .strip_prefix('-')?
             .parse::<i32>()
             .ok()?;
-        let ready = steward_pg_instance::contract::pod_ready(pod);
+        let ready = steward_database_api::contract::pod_ready(pod);
         Some(Self {
             name,
             ordinal,
@@ -301,7 +301,7 @@ pub fn commits_waiting(
         "{} commits on the primary {} have waited more than {} s for synchronous standbys: synchronousReplicas is {} and {ready_replicas} replicas are ready; they complete once enough replicas stream again (or lower spec.synchronousReplicas)",
         primary.commits_waiting,
         primary.name,
-        steward_pg_instance::contract::COMMIT_WAIT.as_secs(),
+        steward_database_api::contract::COMMIT_WAIT.as_secs(),
         synchronous_replicas.unwrap_or(0),
     );
     status.phase = Some(ClusterPhase::Degraded);

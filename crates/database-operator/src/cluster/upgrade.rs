@@ -30,7 +30,7 @@ use crate::crd::{
     PostgresCluster,
 };
 use crate::error::Error;
-use steward_pg_instance::contract::{BINARY, BackupPhase};
+use steward_database_api::contract::{BINARY, BackupPhase};
 
 /// The condition type.
 pub const MAJOR_UPGRADE: &str = "MajorUpgrade";
@@ -574,7 +574,7 @@ async fn hand_lease(
     instance: &str,
 ) -> Result<(), Error> {
     let leases: Api<Lease> = Api::namespaced(client.clone(), ns);
-    let lease = steward_pg_instance::contract::lease_name(cluster);
+    let lease = steward_database_api::contract::lease_name(cluster);
     let failed = |source| Error::MajorUpgrade {
         what: format!("hand the Lease {lease} to {instance}"),
         source,
