@@ -46,12 +46,13 @@ const DEFAULT_LIMIT: Duration = Duration::from_secs(15 * 60);
 const DEFAULT_JOBS: usize = 1;
 
 /// The test targets that run in one lane, one after another: those that start testenv's real
-/// node (one per host).
-const ONE_LANE: [&str; 4] = [
+/// node (one per host), `cargo xtask up --check` included.
+const ONE_LANE: [&str; 5] = [
     "real_node",
     "postgres_cluster",
     "postgres_backup",
     "postgres_upgrade",
+    "up",
 ];
 
 /// The test targets that run beside the real node's lane, one after another, and then the
