@@ -339,7 +339,7 @@ pub async fn cleanup(
                 }
                 match api.delete(&name, &DeleteParams::background()).await {
                     Ok(_) => anyhow::Ok(()),
-                    Err(kube::Error::Api(e)) if e.code == 404 => Ok(()),
+                    Err(kube::Error::Api(e)) if e.is_not_found() => Ok(()),
                     Err(e) => Err(e.into()),
                 }
             }

@@ -335,7 +335,7 @@ impl Children {
         let api: Api<K> = K::Scope::api(self.client.clone(), namespace);
         match api.delete(name, &DeleteParams::background()).await {
             Ok(_) => Ok(()),
-            Err(kube::Error::Api(s)) if s.code == 404 => Ok(()),
+            Err(kube::Error::Api(s)) if s.is_not_found() => Ok(()),
             Err(source) => Err(Error::PruneChild {
                 kind: K::kind(&()).to_string(),
                 name: namespace.map_or_else(|| name.to_string(), |ns| format!("{ns}/{name}")),

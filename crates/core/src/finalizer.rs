@@ -112,7 +112,7 @@ where
         Err(
             KubeErr::RemoveFinalizer(kube::Error::Api(s))
             | KubeErr::AddFinalizer(kube::Error::Api(s)),
-        ) if s.code == 404 => {
+        ) if s.is_not_found() => {
             return Ok(Action::await_change());
         }
         result => result,

@@ -279,7 +279,7 @@ impl Ring {
             .patch(name, &PatchParams::default(), &Patch::Merge(&patch))
             .await
         {
-            Err(kube::Error::Api(s)) if s.code == 404 => {
+            Err(kube::Error::Api(s)) if s.is_not_found() => {
                 let lease = Lease {
                     metadata: ObjectMeta {
                         name: Some(name.to_string()),

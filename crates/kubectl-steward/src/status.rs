@@ -244,11 +244,11 @@ where
             items.sort_by_key(|o| (o.namespace(), o.name_any()));
             Ok(Some(items))
         }
-        Err(kube::Error::Api(s)) if s.code == 404 => {
+        Err(kube::Error::Api(s)) if s.is_not_found() => {
             report.not_installed.push(K::kind(&()).into_owned());
             Ok(None)
         }
-        Err(kube::Error::Api(s)) if s.code == 403 => {
+        Err(kube::Error::Api(s)) if s.is_forbidden() => {
             report.forbidden.push(K::kind(&()).into_owned());
             Ok(None)
         }

@@ -1432,7 +1432,7 @@ impl Instance {
             .await?
             {
                 Ok(_) => {}
-                Err(kube::Error::Api(s)) if s.code == 404 => {}
+                Err(kube::Error::Api(s)) if s.is_not_found() => {}
                 Err(e) => return Err(e.into()),
             }
         }

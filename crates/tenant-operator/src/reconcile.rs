@@ -878,7 +878,7 @@ where
     let api: Api<K> = Api::namespaced(ctx.client.clone(), &namespace);
     let existing = match api.get_opt(&name).await {
         Ok(existing) => existing,
-        Err(kube::Error::Api(s)) if s.code == 403 => return Ok(ByName::NoAccessYet),
+        Err(kube::Error::Api(s)) if s.is_forbidden() => return Ok(ByName::NoAccessYet),
         Err(source) => {
             return Err(Error::ReadTarget {
                 kind: kind_name::<K>(),
@@ -998,7 +998,7 @@ where
             .await
             .map_err(Error::Prune),
         Ok(_) => Ok(()),
-        Err(kube::Error::Api(s)) if s.code == 403 => Ok(()),
+        Err(kube::Error::Api(s)) if s.is_forbidden() => Ok(()),
         Err(source) => Err(Error::ReadTarget {
             kind: kind_name::<K>(),
             key: key(Some(ns), name),
@@ -1236,7 +1236,7 @@ async fn release(
         .await
     {
         Ok(_) => Ok(()),
-        Err(kube::Error::Api(s)) if s.code == 404 => Ok(()),
+        Err(kube::Error::Api(s)) if s.is_not_found() => Ok(()),
         Err(e) => Err(e),
     }
 }

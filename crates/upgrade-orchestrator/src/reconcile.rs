@@ -443,7 +443,7 @@ async fn hook_jobs(
         Ok(jobs) => jobs,
         // The plan's ServiceAccount may not list Jobs: none seen; creating one is refused
         // too, which fails the component saying so.
-        Err(kube::Error::Api(s)) if s.code == 403 => return Ok(BTreeMap::new()),
+        Err(kube::Error::Api(s)) if s.is_forbidden() => return Ok(BTreeMap::new()),
         Err(source) => {
             return Err(Error::ReadHooks {
                 name: plan.name_any(),
@@ -534,7 +534,7 @@ async fn observe(
             Ok(workload) => workload,
             // Not allowed to read it (a kind the orchestrator's role does not cover): say so
             // in the plan, which cannot start (or go on) without it.
-            Err(kube::Error::Api(s)) if s.code == 403 => {
+            Err(kube::Error::Api(s)) if s.is_forbidden() => {
                 observed.insert(
                     c.name.clone(),
                     Observation::forbidden(&c.target, &s.message),

@@ -422,7 +422,7 @@ pub async fn get(
             {
                 Ok(p) => p.map(|p| Workload::Postgres(Box::new(p))),
                 // The PostgresCluster CRD is not installed: the target does not exist.
-                Err(kube::Error::Api(s)) if s.code == 404 => None,
+                Err(kube::Error::Api(s)) if s.is_not_found() => None,
                 Err(e) => return Err(e),
             }
         }
@@ -508,7 +508,7 @@ async fn resource_of(
     let gvk = GroupVersionKind::gvk(group, version, &target.kind);
     match kube::discovery::pinned_kind(client, &gvk).await {
         Ok((resource, _)) => Ok(Some(resource)),
-        Err(kube::Error::Api(s)) if s.code == 404 => Ok(None),
+        Err(kube::Error::Api(s)) if s.is_not_found() => Ok(None),
         Err(kube::Error::Discovery(_)) => Ok(None),
         Err(e) => Err(e),
     }

@@ -357,7 +357,7 @@ pub async fn reconcile(
                     .await;
                 match pods_api.delete(&pod, &Default::default()).await {
                     Ok(_) => {}
-                    Err(kube::Error::Api(s)) if s.code == 404 => {}
+                    Err(kube::Error::Api(s)) if s.is_not_found() => {}
                     Err(source) => return Err(Error::ReplacePod { pod, source }),
                 }
             }
@@ -651,7 +651,7 @@ async fn label_roles(
             .await
         {
             Ok(_) => {}
-            Err(kube::Error::Api(s)) if s.code == 404 => {}
+            Err(kube::Error::Api(s)) if s.is_not_found() => {}
             Err(source) => {
                 return Err(Error::LabelPod {
                     pod: pod.name_any(),

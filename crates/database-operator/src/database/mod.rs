@@ -691,7 +691,7 @@ async fn protect_admin_secret(
         .await
     {
         Ok(_) => Ok(()),
-        Err(kube::Error::Api(s)) if s.code == 404 => Ok(()),
+        Err(kube::Error::Api(s)) if s.is_not_found() => Ok(()),
         Err(source) => Err(Error::ProtectSecret {
             name: name.clone(),
             source,
