@@ -15,7 +15,15 @@ use steward_testenv::workspace_root;
 fn xtask_up_ends_with_steward_is_up_and_every_sample_ready() {
     let started = Instant::now();
     let out = cargo_command()
-        .args(["run", "--quiet", "--package", "xtask", "--", "up", "--check"])
+        .args([
+            "run",
+            "--quiet",
+            "--package",
+            "xtask",
+            "--",
+            "up",
+            "--check",
+        ])
         .current_dir(workspace_root())
         .output()
         .expect("cargo runs");

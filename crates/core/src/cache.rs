@@ -49,6 +49,17 @@ impl<K: Resource<DynamicType = ()> + Clone + 'static> Cache<K> {
         self.listed.wait().await
     }
 
+    /// A cache no watch fills (it never lists): for unit tests of decide functions, whose plans
+    /// name a cache they do not read.
+    pub fn unfilled() -> Self {
+        let (reader, _writer) = kube::runtime::reflector::store();
+        let (_tx, rx) = tokio::sync::watch::channel(false);
+        Self {
+            store: reader,
+            listed: Listed(rx),
+        }
+    }
+
     /// The handle [`Cache::listed`] waits on, for waiting on several caches at once.
     pub fn listed_handle(&self) -> Listed {
         self.listed.clone()

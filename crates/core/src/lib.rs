@@ -26,6 +26,7 @@ pub mod leader;
 pub mod metrics;
 pub mod object;
 pub mod operator;
+pub mod reconcile;
 pub mod runtime;
 pub mod server;
 pub mod shard;
