@@ -46,6 +46,24 @@ use crate::apply::{Children, Outcome};
 use crate::cache::Cache;
 use crate::object::ScopeApi;
 
+/// A child a [`Plan`] can apply: a typed object sent by server-side apply.
+pub trait Child:
+    Resource<DynamicType = ()> + Clone + Serialize + DeserializeOwned + Debug + Send + Sync + 'static
+{
+}
+
+impl<K> Child for K where
+    K: Resource<DynamicType = ()>
+        + Clone
+        + Serialize
+        + DeserializeOwned
+        + Debug
+        + Send
+        + Sync
+        + 'static
+{
+}
+
 /// A status with conditions, so [`execute`] can say in it why a reconcile failed.
 pub trait Conditions {
     /// The status's conditions.
@@ -75,14 +93,7 @@ impl<S> Plan<S> {
     /// metadata).
     pub fn child<K, C>(mut self, cache: &Cache<C>, desired: K) -> Self
     where
-        K: Resource<DynamicType = ()>
-            + Clone
-            + Serialize
-            + DeserializeOwned
-            + Debug
-            + Send
-            + Sync
-            + 'static,
+        K: Child,
         K::Scope: ScopeApi,
         C: Resource<DynamicType = ()> + Clone + Send + Sync + 'static,
     {
@@ -204,14 +215,7 @@ struct Cached<K, C: Resource<DynamicType = ()> + 'static> {
 
 impl<K, C> Wanted for Cached<K, C>
 where
-    K: Resource<DynamicType = ()>
-        + Clone
-        + Serialize
-        + DeserializeOwned
-        + Debug
-        + Send
-        + Sync
-        + 'static,
+    K: Child,
     K::Scope: ScopeApi,
     C: Resource<DynamicType = ()> + Clone + Send + Sync + 'static,
 {
