@@ -49,44 +49,6 @@ impl<K: Resource<DynamicType = ()> + Clone + 'static> Cache<K> {
         self.listed.wait().await
     }
 
-    /// A cache no watch fills (it never lists): for unit tests of decide functions, whose plans
-    /// name a cache they do not read.
-    pub fn unfilled() -> Self {
-        let (reader, _writer) = kube::runtime::reflector::store();
-        let (_tx, rx) = tokio::sync::watch::channel(false);
-        Self {
-            store: reader,
-            listed: Listed(rx),
-        }
-    }
-
-    /// The handle [`Cache::listed`] waits on, for waiting on several caches at once.
-    pub fn listed_handle(&self) -> Listed {
-        self.listed.clone()
-    }
-}
-
-/// Whether a reflector has listed once (from [`Cache::listed_handle`]): a `watch` channel set
-/// by the first `InitDone` that passes its [`Watch`], so every waiter wakes.
-#[derive(Clone, Debug)]
-pub struct Listed(tokio::sync::watch::Receiver<bool>);
-
-impl Listed {
-    /// Waits until the reflector has listed once; `false` if its watch was dropped first.
-    pub async fn wait(&self) -> bool {
-        self.0.clone().wait_for(|listed| *listed).await.is_ok()
-    }
-
-    /// Waits until every one of `all` has listed; `false` if a watch was dropped first.
-    pub async fn all(all: &[Listed]) -> bool {
-        futures::future::join_all(all.iter().map(Listed::wait))
-            .await
-            .into_iter()
-            .all(|listed| listed)
-    }
-}
-
-impl<K: Resource<DynamicType = ()> + Clone + 'static> Cache<K> {
     /// The cache of `reader`, and `stream` (the reflector's events) telling it when the
     /// reflector has listed.
     pub(crate) fn follow(
@@ -107,6 +69,42 @@ impl<K: Resource<DynamicType = ()> + Clone + 'static> Cache<K> {
             listed: Listed(rx),
         };
         (cache, stream)
+    }
+
+    /// A cache no watch fills: empty, and [`Cache::listed`] answers `false` at once. For unit
+    /// tests of decide functions, whose plans name a cache they do not read.
+    pub fn unfilled() -> Self {
+        let (reader, _writer) = kube::runtime::reflector::store();
+        let (_tx, rx) = tokio::sync::watch::channel(false);
+        Self {
+            store: reader,
+            listed: Listed(rx),
+        }
+    }
+
+    /// The handle [`Cache::listed`] waits on, for waiting on several caches at once.
+    pub fn listed_handle(&self) -> Listed {
+        self.listed.clone()
+    }
+}
+
+/// Whether a reflector has listed once (from [`Cache::listed_handle`]): a `watch` channel set
+/// by the first `InitDone` that passes its [`crate::controller::Watch`], so every waiter wakes.
+#[derive(Clone, Debug)]
+pub struct Listed(tokio::sync::watch::Receiver<bool>);
+
+impl Listed {
+    /// Waits until the reflector has listed once; `false` if its watch was dropped first.
+    pub async fn wait(&self) -> bool {
+        self.0.clone().wait_for(|listed| *listed).await.is_ok()
+    }
+
+    /// Waits until every one of `all` has listed; `false` if a watch was dropped first.
+    pub async fn all(all: &[Listed]) -> bool {
+        futures::future::join_all(all.iter().map(Listed::wait))
+            .await
+            .into_iter()
+            .all(|listed| listed)
     }
 }
 
