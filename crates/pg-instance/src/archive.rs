@@ -26,7 +26,13 @@
 //! upgrade made of it ([`UPGRADED_FROM`] in its data directory), which takes the path over.
 //! A WAL file is never overwritten with different contents: pushing a name that exists with
 //! the same contents succeeds (PostgreSQL retries after a crash), with different contents
-//! fails.
+//! fails — but for a segment of a timeline older than the server's ([`stale_copy`]): the
+//! archive's copy was written by that timeline's primary, and the one a later primary holds
+//! (left in `pg_wal` by its own past as that timeline's primary, or by a rewind, and marked
+//! for archiving by PostgreSQL at the first checkpoint after a promotion) differs only past
+//! where the history left that timeline, which no recovery reads. Refusing it stopped
+//! archiving for good (found by the fault campaign: a backup then waited for its WAL for
+//! ever).
 
 use std::collections::BTreeMap;
 use std::io::{Read, Write};
@@ -562,12 +568,19 @@ pub async fn push_wal(store: &Store, pgdata: &Path, file: &Path, name: &str) -> 
         .map_err(|e| Error::Invalid(e.to_string()))??;
     let path = store.path(&format!("{}/{name}.gz", wal_dir(&system)));
     if let Some(existing) = store.get(&path).await? {
-        let same = gunzip(&existing).ok() == gunzip(&compressed).ok();
-        return if same {
-            Ok(())
-        } else {
-            Err(Error::Conflict(name.to_string()))
-        };
+        if gunzip(&existing).ok() == gunzip(&compressed).ok() {
+            return Ok(());
+        }
+        let newest = newest_timeline(pgdata);
+        if stale_copy(name, newest) {
+            tracing::warn!(
+                file = name,
+                timeline = newest,
+                "the archive holds this segment of an earlier timeline as its primary wrote it; this server's copy differs past where the history left that timeline: the archived one is kept"
+            );
+            return Ok(());
+        }
+        return Err(Error::Conflict(name.to_string()));
     }
     store
         .inner
@@ -575,6 +588,36 @@ pub async fn push_wal(store: &Store, pgdata: &Path, file: &Path, name: &str) -> 
         .await
         .map_err(store_err(format!("put {path}")))?;
     Ok(())
+}
+
+/// Whether WAL file `name` is a segment of a timeline older than `timeline` (the server's):
+/// a copy of it that differs from the archived one is stale, not a second writer (see the
+/// module's documentation). History files, `.partial` and `.backup` files and segments of
+/// the server's own timeline are never stale: two different copies of those are a conflict.
+pub fn stale_copy(name: &str, timeline: u32) -> bool {
+    name.len() == 24
+        && name.bytes().all(|b| b.is_ascii_hexdigit())
+        && u32::from_str_radix(&name[..8], 16).is_ok_and(|t| t < timeline)
+}
+
+/// The newest timeline whose history file is in the data directory `pgdata`'s `pg_wal` (a
+/// primary's own timeline: its promotion wrote it there), 1 when there is none.
+pub fn newest_timeline(pgdata: &Path) -> u32 {
+    std::fs::read_dir(pgdata.join("pg_wal"))
+        .map(|entries| {
+            entries
+                .flatten()
+                .filter_map(|e| {
+                    let name = e.file_name().to_string_lossy().into_owned();
+                    let tli = name.strip_suffix(".history")?;
+                    (tli.len() == 8)
+                        .then(|| u32::from_str_radix(tli, 16).ok())
+                        .flatten()
+                })
+                .max()
+                .unwrap_or(1)
+        })
+        .unwrap_or(1)
 }
 
 /// `wal-fetch`: restores the WAL file `name` archived for `system` (the data directory's
@@ -976,6 +1019,39 @@ pub async fn apply_retention(store: &Store, keep: usize) -> Result<(Vec<String>,
 
 #[cfg(test)]
 mod tests {
+    /// Found by the fault campaign (seed 201, step 27): after many failovers the primary of
+    /// timeline 22 was refused `000000110000000000000020` (timeline 17) for ever, its archive
+    /// stuck behind it, a base backup waiting for its WAL.
+    #[test]
+    fn only_an_earlier_timelines_segment_can_be_a_stale_copy() {
+        assert!(stale_copy("000000110000000000000020", 0x16));
+        for (name, timeline) in [
+            ("000000160000000000000020", 0x16),
+            ("000000170000000000000020", 0x16),
+            ("00000011.history", 0x16),
+            ("000000110000000000000020.partial", 0x16),
+            ("000000110000000000000020.00000028.backup", 0x16),
+            ("00000001000000000000000G", 0x16),
+            ("000000010000000000000003", 1),
+        ] {
+            assert!(!stale_copy(name, timeline), "{name} on timeline {timeline}");
+        }
+        let dir = tempfile::tempdir().unwrap();
+        assert_eq!(newest_timeline(dir.path()), 1, "no pg_wal");
+        std::fs::create_dir(dir.path().join("pg_wal")).unwrap();
+        assert_eq!(newest_timeline(dir.path()), 1, "no history: timeline 1");
+        for f in [
+            "00000002.history",
+            "00000016.history",
+            "00000009.history",
+            "000000170000000000000001",
+            "00000020.history.partial",
+        ] {
+            std::fs::write(dir.path().join("pg_wal").join(f), "").unwrap();
+        }
+        assert_eq!(newest_timeline(dir.path()), 0x16);
+    }
+
     use super::*;
 
     fn backup(name: &str, begin_wal: &str, completed_at: &str) -> BaseBackup {
