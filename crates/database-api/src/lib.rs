@@ -39,6 +39,11 @@ pub const ROTATE_ANNOTATION: &str = "database.steward.dev/rotate-password";
 /// removed by the operator once that instance is the primary.
 pub const SWITCHOVER_ANNOTATION: &str = "database.steward.dev/switchover-to";
 
+/// Annotation on a [`PostgresCluster`] asking for a rotation of its CA: any value it has not
+/// had before starts one (`kubectl steward rotate-ca` sets the time). The CA is also rotated
+/// by itself a year before it ends.
+pub const ROTATE_CA_ANNOTATION: &str = "database.steward.dev/rotate-ca";
+
 /// The operator that serves these kinds: its field manager, Event reporter and Lease name.
 pub const OPERATOR: &str = "database-operator";
 

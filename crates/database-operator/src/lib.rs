@@ -89,6 +89,11 @@ pub struct Options {
     /// pod can run (the tests on a control plane without a node).
     #[arg(long, env = "STEWARD_CHECK_PARAMETERS", default_value_t = true, action = clap::ArgAction::Set)]
     pub check_parameters: bool,
+    /// How long each phase of a CA rotation lasts at least: the new CA trusted beside the
+    /// old, then signing with the old still trusted. The time clients are given to reload
+    /// the `ca.crt` of a cluster's Secrets.
+    #[arg(long, default_value = "24h", value_parser = steward_core::cli::parse_duration)]
+    pub ca_rotation_grace: Duration,
 }
 
 impl Default for Options {

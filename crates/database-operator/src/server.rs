@@ -42,18 +42,12 @@ pub async fn resolve(
         }
     };
     let key = |secret: &Secret, key: &str| -> Result<String, Error> {
-        secret
-            .data
-            .as_ref()
-            .and_then(|d| d.get(key))
-            .and_then(|v| String::from_utf8(v.0.clone()).ok())
-            .filter(|v| !v.is_empty())
-            .ok_or_else(|| {
-                Error::MissingReference(format!(
-                    "Secret {} has no key {key:?}",
-                    secret.metadata.name.as_deref().unwrap_or_default()
-                ))
-            })
+        secret_text(secret, key).ok_or_else(|| {
+            Error::MissingReference(format!(
+                "Secret {} has no key {key:?}",
+                secret.metadata.name.as_deref().unwrap_or_default()
+            ))
+        })
     };
     match (&spec.cluster_ref, &spec.external) {
         (Some(r), None) => {
@@ -219,15 +213,19 @@ pub fn credentials_secret(
     }
 }
 
-/// The password in a Secret's `password` key, if any.
-pub fn password_of(secret: &Secret) -> Option<Password> {
+/// The text in key `key` of `secret`, if it is there, UTF-8 and not empty.
+pub fn secret_text(secret: &Secret, key: &str) -> Option<String> {
     secret
         .data
         .as_ref()?
-        .get("password")
+        .get(key)
         .and_then(|v| String::from_utf8(v.0.clone()).ok())
         .filter(|v| !v.is_empty())
-        .map(Password::from_existing)
+}
+
+/// The password in a Secret's `password` key, if any.
+pub fn password_of(secret: &Secret) -> Option<Password> {
+    secret_text(secret, "password").map(Password::from_existing)
 }
 
 fn encode(s: &str) -> String {

@@ -1,6 +1,6 @@
 //! SQL, built by pure functions: catalog queries (every value a bind parameter) and the
 //! statements that converge a server to the desired state (every identifier through
-//! [`quote_ident`], every literal through [`quote_literal`], since PostgreSQL's utility
+//! [`quote_ident`](crate::ident::quote_ident), every literal through [`quote_literal`], since PostgreSQL's utility
 //! statements take no parameters).
 //!
 //! Each `plan_*` function compares observed catalog state with the desired state and returns

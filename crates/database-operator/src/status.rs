@@ -1,5 +1,5 @@
 //! Status shared by the Database and DatabaseRole controllers: the `ServerReachable`
-//! condition, `Ready`, and the phase ([`server_status`]).
+//! condition, `Ready`, and the phase (`server_status`).
 
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition;
 use steward_core::ReconcileError;

@@ -137,20 +137,44 @@ pub async fn set_paused(
     Ok(format!("upgradeplan/{name} {verb}\n"))
 }
 
-/// `kubectl steward rotate`: sets the rotation annotation to the current time, a value it has
-/// never had, so the database-operator rotates the password once.
-pub async fn rotate(client: &Client, ns: &str, name: &str) -> Result<String, Error> {
-    let _: DatabaseRole = get(client, ns, name).await?;
+/// Sets annotation `key` of `name` (a `K`, which must exist) to the current time, a value it
+/// has never had: a request its operator acts on once. Returns that time.
+async fn stamp<K>(client: &Client, ns: &str, name: &str, key: &str) -> Result<String, Error>
+where
+    K: Resource<DynamicType = (), Scope = k8s_openapi::NamespaceResourceScope>
+        + Clone
+        + serde::de::DeserializeOwned
+        + std::fmt::Debug,
+{
+    let _: K = get(client, ns, name).await?;
     let at = jiff::Timestamp::now().to_string();
-    patch::<DatabaseRole>(
+    patch::<K>(
         client,
         ns,
         name,
-        json!({"metadata": {"annotations": {ROTATE_ANNOTATION: at}}}),
+        json!({"metadata": {"annotations": {key: at}}}),
     )
     .await?;
+    Ok(at)
+}
+
+/// `kubectl steward rotate`: sets the rotation annotation to the current time, a value it has
+/// never had, so the database-operator rotates the password once.
+pub async fn rotate(client: &Client, ns: &str, name: &str) -> Result<String, Error> {
+    let at = stamp::<DatabaseRole>(client, ns, name, ROTATE_ANNOTATION).await?;
     Ok(format!(
         "databaserole/{name}: password rotation requested ({ROTATE_ANNOTATION}={at})\n"
+    ))
+}
+
+/// `kubectl steward rotate-ca`: sets the cluster's CA rotation annotation to the current
+/// time, a value it has never had, so the database-operator rotates its CA once (trusted
+/// beside the old one first, then signing, then alone).
+pub async fn rotate_ca(client: &Client, ns: &str, name: &str) -> Result<String, Error> {
+    use steward_database_api::ROTATE_CA_ANNOTATION;
+    let at = stamp::<PostgresCluster>(client, ns, name, ROTATE_CA_ANNOTATION).await?;
+    Ok(format!(
+        "postgrescluster/{name}: CA rotation requested ({ROTATE_CA_ANNOTATION}={at}); every ca.crt of the cluster holds both CAs before the new one signs\n"
     ))
 }
 

@@ -96,6 +96,9 @@ pub enum Command {
     Resume { plan: String },
     /// Rotate a DatabaseRole's password now.
     Rotate { role: String },
+    /// Rotate a PostgresCluster's CA (the new one trusted beside the old first, then
+    /// signing, then alone; each phase lasts the operator's --ca-rotation-grace).
+    RotateCa { cluster: String },
     /// Hand a PostgresCluster's primary to a replica (default: the ready replica that has
     /// replayed the most).
     Switchover {
@@ -181,6 +184,7 @@ pub async fn run(cli: Cli, out: &mut (dyn Write + Send)) -> Result<(), Error> {
         Command::Pause { plan } => actions::set_paused(&client, &ns, &plan, true).await?,
         Command::Resume { plan } => actions::set_paused(&client, &ns, &plan, false).await?,
         Command::Rotate { role } => actions::rotate(&client, &ns, &role).await?,
+        Command::RotateCa { cluster } => actions::rotate_ca(&client, &ns, &cluster).await?,
         Command::Switchover { cluster, to } => {
             actions::switchover(&client, &ns, &cluster, to.as_deref()).await?
         }

@@ -205,24 +205,103 @@ pub fn superuser_secret(cluster: &PostgresCluster, password: &Password, ca_pem: 
     }
 }
 
-/// The CA Secret (`ca.crt`, `ca.key`).
-pub fn ca_secret(cluster: &PostgresCluster, ca: &super::tls::Issued) -> Secret {
+/// Annotations on the CA Secret: the signing CA's generation and last day, the rotation's
+/// phase and since when, the other CA's last day, the last rotation request handled.
+pub const CA_GENERATION_ANNOTATION: &str = "database.steward.dev/ca-generation";
+pub const CA_UNTIL_ANNOTATION: &str = "database.steward.dev/ca-not-after";
+pub const CA_PHASE_ANNOTATION: &str = "database.steward.dev/ca-phase";
+pub const CA_SINCE_ANNOTATION: &str = "database.steward.dev/ca-phase-since";
+pub const CA_OTHER_UNTIL_ANNOTATION: &str = "database.steward.dev/ca-other-not-after";
+pub const CA_HANDLED_ANNOTATION: &str = "database.steward.dev/ca-rotation-handled";
+
+/// The CA Secret: `ca.crt` (what clients trust: the signing CA, and during a rotation the
+/// other one too), `ca.key` and `signing.crt` (the signing CA), and during a rotation
+/// `other.crt` and `other.key`; the rest of [`super::tls::Authority`] in annotations.
+pub fn ca_secret(cluster: &PostgresCluster, ca: &super::tls::Authority) -> Secret {
     let names = Names::of(&cluster.name_any());
+    let bytes = |s: &str| ByteString(s.as_bytes().to_vec());
+    let mut data = BTreeMap::from([
+        ("ca.crt".to_string(), bytes(&ca.bundle())),
+        ("ca.key".to_string(), bytes(&ca.signing.key_pem)),
+        ("signing.crt".to_string(), bytes(&ca.signing.cert_pem)),
+    ]);
+    let mut annotations = BTreeMap::from([
+        (
+            CA_GENERATION_ANNOTATION.to_string(),
+            ca.generation.to_string(),
+        ),
+        (
+            CA_UNTIL_ANNOTATION.to_string(),
+            ca.signing_until.to_string(),
+        ),
+        (
+            CA_PHASE_ANNOTATION.to_string(),
+            ca.phase.as_str().to_string(),
+        ),
+        (CA_SINCE_ANNOTATION.to_string(), ca.since.to_rfc3339()),
+    ]);
+    if let Some((other, until)) = &ca.other {
+        data.insert("other.crt".to_string(), bytes(&other.cert_pem));
+        data.insert("other.key".to_string(), bytes(&other.key_pem));
+        annotations.insert(CA_OTHER_UNTIL_ANNOTATION.to_string(), until.to_string());
+    }
+    if let Some(handled) = &ca.handled {
+        annotations.insert(CA_HANDLED_ANNOTATION.to_string(), handled.clone());
+    }
+    let mut metadata = meta(cluster, &names.ca_secret);
+    metadata.annotations = Some(annotations);
     Secret {
-        metadata: meta(cluster, &names.ca_secret),
+        metadata,
         type_: Some("Opaque".into()),
-        data: Some(BTreeMap::from([
-            (
-                "ca.crt".to_string(),
-                ByteString(ca.cert_pem.as_bytes().to_vec()),
-            ),
-            (
-                "ca.key".to_string(),
-                ByteString(ca.key_pem.as_bytes().to_vec()),
-            ),
-        ])),
+        data: Some(data),
         ..Default::default()
     }
+}
+
+/// The authority a CA Secret holds ([`ca_secret`]); `None` without a CA. A Secret written
+/// before rotations existed (`ca.crt` and `ca.key` only) is generation 0, stable since it
+/// was created, ending [`super::tls::ca_until`] its creation day.
+pub fn authority_of(secret: &Secret) -> Option<super::tls::Authority> {
+    use super::tls::{Authority, CaPhase, Issued, ca_until};
+    let field = |key: &str| crate::server::secret_text(secret, key);
+    let annotation = |key: &str| secret.annotations().get(key).cloned();
+    let created = secret
+        .metadata
+        .creation_timestamp
+        .as_ref()
+        .and_then(|t| chrono::DateTime::<chrono::Utc>::from_timestamp(t.0.as_second(), 0))
+        .unwrap_or_else(chrono::Utc::now);
+    let key_pem = field("ca.key")?;
+    let cert_pem = field("signing.crt").or_else(|| field("ca.crt"))?;
+    let day = |key: &str| annotation(key).and_then(|d| d.parse::<chrono::NaiveDate>().ok());
+    let other = match (field("other.crt"), field("other.key")) {
+        (Some(cert_pem), Some(key_pem)) => Some((
+            Issued { cert_pem, key_pem },
+            day(CA_OTHER_UNTIL_ANNOTATION).unwrap_or_else(|| ca_until(created.date_naive())),
+        )),
+        _ => None,
+    };
+    let phase = annotation(CA_PHASE_ANNOTATION)
+        .and_then(|p| CaPhase::parse(&p))
+        .unwrap_or(CaPhase::Stable);
+    Some(Authority {
+        generation: annotation(CA_GENERATION_ANNOTATION)
+            .and_then(|g| g.parse().ok())
+            .unwrap_or(0),
+        signing: Issued { cert_pem, key_pem },
+        signing_until: day(CA_UNTIL_ANNOTATION).unwrap_or_else(|| ca_until(created.date_naive())),
+        // A rotation phase without its other CA cannot go on: it is over.
+        phase: if other.is_none() {
+            CaPhase::Stable
+        } else {
+            phase
+        },
+        other,
+        since: annotation(CA_SINCE_ANNOTATION)
+            .and_then(|s| chrono::DateTime::parse_from_rfc3339(&s).ok())
+            .map_or(created, |t| t.with_timezone(&chrono::Utc)),
+        handled: annotation(CA_HANDLED_ANNOTATION),
+    })
 }
 
 /// The server certificate Secret the pods mount, annotated with its last valid day and the

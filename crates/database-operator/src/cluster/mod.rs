@@ -66,8 +66,8 @@ pub async fn reconcile(
     }
     // Passwords are generated once and never regenerated.
     let password = existing_password(&secrets, &cluster, &names.superuser_secret).await?;
-    let ca = ensure_tls(&ctx, &children, &secrets, &cluster, &ns).await?;
-    let secret = build::superuser_secret(&cluster, &password, &ca.cert_pem);
+    let (ca, ca_phase_due) = ensure_tls(&ctx, &children, &secrets, &cluster, &ns).await?;
+    let secret = build::superuser_secret(&cluster, &password, &ca);
     if build::superuser_secret_owned(&cluster) {
         children.ensure_cached(&cached.secrets, secret).await?;
     } else {
@@ -494,9 +494,11 @@ pub async fn reconcile(
     } else {
         Duration::from_secs(10)
     };
-    Ok(Action::requeue(
-        scheduled.map_or(requeue, |s| s.min(requeue)),
-    ))
+    let requeue = [scheduled, ca_phase_due]
+        .into_iter()
+        .flatten()
+        .fold(requeue, Duration::min);
+    Ok(Action::requeue(requeue))
 }
 
 /// Says why nothing was changed (Ready false, the error's reason and message) and returns the
@@ -746,15 +748,17 @@ async fn clear_switchover_request(
     })
 }
 
-/// The cluster's CA (generated once) and its server certificate (renewed a month before it
-/// expires, or when the Service names change); returns the CA.
+/// The cluster's CA (generated once, rotated on request or a year before it ends: see
+/// [`tls::CaPhase`]) and its server certificate (renewed a month before it expires, when
+/// the Service names change or when the CA that signs changes); returns what clients trust
+/// (`ca.crt`: during a rotation, both CAs) and, during a rotation, when its next phase is due.
 async fn ensure_tls(
     ctx: &Context<State>,
     children: &Children,
     secrets: &Api<Secret>,
     cluster: &PostgresCluster,
     ns: &str,
-) -> Result<tls::Issued, Error> {
+) -> Result<(String, Option<Duration>), Error> {
     let names = Names::of(&cluster.name_any());
     let read = |name: String| async move {
         let existing = secrets.get_opt(&name).await.map_err(|source| Error::Read {
@@ -771,22 +775,64 @@ async fn ensure_tls(
     let field = |secret: &Option<Secret>, key: &str| {
         secret
             .as_ref()
-            .and_then(|s| s.data.as_ref()?.get(key))
-            .and_then(|v| String::from_utf8(v.0.clone()).ok())
-            .filter(|v| !v.is_empty())
+            .and_then(|s| crate::server::secret_text(s, key))
     };
-    let today = tls::today();
+    let now = chrono::Utc::now();
+    let today = now.date_naive();
+    let certificate = |what: &str| {
+        let what = what.to_string();
+        move |e: rcgen::Error| Error::Certificate(format!("{what} failed: {e}"))
+    };
     let stored = read(names.ca_secret.clone()).await?;
-    let ca = match (field(&stored, "ca.crt"), field(&stored, "ca.key")) {
-        (Some(cert_pem), Some(key_pem)) => tls::Issued { cert_pem, key_pem },
-        _ => {
-            let ca = tls::new_ca(&cluster.name_any(), today).map_err(|e| {
-                Error::Certificate(format!("generating the cluster's CA failed: {e}"))
-            })?;
-            children.apply(build::ca_secret(cluster, &ca)).await?;
-            ca
+    let (authority, written) = match stored.as_ref().and_then(build::authority_of) {
+        Some(a) => (a, false),
+        None => {
+            let ca = tls::new_ca(&cluster.name_any(), 0, today)
+                .map_err(certificate("generating the cluster's CA"))?;
+            (tls::Authority::first(ca, tls::ca_until(today), now), true)
         }
     };
+    let requested = cluster
+        .annotations()
+        .get(crate::crd::ROTATE_CA_ANNOTATION)
+        .map(String::as_str);
+    let grace = ctx.data.options.ca_rotation_grace;
+    let step = authority.due(requested, now, grace);
+    let authority = authority
+        .after(step, &cluster.name_any(), requested, now)
+        .map_err(certificate("making the cluster's next CA"))?;
+    // Written when made, when a phase changes, and once for a Secret from before rotations.
+    let migrated = stored
+        .as_ref()
+        .is_some_and(|s| !s.annotations().contains_key(build::CA_PHASE_ANNOTATION));
+    if written || migrated || step != tls::Rotation::Keep {
+        children
+            .apply(build::ca_secret(cluster, &authority))
+            .await?;
+    }
+    let rotation_event = match step {
+        tls::Rotation::Keep => None,
+        tls::Rotation::Start => Some(format!(
+            "CA rotation started: a new CA (#{}) is trusted beside the one that signs; every ca.crt of the cluster now holds both, and the new one signs in {}",
+            authority.generation + 1,
+            tls::span(grace)
+        )),
+        tls::Rotation::Serve => Some(format!(
+            "CA rotation: the new CA (#{}) signs the server certificate; the previous one stays trusted for {}",
+            authority.generation,
+            tls::span(grace)
+        )),
+        tls::Rotation::Finish => Some(format!(
+            "CA rotation done: only CA #{} is trusted",
+            authority.generation
+        )),
+    };
+    if let Some(message) = rotation_event {
+        ctx.recorder
+            .normal(cluster, "CARotation", "RotateCA", message)
+            .await;
+    }
+    let bundle = authority.bundle();
     let server_names = tls::server_names(&cluster.name_any(), ns);
     let current = read(names.tls_secret.clone()).await?;
     let annotation = |key: &str| {
@@ -796,7 +842,7 @@ async fn ensure_tls(
             .unwrap_or_default()
     };
     let not_after = annotation(build::TLS_NOT_AFTER_ANNOTATION).parse().ok();
-    let same_ca = field(&current, "ca.crt").as_deref() == Some(ca.cert_pem.as_str());
+    let same_ca = field(&current, "ca.crt").as_deref() == Some(bundle.as_str());
     if !same_ca
         || tls::needs_renewal(
             not_after,
@@ -805,24 +851,32 @@ async fn ensure_tls(
             today,
         )
     {
-        let (server, not_after) =
-            tls::server(&cluster.name_any(), &ca.key_pem, &server_names, today).map_err(|e| {
-                Error::Certificate(format!("issuing the server certificate failed: {e}"))
-            })?;
+        let (server, not_after) = tls::server(
+            &cluster.name_any(),
+            authority.generation,
+            &authority.signing.key_pem,
+            &server_names,
+            today,
+        )
+        .map_err(certificate("issuing the server certificate"))?;
         children
             .apply(build::tls_secret(
                 cluster,
                 &server,
-                &ca.cert_pem,
+                &bundle,
                 not_after,
                 &server_names,
             ))
             .await?;
         ctx.recorder
-            .normal(cluster, "CertificateIssued", "IssueCertificate", format!("server certificate for the cluster's Services issued by its CA, valid until {not_after}; the instances reload it"))
+            .normal(cluster, "CertificateIssued", "IssueCertificate", format!("server certificate for the cluster's Services issued by its CA (#{}), valid until {not_after}; the instances reload it", authority.generation))
             .await;
     }
-    Ok(ca)
+    let next_phase = (authority.phase != tls::CaPhase::Stable).then(|| {
+        let elapsed = (now - authority.since).to_std().unwrap_or_default();
+        grace.saturating_sub(elapsed) + Duration::from_secs(1)
+    });
+    Ok((bundle, next_phase))
 }
 
 /// The password in Secret `name` if it exists and is this cluster's, else a new one.
@@ -842,10 +896,7 @@ async fn existing_password(
     )?;
     Ok(existing
         .as_ref()
-        .and_then(|s| s.data.as_ref()?.get("password"))
-        .and_then(|p| String::from_utf8(p.0.clone()).ok())
-        .filter(|p| !p.is_empty())
-        .map(Password::from_existing)
+        .and_then(crate::server::password_of)
         .unwrap_or_else(Password::generate))
 }
 
@@ -983,6 +1034,51 @@ mod tests {
     use super::build::*;
     use super::*;
     use crate::crd::{DeletionPolicy, PostgresClusterSpec, StorageSpec};
+
+    /// The CA Secret holds the whole authority (read back equal in every phase), and a
+    /// Secret from before rotations (`ca.crt`, `ca.key`) reads as generation 0, stable.
+    #[test]
+    fn the_ca_secret_holds_every_phase_of_a_rotation() {
+        use chrono::TimeZone;
+        let c = cluster("pg");
+        let t0 = chrono::Utc.with_ymd_and_hms(2026, 12, 1, 0, 0, 0).unwrap();
+        let today = t0.date_naive();
+        let first = tls::Authority::first(
+            tls::new_ca("pg", 0, today).unwrap(),
+            tls::ca_until(today),
+            t0,
+        );
+        let trusting = first
+            .after(tls::Rotation::Start, "pg", Some("r1"), t0)
+            .unwrap();
+        let serving = trusting
+            .after(tls::Rotation::Serve, "pg", Some("r1"), t0)
+            .unwrap();
+        for a in [&first, &trusting, &serving] {
+            let secret = ca_secret(&c, a);
+            assert_eq!(authority_of(&secret).as_ref(), Some(a), "{:?}", a.phase);
+            let bundle = &secret.data.as_ref().unwrap()["ca.crt"].0;
+            assert_eq!(bundle, a.bundle().as_bytes());
+        }
+        assert_eq!(
+            trusting.bundle().matches("BEGIN CERTIFICATE").count(),
+            2,
+            "both CAs trusted while rotating"
+        );
+        let mut legacy = ca_secret(&c, &first);
+        legacy.metadata.annotations = None;
+        legacy.data.as_mut().unwrap().remove("signing.crt");
+        legacy.metadata.creation_timestamp =
+            Some(k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(
+                "2026-12-01T00:00:00Z".parse().unwrap(),
+            ));
+        let read = authority_of(&legacy).unwrap();
+        assert_eq!(
+            (read.generation, read.phase, read.signing_until, read.since),
+            (0, tls::CaPhase::Stable, tls::ca_until(today), t0)
+        );
+        assert_eq!(read.signing, first.signing);
+    }
 
     /// A test fixture: `cluster("pg").instances(3).version(16)`.
     pub(super) fn cluster(name: &str) -> PostgresCluster {

@@ -1,4 +1,4 @@
-//! Rolling updates and status of a [`PostgresCluster`], as pure functions of what the
+//! Rolling updates and status of a [`PostgresCluster`](crate::crd::PostgresCluster), as pure functions of what the
 //! StatefulSet and its pods report.
 //!
 //! The StatefulSet updates `OnDelete`: the operator replaces pods itself ([`next_step`]),
