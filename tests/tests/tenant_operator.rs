@@ -2326,27 +2326,38 @@ async fn a_tenant_namespace_without_its_policy_parameters_admits_no_pod() {
     env.stop().await;
 }
 
-/// Owners get a namespace only once its quotas bind: every RoleBinding the operator creates
-/// is seen by a watch started before the Tenant, and at that moment each ResourceQuota of
-/// its namespace (the tenant's and the additional ones) already has all its limits in
-/// `status.hard`. Before that the API server would admit anything: an owner bound earlier
-/// could create unquoted objects.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn owners_are_bound_only_once_the_namespace_quotas_are_enforced() {
+/// What a watch started before a Tenant saw of its RoleBindings: each one, the first time it
+/// was seen, as `namespace/name` with the verdict of a check of the cluster as it was at the
+/// binding's own revision.
+type Verdicts = Arc<std::sync::Mutex<Vec<(String, Result<(), String>)>>>;
+
+/// A list of the cluster as it was at revision `rv` (`resourceVersionMatch=Exact`): what
+/// existed when an object of that revision was written, however soon after it a reader looks.
+fn as_of(rv: &str) -> ListParams {
+    ListParams::default()
+        .at(rv)
+        .matching(kube::api::VersionMatch::Exact)
+}
+
+/// Watches the owners' RoleBindings labelled for tenant `t` (from before any exists; not the
+/// operator's own access binding) and checks each new one with `verdict(client, namespace,
+/// revision)`; returns once the watch is listening.
+async fn audit_bindings<F, Fut>(
+    client: Client,
+    t: &str,
+    verdict: F,
+) -> (Verdicts, tokio::task::JoinHandle<()>)
+where
+    F: Fn(Client, String, String) -> Fut + Send + 'static,
+    Fut: std::future::Future<Output = Result<(), String>> + Send,
+{
     use futures::StreamExt;
     use kube::runtime::{WatchStreamExt, watcher};
-
-    let _shared = EXCLUSIVE.read().await;
-    let mut env = Env::start("bindlast").await;
-    let t = env.id.clone();
-    let namespaces: Vec<String> = (0..4).map(|i| format!("{t}-{i}")).collect();
-    let checked = Arc::new(std::sync::Mutex::new(
-        Vec::<(String, Result<(), String>)>::new(),
-    ));
+    let checked = Verdicts::default();
     let (ready_tx, ready_rx) = tokio::sync::oneshot::channel();
-    let watch = {
-        let (client, checked) = (env.client.clone(), checked.clone());
-        let selector = format!("{TENANT_LABEL}={t}");
+    let selector = format!("{TENANT_LABEL}={t}");
+    let task = {
+        let checked = checked.clone();
         tokio::spawn(async move {
             let mut ready_tx = Some(ready_tx);
             let mut seen = std::collections::BTreeSet::new();
@@ -2368,54 +2379,35 @@ async fn owners_are_bound_only_once_the_namespace_quotas_are_enforced() {
                     _ => continue,
                 };
                 let ns = rb.namespace().unwrap_or_default();
-                if !seen.insert((ns.clone(), rb.name_any())) {
+                // The operator's own access binding comes first by design: it is how the
+                // operator writes the guard rails into the namespace.
+                if rb.name_any() == tenant_operator::build::ACCESS_ROLE
+                    || !seen.insert((ns.clone(), rb.name_any()))
+                {
                     continue;
                 }
-                let quotas = Api::<ResourceQuota>::namespaced(client.clone(), &ns)
-                    .list(&ListParams::default())
-                    .await;
-                let verdict = match quotas {
-                    Err(e) => Err(e.to_string()),
-                    Ok(list) if list.items.len() < 2 => {
-                        Err(format!("{} ResourceQuotas", list.items.len()))
-                    }
-                    Ok(list) => list.items.iter().try_for_each(|q| {
-                        let spec = q.spec.as_ref().and_then(|s| s.hard.clone());
-                        let hard = q.status.as_ref().and_then(|s| s.hard.clone());
-                        let missing: Vec<String> = spec
-                            .unwrap_or_default()
-                            .keys()
-                            .filter(|k| !hard.as_ref().is_some_and(|h| h.contains_key(*k)))
-                            .cloned()
-                            .collect();
-                        if missing.is_empty() {
-                            Ok(())
-                        } else {
-                            Err(format!("{}: {missing:?} not enforced", q.name_any()))
-                        }
-                    }),
-                };
+                let rv = rb.resource_version().unwrap_or_default();
+                let result = verdict(client.clone(), ns.clone(), rv).await;
                 checked
                     .lock()
                     .unwrap()
-                    .push((format!("{ns}/{}", rb.name_any()), verdict));
+                    .push((format!("{ns}/{}", rb.name_any()), result));
             }
         })
     };
     ready_rx.await.expect("the watch started");
-    env.create(
-        fixtures::tenant(&t)
-            .owner_user(&format!("uma-{t}"))
-            .namespaces(&namespaces)
-            .resource_quota([("pods", "5"), ("configmaps", "20")])
-            .additional_quota(NamedQuota {
-                scopes: vec!["BestEffort".into()],
-                ..fixtures::named_quota("no-best-effort", [("pods", "0")])
-            }),
-    )
-    .await;
-    env.ready(&t).await;
-    // Ready means every namespace's bindings were applied; the watch delivers them in order.
+    (checked, task)
+}
+
+/// Waits until `checked` holds a binding in each of `namespaces`, stops the watch, and
+/// asserts no binding failed its check (`what` says what it checked).
+async fn every_binding_passed(
+    checked: &Verdicts,
+    task: tokio::task::JoinHandle<()>,
+    namespaces: &[String],
+    what: &str,
+) {
+    // The watch delivers every binding, in order.
     eventually("a binding seen in every namespace", WAIT, || async {
         let c = checked.lock().unwrap();
         let bound: std::collections::BTreeSet<&str> = c
@@ -2430,13 +2422,267 @@ async fn owners_are_bound_only_once_the_namespace_quotas_are_enforced() {
     })
     .await
     .unwrap();
-    watch.abort();
+    task.abort();
     let checked = checked.lock().unwrap().clone();
     let early: Vec<_> = checked.iter().filter(|(_, v)| v.is_err()).collect();
     assert!(
         early.is_empty(),
-        "RoleBindings created before their namespace's quotas were enforced: {early:?}"
+        "RoleBindings created before {what}: {early:?}"
     );
+}
+
+/// Owners get a namespace only once its quotas bind: every RoleBinding the operator creates
+/// is seen by a watch started before the Tenant, and at its revision each ResourceQuota of
+/// its namespace (the tenant's and the additional ones) already had all its limits in
+/// `status.hard`. Before that the API server would admit anything: an owner bound earlier
+/// could create unquoted objects.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn owners_are_bound_only_once_the_namespace_quotas_are_enforced() {
+    let _shared = EXCLUSIVE.read().await;
+    let mut env = Env::start("bindlast").await;
+    let t = env.id.clone();
+    let namespaces: Vec<String> = (0..4).map(|i| format!("{t}-{i}")).collect();
+    let (checked, watch) = audit_bindings(env.client.clone(), &t, |client, ns, rv| async move {
+        let list = Api::<ResourceQuota>::namespaced(client, &ns)
+            .list(&as_of(&rv))
+            .await
+            .map_err(|e| e.to_string())?;
+        if list.items.len() < 2 {
+            return Err(format!("{} ResourceQuotas", list.items.len()));
+        }
+        list.items.iter().try_for_each(|q| {
+            let spec = q.spec.as_ref().and_then(|s| s.hard.clone());
+            let hard = q.status.as_ref().and_then(|s| s.hard.clone());
+            let missing: Vec<String> = spec
+                .unwrap_or_default()
+                .keys()
+                .filter(|k| !hard.as_ref().is_some_and(|h| h.contains_key(*k)))
+                .cloned()
+                .collect();
+            if missing.is_empty() {
+                Ok(())
+            } else {
+                Err(format!("{}: {missing:?} not enforced", q.name_any()))
+            }
+        })
+    })
+    .await;
+    env.create(
+        fixtures::tenant(&t)
+            .owner_user(&format!("uma-{t}"))
+            .namespaces(&namespaces)
+            .resource_quota([("pods", "5"), ("configmaps", "20")])
+            .additional_quota(NamedQuota {
+                scopes: vec!["BestEffort".into()],
+                ..fixtures::named_quota("no-best-effort", [("pods", "0")])
+            }),
+    )
+    .await;
+    env.ready(&t).await;
+    every_binding_passed(
+        &checked,
+        watch,
+        &namespaces,
+        "their namespace's quotas were enforced",
+    )
+    .await;
+    env.stop().await;
+}
+
+/// Issue #39, item 2: owners get a namespace only once its policies are in force, whoever
+/// creates it. The owner creates 20 namespaces at once (each a race between the operator's
+/// first reconcile of it and the owner's access); in half of them a test admission policy
+/// refuses the operator's write of the policy parameters with `403 Forbidden`, as the API
+/// server does while the operator's access Role there is not in force yet (the window a
+/// live race could open). A watch started before sees every owner RoleBinding, and at that
+/// binding's own revision the namespace already held the tenant's policy parameters (with
+/// `allowedRegistries`) and the guard rails' bindings were installed: the refused namespaces
+/// wait (`WaitingForPolicies`) and are bound once the refusal is lifted. With the gate on the
+/// parameters taken out of the reconcile, the refused namespaces' owners are bound at once
+/// and this fails.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn owners_are_bound_only_once_the_policies_of_the_namespace_are_in_force() {
+    use k8s_openapi::api::admissionregistration::v1::{
+        ValidatingAdmissionPolicy, ValidatingAdmissionPolicyBinding,
+    };
+    use tenant_operator::build::POLICY_PARAMS;
+
+    let _shared = EXCLUSIVE.read().await;
+    let mut env = Env::start("railslast").await;
+    let t = env.id.clone();
+    let owner = format!("rita-{t}");
+    const RACES: usize = 20;
+    let (checked, watch) = audit_bindings(env.client.clone(), &t, |client, ns, rv| async move {
+        let params = Api::<ConfigMap>::namespaced(client.clone(), &ns)
+            .list(&as_of(&rv).fields(&format!("metadata.name={POLICY_PARAMS}")))
+            .await
+            .map_err(|e| e.to_string())?;
+        let registries = params
+            .items
+            .first()
+            .and_then(|c| c.data.as_ref()?.get("allowedRegistries").cloned());
+        if registries.as_deref() != Some("registry.k8s.io") {
+            return Err(format!("policy parameters then: {:?}", params.items));
+        }
+        let bindings = Api::<ValidatingAdmissionPolicyBinding>::all(client)
+            .list(&as_of(&rv))
+            .await
+            .map_err(|e| e.to_string())?;
+        let ours = bindings
+            .items
+            .iter()
+            .filter(|b| b.name_any().starts_with("tenancy.steward.dev"))
+            .count();
+        if ours == 0 {
+            return Err("no guard-rail policy binding installed then".into());
+        }
+        Ok(())
+    })
+    .await;
+    let declared = format!("{t}-decl");
+    env.create(
+        fixtures::tenant(&t)
+            .owner_user(&owner)
+            .namespaces([&declared])
+            .max_namespaces(i32::try_from(RACES + 1).unwrap())
+            .policies(TenantPolicies {
+                allowed_registries: vec!["registry.k8s.io".to_string()],
+                ..TenantPolicies::default()
+            }),
+    )
+    .await;
+    env.ready(&t).await;
+    let as_owner: Api<Namespace> = Api::all(env.as_user(&owner));
+    eventually("the owner may create namespaces", WAIT, || async {
+        as_owner
+            .create(&dry_post(), &namespace(&format!("{t}-probe"), Some(&t)))
+            .await
+            .map(|_| ())
+            .map_err(|e| e.to_string())
+    })
+    .await
+    .unwrap();
+    // The operator's write of the parameters refused, as RBAC refuses it before its access
+    // Role is in force, in the namespaces labelled for it.
+    let block = format!("steward.dev/block-params-{t}");
+    let vap = ApiResource::erase::<ValidatingAdmissionPolicy>(&());
+    let vapb = ApiResource::erase::<ValidatingAdmissionPolicyBinding>(&());
+    let refusal: Vec<(ApiResource, Value)> = vec![
+        (
+            vap.clone(),
+            json!({
+                "apiVersion": "admissionregistration.k8s.io/v1", "kind": "ValidatingAdmissionPolicy",
+                "metadata": {"name": block.replace('/', "-")},
+                "spec": {
+                    "failurePolicy": "Fail",
+                    "matchConstraints": {
+                        "resourceRules": [{"apiGroups": [""], "apiVersions": ["v1"],
+                                           "operations": ["CREATE", "UPDATE"], "resources": ["configmaps"]}],
+                        "namespaceSelector": {"matchExpressions": [{"key": block, "operator": "Exists"}]},
+                    },
+                    "validations": [{
+                        "expression": format!("object.metadata.name != '{POLICY_PARAMS}'"),
+                        "reason": "Forbidden",
+                        "message": "refused by the test, as RBAC refuses it before the operator's access Role is in force",
+                    }],
+                },
+            }),
+        ),
+        (
+            vapb.clone(),
+            json!({
+                "apiVersion": "admissionregistration.k8s.io/v1", "kind": "ValidatingAdmissionPolicyBinding",
+                "metadata": {"name": block.replace('/', "-")},
+                "spec": {"policyName": block.replace('/', "-"), "validationActions": ["Deny"]},
+            }),
+        ),
+    ];
+    for (resource, object) in &refusal {
+        let api: Api<DynamicObject> = Api::all_with(env.client.clone(), resource);
+        let object: DynamicObject = serde_json::from_value(object.clone()).unwrap();
+        api.create(&PostParams::default(), &object).await.unwrap();
+    }
+    // The refusal in force: a ConfigMap of that name cannot be created in a labelled namespace.
+    let probe_ns = format!("{t}-blockprobe");
+    let mut probe = namespace(&probe_ns, None);
+    probe.labels_mut().insert(block.clone(), "true".to_string());
+    Api::<Namespace>::all(env.client.clone())
+        .create(&PostParams::default(), &probe)
+        .await
+        .unwrap();
+    denied_eventually("the parameters refused", "refused by the test", || {
+        let cms: Api<ConfigMap> = Api::namespaced(env.client.clone(), &probe_ns);
+        async move {
+            cms.create(&dry_post(), &configmap(POLICY_PARAMS, &[], &[]))
+                .await
+        }
+    })
+    .await;
+    let raced: Vec<String> = (0..RACES).map(|i| format!("{t}-own-{i}")).collect();
+    let blocked: Vec<String> = raced.iter().step_by(2).cloned().collect();
+    let creates = raced.iter().map(|name| {
+        let as_owner = as_owner.clone();
+        let mut ns = namespace(name, Some(&t));
+        if blocked.contains(name) {
+            ns.labels_mut().insert(block.clone(), "true".to_string());
+        }
+        async move { as_owner.create(&PostParams::default(), &ns).await }
+    });
+    for created in futures::future::join_all(creates).await {
+        created.expect("the owner creates a namespace of the tenant");
+    }
+    // The operator looked at the refused namespaces and waits: it says so.
+    let tenants: Api<Tenant> = Api::all(env.client.clone());
+    let waiting = eventually("the Tenant waits for the refused parameters", WAIT, || async {
+        let tenant = tenants.get(&t).await.map_err(|e| e.to_string())?;
+        let ready = tenant
+            .status
+            .and_then(|s| s.conditions.into_iter().find(|c| c.type_ == "Ready"))
+            .ok_or("no Ready condition")?;
+        let all_named = blocked.iter().all(|ns| {
+            ready.message.contains(&format!(
+                "owners get access to namespace {ns} once the parameters of its admission policies are written there"
+            ))
+        });
+        if ready.status == "False" && all_named {
+            Ok(())
+        } else {
+            Err(format!("{}: {} {}", ready.status, ready.reason, ready.message))
+        }
+    })
+    .await;
+    if let Err(e) = waiting {
+        let early: Vec<_> = checked
+            .lock()
+            .unwrap()
+            .iter()
+            .filter(|(_, v)| v.is_err())
+            .cloned()
+            .collect();
+        panic!("{e}\nowner RoleBindings created before their namespace's policies: {early:?}");
+    }
+    for (resource, object) in refusal.iter().rev() {
+        let api: Api<DynamicObject> = Api::all_with(env.client.clone(), resource);
+        api.delete(
+            object["metadata"]["name"].as_str().unwrap(),
+            &DeleteParams::default(),
+        )
+        .await
+        .unwrap();
+    }
+    Api::<Namespace>::all(env.client.clone())
+        .delete(&probe_ns, &DeleteParams::default())
+        .await
+        .unwrap();
+    let mut all = raced.clone();
+    all.push(declared);
+    every_binding_passed(
+        &checked,
+        watch,
+        &all,
+        "their namespace's policy parameters and guard rails were in force",
+    )
+    .await;
     env.stop().await;
 }
 

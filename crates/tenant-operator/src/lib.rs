@@ -1,6 +1,6 @@
 //! tenant-operator: gives each team a tenant (namespaces, access, quotas and isolation), as
 //! Capsule does, built on steward-core. API group `tenancy.steward.dev/v1alpha1`, kind
-//! [`Tenant`](crd::Tenant) (cluster-scoped, short name `tnt`).
+//! [`Tenant`] (cluster-scoped, short name `tnt`).
 //!
 //! Start with [`register`], which wires the controller ([`controller`]) and the admission
 //! policies ([`policy`]) into a steward-core [`Operator`]. One reconcile ([`reconcile`]) runs

@@ -3,7 +3,7 @@
 //! Reads come from the watch caches ([`crate::controller::Stores`]); the only live read is a
 //! consistent LIST of the tenant's ResourceQuotas when it has a tenant-wide quota (the split
 //! must not be computed from stale usage). Writes happen only for objects that differ from
-//! what the operator last applied ([`crate::apply`]), and the status is written once, only
+//! what the operator last applied ([`steward_core::apply`]), and the status is written once, only
 //! when it changed: a resync with nothing changed writes nothing.
 
 use std::collections::{BTreeMap, BTreeSet};

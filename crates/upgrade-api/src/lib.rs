@@ -188,8 +188,10 @@ pub struct Hooks {
 
 /// A Job the orchestrator creates in the plan's namespace, owned by the plan and named
 /// `<plan>-<component>-<before|after>-<generation>` (shortened with a hash past 63
-/// characters). Its pods run as the template's ServiceAccount: whoever may create an
-/// UpgradePlan with hooks may run Jobs in its namespace. A Job without
+/// characters). Its pods run as the template's ServiceAccount, which may only be the plan's
+/// `spec.serviceAccountName` or `default`; a template naming none runs as the plan's
+/// ServiceAccount when it names one, else as `default`. Whoever may create an UpgradePlan with
+/// hooks may run Jobs in its namespace as those. A Job without
 /// `activeDeadlineSeconds` gets the plan's `progressDeadlineSeconds`.
 #[derive(Serialize, Deserialize, Clone, Debug, PartialEq, JsonSchema)]
 #[serde(rename_all = "camelCase")]

@@ -75,7 +75,8 @@ pub fn job_name(plan: &str, component: &str, stage: HookStage, generation: i64) 
 
 /// The Job of `run` for `component` of `plan`: the hook's spec, labelled, owned by the plan
 /// (deleted with it), with `activeDeadlineSeconds` defaulting to the plan's
-/// `progressDeadlineSeconds`.
+/// `progressDeadlineSeconds` and the pods' ServiceAccount to the plan's
+/// `spec.serviceAccountName`.
 ///
 /// # Errors
 /// When the component has no hook at `run.stage` (the spec changed under the record), or
@@ -98,10 +99,10 @@ pub fn build(plan: &UpgradePlan, component: &Component, run: &HookRun) -> Result
     let pod = spec.template.spec.as_ref();
     let account = pod.and_then(|p| {
         p.service_account_name
-            .as_deref()
-            .or(p.service_account.as_deref())
+            .clone()
+            .or_else(|| p.service_account.clone())
     });
-    if let Some(account) = account.filter(|a| !may_run_as(plan, a)) {
+    if let Some(account) = account.as_deref().filter(|a| !may_run_as(plan, a)) {
         return Err(format!(
             "hooks.{}.job runs as ServiceAccount {account:?}: a hook runs as the plan's spec.serviceAccountName ({}) or as the namespace's default",
             run.stage.as_str(),
@@ -110,6 +111,16 @@ pub fn build(plan: &UpgradePlan, component: &Component, run: &HookRun) -> Result
                 .as_deref()
                 .unwrap_or("none named")
         ));
+    }
+    // A hook that names no account runs as the plan's, when it has one: the account the
+    // plan acts as, not the namespace's default.
+    if account.is_none()
+        && let (Some(pod), Some(plan_account)) = (
+            spec.template.spec.as_mut(),
+            plan.spec.service_account_name.as_ref(),
+        )
+    {
+        pod.service_account_name = Some(plan_account.clone());
     }
     spec.active_deadline_seconds
         .get_or_insert(i64::from(plan.spec.strategy.progress_deadline_seconds));
@@ -252,6 +263,20 @@ mod tests {
         };
         assert!(as_account(None, "serviceAccountName", "default").is_ok());
         assert!(as_account(Some("deployer"), "serviceAccountName", "deployer").is_ok());
+        // A hook naming no account runs as the plan's, when it names one.
+        let account_of = |plan_account: Option<&str>| {
+            let mut plan = plan_with_hook();
+            plan.spec.service_account_name = plan_account.map(str::to_string);
+            let job = build(&plan, &plan.spec.components[0], &run).unwrap();
+            job.spec
+                .unwrap()
+                .template
+                .spec
+                .unwrap()
+                .service_account_name
+        };
+        assert_eq!(account_of(Some("deployer")).as_deref(), Some("deployer"));
+        assert_eq!(account_of(None), None, "the namespace's default");
         for (plan_account, field) in [
             (None, "serviceAccountName"),
             (Some("deployer"), "serviceAccountName"),

@@ -758,8 +758,8 @@ impl Verdict {
 /// One step of the plan: follows what is in flight, applies the failure policy, and records
 /// the next components to start. Pure; see the module's guarantees.
 ///
-/// Validate → follow → decide ([`Stepper::decide`]: a rollback, a pause, a wait, or the next
-/// wave) → the conditions and Events of the decision ([`Stepper::finish`]).
+/// Validate → follow → decide (`Stepper::decide`: a rollback, a pause, a wait, or the next
+/// wave) → the conditions and Events of the decision (`Stepper::finish`).
 pub fn step(i: &Input<'_>) -> Outcome {
     let spec = i.spec;
     let mut st = i.status.clone();
