@@ -1,5 +1,5 @@
 //! Integration tests for Steward, run against a real control plane started by
-//! [`steward_testenv`]. The tests live in `tests/tests/*.rs`; run them with `cargo xtask test`.
+//! `steward_testenv`. The tests live in `tests/tests/*.rs`; run them with `cargo xtask test`.
 
 use k8s_openapi::api::apps::v1::Deployment;
 use serde_json::json;
@@ -49,7 +49,7 @@ pub fn tenant_operator(
     Ok(op)
 }
 
-/// Tenant `<id>-team`, labelled for [`tenant_operator`]`(…, id)`, owned by user alice, with
+/// Tenant `<id>-team`, labelled for [`tenant_operator()`]`(…, id)`, owned by user alice, with
 /// one namespace `<id>-a`.
 ///
 /// # Panics

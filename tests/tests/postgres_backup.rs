@@ -21,17 +21,6 @@ mod support;
 use postgres::*;
 use support::{WAIT, connect, logs};
 
-async fn create_backup(cluster: &Cluster, name: &str, of: &str) {
-    let manifest = json!({
-        "apiVersion": "database.steward.dev/v1alpha1", "kind": "PostgresBackup",
-        "metadata": {"name": name, "namespace": cluster.ns},
-        "spec": {"cluster": of},
-    });
-    steward_testenv::manifests::apply(&cluster.client, &manifest, None, "real-node-test", false)
-        .await
-        .unwrap();
-}
-
 /// Continuous backup against a real S3 server (S3Proxy on the node's bridge address):
 /// WAL is archived and reported, a `PostgresBackup` streams a base backup, a new cluster
 /// restores it and replays the archive up to a point in time (rows committed before it are
@@ -77,11 +66,7 @@ async fn postgres_cluster_backs_up_to_object_storage_and_restores_to_a_point_in_
     db.batch_execute("insert into proof values ('wanted')")
         .await
         .unwrap();
-    let target: String = db
-        .query_one("select to_json(clock_timestamp()) #>> '{}'", &[])
-        .await
-        .unwrap()
-        .get(0);
+    let target: String = server_clock(&db).await;
     tokio::time::sleep(Duration::from_millis(1500)).await;
     db.batch_execute("insert into proof values ('too-late')")
         .await
@@ -370,11 +355,7 @@ async fn postgres_cluster_backs_up_under_writes_and_restores_exactly_the_acknowl
     // T: read while no insert is in flight, so no commit is near it.
     let paused = gate.lock().await;
     tokio::time::sleep(Duration::from_millis(300)).await;
-    let target: String = db
-        .query_one("select to_json(clock_timestamp()) #>> '{}'", &[])
-        .await
-        .unwrap()
-        .get(0);
+    let target: String = server_clock(&db).await;
     let (before_target, unsure_before): (Vec<i64>, Vec<i64>) = {
         let a = acks.lock().unwrap();
         (a.rows.iter().map(|r| r.0).collect(), a.unsure.clone())
@@ -678,11 +659,7 @@ async fn postgres_cluster_survives_its_primary_killed_mid_backup_and_mid_archivi
             .await
             .unwrap();
     }
-    let target: String = on_old
-        .query_one("select to_json(clock_timestamp()) #>> '{}'", &[])
-        .await
-        .unwrap()
-        .get(0);
+    let target: String = server_clock(&on_old).await;
     // The replica has every row (asynchronous replication must not lose them on top).
     let caught_up = eventually("the replica replayed the marks", WAIT, || {
         let on_old = &on_old;

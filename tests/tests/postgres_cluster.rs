@@ -195,8 +195,8 @@ async fn postgres_cluster_streams_a_row_from_its_primary_to_its_replica() {
     cluster.stop_operator().await;
 }
 
-/// The faults of the failover test.
-#[derive(Clone, Copy, Debug)]
+/// The faults of the failover test and of the campaign.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
 enum Fault {
     /// SIGKILL of the primary's postmaster: its manager restarts it (crash recovery) and
     /// keeps the Lease.
@@ -213,23 +213,73 @@ enum Fault {
     StopPostmaster,
     /// SIGSTOP of the primary's instance manager: it cannot renew; its watchdog stops
     /// PostgreSQL at the renew deadline, the replica takes the Lease after it expires. The
-    /// watchdog is SIGKILLed first: the manager starts another, and that one fences.
+    /// watchdog is SIGKILLed first: the manager starts another, and that one fences. The
+    /// manager is continued once another instance holds the Lease.
     StopManager,
     /// The primary's pod is cut off the network (iptables DROP in its network namespace,
-    /// both directions, API server included) longer than the Lease, with the operator
-    /// stopped: its manager cannot renew and fences PostgreSQL at the renew deadline; the
-    /// replica takes over without the operator.
+    /// both directions, API server included) with the operator stopped: its manager cannot
+    /// renew and fences PostgreSQL at the renew deadline; the replica takes over without the
+    /// operator. Healed once another instance holds the Lease.
     Partition,
     /// A switchover asked for on the cluster (annotation `switchover-to`): the primary
     /// shuts down cleanly and hands the Lease to the replica.
     Switchover,
-    /// A parameter change rolls every instance: the replica is replaced, the primary switches
-    /// over to it, then the old primary is replaced.
+    /// A parameter change rolls every instance: the replicas are replaced, the primary
+    /// switches over to one, then the old primary is replaced. Each one changes `work_mem`
+    /// to a value of its own, so that every draw rolls.
     RollingChange,
     /// A switchover asked for, and the operator killed (its runtime dropped mid-flight) the
     /// moment its request is on the Lease: the instance managers finish the handover alone;
     /// a new operator then clears the request without a second switchover.
     OperatorKilledMidSwitchover,
+    /// SIGKILL of a replica's WAL receiver: its postmaster starts another, which streams
+    /// from where the last one stopped; the primary stays (with synchronous standbys, commits
+    /// wait meanwhile).
+    KillWalReceiver,
+    /// SIGSTOP of a replica's WAL receiver for [`HOLD`], then SIGCONT: the primary stays;
+    /// commits that need that replica wait and then go through.
+    StopWalReceiver,
+    /// A replica's pod is deleted: it comes back and streams again; the primary stays.
+    DeleteReplica,
+    /// The primary cut off the API server only (its peers and clients still reach it): it
+    /// cannot renew, its watchdog fences PostgreSQL at the renew deadline, a replica takes
+    /// the Lease. Healed once another instance holds it.
+    PartitionFromApiServer,
+    /// The primary cut off its peers only (the API server and clients still reach it) for
+    /// [`HOLD`]: it keeps the Lease and nobody else may take it; with synchronous standbys
+    /// commits wait until healed.
+    PartitionFromPeers,
+    /// The primary's pod deleted and, 2 s later, a replica's: the last instance standing (or
+    /// the next failover) takes over, and both come back.
+    DoubleFailure,
+    /// The operator SIGKILLed (its runtime dropped) and started again once writes flow:
+    /// nothing moves.
+    OperatorRestart,
+    /// A PostgresBackup asked for and the primary's pod deleted half a second later, while
+    /// it streams the base backup (the cluster needs `spec.backup`): the backup completes
+    /// or fails saying so, and then another one completes; the restores at the end of a
+    /// campaign start from the newest.
+    BackupDuringFailover,
+}
+
+/// How long a fault that is undone by the harness, not by the cluster, lasts (a stopped WAL
+/// receiver, a primary cut off its peers): shorter than the replicas' 20 s not-streaming
+/// timer, so the fault is a pause, not a lost replica.
+const HOLD: Duration = Duration::from_secs(8);
+
+impl Fault {
+    /// Whether the primary must move to another instance.
+    fn moves_the_primary(self) -> bool {
+        !matches!(
+            self,
+            Fault::KillPostgres
+                | Fault::KillWalReceiver
+                | Fault::StopWalReceiver
+                | Fault::DeleteReplica
+                | Fault::PartitionFromPeers
+                | Fault::OperatorRestart
+        )
+    }
 }
 
 /// Tries a write on the old primary every 100 ms until `stop`, from inside its pod's network
@@ -263,32 +313,124 @@ async fn old_primary_probe(
     }
 }
 
+/// The iptables rules (chain and match) that cut a pod off `peers`, or off everything but
+/// loopback when `peers` is empty.
+fn cut_rules(peers: &[String]) -> Vec<Vec<String>> {
+    let rule = |words: &[&str]| words.iter().map(ToString::to_string).collect::<Vec<_>>();
+    if peers.is_empty() {
+        return vec![
+            rule(&["INPUT", "!", "-i", "lo", "-j", "DROP"]),
+            rule(&["OUTPUT", "!", "-o", "lo", "-j", "DROP"]),
+        ];
+    }
+    peers
+        .iter()
+        .flat_map(|peer| {
+            [
+                rule(&["INPUT", "-s", peer, "-j", "DROP"]),
+                rule(&["OUTPUT", "-d", peer, "-j", "DROP"]),
+            ]
+        })
+        .collect()
+}
+
 /// Drops (or, with `heal`, stops dropping) every packet in and out of the network namespace
-/// of host process `pid` except on loopback: the pod is cut off from the API server, the
-/// replicas and its clients.
-fn partition(pid: u32, heal: bool) {
+/// of host process `pid` to and from `peers` (every address but loopback when empty).
+fn partition(pid: u32, peers: &[String], heal: bool) {
     let action = if heal { "-D" } else { "-I" };
-    for (chain, iface) in [("INPUT", "-i"), ("OUTPUT", "-o")] {
+    for rule in cut_rules(peers) {
         let status = std::process::Command::new("nsenter")
             .arg(format!("--net=/proc/{pid}/ns/net"))
-            .args(["iptables", action, chain, "!", iface, "lo", "-j", "DROP"])
+            .args(["iptables", action])
+            .args(&rule)
             .status()
             .unwrap();
         assert!(
             status.success(),
-            "iptables {action} {chain} in the pod of {pid}"
+            "iptables {action} {rule:?} in the pod of {pid}"
         );
     }
 }
 
-/// Runs `fault` on `cluster`'s primary while a client writes through `rw` (the `-rw`
-/// Service) and a probe writes on the old primary from inside its pod's network namespace;
-/// asserts a primary accepts writes again, the old one accepts none once the new one did
-/// (when the primary moves), and the cluster returns to all instances ready. Returns the
-/// longest time without an acknowledged write and the acknowledged rows lost.
-async fn disrupt(cluster: &mut Cluster, rw: &str, fault: Fault) -> (Duration, i64) {
+/// The address a pod's process `pid` reaches the API server at (its in-cluster
+/// `KUBERNETES_SERVICE_HOST`).
+fn apiserver_seen_by(pid: u32) -> String {
+    let environ = std::fs::read(format!("/proc/{pid}/environ")).unwrap();
+    String::from_utf8_lossy(&environ)
+        .split('\0')
+        .find_map(|e| e.strip_prefix("KUBERNETES_SERVICE_HOST="))
+        .map(ToString::to_string)
+        .unwrap_or_else(|| panic!("process {pid} has no KUBERNETES_SERVICE_HOST"))
+}
+
+/// The pod IPs of `cluster`'s instances but `but`.
+async fn peer_ips(cluster: &Cluster, but: &str) -> Vec<String> {
+    let pods = cluster.pods().list(&Default::default()).await.unwrap();
+    pods.items
+        .iter()
+        .filter(|p| p.name_any() != but && p.name_any().starts_with("pg-"))
+        .filter_map(|p| p.status.as_ref()?.pod_ip.clone())
+        .collect()
+}
+
+/// Waits until the primary's Lease names an instance other than `old`; returns it.
+async fn lease_moved_from(cluster: &Cluster, old: &str) -> Result<String, String> {
+    let leases: Api<k8s_openapi::api::coordination::v1::Lease> =
+        Api::namespaced(cluster.client.clone(), &cluster.ns);
+    eventually(
+        &format!("the Lease held by an instance other than {old}"),
+        Duration::from_secs(90),
+        || {
+            let leases = leases.clone();
+            async move {
+                let lease = leases.get("pg-primary").await.map_err(|e| e.to_string())?;
+                match lease.spec.and_then(|s| s.holder_identity) {
+                    Some(holder) if !holder.is_empty() && holder != old => Ok(holder),
+                    holder => Err(format!("held by {holder:?}")),
+                }
+            }
+        },
+    )
+    .await
+    .map_err(|e| e.to_string())
+}
+
+/// What one fault step measured.
+struct Outcome {
+    /// The longest time without an acknowledged write, from the last one before the fault
+    /// until every instance was ready again (and 3 s more).
+    unavailable: Duration,
+    /// From the fault until every instance was ready again.
+    recovered: Duration,
+    /// Acknowledged rows missing right after the step.
+    lost: i64,
+    /// The ids acknowledged during the step (kept in table `acks_<step>`).
+    acknowledged: Vec<i64>,
+}
+
+/// The longest a fault may keep writes from being acknowledged: the Lease's expiry (10 s)
+/// plus its renew deadline and a retry when the primary must be fenced first, and, when
+/// commits need every other instance (`synchronousReplicas: instances − 1`), the time the
+/// instance that was hit takes to come back and stream (a pod recreated, a rewind), which is
+/// what the generous second term allows for. A liveness bound, not a figure: the figures
+/// are the bench's.
+fn unavailability_bound(all_synchronous: bool) -> Duration {
+    if all_synchronous {
+        Duration::from_secs(150)
+    } else {
+        Duration::from_secs(30)
+    }
+}
+
+/// Runs `fault` (step `step` of a run) on `cluster` while a client writes through `rw` (the
+/// `-rw` Service) and a probe writes on the primary from inside its pod's network
+/// namespace; asserts a primary accepts writes again, the old one accepts none once the new
+/// one did (when the primary moves), and the cluster returns to all instances ready. The
+/// step's acknowledged rows stay in table `acks_<step>`.
+async fn disrupt(cluster: &mut Cluster, rw: &str, fault: Fault, step: usize) -> Outcome {
     let rw = rw.to_string();
     let (old, old_ip) = cluster.primary().await;
+    let all_synchronous = cluster.synchronous_replicas == cluster.instances - 1;
     let accepted_on_old = Arc::new(Mutex::new(Vec::new()));
     // Writes flow before the fault.
     let (acks, stop, writing) = start_writer(&rw, &cluster.password, 5).await;
@@ -320,6 +462,12 @@ async fn disrupt(cluster: &mut Cluster, rw: &str, fault: Fault) -> (Duration, i6
     if let Err(e) = streaming {
         panic!("{e}\n{}", cluster.logs().await);
     }
+    let replicas: Vec<String> = (0..cluster.instances)
+        .map(|i| format!("pg-{i}"))
+        .filter(|p| *p != old)
+        .collect();
+    // The replica a replica fault hits (and a double failure's second victim).
+    let replica = replicas[step % replicas.len()].clone();
     let (manager, postmaster) = cluster.processes(&old);
     let sandbox = sandbox_of(manager);
     let probing = tokio::spawn(old_primary_probe(
@@ -344,7 +492,10 @@ async fn disrupt(cluster: &mut Cluster, rw: &str, fault: Fault) -> (Duration, i6
         // Failover needs no operator: the instance managers decide through the Lease.
         cluster.stop_operator().await;
     }
-    if matches!(fault, Fault::DeletePod | Fault::OperatorKilledMidSwitchover) {
+    if matches!(
+        fault,
+        Fault::DeletePod | Fault::OperatorKilledMidSwitchover | Fault::OperatorRestart
+    ) {
         cluster.stop_operator().await;
         cluster.start_killable_operator().await;
     }
@@ -369,25 +520,96 @@ async fn disrupt(cluster: &mut Cluster, rw: &str, fault: Fault) -> (Duration, i6
         // A heartbeat or two reaches the new watchdog before its manager stops.
         tokio::time::sleep(Duration::from_millis(500)).await;
     }
+    // What the harness must undo once the cluster has reacted (the addresses cut, or the
+    // process stopped).
+    let mut cut: Option<Vec<String>> = None;
+    let mut stopped: Option<u32> = None;
     let fault_at = Instant::now();
     match fault {
         Fault::KillPostgres => signal(postmaster, "KILL"),
-        Fault::DeletePod => {
+        Fault::BackupDuringFailover => {
+            let name = format!("during-{step}");
+            create_backup(cluster, &name, "pg").await;
+            // The moment the primary's manager says it runs.
+            let backups: Api<database_operator::crd::PostgresBackup> =
+                Api::namespaced(cluster.client.clone(), &cluster.ns);
+            let running = eventually(&format!("backup {name} running"), WAIT, || {
+                let (backups, name) = (backups.clone(), name.clone());
+                async move {
+                    let phase = backups
+                        .get(&name)
+                        .await
+                        .map_err(|e| e.to_string())?
+                        .status
+                        .and_then(|s| s.phase);
+                    phase.ok_or_else(|| "not claimed yet".to_string())
+                }
+            })
+            .await
+            .unwrap();
+            eprintln!("{fault:?}: backup {name} {running:?} when the primary's pod is deleted");
+            cluster
+                .pods()
+                .delete(&old, &DeleteParams::default())
+                .await
+                .unwrap();
+        }
+        Fault::DeletePod | Fault::DoubleFailure => {
             cluster
                 .pods()
                 .delete(&old, &DeleteParams::default())
                 .await
                 .unwrap();
             cluster.kill_operator();
+            if fault == Fault::DoubleFailure {
+                tokio::time::sleep(Duration::from_secs(2)).await;
+                cluster
+                    .pods()
+                    .delete(&replica, &DeleteParams::default())
+                    .await
+                    .unwrap();
+            }
         }
-        Fault::StopManager => signal(manager, "STOP"),
+        Fault::StopManager => {
+            signal(manager, "STOP");
+            stopped = Some(manager);
+        }
         Fault::StopPostmaster => signal(postmaster, "STOP"),
-        Fault::Partition => partition(sandbox, false),
-        Fault::Switchover | Fault::OperatorKilledMidSwitchover => {
-            let to = (0..cluster.instances)
-                .map(|i| format!("pg-{i}"))
-                .find(|p| *p != old)
+        Fault::Partition => {
+            partition(sandbox, &[], false);
+            cut = Some(Vec::new());
+        }
+        Fault::PartitionFromApiServer => {
+            let apiserver = vec![apiserver_seen_by(manager)];
+            partition(sandbox, &apiserver, false);
+            cut = Some(apiserver);
+        }
+        Fault::PartitionFromPeers => {
+            let peers = peer_ips(cluster, &old).await;
+            partition(sandbox, &peers, false);
+            cut = Some(peers);
+        }
+        Fault::KillWalReceiver | Fault::StopWalReceiver => {
+            let receiver = cluster
+                .walreceiver(&replica)
+                .unwrap_or_else(|| panic!("{replica} has no WAL receiver"));
+            if fault == Fault::KillWalReceiver {
+                signal(receiver, "KILL");
+            } else {
+                signal(receiver, "STOP");
+                stopped = Some(receiver);
+            }
+        }
+        Fault::DeleteReplica => {
+            cluster
+                .pods()
+                .delete(&replica, &DeleteParams::default())
+                .await
                 .unwrap();
+        }
+        Fault::OperatorRestart => cluster.kill_operator(),
+        Fault::Switchover | Fault::OperatorKilledMidSwitchover => {
+            let to = replicas[0].clone();
             let annotation =
                 json!({"metadata": {"annotations": {"database.steward.dev/switchover-to": to}}});
             cluster
@@ -419,8 +641,9 @@ async fn disrupt(cluster: &mut Cluster, rw: &str, fault: Fault) -> (Duration, i6
         Fault::RollingChange => {
             // A small wal_keep_size too: the lagging-replica scenario after the switchovers
             // needs the primary to remove WAL a replica has not received.
+            let work_mem = format!("{}kB", rolled_work_mem_kb(step));
             let change =
-                json!({"spec": {"parameters": {"work_mem": "8MB", "wal_keep_size": "32MB"}}});
+                json!({"spec": {"parameters": {"work_mem": work_mem, "wal_keep_size": "32MB"}}});
             cluster
                 .clusters()
                 .patch("pg", &PatchParams::default(), &Patch::Merge(change))
@@ -428,12 +651,37 @@ async fn disrupt(cluster: &mut Cluster, rw: &str, fault: Fault) -> (Duration, i6
                 .unwrap();
         }
     }
-    let moved = !matches!(fault, Fault::KillPostgres);
+    // Undo what the harness did once the cluster has reacted: when another instance holds
+    // the Lease (the faults that fence the primary), or after HOLD (a pause of a peer link
+    // or of a WAL receiver).
+    let undo = |cut: &Option<Vec<String>>, stopped: Option<u32>| {
+        if let Some(pid) = stopped {
+            signal(pid, "CONT");
+        }
+        if let Some(peers) = cut {
+            partition(sandbox, peers, true);
+        }
+    };
+    let mut undone_at = None;
+    if cut.is_some() || stopped.is_some() {
+        let reacted = if fault.moves_the_primary() {
+            lease_moved_from(cluster, &old).await.map(|_| ())
+        } else {
+            tokio::time::sleep(HOLD).await;
+            Ok(())
+        };
+        undo(&cut, stopped);
+        undone_at = Some(Instant::now());
+        if let Err(e) = reacted {
+            panic!("{fault:?}: {e}\n{}", cluster.logs().await);
+        }
+    }
+    let moved = fault.moves_the_primary();
     // The first write acknowledged after the fault (by another server, when the primary
     // must move).
     let back = eventually(
         &format!("{fault:?}: a write acknowledged through pg-rw"),
-        Duration::from_secs(90),
+        unavailability_bound(all_synchronous),
         || {
             let (acks, old_ip) = (acks.clone(), old_ip.clone());
             async move {
@@ -451,33 +699,60 @@ async fn disrupt(cluster: &mut Cluster, rw: &str, fault: Fault) -> (Duration, i6
     let (first_new, new_server) = match back {
         Ok(b) => b,
         Err(e) => {
-            match fault {
-                Fault::StopManager => signal(manager, "CONT"),
-                Fault::StopPostmaster => {
-                    let _ = std::process::Command::new("kill")
-                        .args(["-CONT", &postmaster.to_string()])
-                        .status();
-                }
-                Fault::Partition => partition(sandbox, true),
-                _ => {}
+            if fault == Fault::StopPostmaster {
+                let _ = std::process::Command::new("kill")
+                    .args(["-CONT", &postmaster.to_string()])
+                    .status();
             }
             panic!("{e}\n{}", cluster.logs().await);
         }
     };
-    // Keep probing the old primary a while after the new one accepted writes.
-    tokio::time::sleep(Duration::from_secs(3)).await;
+    // Writes go through again once the fault is over: the first acknowledged after both
+    // the new primary's first and the harness undoing the fault (an insert in flight at
+    // the fault may be acknowledged at once, before a pause of its standbys).
+    let settled = undone_at.map_or(first_new, |u: Instant| u.max(first_new));
+    let resumed = eventually(
+        &format!("{fault:?}: a write acknowledged once the fault is over"),
+        unavailability_bound(all_synchronous),
+        || {
+            let acks = acks.clone();
+            async move {
+                acks.lock()
+                    .unwrap()
+                    .rows
+                    .iter()
+                    .find(|(_, at, _)| *at > settled)
+                    .map(|(_, at, _)| *at)
+                    .ok_or_else(|| "not yet".to_string())
+            }
+        },
+    )
+    .await;
+    let resumed = match resumed {
+        Ok(at) => at,
+        Err(e) => panic!("{e}\n{}", cluster.logs().await),
+    };
+    if matches!(
+        fault,
+        Fault::Partition
+            | Fault::DeletePod
+            | Fault::DoubleFailure
+            | Fault::OperatorKilledMidSwitchover
+            | Fault::OperatorRestart
+    ) {
+        cluster.start_operator().await;
+    }
+    // Keep writing, and probing the old primary, until the instances that were hit are
+    // back (every instance ready, which the operator reports) and 3 s more: an instance
+    // returning can pause commits that need it, and an old primary must not write then
+    // either.
+    cluster.wait_ready(Duration::from_secs(180)).await;
+    let recovered = fault_at.elapsed();
+    let until = Instant::now().max(resumed) + Duration::from_secs(3);
+    tokio::time::sleep_until(until.into()).await;
     stop.cancel();
     writing.await.unwrap();
     probing.await.unwrap();
-    match fault {
-        Fault::StopManager => signal(manager, "CONT"),
-        Fault::Partition => {
-            partition(sandbox, true);
-            cluster.start_operator().await;
-        }
-        Fault::DeletePod | Fault::OperatorKilledMidSwitchover => cluster.start_operator().await,
-        _ => {}
-    }
     let last_before = acks
         .lock()
         .unwrap()
@@ -487,14 +762,14 @@ async fn disrupt(cluster: &mut Cluster, rw: &str, fault: Fault) -> (Duration, i6
         .map(|(_, at, _)| *at)
         .max()
         .unwrap_or(fault_at);
-    // The longest time without an acknowledged write around the fault.
+    // The longest time without an acknowledged write, from the last before the fault on.
     let unavailable = {
         let rows = acks.lock().unwrap();
         let times: Vec<Instant> = rows
             .rows
             .iter()
             .map(|(_, at, _)| *at)
-            .filter(|at| *at >= last_before && *at <= first_new + Duration::from_secs(3))
+            .filter(|at| *at >= last_before && *at <= until)
             .collect();
         times
             .windows(2)
@@ -526,16 +801,7 @@ async fn disrupt(cluster: &mut Cluster, rw: &str, fault: Fault) -> (Duration, i6
     // Acknowledged rows that the (new) primary does not have.
     let check = connect(&rw, &cluster.password).await.unwrap();
     let ids: Vec<i64> = acks.lock().unwrap().rows.iter().map(|r| r.0).collect();
-    let present: i64 = check
-        .query_one(
-            "select count(distinct id) from acks where id = any($1)",
-            &[&ids],
-        )
-        .await
-        .unwrap()
-        .get(0);
-    // Ids restart per fault: count only this round's (the table is truncated below).
-    let lost = i64::try_from(ids.len()).unwrap() - present;
+    let lost = missing(&check, "acks", &ids).await;
     if lost > 0 {
         let have: Vec<i64> = check
             .query("select distinct id from acks", &[])
@@ -560,7 +826,15 @@ async fn disrupt(cluster: &mut Cluster, rw: &str, fault: Fault) -> (Duration, i6
             .collect();
         eprintln!("{fault:?}: lost {missing:?}");
     }
-    check.batch_execute("truncate acks").await.unwrap();
+    // Ids restart per step: this step's rows move to a table of their own, checked again
+    // at the end of a campaign (a later fault must not lose them either).
+    check
+        .batch_execute(&format!(
+            "alter table acks rename to acks_{step}; \
+             create table acks (id bigint, at timestamptz default now())"
+        ))
+        .await
+        .unwrap();
     eprintln!(
         "{fault:?}: primary {old} → {}; writes unavailable for {unavailable:.1?} (fault to first acknowledged write {:.1?}); acknowledged rows lost: {lost} of {}",
         if moved {
@@ -572,30 +846,99 @@ async fn disrupt(cluster: &mut Cluster, rw: &str, fault: Fault) -> (Duration, i6
         ids.len()
     );
     assert!(
-        unavailable < Duration::from_secs(30),
+        unavailable < unavailability_bound(all_synchronous),
         "{fault:?}: writes unavailable for {unavailable:?}"
     );
-    // The old primary rejoins: both instances ready again.
-    cluster.wait_ready(Duration::from_secs(180)).await;
+    if fault == Fault::BackupDuringFailover {
+        let name = format!("during-{step}");
+        match ended_backup(cluster, &name).await {
+            Ok(_) => eprintln!("{fault:?}: backup {name} completed"),
+            Err(failed) => {
+                eprintln!(
+                    "{fault:?}: backup {name} failed ({:?}); another one must complete",
+                    failed.message
+                );
+                let again = format!("after-{step}");
+                create_backup(cluster, &again, "pg").await;
+                completed_backup(cluster, &again).await;
+            }
+        }
+    }
     let (now, _) = cluster.primary().await;
-    if moved {
+    if moved && fault != Fault::DoubleFailure {
         assert_ne!(now, old, "{fault:?}: the primary moved");
     }
-    record_for_bench(fault, cluster.instances, unavailable, lost);
-    (unavailable, lost)
+    if !moved {
+        assert_eq!(now, old, "{fault:?}: the primary stayed");
+    }
+    Outcome {
+        unavailable,
+        recovered,
+        lost,
+        acknowledged: ids,
+    }
 }
 
-/// With `STEWARD_BENCH_RECORD=<file>` (set by `cargo xtask bench --postgres`), appends what
-/// one fault measured as a JSON line: the bench runs these scenarios and tabulates them.
-fn record_for_bench(fault: Fault, instances: i32, unavailable: Duration, lost: i64) {
+/// The `work_mem` (kB) a rolling change at step `step` sets: a value of its own, so every
+/// draw rolls.
+fn rolled_work_mem_kb(step: usize) -> usize {
+    8192 + step
+}
+
+/// How many of `ids` table `table` lacks.
+async fn missing(db: &tokio_postgres::Client, table: &str, ids: &[i64]) -> i64 {
+    let present: i64 = db
+        .query_one(
+            &format!("select count(distinct id) from {table} where id = any($1)"),
+            &[&ids],
+        )
+        .await
+        .unwrap()
+        .get(0);
+    i64::try_from(ids.len()).unwrap() - present
+}
+
+/// The steps of `report` whose acknowledged rows `db` lacks (each step's are in table
+/// `acks_<step>`), as `step N (Fault): K rows`; empty when every one is there.
+async fn steps_lacking_rows(
+    db: &tokio_postgres::Client,
+    report: &[(Fault, Outcome)],
+) -> Vec<String> {
+    let mut lacking = Vec::new();
+    for (step, (fault, outcome)) in report.iter().enumerate() {
+        let lost = missing(db, &format!("acks_{step}"), &outcome.acknowledged).await;
+        if lost > 0 {
+            lacking.push(format!("step {} ({fault:?}): {lost} rows", step + 1));
+        }
+    }
+    lacking
+}
+
+/// A point in time between two steps (nothing is written then): the primary's clock read
+/// 300 ms after the last step's writes and 300 ms before the next step's, as RFC 3339.
+async fn point_in_time(rw: &str, password: &str) -> String {
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let db = connect(rw, password).await.unwrap();
+    let at: String = server_clock(&db).await;
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    at
+}
+
+/// With `STEWARD_BENCH_RECORD=<file>` (set by `cargo xtask bench --postgres` and `cargo xtask
+/// chaos`), appends what one fault measured as a JSON line: the bench tabulates them.
+fn record_for_bench(fault: Fault, cluster: &Cluster, seed: Option<u64>, outcome: &Outcome) {
     let Some(path) = std::env::var_os("STEWARD_BENCH_RECORD") else {
         return;
     };
     let line = json!({
         "scenario": format!("{fault:?}"),
-        "instances": instances,
-        "unavailable_ms": unavailable.as_millis(),
-        "lost": lost,
+        "instances": cluster.instances,
+        "synchronous": cluster.synchronous_replicas,
+        "seed": seed,
+        "unavailable_ms": outcome.unavailable.as_millis(),
+        "recovered_ms": outcome.recovered.as_millis(),
+        "written": outcome.acknowledged.len(),
+        "lost": outcome.lost,
     });
     use std::io::Write;
     let mut file = std::fs::OpenOptions::new()
@@ -606,23 +949,34 @@ fn record_for_bench(fault: Fault, instances: i32, unavailable: Duration, lost: i
     writeln!(file, "{line}").expect("write the bench record");
 }
 
-/// The faults a campaign draws from: every way to lose the primary, then the planned moves
-/// (a parameter change is not drawn: the same change twice rolls nothing).
-const CAMPAIGN: [Fault; 7] = [
+/// The faults a campaign draws from: every way to lose the primary, then the faults on a
+/// replica, a link, the operator or a backup, then the planned moves.
+const CAMPAIGN: [Fault; 15] = [
     Fault::KillPostgres,
     Fault::DeletePod,
     Fault::StopManager,
     Fault::StopPostmaster,
     Fault::Partition,
+    Fault::PartitionFromApiServer,
+    Fault::DoubleFailure,
+    Fault::KillWalReceiver,
+    Fault::StopWalReceiver,
+    Fault::DeleteReplica,
+    Fault::PartitionFromPeers,
+    Fault::OperatorRestart,
+    Fault::BackupDuringFailover,
     Fault::Switchover,
     Fault::OperatorKilledMidSwitchover,
 ];
-/// The failures (the first five of [`CAMPAIGN`]): a default run has each once.
-const FAILURES: usize = 5;
+/// The failures (the first seven of [`CAMPAIGN`]): a default run has each once.
+const FAILURES: usize = 7;
+/// How often in a long campaign a draw is a rolling parameter change instead (one in …):
+/// rarer than the rest, as it replaces every instance.
+const ROLLING_EVERY: u64 = 20;
 
 /// A seeded fault campaign's order: the failures in an order drawn from `seed` (each once
-/// when `steps` allows), then draws from the whole catalogue. splitmix64: the same seed gives
-/// the same campaign on every machine.
+/// when `steps` allows), then draws from the whole catalogue, now and then a rolling
+/// change. splitmix64: the same seed gives the same campaign on every machine.
 fn campaign(seed: u64, steps: usize) -> Vec<Fault> {
     let mut state = seed;
     let mut next = move || {
@@ -632,14 +986,20 @@ fn campaign(seed: u64, steps: usize) -> Vec<Fault> {
         z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
         z ^ (z >> 31)
     };
-    let mut below = move |n: usize| usize::try_from(next() % n as u64).unwrap_or(0);
     let mut failures: Vec<Fault> = CAMPAIGN[..FAILURES].to_vec();
     for i in (1..failures.len()).rev() {
-        failures.swap(i, below(i + 1));
+        let j = usize::try_from(next() % (i as u64 + 1)).unwrap_or(0);
+        failures.swap(i, j);
     }
     let mut order: Vec<Fault> = failures.into_iter().take(steps).collect();
     while order.len() < steps {
-        order.push(CAMPAIGN[below(CAMPAIGN.len())]);
+        let draw = next();
+        if draw % ROLLING_EVERY == 0 {
+            order.push(Fault::RollingChange);
+        } else {
+            let i = usize::try_from((draw / ROLLING_EVERY) % CAMPAIGN.len() as u64).unwrap_or(0);
+            order.push(CAMPAIGN[i]);
+        }
     }
     order
 }
@@ -647,26 +1007,29 @@ fn campaign(seed: u64, steps: usize) -> Vec<Fault> {
 #[test]
 fn a_campaign_is_replayed_from_its_seed_and_has_every_failure_first() {
     let a = campaign(42, 12);
-    assert_eq!(format!("{a:?}"), format!("{:?}", campaign(42, 12)));
-    assert_ne!(format!("{a:?}"), format!("{:?}", campaign(43, 12)));
-    let first: Vec<String> = a[..FAILURES].iter().map(|f| format!("{f:?}")).collect();
+    assert_eq!(a, campaign(42, 12));
+    assert_ne!(a, campaign(43, 12));
     for fault in &CAMPAIGN[..FAILURES] {
-        assert!(
-            first.contains(&format!("{fault:?}")),
-            "{fault:?} in {first:?}"
-        );
+        assert!(a[..FAILURES].contains(fault), "{fault:?} in {a:?}");
     }
     assert_eq!(campaign(7, 3).len(), 3);
+    // A long campaign draws every fault, the rolling change included.
+    let long = campaign(1, 400);
+    for fault in CAMPAIGN.iter().chain([&Fault::RollingChange]) {
+        assert!(long.contains(fault), "{fault:?} never drawn in 400 steps");
+    }
 }
 
-/// A seeded fault campaign on a PostgresCluster of 2 instances while a client writes through
-/// the `-rw` Service: `STEWARD_CHAOS_STEPS` faults (default: each of the five failures once,
-/// in an order drawn from the seed; more steps draw from every fault, switchovers included)
-/// with `STEWARD_CHAOS_SEED` (default: a new one, printed so that a failing run can be
-/// replayed; `cargo xtask chaos postgres --seed S --steps N` sets both). After every fault: a
-/// primary accepts writes again within a bound (measured and printed), the old primary accepts
-/// no write once the new one has (probed directly on its pod IP), the acknowledged rows lost
-/// are counted, and the cluster returns to 2 ready instances.
+/// A seeded fault campaign on a PostgresCluster of 3 instances with `synchronousReplicas: 2`
+/// (every commit on every instance) while a client writes through the `-rw` Service:
+/// `STEWARD_CHAOS_STEPS` faults (default: each of the seven failures once, in an order drawn
+/// from the seed; more steps draw from the whole catalogue) with `STEWARD_CHAOS_SEED`
+/// (default: a new one, printed so that a failing run can be replayed; `cargo xtask chaos
+/// postgres --seed S --steps N` sets both). After every fault: a primary accepts writes again
+/// within a bound, the old primary accepts no write once the new one has (probed from inside
+/// its pod's network namespace), no acknowledged row is missing, and the cluster returns to 3
+/// ready instances. At the end: every row acknowledged in any step is still there, and no
+/// pod's log holds a password.
 #[tokio::test]
 async fn postgres_cluster_fails_over_and_never_has_two_writers() {
     let seed = std::env::var("STEWARD_CHAOS_SEED")
@@ -682,7 +1045,12 @@ async fn postgres_cluster_fails_over_and_never_has_two_writers() {
         "fault campaign: seed {seed}, {steps} steps: {order:?} (replay: cargo xtask chaos postgres --seed {seed} --steps {steps})"
     );
     let _turn = NODE.lock().await;
-    let mut cluster = Cluster::start("rn-pgha", 2, None).await;
+    let mut cluster = Cluster::new("rn-pgha", 3).await;
+    let (s3, object_store, _store) = object_store(&cluster, "pg").await;
+    cluster
+        .create(json!({"synchronousReplicas": 2, "backup": {"objectStore": object_store}}))
+        .await;
+    archiving(&cluster, &s3).await;
     let rw = cluster.cluster_ip("pg-rw").await;
     let setup = connect(&rw, &cluster.password).await.unwrap();
     setup
@@ -693,17 +1061,118 @@ async fn postgres_cluster_fails_over_and_never_has_two_writers() {
         .await
         .unwrap();
     drop(setup);
+    create_backup(&cluster, "base", "pg").await;
+    completed_backup(&cluster, "base").await;
+    // The point in time a restore is asked for: after a step drawn from the seed.
+    let target_after = usize::try_from(seed % steps.max(1) as u64).unwrap_or(0);
+    let mut target = None;
+    let started = Instant::now();
     let mut report = Vec::new();
     for (step, fault) in order.into_iter().enumerate() {
         eprintln!(
             "fault campaign (seed {seed}): step {} of {steps}: {fault:?}",
             step + 1
         );
-        let (unavailable, lost) = disrupt(&mut cluster, &rw, fault).await;
-        report.push((fault, unavailable, lost));
+        let outcome = disrupt(&mut cluster, &rw, fault, step).await;
+        record_for_bench(fault, &cluster, Some(seed), &outcome);
+        assert_eq!(
+            outcome.lost,
+            0,
+            "{fault:?} (step {}, seed {seed}): acknowledged rows lost with every commit on every instance",
+            step + 1
+        );
+        report.push((fault, outcome));
+        if step == target_after {
+            target = Some(point_in_time(&rw, &cluster.password).await);
+        }
     }
+    // Every row acknowledged in any step is still there after all the steps that followed.
+    let check = connect(&rw, &cluster.password).await.unwrap();
+    let lacking = steps_lacking_rows(&check, &report).await;
+    assert!(
+        lacking.is_empty(),
+        "seed {seed}: acknowledged rows lost by a later step: {lacking:?}"
+    );
+    // The archive, across every timeline the faults made, restores every acknowledged row
+    // (to its end), and exactly the steps before the point in time (to that time).
+    // A commit after the point in time, however late it was drawn: recovery to a time
+    // stops at the first commit past it.
+    check
+        .batch_execute("insert into fence_probe default values")
+        .await
+        .unwrap();
+    archive_now(&cluster, &check).await;
+    let (latest, _) = restore(&cluster, "latest", json!({"objectStore": object_store})).await;
+    let lacking = steps_lacking_rows(&latest, &report).await;
+    assert!(
+        lacking.is_empty(),
+        "seed {seed}: the restore to the end of the archive lacks acknowledged rows: {lacking:?}"
+    );
+    drop(latest);
+    cluster
+        .clusters()
+        .delete("latest", &DeleteParams::default())
+        .await
+        .unwrap();
+    if let Some(at) = target {
+        let (restored, _) = restore(
+            &cluster,
+            "to-t",
+            json!({"objectStore": object_store, "targetTime": at}),
+        )
+        .await;
+        let lacking = steps_lacking_rows(&restored, &report[..=target_after]).await;
+        assert!(
+            lacking.is_empty(),
+            "seed {seed}: the restore to {at} (after step {}) lacks acknowledged rows: {lacking:?}",
+            target_after + 1
+        );
+        let after: Option<String> = restored
+            .query_one(
+                &format!("select to_regclass('acks_{}')::text", target_after + 1),
+                &[],
+            )
+            .await
+            .unwrap()
+            .get(0);
+        let pending: i64 = restored
+            .query_one("select count(*) from acks", &[])
+            .await
+            .unwrap()
+            .get(0);
+        assert!(
+            after.is_none() && pending == 0,
+            "seed {seed}: the restore to {at} (after step {}) holds what came later: table {after:?}, {pending} rows of the next step",
+            target_after + 1
+        );
+        eprintln!(
+            "restored to {at} (after step {} of {steps}) and to the end of the archive: exactly what was acknowledged",
+            target_after + 1
+        );
+    }
+    // No password in what any instance logged.
+    let logs = cluster.logs().await;
+    let replication = cluster.secret_value("pg-replication", "password").await;
+    for (what, secret) in [
+        ("the superuser password", &cluster.password),
+        ("the replication password", &replication),
+    ] {
+        assert!(!logs.contains(secret.as_str()), "{what} is in a pod's log");
+    }
+    let written: usize = report.iter().map(|(_, o)| o.acknowledged.len()).sum();
+    let summary: Vec<String> = report
+        .iter()
+        .map(|(f, o)| {
+            format!(
+                "{f:?} {:.1}s/{:.1}s",
+                o.unavailable.as_secs_f64(),
+                o.recovered.as_secs_f64()
+            )
+        })
+        .collect();
     eprintln!(
-        "fault campaign summary (seed {seed}; lease 10 s, renew deadline 6 s, retry 1 s): {report:?}"
+        "fault campaign summary (seed {seed}; 3 instances, synchronousReplicas 2; lease 10 s, renew deadline 6 s, retry 1 s): {steps} steps in {:.0?}, {written} rows acknowledged, 0 lost; unavailable/recovered per step: {summary:?}",
+        started.elapsed()
     );
     cluster.stop_operator().await;
 }
@@ -730,14 +1199,19 @@ async fn postgres_cluster_switches_over_and_rolls_a_parameter_change_with_one_sw
         .unwrap();
     drop(setup);
     a_switchover_to_a_replica_that_lacks_acknowledged_rows_is_refused(&cluster, &rw).await;
-    for fault in [
+    for (step, fault) in [
         Fault::Switchover,
         Fault::OperatorKilledMidSwitchover,
         Fault::RollingChange,
-    ] {
+    ]
+    .into_iter()
+    .enumerate()
+    {
         let before = cluster.status().await.primary_transitions.unwrap_or(0);
-        let (unavailable, lost) = disrupt(&mut cluster, &rw, fault).await;
-        assert_eq!(lost, 0, "{fault:?}: a clean handover loses nothing");
+        let outcome = disrupt(&mut cluster, &rw, fault, step).await;
+        record_for_bench(fault, &cluster, None, &outcome);
+        let unavailable = outcome.unavailable;
+        assert_eq!(outcome.lost, 0, "{fault:?}: a clean handover loses nothing");
         // The status says so once the operator (a new one, after a kill) has looked.
         let primary = cluster.primary().await.0;
         let recorded = eventually("the status names the new primary", WAIT, || {
@@ -798,12 +1272,21 @@ async fn postgres_cluster_switches_over_and_rolls_a_parameter_change_with_one_sw
         !reasons.iter().any(|r| r.contains(" FailedOver: ")),
         "no switchover is reported as a failover: {reasons:#?}"
     );
+    // The rolling change was the third step.
+    let rolled = rolled_work_mem_kb(2).to_string();
     for service in ["pg-rw", "pg-ro"] {
         let c = connect(&cluster.cluster_ip(service).await, &cluster.password)
             .await
             .unwrap();
-        let work_mem: String = c.query_one("show work_mem", &[]).await.unwrap().get(0);
-        assert_eq!(work_mem, "8MB", "{service} runs the new parameter");
+        let work_mem: String = c
+            .query_one(
+                "select setting from pg_settings where name = 'work_mem'",
+                &[],
+            )
+            .await
+            .unwrap()
+            .get(0);
+        assert_eq!(work_mem, rolled, "{service} runs the new parameter (kB)");
     }
     let reported = eventually("both instances report their state", WAIT, || {
         let clusters = cluster.clusters();

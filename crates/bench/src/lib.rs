@@ -7,13 +7,13 @@
 //! `--smoke`, which measures nothing — and the Go reference
 //! under `bench/reference-tenant-controller`), starts a control plane, creates the unrelated
 //! ConfigMaps and Secrets, and then for each Tenant count and each subject measures, in order:
-//! convergence and API load ([`workload`], [`apiserver`]), idle writes, memory, startup and
-//! failover ([`procs`]). Subjects run one after another, each starting from a cluster with
+//! convergence and API load (`workload`, `apiserver`), idle writes, memory, startup and
+//! failover (`procs`). Subjects run one after another, each starting from a cluster with
 //! none of the previous subject's Tenants or namespaces. Then the tenant-operator scaled out on
-//! three replicas with three shards, at the largest Tenant count ([`sharded`]), the
-//! upgrade-orchestrator's overhead ([`orchestration`]) and the other two operators' idle writes
-//! ([`idle`]). A 10 000-Tenant point is `--tenants 1000,10000` (not in the default run; from
-//! [`FRESH_CLUSTER_AT`] Tenants on, each subject gets a control plane of its own). [`report`] writes
+//! three replicas with three shards, at the largest Tenant count (`sharded`), the
+//! upgrade-orchestrator's overhead (`orchestration`) and the other two operators' idle writes
+//! (`idle`). A 10 000-Tenant point is `--tenants 1000,10000` (not in the default run; from
+//! [`FRESH_CLUSTER_AT`] Tenants on, each subject gets a control plane of its own). `report` writes
 //! `docs/benchmarks.md` and `docs/benchmarks.json`. `--postgres N` runs [`postgres`] instead:
 //! PostgreSQL failover and switchover on the real node.
 //!

@@ -17,15 +17,17 @@ struct Cli {
 #[derive(Subcommand)]
 enum Cmd {
     /// A seeded fault campaign on the real node (as root): `postgres` runs the failover
-    /// test's campaign (a client writing through `-rw`; after every fault: no second writer,
-    /// acknowledged rows counted, every instance ready again).
+    /// test's campaign (3 instances, every commit on every instance, a client writing
+    /// through `-rw`; after every fault: no second writer, no acknowledged row lost, every
+    /// instance ready again) and writes docs/benchmarks-postgres-campaign.md from every run
+    /// recorded in target/bench/postgres-campaign.jsonl.
     Chaos {
         /// What to disrupt: `postgres`.
         target: String,
         /// The campaign's seed (a failing run prints its own).
         #[arg(long, default_value_t = 1)]
         seed: u64,
-        /// Faults in the campaign (the first five are each failure once, in an order drawn
+        /// Faults in the campaign (the first seven are each failure once, in an order drawn
         /// from the seed).
         #[arg(long, default_value_t = 20)]
         steps: usize,

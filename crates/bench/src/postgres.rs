@@ -23,25 +23,65 @@ const TESTS: &[&str] = &[
 ];
 
 /// The instance managers' Lease timings the tests run with (their defaults).
-const SETTINGS: &str = "Lease 10 s, renew deadline 6 s, retry 1 s; stream timeout default; asynchronous replication; 2 instances";
+const SETTINGS: &str = "Lease 10 s, renew deadline 6 s, retry 1 s; stream timeout default";
 
-/// One fault, as a test recorded it.
-#[derive(Clone, Debug, Deserialize, Serialize)]
+/// Where `cargo xtask chaos postgres` appends what each step measured, run after run: the
+/// campaign report is made from every run recorded there.
+const CAMPAIGN_RECORDS: &str = "target/bench/postgres-campaign.jsonl";
+
+/// One fault, as a test recorded it (or, with `campaign` set, the end of a campaign run as
+/// `chaos` recorded it).
+#[derive(Clone, Debug, Default, Deserialize, Serialize)]
 pub struct Record {
+    #[serde(default)]
     pub scenario: String,
+    #[serde(default)]
     pub instances: i32,
+    /// `synchronousReplicas` (0: asynchronous).
+    #[serde(default)]
+    pub synchronous: i32,
+    /// The campaign's seed, for a campaign's step.
+    #[serde(default)]
+    pub seed: Option<u64>,
+    #[serde(default)]
     pub unavailable_ms: u64,
+    /// From the fault until every instance was ready again.
+    #[serde(default)]
+    pub recovered_ms: Option<u64>,
+    /// Rows acknowledged during the step.
+    #[serde(default)]
+    pub written: Option<u64>,
+    #[serde(default)]
     pub lost: i64,
+    /// A campaign run's end: its seed, steps, outcome and duration.
+    #[serde(default)]
+    pub campaign: Option<CampaignRun>,
 }
 
-/// A scenario over every run.
+/// How one `cargo xtask chaos postgres` run ended.
+#[derive(Clone, Debug, Deserialize, Serialize)]
+pub struct CampaignRun {
+    pub seed: u64,
+    pub steps: usize,
+    pub passed: bool,
+    pub secs: u64,
+}
+
+/// A scenario (on one cluster shape) over every run.
 #[derive(Clone, Debug, Serialize)]
 pub struct Row {
     pub scenario: String,
+    /// `3 × sync 2`, `2 × async`.
+    pub cluster: String,
     pub runs: usize,
     pub min_s: f64,
     pub median_s: f64,
     pub max_s: f64,
+    /// From the fault until every instance was ready again: median and max, when recorded.
+    pub recovered_median_s: Option<f64>,
+    pub recovered_max_s: Option<f64>,
+    /// Rows acknowledged during the steps.
+    pub written: u64,
     /// Acknowledged rows lost, summed over the runs.
     pub lost: i64,
 }
@@ -66,26 +106,76 @@ pub fn cargo_test_scenarios(root: &Path, tests: &[&str]) -> std::process::Comman
 }
 
 /// `cargo xtask chaos postgres`: the failover test's seeded fault campaign, `steps` faults
-/// drawn from `seed` (see `postgres_cluster_fails_over_and_never_has_two_writers`).
+/// drawn from `seed` (see `postgres_cluster_fails_over_and_never_has_two_writers`). Each
+/// step's figures are appended to `target/bench/postgres-campaign.jsonl`, with the run's end;
+/// then `docs/benchmarks-postgres-campaign.md` (and `.json`) are written from every run
+/// recorded there, failed ones included.
 ///
 /// # Errors
 /// When the campaign fails: its output (inherited) names the seed and the step.
 pub fn chaos(root: &Path, seed: u64, steps: usize) -> Result<()> {
     let started = Instant::now();
+    let records = root.join(CAMPAIGN_RECORDS);
+    std::fs::create_dir_all(records.parent().context("record path")?)?;
     let mut cmd = cargo_test_scenarios(root, &[TESTS[0], "--nocapture"]);
     cmd.env("STEWARD_CHAOS_SEED", seed.to_string())
-        .env("STEWARD_CHAOS_STEPS", steps.to_string());
+        .env("STEWARD_CHAOS_STEPS", steps.to_string())
+        .env("STEWARD_BENCH_RECORD", &records);
     let status = cmd.status().context("cargo test")?;
+    let end = Record {
+        campaign: Some(CampaignRun {
+            seed,
+            steps,
+            passed: status.success(),
+            secs: started.elapsed().as_secs(),
+        }),
+        ..Record::default()
+    };
+    {
+        use std::io::Write;
+        let mut file = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(&records)?;
+        writeln!(file, "{}", serde_json::to_string(&end)?)?;
+    }
+    let all = read_records(&records)?;
+    let out = root.join("docs");
+    std::fs::write(
+        out.join("benchmarks-postgres-campaign.json"),
+        serde_json::to_string_pretty(&serde_json::json!({
+            "settings": SETTINGS, "rows": rows(&all), "runs": runs_of(&all),
+        }))?,
+    )?;
+    std::fs::write(
+        out.join("benchmarks-postgres-campaign.md"),
+        campaign_markdown(&all),
+    )?;
     if !status.success() {
         bail!(
             "the fault campaign with seed {seed} ({steps} steps) failed ({status}); replay it with the same --seed and --steps"
         );
     }
     eprintln!(
-        "chaos: seed {seed}, {steps} steps passed in {:.0?}",
-        started.elapsed()
+        "chaos: seed {seed}, {steps} steps passed in {:.0?}; docs/benchmarks-postgres-campaign.md written from {}",
+        started.elapsed(),
+        records.display()
     );
     Ok(())
+}
+
+/// The records in `path` (JSON lines).
+fn read_records(path: &Path) -> Result<Vec<Record>> {
+    let text = std::fs::read_to_string(path).with_context(|| format!("{}", path.display()))?;
+    text.lines()
+        .filter(|l| !l.trim().is_empty())
+        .map(|l| serde_json::from_str(l).context("a record"))
+        .collect()
+}
+
+/// The campaign runs' ends among `records`.
+fn runs_of(records: &[Record]) -> Vec<CampaignRun> {
+    records.iter().filter_map(|r| r.campaign.clone()).collect()
 }
 
 /// Runs the scenarios `runs` times and writes the report into `out`.
@@ -109,13 +199,7 @@ pub fn run(root: &Path, runs: usize, out: &Path) -> Result<()> {
             bail!("run {run}: the PostgreSQL scenarios failed ({status})");
         }
     }
-    let text = std::fs::read_to_string(&record).context("the tests' records")?;
-    let records: Vec<Record> = text
-        .lines()
-        .filter(|l| !l.trim().is_empty())
-        .map(serde_json::from_str)
-        .collect::<Result<_, _>>()
-        .context("a record")?;
+    let records = read_records(&record)?;
     let rows = rows(&records);
     std::fs::create_dir_all(out)?;
     std::fs::write(
@@ -136,35 +220,87 @@ pub fn run(root: &Path, runs: usize, out: &Path) -> Result<()> {
     Ok(())
 }
 
-/// One row per scenario, in the order first recorded.
+/// The cluster shape of a record: `3 × sync 2`, `2 × async`.
+fn shape(r: &Record) -> String {
+    if r.synchronous > 0 {
+        format!("{} × sync {}", r.instances, r.synchronous)
+    } else {
+        format!("{} × async", r.instances)
+    }
+}
+
+fn median_max(mut xs: Vec<f64>) -> (f64, f64) {
+    xs.sort_by(f64::total_cmp);
+    (xs[xs.len() / 2], xs[xs.len() - 1])
+}
+
+/// One row per scenario and cluster shape, in the order first recorded (campaign ends are
+/// not scenarios).
 pub fn rows(records: &[Record]) -> Vec<Row> {
-    let mut order: Vec<&str> = Vec::new();
-    let mut by: BTreeMap<&str, Vec<&Record>> = BTreeMap::new();
-    for r in records {
-        if !by.contains_key(r.scenario.as_str()) {
-            order.push(&r.scenario);
+    let mut order: Vec<(String, String)> = Vec::new();
+    let mut by: BTreeMap<(String, String), Vec<&Record>> = BTreeMap::new();
+    for r in records.iter().filter(|r| r.campaign.is_none()) {
+        let key = (r.scenario.clone(), shape(r));
+        if !by.contains_key(&key) {
+            order.push(key.clone());
         }
-        by.entry(&r.scenario).or_default().push(r);
+        by.entry(key).or_default().push(r);
     }
     order
         .into_iter()
-        .map(|scenario| {
-            let rs = &by[scenario];
+        .map(|key| {
+            let rs = &by[&key];
             let mut secs: Vec<f64> = rs
                 .iter()
                 .map(|r| r.unavailable_ms as f64 / 1000.0)
                 .collect();
             secs.sort_by(f64::total_cmp);
+            let recovered: Vec<f64> = rs
+                .iter()
+                .filter_map(|r| r.recovered_ms)
+                .map(|ms| ms as f64 / 1000.0)
+                .collect();
+            let (recovered_median_s, recovered_max_s) = if recovered.is_empty() {
+                (None, None)
+            } else {
+                let (m, x) = median_max(recovered);
+                (Some(m), Some(x))
+            };
             Row {
-                scenario: scenario.to_string(),
+                scenario: key.0.clone(),
+                cluster: key.1.clone(),
                 runs: rs.len(),
                 min_s: secs[0],
                 median_s: secs[secs.len() / 2],
                 max_s: secs[secs.len() - 1],
+                recovered_median_s,
+                recovered_max_s,
+                written: rs.iter().filter_map(|r| r.written).sum(),
                 lost: rs.iter().map(|r| r.lost).sum(),
             }
         })
         .collect()
+}
+
+fn table(md: &mut String, rows: &[Row]) {
+    md.push_str("| scenario | cluster | runs | unavailable min | median | max | recovered median | max | rows acknowledged | lost |\n");
+    md.push_str("|---|---|---|---|---|---|---|---|---|---|\n");
+    let secs = |s: Option<f64>| s.map_or_else(|| "–".to_string(), |s| format!("{s:.1} s"));
+    for r in rows {
+        md.push_str(&format!(
+            "| {} | {} | {} | {:.1} s | {:.1} s | {:.1} s | {} | {} | {} | {} |\n",
+            r.scenario,
+            r.cluster,
+            r.runs,
+            r.min_s,
+            r.median_s,
+            r.max_s,
+            secs(r.recovered_median_s),
+            secs(r.recovered_max_s),
+            r.written,
+            r.lost
+        ));
+    }
 }
 
 fn markdown(rows: &[Row], runs: usize, took: Duration) -> String {
@@ -175,20 +311,54 @@ fn markdown(rows: &[Row], runs: usize, took: Duration) -> String {
     md.push_str(&format!(
         "Settings: {SETTINGS}. {runs} run(s) of each scenario, {:.0} s in all. \"Unavailable\" is the \
          longest gap between writes acknowledged through the `-rw` Service around the fault \
-         (a client writes every 50 ms); \"lost\" counts acknowledged rows missing afterwards, \
+         (a client writes every 50 ms); \"recovered\" runs from the fault until every instance is \
+         ready again; \"lost\" counts acknowledged rows missing afterwards, \
          summed over the runs. Every run also asserts that the old primary accepted no write \
          once the new one had. The scenarios are the variants of `Fault` in \
-         `tests/tests/postgres_cluster.rs`, each documented there.\n\n",
+         `tests/tests/postgres_cluster.rs`, each documented there: the campaign's default run \
+         (each failure once, 3 instances, every commit on every instance) and the planned moves \
+         (2 instances).\n\n",
         took.as_secs_f64()
     ));
-    md.push_str("| scenario | runs | unavailable min | median | max | acknowledged rows lost |\n");
-    md.push_str("|---|---|---|---|---|---|\n");
-    for r in rows {
+    table(&mut md, rows);
+    md
+}
+
+/// The campaign report: the runs (seed, steps, outcome), then the faults by kind.
+fn campaign_markdown(records: &[Record]) -> String {
+    let runs = runs_of(records);
+    let rows = rows(records);
+    let steps: usize = rows.iter().map(|r| r.runs).sum();
+    let written: u64 = rows.iter().map(|r| r.written).sum();
+    let lost: i64 = rows.iter().map(|r| r.lost).sum();
+    let mut md = String::from(
+        "# PostgreSQL fault campaign\n\n\
+         Generated by `cargo xtask chaos postgres --seed S --steps N` (as root: the real node) \
+         from every run recorded in `target/bench/postgres-campaign.jsonl`; do not edit.\n\n",
+    );
+    md.push_str(&format!(
+        "Settings: {SETTINGS}. {} run(s), {} passed; {steps} fault steps completed, {written} rows \
+         acknowledged, {lost} lost. After every step the campaign asserts: a primary accepts \
+         writes again within its bound, the old primary accepted no write once the new one had \
+         (probed from inside its pod's network namespace), no acknowledged row is missing, every \
+         instance is ready again; at the end of a run, every row of every step is still there and \
+         no pod log holds a password. A failed run stops at the failing step (its steps before \
+         are counted above).\n\n",
+        runs.len(),
+        runs.iter().filter(|r| r.passed).count()
+    ));
+    md.push_str("| seed | steps | result | duration |\n|---|---|---|---|\n");
+    for r in &runs {
         md.push_str(&format!(
-            "| {} | {} | {:.1} s | {:.1} s | {:.1} s | {} |\n",
-            r.scenario, r.runs, r.min_s, r.median_s, r.max_s, r.lost
+            "| {} | {} | {} | {:.0} min |\n",
+            r.seed,
+            r.steps,
+            if r.passed { "passed" } else { "failed" },
+            r.secs as f64 / 60.0
         ));
     }
+    md.push_str("\n## Faults by kind\n\n");
+    table(&mut md, &rows);
     md
 }
 
@@ -203,6 +373,7 @@ mod tests {
             instances: 2,
             unavailable_ms: ms,
             lost,
+            ..Record::default()
         };
         let rows = rows(&[
             r("KillPostgres", 3000, 0),
@@ -225,8 +396,55 @@ mod tests {
         assert_eq!((rows[1].runs, rows[1].lost), (1, 1));
         let md = markdown(&rows, 3, Duration::from_secs(90));
         assert!(
-            md.contains("| KillPostgres | 3 | 1.0 s | 2.0 s | 3.0 s | 2 |"),
+            md.contains("| KillPostgres | 2 × async | 3 | 1.0 s | 2.0 s | 3.0 s | – | – | 0 | 2 |"),
             "{md}"
         );
+    }
+
+    #[test]
+    fn the_campaign_report_counts_runs_steps_and_shapes_apart() {
+        let step = |scenario: &str, synchronous, recovered| Record {
+            scenario: scenario.into(),
+            instances: 3,
+            synchronous,
+            seed: Some(5),
+            unavailable_ms: 4000,
+            recovered_ms: Some(recovered),
+            written: Some(100),
+            ..Record::default()
+        };
+        let end = |passed| Record {
+            campaign: Some(CampaignRun {
+                seed: 5,
+                steps: 2,
+                passed,
+                secs: 120,
+            }),
+            ..Record::default()
+        };
+        let records = [
+            step("DeletePod", 2, 20_000),
+            step("DeletePod", 2, 30_000),
+            end(true),
+            step("DeletePod", 0, 10_000),
+            end(false),
+        ];
+        let rows = rows(&records);
+        assert_eq!(rows.len(), 2, "{rows:?}");
+        assert_eq!(
+            (
+                rows[0].cluster.as_str(),
+                rows[0].runs,
+                rows[0].recovered_max_s,
+                rows[0].written
+            ),
+            ("3 × sync 2", 2, Some(30.0), 200)
+        );
+        let md = campaign_markdown(&records);
+        assert!(
+            md.contains("2 run(s), 1 passed; 3 fault steps completed, 300 rows"),
+            "{md}"
+        );
+        assert!(md.contains("| 5 | 2 | failed | 2 min |"), "{md}");
     }
 }

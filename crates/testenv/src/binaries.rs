@@ -273,7 +273,7 @@ pub fn helm() -> Result<PathBuf, Error> {
 const DEBIAN_PROMETHEUS: (&str, &str) = ("/usr/bin/prometheus", "/usr/bin/promtool");
 
 /// Prometheus and promtool, for the monitoring tests (`deploy/monitoring`): Debian's when
-/// installed ([`DEBIAN_PROMETHEUS`]), else built from `go/prometheus` on first use (blocking;
+/// installed (`DEBIAN_PROMETHEUS`), else built from `go/prometheus` on first use (blocking;
 /// several minutes cold on 2 cores).
 ///
 /// # Errors

@@ -48,7 +48,7 @@ pub const CHECK_GRACE: Duration = Duration::from_secs(10);
 /// and the last `Err` message `check` gave ("3/5 replicas ready").
 ///
 /// A check that does not return is cut off at the deadline too (with at least
-/// [`CHECK_GRACE`] for the first one), so a request that hangs fails the test instead of
+/// `CHECK_GRACE` for the first one), so a request that hangs fails the test instead of
 /// stalling the run.
 ///
 /// # Errors

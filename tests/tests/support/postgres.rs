@@ -34,6 +34,8 @@ pub(crate) struct Cluster {
     /// The operator's binaries (for [`deploy::operator`]).
     pub(crate) built: deploy::Built,
     pub(crate) instances: i32,
+    /// `spec.synchronousReplicas` of `pg` (0: asynchronous).
+    pub(crate) synchronous_replicas: i32,
     /// The node's PostgreSQL image (`…:<major>`).
     pub(crate) image: String,
 }
@@ -85,6 +87,7 @@ impl Cluster {
             instance_image,
             built: binaries[0].clone(),
             instances,
+            synchronous_replicas: 0,
             image,
         };
         cluster.volumes("pg", instances).await;
@@ -135,6 +138,10 @@ impl Cluster {
     pub(crate) async fn create(&mut self, extra: serde_json::Value) {
         let (client, instances) = (self.client.clone(), self.instances);
         let created = Instant::now();
+        self.synchronous_replicas = extra["synchronousReplicas"]
+            .as_i64()
+            .and_then(|n| i32::try_from(n).ok())
+            .unwrap_or(0);
         let manifest = self.manifest("pg", instances, extra);
         steward_testenv::manifests::apply(&client, &manifest, None, "real-node-test", false)
             .await
@@ -149,15 +156,20 @@ impl Cluster {
 
     /// The superuser password of PostgresCluster `name`, once its Secret exists.
     pub(crate) async fn superuser_password(&self, name: &str) -> String {
+        self.secret_value(&format!("{name}-superuser"), "password")
+            .await
+    }
+
+    /// Key `key` of Secret `name` in the cluster's namespace, once the Secret exists.
+    pub(crate) async fn secret_value(&self, name: &str, key: &str) -> String {
         let secrets: Api<Secret> = Api::namespaced(self.client.clone(), &self.ns);
-        let secret_name = format!("{name}-superuser");
-        let secret: Secret = eventually("the superuser Secret", WAIT, || {
-            let (secrets, secret_name) = (secrets.clone(), secret_name.clone());
-            async move { secrets.get(&secret_name).await.map_err(|e| e.to_string()) }
+        let secret: Secret = eventually(&format!("Secret {name}"), WAIT, || {
+            let secrets = secrets.clone();
+            async move { secrets.get(name).await.map_err(|e| e.to_string()) }
         })
         .await
         .unwrap();
-        String::from_utf8(secret.data.unwrap()["password"].0.clone()).unwrap()
+        String::from_utf8(secret.data.unwrap()[key].0.clone()).unwrap()
     }
 
     /// The database-operator watching the cluster's namespace, registered, not started
@@ -824,6 +836,26 @@ pub(crate) async fn restore_with(
         .await
         .unwrap();
     (db, took)
+}
+
+/// The server's clock as RFC 3339 (a recovery target time).
+pub(crate) async fn server_clock(db: &tokio_postgres::Client) -> String {
+    db.query_one("select to_json(clock_timestamp()) #>> '{}'", &[])
+        .await
+        .unwrap()
+        .get(0)
+}
+
+/// Creates PostgresBackup `name` of PostgresCluster `of`.
+pub(crate) async fn create_backup(cluster: &Cluster, name: &str, of: &str) {
+    let manifest = json!({
+        "apiVersion": "database.steward.dev/v1alpha1", "kind": "PostgresBackup",
+        "metadata": {"name": name, "namespace": cluster.ns},
+        "spec": {"cluster": of},
+    });
+    steward_testenv::manifests::apply(&cluster.client, &manifest, None, "real-node-test", false)
+        .await
+        .unwrap();
 }
 
 /// The status of PostgresBackup `name` once it has ended: `Ok` when it completed, `Err` when
