@@ -226,6 +226,10 @@ pub struct BaseBackup {
     /// absent in backups taken before WAL was kept per system.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub system_identifier: Option<String>,
+    /// The PostgreSQL major of the copy (its `PG_VERSION`): only that major's binaries can
+    /// start on it; absent in backups taken before it was recorded.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub major: Option<u32>,
 }
 
 impl Store {
@@ -840,6 +844,7 @@ pub async fn base_backup(store: &Store, paths: &Paths, name: &str) -> Result<Bas
         completed_at: jiff::Timestamp::now().to_string(),
         size,
         system_identifier: Some(system_identifier(&paths.pgdata)?),
+        major: crate::upgrade::data_major(&paths.pgdata),
     };
     let manifest = store.path(&format!("base/{name}/backup.json"));
     let json = serde_json::to_vec_pretty(&backup).map_err(|e| Error::Invalid(e.to_string()))?;
@@ -852,13 +857,18 @@ pub async fn base_backup(store: &Store, paths: &Paths, name: &str) -> Result<Bas
 }
 
 /// The backup to restore for a recovery to `target` (RFC 3339; `None`: the end of the
-/// archive): the newest that completed before it.
+/// archive) by the binaries of PostgreSQL `major` (`None`: any): the newest that completed
+/// before it, of that major. A backup of another major is never chosen (PostgreSQL would
+/// refuse its data directory): across a major upgrade, a time before it is restored by the
+/// old major, a time after it only once the new major's first backup completed.
 ///
 /// # Errors
-/// [`Error::NoBackup`] when none qualifies; [`Error::Invalid`] for a bad target.
+/// [`Error::NoBackup`] when none qualifies, saying which major the newest backup before the
+/// target is of when that is what excludes it; [`Error::Invalid`] for a bad target.
 pub fn choose_backup<'a>(
     backups: &'a [BaseBackup],
     target: Option<&str>,
+    major: Option<u32>,
 ) -> Result<&'a BaseBackup, Error> {
     let target = target
         .map(|t| {
@@ -866,23 +876,42 @@ pub fn choose_backup<'a>(
                 .map_err(|e| Error::Invalid(format!("recovery target time {t:?}: {e}")))
         })
         .transpose()?;
-    backups
+    let before_target = |b: &&BaseBackup| {
+        let completed = b.completed_at.parse::<jiff::Timestamp>().ok();
+        match (target, completed) {
+            (None, _) => true,
+            (Some(t), Some(c)) => c < t,
+            (Some(_), None) => false,
+        }
+    };
+    let of_major = |b: &&BaseBackup| match (major, b.major) {
+        (Some(wanted), Some(copy)) => wanted == copy,
+        _ => true,
+    };
+    let newest = |a: &&BaseBackup, b: &&BaseBackup| a.completed_at.cmp(&b.completed_at);
+    let when = match target {
+        Some(t) => format!("completed before {t}"),
+        None => "in the object store".to_string(),
+    };
+    match backups
         .iter()
-        .filter(|b| {
-            let completed = b.completed_at.parse::<jiff::Timestamp>().ok();
-            match (target, completed) {
-                (None, _) => true,
-                (Some(t), Some(c)) => c < t,
-                (Some(_), None) => false,
-            }
-        })
-        .max_by(|a, b| a.completed_at.cmp(&b.completed_at))
-        .ok_or_else(|| {
-            Error::NoBackup(match target {
-                Some(t) => format!("completed before {t}"),
-                None => "in the object store".to_string(),
-            })
-        })
+        .filter(before_target)
+        .filter(of_major)
+        .max_by(newest)
+    {
+        Some(chosen) => Ok(chosen),
+        None => Err(Error::NoBackup(
+            match (major, backups.iter().filter(before_target).max_by(newest)) {
+                (Some(wanted), Some(other)) => format!(
+                    "of PostgreSQL {wanted} {when} (the newest, {}, is of PostgreSQL {}: restore it with spec.version {})",
+                    other.name,
+                    other.major.unwrap_or_default(),
+                    other.major.unwrap_or_default()
+                ),
+                _ => when,
+            },
+        )),
+    }
 }
 
 /// Downloads `backup` and unpacks it into the (empty) data directory.
@@ -1064,6 +1093,7 @@ mod tests {
             completed_at: completed_at.into(),
             size: 1,
             system_identifier: Some(SYS.into()),
+            major: None,
         }
     }
 
@@ -1165,28 +1195,71 @@ mod tests {
             backup("a", "000000010000000000000002", "2026-12-01T10:00:00Z"),
             backup("b", "000000010000000000000005", "2026-12-01T12:00:00Z"),
         ];
-        assert_eq!(choose_backup(&backups, None).unwrap().name, "b");
+        assert_eq!(choose_backup(&backups, None, None).unwrap().name, "b");
         assert_eq!(
-            choose_backup(&backups, Some("2026-12-01T11:00:00Z"))
+            choose_backup(&backups, Some("2026-12-01T11:00:00Z"), None)
                 .unwrap()
                 .name,
             "a"
         );
         assert_eq!(
-            choose_backup(&backups, Some("2026-12-01T12:00:01+00:00"))
+            choose_backup(&backups, Some("2026-12-01T12:00:01+00:00"), None)
                 .unwrap()
                 .name,
             "b"
         );
         assert!(matches!(
-            choose_backup(&backups, Some("2026-12-01T09:00:00Z")),
+            choose_backup(&backups, Some("2026-12-01T09:00:00Z"), None),
             Err(Error::NoBackup(_))
         ));
         assert!(matches!(
-            choose_backup(&backups, Some("yesterday")),
+            choose_backup(&backups, Some("yesterday"), None),
             Err(Error::Invalid(_))
         ));
-        assert!(matches!(choose_backup(&[], None), Err(Error::NoBackup(_))));
+        assert!(matches!(
+            choose_backup(&[], None, None),
+            Err(Error::NoBackup(_))
+        ));
+    }
+
+    /// Across a major upgrade (15 before it, 17 from its first backup on): each major
+    /// restores only its own copies, and a time after the upgrade but before the new major's
+    /// first backup is refused naming the backup and its major, not handed to PostgreSQL 17
+    /// as a data directory of 15.
+    #[test]
+    fn recovery_takes_a_backup_of_the_major_that_restores_it() {
+        let of = |name: &str, completed: &str, major: Option<u32>| BaseBackup {
+            major,
+            ..backup(name, "000000010000000000000002", completed)
+        };
+        let backups = [
+            of("on-15", "2026-12-01T10:00:00Z", Some(15)),
+            of("pg-after-pg17", "2026-12-01T12:00:00Z", Some(17)),
+        ];
+        let chosen = |target: Option<&str>, major| {
+            choose_backup(&backups, target, major).map(|b| b.name.clone())
+        };
+        assert_eq!(chosen(None, Some(17)).unwrap(), "pg-after-pg17");
+        assert_eq!(chosen(None, Some(15)).unwrap(), "on-15");
+        assert_eq!(chosen(None, None).unwrap(), "pg-after-pg17");
+        assert_eq!(
+            chosen(Some("2026-12-01T11:00:00Z"), Some(15)).unwrap(),
+            "on-15"
+        );
+        // A backup that does not say its major may be of either (taken before it was kept).
+        let legacy = [of("legacy", "2026-12-01T09:00:00Z", None)];
+        assert_eq!(
+            choose_backup(&legacy, None, Some(17)).unwrap().name,
+            "legacy"
+        );
+        match chosen(Some("2026-12-01T11:00:00Z"), Some(17)) {
+            Ok(name) => panic!("{name} chosen for PostgreSQL 17"),
+            Err(Error::NoBackup(reason)) => assert!(
+                reason.contains("on-15") && reason.contains("spec.version 15"),
+                "{reason}"
+            ),
+            Err(e) => panic!("{e}"),
+        }
     }
 
     /// One system's WAL, as `apply_retention` hands it to `retention_plan`.

@@ -760,7 +760,8 @@ impl Instance {
         tracing::info!(from = %source.url(), ?target, "holding the Lease with an empty data directory: restoring the cluster from a backup");
         let store = Store::open(source)?;
         let backups = store.base_backups().await?;
-        let backup = archive::choose_backup(&backups, target.as_deref())?.clone();
+        let backup =
+            archive::choose_backup(&backups, target.as_deref(), self.installed_major)?.clone();
         let staging = paths.pgdata.with_extension("restoring");
         let _ = std::fs::remove_dir_all(&staging);
         let staged = Paths {
