@@ -465,6 +465,7 @@ async fn upgrade_orchestrator_finishes_plans_after_an_apiserver_restart() {
     let operator = start_leading(&cp, upgrade_orchestrator::NAME, &ns, true, |op| {
         let options = upgrade_orchestrator::Options {
             watch_postgresclusters: false,
+            ..Default::default()
         };
         upgrade_orchestrator::register(op, options).unwrap();
     })

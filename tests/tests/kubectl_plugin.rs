@@ -103,6 +103,7 @@ async fn approve_pause_and_resume_move_a_real_plan() {
         .backoff(Duration::from_millis(200), Duration::from_secs(2));
     let options = upgrade_orchestrator::Options {
         watch_postgresclusters: false,
+        ..Default::default()
     };
     upgrade_orchestrator::register(&mut op, options).expect("register");
     let orchestrator = harness::Harness::start(op).await;

@@ -88,6 +88,14 @@ impl Env {
 
     /// Starts an orchestrator for this namespace on the test's runtime.
     async fn start(&self) -> Harness {
+        self.start_with(upgrade_orchestrator::Options {
+            watch_postgresclusters: false,
+            ..Default::default()
+        })
+        .await
+    }
+
+    async fn start_with(&self, options: upgrade_orchestrator::Options) -> Harness {
         let mut op = Operator::with_config(
             upgrade_orchestrator::NAME,
             self.args(),
@@ -95,9 +103,6 @@ impl Env {
         )
         .expect("operator")
         .backoff(Duration::from_millis(200), Duration::from_secs(2));
-        let options = upgrade_orchestrator::Options {
-            watch_postgresclusters: false,
-        };
         upgrade_orchestrator::register(&mut op, options).expect("register");
         Harness::start(op).await
     }
@@ -201,6 +206,25 @@ impl Env {
     }
 
     /// Waits until the plan reports `Valid=False` and returns its status.
+    /// Waits until `plan` ends (Succeeded, Paused or Failed) within [`ROLL`] and asserts it
+    /// succeeded; its status.
+    async fn wait_succeeded(&self, plan: &str) -> UpgradePlanStatus {
+        let status = self
+            .wait_phase(
+                plan,
+                &[PlanPhase::Succeeded, PlanPhase::Paused, PlanPhase::Failed],
+                ROLL,
+            )
+            .await;
+        assert_eq!(
+            status.phase,
+            Some(PlanPhase::Succeeded),
+            "{plan}: {}",
+            describe(&status)
+        );
+        status
+    }
+
     async fn wait_invalid(&self, plan: &str) -> UpgradePlanStatus {
         let plans = self.plans();
         eventually(&format!("plan {plan} reported invalid"), WAIT_VALID, || {
@@ -1035,6 +1059,7 @@ async fn a_stale_copy_of_a_rolled_back_plan_changes_nothing() {
     let metrics = steward_core::metrics::Metrics::new();
     let data = Data {
         metrics: PlanMetrics::register(&metrics, kube::runtime::reflector::store().0),
+        default_service_account: None,
     };
     let ctx = Arc::new(Context::new(
         env.client.clone(),
@@ -1910,6 +1935,7 @@ impl Crashable {
                     &mut op,
                     upgrade_orchestrator::Options {
                         watch_postgresclusters: false,
+                        ..Default::default()
                     },
                 )
                 .expect("register");
@@ -2377,6 +2403,7 @@ async fn postgres_cluster_upgrade_is_a_component() {
         &mut op,
         upgrade_orchestrator::Options {
             watch_postgresclusters: true,
+            ..Default::default()
         },
     )
     .expect("register");
@@ -2394,19 +2421,7 @@ async fn postgres_cluster_upgrade_is_a_component() {
         },
     ))
     .await;
-    let status = env
-        .wait_phase(
-            "database-first",
-            &[PlanPhase::Succeeded, PlanPhase::Paused, PlanPhase::Failed],
-            ROLL,
-        )
-        .await;
-    assert_eq!(
-        status.phase,
-        Some(PlanPhase::Succeeded),
-        "{}",
-        describe(&status)
-    );
+    let status = env.wait_succeeded("database-first").await;
     let db = comp(&status, "db");
     assert_eq!(
         (db.previous.as_deref(), db.target.as_deref()),
@@ -3193,19 +3208,7 @@ async fn a_plan_acts_as_its_service_account_and_changes_only_what_it_may() {
     );
     p.spec.service_account_name = Some("deployer".into());
     env.create_plan(p).await;
-    let status = env
-        .wait_phase(
-            "as-deployer",
-            &[PlanPhase::Succeeded, PlanPhase::Failed, PlanPhase::Paused],
-            ROLL,
-        )
-        .await;
-    assert_eq!(
-        status.phase,
-        Some(PlanPhase::Succeeded),
-        "{}",
-        describe(&status)
-    );
+    env.wait_succeeded("as-deployer").await;
     let web = deployments.get("web").await.expect("web");
     assert_eq!(
         web.spec
@@ -3229,6 +3232,134 @@ async fn a_plan_acts_as_its_service_account_and_changes_only_what_it_may() {
             .containers[0]
             .image
             .as_deref(),
+        Some("admin:1"),
+        "untouched"
+    );
+    op.stop().await.expect("clean shutdown");
+}
+
+/// Issue #39, item 7: a plan that names no ServiceAccount acted with the orchestrator's own
+/// rights (every Deployment of its namespace, and more), so `create` on UpgradePlans was
+/// worth more than any ServiceAccount there. With `--default-service-account default` it
+/// acts as the namespace's `default` ServiceAccount, impersonated, without delegation: here
+/// `default` may patch Deployment `web` only, so a plan on `web` succeeds and one on `admin`
+/// is `Valid=False` (the target cannot be read, forbidden to `default`), with `admin`
+/// untouched. A plan that names a ServiceAccount still needs its delegation.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_plan_naming_no_service_account_acts_as_the_default_one_when_configured() {
+    use k8s_openapi::api::core::v1::ServiceAccount;
+    use k8s_openapi::api::rbac::v1::{PolicyRule, Role, RoleBinding};
+    let env = Env::new("uo-default-sa").await;
+    for d in [deployment("web", "web:1"), deployment("admin", "admin:1")] {
+        env.api::<Deployment>()
+            .create(&PostParams::default(), &d)
+            .await
+            .expect("create deployment");
+    }
+    // The namespace's `default` ServiceAccount exists once its controller made it; the
+    // test's control plane may not run that controller, so it is made here if missing.
+    let accounts = env.api::<ServiceAccount>();
+    if accounts.get_opt("default").await.expect("get sa").is_none() {
+        let sa = ServiceAccount {
+            metadata: fixtures::meta("default"),
+            ..ServiceAccount::default()
+        };
+        accounts
+            .create(&PostParams::default(), &sa)
+            .await
+            .expect("create default sa");
+    }
+    let sa = ServiceAccount {
+        metadata: fixtures::meta("undelegated"),
+        ..ServiceAccount::default()
+    };
+    accounts
+        .create(&PostParams::default(), &sa)
+        .await
+        .expect("create sa");
+    let role = fixtures::role(
+        "deploy-web",
+        vec![PolicyRule {
+            resource_names: Some(vec!["web".into()]),
+            ..fixtures::rule(&["apps"], &["deployments"], &["get", "patch"])
+        }],
+    );
+    env.api::<Role>()
+        .create(&PostParams::default(), &role)
+        .await
+        .expect("create role");
+    let binding = fixtures::role_binding(
+        "deploy-web",
+        vec![
+            fixtures::rbac_service_account(&env.ns, "default"),
+            fixtures::rbac_service_account(&env.ns, "undelegated"),
+        ],
+    );
+    env.api::<RoleBinding>()
+        .create(&PostParams::default(), &binding)
+        .await
+        .expect("create binding");
+    let op = env
+        .start_with(upgrade_orchestrator::Options {
+            watch_postgresclusters: false,
+            default_service_account: Some("default".into()),
+        })
+        .await;
+
+    // Beyond what `default` may: refused before anything changes.
+    env.create_plan(plan(
+        "on-admin",
+        vec![component("admin", "Deployment", "admin:2", &[])],
+        Strategy::default(),
+    ))
+    .await;
+    let status = env.wait_invalid("on-admin").await;
+    let valid = steward_core::conditions::get(&status.conditions, "Valid").expect("Valid");
+    let acting = format!("system:serviceaccount:{}:default", env.ns);
+    assert!(
+        valid.message.contains("forbidden") && valid.message.contains(&acting),
+        "as {acting}: {}",
+        valid.message
+    );
+    assert!(status.started_at.is_none(), "on-admin did not start");
+    // A ServiceAccount named explicitly still has to delegate.
+    let mut p = plan(
+        "as-undelegated",
+        vec![component("web", "Deployment", "web:2", &[])],
+        Strategy::default(),
+    );
+    p.spec.service_account_name = Some("undelegated".into());
+    env.create_plan(p).await;
+    let status = env.wait_invalid("as-undelegated").await;
+    let valid = steward_core::conditions::get(&status.conditions, "Valid").expect("Valid");
+    assert_eq!(
+        valid.reason, "ServiceAccountNotDelegated",
+        "{}",
+        valid.message
+    );
+
+    // Within what `default` may: done, as `default`.
+    env.create_plan(plan(
+        "on-web",
+        vec![component("web", "Deployment", "web:2", &[])],
+        Strategy::default(),
+    ))
+    .await;
+    env.wait_succeeded("on-web").await;
+    let image = |d: Deployment| {
+        d.spec
+            .template
+            .spec
+            .and_then(|p| p.containers.into_iter().next())
+            .and_then(|c| c.image)
+    };
+    let deployments = env.api::<Deployment>();
+    assert_eq!(
+        image(deployments.get("web").await.expect("web")).as_deref(),
+        Some("web:2")
+    );
+    assert_eq!(
+        image(deployments.get("admin").await.expect("admin")).as_deref(),
         Some("admin:1"),
         "untouched"
     );

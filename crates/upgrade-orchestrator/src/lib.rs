@@ -80,6 +80,13 @@ pub struct Options {
     /// see its readiness only on their deadline timer or other events.
     #[arg(long, default_value_t = true, action = clap::ArgAction::Set)]
     pub watch_postgresclusters: bool,
+    /// The ServiceAccount (of the plan's namespace) that a plan naming no
+    /// `spec.serviceAccountName` acts as, impersonated like a named one (it needs no
+    /// delegation: it acts for every plan of its namespace). Unset, such a plan acts with the
+    /// orchestrator's own rights; set it (e.g. to `default`) wherever whoever may create an
+    /// UpgradePlan must not change more than a ServiceAccount of that namespace may.
+    #[arg(long)]
+    pub default_service_account: Option<String>,
 }
 
 impl Default for Options {
@@ -155,7 +162,10 @@ pub fn register(operator: &mut steward_core::Operator, options: Options) -> Resu
     let metrics = metrics::PlanMetrics::register(&operator.metrics(), store);
     operator.controller(
         controller,
-        reconcile::Data { metrics },
+        reconcile::Data {
+            metrics,
+            default_service_account: options.default_service_account,
+        },
         |plan: Arc<UpgradePlan>, ctx| reconcile::reconcile(plan, ctx),
     );
     Ok(())

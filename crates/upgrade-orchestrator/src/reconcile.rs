@@ -41,6 +41,8 @@ use crate::{CONTROLLER, plan};
 /// The operator's state in every reconcile.
 pub struct Data {
     pub metrics: PlanMetrics,
+    /// `--default-service-account`: what a plan naming no ServiceAccount acts as.
+    pub default_service_account: Option<String>,
 }
 
 /// The finalizer that keeps a deleted plan until what it changed is undone.
@@ -97,6 +99,7 @@ async fn converge(
     ctx: Arc<Context<Data>>,
     deleting: bool,
 ) -> Result<Action, Error> {
+    let plan = acting_plan(plan, ctx.data.default_service_account.as_deref());
     let name = plan.name_any();
     let namespace = plan
         .namespace()
@@ -254,9 +257,24 @@ async fn converge(
     })
 }
 
+/// `plan` as it acts: one that names no ServiceAccount acts as `default` (the orchestrator's
+/// `--default-service-account`) when that is set, as if it named it.
+fn acting_plan(plan: Arc<UpgradePlan>, default: Option<&str>) -> Arc<UpgradePlan> {
+    match default {
+        Some(account) if plan.spec.service_account_name.is_none() => {
+            let mut acting = (*plan).clone();
+            acting.spec.service_account_name = Some(account.to_string());
+            Arc::new(acting)
+        }
+        _ => plan,
+    }
+}
+
 /// Why `plan` may not act as its `spec.serviceAccountName`: the ServiceAccount does not exist
 /// or does not delegate to the plan ([`plan::DELEGATE_ANNOTATION`]). Looked at on every
 /// reconcile, so taking the annotation away stops a plan (`Valid=False`) until it is back.
+/// The `--default-service-account` needs no delegation (it acts for every plan of its
+/// namespace), only to exist.
 async fn not_delegated(
     ctx: &Context<Data>,
     plan: &UpgradePlan,
@@ -265,6 +283,7 @@ async fn not_delegated(
     let Some(account) = &plan.spec.service_account_name else {
         return Ok(None);
     };
+    let acts_for_all = ctx.data.default_service_account.as_ref() == Some(account);
     let accounts: Api<ServiceAccount> = Api::namespaced(ctx.client.clone(), namespace);
     let found = accounts
         .get_opt(account)
@@ -277,7 +296,7 @@ async fn not_delegated(
         None => "does not exist",
         Some(sa) => {
             let names = sa.annotations().get(plan::DELEGATE_ANNOTATION);
-            if plan::delegates(names.map(String::as_str), &plan.name_any()) {
+            if acts_for_all || plan::delegates(names.map(String::as_str), &plan.name_any()) {
                 return Ok(None);
             }
             "does not delegate to this plan"
