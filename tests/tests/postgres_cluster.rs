@@ -260,6 +260,40 @@ enum Fault {
     /// or fails saying so, and then another one completes; the restores at the end of a
     /// campaign start from the newest.
     BackupDuringFailover,
+    /// SIGKILL of the primary's instance manager, PID 1 of its container: every process of
+    /// the container dies with it (PostgreSQL and the watchdog, as in a crash of the
+    /// container) and the kubelet starts it again, the Lease not released. The manager that
+    /// comes back takes its data up again if it still holds the Lease, or a replica takes
+    /// over once the Lease expires: either way, nothing acknowledged is lost.
+    KillManager,
+    /// The primary's volume lost with its pod (its claim deleted, then the pod): a replica
+    /// takes over; the StatefulSet makes a new claim, the harness a new empty volume for it
+    /// (the node has no provisioner), and the instance comes back empty and is cloned from
+    /// the new primary.
+    DeletePodAndVolume,
+    /// One direction of one link: a replica drops what comes from the primary for [`HOLD`]
+    /// (its own packets still go out; the API server and the other replica still reach
+    /// it). The primary stays; commits that need that replica wait, then go through.
+    PartitionReplicaFromPrimary,
+    /// A major upgrade mid-campaign (the node's PostgreSQL to the bundled 17 with
+    /// `pg_upgrade`, on the first instance): writes stop while it runs, nothing acknowledged
+    /// is lost, the replicas are cloned again and the campaign goes on on the new major. The
+    /// step ends once the new system's first base backup completed, so that a point in time
+    /// after it has a backup of its own major to restore from. At most once in a campaign.
+    MajorUpgrade,
+}
+
+/// Where the primary is after a fault.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Primary {
+    /// On another instance (the old one accepts no write once the new one did).
+    Moves,
+    /// On the same instance.
+    Stays,
+    /// Either (a crashed container that may come back before its Lease expires; an upgrade
+    /// that runs on the first instance): when it moved, the old one accepts no write once
+    /// the new one did.
+    Either,
 }
 
 /// How long a fault that is undone by the harness, not by the cluster, lasts (a stopped WAL
@@ -268,17 +302,29 @@ enum Fault {
 const HOLD: Duration = Duration::from_secs(8);
 
 impl Fault {
-    /// Whether the primary must move to another instance.
-    fn moves_the_primary(self) -> bool {
-        !matches!(
-            self,
+    /// Where the primary is once the cluster recovered.
+    fn primary(self) -> Primary {
+        match self {
             Fault::KillPostgres
-                | Fault::KillWalReceiver
-                | Fault::StopWalReceiver
-                | Fault::DeleteReplica
-                | Fault::PartitionFromPeers
-                | Fault::OperatorRestart
-        )
+            | Fault::KillWalReceiver
+            | Fault::StopWalReceiver
+            | Fault::DeleteReplica
+            | Fault::PartitionFromPeers
+            | Fault::OperatorRestart
+            | Fault::PartitionReplicaFromPrimary => Primary::Stays,
+            Fault::KillManager | Fault::MajorUpgrade => Primary::Either,
+            Fault::DeletePod
+            | Fault::StopPostmaster
+            | Fault::StopManager
+            | Fault::Partition
+            | Fault::Switchover
+            | Fault::RollingChange
+            | Fault::OperatorKilledMidSwitchover
+            | Fault::PartitionFromApiServer
+            | Fault::DoubleFailure
+            | Fault::BackupDuringFailover
+            | Fault::DeletePodAndVolume => Primary::Moves,
+        }
     }
 }
 
@@ -334,15 +380,15 @@ fn cut_rules(peers: &[String]) -> Vec<Vec<String>> {
         .collect()
 }
 
-/// Drops (or, with `heal`, stops dropping) every packet in and out of the network namespace
-/// of host process `pid` to and from `peers` (every address but loopback when empty).
-fn partition(pid: u32, peers: &[String], heal: bool) {
+/// Inserts (or, with `heal`, deletes) iptables `rules` in the network namespace of host
+/// process `pid`.
+fn iptables(pid: u32, rules: &[Vec<String>], heal: bool) {
     let action = if heal { "-D" } else { "-I" };
-    for rule in cut_rules(peers) {
+    for rule in rules {
         let status = std::process::Command::new("nsenter")
             .arg(format!("--net=/proc/{pid}/ns/net"))
             .args(["iptables", action])
-            .args(&rule)
+            .args(rule)
             .status()
             .unwrap();
         assert!(
@@ -522,7 +568,8 @@ async fn disrupt(cluster: &mut Cluster, rw: &str, fault: Fault, step: usize) -> 
     }
     // What the harness must undo once the cluster has reacted (the addresses cut, or the
     // process stopped).
-    let mut cut: Option<Vec<String>> = None;
+    // (the network namespace of which host process, the rules inserted there)
+    let mut cut: Option<(u32, Vec<Vec<String>>)> = None;
     let mut stopped: Option<u32> = None;
     let fault_at = Instant::now();
     match fault {
@@ -576,18 +623,13 @@ async fn disrupt(cluster: &mut Cluster, rw: &str, fault: Fault, step: usize) -> 
         }
         Fault::StopPostmaster => signal(postmaster, "STOP"),
         Fault::Partition => {
-            partition(sandbox, &[], false);
-            cut = Some(Vec::new());
+            cut = Some((sandbox, cut_rules(&[])));
         }
         Fault::PartitionFromApiServer => {
-            let apiserver = vec![apiserver_seen_by(manager)];
-            partition(sandbox, &apiserver, false);
-            cut = Some(apiserver);
+            cut = Some((sandbox, cut_rules(&[apiserver_seen_by(manager)])));
         }
         Fault::PartitionFromPeers => {
-            let peers = peer_ips(cluster, &old).await;
-            partition(sandbox, &peers, false);
-            cut = Some(peers);
+            cut = Some((sandbox, cut_rules(&peer_ips(cluster, &old).await)));
         }
         Fault::KillWalReceiver | Fault::StopWalReceiver => {
             let receiver = cluster
@@ -608,6 +650,66 @@ async fn disrupt(cluster: &mut Cluster, rw: &str, fault: Fault, step: usize) -> 
                 .unwrap();
         }
         Fault::OperatorRestart => cluster.kill_operator(),
+        Fault::KillManager => signal(manager, "KILL"),
+        Fault::DeletePodAndVolume => {
+            let claim = format!("data-{old}");
+            let claims: Api<k8s_openapi::api::core::v1::PersistentVolumeClaim> =
+                Api::namespaced(cluster.client.clone(), &cluster.ns);
+            let lost = claims.get(&claim).await.unwrap().uid();
+            // The claim stays (Terminating) while the pod uses it, and goes with the pod.
+            claims
+                .delete(&claim, &DeleteParams::default())
+                .await
+                .unwrap();
+            cluster
+                .pods()
+                .delete(&old, &DeleteParams::default())
+                .await
+                .unwrap();
+            // The StatefulSet makes a claim again; a new empty volume is provisioned for it.
+            let made = eventually(&format!("a new claim {claim}"), WAIT, || {
+                let (claims, claim, lost) = (claims.clone(), claim.clone(), lost.clone());
+                async move {
+                    let got = claims.get(&claim).await.map_err(|e| e.to_string())?;
+                    if got.uid() == lost {
+                        Err("the lost one is still there".to_string())
+                    } else {
+                        Ok(())
+                    }
+                }
+            })
+            .await;
+            if let Err(e) = made {
+                panic!("{e}\n{}", cluster.logs().await);
+            }
+            cluster
+                .volume(&old, &format!("{}-{old}-lost-{step}", cluster.ns))
+                .await;
+        }
+        Fault::PartitionReplicaFromPrimary => {
+            let (replica_manager, _) = cluster.processes(&replica);
+            let rule = ["INPUT", "-s", old_ip.as_str(), "-j", "DROP"];
+            let rules = vec![rule.iter().map(ToString::to_string).collect()];
+            cut = Some((sandbox_of(replica_manager), rules));
+        }
+        Fault::MajorUpgrade => {
+            let (version, _, _) = steward_testenv::images::BUNDLED_POSTGRESQL[0];
+            let image = support::node(&cluster._cp)
+                .postgresql_bundle_image(version)
+                .await
+                .expect("the bundled PostgreSQL's image");
+            let major = image_major(&image);
+            let upgrade = json!({"spec": {"version": major, "image": image}});
+            cluster
+                .clusters()
+                .patch("pg", &PatchParams::default(), &Patch::Merge(upgrade))
+                .await
+                .unwrap();
+            // Restores from here on run the new major.
+            cluster.image = image;
+            major_upgrade_condition(cluster, "Completed").await;
+            assert_eq!(cluster.status().await.current_version, Some(major));
+        }
         Fault::Switchover | Fault::OperatorKilledMidSwitchover => {
             let to = replicas[0].clone();
             let annotation =
@@ -654,17 +756,22 @@ async fn disrupt(cluster: &mut Cluster, rw: &str, fault: Fault, step: usize) -> 
     // Undo what the harness did once the cluster has reacted: when another instance holds
     // the Lease (the faults that fence the primary), or after HOLD (a pause of a peer link
     // or of a WAL receiver).
-    let undo = |cut: &Option<Vec<String>>, stopped: Option<u32>| {
+    if let Some((pid, rules)) = &cut {
+        iptables(*pid, rules, false);
+    }
+    let undo = |cut: &Option<(u32, Vec<Vec<String>>)>, stopped: Option<u32>| {
         if let Some(pid) = stopped {
             signal(pid, "CONT");
         }
-        if let Some(peers) = cut {
-            partition(sandbox, peers, true);
+        if let Some((pid, rules)) = cut {
+            iptables(*pid, rules, true);
         }
     };
+    let primary = fault.primary();
+    let moved = primary == Primary::Moves;
     let mut undone_at = None;
     if cut.is_some() || stopped.is_some() {
-        let reacted = if fault.moves_the_primary() {
+        let reacted = if moved {
             lease_moved_from(cluster, &old).await.map(|_| ())
         } else {
             tokio::time::sleep(HOLD).await;
@@ -676,7 +783,6 @@ async fn disrupt(cluster: &mut Cluster, rw: &str, fault: Fault, step: usize) -> 
             panic!("{fault:?}: {e}\n{}", cluster.logs().await);
         }
     }
-    let moved = fault.moves_the_primary();
     // The first write acknowledged after the fault (by another server, when the primary
     // must move).
     let back = eventually(
@@ -785,7 +891,19 @@ async fn disrupt(cluster: &mut Cluster, rw: &str, fault: Fault, step: usize) -> 
             .any(|at| *at < fault_at),
         "{fault:?}: the probe of the old primary never got a write through before the fault (a probe that cannot succeed proves nothing)"
     );
-    if moved {
+    // The first write acknowledged by a new primary, when the primary moved.
+    let new_primary_from = match primary {
+        Primary::Moves => Some((first_new, new_server.clone())),
+        Primary::Stays => None,
+        Primary::Either => acks
+            .lock()
+            .unwrap()
+            .rows
+            .iter()
+            .find(|(_, at, server)| *at > fault_at && *server != old_ip)
+            .map(|(_, at, server)| (*at, server.clone())),
+    };
+    if let Some((first_new, new_server)) = new_primary_from {
         let late: Vec<Duration> = accepted_on_old
             .lock()
             .unwrap()
@@ -835,12 +953,14 @@ async fn disrupt(cluster: &mut Cluster, rw: &str, fault: Fault, step: usize) -> 
         ))
         .await
         .unwrap();
+    let (now, _) = cluster.primary().await;
     eprintln!(
         "{fault:?}: primary {old} → {}; writes unavailable for {unavailable:.1?} (fault to first acknowledged write {:.1?}); acknowledged rows lost: {lost} of {}",
-        if moved {
-            new_server.as_str()
-        } else {
-            "same pod"
+        match primary {
+            Primary::Moves => new_server.as_str(),
+            Primary::Stays => "same pod",
+            Primary::Either if now == old => "same pod",
+            Primary::Either => now.as_str(),
         },
         first_new.duration_since(fault_at),
         ids.len()
@@ -864,12 +984,19 @@ async fn disrupt(cluster: &mut Cluster, rw: &str, fault: Fault, step: usize) -> 
             }
         }
     }
-    let (now, _) = cluster.primary().await;
     if moved && fault != Fault::DoubleFailure {
         assert_ne!(now, old, "{fault:?}: the primary moved");
     }
-    if !moved {
+    if primary == Primary::Stays {
         assert_eq!(now, old, "{fault:?}: the primary stayed");
+    }
+    if let Fault::MajorUpgrade = fault {
+        // The new system's first base backup, taken once the upgrade completed.
+        completed_backup(
+            cluster,
+            &format!("pg-after-pg{}", image_major(&cluster.image)),
+        )
+        .await;
     }
     Outcome {
         unavailable,
@@ -951,7 +1078,7 @@ fn record_for_bench(fault: Fault, cluster: &Cluster, seed: Option<u64>, outcome:
 
 /// The faults a campaign draws from: every way to lose the primary, then the faults on a
 /// replica, a link, the operator or a backup, then the planned moves.
-const CAMPAIGN: [Fault; 15] = [
+const CAMPAIGN: [Fault; 19] = [
     Fault::KillPostgres,
     Fault::DeletePod,
     Fault::StopManager,
@@ -959,14 +1086,18 @@ const CAMPAIGN: [Fault; 15] = [
     Fault::Partition,
     Fault::PartitionFromApiServer,
     Fault::DoubleFailure,
+    Fault::KillManager,
+    Fault::DeletePodAndVolume,
     Fault::KillWalReceiver,
     Fault::StopWalReceiver,
     Fault::DeleteReplica,
     Fault::PartitionFromPeers,
+    Fault::PartitionReplicaFromPrimary,
     Fault::OperatorRestart,
     Fault::BackupDuringFailover,
     Fault::Switchover,
     Fault::OperatorKilledMidSwitchover,
+    Fault::MajorUpgrade,
 ];
 /// The failures (the first seven of [`CAMPAIGN`]): a default run has each once.
 const FAILURES: usize = 7;
@@ -975,8 +1106,9 @@ const FAILURES: usize = 7;
 const ROLLING_EVERY: u64 = 20;
 
 /// A seeded fault campaign's order: the failures in an order drawn from `seed` (each once
-/// when `steps` allows), then draws from the whole catalogue, now and then a rolling
-/// change. splitmix64: the same seed gives the same campaign on every machine.
+/// when `steps` allows), then draws from the whole catalogue (a major upgrade at most once),
+/// now and then a rolling change. splitmix64: the same seed gives the same campaign on every
+/// machine.
 fn campaign(seed: u64, steps: usize) -> Vec<Fault> {
     let mut state = seed;
     let mut next = move || {
@@ -998,6 +1130,9 @@ fn campaign(seed: u64, steps: usize) -> Vec<Fault> {
             order.push(Fault::RollingChange);
         } else {
             let i = usize::try_from((draw / ROLLING_EVERY) % CAMPAIGN.len() as u64).unwrap_or(0);
+            if CAMPAIGN[i] == Fault::MajorUpgrade && order.contains(&Fault::MajorUpgrade) {
+                continue;
+            }
             order.push(CAMPAIGN[i]);
         }
     }
@@ -1013,11 +1148,13 @@ fn a_campaign_is_replayed_from_its_seed_and_has_every_failure_first() {
         assert!(a[..FAILURES].contains(fault), "{fault:?} in {a:?}");
     }
     assert_eq!(campaign(7, 3).len(), 3);
-    // A long campaign draws every fault, the rolling change included.
+    // A long campaign draws every fault, the rolling change included, and upgrades once.
     let long = campaign(1, 400);
     for fault in CAMPAIGN.iter().chain([&Fault::RollingChange]) {
         assert!(long.contains(fault), "{fault:?} never drawn in 400 steps");
     }
+    let upgrades = long.iter().filter(|f| **f == Fault::MajorUpgrade).count();
+    assert_eq!(upgrades, 1, "{long:?}");
 }
 
 /// A seeded fault campaign on a PostgresCluster of 3 instances with `synchronousReplicas: 2`
@@ -1065,6 +1202,9 @@ async fn postgres_cluster_fails_over_and_never_has_two_writers() {
     completed_backup(&cluster, "base").await;
     // The point in time a restore is asked for: after a step drawn from the seed.
     let target_after = usize::try_from(seed % steps.max(1) as u64).unwrap_or(0);
+    // A restore to a time before a major upgrade runs the major of then.
+    let first_image = cluster.image.clone();
+    let upgraded_at = order.iter().position(|f| *f == Fault::MajorUpgrade);
     let mut target = None;
     let started = Instant::now();
     let mut report = Vec::new();
@@ -1115,12 +1255,13 @@ async fn postgres_cluster_fails_over_and_never_has_two_writers() {
         .await
         .unwrap();
     if let Some(at) = target {
-        let (restored, _) = restore(
-            &cluster,
-            "to-t",
-            json!({"objectStore": object_store, "targetTime": at}),
-        )
-        .await;
+        let recovery = json!({"objectStore": object_store, "targetTime": at});
+        let mut spec = json!({"bootstrap": {"recovery": recovery}});
+        if upgraded_at.is_some_and(|u| target_after < u) {
+            spec["version"] = json!(image_major(&first_image));
+            spec["image"] = json!(first_image);
+        }
+        let (restored, _) = restore_with(&cluster, "to-t", spec).await;
         let lacking = steps_lacking_rows(&restored, &report[..=target_after]).await;
         assert!(
             lacking.is_empty(),

@@ -224,35 +224,6 @@ async fn the_instance_manager_upgrades_a_data_directory_with_pg_upgrade() {
     pg_ctl(&old_bin, &refused, &["-m", "fast", "stop"]);
 }
 
-/// Waits until the cluster's `MajorUpgrade` condition has `reason`; its message. Panics with
-/// the pods' logs otherwise.
-async fn major_upgrade_condition(cluster: &Cluster, reason: &str) -> String {
-    let clusters = cluster.clusters();
-    let found = eventually(
-        &format!("MajorUpgrade {reason}"),
-        Duration::from_secs(300),
-        || {
-            let clusters = clusters.clone();
-            async move {
-                let status = status_of(&clusters, "pg").await?;
-                let condition = status.conditions.iter().find(|c| c.type_ == "MajorUpgrade");
-                match condition {
-                    Some(c) if c.reason == reason => Ok(c.message.clone()),
-                    other => Err(format!(
-                        "condition {other:?}, upgrade {:?}",
-                        status.major_upgrade
-                    )),
-                }
-            }
-        },
-    )
-    .await;
-    match found {
-        Ok(message) => message,
-        Err(e) => panic!("{e}\n{}", cluster.logs().await),
-    }
-}
-
 /// Row count and checksum of `kept`, and how many rows the `pg_trgm` index finds (the
 /// extension's index is used, not a sequential scan).
 const KEPT_DIGEST: &str =

@@ -98,18 +98,25 @@ impl Cluster {
     /// hostPath volumes for the instances of PostgresCluster `name`.
     pub(crate) async fn volumes(&self, name: &str, instances: i32) {
         for i in 0..instances {
-            let pv = node(&self._cp)
-                .volume(
-                    &format!("{}-{name}-{i}", self.ns),
-                    "1Gi",
-                    Some((&self.ns, &format!("data-{name}-{i}"))),
-                    steward_testenv::images::POSTGRES_UID,
-                )
-                .unwrap();
-            steward_testenv::manifests::apply(&self.client, &pv, None, "real-node-test", false)
-                .await
-                .unwrap();
+            self.volume(&format!("{name}-{i}"), &format!("{}-{name}-{i}", self.ns))
+                .await;
         }
+    }
+
+    /// A new, empty hostPath volume `pv` for the claim of instance `pod` (the testenv's
+    /// node has no provisioner: this is one, by hand).
+    pub(crate) async fn volume(&self, pod: &str, pv: &str) {
+        let pv = node(&self._cp)
+            .volume(
+                pv,
+                "1Gi",
+                Some((&self.ns, &format!("data-{pod}"))),
+                steward_testenv::images::POSTGRES_UID,
+            )
+            .unwrap();
+        steward_testenv::manifests::apply(&self.client, &pv, None, "real-node-test", false)
+            .await
+            .unwrap();
     }
 
     /// The manifest of PostgresCluster `name` of `instances` on the node's PostgreSQL image,
@@ -120,7 +127,7 @@ impl Cluster {
         instances: i32,
         extra: serde_json::Value,
     ) -> serde_json::Value {
-        let major: i32 = self.image.rsplit(':').next().unwrap().parse().unwrap();
+        let major = image_major(&self.image);
         let mut manifest = json!({
             "apiVersion": "database.steward.dev/v1alpha1", "kind": "PostgresCluster",
             "metadata": {"name": name, "namespace": self.ns},
@@ -378,6 +385,15 @@ impl Cluster {
     }
 }
 
+/// The PostgreSQL major of a testenv PostgreSQL image (its tag: `…:<major>`).
+pub(crate) fn image_major(image: &str) -> i32 {
+    image
+        .rsplit(':')
+        .next()
+        .and_then(|tag| tag.parse().ok())
+        .unwrap_or_else(|| panic!("{image} is not tagged with its major"))
+}
+
 /// The host's processes whose environment passes `keep`: pid, parent pid, command line.
 fn host_processes(keep: impl Fn(&str) -> bool) -> Vec<(u32, u32, String)> {
     let mut all = Vec::new();
@@ -601,6 +617,35 @@ pub(crate) async fn status_of(
 ) -> Result<database_operator::crd::PostgresClusterStatus, String> {
     let cluster = clusters.get(name).await.map_err(|e| e.to_string())?;
     Ok(cluster.status.unwrap_or_default())
+}
+
+/// Waits until the cluster's `MajorUpgrade` condition has `reason`; its message. Panics with
+/// the pods' logs otherwise.
+pub(crate) async fn major_upgrade_condition(cluster: &Cluster, reason: &str) -> String {
+    let clusters = cluster.clusters();
+    let found = eventually(
+        &format!("MajorUpgrade {reason}"),
+        Duration::from_secs(300),
+        || {
+            let clusters = clusters.clone();
+            async move {
+                let status = status_of(&clusters, "pg").await?;
+                let condition = status.conditions.iter().find(|c| c.type_ == "MajorUpgrade");
+                match condition {
+                    Some(c) if c.reason == reason => Ok(c.message.clone()),
+                    other => Err(format!(
+                        "condition {other:?}, upgrade {:?}",
+                        status.major_upgrade
+                    )),
+                }
+            }
+        },
+    )
+    .await;
+    match found {
+        Ok(message) => message,
+        Err(e) => panic!("{e}\n{}", cluster.logs().await),
+    }
 }
 
 /// The backup tests' bucket.
