@@ -1051,6 +1051,50 @@ async fn point_in_time(rw: &str, password: &str) -> String {
     at
 }
 
+/// A restore (`spec`, on the cluster's current image) to a time before a major upgrade: no
+/// base backup of the new major is that old, so its instance does not start, and the
+/// cluster's Ready condition says why — the newest backup before the target and its major,
+/// `old_major` — instead of PostgreSQL failing on a data directory of another major.
+async fn refused_by_another_major(cluster: &Cluster, spec: &serde_json::Value, old_major: i32) {
+    let name = "other-major";
+    cluster.volumes(name, 1).await;
+    let manifest = cluster.manifest(name, 1, spec.clone());
+    steward_testenv::manifests::apply(&cluster.client, &manifest, None, "real-node-test", false)
+        .await
+        .unwrap();
+    let clusters = cluster.clusters();
+    let said = eventually(
+        "the restore by the new major says which backup it lacks",
+        WAIT,
+        || {
+            let clusters = clusters.clone();
+            async move {
+                let status = status_of(&clusters, name).await?;
+                let ready = status.conditions.iter().find(|c| c.type_ == "Ready");
+                match ready {
+                    Some(c)
+                        if c.status == "False"
+                            && c.message
+                                .contains(&format!("restore it with spec.version {old_major}")) =>
+                    {
+                        Ok(c.message.clone())
+                    }
+                    other => Err(format!("Ready {other:?}")),
+                }
+            }
+        },
+    )
+    .await;
+    match said {
+        Ok(message) => eprintln!("a restore by the new major to before the upgrade: {message}"),
+        Err(e) => panic!("{e}\n{}", logs(&cluster.pods(), &format!("{name}-0")).await),
+    }
+    clusters
+        .delete(name, &DeleteParams::default())
+        .await
+        .unwrap();
+}
+
 /// With `STEWARD_BENCH_RECORD=<file>` (set by `cargo xtask bench --postgres` and `cargo xtask
 /// chaos`), appends what one fault measured as a JSON line: the bench tabulates them.
 fn record_for_bench(fault: Fault, cluster: &Cluster, seed: Option<u64>, outcome: &Outcome) {
@@ -1258,7 +1302,9 @@ async fn postgres_cluster_fails_over_and_never_has_two_writers() {
         let recovery = json!({"objectStore": object_store, "targetTime": at});
         let mut spec = json!({"bootstrap": {"recovery": recovery}});
         if upgraded_at.is_some_and(|u| target_after < u) {
-            spec["version"] = json!(image_major(&first_image));
+            let old_major = image_major(&first_image);
+            refused_by_another_major(&cluster, &spec, old_major).await;
+            spec["version"] = json!(old_major);
             spec["image"] = json!(first_image);
         }
         let (restored, _) = restore_with(&cluster, "to-t", spec).await;

@@ -168,6 +168,11 @@ pub struct InstanceStatus {
     /// once enough replicas stream again.
     #[serde(default, skip_serializing_if = "is_zero")]
     pub commits_waiting: u32,
+    /// Why the instance manager's last step failed, while it keeps failing (a restore with
+    /// no base backup of this major, a clone the primary refuses…): what keeps the instance
+    /// from running, for the cluster's status. Cleared by the next step that succeeds.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub problem: Option<String>,
 }
 
 /// How long a commit may wait for synchronous standbys before it counts as waiting (each
@@ -325,6 +330,7 @@ mod tests {
             replay_lag: 0,
             archiver: None,
             commits_waiting: 0,
+            problem: None,
         };
         let json = serde_json::to_string(&status).unwrap();
         assert_eq!(
@@ -346,6 +352,7 @@ mod tests {
             replay_lag: 0,
             archiver: None,
             commits_waiting: 4,
+            problem: None,
         };
         let json = serde_json::to_string(&status).unwrap();
         assert!(json.ends_with(r#","commitsWaiting":4}"#), "{json}");
@@ -395,6 +402,7 @@ mod tests {
             replay_lag: 0,
             archiver: None,
             commits_waiting: 0,
+            problem: None,
         };
         assert!(end.reached_by(&at(2, 0x300_0108)));
         assert!(end.reached_by(&at(2, 0x400_0000)));

@@ -433,6 +433,10 @@ pub struct InstanceState {
     /// them (`synchronousReplicas` replicas must stream for them to return).
     #[serde(default, skip_serializing_if = "is_zero")]
     pub commits_waiting: u32,
+    /// Why its instance manager's last step failed, while it keeps failing (e.g. a restore
+    /// with no base backup of the cluster's major): what keeps it from running.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub problem: Option<String>,
 }
 
 fn is_zero(n: &u32) -> bool {

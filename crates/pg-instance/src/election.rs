@@ -225,6 +225,7 @@ mod tests {
             replay_lag: 0,
             archiver: None,
             commits_waiting: 0,
+            problem: None,
         }
     }
 

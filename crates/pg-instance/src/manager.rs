@@ -178,6 +178,7 @@ pub async fn run(
         failed_starts: 0,
         analyze: None,
         analyze_retry_at: None,
+        failing: None,
     };
     let mut tick = tokio::time::interval(TICK);
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
@@ -434,7 +435,28 @@ struct Instance {
     analyze: Option<tokio::task::JoinHandle<Result<String, crate::upgrade::Error>>>,
     /// After an ANALYZE failed: not tried again before this.
     analyze_retry_at: Option<Instant>,
+    /// Why this tick's step failed (published as the instance's `problem`), until one
+    /// succeeds.
+    failing: Option<String>,
 }
+
+/// A failed step's error as an instance's published `problem`: its chain on one line, at
+/// most [`PROBLEM_MAX`] bytes (an annotation and a condition message carry it).
+fn problem(e: &anyhow::Error) -> String {
+    let mut text = format!("{e:#}").replace('\n', " ");
+    if text.len() > PROBLEM_MAX {
+        let mut end = PROBLEM_MAX;
+        while !text.is_char_boundary(end) {
+            end -= 1;
+        }
+        text.truncate(end);
+        text.push('…');
+    }
+    text
+}
+
+/// The longest `problem` an instance publishes.
+const PROBLEM_MAX: usize = 400;
 
 /// The cluster as this tick saw it.
 struct World {
@@ -520,29 +542,33 @@ impl Instance {
             .flatten()
             .zip(self.installed_major)
             .filter(|(data, installed)| data < installed);
-        if let Some((data, installed)) = older {
+        let stepped = if let Some((data, installed)) = older {
             if leading {
                 // Only the upgrade Job changes a primary's data to another major.
-                anyhow::bail!(
+                Err(anyhow::anyhow!(
                     "the data directory holds PostgreSQL {data} and this image runs {installed}: not starting (a major upgrade runs pg_upgrade first)"
+                ))
+            } else {
+                // A replica's data is a copy: clone the upgraded primary again.
+                tracing::info!(
+                    data,
+                    installed,
+                    "the data directory is of an older major: cloning the primary again"
                 );
+                self.prepare(false, &world).await
             }
-            // A replica's data is a copy: clone the upgraded primary again.
-            tracing::info!(
-                data,
-                installed,
-                "the data directory is of an older major: cloning the primary again"
-            );
-            self.prepare(false, &world).await?;
         } else if !paths.initialized() {
-            self.prepare(leading, &world).await?;
+            self.prepare(leading, &world).await
         } else if leading {
-            self.run_primary(&world).await?;
+            self.run_primary(&world).await
         } else {
-            self.run_replica(&world).await?;
-        }
+            self.run_replica(&world).await
+        };
         self.observe().await;
+        // What keeps failing is published, so that the cluster's status can say it.
+        self.failing = stepped.as_ref().err().map(problem);
         self.report(&world).await;
+        stepped?;
         let read_write = leading && self.observed.as_ref().is_some_and(|o| !o.in_recovery);
         self.backups.tick(read_write && !self.recovering).await?;
         Ok(())
@@ -1328,6 +1354,7 @@ impl Instance {
                 replay_lag: o.replay_lag,
                 archiver: o.archiver.clone(),
                 commits_waiting: o.commits_waiting,
+                problem: self.failing.clone(),
             },
             None => InstanceStatus {
                 role: Role::Down,
@@ -1336,6 +1363,7 @@ impl Instance {
                 replay_lag: 0,
                 archiver: None,
                 commits_waiting: 0,
+                problem: self.failing.clone(),
             },
         };
         let peers: Vec<Peer> = world.pods.iter().map(peer).collect();

@@ -896,6 +896,7 @@ pub fn instance_state(pod: &k8s_openapi::api::core::v1::Pod) -> Option<crate::cr
         replay_lag_bytes: report.replay_lag,
         ready,
         commits_waiting: report.commits_waiting,
+        problem: report.problem,
     })
 }
 

@@ -400,6 +400,7 @@ pub async fn reconcile(
         held.spec.synchronous_replicas,
         cluster.meta().generation,
     );
+    rollout::instance_problems(&mut status);
     // Continuous backup: the schedule, retention, and what is recoverable.
     let primary_pod = roles
         .primary

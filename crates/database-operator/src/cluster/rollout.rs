@@ -317,6 +317,34 @@ pub fn commits_waiting(
     }
 }
 
+/// Adds to the message of every condition that says something is wrong (Ready false,
+/// Progressing or Degraded true) what keeps each instance that is not ready from running,
+/// as its instance manager reports it (`status.instances[].problem`: a restore with no base
+/// backup of the cluster's major, a clone the primary refuses…). Nothing when none reports
+/// one, or when the cluster is Ready.
+pub fn instance_problems(status: &mut PostgresClusterStatus) {
+    let problems: Vec<String> = status
+        .instances
+        .iter()
+        .filter(|i| !i.ready)
+        .filter_map(|i| Some(format!("{}: {}", i.name, i.problem.as_deref()?)))
+        .collect();
+    if problems.is_empty() {
+        return;
+    }
+    let problems = problems.join("; ");
+    for condition in &mut status.conditions {
+        let wrong = match condition.type_.as_str() {
+            READY => condition.status == "False",
+            PROGRESSING | DEGRADED => condition.status == "True",
+            _ => false,
+        };
+        if wrong && !condition.message.contains(&problems) {
+            condition.message = format!("{} — {problems}", condition.message);
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -545,6 +573,7 @@ mod tests {
             replay_lag_bytes: 0,
             ready: true,
             commits_waiting: waiting,
+            problem: None,
         };
         s.instances = vec![
             instance("pg-0", "primary", 0),
@@ -571,6 +600,42 @@ mod tests {
             ready.message
         );
         assert!(conditions::is_true(&s.conditions, DEGRADED));
+    }
+
+    /// A restore that cannot start (no base backup of the cluster's major before its target)
+    /// left the cluster `Creating` with "0 of 1 instances ready" and nothing more: the
+    /// instance manager's reason is now in the conditions.
+    #[test]
+    fn what_keeps_an_instance_from_running_is_in_the_conditions() {
+        let pods = vec![pod(0, "old", false)];
+        let mut s = status(&observed(&pods, None, 16), None);
+        let why = "no complete base backup of PostgreSQL 17 completed before 2026-12-05T10:00:00Z (the newest, base, is of PostgreSQL 15: restore it with spec.version 15)";
+        s.instances = vec![crate::crd::InstanceState {
+            name: "pg-0".into(),
+            role: "down".into(),
+            timeline: 0,
+            lsn: "0/0".into(),
+            replay_lag_bytes: 0,
+            ready: false,
+            commits_waiting: 0,
+            problem: Some(why.into()),
+        }];
+        instance_problems(&mut s);
+        let ready = conditions::get(&s.conditions, READY).unwrap();
+        assert_eq!(ready.status, "False");
+        assert!(
+            ready.message.ends_with(&format!("— pg-0: {why}")),
+            "{}",
+            ready.message
+        );
+        let progressing = conditions::get(&s.conditions, PROGRESSING).unwrap();
+        assert!(progressing.message.contains(why), "{}", progressing.message);
+        // Once, however often it is applied; and not on a condition that says all is well.
+        let once = s.clone();
+        instance_problems(&mut s);
+        assert_eq!(s, once);
+        let degraded = conditions::get(&s.conditions, DEGRADED).unwrap();
+        assert!(!degraded.message.contains(why), "{}", degraded.message);
     }
 
     #[test]
