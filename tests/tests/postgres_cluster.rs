@@ -281,6 +281,12 @@ enum Fault {
     /// step ends once the new system's first base backup completed, so that a point in time
     /// after it has a backup of its own major to restore from. At most once in a campaign.
     MajorUpgrade,
+    /// The cluster's CA rotated on request (`rotate-ca`, grace [`CA_ROTATION_GRACE`]): the
+    /// new CA trusted beside the old, then signing the servers' certificates, then alone,
+    /// while writes go on. The step ends when the rotation has: a client verifies the
+    /// primary (verify-full) with the superuser Secret's `ca.crt`, not with the old CA, and
+    /// the replicas stream again (the next step checks they do).
+    RotateCa,
 }
 
 /// Where the primary is after a fault.
@@ -311,7 +317,8 @@ impl Fault {
             | Fault::DeleteReplica
             | Fault::PartitionFromPeers
             | Fault::OperatorRestart
-            | Fault::PartitionReplicaFromPrimary => Primary::Stays,
+            | Fault::PartitionReplicaFromPrimary
+            | Fault::RotateCa => Primary::Stays,
             Fault::KillManager | Fault::MajorUpgrade => Primary::Either,
             Fault::DeletePod
             | Fault::StopPostmaster
@@ -357,6 +364,75 @@ async fn old_primary_probe(
         }
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
+}
+
+/// Rotates the cluster's CA (request `step-<step>`) and waits until the rotation ended: the
+/// CA Secret `Stable` again at the next generation. Then a client verifies the primary for
+/// the `-rw` Service's name with the superuser Secret's `ca.crt` (the servers reloaded their
+/// new certificates), and the CA that signed before is refused (the check is real).
+async fn rotate_ca(cluster: &Cluster, step: usize) {
+    let secrets: Api<Secret> = Api::namespaced(cluster.client.clone(), &cluster.ns);
+    let ca_secret = || async { secrets.get("pg-ca").await.unwrap() };
+    let annotation = |s: &Secret, key: &str| {
+        s.annotations()
+            .get(&format!("database.steward.dev/{key}"))
+            .cloned()
+            .unwrap_or_default()
+    };
+    let before = ca_secret().await;
+    let generation: u64 = annotation(&before, "ca-generation").parse().unwrap_or(0);
+    let old_signer = before.data.as_ref().unwrap()["signing.crt"].0.clone();
+    let request = json!({"metadata": {"annotations": {"database.steward.dev/rotate-ca": format!("step-{step}")}}});
+    cluster
+        .clusters()
+        .patch("pg", &PatchParams::default(), &Patch::Merge(request))
+        .await
+        .unwrap();
+    let rotated = eventually(
+        "the CA rotation ended",
+        CA_ROTATION_GRACE * 2 + WAIT,
+        || async {
+            let ca = secrets.get("pg-ca").await.map_err(|e| e.to_string())?;
+            let (phase, now) = (
+                annotation(&ca, "ca-phase"),
+                annotation(&ca, "ca-generation"),
+            );
+            if phase == "Stable" && now == (generation + 1).to_string() {
+                Ok(())
+            } else {
+                Err(format!("phase {phase:?}, generation {now:?}"))
+            }
+        },
+    )
+    .await;
+    if let Err(e) = rotated {
+        panic!("{e}\n{}", cluster.logs().await);
+    }
+    let superuser = secrets.get("pg-superuser").await.unwrap();
+    let ca = superuser.data.unwrap()["ca.crt"].0.clone();
+    let rw_name = format!("pg-rw.{}.svc", cluster.ns);
+    let rw = cluster.cluster_ip("pg-rw").await;
+    // The kubelet brings the pods' Secret volumes up to date within its sync period, and the
+    // instance managers reload PostgreSQL then.
+    let verified = eventually("verify-full with the rotated CA", WAIT, || {
+        let (rw_name, rw, ca) = (rw_name.clone(), rw.clone(), ca.clone());
+        let password = cluster.password.clone();
+        async move { verify_full(&rw_name, &rw, &password, &ca).await.map(drop) }
+    })
+    .await;
+    if let Err(e) = verified {
+        panic!("{e}\n{}", cluster.logs().await);
+    }
+    assert!(
+        verify_full(&rw_name, &rw, &cluster.password, &old_signer)
+            .await
+            .is_err(),
+        "the CA that signed before the rotation no longer verifies the primary"
+    );
+    eprintln!(
+        "RotateCa: generation {} in force; the old CA refused",
+        generation + 1
+    );
 }
 
 /// The iptables rules (chain and match) that cut a pod off `peers`, or off everything but
@@ -651,6 +727,7 @@ async fn disrupt(cluster: &mut Cluster, rw: &str, fault: Fault, step: usize) -> 
         }
         Fault::OperatorRestart => cluster.kill_operator(),
         Fault::KillManager => signal(manager, "KILL"),
+        Fault::RotateCa => rotate_ca(cluster, step).await,
         Fault::DeletePodAndVolume => {
             let claim = format!("data-{old}");
             let claims: Api<k8s_openapi::api::core::v1::PersistentVolumeClaim> =
@@ -1122,7 +1199,7 @@ fn record_for_bench(fault: Fault, cluster: &Cluster, seed: Option<u64>, outcome:
 
 /// The faults a campaign draws from: every way to lose the primary, then the faults on a
 /// replica, a link, the operator or a backup, then the planned moves.
-const CAMPAIGN: [Fault; 19] = [
+const CAMPAIGN: [Fault; 20] = [
     Fault::KillPostgres,
     Fault::DeletePod,
     Fault::StopManager,
@@ -1142,6 +1219,7 @@ const CAMPAIGN: [Fault; 19] = [
     Fault::Switchover,
     Fault::OperatorKilledMidSwitchover,
     Fault::MajorUpgrade,
+    Fault::RotateCa,
 ];
 /// The failures (the first seven of [`CAMPAIGN`]): a default run has each once.
 const FAILURES: usize = 7;

@@ -17,6 +17,11 @@ use steward_testenv::{ControlPlane, deploy, eventually};
 
 use crate::support::{WAIT, connect, logs, node, start};
 
+/// The CA rotation grace the real-node tests' operator runs with (`--ca-rotation-grace`; 24 h
+/// by default): longer than the kubelet's 10 s sync of the pods' Secret volumes, so every pod
+/// has the bundle of both CAs before the new one signs.
+pub(crate) const CA_ROTATION_GRACE: Duration = Duration::from_secs(20);
+
 /// One real node per machine: the tests of this binary take turns.
 pub(crate) static NODE: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
 
@@ -203,6 +208,7 @@ impl Cluster {
                 database_operator::Options {
                     resync_interval: Duration::from_secs(2),
                     instance_image,
+                    ca_rotation_grace: CA_ROTATION_GRACE,
                     ..Default::default()
                 },
             )
