@@ -431,6 +431,31 @@ async fn postgres_cluster_upgrades_its_major_with_pg_upgrade() {
         .await
         .unwrap();
     major_upgrade_condition(&cluster, "Completed").await;
+    // The finished Job's pod is gone (it kept pg-0's claim in use: deleted later, the claim
+    // stayed Terminating and pg-0 never came back — found by the fault campaign); the Job
+    // stays, with its outcome.
+    let job_pods = eventually("the upgrade Job's pod deleted", WAIT, || {
+        let pods = cluster.pods();
+        async move {
+            let left = pods
+                .list_metadata(&kube::api::ListParams::default().labels(&format!(
+                    "{}=pg",
+                    database_operator::cluster::upgrade::UPGRADE_OF_LABEL
+                )))
+                .await
+                .map_err(|e| e.to_string())?;
+            let names: Vec<String> = left.items.iter().map(ResourceExt::name_any).collect();
+            if names.is_empty() {
+                Ok(())
+            } else {
+                Err(format!("pods of upgrade Jobs: {names:?}"))
+            }
+        }
+    })
+    .await;
+    if let Err(e) = job_pods {
+        panic!("{e}");
+    }
     cluster.wait_ready(Duration::from_secs(300)).await;
     let ready_after = started.elapsed();
     // Writes go on after the upgrade, then the client stops.

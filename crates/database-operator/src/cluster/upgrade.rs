@@ -92,6 +92,11 @@ pub struct Decision {
     pub delete_old_jobs: bool,
     /// Hand the Lease to this instance before the StatefulSet comes back.
     pub hand_lease: Option<String>,
+    /// The attempt's Job finished: delete its pod (the Job stays, with its outcome). A
+    /// finished pod still counts as using the instance's claim, so while it exists a claim
+    /// deleted later (a lost volume, an instance to clone afresh) stays Terminating and the
+    /// StatefulSet never brings the instance back.
+    pub release_claim: Option<String>,
     /// Switch the primary over to this instance first (the upgrade starts on it).
     pub switchover_to: Option<String>,
     /// `(true|false, reason, message)` for [`MAJOR_UPGRADE`]; `None`: no condition.
@@ -288,6 +293,7 @@ pub fn plan(cluster: &str, i: &Inputs<'_>) -> Decision {
         Phase::Upgrading => match &i.job {
             JobState::Succeeded => {
                 finished(&mut u, Phase::Completed, None);
+                d.release_claim = Some(job_name(cluster, u.generation));
                 // Only while nothing runs: a reconcile from a stale status must never move
                 // the Lease under a running primary.
                 d.hand_lease = (i.pods == 0).then(|| u.instance.clone());
@@ -307,6 +313,7 @@ pub fn plan(cluster: &str, i: &Inputs<'_>) -> Decision {
             }
             JobState::Failed(message) => {
                 finished(&mut u, Phase::Failed, Some(message.clone()));
+                d.release_claim = Some(job_name(cluster, u.generation));
                 // Back on the old major, the same instance is the primary again.
                 d.hand_lease = (i.pods == 0).then(|| u.instance.clone());
                 d.hold = Some(hold_old(&u, i.spec_instances));
@@ -512,6 +519,22 @@ pub async fn reconcile(
                     what: format!("create Job {job_name}"),
                     source,
                 });
+            }
+        }
+    }
+    if let Some(job) = &d.release_claim {
+        let pods: Api<k8s_openapi::api::core::v1::Pod> = Api::namespaced(client.clone(), &ns);
+        let of_job = ListParams::default().labels(&format!("batch.kubernetes.io/job-name={job}"));
+        let failed = |source| Error::MajorUpgrade {
+            what: format!("delete the pod of Job {job}"),
+            source,
+        };
+        // One by one: the operator may list and delete pods, not delete collections of them.
+        for pod in pods.list_metadata(&of_job).await.map_err(failed)? {
+            match pods.delete(&pod.name_any(), &DeleteParams::default()).await {
+                Ok(_) => {}
+                Err(kube::Error::Api(s)) if s.code == 404 => {}
+                Err(source) => return Err(failed(source)),
             }
         }
     }
@@ -817,6 +840,11 @@ mod tests {
         assert_eq!(u.phase, Phase::Completed);
         assert_eq!(d.hand_lease.as_deref(), Some("pg-0"));
         assert!(d.hold.is_none());
+        // The finished Job's pod goes, or the instance's claim could never be deleted.
+        assert_eq!(
+            d.release_claim,
+            Some(job_name("pg", upgrading_copy.generation))
+        );
         // The same outcome read again from a stale status, after the pods came back: the
         // Lease is not moved.
         let mut stale = inputs(Some(&upgrading_copy));
@@ -842,6 +870,7 @@ mod tests {
         let d = plan("pg", &i);
         let failed = d.status.clone().unwrap();
         assert_eq!(failed.phase, Phase::Failed);
+        assert_eq!(d.release_claim, Some(job_name("pg", u.generation)));
         assert_eq!(
             d.hold,
             Some(Hold {
