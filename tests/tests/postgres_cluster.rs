@@ -372,14 +372,13 @@ async fn old_primary_probe(
 /// new certificates), and the CA that signed before is refused (the check is real).
 async fn rotate_ca(cluster: &Cluster, step: usize) {
     let secrets: Api<Secret> = Api::namespaced(cluster.client.clone(), &cluster.ns);
-    let ca_secret = || async { secrets.get("pg-ca").await.unwrap() };
     let annotation = |s: &Secret, key: &str| {
         s.annotations()
             .get(&format!("database.steward.dev/{key}"))
             .cloned()
             .unwrap_or_default()
     };
-    let before = ca_secret().await;
+    let before = secrets.get("pg-ca").await.unwrap();
     let generation: u64 = annotation(&before, "ca-generation").parse().unwrap_or(0);
     let old_signer = before.data.as_ref().unwrap()["signing.crt"].0.clone();
     let request = json!({"metadata": {"annotations": {"database.steward.dev/rotate-ca": format!("step-{step}")}}});
@@ -1134,11 +1133,7 @@ async fn point_in_time(rw: &str, password: &str) -> String {
 /// `old_major` — instead of PostgreSQL failing on a data directory of another major.
 async fn refused_by_another_major(cluster: &Cluster, spec: &serde_json::Value, old_major: i32) {
     let name = "other-major";
-    cluster.volumes(name, 1).await;
-    let manifest = cluster.manifest(name, 1, spec.clone());
-    steward_testenv::manifests::apply(&cluster.client, &manifest, None, "real-node-test", false)
-        .await
-        .unwrap();
+    create_restore(cluster, name, spec.clone()).await;
     let clusters = cluster.clusters();
     let said = eventually(
         "the restore by the new major says which backup it lacks",

@@ -849,12 +849,8 @@ pub(crate) async fn restore_with(
     name: &str,
     spec: serde_json::Value,
 ) -> (tokio_postgres::Client, Duration) {
-    cluster.volumes(name, 1).await;
-    let manifest = cluster.manifest(name, 1, spec);
     let started = Instant::now();
-    steward_testenv::manifests::apply(&cluster.client, &manifest, None, "real-node-test", false)
-        .await
-        .unwrap();
+    create_restore(cluster, name, spec).await;
     let password = cluster.superuser_password(name).await;
     let ready = eventually(
         &format!("PostgresCluster {name} Ready"),
@@ -887,6 +883,16 @@ pub(crate) async fn restore_with(
         .await
         .unwrap();
     (db, took)
+}
+
+/// Creates PostgresCluster `name` of one instance with `spec` (`bootstrap.recovery` in it)
+/// and its volume; does not wait.
+pub(crate) async fn create_restore(cluster: &Cluster, name: &str, spec: serde_json::Value) {
+    cluster.volumes(name, 1).await;
+    let manifest = cluster.manifest(name, 1, spec);
+    steward_testenv::manifests::apply(&cluster.client, &manifest, None, "real-node-test", false)
+        .await
+        .unwrap();
 }
 
 /// The server's clock as RFC 3339 (a recovery target time).
