@@ -139,8 +139,15 @@ pub async fn image(cp: &ControlPlane, built: &Built) -> Result<crate::images::Im
         ))
     })?;
     let image = {
-        let (built, archive) = (built.clone(), cp.dir().join(format!("{operator}.oci.tar")));
+        let built = built.clone();
         tokio::task::spawn_blocking(move || {
+            let archive = cached_archive(&built)?;
+            if archive.exists() {
+                return Ok(crate::images::Image {
+                    reference: reference(&built.name),
+                    archive,
+                });
+            }
             let binary = without_debug_info(&built.binary, &archive.with_extension("bin"));
             let companions: Vec<PathBuf> = built
                 .companions
@@ -151,21 +158,73 @@ pub async fn image(cp: &ControlPlane, built: &Built) -> Result<crate::images::Im
                 })
                 .collect();
             let name = built.name;
-            crate::images::operator(
+            let image = crate::images::operator(
                 &binary,
                 &companions,
                 &name,
-                &format!("steward.dev/testenv/{name}:dev"),
+                &reference(&name),
                 json!({}),
                 &archive,
                 false,
-            )
+            );
+            for stripped in std::iter::once(&binary).chain(&companions) {
+                if stripped.starts_with(archive.parent().unwrap_or(&archive)) {
+                    let _ = std::fs::remove_file(stripped);
+                }
+            }
+            image
         })
         .await
         .map_err(|e| Error::Other(format!("building the {operator} image: {e}")))??
     };
     node.import(&image).await?;
     Ok(image)
+}
+
+/// The reference of `operator`'s image.
+fn reference(operator: &str) -> String {
+    format!("steward.dev/testenv/{operator}:dev")
+}
+
+/// Where the image archive of `built` is cached (`<cache>/images/<operator>-<key>.oci.tar`),
+/// keyed by the size and modification time of its binaries: every real-node test imports the
+/// same build, and writing the archive (stripping, hashing 100–200 MB) took seconds each time.
+/// Archives of earlier builds of the operator are removed.
+fn cached_archive(built: &Built) -> Result<PathBuf, Error> {
+    use sha2::{Digest, Sha256};
+    let mut key = Sha256::new();
+    for binary in std::iter::once(&built.binary).chain(&built.companions) {
+        let meta = std::fs::metadata(binary).map_err(|source| Error::Io {
+            what: format!("read {}", binary.display()),
+            source,
+        })?;
+        let modified = meta
+            .modified()
+            .ok()
+            .and_then(|t| t.duration_since(std::time::UNIX_EPOCH).ok())
+            .unwrap_or_default();
+        key.update(binary.as_os_str().as_encoded_bytes());
+        key.update(meta.len().to_le_bytes());
+        key.update(modified.as_nanos().to_le_bytes());
+    }
+    let key = hex::encode(key.finalize());
+    let dir = crate::binaries::cache_dir().join("images");
+    let prefix = format!("{}-", built.name);
+    let archive = dir.join(format!("{prefix}{}.oci.tar", &key[..16]));
+    if !archive.exists()
+        && let Ok(entries) = std::fs::read_dir(&dir)
+    {
+        for entry in entries.flatten() {
+            let name = entry.file_name().to_string_lossy().into_owned();
+            let earlier = name.strip_prefix(&prefix).is_some_and(|rest| {
+                rest.len() == 16 + ".oci.tar".len() && rest.ends_with(".oci.tar")
+            });
+            if earlier {
+                let _ = std::fs::remove_file(entry.path());
+            }
+        }
+    }
+    Ok(archive)
 }
 
 /// A copy of `binary` at `copy` without debug information (`strip --strip-debug`: a debug

@@ -462,6 +462,17 @@ pub fn busybox() -> Result<Image, Error> {
 /// [`Error::Start`] if PostgreSQL or busybox is not installed, [`Error::Io`] if a file cannot
 /// be read.
 pub fn postgresql() -> Result<Image, Error> {
+    // Once per process: the layer is read from the host's files and hashed for the cache key
+    // (about a second), and every real-node test of a binary asks for it.
+    static BUILT: std::sync::OnceLock<Image> = std::sync::OnceLock::new();
+    if let Some(image) = BUILT.get() {
+        return Ok(image.clone());
+    }
+    let image = postgresql_uncached()?;
+    Ok(BUILT.get_or_init(|| image).clone())
+}
+
+fn postgresql_uncached() -> Result<Image, Error> {
     let (bin, major) = crate::postgres::find_bin()?;
     let (mut layer, _) = busybox_layer()?;
     let home = bin.parent().map(Path::to_path_buf).unwrap_or_default();

@@ -63,24 +63,35 @@ impl Cluster {
     /// Everything but the PostgresCluster: the control plane with the real node, the
     /// operator's image, a namespace, hostPath volumes for `pg`'s instances, the operator.
     pub(crate) async fn new(prefix: &str, instances: i32) -> Cluster {
+        let mut lap = Instant::now();
+        let mut laps = Vec::new();
+        let mut time = |what: &'static str| {
+            laps.push(format!("{what} {:.1?}", lap.elapsed()));
+            lap = Instant::now();
+        };
         let binaries = deploy::build(&[deploy::Spec {
             name: database_operator::NAME,
             companions: &[steward_pg_instance::contract::BINARY],
         }])
         .expect("database-operator and steward-pg-instance binaries");
+        time("binaries");
         let cp = start().await;
+        time("control plane");
         cp.install_crds(&steward_testenv::workspace_root().join("crds"))
             .await
             .expect("CRDs");
+        time("CRDs");
         let instance_image = deploy::image(&cp, &binaries[0])
             .await
             .expect("the operator's image")
             .reference;
+        time("operator image");
         let ns = cp.namespace(prefix).await.unwrap();
         let image = node(&cp)
             .postgresql_image()
             .await
             .expect("PostgreSQL image");
+        time("PostgreSQL image");
         let client = cp.client().unwrap();
         let mut cluster = Cluster {
             _cp: cp,
@@ -96,7 +107,10 @@ impl Cluster {
             image,
         };
         cluster.volumes("pg", instances).await;
+        time("volumes");
         cluster.start_operator().await;
+        time("operator");
+        eprintln!("PostgresCluster fixture: {}", laps.join(", "));
         cluster
     }
 
