@@ -150,6 +150,57 @@ pub struct PostgresClusterSpec {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[x_kube(validation = Rule::new("self == oldSelf").message("bootstrap is immutable: it only applies when the cluster is created"))]
     pub bootstrap: Option<Bootstrap>,
+
+    /// How the instances are spread over the nodes. Unset: each instance prefers a node no
+    /// other instance of the cluster runs on (`spread: Preferred` over
+    /// `kubernetes.io/hostname`), so one node lost takes one instance, not the primary and
+    /// its replicas at once. Changing it rolls the instances.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub placement: Option<Placement>,
+}
+
+/// How a [`PostgresCluster`]'s instances are spread over nodes or zones (pod anti-affinity
+/// between its instances).
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, Eq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct Placement {
+    /// `Preferred` (default): the scheduler puts instances on different domains of
+    /// `topologyKey` when it can, on the same one when it cannot (fewer nodes than instances);
+    /// `Required`: only on different domains (an instance stays Pending, with the scheduler's
+    /// reason in its pod's events, rather than share one); `None`: no rule.
+    #[serde(default)]
+    pub spread: Spread,
+    /// The node label whose values are the domains: `kubernetes.io/hostname` (default, one
+    /// node each) or `topology.kubernetes.io/zone` (one zone each).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(
+        length(min = 1, max = 316),
+        regex(
+            pattern = r"^([a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*/)?[A-Za-z0-9]([-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?$"
+        )
+    )]
+    pub topology_key: Option<String>,
+}
+
+impl Placement {
+    /// The label key of the domains (`kubernetes.io/hostname` unless set).
+    pub fn topology_key(&self) -> &str {
+        self.topology_key
+            .as_deref()
+            .unwrap_or("kubernetes.io/hostname")
+    }
+}
+
+/// How strictly a [`Placement`] spreads instances.
+#[derive(Serialize, Deserialize, Clone, Copy, Debug, Default, PartialEq, Eq, JsonSchema)]
+pub enum Spread {
+    /// On different domains when the scheduler can.
+    #[default]
+    Preferred,
+    /// Only on different domains.
+    Required,
+    /// No rule.
+    None,
 }
 
 /// Where and how a [`PostgresCluster`] is backed up.

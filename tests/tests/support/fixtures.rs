@@ -480,6 +480,7 @@ pub(crate) fn postgres_cluster(name: &str, instances: i32) -> PostgresClusterBui
             deletion_policy: DeletionPolicy::default(),
             backup: None,
             bootstrap: None,
+            placement: None,
         },
     }
 }

@@ -8,11 +8,12 @@ use k8s_openapi::api::apps::v1::{
     StatefulSetUpdateStrategy,
 };
 use k8s_openapi::api::core::v1::{
-    ConfigMap, ConfigMapVolumeSource, Container, ContainerPort, EmptyDirVolumeSource, EnvVar,
-    EnvVarSource, HTTPGetAction, ObjectFieldSelector, PersistentVolumeClaim,
-    PersistentVolumeClaimSpec, PodSecurityContext, PodSpec, PodTemplateSpec, Probe, Secret,
-    SecretKeySelector, SecretVolumeSource, Service, ServiceAccount, ServicePort, ServiceSpec,
-    Volume, VolumeMount, VolumeResourceRequirements,
+    Affinity, ConfigMap, ConfigMapVolumeSource, Container, ContainerPort, EmptyDirVolumeSource,
+    EnvVar, EnvVarSource, HTTPGetAction, ObjectFieldSelector, PersistentVolumeClaim,
+    PersistentVolumeClaimSpec, PodAffinityTerm, PodAntiAffinity, PodSecurityContext, PodSpec,
+    PodTemplateSpec, Probe, Secret, SecretKeySelector, SecretVolumeSource, Service, ServiceAccount,
+    ServicePort, ServiceSpec, Volume, VolumeMount, VolumeResourceRequirements,
+    WeightedPodAffinityTerm,
 };
 use k8s_openapi::api::policy::v1::{PodDisruptionBudget, PodDisruptionBudgetSpec};
 use k8s_openapi::api::rbac::v1::{PolicyRule, Role, RoleBinding, RoleRef, Subject};
@@ -21,7 +22,7 @@ use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
 use kube::ResourceExt;
 use sha2::{Digest, Sha256};
 
-use crate::crd::{DeletionPolicy, ObjectStore, PostgresCluster, Resources};
+use crate::crd::{DeletionPolicy, ObjectStore, PostgresCluster, Resources, Spread};
 use crate::password::Password;
 
 use steward_database_api::contract::{self as instance, BINARY, HTTP_PORT};
@@ -632,6 +633,40 @@ pub fn pod_disruption_budget(cluster: &PostgresCluster) -> PodDisruptionBudget {
     }
 }
 
+/// The instances' spread ([`crate::crd::Placement`], by default preferred over nodes): each
+/// instance avoids the domains of `topologyKey` where another instance of the cluster runs.
+pub fn affinity(cluster: &PostgresCluster) -> Option<Affinity> {
+    let placement = cluster.spec.placement.clone().unwrap_or_default();
+    let term = PodAffinityTerm {
+        topology_key: placement.topology_key().to_string(),
+        label_selector: Some(LabelSelector {
+            match_labels: Some(selector_labels(&cluster.name_any())),
+            ..Default::default()
+        }),
+        ..Default::default()
+    };
+    let anti = match placement.spread {
+        Spread::None => return None,
+        Spread::Preferred => PodAntiAffinity {
+            preferred_during_scheduling_ignored_during_execution: Some(vec![
+                WeightedPodAffinityTerm {
+                    weight: 100,
+                    pod_affinity_term: term,
+                },
+            ]),
+            ..Default::default()
+        },
+        Spread::Required => PodAntiAffinity {
+            required_during_scheduling_ignored_during_execution: Some(vec![term]),
+            ..Default::default()
+        },
+    };
+    Some(Affinity {
+        pod_anti_affinity: Some(anti),
+        ..Default::default()
+    })
+}
+
 /// The StatefulSet: `instances` pods, OrderedReady, updated `OnDelete`: the operator replaces
 /// pods itself, replicas first and the primary after a switchover
 /// ([`super::rollout::next_step`]).
@@ -830,6 +865,7 @@ pub fn statefulset(
                     ..Default::default()
                 }),
                 spec: Some(PodSpec {
+                    affinity: affinity(cluster),
                     init_containers: Some(vec![copier]),
                     containers: vec![container],
                     service_account_name: Some(names.instance_account.clone()),

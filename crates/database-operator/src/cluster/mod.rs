@@ -1100,6 +1100,7 @@ mod tests {
                 deletion_policy: DeletionPolicy::Retain,
                 backup: None,
                 bootstrap: None,
+                placement: None,
             },
         );
         c.meta_mut().namespace = Some("ns".into());
@@ -1238,6 +1239,70 @@ mod tests {
                 .contains_key(ROLE_LABEL)
         );
         assert_eq!(rw.metadata.namespace.as_deref(), Some("ns"));
+    }
+
+    #[test]
+    fn instances_prefer_nodes_of_their_own_unless_the_placement_says_otherwise() {
+        let anti = |c: &PostgresCluster| {
+            statefulset(c, "abc", "op:1")
+                .spec
+                .template
+                .spec
+                .unwrap()
+                .affinity
+                .map(|a| a.pod_anti_affinity.unwrap())
+        };
+        let c = cluster("pg");
+        let preferred = anti(&c).unwrap();
+        let term = &preferred
+            .preferred_during_scheduling_ignored_during_execution
+            .unwrap()[0];
+        assert_eq!(
+            term.pod_affinity_term.topology_key,
+            "kubernetes.io/hostname"
+        );
+        assert_eq!(
+            term.pod_affinity_term
+                .label_selector
+                .as_ref()
+                .unwrap()
+                .match_labels
+                .as_ref()
+                .unwrap()[CLUSTER_LABEL],
+            "pg",
+            "only this cluster's instances repel each other"
+        );
+        assert!(
+            preferred
+                .required_during_scheduling_ignored_during_execution
+                .is_none()
+        );
+
+        let mut zones = cluster("pg");
+        zones.spec.placement = Some(crate::crd::Placement {
+            spread: crate::crd::Spread::Required,
+            topology_key: Some("topology.kubernetes.io/zone".into()),
+        });
+        let required = anti(&zones).unwrap();
+        assert!(
+            required
+                .preferred_during_scheduling_ignored_during_execution
+                .is_none()
+        );
+        assert_eq!(
+            required
+                .required_during_scheduling_ignored_during_execution
+                .unwrap()[0]
+                .topology_key,
+            "topology.kubernetes.io/zone"
+        );
+
+        let mut none = cluster("pg");
+        none.spec.placement = Some(crate::crd::Placement {
+            spread: crate::crd::Spread::None,
+            topology_key: None,
+        });
+        assert!(anti(&none).is_none());
     }
 
     #[test]
