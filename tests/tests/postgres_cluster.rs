@@ -2349,22 +2349,7 @@ async fn a_primary_that_stops_cleanly_and_cannot_come_back_is_replaced_by_a_repl
     eprintln!("{old} stopped cleanly; its WAL ends at {recorded}");
     // The replica's manager comes back fresh (as after a crash or an eviction elsewhere).
     signal(paused, "KILL");
-    let taken_over = eventually(
-        "a write acknowledged through pg-rw by another instance",
-        Duration::from_secs(120),
-        || {
-            let (acks, old_ip) = (acks.clone(), old_ip.clone());
-            async move {
-                let acks = acks.lock().unwrap();
-                acks.rows
-                    .iter()
-                    .find(|(_, at, server)| *at > deleted_at && *server != old_ip)
-                    .map(|(_, at, _)| at.duration_since(deleted_at))
-                    .ok_or_else(|| format!("{} writes acknowledged", acks.rows.len()))
-            }
-        },
-    )
-    .await;
+    let taken_over = taken_over(&acks, deleted_at, &old_ip, Duration::from_secs(120)).await;
     let taken_over = match taken_over {
         Ok(after) => after,
         Err(e) => {
@@ -2382,23 +2367,12 @@ async fn a_primary_that_stops_cleanly_and_cannot_come_back_is_replaced_by_a_repl
     );
     stop.cancel();
     writing.await.unwrap();
-    let ids: Vec<i64> = acks.lock().unwrap().rows.iter().map(|r| r.0).collect();
-    let present: i64 = connect(&rw, &cluster.password)
-        .await
-        .unwrap()
-        .query_one(
-            "select count(distinct id) from acks where id = any($1)",
-            &[&ids],
-        )
-        .await
-        .unwrap()
-        .get(0);
+    let (present, acknowledged) = acknowledged_present(&rw, &cluster.password, &acks).await;
     eprintln!(
-        "{replica} took over {taken_over:.1?} after {old}'s pod was deleted (its new pod Pending); acknowledged rows lost: {} of {}",
-        ids.len() as i64 - present,
-        ids.len()
+        "{replica} took over {taken_over:.1?} after {old}'s pod was deleted (its new pod Pending); acknowledged rows lost: {} of {acknowledged}",
+        acknowledged - present,
     );
-    assert_eq!(present, ids.len() as i64, "acknowledged rows lost");
+    assert_eq!(present, acknowledged, "acknowledged rows lost");
 
     // Back on a schedulable node, the old primary follows the new one.
     cordon(false).await;

@@ -17,7 +17,7 @@ use steward_testenv::{ControlPlane, deploy, eventually};
 
 #[path = "support/real_node.rs"]
 mod support;
-use support::{WAIT, connect, logs, node, rand_u32, start};
+use support::{WAIT, connect, logs, node, rand_u32, service, start};
 
 /// Held by each test for its whole run: one real node at a time, and the teardown test sees
 /// only what its own node left.
@@ -191,7 +191,7 @@ async fn service_resolves_by_dns_name_and_answers_from_another_pod() {
         done.status.unwrap().phase.as_deref(),
         Some("Succeeded"),
         "client log:\n{text}\nCoreDNS log: {}, kube-proxy log: {}",
-        node(&cp).log("coredns").display(),
+        cp.dir().join("node/coredns.log").display(),
         node(&cp).log("kube-proxy").display()
     );
     assert!(
@@ -226,20 +226,7 @@ async fn postgresql_pod_accepts_connections_through_a_service() {
         json!({"exec": {"command": ["pg_isready", "-h", "127.0.0.1"]}, "periodSeconds": 1});
     spec["spec"]["volumes"] = json!([{"name": "data", "emptyDir": {}}]);
     let pods = create_pod(&cp, &ns, spec).await;
-    let services: Api<Service> = Api::namespaced(cp.client().unwrap(), &ns);
-    let svc: Service = serde_json::from_value(json!({
-        "metadata": {"name": "pg"},
-        "spec": {"selector": {"app": "pg"}, "ports": [{"port": 5432}]}
-    }))
-    .unwrap();
-    let cluster_ip = services
-        .create(&PostParams::default(), &svc)
-        .await
-        .unwrap()
-        .spec
-        .unwrap()
-        .cluster_ip
-        .unwrap_or_default();
+    let cluster_ip = service(&cp, &ns, "pg", 5432, 5432).await;
     let kubelet = node(&cp).log("kubelet");
     eventually("pg Ready (pg_isready probe)", WAIT, || {
         let pods = pods.clone();

@@ -65,6 +65,9 @@ enum Cmd {
         /// Also start a real node (kubelet, containerd, CNI, kube-proxy, CoreDNS).
         #[arg(long)]
         real_node: bool,
+        /// Start N real nodes instead (each in a network namespace and a zone of its own).
+        #[arg(long, value_name = "N")]
+        real_nodes: Option<usize>,
     },
     /// A control plane with a real node, the CRDs, the operators as their images (deploy/)
     /// and the samples; Ctrl-C stops.
@@ -108,7 +111,10 @@ fn main() -> Result<()> {
         Cmd::Crdgen { check } => crdgen::run(check),
         Cmd::Helm { check } => helm::run(check),
         Cmd::Test { args } => test(&args.iter().map(String::as_str).collect::<Vec<_>>()),
-        Cmd::Testenv { real_node } => testenv(real_node),
+        Cmd::Testenv {
+            real_node,
+            real_nodes,
+        } => testenv(real_nodes.unwrap_or(usize::from(real_node))),
         Cmd::Up { check } => up::run(check),
         Cmd::NewOperator { name } => new_operator::run(&name),
         Cmd::Bench { args } => bench(&[], &args),
@@ -353,37 +359,43 @@ impl Phases {
     }
 }
 
-/// Starts a control plane (with a real node: no kwok nodes) and keeps it running until Ctrl-C.
-fn testenv(real_node: bool) -> Result<()> {
-    if real_node {
+/// Starts a control plane (with `real_nodes` real nodes and then no kwok nodes) and keeps it
+/// running until Ctrl-C.
+fn testenv(real_nodes: usize) -> Result<()> {
+    if real_nodes > 0 {
         prerequisites::ensure_node_packages()?;
     }
     let rt = tokio::runtime::Runtime::new()?;
     rt.block_on(async {
-        let options = if real_node {
-            steward_testenv::Options {
-                nodes: 0,
-                real_node: true,
-                ..Default::default()
-            }
+        let options = if real_nodes > 0 {
+            steward_testenv::Options::real_nodes(real_nodes)
         } else {
             steward_testenv::Options::default()
         };
         let cp = steward_testenv::ControlPlane::start(options).await?;
         println!("control plane ready in {:.1?}", cp.started_in());
-        if let Some(node) = cp.real_node() {
+        for node in cp.real_nodes() {
             println!(
-                "  real node {} Ready (node start {:.1?}); logs in {}/node/",
+                "  real node {} ({}) Ready (node start {:.1?}); logs in {}/node/",
                 node.name(),
+                node.zone().unwrap_or("no zone"),
                 node.started_in(),
                 cp.dir().display()
             );
-            println!(
-                "  images: {}, {} and {} (imagePullPolicy: Never)",
+        }
+        let mut images = Vec::new();
+        for node in cp.real_nodes() {
+            images = vec![
                 node.busybox_image().await?,
                 node.postgresql_image().await?,
                 node.postgresql_bundle_image(steward_testenv::images::BUNDLED_POSTGRESQL[0].0)
-                    .await?
+                    .await?,
+            ];
+        }
+        if !images.is_empty() {
+            println!(
+                "  images on every node: {} (imagePullPolicy: Never)",
+                images.join(", ")
             );
         }
         println!("  kube-apiserver: {}", cp.apiserver_url());

@@ -47,8 +47,10 @@ const DEFAULT_JOBS: usize = 1;
 
 /// The test targets that run in one lane, one after another: those that start testenv's real
 /// node (one per host), `cargo xtask up --check` included.
-const ONE_LANE: [&str; 5] = [
+const ONE_LANE: [&str; 7] = [
     "real_node",
+    "real_nodes",
+    "postgres_nodes",
     "postgres_cluster",
     "postgres_backup",
     "postgres_upgrade",

@@ -9,7 +9,7 @@ use kube::config::{KubeConfigOptions, Kubeconfig};
 use kube::{Client, Config};
 
 use crate::binaries::{self, Binaries};
-use crate::node::{self, RealNode};
+use crate::node::{self, RealNode, RealNodes};
 use crate::process::{Process, free_port};
 use crate::{Error, eventually};
 
@@ -40,6 +40,10 @@ pub struct Options {
     /// Also start one real node (kubelet, containerd, CNI, kube-proxy, CoreDNS; needs root and
     /// is one per machine, see [`crate::node`]).
     pub real_node: bool,
+    /// With `real_node`, how many real nodes (0 or 1: one, in the host's network namespace;
+    /// more: each in a network namespace of its own, in zones of their own). See
+    /// [`Options::real_nodes`].
+    pub real_nodes: usize,
     /// Record every write (and, with their request bodies, the Lease writes) in an audit log
     /// ([`ControlPlane::audit_log`]), for tests that check who wrote what when.
     pub audit: bool,
@@ -54,10 +58,43 @@ impl Default for Options {
             // listen. A component that exits fails at once, whatever the timeout.
             timeout: Duration::from_secs(180),
             real_node: false,
+            real_nodes: 0,
             audit: false,
         }
     }
 }
+
+impl Options {
+    /// `count` real nodes and no kwok node: one in the host's network namespace (the fast
+    /// single node), or several, each in a network namespace of its own and a zone of its own
+    /// (`topology.kubernetes.io/zone=zone-<i>`), which node faults act on
+    /// ([`RealNode::stop`], [`RealNode::partition`], [`crate::node::drain`]). With several,
+    /// the controller manager marks a node `NotReady` after [`NODE_MONITOR_GRACE`] without a
+    /// heartbeat.
+    pub fn real_nodes(count: usize) -> Self {
+        Self {
+            nodes: 0,
+            real_node: true,
+            real_nodes: count,
+            ..Self::default()
+        }
+    }
+
+    /// How many real nodes these options start.
+    fn real_node_count(&self) -> usize {
+        match (self.real_node, self.real_nodes) {
+            (false, _) => 0,
+            (true, n) => n.max(1),
+        }
+    }
+}
+
+/// With several real nodes: how long the controller manager waits for a node's heartbeat
+/// before it marks the node `NotReady` (`--node-monitor-grace-period`; 50 s by default, which
+/// CloudNativePG's documentation counts into its 40–55 s of node-loss detection). Shorter
+/// here so node-loss tests take less time; kubelet renews its Lease every 5 s
+/// (`nodeLeaseDurationSeconds` 20).
+pub const NODE_MONITOR_GRACE: Duration = Duration::from_secs(20);
 
 /// A component a fault test can kill, restart or pause ([`ControlPlane::kill`],
 /// [`ControlPlane::start_again`], [`ControlPlane::pause`]).
@@ -85,7 +122,7 @@ impl Component {
 pub struct ControlPlane {
     // Field order matters for drop: the node before the control plane, processes before the
     // directory holding their data.
-    node: Option<RealNode>,
+    node: Option<RealNodes>,
     processes: Vec<Process>,
     dir: PathBuf,
     keep_dir: bool,
@@ -307,28 +344,38 @@ impl ControlPlane {
             kubeconfig_yaml(&self.apiserver_url, &ca_pem, &kcm_token),
         )
         .map_err(io("write the controller manager's kubeconfig".into()))?;
+        let mut kcm_args = vec![
+            format!("--kubeconfig={}", kcm_kubeconfig.display()),
+            "--bind-address=127.0.0.1".into(),
+            format!("--secure-port={kcm_port}"),
+            format!("--cert-dir={}", dir.join("kcm-pki").display()),
+            "--leader-elect=false".into(),
+            "--controllers=*,-node-ipam-controller,-persistentvolume-attach-detach-controller"
+                .into(),
+            format!("--service-account-private-key-file={}", sa_key.display()),
+            format!("--root-ca-file={}", ca_file.display()),
+            "--use-service-account-credentials=true".into(),
+            "--concurrent-gc-syncs=10".into(),
+            // At the default 20 requests/s per client, setting its controllers
+            // up (a token each) took ~5 s of every start, and namespace deletion
+            // and garbage collection crawl under load.
+            "--kube-api-qps=500".into(),
+            "--kube-api-burst=1000".into(),
+            "--v=1".into(),
+        ];
+        if options.real_node_count() > 1 {
+            kcm_args.extend([
+                format!(
+                    "--node-monitor-grace-period={}s",
+                    NODE_MONITOR_GRACE.as_secs()
+                ),
+                "--node-monitor-period=2s".into(),
+            ]);
+        }
         let kcm = Process::spawn(
             "kube-controller-manager",
             &b.kube_controller_manager,
-            &[
-                format!("--kubeconfig={}", kcm_kubeconfig.display()),
-                "--bind-address=127.0.0.1".into(),
-                format!("--secure-port={kcm_port}"),
-                format!("--cert-dir={}", dir.join("kcm-pki").display()),
-                "--leader-elect=false".into(),
-                "--controllers=*,-node-ipam-controller,-persistentvolume-attach-detach-controller"
-                    .into(),
-                format!("--service-account-private-key-file={}", sa_key.display()),
-                format!("--root-ca-file={}", ca_file.display()),
-                "--use-service-account-credentials=true".into(),
-                "--concurrent-gc-syncs=10".into(),
-                // At the default 20 requests/s per client, setting its controllers
-                // up (a token each) took ~5 s of every start, and namespace deletion
-                // and garbage collection crawl under load.
-                "--kube-api-qps=500".into(),
-                "--kube-api-burst=1000".into(),
-                "--v=1".into(),
-            ],
+            &kcm_args,
             dir.join("kube-controller-manager.log"),
         )?;
         self.processes.push(kcm);
@@ -391,7 +438,8 @@ impl ControlPlane {
         .await?;
         self.create_nodes(options).await?;
         if options.real_node {
-            self.node = Some(RealNode::start(self, options.timeout).await?);
+            self.node =
+                Some(RealNodes::start(self, options.real_node_count(), options.timeout).await?);
         }
         Ok(())
     }
@@ -576,9 +624,21 @@ impl ControlPlane {
         self.started_in
     }
 
-    /// The real node, if [`Options::real_node`] was set.
+    /// The (first) real node, if [`Options::real_node`] was set.
     pub fn real_node(&self) -> Option<&RealNode> {
-        self.node.as_ref()
+        self.real_nodes().first()
+    }
+
+    /// The real nodes (none without [`Options::real_node`]).
+    pub fn real_nodes(&self) -> &[RealNode] {
+        self.node.as_ref().map_or(&[], RealNodes::nodes)
+    }
+
+    /// Real node `index`, to stop, start again or partition it.
+    pub fn real_node_mut(&mut self, index: usize) -> Option<&mut RealNode> {
+        self.node
+            .as_mut()
+            .and_then(|nodes| nodes.nodes_mut().get_mut(index))
     }
 
     /// The API server's audit log (JSON lines), when started with [`Options::audit`].

@@ -125,7 +125,7 @@ pub async fn operator(
 }
 
 /// Builds `built`'s image without debug information (testenv's [`crate::images::operator`],
-/// as `cargo xtask image` does) and imports it into the control plane's real node; returns
+/// as `cargo xtask image` does) and imports it into each of the control plane's real nodes; returns
 /// its reference (`steward.dev/testenv/<operator>:dev`).
 ///
 /// # Errors
@@ -133,11 +133,11 @@ pub async fn operator(
 /// [`crate::RealNode::import`].
 pub async fn image(cp: &ControlPlane, built: &Built) -> Result<crate::images::Image, Error> {
     let operator = built.name.as_str();
-    let node = cp.real_node().ok_or_else(|| {
-        Error::Other(format!(
+    if cp.real_nodes().is_empty() {
+        return Err(Error::Other(format!(
             "{operator} runs as its image only on a real node (Options {{ real_node: true, .. }})"
-        ))
-    })?;
+        )));
+    }
     let image = {
         let built = built.clone();
         tokio::task::spawn_blocking(move || {
@@ -177,7 +177,7 @@ pub async fn image(cp: &ControlPlane, built: &Built) -> Result<crate::images::Im
         .await
         .map_err(|e| Error::Other(format!("building the {operator} image: {e}")))??
     };
-    node.import(&image).await?;
+    futures::future::try_join_all(cp.real_nodes().iter().map(|n| n.import(&image))).await?;
     Ok(image)
 }
 

@@ -33,7 +33,7 @@ mod process;
 pub mod s3;
 
 pub use binaries::{Binaries, NodeBinaries, Versions};
-pub use controlplane::{Component, ControlPlane, Options};
+pub use controlplane::{Component, ControlPlane, NODE_MONITOR_GRACE, Options};
 pub use helpers::{at_least, eventually, shared, workspace_root};
 pub use node::RealNode;
 pub use process::{Process, free_port, http_get};

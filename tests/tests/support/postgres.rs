@@ -15,7 +15,7 @@ use kube::{Client, ResourceExt};
 use serde_json::json;
 use steward_testenv::{ControlPlane, deploy, eventually};
 
-use crate::support::{WAIT, connect, logs, node, start};
+use crate::support::{WAIT, connect, logs, start, start_nodes};
 
 /// The CA rotation grace the real-node tests' operator runs with (`--ca-rotation-grace`; 24 h
 /// by default): longer than the kubelet's 10 s sync of the pods' Secret volumes, so every pod
@@ -63,6 +63,12 @@ impl Cluster {
     /// Everything but the PostgresCluster: the control plane with the real node, the
     /// operator's image, a namespace, hostPath volumes for `pg`'s instances, the operator.
     pub(crate) async fn new(prefix: &str, instances: i32) -> Cluster {
+        Self::on_nodes(prefix, instances, 1).await
+    }
+
+    /// [`Cluster::new`] on `nodes` real nodes (several: each in a zone of its own, instance
+    /// `i`'s volume on node `i % nodes`).
+    pub(crate) async fn on_nodes(prefix: &str, instances: i32, nodes: usize) -> Cluster {
         let mut lap = Instant::now();
         let mut laps = Vec::new();
         let mut time = |what: &'static str| {
@@ -75,7 +81,11 @@ impl Cluster {
         }])
         .expect("database-operator and steward-pg-instance binaries");
         time("binaries");
-        let cp = start().await;
+        let cp = if nodes > 1 {
+            start_nodes(nodes).await
+        } else {
+            start().await
+        };
         time("control plane");
         cp.install_crds(&steward_testenv::workspace_root().join("crds"))
             .await
@@ -87,10 +97,14 @@ impl Cluster {
             .reference;
         time("operator image");
         let ns = cp.namespace(prefix).await.unwrap();
-        let image = node(&cp)
-            .postgresql_image()
-            .await
-            .expect("PostgreSQL image");
+        let images = futures::future::try_join_all(
+            cp.real_nodes()
+                .iter()
+                .map(steward_testenv::RealNode::postgresql_image),
+        )
+        .await
+        .expect("PostgreSQL image");
+        let image = images[0].clone();
         time("PostgreSQL image");
         let client = cp.client().unwrap();
         let mut cluster = Cluster {
@@ -125,7 +139,13 @@ impl Cluster {
     /// A new, empty hostPath volume `pv` for the claim of instance `pod` (the testenv's
     /// node has no provisioner: this is one, by hand).
     pub(crate) async fn volume(&self, pod: &str, pv: &str) {
-        let pv = node(&self._cp)
+        let nodes = self._cp.real_nodes();
+        let index: usize = pod
+            .rsplit('-')
+            .next()
+            .and_then(|i| i.parse().ok())
+            .unwrap_or(0);
+        let pv = nodes[index % nodes.len()]
             .volume(
                 pv,
                 "1Gi",
@@ -555,6 +575,49 @@ pub(crate) async fn start_writer(
     .await
     .unwrap();
     (acks, stop, writing)
+}
+
+/// How long after `since` an instance other than the one at `old_ip` first acknowledged a write
+/// (a failover: a new primary serves `-rw`), waiting up to `within`.
+pub(crate) async fn taken_over(
+    acks: &Arc<Mutex<Acks>>,
+    since: Instant,
+    old_ip: &str,
+    within: Duration,
+) -> Result<Duration, steward_testenv::Error> {
+    eventually(
+        "a write acknowledged through pg-rw by another instance",
+        within,
+        || async move {
+            let acks = acks.lock().unwrap();
+            acks.rows
+                .iter()
+                .find(|(_, at, server)| *at > since && server != old_ip)
+                .map(|(_, at, _)| at.duration_since(since))
+                .ok_or_else(|| format!("{} writes acknowledged", acks.rows.len()))
+        },
+    )
+    .await
+}
+
+/// Of the rows `acks` recorded as acknowledged, how many `rw` has, and how many there are.
+pub(crate) async fn acknowledged_present(
+    rw: &str,
+    password: &str,
+    acks: &Arc<Mutex<Acks>>,
+) -> (i64, i64) {
+    let ids: Vec<i64> = acks.lock().unwrap().rows.iter().map(|r| r.0).collect();
+    let present: i64 = connect(rw, password)
+        .await
+        .unwrap()
+        .query_one(
+            "select count(distinct id) from acks where id = any($1)",
+            &[&ids],
+        )
+        .await
+        .unwrap()
+        .get(0);
+    (present, ids.len() as i64)
 }
 
 /// Inserts one row every 50 ms through `host` (the `-rw` Service) until `stop`, reconnecting

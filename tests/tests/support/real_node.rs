@@ -4,8 +4,8 @@
 
 use std::time::{Duration, Instant};
 
-use k8s_openapi::api::core::v1::Pod;
-use kube::api::{Api, LogParams};
+use k8s_openapi::api::core::v1::{Pod, Service};
+use kube::api::{Api, LogParams, PostParams};
 use steward_testenv::{ControlPlane, Options, RealNode, eventually};
 
 pub const WAIT: Duration = Duration::from_secs(90);
@@ -26,6 +26,50 @@ pub async fn start() -> ControlPlane {
         node(&cp).started_in()
     );
     cp
+}
+
+/// A control plane with `count` real nodes (each in a network namespace and a zone of its
+/// own) and no kwok nodes.
+pub async fn start_nodes(count: usize) -> ControlPlane {
+    let started = Instant::now();
+    let cp = ControlPlane::start(Options::real_nodes(count))
+        .await
+        .expect("control plane with several real nodes");
+    let nodes: Vec<String> = cp
+        .real_nodes()
+        .iter()
+        .map(|n| format!("{} {:.1?}", n.name(), n.started_in()))
+        .collect();
+    eprintln!(
+        "control plane with {count} Ready real nodes in {:.1?} ({})",
+        started.elapsed(),
+        nodes.join(", ")
+    );
+    cp
+}
+
+/// Creates Service `name` in `ns` selecting `app: <app>` on `port` (to `target_port`); returns
+/// its ClusterIP.
+pub async fn service(
+    cp: &ControlPlane,
+    ns: &str,
+    name: &str,
+    port: u16,
+    target_port: u16,
+) -> String {
+    let services: Api<Service> = Api::namespaced(cp.client().expect("client"), ns);
+    let svc: Service = serde_json::from_value(serde_json::json!({
+        "metadata": {"name": name},
+        "spec": {"selector": {"app": name}, "ports": [{"port": port, "targetPort": target_port}]}
+    }))
+    .expect("Service manifest");
+    services
+        .create(&PostParams::default(), &svc)
+        .await
+        .expect("create Service")
+        .spec
+        .and_then(|s| s.cluster_ip)
+        .unwrap_or_default()
 }
 
 pub fn node(cp: &ControlPlane) -> &RealNode {

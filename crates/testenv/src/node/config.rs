@@ -6,9 +6,125 @@ use super::{
     BRIDGE, CLUSTER_DOMAIN, GATEWAY, NODE_NAME, NODE_ROOT, NODE_RUN, POD_CIDR, SERVICE_CIDR,
 };
 
+/// The host's address on the link every node of a several-node cluster has to the host (the
+/// API server, CoreDNS and the object store listen there for them).
+pub const LINK_HOST: &str = "198.18.100.1";
+/// The bridge on the host the nodes' links are attached to.
+pub const LINK_BRIDGE: &str = "steward-link";
+/// The prefix length of the link network (`198.18.100.0/24`).
+pub const LINK_PREFIX: u8 = 24;
+/// Every pod network of a several-node cluster (node `i`'s is `198.18.<i+1>.0/24`).
+const PODS_CIDR: &str = "198.18.0.0/17";
+/// The most nodes one host runs (their pod networks and link addresses are numbered).
+pub const MAX_NODES: usize = 16;
+
+/// Where one real node sits: its name, network namespace and addresses, its directories and
+/// cgroup. The single node of [`Site::single`] is the host's own; each node of
+/// [`Site::of_several`] has a network namespace of its own, linked to the host.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub(crate) struct Site {
+    pub name: String,
+    /// The network namespace (`/run/netns/<netns>`) its components run in; `None`: the host's.
+    pub netns: Option<String>,
+    /// Its InternalIP: kubelet and NodePorts listen there.
+    pub node_ip: String,
+    /// The pods' gateway: the address of its bridge [`BRIDGE`].
+    pub gateway: String,
+    /// Its pods' addresses.
+    pub pod_cidr: String,
+    /// What its pods reach through the gateway (nothing outside 198.18.0.0/15).
+    pub pod_routes: Vec<String>,
+    /// Every pod address of the cluster (kube-proxy's `clusterCIDR`).
+    pub cluster_cidr: String,
+    /// The host's address as the node reaches it: the API server, CoreDNS.
+    pub host: String,
+    /// Runtime state, sockets and configuration.
+    pub run: PathBuf,
+    /// Persistent state (kubelet, containerd, volumes).
+    pub root: PathBuf,
+    /// kubelet's `cgroupRoot` (`None`: the hierarchies' roots).
+    pub cgroup_root: Option<String>,
+    /// Its `topology.kubernetes.io/zone`.
+    pub zone: Option<String>,
+}
+
+impl Site {
+    /// The one real node of a machine, in the host's network namespace (as before several
+    /// nodes existed): [`NODE_NAME`] on bridge [`BRIDGE`] at [`GATEWAY`].
+    pub(crate) fn single() -> Self {
+        Self {
+            name: NODE_NAME.into(),
+            netns: None,
+            node_ip: GATEWAY.into(),
+            gateway: GATEWAY.into(),
+            pod_cidr: POD_CIDR.into(),
+            pod_routes: vec![SERVICE_CIDR.into()],
+            cluster_cidr: POD_CIDR.into(),
+            host: GATEWAY.into(),
+            run: NODE_RUN.into(),
+            root: NODE_ROOT.into(),
+            cgroup_root: None,
+            zone: None,
+        }
+    }
+
+    /// Node `index` (from 0) of several: `steward-node-<index>` in network namespace
+    /// `steward-node-<index>`, at `198.18.100.<index+2>` on the host's link bridge, its pods
+    /// in `198.18.<index+1>.0/24`, in zone `zone-<index>`.
+    pub(crate) fn of_several(index: usize) -> Self {
+        let name = format!("{NODE_NAME}-{index}");
+        Self {
+            netns: Some(name.clone()),
+            node_ip: format!("198.18.100.{}", index + 2),
+            gateway: format!("198.18.{}.1", index + 1),
+            pod_cidr: format!("198.18.{}.0/24", index + 1),
+            // Pods of other nodes, Services, the host's link: all in the benchmarking range.
+            pod_routes: vec!["198.18.0.0/15".into()],
+            cluster_cidr: PODS_CIDR.into(),
+            host: LINK_HOST.into(),
+            run: PathBuf::from(NODE_RUN).join(&name),
+            root: PathBuf::from(NODE_ROOT).join(&name),
+            cgroup_root: Some(format!("/{name}")),
+            zone: Some(format!("zone-{index}")),
+            name,
+        }
+    }
+
+    pub(crate) fn containerd_socket(&self) -> PathBuf {
+        self.run.join("containerd.sock")
+    }
+    pub(crate) fn containerd_config(&self) -> PathBuf {
+        self.run.join("containerd.toml")
+    }
+    pub(crate) fn cni_conf_dir(&self) -> PathBuf {
+        self.run.join("cni")
+    }
+    pub(crate) fn kubelet_config(&self) -> PathBuf {
+        self.run.join("kubelet.yaml")
+    }
+    pub(crate) fn kubelet_root(&self) -> PathBuf {
+        self.root.join("kubelet")
+    }
+    pub(crate) fn proxy_config(&self) -> PathBuf {
+        self.run.join("kube-proxy.yaml")
+    }
+    pub(crate) fn resolv_conf(&self) -> PathBuf {
+        self.run.join("resolv.conf")
+    }
+    /// The kubeconfig of its components (the API server's address as the node reaches it).
+    pub(crate) fn kubeconfig(&self) -> PathBuf {
+        self.run.join("kubeconfig")
+    }
+    /// The Corefile of the host's CoreDNS.
+    pub(crate) fn corefile() -> PathBuf {
+        PathBuf::from(NODE_RUN).join("Corefile")
+    }
+}
+
 /// Where the node's files and endpoints are.
 #[derive(Clone, Debug)]
 pub(crate) struct Layout {
+    pub site: Site,
     /// The control plane's admin kubeconfig (kubelet, kube-proxy and CoreDNS use it).
     pub kubeconfig: PathBuf,
     /// Directory of containerd-shim-runc-v2 (containerd is told its path).
@@ -17,45 +133,38 @@ pub(crate) struct Layout {
     pub runc: PathBuf,
     /// CNI plugin directory from Debian's `containernetworking-plugins`.
     pub cni_bin: PathBuf,
-    /// Loopback ports for health and metrics endpoints.
+    /// Ports for health and metrics endpoints (on loopback for the host's node, on the node's
+    /// address for a node in a namespace of its own, so the host can reach them).
     pub kubelet_healthz_port: u16,
     pub proxy_healthz_port: u16,
     pub proxy_metrics_port: u16,
-    pub coredns_health_port: u16,
-    pub coredns_ready_port: u16,
 }
 
 impl Layout {
-    pub(crate) fn containerd_socket() -> PathBuf {
-        PathBuf::from(NODE_RUN).join("containerd.sock")
+    /// The address the node's health endpoints listen on.
+    pub(crate) fn health_ip(&self) -> &str {
+        if self.site.netns.is_some() {
+            &self.site.node_ip
+        } else {
+            "127.0.0.1"
+        }
     }
-    pub(crate) fn containerd_config() -> PathBuf {
-        PathBuf::from(NODE_RUN).join("containerd.toml")
-    }
-    pub(crate) fn cni_conf_dir() -> PathBuf {
-        PathBuf::from(NODE_RUN).join("cni")
-    }
-    pub(crate) fn kubelet_config() -> PathBuf {
-        PathBuf::from(NODE_RUN).join("kubelet.yaml")
-    }
-    pub(crate) fn kubelet_root() -> PathBuf {
-        PathBuf::from(NODE_ROOT).join("kubelet")
-    }
-    pub(crate) fn proxy_config() -> PathBuf {
-        PathBuf::from(NODE_RUN).join("kube-proxy.yaml")
-    }
-    pub(crate) fn corefile() -> PathBuf {
-        PathBuf::from(NODE_RUN).join("Corefile")
-    }
-    pub(crate) fn resolv_conf() -> PathBuf {
-        PathBuf::from(NODE_RUN).join("resolv.conf")
-    }
+}
+
+/// The host's CoreDNS: where it listens and its health ports.
+#[derive(Clone, Debug)]
+pub(crate) struct Dns {
+    pub kubeconfig: PathBuf,
+    /// The address it serves on ([`GATEWAY`] with one node, [`LINK_HOST`] with several).
+    pub address: String,
+    pub health_port: u16,
+    pub ready_port: u16,
 }
 
 /// containerd 2 (config version 3): state under the node's own directories, the sandbox image
 /// pinned to the locally built pause image, runc from Debian, CNI from Debian.
 pub(crate) fn containerd(layout: &Layout, pause_reference: &str) -> String {
-    let socket = Layout::containerd_socket();
+    let site = &layout.site;
     format!(
         r#"version = 3
 root = "{root}/containerd"
@@ -98,23 +207,35 @@ disabled_plugins = ["io.containerd.internal.v1.opt", "io.containerd.nri.v1.nri"]
   stream_server_address = "127.0.0.1"
   stream_server_port = "0"
 "#,
-        root = NODE_ROOT,
-        run = NODE_RUN,
-        socket = socket.display(),
+        root = site.root.display(),
+        run = site.run.display(),
+        socket = site.containerd_socket().display(),
         shim = layout.shim.display(),
         runc = layout.runc.display(),
         cni_bin = layout.cni_bin.display(),
-        cni_conf = Layout::cni_conf_dir().display(),
+        cni_conf = site.cni_conf_dir().display(),
     )
 }
 
-/// The pod network: Debian's `bridge` plugin on the harness's bridge (gateway = the node's
-/// address), `host-local` addresses in [`POD_CIDR`], a route to [`SERVICE_CIDR`] only and no
-/// masquerade (nothing leaves the machine), plus `portmap` for hostPorts.
-pub(crate) fn cni_conflist() -> String {
+/// The pod network: Debian's `bridge` plugin on the node's bridge [`BRIDGE`] (gateway = the
+/// node's bridge address), `host-local` addresses in its pod network, routes through the
+/// gateway only to the site's `pod_routes` (all in 198.18.0.0/15) and no masquerade (nothing
+/// leaves the machine), plus `portmap` for hostPorts. The network is named after the node, so
+/// the CNI library's caches under `/var/lib/cni` never mix nodes.
+pub(crate) fn cni_conflist(site: &Site) -> String {
+    let routes: Vec<serde_json::Value> = site
+        .pod_routes
+        .iter()
+        .map(|dst| serde_json::json!({"dst": dst}))
+        .collect();
+    let name = if site.netns.is_some() {
+        site.name.clone()
+    } else {
+        "steward".to_string()
+    };
     serde_json::json!({
         "cniVersion": "1.0.0",
-        "name": "steward",
+        "name": name,
         "plugins": [
             {
                 "type": "bridge",
@@ -124,10 +245,9 @@ pub(crate) fn cni_conflist() -> String {
                 "hairpinMode": true,
                 "ipam": {
                     "type": "host-local",
-                    "dataDir": format!("{NODE_ROOT}/cni-ipam"),
-                    "ranges": [[{"subnet": POD_CIDR, "gateway": GATEWAY}]],
-                    // Only Services go through the gateway: pods have no route off the machine.
-                    "routes": [{"dst": SERVICE_CIDR}]
+                    "dataDir": format!("{}/cni-ipam", site.root.display()),
+                    "ranges": [[{"subnet": site.pod_cidr, "gateway": site.gateway}]],
+                    "routes": routes
                 }
             },
             {"type": "portmap", "capabilities": {"portMappings": true}}
@@ -137,16 +257,27 @@ pub(crate) fn cni_conflist() -> String {
 }
 
 /// KubeletConfiguration for a cgroup v1 host without swap accounting, with anonymous access
-/// (the API server reaches it on the bridge address) and no image garbage collection (images
-/// cannot be pulled again).
+/// (the API server reaches it on the node's address) and no image garbage collection (images
+/// cannot be pulled again). A node of several has a cgroup root of its own, so no kubelet
+/// takes another's pods for orphans.
 pub(crate) fn kubelet(layout: &Layout) -> String {
+    let site = &layout.site;
+    let mut several = String::new();
+    if let Some(root) = &site.cgroup_root {
+        several.push_str(&format!("cgroupRoot: {root}\n"));
+    }
+    if site.netns.is_some() {
+        // Renewed every 5 s (a quarter), well within the controller manager's grace period
+        // (`crate::controlplane::NODE_MONITOR_GRACE`).
+        several.push_str("nodeLeaseDurationSeconds: 20\n");
+    }
     format!(
         r#"apiVersion: kubelet.config.k8s.io/v1beta1
 kind: KubeletConfiguration
-address: {GATEWAY}
+address: {node_ip}
 port: 10250
 readOnlyPort: 0
-healthzBindAddress: 127.0.0.1
+healthzBindAddress: {health_ip}
 healthzPort: {healthz}
 authentication:
   anonymous:
@@ -156,13 +287,13 @@ authentication:
 authorization:
   mode: AlwaysAllow
 cgroupDriver: cgroupfs
-failCgroupV1: false
+{several}failCgroupV1: false
 failSwapOn: false
 containerRuntimeEndpoint: unix://{socket}
-clusterDNS: [{GATEWAY}]
+clusterDNS: [{dns}]
 clusterDomain: {CLUSTER_DOMAIN}
 resolvConf: {resolv}
-podLogsDir: {NODE_ROOT}/pod-logs
+podLogsDir: {root}/pod-logs
 imageGCHighThresholdPercent: 100
 imageGCLowThresholdPercent: 99
 evictionHard:
@@ -175,27 +306,32 @@ hairpinMode: hairpin-veth
 syncFrequency: 10s
 nodeStatusUpdateFrequency: 4s
 "#,
+        node_ip = site.node_ip,
+        health_ip = layout.health_ip(),
         healthz = layout.kubelet_healthz_port,
-        socket = Layout::containerd_socket().display(),
-        resolv = Layout::resolv_conf().display(),
+        socket = site.containerd_socket().display(),
+        dns = site.host,
+        resolv = site.resolv_conf().display(),
+        root = site.root.display(),
     )
 }
 
-/// KubeProxyConfiguration: iptables mode, endpoints on loopback, NodePorts only on the bridge
-/// address, and no host-wide conntrack or `route_localnet` sysctl changes.
+/// KubeProxyConfiguration: iptables mode, NodePorts only on the node's address, and no
+/// host-wide conntrack or `route_localnet` sysctl changes.
 pub(crate) fn kube_proxy(layout: &Layout) -> String {
+    let site = &layout.site;
     format!(
         r#"apiVersion: kubeproxy.config.k8s.io/v1alpha1
 kind: KubeProxyConfiguration
 clientConnection:
   kubeconfig: {kubeconfig}
-hostnameOverride: {NODE_NAME}
-bindAddress: {GATEWAY}
-healthzBindAddress: 127.0.0.1:{healthz}
-metricsBindAddress: 127.0.0.1:{metrics}
+hostnameOverride: {name}
+bindAddress: {node_ip}
+healthzBindAddress: {health_ip}:{healthz}
+metricsBindAddress: {health_ip}:{metrics}
 mode: iptables
-clusterCIDR: {POD_CIDR}
-nodePortAddresses: ["{GATEWAY}/32"]
+clusterCIDR: {cluster_cidr}
+nodePortAddresses: ["{node_ip}/32"]
 oomScoreAdj: 0
 iptables:
   localhostNodePorts: false
@@ -207,17 +343,21 @@ conntrack:
   tcpCloseWaitTimeout: 0s
 "#,
         kubeconfig = layout.kubeconfig.display(),
+        name = site.name,
+        node_ip = site.node_ip,
+        health_ip = layout.health_ip(),
         healthz = layout.proxy_healthz_port,
         metrics = layout.proxy_metrics_port,
+        cluster_cidr = site.cluster_cidr,
     )
 }
 
-/// CoreDNS on the bridge address: the cluster domain and reverse zones from the API, nothing
-/// forwarded (no name outside the cluster resolves; nothing leaves the machine).
-pub(crate) fn corefile(layout: &Layout) -> String {
+/// The host's CoreDNS, for every node: the cluster domain and reverse zones from the API,
+/// nothing forwarded (no name outside the cluster resolves; nothing leaves the machine).
+pub(crate) fn corefile(dns: &Dns) -> String {
     format!(
         r#".:53 {{
-    bind {GATEWAY}
+    bind {address}
     errors
     health 127.0.0.1:{health}
     ready 127.0.0.1:{ready}
@@ -228,18 +368,39 @@ pub(crate) fn corefile(layout: &Layout) -> String {
     }}
 }}
 "#,
-        health = layout.coredns_health_port,
-        ready = layout.coredns_ready_port,
-        kubeconfig = layout.kubeconfig.display(),
+        address = dns.address,
+        health = dns.health_port,
+        ready = dns.ready_port,
+        kubeconfig = dns.kubeconfig.display(),
     )
+}
+
+/// The kubeconfig of a node's components, from the control plane's `admin` one: the API
+/// server at `host` instead of loopback (which is the node's own in a namespace of its own),
+/// its certificate checked for the name `kubernetes` (the API server's self-signed certificate
+/// names loopback and the Service, not the host's link address).
+pub(crate) fn node_kubeconfig(admin: &str, host: &str) -> String {
+    let mut out = String::new();
+    for line in admin.lines() {
+        if let Some(url) = line.trim_start().strip_prefix("server: https://127.0.0.1:") {
+            let indent = &line[..line.len() - line.trim_start().len()];
+            out.push_str(&format!("{indent}server: https://{host}:{url}\n"));
+            out.push_str(&format!("{indent}tls-server-name: kubernetes\n"));
+        } else {
+            out.push_str(line);
+            out.push('\n');
+        }
+    }
+    out
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
 
-    fn layout() -> Layout {
+    fn layout(site: Site) -> Layout {
         Layout {
+            site,
             kubeconfig: "/tmp/kc".into(),
             shim: "/cache/containerd-shim-runc-v2".into(),
             runc: "/usr/sbin/runc".into(),
@@ -247,40 +408,93 @@ mod tests {
             kubelet_healthz_port: 1,
             proxy_healthz_port: 2,
             proxy_metrics_port: 3,
-            coredns_health_port: 4,
-            coredns_ready_port: 5,
         }
+    }
+
+    fn dns() -> Dns {
+        Dns {
+            kubeconfig: "/tmp/kc".into(),
+            address: LINK_HOST.into(),
+            health_port: 4,
+            ready_port: 5,
+        }
+    }
+
+    fn sites() -> Vec<Site> {
+        let mut sites = vec![Site::single()];
+        sites.extend((0..MAX_NODES).map(Site::of_several));
+        sites
     }
 
     #[test]
     fn addresses_stay_in_the_benchmarking_range() {
-        for text in [
-            containerd(&layout(), "p:1"),
-            cni_conflist(),
-            kubelet(&layout()),
-            kube_proxy(&layout()),
-            corefile(&layout()),
-        ] {
-            for word in text.split(|c: char| !(c.is_ascii_digit() || c == '.')) {
-                let octets: Vec<u8> = word.split('.').filter_map(|o| o.parse().ok()).collect();
-                if octets.len() == 4 && word.split('.').count() == 4 {
-                    let ok = octets[0] == 127 || (octets[0] == 198 && (octets[1] & 0xfe) == 18);
-                    assert!(ok, "address {word} outside 127/8 and 198.18/15 in:\n{text}");
+        for site in sites() {
+            for text in [
+                containerd(&layout(site.clone()), "p:1"),
+                cni_conflist(&site),
+                kubelet(&layout(site.clone())),
+                kube_proxy(&layout(site.clone())),
+                corefile(&dns()),
+            ] {
+                for word in text.split(|c: char| !(c.is_ascii_digit() || c == '.' || c == '/')) {
+                    let addr = word.split('/').next().unwrap_or_default();
+                    let octets: Vec<u8> = addr.split('.').filter_map(|o| o.parse().ok()).collect();
+                    if octets.len() == 4 && addr.split('.').count() == 4 {
+                        let ok = octets[0] == 127 || (octets[0] == 198 && (octets[1] & 0xfe) == 18);
+                        assert!(ok, "address {word} outside 127/8 and 198.18/15 in:\n{text}");
+                    }
                 }
             }
         }
     }
 
     #[test]
+    fn several_nodes_never_share_an_address_a_directory_or_a_cgroup() {
+        let several: Vec<Site> = (0..MAX_NODES).map(Site::of_several).collect();
+        for (i, a) in several.iter().enumerate() {
+            for b in &several[i + 1..] {
+                assert_ne!(a.name, b.name);
+                assert_ne!(a.netns, b.netns);
+                assert_ne!(a.node_ip, b.node_ip);
+                assert_ne!(a.pod_cidr, b.pod_cidr);
+                assert_ne!(a.run, b.run);
+                assert_ne!(a.root, b.root);
+                assert_ne!(a.cgroup_root, b.cgroup_root);
+            }
+            // No pod network overlaps the link network, the Services or kwok's fake pods
+            // (198.18.128.0/17).
+            let third: u8 = a.pod_cidr.split('.').nth(2).unwrap().parse().unwrap();
+            assert!((1..100).contains(&third), "{}", a.pod_cidr);
+            assert!(a.run.starts_with(NODE_RUN) && a.root.starts_with(NODE_ROOT));
+            assert_ne!(cni_conflist(a), cni_conflist(&several[(i + 1) % MAX_NODES]));
+        }
+    }
+
+    #[test]
+    fn a_node_in_a_namespace_reaches_the_api_server_on_the_link() {
+        let admin = "clusters:\n- name: x\n  cluster:\n    server: https://127.0.0.1:6443\n    certificate-authority-data: abc\n";
+        let kubeconfig = node_kubeconfig(admin, LINK_HOST);
+        assert!(kubeconfig.contains("    server: https://198.18.100.1:6443\n"));
+        assert!(kubeconfig.contains("    tls-server-name: kubernetes\n"));
+        assert!(kubeconfig.contains("certificate-authority-data: abc"));
+        let kubelet = kubelet(&layout(Site::of_several(1)));
+        assert!(kubelet.contains("cgroupRoot: /steward-node-1\n"));
+        assert!(kubelet.contains("clusterDNS: [198.18.100.1]"));
+        assert!(kubelet.contains("healthzBindAddress: 198.18.100.3"));
+    }
+
+    #[test]
     fn cgroup_v1_and_oom_traps_are_configured() {
-        let kubelet = kubelet(&layout());
+        let kubelet = kubelet(&layout(Site::single()));
         assert!(kubelet.contains("failCgroupV1: false"));
         assert!(kubelet.contains("cgroupDriver: cgroupfs"));
         assert!(kubelet.contains("failSwapOn: false"));
-        let containerd = containerd(&layout(), "steward.dev/testenv/pause:1");
+        assert!(!kubelet.contains("cgroupRoot"));
+        let containerd = containerd(&layout(Site::single()), "steward.dev/testenv/pause:1");
         assert!(containerd.contains("restrict_oom_score_adj = true"));
         assert!(containerd.contains("sandbox = \"steward.dev/testenv/pause:1\""));
-        let cni: serde_json::Value = serde_json::from_str(&cni_conflist()).unwrap();
+        let cni: serde_json::Value = serde_json::from_str(&cni_conflist(&Site::single())).unwrap();
         assert_eq!(cni["plugins"][0]["ipMasq"], false);
+        assert_eq!(cni["name"], "steward");
     }
 }

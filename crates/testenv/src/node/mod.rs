@@ -1,25 +1,42 @@
-//! A real worker node for the test control plane: kubelet, containerd (runc shim), the CNI
+//! Real worker nodes for the test control plane: kubelet, containerd (runc shim), the CNI
 //! bridge, kube-proxy (iptables) and CoreDNS, run as local processes as root.
 //!
 //! # How it works
-//! - The harness creates the bridge [`BRIDGE`] with the node's address [`GATEWAY`]; pods get
+//! - **One node** ([`Options::real_node`](crate::Options)): the harness creates the bridge
+//!   [`BRIDGE`] with the node's address [`GATEWAY`] in the host's network namespace; pods get
 //!   addresses in [`POD_CIDR`], Services in [`SERVICE_CIDR`] — both in 198.18.0.0/15, the
 //!   range reserved for benchmarking. A `STEWARD-NODE` chain in `FORWARD` drops anything
 //!   routed between the bridge and another interface, so nothing leaves the machine.
-//! - kubelet listens on the bridge address (the API server reaches it there for logs, exec
+//! - **Several nodes** ([`Options::real_nodes`](crate::Options::real_nodes)): each node's
+//!   containerd, kube-proxy and kubelet run in a network namespace of its own
+//!   (`steward-node-<i>`, entered with `nsenter --net`: its own iptables, its own bridge and pod
+//!   network `198.18.<i+1>.0/24`), linked by a veth pair to the host's bridge
+//!   [`config::LINK_BRIDGE`] at `198.18.100.<i+2>`; the host routes each pod network to its
+//!   node, and `STEWARD-NODE` keeps all of it on the link bridge. Each node has its own
+//!   directories under [`NODE_ROOT`] and [`NODE_RUN`], its own containerd (images are imported
+//!   into each), a cgroup root of its own (`/steward-node-<i>`, so no kubelet takes another's
+//!   pods for orphans) and the label `topology.kubernetes.io/zone=zone-<i>`. The host keeps
+//!   CoreDNS and a kube-proxy of its own (so the test process reaches Services), at
+//!   [`config::LINK_HOST`], where the API server is reached too (the nodes' kubeconfig names it
+//!   there and checks the certificate for the name `kubernetes`).
+//! - kubelet listens on the node's address (the API server reaches it there for logs, exec
 //!   and port-forward, `--kubelet-preferred-address-types=InternalIP,Hostname`); CoreDNS
-//!   serves the cluster domain on the bridge address, kubelet's `clusterDNS`.
+//!   serves the cluster domain on the host's address, kubelet's `clusterDNS`.
 //! - No image can be pulled: the pause image and test images are built by
 //!   [`crate::images`] and imported with `ctr -n k8s.io images import`.
-//! - Host paths ([`NODE_ROOT`], [`NODE_RUN`], port 10250, `/var/lib/kubelet/device-plugins`)
-//!   are fixed, so a machine runs one real node at a time: a file lock serializes them across
-//!   test processes, and the teardown sweep removes what a crashed node left before a new one
-//!   starts and when a node is dropped.
+//! - Host paths ([`NODE_ROOT`], [`NODE_RUN`], the bridges, `/var/lib/kubelet/device-plugins`,
+//!   which every kubelet shares: no test uses device plugins) are fixed, so a machine runs one
+//!   set of real nodes at a time: a file lock serializes them across test processes, and the
+//!   teardown sweep removes what a crashed node left before new ones start and when they are
+//!   dropped.
+//! - Node faults ([`RealNode::stop`], [`RealNode::start_again`], [`RealNode::partition`],
+//!   [`drain`]) act on one node as a machine failing would.
 //!
 //! Traps of this machine (cgroup v1, root without `CAP_SYS_RESOURCE`) are handled in
 //! `node/config.rs`.
 
 mod config;
+mod faults;
 pub mod teardown;
 
 use std::collections::HashSet;
@@ -34,15 +51,19 @@ use crate::binaries::{self, NodeBinaries};
 use crate::images::{self, Image};
 use crate::process::{Process, free_port, wait_healthy};
 use crate::{ControlPlane, Error};
-use config::Layout;
+pub use config::MAX_NODES;
+pub(crate) use config::Site;
+use config::{Dns, LINK_BRIDGE, LINK_HOST, LINK_PREFIX, Layout};
+pub use faults::drain;
 
-/// The node's name (and hostname).
+/// The node's name (and hostname) when it is the only one; node `i` of several is
+/// `steward-node-<i>`.
 pub const NODE_NAME: &str = "steward-node";
-/// The bridge the pods are attached to.
+/// The bridge the pods are attached to (in each node's network namespace).
 pub const BRIDGE: &str = "steward0";
-/// The node's address on the bridge: kubelet, CoreDNS and the pods' gateway.
+/// The single node's address on the bridge: kubelet, CoreDNS and the pods' gateway.
 pub const GATEWAY: &str = "198.18.0.1";
-/// Pod addresses.
+/// The single node's pod addresses.
 pub const POD_CIDR: &str = "198.18.0.0/24";
 /// Service ClusterIPs (the API server's `--service-cluster-ip-range`).
 pub const SERVICE_CIDR: &str = "198.19.0.0/16";
@@ -52,25 +73,42 @@ pub const CLUSTER_DOMAIN: &str = "cluster.local";
 pub const NODE_ROOT: &str = "/var/lib/steward-testenv-node";
 /// Configuration, sockets and containerd's runtime state.
 pub const NODE_RUN: &str = "/run/steward-testenv-node";
-/// Held while a real node runs on this machine.
+/// Held while real nodes run on this machine.
 const LOCK: &str = "/run/steward-testenv-node.lock";
 
-/// A running real node. Dropping it stops every component and removes all it left on the
-/// host (see [`teardown`]).
+/// The real nodes of a control plane and what they share on the host: the machine's lock,
+/// CoreDNS (and, with several nodes, the host's kube-proxy). Dropping it stops every node and
+/// removes all they left on the host (see [`teardown`]).
+pub(crate) struct RealNodes {
+    nodes: Vec<RealNode>,
+    /// CoreDNS, then (several nodes) the host's kube-proxy.
+    host: Vec<Process>,
+    kube_proxy: PathBuf,
+    _lock: std::fs::File,
+}
+
+impl std::fmt::Debug for RealNodes {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_list().entries(&self.nodes).finish()
+    }
+}
+
+/// A running real node.
 pub struct RealNode {
-    // Stopped in reverse order: kubelet, kube-proxy, CoreDNS, then containerd.
+    site: Site,
+    /// containerd, kube-proxy, kubelet.
     processes: Vec<Process>,
     binaries: NodeBinaries,
-    kube_proxy: PathBuf,
     imported: Mutex<HashSet<String>>,
     started_in: Duration,
-    _lock: std::fs::File,
+    /// Whether [`RealNode::stop`] stopped it.
+    stopped: bool,
 }
 
 impl std::fmt::Debug for RealNode {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("RealNode")
-            .field("name", &NODE_NAME)
+            .field("name", &self.site.name)
             .field("started_in", &self.started_in)
             .finish()
     }
@@ -99,18 +137,58 @@ fn run(program: &str, args: &[&str]) -> Result<(), Error> {
     }
 }
 
-impl RealNode {
-    /// Starts a node registered with `cp` and waits until it is Ready, kube-proxy is healthy
-    /// and CoreDNS answers.
+/// Runs `program args…` in the network namespace of `site` (the host's if it has none).
+fn run_in(site: &Site, program: &str, args: &[&str]) -> Result<(), Error> {
+    match &site.netns {
+        None => run(program, args),
+        Some(netns) => {
+            let net = format!("--net=/run/netns/{netns}");
+            let mut all = vec![net.as_str(), "--", program];
+            all.extend_from_slice(args);
+            run("nsenter", &all)
+        }
+    }
+}
+
+/// `binary args…` as started in the network namespace of `site`: through `nsenter --net`
+/// when it has one of its own.
+fn in_netns(site: &Site, binary: &Path, args: Vec<String>) -> (PathBuf, Vec<String>) {
+    match &site.netns {
+        None => (binary.to_path_buf(), args),
+        Some(netns) => {
+            let mut all = vec![
+                format!("--net=/run/netns/{netns}"),
+                "--".into(),
+                binary.display().to_string(),
+            ];
+            all.extend(args);
+            (PathBuf::from("nsenter"), all)
+        }
+    }
+}
+
+impl RealNodes {
+    /// Starts `count` nodes registered with `cp` (one in the host's network namespace, or
+    /// several in namespaces of their own) and waits until each is Ready, kube-proxy is
+    /// healthy and CoreDNS answers.
     ///
-    /// Waits for another real node on this machine (in another test process) to stop first.
+    /// Waits for the real nodes of another process on this machine to stop first.
     ///
     /// # Errors
     /// [`Error::Build`] if a component cannot be built, [`Error::Start`] or
     /// [`Error::Unhealthy`] naming the component and its log, [`Error::Host`] if the host
-    /// network cannot be set up.
-    pub(crate) async fn start(cp: &ControlPlane, timeout: Duration) -> Result<Self, Error> {
+    /// network cannot be set up; [`Error::Other`] for more than [`MAX_NODES`].
+    pub(crate) async fn start(
+        cp: &ControlPlane,
+        count: usize,
+        timeout: Duration,
+    ) -> Result<Self, Error> {
         let started = Instant::now();
+        if !(1..=MAX_NODES).contains(&count) {
+            return Err(Error::Other(format!(
+                "{count} real nodes: a host runs 1 to {MAX_NODES}"
+            )));
+        }
         let lock = blocking(|| {
             let file = std::fs::File::create(LOCK)
                 .map_err(|e| host_err(format!("create {LOCK}"), e.to_string()))?;
@@ -135,38 +213,189 @@ impl RealNode {
                 ));
             }
         }
-        let mut node = Self {
-            processes: Vec::new(),
-            binaries,
+        let sites: Vec<Site> = if count == 1 {
+            vec![Site::single()]
+        } else {
+            (0..count).map(Site::of_several).collect()
+        };
+        let mut nodes = Self {
+            nodes: Vec::new(),
+            host: Vec::new(),
             kube_proxy,
-            imported: Mutex::new(HashSet::new()),
-            started_in: Duration::ZERO,
             _lock: lock,
         };
-        node.boot(cp, &pause, timeout).await?;
-        node.started_in = started.elapsed();
-        Ok(node)
+        let api_port = apiserver_port(cp)?;
+        {
+            let sites = sites.clone();
+            blocking(move || match sites.as_slice() {
+                [_] => setup_host(api_port),
+                several => setup_several(api_port, several),
+            })
+            .await?;
+        }
+        let logs = cp.dir().join("node");
+        std::fs::create_dir_all(&logs)
+            .map_err(|e| host_err(format!("create {}", logs.display()), e.to_string()))?;
+        let host = sites[0].host.clone();
+        let dns = Dns {
+            kubeconfig: cp.kubeconfig_path().to_path_buf(),
+            address: host.clone(),
+            health_port: free_port()?,
+            ready_port: free_port()?,
+        };
+        std::fs::create_dir_all(NODE_RUN)
+            .map_err(|e| host_err(format!("create {NODE_RUN}"), e.to_string()))?;
+        std::fs::write(Site::corefile(), config::corefile(&dns))
+            .map_err(|e| host_err("write the Corefile", e.to_string()))?;
+        nodes.host.push(Process::spawn(
+            "coredns",
+            &binaries.coredns,
+            &["-conf".into(), Site::corefile().display().to_string()],
+            logs.join("coredns.log"),
+        )?);
+        for site in sites.iter().cloned() {
+            let mut node = RealNode {
+                site,
+                processes: Vec::new(),
+                binaries: binaries.clone(),
+                imported: Mutex::new(HashSet::new()),
+                started_in: Duration::ZERO,
+                stopped: false,
+            };
+            let node_started = Instant::now();
+            node.boot(cp, &pause, &logs, timeout).await?;
+            // Until it is Ready (below): its boot, then the other nodes' boots meanwhile.
+            node.started_in = node_started.elapsed();
+            nodes.nodes.push(node);
+        }
+        let client = cp.client()?;
+        let waiting = Instant::now();
+        for node in &mut nodes.nodes {
+            node.wait_ready(&client, timeout).await?;
+            node.started_in += waiting.elapsed();
+        }
+        if count > 1 {
+            // The host's own kube-proxy: the test process reaches Services as a node would (once
+            // the node it names exists: kube-proxy waits for it).
+            let layout = Layout {
+                site: Site {
+                    name: sites[0].name.clone(),
+                    netns: None,
+                    node_ip: LINK_HOST.into(),
+                    run: PathBuf::from(NODE_RUN).join("host"),
+                    ..sites[0].clone()
+                },
+                kubeconfig: cp.kubeconfig_path().to_path_buf(),
+                shim: binaries.containerd_shim.clone(),
+                runc: PathBuf::new(),
+                cni_bin: PathBuf::new(),
+                kubelet_healthz_port: 0,
+                proxy_healthz_port: free_port()?,
+                proxy_metrics_port: free_port()?,
+            };
+            std::fs::create_dir_all(&layout.site.run)
+                .map_err(|e| host_err("create the host's kube-proxy directory", e.to_string()))?;
+            nodes.host.push(spawn_kube_proxy(
+                cp,
+                &layout,
+                &logs.join("kube-proxy-host.log"),
+            )?);
+            let proxy = std::net::SocketAddr::from(([127, 0, 0, 1], layout.proxy_healthz_port));
+            wait_healthy(&mut nodes.host, 1, timeout, || async move {
+                http_ok(proxy, "/healthz").await
+            })
+            .await?;
+        }
+        let ready = std::net::SocketAddr::from(([127, 0, 0, 1], dns.ready_port));
+        wait_healthy(&mut nodes.host, 0, timeout, || async move {
+            http_ok(ready, "/ready").await
+        })
+        .await?;
+        kubernetes_service_endpoints(cp, &host).await?;
+        if let [only] = nodes.nodes.as_mut_slice() {
+            // The only node: from the lock to a Ready node with DNS, as before several existed.
+            only.started_in = started.elapsed();
+        }
+        Ok(nodes)
     }
 
+    /// The nodes, in order.
+    pub(crate) fn nodes(&self) -> &[RealNode] {
+        &self.nodes
+    }
+
+    /// The nodes, to stop or start one.
+    pub(crate) fn nodes_mut(&mut self) -> &mut [RealNode] {
+        &mut self.nodes
+    }
+}
+
+impl Drop for RealNodes {
+    fn drop(&mut self) {
+        for node in &mut self.nodes {
+            while let Some(p) = node.processes.pop() {
+                drop(p);
+            }
+        }
+        while let Some(p) = self.host.pop() {
+            drop(p);
+        }
+        let problems = teardown::sweep(Some(&self.kube_proxy));
+        if !problems.is_empty() {
+            eprintln!(
+                "steward-testenv: real node teardown left: {}",
+                problems.join("; ")
+            );
+        }
+    }
+}
+
+/// kube-proxy with `layout`'s configuration, in its site's network namespace.
+fn spawn_kube_proxy(cp: &ControlPlane, layout: &Layout, log: &Path) -> Result<Process, Error> {
+    let config = layout.site.proxy_config();
+    std::fs::write(&config, config::kube_proxy(layout))
+        .map_err(|e| host_err(format!("write {}", config.display()), e.to_string()))?;
+    let (binary, args) = in_netns(
+        &layout.site,
+        &cp.binaries().kube_proxy,
+        vec![format!("--config={}", config.display()), "--v=1".into()],
+    );
+    Process::spawn("kube-proxy", &binary, &args, log.to_path_buf())
+}
+
+impl RealNode {
     async fn boot(
         &mut self,
         cp: &ControlPlane,
         pause: &Image,
+        logs: &Path,
         timeout: Duration,
     ) -> Result<(), Error> {
-        let logs = cp.dir().join("node");
+        let site = self.site.clone();
         let io = |what: String| move |e: std::io::Error| host_err(what, e.to_string());
-        std::fs::create_dir_all(&logs).map_err(io(format!("create {}", logs.display())))?;
+        let kubeconfig = if site.netns.is_some() {
+            let admin = std::fs::read_to_string(cp.kubeconfig_path())
+                .map_err(io("read the admin kubeconfig".into()))?;
+            std::fs::create_dir_all(&site.run)
+                .map_err(io(format!("create {}", site.run.display())))?;
+            std::fs::write(
+                site.kubeconfig(),
+                config::node_kubeconfig(&admin, &site.host),
+            )
+            .map_err(io(format!("write {}", site.kubeconfig().display())))?;
+            site.kubeconfig()
+        } else {
+            cp.kubeconfig_path().to_path_buf()
+        };
         let layout = Layout {
-            kubeconfig: cp.kubeconfig_path().to_path_buf(),
+            site: site.clone(),
+            kubeconfig: kubeconfig.clone(),
             shim: self.binaries.containerd_shim.clone(),
             runc: PathBuf::from("/usr/sbin/runc"),
             cni_bin: PathBuf::from("/usr/lib/cni"),
             kubelet_healthz_port: free_port()?,
             proxy_healthz_port: free_port()?,
             proxy_metrics_port: free_port()?,
-            coredns_health_port: free_port()?,
-            coredns_ready_port: free_port()?,
         };
         for (what, path) in [
             ("runc", &layout.runc),
@@ -182,41 +411,81 @@ impl RealNode {
                 });
             }
         }
-        let api_port = apiserver_port(cp)?;
-        blocking(move || setup_host(api_port)).await?;
         let write = |path: PathBuf, text: String| {
             std::fs::write(&path, text).map_err(io(format!("write {}", path.display())))
         };
-        std::fs::create_dir_all(Layout::cni_conf_dir())
-            .map_err(io(format!("create {}", Layout::cni_conf_dir().display())))?;
+        std::fs::create_dir_all(site.cni_conf_dir())
+            .map_err(io(format!("create {}", site.cni_conf_dir().display())))?;
         write(
-            Layout::containerd_config(),
+            site.containerd_config(),
             config::containerd(&layout, images::PAUSE_REFERENCE),
         )?;
         write(
-            Layout::cni_conf_dir().join("10-steward.conflist"),
-            config::cni_conflist(),
+            site.cni_conf_dir().join("10-steward.conflist"),
+            config::cni_conflist(&site),
         )?;
-        write(Layout::kubelet_config(), config::kubelet(&layout))?;
-        write(Layout::proxy_config(), config::kube_proxy(&layout))?;
-        write(Layout::corefile(), config::corefile(&layout))?;
-        write(Layout::resolv_conf(), String::new())?;
+        write(site.kubelet_config(), config::kubelet(&layout))?;
+        write(site.resolv_conf(), String::new())?;
+        let log = |component: &str| logs.join(format!("{}{component}.log", log_prefix(&site)));
 
         // containerd, then the sandbox image.
-        self.processes.push(Process::spawn(
-            "containerd",
+        let (binary, args) = in_netns(
+            &site,
             &self.binaries.containerd,
-            &[
+            vec![
                 "--config".into(),
-                Layout::containerd_config().display().to_string(),
+                site.containerd_config().display().to_string(),
                 "--log-level=warn".into(),
             ],
-            logs.join("containerd.log"),
+        );
+        self.processes.push(Process::spawn(
+            "containerd",
+            &binary,
+            &args,
+            log("containerd"),
         )?);
-        let socket = Layout::containerd_socket();
+        self.wait_containerd(timeout).await?;
+        self.import(pause).await?;
+
+        self.processes
+            .push(spawn_kube_proxy(cp, &layout, &log("kube-proxy"))?);
+        let mut labels = vec!["steward.dev/node=real".to_string()];
+        if let Some(zone) = &site.zone {
+            labels.push(format!("topology.kubernetes.io/zone={zone}"));
+        }
+        let (binary, args) = in_netns(
+            &site,
+            &cp.binaries().kubelet,
+            vec![
+                format!("--config={}", site.kubelet_config().display()),
+                format!("--kubeconfig={}", kubeconfig.display()),
+                format!("--hostname-override={}", site.name),
+                format!("--node-ip={}", site.node_ip),
+                format!("--root-dir={}", site.kubelet_root().display()),
+                format!("--cert-dir={}/pki", site.kubelet_root().display()),
+                format!("--node-labels={}", labels.join(",")),
+                "--v=1".into(),
+            ],
+        );
+        self.processes
+            .push(Process::spawn("kubelet", &binary, &args, log("kubelet"))?);
+        let health_ip: std::net::IpAddr = layout
+            .health_ip()
+            .parse()
+            .map_err(|e| Error::Other(format!("health address: {e}")))?;
+        let proxy = std::net::SocketAddr::from((health_ip, layout.proxy_healthz_port));
+        wait_healthy(&mut self.processes, 1, timeout, || async move {
+            http_ok(proxy, "/healthz").await
+        })
+        .await
+    }
+
+    /// Waits until the node's containerd (its first process) answers on its socket.
+    async fn wait_containerd(&mut self, timeout: Duration) -> Result<(), Error> {
+        let socket = self.site.containerd_socket();
         let ctr_bin = self.binaries.ctr.clone();
-        self.wait(0, timeout, || {
-            let ok = socket.exists() && ctr(&ctr_bin, &["version"]).is_ok();
+        wait_healthy(&mut self.processes[..1], 0, timeout, || {
+            let ok = socket.exists() && ctr(&ctr_bin, &socket, &["version"]).is_ok();
             async move {
                 if ok {
                     Ok(())
@@ -225,47 +494,18 @@ impl RealNode {
                 }
             }
         })
-        .await?;
-        self.import(pause).await?;
+        .await
+    }
 
-        let b = cp.binaries();
-        self.processes.push(Process::spawn(
-            "kube-proxy",
-            &b.kube_proxy,
-            &[
-                format!("--config={}", Layout::proxy_config().display()),
-                "--v=1".into(),
-            ],
-            logs.join("kube-proxy.log"),
-        )?);
-        self.processes.push(Process::spawn(
-            "coredns",
-            &self.binaries.coredns,
-            &["-conf".into(), Layout::corefile().display().to_string()],
-            logs.join("coredns.log"),
-        )?);
-        self.processes.push(Process::spawn(
-            "kubelet",
-            &b.kubelet,
-            &[
-                format!("--config={}", Layout::kubelet_config().display()),
-                format!("--kubeconfig={}", cp.kubeconfig_path().display()),
-                format!("--hostname-override={NODE_NAME}"),
-                format!("--node-ip={GATEWAY}"),
-                format!("--root-dir={}", Layout::kubelet_root().display()),
-                format!("--cert-dir={}/pki", Layout::kubelet_root().display()),
-                "--node-labels=steward.dev/node=real".into(),
-                "--v=1".into(),
-            ],
-            logs.join("kubelet.log"),
-        )?);
-
-        let nodes: Api<Node> = Api::all(cp.client()?);
-        self.wait(3, timeout, || {
-            let nodes = nodes.clone();
+    /// Waits until the node is registered and Ready.
+    async fn wait_ready(&mut self, client: &kube::Client, timeout: Duration) -> Result<(), Error> {
+        let nodes: Api<Node> = Api::all(client.clone());
+        let name = self.site.name.clone();
+        wait_healthy(&mut self.processes, 2, timeout, || {
+            let (nodes, name) = (nodes.clone(), name.clone());
             async move {
                 let node = nodes
-                    .get_opt(NODE_NAME)
+                    .get_opt(&name)
                     .await
                     .map_err(|e| e.to_string())?
                     .ok_or_else(|| "node not registered yet".to_string())?;
@@ -286,28 +526,7 @@ impl RealNode {
                 }
             }
         })
-        .await?;
-        let proxy = std::net::SocketAddr::from(([127, 0, 0, 1], layout.proxy_healthz_port));
-        self.wait(
-            1,
-            timeout,
-            || async move { http_ok(proxy, "/healthz").await },
-        )
-        .await?;
-        let dns = std::net::SocketAddr::from(([127, 0, 0, 1], layout.coredns_ready_port));
-        self.wait(2, timeout, || async move { http_ok(dns, "/ready").await })
-            .await?;
-        kubernetes_service_endpoints(cp).await
-    }
-
-    /// Polls `check` until it succeeds, failing early (with its log) if a component exited,
-    /// or after `timeout` naming component `index`.
-    async fn wait<F, Fut>(&mut self, index: usize, timeout: Duration, check: F) -> Result<(), Error>
-    where
-        F: Fn() -> Fut,
-        Fut: std::future::Future<Output = Result<(), String>>,
-    {
-        wait_healthy(&mut self.processes, index, timeout, check).await
+        .await
     }
 
     /// Imports an image archive into the node (`ctr -n k8s.io images import`) unless this node
@@ -321,12 +540,13 @@ impl RealNode {
             return Ok(());
         }
         let archive = image.archive.display().to_string();
-        let ctr_bin = self.binaries.ctr.clone();
+        let (ctr_bin, socket) = (self.binaries.ctr.clone(), self.site.containerd_socket());
         let result = {
             let archive = archive.clone();
             blocking(move || {
                 Ok(ctr(
                     &ctr_bin,
+                    &socket,
                     &["-n", "k8s.io", "images", "import", &archive],
                 ))
             })
@@ -385,10 +605,10 @@ impl RealNode {
     }
 
     /// A hostPath PersistentVolume on this node, with no StorageClass (the node has no
-    /// provisioner): its directory `<NODE_ROOT>/volumes/<name>` is created owned by `owner`
+    /// provisioner): its directory `<node root>/volumes/<name>` is created owned by `owner`
     /// (uid and gid; fsGroup does not apply to hostPath volumes) and removed with the node.
-    /// With `claim` (namespace, name) it is bound to that claim only. Apply the returned
-    /// manifest.
+    /// With `claim` (namespace, name) it is bound to that claim only. A node of several pins
+    /// the volume to itself (node affinity), as a local disk is. Apply the returned manifest.
     ///
     /// # Errors
     /// [`Error::Host`] if the directory cannot be created or chowned.
@@ -399,17 +619,24 @@ impl RealNode {
         claim: Option<(&str, &str)>,
         owner: u32,
     ) -> Result<serde_json::Value, Error> {
-        let dir = Path::new(NODE_ROOT).join("volumes").join(name);
+        let dir = self.site.root.join("volumes").join(name);
         std::fs::create_dir_all(&dir)
             .and_then(|()| std::os::unix::fs::chown(&dir, Some(owner), Some(owner)))
             .and_then(|()| {
                 std::fs::set_permissions(&dir, std::os::unix::fs::PermissionsExt::from_mode(0o750))
             })
             .map_err(|e| host_err(format!("create volume {}", dir.display()), e.to_string()))?;
-        Ok(host_path_volume(name, size, &dir, claim))
+        let mut pv = host_path_volume(name, size, &dir, claim);
+        if self.site.netns.is_some() {
+            pv["spec"]["nodeAffinity"] = serde_json::json!({"required": {"nodeSelectorTerms": [
+                {"matchExpressions": [{"key": "kubernetes.io/hostname", "operator": "In", "values": [self.site.name]}]}
+            ]}});
+        }
+        Ok(pv)
     }
 
-    /// The log of a node component: `containerd`, `kubelet`, `kube-proxy` or `coredns`.
+    /// The log of a node component: `containerd`, `kubelet` or `kube-proxy` (CoreDNS, the
+    /// host's, logs to `<control plane dir>/node/coredns.log`).
     pub fn log(&self, component: &str) -> PathBuf {
         self.processes
             .iter()
@@ -419,12 +646,28 @@ impl RealNode {
     }
 
     /// The node's name.
-    pub fn name(&self) -> &'static str {
-        NODE_NAME
+    pub fn name(&self) -> &str {
+        &self.site.name
     }
 
-    /// Time from the start of the node (lock, build check, sweep) to a Ready node with DNS and
-    /// kube-proxy.
+    /// Its zone (`topology.kubernetes.io/zone`), when it is one of several.
+    pub fn zone(&self) -> Option<&str> {
+        self.site.zone.as_deref()
+    }
+
+    /// Its address (InternalIP).
+    pub fn address(&self) -> &str {
+        &self.site.node_ip
+    }
+
+    /// The host's address as the node's pods reach it (where a test serves them something,
+    /// such as an object store).
+    pub fn host_address(&self) -> &str {
+        &self.site.host
+    }
+
+    /// Time from the start of the node (the only one: lock, build check, sweep; one of
+    /// several: its own components) to a Ready node with kube-proxy.
     pub fn started_in(&self) -> Duration {
         self.started_in
     }
@@ -438,18 +681,12 @@ impl RealNode {
     }
 }
 
-impl Drop for RealNode {
-    fn drop(&mut self) {
-        while let Some(p) = self.processes.pop() {
-            drop(p);
-        }
-        let problems = teardown::sweep(Some(&self.kube_proxy));
-        if !problems.is_empty() {
-            eprintln!(
-                "steward-testenv: real node teardown left: {}",
-                problems.join("; ")
-            );
-        }
+/// The prefix of a node's log files: none for the only node, `<name>-` for one of several.
+fn log_prefix(site: &Site) -> String {
+    if site.netns.is_some() {
+        format!("{}-", site.name)
+    } else {
+        String::new()
     }
 }
 
@@ -478,9 +715,9 @@ pub fn host_path_volume(
     pv
 }
 
-/// Points the `kubernetes` Service at the API server on the bridge address, so pods (operators
-/// in-cluster) reach it (the API server's own endpoint reconciler is off).
-async fn kubernetes_service_endpoints(cp: &ControlPlane) -> Result<(), Error> {
+/// Points the `kubernetes` Service at the API server on the host's address `host`, so pods
+/// (operators in-cluster) reach it (the API server's own endpoint reconciler is off).
+async fn kubernetes_service_endpoints(cp: &ControlPlane, host: &str) -> Result<(), Error> {
     use k8s_openapi::api::discovery::v1::EndpointSlice;
     use kube::api::{Patch, PatchParams};
     let port = apiserver_port(cp)?;
@@ -496,7 +733,7 @@ async fn kubernetes_service_endpoints(cp: &ControlPlane) -> Result<(), Error> {
             },
         },
         "addressType": "IPv4",
-        "endpoints": [{"addresses": [GATEWAY], "conditions": {"ready": true}}],
+        "endpoints": [{"addresses": [host], "conditions": {"ready": true}}],
         "ports": [{"name": "https", "port": port, "protocol": "TCP"}],
     }))
     .map_err(|e| Error::Other(format!("EndpointSlice manifest: {e}")))?;
@@ -514,10 +751,89 @@ async fn kubernetes_service_endpoints(cp: &ControlPlane) -> Result<(), Error> {
         })
 }
 
-/// Host setup: sysctls (recorded for the teardown), the bridge with the node's address, the
-/// chain that keeps pod traffic on the bridge and the one that keeps the node's listeners off
-/// other interfaces.
+/// Host setup for the single node: sysctls (recorded for the teardown), the bridge with the
+/// node's address, and the chains of [`guard`].
 fn setup_host(api_port: u16) -> Result<(), Error> {
+    host_sysctls()?;
+    run("ip", &["link", "add", BRIDGE, "type", "bridge"])?;
+    run(
+        "ip",
+        &["addr", "add", &format!("{GATEWAY}/24"), "dev", BRIDGE],
+    )?;
+    run("ip", &["link", "set", BRIDGE, "up"])?;
+    guard(BRIDGE, api_port)
+}
+
+/// Host setup for several nodes: sysctls, the link bridge [`LINK_BRIDGE`] at [`LINK_HOST`],
+/// per node a network namespace linked to it by a veth pair (the node's address inside, its
+/// default route the host), a route from the host to its pod network and a cgroup root, and
+/// the chains of [`guard`] on the link bridge.
+fn setup_several(api_port: u16, sites: &[Site]) -> Result<(), Error> {
+    host_sysctls()?;
+    run("ip", &["link", "add", LINK_BRIDGE, "type", "bridge"])?;
+    run(
+        "ip",
+        &[
+            "addr",
+            "add",
+            &format!("{LINK_HOST}/{LINK_PREFIX}"),
+            "dev",
+            LINK_BRIDGE,
+        ],
+    )?;
+    run("ip", &["link", "set", LINK_BRIDGE, "up"])?;
+    // The host's own traffic to Services goes out on the link (its kube-proxy rewrites it).
+    run("ip", &["route", "add", SERVICE_CIDR, "dev", LINK_BRIDGE])?;
+    for site in sites {
+        let Some(netns) = &site.netns else { continue };
+        let veth = teardown::host_veth(&site.name);
+        run("ip", &["netns", "add", netns])?;
+        run(
+            "ip",
+            &[
+                "link", "add", &veth, "type", "veth", "peer", "name", "eth0", "netns", netns,
+            ],
+        )?;
+        run("ip", &["link", "set", &veth, "master", LINK_BRIDGE])?;
+        run("ip", &["link", "set", &veth, "up"])?;
+        run_in(site, "ip", &["link", "set", "lo", "up"])?;
+        run_in(
+            site,
+            "ip",
+            &[
+                "addr",
+                "add",
+                &format!("{}/{LINK_PREFIX}", site.node_ip),
+                "dev",
+                "eth0",
+            ],
+        )?;
+        run_in(site, "ip", &["link", "set", "eth0", "up"])?;
+        run_in(site, "ip", &["route", "add", "default", "via", LINK_HOST])?;
+        run(
+            "ip",
+            &["route", "add", &site.pod_cidr, "via", &site.node_ip],
+        )?;
+        // Per network namespace: routing between the node's pods and the link, and the
+        // bridge's traffic through the node's iptables (kube-proxy's Service rules).
+        run_in(
+            site,
+            "sh",
+            &[
+                "-c",
+                "echo 1 > /proc/sys/net/ipv4/ip_forward && { echo 1 > /proc/sys/net/bridge/bridge-nf-call-iptables 2>/dev/null || true; }",
+            ],
+        )?;
+        if let Some(root) = &site.cgroup_root {
+            teardown::create_cgroup_root(root)
+                .map_err(|e| host_err(format!("create cgroup {root}"), e.to_string()))?;
+        }
+    }
+    guard(LINK_BRIDGE, api_port)
+}
+
+/// sysctls (recorded for the teardown): forwarding, and bridged traffic through iptables.
+fn host_sysctls() -> Result<(), Error> {
     teardown::record_sysctls().map_err(|e| host_err("record sysctls", e.to_string()))?;
     if !Path::new("/proc/sys/net/bridge").exists() {
         let _ = std::process::Command::new("modprobe")
@@ -532,31 +848,29 @@ fn setup_host(api_port: u16) -> Result<(), Error> {
             .map_err(|e| host_err(format!("set sysctl {name}={value}"), e.to_string()))?;
     }
     std::fs::create_dir_all(NODE_RUN)
-        .map_err(|e| host_err(format!("create {NODE_RUN}"), e.to_string()))?;
-    run("ip", &["link", "add", BRIDGE, "type", "bridge"])?;
-    run(
-        "ip",
-        &["addr", "add", &format!("{GATEWAY}/24"), "dev", BRIDGE],
-    )?;
-    run("ip", &["link", "set", BRIDGE, "up"])?;
+        .map_err(|e| host_err(format!("create {NODE_RUN}"), e.to_string()))
+}
+
+/// The chain that keeps the nodes' traffic on `bridge` (routed between its ports, never to or
+/// from another interface) and the one that keeps the nodes' listeners (the API server on all
+/// addresses, kubelet, CoreDNS and NodePorts) answering only on loopback and `bridge`.
+fn guard(bridge: &str, api_port: u16) -> Result<(), Error> {
     run("iptables", &["-N", "STEWARD-NODE"])?;
     for rule in [
-        ["-i", BRIDGE, "-o", BRIDGE, "-j", "ACCEPT"].as_slice(),
-        &["-i", BRIDGE, "-j", "DROP"],
-        &["-o", BRIDGE, "-j", "DROP"],
+        ["-i", bridge, "-o", bridge, "-j", "ACCEPT"].as_slice(),
+        &["-i", bridge, "-j", "DROP"],
+        &["-o", bridge, "-j", "DROP"],
     ] {
         let mut args = vec!["-A", "STEWARD-NODE"];
         args.extend_from_slice(rule);
         run("iptables", &args)?;
     }
     run("iptables", &["-I", "FORWARD", "1", "-j", "STEWARD-NODE"])?;
-    // What listens for the node (the API server on all addresses, kubelet, CoreDNS and
-    // NodePorts on the bridge address) answers only on loopback and the bridge.
     let api_port = api_port.to_string();
     run("iptables", &["-N", "STEWARD-NODE-INPUT"])?;
     for rule in [
         ["-i", "lo", "-j", "RETURN"].as_slice(),
-        &["-i", BRIDGE, "-j", "RETURN"],
+        &["-i", bridge, "-j", "RETURN"],
         &["-d", "198.18.0.0/15", "-j", "DROP"],
         &["-p", "tcp", "--dport", &api_port, "-j", "DROP"],
     ] {
@@ -579,11 +893,11 @@ fn apiserver_port(cp: &ControlPlane) -> Result<u16, Error> {
         .ok_or_else(|| Error::Other(format!("no port in {}", cp.apiserver_url())))
 }
 
-/// Runs `ctr` against the node's containerd.
-fn ctr(binary: &Path, args: &[&str]) -> Result<String, String> {
+/// Runs `ctr` against the containerd listening on `socket`.
+fn ctr(binary: &Path, socket: &Path, args: &[&str]) -> Result<String, String> {
     let out = std::process::Command::new(binary)
         .arg("--address")
-        .arg(Layout::containerd_socket())
+        .arg(socket)
         .args(args)
         .output()
         .map_err(|e| e.to_string())?;

@@ -4,15 +4,17 @@
 //!
 //! The same sweep runs when a node is dropped and before a node starts (after a crash the
 //! components die with the test process, but shims, containers, mounts and chains stay).
-//! Everything it touches is found by fixed names ([`NODE_ROOT`], [`NODE_RUN`], [`BRIDGE`],
-//! chains named `KUBE-*`, `CNI-*`, `STEWARD-*`, cgroups named `kubepods`), which is why only
-//! one real node runs on a machine at a time.
+//! Everything it touches is found by fixed names ([`NODE_ROOT`], [`NODE_RUN`], [`BRIDGE`] and
+//! [`LINK_BRIDGE`] with their veths, network namespaces `steward-node-*`, chains named
+//! `KUBE-*`, `CNI-*`, `STEWARD-*`, cgroups named `kubepods` and `steward-node-*`), which is
+//! why only one set of real nodes runs on a machine at a time.
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::{Duration, Instant};
 
-use super::{BRIDGE, NODE_ROOT, NODE_RUN};
+use super::config::{LINK_BRIDGE, Site};
+use super::{BRIDGE, NODE_NAME, NODE_ROOT, NODE_RUN};
 
 /// sysctls the node changes (itself or through kubelet), restored by [`sweep`].
 pub(crate) const SYSCTLS: &[&str] = &[
@@ -115,10 +117,15 @@ pub fn leftovers() -> Vec<String> {
             }
         }
     }
-    if Path::new("/sys/class/net").join(BRIDGE).exists() {
-        found.push(format!("bridge {BRIDGE}"));
+    for bridge in [BRIDGE, LINK_BRIDGE] {
+        if Path::new("/sys/class/net").join(bridge).exists() {
+            found.push(format!("bridge {bridge}"));
+        }
     }
-    for link in veths_of_bridge() {
+    for link in veths_of_bridge(BRIDGE)
+        .into_iter()
+        .chain(veths_of_bridge(LINK_BRIDGE))
+    {
         found.push(format!("veth {link}"));
     }
     for dir in [NODE_ROOT, NODE_RUN].iter().chain(SHARED_DIRS) {
@@ -130,13 +137,28 @@ pub fn leftovers() -> Vec<String> {
     found
 }
 
-/// Ids of the node's sandboxes and containers, read from containerd's directories.
-fn container_ids() -> Vec<String> {
+/// The sites whose directories exist: the single node's, and those of several nodes.
+fn sites_on_disk() -> Vec<Site> {
+    let mut sites = vec![Site::single()];
+    for index in 0..super::MAX_NODES {
+        let site = Site::of_several(index);
+        if site.run.exists() || site.root.exists() {
+            sites.push(site);
+        }
+    }
+    sites
+}
+
+/// Ids of a node's sandboxes and containers, read from its containerd's directories.
+fn container_ids(site: &Site) -> Vec<String> {
     let mut ids = Vec::new();
     for dir in [
-        format!("{NODE_RUN}/containerd/io.containerd.runtime.v2.task/k8s.io"),
-        format!("{NODE_ROOT}/containerd/io.containerd.grpc.v1.cri/sandboxes"),
-        format!("{NODE_ROOT}/containerd/io.containerd.grpc.v1.cri/containers"),
+        site.run
+            .join("containerd/io.containerd.runtime.v2.task/k8s.io"),
+        site.root
+            .join("containerd/io.containerd.grpc.v1.cri/sandboxes"),
+        site.root
+            .join("containerd/io.containerd.grpc.v1.cri/containers"),
     ] {
         if let Ok(entries) = std::fs::read_dir(dir) {
             ids.extend(
@@ -151,22 +173,24 @@ fn container_ids() -> Vec<String> {
     ids
 }
 
-/// Files the node leaves at fixed paths: shim sockets (`/run/containerd/s/<sha256 of socket,
+/// Files the nodes leave at fixed paths: shim sockets (`/run/containerd/s/<sha256 of socket,
 /// namespace, id>`), the CNI library's result cache, kubelet's log links. Then the
 /// [`SHARED_DIRS`] that are empty.
 fn remove_shared_files() {
     use sha2::{Digest, Sha256};
-    let socket = super::config::Layout::containerd_socket();
-    for id in container_ids() {
-        let key = socket.join("k8s.io").join(&id);
-        let name = hex::encode(Sha256::digest(key.to_string_lossy().as_bytes()));
-        let _ = std::fs::remove_file(Path::new("/run/containerd/s").join(name));
-        let _ = std::fs::remove_dir_all(Path::new("/run/containerd/runc/k8s.io").join(&id));
-        if let Ok(entries) = std::fs::read_dir("/var/lib/cni/results") {
-            for entry in entries.flatten() {
-                let file = entry.file_name().to_string_lossy().to_string();
-                if file.contains(&id) {
-                    let _ = std::fs::remove_file(entry.path());
+    for site in sites_on_disk() {
+        let socket = site.containerd_socket();
+        for id in container_ids(&site) {
+            let key = socket.join("k8s.io").join(&id);
+            let name = hex::encode(Sha256::digest(key.to_string_lossy().as_bytes()));
+            let _ = std::fs::remove_file(Path::new("/run/containerd/s").join(name));
+            let _ = std::fs::remove_dir_all(Path::new("/run/containerd/runc/k8s.io").join(&id));
+            if let Ok(entries) = std::fs::read_dir("/var/lib/cni/results") {
+                for entry in entries.flatten() {
+                    let file = entry.file_name().to_string_lossy().to_string();
+                    if file.contains(&id) {
+                        let _ = std::fs::remove_file(entry.path());
+                    }
                 }
             }
         }
@@ -180,6 +204,12 @@ fn remove_shared_files() {
     }
     // kubelet's device-plugin socket directory is fixed (not under its root dir).
     let _ = std::fs::remove_dir_all("/var/lib/kubelet/device-plugins");
+    // `ip netns add` (several nodes) bind-mounts /run/netns onto itself; once it holds no
+    // network namespace it goes like the other directories.
+    let empty = std::fs::read_dir("/run/netns").is_ok_and(|mut d| d.next().is_none());
+    if empty {
+        let _ = Command::new("umount").arg("/run/netns").output();
+    }
     for dir in SHARED_DIRS {
         let _ = std::fs::remove_dir(dir);
     }
@@ -195,20 +225,25 @@ fn cmdline(pid: u32) -> Option<String> {
         .map(|b| String::from_utf8_lossy(&b).replace('\0', " "))
 }
 
-/// Processes of the node: its components and shims (their command lines name [`NODE_RUN`])
+/// Processes of the nodes: their components and shims (their command lines name [`NODE_RUN`])
 /// and every process in a `kubepods` cgroup (the containers).
 fn node_pids() -> Vec<u32> {
+    pids_of(NODE_RUN, &kubepods_cgroups())
+}
+
+/// Processes whose command line names `dir`, and those in `cgroups`.
+fn pids_of(dir: &str, cgroups: &[PathBuf]) -> Vec<u32> {
     let me = std::process::id();
     let mut pids: Vec<u32> = std::fs::read_dir("/proc")
         .map(|d| {
             d.flatten()
                 .filter_map(|e| e.file_name().to_str().and_then(|n| n.parse::<u32>().ok()))
                 .filter(|pid| *pid != me)
-                .filter(|pid| cmdline(*pid).is_some_and(|c| c.contains(NODE_RUN)))
+                .filter(|pid| cmdline(*pid).is_some_and(|c| c.contains(dir)))
                 .collect()
         })
         .unwrap_or_default();
-    for cgroup in kubepods_cgroups() {
+    for cgroup in cgroups {
         if let Ok(text) = std::fs::read_to_string(cgroup.join("cgroup.procs")) {
             pids.extend(text.lines().filter_map(|l| l.trim().parse::<u32>().ok()));
         }
@@ -219,16 +254,16 @@ fn node_pids() -> Vec<u32> {
     pids
 }
 
-fn kill_node_processes(problems: &mut Vec<String>) {
+/// SIGKILLs what `pids` finds until it finds nothing; returns what survived 10 s of it.
+fn kill_all(pids: impl Fn() -> Vec<u32>) -> Vec<String> {
     let deadline = Instant::now() + Duration::from_secs(10);
     loop {
-        let pids = node_pids();
+        let pids = pids();
         if pids.is_empty() {
-            return;
+            return Vec::new();
         }
         if Instant::now() > deadline {
-            problems.push(format!("processes still running after SIGKILL: {pids:?}"));
-            return;
+            return vec![format!("processes still running after SIGKILL: {pids:?}")];
         }
         let _ = Command::new("kill")
             .arg("-KILL")
@@ -238,7 +273,87 @@ fn kill_node_processes(problems: &mut Vec<String>) {
     }
 }
 
-/// `kubepods` cgroup directories of every v1 hierarchy, deepest first.
+fn kill_node_processes(problems: &mut Vec<String>) {
+    problems.extend(kill_all(node_pids));
+}
+
+/// SIGKILLs every process of one node of several: its components and shims (their command
+/// lines name its directory) and its pods' processes (in its cgroup root). Returns what
+/// survived.
+pub(crate) fn kill_site(site: &Site) -> Vec<String> {
+    let dir = format!("{}/", site.run.display());
+    let root = site.cgroup_root.clone().unwrap_or_default();
+    kill_all(|| {
+        let cgroups: Vec<PathBuf> = kubepods_cgroups()
+            .into_iter()
+            .filter(|c| !root.is_empty() && cgroup_path(c).starts_with(&format!("{root}/")))
+            .collect();
+        pids_of(&dir, &cgroups)
+    })
+}
+
+/// A cgroup directory's path within its hierarchy (`/sys/fs/cgroup/memory/a/b` → `/a/b`).
+fn cgroup_path(dir: &Path) -> String {
+    let within: PathBuf = dir
+        .strip_prefix("/sys/fs/cgroup")
+        .map(|p| p.components().skip(1).collect())
+        .unwrap_or_default();
+    format!("/{}", within.display())
+}
+
+/// The host side of node `name`'s veth pair (at most 15 characters).
+pub(crate) fn host_veth(name: &str) -> String {
+    format!("stw-{}", name.trim_start_matches("steward-"))
+}
+
+/// The v1 hierarchies kubelet uses (every one mounted under `/sys/fs/cgroup` but the v2
+/// `unified`).
+fn hierarchies() -> Vec<PathBuf> {
+    std::fs::read_dir("/sys/fs/cgroup")
+        .map(|d| {
+            d.flatten()
+                .filter(|e| e.file_name() != "unified" && e.path().is_dir())
+                .map(|e| e.path())
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
+/// Creates cgroup `root` (`/steward-node-1`) in every hierarchy, as kubelet requires of its
+/// `cgroupRoot`; a new cpuset gets its parent's CPUs and memory nodes (it has none).
+pub(crate) fn create_cgroup_root(root: &str) -> std::io::Result<()> {
+    for hierarchy in hierarchies() {
+        let dir = hierarchy.join(root.trim_start_matches('/'));
+        std::fs::create_dir_all(&dir)?;
+        if hierarchy.ends_with("cpuset") {
+            for file in ["cpuset.cpus", "cpuset.mems"] {
+                let parent = std::fs::read_to_string(hierarchy.join(file))?;
+                std::fs::write(dir.join(file), parent.trim())?;
+            }
+        }
+    }
+    Ok(())
+}
+
+/// The cgroup roots of several nodes (`<hierarchy>/steward-node-*`).
+fn node_cgroup_roots() -> Vec<PathBuf> {
+    let prefix = format!("{NODE_NAME}-");
+    let mut roots = Vec::new();
+    for hierarchy in hierarchies() {
+        if let Ok(entries) = std::fs::read_dir(&hierarchy) {
+            roots.extend(
+                entries
+                    .flatten()
+                    .filter(|e| e.file_name().to_string_lossy().starts_with(&prefix))
+                    .map(|e| e.path()),
+            );
+        }
+    }
+    roots
+}
+
+/// `kubepods` cgroup directories of every v1 hierarchy (the single node's at its root, those
+/// of several nodes in their cgroup roots), deepest first.
 fn kubepods_cgroups() -> Vec<PathBuf> {
     fn walk(dir: &Path, out: &mut Vec<PathBuf>) {
         if let Ok(entries) = std::fs::read_dir(dir) {
@@ -251,20 +366,23 @@ fn kubepods_cgroups() -> Vec<PathBuf> {
         out.push(dir.to_path_buf());
     }
     let mut out = Vec::new();
-    if let Ok(hierarchies) = std::fs::read_dir("/sys/fs/cgroup") {
-        for h in hierarchies.flatten() {
-            let pods = h.path().join("kubepods");
-            if pods.is_dir() {
-                walk(&pods, &mut out);
-            }
+    for parent in hierarchies().into_iter().chain(node_cgroup_roots()) {
+        let pods = parent.join("kubepods");
+        if pods.is_dir() {
+            walk(&pods, &mut out);
         }
     }
     out
 }
 
 fn remove_cgroups(problems: &mut Vec<String>) {
+    let all = || {
+        let mut all = kubepods_cgroups();
+        all.extend(node_cgroup_roots());
+        all
+    };
     for _ in 0..20 {
-        let left: Vec<PathBuf> = kubepods_cgroups()
+        let left: Vec<PathBuf> = all()
             .into_iter()
             .filter(|dir| std::fs::remove_dir(dir).is_err())
             .collect();
@@ -273,7 +391,7 @@ fn remove_cgroups(problems: &mut Vec<String>) {
         }
         std::thread::sleep(Duration::from_millis(100));
     }
-    for dir in kubepods_cgroups() {
+    for dir in all() {
         problems.push(format!("cannot remove cgroup {}", dir.display()));
     }
 }
@@ -290,6 +408,8 @@ fn node_mounts() -> Vec<String> {
                 || m.starts_with(NODE_RUN)
                 || m.starts_with("/run/netns/cni-")
                 || m.starts_with("/var/run/netns/cni-")
+                || m.starts_with(&format!("/run/netns/{NODE_NAME}-"))
+                || m.starts_with(&format!("/var/run/netns/{NODE_NAME}-"))
                 || m.starts_with("/var/lib/kubelet")
         })
         .collect();
@@ -339,8 +459,10 @@ fn netns_entries() -> Vec<PathBuf> {
             d.flatten()
                 .map(|e| e.path())
                 .filter(|p| {
-                    p.file_name()
-                        .is_some_and(|n| n.to_string_lossy().starts_with("cni-"))
+                    p.file_name().is_some_and(|n| {
+                        let n = n.to_string_lossy();
+                        n.starts_with("cni-") || n.starts_with(&format!("{NODE_NAME}-"))
+                    })
                 })
                 .collect()
         })
@@ -420,8 +542,8 @@ pub(crate) fn without_node_chains(save: &str) -> String {
     out
 }
 
-fn veths_of_bridge() -> Vec<String> {
-    let dir = Path::new("/sys/class/net").join(BRIDGE).join("brif");
+fn veths_of_bridge(bridge: &str) -> Vec<String> {
+    let dir = Path::new("/sys/class/net").join(bridge).join("brif");
     std::fs::read_dir(dir)
         .map(|d| {
             d.flatten()
@@ -432,17 +554,19 @@ fn veths_of_bridge() -> Vec<String> {
 }
 
 fn remove_links(problems: &mut Vec<String>) {
-    for veth in veths_of_bridge() {
-        let _ = Command::new("ip").args(["link", "del", &veth]).output();
-    }
-    if Path::new("/sys/class/net").join(BRIDGE).exists() {
-        match Command::new("ip").args(["link", "del", BRIDGE]).output() {
-            Ok(o) if o.status.success() => {}
-            Ok(o) => problems.push(format!(
-                "ip link del {BRIDGE}: {}",
-                String::from_utf8_lossy(&o.stderr).trim()
-            )),
-            Err(e) => problems.push(format!("cannot run ip: {e}")),
+    for bridge in [BRIDGE, LINK_BRIDGE] {
+        for veth in veths_of_bridge(bridge) {
+            let _ = Command::new("ip").args(["link", "del", &veth]).output();
+        }
+        if Path::new("/sys/class/net").join(bridge).exists() {
+            match Command::new("ip").args(["link", "del", bridge]).output() {
+                Ok(o) if o.status.success() => {}
+                Ok(o) => problems.push(format!(
+                    "ip link del {bridge}: {}",
+                    String::from_utf8_lossy(&o.stderr).trim()
+                )),
+                Err(e) => problems.push(format!("cannot run ip: {e}")),
+            }
         }
     }
 }
@@ -482,6 +606,20 @@ mod tests {
         assert_eq!(
             without_node_chains(save),
             "*filter\n:INPUT ACCEPT [0:0]\n:FORWARD ACCEPT [0:0]\n:DOCKER - [0:0]\n-A FORWARD -j DOCKER\nCOMMIT\n"
+        );
+    }
+
+    #[test]
+    fn a_node_has_a_short_veth_and_its_cgroups_are_found_by_path() {
+        for index in 0..crate::node::MAX_NODES {
+            let veth = host_veth(&Site::of_several(index).name);
+            assert!(veth.len() <= 15, "{veth}");
+        }
+        assert_eq!(
+            cgroup_path(Path::new(
+                "/sys/fs/cgroup/memory/steward-node-1/kubepods/pod1"
+            )),
+            "/steward-node-1/kubepods/pod1"
         );
     }
 
