@@ -39,6 +39,8 @@ pub mod server;
 pub mod sql;
 pub mod status;
 
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
@@ -137,6 +139,45 @@ pub struct State {
     pub children: ChildStores,
     /// `steward_sql_statements_total{controller}`.
     pub sql_statements: SqlStatements,
+    /// The node each PostgresCluster's primary runs on, so a change of a Node (cordoned for a
+    /// drain) wakes the clusters whose primary is there.
+    pub primary_nodes: PrimaryNodes,
+}
+
+/// The node of each PostgresCluster's primary, as its last reconcile saw it.
+#[derive(Clone, Default)]
+pub struct PrimaryNodes(
+    Arc<Mutex<HashMap<kube::runtime::reflector::ObjectRef<crd::PostgresCluster>, String>>>,
+);
+
+impl PrimaryNodes {
+    /// Records that `cluster`'s primary runs on `node` (`None`: nowhere yet).
+    pub fn record(&self, cluster: &crd::PostgresCluster, node: Option<&str>) {
+        let Ok(mut map) = self.0.lock() else { return };
+        let key = kube::runtime::reflector::ObjectRef::from_obj(cluster);
+        match node {
+            Some(node) if map.get(&key).map(String::as_str) != Some(node) => {
+                map.insert(key, node.to_string());
+            }
+            Some(_) => {}
+            None => {
+                map.remove(&key);
+            }
+        }
+    }
+
+    /// The clusters whose primary runs on `node`.
+    pub fn on(&self, node: &str) -> Vec<kube::runtime::reflector::ObjectRef<crd::PostgresCluster>> {
+        self.0
+            .lock()
+            .map(|map| {
+                map.iter()
+                    .filter(|(_, n)| *n == node)
+                    .map(|(c, _)| c.clone())
+                    .collect()
+            })
+            .unwrap_or_default()
+    }
 }
 
 /// `steward_sql_statements_total{controller}`: the statements each controller ran that may
@@ -251,7 +292,9 @@ pub fn register(operator: &mut steward_core::Operator, options: Options) -> Resu
         "Statements run on PostgreSQL servers that may change them (catalog reads are not counted); a converged object adds none",
         sql_statements.0.clone(),
     );
+    let primary_nodes = PrimaryNodes::default();
     let state = State {
+        primary_nodes: primary_nodes.clone(),
         options,
         sql_statements,
         children: ChildStores {
@@ -297,6 +340,14 @@ pub fn register(operator: &mut steward_core::Operator, options: Options) -> Resu
                 cluster
                     .zip(pod.namespace())
                     .map(|(c, ns)| ObjectRef::<PostgresCluster>::new(&c).within(&ns))
+            },
+        )
+        // A Node changed (cordoned for a drain): the clusters whose primary runs there.
+        .watches_metadata(
+            kube::Api::<k8s_openapi::api::core::v1::Node>::all(client.clone()),
+            Config::default(),
+            move |node: PartialObjectMeta<k8s_openapi::api::core::v1::Node>| {
+                primary_nodes.on(&node.name_any())
             },
         );
     operator.controller(clusters, state.clone(), cluster::reconcile);
@@ -425,6 +476,10 @@ mod tests {
             r"^https?://[^\s/]+(/.*)?$",
             "^[a-z0-9][a-z0-9.-]*[a-z0-9]$",
             "^[A-Za-z0-9._/-]+$",
+            // `spec.placement.topologyKey`, a label key: never in SQL, and the API server
+            // checks it again in the StatefulSet's pod template (an apply it refuses leaves
+            // `Ready=False` naming it).
+            r"^([a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*/)?[A-Za-z0-9]([-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?$",
         ];
         assert!(
             found

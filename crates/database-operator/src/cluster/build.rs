@@ -70,7 +70,10 @@ pub struct Names {
     /// The server certificate the pods mount (`tls.crt`, `tls.key`, `ca.crt`).
     pub tls_secret: String,
     pub config: String,
+    /// The replicas' PodDisruptionBudget.
     pub pdb: String,
+    /// The primary's PodDisruptionBudget.
+    pub primary_pdb: String,
     /// ServiceAccount, Role and RoleBinding of the instance managers.
     pub instance_account: String,
     /// The Lease whose holder is the primary (taken and renewed by the instance managers).
@@ -92,6 +95,7 @@ impl Names {
             tls_secret: format!("{cluster}-tls"),
             config: format!("{cluster}-config"),
             pdb: cluster.to_string(),
+            primary_pdb: format!("{cluster}-primary"),
             instance_account: format!("{cluster}-instance"),
             lease: instance::lease_name(cluster),
             first_pod: format!("{cluster}-0"),
@@ -616,16 +620,45 @@ pub fn config_hash(config: &ConfigMap) -> String {
     hex::encode(&hash.finalize()[..8])
 }
 
-/// At most one instance voluntarily down at a time.
+/// At most one instance voluntarily down at a time, among the replicas (every instance but the
+/// primary, which [`primary_disruption_budget`] covers: a pod under two budgets cannot be
+/// evicted at all). `minAvailable` as a number of pods: a `maxUnavailable` budget counts the
+/// StatefulSet's replicas as expected, every instance, not the pods it selects.
 pub fn pod_disruption_budget(cluster: &PostgresCluster) -> PodDisruptionBudget {
     let names = Names::of(&cluster.name_any());
+    let replicas = (cluster.spec.instances - 1).max(0);
+    disruption_budget(cluster, &names.pdb, "NotIn", (replicas - 1).max(0))
+}
+
+/// The primary is not evicted while it is the primary: with more than one instance, a drain
+/// of its node waits until the operator has switched over to a replica on another node
+/// ([`super::drain`]); a single instance may be evicted (there is nothing to switch to).
+pub fn primary_disruption_budget(cluster: &PostgresCluster) -> PodDisruptionBudget {
+    let names = Names::of(&cluster.name_any());
+    let min_available = i32::from(cluster.spec.instances > 1);
+    disruption_budget(cluster, &names.primary_pdb, "In", min_available)
+}
+
+/// A budget keeping `min_available` of the cluster's pods whose role label is (`In`) or is
+/// not (`NotIn`) [`PRIMARY`].
+fn disruption_budget(
+    cluster: &PostgresCluster,
+    name: &str,
+    operator: &str,
+    min_available: i32,
+) -> PodDisruptionBudget {
+    use k8s_openapi::apimachinery::pkg::apis::meta::v1::LabelSelectorRequirement;
     PodDisruptionBudget {
-        metadata: meta(cluster, &names.pdb),
+        metadata: meta(cluster, name),
         spec: Some(PodDisruptionBudgetSpec {
-            max_unavailable: Some(IntOrString::Int(1)),
+            min_available: Some(IntOrString::Int(min_available)),
             selector: Some(LabelSelector {
                 match_labels: Some(selector_labels(&cluster.name_any())),
-                ..Default::default()
+                match_expressions: Some(vec![LabelSelectorRequirement {
+                    key: ROLE_LABEL.into(),
+                    operator: operator.into(),
+                    values: Some(vec![PRIMARY.into()]),
+                }]),
             }),
             ..Default::default()
         }),

@@ -10,6 +10,7 @@
 pub mod backup;
 pub mod build;
 pub mod check;
+pub mod drain;
 pub mod metrics;
 pub mod rollout;
 pub mod tls;
@@ -132,8 +133,13 @@ pub async fn reconcile(
     ] {
         children.ensure_cached(&cached.services, service).await?;
     }
+    // The replicas' budget first: it no longer covers the primary, which the second one does
+    // (a pod under two budgets cannot be evicted at all).
     children
         .ensure_cached(&cached.pdbs, build::pod_disruption_budget(&cluster))
+        .await?;
+    children
+        .ensure_cached(&cached.pdbs, build::primary_disruption_budget(&cluster))
         .await?;
 
     // The StatefulSet (`OnDelete`: the rollout below replaces pods one at a time).
@@ -321,6 +327,41 @@ pub async fn reconcile(
                     format!("switching over to {to} as asked by {SWITCHOVER_ANNOTATION}"),
                 )
                 .await;
+        }
+    }
+
+    // A drain of the primary's node (cordoned): a switchover before its eviction, which the
+    // primary's own budget refuses until then.
+    if let Some(primary) = roles.primary.as_deref()
+        && requested.is_none()
+        && asked_now.is_none()
+        && roles.switching_to.is_none()
+    {
+        let node_of: BTreeMap<String, String> = pods
+            .items
+            .iter()
+            .filter_map(|p| Some((p.name_any(), p.spec.as_ref()?.node_name.clone()?)))
+            .collect();
+        ctx.data
+            .primary_nodes
+            .record(&cluster, node_of.get(primary).map(String::as_str));
+        let cordoned = cordoned_nodes(&client, node_of.get(primary), &node_of).await?;
+        if let Some(to) = drain::switchover_target(primary, &views, &node_of, &cordoned)
+            .filter(|to| refused_target != Some(to.as_str()))
+        {
+            request_switchover(&leases, &names.lease, &to).await?;
+            ctx.recorder
+                .normal(
+                    cluster.as_ref(),
+                    "Switchover",
+                    "Drain",
+                    format!(
+                        "node {} of the primary {primary} is cordoned (a drain): switching over to {to} before the primary is evicted",
+                        node_of.get(primary).map_or("?", String::as_str)
+                    ),
+                )
+                .await;
+            asked_now = Some(to);
         }
     }
 
@@ -664,6 +705,44 @@ async fn label_roles(
         }
     }
     Ok(())
+}
+
+/// The cordoned nodes among those of the cluster's pods, read only when the primary's node
+/// (`primary_node`) is one: nothing else is needed otherwise.
+async fn cordoned_nodes(
+    client: &kube::Client,
+    primary_node: Option<&String>,
+    node_of: &BTreeMap<String, String>,
+) -> Result<std::collections::BTreeSet<String>, Error> {
+    let nodes: Api<k8s_openapi::api::core::v1::Node> = Api::all(client.clone());
+    let unschedulable = |node: Option<k8s_openapi::api::core::v1::Node>| {
+        node.and_then(|n| n.spec?.unschedulable).unwrap_or(false)
+    };
+    let read = |name: String| {
+        let nodes = nodes.clone();
+        async move {
+            nodes.get_opt(&name).await.map_err(|source| Error::Read {
+                what: format!("Node {name}"),
+                source,
+            })
+        }
+    };
+    let mut cordoned = std::collections::BTreeSet::new();
+    let Some(primary_node) = primary_node else {
+        return Ok(cordoned);
+    };
+    if !unschedulable(read(primary_node.clone()).await?) {
+        return Ok(cordoned);
+    }
+    cordoned.insert(primary_node.clone());
+    let others: std::collections::BTreeSet<&String> =
+        node_of.values().filter(|n| *n != primary_node).collect();
+    for node in others {
+        if unschedulable(read(node.clone()).await?) {
+            cordoned.insert(node.clone());
+        }
+    }
+    Ok(cordoned)
 }
 
 /// Why a switchover to `to` cannot start now, if it cannot.
@@ -1610,10 +1689,53 @@ mod tests {
         );
         assert_eq!(s.metadata.name.as_deref(), Some("pg-superuser"));
         assert_eq!(s.data.as_ref().unwrap()["password"].0, b"pw");
-        let pdb = pod_disruption_budget(&c);
+        use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
+        let role = |pdb: &k8s_openapi::api::policy::v1::PodDisruptionBudget| {
+            let selector = pdb.spec.as_ref().unwrap().selector.clone().unwrap();
+            let e = &selector.match_expressions.unwrap()[0];
+            (e.key.clone(), e.operator.clone(), e.values.clone().unwrap())
+        };
+        // The replicas one at a time (3 instances: 2 replicas, 1 kept); the primary not at all
+        // (a drain switches over first); no pod under both (the Eviction API refuses a pod with
+        // two budgets). Numbers of pods: a `maxUnavailable` budget would count every instance
+        // of the StatefulSet as expected.
+        let replicas = pod_disruption_budget(&c);
         assert_eq!(
-            pdb.spec.unwrap().max_unavailable,
-            Some(k8s_openapi::apimachinery::pkg::util::intstr::IntOrString::Int(1))
+            replicas.spec.as_ref().unwrap().min_available,
+            Some(IntOrString::Int(1))
+        );
+        assert_eq!(replicas.spec.as_ref().unwrap().max_unavailable, None);
+        assert_eq!(
+            role(&replicas),
+            (
+                ROLE_LABEL.to_string(),
+                "NotIn".to_string(),
+                vec!["primary".to_string()]
+            )
+        );
+        let primary = build::primary_disruption_budget(&c);
+        assert_eq!(primary.metadata.name.as_deref(), Some("pg-primary"));
+        assert_eq!(
+            primary.spec.as_ref().unwrap().min_available,
+            Some(IntOrString::Int(1))
+        );
+        assert_eq!(
+            role(&primary),
+            (
+                ROLE_LABEL.to_string(),
+                "In".to_string(),
+                vec!["primary".to_string()]
+            )
+        );
+        let mut single = cluster("pg");
+        single.spec.instances = 1;
+        assert_eq!(
+            build::primary_disruption_budget(&single)
+                .spec
+                .unwrap()
+                .min_available,
+            Some(IntOrString::Int(0)),
+            "nothing to switch over to: a drain may evict a single instance"
         );
     }
 
