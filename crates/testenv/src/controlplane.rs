@@ -412,6 +412,40 @@ impl ControlPlane {
             dir.join("kwok.log"),
         )?;
         self.processes.push(kwok);
+        // The real nodes need only the API server: they start while the controllers come up.
+        let env = node::NodeEnv {
+            binaries: self.binaries.clone(),
+            dir: self.dir.clone(),
+            kubeconfig: self.kubeconfig.clone(),
+            apiserver_url: self.apiserver_url.clone(),
+            client: self.client()?,
+        };
+        let real_nodes = async {
+            if options.real_node {
+                RealNodes::start(&env, options.real_node_count(), options.timeout)
+                    .await
+                    .map(Some)
+            } else {
+                Ok(None)
+            }
+        };
+        let (controllers, real_nodes) = tokio::join!(
+            self.wait_controllers(options, kcm_port, sched_port),
+            real_nodes
+        );
+        controllers?;
+        self.node = real_nodes?;
+        self.create_nodes(options).await
+    }
+
+    /// Waits until the controller manager and the scheduler are healthy and the controllers
+    /// act (the `default` ServiceAccount exists).
+    async fn wait_controllers(
+        &mut self,
+        options: &Options,
+        kcm_port: u16,
+        sched_port: u16,
+    ) -> Result<(), Error> {
         for (index, port) in [(2, kcm_port), (3, sched_port)] {
             let url = format!("https://127.0.0.1:{port}");
             self.wait_healthy(index, options.timeout, move || {
@@ -435,13 +469,7 @@ impl ControlPlane {
                     .map_err(|e| format!("ServiceAccount default/default: {e}"))
             }
         })
-        .await?;
-        self.create_nodes(options).await?;
-        if options.real_node {
-            self.node =
-                Some(RealNodes::start(self, options.real_node_count(), options.timeout).await?);
-        }
-        Ok(())
+        .await
     }
 
     /// Creates kwok-managed fake nodes and waits until they are Ready (proving kwok works).

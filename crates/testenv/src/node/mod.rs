@@ -47,10 +47,10 @@ use std::time::{Duration, Instant};
 use k8s_openapi::api::core::v1::Node;
 use kube::Api;
 
+use crate::Error;
 use crate::binaries::{self, NodeBinaries};
 use crate::images::{self, Image};
 use crate::process::{Process, free_port, wait_healthy};
-use crate::{ControlPlane, Error};
 pub use config::MAX_NODES;
 pub(crate) use config::Site;
 use config::{Dns, LINK_BRIDGE, LINK_HOST, LINK_PREFIX, Layout};
@@ -90,6 +90,35 @@ pub(crate) struct RealNodes {
 impl std::fmt::Debug for RealNodes {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_list().entries(&self.nodes).finish()
+    }
+}
+
+/// What the nodes need of their control plane (owned, so they start while the control plane
+/// still waits for its controllers).
+pub(crate) struct NodeEnv {
+    pub binaries: crate::Binaries,
+    pub dir: PathBuf,
+    pub kubeconfig: PathBuf,
+    pub apiserver_url: String,
+    pub client: kube::Client,
+}
+
+impl NodeEnv {
+    fn binaries(&self) -> &crate::Binaries {
+        &self.binaries
+    }
+    fn dir(&self) -> &Path {
+        &self.dir
+    }
+    fn kubeconfig_path(&self) -> &Path {
+        &self.kubeconfig
+    }
+    fn apiserver_url(&self) -> &str {
+        &self.apiserver_url
+    }
+    #[allow(clippy::unnecessary_wraps)] // as ControlPlane::client
+    fn client(&self) -> Result<kube::Client, Error> {
+        Ok(self.client.clone())
     }
 }
 
@@ -168,7 +197,7 @@ fn in_netns(site: &Site, binary: &Path, args: Vec<String>) -> (PathBuf, Vec<Stri
 }
 
 impl RealNodes {
-    /// Starts `count` nodes registered with `cp` (one in the host's network namespace, or
+    /// Starts `count` nodes registered with the control plane of `env` (one in the host's network namespace, or
     /// several in namespaces of their own) and waits until each is Ready, kube-proxy is
     /// healthy and CoreDNS answers.
     ///
@@ -179,7 +208,7 @@ impl RealNodes {
     /// [`Error::Unhealthy`] naming the component and its log, [`Error::Host`] if the host
     /// network cannot be set up; [`Error::Other`] for more than [`MAX_NODES`].
     pub(crate) async fn start(
-        cp: &ControlPlane,
+        env: &NodeEnv,
         count: usize,
         timeout: Duration,
     ) -> Result<Self, Error> {
@@ -202,7 +231,7 @@ impl RealNodes {
         .await?;
         let (binaries, pause) =
             blocking(|| Ok((binaries::ensure_node()?, images::pause()?))).await?;
-        let kube_proxy = cp.binaries().kube_proxy.clone();
+        let kube_proxy = env.binaries().kube_proxy.clone();
         {
             let kube_proxy = kube_proxy.clone();
             let problems = blocking(move || Ok(teardown::sweep(Some(&kube_proxy)))).await?;
@@ -224,7 +253,7 @@ impl RealNodes {
             kube_proxy,
             _lock: lock,
         };
-        let api_port = apiserver_port(cp)?;
+        let api_port = apiserver_port(env)?;
         {
             let sites = sites.clone();
             blocking(move || match sites.as_slice() {
@@ -233,12 +262,12 @@ impl RealNodes {
             })
             .await?;
         }
-        let logs = cp.dir().join("node");
+        let logs = env.dir().join("node");
         std::fs::create_dir_all(&logs)
             .map_err(|e| host_err(format!("create {}", logs.display()), e.to_string()))?;
         let host = sites[0].host.clone();
         let dns = Dns {
-            kubeconfig: cp.kubeconfig_path().to_path_buf(),
+            kubeconfig: env.kubeconfig_path().to_path_buf(),
             address: host.clone(),
             health_port: free_port()?,
             ready_port: free_port()?,
@@ -263,12 +292,12 @@ impl RealNodes {
                 stopped: false,
             };
             let node_started = Instant::now();
-            node.boot(cp, &pause, &logs, timeout).await?;
+            node.boot(env, &pause, &logs, timeout).await?;
             // Until it is Ready (below): its boot, then the other nodes' boots meanwhile.
             node.started_in = node_started.elapsed();
             nodes.nodes.push(node);
         }
-        let client = cp.client()?;
+        let client = env.client()?;
         let waiting = Instant::now();
         for node in &mut nodes.nodes {
             node.wait_ready(&client, timeout).await?;
@@ -285,7 +314,7 @@ impl RealNodes {
                     run: PathBuf::from(NODE_RUN).join("host"),
                     ..sites[0].clone()
                 },
-                kubeconfig: cp.kubeconfig_path().to_path_buf(),
+                kubeconfig: env.kubeconfig_path().to_path_buf(),
                 shim: binaries.containerd_shim.clone(),
                 runc: PathBuf::new(),
                 cni_bin: PathBuf::new(),
@@ -296,7 +325,7 @@ impl RealNodes {
             std::fs::create_dir_all(&layout.site.run)
                 .map_err(|e| host_err("create the host's kube-proxy directory", e.to_string()))?;
             nodes.host.push(spawn_kube_proxy(
-                cp,
+                env,
                 &layout,
                 &logs.join("kube-proxy-host.log"),
             )?);
@@ -311,7 +340,7 @@ impl RealNodes {
             http_ok(ready, "/ready").await
         })
         .await?;
-        kubernetes_service_endpoints(cp, &host).await?;
+        kubernetes_service_endpoints(env, &host).await?;
         if let [only] = nodes.nodes.as_mut_slice() {
             // The only node: from the lock to a Ready node with DNS, as before several existed.
             only.started_in = started.elapsed();
@@ -351,13 +380,13 @@ impl Drop for RealNodes {
 }
 
 /// kube-proxy with `layout`'s configuration, in its site's network namespace.
-fn spawn_kube_proxy(cp: &ControlPlane, layout: &Layout, log: &Path) -> Result<Process, Error> {
+fn spawn_kube_proxy(env: &NodeEnv, layout: &Layout, log: &Path) -> Result<Process, Error> {
     let config = layout.site.proxy_config();
     std::fs::write(&config, config::kube_proxy(layout))
         .map_err(|e| host_err(format!("write {}", config.display()), e.to_string()))?;
     let (binary, args) = in_netns(
         &layout.site,
-        &cp.binaries().kube_proxy,
+        &env.binaries().kube_proxy,
         vec![format!("--config={}", config.display()), "--v=1".into()],
     );
     Process::spawn("kube-proxy", &binary, &args, log.to_path_buf())
@@ -366,7 +395,7 @@ fn spawn_kube_proxy(cp: &ControlPlane, layout: &Layout, log: &Path) -> Result<Pr
 impl RealNode {
     async fn boot(
         &mut self,
-        cp: &ControlPlane,
+        env: &NodeEnv,
         pause: &Image,
         logs: &Path,
         timeout: Duration,
@@ -374,7 +403,7 @@ impl RealNode {
         let site = self.site.clone();
         let io = |what: String| move |e: std::io::Error| host_err(what, e.to_string());
         let kubeconfig = if site.netns.is_some() {
-            let admin = std::fs::read_to_string(cp.kubeconfig_path())
+            let admin = std::fs::read_to_string(env.kubeconfig_path())
                 .map_err(io("read the admin kubeconfig".into()))?;
             std::fs::create_dir_all(&site.run)
                 .map_err(io(format!("create {}", site.run.display())))?;
@@ -385,7 +414,7 @@ impl RealNode {
             .map_err(io(format!("write {}", site.kubeconfig().display())))?;
             site.kubeconfig()
         } else {
-            cp.kubeconfig_path().to_path_buf()
+            env.kubeconfig_path().to_path_buf()
         };
         let layout = Layout {
             site: site.clone(),
@@ -448,14 +477,14 @@ impl RealNode {
         self.import(pause).await?;
 
         self.processes
-            .push(spawn_kube_proxy(cp, &layout, &log("kube-proxy"))?);
+            .push(spawn_kube_proxy(env, &layout, &log("kube-proxy"))?);
         let mut labels = vec!["steward.dev/node=real".to_string()];
         if let Some(zone) = &site.zone {
             labels.push(format!("topology.kubernetes.io/zone={zone}"));
         }
         let (binary, args) = in_netns(
             &site,
-            &cp.binaries().kubelet,
+            &env.binaries().kubelet,
             vec![
                 format!("--config={}", site.kubelet_config().display()),
                 format!("--kubeconfig={}", kubeconfig.display()),
@@ -717,10 +746,10 @@ pub fn host_path_volume(
 
 /// Points the `kubernetes` Service at the API server on the host's address `host`, so pods
 /// (operators in-cluster) reach it (the API server's own endpoint reconciler is off).
-async fn kubernetes_service_endpoints(cp: &ControlPlane, host: &str) -> Result<(), Error> {
+async fn kubernetes_service_endpoints(env: &NodeEnv, host: &str) -> Result<(), Error> {
     use k8s_openapi::api::discovery::v1::EndpointSlice;
     use kube::api::{Patch, PatchParams};
-    let port = apiserver_port(cp)?;
+    let port = apiserver_port(env)?;
     let slice: EndpointSlice = serde_json::from_value(serde_json::json!({
         "apiVersion": "discovery.k8s.io/v1",
         "kind": "EndpointSlice",
@@ -737,7 +766,7 @@ async fn kubernetes_service_endpoints(cp: &ControlPlane, host: &str) -> Result<(
         "ports": [{"name": "https", "port": port, "protocol": "TCP"}],
     }))
     .map_err(|e| Error::Other(format!("EndpointSlice manifest: {e}")))?;
-    Api::<EndpointSlice>::namespaced(cp.client()?, "default")
+    Api::<EndpointSlice>::namespaced(env.client()?, "default")
         .patch(
             "kubernetes",
             &PatchParams::apply("steward-testenv").force(),
@@ -885,12 +914,12 @@ fn guard(bridge: &str, api_port: u16) -> Result<(), Error> {
 }
 
 /// The API server's port, from its URL.
-fn apiserver_port(cp: &ControlPlane) -> Result<u16, Error> {
-    cp.apiserver_url()
+fn apiserver_port(env: &NodeEnv) -> Result<u16, Error> {
+    env.apiserver_url()
         .rsplit(':')
         .next()
         .and_then(|p| p.parse().ok())
-        .ok_or_else(|| Error::Other(format!("no port in {}", cp.apiserver_url())))
+        .ok_or_else(|| Error::Other(format!("no port in {}", env.apiserver_url())))
 }
 
 /// Runs `ctr` against the containerd listening on `socket`.
