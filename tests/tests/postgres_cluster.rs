@@ -335,37 +335,6 @@ impl Fault {
     }
 }
 
-/// Tries a write on the old primary every 100 ms until `stop`, from inside its pod's network
-/// namespace (that of host process `pid`) to 127.0.0.1, so a primary
-/// cut off the network is probed too; records when one was acknowledged.
-async fn old_primary_probe(
-    pid: u32,
-    password: String,
-    accepted: Arc<Mutex<Vec<Instant>>>,
-    stop: tokio_util::sync::CancellationToken,
-) {
-    while !stop.is_cancelled() {
-        let attempt = tokio::process::Command::new("nsenter")
-            .arg(format!("--net=/proc/{pid}/ns/net"))
-            .args([
-                "psql",
-                "host=127.0.0.1 port=5432 user=postgres dbname=postgres connect_timeout=1",
-                "-qAtc",
-                "insert into fence_probe default values",
-            ])
-            .env("PGPASSWORD", &password)
-            .stdout(std::process::Stdio::null())
-            .stderr(std::process::Stdio::null())
-            .kill_on_drop(true)
-            .status();
-        let result = tokio::time::timeout(Duration::from_secs(2), attempt).await;
-        if matches!(result, Ok(Ok(status)) if status.success()) {
-            accepted.lock().unwrap().push(Instant::now());
-        }
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
-}
-
 /// Rotates the cluster's CA (request `step-<step>`) and waits until the rotation ended: the
 /// CA Secret `Stable` again at the next generation. Then a client verifies the primary for
 /// the `-rw` Service's name with the superuser Secret's `ca.crt` (the servers reloaded their
@@ -591,24 +560,7 @@ async fn disrupt(cluster: &mut Cluster, rw: &str, fault: Fault, step: usize) -> 
     let replica = replicas[step % replicas.len()].clone();
     let (manager, postmaster) = cluster.processes(&old);
     let sandbox = sandbox_of(manager);
-    let probing = tokio::spawn(old_primary_probe(
-        sandbox,
-        cluster.password.clone(),
-        accepted_on_old.clone(),
-        stop.clone(),
-    ));
-    eventually("the probe writes on the old primary", WAIT, || {
-        let accepted = accepted_on_old.clone();
-        async move {
-            if accepted.lock().unwrap().is_empty() {
-                Err("no write yet".to_string())
-            } else {
-                Ok(())
-            }
-        }
-    })
-    .await
-    .unwrap();
+    let probing = probe_primary(cluster, &old, accepted_on_old.clone(), stop.clone()).await;
     if matches!(fault, Fault::Partition) {
         // Failover needs no operator: the instance managers decide through the Lease.
         cluster.stop_operator().await;
@@ -1508,26 +1460,7 @@ async fn postgres_cluster_switches_over_and_rolls_a_parameter_change_with_one_sw
         "the operator removed the request once done: {annotations:?}"
     );
     // Every move was planned, the one whose operator was killed included.
-    let events: Api<k8s_openapi::api::core::v1::Event> =
-        Api::namespaced(cluster.client.clone(), &cluster.ns);
-    let reasons: Vec<String> = events
-        .list(&Default::default())
-        .await
-        .unwrap()
-        .items
-        .into_iter()
-        .filter(|e| e.involved_object.kind.as_deref() == Some("PostgresCluster"))
-        .map(|e| {
-            format!(
-                "{} {}: {}",
-                e.last_timestamp
-                    .map(|t| t.0.to_string())
-                    .unwrap_or_default(),
-                e.reason.unwrap_or_default(),
-                e.message.unwrap_or_default()
-            )
-        })
-        .collect();
+    let reasons = cluster_events(&cluster).await;
     assert!(
         !reasons.iter().any(|r| r.contains(" FailedOver: ")),
         "no switchover is reported as a failover: {reasons:#?}"

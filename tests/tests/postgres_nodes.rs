@@ -1,7 +1,10 @@
 //! A PostgresCluster on several real nodes (`Options::real_nodes`), each instance on a node of
-//! its own with a volume that stays on that node: what happens when the primary's node loses
-//! power, as production clusters see it (kubelet, containerd and every process of the node
-//! gone at once, the Node `NotReady` only after the controller manager's grace period).
+//! its own with a volume that stays on that node: what happens when the primary's node is
+//! drained (the operator switches over first: the primary's PodDisruptionBudget holds its
+//! eviction until then; the old primary cannot come back while the node is cordoned), loses
+//! power, or is cut off the network, as production clusters see it (kubelet,
+//! containerd and every process of the node gone at once, the Node `NotReady` only after the
+//! controller manager's grace period).
 //!
 //! Needs root; the machine runs one set of real nodes at a time, so the tests take turns.
 
@@ -46,11 +49,119 @@ async fn placement(cluster: &Cluster) -> Vec<(String, String)> {
     placed
 }
 
-/// The primary's node loses power under writes: a replica on another node takes over, no
-/// acknowledged write is lost (one synchronous replica), and when the node is back its old
-/// primary follows the new one.
+/// The index (among the real nodes) of the node pod `pod` runs on, and its name.
+async fn node_of(cluster: &Cluster, pod: &str) -> (usize, String) {
+    let placed = placement(cluster).await;
+    let name = placed
+        .iter()
+        .find(|(p, _)| p == pod)
+        .map(|(_, node)| node.clone())
+        .unwrap_or_else(|| panic!("{pod} is not placed: {placed:?}"));
+    let index = cluster
+        ._cp
+        .real_nodes()
+        .iter()
+        .position(|n| n.name() == name)
+        .unwrap();
+    (index, name)
+}
+
+/// Waits until `primary` streams to two replicas, `member` one of them (it follows the new
+/// primary); the cluster's logs on failure.
+async fn both_replicas_stream(cluster: &Cluster, rw: &str, member: &str) {
+    let primary = connect(rw, &cluster.password).await.unwrap();
+    let streaming = eventually(
+        &format!("both replicas streaming from the primary, {member} among them"),
+        Duration::from_secs(120),
+        || async {
+            let rows = primary
+                .query(
+                    "select application_name from pg_stat_replication where state = 'streaming'",
+                    &[],
+                )
+                .await
+                .map_err(|e| e.to_string())?;
+            let names: Vec<String> = rows.iter().map(|r| r.get(0)).collect();
+            if names.len() == 2 && names.iter().any(|n| n == member) {
+                Ok(names)
+            } else {
+                Err(format!("streaming: {names:?}"))
+            }
+        },
+    )
+    .await;
+    if let Err(e) = streaming {
+        panic!("{e}\n{}", cluster.logs().await);
+    }
+}
+
+/// A client writing through `-rw` while the primary's node is taken away.
+struct UnderWrites {
+    old: String,
+    old_ip: String,
+    node: String,
+    index: usize,
+    acks: std::sync::Arc<std::sync::Mutex<Acks>>,
+    stop: tokio_util::sync::CancellationToken,
+    writing: tokio::task::JoinHandle<()>,
+    at: Instant,
+}
+
+impl UnderWrites {
+    /// Starts writing (once five writes are acknowledged, the fault may come).
+    async fn start(cluster: &Cluster, rw: &str) -> Self {
+        let (old, old_ip) = cluster.primary().await;
+        let (index, node) = node_of(cluster, &old).await;
+        let (acks, stop, writing) = start_writer(rw, &cluster.password, 5).await;
+        Self {
+            old,
+            old_ip,
+            node,
+            index,
+            acks,
+            stop,
+            writing,
+            at: Instant::now(),
+        }
+    }
+
+    /// Once an instance on another node acknowledged writes: stops writing and checks that no
+    /// acknowledged write is lost; returns the new primary and when it acknowledged its first.
+    async fn taken_over(self, cluster: &Cluster, rw: &str, what: &str) -> (String, Instant) {
+        let after =
+            match taken_over(&self.acks, self.at, &self.old_ip, Duration::from_secs(150)).await {
+                Ok(after) => after,
+                Err(e) => panic!("{e}\n{}", cluster.logs().await),
+            };
+        self.stop.cancel();
+        self.writing.await.unwrap();
+        let (present, acknowledged) = acknowledged_present(rw, &cluster.password, &self.acks).await;
+        let (new, _) = cluster.primary().await;
+        eprintln!(
+            "{}'s node {} {what}; {new} took over {after:.1?} later, writes waited at most {:.1?}; acknowledged rows lost: {} of {acknowledged}",
+            self.old,
+            self.node,
+            longest_gap(&self.acks, self.at),
+            acknowledged - present,
+        );
+        assert_eq!(present, acknowledged, "acknowledged rows lost");
+        assert_ne!(new, self.old, "the primary moved off {}", self.node);
+        assert_ne!(node_of(cluster, &new).await.1, self.node, "to another node");
+        (new, self.at + after)
+    }
+}
+
+/// Three instances, one per node, one synchronous replica, a client writing through `-rw`:
+/// the primary's node is drained (the operator sees it cordoned and switches over; the
+/// primary's PodDisruptionBudget refuses its eviction until then; evicted as a replica, it
+/// cannot come back while its node is cordoned, its volume being on it), then the new
+/// primary's node loses power, then the next primary's node is cut off the network (fenced
+/// before the takeover: it accepts no write once the new primary has). Each time a replica on
+/// another node takes over and no acknowledged write is lost; when the node is schedulable,
+/// back or healed, its instance follows the new primary.
 #[tokio::test]
-async fn the_primary_losing_its_node_fails_over_to_another_node_and_loses_no_acknowledged_write() {
+async fn a_primary_drained_losing_its_node_or_cut_off_moves_to_another_node_and_loses_no_acknowledged_write()
+ {
     let _turn = NODE.lock().await;
     let mut cluster = Cluster::on_nodes("rn-pgnode", 3, 3).await;
     cluster.create(json!({"synchronousReplicas": 1})).await;
@@ -65,81 +176,103 @@ async fn the_primary_losing_its_node_fails_over_to_another_node_and_loses_no_ack
     connect(&rw, &cluster.password)
         .await
         .unwrap()
-        .batch_execute("create table acks (id bigint, at timestamptz default now())")
+        .batch_execute(
+            "create table acks (id bigint, at timestamptz default now()); \
+             create table fence_probe (at timestamptz default now())",
+        )
         .await
         .unwrap();
-    let (old, old_ip) = cluster.primary().await;
-    let node_name = placed
-        .iter()
-        .find(|(pod, _)| *pod == old)
-        .map(|(_, node)| node.clone())
-        .unwrap();
-    let index = cluster
-        ._cp
-        .real_nodes()
-        .iter()
-        .position(|n| n.name() == node_name)
-        .unwrap();
-    let (acks, stop, writing) = start_writer(&rw, &cluster.password, 5).await;
 
-    let lost_at = Instant::now();
-    cluster._cp.real_node_mut(index).unwrap().stop().unwrap();
-    let taken_over = taken_over(&acks, lost_at, &old_ip, Duration::from_secs(150)).await;
-    let taken_over = match taken_over {
-        Ok(after) => after,
-        Err(e) => panic!("{e}\n{}", cluster.logs().await),
-    };
-    stop.cancel();
-    writing.await.unwrap();
-    let (present, acknowledged) = acknowledged_present(&rw, &cluster.password, &acks).await;
-    let (new, _) = cluster.primary().await;
-    eprintln!(
-        "{old}'s node {node_name} lost power; {new} took over {taken_over:.1?} later; acknowledged rows lost: {} of {acknowledged}",
-        acknowledged - present,
+    // A drain: the primary evicted (a clean stop, the Lease released with where its WAL ends).
+    let drain = UnderWrites::start(&cluster, &rw).await;
+    let (drained_pod, drained_node, drained_index) =
+        (drain.old.clone(), drain.node.clone(), drain.index);
+    let drained_uid = cluster.pods().get(&drained_pod).await.unwrap().uid();
+    steward_testenv::node::drain(&cluster._cp, &drained_node, support::WAIT)
+        .await
+        .unwrap();
+    drain.taken_over(&cluster, &rw, "was drained").await;
+    // Switched over before the eviction: the primary's budget held the drain until the
+    // operator, seeing the node cordoned, had moved the primary; no failover.
+    let reasons = cluster_events(&cluster).await;
+    assert!(
+        reasons
+            .iter()
+            .any(|r| r.contains(" Switchover: ") && r.contains("is cordoned (a drain)")),
+        "the operator switched over for the drain: {reasons:#?}"
     );
-    assert_eq!(present, acknowledged, "acknowledged rows lost");
-    assert_ne!(new, old, "the primary moved off the lost node");
+    assert!(
+        reasons.iter().any(|r| r.contains(" SwitchedOver: ")),
+        "the new primary was reported as a switchover: {reasons:#?}"
+    );
+    assert!(
+        !reasons.iter().any(|r| r.contains(" FailedOver: ")),
+        "a drain is no failover: {reasons:#?}"
+    );
+    let pending = cluster.pods().get(&drained_pod).await.unwrap();
+    let phase = pending.status.as_ref().and_then(|s| s.phase.clone());
+    assert!(
+        pending.uid() != drained_uid && phase.as_deref() == Some("Pending"),
+        "{drained_pod} is {phase:?}, its volume on the cordoned {drained_node} (uid changed: {})",
+        pending.uid() != drained_uid
+    );
+    cluster._cp.real_nodes()[drained_index]
+        .uncordon(&cluster.client)
+        .await
+        .unwrap();
+    both_replicas_stream(&cluster, &rw, &drained_pod).await;
 
-    // The node comes back: the old primary follows the new one, the cluster is whole again.
+    // Power lost under the new primary: kubelet, containerd and every process of its node
+    // gone at once; the Node NotReady only after the grace period.
+    let power = UnderWrites::start(&cluster, &rw).await;
+    let (lost_pod, lost_index) = (power.old.clone(), power.index);
+    cluster
+        ._cp
+        .real_node_mut(lost_index)
+        .unwrap()
+        .stop()
+        .unwrap();
+    power.taken_over(&cluster, &rw, "lost power").await;
     let client = cluster.client.clone();
     cluster
         ._cp
-        .real_node_mut(index)
+        .real_node_mut(lost_index)
         .unwrap()
         .start_again(&client, support::WAIT)
         .await
         .unwrap();
     // Its pod starts again (until then the API still has it Ready, from before its node was
-    // lost) and streams from the new primary: both replicas do.
-    let primary = connect(&rw, &cluster.password).await.unwrap();
-    let streaming = eventually(
-        "both replicas streaming from the new primary",
-        Duration::from_secs(120),
-        || async {
-            let rows = primary
-                .query(
-                    "select application_name from pg_stat_replication where state = 'streaming'",
-                    &[],
-                )
-                .await
-                .map_err(|e| e.to_string())?;
-            let names: Vec<String> = rows.iter().map(|r| r.get(0)).collect();
-            if names.len() == 2 && names.contains(&old) {
-                Ok(names)
-            } else {
-                Err(format!("streaming: {names:?}"))
-            }
-        },
-    )
-    .await;
-    if let Err(e) = streaming {
-        panic!("{e}\n{}", cluster.logs().await);
-    }
-    cluster.wait_ready(Duration::from_secs(240)).await;
-    assert_eq!(
-        cluster.primary().await.0,
-        new,
-        "the primary stays where it moved"
+    // lost) and follows the new primary.
+    both_replicas_stream(&cluster, &rw, &lost_pod).await;
+
+    // Cut off: the primary's node partitioned, its processes running. Its instance manager
+    // cannot renew the Lease: its watchdog fences PostgreSQL at the renew deadline, before the
+    // Lease expires and a replica elsewhere takes it. The old primary accepts no write once the
+    // new one has (probed from inside its pod's network namespace, which the partition leaves
+    // reachable from the host).
+    let cut = UnderWrites::start(&cluster, &rw).await;
+    let (cut_pod, cut_index) = (cut.old.clone(), cut.index);
+    let accepted = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
+    let probe_stop = tokio_util::sync::CancellationToken::new();
+    let probing = probe_primary(&cluster, &cut_pod, accepted.clone(), probe_stop.clone()).await;
+    cluster._cp.real_nodes()[cut_index].partition().unwrap();
+    let (_, first) = cut.taken_over(&cluster, &rw, "was cut off").await;
+    probe_stop.cancel();
+    probing.await.unwrap();
+    let accepted = accepted.lock().unwrap().clone();
+    let last = accepted.iter().max().copied();
+    assert!(
+        last.is_some_and(|last| last < first),
+        "the old primary accepted writes after the new one did (fenced {:?} before the takeover)",
+        last.map(|last| first.checked_duration_since(last))
     );
+    eprintln!(
+        "{cut_pod} fenced: its last write accepted {:.1?} before the new primary's first",
+        last.and_then(|last| first.checked_duration_since(last))
+            .unwrap_or_default()
+    );
+    cluster._cp.real_nodes()[cut_index].heal().unwrap();
+    both_replicas_stream(&cluster, &rw, &cut_pod).await;
+    cluster.wait_ready(Duration::from_secs(240)).await;
     cluster.stop_operator().await;
 }

@@ -3,8 +3,9 @@
 //! of its own, routed through the host; and the faults a production cluster sees most: a node
 //! that loses power, a node cut off from the network, a drain through a PodDisruptionBudget.
 //!
-//! Each test starts its own control plane with three nodes; the machine runs one set of real
-//! nodes at a time, so the tests take turns ([`NODES`]). Needs root.
+//! One control plane with three nodes goes through them in turn (a control plane and its
+//! nodes start in about 9 s); the machine runs one set of real nodes at a time ([`NODES`]).
+//! Needs root.
 
 #![allow(clippy::unwrap_used)] // tests fail loudly
 
@@ -145,11 +146,47 @@ async fn until_ready(client: &Client, name: &str, want: bool, within: Duration) 
     started.elapsed()
 }
 
+/// Three nodes, one control plane, in turn: the nodes serve each other and the host, a node is
+/// cut off and healed, a node loses power and comes back, a drain waits for a budget; then
+/// the host is clean.
 #[tokio::test]
-async fn three_nodes_in_zones_serve_each_other_and_the_host_through_a_service() {
+async fn three_nodes_in_zones_are_cut_off_lose_power_and_are_drained_as_real_ones() {
     let _turn = NODES.lock().await;
-    let cp = start(3).await;
+    let mut cp = start(3).await;
     let client = cp.client().unwrap();
+    let image = busybox(&cp).await;
+    serve_each_other_and_the_host_through_a_service(&cp, &client, &image).await;
+    a_partitioned_node_goes_not_ready_and_a_drain_waits_for_the_disruption_budget(
+        &cp, &client, &image,
+    )
+    .await;
+    a_node_that_loses_power_goes_not_ready_and_runs_its_pods_again_when_it_is_back(
+        &mut cp, &client, &image,
+    )
+    .await;
+    let during = leftovers();
+    for kind in [
+        "netns /run/netns/steward-node-",
+        "bridge steward-link",
+        "veth stw-node-",
+    ] {
+        assert!(
+            during.iter().any(|l| l.contains(kind)),
+            "running nodes have a {kind} (else the check below proves nothing): {during:#?}"
+        );
+    }
+    drop(cp);
+    let left = leftovers();
+    assert!(left.is_empty(), "left on the host: {left:#?}");
+}
+
+/// Nodes in zones of their own; pods of each node reach each other, the host and Services
+/// (by DNS name too) across nodes.
+async fn serve_each_other_and_the_host_through_a_service(
+    cp: &ControlPlane,
+    client: &Client,
+    image: &str,
+) {
     let nodes = Api::<Node>::all(client.clone())
         .list(&ListParams::default())
         .await
@@ -177,7 +214,6 @@ async fn three_nodes_in_zones_serve_each_other_and_the_host_through_a_service() 
     );
 
     let ns = cp.namespace("rns-net").await.unwrap();
-    let image = busybox(&cp).await;
     let pods: Api<Pod> = Api::namespaced(client.clone(), &ns);
     let tokens: Vec<String> = (0..3)
         .map(|i| format!("token-{i}-{:08x}", rand_u32()))
@@ -185,12 +221,12 @@ async fn three_nodes_in_zones_serve_each_other_and_the_host_through_a_service() 
     for (i, node) in cp.real_nodes().iter().enumerate() {
         pods.create(
             &PostParams::default(),
-            &web(&format!("web-{i}"), &image, node.name(), &tokens[i]),
+            &web(&format!("web-{i}"), image, node.name(), &tokens[i]),
         )
         .await
         .unwrap();
     }
-    let cluster_ip = service(&cp, &ns, "web", 80, 8080).await;
+    let cluster_ip = service(cp, &ns, "web", 80, 8080).await;
     let mut ips = Vec::new();
     for i in 0..3 {
         let ip = running_ip(&pods, &format!("web-{i}")).await;
@@ -262,35 +298,19 @@ async fn three_nodes_in_zones_serve_each_other_and_the_host_through_a_service() 
     assert_eq!(phase, "Succeeded", "client log:\n{text}");
     assert!(text.contains(&format!("resolved {cluster_ip}")), "{text}");
     assert!(text.contains("through the Service"), "{text}");
-
-    let during = leftovers();
-    for kind in [
-        "netns /run/netns/steward-node-",
-        "bridge steward-link",
-        "veth stw-node-",
-    ] {
-        assert!(
-            during.iter().any(|l| l.contains(kind)),
-            "running nodes have a {kind} (else the check below proves nothing): {during:#?}"
-        );
-    }
-    drop(cp);
-    let left = leftovers();
-    assert!(left.is_empty(), "left on the host: {left:#?}");
 }
 
-#[tokio::test]
-async fn a_node_that_loses_power_goes_not_ready_and_runs_its_pods_again_when_it_is_back() {
-    let _turn = NODES.lock().await;
-    let mut cp = start(3).await;
-    let client = cp.client().unwrap();
+async fn a_node_that_loses_power_goes_not_ready_and_runs_its_pods_again_when_it_is_back(
+    cp: &mut ControlPlane,
+    client: &Client,
+    image: &str,
+) {
     let ns = cp.namespace("rns-power").await.unwrap();
-    let image = busybox(&cp).await;
     let pods: Api<Pod> = Api::namespaced(client.clone(), &ns);
     let token = format!("token-{:08x}", rand_u32());
     pods.create(
         &PostParams::default(),
-        &web("web", &image, "steward-node-2", &token),
+        &web("web", image, "steward-node-2", &token),
     )
     .await
     .unwrap();
@@ -306,23 +326,23 @@ async fn a_node_that_loses_power_goes_not_ready_and_runs_its_pods_again_when_it_
         get(&ip, 8080).await.is_err(),
         "the pod's server still answers after its node lost power"
     );
-    until_ready(&client, "steward-node-2", false, NOT_READY_WITHIN).await;
+    until_ready(client, "steward-node-2", false, NOT_READY_WITHIN).await;
     eprintln!(
         "steward-node-2 NotReady {:.1?} after it lost power (grace {NODE_MONITOR_GRACE:?})",
         stopped.elapsed()
     );
     // The other nodes are untouched.
     for other in ["steward-node-0", "steward-node-1"] {
-        assert!(ready(&client, other).await, "{other} Ready");
+        assert!(ready(client, other).await, "{other} Ready");
     }
 
     let back = Instant::now();
     cp.real_node_mut(2)
         .unwrap()
-        .start_again(&client, WAIT)
+        .start_again(client, WAIT)
         .await
         .unwrap();
-    until_ready(&client, "steward-node-2", true, WAIT).await;
+    until_ready(client, "steward-node-2", true, WAIT).await;
     // kubelet finds the pod bound to it and starts it again (a new sandbox, a new address).
     let (ip, _) = running_ip_after(&pods, "web", container.as_deref()).await;
     let page = eventually("the web pod answers again", WAIT, || get(&ip, 8080))
@@ -335,20 +355,19 @@ async fn a_node_that_loses_power_goes_not_ready_and_runs_its_pods_again_when_it_
     );
 }
 
-#[tokio::test]
-async fn a_partitioned_node_goes_not_ready_and_a_drain_waits_for_the_disruption_budget() {
-    let _turn = NODES.lock().await;
-    let cp = start(3).await;
-    let client = cp.client().unwrap();
+async fn a_partitioned_node_goes_not_ready_and_a_drain_waits_for_the_disruption_budget(
+    cp: &ControlPlane,
+    client: &Client,
+    image: &str,
+) {
     let ns = cp.namespace("rns-cut").await.unwrap();
-    let image = busybox(&cp).await;
     let pods: Api<Pod> = Api::namespaced(client.clone(), &ns);
 
     // Cut off: its pod unreachable, the node NotReady; healed: back.
     let token = format!("token-{:08x}", rand_u32());
     pods.create(
         &PostParams::default(),
-        &web("web", &image, "steward-node-1", &token),
+        &web("web", image, "steward-node-1", &token),
     )
     .await
     .unwrap();
@@ -363,13 +382,13 @@ async fn a_partitioned_node_goes_not_ready_and_a_drain_waits_for_the_disruption_
         get(&ip, 8080).await.is_err(),
         "a pod on a partitioned node still answers"
     );
-    until_ready(&client, "steward-node-1", false, NOT_READY_WITHIN).await;
+    until_ready(client, "steward-node-1", false, NOT_READY_WITHIN).await;
     eprintln!(
         "steward-node-1 NotReady {:.1?} after it was cut off",
         cut.elapsed()
     );
     node.heal().unwrap();
-    until_ready(&client, "steward-node-1", true, WAIT).await;
+    until_ready(client, "steward-node-1", true, WAIT).await;
     let page = eventually("the web pod answers once healed", WAIT, || get(&ip, 8080))
         .await
         .unwrap();
@@ -462,7 +481,7 @@ async fn a_partitioned_node_goes_not_ready_and_a_drain_waits_for_the_disruption_
     .await
     .unwrap();
     let drained = nodes[0].clone();
-    let refused = steward_testenv::node::drain(&cp, &drained, Duration::from_secs(5))
+    let refused = steward_testenv::node::drain(cp, &drained, Duration::from_secs(5))
         .await
         .expect_err("a drain the budget allows no disruption for");
     assert!(
@@ -477,7 +496,7 @@ async fn a_partitioned_node_goes_not_ready_and_a_drain_waits_for_the_disruption_
         )
         .await
         .unwrap();
-    steward_testenv::node::drain(&cp, &drained, WAIT)
+    steward_testenv::node::drain(cp, &drained, WAIT)
         .await
         .unwrap();
     let now = placed(pods.clone()).await;

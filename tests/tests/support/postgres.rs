@@ -600,6 +600,110 @@ pub(crate) async fn taken_over(
     .await
 }
 
+/// Tries a write on the old primary every 100 ms until `stop`, from inside its pod's network
+/// namespace (that of host process `pid`) to 127.0.0.1, so a primary
+/// cut off the network is probed too; records when one was acknowledged.
+pub(crate) async fn old_primary_probe(
+    pid: u32,
+    password: String,
+    accepted: Arc<Mutex<Vec<Instant>>>,
+    stop: tokio_util::sync::CancellationToken,
+) {
+    while !stop.is_cancelled() {
+        let attempt = tokio::process::Command::new("nsenter")
+            .arg(format!("--net=/proc/{pid}/ns/net"))
+            .args([
+                "psql",
+                "host=127.0.0.1 port=5432 user=postgres dbname=postgres connect_timeout=1",
+                "-qAtc",
+                "insert into fence_probe default values",
+            ])
+            .env("PGPASSWORD", &password)
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::null())
+            .kill_on_drop(true)
+            .status();
+        let result = tokio::time::timeout(Duration::from_secs(2), attempt).await;
+        if matches!(result, Ok(Ok(status)) if status.success()) {
+            accepted.lock().unwrap().push(Instant::now());
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+/// Starts [`old_primary_probe`] on `pod` (from the network namespace of its sandbox, which
+/// outlives its containers) and waits until the probe has written once.
+pub(crate) async fn probe_primary(
+    cluster: &Cluster,
+    pod: &str,
+    accepted: Arc<Mutex<Vec<Instant>>>,
+    stop: tokio_util::sync::CancellationToken,
+) -> tokio::task::JoinHandle<()> {
+    let (manager, _) = cluster.processes(pod);
+    let probing = tokio::spawn(old_primary_probe(
+        sandbox_of(manager),
+        cluster.password.clone(),
+        accepted.clone(),
+        stop,
+    ));
+    eventually(&format!("the probe writes on {pod}"), WAIT, || {
+        let accepted = accepted.clone();
+        async move {
+            if accepted.lock().unwrap().is_empty() {
+                Err("no write yet".to_string())
+            } else {
+                Ok(())
+            }
+        }
+    })
+    .await
+    .unwrap();
+    probing
+}
+
+/// The Events of the cluster's PostgresClusters, as `<time> <reason>: <message>`.
+pub(crate) async fn cluster_events(cluster: &Cluster) -> Vec<String> {
+    let events: Api<k8s_openapi::api::core::v1::Event> =
+        Api::namespaced(cluster.client.clone(), &cluster.ns);
+    events
+        .list(&Default::default())
+        .await
+        .unwrap()
+        .items
+        .into_iter()
+        .filter(|e| e.involved_object.kind.as_deref() == Some("PostgresCluster"))
+        .map(|e| {
+            format!(
+                "{} {}: {}",
+                e.last_timestamp
+                    .map(|t| t.0.to_string())
+                    .unwrap_or_default(),
+                e.reason.unwrap_or_default(),
+                e.message.unwrap_or_default()
+            )
+        })
+        .collect()
+}
+
+/// The longest time between two writes `acks` recorded as acknowledged after `since`.
+pub(crate) fn longest_gap(acks: &Arc<Mutex<Acks>>, since: Instant) -> Duration {
+    let acks = acks.lock().unwrap();
+    let mut times: Vec<Instant> = acks
+        .rows
+        .iter()
+        .map(|(_, at, _)| *at)
+        .filter(|at| *at >= since)
+        .collect();
+    times.sort();
+    std::iter::once(since)
+        .chain(times)
+        .collect::<Vec<_>>()
+        .windows(2)
+        .map(|w| w[1] - w[0])
+        .max()
+        .unwrap_or_default()
+}
+
 /// Of the rows `acks` recorded as acknowledged, how many `rw` has, and how many there are.
 pub(crate) async fn acknowledged_present(
     rw: &str,
