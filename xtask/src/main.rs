@@ -76,6 +76,10 @@ enum Cmd {
         /// fail if one is not.
         #[arg(long)]
         check: bool,
+        /// Real nodes to run on (more than one: each in a network namespace and a zone of its
+        /// own; the PostgresCluster's instances on different nodes).
+        #[arg(long, default_value_t = 1, value_name = "N")]
+        nodes: usize,
     },
     /// A new operator crate (sample CRD, working reconcile, deploy/, sample, integration
     /// test), registered in the workspace; then crdgen.
@@ -115,7 +119,7 @@ fn main() -> Result<()> {
             real_node,
             real_nodes,
         } => testenv(real_nodes.unwrap_or(usize::from(real_node))),
-        Cmd::Up { check } => up::run(check),
+        Cmd::Up { check, nodes } => up::run(check, nodes),
         Cmd::NewOperator { name } => new_operator::run(&name),
         Cmd::Bench { args } => bench(&[], &args),
         Cmd::Chaos { args } => bench(&["chaos"], &args),

@@ -52,15 +52,15 @@ const OPERATORS_TIMEOUT: Duration = Duration::from_secs(120);
 const READY_TIMEOUT: Duration = Duration::from_secs(300);
 
 /// `check`: stop after the summary instead of waiting for Ctrl-C, failing unless every
-/// sample became Ready.
-pub fn run(check: bool) -> Result<()> {
+/// sample became Ready. `nodes`: how many real nodes.
+pub fn run(check: bool, nodes: usize) -> Result<()> {
     can_run_a_real_node()?;
     crate::prerequisites::ensure_node_packages()?;
     crate::prerequisites::ensure_postgres()?;
     let rt = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()?;
-    rt.block_on(up(check))
+    rt.block_on(up(check, nodes))
 }
 
 /// What the real node needs and cannot install: Linux and root (kubelet, containerd, the
@@ -83,7 +83,7 @@ fn can_run_a_real_node() -> Result<()> {
     Ok(())
 }
 
-async fn up(check: bool) -> Result<()> {
+async fn up(check: bool, nodes: usize) -> Result<()> {
     let started = Instant::now();
     let root = crate::workspace_root();
     say("building the operators (debug)");
@@ -93,23 +93,26 @@ async fn up(check: bool) -> Result<()> {
         .collect();
     let binaries = deploy::build(&specs).context("building the operators")?;
 
-    say(
-        "starting the control plane with a real node (the first run builds it from Go modules: 15–25 minutes)",
-    );
-    let cp = ControlPlane::start(steward_testenv::Options {
-        nodes: 0,
-        real_node: true,
-        ..Default::default()
-    })
-    .await
-    .context("starting the control plane with a real node")?;
+    say(&format!(
+        "starting the control plane with {nodes} real node(s) (the first run builds it from Go modules: 15–25 minutes)",
+    ));
+    let cp = ControlPlane::start(steward_testenv::Options::real_nodes(nodes))
+        .await
+        .context("starting the control plane with real nodes")?;
     let node = cp
         .real_node()
         .context("the control plane started without its real node")?;
+    for node in cp.real_nodes() {
+        say(&format!(
+            "  real node {} ({}) Ready in {:.1?}",
+            node.name(),
+            node.zone().unwrap_or("no zone"),
+            node.started_in(),
+        ));
+    }
     say(&format!(
-        "control plane with a Ready real node in {:.1?} (node {:.1?}) at {}",
+        "control plane with {nodes} Ready real node(s) in {:.1?} at {}",
         cp.started_in(),
-        node.started_in(),
         cp.apiserver_url()
     ));
     let client = cp.client()?;
@@ -139,7 +142,10 @@ async fn up(check: bool) -> Result<()> {
     }
 
     say("building the PostgreSQL image from Debian's packages");
-    let postgres_image = node.postgresql_image().await?;
+    let mut postgres_image = String::new();
+    for node in cp.real_nodes() {
+        postgres_image = node.postgresql_image().await?;
+    }
     let major: i64 = postgres_image
         .rsplit(':')
         .next()
@@ -159,7 +165,7 @@ async fn up(check: bool) -> Result<()> {
     // sample really completes: S3Proxy on the node's bridge address (pods reach it), the
     // same server the backup tests use; stopped with `up`.
     say("starting an S3 object store for backups (S3Proxy, downloaded on first use)");
-    let s3 = steward_testenv::s3::S3Server::start(steward_testenv::node::GATEWAY, &[DEMO_BUCKET])
+    let s3 = steward_testenv::s3::S3Server::start(node.host_address(), &[DEMO_BUCKET])
         .await
         .context("starting S3Proxy for the backup samples")?;
     let credentials =
@@ -170,8 +176,10 @@ async fn up(check: bool) -> Result<()> {
     for sample in &mut samples {
         on_this_node(sample, &postgres_image, major);
         backed_up_to(sample, s3.endpoint());
-        for (volume, claim, size) in volumes_for(sample) {
-            let pv = node.volume(
+        for (i, (volume, claim, size)) in volumes_for(sample).into_iter().enumerate() {
+            // Instance i's volume on node i (of several: each instance on a node of its own).
+            let nodes = cp.real_nodes();
+            let pv = nodes[i % nodes.len()].volume(
                 &volume,
                 &size,
                 Some((DEMO_NAMESPACE, &claim)),
