@@ -331,8 +331,10 @@ pub async fn reconcile(
     }
 
     // A drain of the primary's node (cordoned): a switchover before its eviction, which the
-    // primary's own budget refuses until then.
+    // primary's own budget refuses until then. A single instance has nothing to switch to (its
+    // budget lets a drain evict it): its node is not read.
     if let Some(primary) = roles.primary.as_deref()
+        && held.spec.instances > 1
         && requested.is_none()
         && asked_now.is_none()
         && roles.switching_to.is_none()

@@ -103,25 +103,6 @@ pub(crate) struct NodeEnv {
     pub client: kube::Client,
 }
 
-impl NodeEnv {
-    fn binaries(&self) -> &crate::Binaries {
-        &self.binaries
-    }
-    fn dir(&self) -> &Path {
-        &self.dir
-    }
-    fn kubeconfig_path(&self) -> &Path {
-        &self.kubeconfig
-    }
-    fn apiserver_url(&self) -> &str {
-        &self.apiserver_url
-    }
-    #[allow(clippy::unnecessary_wraps)] // as ControlPlane::client
-    fn client(&self) -> Result<kube::Client, Error> {
-        Ok(self.client.clone())
-    }
-}
-
 /// A running real node.
 pub struct RealNode {
     site: Site,
@@ -231,7 +212,7 @@ impl RealNodes {
         .await?;
         let (binaries, pause) =
             blocking(|| Ok((binaries::ensure_node()?, images::pause()?))).await?;
-        let kube_proxy = env.binaries().kube_proxy.clone();
+        let kube_proxy = env.binaries.kube_proxy.clone();
         {
             let kube_proxy = kube_proxy.clone();
             let problems = blocking(move || Ok(teardown::sweep(Some(&kube_proxy)))).await?;
@@ -262,12 +243,12 @@ impl RealNodes {
             })
             .await?;
         }
-        let logs = env.dir().join("node");
+        let logs = env.dir.join("node");
         std::fs::create_dir_all(&logs)
             .map_err(|e| host_err(format!("create {}", logs.display()), e.to_string()))?;
         let host = sites[0].host.clone();
         let dns = Dns {
-            kubeconfig: env.kubeconfig_path().to_path_buf(),
+            kubeconfig: env.kubeconfig.to_path_buf(),
             address: host.clone(),
             health_port: free_port()?,
             ready_port: free_port()?,
@@ -297,7 +278,7 @@ impl RealNodes {
             node.started_in = node_started.elapsed();
             nodes.nodes.push(node);
         }
-        let client = env.client()?;
+        let client = env.client.clone();
         let waiting = Instant::now();
         for node in &mut nodes.nodes {
             node.wait_ready(&client, timeout).await?;
@@ -314,7 +295,7 @@ impl RealNodes {
                     run: PathBuf::from(NODE_RUN).join("host"),
                     ..sites[0].clone()
                 },
-                kubeconfig: env.kubeconfig_path().to_path_buf(),
+                kubeconfig: env.kubeconfig.to_path_buf(),
                 shim: binaries.containerd_shim.clone(),
                 runc: PathBuf::new(),
                 cni_bin: PathBuf::new(),
@@ -386,7 +367,7 @@ fn spawn_kube_proxy(env: &NodeEnv, layout: &Layout, log: &Path) -> Result<Proces
         .map_err(|e| host_err(format!("write {}", config.display()), e.to_string()))?;
     let (binary, args) = in_netns(
         &layout.site,
-        &env.binaries().kube_proxy,
+        &env.binaries.kube_proxy,
         vec![format!("--config={}", config.display()), "--v=1".into()],
     );
     Process::spawn("kube-proxy", &binary, &args, log.to_path_buf())
@@ -403,7 +384,7 @@ impl RealNode {
         let site = self.site.clone();
         let io = |what: String| move |e: std::io::Error| host_err(what, e.to_string());
         let kubeconfig = if site.netns.is_some() {
-            let admin = std::fs::read_to_string(env.kubeconfig_path())
+            let admin = std::fs::read_to_string(&env.kubeconfig)
                 .map_err(io("read the admin kubeconfig".into()))?;
             std::fs::create_dir_all(&site.run)
                 .map_err(io(format!("create {}", site.run.display())))?;
@@ -414,7 +395,7 @@ impl RealNode {
             .map_err(io(format!("write {}", site.kubeconfig().display())))?;
             site.kubeconfig()
         } else {
-            env.kubeconfig_path().to_path_buf()
+            env.kubeconfig.to_path_buf()
         };
         let layout = Layout {
             site: site.clone(),
@@ -484,7 +465,7 @@ impl RealNode {
         }
         let (binary, args) = in_netns(
             &site,
-            &env.binaries().kubelet,
+            &env.binaries.kubelet,
             vec![
                 format!("--config={}", site.kubelet_config().display()),
                 format!("--kubeconfig={}", kubeconfig.display()),
@@ -766,7 +747,7 @@ async fn kubernetes_service_endpoints(env: &NodeEnv, host: &str) -> Result<(), E
         "ports": [{"name": "https", "port": port, "protocol": "TCP"}],
     }))
     .map_err(|e| Error::Other(format!("EndpointSlice manifest: {e}")))?;
-    Api::<EndpointSlice>::namespaced(env.client()?, "default")
+    Api::<EndpointSlice>::namespaced(env.client.clone(), "default")
         .patch(
             "kubernetes",
             &PatchParams::apply("steward-testenv").force(),
@@ -915,11 +896,11 @@ fn guard(bridge: &str, api_port: u16) -> Result<(), Error> {
 
 /// The API server's port, from its URL.
 fn apiserver_port(env: &NodeEnv) -> Result<u16, Error> {
-    env.apiserver_url()
+    env.apiserver_url
         .rsplit(':')
         .next()
         .and_then(|p| p.parse().ok())
-        .ok_or_else(|| Error::Other(format!("no port in {}", env.apiserver_url())))
+        .ok_or_else(|| Error::Other(format!("no port in {}", env.apiserver_url)))
 }
 
 /// Runs `ctr` against the containerd listening on `socket`.
