@@ -128,6 +128,10 @@ impl Decided {
 /// timeline, does not wait for an instance that may never come back (a drained node, a pod
 /// that stays Pending, a lost volume). `None`: the ordinary election ([`candidacy`])
 /// decides.
+///
+/// A switchover's release (a `target` named beside the record, with the WAL's end: the
+/// primary releases only once the target confirmed it flushed that end) is decided here
+/// too, see [`handed_over`].
 pub fn after_clean_stop(
     me: &str,
     mine: Option<&InstanceStatus>,
@@ -137,8 +141,11 @@ pub fn after_clean_stop(
     instances: Option<u32>,
     peers: &[Peer],
 ) -> Option<Candidacy> {
-    if holder != Some("") || target.is_some() {
+    if holder != Some("") {
         return None;
+    }
+    if let Some(target) = target {
+        return handed_over(me, mine, target, clean_stop, peers);
     }
     let stop = clean_stop.filter(|s| !s.last_primary.is_empty())?;
     let last = stop.last_primary;
@@ -156,6 +163,35 @@ pub fn after_clean_stop(
     let counted = ordinal(last).zip(instances).is_some_and(|(o, n)| o < n);
     (counted || peers.iter().any(|p| p.name == last)).then(|| Candidacy::WaitingForLastPrimary {
         peer: last.to_string(),
+    })
+}
+
+/// A Lease released by a switchover to `target`: the target confirmed it flushed the old
+/// primary's WAL to its end before the release, so it has every write, whatever its last
+/// *published* position says (published at most once a second, it may lag what it
+/// received). Ranking the replicas on those positions could elect another replica, with an
+/// older view of the target, which would then have to hand over again. So while the target
+/// is a ready replica, nobody else is a candidate, and the target, once it has the recorded
+/// end, is. `None` (the ordinary election decides): the release carries no WAL end (not a
+/// confirmed handover), or the target is gone or not running as a replica — the most
+/// advanced replica takes over, as after any failure mid-switchover.
+pub fn handed_over(
+    me: &str,
+    mine: Option<&InstanceStatus>,
+    target: &str,
+    clean_stop: Option<CleanStop<'_>>,
+    peers: &[Peer],
+) -> Option<Candidacy> {
+    let end = clean_stop.filter(|s| !s.last_primary.is_empty())?.wal_end?;
+    if me == target {
+        let mine = mine.filter(|s| s.role == Role::Replica)?;
+        return end.reached_by(mine).then_some(Candidacy::MostAdvanced);
+    }
+    let running_target = peers.iter().any(|p| {
+        p.name == target && p.ready && p.status.as_ref().is_some_and(|s| s.role == Role::Replica)
+    });
+    running_target.then(|| Candidacy::Behind {
+        peer: target.to_string(),
     })
 }
 
@@ -383,6 +419,78 @@ mod tests {
                 &ahead
             )
             .eligible()
+        );
+    }
+
+    #[test]
+    fn after_a_confirmed_handover_the_target_wins_whatever_it_last_published() {
+        let end: WalEnd = "1:0/3000028".parse().unwrap();
+        let handover = CleanStop {
+            last_primary: "pg-0",
+            wal_end: Some(end),
+        };
+        let at_end = InstanceStatus {
+            lsn: end.lsn,
+            ..replica(0)
+        };
+        // pg-2, the target, last published a position before the end; pg-1 has the end.
+        let stale = [
+            peer("pg-1", true, Some(at_end.clone())),
+            peer("pg-2", true, Some(replica(100))),
+        ];
+        let decide = |me: &str, mine: &InstanceStatus, target: &str, peers: &[Peer]| {
+            after_clean_stop(
+                me,
+                Some(mine),
+                Some(""),
+                Some(target),
+                Some(handover),
+                None,
+                peers,
+            )
+            .unwrap_or_else(|| candidacy(me, Some(mine), Some(""), Some(target), peers))
+        };
+        assert_eq!(
+            decide("pg-1", &at_end, "pg-2", &stale),
+            Candidacy::Behind {
+                peer: "pg-2".into()
+            },
+            "the ordinary ranking would have elected pg-1 on pg-2's stale position"
+        );
+        assert_eq!(
+            decide("pg-2", &at_end, "pg-2", &stale),
+            Candidacy::MostAdvanced
+        );
+        // The target not yet at the end (it confirmed it, so only its own view lags): it
+        // waits for its next observation rather than running an election it may lose.
+        assert!(handed_over("pg-2", Some(&replica(100)), "pg-2", Some(handover), &stale).is_none());
+        // The target gone mid-switchover: the most advanced replica is elected, as ever.
+        let gone = [
+            peer("pg-1", true, Some(at_end.clone())),
+            peer("pg-2", false, Some(replica(100))),
+        ];
+        assert_eq!(
+            decide("pg-1", &at_end, "pg-2", &gone),
+            Candidacy::MostAdvanced
+        );
+        // No WAL end on the record: not a confirmed handover, the ordinary election.
+        let unconfirmed = CleanStop {
+            wal_end: None,
+            ..handover
+        };
+        assert!(handed_over("pg-1", Some(&at_end), "pg-2", Some(unconfirmed), &stale).is_none());
+        // The Lease still held (the primary crashed mid-switchover): ordinary, too.
+        assert!(
+            after_clean_stop(
+                "pg-1",
+                Some(&at_end),
+                Some("pg-0"),
+                Some("pg-2"),
+                Some(handover),
+                None,
+                &stale
+            )
+            .is_none()
         );
     }
 
