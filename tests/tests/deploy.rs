@@ -1160,6 +1160,39 @@ async fn database_operator_runs_as_its_service_account() -> Result<()> {
                 .map_err(Into::into)
         })
         .await?;
+    // Its restraint (restraint.yaml): of the claims its role lets it delete, only a
+    // PostgresCluster instance's (dry runs: were the policy missing, nothing would be deleted
+    // and the test fails instead).
+    use k8s_openapi::api::core::v1::PersistentVolumeClaim;
+    let other: PersistentVolumeClaim = serde_json::from_value(json!({
+        "metadata": {"name": "notes"},
+        "spec": {"accessModes": ["ReadWriteOnce"], "storageClassName": class,
+                 "resources": {"requests": {"storage": "1Gi"}}},
+    }))?;
+    Api::<PersistentVolumeClaim>::namespaced(admin.clone(), &ns)
+        .create(&PostParams::default(), &other)
+        .await?;
+    let dry_delete = kube::api::DeleteParams {
+        dry_run: true,
+        ..Default::default()
+    };
+    let claims_as = Api::<PersistentVolumeClaim>::namespaced(running.client.clone(), &ns);
+    running
+        .expect_forbidden(
+            "delete a claim that is not a PostgresCluster instance's",
+            async {
+                claims_as
+                    .delete("notes", &dry_delete)
+                    .await
+                    .map(drop)
+                    .map_err(Into::into)
+            },
+        )
+        .await?;
+    claims_as
+        .delete("data-pg-0", &dry_delete)
+        .await
+        .context("the database-operator may delete an instance's claim (its volume gone)")?;
     let metrics = running.metrics().await?;
     ensure!(
         metrics.contains("postgrescluster"),

@@ -1,10 +1,11 @@
 //! A PostgresCluster on several real nodes (`Options::real_nodes`), each instance on a node of
-//! its own with a volume that stays on that node: what happens when the primary's node is
-//! drained (the operator switches over first: the primary's PodDisruptionBudget holds its
-//! eviction until then; the old primary cannot come back while the node is cordoned), loses
-//! power, or is cut off the network, as production clusters see it (kubelet,
-//! containerd and every process of the node gone at once, the Node `NotReady` only after the
-//! controller manager's grace period).
+//! its own with a volume that stays on that node (testenv's node-local provisioner): what
+//! happens when the primary's node is drained (the operator switches over first: the primary's
+//! PodDisruptionBudget holds its eviction until then; the old primary cannot come back while
+//! the node is cordoned), loses power, is cut off the network, or is drained and removed for
+//! good with its disks, as production clusters see it (kubelet, containerd and every process
+//! of the node gone at once, the Node `NotReady` only after the controller manager's grace
+//! period).
 //!
 //! Needs root; the machine runs one set of real nodes at a time, so the tests take turns.
 
@@ -158,7 +159,9 @@ impl UnderWrites {
 /// primary's node loses power, then the next primary's node is cut off the network (fenced
 /// before the takeover: it accepts no write once the new primary has). Each time a replica on
 /// another node takes over and no acknowledged write is lost; when the node is schedulable,
-/// back or healed, its instance follows the new primary.
+/// back or healed, its instance follows the new primary. Last, the primary's node is drained
+/// and removed for good with its disks: the instance drained off it is replaced (a new claim,
+/// a new volume on another node) and follows the primary.
 #[tokio::test]
 async fn a_primary_drained_losing_its_node_or_cut_off_moves_to_another_node_and_loses_no_acknowledged_write()
  {
@@ -279,6 +282,50 @@ async fn a_primary_drained_losing_its_node_or_cut_off_moves_to_another_node_and_
     );
     cluster._cp.real_nodes()[cut_index].heal().unwrap();
     both_replicas_stream(&cluster, &rw, &cut_pod).await;
+
+    // Drained, and never back: the primary's node drained (a switchover again), then removed
+    // for good with its disks (its Node deleted). The instance drained off it, Pending since
+    // (its volume was there), is replaced: the operator deletes its claim and pod, the
+    // StatefulSet makes both again, the new claim gets a volume on another node, and the new
+    // instance clones the primary.
+    let gone = UnderWrites::start(&cluster, &rw).await;
+    let (gone_pod, gone_node, gone_index) = (gone.old.clone(), gone.node.clone(), gone.index);
+    let claims: kube::Api<k8s_openapi::api::core::v1::PersistentVolumeClaim> =
+        kube::Api::namespaced(cluster.client.clone(), &cluster.ns);
+    let claim = format!("data-{gone_pod}");
+    let old_claim = claims.get(&claim).await.unwrap().uid();
+    steward_testenv::node::drain(&cluster._cp, &gone_node, support::WAIT)
+        .await
+        .unwrap();
+    gone.taken_over(&cluster, &rw, "was drained").await;
+    let client = cluster.client.clone();
+    cluster
+        ._cp
+        .real_node_mut(gone_index)
+        .unwrap()
+        .remove(&client)
+        .await
+        .unwrap();
+    let removed = Instant::now();
+    both_replicas_stream(&cluster, &rw, &gone_pod).await;
+    let (_, placed_on) = node_of(&cluster, &gone_pod).await;
+    eprintln!(
+        "{gone_pod}, drained off {gone_node}, which was then removed: re-created on {placed_on} with a new volume and streaming {:.1?} after the removal",
+        removed.elapsed()
+    );
+    assert_ne!(placed_on, gone_node);
+    assert_ne!(
+        claims.get(&claim).await.unwrap().uid(),
+        old_claim,
+        "a new claim"
+    );
+    let reasons = cluster_events(&cluster).await;
+    assert!(
+        reasons
+            .iter()
+            .any(|r| r.contains(" VolumeLost: ") && r.contains(&gone_node)),
+        "the operator said why it replaced {gone_pod}: {reasons:#?}"
+    );
     cluster.wait_ready(Duration::from_secs(240)).await;
     cluster.stop_operator().await;
 }

@@ -78,6 +78,14 @@ pub enum Error {
         source: kube::Error,
     },
 
+    /// Deleting the claim or the pod of an instance whose volume is gone failed.
+    #[error("failed to replace instance {pod} (its volume is gone)")]
+    ReplaceInstance {
+        pod: String,
+        #[source]
+        source: kube::Error,
+    },
+
     /// Naming the switchover target on the cluster's Lease (or clearing the request) failed.
     #[error("failed to request the switchover to {to}")]
     Switchover {
@@ -166,6 +174,7 @@ impl steward_core::ReconcileError for Error {
             Error::Apply(_) => "ApplyFailed",
             Error::LabelPod { .. } => "LabelPodFailed",
             Error::ReplacePod { .. } => "ReplacePodFailed",
+            Error::ReplaceInstance { .. } => "ReplaceInstanceFailed",
             Error::Backups { .. } => "BackupsFailed",
             Error::Certificate(_) => "CertificateFailed",
             Error::Switchover { .. } => "SwitchoverFailed",

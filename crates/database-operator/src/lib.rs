@@ -139,40 +139,49 @@ pub struct State {
     pub children: ChildStores,
     /// `steward_sql_statements_total{controller}`.
     pub sql_statements: SqlStatements,
-    /// The node each PostgresCluster's primary runs on, so a change of a Node (cordoned for a
-    /// drain) wakes the clusters whose primary is there.
-    pub primary_nodes: PrimaryNodes,
+    /// The nodes whose change matters to each PostgresCluster, so a change of a Node wakes
+    /// the clusters concerned.
+    pub watched_nodes: WatchedNodes,
 }
 
-/// The node of each PostgresCluster's primary, as its last reconcile saw it.
+/// The nodes that matter to each PostgresCluster, as its last reconcile saw them: its
+/// primary's (cordoned: a drain, switch over) and those its unscheduled instances' volumes
+/// are pinned to (deleted: the volume is gone, replace the instance).
 #[derive(Clone, Default)]
-pub struct PrimaryNodes(
-    Arc<Mutex<HashMap<kube::runtime::reflector::ObjectRef<crd::PostgresCluster>, String>>>,
+pub struct WatchedNodes(
+    Arc<
+        Mutex<
+            HashMap<
+                kube::runtime::reflector::ObjectRef<crd::PostgresCluster>,
+                std::collections::BTreeSet<String>,
+            >,
+        >,
+    >,
 );
 
-impl PrimaryNodes {
-    /// Records that `cluster`'s primary runs on `node` (`None`: nowhere yet).
-    pub fn record(&self, cluster: &crd::PostgresCluster, node: Option<&str>) {
+impl WatchedNodes {
+    /// Records the nodes that matter to `cluster` (none: forgets it).
+    pub fn record(
+        &self,
+        cluster: &crd::PostgresCluster,
+        nodes: std::collections::BTreeSet<String>,
+    ) {
         let Ok(mut map) = self.0.lock() else { return };
         let key = kube::runtime::reflector::ObjectRef::from_obj(cluster);
-        match node {
-            Some(node) if map.get(&key).map(String::as_str) != Some(node) => {
-                map.insert(key, node.to_string());
-            }
-            Some(_) => {}
-            None => {
-                map.remove(&key);
-            }
+        if nodes.is_empty() {
+            map.remove(&key);
+        } else if map.get(&key) != Some(&nodes) {
+            map.insert(key, nodes);
         }
     }
 
-    /// The clusters whose primary runs on `node`.
+    /// The clusters `node` matters to.
     pub fn on(&self, node: &str) -> Vec<kube::runtime::reflector::ObjectRef<crd::PostgresCluster>> {
         self.0
             .lock()
             .map(|map| {
                 map.iter()
-                    .filter(|(_, n)| *n == node)
+                    .filter(|(_, nodes)| nodes.contains(node))
                     .map(|(c, _)| c.clone())
                     .collect()
             })
@@ -292,9 +301,9 @@ pub fn register(operator: &mut steward_core::Operator, options: Options) -> Resu
         "Statements run on PostgreSQL servers that may change them (catalog reads are not counted); a converged object adds none",
         sql_statements.0.clone(),
     );
-    let primary_nodes = PrimaryNodes::default();
+    let watched_nodes = WatchedNodes::default();
     let state = State {
-        primary_nodes: primary_nodes.clone(),
+        watched_nodes: watched_nodes.clone(),
         options,
         sql_statements,
         children: ChildStores {
@@ -342,12 +351,13 @@ pub fn register(operator: &mut steward_core::Operator, options: Options) -> Resu
                     .map(|(c, ns)| ObjectRef::<PostgresCluster>::new(&c).within(&ns))
             },
         )
-        // A Node changed (cordoned for a drain): the clusters whose primary runs there.
+        // A Node changed (cordoned for a drain, deleted with the volumes on it): the clusters
+        // it matters to.
         .watches_metadata(
             kube::Api::<k8s_openapi::api::core::v1::Node>::all(client.clone()),
             Config::default(),
             move |node: PartialObjectMeta<k8s_openapi::api::core::v1::Node>| {
-                primary_nodes.on(&node.name_any())
+                watched_nodes.on(&node.name_any())
             },
         );
     operator.controller(clusters, state.clone(), cluster::reconcile);

@@ -419,6 +419,7 @@ impl ControlPlane {
             kubeconfig: self.kubeconfig.clone(),
             apiserver_url: self.apiserver_url.clone(),
             client: self.client()?,
+            config: self.config.clone(),
         };
         let real_nodes = async {
             if options.real_node {

@@ -43,6 +43,9 @@ pub(crate) struct Cluster {
     pub(crate) synchronous_replicas: i32,
     /// The node's PostgreSQL image (`…:<major>`).
     pub(crate) image: String,
+    /// The volumes' StorageClass: none (hostPath volumes made by the fixture, bound in
+    /// advance) on one node, testenv's node-local provisioner on several.
+    pub(crate) storage_class: Option<&'static str>,
 }
 
 impl Cluster {
@@ -66,8 +69,9 @@ impl Cluster {
         Self::on_nodes(prefix, instances, 1).await
     }
 
-    /// [`Cluster::new`] on `nodes` real nodes (several: each in a zone of its own, instance
-    /// `i`'s volume on node `i % nodes`).
+    /// [`Cluster::new`] on `nodes` real nodes (several: each in a zone of its own, the
+    /// volumes provisioned by testenv on the node the scheduler chose for each instance, see
+    /// `steward_testenv::node::local_volumes`).
     pub(crate) async fn on_nodes(prefix: &str, instances: i32, nodes: usize) -> Cluster {
         let mut lap = Instant::now();
         let mut laps = Vec::new();
@@ -119,9 +123,13 @@ impl Cluster {
             instances,
             synchronous_replicas: 0,
             image,
+            storage_class: (nodes > 1)
+                .then_some(steward_testenv::node::local_volumes::STORAGE_CLASS),
         };
-        cluster.volumes("pg", instances).await;
-        time("volumes");
+        if cluster.storage_class.is_none() {
+            cluster.volumes("pg", instances).await;
+            time("volumes");
+        }
         cluster.start_operator().await;
         time("operator");
         eprintln!("PostgresCluster fixture: {}", laps.join(", "));
@@ -174,6 +182,9 @@ impl Cluster {
                      "storage": {"size": "1Gi"}, "deletionPolicy": "Delete",
                      "resources": {"requests": {"cpu": "100m", "memory": "128Mi"}, "limits": {"memory": "512Mi"}}},
         });
+        if let Some(class) = self.storage_class {
+            manifest["spec"]["storage"]["storageClassName"] = json!(class);
+        }
         for (k, v) in extra.as_object().unwrap() {
             manifest["spec"][k] = v.clone();
         }

@@ -38,6 +38,8 @@ pub const REVISION_LABEL: &str = "controller-revision-hash";
 
 pub const PORT: i32 = 5432;
 const DATA_DIR: &str = "/var/lib/postgresql/data";
+/// The instances' volume claim template: instance `<pod>`'s claim is `data-<pod>`.
+pub const DATA_VOLUME: &str = "data";
 const CONFIG_DIR: &str = "/etc/steward";
 /// The pod's scratch volume: the instance manager's binary (`bin/`, copied by the init
 /// container) and its run directory (`run/`: socket, `instance.conf`, passfile).
@@ -824,7 +826,7 @@ pub fn statefulset(
             .map(Resources::to_requirements),
         volume_mounts: Some(vec![
             VolumeMount {
-                name: "data".into(),
+                name: DATA_VOLUME.into(),
                 mount_path: DATA_DIR.into(),
                 ..Default::default()
             },
@@ -846,7 +848,7 @@ pub fn statefulset(
     };
     let claim = PersistentVolumeClaim {
         metadata: ObjectMeta {
-            name: Some("data".into()),
+            name: Some(DATA_VOLUME.into()),
             labels: Some(selector_labels(&name)),
             ..Default::default()
         },

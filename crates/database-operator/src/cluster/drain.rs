@@ -40,14 +40,7 @@ mod tests {
     use super::*;
 
     fn pod(name: &str, ordinal: i32, ready: bool) -> PodView {
-        PodView {
-            name: name.into(),
-            ordinal,
-            revision: None,
-            ready,
-            version: None,
-            deleting: false,
-        }
+        PodView::named(name, ordinal, ready)
     }
 
     fn nodes(pairs: &[(&str, &str)]) -> BTreeMap<String, String> {

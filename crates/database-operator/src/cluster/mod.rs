@@ -11,6 +11,7 @@ pub mod backup;
 pub mod build;
 pub mod check;
 pub mod drain;
+pub mod lost;
 pub mod metrics;
 pub mod rollout;
 pub mod tls;
@@ -330,6 +331,20 @@ pub async fn reconcile(
         }
     }
 
+    let node_of: BTreeMap<String, String> = pods
+        .items
+        .iter()
+        .filter_map(|p| Some((p.name_any(), p.spec.as_ref()?.node_name.clone()?)))
+        .collect();
+    // Instances that cannot be scheduled: their volumes' nodes, and whether those are gone.
+    let (unscheduled, mut watched) = lost::observe(&client, &ns, &pods.items).await?;
+    if held.spec.instances > 1
+        && let Some(node) = roles.primary.as_ref().and_then(|p| node_of.get(p))
+    {
+        watched.insert(node.clone());
+    }
+    ctx.data.watched_nodes.record(&cluster, watched);
+
     // A drain of the primary's node (cordoned): a switchover before its eviction, which the
     // primary's own budget refuses until then. A single instance has nothing to switch to (its
     // budget lets a drain evict it): its node is not read.
@@ -339,14 +354,6 @@ pub async fn reconcile(
         && asked_now.is_none()
         && roles.switching_to.is_none()
     {
-        let node_of: BTreeMap<String, String> = pods
-            .items
-            .iter()
-            .filter_map(|p| Some((p.name_any(), p.spec.as_ref()?.node_name.clone()?)))
-            .collect();
-        ctx.data
-            .primary_nodes
-            .record(&cluster, node_of.get(primary).map(String::as_str));
         let cordoned = cordoned_nodes(&client, node_of.get(primary), &node_of).await?;
         if let Some(to) = drain::switchover_target(primary, &views, &node_of, &cordoned)
             .filter(|to| refused_target != Some(to.as_str()))
@@ -365,6 +372,34 @@ pub async fn reconcile(
                 .await;
             asked_now = Some(to);
         }
+    }
+
+    // An instance whose volume is gone (its node deleted): replaced, cloning the primary.
+    match lost::decide(roles.primary.as_deref(), &views, &unscheduled) {
+        lost::Decision::Replace { pod, why } => {
+            if let Some(lost) = unscheduled.iter().find(|u| u.pod == pod) {
+                lost::replace(&client, &ns, lost, &pods.items).await?;
+                ctx.recorder
+                    .warning(
+                        cluster.as_ref(),
+                        "VolumeLost",
+                        "Replace",
+                        format!("{pod}: {why}"),
+                    )
+                    .await;
+            }
+        }
+        lost::Decision::Blocked { pod, why } => {
+            ctx.recorder
+                .warning(
+                    cluster.as_ref(),
+                    "VolumeLost",
+                    "Wait",
+                    format!("{pod}: {why}"),
+                )
+                .await;
+        }
+        lost::Decision::Nothing => {}
     }
 
     // One step of the rolling update.

@@ -27,6 +27,19 @@ pub struct PodView {
 }
 
 impl PodView {
+    /// A pod of the current revision, for tests of decisions over pods.
+    #[cfg(test)]
+    pub fn named(name: &str, ordinal: i32, ready: bool) -> Self {
+        Self {
+            name: name.into(),
+            ordinal,
+            revision: None,
+            ready,
+            version: None,
+            deleting: false,
+        }
+    }
+
     /// The view of `pod` of StatefulSet `sts_name`, `None` for pods not named `<sts>-<n>`.
     pub fn of(pod: &Pod, sts_name: &str) -> Option<Self> {
         let name = pod.name_any();

@@ -1,5 +1,5 @@
 //! Faults of one node, as a machine has them: it loses power ([`RealNode::stop`]) and comes
-//! back ([`RealNode::start_again`]), it is cut off from the network ([`RealNode::partition`],
+//! back ([`RealNode::start_again`]) or is gone for good with its disks ([`RealNode::remove`]), it is cut off from the network ([`RealNode::partition`],
 //! [`RealNode::heal`]), or an administrator drains it ([`drain`], as `kubectl drain` does).
 //! Power and network faults need a node in a network namespace of its own
 //! ([`crate::Options::real_nodes`] with at least two).
@@ -80,6 +80,44 @@ impl RealNode {
         self.processes[2].restart()?;
         self.stopped = false;
         self.wait_ready(client, timeout).await
+    }
+
+    /// The machine is gone for good: powered off as by [`RealNode::stop`] (unless it is
+    /// already), the data of its local disks lost (its volumes' directories removed) and its
+    /// Node object deleted, as an administrator or a cloud's node controller does for a
+    /// machine that will not come back. The pods bound to it are then removed by the
+    /// controller manager's pod garbage collector. [`RealNode::start_again`] boots it as a new,
+    /// empty machine of the same name (it registers a new Node).
+    ///
+    /// # Errors
+    /// As [`RealNode::stop`]; [`Error::Host`] if the volumes cannot be removed;
+    /// [`Error::Kube`] if the Node cannot be deleted.
+    pub async fn remove(&mut self, client: &Client) -> Result<(), Error> {
+        if !self.stopped {
+            self.stop()?;
+        }
+        let volumes = self.site.root.join("volumes");
+        match std::fs::remove_dir_all(&volumes) {
+            Ok(()) => {}
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+            Err(e) => {
+                return Err(host_err(
+                    format!("remove {}", volumes.display()),
+                    e.to_string(),
+                ));
+            }
+        }
+        match Api::<Node>::all(client.clone())
+            .delete(self.name(), &Default::default())
+            .await
+        {
+            Ok(_) => Ok(()),
+            Err(kube::Error::Api(s)) if s.is_not_found() => Ok(()),
+            Err(source) => Err(Error::Kube {
+                what: format!("delete node {}", self.name()),
+                source,
+            }),
+        }
     }
 
     /// Cuts the node off: everything in or out of its link to the host is dropped (the API

@@ -37,6 +37,7 @@
 
 mod config;
 mod faults;
+pub mod local_volumes;
 pub mod teardown;
 
 use std::collections::HashSet;
@@ -81,6 +82,8 @@ const LOCK: &str = "/run/steward-testenv-node.lock";
 /// removes all they left on the host (see [`teardown`]).
 pub(crate) struct RealNodes {
     nodes: Vec<RealNode>,
+    /// Several nodes: their volumes' provisioner ([`local_volumes`]).
+    volumes: Option<local_volumes::LocalVolumes>,
     /// CoreDNS, then (several nodes) the host's kube-proxy.
     host: Vec<Process>,
     kube_proxy: PathBuf,
@@ -101,6 +104,8 @@ pub(crate) struct NodeEnv {
     pub kubeconfig: PathBuf,
     pub apiserver_url: String,
     pub client: kube::Client,
+    /// For clients of the nodes' own threads.
+    pub config: kube::Config,
 }
 
 /// A running real node.
@@ -230,6 +235,7 @@ impl RealNodes {
         };
         let mut nodes = Self {
             nodes: Vec::new(),
+            volumes: None,
             host: Vec::new(),
             kube_proxy,
             _lock: lock,
@@ -322,6 +328,16 @@ impl RealNodes {
         })
         .await?;
         kubernetes_service_endpoints(env, &host).await?;
+        if count > 1 {
+            let roots = nodes
+                .nodes
+                .iter()
+                .map(|n| (n.site.name.clone(), n.site.root.clone()))
+                .collect();
+            nodes.volumes = Some(
+                local_volumes::LocalVolumes::start(&env.client, env.config.clone(), roots).await?,
+            );
+        }
         if let [only] = nodes.nodes.as_mut_slice() {
             // The only node: from the lock to a Ready node with DNS, as before several existed.
             only.started_in = started.elapsed();
@@ -342,6 +358,8 @@ impl RealNodes {
 
 impl Drop for RealNodes {
     fn drop(&mut self) {
+        // Before the sweep removes the directories it makes.
+        drop(self.volumes.take());
         for node in &mut self.nodes {
             while let Some(p) = node.processes.pop() {
                 drop(p);
