@@ -147,8 +147,9 @@ async fn until_ready(client: &Client, name: &str, want: bool, within: Duration) 
 }
 
 /// Three nodes, one control plane, in turn: the nodes serve each other and the host, a node is
-/// cut off and healed, a node loses power and comes back, a drain waits for a budget; then
-/// the host is clean.
+/// cut off and healed, a node loses power and comes back, a drain waits for a budget; the
+/// sharded tenant-operator, one replica per node, loses the leader's node; then the host is
+/// clean.
 #[tokio::test]
 async fn three_nodes_in_zones_are_cut_off_lose_power_and_are_drained_as_real_ones() {
     let _turn = NODES.lock().await;
@@ -162,6 +163,10 @@ async fn three_nodes_in_zones_are_cut_off_lose_power_and_are_drained_as_real_one
     .await;
     a_node_that_loses_power_goes_not_ready_and_runs_its_pods_again_when_it_is_back(
         &mut cp, &client, &image,
+    )
+    .await;
+    the_sharded_tenant_operator_spreads_over_the_nodes_and_a_lost_node_moves_only_its_shards(
+        &mut cp, &client,
     )
     .await;
     let during = leftovers();
@@ -513,4 +518,217 @@ async fn a_partitioned_node_goes_not_ready_and_a_drain_waits_for_the_disruption_
         Some(true),
         "the drained node is cordoned"
     );
+}
+
+/// The tenant-operator's leases here: short, so a lost node costs seconds (the defaults are
+/// 15 s / 10 s / 2 s).
+const LEASE: Duration = Duration::from_secs(6);
+const RENEW_DEADLINE: Duration = Duration::from_secs(4);
+const RETRY: Duration = Duration::from_secs(1);
+
+/// The sharded tenant-operator (`deploy/sharded/tenant-operator`: 3 replicas, `--shards=3`) as
+/// its image on the three nodes: the Deployment's anti-affinity puts one replica on each, and
+/// each holds one shard. The leader's node loses power: a replica on another node leads within
+/// LeaseDuration + RetryPeriod, the lost replica's shard is taken by a live one within that
+/// too, the shards of the replicas on the other nodes never move, and Tenants created then are
+/// reconciled.
+async fn the_sharded_tenant_operator_spreads_over_the_nodes_and_a_lost_node_moves_only_its_shards(
+    cp: &mut ControlPlane,
+    client: &Client,
+) {
+    use k8s_openapi::api::coordination::v1::Lease;
+    use steward_testenv::deploy;
+
+    // The drain before left a node cordoned.
+    for node in cp.real_nodes() {
+        node.uncordon(client).await.unwrap();
+    }
+    let entry = steward_operators::find("tenant-operator").unwrap();
+    let built = deploy::build(&[deploy::Spec::of(&entry)])
+        .expect("the tenant-operator's binary")
+        .remove(0);
+    cp.install_crds(&steward_testenv::workspace_root().join("crds"))
+        .await
+        .expect("CRDs");
+    let args = [
+        format!("--leader-election-lease-duration={}s", LEASE.as_secs()),
+        format!(
+            "--leader-election-renew-deadline={}s",
+            RENEW_DEADLINE.as_secs()
+        ),
+        format!("--leader-election-retry-period={}s", RETRY.as_secs()),
+    ];
+    let args: Vec<&str> = args.iter().map(String::as_str).collect();
+    let deployed = deploy::operator_from(
+        cp,
+        &built,
+        &steward_testenv::workspace_root().join("deploy/sharded/tenant-operator"),
+        &args,
+        "real-nodes-test",
+    )
+    .await
+    .expect("deploy the sharded tenant-operator");
+    let took = deployed
+        .wait_available(cp, WAIT)
+        .await
+        .unwrap_or_else(|e| panic!("{e}"));
+    let ns = deployed.namespace.clone();
+    let pods: Api<Pod> = Api::namespaced(client.clone(), &ns);
+    let leases: Api<Lease> = Api::namespaced(client.clone(), &ns);
+    let list = pods
+        .list(&ListParams::default().labels("app.kubernetes.io/name=tenant-operator"))
+        .await
+        .unwrap();
+    let node_of: std::collections::BTreeMap<String, String> = list
+        .items
+        .iter()
+        .map(|p| {
+            let node = p.spec.as_ref().and_then(|s| s.node_name.clone());
+            (p.name_any(), node.unwrap_or_default())
+        })
+        .collect();
+    let nodes: std::collections::BTreeSet<&String> = node_of.values().collect();
+    assert_eq!(nodes.len(), 3, "one replica per node: {node_of:?}");
+
+    // Who holds what: the leader's Lease and each shard's, by pod (identities are
+    // `<pod>_<random>`).
+    let names = ["tenant-operator".to_string()]
+        .into_iter()
+        .chain((0..3).map(|i| format!("tenant-operator-shard-{i}")))
+        .collect::<Vec<_>>();
+    let holders = || {
+        let (leases, names, node_of) = (leases.clone(), names.clone(), node_of.clone());
+        async move {
+            let mut held = Vec::new();
+            for name in &names {
+                let lease = leases.get(name).await.map_err(|e| format!("{name}: {e}"))?;
+                let spec = lease.spec.unwrap_or_default();
+                let identity = spec.holder_identity.unwrap_or_default();
+                let renewed = spec.renew_time.map(|t| t.0);
+                let live = renewed.is_some_and(|t| {
+                    let age = k8s_openapi::jiff::Timestamp::now().duration_since(t);
+                    age.as_secs_f64() < LEASE.as_secs_f64()
+                });
+                let pod = node_of
+                    .keys()
+                    .find(|p| identity.starts_with(&format!("{p}_")))
+                    .filter(|_| live)
+                    .cloned();
+                held.push(pod);
+            }
+            Ok::<_, String>(held)
+        }
+    };
+    let before = eventually(
+        "the leader's Lease and one shard per replica held",
+        WAIT,
+        || async {
+            let held = holders().await?;
+            let shards: std::collections::BTreeSet<&String> = held[1..].iter().flatten().collect();
+            if held.iter().all(Option::is_some) && shards.len() == 3 {
+                Ok(held)
+            } else {
+                Err(format!("held: {held:?}"))
+            }
+        },
+    )
+    .await
+    .unwrap();
+    let leader = before[0].clone().unwrap();
+    let lost_node = node_of[&leader].clone();
+    let index = cp
+        .real_nodes()
+        .iter()
+        .position(|n| n.name() == lost_node)
+        .unwrap();
+    eprintln!(
+        "sharded tenant-operator: 3 replicas Ready {took:.1?} after the apply, on {nodes:?}; leader {leader} on {lost_node}"
+    );
+
+    let stopped = Instant::now();
+    cp.real_node_mut(index).unwrap().stop().unwrap();
+    // Until the leader's Lease and the lost replica's shard are held elsewhere, every shard
+    // of a live replica stays with it.
+    let bound = LEASE + RETRY + Duration::from_secs(3);
+    let mut moved_early = Vec::new();
+    let after = loop {
+        let held = holders().await.unwrap_or_default();
+        for (i, (was, is)) in before.iter().zip(&held).enumerate().skip(1) {
+            if was.as_ref() != Some(&leader) && is.is_some() && is != was {
+                moved_early.push(format!("{}: {was:?} -> {is:?}", names[i]));
+            }
+        }
+        let taken = held.len() == 4
+            && held
+                .iter()
+                .all(|h| h.as_ref().is_some_and(|p| node_of[p] != lost_node));
+        if taken {
+            break held;
+        }
+        assert!(
+            stopped.elapsed() < bound * 3,
+            "not taken over from {leader} within {:?}: {held:?}",
+            bound * 3
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    };
+    let taken_in = stopped.elapsed();
+    eprintln!(
+        "the leader's node {lost_node} lost power: the Lease and its shard held on other nodes {taken_in:.1?} later ({after:?}); LeaseDuration + RetryPeriod is {:?}",
+        LEASE + RETRY
+    );
+    assert!(
+        moved_early.is_empty(),
+        "the shards of replicas on live nodes moved: {moved_early:?}"
+    );
+    assert!(
+        taken_in <= bound,
+        "taken over within LeaseDuration + RetryPeriod (+3 s for the checks' own latency on a loaded machine): {taken_in:?}"
+    );
+
+    // The live replicas reconcile every shard: Tenants made now get their namespaces.
+    let tenants = Api::<tenant_operator::crd::Tenant>::all(client.clone());
+    for i in 0..3 {
+        let tenant: tenant_operator::crd::Tenant = serde_json::from_value(json!({
+            "apiVersion": "tenancy.steward.dev/v1alpha1", "kind": "Tenant",
+            "metadata": {"name": format!("nodes-{i}")},
+            "spec": {"owners": [{"kind": "Group", "name": format!("team-{i}")}],
+                     "namespaces": [format!("nodes-{i}-a")]},
+        }))
+        .unwrap();
+        tenants
+            .create(&PostParams::default(), &tenant)
+            .await
+            .unwrap();
+    }
+    let namespaces: Api<k8s_openapi::api::core::v1::Namespace> = Api::all(client.clone());
+    eventually("each Tenant's namespace, whatever its shard", WAIT, || {
+        let namespaces = namespaces.clone();
+        async move {
+            let mut missing = Vec::new();
+            for i in 0..3 {
+                let name = format!("nodes-{i}-a");
+                if namespaces
+                    .get_opt(&name)
+                    .await
+                    .map_err(|e| e.to_string())?
+                    .is_none()
+                {
+                    missing.push(name);
+                }
+            }
+            if missing.is_empty() {
+                Ok(())
+            } else {
+                Err(format!("missing {missing:?}"))
+            }
+        }
+    })
+    .await
+    .unwrap();
+    cp.real_node_mut(index)
+        .unwrap()
+        .start_again(client, WAIT)
+        .await
+        .unwrap();
 }

@@ -94,12 +94,29 @@ pub async fn operator(
     built: &Built,
     field_manager: &str,
 ) -> Result<Deployed, Error> {
+    let kustomization = crate::workspace_root().join("deploy").join(&built.name);
+    operator_from(cp, built, &kustomization, &[], field_manager).await
+}
+
+/// As [`operator`], from another kustomization (an overlay such as
+/// `deploy/sharded/tenant-operator`), with `args` appended to the operator container's.
+///
+/// # Errors
+/// As [`operator`].
+pub async fn operator_from(
+    cp: &ControlPlane,
+    built: &Built,
+    kustomization: &Path,
+    args: &[&str],
+    field_manager: &str,
+) -> Result<Deployed, Error> {
     let operator = built.name.as_str();
     let image = image(cp, built).await?;
-    let mut objects = cp.kustomize(&crate::workspace_root().join("deploy").join(operator))?;
-    let deployment = with_image(&mut objects, &image.reference).ok_or_else(|| {
+    let mut objects = cp.kustomize(kustomization)?;
+    let deployment = with_image(&mut objects, &image.reference, args).ok_or_else(|| {
         Error::Other(format!(
-            "deploy/{operator}/ renders no Deployment with a container"
+            "{} renders no Deployment with a container",
+            kustomization.display()
         ))
     })?;
     let client = cp.client()?;
@@ -247,12 +264,17 @@ fn without_debug_info(binary: &Path, copy: &Path) -> PathBuf {
 
 /// Points the first container of the (first) Deployment in `objects` at `image`, never
 /// pulled, and orders namespaces first; returns that Deployment.
-fn with_image(objects: &mut [Value], image: &str) -> Option<Value> {
+fn with_image(objects: &mut [Value], image: &str, args: &[&str]) -> Option<Value> {
     objects.sort_by_key(|o| o["kind"] != "Namespace");
     let deployment = objects.iter_mut().find(|o| o["kind"] == "Deployment")?;
     let container = deployment["spec"]["template"]["spec"]["containers"].get_mut(0)?;
     container["image"] = json!(image);
     container["imagePullPolicy"] = json!("Never");
+    if let Some(existing) = container["args"].as_array_mut() {
+        existing.extend(args.iter().map(|a| json!(a)));
+    } else if !args.is_empty() {
+        container["args"] = json!(args);
+    }
     // The database-operator's pods copy its instance manager from its own image.
     for env in container["env"].as_array_mut().into_iter().flatten() {
         if env["name"] == "STEWARD_INSTANCE_IMAGE" {
@@ -381,7 +403,7 @@ mod tests {
                 "spec": {"replicas": 2, "template": {"spec": {"containers": [{"name": "operator", "image": "steward/op:0.1.0", "imagePullPolicy": "IfNotPresent"}]}}}}),
             json!({"kind": "Namespace", "metadata": {"name": "op-system"}}),
         ];
-        let d = with_image(&mut objects, "steward.dev/testenv/op:dev").unwrap();
+        let d = with_image(&mut objects, "steward.dev/testenv/op:dev", &[]).unwrap();
         assert_eq!(objects[0]["kind"], "Namespace");
         let container = &d["spec"]["template"]["spec"]["containers"][0];
         assert_eq!(container["image"], "steward.dev/testenv/op:dev");
@@ -392,6 +414,6 @@ mod tests {
             "the applied object is changed, not only the returned copy"
         );
         let mut none = vec![json!({"kind": "Namespace"})];
-        assert!(with_image(&mut none, "x").is_none());
+        assert!(with_image(&mut none, "x", &[]).is_none());
     }
 }
