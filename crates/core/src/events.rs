@@ -65,7 +65,55 @@ struct Recent {
     last: Timestamp,
 }
 
+/// An Event a decide step wants published: a value its unit tests can compare, published by
+/// the execute step with [`Recorder::emit`].
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Wanted {
+    /// Normal or Warning.
+    pub type_: EventType,
+    /// Why, in one CamelCase word (`reason`).
+    pub reason: &'static str,
+    /// What the operator did or failed to do (`action`).
+    pub action: &'static str,
+    /// The message.
+    pub note: String,
+}
+
+impl Wanted {
+    /// A Normal Event.
+    pub fn normal(reason: &'static str, action: &'static str, note: impl Into<String>) -> Self {
+        Self {
+            type_: EventType::Normal,
+            reason,
+            action,
+            note: note.into(),
+        }
+    }
+
+    /// A Warning Event.
+    pub fn warning(reason: &'static str, action: &'static str, note: impl Into<String>) -> Self {
+        Self {
+            type_: EventType::Warning,
+            reason,
+            action,
+            note: note.into(),
+        }
+    }
+}
+
 impl Recorder {
+    /// Publishes `event` on `obj`.
+    pub async fn emit<K: Resource<DynamicType = ()>>(&self, obj: &K, event: Wanted) {
+        self.publish(
+            obj.object_ref(&()),
+            event.type_,
+            event.reason,
+            event.action,
+            event.note,
+        )
+        .await;
+    }
+
     /// `controller` becomes the Events' `reportingController`, `instance` (default: the
     /// controller) their `reportingInstance`.
     pub fn new(client: Client, controller: &str, instance: Option<String>) -> Self {

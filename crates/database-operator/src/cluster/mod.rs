@@ -13,6 +13,7 @@ pub mod check;
 pub mod drain;
 pub mod lost;
 pub mod metrics;
+mod moves;
 pub mod rollout;
 pub mod tls;
 pub mod upgrade;
@@ -278,59 +279,7 @@ pub async fn reconcile(
         .get(SWITCHOVER_ANNOTATION)
         .filter(|to| !to.is_empty())
         .cloned();
-    // The switchover this reconcile asked the Lease for (the Lease as read does not say so).
-    let mut asked_now = None;
-    // Done: the request is removed after the status write (removing it changes the
-    // cluster's resourceVersion, which would void that guarded write and its Event).
-    let mut clear_request = false;
-    // A switchover the primary refused (its target did not confirm the last WAL).
-    let refused = roles
-        .refused
-        .as_ref()
-        .filter(|(target, _)| roles.switching_to.as_deref() != Some(target.as_str()));
-    if let Some((target, why)) = refused {
-        let asked = requested.as_deref() == Some(target.as_str());
-        let message = if asked {
-            format!(
-                "the primary refused the switchover to {target} and runs on: {why}; the annotation {SWITCHOVER_ANNOTATION} is left for you to change or remove"
-            )
-        } else {
-            format!(
-                "the primary refused the switchover to {target} and runs on: {why}; it is asked again while still needed"
-            )
-        };
-        ctx.recorder
-            .warning(cluster.as_ref(), "SwitchoverRefused", "Switchover", message)
-            .await;
-        if !asked {
-            // Withdrawn, or the rolling update's: the next reconcile may ask again.
-            clear_refusal(&leases, &names.lease, target).await?;
-        }
-    }
-    let refused_target = refused.map(|(target, _)| target.as_str());
-    if let Some(to) = &requested {
-        if roles.primary.as_deref() == Some(to.as_str()) {
-            clear_request = true;
-        } else if refused_target == Some(to.as_str()) {
-            // Reported above; asking again needs a new request.
-        } else if let Err(why) = switchover_allowed(to, &cluster, &views, &roles) {
-            ctx.recorder
-                .warning(cluster.as_ref(), "SwitchoverRefused", "Switchover", format!("switchover to {to} refused: {why}; the annotation {SWITCHOVER_ANNOTATION} is left for you to change or remove"))
-                .await;
-        } else if roles.switching_to.as_deref() != Some(to.as_str()) {
-            request_switchover(&leases, &names.lease, to).await?;
-            asked_now = Some(to.clone());
-            ctx.recorder
-                .normal(
-                    cluster.as_ref(),
-                    "Switchover",
-                    "Switchover",
-                    format!("switching over to {to} as asked by {SWITCHOVER_ANNOTATION}"),
-                )
-                .await;
-        }
-    }
-
+    let refused = roles.standing_refusal();
     let node_of: BTreeMap<String, String> = pods
         .items
         .iter()
@@ -338,117 +287,76 @@ pub async fn reconcile(
         .collect();
     // Instances that cannot be scheduled: their volumes' nodes, and whether those are gone.
     let (unscheduled, mut watched) = lost::observe(&client, &ns, &pods.items).await?;
+    let primary_node = roles.primary.as_ref().and_then(|p| node_of.get(p));
     if held.spec.instances > 1
-        && let Some(node) = roles.primary.as_ref().and_then(|p| node_of.get(p))
+        && let Some(node) = primary_node
     {
         watched.insert(node.clone());
     }
     ctx.data.watched_nodes.record(&cluster, watched);
-
-    // A drain of the primary's node (cordoned): a switchover before its eviction, which the
-    // primary's own budget refuses until then. A single instance has nothing to switch to (its
-    // budget lets a drain evict it): its node is not read.
-    if let Some(primary) = roles.primary.as_deref()
-        && held.spec.instances > 1
-        && requested.is_none()
-        && asked_now.is_none()
-        && roles.switching_to.is_none()
+    // A drain cordons the primary's node first: read only when a switchover could follow (a
+    // single instance has nothing to switch to).
+    let cordoned = if held.spec.instances > 1 && requested.is_none() && roles.switching_to.is_none()
     {
-        let cordoned = cordoned_nodes(&client, node_of.get(primary), &node_of).await?;
-        if let Some(to) = drain::switchover_target(primary, &views, &node_of, &cordoned)
-            .filter(|to| refused_target != Some(to.as_str()))
-        {
-            request_switchover(&leases, &names.lease, &to).await?;
-            ctx.recorder
-                .normal(
-                    cluster.as_ref(),
-                    "Switchover",
-                    "Drain",
-                    format!(
-                        "node {} of the primary {primary} is cordoned (a drain): switching over to {to} before the primary is evicted",
-                        node_of.get(primary).map_or("?", String::as_str)
-                    ),
-                )
-                .await;
-            asked_now = Some(to);
-        }
-    }
-
-    // An instance whose volume is gone (its node deleted): replaced, cloning the primary.
-    match lost::decide(roles.primary.as_deref(), &views, &unscheduled) {
-        lost::Decision::Replace { pod, why } => {
-            if let Some(lost) = unscheduled.iter().find(|u| u.pod == pod) {
-                lost::replace(&client, &ns, lost, &pods.items).await?;
-                ctx.recorder
-                    .warning(
-                        cluster.as_ref(),
-                        "VolumeLost",
-                        "Replace",
-                        format!("{pod}: {why}"),
-                    )
-                    .await;
-            }
-        }
-        lost::Decision::Blocked { pod, why } => {
-            ctx.recorder
-                .warning(
-                    cluster.as_ref(),
-                    "VolumeLost",
-                    "Wait",
-                    format!("{pod}: {why}"),
-                )
-                .await;
-        }
-        lost::Decision::Nothing => {}
-    }
-
-    // One step of the rolling update.
+        cordoned_nodes(&client, primary_node, &node_of).await?
+    } else {
+        std::collections::BTreeSet::new()
+    };
     let update_revision = if template_changed {
         None
     } else {
         current.as_ref().and_then(rollout::update_revision)
     };
-    if let Some(revision) = update_revision.filter(|_| requested.is_none()) {
-        let step = rollout::next_step(
-            held.spec.instances,
-            &views,
-            revision,
-            rollout::Roles {
-                primary: roles.primary.as_deref(),
-                elected: lease.is_some(),
-                switching_to: roles.switching_to.as_deref(),
-            },
-        );
-        match step {
-            rollout::Step::Done | rollout::Step::Wait => {}
-            rollout::Step::Delete { pod, primary } => {
-                ctx.recorder
-                    .normal(
-                        cluster.as_ref(),
-                        "RollingUpdate",
-                        "Update",
-                        format!(
-                            "replacing {} {pod} with the new template",
-                            if primary { "the primary" } else { "replica" }
-                        ),
-                    )
-                    .await;
-                match pods_api.delete(&pod, &Default::default()).await {
-                    Ok(_) => {}
-                    Err(kube::Error::Api(s)) if s.is_not_found() => {}
-                    Err(source) => return Err(Error::ReplacePod { pod, source }),
-                }
-            }
-            rollout::Step::Switchover { to } if refused_target == Some(to.as_str()) => {}
-            rollout::Step::Switchover { to } => {
-                request_switchover(&leases, &names.lease, &to).await?;
-                asked_now = Some(to.clone());
-                ctx.recorder
-                    .normal(cluster.as_ref(), "Switchover", "Update", format!("every replica is updated: switching over to {to} before the old primary is replaced"))
-                    .await;
-            }
+    let step = update_revision
+        .filter(|_| requested.is_none())
+        .map(|revision| {
+            rollout::next_step(
+                held.spec.instances,
+                &views,
+                revision,
+                rollout::Roles {
+                    primary: roles.primary.as_deref(),
+                    elected: lease.is_some(),
+                    switching_to: roles.switching_to.as_deref(),
+                },
+            )
+        });
+    let moves = moves::decide(&moves::Facts {
+        cluster: &cluster,
+        instances: held.spec.instances,
+        roles: &roles,
+        views: &views,
+        requested: requested.as_deref(),
+        node_of: &node_of,
+        cordoned: &cordoned,
+        unscheduled: &unscheduled,
+        rollout: step,
+    });
+    if let Some(target) = &moves.clear_refusal {
+        clear_refusal(&leases, &names.lease, target).await?;
+    }
+    for to in &moves.ask {
+        request_switchover(&leases, &names.lease, to).await?;
+    }
+    if let Some(pod) = moves.delete_pod.clone() {
+        match pods_api.delete(&pod, &Default::default()).await {
+            Ok(_) => {}
+            Err(kube::Error::Api(s)) if s.is_not_found() => {}
+            Err(source) => return Err(Error::ReplacePod { pod, source }),
         }
     }
+    if let Some(lost) = moves
+        .replace
+        .as_ref()
+        .and_then(|pod| unscheduled.iter().find(|u| u.pod == *pod))
+    {
+        lost::replace(&client, &ns, lost, &pods.items).await?;
+    }
+    for event in moves.events {
+        ctx.recorder.emit(cluster.as_ref(), event).await;
+    }
+    let asked_now = moves.ask.last().cloned();
+    let clear_request = moves.clear_request;
 
     // Status, from the StatefulSet as applied and the pods as listed.
     let observed = rollout::Observed {
@@ -671,6 +579,14 @@ struct PrimaryRoles {
 }
 
 impl PrimaryRoles {
+    /// A switchover the primary refused and that is not being asked again: its target and
+    /// why.
+    fn standing_refusal(&self) -> Option<&(String, String)> {
+        self.refused
+            .as_ref()
+            .filter(|(target, _)| self.switching_to.as_deref() != Some(target.as_str()))
+    }
+
     fn of(lease: Option<&Lease>, names: &Names) -> Self {
         match lease {
             None => Self {
@@ -780,30 +696,6 @@ async fn cordoned_nodes(
         }
     }
     Ok(cordoned)
-}
-
-/// Why a switchover to `to` cannot start now, if it cannot.
-fn switchover_allowed(
-    to: &str,
-    cluster: &PostgresCluster,
-    pods: &[rollout::PodView],
-    roles: &PrimaryRoles,
-) -> Result<(), String> {
-    if roles.primary.is_none() {
-        return Err("there is no primary right now (a failover is under way)".into());
-    }
-    let Some(pod) = pods.iter().find(|p| p.name == to) else {
-        return Err(format!(
-            "{to} is not an instance of this cluster (its instances are {}-0 to {}-{})",
-            cluster.name_any(),
-            cluster.name_any(),
-            cluster.spec.instances - 1
-        ));
-    };
-    if pod.ordinal >= cluster.spec.instances || !pod.ready || pod.deleting {
-        return Err(format!("{to} is not a ready replica"));
-    }
-    Ok(())
 }
 
 /// Names `to` as the switchover target on the cluster's Lease (and removes an earlier
