@@ -15,6 +15,7 @@ pub mod lost;
 pub mod metrics;
 mod moves;
 pub mod rollout;
+mod status;
 pub mod tls;
 pub mod upgrade;
 
@@ -250,28 +251,9 @@ pub async fn reconcile(
     let roles = PrimaryRoles::of(lease.as_ref(), &names);
     label_roles(&pods_api, &pods.items, roles.primary.as_deref()).await?;
     let previous = cluster.status.clone().unwrap_or_default();
-    // A new primary since the status was written: planned if recorded in the status, or still
-    // asked for on the cluster (the operator that passed the request to the Lease may have
-    // died before it recorded it). Said by an Event only once this reconcile's status write,
-    // guarded by the cluster's resourceVersion, went through: a reconcile of a stale copy
-    // (whose status predates the transition) would report it again.
-    let transition = match (
-        &roles.primary,
-        previous.primary_transitions,
-        roles.transitions,
-    ) {
-        (Some(now), Some(before), Some(after)) if after > before => {
-            let asked = cluster
-                .annotations()
-                .get(SWITCHOVER_ANNOTATION)
-                .is_some_and(|to| to == now);
-            Some((
-                now.clone(),
-                previous.switchover_target.as_ref() == Some(now) || asked,
-            ))
-        }
-        _ => None,
-    };
+    // A new primary since the status was written (reported once the status write went
+    // through).
+    let transition = status::transition(&cluster, &roles, &names.lease);
 
     // A switchover asked for on the cluster.
     let requested = cluster
@@ -279,7 +261,6 @@ pub async fn reconcile(
         .get(SWITCHOVER_ANNOTATION)
         .filter(|to| !to.is_empty())
         .cloned();
-    let refused = roles.standing_refusal();
     let node_of: BTreeMap<String, String> = pods
         .items
         .iter()
@@ -358,36 +339,7 @@ pub async fn reconcile(
     let asked_now = moves.ask.last().cloned();
     let clear_request = moves.clear_request;
 
-    // Status, from the StatefulSet as applied and the pods as listed.
-    let observed = rollout::Observed {
-        generation: cluster.meta().generation,
-        instances: held.spec.instances,
-        target_version: held.spec.version,
-        update_revision,
-        pods: &views,
-        primary: roles.primary.as_deref(),
-        superuser_secret: names.superuser_secret.clone(),
-    };
-    let mut status = rollout::status(&observed, cluster.status.as_ref());
-    status.switchover_target = asked_now.or_else(|| roles.switching_to.clone());
-    status.switchover_refused = refused.map(|(target, why)| format!("{target}: {why}"));
-    status.primary_transitions = if roles.primary.is_some() {
-        roles.transitions
-    } else {
-        previous.primary_transitions
-    };
-    status.instances = pods
-        .items
-        .iter()
-        .filter_map(build::instance_state)
-        .collect();
-    rollout::commits_waiting(
-        &mut status,
-        held.spec.synchronous_replicas,
-        cluster.meta().generation,
-    );
-    rollout::instance_problems(&mut status);
-    // Continuous backup: the schedule, retention, and what is recoverable.
+    // Continuous backup: the schedule and retention (its status below).
     let primary_pod = roles
         .primary
         .as_deref()
@@ -395,83 +347,31 @@ pub async fn reconcile(
     let backups =
         backup::reconcile(&client, &cluster, primary_pod, previous.backup.as_ref()).await?;
     let scheduled = backups.as_ref().and_then(|b| b.requeue);
-    match backups {
-        Some(reported) => {
-            let (ok, reason, message) = reported.condition;
-            steward_core::conditions::set(
-                &mut status.conditions,
-                backup::CONTINUOUS_ARCHIVING,
-                ok,
-                reason,
-                message,
-                cluster.meta().generation,
-            );
-            status.backup = Some(reported.status);
-        }
-        None => status
-            .conditions
-            .retain(|c| c.type_ != backup::CONTINUOUS_ARCHIVING),
-    }
-    // The major upgrade's progress (or outcome) as a condition; while the instances are
-    // stopped for it, the cluster is not Ready and says why.
-    status.target_version = Some(cluster.spec.version);
-    status.major_upgrade = decided.status.clone();
-    match &decided.condition {
-        Some((ok, reason, message)) => {
-            steward_core::conditions::set(
-                &mut status.conditions,
-                upgrade::MAJOR_UPGRADE,
-                *ok,
-                reason,
-                message.clone(),
-                cluster.meta().generation,
-            );
-            if decided.hold.as_ref().is_some_and(|h| h.instances == 0) {
-                status.phase = Some(crate::crd::ClusterPhase::Upgrading);
-                steward_core::conditions::set(
-                    &mut status.conditions,
-                    steward_core::conditions::READY,
-                    false,
-                    "MajorUpgrade",
-                    message.clone(),
-                    cluster.meta().generation,
-                );
-            }
-            if let Some(u) = decided
-                .status
-                .as_ref()
-                .filter(|u| u.phase == crate::crd::MajorUpgradePhase::Completed)
-            {
-                // The data is on the new major from now on, even before a pod reports it.
-                status.current_version = status.current_version.max(Some(u.to));
-            }
-        }
-        None => status
-            .conditions
-            .retain(|c| c.type_ != upgrade::MAJOR_UPGRADE),
-    }
+    let status = status::compute(status::Inputs {
+        cluster: &cluster,
+        observed: rollout::Observed {
+            generation: cluster.meta().generation,
+            instances: held.spec.instances,
+            target_version: held.spec.version,
+            update_revision,
+            pods: &views,
+            primary: roles.primary.as_deref(),
+            superuser_secret: names.superuser_secret.clone(),
+        },
+        roles: &roles,
+        asked_now,
+        pods: &pods.items,
+        synchronous_replicas: held.spec.synchronous_replicas,
+        backups,
+        upgrade: &decided,
+    });
     let ready =
         steward_core::conditions::is_true(&status.conditions, steward_core::conditions::READY);
     let written = ctx
         .apply_status(cluster.as_ref(), cluster.status.as_ref(), &status)
         .await?;
-    match transition.filter(|_| written) {
-        Some((now, true)) => {
-            ctx.recorder
-                .normal(
-                    cluster.as_ref(),
-                    "SwitchedOver",
-                    "Switchover",
-                    format!("{now} is the primary, as planned"),
-                )
-                .await;
-        }
-        Some((now, false)) => {
-            ctx.recorder
-                .warning(cluster.as_ref(), "FailedOver", "Failover", format!("{now} is the primary now: the instances elected the most advanced replica through the Lease {} after the previous primary stopped renewing or released it", names.lease))
-                .await;
-        }
-        None => {}
+    if let Some(event) = transition.filter(|_| written) {
+        ctx.recorder.emit(cluster.as_ref(), event).await;
     }
     if clear_request {
         clear_switchover_request(&client, &cluster).await?;

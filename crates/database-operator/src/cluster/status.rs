@@ -1,0 +1,180 @@
+//! The PostgresCluster's status, computed in one place from what a reconcile observed and
+//! decided: the instances and the rollout ([`rollout::status`]), the primary and its
+//! switchovers, waiting commits and failing instances, continuous backup, the major upgrade.
+//! Written once by `cluster::reconcile`.
+
+use k8s_openapi::api::core::v1::Pod;
+use kube::{Resource, ResourceExt};
+use steward_core::conditions::{self, READY};
+use steward_core::events::Wanted;
+
+use super::{PrimaryRoles, SWITCHOVER_ANNOTATION, backup, build, rollout, upgrade};
+use crate::crd::{ClusterPhase, MajorUpgradePhase, PostgresCluster, PostgresClusterStatus};
+
+/// What the status is computed from.
+pub struct Inputs<'a> {
+    pub cluster: &'a PostgresCluster,
+    /// The StatefulSet as applied and the pods as listed.
+    pub observed: rollout::Observed<'a>,
+    pub roles: &'a PrimaryRoles,
+    /// The switchover this reconcile named on the Lease (the Lease as read does not say so).
+    pub asked_now: Option<String>,
+    pub pods: &'a [Pod],
+    /// The instances' `synchronousReplicas` (held during a major upgrade).
+    pub synchronous_replicas: Option<i32>,
+    /// Continuous backup's report (`None`: not configured).
+    pub backups: Option<backup::Reported>,
+    pub upgrade: &'a upgrade::Decision,
+}
+
+/// The status to write.
+pub fn compute(i: Inputs<'_>) -> PostgresClusterStatus {
+    let cluster = i.cluster;
+    let generation = cluster.meta().generation;
+    let previous = cluster.status.as_ref();
+    let roles = i.roles;
+    let mut status = rollout::status(&i.observed, previous);
+    status.switchover_target = i.asked_now.or_else(|| roles.switching_to.clone());
+    status.switchover_refused = roles
+        .standing_refusal()
+        .map(|(target, why)| format!("{target}: {why}"));
+    status.primary_transitions = if roles.primary.is_some() {
+        roles.transitions
+    } else {
+        previous.and_then(|p| p.primary_transitions)
+    };
+    status.instances = i.pods.iter().filter_map(build::instance_state).collect();
+    rollout::commits_waiting(&mut status, i.synchronous_replicas, generation);
+    rollout::instance_problems(&mut status);
+    // Continuous backup: the schedule, retention, and what is recoverable.
+    match i.backups {
+        Some(reported) => {
+            let (ok, reason, message) = reported.condition;
+            conditions::set(
+                &mut status.conditions,
+                backup::CONTINUOUS_ARCHIVING,
+                ok,
+                reason,
+                message,
+                generation,
+            );
+            status.backup = Some(reported.status);
+        }
+        None => status
+            .conditions
+            .retain(|c| c.type_ != backup::CONTINUOUS_ARCHIVING),
+    }
+    // The major upgrade's progress (or outcome) as a condition; while the instances are
+    // stopped for it, the cluster is not Ready and says why.
+    let decided = i.upgrade;
+    status.target_version = Some(cluster.spec.version);
+    status.major_upgrade = decided.status.clone();
+    match &decided.condition {
+        Some((ok, reason, message)) => {
+            conditions::set(
+                &mut status.conditions,
+                upgrade::MAJOR_UPGRADE,
+                *ok,
+                reason,
+                message.clone(),
+                generation,
+            );
+            if decided.hold.as_ref().is_some_and(|h| h.instances == 0) {
+                status.phase = Some(ClusterPhase::Upgrading);
+                conditions::set(
+                    &mut status.conditions,
+                    READY,
+                    false,
+                    "MajorUpgrade",
+                    message.clone(),
+                    generation,
+                );
+            }
+            if let Some(u) = decided
+                .status
+                .as_ref()
+                .filter(|u| u.phase == MajorUpgradePhase::Completed)
+            {
+                // The data is on the new major from now on, even before a pod reports it.
+                status.current_version = status.current_version.max(Some(u.to));
+            }
+        }
+        None => status
+            .conditions
+            .retain(|c| c.type_ != upgrade::MAJOR_UPGRADE),
+    }
+    status
+}
+
+/// The Event of a new primary since the status was written (the Lease's `leaseTransitions`
+/// grew): `SwitchedOver` if it was planned (recorded in the status, or still asked for on the
+/// cluster: the operator that passed the request to the Lease may have died before it
+/// recorded it), `FailedOver` otherwise. Publish it only once this reconcile's status write,
+/// guarded by the cluster's resourceVersion, went through: a reconcile of a stale copy (whose
+/// status predates the transition) would report it again.
+pub fn transition(cluster: &PostgresCluster, roles: &PrimaryRoles, lease: &str) -> Option<Wanted> {
+    let previous = cluster.status.as_ref();
+    let before = previous.and_then(|p| p.primary_transitions)?;
+    let now = roles.primary.as_ref()?;
+    if roles.transitions? <= before {
+        return None;
+    }
+    let asked = cluster
+        .annotations()
+        .get(SWITCHOVER_ANNOTATION)
+        .is_some_and(|to| to == now);
+    let planned = previous.and_then(|p| p.switchover_target.as_ref()) == Some(now) || asked;
+    Some(if planned {
+        Wanted::normal(
+            "SwitchedOver",
+            "Switchover",
+            format!("{now} is the primary, as planned"),
+        )
+    } else {
+        Wanted::warning(
+            "FailedOver",
+            "Failover",
+            format!(
+                "{now} is the primary now: the instances elected the most advanced replica through the Lease {lease} after the previous primary stopped renewing or released it"
+            ),
+        )
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::cluster::tests::cluster;
+
+    fn roles(primary: &str, transitions: i32) -> PrimaryRoles {
+        PrimaryRoles {
+            primary: Some(primary.into()),
+            switching_to: None,
+            refused: None,
+            transitions: Some(transitions),
+        }
+    }
+
+    #[test]
+    fn a_new_primary_is_reported_as_planned_or_as_a_failover_once() {
+        let mut c = cluster("pg");
+        c.status = Some(PostgresClusterStatus {
+            primary_transitions: Some(1),
+            switchover_target: Some("pg-1".into()),
+            ..Default::default()
+        });
+        assert_eq!(transition(&c, &roles("pg-0", 1), "pg-primary"), None);
+        let planned = transition(&c, &roles("pg-1", 2), "pg-primary").unwrap();
+        assert_eq!(planned.reason, "SwitchedOver");
+        let failed = transition(&c, &roles("pg-2", 2), "pg-primary").unwrap();
+        assert_eq!(failed.reason, "FailedOver");
+        // Still asked for on the cluster: planned, even if the status never recorded it.
+        c.annotations_mut()
+            .insert(SWITCHOVER_ANNOTATION.into(), "pg-2".into());
+        let asked = transition(&c, &roles("pg-2", 2), "pg-primary").unwrap();
+        assert_eq!(asked.reason, "SwitchedOver");
+        // No status yet: nothing to compare with.
+        c.status = None;
+        assert_eq!(transition(&c, &roles("pg-2", 5), "pg-primary"), None);
+    }
+}
