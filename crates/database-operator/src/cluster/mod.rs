@@ -56,296 +56,45 @@ pub async fn reconcile(
     let ns = cluster
         .namespace()
         .ok_or_else(|| Error::InvalidSpec("PostgresCluster must be namespaced".into()))?;
-    let name = cluster.name_any();
-    let names = Names::of(&name);
-    let client = ctx.client.clone();
+    let names = Names::of(&cluster.name_any());
     let children = ctx.children(cluster.as_ref());
-    let cached = &ctx.data.children;
-
-    let secrets: Api<Secret> = Api::namespaced(client.clone(), &ns);
-    // The object stores' credentials exist before a pod needs them (else it would wait in
-    // CreateContainerConfigError with nothing on the cluster saying why).
-    if let Err(missing) = check_store_credentials(&secrets, &cluster).await {
-        return Err(refuse(&ctx, &cluster, missing).await);
-    }
-    // Passwords are generated once and never regenerated.
-    let password = existing_password(&secrets, &cluster, &names.superuser_secret).await?;
-    let (ca, ca_phase_due) = ensure_tls(&ctx, &children, &secrets, &cluster, &ns).await?;
-    let secret = build::superuser_secret(&cluster, &password, &ca);
-    if build::superuser_secret_owned(&cluster) {
-        children.ensure_cached(&cached.secrets, secret).await?;
-    } else {
-        children
-            .clone()
-            .without_owner_reference()
-            .ensure_cached(&cached.secrets, secret)
-            .await?;
-    }
-    let replication = existing_password(&secrets, &cluster, &names.replication_secret).await?;
-    children
-        .ensure_cached(
-            &cached.secrets,
-            build::replication_secret(&cluster, &replication),
-        )
-        .await?;
-    // The instance managers' identity and rights (before the pods that use them).
-    children
-        .ensure_cached(
-            &cached.service_accounts,
-            build::instance_service_account(&cluster),
-        )
-        .await?;
-    children
-        .ensure_cached(&cached.roles, build::instance_role(&cluster))
-        .await?;
-    children
-        .ensure_cached(
-            &cached.role_bindings,
-            build::instance_role_binding(&cluster),
-        )
-        .await?;
-
-    let config = build::config_map(&cluster);
-    let config_hash = build::config_hash(&config);
-    // PostgreSQL reads a new configuration before any instance may load it.
-    let instance_image = &ctx.data.options.instance_image;
-    let checked = if ctx.data.options.check_parameters {
-        let target = build::statefulset(&cluster, &config_hash, instance_image);
-        check::check(&client, &cluster, &config, &config_hash, &target).await?
-    } else {
-        check::Checked::Unneeded
+    let ca_phase_due = credentials(&ctx, &children, &cluster, &ns, &names).await?;
+    let Some(config_hash) = configure(&ctx, &children, &cluster).await? else {
+        // The new parameters are being checked.
+        return Ok(Action::requeue(Duration::from_secs(2)));
     };
-    match &checked {
-        check::Checked::Unneeded | check::Checked::Passed => {}
-        check::Checked::Running => return Ok(Action::requeue(Duration::from_secs(2))),
-        check::Checked::Refused(why) => {
-            let invalid = Error::InvalidParameters(format!(
-                "{why}; nothing was rolled out: the instances keep the last valid configuration"
-            ));
-            return Err(refuse(&ctx, &cluster, invalid).await);
-        }
-    }
-    children.ensure_cached(&cached.config_maps, config).await?;
-    if checked == check::Checked::Passed {
-        check::clean_up(&client, &cluster).await?;
-    }
-    for service in [
-        build::headless_service(&cluster),
-        build::rw_service(&cluster),
-        build::ro_service(&cluster),
-    ] {
-        children.ensure_cached(&cached.services, service).await?;
-    }
-    // The replicas' budget first: it no longer covers the primary, which the second one does
-    // (a pod under two budgets cannot be evicted at all).
-    children
-        .ensure_cached(&cached.pdbs, build::pod_disruption_budget(&cluster))
-        .await?;
-    children
-        .ensure_cached(&cached.pdbs, build::primary_disruption_budget(&cluster))
-        .await?;
-
-    // The StatefulSet (`OnDelete`: the rollout below replaces pods one at a time).
-    let statefulsets: Api<StatefulSet> = Api::namespaced(client.clone(), &ns);
-    let current = statefulsets
-        .get_opt(&names.statefulset)
-        .await
-        .map_err(|source| Error::Read {
-            what: format!("StatefulSet {}", names.statefulset),
-            source,
-        })?;
-    let pods_api: Api<Pod> = Api::namespaced(client.clone(), &ns);
-    let pods = pods_api
-        .list(&ListParams::default().labels(&format!("{}={name}", build::CLUSTER_LABEL)))
-        .await
-        .map_err(|source| Error::Read {
-            what: "the cluster's pods".into(),
-            source,
-        })?;
-    let views: Vec<rollout::PodView> = pods
-        .items
-        .iter()
-        .filter_map(|p| rollout::PodView::of(p, &names.statefulset))
-        .collect();
-    // The primary is the Lease's holder (the instance managers elect it); before any Lease
-    // exists, the first instance, which creates it.
-    let leases: Api<Lease> = Api::namespaced(client.clone(), &ns);
-    let lease = leases
-        .get_opt(&names.lease)
-        .await
-        .map_err(|source| Error::Read {
-            what: format!("Lease {}", names.lease),
-            source,
-        })?;
-    let last_primary = lease.as_ref().and_then(|l| {
-        l.annotations()
-            .get(steward_database_api::contract::LAST_PRIMARY_ANNOTATION)
-            .filter(|v| !v.is_empty())
-            .cloned()
-            .or_else(|| l.spec.as_ref()?.holder_identity.clone())
-            .filter(|v| !v.is_empty())
-    });
-    // A raised major: held on the old one while the upgrade runs (see `upgrade`).
-    let previous_status = cluster.status.clone().unwrap_or_default();
-    let running_image = current.as_ref().and_then(upgrade::running_image);
-    let decided = upgrade::reconcile(
-        &client,
-        &cluster,
-        upgrade::Inputs {
-            spec_version: cluster.spec.version,
-            spec_instances: cluster.spec.instances,
-            generation: cluster.meta().generation,
-            current_version: previous_status.current_version,
-            previous: previous_status.major_upgrade.as_ref(),
-            primary: previous_status.primary.as_deref(),
-            last_primary: last_primary.as_deref(),
-            running_image: running_image.as_deref(),
-            pods: views.len(),
-            first_ready: views
-                .iter()
-                .any(|v| v.ordinal == 0 && v.ready && !v.deleting),
-            backup_configured: cluster.spec.backup.is_some(),
-            backup: None,
-            job: upgrade::JobState::Missing,
-            now: k8s_openapi::jiff::Timestamp::now().to_string(),
-        },
-        |u| {
-            let target = build::statefulset(&cluster, &config_hash, instance_image);
-            upgrade::job(&cluster, &target, u)
-        },
-    )
-    .await?;
-    if let Some((warning, reason, note)) = &decided.event {
-        if *warning {
-            ctx.recorder
-                .warning(cluster.as_ref(), reason, "MajorUpgrade", note.clone())
-                .await;
-        } else {
-            ctx.recorder
-                .normal(cluster.as_ref(), reason, "MajorUpgrade", note.clone())
-                .await;
-        }
-    }
-    if let Some(to) = &decided.switchover_to {
-        let leases: Api<Lease> = Api::namespaced(client.clone(), &ns);
-        request_switchover(&leases, &names.lease, to).await?;
-    }
+    let seen = Seen::observe(&ctx.client, &ns, &names).await?;
+    let decided = major_upgrade(&ctx, &cluster, &seen, &names, &config_hash).await?;
     let held = Arc::new(upgrade::held(&cluster, decided.hold.as_ref()));
-    let mut desired = build::statefulset(&held, &config_hash, instance_image);
-    let template_hash = build::template_hash(&desired);
-    let template_changed = current
-        .as_ref()
-        .is_some_and(|s| s.annotations().get(TEMPLATE_HASH_ANNOTATION) != Some(&template_hash));
-    desired
-        .annotations_mut()
-        .insert(TEMPLATE_HASH_ANNOTATION.into(), template_hash);
-    children
-        .ensure_cached(&cached.statefulsets, desired)
-        .await?;
-    if template_changed {
-        ctx.recorder
-            .normal(cluster.as_ref(), "RollingUpdate", "Update", "pod template changed; replacing the replicas one at a time, then switching over to an updated replica, then the old primary")
-            .await;
-    }
-
-    let roles = PrimaryRoles::of(lease.as_ref(), &names);
-    label_roles(&pods_api, &pods.items, roles.primary.as_deref()).await?;
-    let previous = cluster.status.clone().unwrap_or_default();
+    let template_changed =
+        apply_statefulset(&ctx, &children, &cluster, &held, &seen, &config_hash).await?;
+    let roles = PrimaryRoles::of(seen.lease.as_ref(), &names);
+    label_roles(&seen.pods_api, &seen.pods, roles.primary.as_deref()).await?;
     // A new primary since the status was written (reported once the status write went
     // through).
     let transition = status::transition(&cluster, &roles, &names.lease);
-
-    // A switchover asked for on the cluster.
-    let requested = cluster
-        .annotations()
-        .get(SWITCHOVER_ANNOTATION)
-        .filter(|to| !to.is_empty())
-        .cloned();
-    let node_of: BTreeMap<String, String> = pods
-        .items
-        .iter()
-        .filter_map(|p| Some((p.name_any(), p.spec.as_ref()?.node_name.clone()?)))
-        .collect();
-    // Instances that cannot be scheduled: their volumes' nodes, and whether those are gone.
-    let (unscheduled, mut watched) = lost::observe(&client, &ns, &pods.items).await?;
-    let primary_node = roles.primary.as_ref().and_then(|p| node_of.get(p));
-    if held.spec.instances > 1
-        && let Some(node) = primary_node
-    {
-        watched.insert(node.clone());
-    }
-    ctx.data.watched_nodes.record(&cluster, watched);
-    // A drain cordons the primary's node first: read only when a switchover could follow (a
-    // single instance has nothing to switch to).
-    let cordoned = if held.spec.instances > 1 && requested.is_none() && roles.switching_to.is_none()
-    {
-        cordoned_nodes(&client, primary_node, &node_of).await?
-    } else {
-        std::collections::BTreeSet::new()
-    };
     let update_revision = if template_changed {
         None
     } else {
-        current.as_ref().and_then(rollout::update_revision)
+        seen.statefulset.as_ref().and_then(rollout::update_revision)
     };
-    let step = update_revision
-        .filter(|_| requested.is_none())
-        .map(|revision| {
-            rollout::next_step(
-                held.spec.instances,
-                &views,
-                revision,
-                rollout::Roles {
-                    primary: roles.primary.as_deref(),
-                    elected: lease.is_some(),
-                    switching_to: roles.switching_to.as_deref(),
-                },
-            )
-        });
-    let moves = moves::decide(&moves::Facts {
-        cluster: &cluster,
-        instances: held.spec.instances,
-        roles: &roles,
-        views: &views,
-        requested: requested.as_deref(),
-        node_of: &node_of,
-        cordoned: &cordoned,
-        unscheduled: &unscheduled,
-        rollout: step,
-    });
-    if let Some(target) = &moves.clear_refusal {
-        clear_refusal(&leases, &names.lease, target).await?;
-    }
-    for to in &moves.ask {
-        request_switchover(&leases, &names.lease, to).await?;
-    }
-    if let Some(pod) = moves.delete_pod.clone() {
-        match pods_api.delete(&pod, &Default::default()).await {
-            Ok(_) => {}
-            Err(kube::Error::Api(s)) if s.is_not_found() => {}
-            Err(source) => return Err(Error::ReplacePod { pod, source }),
-        }
-    }
-    if let Some(lost) = moves
-        .replace
-        .as_ref()
-        .and_then(|pod| unscheduled.iter().find(|u| u.pod == *pod))
-    {
-        lost::replace(&client, &ns, lost, &pods.items).await?;
-    }
-    for event in moves.events {
-        ctx.recorder.emit(cluster.as_ref(), event).await;
-    }
-    let asked_now = moves.ask.last().cloned();
-    let clear_request = moves.clear_request;
-
+    let moved = move_primary(
+        &ctx,
+        &cluster,
+        &held,
+        &seen,
+        &roles,
+        &names,
+        update_revision,
+    )
+    .await?;
     // Continuous backup: the schedule and retention (its status below).
     let primary_pod = roles
         .primary
         .as_deref()
-        .and_then(|p| pods.items.iter().find(|pod| pod.name_any() == p));
-    let backups =
-        backup::reconcile(&client, &cluster, primary_pod, previous.backup.as_ref()).await?;
+        .and_then(|p| seen.pods.iter().find(|pod| pod.name_any() == p));
+    let previous_backup = cluster.status.as_ref().and_then(|s| s.backup.as_ref());
+    let backups = backup::reconcile(&ctx.client, &cluster, primary_pod, previous_backup).await?;
     let scheduled = backups.as_ref().and_then(|b| b.requeue);
     let status = status::compute(status::Inputs {
         cluster: &cluster,
@@ -354,13 +103,13 @@ pub async fn reconcile(
             instances: held.spec.instances,
             target_version: held.spec.version,
             update_revision,
-            pods: &views,
+            pods: &seen.views,
             primary: roles.primary.as_deref(),
             superuser_secret: names.superuser_secret.clone(),
         },
         roles: &roles,
-        asked_now,
-        pods: &pods.items,
+        asked_now: moved.asked_now,
+        pods: &seen.pods,
         synchronous_replicas: held.spec.synchronous_replicas,
         backups,
         upgrade: &decided,
@@ -373,8 +122,8 @@ pub async fn reconcile(
     if let Some(event) = transition.filter(|_| written) {
         ctx.recorder.emit(cluster.as_ref(), event).await;
     }
-    if clear_request {
-        clear_switchover_request(&client, &cluster).await?;
+    if moved.clear_request {
+        clear_switchover_request(&ctx.client, &cluster).await?;
     }
     let requeue = if ready {
         ctx.data.options.resync_interval
@@ -386,6 +135,368 @@ pub async fn reconcile(
         .flatten()
         .fold(requeue, Duration::min);
     Ok(Action::requeue(requeue))
+}
+
+/// The Secrets (the object stores' credentials checked, the passwords, TLS) and the instance
+/// managers' identity and rights, before the pods that use them. Returns when the CA's
+/// rotation is next due.
+async fn credentials(
+    ctx: &Context<State>,
+    children: &Children,
+    cluster: &PostgresCluster,
+    ns: &str,
+    names: &Names,
+) -> Result<Option<Duration>, Error> {
+    let cached = &ctx.data.children;
+    let secrets: Api<Secret> = Api::namespaced(ctx.client.clone(), ns);
+    // The object stores' credentials exist before a pod needs them (else it would wait in
+    // CreateContainerConfigError with nothing on the cluster saying why).
+    if let Err(missing) = check_store_credentials(&secrets, cluster).await {
+        return Err(refuse(ctx, cluster, missing).await);
+    }
+    // Passwords are generated once and never regenerated.
+    let password = existing_password(&secrets, cluster, &names.superuser_secret).await?;
+    let (ca, ca_phase_due) = ensure_tls(ctx, children, &secrets, cluster, ns).await?;
+    let secret = build::superuser_secret(cluster, &password, &ca);
+    if build::superuser_secret_owned(cluster) {
+        children.ensure_cached(&cached.secrets, secret).await?;
+    } else {
+        children
+            .clone()
+            .without_owner_reference()
+            .ensure_cached(&cached.secrets, secret)
+            .await?;
+    }
+    let replication = existing_password(&secrets, cluster, &names.replication_secret).await?;
+    children
+        .ensure_cached(
+            &cached.secrets,
+            build::replication_secret(cluster, &replication),
+        )
+        .await?;
+    children
+        .ensure_cached(
+            &cached.service_accounts,
+            build::instance_service_account(cluster),
+        )
+        .await?;
+    children
+        .ensure_cached(&cached.roles, build::instance_role(cluster))
+        .await?;
+    children
+        .ensure_cached(&cached.role_bindings, build::instance_role_binding(cluster))
+        .await?;
+    Ok(ca_phase_due)
+}
+
+/// The configuration (PostgreSQL checks new parameters before any instance may load them),
+/// the Services and the disruption budgets. Returns the configuration's hash, or `None` while
+/// the check runs.
+///
+/// # Errors
+/// [`Error::InvalidParameters`] (after the status says it) when PostgreSQL refused them.
+async fn configure(
+    ctx: &Context<State>,
+    children: &Children,
+    cluster: &PostgresCluster,
+) -> Result<Option<String>, Error> {
+    let cached = &ctx.data.children;
+    let config = build::config_map(cluster);
+    let config_hash = build::config_hash(&config);
+    let checked = if ctx.data.options.check_parameters {
+        let target = build::statefulset(cluster, &config_hash, &ctx.data.options.instance_image);
+        check::check(&ctx.client, cluster, &config, &config_hash, &target).await?
+    } else {
+        check::Checked::Unneeded
+    };
+    match &checked {
+        check::Checked::Unneeded | check::Checked::Passed => {}
+        check::Checked::Running => return Ok(None),
+        check::Checked::Refused(why) => {
+            let invalid = Error::InvalidParameters(format!(
+                "{why}; nothing was rolled out: the instances keep the last valid configuration"
+            ));
+            return Err(refuse(ctx, cluster, invalid).await);
+        }
+    }
+    children.ensure_cached(&cached.config_maps, config).await?;
+    if checked == check::Checked::Passed {
+        check::clean_up(&ctx.client, cluster).await?;
+    }
+    for service in [
+        build::headless_service(cluster),
+        build::rw_service(cluster),
+        build::ro_service(cluster),
+    ] {
+        children.ensure_cached(&cached.services, service).await?;
+    }
+    // The replicas' budget first: it no longer covers the primary, which the second one does
+    // (a pod under two budgets cannot be evicted at all).
+    children
+        .ensure_cached(&cached.pdbs, build::pod_disruption_budget(cluster))
+        .await?;
+    children
+        .ensure_cached(&cached.pdbs, build::primary_disruption_budget(cluster))
+        .await?;
+    Ok(Some(config_hash))
+}
+
+/// What a reconcile reads of the running cluster: its StatefulSet, pods and Lease.
+struct Seen {
+    statefulset: Option<StatefulSet>,
+    pods_api: Api<Pod>,
+    pods: Vec<Pod>,
+    views: Vec<rollout::PodView>,
+    leases: Api<Lease>,
+    /// The primary is the Lease's holder (the instance managers elect it); before any Lease
+    /// exists, the first instance, which creates it.
+    lease: Option<Lease>,
+}
+
+impl Seen {
+    async fn observe(client: &kube::Client, ns: &str, names: &Names) -> Result<Self, Error> {
+        let statefulsets: Api<StatefulSet> = Api::namespaced(client.clone(), ns);
+        let statefulset = statefulsets
+            .get_opt(&names.statefulset)
+            .await
+            .map_err(|source| Error::Read {
+                what: format!("StatefulSet {}", names.statefulset),
+                source,
+            })?;
+        let pods_api: Api<Pod> = Api::namespaced(client.clone(), ns);
+        let pods = pods_api
+            .list(&ListParams::default().labels(&format!(
+                "{}={}",
+                build::CLUSTER_LABEL,
+                names.statefulset
+            )))
+            .await
+            .map_err(|source| Error::Read {
+                what: "the cluster's pods".into(),
+                source,
+            })?
+            .items;
+        let views = pods
+            .iter()
+            .filter_map(|p| rollout::PodView::of(p, &names.statefulset))
+            .collect();
+        let leases: Api<Lease> = Api::namespaced(client.clone(), ns);
+        let lease = leases
+            .get_opt(&names.lease)
+            .await
+            .map_err(|source| Error::Read {
+                what: format!("Lease {}", names.lease),
+                source,
+            })?;
+        Ok(Self {
+            statefulset,
+            pods_api,
+            pods,
+            views,
+            leases,
+            lease,
+        })
+    }
+}
+
+/// A raised major: the StatefulSet held on the old one while the upgrade runs (see
+/// [`upgrade`]); its Event and its switchover to the instance it starts on.
+async fn major_upgrade(
+    ctx: &Context<State>,
+    cluster: &PostgresCluster,
+    seen: &Seen,
+    names: &Names,
+    config_hash: &str,
+) -> Result<upgrade::Decision, Error> {
+    let last_primary = seen.lease.as_ref().and_then(|l| {
+        l.annotations()
+            .get(steward_database_api::contract::LAST_PRIMARY_ANNOTATION)
+            .filter(|v| !v.is_empty())
+            .cloned()
+            .or_else(|| l.spec.as_ref()?.holder_identity.clone())
+            .filter(|v| !v.is_empty())
+    });
+    let previous = cluster.status.clone().unwrap_or_default();
+    let running_image = seen.statefulset.as_ref().and_then(upgrade::running_image);
+    let instance_image = &ctx.data.options.instance_image;
+    let decided = upgrade::reconcile(
+        &ctx.client,
+        cluster,
+        upgrade::Inputs {
+            spec_version: cluster.spec.version,
+            spec_instances: cluster.spec.instances,
+            generation: cluster.meta().generation,
+            current_version: previous.current_version,
+            previous: previous.major_upgrade.as_ref(),
+            primary: previous.primary.as_deref(),
+            last_primary: last_primary.as_deref(),
+            running_image: running_image.as_deref(),
+            pods: seen.views.len(),
+            first_ready: seen
+                .views
+                .iter()
+                .any(|v| v.ordinal == 0 && v.ready && !v.deleting),
+            backup_configured: cluster.spec.backup.is_some(),
+            backup: None,
+            job: upgrade::JobState::Missing,
+            now: k8s_openapi::jiff::Timestamp::now().to_string(),
+        },
+        |u| {
+            let target = build::statefulset(cluster, config_hash, instance_image);
+            upgrade::job(cluster, &target, u)
+        },
+    )
+    .await?;
+    if let Some((warning, reason, note)) = &decided.event {
+        if *warning {
+            ctx.recorder
+                .warning(cluster, reason, "MajorUpgrade", note.clone())
+                .await;
+        } else {
+            ctx.recorder
+                .normal(cluster, reason, "MajorUpgrade", note.clone())
+                .await;
+        }
+    }
+    if let Some(to) = &decided.switchover_to {
+        request_switchover(&seen.leases, &names.lease, to).await?;
+    }
+    Ok(decided)
+}
+
+/// Applies the StatefulSet of `held` (`OnDelete`: the rollout replaces pods one at a time);
+/// returns whether its pod template changed (said by an Event).
+async fn apply_statefulset(
+    ctx: &Context<State>,
+    children: &Children,
+    cluster: &PostgresCluster,
+    held: &PostgresCluster,
+    seen: &Seen,
+    config_hash: &str,
+) -> Result<bool, Error> {
+    let mut desired = build::statefulset(held, config_hash, &ctx.data.options.instance_image);
+    let template_hash = build::template_hash(&desired);
+    let template_changed = seen
+        .statefulset
+        .as_ref()
+        .is_some_and(|s| s.annotations().get(TEMPLATE_HASH_ANNOTATION) != Some(&template_hash));
+    desired
+        .annotations_mut()
+        .insert(TEMPLATE_HASH_ANNOTATION.into(), template_hash);
+    children
+        .ensure_cached(&ctx.data.children.statefulsets, desired)
+        .await?;
+    if template_changed {
+        ctx.recorder
+            .normal(cluster, "RollingUpdate", "Update", "pod template changed; replacing the replicas one at a time, then switching over to an updated replica, then the old primary")
+            .await;
+    }
+    Ok(template_changed)
+}
+
+/// What [`move_primary`] did that the status and the end of the reconcile need.
+struct Moved {
+    /// The switchover this reconcile named on the Lease (the Lease as read does not say so).
+    asked_now: Option<String>,
+    /// The requested switchover is done: the request goes after the status write (removing it
+    /// changes the cluster's resourceVersion, which would void that guarded write).
+    clear_request: bool,
+}
+
+/// Observes what bears on the primary and the pods (the nodes, the unscheduled instances'
+/// volumes, the rolling update's next step), decides the moves ([`moves::decide`]) and
+/// executes them.
+async fn move_primary(
+    ctx: &Context<State>,
+    cluster: &PostgresCluster,
+    held: &PostgresCluster,
+    seen: &Seen,
+    roles: &PrimaryRoles,
+    names: &Names,
+    update_revision: Option<&str>,
+) -> Result<Moved, Error> {
+    let client = &ctx.client;
+    let ns = cluster.namespace().unwrap_or_default();
+    // A switchover asked for on the cluster.
+    let requested = cluster
+        .annotations()
+        .get(SWITCHOVER_ANNOTATION)
+        .filter(|to| !to.is_empty())
+        .cloned();
+    let node_of: BTreeMap<String, String> = seen
+        .pods
+        .iter()
+        .filter_map(|p| Some((p.name_any(), p.spec.as_ref()?.node_name.clone()?)))
+        .collect();
+    // Instances that cannot be scheduled: their volumes' nodes, and whether those are gone.
+    let (unscheduled, mut watched) = lost::observe(client, &ns, &seen.pods).await?;
+    let primary_node = roles.primary.as_ref().and_then(|p| node_of.get(p));
+    if held.spec.instances > 1
+        && let Some(node) = primary_node
+    {
+        watched.insert(node.clone());
+    }
+    ctx.data.watched_nodes.record(cluster, watched);
+    // A drain cordons the primary's node first: read only when a switchover could follow (a
+    // single instance has nothing to switch to).
+    let cordoned = if held.spec.instances > 1 && requested.is_none() && roles.switching_to.is_none()
+    {
+        cordoned_nodes(client, primary_node, &node_of).await?
+    } else {
+        std::collections::BTreeSet::new()
+    };
+    let step = update_revision
+        .filter(|_| requested.is_none())
+        .map(|revision| {
+            rollout::next_step(
+                held.spec.instances,
+                &seen.views,
+                revision,
+                rollout::Roles {
+                    primary: roles.primary.as_deref(),
+                    elected: seen.lease.is_some(),
+                    switching_to: roles.switching_to.as_deref(),
+                },
+            )
+        });
+    let moves = moves::decide(&moves::Facts {
+        cluster,
+        instances: held.spec.instances,
+        roles,
+        views: &seen.views,
+        requested: requested.as_deref(),
+        node_of: &node_of,
+        cordoned: &cordoned,
+        unscheduled: &unscheduled,
+        rollout: step,
+    });
+    if let Some(target) = &moves.clear_refusal {
+        clear_refusal(&seen.leases, &names.lease, target).await?;
+    }
+    for to in &moves.ask {
+        request_switchover(&seen.leases, &names.lease, to).await?;
+    }
+    if let Some(pod) = moves.delete_pod.clone() {
+        match seen.pods_api.delete(&pod, &Default::default()).await {
+            Ok(_) => {}
+            Err(kube::Error::Api(s)) if s.is_not_found() => {}
+            Err(source) => return Err(Error::ReplacePod { pod, source }),
+        }
+    }
+    if let Some(lost) = moves
+        .replace
+        .as_ref()
+        .and_then(|pod| unscheduled.iter().find(|u| u.pod == *pod))
+    {
+        lost::replace(client, &ns, lost, &seen.pods).await?;
+    }
+    for event in moves.events {
+        ctx.recorder.emit(cluster, event).await;
+    }
+    Ok(Moved {
+        asked_now: moves.ask.last().cloned(),
+        clear_request: moves.clear_request,
+    })
 }
 
 /// Says why nothing was changed (Ready false, the error's reason and message) and returns the
