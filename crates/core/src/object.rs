@@ -60,3 +60,16 @@ impl<K> Object for K where
     K: Resource<DynamicType = ()> + Clone + DeserializeOwned + Debug + Send + Sync + 'static
 {
 }
+
+/// A request about an object that turned out to be gone (404) is done: `Ok(None)`; any other
+/// answer is passed on. For deletes, and patches of objects that may have gone meanwhile.
+///
+/// # Errors
+/// The request's error, unless it is "not found".
+pub fn unless_gone<T>(result: Result<T, kube::Error>) -> Result<Option<T>, kube::Error> {
+    match result {
+        Ok(value) => Ok(Some(value)),
+        Err(kube::Error::Api(s)) if s.is_not_found() => Ok(None),
+        Err(e) => Err(e),
+    }
+}

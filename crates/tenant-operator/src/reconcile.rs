@@ -1231,14 +1231,10 @@ async fn release(
         field_manager: Some(manager.to_string()),
         ..Default::default()
     };
-    match Api::<Namespace>::all(client.clone())
+    let patched = Api::<Namespace>::all(client.clone())
         .patch(ns, &params, &Patch::Merge(&patch))
-        .await
-    {
-        Ok(_) => Ok(()),
-        Err(kube::Error::Api(s)) if s.is_not_found() => Ok(()),
-        Err(e) => Err(e),
-    }
+        .await;
+    steward_core::object::unless_gone(patched).map(drop)
 }
 
 /// The finalizer's cleanup: applies `deletionPolicy` to every namespace of the tenant. The

@@ -16,6 +16,7 @@ use std::collections::BTreeSet;
 use k8s_openapi::api::core::v1::{Node, PersistentVolume, PersistentVolumeClaim, Pod};
 use kube::api::{Api, DeleteParams, Preconditions};
 use kube::{Client, ResourceExt};
+use steward_core::object::unless_gone;
 
 use super::build::DATA_VOLUME;
 use super::rollout::PodView;
@@ -235,21 +236,15 @@ pub async fn replace(
     };
     let claims: Api<PersistentVolumeClaim> = Api::namespaced(client.clone(), ns);
     let claim = format!("{DATA_VOLUME}-{}", lost.pod);
-    ignore_not_found(claims.delete(&claim, &only(lost.claim_uid.clone())).await).map_err(failed)?;
+    unless_gone(claims.delete(&claim, &only(lost.claim_uid.clone())).await).map_err(failed)?;
     let pod_uid = pods
         .iter()
         .find(|p| p.name_any() == lost.pod)
         .and_then(ResourceExt::uid);
     let pods: Api<Pod> = Api::namespaced(client.clone(), ns);
-    ignore_not_found(pods.delete(&lost.pod, &only(pod_uid)).await).map_err(failed)
-}
-
-fn ignore_not_found<T>(result: Result<T, kube::Error>) -> Result<(), kube::Error> {
-    match result {
-        Ok(_) => Ok(()),
-        Err(kube::Error::Api(s)) if s.is_not_found() => Ok(()),
-        Err(e) => Err(e),
-    }
+    unless_gone(pods.delete(&lost.pod, &only(pod_uid)).await)
+        .map(drop)
+        .map_err(failed)
 }
 
 #[cfg(test)]

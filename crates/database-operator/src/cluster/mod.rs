@@ -31,6 +31,7 @@ use kube::runtime::controller::Action;
 use kube::{Resource, ResourceExt};
 use steward_core::Context;
 use steward_core::apply::Children;
+use steward_core::object::unless_gone;
 
 use crate::crd::PostgresCluster;
 use crate::ident::{self, Kind};
@@ -477,11 +478,8 @@ async fn move_primary(
         request_switchover(&seen.leases, &names.lease, to).await?;
     }
     if let Some(pod) = moves.delete_pod.clone() {
-        match seen.pods_api.delete(&pod, &Default::default()).await {
-            Ok(_) => {}
-            Err(kube::Error::Api(s)) if s.is_not_found() => {}
-            Err(source) => return Err(Error::ReplacePod { pod, source }),
-        }
+        unless_gone(seen.pods_api.delete(&pod, &Default::default()).await)
+            .map_err(|source| Error::ReplacePod { pod, source })?;
     }
     if let Some(lost) = moves
         .replace
@@ -650,23 +648,17 @@ async fn label_roles(
             continue;
         }
         let patch = serde_json::json!({"metadata": {"labels": {ROLE_LABEL: role}}});
-        match pods_api
+        let patched = pods_api
             .patch(
                 &pod.name_any(),
                 &PatchParams::default(),
                 &Patch::Merge(&patch),
             )
-            .await
-        {
-            Ok(_) => {}
-            Err(kube::Error::Api(s)) if s.is_not_found() => {}
-            Err(source) => {
-                return Err(Error::LabelPod {
-                    pod: pod.name_any(),
-                    source,
-                });
-            }
-        }
+            .await;
+        unless_gone(patched).map_err(|source| Error::LabelPod {
+            pod: pod.name_any(),
+            source,
+        })?;
     }
     Ok(())
 }

@@ -682,21 +682,19 @@ async fn protect_admin_secret(
         "kind": "Secret",
         "metadata": {"name": name, "finalizers": finalizers},
     });
-    match secrets
+    let patched = secrets
         .patch(
             name,
             &kube::api::PatchParams::apply(IN_USE_MANAGER),
             &kube::api::Patch::Apply(&patch),
         )
-        .await
-    {
-        Ok(_) => Ok(()),
-        Err(kube::Error::Api(s)) if s.is_not_found() => Ok(()),
-        Err(source) => Err(Error::ProtectSecret {
+        .await;
+    steward_core::object::unless_gone(patched)
+        .map(drop)
+        .map_err(|source| Error::ProtectSecret {
             name: name.clone(),
             source,
-        }),
-    }
+        })
 }
 
 async fn ensure_backup(
