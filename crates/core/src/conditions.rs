@@ -36,6 +36,24 @@ pub fn set(
     )
 }
 
+/// Sets `Ready` to false saying why a reconcile failed: `error`'s reason
+/// ([`crate::ReconcileError::reason`]) and its message with its sources ([`crate::chain`]).
+/// Returns whether anything changed.
+pub fn failed<E: crate::ReconcileError>(
+    conditions: &mut Vec<Condition>,
+    error: &E,
+    observed_generation: Option<i64>,
+) -> bool {
+    set(
+        conditions,
+        READY,
+        false,
+        error.reason(),
+        crate::chain(error),
+        observed_generation,
+    )
+}
+
 /// [`set`] with an explicit time (for tests).
 pub fn set_at(
     conditions: &mut Vec<Condition>,

@@ -177,14 +177,7 @@ where
     }
     let mut status = plan.status;
     if let Some(e) = &failed {
-        crate::conditions::set(
-            status.conditions_mut(),
-            crate::conditions::READY,
-            false,
-            e.reason(),
-            crate::chain(e),
-            obj.meta().generation,
-        );
+        crate::conditions::failed(status.conditions_mut(), e, obj.meta().generation);
     }
     ctx.apply_status(obj, current, &status)
         .await

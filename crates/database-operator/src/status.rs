@@ -47,14 +47,7 @@ pub(crate) fn server_status(
     }
     match &result {
         Ok(()) => conditions::set(conds, READY, true, "Converged", ready_message, generation),
-        Err(e) => conditions::set(
-            conds,
-            READY,
-            false,
-            e.reason(),
-            steward_core::chain(*e),
-            generation,
-        ),
+        Err(e) => conditions::failed(conds, *e, generation),
     };
     match (&result, deleting) {
         (_, true) => ResourcePhase::Deleting,

@@ -501,14 +501,7 @@ async fn move_primary(
 /// error for the runner (an Event, the retry).
 async fn refuse(ctx: &Context<State>, cluster: &PostgresCluster, error: Error) -> Error {
     let mut status = cluster.status.clone().unwrap_or_default();
-    steward_core::conditions::set(
-        &mut status.conditions,
-        steward_core::conditions::READY,
-        false,
-        steward_core::ReconcileError::reason(&error),
-        error.to_string(),
-        cluster.meta().generation,
-    );
+    steward_core::conditions::failed(&mut status.conditions, &error, cluster.meta().generation);
     status.observed_generation = cluster.meta().generation;
     match ctx
         .apply_status(cluster, cluster.status.as_ref(), &status)
