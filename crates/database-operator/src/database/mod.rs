@@ -34,6 +34,7 @@ use kube::api::{Api, ListParams};
 use kube::runtime::controller::Action;
 use kube::{Resource, ResourceExt};
 use steward_core::Context;
+use steward_core::events::Wanted;
 use steward_core::finalizer::{self, Cleanup};
 
 use crate::crd::{
@@ -145,25 +146,7 @@ async fn converge(
     progress.server = Some(server.address());
     protect_admin_secret(db, ctx, true).await?;
 
-    // Credentials: the owner's password is generated once and kept in the Secret.
-    let secrets: Api<Secret> = Api::namespaced(ctx.client.clone(), &ns);
-    let name = secret_name(db);
-    let existing = secrets.get_opt(&name).await.map_err(|source| Error::Read {
-        what: format!("Secret {name}"),
-        source,
-    })?;
-    crate::ownership::ensure_ours(existing.as_ref(), db, None)?;
-    let password = existing
-        .as_ref()
-        .and_then(server::password_of)
-        .unwrap_or_else(Password::generate);
-    let data = server::credentials(&server, &spec.name, &spec.owner, &password);
-    ctx.children(db)
-        .ensure_cached(
-            &ctx.data.children.secrets,
-            server::credentials_secret(&name, &ns, data, BTreeMap::new()),
-        )
-        .await?;
+    let (name, password) = owner_secret(db, ctx, &server).await?;
     progress.secret = Some(name);
 
     // The server.
@@ -251,42 +234,80 @@ async fn converge(
         .chain(&in_plan)
         .map(|s| pg::redact(s))
         .collect();
-    if created {
-        ctx.recorder
-            .normal(
-                db,
-                "Created",
-                "Create",
-                format!(
-                    "created database {} owned by {} on {address}",
-                    spec.name, spec.owner
-                ),
-            )
-            .await;
-    } else if db_claim == (Claim::Manage { remark: true }) {
-        // Taken over: with `adopt: true`, or from a deleted predecessor of the same name.
-        ctx.recorder
-            .normal(
-                db,
-                "Adopted",
-                "Adopt",
-                format!("adopted the existing database {} on {address}", spec.name),
-            )
-            .await;
-    } else if !changes.is_empty() {
-        ctx.recorder
-            .normal(
-                db,
-                "DriftCorrected",
-                "Converge",
-                format!("corrected drift: {}", changes.join("; ")),
-            )
-            .await;
+    let adopted = db_claim == (Claim::Manage { remark: true });
+    if let Some(event) = converge_event(db, &address, created, adopted, &changes) {
+        ctx.recorder.emit(db, event).await;
     }
     if role_state.is_none() && !created {
         tracing::info!(role = %spec.owner, "created the owner role of an existing database");
     }
     Ok(())
+}
+
+/// The owner's credentials: the password generated once and kept in the Secret (refused if
+/// that Secret is not this Database's). Returns the Secret's name and the password.
+async fn owner_secret(
+    db: &Database,
+    ctx: &Context<State>,
+    server: &Server,
+) -> Result<(String, Password), Error> {
+    let ns = db.namespace().unwrap_or_default();
+    let secrets: Api<Secret> = Api::namespaced(ctx.client.clone(), &ns);
+    let name = secret_name(db);
+    let existing = secrets.get_opt(&name).await.map_err(|source| Error::Read {
+        what: format!("Secret {name}"),
+        source,
+    })?;
+    crate::ownership::ensure_ours(existing.as_ref(), db, None)?;
+    let password = existing
+        .as_ref()
+        .and_then(server::password_of)
+        .unwrap_or_else(Password::generate);
+    let data = server::credentials(server, &db.spec.name, &db.spec.owner, &password);
+    ctx.children(db)
+        .ensure_cached(
+            &ctx.data.children.secrets,
+            server::credentials_secret(&name, &ns, data, BTreeMap::new()),
+        )
+        .await?;
+    Ok((name, password))
+}
+
+/// The Event saying what a converge did, if anything: created the database, took over an
+/// existing one (`adopted`: with `adopt: true`, or from a deleted predecessor of the same
+/// name), or corrected drift (`changes`: the statements run, passwords redacted).
+fn converge_event(
+    db: &Database,
+    address: &str,
+    created: bool,
+    adopted: bool,
+    changes: &[String],
+) -> Option<Wanted> {
+    let spec = &db.spec;
+    if created {
+        Some(Wanted::normal(
+            "Created",
+            "Create",
+            format!(
+                "created database {} owned by {} on {address}",
+                spec.name, spec.owner
+            ),
+        ))
+    } else if adopted {
+        Some(Wanted::normal(
+            "Adopted",
+            "Adopt",
+            format!("adopted the existing database {} on {address}", spec.name),
+        ))
+    } else if !changes.is_empty() {
+        Some(Wanted::normal(
+            "DriftCorrected",
+            "Converge",
+            format!("corrected drift: {}", changes.join("; ")),
+        ))
+    } else {
+        None
+    }
 }
 
 async fn cleanup(db: &Database, ctx: &Context<State>) -> Result<Cleanup, Error> {
@@ -801,6 +822,19 @@ mod tests {
         db.meta_mut().uid = Some("0123abcd-ffff".into());
         db.meta_mut().generation = Some(3);
         db
+    }
+
+    #[test]
+    fn a_converge_says_what_it_did_once_and_nothing_when_nothing_changed() {
+        let db = database("app");
+        let reason = |created, adopted, changes: &[String]| {
+            converge_event(&db, "pg:5432", created, adopted, changes).map(|e| e.reason)
+        };
+        let drift = ["ALTER ROLE app_owner LOGIN".to_string()];
+        assert_eq!(reason(true, false, &drift), Some("Created"));
+        assert_eq!(reason(false, true, &drift), Some("Adopted"));
+        assert_eq!(reason(false, false, &drift), Some("DriftCorrected"));
+        assert_eq!(reason(false, false, &[]), None);
     }
 
     #[test]
