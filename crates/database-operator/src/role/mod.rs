@@ -17,6 +17,7 @@ use kube::api::Api;
 use kube::runtime::controller::Action;
 use kube::{Resource, ResourceExt};
 use steward_core::Context;
+use steward_core::events::Wanted;
 use steward_core::finalizer::{self, Cleanup};
 
 use crate::crd::{
@@ -25,6 +26,7 @@ use crate::crd::{
 use crate::ident::{self, Kind};
 use crate::ownership::{self, Marker};
 use crate::password::Password;
+use crate::pg::Server;
 use crate::{Error, State, observe, pg, server, sql};
 
 /// The finalizer of DatabaseRoles.
@@ -163,32 +165,27 @@ async fn get_database(ctx: &Context<State>, ns: &str, name: &str) -> Result<Data
 }
 
 /// Converges the role; returns how long until the next interval rotation.
-async fn converge(
+/// The role's Secret as [`role_secret`] wrote it.
+struct RoleSecret {
+    name: String,
+    password: Password,
+    /// Why the password is new, if it is.
+    rotate: Option<Rotation>,
+    /// When the password was last set.
+    updated_at: Timestamp,
+}
+
+/// The role's password — kept, generated, or rotated (on request, or its interval `every`
+/// elapsed) — written to its Secret (refused if that Secret is not this role's), before the
+/// server gets it.
+async fn role_secret(
     role: &DatabaseRole,
     ctx: &Context<State>,
-    progress: &mut Progress,
-) -> Result<Option<Duration>, Error> {
-    ident::validate(Kind::Role, &role.spec.role_name)
-        .map_err(|e| Error::InvalidSpec(e.to_string()))?;
-    let every = interval(role)?;
+    server: &Server,
+    dbname: &str,
+    every: Option<Duration>,
+) -> Result<RoleSecret, Error> {
     let ns = role.namespace().unwrap_or_default();
-    let db = get_database(ctx, &ns, &role.spec.database_ref.name).await?;
-    let (dbname, owner) = (db.spec.name.clone(), db.spec.owner.clone());
-    if role.spec.role_name == owner {
-        return Err(Error::InvalidSpec(format!(
-            "roleName {owner:?} is the owner of Database {}; use another name",
-            db.name_any()
-        )));
-    }
-    let server = server::resolve(&ctx.client, &ns, &db.spec).await?;
-    if server.admin_user == role.spec.role_name {
-        return Err(Error::InvalidSpec(format!(
-            "roleName {:?} is the server's admin role",
-            role.spec.role_name
-        )));
-    }
-
-    // The password: kept, generated, or rotated; written to the Secret before the server.
     let secrets: Api<Secret> = Api::namespaced(ctx.client.clone(), &ns);
     let name = secret_name(role);
     let existing = secrets.get_opt(&name).await.map_err(|source| Error::Read {
@@ -225,17 +222,81 @@ async fn converge(
     let updated_at = updated_at.unwrap_or(now);
     let mut new_annotations =
         BTreeMap::from([(UPDATED_AT_ANNOTATION.to_string(), updated_at.to_string())]);
-    if let Some(r) = requested.clone().or(handled) {
+    if let Some(r) = requested.or(handled) {
         new_annotations.insert(HANDLED_REQUEST_ANNOTATION.to_string(), r);
     }
-    let data = server::credentials(&server, &dbname, &role.spec.role_name, &password);
+    let data = server::credentials(server, dbname, &role.spec.role_name, &password);
     ctx.children(role)
         .ensure_cached(
             &ctx.data.children.secrets,
             server::credentials_secret(&name, &ns, data, new_annotations),
         )
         .await?;
-    progress.secret = Some(name);
+    Ok(RoleSecret {
+        name,
+        password,
+        rotate,
+        updated_at,
+    })
+}
+
+/// The Event saying what a converge did to the role's password: created the role (`created`:
+/// it did not exist), or rotated its password on request or after its interval.
+fn rotation_event(
+    rotate: Option<Rotation>,
+    created: bool,
+    role_name: &str,
+    address: &str,
+) -> Option<Wanted> {
+    match rotate? {
+        Rotation::Initial if created => Some(Wanted::normal(
+            "Created",
+            "Create",
+            format!("created role {role_name} on {address}"),
+        )),
+        Rotation::Initial => None,
+        Rotation::Requested => Some(Wanted::normal(
+            "PasswordRotated",
+            "Rotate",
+            "rotated the password on request (annotation)",
+        )),
+        Rotation::Interval => Some(Wanted::normal(
+            "PasswordRotated",
+            "Rotate",
+            "rotated the password (interval elapsed)",
+        )),
+    }
+}
+
+async fn converge(
+    role: &DatabaseRole,
+    ctx: &Context<State>,
+    progress: &mut Progress,
+) -> Result<Option<Duration>, Error> {
+    ident::validate(Kind::Role, &role.spec.role_name)
+        .map_err(|e| Error::InvalidSpec(e.to_string()))?;
+    let every = interval(role)?;
+    let ns = role.namespace().unwrap_or_default();
+    let db = get_database(ctx, &ns, &role.spec.database_ref.name).await?;
+    let (dbname, owner) = (db.spec.name.clone(), db.spec.owner.clone());
+    if role.spec.role_name == owner {
+        return Err(Error::InvalidSpec(format!(
+            "roleName {owner:?} is the owner of Database {}; use another name",
+            db.name_any()
+        )));
+    }
+    let server = server::resolve(&ctx.client, &ns, &db.spec).await?;
+    if server.admin_user == role.spec.role_name {
+        return Err(Error::InvalidSpec(format!(
+            "roleName {:?} is the server's admin role",
+            role.spec.role_name
+        )));
+    }
+
+    // The password: kept, generated, or rotated; written to the Secret before the server.
+    let secret = role_secret(role, ctx, &server, &dbname, every).await?;
+    let (password, rotate, updated_at) = (secret.password, secret.rotate, secret.updated_at);
+    progress.secret = Some(secret.name);
     progress.updated_at = Some(updated_at);
 
     // The server.
@@ -320,38 +381,8 @@ async fn converge(
         .await
         .map_err(sql_err("grant privileges"))?;
 
-    match rotate {
-        Some(Rotation::Initial) if state.is_none() => {
-            ctx.recorder
-                .normal(
-                    role,
-                    "Created",
-                    "Create",
-                    format!("created role {} on {address}", role.spec.role_name),
-                )
-                .await;
-        }
-        Some(Rotation::Requested) => {
-            ctx.recorder
-                .normal(
-                    role,
-                    "PasswordRotated",
-                    "Rotate",
-                    "rotated the password on request (annotation)",
-                )
-                .await;
-        }
-        Some(Rotation::Interval) => {
-            ctx.recorder
-                .normal(
-                    role,
-                    "PasswordRotated",
-                    "Rotate",
-                    "rotated the password (interval elapsed)",
-                )
-                .await;
-        }
-        _ => {}
+    if let Some(event) = rotation_event(rotate, state.is_none(), &role.spec.role_name, &address) {
+        ctx.recorder.emit(role, event).await;
     }
     Ok(every.map(|e| {
         let next = due(updated_at, e);
@@ -579,6 +610,25 @@ mod tests {
 
     fn t(s: i64) -> Timestamp {
         Timestamp::from_second(s).unwrap()
+    }
+
+    #[test]
+    fn a_converge_says_when_it_created_the_role_or_rotated_its_password() {
+        let reason = |rotate, created| {
+            rotation_event(rotate, created, "app_reader", "pg:5432").map(|e| e.reason)
+        };
+        assert_eq!(reason(Some(Rotation::Initial), true), Some("Created"));
+        // A role that existed (adopted, or its Secret lost): its new password is no creation.
+        assert_eq!(reason(Some(Rotation::Initial), false), None);
+        assert_eq!(
+            reason(Some(Rotation::Requested), false),
+            Some("PasswordRotated")
+        );
+        assert_eq!(
+            reason(Some(Rotation::Interval), false),
+            Some("PasswordRotated")
+        );
+        assert_eq!(reason(None, false), None);
     }
 
     #[test]
