@@ -405,6 +405,21 @@ async fn drop_all(
     ctx: &Context<State>,
     progress: &mut Progress,
 ) -> Result<Action, Error> {
+    match ready_to_drop(db, ctx, progress).await? {
+        Some(server) => drop_on_server(db, ctx, progress, &server).await,
+        None => Ok(Action::await_change()),
+    }
+}
+
+/// Whether the database may be dropped now, and on which server: its DatabaseRoles gone
+/// first (they need its server for their own cleanup), no other Database sharing its admin
+/// Secret mid-deletion, the dump taken first if asked for. `None`: nothing is dropped (kept by
+/// `deletionPolicy: Retain`, or its cluster is gone), said by an Event; the deletion goes on.
+async fn ready_to_drop(
+    db: &Database,
+    ctx: &Context<State>,
+    progress: &mut Progress,
+) -> Result<Option<Server>, Error> {
     let ns = db.namespace().unwrap_or_default();
     let spec = &db.spec;
     progress.backup = db.status.as_ref().and_then(|s| s.backup.clone());
@@ -441,7 +456,7 @@ async fn drop_all(
             )
             .await;
         release_admin_secret(db, ctx).await?;
-        return Ok(Action::await_change());
+        return Ok(None);
     }
     validate(db)?;
     if let Some(cluster) = cluster_gone(ctx, &ns, spec).await? {
@@ -456,7 +471,7 @@ async fn drop_all(
                 ),
             )
             .await;
-        return Ok(Action::await_change());
+        return Ok(None);
     }
     let server = server::resolve(&ctx.client, &ns, spec).await?;
     progress.server = Some(server.address());
@@ -479,8 +494,21 @@ async fn drop_all(
         }
     }
 
+    Ok(Some(server))
+}
+
+/// Drops the database (sessions terminated first) and its owner role unless the role owns
+/// other databases, only if this Database made them (its owner marker); Events say what was
+/// done or kept.
+async fn drop_on_server(
+    db: &Database,
+    ctx: &Context<State>,
+    progress: &mut Progress,
+    server: &Server,
+) -> Result<Action, Error> {
+    let spec = &db.spec;
     let address = server.address();
-    let admin = match pg::connect(&server, &server.admin_database, &ctx.leadership).await {
+    let admin = match pg::connect(server, &server.admin_database, &ctx.leadership).await {
         Ok(c) => c,
         Err(source) => {
             progress.reachable = Some(Err(steward_core::chain(&source)));
