@@ -158,6 +158,31 @@ pub fn statement_budget(fence: &Leadership) -> Duration {
 ///
 /// # Errors
 /// [`PgError::Connect`], [`PgError::ConnectTimedOut`] or [`PgError::Tls`].
+/// [`connect`] to the server's admin database, recording in `reachable` whether the server
+/// answered (the `ServerReachable` condition).
+///
+/// # Errors
+/// [`crate::Error::ServerUnreachable`] naming the server.
+pub async fn connect_admin(
+    server: &Server,
+    fence: &Leadership,
+    reachable: &mut Option<Result<(), String>>,
+) -> Result<Client, crate::Error> {
+    match connect(server, &server.admin_database, fence).await {
+        Ok(client) => {
+            *reachable = Some(Ok(()));
+            Ok(client)
+        }
+        Err(source) => {
+            *reachable = Some(Err(steward_core::chain(&source)));
+            Err(crate::Error::ServerUnreachable {
+                address: server.address(),
+                source,
+            })
+        }
+    }
+}
+
 pub async fn connect_as(
     server: &Server,
     database: &str,

@@ -151,14 +151,7 @@ async fn converge(
 
     // The server.
     let address = server.address();
-    let admin = match pg::connect(&server, &server.admin_database, &ctx.leadership).await {
-        Ok(c) => c,
-        Err(source) => {
-            progress.reachable = Some(Err(steward_core::chain(&source)));
-            return Err(Error::ServerUnreachable { address, source });
-        }
-    };
-    progress.reachable = Some(Ok(()));
+    let admin = pg::connect_admin(&server, &ctx.leadership, &mut progress.reachable).await?;
     let sql_err = |step: &str| {
         let address = address.clone();
         let step = step.to_string();
@@ -508,14 +501,7 @@ async fn drop_on_server(
 ) -> Result<Action, Error> {
     let spec = &db.spec;
     let address = server.address();
-    let admin = match pg::connect(server, &server.admin_database, &ctx.leadership).await {
-        Ok(c) => c,
-        Err(source) => {
-            progress.reachable = Some(Err(steward_core::chain(&source)));
-            return Err(Error::ServerUnreachable { address, source });
-        }
-    };
-    progress.reachable = Some(Ok(()));
+    let admin = pg::connect_admin(server, &ctx.leadership, &mut progress.reachable).await?;
     let sql_err = |step: &'static str| {
         let address = address.clone();
         move |e| Error::sql(step, &address, e)

@@ -301,14 +301,7 @@ async fn converge(
 
     // The server.
     let address = server.address();
-    let admin = match pg::connect(&server, &server.admin_database, &ctx.leadership).await {
-        Ok(c) => c,
-        Err(source) => {
-            progress.reachable = Some(Err(steward_core::chain(&source)));
-            return Err(Error::ServerUnreachable { address, source });
-        }
-    };
-    progress.reachable = Some(Ok(()));
+    let admin = pg::connect_admin(&server, &ctx.leadership, &mut progress.reachable).await?;
     let sql_err = |step: &'static str| {
         let address = address.clone();
         move |e| Error::sql(step, &address, e)
@@ -429,6 +422,22 @@ async fn drop_role(
     ctx: &Context<State>,
     progress: &mut Progress,
 ) -> Result<Action, Error> {
+    match ready_to_drop(role, ctx).await? {
+        Some((db, server)) => drop_on_server(role, ctx, progress, &db, &server).await,
+        None => Ok(Action::await_change()),
+    }
+}
+
+/// Whether the role may be dropped now, and where: its Database (for the server and the
+/// owner its objects go to). `None`: nothing is dropped (kept by `deletionPolicy: Retain`,
+/// never created, or its cluster is gone), said by an Event; the deletion goes on.
+///
+/// # Errors
+/// [`Error::MissingReference`] when its Database is gone but the role may exist.
+async fn ready_to_drop(
+    role: &DatabaseRole,
+    ctx: &Context<State>,
+) -> Result<Option<(Database, Server)>, Error> {
     if role.spec.deletion_policy == DeletionPolicy::Retain {
         ctx.recorder
             .normal(
@@ -441,7 +450,7 @@ async fn drop_role(
                 ),
             )
             .await;
-        return Ok(Action::await_change());
+        return Ok(None);
     }
     ident::validate(Kind::Role, &role.spec.role_name)
         .map_err(|e| Error::InvalidSpec(e.to_string()))?;
@@ -463,7 +472,7 @@ async fn drop_role(
                         ),
                     )
                     .await;
-                return Ok(Action::await_change());
+                return Ok(None);
             }
             return Err(Error::MissingReference(format!(
                 "{m}: cannot find the server to drop role {}; recreate the Database or set deletionPolicy: Retain to release this object",
@@ -484,18 +493,23 @@ async fn drop_role(
                 ),
             )
             .await;
-        return Ok(Action::await_change());
+        return Ok(None);
     }
     let server = server::resolve(&ctx.client, &ns, &db.spec).await?;
+    Ok(Some((db, server)))
+}
+
+/// Drops the role (its objects reassigned to the database's owner first), only if this
+/// DatabaseRole made it (its owner marker).
+async fn drop_on_server(
+    role: &DatabaseRole,
+    ctx: &Context<State>,
+    progress: &mut Progress,
+    db: &Database,
+    server: &Server,
+) -> Result<Action, Error> {
     let address = server.address();
-    let admin = match pg::connect(&server, &server.admin_database, &ctx.leadership).await {
-        Ok(c) => c,
-        Err(source) => {
-            progress.reachable = Some(Err(steward_core::chain(&source)));
-            return Err(Error::ServerUnreachable { address, source });
-        }
-    };
-    progress.reachable = Some(Ok(()));
+    let admin = pg::connect_admin(server, &ctx.leadership, &mut progress.reachable).await?;
     let sql_err = |step: &'static str| {
         let address = address.clone();
         move |e| Error::sql(step, &address, e)
@@ -541,7 +555,7 @@ async fn drop_role(
         db_exists && owner_exists,
     );
     if !inside_plan.is_empty() {
-        let inside = pg::connect(&server, &db.spec.name, &ctx.leadership)
+        let inside = pg::connect(server, &db.spec.name, &ctx.leadership)
             .await
             .map_err(sql_err("connect to the database"))?;
         crate::run_plan::<DatabaseRole>(ctx, &inside, &inside_plan)
