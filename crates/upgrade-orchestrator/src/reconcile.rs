@@ -121,70 +121,14 @@ async fn converge(
         not_delegated(&ctx, &plan, &namespace).await?
     };
     let client = acting_client(&ctx, &plan, &namespace)?;
-    let mut targets = None;
-    let outcome = match (not_delegated, plan::plan(&plan.spec.components)) {
+    let (outcome, targets) = match (not_delegated, plan::plan(&plan.spec.components)) {
         (Some(invalid), _) | (None, Err(invalid)) => {
-            progress::invalid(&status, generation, &invalid, now)
+            (progress::invalid(&status, generation, &invalid, now), None)
         }
         (None, Ok(validated)) => {
-            let (mut observed, workloads) = observe(&client, &plan, &namespace).await?;
-            let mut jobs = hook_jobs(&client, &plan, &namespace).await?;
-            let refused = if status.started_at.is_none() {
-                match plan::slow_health(&plan.spec.components) {
-                    Err(invalid) => Some(invalid),
-                    Ok(()) => {
-                        check_targets(&ctx, &client, &plan, &namespace, &workloads, &observed)
-                            .await?
-                    }
-                }
-            } else {
-                None
-            };
-            if let Some(invalid) = refused {
-                progress::invalid(&status, generation, &invalid, now)
-            } else {
-                let mut rejected = BTreeMap::new();
-                let (pending, missing_jobs) = if status.phase.is_some_and(|p| p.is_terminal()) {
-                    (Vec::new(), Vec::new())
-                } else {
-                    (
-                        progress::writes(&plan.spec, &status, &observed),
-                        hook::to_create(&plan.spec, &status, &jobs),
-                    )
-                };
-                if !pending.is_empty() || !missing_jobs.is_empty() {
-                    if !is_current(&ctx, &plan, &namespace).await? {
-                        // The watch event of the newer version brings the plan back.
-                        tracing::debug!(plan = %name, "cached plan is stale; not acting on it");
-                        return Ok(Action::requeue(Duration::from_secs(1)));
-                    }
-                    apply_recorded(
-                        &ctx,
-                        &client,
-                        &plan,
-                        pending,
-                        &workloads,
-                        &mut observed,
-                        &mut rejected,
-                    )
-                    .await?;
-                    create_hook_jobs(&ctx, &client, &plan, &namespace, missing_jobs, &mut jobs)
-                        .await?;
-                }
-                let outcome = progress::step(&Input {
-                    name: &name,
-                    jobs: &jobs,
-                    spec: &plan.spec,
-                    generation,
-                    status: &status,
-                    plan: &validated,
-                    observed: &observed,
-                    rejected: &rejected,
-                    now: Timestamp::now(),
-                    deleting,
-                });
-                targets = Some((observed, workloads, jobs));
-                outcome
+            match step(&ctx, &client, &plan, &namespace, &validated, deleting, now).await? {
+                Some(stepped) => stepped,
+                None => return Ok(Action::requeue(Duration::from_secs(1))),
             }
         }
     };
@@ -220,23 +164,10 @@ async fn converge(
             // The starts (and reverts) this write recorded are stored now: make them at once
             // rather than on the write's own watch event. After a crash here, the next
             // reconcile makes them from the stored status instead.
-            if let Some((mut observed, workloads, mut jobs)) = targets
+            if let Some(targets) = targets
                 && !outcome.status.phase.is_some_and(|p| p.is_terminal())
             {
-                let recorded = hook::to_create(&plan.spec, &outcome.status, &jobs);
-                create_hook_jobs(&ctx, &client, &plan, &namespace, recorded, &mut jobs).await?;
-                let mut rejected = BTreeMap::new();
-                let recorded = progress::writes(&plan.spec, &outcome.status, &observed);
-                apply_recorded(
-                    &ctx,
-                    &client,
-                    &plan,
-                    recorded,
-                    &workloads,
-                    &mut observed,
-                    &mut rejected,
-                )
-                .await?;
+                act_on_recorded(&ctx, &client, &plan, &namespace, &outcome.status, targets).await?;
             }
         }
         Err(source) => {
@@ -325,6 +256,114 @@ fn acting_client(
             }),
         None => Ok(ctx.client.clone()),
     }
+}
+
+/// What a plan's step read of its targets: each target's observation, the workloads, the
+/// hook Jobs.
+type Targets = (
+    BTreeMap<String, Observation>,
+    BTreeMap<String, Workload>,
+    BTreeMap<String, JobState>,
+);
+
+/// One step of a valid plan: reads the targets and hook Jobs, refuses a plan whose targets or
+/// health rules cannot work (before it starts), makes the writes and Jobs the stored status
+/// recorded but that are not there yet, then decides the next step ([`progress::step`]).
+/// Returns the status to write and the targets as read (`None`: refused before any target was
+/// read); `None` when the cached plan is older than the API server's, and nothing was done (the
+/// newer version's watch event brings the plan back).
+async fn step(
+    ctx: &Context<Data>,
+    client: &Client,
+    plan: &UpgradePlan,
+    namespace: &str,
+    validated: &plan::Plan,
+    deleting: bool,
+    now: Timestamp,
+) -> Result<Option<(progress::Outcome, Option<Targets>)>, Error> {
+    let name = plan.name_any();
+    let generation = plan.metadata.generation.unwrap_or(0);
+    let status = plan.status.clone().unwrap_or_default();
+    let (mut observed, workloads) = observe(client, plan, namespace).await?;
+    let mut jobs = hook_jobs(client, plan, namespace).await?;
+    let refused = if status.started_at.is_none() {
+        match plan::slow_health(&plan.spec.components) {
+            Err(invalid) => Some(invalid),
+            Ok(()) => check_targets(ctx, client, plan, namespace, &workloads, &observed).await?,
+        }
+    } else {
+        None
+    };
+    if let Some(invalid) = refused {
+        return Ok(Some((
+            progress::invalid(&status, generation, &invalid, now),
+            None,
+        )));
+    }
+    let mut rejected = BTreeMap::new();
+    let (pending, missing_jobs) = if status.phase.is_some_and(|p| p.is_terminal()) {
+        (Vec::new(), Vec::new())
+    } else {
+        (
+            progress::writes(&plan.spec, &status, &observed),
+            hook::to_create(&plan.spec, &status, &jobs),
+        )
+    };
+    if !pending.is_empty() || !missing_jobs.is_empty() {
+        if !is_current(ctx, plan, namespace).await? {
+            tracing::debug!(plan = %name, "cached plan is stale; not acting on it");
+            return Ok(None);
+        }
+        apply_recorded(
+            ctx,
+            client,
+            plan,
+            pending,
+            &workloads,
+            &mut observed,
+            &mut rejected,
+        )
+        .await?;
+        create_hook_jobs(ctx, client, plan, namespace, missing_jobs, &mut jobs).await?;
+    }
+    let outcome = progress::step(&Input {
+        name: &name,
+        jobs: &jobs,
+        spec: &plan.spec,
+        generation,
+        status: &status,
+        plan: validated,
+        observed: &observed,
+        rejected: &rejected,
+        now: Timestamp::now(),
+        deleting,
+    });
+    Ok(Some((outcome, Some((observed, workloads, jobs)))))
+}
+
+/// After a status write that recorded starts (or reverts): makes its hook Jobs and writes.
+async fn act_on_recorded(
+    ctx: &Context<Data>,
+    client: &Client,
+    plan: &UpgradePlan,
+    namespace: &str,
+    written: &crate::crd::UpgradePlanStatus,
+    (mut observed, workloads, mut jobs): Targets,
+) -> Result<(), Error> {
+    let recorded = hook::to_create(&plan.spec, written, &jobs);
+    create_hook_jobs(ctx, client, plan, namespace, recorded, &mut jobs).await?;
+    let mut rejected = BTreeMap::new();
+    let recorded = progress::writes(&plan.spec, written, &observed);
+    apply_recorded(
+        ctx,
+        client,
+        plan,
+        recorded,
+        &workloads,
+        &mut observed,
+        &mut rejected,
+    )
+    .await
 }
 
 /// Before a plan starts: whether each target's kind accepts the new value, by a server-side
