@@ -297,8 +297,6 @@ async fn converge(
             ),
         });
     }
-    let mut missing_sources = BTreeSet::new();
-    let mut taken = BTreeSet::new();
     let not_shared: Vec<String> = tenant
         .spec
         .shared_objects
@@ -306,114 +304,20 @@ async fn converge(
         .filter(|s| !stores.source_secrets.shares(&s.namespace))
         .map(|s| format!("{:?} {}/{}", s.kind, s.namespace, s.name))
         .collect();
+    let mut shared = SharedOutcome::default();
     for ns in &active {
-        let wanted = build::namespace_children(tenant, ns, &ctx.data.settings, |shared| {
-            source(stores, shared)
-        });
-        // What the operator reaches here by name (the copies, the policy parameters).
-        let want = wanted.access();
-        ensure_all(&children, &stores.quotas, wanted.quotas, &mut keep.quotas).await?;
-        ensure_all(
+        let guarded = rails_missing.is_empty();
+        soon |= converge_namespace(
+            tenant,
+            ctx,
             &children,
-            &stores.limit_ranges,
-            wanted.limit_ranges,
-            &mut keep.limit_ranges,
+            ns,
+            guarded,
+            &mut keep,
+            &mut shared,
+            obs,
         )
         .await?;
-        ensure_all(
-            &children,
-            &stores.network_policies,
-            wanted.network_policies,
-            &mut keep.network_policies,
-        )
-        .await?;
-        missing_sources.extend(
-            wanted
-                .missing_sources
-                .into_iter()
-                .filter(|m| !not_shared.contains(m)),
-        );
-        // The operator's access to what it writes here by name, then those objects: the
-        // admission parameters before the owners' access, the shared copies.
-        let granted = granted(stores, ns);
-        let stale = granted.minus(&want);
-        grant(tenant, ctx, &children, ns, &want.union(&stale), &mut keep).await?;
-        let mut pending = false;
-        let mut params_written = true;
-        for params in wanted.policy_params {
-            let applied = apply_by_name(ctx, &children, &uid, params, false).await?;
-            params_written &= applied == ByName::Applied;
-            pending |= applied == ByName::NoAccessYet;
-        }
-        for shared in wanted.copies {
-            let (kind, copy_name) = (shared.kind(), shared.name());
-            let applied = match shared {
-                SharedCopy::Secret(s) => apply_by_name(ctx, &children, &uid, s, true).await?,
-                SharedCopy::ConfigMap(c) => apply_by_name(ctx, &children, &uid, c, true).await?,
-            };
-            match applied {
-                ByName::Applied => {}
-                ByName::Taken => {
-                    taken.insert(format!("{kind} {ns}/{copy_name}"));
-                }
-                ByName::NoAccessYet => pending = true,
-            }
-        }
-        if !stale.is_empty() {
-            delete_copies(ctx, &children, &uid, ns, &stale).await?;
-            grant(tenant, ctx, &children, ns, &want, &mut keep).await?;
-        }
-        if pending {
-            // The Role granting the operator access here was just applied: RBAC takes a
-            // moment to see it. Not Ready until the copies are in place.
-            soon = true;
-            obs.problems.push(Problem {
-                reason: "CopiesPending",
-                message: format!(
-                    "waiting for the operator's access to namespace {ns} (its Role there was just applied) to copy the shared objects"
-                ),
-            });
-        }
-        // Access last, and only once the namespace's quotas are enforced: until the quota
-        // controller has copied a ResourceQuota's limits into `status.hard`, the API server
-        // admits anything, so an owner bound earlier could create unquoted objects.
-        // And only once the admission policies and their parameters here are in force: a
-        // pod created before would never be checked.
-        let enforced = quotas_enforced(&stores.quotas, &keep.quotas, ns);
-        let guarded = rails_missing.is_empty() && params_written;
-        let (bind, wait): (Vec<_>, Vec<_>) = wanted.role_bindings.into_iter().partition(|rb| {
-            (enforced && guarded)
-                || stores
-                    .role_bindings
-                    .get(&ObjectRef::new(&rb.name_any()).within(ns))
-                    .is_some()
-        });
-        keep.role_bindings
-            .extend(wait.iter().map(|rb| (ns.clone(), rb.name_any())));
-        ensure_all(
-            &children,
-            &stores.role_bindings,
-            bind,
-            &mut keep.role_bindings,
-        )
-        .await?;
-        if !wait.is_empty() && !params_written {
-            soon = true;
-            obs.problems.push(Problem {
-                reason: "WaitingForPolicies",
-                message: format!(
-                    "owners get access to namespace {ns} once the parameters of its admission policies are written there"
-                ),
-            });
-        } else if !wait.is_empty() && !enforced {
-            soon = true;
-            obs.problems.push(Problem {
-                reason: "WaitingForQuota",
-                message: format!(
-                    "owners get access to namespace {ns} once its ResourceQuotas are enforced"
-                ),
-            });
-        }
     }
     // Namespaces the tenant no longer has (released, or removed under `Orphan`): its copies
     // there go first, then (pruned below) the access that let the operator reach them.
@@ -424,40 +328,189 @@ async fn converge(
         }
         delete_copies(ctx, &children, &uid, &ns, &Access::of(&role)).await?;
     }
-    if !not_shared.is_empty() {
-        obs.problems.push(Problem {
-            reason: "SharedNamespaceNotAllowed",
-            message: format!(
-                "{} not copied: the operator reads shared objects only from the namespaces {} (--shared-namespace)",
-                not_shared.join(", "),
-                stores.source_secrets.namespaces().join(", ")
-            ),
-        });
-    }
-    if !missing_sources.is_empty() {
-        obs.problems.push(Problem {
-            reason: "SharedObjectMissing",
-            message: format!(
-                "{} not found (a source must carry the label tenancy.steward.dev/shareable=true)",
-                missing_sources.into_iter().collect::<Vec<_>>().join(", ")
-            ),
-        });
-    }
-    if !taken.is_empty() {
-        obs.problems.push(Problem {
-            reason: "SharedObjectConflict",
-            message: format!(
-                "{} already exist and are not the tenant's copies",
-                taken.into_iter().collect::<Vec<_>>().join(", ")
-            ),
-        });
-    }
+    obs.problems
+        .extend(shared.problems(&not_shared, &stores.source_secrets.namespaces()));
     tracing::debug!(tenant = %name, "children applied");
 
     let cluster_keep = [(String::new(), build::owner_cluster_object_name(tenant))].into();
     keep.prune(&children, &name, stores, &cluster_keep, &terminating)
         .await?;
     Ok(Action::requeue(if soon { SOON } else { ctx.data.resync }))
+}
+
+/// What the namespaces' shared copies came to: sources missing, copies whose names are taken.
+#[derive(Default)]
+struct SharedOutcome {
+    /// Shared objects not found (not shareable, or absent), as `<kind> <namespace>/<name>`.
+    missing_sources: BTreeSet<String>,
+    /// Copies not made: an object of that name exists and is not the tenant's.
+    taken: BTreeSet<String>,
+}
+
+impl SharedOutcome {
+    /// The problems to report: shared objects outside the shared namespaces (`not_shared`;
+    /// `allowed` are those namespaces), missing sources, taken names.
+    fn problems(&self, not_shared: &[String], allowed: &[String]) -> Vec<Problem> {
+        let mut problems = Vec::new();
+        if !not_shared.is_empty() {
+            problems.push(Problem {
+                reason: "SharedNamespaceNotAllowed",
+                message: format!(
+                    "{} not copied: the operator reads shared objects only from the namespaces {} (--shared-namespace)",
+                    not_shared.join(", "),
+                    allowed.join(", ")
+                ),
+            });
+        }
+        let missing: Vec<&String> = self
+            .missing_sources
+            .iter()
+            .filter(|m| !not_shared.contains(m))
+            .collect();
+        if !missing.is_empty() {
+            problems.push(Problem {
+                reason: "SharedObjectMissing",
+                message: format!(
+                    "{} not found (a source must carry the label tenancy.steward.dev/shareable=true)",
+                    missing.into_iter().cloned().collect::<Vec<_>>().join(", ")
+                ),
+            });
+        }
+        if !self.taken.is_empty() {
+            problems.push(Problem {
+                reason: "SharedObjectConflict",
+                message: format!(
+                    "{} already exist and are not the tenant's copies",
+                    self.taken.iter().cloned().collect::<Vec<_>>().join(", ")
+                ),
+            });
+        }
+        problems
+    }
+}
+
+/// One of the tenant's namespaces: its quotas, limit ranges and network policies; the
+/// operator's access to what it writes there by name, then the admission policies' parameters
+/// and the shared copies; the owners' access last, once the quotas are enforced and the
+/// admission policies in force (`guarded`: every policy is; and their parameters here are).
+/// Returns whether to look again soon (something is pending).
+#[allow(clippy::too_many_arguments)]
+async fn converge_namespace(
+    tenant: &Arc<Tenant>,
+    ctx: &Context<State>,
+    children: &steward_core::apply::Children,
+    ns: &String,
+    guarded: bool,
+    keep: &mut Keep,
+    outcome: &mut SharedOutcome,
+    obs: &mut Observation,
+) -> Result<bool, Error> {
+    let stores = &ctx.data.stores;
+    let uid = tenant.uid().unwrap_or_default();
+    let mut soon = false;
+    let wanted = build::namespace_children(tenant, ns, &ctx.data.settings, |shared| {
+        source(stores, shared)
+    });
+    // What the operator reaches here by name (the copies, the policy parameters).
+    let want = wanted.access();
+    ensure_all(children, &stores.quotas, wanted.quotas, &mut keep.quotas).await?;
+    ensure_all(
+        children,
+        &stores.limit_ranges,
+        wanted.limit_ranges,
+        &mut keep.limit_ranges,
+    )
+    .await?;
+    ensure_all(
+        children,
+        &stores.network_policies,
+        wanted.network_policies,
+        &mut keep.network_policies,
+    )
+    .await?;
+    outcome.missing_sources.extend(wanted.missing_sources);
+    // The operator's access to what it writes here by name, then those objects: the
+    // admission parameters before the owners' access, the shared copies.
+    let granted = granted(stores, ns);
+    let stale = granted.minus(&want);
+    grant(tenant, ctx, children, ns, &want.union(&stale), keep).await?;
+    let mut pending = false;
+    let mut params_written = true;
+    for params in wanted.policy_params {
+        let applied = apply_by_name(ctx, children, &uid, params, false).await?;
+        params_written &= applied == ByName::Applied;
+        pending |= applied == ByName::NoAccessYet;
+    }
+    for shared in wanted.copies {
+        let (kind, copy_name) = (shared.kind(), shared.name());
+        let applied = match shared {
+            SharedCopy::Secret(s) => apply_by_name(ctx, children, &uid, s, true).await?,
+            SharedCopy::ConfigMap(c) => apply_by_name(ctx, children, &uid, c, true).await?,
+        };
+        match applied {
+            ByName::Applied => {}
+            ByName::Taken => {
+                outcome.taken.insert(format!("{kind} {ns}/{copy_name}"));
+            }
+            ByName::NoAccessYet => pending = true,
+        }
+    }
+    if !stale.is_empty() {
+        delete_copies(ctx, children, &uid, ns, &stale).await?;
+        grant(tenant, ctx, children, ns, &want, keep).await?;
+    }
+    if pending {
+        // The Role granting the operator access here was just applied: RBAC takes a
+        // moment to see it. Not Ready until the copies are in place.
+        soon = true;
+        obs.problems.push(Problem {
+            reason: "CopiesPending",
+            message: format!(
+                "waiting for the operator's access to namespace {ns} (its Role there was just applied) to copy the shared objects"
+            ),
+        });
+    }
+    // Access last, and only once the namespace's quotas are enforced: until the quota
+    // controller has copied a ResourceQuota's limits into `status.hard`, the API server
+    // admits anything, so an owner bound earlier could create unquoted objects.
+    // And only once the admission policies and their parameters here are in force: a
+    // pod created before would never be checked.
+    let enforced = quotas_enforced(&stores.quotas, &keep.quotas, ns);
+    let guarded = guarded && params_written;
+    let (bind, wait): (Vec<_>, Vec<_>) = wanted.role_bindings.into_iter().partition(|rb| {
+        (enforced && guarded)
+            || stores
+                .role_bindings
+                .get(&ObjectRef::new(&rb.name_any()).within(ns))
+                .is_some()
+    });
+    keep.role_bindings
+        .extend(wait.iter().map(|rb| (ns.clone(), rb.name_any())));
+    ensure_all(
+        children,
+        &stores.role_bindings,
+        bind,
+        &mut keep.role_bindings,
+    )
+    .await?;
+    if !wait.is_empty() && !params_written {
+        soon = true;
+        obs.problems.push(Problem {
+            reason: "WaitingForPolicies",
+            message: format!(
+                "owners get access to namespace {ns} once the parameters of its admission policies are written there"
+            ),
+        });
+    } else if !wait.is_empty() && !enforced {
+        soon = true;
+        obs.problems.push(Problem {
+            reason: "WaitingForQuota",
+            message: format!(
+                "owners get access to namespace {ns} once its ResourceQuotas are enforced"
+            ),
+        });
+    }
+    Ok(soon)
 }
 
 /// The namespaces a tenant has after [`converge_namespaces`].
@@ -1267,4 +1320,35 @@ async fn cleanup(tenant: Arc<Tenant>, ctx: &Context<State>) -> Result<Cleanup, E
         }
     }
     result.map(|()| Cleanup::Done)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn shared_copies_report_each_kind_of_problem_once() {
+        let outcome = SharedOutcome {
+            missing_sources: BTreeSet::from([
+                "Secret other/token".to_string(),
+                "Secret shared/gone".to_string(),
+            ]),
+            taken: BTreeSet::from(["Secret team-a/pull".to_string()]),
+        };
+        let not_shared = ["Secret other/token".to_string()];
+        let problems = outcome.problems(&not_shared, &["shared".to_string()]);
+        let reasons: Vec<&str> = problems.iter().map(|p| p.reason).collect();
+        assert_eq!(
+            reasons,
+            [
+                "SharedNamespaceNotAllowed",
+                "SharedObjectMissing",
+                "SharedObjectConflict"
+            ]
+        );
+        // A source outside the shared namespaces is reported as such, not also as missing.
+        assert!(!problems[1].message.contains("other/token"), "{problems:?}");
+        assert!(problems[1].message.contains("shared/gone"));
+        assert!(SharedOutcome::default().problems(&[], &[]).is_empty());
+    }
 }
