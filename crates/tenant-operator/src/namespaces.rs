@@ -133,6 +133,27 @@ pub struct NamespacePlan {
 }
 
 impl NamespacePlan {
+    /// What keeps listed namespaces from the tenant: another tenant's, not adoptable, or the
+    /// tenant over `maxNamespaces`.
+    pub fn problems(&self) -> Vec<crate::status::Problem> {
+        use crate::status::Problem;
+        let conflicts = self.conflicts.iter().map(|(ns, other)| Problem {
+            reason: "NamespaceConflict",
+            message: format!("namespace {ns} belongs to tenant {other}"),
+        });
+        let refused = self.refused.iter().map(|(_, why)| Problem {
+            reason: "NamespaceNotAdoptable",
+            message: why.clone(),
+        });
+        let over = self.over_limit.map(|(kept, max)| Problem {
+            reason: "MaxNamespacesExceeded",
+            message: format!(
+                "the tenant keeps {kept} namespaces, more than maxNamespaces {max} (lowered, or namespaces declared, after the others were admitted); none is removed, and no new one is admitted until it is below the limit"
+            ),
+        });
+        conflicts.chain(refused).chain(over).collect()
+    }
+
     /// Names of the wanted namespaces that are usable now (not terminating), sorted.
     pub fn active(&self) -> Vec<String> {
         let mut v: Vec<String> = self
@@ -287,6 +308,26 @@ mod tests {
             &protected(),
             None,
         )
+    }
+
+    #[test]
+    fn a_plan_says_what_keeps_listed_namespaces_from_the_tenant() {
+        let plan = NamespacePlan {
+            conflicts: vec![("shared".into(), "team-b".into())],
+            refused: vec![("kube-system".into(), "never a tenant's".into())],
+            over_limit: Some((4, 3)),
+            ..Default::default()
+        };
+        let reasons: Vec<&str> = plan.problems().iter().map(|p| p.reason).collect();
+        assert_eq!(
+            reasons,
+            [
+                "NamespaceConflict",
+                "NamespaceNotAdoptable",
+                "MaxNamespacesExceeded"
+            ]
+        );
+        assert!(NamespacePlan::default().problems().is_empty());
     }
 
     #[test]

@@ -513,31 +513,18 @@ async fn converge_namespace(
     Ok(soon)
 }
 
-/// The namespaces a tenant has after [`converge_namespaces`].
-struct Namespaces {
-    /// Its namespaces that are not being deleted: where its children go.
-    active: Vec<String>,
-    /// Its namespaces being deleted: their children are not pruned (they go with them).
-    terminating: BTreeSet<String>,
-}
-
-/// Decides which namespaces the tenant has ([`namespaces::plan`]), creates, adopts, applies,
-/// refuses, releases or deletes them accordingly, and records the problems in `obs`.
-async fn converge_namespaces(
-    tenant: &Arc<Tenant>,
+/// The tenant's existing namespaces: those labelled for it (read from the API server rather
+/// than the cache while an owner-created one awaits admission under `maxNamespaces`), and the
+/// listed ones not labelled for it, by name (so an existing namespace is never taken without
+/// the adoption annotation).
+async fn existing_namespaces(
+    tenant: &Tenant,
     ctx: &Context<State>,
-    obs: &mut Observation,
-) -> Result<Namespaces, Error> {
+    max: Option<usize>,
+) -> Result<(Vec<Existing>, BTreeMap<String, Existing>), Error> {
     let name = tenant.name_any();
     let stores = &ctx.data.stores;
     let client = &ctx.client;
-    let ns_children = ctx.children(tenant.as_ref()).without_owner_reference();
-    // Namespaces. The store holds only labelled ones: a listed name it lacks is read, so an
-    // existing namespace is never taken without the adoption annotation.
-    let max = tenant
-        .spec
-        .max_namespaces
-        .map(|m| usize::try_from(m).unwrap_or(0));
     let mut labelled = labelled_namespaces(stores, &name);
     if max.is_some() && labelled.iter().any(undecided) {
         // Owner-created namespaces wait to be admitted: decide on a consistent read, so an
@@ -578,6 +565,32 @@ async fn converge_namespaces(
             }
         }
     }
+    Ok((labelled, unlabelled))
+}
+
+/// The namespaces a tenant has after [`converge_namespaces`].
+struct Namespaces {
+    /// Its namespaces that are not being deleted: where its children go.
+    active: Vec<String>,
+    /// Its namespaces being deleted: their children are not pruned (they go with them).
+    terminating: BTreeSet<String>,
+}
+
+/// Decides which namespaces the tenant has ([`namespaces::plan`]), creates, adopts, applies,
+/// refuses, releases or deletes them accordingly, and records the problems in `obs`.
+async fn converge_namespaces(
+    tenant: &Arc<Tenant>,
+    ctx: &Context<State>,
+    obs: &mut Observation,
+) -> Result<Namespaces, Error> {
+    let name = tenant.name_any();
+    let stores = &ctx.data.stores;
+    let ns_children = ctx.children(tenant.as_ref()).without_owner_reference();
+    let max = tenant
+        .spec
+        .max_namespaces
+        .map(|m| usize::try_from(m).unwrap_or(0));
+    let (labelled, unlabelled) = existing_namespaces(tenant, ctx, max).await?;
     let plan = namespaces::plan(
         &name,
         &tenant.spec.namespaces,
@@ -592,26 +605,7 @@ async fn converge_namespaces(
         &ctx.data.settings.protected,
         max,
     );
-    for (ns, other) in &plan.conflicts {
-        obs.problems.push(Problem {
-            reason: "NamespaceConflict",
-            message: format!("namespace {ns} belongs to tenant {other}"),
-        });
-    }
-    for (_, why) in &plan.refused {
-        obs.problems.push(Problem {
-            reason: "NamespaceNotAdoptable",
-            message: why.clone(),
-        });
-    }
-    if let Some((kept, max)) = plan.over_limit {
-        obs.problems.push(Problem {
-            reason: "MaxNamespacesExceeded",
-            message: format!(
-                "the tenant keeps {kept} namespaces, more than maxNamespaces {max} (lowered, or namespaces declared, after the others were admitted); none is removed, and no new one is admitted until it is below the limit"
-            ),
-        });
-    }
+    obs.problems.extend(plan.problems());
     for excess in &plan.excess {
         // Never admitted: nobody was given access in it, so nothing in it is lost.
         ctx.children(tenant.as_ref())
