@@ -513,99 +513,20 @@ async fn converge_namespace(
     Ok(soon)
 }
 
-/// The tenant's existing namespaces: those labelled for it (read from the API server rather
-/// than the cache while an owner-created one awaits admission under `maxNamespaces`), and the
-/// listed ones not labelled for it, by name (so an existing namespace is never taken without
-/// the adoption annotation).
-async fn existing_namespaces(
-    tenant: &Tenant,
-    ctx: &Context<State>,
-    max: Option<usize>,
-) -> Result<(Vec<Existing>, BTreeMap<String, Existing>), Error> {
-    let name = tenant.name_any();
-    let stores = &ctx.data.stores;
-    let client = &ctx.client;
-    let mut labelled = labelled_namespaces(stores, &name);
-    if max.is_some() && labelled.iter().any(undecided) {
-        // Owner-created namespaces wait to be admitted: decide on a consistent read, so an
-        // admission written by an earlier reconcile is never missed for a stale cache. (A
-        // namespace from before the admitted label costs this read once: its next apply
-        // labels it.)
-        labelled = Api::<Namespace>::all(client.clone())
-            .list(&ListParams::default().labels(&format!("{TENANT_LABEL}={name}")))
-            .await
-            .map_err(|source| Error::ListNamespaces {
-                tenant: name.clone(),
-                source,
-            })?
-            .items
-            .iter()
-            .map(Existing::of)
-            .collect();
-    }
-    let labelled: Vec<Existing> = labelled
-        .into_iter()
-        .map(|e| admitted_before(stores, e))
-        .collect();
-    let mut unlabelled = BTreeMap::new();
-    for listed in &tenant.spec.namespaces {
-        if stores.namespaces.get(&ObjectRef::new(listed)).is_none()
-            && !ctx.data.settings.protected.contains(listed)
-        {
-            let found = Api::<Namespace>::all(client.clone())
-                .get_opt(listed)
-                .await
-                .map_err(|source| Error::ReadTarget {
-                    kind: "Namespace",
-                    key: listed.clone(),
-                    source,
-                })?;
-            if let Some(ns) = found {
-                unlabelled.insert(listed.clone(), Existing::of(&ns));
-            }
-        }
-    }
-    Ok((labelled, unlabelled))
-}
-
-/// The namespaces a tenant has after [`converge_namespaces`].
-struct Namespaces {
-    /// Its namespaces that are not being deleted: where its children go.
-    active: Vec<String>,
-    /// Its namespaces being deleted: their children are not pruned (they go with them).
-    terminating: BTreeSet<String>,
-}
-
-/// Decides which namespaces the tenant has ([`namespaces::plan`]), creates, adopts, applies,
-/// refuses, releases or deletes them accordingly, and records the problems in `obs`.
-async fn converge_namespaces(
+/// Carries out the tenant's namespace plan: namespaces created beyond `maxNamespaces`
+/// deleted, the wanted ones created (only with a marker, never taking one someone else made)
+/// and applied, the removed ones handled by `deletionPolicy`; Events and problems say what
+/// happened.
+async fn apply_namespace_plan(
     tenant: &Arc<Tenant>,
     ctx: &Context<State>,
+    plan: &namespaces::NamespacePlan,
+    max: Option<usize>,
     obs: &mut Observation,
-) -> Result<Namespaces, Error> {
+) -> Result<(), Error> {
     let name = tenant.name_any();
     let stores = &ctx.data.stores;
     let ns_children = ctx.children(tenant.as_ref()).without_owner_reference();
-    let max = tenant
-        .spec
-        .max_namespaces
-        .map(|m| usize::try_from(m).unwrap_or(0));
-    let (labelled, unlabelled) = existing_namespaces(tenant, ctx, max).await?;
-    let plan = namespaces::plan(
-        &name,
-        &tenant.spec.namespaces,
-        |n| {
-            stores
-                .namespaces
-                .get(&ObjectRef::new(n))
-                .map(|ns| Existing::of(&ns))
-                .or_else(|| unlabelled.get(n).cloned())
-        },
-        &labelled,
-        &ctx.data.settings.protected,
-        max,
-    );
-    obs.problems.extend(plan.problems());
     for excess in &plan.excess {
         // Never admitted: nobody was given access in it, so nothing in it is lost.
         ctx.children(tenant.as_ref())
@@ -690,6 +611,102 @@ async fn converge_namespaces(
     for removed in &plan.removed {
         remove_namespace(tenant, ctx, &removed.name, removed.adopted).await?;
     }
+    Ok(())
+}
+
+/// The tenant's existing namespaces: those labelled for it (read from the API server rather
+/// than the cache while an owner-created one awaits admission under `maxNamespaces`), and the
+/// listed ones not labelled for it, by name (so an existing namespace is never taken without
+/// the adoption annotation).
+async fn existing_namespaces(
+    tenant: &Tenant,
+    ctx: &Context<State>,
+    max: Option<usize>,
+) -> Result<(Vec<Existing>, BTreeMap<String, Existing>), Error> {
+    let name = tenant.name_any();
+    let stores = &ctx.data.stores;
+    let client = &ctx.client;
+    let mut labelled = labelled_namespaces(stores, &name);
+    if max.is_some() && labelled.iter().any(undecided) {
+        // Owner-created namespaces wait to be admitted: decide on a consistent read, so an
+        // admission written by an earlier reconcile is never missed for a stale cache. (A
+        // namespace from before the admitted label costs this read once: its next apply
+        // labels it.)
+        labelled = Api::<Namespace>::all(client.clone())
+            .list(&ListParams::default().labels(&format!("{TENANT_LABEL}={name}")))
+            .await
+            .map_err(|source| Error::ListNamespaces {
+                tenant: name.clone(),
+                source,
+            })?
+            .items
+            .iter()
+            .map(Existing::of)
+            .collect();
+    }
+    let labelled: Vec<Existing> = labelled
+        .into_iter()
+        .map(|e| admitted_before(stores, e))
+        .collect();
+    let mut unlabelled = BTreeMap::new();
+    for listed in &tenant.spec.namespaces {
+        if stores.namespaces.get(&ObjectRef::new(listed)).is_none()
+            && !ctx.data.settings.protected.contains(listed)
+        {
+            let found = Api::<Namespace>::all(client.clone())
+                .get_opt(listed)
+                .await
+                .map_err(|source| Error::ReadTarget {
+                    kind: "Namespace",
+                    key: listed.clone(),
+                    source,
+                })?;
+            if let Some(ns) = found {
+                unlabelled.insert(listed.clone(), Existing::of(&ns));
+            }
+        }
+    }
+    Ok((labelled, unlabelled))
+}
+
+/// The namespaces a tenant has after [`converge_namespaces`].
+struct Namespaces {
+    /// Its namespaces that are not being deleted: where its children go.
+    active: Vec<String>,
+    /// Its namespaces being deleted: their children are not pruned (they go with them).
+    terminating: BTreeSet<String>,
+}
+
+/// Decides which namespaces the tenant has ([`namespaces::plan`]), creates, adopts, applies,
+/// refuses, releases or deletes them accordingly, and records the problems in `obs`.
+async fn converge_namespaces(
+    tenant: &Arc<Tenant>,
+    ctx: &Context<State>,
+    obs: &mut Observation,
+) -> Result<Namespaces, Error> {
+    let name = tenant.name_any();
+    let stores = &ctx.data.stores;
+    let max = tenant
+        .spec
+        .max_namespaces
+        .map(|m| usize::try_from(m).unwrap_or(0));
+    let (labelled, unlabelled) = existing_namespaces(tenant, ctx, max).await?;
+    let plan = namespaces::plan(
+        &name,
+        &tenant.spec.namespaces,
+        |n| {
+            stores
+                .namespaces
+                .get(&ObjectRef::new(n))
+                .map(|ns| Existing::of(&ns))
+                .or_else(|| unlabelled.get(n).cloned())
+        },
+        &labelled,
+        &ctx.data.settings.protected,
+        max,
+    );
+    obs.problems.extend(plan.problems());
+    apply_namespace_plan(tenant, ctx, &plan, max, obs).await?;
     obs.adopted = plan
         .wanted
         .iter()
