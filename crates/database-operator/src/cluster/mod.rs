@@ -815,27 +815,8 @@ async fn ensure_tls(
             .apply(build::ca_secret(cluster, &authority))
             .await?;
     }
-    let rotation_event = match step {
-        tls::Rotation::Keep => None,
-        tls::Rotation::Start => Some(format!(
-            "CA rotation started: a new CA (#{}) is trusted beside the one that signs; every ca.crt of the cluster now holds both, and the new one signs in {}",
-            authority.generation + 1,
-            tls::span(grace)
-        )),
-        tls::Rotation::Serve => Some(format!(
-            "CA rotation: the new CA (#{}) signs the server certificate; the previous one stays trusted for {}",
-            authority.generation,
-            tls::span(grace)
-        )),
-        tls::Rotation::Finish => Some(format!(
-            "CA rotation done: only CA #{} is trusted",
-            authority.generation
-        )),
-    };
-    if let Some(message) = rotation_event {
-        ctx.recorder
-            .normal(cluster, "CARotation", "RotateCA", message)
-            .await;
+    if let Some(event) = tls::rotation_event(step, &authority, grace) {
+        ctx.recorder.emit(cluster, event).await;
     }
     let bundle = authority.bundle();
     let server_names = tls::server_names(&cluster.name_any(), ns);

@@ -345,6 +345,37 @@ pub fn today() -> NaiveDate {
     Utc::now().date_naive()
 }
 
+/// The Event of a CA rotation's step (none while the CA is kept): the new CA trusted beside
+/// the signing one, then signing, then alone; `grace` is how long each phase lasts.
+pub fn rotation_event(
+    step: Rotation,
+    authority: &Authority,
+    grace: std::time::Duration,
+) -> Option<steward_core::events::Wanted> {
+    let note = match step {
+        Rotation::Keep => return None,
+        Rotation::Start => format!(
+            "CA rotation started: a new CA (#{}) is trusted beside the one that signs; every ca.crt of the cluster now holds both, and the new one signs in {}",
+            authority.generation + 1,
+            span(grace)
+        ),
+        Rotation::Serve => format!(
+            "CA rotation: the new CA (#{}) signs the server certificate; the previous one stays trusted for {}",
+            authority.generation,
+            span(grace)
+        ),
+        Rotation::Finish => format!(
+            "CA rotation done: only CA #{} is trusted",
+            authority.generation
+        ),
+    };
+    Some(steward_core::events::Wanted::normal(
+        "CARotation",
+        "RotateCA",
+        note,
+    ))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
