@@ -9,7 +9,8 @@
 //!                      every child by steward-core's Children (copied from the owner)
 //! member Lease         one per replica ({lease}-member-…, labelled with the ring), renewed
 //!                      every retry period: who is alive, seen on each replica's own clock
-//! assign(N, members)   which live replica each shard should go to: rendezvous hashing with
+//! assign_keeping(N,    which live replica each shard should go to: its current holder
+//!   members, holders)  where the balance allows, the rest by rendezvous hashing with
 //!                      bounded loads (each replica gets ⌊N/M⌋ or ⌈N/M⌉ shards)     (pure)
 //! shard Lease          one per shard ({lease}-shard-i), an ordinary leader election whose
 //!                      candidacy is "the assignment names me"; a holder the assignment no
@@ -32,7 +33,10 @@
 //!   unchanged just as long. So a dead replica's shards are taken over within about
 //!   `lease_duration + retry_period`, while the other shards keep their holders and work.
 //! - **Balance and little movement.** Each live replica is assigned ⌊N/M⌋ or ⌈N/M⌉ shards; a
-//!   replica joining or leaving moves about N/M shards, not all of them (rendezvous hashing).
+//!   replica leaving moves only its own shards, one joining takes about N/M from the others
+//!   (current holders keep their shards where the balance allows; the rest by rendezvous
+//!   hashing). (Before the holders counted, bounded loads computed from scratch could move a
+//!   live replica's shard when another died: found on three real nodes.)
 //!   A shard is handed over by release, so a joining replica takes it within a watch event.
 //! - **A single replica works unchanged**: with `--shards 1` (the default) none of this runs.
 //!
@@ -118,30 +122,87 @@ pub fn narrow(base: Option<&str>, shard: Option<u32>) -> Option<String> {
     }
 }
 
-/// Which of `members` each of `shards` shards goes to: rendezvous hashing with bounded
-/// loads. Shards are placed in order; each goes to the member with the highest score
-/// `hash(member, shard)` among those holding fewer than ⌈shards/members⌉. `None` for every
-/// shard when there are no members. Pure and the same on every replica for the same members.
+/// Which of `members` each of `shards` shards goes to, from scratch: [`assign_keeping`] with
+/// no current holders.
 pub fn assign(shards: u32, members: &[String]) -> Vec<Option<String>> {
+    assign_keeping(shards, members, &[])
+}
+
+/// Which of `members` each of `shards` shards goes to, keeping shards with their current
+/// holders (`holders[i]`: shard `i`'s, if any) where the balance allows. Each member gets
+/// `q = ⌊shards/members⌋` or `q + 1`, exactly `shards mod members` of them `q + 1`:
+/// 1. a shard stays with its holder if the holder is a member with fewer than `q`;
+/// 2. then with its holder if that holder has `q` and members with `q + 1` are still allowed;
+/// 3. every other shard, in order, goes to the member with the highest score
+///    `hash(member, shard)` among those below `q`, else among those at `q` while `q + 1` is
+///    still allowed (rendezvous hashing with bounded loads).
+///
+/// So a member leaving moves only its own shards, and one joining takes about `shards/members`
+/// of them from the others; with no holders (a fresh ring) it is plain rendezvous hashing
+/// with bounded loads. `None` for every shard when there are no members. Pure and the same on
+/// every replica for the same members and holders.
+pub fn assign_keeping(
+    shards: u32,
+    members: &[String],
+    holders: &[Option<String>],
+) -> Vec<Option<String>> {
     let mut members: Vec<&String> = members.iter().collect();
     members.sort();
     members.dedup();
     if members.is_empty() {
         return vec![None; shards as usize];
     }
-    let cap = (shards as usize).div_ceil(members.len());
+    let n = shards as usize;
+    let (q, mut extra) = (n / members.len(), n % members.len());
     let mut load: HashMap<&str, usize> = HashMap::new();
-    (0..shards)
-        .map(|s| {
-            let shard = s.to_string();
-            let best = members
+    let mut plan: Vec<Option<String>> = vec![None; n];
+    let member = |h: &Option<String>| {
+        h.as_deref()
+            .and_then(|h| members.iter().find(|m| m.as_str() == h).copied())
+    };
+    // 1 and 2: current holders keep what the balance allows.
+    for pass in [false, true] {
+        for (shard, slot) in plan.iter_mut().enumerate() {
+            let Some(holder) = holders.get(shard).and_then(&member) else {
+                continue;
+            };
+            if slot.is_some() {
+                continue;
+            }
+            let l = load.entry(holder.as_str()).or_default();
+            if *l < q || (pass && *l == q && extra > 0) {
+                if *l == q {
+                    extra -= 1;
+                }
+                *l += 1;
+                *slot = Some(holder.clone());
+            }
+        }
+    }
+    // 3: the rest by rendezvous hashing, below q first, then up to q + 1 while allowed.
+    for (shard, slot) in plan.iter_mut().enumerate() {
+        if slot.is_some() {
+            continue;
+        }
+        let key = shard.to_string();
+        let best = |allowed: &dyn Fn(usize) -> bool| {
+            members
                 .iter()
-                .filter(|m| load.get(m.as_str()).copied().unwrap_or(0) < cap)
-                .max_by_key(|m| (hash(&[m.as_str(), &shard]), m.as_str()))?;
-            *load.entry(best.as_str()).or_default() += 1;
-            Some((*best).clone())
-        })
-        .collect()
+                .filter(|m| allowed(load.get(m.as_str()).copied().unwrap_or(0)))
+                .max_by_key(|m| (hash(&[m.as_str(), &key]), m.as_str()))
+                .copied()
+        };
+        let chosen = best(&|l| l < q).or_else(|| (extra > 0).then(|| best(&|l| l == q)).flatten());
+        if let Some(m) = chosen {
+            let l = load.entry(m.as_str()).or_default();
+            if *l == q {
+                extra -= 1;
+            }
+            *l += 1;
+            *slot = Some(m.clone());
+        }
+    }
+    plan
 }
 
 /// This replica's view of the ring: the candidacy of each shard, from live member Leases.
@@ -198,15 +259,19 @@ impl Ring {
             if let Err(e) = self.renew(&api, &mine).await {
                 tracing::warn!(lease = %mine, error = %e, "failed to renew the ring member lease");
             }
-            match api
-                .list(&ListParams::default().labels(&format!("{RING_LABEL}={}", self.ring)))
-                .await
-            {
+            // The namespace's Leases: the ring's members (labelled) and its shards' (by name),
+            // whose holders keep their shards where the balance allows (see `assign_keeping`).
+            match api.list(&ListParams::default()).await {
                 Ok(list) => {
                     let now = Instant::now();
                     let mut live = vec![self.config.identity.clone()];
                     let mut present = std::collections::HashSet::new();
-                    for lease in list.items {
+                    let (members, others): (Vec<Lease>, Vec<Lease>) =
+                        list.items.into_iter().partition(|l| {
+                            l.labels().get(RING_LABEL).map(String::as_str) == Some(&self.ring)
+                        });
+                    let holders = self.holders(&others);
+                    for lease in members {
                         let name = lease.name_any();
                         present.insert(name.clone());
                         let Some(spec) = lease.spec else { continue };
@@ -226,7 +291,7 @@ impl Ring {
                         }
                     }
                     seen.retain(|name, _| present.contains(name));
-                    let plan = assign(self.shards, &live);
+                    let plan = assign_keeping(self.shards, &live, &holders);
                     for (shard, owner) in plan.iter().enumerate() {
                         let me = owner.as_deref() == Some(self.config.identity.as_str());
                         self.candidacy[shard].send_if_modified(|c| std::mem::replace(c, me) != me);
@@ -264,6 +329,21 @@ impl Ring {
         if let Err(e) = api.delete(&mine, &DeleteParams::default()).await {
             tracing::debug!(lease = %mine, error = %e, "failed to delete the ring member lease");
         }
+    }
+
+    /// Each shard's holder, from the shard Leases among `leases` (`<ring>-shard-<i>`; a
+    /// released Lease holds nothing).
+    fn holders(&self, leases: &[Lease]) -> Vec<Option<String>> {
+        (0..self.shards)
+            .map(|i| {
+                let name = format!("{}-shard-{i}", self.ring);
+                leases
+                    .iter()
+                    .find(|l| l.metadata.name.as_deref() == Some(name.as_str()))
+                    .and_then(|l| l.spec.as_ref()?.holder_identity.clone())
+                    .filter(|h| !h.is_empty())
+            })
+            .collect()
     }
 
     /// Creates or renews this replica's member Lease (holder: this identity; renewTime: now).
@@ -421,16 +501,72 @@ mod tests {
 
     #[test]
     fn a_member_leaving_moves_only_its_shards() {
-        let m = members(4);
-        let before = assign(64, &m);
-        let gone = "replica-2";
-        let rest: Vec<String> = m.iter().filter(|x| *x != gone).cloned().collect();
-        let after = assign(64, &rest);
-        let moved = before.iter().zip(&after).filter(|(b, a)| b != a).count();
-        let had = before.iter().filter(|b| b.as_deref() == Some(gone)).count();
-        // Bounded loads may shift a few more than the departed member's own shards.
-        assert!(moved <= had + 64 / 4, "moved {moved}, the member had {had}");
-        assert!(after.iter().all(|a| a.as_deref() != Some(gone)));
+        for (shards, n) in [(3, 3), (64, 4), (8, 3), (5, 2)] {
+            let m = members(n);
+            let before = assign(shards, &m);
+            for gone in &m {
+                let rest: Vec<String> = m.iter().filter(|x| *x != gone).cloned().collect();
+                let after = assign_keeping(shards, &rest, &before);
+                for (i, (b, a)) in before.iter().zip(&after).enumerate() {
+                    if b.as_ref() != Some(gone) {
+                        assert_eq!(a, b, "shard {i} of {shards} moved when {gone} left {n}");
+                    }
+                }
+                assert!(
+                    after
+                        .iter()
+                        .all(|a| a.is_some() && a.as_ref() != Some(gone))
+                );
+                fair(&after, shards, n - 1);
+            }
+        }
+    }
+
+    #[test]
+    fn a_member_joining_takes_its_share_and_nothing_else_moves() {
+        for (shards, n) in [(3, 2), (64, 3), (8, 3), (2, 2)] {
+            let m = members(n);
+            let before = assign(shards, &m);
+            let mut more = m.clone();
+            more.push("replica-new".into());
+            let after = assign_keeping(shards, &more, &before);
+            let moved = before.iter().zip(&after).filter(|(b, a)| b != a).count();
+            let taken = after
+                .iter()
+                .filter(|a| a.as_deref() == Some("replica-new"))
+                .count();
+            assert_eq!(moved, taken, "only shards the newcomer takes move");
+            fair(&after, shards, n + 1);
+        }
+    }
+
+    #[test]
+    fn holders_that_left_or_exceed_their_share_are_not_kept() {
+        let m = members(2);
+        // A holder that is no member, and one holding every shard.
+        let stale = vec![
+            Some("gone".to_string()),
+            Some("replica-0".into()),
+            Some("replica-0".into()),
+            Some("replica-0".into()),
+        ];
+        let plan = assign_keeping(4, &m, &stale);
+        fair(&plan, 4, 2);
+        assert!(plan.iter().all(|p| p.as_deref() != Some("gone")));
+    }
+
+    /// Each member gets ⌊shards/n⌋ or ⌈shards/n⌉ shards, every shard a member.
+    fn fair(plan: &[Option<String>], shards: u32, n: usize) {
+        assert!(plan.iter().all(Option::is_some), "{plan:?}");
+        let mut load: HashMap<&str, usize> = HashMap::new();
+        for m in plan.iter().flatten() {
+            *load.entry(m.as_str()).or_default() += 1;
+        }
+        let (lo, hi) = (shards as usize / n, (shards as usize).div_ceil(n));
+        assert!(
+            load.values().all(|l| (lo..=hi).contains(l)) && (lo == 0 || load.len() == n),
+            "{shards} shards over {n}: {load:?}"
+        );
     }
 
     #[test]
