@@ -4,7 +4,9 @@
 //! PersistentVolume deleted, the claim `Lost`), the StatefulSet's pod stays Pending for ever
 //! (nothing can schedule it) and the cluster runs one instance short. The operator deletes
 //! that instance's claim, then its pod: the StatefulSet makes both again, the new claim gets a
-//! volume wherever the scheduler places the pod, and the instance clones the primary.
+//! volume wherever the scheduler places the pod, and the instance clones the primary. A pod
+//! whose claim is gone (deleted by hand, or an operator killed between the two deletes) is
+//! replaced the same way: the StatefulSet makes a missing claim only with a new pod.
 //!
 //! Only a replica is replaced, and only while a ready primary runs elsewhere (its clone's
 //! source): the primary's own volume gone is a failover first (the instance managers elect a
@@ -30,6 +32,9 @@ pub enum Volume {
     OnGoneNodes(BTreeSet<String>),
     /// Its PersistentVolume `0` is deleted, or the claim is `Lost`.
     Gone(String),
+    /// Its claim `0` is gone: deleted (by hand, or by a replacement interrupted before it
+    /// deleted the pod); the StatefulSet makes it again only with a new pod.
+    ClaimGone(String),
     /// Present, or not pinned to any node: nothing to do.
     Present,
 }
@@ -67,6 +72,7 @@ impl Volume {
                 nodes.iter().cloned().collect::<Vec<_>>().join(", ")
             )),
             Volume::Gone(pv) => Some(format!("its volume {pv} is gone")),
+            Volume::ClaimGone(claim) => Some(format!("its claim {claim} is gone")),
             Volume::Present => None,
         }
     }
@@ -140,9 +146,17 @@ pub async fn observe(
             .await
             .map_err(read(format!("PersistentVolumeClaim {name}")))?
         else {
+            // The StatefulSet creates a pod's claim before the pod: this one was deleted
+            // since (a replacement cut off between its two deletes, say).
+            unscheduled.push(Unscheduled {
+                pod: pod.name_any(),
+                volume: Volume::ClaimGone(name),
+                claim_uid: None,
+            });
             continue;
         };
         if claim.metadata.deletion_timestamp.is_some() {
+            // Going (an unscheduled pod does not hold it): seen as gone once it is.
             continue;
         }
         let lost = claim.status.as_ref().and_then(|s| s.phase.as_deref()) == Some("Lost");
@@ -289,6 +303,20 @@ mod tests {
         assert!(matches!(
             decide(Some("pg-0"), &pods, &lost),
             Decision::Blocked { why, .. } if why.contains("Lease")
+        ));
+    }
+
+    #[test]
+    fn a_pod_whose_claim_is_gone_is_replaced_too() {
+        let pods = [pod("pg-0", 0, true), pod("pg-1", 1, false)];
+        let gone = [Unscheduled {
+            pod: "pg-1".into(),
+            volume: Volume::ClaimGone("data-pg-1".into()),
+            claim_uid: None,
+        }];
+        assert!(matches!(
+            decide(Some("pg-0"), &pods, &gone),
+            Decision::Replace { pod, why } if pod == "pg-1" && why.contains("claim data-pg-1 is gone")
         ));
     }
 
