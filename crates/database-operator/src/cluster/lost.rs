@@ -16,7 +16,7 @@
 use std::collections::BTreeSet;
 
 use k8s_openapi::api::core::v1::{Node, PersistentVolume, PersistentVolumeClaim, Pod};
-use kube::api::{Api, DeleteParams, Preconditions};
+use kube::api::{Api, DeleteParams, ListParams, Preconditions};
 use kube::{Client, ResourceExt};
 use steward_core::object::unless_gone;
 
@@ -24,11 +24,14 @@ use super::build::DATA_VOLUME;
 use super::rollout::PodView;
 use crate::Error;
 
+/// The label a local volume's node affinity names its node by.
+const HOSTNAME_LABEL: &str = "kubernetes.io/hostname";
+
 /// Where an unscheduled instance's volume is, as observed.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Volume {
-    /// Bound to a volume pinned to these nodes (`kubernetes.io/hostname`), none of which
-    /// exists any more.
+    /// Bound to a volume pinned to these nodes (`kubernetes.io/hostname` values), none of
+    /// which exists any more (no Node carries the label).
     OnGoneNodes(BTreeSet<String>),
     /// Its PersistentVolume `0` is deleted, or the claim is `Lost`.
     Gone(String),
@@ -175,11 +178,19 @@ pub async fn observe(
                     let mut any_left = pinned.is_empty();
                     for node in &pinned {
                         if !any_left {
-                            any_left = nodes
-                                .get_opt(node)
+                            // By the label the affinity matches, not by name: a node's
+                            // hostname label need not be its name.
+                            let selector = ListParams::default()
+                                .labels(&format!("{HOSTNAME_LABEL}={node}"))
+                                .limit(1);
+                            any_left = !nodes
+                                .list_metadata(&selector)
                                 .await
-                                .map_err(read(format!("Node {node}")))?
-                                .is_some();
+                                .map_err(read(format!(
+                                    "the Node labelled {HOSTNAME_LABEL}={node}"
+                                )))?
+                                .items
+                                .is_empty();
                         }
                     }
                     pinned_to.extend(pinned.iter().cloned());
@@ -215,7 +226,7 @@ fn pinned_nodes(volume: &PersistentVolume) -> BTreeSet<String> {
             .match_expressions
             .iter()
             .flatten()
-            .filter(|e| e.key == "kubernetes.io/hostname" && e.operator == "In")
+            .filter(|e| e.key == HOSTNAME_LABEL && e.operator == "In")
             .flat_map(|e| e.values.iter().flatten())
             .collect();
         if named.is_empty() {
