@@ -2404,14 +2404,24 @@ async fn a_bad_parameter_value_is_explained_and_never_rolled_out() {
         .await
         .unwrap();
     wait_conf(&configs, "pg-config", "log_statement = 'mod'\n").await;
-    let c = clusters.get("pg").await.unwrap();
-    let ready = condition(&c.status.unwrap_or_default().conditions, "Ready");
-    assert!(
-        ready
-            .as_ref()
-            .is_none_or(|(_, reason, _)| reason != "InvalidParameters"),
-        "{ready:?}"
-    );
+    // The status is written at the end of the reconcile that applied the ConfigMap.
+    eventually("Ready no longer InvalidParameters", WAIT, || {
+        let clusters = clusters.clone();
+        async move {
+            let c = clusters.get("pg").await.map_err(|e| e.to_string())?;
+            let ready = condition(&c.status.unwrap_or_default().conditions, "Ready");
+            if ready
+                .as_ref()
+                .is_none_or(|(_, reason, _)| reason != "InvalidParameters")
+            {
+                Ok(())
+            } else {
+                Err(format!("{ready:?}"))
+            }
+        }
+    })
+    .await
+    .unwrap();
 }
 
 /// The parameter table (`database_operator::parameters::TABLE`) against a real PostgreSQL:
