@@ -18,7 +18,6 @@
 
 use std::collections::BTreeMap;
 use std::path::PathBuf;
-use std::time::Duration;
 
 use futures::StreamExt;
 use k8s_openapi::api::core::v1::{PersistentVolume, PersistentVolumeClaim};
@@ -251,8 +250,7 @@ async fn reclaim(client: Client, roots: &Roots) {
                 pv.name_any()
             ),
         }
-        // Never busy: a failing delete is retried at the watch's next event.
-        tokio::time::sleep(Duration::from_millis(10)).await;
+        // A failing delete is tried again at the watch's next event for it.
     }
 }
 
