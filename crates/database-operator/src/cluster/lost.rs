@@ -49,6 +49,8 @@ pub struct Unscheduled {
     pub volume: Volume,
     /// Its claim's uid (deleted only if it is still that claim).
     pub claim_uid: Option<String>,
+    /// Its pod's uid (deleted only if it is still that pod).
+    pub pod_uid: Option<String>,
 }
 
 /// What to do about the instances whose volume is gone.
@@ -155,6 +157,7 @@ pub async fn observe(
                 pod: pod.name_any(),
                 volume: Volume::ClaimGone(name),
                 claim_uid: None,
+                pod_uid: pod.uid(),
             });
             continue;
         };
@@ -206,6 +209,7 @@ pub async fn observe(
             pod: pod.name_any(),
             volume,
             claim_uid: claim.uid(),
+            pod_uid: pod.uid(),
         });
     }
     Ok((unscheduled, pinned_to))
@@ -242,12 +246,7 @@ fn pinned_nodes(volume: &PersistentVolume) -> BTreeSet<String> {
 ///
 /// # Errors
 /// [`Error::ReplaceInstance`] if either delete fails (one already gone is no error).
-pub async fn replace(
-    client: &Client,
-    ns: &str,
-    lost: &Unscheduled,
-    pods: &[Pod],
-) -> Result<(), Error> {
+pub async fn replace(client: &Client, ns: &str, lost: &Unscheduled) -> Result<(), Error> {
     let failed = |source| Error::ReplaceInstance {
         pod: lost.pod.clone(),
         source,
@@ -262,12 +261,8 @@ pub async fn replace(
     let claims: Api<PersistentVolumeClaim> = Api::namespaced(client.clone(), ns);
     let claim = format!("{DATA_VOLUME}-{}", lost.pod);
     unless_gone(claims.delete(&claim, &only(lost.claim_uid.clone())).await).map_err(failed)?;
-    let pod_uid = pods
-        .iter()
-        .find(|p| p.name_any() == lost.pod)
-        .and_then(ResourceExt::uid);
     let pods: Api<Pod> = Api::namespaced(client.clone(), ns);
-    unless_gone(pods.delete(&lost.pod, &only(pod_uid)).await)
+    unless_gone(pods.delete(&lost.pod, &only(lost.pod_uid.clone())).await)
         .map(drop)
         .map_err(failed)
 }
@@ -285,6 +280,7 @@ mod tests {
             pod: pod.into(),
             volume: Volume::OnGoneNodes(BTreeSet::from([node.to_string()])),
             claim_uid: None,
+            pod_uid: None,
         }
     }
 
@@ -324,6 +320,7 @@ mod tests {
             pod: "pg-1".into(),
             volume: Volume::ClaimGone("data-pg-1".into()),
             claim_uid: None,
+            pod_uid: None,
         }];
         assert!(matches!(
             decide(Some("pg-0"), &pods, &gone),
@@ -342,6 +339,7 @@ mod tests {
             pod: "pg-1".into(),
             volume: Volume::Present,
             claim_uid: None,
+            pod_uid: None,
         }];
         assert_eq!(decide(Some("pg-0"), &pods, &present), Decision::Nothing);
         let two = [
@@ -349,6 +347,7 @@ mod tests {
                 pod: "pg-2".into(),
                 volume: Volume::Gone("pv-2".into()),
                 claim_uid: None,
+                pod_uid: None,
             },
             gone("pg-1", "b"),
         ];

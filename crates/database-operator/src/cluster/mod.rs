@@ -486,7 +486,7 @@ async fn move_primary(
         .as_ref()
         .and_then(|pod| unscheduled.iter().find(|u| u.pod == *pod))
     {
-        lost::replace(client, &ns, lost, &seen.pods).await?;
+        lost::replace(client, &ns, lost).await?;
     }
     for event in moves.events {
         ctx.recorder.emit(cluster, event).await;

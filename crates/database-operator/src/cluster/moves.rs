@@ -383,6 +383,7 @@ mod tests {
             pod: "pg-2".into(),
             volume: lost::Volume::OnGoneNodes(BTreeSet::from(["node-2".to_string()])),
             claim_uid: Some("u".into()),
+            pod_uid: None,
         }];
         let replaced = decide_with(
             &roles(Some("pg-0")),
