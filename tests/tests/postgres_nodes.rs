@@ -208,18 +208,17 @@ async fn a_primary_drained_losing_its_node_or_cut_off_moves_to_another_node_and_
         reasons.iter().any(|r| r.contains(" SwitchedOver: ")),
         "the new primary was reported as a switchover: {reasons:#?}"
     );
-    // Known race, narrowed but not closed: another replica may still take the released Lease
-    // first and hand it to the target (CI at `848efcb`, and again at `0d60191` after
-    // `election::handed_over` made a ready target the only candidate — the target is probably
-    // not ready at that instant). Printed, not failed on, until it is closed; nothing
-    // acknowledged is lost either way (checked above).
+    // Straight to the target: the old primary released the Lease naming itself and where its
+    // WAL ends beside the target, so no other replica takes it first to hand it on (CI saw
+    // that hop at `848efcb` and `0d60191`, when a switchover's release carried no record).
     let hops: Vec<&String> = reasons
         .iter()
         .filter(|r| r.contains(" FailedOver: "))
         .collect();
-    if !hops.is_empty() {
-        eprintln!("the drain's switchover went through another replica first: {hops:#?}");
-    }
+    assert!(
+        hops.is_empty(),
+        "the drain's switchover went through another replica first: {hops:#?}"
+    );
     let pending = cluster.pods().get(&drained_pod).await.unwrap();
     let phase = pending.status.as_ref().and_then(|s| s.phase.clone());
     assert!(

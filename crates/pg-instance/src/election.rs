@@ -103,18 +103,36 @@ impl CleanStopRecord {
     }
 }
 
-/// The instance manager's last eligibility decision and the record it was made on.
+/// The instance manager's last eligibility decision and what it was made on: the record, and
+/// whether the Lease was released (rather than held, or expired: a holder that stopped
+/// renewing is still named on it).
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct Decided {
     pub eligible: bool,
     pub record: CleanStopRecord,
+    pub released: bool,
 }
 
 impl Decided {
-    /// Whether the elector may take `lease` (released or expired) on this decision.
+    /// Whether the elector may take `lease` (released or expired) on this decision. A
+    /// decision made while the Lease was held does not cover its release: a primary writes
+    /// its record while it still holds the Lease, then releases it, and a replica that
+    /// decided in between (on the ordinary election, the Lease being held) must decide again
+    /// on the release ([`after_clean_stop`]) before it takes the Lease.
     pub fn allows(&self, lease: &Lease) -> bool {
-        self.eligible && self.record == CleanStopRecord::of(lease)
+        self.eligible
+            && self.record == CleanStopRecord::of(lease)
+            && self.released == released(lease)
     }
+}
+
+/// Whether `lease` is released: it names no holder.
+pub fn released(lease: &Lease) -> bool {
+    lease
+        .spec
+        .as_ref()
+        .and_then(|s| s.holder_identity.as_deref())
+        .is_none_or(str::is_empty)
 }
 
 /// After a clean stop of the primary (the Lease released, no switchover under way), the
@@ -537,14 +555,31 @@ mod tests {
         let before = Decided {
             eligible: true,
             record: CleanStopRecord::of(&none),
+            released: true,
         };
         assert!(before.allows(&none));
         assert!(!before.allows(&stopped));
         let on_it = Decided {
             eligible: true,
             record: CleanStopRecord::of(&stopped),
+            released: true,
         };
         assert!(on_it.allows(&stopped));
+        // Decided on the record while pg-0 still held the Lease (it writes the record, then
+        // releases): that decision was the ordinary election's, not one on the release.
+        let mut held = stopped.clone();
+        held.spec = Some(k8s_openapi::api::coordination::v1::LeaseSpec {
+            holder_identity: Some("pg-0".into()),
+            ..Default::default()
+        });
+        let while_held = Decided {
+            eligible: true,
+            record: CleanStopRecord::of(&held),
+            released: false,
+        };
+        assert!(!while_held.allows(&stopped));
+        // The same decision covers that Lease expiring (pg-0 named on it, not renewing).
+        assert!(while_held.allows(&held));
         assert!(
             !Decided {
                 eligible: false,

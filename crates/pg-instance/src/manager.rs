@@ -678,12 +678,20 @@ impl Instance {
     /// of it need not wait for this instance to come back.
     async fn record_last_primary(&self) -> anyhow::Result<()> {
         let end = match postgres::clean_wal_end(&self.settings.paths).await {
-            Ok(end) => end.map(|e| e.to_string()),
+            Ok(end) => end,
             Err(e) => {
                 tracing::warn!(error = %e, "where this instance's WAL ends is unknown: replicas wait for it to come back");
                 None
             }
         };
+        self.name_last_primary(end).await
+    }
+
+    /// Names this instance on the Lease as the last primary, its WAL ending at `end`. Beside
+    /// a switchover's target (which confirmed it flushed `end`), this is what makes the
+    /// release a confirmed handover ([`election::handed_over`]).
+    async fn name_last_primary(&self, end: Option<contract::WalEnd>) -> anyhow::Result<()> {
+        let end = end.map(|e| e.to_string());
         self.annotate_lease_all(&[
             (contract::LAST_PRIMARY_ANNOTATION, Some(&self.settings.pod)),
             (contract::LAST_PRIMARY_WAL_ANNOTATION, end.as_deref()),
@@ -1024,6 +1032,14 @@ impl Instance {
             Ok(end) => {
                 tracing::info!(%target, %end, "the target has every WAL record: releasing the Lease");
                 self.needs_rewind = true;
+                // The record first, while still holding: a release without it would be
+                // decided by the ordinary election, on positions published up to a second
+                // ago, and could elect a replica other than the target, which then hands
+                // over again (`election::handed_over`). Not written (the API server did not
+                // answer): the Lease is released without it, and that election decides.
+                if let Err(e) = self.name_last_primary(Some(end)).await {
+                    tracing::warn!(error = %format!("{e:#}"), "recording where the WAL ends before the release failed");
+                }
                 self.release_lease().await
             }
             Err(why) => {
@@ -1043,9 +1059,9 @@ impl Instance {
     /// After a clean shutdown for a switchover: waits (up to [`HANDOVER_CONFIRM`]) until the
     /// target at `host` has flushed this instance's WAL up to the end of its shutdown
     /// checkpoint. Returns that end, or why it could not be confirmed.
-    async fn confirm_handover(&self, host: &str) -> Result<contract::Lsn, String> {
+    async fn confirm_handover(&self, host: &str) -> Result<contract::WalEnd, String> {
         let end = match postgres::clean_wal_end(&self.settings.paths).await {
-            Ok(Some(end)) => end.lsn,
+            Ok(Some(end)) => end,
             Ok(None) => return Err("the data directory was not shut down cleanly".into()),
             Err(e) => return Err(format!("reading where the WAL ends: {e}")),
         };
@@ -1053,7 +1069,7 @@ impl Instance {
         let mut last = String::from("not asked yet");
         while Instant::now() < deadline {
             match postgres::received_lsn(&self.settings.paths, host).await {
-                Ok(Some(received)) if received >= end => return Ok(end),
+                Ok(Some(received)) if received >= end.lsn => return Ok(end),
                 Ok(received) => last = format!("it has flushed up to {received:?}"),
                 Err(e) => last = format!("asking it failed: {e}"),
             }
@@ -1392,6 +1408,7 @@ impl Instance {
         let decided = election::Decided {
             eligible,
             record: world.clean_stop.clone(),
+            released: world.holder.as_deref() == Some(""),
         };
         let redecided = self.decided.send_if_modified(|d| {
             let changed = *d != decided;
