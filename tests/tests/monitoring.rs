@@ -124,6 +124,21 @@ async fn every_metric_the_rules_and_the_dashboard_read_is_exported() {
         (entry.register)(&mut op, &[]).expect("register");
         families.extend(op.metrics().families());
     }
+    // What each PostgreSQL pod's instance manager serves: its built-in queries' metrics, and
+    // those it computes itself (crates/pg-instance/src/metrics.rs).
+    for query in database_operator::crd::monitoring::builtin() {
+        families.extend(query.metrics.iter().map(|m| query.metric_name(m)));
+    }
+    families.extend(
+        [
+            "steward_pg_up",
+            "steward_pg_member_lag_bytes",
+            "steward_pg_query_error",
+            "steward_pg_query_duration_seconds",
+            "steward_pg_queries_file_error",
+        ]
+        .map(String::from),
+    );
 
     let rules: Value = serde_yaml::from_str(&rule_file()).expect("rules");
     let mut exprs: Vec<(String, String)> = Vec::new();
@@ -140,6 +155,9 @@ async fn every_metric_the_rules_and_the_dashboard_read_is_exported() {
     )
     .expect("the dashboard is JSON");
     for panel in dashboard["panels"].as_array().expect("panels") {
+        if panel["type"] == "row" {
+            continue;
+        }
         for target in panel["targets"].as_array().expect("targets") {
             exprs.push((
                 format!("panel {}", panel["title"].as_str().unwrap_or_default()),
@@ -167,14 +185,20 @@ async fn every_metric_the_rules_and_the_dashboard_read_is_exported() {
         "not exported by any operator: {missing:#?}"
     );
 
-    // The kustomization renders: ServiceMonitor, PrometheusRule, the dashboard's ConfigMap.
+    // The kustomization renders: ServiceMonitor, PodMonitor, PrometheusRule, the dashboard's
+    // ConfigMap.
     let objects = cp
         .kustomize(&monitoring())
         .expect("kustomize deploy/monitoring");
     let kinds: BTreeSet<&str> = objects.iter().filter_map(|o| o["kind"].as_str()).collect();
     assert_eq!(
         kinds,
-        BTreeSet::from(["ConfigMap", "PrometheusRule", "ServiceMonitor"])
+        BTreeSet::from([
+            "ConfigMap",
+            "PodMonitor",
+            "PrometheusRule",
+            "ServiceMonitor"
+        ])
     );
 }
 
@@ -183,9 +207,9 @@ async fn deploy_monitoring_applies_against_the_prometheus_operator_crds() {
     let crds =
         steward_testenv::binaries::prometheus_operator_crds().expect("Prometheus Operator CRDs");
     let cp = steward_testenv::shared().await.expect("control plane");
-    // Only the two kinds deploy/monitoring uses (the others are large and unused here).
+    // Only the kinds deploy/monitoring uses (the others are large and unused here).
     let dir = tempfile::tempdir().expect("temp dir");
-    for plural in ["servicemonitors", "prometheusrules"] {
+    for plural in ["servicemonitors", "podmonitors", "prometheusrules"] {
         let file = format!("monitoring.coreos.com_{plural}.yaml");
         std::fs::copy(crds.join(&file), dir.path().join(&file)).expect("copy CRD");
     }
@@ -213,13 +237,21 @@ async fn deploy_monitoring_applies_against_the_prometheus_operator_crds() {
                     .sum();
                 assert_eq!(
                     (groups.len(), rules),
-                    (2, alert_count()),
+                    (3, alert_count()),
                     "the rules as stored"
                 );
             }
             Some("ServiceMonitor") => {
                 assert_eq!(applied["spec"]["endpoints"][0]["honorLabels"], true);
                 assert_eq!(applied["spec"]["endpoints"][0]["port"], "metrics");
+            }
+            Some("PodMonitor") => {
+                let endpoint = &applied["spec"]["podMetricsEndpoints"][0];
+                assert_eq!(endpoint["port"], "instance");
+                assert_eq!(
+                    endpoint["relabelings"][0]["replacement"],
+                    "steward-postgres"
+                );
             }
             Some("ConfigMap") => {
                 let dashboard = applied["data"]["steward.json"].as_str().expect("dashboard");
@@ -352,7 +384,7 @@ async fn prometheus_scrapes_an_operator_and_loads_the_rules() {
                 .iter()
                 .flat_map(|g| g["rules"].as_array().cloned().unwrap_or_default())
                 .collect();
-            if groups.len() == 2 && rules.iter().all(|r| r["health"] == "ok") {
+            if groups.len() == 3 && rules.iter().all(|r| r["health"] == "ok") {
                 Ok(rules)
             } else {
                 Err(body.to_string())

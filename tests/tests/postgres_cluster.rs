@@ -11,7 +11,7 @@
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use k8s_openapi::api::core::v1::{Pod, Secret};
+use k8s_openapi::api::core::v1::{ConfigMap, Pod, Secret};
 use kube::ResourceExt;
 use kube::api::{Api, DeleteParams, Patch, PatchParams};
 use serde_json::json;
@@ -87,6 +87,50 @@ async fn postgres_cluster_streams_a_row_from_its_primary_to_its_replica() {
         sync,
         ["quorum"],
         "synchronousReplicas: 1 → the replica acknowledges commits (ANY 1)"
+    );
+    // PostgreSQL's metrics on the default image's major (15: checkpoints from
+    // pg_stat_bgwriter, 17's view is checked in the waiting-commits test): every built-in
+    // query serves on both instances, and the primary lists the replica it streams to.
+    let (primary_pod, _) = cluster.primary().await;
+    for pod in ["pg-0", "pg-1"] {
+        let cluster = &cluster;
+        let text = eventually(&format!("{pod} serves its metrics"), WAIT, || async move {
+            let text = instance_metrics(cluster, pod).await;
+            let failed: Vec<&str> = text
+                .lines()
+                .filter(|l| l.starts_with("steward_pg_query_error{") && !l.ends_with(" 0"))
+                .collect();
+            match sample(&text, "steward_pg_up") {
+                Some(1.0) if failed.is_empty() => Ok(text),
+                up => Err(format!("steward_pg_up {up:?}, failing: {failed:?}")),
+            }
+        })
+        .await
+        .unwrap();
+        assert!(
+            text.contains("steward_pg_query_error{query=\"steward_pg_checkpoints\"} 0"),
+            "{text}"
+        );
+        if pod == primary_pod {
+            let replica_pod = if pod == "pg-0" { "pg-1" } else { "pg-0" };
+            assert!(
+                text.contains(&format!(
+                    "steward_pg_replication_lag_bytes{{standby=\"{replica_pod}\",state=\"streaming\",sync_state=\"quorum\"}}"
+                )),
+                "{text}"
+            );
+        }
+    }
+    // The metrics role has no password: over the network it cannot log in.
+    let monitor = format!(
+        "host={} port=5432 user=steward_monitor dbname=postgres connect_timeout=5",
+        cluster.cluster_ip("pg-rw").await
+    );
+    assert!(
+        tokio_postgres::connect(&monitor, tokio_postgres::NoTls)
+            .await
+            .is_err(),
+        "steward_monitor logs in only through the pod's socket"
     );
     // TLS: a client verifies the primary's certificate for the Service's name with the CA
     // in the superuser Secret (verify-full); the replica streams over TLS; replication
@@ -2051,6 +2095,13 @@ async fn a_database_on_a_cluster_is_created_by_the_operator_pod_over_verify_full
 /// then the replication role still connects (a reserved slot), the cluster is not Ready with
 /// reason `CommitsWaiting` naming the primary and `status.instances` counts the waiting
 /// commits; once the receiver runs again every commit returns and the cluster is Ready.
+///
+/// Issue #41, metrics: before the clients come, every instance serves PostgreSQL's metrics on
+/// `/metrics` — the built-in ones (PostgreSQL 17's checkpointer view included) with values
+/// SQL confirms, and the queries of `spec.monitoring.queriesConfigMap`: one served, one that
+/// runs past its timeout reported as an error, one key that does not parse reported (and
+/// named by the condition `MetricsQueries`). With the receiver stopped, the primary's
+/// `steward_pg_member_lag_bytes` for the replica grows with what is written.
 #[tokio::test]
 async fn commits_waiting_for_a_standby_are_reported_and_leave_the_replication_role_a_slot() {
     let _turn = NODE.lock().await;
@@ -2060,10 +2111,26 @@ async fn commits_waiting_for_a_standby_are_reported_and_leave_the_replication_ro
         .postgresql_bundle_image(version)
         .await
         .expect("PostgreSQL 17 image");
+    let config_maps: Api<ConfigMap> = Api::namespaced(cluster.client.clone(), &cluster.ns);
+    config_maps
+        .create(
+            &Default::default(),
+            &serde_json::from_value(json!({
+                "metadata": {"name": "pg-metrics"},
+                "data": {
+                    "app.yaml": METRICS_QUERIES,
+                    "broken.yaml": "- {name: app_broken",
+                }
+            }))
+            .unwrap(),
+        )
+        .await
+        .unwrap();
     cluster
         .create(
             json!({"version": 17, "image": image, "synchronousReplicas": 1,
-                       "parameters": {"max_connections": "16"}}),
+                       "parameters": {"max_connections": "16"},
+                       "monitoring": {"queriesConfigMap": "pg-metrics"}}),
         )
         .await;
     let rw = cluster.cluster_ip("pg-rw").await;
@@ -2077,10 +2144,43 @@ async fn commits_waiting_for_a_standby_are_reported_and_leave_the_replication_ro
         .unwrap();
     let (primary, _) = cluster.primary().await;
     let replica = if primary == "pg-0" { "pg-1" } else { "pg-0" };
+    instances_serve_their_metrics(&cluster, &admin, &primary, replica).await;
     let receiver = cluster
         .walreceiver(replica)
         .unwrap_or_else(|| panic!("{replica} streams"));
     signal(receiver, "STOP");
+    // Written while the replica receives nothing (the commit waits for it): the primary
+    // serves the replica's lag, by the position the replica last published.
+    let lag = |text: &str| {
+        sample(
+            text,
+            &format!("steward_pg_member_lag_bytes{{member=\"{replica}\"}}"),
+        )
+    };
+    let before = lag(&instance_metrics(&cluster, &primary).await).unwrap_or(0.0);
+    let writer = connect(&rw, &cluster.password).await.unwrap();
+    let lagging = tokio::spawn(async move {
+        writer
+            .batch_execute(
+                "create table lagging as select g, repeat('x', 100) as x from generate_series(1, 20000) g",
+            )
+            .await
+    });
+    let grown = eventually("the primary serves the replica's growing lag", WAIT, || {
+        let (cluster, primary) = (&cluster, primary.as_str());
+        async move {
+            let now = lag(&instance_metrics(cluster, primary).await);
+            match now {
+                Some(bytes) if bytes >= before + 1_000_000.0 => Ok(bytes),
+                other => Err(format!("{other:?} (before: {before})")),
+            }
+        }
+    })
+    .await
+    .unwrap();
+    eprintln!(
+        "{replica} stopped receiving: the primary serves its lag, {before} then {grown} bytes"
+    );
 
     // Clients commit until PostgreSQL refuses one: each commit waits for the replica.
     let mut waiting = Vec::new();
@@ -2136,26 +2236,9 @@ async fn commits_waiting_for_a_standby_are_reported_and_leave_the_replication_ro
     drop(replication);
 
     // The cluster says why writes hang.
-    let clusters = cluster.clusters();
-    let message = eventually("the cluster reports the waiting commits", WAIT, || {
-        let clusters = clusters.clone();
-        async move {
-            let status = clusters
-                .get("pg")
-                .await
-                .map_err(|e| e.to_string())?
-                .status
-                .unwrap_or_default();
-            match status.conditions.iter().find(|c| c.type_ == "Ready") {
-                Some(c) if c.status == "False" && c.reason == "CommitsWaiting" => {
-                    Ok(c.message.clone())
-                }
-                other => Err(format!("Ready: {other:?}")),
-            }
-        }
-    })
-    .await
-    .unwrap();
+    let message = cluster
+        .condition_message("Ready", "False", "CommitsWaiting")
+        .await;
     assert!(
         message.contains(&format!("commits on the primary {primary}")),
         "{message}"
@@ -2183,6 +2266,11 @@ async fn commits_waiting_for_a_standby_are_reported_and_leave_the_replication_ro
             .unwrap()
             .expect("the commit succeeded");
     }
+    tokio::time::timeout(WAIT, lagging)
+        .await
+        .expect("the write made while the replica received nothing returns")
+        .unwrap()
+        .expect("it succeeded");
     let rows: i64 = admin
         .query_one("select count(*) from waits", &[])
         .await
@@ -2191,6 +2279,128 @@ async fn commits_waiting_for_a_standby_are_reported_and_leave_the_replication_ro
     assert_eq!(rows, clients as i64);
     cluster.wait_ready(WAIT).await;
     cluster.stop_operator().await;
+}
+
+/// `spec.monitoring.queriesConfigMap`'s `app.yaml` in the metrics test: one query served (a
+/// label, an integer and a `numeric`), one that runs past its timeout.
+const METRICS_QUERIES: &str = "\
+- name: app_numbers
+  query: select 'x' as kind, 42 as answer, 1.5::numeric as ratio
+  labels: [kind]
+  metrics:
+    - {column: answer, help: An answer}
+    - {column: ratio}
+- name: app_slow
+  timeoutSeconds: 1
+  query: select 1 as done from pg_sleep(3)
+  metrics: [{column: done}]
+";
+
+/// `GET /metrics` of pod `pod`'s instance manager (its port 8008).
+async fn instance_metrics(cluster: &Cluster, pod: &str) -> String {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let ip = cluster
+        .pods()
+        .get(pod)
+        .await
+        .unwrap()
+        .status
+        .and_then(|s| s.pod_ip)
+        .unwrap_or_else(|| panic!("{pod} has an IP"));
+    let mut stream = tokio::net::TcpStream::connect((ip.as_str(), 8008))
+        .await
+        .unwrap_or_else(|e| panic!("{pod}'s /metrics at {ip}: {e}"));
+    let request = format!("GET /metrics HTTP/1.1\r\nHost: {ip}\r\nConnection: close\r\n\r\n");
+    stream.write_all(request.as_bytes()).await.unwrap();
+    let mut response = String::new();
+    tokio::time::timeout(WAIT, stream.read_to_string(&mut response))
+        .await
+        .expect("/metrics answers")
+        .unwrap();
+    let (head, body) = response.split_once("\r\n\r\n").unwrap_or_default();
+    assert!(head.starts_with("HTTP/1.1 200"), "{head}");
+    body.to_string()
+}
+
+/// The value of `series` (a name with its labels, as served) in the exposition `text`.
+fn sample(text: &str, series: &str) -> Option<f64> {
+    text.lines()
+        .find_map(|l| l.strip_prefix(series)?.strip_prefix(' ')?.parse().ok())
+}
+
+/// Every instance's `/metrics`: the built-in series, with values PostgreSQL confirms, the
+/// user's queries, and what cannot be served reported.
+async fn instances_serve_their_metrics(
+    cluster: &Cluster,
+    admin: &tokio_postgres::Client,
+    primary: &str,
+    replica: &str,
+) {
+    for (pod, in_recovery) in [(primary, 0.0), (replica, 1.0)] {
+        let text = eventually(&format!("{pod} serves its metrics"), WAIT, || async move {
+            let text = instance_metrics(cluster, pod).await;
+            match sample(&text, "steward_pg_up") {
+                Some(1.0) => Ok(text),
+                other => Err(format!("steward_pg_up {other:?}")),
+            }
+        })
+        .await
+        .unwrap();
+        let value = |series: &str| {
+            sample(&text, series).unwrap_or_else(|| panic!("{pod} serves {series}:\n{text}"))
+        };
+        assert_eq!(value("steward_pg_instance_in_recovery"), in_recovery);
+        assert_eq!(value("steward_pg_instance_max_connections"), 16.0);
+        assert_eq!(value("app_numbers_answer{kind=\"x\"}"), 42.0);
+        assert_eq!(value("app_numbers_ratio{kind=\"x\"}"), 1.5);
+        // Past its 1 s timeout: an error, and the queries after it served all the same.
+        assert_eq!(value("steward_pg_query_error{query=\"app_slow\"}"), 1.0);
+        assert_eq!(value("steward_pg_query_error{query=\"app_numbers\"}"), 0.0);
+        for builtin in [
+            "steward_pg_instance",
+            "steward_pg_database",
+            "steward_pg_connections",
+            "steward_pg_checkpoints",
+            "steward_pg_wal",
+            "steward_pg_archiver",
+            "steward_pg_locks",
+            "steward_pg_transactions",
+        ] {
+            assert_eq!(
+                value(&format!("steward_pg_query_error{{query=\"{builtin}\"}}")),
+                0.0,
+                "{pod}: {builtin}"
+            );
+        }
+        assert_eq!(
+            value("steward_pg_queries_file_error{file=\"broken.yaml\"}"),
+            1.0
+        );
+        assert!(value("steward_pg_database_size_bytes{datname=\"postgres\"}") > 1e6);
+        let served = value("steward_pg_database_frozen_xid_age{datname=\"postgres\"}");
+        if pod == primary {
+            let age: i32 = admin
+                .query_one(
+                    "select age(datfrozenxid) from pg_database where datname = 'postgres'",
+                    &[],
+                )
+                .await
+                .unwrap()
+                .get(0);
+            // Only transactions that write take an ID; a few may have since the scrape.
+            assert!(
+                (served - f64::from(age)).abs() <= 10.0,
+                "frozen_xid_age {served}, SQL says {age}"
+            );
+        }
+        let primary_view = value("steward_pg_instance_wal_lsn_bytes");
+        assert!(primary_view > 0.0, "{pod}: {primary_view}");
+    }
+    // The condition names the key that does not parse.
+    let message = cluster
+        .condition_message("MetricsQueries", "False", "QueriesInvalid")
+        .await;
+    assert!(message.contains("key broken.yaml"), "{message}");
 }
 
 /// Issue #37, item 7: a primary that stops cleanly and cannot come back (a drain, a pod that

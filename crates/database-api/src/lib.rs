@@ -16,6 +16,7 @@
 #![allow(clippy::duplicated_attributes)]
 
 pub mod contract;
+pub mod monitoring;
 pub mod parameters;
 
 use std::collections::BTreeMap;
@@ -145,6 +146,11 @@ pub struct PostgresClusterSpec {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub backup: Option<ClusterBackup>,
 
+    /// PostgreSQL's metrics: every instance serves its built-in ones on port 8008
+    /// (`/metrics`), and with `queriesConfigMap` the queries you add.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub monitoring: Option<Monitoring>,
+
     /// How the cluster's first instance is created. Unset: an empty cluster (`initdb`).
     /// Immutable: it only matters when the cluster is created.
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -201,6 +207,20 @@ pub enum Spread {
     Required,
     /// No rule.
     None,
+}
+
+/// `spec.monitoring` of a [`PostgresCluster`].
+#[derive(Clone, Debug, Default, Deserialize, Serialize, JsonSchema, PartialEq)]
+#[serde(rename_all = "camelCase")]
+pub struct Monitoring {
+    /// A ConfigMap in the cluster's namespace whose every key is a YAML list of metrics
+    /// queries (format: docs/postgres.md, "Metrics"), run by every instance beside the
+    /// built-in ones, as `steward_monitor` (`pg_monitor`), read-only and bounded. Naming
+    /// another ConfigMap rolls the instances; editing it does not (the kubelet refreshes the
+    /// files within about a minute). The condition `MetricsQueries` says whether it serves.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(min = 1, max = 253))]
+    pub queries_config_map: Option<String>,
 }
 
 /// Where and how a [`PostgresCluster`] is backed up.

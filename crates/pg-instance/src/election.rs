@@ -267,11 +267,12 @@ pub fn candidacy(
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
     use crate::contract::Lsn;
 
-    fn replica(lsn: u64) -> InstanceStatus {
+    /// A replica's published status at `lsn`, timeline 1.
+    pub(crate) fn replica(lsn: u64) -> InstanceStatus {
         InstanceStatus {
             role: Role::Replica,
             timeline: 1,

@@ -1,4 +1,4 @@
-//! `/healthz` and `/readyz` for the kubelet's probes.
+//! `/healthz` and `/readyz` for the kubelet's probes, and `/metrics` ([`crate::metrics`]).
 //!
 //! - ready: PostgreSQL answered lately, in the role the Lease gives this instance
 //!   (read-write while holding it, in recovery otherwise), and a replica is not known to be
@@ -16,6 +16,7 @@ use axum::routing::get;
 use tokio_util::sync::CancellationToken;
 
 use crate::contract::HTTP_PORT;
+use crate::metrics::Metrics;
 
 /// What the probes answer, set by the manager's loop.
 #[derive(Clone, Debug, Default)]
@@ -60,10 +61,25 @@ fn answer(ok: bool) -> (StatusCode, &'static str) {
     }
 }
 
-/// Serves the probes on [`HTTP_PORT`] until `shutdown`.
-pub async fn serve(health: Health, shutdown: CancellationToken) {
+/// Serves the probes and the metrics on [`HTTP_PORT`] until `shutdown`.
+pub async fn serve(health: Health, metrics: Metrics, shutdown: CancellationToken) {
     let (live, ready) = (health.clone(), health);
     let app = Router::new()
+        .route(
+            "/metrics",
+            get(move || {
+                let metrics = metrics.clone();
+                async move {
+                    (
+                        [(
+                            axum::http::header::CONTENT_TYPE,
+                            "text/plain; version=0.0.4; charset=utf-8",
+                        )],
+                        metrics.render().await,
+                    )
+                }
+            }),
+        )
         .route("/healthz", get(move || async move { answer(live.live()) }))
         .route(
             "/readyz",

@@ -30,6 +30,7 @@ pub use steward_database_api::contract;
 pub mod election;
 pub mod http;
 pub mod manager;
+pub mod metrics;
 pub mod postgres;
 pub mod upgrade;
 pub mod watchdog;

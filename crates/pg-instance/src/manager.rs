@@ -14,6 +14,7 @@
 //!    tells steward-core's elector whether it may take a free Lease
 //!    ([`crate::election::candidacy`]).
 
+use std::collections::BTreeMap;
 use std::path::PathBuf;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicI32, Ordering};
@@ -36,6 +37,7 @@ use crate::contract::{
     self, CLUSTER_LABEL, InstanceStatus, Lsn, PRIMARY, REPLICA, ROLE_LABEL, Role, STATUS_ANNOTATION,
 };
 use crate::election::{self, Candidacy, Peer};
+use crate::metrics::Metrics;
 use crate::postgres::{self, Observed, Paths, Postmaster};
 use crate::watchdog::Message;
 use crate::{conf, http};
@@ -127,7 +129,15 @@ pub async fn run(
         primary_pid.clone(),
     ));
     let health = http::Health::default();
-    let server = tokio::spawn(http::serve(health.clone(), shutdown.clone()));
+    let metrics = Metrics::new(
+        paths.run_dir.clone(),
+        PathBuf::from(steward_database_api::monitoring::QUERIES_DIR),
+    );
+    let server = tokio::spawn(http::serve(
+        health.clone(),
+        metrics.clone(),
+        shutdown.clone(),
+    ));
 
     let backup_store = settings
         .backup
@@ -159,6 +169,7 @@ pub async fn run(
         decided: decided_tx,
         primary_pid,
         health,
+        metrics,
         postmaster: None,
         observed: None,
         answered_at: None,
@@ -395,6 +406,8 @@ struct Instance {
     /// The postmaster's pid while it runs read-write (0 otherwise), for the watchdog.
     primary_pid: Arc<AtomicI32>,
     health: http::Health,
+    /// What `/metrics` serves beside its queries: the replicas' lag, on the primary.
+    metrics: Metrics,
     postmaster: Option<Postmaster>,
     /// The last observation, kept when a query fails (fencing acts on what was last seen
     /// running read-write).
@@ -1383,6 +1396,8 @@ impl Instance {
             },
         };
         let peers: Vec<Peer> = world.pods.iter().map(peer).collect();
+        self.metrics
+            .set_member_lag(member_lag(&self.settings.pod, &status, &peers));
         let candidacy = election::after_clean_stop(
             &self.settings.pod,
             Some(&status),
@@ -1543,6 +1558,23 @@ fn is_ready(
     answering && in_recovery.is_some_and(|r| r != leading && !(r && cannot_catch_up))
 }
 
+/// On the primary (`mine`), how far behind each replica among `peers` is, in bytes of WAL,
+/// by the position it last published (published at most once a second; a replica that
+/// stopped receiving falls further behind with each write). Empty elsewhere.
+fn member_lag(me: &str, mine: &InstanceStatus, peers: &[Peer]) -> BTreeMap<String, u64> {
+    if mine.role != Role::Primary {
+        return BTreeMap::new();
+    }
+    peers
+        .iter()
+        .filter(|p| p.name != me)
+        .filter_map(|p| {
+            let status = p.status.as_ref().filter(|s| s.role == Role::Replica)?;
+            Some((p.name.clone(), mine.lsn.0.saturating_sub(status.lsn.0)))
+        })
+        .collect()
+}
+
 fn peer(pod: &Pod) -> Peer {
     let ready = contract::pod_ready(pod);
     let status = pod
@@ -1689,6 +1721,33 @@ mod tests {
             4
         );
         assert_eq!(streamed, None);
+    }
+
+    #[test]
+    fn the_primary_reports_each_replica_s_lag_by_its_published_position() {
+        let status = |role, lsn| InstanceStatus {
+            role,
+            ..election::tests::replica(lsn)
+        };
+        let peer = |name: &str, s: Option<InstanceStatus>| Peer {
+            name: name.into(),
+            ready: true,
+            status: s,
+        };
+        let peers = [
+            peer("pg-0", Some(status(Role::Primary, 1000))),
+            peer("pg-1", Some(status(Role::Replica, 400))),
+            // Ahead of what the primary published (published a second ago): no lag.
+            peer("pg-2", Some(status(Role::Replica, 1200))),
+            peer("pg-3", Some(status(Role::Down, 0))),
+            peer("pg-4", None),
+        ];
+        let primary = status(Role::Primary, 1000);
+        assert_eq!(
+            member_lag("pg-0", &primary, &peers),
+            BTreeMap::from([("pg-1".to_string(), 600), ("pg-2".to_string(), 0)])
+        );
+        assert!(member_lag("pg-1", &status(Role::Replica, 400), &peers).is_empty());
     }
 
     #[test]

@@ -12,6 +12,7 @@ use nix::unistd::Pid;
 use tokio::process::{Child, Command};
 
 use crate::contract::{Archiver, Lsn, PG_PORT, REPLICATION_USER, WalEnd};
+use crate::metrics::MONITOR_USER;
 
 /// Failures of PostgreSQL or its programs.
 #[derive(Debug, thiserror::Error)]
@@ -685,7 +686,9 @@ pub async fn received_lsn(paths: &Paths, host: &str) -> Result<Option<Lsn>, Erro
 /// neither cloning nor rewinding uses the superuser. From PostgreSQL 16 on it may also use
 /// the `reserved_connections` ([`crate::conf::defaults_conf`]): clients that fill
 /// `max_connections` (say, commits waiting for a missing synchronous standby, abandoned and
-/// retried) do not lock out a rewind or a switchover's confirmation.
+/// retried) do not lock out a rewind or a switchover's confirmation. The metrics role
+/// ([`MONITOR_USER`]) exists with `pg_monitor` and no password: it logs in only through the
+/// pod's own socket (`local … trust`; every network entry asks for a password).
 pub async fn ensure_roles(
     client: &tokio_postgres::Client,
     superuser_password: &str,
@@ -721,7 +724,13 @@ fn roles_sql(superuser_password: &str, replication_password: &str) -> String {
          do $$ begin \
            if exists (select from pg_roles where rolname = 'pg_use_reserved_connections') then \
              grant pg_use_reserved_connections to {REPLICATION_USER}; \
-           end if; end $$;",
+           end if; end $$; \
+         do $$ begin \
+           if not exists (select from pg_roles where rolname = '{MONITOR_USER}') then \
+             create role {MONITOR_USER} with login; \
+           end if; end $$; \
+         alter role {MONITOR_USER} with login nosuperuser nocreatedb nocreaterole noreplication password null connection limit 5; \
+         grant pg_monitor to {MONITOR_USER};",
         verifier(superuser_password),
         verifier(replication_password),
     )

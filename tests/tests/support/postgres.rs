@@ -294,6 +294,34 @@ impl Cluster {
         Api::namespaced(self.client.clone(), &self.ns)
     }
 
+    /// The message of condition `type_` of PostgresCluster `pg`, once it has `status` and
+    /// `reason`.
+    pub(crate) async fn condition_message(
+        &self,
+        type_: &str,
+        status: &str,
+        reason: &str,
+    ) -> String {
+        let clusters = self.clusters();
+        eventually(&format!("{type_} is {status} ({reason})"), WAIT, || {
+            let clusters = clusters.clone();
+            async move {
+                let got = clusters
+                    .get("pg")
+                    .await
+                    .map_err(|e| e.to_string())?
+                    .status
+                    .unwrap_or_default();
+                match got.conditions.iter().find(|c| c.type_ == type_) {
+                    Some(c) if c.status == status && c.reason == reason => Ok(c.message.clone()),
+                    other => Err(format!("{type_}: {other:?}")),
+                }
+            }
+        })
+        .await
+        .unwrap()
+    }
+
     pub(crate) async fn status(&self) -> database_operator::crd::PostgresClusterStatus {
         self.clusters()
             .get("pg")

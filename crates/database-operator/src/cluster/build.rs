@@ -44,6 +44,8 @@ const CONFIG_DIR: &str = "/etc/steward";
 /// The pod's scratch volume: the instance manager's binary (`bin/`, copied by the init
 /// container) and its run directory (`run/`: socket, `instance.conf`, passfile).
 pub const STEWARD_DIR: &str = "/steward";
+/// The volume of `spec.monitoring.queriesConfigMap`.
+const QUERIES_VOLUME: &str = "monitoring";
 /// Where the pods mount the server certificate Secret (`tls.crt`, `tls.key`, `ca.crt`).
 pub const TLS_DIR: &str = "/etc/steward-tls";
 /// Annotations on the server certificate Secret: its last valid day and the names it is for.
@@ -716,6 +718,11 @@ pub fn statefulset(
 ) -> StatefulSet {
     let name = cluster.name_any();
     let names = Names::of(&name);
+    let queries = cluster
+        .spec
+        .monitoring
+        .as_ref()
+        .and_then(|m| m.queries_config_map.clone());
     let mut pod_labels = selector_labels(&name);
     pod_labels.insert(VERSION_LABEL.into(), cluster.spec.version.to_string());
     let env = |name: &str, value: String| EnvVar {
@@ -824,26 +831,36 @@ pub fn statefulset(
             .resources
             .as_ref()
             .map(Resources::to_requirements),
-        volume_mounts: Some(vec![
-            VolumeMount {
-                name: DATA_VOLUME.into(),
-                mount_path: DATA_DIR.into(),
-                ..Default::default()
-            },
-            VolumeMount {
-                name: "config".into(),
-                mount_path: CONFIG_DIR.into(),
+        volume_mounts: Some(
+            vec![
+                VolumeMount {
+                    name: DATA_VOLUME.into(),
+                    mount_path: DATA_DIR.into(),
+                    ..Default::default()
+                },
+                VolumeMount {
+                    name: "config".into(),
+                    mount_path: CONFIG_DIR.into(),
+                    read_only: Some(true),
+                    ..Default::default()
+                },
+                steward_mount,
+                VolumeMount {
+                    name: "tls".into(),
+                    mount_path: TLS_DIR.into(),
+                    read_only: Some(true),
+                    ..Default::default()
+                },
+            ]
+            .into_iter()
+            .chain(queries.is_some().then(|| VolumeMount {
+                name: QUERIES_VOLUME.into(),
+                mount_path: steward_database_api::monitoring::QUERIES_DIR.into(),
                 read_only: Some(true),
                 ..Default::default()
-            },
-            steward_mount,
-            VolumeMount {
-                name: "tls".into(),
-                mount_path: TLS_DIR.into(),
-                read_only: Some(true),
-                ..Default::default()
-            },
-        ]),
+            }))
+            .collect(),
+        ),
         ..Default::default()
     };
     let claim = PersistentVolumeClaim {
@@ -912,33 +929,49 @@ pub fn statefulset(
                         ..Default::default()
                     }),
                     termination_grace_period_seconds: Some(60),
-                    volumes: Some(vec![
-                        Volume {
-                            name: "config".into(),
+                    volumes: Some(
+                        vec![
+                            Volume {
+                                name: "config".into(),
+                                config_map: Some(ConfigMapVolumeSource {
+                                    name: names.config.clone(),
+                                    default_mode: Some(0o444),
+                                    ..Default::default()
+                                }),
+                                ..Default::default()
+                            },
+                            Volume {
+                                name: "steward".into(),
+                                empty_dir: Some(EmptyDirVolumeSource::default()),
+                                ..Default::default()
+                            },
+                            // Root-owned, group postgres (fsGroup), 0640: what PostgreSQL accepts
+                            // for a key file it does not own.
+                            Volume {
+                                name: "tls".into(),
+                                secret: Some(SecretVolumeSource {
+                                    secret_name: Some(names.tls_secret.clone()),
+                                    default_mode: Some(0o640),
+                                    ..Default::default()
+                                }),
+                                ..Default::default()
+                            },
+                        ]
+                        .into_iter()
+                        // Optional: a missing ConfigMap must not keep PostgreSQL from starting
+                        // (the condition MetricsQueries says it is missing).
+                        .chain(queries.map(|name| Volume {
+                            name: QUERIES_VOLUME.into(),
                             config_map: Some(ConfigMapVolumeSource {
-                                name: names.config.clone(),
+                                name,
+                                optional: Some(true),
                                 default_mode: Some(0o444),
                                 ..Default::default()
                             }),
                             ..Default::default()
-                        },
-                        Volume {
-                            name: "steward".into(),
-                            empty_dir: Some(EmptyDirVolumeSource::default()),
-                            ..Default::default()
-                        },
-                        // Root-owned, group postgres (fsGroup), 0640: what PostgreSQL accepts
-                        // for a key file it does not own.
-                        Volume {
-                            name: "tls".into(),
-                            secret: Some(SecretVolumeSource {
-                                secret_name: Some(names.tls_secret.clone()),
-                                default_mode: Some(0o640),
-                                ..Default::default()
-                            }),
-                            ..Default::default()
-                        },
-                    ]),
+                        }))
+                        .collect(),
+                    ),
                     ..Default::default()
                 }),
             },

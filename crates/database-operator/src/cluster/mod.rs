@@ -13,6 +13,7 @@ pub mod check;
 pub mod drain;
 pub mod lost;
 pub mod metrics;
+pub mod monitoring;
 mod moves;
 pub mod rollout;
 mod status;
@@ -97,6 +98,7 @@ pub async fn reconcile(
     let previous_backup = cluster.status.as_ref().and_then(|s| s.backup.as_ref());
     let backups = backup::reconcile(&ctx.client, &cluster, primary_pod, previous_backup).await?;
     let scheduled = backups.as_ref().and_then(|b| b.requeue);
+    let queries = monitoring::observe(&ctx.client, &ns, &cluster).await?;
     let status = status::compute(status::Inputs {
         cluster: &cluster,
         observed: rollout::Observed {
@@ -114,6 +116,7 @@ pub async fn reconcile(
         synchronous_replicas: held.spec.synchronous_replicas,
         backups,
         upgrade: &decided,
+        queries: &queries,
     });
     let ready =
         steward_core::conditions::is_true(&status.conditions, steward_core::conditions::READY);
@@ -1086,6 +1089,7 @@ mod tests {
                 backup: None,
                 bootstrap: None,
                 placement: None,
+                monitoring: None,
             },
         );
         c.meta_mut().namespace = Some("ns".into());
@@ -1159,6 +1163,28 @@ mod tests {
             config_hash(&config_map(&c)),
             config_hash(&config_map(&cluster("pg")))
         );
+    }
+
+    #[test]
+    fn a_queries_config_map_is_mounted_optional_where_the_instances_read_it() {
+        let mut c = cluster("pg");
+        let plain = statefulset(&c, "hash", "op:1").spec.template.spec.unwrap();
+        c.spec.monitoring = Some(crate::crd::Monitoring {
+            queries_config_map: Some("pg-metrics".into()),
+        });
+        let pod = statefulset(&c, "hash", "op:1").spec.template.spec.unwrap();
+        let volumes = pod.volumes.unwrap();
+        assert_eq!(volumes.len(), plain.volumes.unwrap().len() + 1);
+        let source = volumes
+            .iter()
+            .find_map(|v| v.config_map.clone().filter(|m| m.name == "pg-metrics"))
+            .unwrap();
+        // A missing ConfigMap must not keep PostgreSQL from starting.
+        assert_eq!(source.optional, Some(true));
+        let mounts = pod.containers[0].volume_mounts.clone().unwrap();
+        assert!(mounts.iter().any(|m| m.mount_path
+            == steward_database_api::monitoring::QUERIES_DIR
+            && m.read_only == Some(true)));
     }
 
     #[test]

@@ -8,7 +8,7 @@ use kube::{Resource, ResourceExt};
 use steward_core::conditions::{self, READY};
 use steward_core::events::Wanted;
 
-use super::{PrimaryRoles, SWITCHOVER_ANNOTATION, backup, build, rollout, upgrade};
+use super::{PrimaryRoles, SWITCHOVER_ANNOTATION, backup, build, monitoring, rollout, upgrade};
 use crate::crd::{ClusterPhase, MajorUpgradePhase, PostgresCluster, PostgresClusterStatus};
 
 /// What the status is computed from.
@@ -25,6 +25,8 @@ pub struct Inputs<'a> {
     /// Continuous backup's report (`None`: not configured).
     pub backups: Option<backup::Reported>,
     pub upgrade: &'a upgrade::Decision,
+    /// What `spec.monitoring.queriesConfigMap` holds.
+    pub queries: &'a monitoring::Queries,
 }
 
 /// The status to write.
@@ -63,6 +65,22 @@ pub fn compute(i: Inputs<'_>) -> PostgresClusterStatus {
         None => status
             .conditions
             .retain(|c| c.type_ != backup::CONTINUOUS_ARCHIVING),
+    }
+    // The metrics queries: whether they serve (never a reason for Ready to be false).
+    match i.queries.condition() {
+        Some((ok, reason, message)) => {
+            conditions::set(
+                &mut status.conditions,
+                monitoring::METRICS_QUERIES,
+                ok,
+                reason,
+                message,
+                generation,
+            );
+        }
+        None => status
+            .conditions
+            .retain(|c| c.type_ != monitoring::METRICS_QUERIES),
     }
     // The major upgrade's progress (or outcome) as a condition; while the instances are
     // stopped for it, the cluster is not Ready and says why.
