@@ -121,6 +121,34 @@ async fn postgres_cluster_streams_a_row_from_its_primary_to_its_replica() {
             );
         }
     }
+    // `kubectl steward status pg` shows each instance by what PostgreSQL says, read through
+    // the API server's pod proxy.
+    let plugins = steward_testenv::harness::kubectl_steward().expect("kubectl-steward");
+    let ran = steward_testenv::harness::kubectl(
+        &cluster._cp,
+        &plugins,
+        &["steward", "status", "pg", "-n", &cluster.ns],
+    )
+    .expect("run kubectl steward");
+    assert!(ran.success, "kubectl steward status pg: {}", ran.stderr);
+    let instances: Vec<Vec<&str>> = ran
+        .stdout
+        .lines()
+        .skip_while(|l| *l != "Instances")
+        .skip(2)
+        .take_while(|l| !l.is_empty())
+        .map(|l| l.split_whitespace().collect())
+        .collect();
+    assert_eq!(instances.len(), 2, "{}", ran.stdout);
+    for row in &instances {
+        let role = if row[0] == primary_pod {
+            "primary"
+        } else {
+            "replica"
+        };
+        assert_eq!(row[1], role, "{}", ran.stdout);
+        assert!(row[2].ends_with("/100"), "connections: {}", ran.stdout);
+    }
     // The metrics role has no password: over the network it cannot log in.
     let monitor = format!(
         "host={} port=5432 user=steward_monitor dbname=postgres connect_timeout=5",

@@ -9,6 +9,7 @@
 //! Everything goes through the Kubernetes API; the operators act on what is written.
 
 pub mod actions;
+pub mod instances;
 pub mod logs;
 pub mod status;
 
@@ -78,8 +79,12 @@ pub struct Cli {
 pub enum Command {
     /// Every Steward object with its readiness, and per kind what matters: a PostgresCluster's
     /// primary and lag, a Tenant's namespaces and quota, an UpgradePlan's wave and next step,
-    /// and which pod leads each operator.
+    /// and which pod leads each operator. With a PostgresCluster's name: that cluster, and
+    /// each of its instances by what PostgreSQL says (connections, lag, oldest transaction,
+    /// wraparound age, archiving, failing metrics queries), read from the instances'
+    /// `/metrics` through the API server (needs `get` on `pods/proxy`).
     Status {
+        cluster: Option<String>,
         #[arg(short = 'o', long, value_enum, default_value_t = Output::Table)]
         output: Output,
     },
@@ -163,13 +168,17 @@ pub async fn run(cli: Cli, out: &mut (dyn Write + Send)) -> Result<(), Error> {
     let client = Client::try_from(config).map_err(|e| Error::Config(e.to_string()))?;
     let ns = cli.namespace.clone().unwrap_or(default_ns);
     let said = match cli.command {
-        Command::Status { output } => {
-            let scope = if cli.all_namespaces {
+        Command::Status { cluster, output } => {
+            let scope = if cli.all_namespaces && cluster.is_none() {
                 status::Scope::All
             } else {
-                status::Scope::Namespace(ns)
+                status::Scope::Namespace(ns.clone())
             };
-            let report = status::gather(&client, &scope).await?;
+            let mut report = status::gather(&client, &scope).await?;
+            if let Some(cluster) = cluster {
+                report.focus_on_cluster(&ns, &cluster)?;
+                report.instances = instances::gather(&client, &ns, &cluster).await?;
+            }
             match output {
                 Output::Table => status::render(&report, &scope),
                 Output::Json => serde_json::to_string_pretty(&report)

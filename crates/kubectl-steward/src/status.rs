@@ -33,12 +33,41 @@ pub struct Report {
     pub database_roles: Vec<RoleRow>,
     pub tenants: Vec<TenantRow>,
     pub upgrade_plans: Vec<PlanRow>,
+    /// With `status <cluster>`: its instances, by what PostgreSQL says.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub instances: Vec<crate::instances::InstanceRow>,
     /// Kinds whose CRD the cluster does not have (their operator is not installed).
     #[serde(skip_serializing_if = "Vec::is_empty")]
     pub not_installed: Vec<String>,
     /// Kinds the user may not list here (their rows are left out, not the whole report).
     #[serde(skip_serializing_if = "Vec::is_empty")]
     pub forbidden: Vec<String>,
+}
+
+impl Report {
+    /// `status <cluster>`: PostgresCluster `cluster` of `namespace` alone, with the Databases
+    /// on it and their roles; the operators stay, the other kinds go.
+    ///
+    /// # Errors
+    /// [`crate::Error::Refused`] when there is no such PostgresCluster.
+    pub fn focus_on_cluster(&mut self, namespace: &str, cluster: &str) -> Result<(), crate::Error> {
+        self.postgres_clusters
+            .retain(|c| c.namespace == namespace && c.name == cluster);
+        if self.postgres_clusters.is_empty() {
+            return Err(crate::Error::Refused(format!(
+                "no PostgresCluster {cluster} in namespace {namespace}"
+            )));
+        }
+        let on_it = format!("postgrescluster/{cluster}");
+        self.databases
+            .retain(|d| d.namespace == namespace && d.server.ends_with(&on_it));
+        let databases: BTreeSet<&str> = self.databases.iter().map(|d| d.name.as_str()).collect();
+        self.database_roles
+            .retain(|r| r.namespace == namespace && databases.contains(r.database.as_str()));
+        self.tenants.clear();
+        self.upgrade_plans.clear();
+        Ok(())
+    }
 }
 
 /// The `Ready` condition, as a cell: `True`, `False`, `Unknown`, or absent (not reported yet).
@@ -523,6 +552,27 @@ pub fn render(report: &Report, scope: &Scope) -> String {
         ]);
         section(&mut out, "PostgresClusters", &h, rows);
     }
+    if !report.instances.is_empty() {
+        let rows = report.instances.iter().map(instance_cells).collect();
+        section(
+            &mut out,
+            "Instances",
+            &[
+                "INSTANCE",
+                "ROLE",
+                "CONNECTIONS",
+                "LAG",
+                "STREAMING",
+                "OLDEST TX",
+                "XID AGE",
+                "LAST ARCHIVED",
+                "FAILING QUERIES",
+                "NOTE",
+            ]
+            .map(String::from),
+            rows,
+        );
+    }
     if !report.databases.is_empty() {
         let rows = report
             .databases
@@ -639,6 +689,52 @@ pub fn render(report: &Report, scope: &Scope) -> String {
         ));
     }
     out
+}
+
+/// An instance's cells; one that could not be read says why in its second.
+fn instance_cells(i: &crate::instances::InstanceRow) -> Vec<String> {
+    let dash = |v: Option<String>| v.unwrap_or_else(|| "-".into());
+    if let Some(why) = &i.unavailable {
+        let mut cells = vec!["-".to_string(); 9];
+        cells[0] = i.name.clone();
+        cells.push(format!("metrics unavailable: {why}"));
+        return cells;
+    }
+    vec![
+        i.name.clone(),
+        dash(i.role.clone()),
+        dash(i.connections.map(|(n, max)| format!("{n}/{max}"))),
+        dash(i.lag_bytes.map(bytes)),
+        dash(
+            i.streaming
+                .map(|s| if s { "yes" } else { "NO" }.to_string()),
+        ),
+        dash(i.oldest_transaction_seconds.map(seconds)),
+        dash(i.frozen_xid_age.map(|a| a.to_string())),
+        match i.last_archived_seconds {
+            None => "-".into(),
+            Some(None) => "never".into(),
+            Some(Some(s)) => format!("{} ago", seconds(s)),
+        },
+        if i.failing_queries.is_empty() {
+            "-".into()
+        } else {
+            i.failing_queries.join(",")
+        },
+        String::new(),
+    ]
+}
+
+/// Seconds as `12s`, `3m`, `2h5m`, `3d`.
+pub fn seconds(s: f64) -> String {
+    let s = s.max(0.0) as u64;
+    match s {
+        0..60 => format!("{s}s"),
+        60..3600 => format!("{}m", s / 60),
+        3600..86_400 if (s % 3600) / 60 > 0 => format!("{}h{}m", s / 3600, (s % 3600) / 60),
+        3600..86_400 => format!("{}h", s / 3600),
+        _ => format!("{}d", s / 86_400),
+    }
 }
 
 /// Appends a titled table, its columns padded like kubectl's.
@@ -914,6 +1010,49 @@ mod tests {
         assert_eq!(bytes(0), "0 B");
         assert_eq!(bytes(2048), "2.0 KiB");
         assert_eq!(bytes(50 * 1024 * 1024), "50 MiB");
+    }
+
+    #[test]
+    fn a_cluster_s_instances_show_what_postgresql_says_and_why_one_cannot_be_read() {
+        use crate::instances::InstanceRow;
+        let report = Report {
+            instances: vec![
+                InstanceRow {
+                    name: "pg-0".into(),
+                    role: Some("primary".into()),
+                    connections: Some((7, 100)),
+                    oldest_transaction_seconds: Some(3725.0),
+                    frozen_xid_age: Some(900),
+                    last_archived_seconds: Some(Some(42.0)),
+                    failing_queries: vec!["app_slow".into()],
+                    ..InstanceRow::default()
+                },
+                InstanceRow {
+                    name: "pg-1".into(),
+                    unavailable: Some("forbidden (needs get on pods/proxy)".into()),
+                    ..InstanceRow::default()
+                },
+            ],
+            ..Report::default()
+        };
+        let out = render(&report, &Scope::Namespace("db".into()));
+        let lines: Vec<&str> = out.lines().collect();
+        assert_eq!(lines[0], "Instances");
+        assert!(
+            lines[1].starts_with("INSTANCE   ROLE      CONNECTIONS   LAG"),
+            "{out}"
+        );
+        let primary: Vec<&str> = lines[2].split_whitespace().collect();
+        assert_eq!(
+            primary,
+            [
+                "pg-0", "primary", "7/100", "-", "-", "1h2m", "900", "42s", "ago", "app_slow"
+            ]
+        );
+        assert!(lines[3].contains("metrics unavailable: forbidden (needs get on pods/proxy)"));
+        assert_eq!(seconds(59.9), "59s");
+        assert_eq!(seconds(7200.0), "2h");
+        assert_eq!(seconds(200_000.0), "2d");
     }
 
     #[test]
