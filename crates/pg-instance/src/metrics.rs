@@ -180,10 +180,13 @@ fn user_queries(dir: &Path, builtin: &[Query]) -> (Vec<Query>, Vec<(String, Stri
     (queries, errors)
 }
 
-/// One connection per database, opened on first use in a scrape.
+/// One connection per database, opened on first use in a scrape. A database that could not
+/// be connected to is not tried again in the same scrape: with PostgreSQL hung, each attempt
+/// would wait out the connect timeout, once per query.
 struct Sessions<'a> {
     socket_dir: &'a Path,
     open: BTreeMap<String, tokio_postgres::Client>,
+    refused: BTreeMap<String, String>,
 }
 
 impl<'a> Sessions<'a> {
@@ -191,13 +194,24 @@ impl<'a> Sessions<'a> {
         Self {
             socket_dir,
             open: BTreeMap::new(),
+            refused: BTreeMap::new(),
         }
     }
 
     async fn get(&mut self, database: &str) -> Result<&tokio_postgres::Client, Failed> {
+        if let Some(why) = self.refused.get(database) {
+            return Err(Failed::query(why.clone()));
+        }
         if !self.open.contains_key(database) {
-            let client = connect(self.socket_dir, database).await?;
-            self.open.insert(database.to_string(), client);
+            match connect(self.socket_dir, database).await {
+                Ok(client) => {
+                    self.open.insert(database.to_string(), client);
+                }
+                Err(e) => {
+                    self.refused.insert(database.to_string(), e.message.clone());
+                    return Err(e);
+                }
+            }
         }
         self.open
             .get(database)
