@@ -2310,7 +2310,8 @@ async fn commits_waiting_for_a_standby_are_reported_and_leave_the_replication_ro
 }
 
 /// `spec.monitoring.queriesConfigMap`'s `app.yaml` in the metrics test: one query served (a
-/// label, an integer and a `numeric`), one that runs past its timeout.
+/// label, an integer and a `numeric`), one that runs past its timeout, one that returns too
+/// many rows.
 const METRICS_QUERIES: &str = "\
 - name: app_numbers
   query: select 'x' as kind, 42 as answer, 1.5::numeric as ratio
@@ -2322,6 +2323,9 @@ const METRICS_QUERIES: &str = "\
   timeoutSeconds: 1
   query: select 1 as done from pg_sleep(3)
   metrics: [{column: done}]
+- name: app_many
+  query: select g as n from generate_series(1, 20000) g
+  metrics: [{column: n}]
 ";
 
 /// `GET /metrics` of pod `pod`'s instance manager (its port 8008).
@@ -2384,6 +2388,9 @@ async fn instances_serve_their_metrics(
         // Past its 1 s timeout: an error, and the queries after it served all the same.
         assert_eq!(value("steward_pg_query_error{query=\"app_slow\"}"), 1.0);
         assert_eq!(value("steward_pg_query_error{query=\"app_numbers\"}"), 0.0);
+        // Over the 10 000 rows a query may return: an error, nothing of it served.
+        assert_eq!(value("steward_pg_query_error{query=\"app_many\"}"), 1.0);
+        assert!(!text.contains("\napp_many_n "), "{pod}");
         for builtin in [
             "steward_pg_instance",
             "steward_pg_database",

@@ -198,7 +198,7 @@ impl<'a> Sessions<'a> {
         }
     }
 
-    async fn get(&mut self, database: &str) -> Result<&tokio_postgres::Client, Failed> {
+    async fn get(&mut self, database: &str) -> Result<&mut tokio_postgres::Client, Failed> {
         if let Some(why) = self.refused.get(database) {
             return Err(Failed::query(why.clone()));
         }
@@ -214,7 +214,7 @@ impl<'a> Sessions<'a> {
             }
         }
         self.open
-            .get(database)
+            .get_mut(database)
             .ok_or_else(|| Failed::broken("no connection"))
     }
 
@@ -284,26 +284,40 @@ type Samples = Vec<(Vec<(String, String)>, f64)>;
 
 /// Runs `query` in a read-only transaction bounded by its timeout; the samples of each of its
 /// metrics, in order.
-async fn run(client: &tokio_postgres::Client, query: &Query) -> Result<Vec<Samples>, Failed> {
+async fn run(client: &mut tokio_postgres::Client, query: &Query) -> Result<Vec<Samples>, Failed> {
     let timeout = query.timeout();
     // The server's bound first; the client's a little later, for a server that does not
     // answer at all (its connection is then dropped).
     let begin = format!(
-        "begin transaction read only; set local statement_timeout = {}",
+        "set transaction read only; set local statement_timeout = {}",
         timeout.as_millis().max(1)
     );
     let sql = query.query.as_str();
+    // Through a portal, at most one row past the bound: a query that returns millions of
+    // rows must not fill this process's memory (it is PID 1 of the pod).
+    let limit = i32::try_from(MAX_ROWS + 1).unwrap_or(i32::MAX);
     let rows = tokio::time::timeout(timeout + Duration::from_secs(1), async {
-        client.batch_execute(&begin).await?;
-        let rows = client.query(sql, &[]).await;
-        client.batch_execute("rollback").await?;
+        let tx = client.transaction().await?;
+        tx.batch_execute(&begin).await?;
+        let statement = tx.prepare(sql).await?;
+        let portal = tx.bind(&statement, &[]).await?;
+        let rows = tx.query_portal(&portal, limit).await;
+        tx.rollback().await?;
         rows
     })
     .await
     .map_err(|_| Failed::broken(format!("ran past {timeout:?}")))?
     .map_err(|e| Failed::query(error_text(&e)))?;
+    if rows.len() > MAX_ROWS {
+        return Err(Failed::query(format!(
+            "it returns more than {MAX_ROWS} rows; served: none"
+        )));
+    }
     samples(query, &rows).map_err(Failed::query)
 }
+
+/// The most rows one query may return.
+const MAX_ROWS: usize = 10_000;
 
 fn error_text(e: &tokio_postgres::Error) -> String {
     e.as_db_error()
