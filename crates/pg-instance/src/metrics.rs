@@ -31,6 +31,8 @@ pub struct Metrics {
     queries_dir: PathBuf,
     builtin: Arc<Vec<Query>>,
     members: Arc<Mutex<BTreeMap<String, u64>>>,
+    /// The last scrape and when it finished; held while one runs, so scrapes never overlap.
+    last: Arc<tokio::sync::Mutex<Option<(Instant, String)>>>,
 }
 
 impl Metrics {
@@ -40,6 +42,7 @@ impl Metrics {
             queries_dir,
             builtin: Arc::new(monitoring::builtin()),
             members: Arc::default(),
+            last: Arc::default(),
         }
     }
 
@@ -49,8 +52,22 @@ impl Metrics {
         *self.members.lock().unwrap_or_else(PoisonError::into_inner) = lag;
     }
 
-    /// One scrape.
+    /// One scrape, or the last one if it finished under [`REUSED_FOR`] ago: one at a time,
+    /// so any number of requests (two Prometheus replicas, or a flood from inside the cluster)
+    /// costs PostgreSQL at most one run of the queries at a time and one a second.
     pub async fn render(&self) -> String {
+        let mut last = self.last.lock().await;
+        if let Some((at, text)) = last.as_ref()
+            && at.elapsed() < REUSED_FOR
+        {
+            return text.clone();
+        }
+        let text = self.scrape().await;
+        *last = Some((Instant::now(), text.clone()));
+        text
+    }
+
+    async fn scrape(&self) -> String {
         let mut out = Exposition::default();
         let (user, file_errors) = user_queries(&self.queries_dir, &self.builtin);
         for (file, error) in &file_errors {
@@ -145,6 +162,9 @@ impl Metrics {
         out.text
     }
 }
+
+/// How long a scrape's text is served again.
+const REUSED_FOR: Duration = Duration::from_secs(1);
 
 const UP_HELP: &str = "1 when PostgreSQL answered the metrics connection";
 
