@@ -187,9 +187,14 @@ pub fn clashes(ours: &[Query], builtin: &[Query]) -> Result<(), String> {
                 query.name
             ));
         }
-        if query.name.starts_with("steward_pg_") {
+        // The query's name and every metric it makes: `steward` with a column `pg_up` would
+        // otherwise serve `steward_pg_up` (or the per-query error series) in the built-ins'
+        // place.
+        let names = std::iter::once(query.name.clone())
+            .chain(query.metrics.iter().map(|m| query.metric_name(m)));
+        if let Some(name) = names.into_iter().find(|n| n.starts_with("steward_pg_")) {
             return Err(format!(
-                "query {}: names starting with steward_pg_ are the built-in queries'",
+                "query {}: {name}: names starting with steward_pg_ are the built-in metrics'",
                 query.name
             ));
         }
@@ -263,6 +268,14 @@ mod tests {
             clashes(&builtin_name, &builtin())
                 .unwrap_err()
                 .contains("built-in")
+        );
+        let spoofing =
+            parse("- {name: steward, query: select 0 as pg_up, metrics: [{column: pg_up}]}")
+                .unwrap();
+        assert!(
+            clashes(&spoofing, &builtin())
+                .unwrap_err()
+                .contains("steward_pg_up: names starting with steward_pg_")
         );
         let twice = [ok[0].clone(), ok[0].clone()];
         assert!(clashes(&twice, &[]).unwrap_err().contains("used twice"));
