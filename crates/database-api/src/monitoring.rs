@@ -166,10 +166,35 @@ pub fn parse(yaml: &str) -> Result<Vec<Query>, String> {
     Ok(queries)
 }
 
-/// The instance manager's built-in queries.
-pub fn builtin() -> Vec<Query> {
+/// The queries of a ConfigMap's keys (`(key, text)`, in order), as the instance manager
+/// serves them: a key that does not parse, or whose queries clash with the built-in ones or
+/// an earlier key's ([`clashes`]), is left out whole and returned with why; the others are
+/// served. The operator reports the first key left out (condition `MetricsQueries`).
+pub fn from_keys<'a>(
+    keys: impl IntoIterator<Item = (&'a str, &'a str)>,
+    builtin: &[Query],
+) -> (Vec<Query>, Vec<(String, String)>) {
+    let (mut queries, mut left_out) = (Vec::new(), Vec::new());
+    for (key, text) in keys {
+        let served = queries.len();
+        let checked = parse(text).and_then(|more| {
+            queries.extend(more);
+            clashes(&queries, builtin)
+        });
+        if let Err(why) = checked {
+            queries.truncate(served);
+            left_out.push((key.to_string(), why));
+        }
+    }
+    (queries, left_out)
+}
+
+/// The instance manager's built-in queries, parsed once per process.
+pub fn builtin() -> &'static [Query] {
     // Checked by a unit test: a bad built-in file fails the build's tests, not a scrape.
-    parse(BUILTIN).unwrap_or_default()
+    static PARSED: std::sync::LazyLock<Vec<Query>> =
+        std::sync::LazyLock::new(|| parse(BUILTIN).unwrap_or_default());
+    &PARSED
 }
 
 /// The built-in queries, as YAML (also the example of the format).
@@ -260,12 +285,12 @@ mod tests {
         assert_eq!(ok[0].metric_name(&ok[0].metrics[0]), "app_x");
         assert_eq!(ok[0].timeout(), DEFAULT_TIMEOUT);
         assert_eq!(ok[0].database(), "postgres");
-        assert!(clashes(&ok, &builtin()).is_ok());
+        assert!(clashes(&ok, builtin()).is_ok());
         let builtin_name =
             parse("- {name: steward_pg_locks, query: select 1 as x, metrics: [{column: x}]}")
                 .unwrap();
         assert!(
-            clashes(&builtin_name, &builtin())
+            clashes(&builtin_name, builtin())
                 .unwrap_err()
                 .contains("built-in")
         );
@@ -273,7 +298,7 @@ mod tests {
             parse("- {name: steward, query: select 0 as pg_up, metrics: [{column: pg_up}]}")
                 .unwrap();
         assert!(
-            clashes(&spoofing, &builtin())
+            clashes(&spoofing, builtin())
                 .unwrap_err()
                 .contains("steward_pg_up: names starting with steward_pg_")
         );

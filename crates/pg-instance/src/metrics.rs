@@ -29,7 +29,6 @@ pub const MONITOR_USER: &str = "steward_monitor";
 pub struct Metrics {
     socket_dir: PathBuf,
     queries_dir: PathBuf,
-    builtin: Arc<Vec<Query>>,
     members: Arc<Mutex<BTreeMap<String, u64>>>,
     /// The last scrape and when it finished; held while one runs, so scrapes never overlap.
     last: Arc<tokio::sync::Mutex<Option<(Instant, String)>>>,
@@ -40,7 +39,6 @@ impl Metrics {
         Self {
             socket_dir,
             queries_dir,
-            builtin: Arc::new(monitoring::builtin()),
             members: Arc::default(),
             last: Arc::default(),
         }
@@ -69,7 +67,7 @@ impl Metrics {
 
     async fn scrape(&self) -> String {
         let mut out = Exposition::default();
-        let (user, file_errors) = user_queries(&self.queries_dir, &self.builtin);
+        let (user, file_errors) = user_queries(&self.queries_dir, monitoring::builtin());
         for (file, error) in &file_errors {
             tracing::warn!(%file, %error, "metrics queries not served");
         }
@@ -109,7 +107,7 @@ impl Metrics {
         };
         out.family("steward_pg_up", Kind::Gauge, UP_HELP, [(vec![], 1.0)]);
         let mut outcomes = Vec::new();
-        let queries = self.builtin.iter().chain(user.iter());
+        let queries = monitoring::builtin().iter().chain(user.iter());
         for query in queries.filter(|q| q.runs_on(version)) {
             let started = Instant::now();
             let result = match sessions.get(query.database()).await {
@@ -180,24 +178,19 @@ fn user_queries(dir: &Path, builtin: &[Query]) -> (Vec<Query>, Vec<(String, Stri
         .filter(|(name, path)| !name.starts_with('.') && path.is_file())
         .collect();
     files.sort();
-    let (mut queries, mut errors) = (Vec::new(), Vec::new());
+    let (mut texts, mut unreadable) = (Vec::new(), Vec::new());
     for (name, path) in files {
-        let parsed = std::fs::read_to_string(&path)
-            .map_err(|e| e.to_string())
-            .and_then(|text| monitoring::parse(&text));
-        match parsed {
-            Ok(mut more) => {
-                let mut all = queries.clone();
-                all.append(&mut more);
-                match monitoring::clashes(&all, builtin) {
-                    Ok(()) => queries = all,
-                    Err(e) => errors.push((name, e)),
-                }
-            }
-            Err(e) => errors.push((name, e)),
+        match std::fs::read_to_string(&path) {
+            Ok(text) => texts.push((name, text)),
+            Err(e) => unreadable.push((name, e.to_string())),
         }
     }
-    (queries, errors)
+    let keys = texts
+        .iter()
+        .map(|(name, text)| (name.as_str(), text.as_str()));
+    let (queries, mut left_out) = monitoring::from_keys(keys, builtin);
+    left_out.append(&mut unreadable);
+    (queries, left_out)
 }
 
 /// One connection per database, opened on first use in a scrape. A database that could not
@@ -589,7 +582,7 @@ mod tests {
         .unwrap();
         // A ConfigMap volume's own links are not keys.
         std::fs::create_dir(dir.path().join("..data")).unwrap();
-        let (queries, errors) = user_queries(dir.path(), &monitoring::builtin());
+        let (queries, errors) = user_queries(dir.path(), monitoring::builtin());
         assert_eq!(
             queries.iter().map(|q| q.name.as_str()).collect::<Vec<_>>(),
             ["app_orders"]

@@ -70,24 +70,22 @@ pub fn decide(name: &str, found: Option<&ConfigMap>) -> Queries {
     let Some(found) = found else {
         return Queries::Missing { config_map };
     };
-    let builtin = monitoring::builtin();
-    let mut all = Vec::new();
-    for (key, text) in found.data.iter().flatten() {
-        let checked = monitoring::parse(text).and_then(|mut queries| {
-            all.append(&mut queries);
-            monitoring::clashes(&all, &builtin)
-        });
-        if let Err(why) = checked {
-            return Queries::Invalid {
-                config_map,
-                key: key.clone(),
-                why,
-            };
-        }
-    }
-    Queries::Serving {
-        config_map,
-        queries: all.len(),
+    let keys = found
+        .data
+        .iter()
+        .flatten()
+        .map(|(key, text)| (key.as_str(), text.as_str()));
+    let (queries, left_out) = monitoring::from_keys(keys, monitoring::builtin());
+    match left_out.into_iter().next() {
+        Some((key, why)) => Queries::Invalid {
+            config_map,
+            key,
+            why,
+        },
+        None => Queries::Serving {
+            config_map,
+            queries: queries.len(),
+        },
     }
 }
 
