@@ -49,39 +49,23 @@ pub fn compute(i: Inputs<'_>) -> PostgresClusterStatus {
     rollout::commits_waiting(&mut status, i.synchronous_replicas, generation);
     rollout::instance_problems(&mut status);
     // Continuous backup: the schedule, retention, and what is recoverable.
-    match i.backups {
-        Some(reported) => {
-            let (ok, reason, message) = reported.condition;
-            conditions::set(
-                &mut status.conditions,
-                backup::CONTINUOUS_ARCHIVING,
-                ok,
-                reason,
-                message,
-                generation,
-            );
-            status.backup = Some(reported.status);
-        }
-        None => status
-            .conditions
-            .retain(|c| c.type_ != backup::CONTINUOUS_ARCHIVING),
+    let (archiving, backup_status) = i.backups.map(|r| (r.condition, r.status)).unzip();
+    if backup_status.is_some() {
+        status.backup = backup_status;
     }
+    set_or_remove(
+        &mut status.conditions,
+        backup::CONTINUOUS_ARCHIVING,
+        archiving,
+        generation,
+    );
     // The metrics queries: whether they serve (never a reason for Ready to be false).
-    match i.queries.condition() {
-        Some((ok, reason, message)) => {
-            conditions::set(
-                &mut status.conditions,
-                monitoring::METRICS_QUERIES,
-                ok,
-                reason,
-                message,
-                generation,
-            );
-        }
-        None => status
-            .conditions
-            .retain(|c| c.type_ != monitoring::METRICS_QUERIES),
-    }
+    set_or_remove(
+        &mut status.conditions,
+        monitoring::METRICS_QUERIES,
+        i.queries.condition(),
+        generation,
+    );
     // The major upgrade's progress (or outcome) as a condition; while the instances are
     // stopped for it, the cluster is not Ready and says why.
     let decided = i.upgrade;
@@ -122,6 +106,21 @@ pub fn compute(i: Inputs<'_>) -> PostgresClusterStatus {
             .retain(|c| c.type_ != upgrade::MAJOR_UPGRADE),
     }
     status
+}
+
+/// Sets condition `type_` as `wanted` says, or removes it (`None`: it does not apply).
+fn set_or_remove(
+    conditions: &mut Vec<k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition>,
+    type_: &str,
+    wanted: Option<(bool, &str, String)>,
+    generation: Option<i64>,
+) {
+    match wanted {
+        Some((ok, reason, message)) => {
+            conditions::set(conditions, type_, ok, reason, message, generation);
+        }
+        None => conditions.retain(|c| c.type_ != type_),
+    }
 }
 
 /// The Event of a new primary since the status was written (the Lease's `leaseTransitions`
