@@ -15,12 +15,17 @@ COPY . .
 # The cache mounts keep the registry and target/ between builds (BuildKit / podman).
 RUN --mount=type=cache,target=/usr/local/cargo/registry \
     --mount=type=cache,target=/src/target \
-    cargo build --release --locked -p "${OPERATOR}" \
- && install -D -m 0755 "target/release/${OPERATOR}" "/out/${OPERATOR}"
+    companions=""; \
+    if [ "${OPERATOR}" = database-operator ]; then companions="steward-pg-instance steward-pooler"; fi; \
+    cargo build --release --locked -p "${OPERATOR}" $(for c in $companions; do echo "-p $c"; done) \
+ && install -D -m 0755 "target/release/${OPERATOR}" /out/operator \
+ && for c in $companions; do install -D -m 0755 "target/release/$c" "/out/$c"; done
 
 FROM gcr.io/distroless/cc-debian12:nonroot
 ARG OPERATOR
-COPY --from=build /out/${OPERATOR} /usr/local/bin/operator
+# The operator, and the database-operator's companions, which its pods copy from this image:
+# the PostgreSQL instance manager (steward-pg-instance) and the pooler agent (steward-pooler).
+COPY --from=build /out/ /usr/local/bin/
 USER 65532:65532
 # metrics, health probes
 EXPOSE 8080 8081

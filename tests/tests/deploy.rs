@@ -1078,7 +1078,8 @@ async fn database_operator_runs_as_its_service_account() -> Result<()> {
         json!({"apiVersion": "v1", "kind": "Secret", "metadata": {"name": "admin"},
                "stringData": {"username": pg.superuser(), "password": pg.password()}}),
         json!({"apiVersion": "database.steward.dev/v1alpha1", "kind": "PostgresCluster", "metadata": {"name": "pg"},
-               "spec": {"instances": 1, "version": 16, "storage": {"size": "1Gi", "storageClassName": class}}}),
+               "spec": {"instances": 1, "version": 16, "storage": {"size": "1Gi", "storageClassName": class},
+                        "pooler": {"instances": 1}}}),
         json!({"apiVersion": "database.steward.dev/v1alpha1", "kind": "Database", "metadata": {"name": "app"},
                "spec": {"name": "deploy_app", "owner": "deploy_app_owner",
                         "external": {"host": pg.host(), "port": pg.port(), "sslMode": "disable", "adminSecretRef": {"name": "admin"}}}}),
@@ -1100,6 +1101,73 @@ async fn database_operator_runs_as_its_service_account() -> Result<()> {
             .with_context(|| format!("{}\nlast log lines:\n{}", describe(obj), log_tail(12)))?;
         ready.insert(kind(obj).to_string(), done);
     }
+    // Its pooler's children are written as the operator's ServiceAccount (its role grants the
+    // agents' Role, its restraint lets it write that Deployment) and deleted once
+    // `spec.pooler` is removed (the restraint lets it delete only those).
+    let deployments = Api::<k8s_openapi::api::apps::v1::Deployment>::namespaced(admin.clone(), &ns);
+    let secrets = Api::<Secret>::namespaced(admin.clone(), &ns);
+    eventually("the pooler's Deployment and Secrets", WAIT, || {
+        let (deployments, secrets) = (deployments.clone(), secrets.clone());
+        async move {
+            let found = (
+                deployments
+                    .get_opt("pg-pooler")
+                    .await
+                    .map_err(|e| e.to_string())?
+                    .is_some(),
+                secrets
+                    .get_opt("pg-pooler")
+                    .await
+                    .map_err(|e| e.to_string())?
+                    .is_some(),
+                secrets
+                    .get_opt("pg-pooler-tls")
+                    .await
+                    .map_err(|e| e.to_string())?
+                    .is_some(),
+            );
+            if found == (true, true, true) {
+                Ok(())
+            } else {
+                Err(format!("{found:?}"))
+            }
+        }
+    })
+    .await
+    .with_context(|| format!("last log lines:\n{}", log_tail(12)))?;
+    let clusters = Api::<database_operator::crd::PostgresCluster>::namespaced(admin.clone(), &ns);
+    clusters
+        .patch(
+            "pg",
+            &PatchParams::default(),
+            &Patch::Merge(json!({"spec": {"pooler": null}})),
+        )
+        .await?;
+    eventually("the pooler's children deleted", WAIT, || {
+        let (deployments, secrets) = (deployments.clone(), secrets.clone());
+        async move {
+            let left = (
+                deployments
+                    .get_opt("pg-pooler")
+                    .await
+                    .map_err(|e| e.to_string())?
+                    .is_some(),
+                secrets
+                    .get_opt("pg-pooler")
+                    .await
+                    .map_err(|e| e.to_string())?
+                    .is_some(),
+            );
+            if left == (false, false) {
+                Ok(())
+            } else {
+                Err(format!("{left:?}"))
+            }
+        }
+    })
+    .await
+    .with_context(|| format!("last log lines:\n{}", log_tail(12)))?;
+
     // The Database's connection Secret exists, with the owner's password.
     let secret_name = ready["Database"].data["status"]["secretName"]
         .as_str()
@@ -1140,7 +1208,7 @@ async fn database_operator_runs_as_its_service_account() -> Result<()> {
     running.check_rbac().await?;
     running
         .expect_forbidden(
-            "delete a Secret (it never deletes: owner references do)",
+            "delete a Secret that is not its pooler's (restraint.yaml)",
             async {
                 Api::<Secret>::namespaced(running.client.clone(), &ns)
                     .delete(&secret_name, &Default::default())
@@ -1150,8 +1218,18 @@ async fn database_operator_runs_as_its_service_account() -> Result<()> {
             },
         )
         .await?;
+    // Its role lets it write Deployments (its poolers'), its restraint only its poolers'.
+    let web: k8s_openapi::api::apps::v1::Deployment = serde_json::from_value(json!({
+        "metadata": {"name": "web"},
+        "spec": {"replicas": 0, "selector": {"matchLabels": {"app": "web"}},
+                 "template": {"metadata": {"labels": {"app": "web"}},
+                              "spec": {"containers": [{"name": "web", "image": "example.invalid/web:1"}]}}},
+    }))?;
+    Api::<k8s_openapi::api::apps::v1::Deployment>::namespaced(admin.clone(), &ns)
+        .create(&PostParams::default(), &web)
+        .await?;
     running
-        .expect_forbidden("patch Deployments", async {
+        .expect_forbidden("patch a Deployment that is not its pooler's", async {
             let patch = json!({"metadata": {"labels": {"x": "y"}}});
             Api::<k8s_openapi::api::apps::v1::Deployment>::namespaced(running.client.clone(), &ns)
                 .patch("web", &PatchParams::default(), &Patch::Merge(&patch))

@@ -1,7 +1,8 @@
 //! `deploy/monitoring` with a real Prometheus and promtool (Debian's, or built from Go modules
 //! by testenv where it is not installed): the alert rules pass their `promtool test rules`
-//! cases; every metric the rules and the Grafana dashboard read is one the operators export;
-//! and a Prometheus server scrapes a running tenant-operator, loads the rules without error
+//! cases, every alert with a case where it fires; every metric the rules and the Grafana
+//! dashboard read is one the operators, the instance managers or the pooler agents export; and
+//! a Prometheus server scrapes a running tenant-operator, loads the rules without error
 //! and sees a Tenant's gauge.
 
 use std::collections::BTreeSet;
@@ -50,6 +51,12 @@ fn alert_count() -> usize {
         .count()
 }
 
+/// The rule groups `deploy/monitoring/prometheusrule.yaml` defines.
+fn group_count() -> usize {
+    let rules: Value = serde_yaml::from_str(&rule_file()).expect("rules");
+    rules["groups"].as_array().expect("groups").len()
+}
+
 fn run(cmd: &mut Command) -> String {
     let out = cmd.output().expect("run");
     let text =
@@ -72,6 +79,36 @@ fn alert_rules_pass_their_promtool_tests() {
     run(Command::new(&promtool)
         .args(["test", "rules", "alerts_test.yaml"])
         .current_dir(dir.path()));
+}
+
+/// Every alert has a promtool case where it fires (`exp_alerts` not empty), with its labels
+/// and annotations.
+#[test]
+fn every_alert_has_a_promtool_case_where_it_fires() {
+    let rules: Value = serde_yaml::from_str(&rule_file()).expect("rules");
+    let alerts: BTreeSet<String> = rules["groups"]
+        .as_array()
+        .expect("groups")
+        .iter()
+        .flat_map(|g| g["rules"].as_array().cloned().unwrap_or_default())
+        .filter_map(|r| r["alert"].as_str().map(String::from))
+        .collect();
+    let text = std::fs::read_to_string(monitoring().join("alerts_test.yaml")).expect("read");
+    let tests: Value = serde_yaml::from_str(&text).expect("YAML");
+    let firing: BTreeSet<String> = tests["tests"]
+        .as_array()
+        .expect("tests")
+        .iter()
+        .flat_map(|t| t["alert_rule_test"].as_array().cloned().unwrap_or_default())
+        .filter(|case| {
+            case["exp_alerts"]
+                .as_array()
+                .is_some_and(|alerts| !alerts.is_empty())
+        })
+        .filter_map(|case| case["alertname"].as_str().map(String::from))
+        .collect();
+    let untested: Vec<&String> = alerts.difference(&firing).collect();
+    assert!(untested.is_empty(), "no promtool case fires {untested:?}");
 }
 
 /// The metric names an expression reads (those of Steward's families, and `up`).
@@ -139,6 +176,27 @@ async fn every_metric_the_rules_and_the_dashboard_read_is_exported() {
         ]
         .map(String::from),
     );
+    // What each pooler agent serves (crates/pooler/src/metrics.rs).
+    families.extend(
+        [
+            "steward_pgbouncer_clients_active",
+            "steward_pgbouncer_clients_waiting",
+            "steward_pgbouncer_servers_active",
+            "steward_pgbouncer_servers_idle",
+            "steward_pgbouncer_servers_used",
+            "steward_pgbouncer_max_wait_seconds",
+            "steward_pgbouncer_transactions_total",
+            "steward_pgbouncer_queries_total",
+            "steward_pgbouncer_wait_seconds_total",
+            "steward_pooler_up",
+            "steward_pooler_paused",
+            "steward_pooler_pauses_total",
+            "steward_pooler_pause_seconds_total",
+            "steward_pooler_last_pause_seconds",
+            "steward_pooler_primary_changes_total",
+        ]
+        .map(String::from),
+    );
 
     let rules: Value = serde_yaml::from_str(&rule_file()).expect("rules");
     let mut exprs: Vec<(String, String)> = Vec::new();
@@ -185,8 +243,8 @@ async fn every_metric_the_rules_and_the_dashboard_read_is_exported() {
         "not exported by any operator: {missing:#?}"
     );
 
-    // The kustomization renders: ServiceMonitor, PodMonitor, PrometheusRule, the dashboard's
-    // ConfigMap.
+    // The kustomization renders: ServiceMonitor, PodMonitors (PostgreSQL and pooler pods),
+    // PrometheusRule, the dashboard's ConfigMap.
     let objects = cp
         .kustomize(&monitoring())
         .expect("kustomize deploy/monitoring");
@@ -199,6 +257,15 @@ async fn every_metric_the_rules_and_the_dashboard_read_is_exported() {
             "PrometheusRule",
             "ServiceMonitor"
         ])
+    );
+    let pod_monitors: BTreeSet<&str> = objects
+        .iter()
+        .filter(|o| o["kind"] == "PodMonitor")
+        .filter_map(|o| o["metadata"]["name"].as_str())
+        .collect();
+    assert_eq!(
+        pod_monitors,
+        BTreeSet::from(["steward-pooler", "steward-postgres"])
     );
 }
 
@@ -237,7 +304,7 @@ async fn deploy_monitoring_applies_against_the_prometheus_operator_crds() {
                     .sum();
                 assert_eq!(
                     (groups.len(), rules),
-                    (3, alert_count()),
+                    (group_count(), alert_count()),
                     "the rules as stored"
                 );
             }
@@ -246,11 +313,37 @@ async fn deploy_monitoring_applies_against_the_prometheus_operator_crds() {
                 assert_eq!(applied["spec"]["endpoints"][0]["port"], "metrics");
             }
             Some("PodMonitor") => {
-                let endpoint = &applied["spec"]["podMetricsEndpoints"][0];
-                assert_eq!(endpoint["port"], "instance");
+                // Each selects its pods by a label (Exists) and takes `cluster` from it.
+                let name = applied["metadata"]["name"].as_str().unwrap_or_default();
+                let (label, port) = match name {
+                    "steward-postgres" => {
+                        (database_operator::crd::contract::CLUSTER_LABEL, "instance")
+                    }
+                    "steward-pooler" => (database_operator::crd::contract::pooler::LABEL, "pooler"),
+                    other => panic!("unexpected PodMonitor {other}"),
+                };
+                let selector = &applied["spec"]["selector"]["matchExpressions"][0];
                 assert_eq!(
-                    endpoint["relabelings"][0]["replacement"],
-                    "steward-postgres"
+                    (&selector["key"], &selector["operator"]),
+                    (&json!(label), &json!("Exists")),
+                    "{name}"
+                );
+                let endpoint = &applied["spec"]["podMetricsEndpoints"][0];
+                assert_eq!(endpoint["port"], port, "{name}");
+                assert_eq!(endpoint["path"], "/metrics", "{name}");
+                assert_eq!(endpoint["relabelings"][0]["replacement"], name);
+                let meta_label = format!(
+                    "__meta_kubernetes_pod_label_{}",
+                    label.replace(|c: char| !c.is_ascii_alphanumeric(), "_")
+                );
+                assert_eq!(
+                    endpoint["relabelings"][1]["sourceLabels"],
+                    json!([meta_label]),
+                    "{name}"
+                );
+                assert_eq!(
+                    endpoint["relabelings"][1]["targetLabel"], "cluster",
+                    "{name}"
                 );
             }
             Some("ConfigMap") => {
@@ -371,7 +464,7 @@ async fn prometheus_scrapes_an_operator_and_loads_the_rules() {
     assert_eq!(sample["metric"]["job"], "steward");
     assert_eq!(sample["metric"]["operator"], tenant_operator::NAME);
 
-    // Both groups loaded, and every rule evaluated without error against the real series.
+    // Every group loaded, and every rule evaluated without error against the real series.
     let rules = eventually("the rules evaluated", wait, || {
         let server = &server;
         async move {
@@ -384,7 +477,7 @@ async fn prometheus_scrapes_an_operator_and_loads_the_rules() {
                 .iter()
                 .flat_map(|g| g["rules"].as_array().cloned().unwrap_or_default())
                 .collect();
-            if groups.len() == 3 && rules.iter().all(|r| r["health"] == "ok") {
+            if groups.len() == group_count() && rules.iter().all(|r| r["health"] == "ok") {
                 Ok(rules)
             } else {
                 Err(body.to_string())

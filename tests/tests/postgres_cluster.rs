@@ -1471,17 +1471,29 @@ async fn postgres_cluster_fails_over_and_never_has_two_writers() {
 #[tokio::test]
 async fn postgres_cluster_switches_over_and_rolls_a_parameter_change_with_one_switchover() {
     let _turn = NODE.lock().await;
-    let mut cluster = Cluster::start("rn-pgsw", 2, None).await;
+    let mut cluster = Cluster::new("rn-pgsw", 2).await;
+    let pgbouncer = cluster._cp.real_nodes()[0]
+        .pgbouncer_image()
+        .await
+        .expect("the PgBouncer image");
+    cluster
+        .create(
+            json!({"synchronousReplicas": null, "pooler": {"instances": 1, "image": pgbouncer}}),
+        )
+        .await;
     let rw = cluster.cluster_ip("pg-rw").await;
     let setup = connect(&rw, &cluster.password).await.unwrap();
     setup
-        .batch_execute(
+        .batch_execute(&format!(
             "create table acks (id bigint, at timestamptz default now()); \
-             create table fence_probe (at timestamptz default now())",
-        )
+             create table fence_probe (at timestamptz default now()); \
+             create table pooled (client int, at timestamptz default now()); \
+             create role app login password '{APP_PASSWORD}'; grant insert on pooled to app"
+        ))
         .await
         .unwrap();
     drop(setup);
+    let pooler = pooler_serves(&cluster).await;
     a_switchover_to_a_replica_that_lacks_acknowledged_rows_is_refused(&cluster, &rw).await;
     for (step, fault) in [
         Fault::Switchover,
@@ -1492,7 +1504,28 @@ async fn postgres_cluster_switches_over_and_rolls_a_parameter_change_with_one_sw
     .enumerate()
     {
         let before = cluster.status().await.primary_transitions.unwrap_or(0);
+        // The same load through the pooler and straight to `-rw`, for comparison.
+        let pooled = Load::start(&pooler, ("app", APP_PASSWORD), "pooled", LOAD_CLIENTS).await;
+        let direct = Load::start(&rw, ("app", APP_PASSWORD), "pooled", LOAD_CLIENTS).await;
         let outcome = disrupt(&mut cluster, &rw, fault, step).await;
+        let (pooled, direct) = (pooled.stop().await, direct.stop().await);
+        eprintln!(
+            "{fault:?}: {LOAD_CLIENTS} clients through the pooler: {} commits, {} errors, {} connections broken, longest transaction {:.2?}; straight to -rw: {} commits, {} errors, {} connections broken, longest {:.2?} ({:?})",
+            pooled.commits,
+            pooled.errors,
+            pooled.broken,
+            pooled.longest,
+            direct.commits,
+            direct.errors,
+            direct.broken,
+            direct.longest,
+            direct.first_error
+        );
+        assert!(
+            pooled.errors == 0 && pooled.commits > 0,
+            "{fault:?}: through the pooler no transaction fails and no connection breaks: {pooled:?}\n{}",
+            cluster.logs().await
+        );
         record_for_bench(fault, &cluster, None, &outcome);
         let unavailable = outcome.unavailable;
         assert_eq!(outcome.lost, 0, "{fault:?}: a clean handover loses nothing");
@@ -1588,10 +1621,154 @@ async fn postgres_cluster_switches_over_and_rolls_a_parameter_change_with_one_sw
             .collect();
         panic!("{e}\npods report {annotations:?}\n{}", cluster.logs().await);
     }
+    three_switchovers_in_a_row_drop_nothing_through_the_pooler(&cluster, &pooler).await;
+    a_pause_that_cannot_finish_refuses_the_switchover_and_resumes(&cluster, &pooler).await;
     a_parameter_postgresql_refuses_is_never_rolled_out(&cluster).await;
     a_replica_the_primary_removed_wal_for_is_cloned_again(&cluster, &rw).await;
 
     cluster.stop_operator().await;
+}
+
+/// The application role of the pooler's load (`app`, created by the test).
+const APP_PASSWORD: &str = "app-pooled-7";
+/// Clients of each load (issue #41: a pool of at least 20).
+const LOAD_CLIENTS: usize = 20;
+
+/// `spec.pooler` serves: `PoolerReady` is true; the `app` role logs in through the pooler's
+/// Service (its verifier looked up through `auth_query`) with TLS verified for the Service's
+/// name; the superuser and Steward's own roles cannot log in through it. Returns the
+/// Service's address.
+async fn pooler_serves(cluster: &Cluster) -> String {
+    cluster
+        .condition_message("PoolerReady", "True", "Serving")
+        .await;
+    let pooler = cluster.cluster_ip("pg-pooler-rw").await;
+    let secret: Secret = Api::namespaced(cluster.client.clone(), &cluster.ns)
+        .get("pg-superuser")
+        .await
+        .unwrap();
+    let ca = secret.data.unwrap()["ca.crt"].0.clone();
+    let name = format!("pg-pooler-rw.{}.svc", cluster.ns);
+    let app = verify_full_as(&name, &pooler, ("app", APP_PASSWORD, "postgres"), &ca)
+        .await
+        .unwrap_or_else(|e| panic!("app through the pooler, verify-full to {name}: {e}"));
+    let who: String = app
+        .query_one("select current_user::text", &[])
+        .await
+        .unwrap()
+        .get(0);
+    assert_eq!(who, "app");
+    let replication: Secret = Api::namespaced(cluster.client.clone(), &cluster.ns)
+        .get("pg-replication")
+        .await
+        .unwrap();
+    let replication = String::from_utf8(replication.data.unwrap()["password"].0.clone()).unwrap();
+    for (user, password) in [
+        ("postgres", cluster.password.as_str()),
+        ("steward_replication", replication.as_str()),
+    ] {
+        let refused = verify_full_as(&name, &pooler, (user, password, "postgres"), &ca).await;
+        assert!(refused.is_err(), "{user} cannot log in through the pooler");
+    }
+    pooler
+}
+
+/// Issue #41 (c): three switchovers in a row while 20 clients commit through the pooler: not
+/// one error, not one broken connection; each switchover's time and the longest transaction
+/// are printed.
+async fn three_switchovers_in_a_row_drop_nothing_through_the_pooler(
+    cluster: &Cluster,
+    pooler: &str,
+) {
+    let load = Load::start(pooler, ("app", APP_PASSWORD), "pooled", LOAD_CLIENTS).await;
+    for n in 1..=3 {
+        let (old, _) = cluster.primary().await;
+        let to = if old == "pg-0" { "pg-1" } else { "pg-0" };
+        let asked = Instant::now();
+        cluster.ask_switchover(Some(to)).await;
+        let moved = eventually(&format!("switchover {n} to {to}"), WAIT, || async move {
+            let (now, _) = cluster.primary().await;
+            if now == to {
+                Ok(())
+            } else {
+                Err(format!("primary {now}"))
+            }
+        })
+        .await;
+        if let Err(e) = moved {
+            panic!("{e}\n{}", cluster.logs().await);
+        }
+        eprintln!(
+            "pooled switchover {n} to {to}: primary moved {:.1?} after the request",
+            asked.elapsed()
+        );
+        cluster.wait_ready(Duration::from_secs(120)).await;
+    }
+    let tally = load.stop().await;
+    eprintln!(
+        "three switchovers in a row, {LOAD_CLIENTS} clients through the pooler: {} commits, {} errors, {} connections broken, longest transaction {:.2?}",
+        tally.commits, tally.errors, tally.broken, tally.longest
+    );
+    assert!(
+        tally.errors == 0 && tally.commits > 0,
+        "through the pooler no transaction fails and no connection breaks: {tally:?}\n{}",
+        cluster.logs().await
+    );
+}
+
+/// A pause that cannot finish (a client keeps a transaction open through the pooler): the
+/// primary waits [`PAUSE_WAIT`](steward_pg_instance::contract::pooler::PAUSE_WAIT), refuses
+/// the switchover with that reason and lifts the pause; the load through the pooler goes on
+/// without an error, and the open transaction commits afterwards.
+async fn a_pause_that_cannot_finish_refuses_the_switchover_and_resumes(
+    cluster: &Cluster,
+    pooler: &str,
+) {
+    let (old, _) = cluster.primary().await;
+    let to = if old == "pg-0" { "pg-1" } else { "pg-0" };
+    let load = Load::start(pooler, ("app", APP_PASSWORD), "pooled", LOAD_CLIENTS).await;
+    let conn = format!(
+        "host={pooler} port=5432 user=app password={APP_PASSWORD} dbname=postgres connect_timeout=5"
+    );
+    let (open, connection) = tokio_postgres::connect(&conn, tokio_postgres::NoTls)
+        .await
+        .unwrap();
+    tokio::spawn(connection);
+    open.batch_execute("begin; insert into pooled (client) values (-1)")
+        .await
+        .unwrap();
+    let asked = Instant::now();
+    cluster.ask_switchover(Some(to)).await;
+    let refused = cluster
+        .status_matching("the switchover refused: the poolers did not pause", |s| {
+            s.switchover_refused
+                .clone()
+                .filter(|r| r.contains("the poolers did not pause"))
+        })
+        .await;
+    eprintln!(
+        "refused {:.1?} after the request: {refused}",
+        asked.elapsed()
+    );
+    let wait = steward_pg_instance::contract::pooler::PAUSE_WAIT;
+    assert!(
+        asked.elapsed() >= wait,
+        "the primary waited the pause's bound first"
+    );
+    assert_eq!(cluster.primary().await.0, old, "the primary did not move");
+    open.batch_execute("commit")
+        .await
+        .expect("the open transaction commits after the refusal");
+    cluster.ask_switchover(None).await;
+    let tally = load.stop().await;
+    eprintln!(
+        "a refused pause, {LOAD_CLIENTS} clients through the pooler: {} commits, {} errors, longest transaction {:.2?}",
+        tally.commits, tally.errors, tally.longest
+    );
+    assert!(
+        tally.errors == 0 && tally.longest < wait + Duration::from_secs(5),
+        "the clients waited at most the pause's bound, without an error: {tally:?}"
+    );
 }
 
 /// Issue #39, item 5: a parameter PostgreSQL refuses, which no table of the operator's knows

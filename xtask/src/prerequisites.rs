@@ -7,7 +7,8 @@ use anyhow::{Context, Result, bail};
 
 /// Debian packages the real node needs (runc, the CNI plugins, iptables), busybox for its
 /// test images, unzip/xz for the second PostgreSQL major's bundle, Prometheus for the
-/// monitoring tests and Java for the backup tests' S3 server, each with a file that shows it is installed.
+/// monitoring tests, Java for the backup tests' S3 server and PgBouncer's build dependencies,
+/// each with a file that shows it is installed.
 const NODE_PACKAGES: &[(&str, &str)] = &[
     ("runc", "/usr/sbin/runc"),
     ("containernetworking-plugins", "/usr/lib/cni/bridge"),
@@ -23,6 +24,12 @@ const NODE_PACKAGES: &[(&str, &str)] = &[
         "openjdk-17-jre-headless",
         "/usr/lib/jvm/java-17-openjdk-amd64/bin/java",
     ),
+    // PgBouncer is built from Debian's source for the pooler tests (TLS and c-ares required).
+    ("make", "/usr/bin/make"),
+    ("pkg-config", "/usr/bin/pkg-config"),
+    ("libevent-dev", "/usr/include/event2/event.h"),
+    ("libc-ares-dev", "/usr/include/ares.h"),
+    ("libssl-dev", "/usr/include/openssl/ssl.h"),
 ];
 
 /// The real node's Debian packages ([`NODE_PACKAGES`]); installs the missing ones with apt-get.

@@ -426,3 +426,49 @@ mod tests {
         assert_eq!(lease_name("pg"), "pg-primary");
     }
 }
+
+/// The connection pooler (`spec.pooler`): what the pooler agents (`steward-pooler`, PID 1 of
+/// each PgBouncer pod), the instance managers and the operator agree on. A planned
+/// switchover pauses the poolers before the primary stops: the primary names the pause on
+/// the Lease ([`PAUSE_ANNOTATION`]), each agent `PAUSE`s its PgBouncer (in-flight
+/// transactions finish, new ones wait) and acknowledges it in the state ConfigMap
+/// ([`state_config_map`]); the primary stops only once every pooler acknowledged, within
+/// [`PAUSE_WAIT`], and otherwise refuses the switchover and lifts the pause. The new primary
+/// lifts it once it leads (as it clears [`TARGET_ANNOTATION`]); each agent then points its
+/// PgBouncer at the new primary's pod and `RESUME`s.
+pub mod pooler {
+    use std::time::Duration;
+
+    /// Label on every pooler pod: the cluster's name (not [`super::CLUSTER_LABEL`]: a pooler
+    /// pod is no instance).
+    pub const LABEL: &str = "database.steward.dev/pooler";
+    /// Annotation on the Lease, written by a primary about to hand over: the pause it asks
+    /// for, as `<target>/<unix milliseconds>` (each switchover its own).
+    pub const PAUSE_ANNOTATION: &str = "database.steward.dev/pooler-pause";
+    /// The ConfigMap where each agent acknowledges a pause: key its pod's name, value the
+    /// pause ([`PAUSE_ANNOTATION`]'s value) its PgBouncer finished. Created (empty) by the
+    /// operator; each agent writes only its own key (server-side apply, field manager
+    /// `steward-pooler/<pod>`).
+    pub fn state_config_map(cluster: &str) -> String {
+        format!("{cluster}-pooler-state")
+    }
+    /// How long a primary waits for every pooler to acknowledge a pause before it refuses
+    /// the switchover (a transaction that does not end, an agent that does not answer).
+    pub const PAUSE_WAIT: Duration = Duration::from_secs(10);
+    /// How long an agent keeps its PgBouncer paused at most, whatever the Lease says: beyond
+    /// the longest a switchover takes ([`PAUSE_WAIT`], the clean shutdown, the target's
+    /// confirmation and its promotion), a pause nobody lifts (a primary killed mid-way) ends.
+    pub const MAX_PAUSE: Duration = Duration::from_secs(60);
+    /// The role PgBouncer's `auth_query` connects as: it may run [`LOOKUP_FUNCTION`] and
+    /// nothing else. Its password is in the Secret `<cluster>-pooler`.
+    pub const AUTH_USER: &str = "steward_pooler";
+    /// `SECURITY DEFINER` function in the `postgres` database returning a login role's name
+    /// and password verifier, refusing superusers, replication roles and Steward's own.
+    pub const LOOKUP_FUNCTION: &str = "steward_pooler.lookup";
+    /// The agent's binary, in the operator's image and copied into each pooler pod.
+    pub const BINARY: &str = "steward-pooler";
+    /// PgBouncer's port (clients).
+    pub const PORT: u16 = 5432;
+    /// The agent's `/healthz`, `/readyz` and `/metrics`.
+    pub const HTTP_PORT: u16 = 8009;
+}

@@ -163,6 +163,70 @@ pub struct PostgresClusterSpec {
     /// its replicas at once. Changing it rolls the instances.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub placement: Option<Placement>,
+
+    /// A PgBouncer connection pooler in front of the primary: the Service
+    /// `<cluster>-pooler-rw`. A planned switchover (on request, a rolling update, a drain)
+    /// pauses it, so clients connected through it see no error, only a wait. Unset: none.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub pooler: Option<Pooler>,
+}
+
+/// `spec.pooler` of a [`PostgresCluster`]: PgBouncer pods, each run by Steward's pooler agent
+/// (which pauses it across switchovers and points it at the primary), behind the Service
+/// `<cluster>-pooler-rw`, TLS to clients with a certificate of the cluster's CA for that
+/// Service's names, TLS to PostgreSQL. Clients log in as their own roles: PgBouncer looks up
+/// their password verifier through `auth_query` as the role `steward_pooler`, which may read
+/// no other role's (superusers, replication roles and Steward's own roles cannot log in
+/// through the pooler).
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Eq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct Pooler {
+    /// PgBouncer pods (default 2; a PodDisruptionBudget keeps all but one through a drain).
+    #[serde(default = "default_pooler_instances")]
+    #[schemars(range(min = 1, max = 20))]
+    pub instances: i32,
+    /// `Transaction` (default): a server connection per transaction, released at its end
+    /// (session state such as `SET` or prepared statements outside a transaction does not
+    /// carry over); `Session`: one per client connection. A switchover waits for running
+    /// transactions (`Transaction`) or for client connections to close (`Session`, so
+    /// it is refused while clients stay connected).
+    #[serde(default)]
+    pub pool_mode: PoolMode,
+    /// Server connections per user and database (`default_pool_size`, default 20).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 1, max = 10000))]
+    pub default_pool_size: Option<i32>,
+    /// Client connections each PgBouncer pod accepts (`max_client_conn`, default 1000).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 1, max = 100000))]
+    pub max_client_connections: Option<i32>,
+    /// The PgBouncer image (any with `pgbouncer` on its `PATH`, 1.19 or later). Unset: the
+    /// operator's `--pooler-image`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(min = 1, max = 512))]
+    pub image: Option<String>,
+}
+
+fn default_pooler_instances() -> i32 {
+    2
+}
+
+/// How a [`Pooler`] shares server connections.
+#[derive(Serialize, Deserialize, Clone, Copy, Debug, Default, PartialEq, Eq, JsonSchema)]
+pub enum PoolMode {
+    #[default]
+    Transaction,
+    Session,
+}
+
+impl PoolMode {
+    /// PgBouncer's name for it.
+    pub fn as_pgbouncer(self) -> &'static str {
+        match self {
+            PoolMode::Transaction => "transaction",
+            PoolMode::Session => "session",
+        }
+    }
 }
 
 /// How a [`PostgresCluster`]'s instances are spread over nodes or zones (pod anti-affinity

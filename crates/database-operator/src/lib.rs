@@ -86,6 +86,15 @@ pub struct Options {
     )]
     pub instance_image: String,
 
+    /// The PgBouncer image of `spec.pooler` when it names none: any image with `pgbouncer`
+    /// (1.19 or later) on its `PATH`, run as a non-root user.
+    #[arg(
+        long,
+        env = "STEWARD_POOLER_IMAGE",
+        default_value = "ghcr.io/cloudnative-pg/pgbouncer:1.24.1"
+    )]
+    pub pooler_image: String,
+
     /// Has the cluster's own PostgreSQL read every new `spec.parameters` (`postgres -C`, in a
     /// one-off Job of the instances' image) before any instance loads it. Off only where no
     /// pod can run (the tests on a control plane without a node).
@@ -111,7 +120,10 @@ pub struct DatabaseOperator;
 impl steward_core::operator::Definition for DatabaseOperator {
     const NAME: &'static str = NAME;
     const ABOUT: &'static str = "Manages PostgreSQL clusters, databases and roles";
-    const COMPANIONS: &'static [&'static str] = &[steward_database_api::contract::BINARY];
+    const COMPANIONS: &'static [&'static str] = &[
+        steward_database_api::contract::BINARY,
+        steward_database_api::contract::pooler::BINARY,
+    ];
     const SAMPLES: &'static [&'static str] = &[
         "database-postgrescluster.yaml",
         "database-postgresbackup.yaml",
@@ -223,6 +235,8 @@ pub struct ChildStores {
     pub roles: Cache<k8s_openapi::api::rbac::v1::Role>,
     pub role_bindings: Cache<k8s_openapi::api::rbac::v1::RoleBinding>,
     pub statefulsets: Cache<k8s_openapi::api::apps::v1::StatefulSet>,
+    /// The poolers (`spec.pooler`).
+    pub deployments: Cache<k8s_openapi::api::apps::v1::Deployment>,
     pub pdbs: Cache<k8s_openapi::api::policy::v1::PodDisruptionBudget>,
 }
 
@@ -253,7 +267,7 @@ pub type Cache<K> = steward_core::controller::Cache<kube::core::PartialObjectMet
 /// # Errors
 /// None today; the `Result` leaves room for checks of the options.
 pub fn register(operator: &mut steward_core::Operator, options: Options) -> Result<(), Error> {
-    use k8s_openapi::api::apps::v1::StatefulSet;
+    use k8s_openapi::api::apps::v1::{Deployment, StatefulSet};
     use k8s_openapi::api::batch::v1::Job;
     use k8s_openapi::api::core::v1::{ConfigMap, Pod, Secret, Service, ServiceAccount};
     use k8s_openapi::api::policy::v1::PodDisruptionBudget;
@@ -293,6 +307,8 @@ pub fn register(operator: &mut steward_core::Operator, options: Options) -> Resu
         watch_metadata(scoped::<RoleBinding>(&client, ns), managed.clone());
     let (statefulsets, statefulsets_watch) =
         watch_metadata(scoped::<StatefulSet>(&client, ns), managed.clone());
+    let (deployments, deployments_watch) =
+        watch_metadata(scoped::<Deployment>(&client, ns), managed.clone());
     let (pdbs, pdbs_watch) =
         watch_metadata(scoped::<PodDisruptionBudget>(&client, ns), managed.clone());
     let sql_statements = SqlStatements::default();
@@ -314,6 +330,7 @@ pub fn register(operator: &mut steward_core::Operator, options: Options) -> Resu
             roles,
             role_bindings,
             statefulsets,
+            deployments,
             pdbs,
         },
     };
@@ -323,6 +340,7 @@ pub fn register(operator: &mut steward_core::Operator, options: Options) -> Resu
     cluster::metrics::register(&operator.metrics(), &clusters.store());
     let clusters = clusters
         .owns_watched(statefulsets_watch)
+        .owns_watched(deployments_watch)
         // The major-upgrade Job.
         .owns(scoped::<Job>(&client, ns), managed.clone())
         .owns_watched(services_watch)

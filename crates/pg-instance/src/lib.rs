@@ -31,6 +31,7 @@ pub mod election;
 pub mod http;
 pub mod manager;
 pub mod metrics;
+pub mod poolers;
 pub mod postgres;
 pub mod upgrade;
 pub mod watchdog;

@@ -477,6 +477,8 @@ struct World {
     holder: Option<String>,
     /// The switchover target named on the Lease.
     target: Option<String>,
+    /// Whether the Lease names a pause of the poolers ([`contract::pooler::PAUSE_ANNOTATION`]).
+    poolers_paused: bool,
     /// The instance that released the Lease on its last clean stop, and where its WAL ended.
     clean_stop: election::CleanStopRecord,
     /// The StatefulSet's replicas, read only while the Lease is released by a last primary
@@ -744,6 +746,10 @@ impl Instance {
             .as_ref()
             .map(election::CleanStopRecord::of)
             .unwrap_or_default();
+        let poolers_paused = lease.as_ref().is_some_and(|l| {
+            l.annotations()
+                .contains_key(contract::pooler::PAUSE_ANNOTATION)
+        });
         let holder = lease.map(|l| l.spec.and_then(|s| s.holder_identity).unwrap_or_default());
         let selector = format!("{CLUSTER_LABEL}={}", self.settings.cluster);
         let pods = tokio::time::timeout(
@@ -770,6 +776,7 @@ impl Instance {
         Ok(World {
             holder,
             target,
+            poolers_paused,
             clean_stop,
             instances,
             pods,
@@ -931,6 +938,13 @@ impl Instance {
             match world.target.as_deref() {
                 Some(target) if target == self.settings.pod => self.clear_target().await?,
                 Some(target) => self.hand_over(target, world).await?,
+                // A pause nobody lifted (its switchover ended another way, say its primary
+                // was killed mid-way): the primary that leads lifts it.
+                None if world.poolers_paused => {
+                    self.annotate_lease(contract::pooler::PAUSE_ANNOTATION, None)
+                        .await?;
+                    tracing::info!("lifted a pause of the poolers no switchover holds");
+                }
                 None => {}
             }
         }
@@ -1027,6 +1041,20 @@ impl Instance {
         else {
             return Ok(());
         };
+        if let Err(why) = self.pause_poolers(target).await {
+            // Running on as the primary; the poolers resume as the pause is lifted.
+            tracing::warn!(%target, "switchover refused, running on as the primary: {why}");
+            return self
+                .annotate_lease_all(&[
+                    (
+                        contract::SWITCHOVER_REFUSED_ANNOTATION,
+                        Some(&format!("{target}: {why}")),
+                    ),
+                    (contract::TARGET_ANNOTATION, None),
+                    (contract::pooler::PAUSE_ANNOTATION, None),
+                ])
+                .await;
+        }
         tracing::info!(%target, "switchover: shutting down cleanly, then releasing the Lease once the target confirms the last WAL");
         self.primary_pid.store(0, Ordering::SeqCst);
         let clean = match self.postmaster.take() {
@@ -1064,9 +1092,37 @@ impl Instance {
                     Some(&format!("{target}: {why}")),
                 )
                 .await?;
-                self.annotate_lease(contract::TARGET_ANNOTATION, None).await
+                self.annotate_lease_all(&[
+                    (contract::TARGET_ANNOTATION, None),
+                    (contract::pooler::PAUSE_ANNOTATION, None),
+                ])
+                .await
             }
         }
+    }
+
+    /// Before a switchover's shutdown: pauses the cluster's ready poolers (names a pause on
+    /// the Lease, waits for each one's acknowledgement, [`crate::poolers`]), so no client
+    /// transaction through them is cut. Without poolers, nothing. Returns why the pause did
+    /// not happen in time (the pause is then lifted by the refusal's write).
+    async fn pause_poolers(&self, target: &str) -> Result<(), String> {
+        let cluster = &self.settings.cluster;
+        let awaited = crate::poolers::list(&self.pods, cluster, API_TIMEOUT)
+            .await
+            .map_err(|e| format!("listing the pooler pods failed: {e:#}"))?;
+        if awaited.is_empty() {
+            return Ok(());
+        }
+        let pause = crate::poolers::pause_name(target);
+        self.annotate_lease(contract::pooler::PAUSE_ANNOTATION, Some(&pause))
+            .await
+            .map_err(|e| format!("naming the poolers' pause on the Lease failed: {e:#}"))?;
+        let config_maps = Api::namespaced(self.client.clone(), &self.settings.namespace);
+        let took =
+            crate::poolers::wait_for_acks(&config_maps, cluster, &awaited, &pause, API_TIMEOUT)
+                .await?;
+        tracing::info!(%target, poolers = awaited.len(), ?took, "the poolers paused: their transactions finished, new ones wait");
+        Ok(())
     }
 
     /// After a clean shutdown for a switchover: waits (up to [`HANDOVER_CONFIRM`]) until the
@@ -1094,9 +1150,13 @@ impl Instance {
     }
 
     /// As the switchover's target, once leading: the Lease no longer names a target.
+    /// Lifts the poolers' pause with it: they resume on this primary.
     async fn clear_target(&self) -> anyhow::Result<()> {
-        self.annotate_lease(contract::TARGET_ANNOTATION, None)
-            .await?;
+        self.annotate_lease_all(&[
+            (contract::TARGET_ANNOTATION, None),
+            (contract::pooler::PAUSE_ANNOTATION, None),
+        ])
+        .await?;
         tracing::info!("switchover finished: leading");
         Ok(())
     }

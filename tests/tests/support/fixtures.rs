@@ -481,6 +481,7 @@ pub(crate) fn postgres_cluster(name: &str, instances: i32) -> PostgresClusterBui
             backup: None,
             bootstrap: None,
             placement: None,
+            pooler: None,
             monitoring: None,
         },
     }

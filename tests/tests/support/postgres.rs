@@ -81,7 +81,7 @@ impl Cluster {
         };
         let binaries = deploy::build(&[deploy::Spec {
             name: database_operator::NAME,
-            companions: &[steward_pg_instance::contract::BINARY],
+            companions: <database_operator::DatabaseOperator as steward_core::operator::Definition>::COMPANIONS,
         }])
         .expect("database-operator and steward-pg-instance binaries");
         time("binaries");
@@ -302,8 +302,39 @@ impl Cluster {
         status: &str,
         reason: &str,
     ) -> String {
+        self.status_matching(&format!("{type_} is {status} ({reason})"), |got| {
+            got.conditions
+                .iter()
+                .find(|c| c.type_ == type_ && c.status == status && c.reason == reason)
+                .map(|c| c.message.clone())
+        })
+        .await
+    }
+
+    /// Asks for a switchover to `to` (annotation `database.steward.dev/switchover-to`), or
+    /// withdraws the request (`None`).
+    pub(crate) async fn ask_switchover(&self, to: Option<&str>) {
+        let annotation =
+            json!({"metadata": {"annotations": {"database.steward.dev/switchover-to": to}}});
+        self.clusters()
+            .patch(
+                "pg",
+                &kube::api::PatchParams::default(),
+                &kube::api::Patch::Merge(annotation),
+            )
+            .await
+            .unwrap();
+    }
+
+    /// What `pick` finds in PostgresCluster `pg`'s status, once it finds something.
+    pub(crate) async fn status_matching(
+        &self,
+        what: &str,
+        pick: impl Fn(&database_operator::crd::PostgresClusterStatus) -> Option<String>,
+    ) -> String {
         let clusters = self.clusters();
-        eventually(&format!("{type_} is {status} ({reason})"), WAIT, || {
+        let pick = &pick;
+        let found = eventually(what, WAIT, || {
             let clusters = clusters.clone();
             async move {
                 let got = clusters
@@ -312,14 +343,21 @@ impl Cluster {
                     .map_err(|e| e.to_string())?
                     .status
                     .unwrap_or_default();
-                match got.conditions.iter().find(|c| c.type_ == type_) {
-                    Some(c) if c.status == status && c.reason == reason => Ok(c.message.clone()),
-                    other => Err(format!("{type_}: {other:?}")),
-                }
+                pick(&got).ok_or_else(|| format!("{got:?}"))
             }
         })
-        .await
-        .unwrap()
+        .await;
+        match found {
+            Ok(found) => found,
+            Err(e) => {
+                let pods = self.pods().list(&Default::default()).await.unwrap();
+                panic!(
+                    "{e}\npods: {}\n{}",
+                    deploy::describe_pods(&pods.items),
+                    self.logs().await
+                )
+            }
+        }
     }
 
     pub(crate) async fn status(&self) -> database_operator::crd::PostgresClusterStatus {
@@ -383,6 +421,15 @@ impl Cluster {
                 out.push_str(&format!("--- {pod} (previous container):\n{before}\n"));
             }
             out.push_str(&format!("--- {pod}:\n{}\n", logs(&self.pods(), &pod).await));
+        }
+        // The poolers' agents (`spec.pooler`), if any.
+        let poolers =
+            kube::api::ListParams::default().labels(steward_pg_instance::contract::pooler::LABEL);
+        if let Ok(list) = self.pods().list(&poolers).await {
+            for pod in list.items {
+                let pod = pod.name_any();
+                out.push_str(&format!("--- {pod}:\n{}\n", logs(&self.pods(), &pod).await));
+            }
         }
         out
     }
@@ -1176,5 +1223,124 @@ pub(crate) async fn completed_backup(
     match ended_backup(cluster, name).await {
         Ok(status) => status,
         Err(failed) => panic!("{name} failed: {failed:?}\n{}", cluster.logs().await),
+    }
+}
+
+/// What a [`Load`] saw.
+#[derive(Clone, Debug, Default)]
+pub(crate) struct Tally {
+    pub(crate) commits: u64,
+    /// Every error: a statement that failed, a connection that broke, a reconnect refused.
+    pub(crate) errors: u64,
+    /// Connections that broke (each counted in `errors` too).
+    pub(crate) broken: u64,
+    /// The longest transaction, from `BEGIN` sent to `COMMIT` answered.
+    pub(crate) longest: Duration,
+    pub(crate) first_error: Option<String>,
+}
+
+impl Tally {
+    fn add(&mut self, other: Tally) {
+        self.commits += other.commits;
+        self.errors += other.errors;
+        self.broken += other.broken;
+        self.longest = self.longest.max(other.longest);
+        if self.first_error.is_none() {
+            self.first_error = other.first_error;
+        }
+    }
+}
+
+/// `clients` connections to `host:5432` as `(user, password)`, each committing short
+/// transactions (`BEGIN`, an `INSERT` into `table`, `COMMIT`: three round trips) one after
+/// another until [`Load::stop`]. A connection that breaks is counted and opened again.
+pub(crate) struct Load {
+    stop: Arc<std::sync::atomic::AtomicBool>,
+    tasks: Vec<tokio::task::JoinHandle<Tally>>,
+}
+
+impl Load {
+    /// Connects every client first (panics if one cannot), then starts them.
+    pub(crate) async fn start(
+        host: &str,
+        (user, password): (&str, &str),
+        table: &str,
+        clients: usize,
+    ) -> Load {
+        let conn = format!(
+            "host={host} port=5432 user={user} password={password} dbname=postgres connect_timeout=5"
+        );
+        let open = |conn: String| async move {
+            let (client, connection) =
+                tokio_postgres::connect(&conn, tokio_postgres::NoTls).await?;
+            tokio::spawn(connection);
+            Ok::<_, tokio_postgres::Error>(client)
+        };
+        let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let mut tasks = Vec::new();
+        for n in 0..clients {
+            let mut client = open(conn.clone())
+                .await
+                .unwrap_or_else(|e| panic!("client {n} of the load to {host} as {user}: {e}"));
+            let (stop, conn, table) = (stop.clone(), conn.clone(), table.to_string());
+            tasks.push(tokio::spawn(async move {
+                let mut tally = Tally::default();
+                let insert = format!("insert into {table} (client) values ($1)");
+                let client_id = i32::try_from(n).unwrap_or(0);
+                while !stop.load(std::sync::atomic::Ordering::SeqCst) {
+                    let began = Instant::now();
+                    let done = async {
+                        client.batch_execute("begin").await?;
+                        client.execute(insert.as_str(), &[&client_id]).await?;
+                        client.batch_execute("commit").await
+                    }
+                    .await;
+                    match done {
+                        Ok(()) => {
+                            tally.commits += 1;
+                            tally.longest = tally.longest.max(began.elapsed());
+                        }
+                        Err(e) => {
+                            tally.errors += 1;
+                            tally.first_error.get_or_insert_with(|| e.to_string());
+                            if client.is_closed() {
+                                tally.broken += 1;
+                                loop {
+                                    if stop.load(std::sync::atomic::Ordering::SeqCst) {
+                                        return tally;
+                                    }
+                                    match open(conn.clone()).await {
+                                        Ok(c) => {
+                                            client = c;
+                                            break;
+                                        }
+                                        Err(e) => {
+                                            tally.errors += 1;
+                                            tally.first_error.get_or_insert_with(|| e.to_string());
+                                            tokio::time::sleep(Duration::from_millis(100)).await;
+                                        }
+                                    }
+                                }
+                            } else {
+                                // A failed statement leaves the transaction aborted.
+                                let _ = client.batch_execute("rollback").await;
+                            }
+                        }
+                    }
+                }
+                tally
+            }));
+        }
+        Load { stop, tasks }
+    }
+
+    /// Stops every client; what they saw in all.
+    pub(crate) async fn stop(self) -> Tally {
+        self.stop.store(true, std::sync::atomic::Ordering::SeqCst);
+        let mut all = Tally::default();
+        for task in self.tasks {
+            all.add(task.await.unwrap_or_default());
+        }
+        all
     }
 }

@@ -119,7 +119,7 @@ pub fn selector_labels(cluster: &str) -> BTreeMap<String, String> {
     ])
 }
 
-fn meta(cluster: &PostgresCluster, name: &str) -> ObjectMeta {
+pub(super) fn meta(cluster: &PostgresCluster, name: &str) -> ObjectMeta {
     ObjectMeta {
         name: Some(name.to_string()),
         namespace: cluster.namespace(),
@@ -317,13 +317,13 @@ pub fn authority_of(secret: &Secret) -> Option<super::tls::Authority> {
 /// names it is for (so the operator renews it without parsing it).
 pub fn tls_secret(
     cluster: &PostgresCluster,
+    name: &str,
     server: &super::tls::Issued,
     ca_pem: &str,
     not_after: chrono::NaiveDate,
     names_issued: &[String],
 ) -> Secret {
-    let names = Names::of(&cluster.name_any());
-    let mut metadata = meta(cluster, &names.tls_secret);
+    let mut metadata = meta(cluster, name);
     metadata.annotations = Some(BTreeMap::from([
         (TLS_NOT_AFTER_ANNOTATION.to_string(), not_after.to_string()),
         (TLS_NAMES_ANNOTATION.to_string(), names_issued.join(",")),
@@ -378,19 +378,11 @@ pub fn instance_service_account(cluster: &PostgresCluster) -> ServiceAccount {
 
 /// What the instance managers may do, and nothing more: take and renew this cluster's
 /// Lease, read the cluster's pods and StatefulSet, label/annotate its own pods (by name),
-/// record Events, take PostgresBackups (read them, write their status).
+/// read the poolers' acknowledgements, record Events, take PostgresBackups (read them, write
+/// their status).
 pub fn instance_role(cluster: &PostgresCluster) -> Role {
     let name = cluster.name_any();
     let names = Names::of(&name);
-    let rule = |groups: &[&str], resources: &[&str], verbs: &[&str], names: Option<Vec<String>>| {
-        PolicyRule {
-            api_groups: Some(groups.iter().map(|s| (*s).to_string()).collect()),
-            resources: Some(resources.iter().map(|s| (*s).to_string()).collect()),
-            verbs: verbs.iter().map(|s| (*s).to_string()).collect(),
-            resource_names: names,
-            ..Default::default()
-        }
-    };
     let pods: Vec<String> = (0..cluster.spec.instances)
         .map(|i| format!("{name}-{i}"))
         .collect();
@@ -415,6 +407,13 @@ pub fn instance_role(cluster: &PostgresCluster) -> Role {
                 Some(vec![names.statefulset.clone()]),
             ),
             rule(&[""], &["pods"], &["patch"], Some(pods)),
+            // The poolers' acknowledgements of a switchover's pause (`spec.pooler`).
+            rule(
+                &[""],
+                &["configmaps"],
+                &["get"],
+                Some(vec![instance::pooler::state_config_map(&name)]),
+            ),
             rule(&[""], &["events"], &["create", "patch"], None),
             // The primary takes the cluster's PostgresBackups and records them.
             rule(
@@ -433,19 +432,78 @@ pub fn instance_role(cluster: &PostgresCluster) -> Role {
     }
 }
 
+/// An environment variable of a value.
+pub(super) fn env(name: &str, value: String) -> EnvVar {
+    EnvVar {
+        name: name.into(),
+        value: Some(value),
+        ..Default::default()
+    }
+}
+
+/// An environment variable of a field of the pod (`metadata.name`, …).
+pub(super) fn field(name: &str, path: &str) -> EnvVar {
+    EnvVar {
+        name: name.into(),
+        value_from: Some(EnvVarSource {
+            field_ref: Some(ObjectFieldSelector {
+                field_path: path.into(),
+                ..Default::default()
+            }),
+            ..Default::default()
+        }),
+        ..Default::default()
+    }
+}
+
+/// A probe of `path` on `port`, every `period` seconds, failing after `failures` in a row.
+pub(super) fn http_probe(port: u16, path: &str, period: i32, failures: i32) -> Probe {
+    Probe {
+        http_get: Some(HTTPGetAction {
+            path: Some(path.into()),
+            port: IntOrString::Int(i32::from(port)),
+            ..Default::default()
+        }),
+        period_seconds: Some(period),
+        timeout_seconds: Some(2),
+        failure_threshold: Some(failures),
+        ..Default::default()
+    }
+}
+
 /// Binds [`instance_role`] to [`instance_service_account`].
 pub fn instance_role_binding(cluster: &PostgresCluster) -> RoleBinding {
-    let names = Names::of(&cluster.name_any());
+    binding(cluster, &Names::of(&cluster.name_any()).instance_account)
+}
+
+/// A rule of a Role: `verbs` on `resources` of the API `groups`, only those `names` if given.
+pub(super) fn rule(
+    groups: &[&str],
+    resources: &[&str],
+    verbs: &[&str],
+    names: Option<Vec<String>>,
+) -> PolicyRule {
+    PolicyRule {
+        api_groups: Some(groups.iter().map(|s| (*s).to_string()).collect()),
+        resources: Some(resources.iter().map(|s| (*s).to_string()).collect()),
+        verbs: verbs.iter().map(|s| (*s).to_string()).collect(),
+        resource_names: names,
+        ..Default::default()
+    }
+}
+
+/// Binds the Role `name` to the ServiceAccount `name`, both of `cluster`'s namespace.
+pub(super) fn binding(cluster: &PostgresCluster, name: &str) -> RoleBinding {
     RoleBinding {
-        metadata: meta(cluster, &names.instance_account),
+        metadata: meta(cluster, name),
         role_ref: RoleRef {
             api_group: Some("rbac.authorization.k8s.io".into()),
             kind: "Role".into(),
-            name: names.instance_account.clone(),
+            name: name.to_string(),
         },
         subjects: Some(vec![Subject {
             kind: "ServiceAccount".into(),
-            name: names.instance_account.clone(),
+            name: name.to_string(),
             namespace: cluster.namespace(),
             ..Default::default()
         }]),
@@ -725,22 +783,6 @@ pub fn statefulset(
         .and_then(|m| m.queries_config_map.clone());
     let mut pod_labels = selector_labels(&name);
     pod_labels.insert(VERSION_LABEL.into(), cluster.spec.version.to_string());
-    let env = |name: &str, value: String| EnvVar {
-        name: name.into(),
-        value: Some(value),
-        ..Default::default()
-    };
-    let field = |name: &str, path: &str| EnvVar {
-        name: name.into(),
-        value_from: Some(EnvVarSource {
-            field_ref: Some(ObjectFieldSelector {
-                field_path: path.into(),
-                ..Default::default()
-            }),
-            ..Default::default()
-        }),
-        ..Default::default()
-    };
     let secret = |name: &str, secret: &str| EnvVar {
         name: name.into(),
         value_from: Some(EnvVarSource {
@@ -758,17 +800,8 @@ pub fn statefulset(
         mount_path: STEWARD_DIR.into(),
         ..Default::default()
     };
-    let http_probe = |path: &str, period: i32, failures: i32| Probe {
-        http_get: Some(HTTPGetAction {
-            path: Some(path.into()),
-            port: IntOrString::Int(i32::from(HTTP_PORT)),
-            ..Default::default()
-        }),
-        period_seconds: Some(period),
-        timeout_seconds: Some(2),
-        failure_threshold: Some(failures),
-        ..Default::default()
-    };
+    let http_probe =
+        |path: &str, period: i32, failures: i32| http_probe(HTTP_PORT, path, period, failures);
     let copier = Container {
         name: "instance-manager".into(),
         image: Some(instance_image.to_string()),

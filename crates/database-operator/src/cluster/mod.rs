@@ -15,6 +15,7 @@ pub mod lost;
 pub mod metrics;
 pub mod monitoring;
 mod moves;
+pub mod pooler;
 pub mod rollout;
 mod status;
 pub mod tls;
@@ -60,7 +61,7 @@ pub async fn reconcile(
         .ok_or_else(|| Error::InvalidSpec("PostgresCluster must be namespaced".into()))?;
     let names = Names::of(&cluster.name_any());
     let children = ctx.children(cluster.as_ref());
-    let ca_phase_due = credentials(&ctx, &children, &cluster, &ns, &names).await?;
+    let credentials = credentials(&ctx, &children, &cluster, &ns, &names).await?;
     let Some(config_hash) = configure(&ctx, &children, &cluster).await? else {
         // The new parameters are being checked.
         return Ok(Action::requeue(Duration::from_secs(2)));
@@ -99,6 +100,10 @@ pub async fn reconcile(
     let backups = backup::reconcile(&ctx.client, &cluster, primary_pod, previous_backup).await?;
     let scheduled = backups.as_ref().and_then(|b| b.requeue);
     let queries = monitoring::observe(&ctx.client, &ns, &cluster).await?;
+    let ready_primary = primary_pod
+        .filter(|p| seen.views.iter().any(|v| v.name == p.name_any() && v.ready))
+        .and_then(|p| p.status.as_ref()?.pod_ip.as_deref());
+    let pooled = pooler::serve(&ctx, &cluster, &ns, ready_primary, &credentials).await?;
     let status = status::compute(status::Inputs {
         cluster: &cluster,
         observed: rollout::Observed {
@@ -117,6 +122,7 @@ pub async fn reconcile(
         backups,
         upgrade: &decided,
         queries: &queries,
+        pooled: &pooled,
     });
     let ready =
         steward_core::conditions::is_true(&status.conditions, steward_core::conditions::READY);
@@ -134,23 +140,33 @@ pub async fn reconcile(
     } else {
         Duration::from_secs(10)
     };
-    let requeue = [scheduled, ca_phase_due]
+    let requeue = [scheduled, credentials.ca_phase_due]
         .into_iter()
         .flatten()
         .fold(requeue, Duration::min);
     Ok(Action::requeue(requeue))
 }
 
+/// What [`credentials`] made sure of.
+pub struct Credentials {
+    /// When the CA's rotation is next due.
+    pub ca_phase_due: Option<Duration>,
+    pub superuser: Password,
+    /// The CA bundle clients verify the servers with.
+    pub ca_bundle: String,
+    /// The pooler's auth role's password, when `spec.pooler` asks for one.
+    pub pooler: Option<Password>,
+}
+
 /// The Secrets (the object stores' credentials checked, the passwords, TLS) and the instance
-/// managers' identity and rights, before the pods that use them. Returns when the CA's
-/// rotation is next due.
+/// managers' (and poolers') identity and rights, before the pods that use them.
 async fn credentials(
     ctx: &Context<State>,
     children: &Children,
     cluster: &PostgresCluster,
     ns: &str,
     names: &Names,
-) -> Result<Option<Duration>, Error> {
+) -> Result<Credentials, Error> {
     let cached = &ctx.data.children;
     let secrets: Api<Secret> = Api::namespaced(ctx.client.clone(), ns);
     // The object stores' credentials exist before a pod needs them (else it would wait in
@@ -190,7 +206,13 @@ async fn credentials(
     children
         .ensure_cached(&cached.role_bindings, build::instance_role_binding(cluster))
         .await?;
-    Ok(ca_phase_due)
+    let pooler = pooler::apply(ctx, children, &secrets, cluster).await?;
+    Ok(Credentials {
+        ca_phase_due,
+        superuser: password,
+        ca_bundle: ca,
+        pooler,
+    })
 }
 
 /// The configuration (PostgreSQL checks new parameters before any instance may load them),
@@ -780,11 +802,6 @@ async fn ensure_tls(
         )?;
         Ok::<_, Error>(existing)
     };
-    let field = |secret: &Option<Secret>, key: &str| {
-        secret
-            .as_ref()
-            .and_then(|s| crate::server::secret_text(s, key))
-    };
     let now = chrono::Utc::now();
     let today = now.date_naive();
     let certificate = |what: &str| {
@@ -824,42 +841,32 @@ async fn ensure_tls(
     let bundle = authority.bundle();
     let server_names = tls::server_names(&cluster.name_any(), ns);
     let current = read(names.tls_secret.clone()).await?;
-    let annotation = |key: &str| {
-        current
-            .as_ref()
-            .and_then(|s| s.annotations().get(key).cloned())
-            .unwrap_or_default()
-    };
-    let not_after = annotation(build::TLS_NOT_AFTER_ANNOTATION).parse().ok();
-    let same_ca = field(&current, "ca.crt").as_deref() == Some(bundle.as_str());
-    if !same_ca
-        || tls::needs_renewal(
-            not_after,
-            &annotation(build::TLS_NAMES_ANNOTATION),
-            &server_names,
-            today,
+    certify(
+        ctx,
+        children,
+        cluster,
+        &authority,
+        current.as_ref(),
+        &names.tls_secret,
+        &server_names,
+        "the cluster's Services; the instances reload it",
+    )
+    .await?;
+    if cluster.spec.pooler.is_some() {
+        let pooler = pooler::Names::of(&cluster.name_any());
+        let current = read(pooler.tls_secret.clone()).await?;
+        let names = pooler::tls_names(&cluster.name_any(), ns);
+        certify(
+            ctx,
+            children,
+            cluster,
+            &authority,
+            current.as_ref(),
+            &pooler.tls_secret,
+            &names,
+            "the pooler's Service; PgBouncer reloads it",
         )
-    {
-        let (server, not_after) = tls::server(
-            &cluster.name_any(),
-            authority.generation,
-            &authority.signing.key_pem,
-            &server_names,
-            today,
-        )
-        .map_err(certificate("issuing the server certificate"))?;
-        children
-            .apply(build::tls_secret(
-                cluster,
-                &server,
-                &bundle,
-                not_after,
-                &server_names,
-            ))
-            .await?;
-        ctx.recorder
-            .normal(cluster, "CertificateIssued", "IssueCertificate", format!("server certificate for the cluster's Services issued by its CA (#{}), valid until {not_after}; the instances reload it", authority.generation))
-            .await;
+        .await?;
     }
     let next_phase = (authority.phase != tls::CaPhase::Stable).then(|| {
         let elapsed = (now - authority.since).to_std().unwrap_or_default();
@@ -868,8 +875,71 @@ async fn ensure_tls(
     Ok((bundle, next_phase))
 }
 
+/// Issues a server certificate of the cluster's CA for `names` into Secret `secret` (whose
+/// current version is `current`) when the CA bundle changed, the names changed or its end is
+/// near ([`tls::needs_renewal`]); says so in an Event naming `what` it serves.
+#[allow(clippy::too_many_arguments)]
+async fn certify(
+    ctx: &Context<State>,
+    children: &Children,
+    cluster: &PostgresCluster,
+    authority: &tls::Authority,
+    current: Option<&Secret>,
+    secret: &str,
+    names: &[String],
+    what: &str,
+) -> Result<(), Error> {
+    let bundle = authority.bundle();
+    let today = chrono::Utc::now().date_naive();
+    let annotation = |key: &str| {
+        current
+            .and_then(|s| s.annotations().get(key).cloned())
+            .unwrap_or_default()
+    };
+    let not_after = annotation(build::TLS_NOT_AFTER_ANNOTATION).parse().ok();
+    let same_ca = current
+        .and_then(|s| crate::server::secret_text(s, "ca.crt"))
+        .as_deref()
+        == Some(bundle.as_str());
+    if same_ca
+        && !tls::needs_renewal(
+            not_after,
+            &annotation(build::TLS_NAMES_ANNOTATION),
+            names,
+            today,
+        )
+    {
+        return Ok(());
+    }
+    let (server, not_after) = tls::server(
+        &cluster.name_any(),
+        authority.generation,
+        &authority.signing.key_pem,
+        names,
+        today,
+    )
+    .map_err(|e| Error::Certificate(format!("issuing the certificate of {what} failed: {e}")))?;
+    children
+        .apply(build::tls_secret(
+            cluster, secret, &server, &bundle, not_after, names,
+        ))
+        .await?;
+    ctx.recorder
+        .normal(
+            cluster,
+            "CertificateIssued",
+            "IssueCertificate",
+            format!(
+                "server certificate for {what} issued by its CA (#{}), valid until {not_after}",
+                authority.generation
+            ),
+        )
+        .await;
+    Ok(())
+}
+
 /// The password in Secret `name` if it exists and is this cluster's, else a new one.
-async fn existing_password(
+pub(super) async fn existing_password(
     secrets: &Api<Secret>,
     cluster: &PostgresCluster,
     name: &str,
@@ -1089,6 +1159,7 @@ mod tests {
                 backup: None,
                 bootstrap: None,
                 placement: None,
+                pooler: None,
                 monitoring: None,
             },
         );

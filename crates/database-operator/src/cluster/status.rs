@@ -27,6 +27,8 @@ pub struct Inputs<'a> {
     pub upgrade: &'a upgrade::Decision,
     /// What `spec.monitoring.queriesConfigMap` holds.
     pub queries: &'a monitoring::Queries,
+    /// Where `spec.pooler` stands.
+    pub pooled: &'a super::pooler::Pooled,
 }
 
 /// The status to write.
@@ -64,6 +66,14 @@ pub fn compute(i: Inputs<'_>) -> PostgresClusterStatus {
         &mut status.conditions,
         monitoring::METRICS_QUERIES,
         i.queries.condition(),
+        generation,
+    );
+    // The pooler: whether it serves (never a reason for Ready to be false either: the
+    // cluster serves through its own Services).
+    set_or_remove(
+        &mut status.conditions,
+        super::pooler::POOLER_READY,
+        i.pooled.condition(),
         generation,
     );
     // The major upgrade's progress (or outcome) as a condition; while the instances are

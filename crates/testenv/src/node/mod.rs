@@ -620,6 +620,17 @@ impl RealNode {
         Ok(image.reference)
     }
 
+    /// Builds (or finds cached) and imports the PgBouncer image (PgBouncer built from
+    /// Debian's source, see [`images::pgbouncer`]); returns its reference.
+    ///
+    /// # Errors
+    /// As [`images::pgbouncer`] and [`RealNode::import`].
+    pub async fn pgbouncer_image(&self) -> Result<String, Error> {
+        let image = blocking(images::pgbouncer).await?;
+        self.import(&image).await?;
+        Ok(image.reference)
+    }
+
     /// Builds (or finds cached) and imports the PostgreSQL image of a PyPI bundle (a second
     /// major, see [`images::BUNDLED_POSTGRESQL`]); returns its reference.
     ///

@@ -1,0 +1,758 @@
+//! `spec.pooler`: PgBouncer in front of the primary. Each pod runs `steward-pooler` as PID 1
+//! (copied from the operator's image like the instance manager), which configures and runs
+//! PgBouncer, points it at the primary's pod and pauses it across planned switchovers (the
+//! protocol is [`steward_database_api::contract::pooler`]). This module builds the pooler's
+//! children (pure) and the plan of SQL that gives PgBouncer's `auth_query` its role and
+//! lookup function in the `postgres` database ([`auth_plan`]).
+//!
+//! Children: the Deployment and Service `<cluster>-pooler(-rw)`, a PodDisruptionBudget, the
+//! auth role's password (Secret `<cluster>-pooler`), a certificate of the cluster's CA for
+//! the Service's names (Secret `<cluster>-pooler-tls`, issued beside the instances' one), the
+//! agents' identity and rights (read the Lease and the pods, write their own key of the state
+//! ConfigMap), and that ConfigMap.
+
+use std::collections::BTreeMap;
+
+use k8s_openapi::ByteString;
+use k8s_openapi::api::apps::v1::{
+    Deployment, DeploymentSpec, DeploymentStrategy, RollingUpdateDeployment,
+};
+use k8s_openapi::api::core::v1::{
+    Affinity, ConfigMap, Container, ContainerPort, EmptyDirVolumeSource, KeyToPath,
+    PodAffinityTerm, PodAntiAffinity, PodSecurityContext, PodSpec, PodTemplateSpec, Secret,
+    SecretVolumeSource, SecurityContext, Service, ServiceAccount, ServicePort, ServiceSpec, Volume,
+    VolumeMount, WeightedPodAffinityTerm,
+};
+use k8s_openapi::api::policy::v1::{PodDisruptionBudget, PodDisruptionBudgetSpec};
+use k8s_openapi::api::rbac::v1::{Role, RoleBinding};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{LabelSelector, ObjectMeta};
+use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
+use kube::ResourceExt;
+use steward_database_api::contract::{self, pooler};
+
+use super::build::{STEWARD_DIR, TLS_DIR, binding, env, field, http_probe, meta, rule};
+use crate::crd::{Pooler, PostgresCluster};
+use crate::password::Password;
+
+/// Where the pooler agent is in the operator's image.
+pub const BINARY_IN_IMAGE: &str = "/usr/local/bin/steward-pooler";
+/// Where the pods mount the auth role's password (`password`).
+const AUTH_DIR: &str = "/etc/steward-pooler";
+/// The default PgBouncer pool size and client limit (`spec.pooler` leaves them unset).
+pub const DEFAULT_POOL_SIZE: i32 = 20;
+pub const DEFAULT_MAX_CLIENT_CONNECTIONS: i32 = 1000;
+/// Version of the lookup function [`auth_plan`] creates (its comment): a newer operator
+/// replaces an older one.
+const LOOKUP_VERSION: &str = "steward-pooler lookup v1";
+/// A PgBouncer pod's user in testenv's image and in PgBouncer's usual images.
+const PGBOUNCER_UID: i64 = 70;
+
+/// The names of a cluster's pooler children.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Names {
+    /// Deployment, ServiceAccount, Role, RoleBinding, PodDisruptionBudget, and the auth
+    /// role's password Secret.
+    pub pooler: String,
+    /// The clients' Service.
+    pub rw: String,
+    pub tls_secret: String,
+    pub state: String,
+}
+
+impl Names {
+    pub fn of(cluster: &str) -> Self {
+        Self {
+            pooler: format!("{cluster}-pooler"),
+            rw: format!("{cluster}-pooler-rw"),
+            tls_secret: format!("{cluster}-pooler-tls"),
+            state: pooler::state_config_map(cluster),
+        }
+    }
+}
+
+/// Labels of the pooler pods (never [`contract::CLUSTER_LABEL`]: they are no instances).
+pub fn pod_labels(cluster: &str) -> BTreeMap<String, String> {
+    BTreeMap::from([
+        (
+            "app.kubernetes.io/name".to_string(),
+            "pgbouncer".to_string(),
+        ),
+        (
+            "app.kubernetes.io/instance".to_string(),
+            cluster.to_string(),
+        ),
+        (pooler::LABEL.to_string(), cluster.to_string()),
+    ])
+}
+
+/// The names the pooler's certificate is for: its Service, short and qualified.
+pub fn tls_names(cluster: &str, namespace: &str) -> Vec<String> {
+    let service = Names::of(cluster).rw;
+    vec![
+        service.clone(),
+        format!("{service}.{namespace}"),
+        format!("{service}.{namespace}.svc"),
+        format!("{service}.{namespace}.svc.cluster.local"),
+    ]
+}
+
+/// The auth role's password (`password`), generated once.
+pub fn auth_secret(cluster: &PostgresCluster, password: &Password) -> Secret {
+    let names = Names::of(&cluster.name_any());
+    Secret {
+        metadata: meta(cluster, &names.pooler),
+        type_: Some("Opaque".into()),
+        data: Some(BTreeMap::from([
+            (
+                "username".to_string(),
+                ByteString(pooler::AUTH_USER.as_bytes().to_vec()),
+            ),
+            (
+                "password".to_string(),
+                ByteString(password.expose().as_bytes().to_vec()),
+            ),
+        ])),
+        ..Default::default()
+    }
+}
+
+/// The ConfigMap where the agents acknowledge pauses (each writes its own key).
+pub fn state_config_map(cluster: &PostgresCluster) -> ConfigMap {
+    ConfigMap {
+        metadata: meta(cluster, &Names::of(&cluster.name_any()).state),
+        ..Default::default()
+    }
+}
+
+pub fn service_account(cluster: &PostgresCluster) -> ServiceAccount {
+    ServiceAccount {
+        metadata: meta(cluster, &Names::of(&cluster.name_any()).pooler),
+        ..Default::default()
+    }
+}
+
+/// What an agent may do, and nothing more: read the cluster's Lease and the pods (where the
+/// primary is), and write the state ConfigMap (its acknowledgements). It cannot take the
+/// Lease, label a pod or read a Secret: a compromised pooler pod can lie about a pause (the
+/// switchover then cuts its clients' transactions, as without a pooler), not move the
+/// primary.
+pub fn role(cluster: &PostgresCluster) -> Role {
+    let name = cluster.name_any();
+    let names = Names::of(&name);
+    Role {
+        metadata: meta(cluster, &names.pooler),
+        rules: Some(vec![
+            rule(
+                &["coordination.k8s.io"],
+                &["leases"],
+                &["get", "list", "watch"],
+                Some(vec![contract::lease_name(&name)]),
+            ),
+            rule(&[""], &["pods"], &["get", "list", "watch"], None),
+            rule(
+                &[""],
+                &["configmaps"],
+                &["get", "patch"],
+                Some(vec![names.state.clone()]),
+            ),
+        ]),
+    }
+}
+
+pub fn role_binding(cluster: &PostgresCluster) -> RoleBinding {
+    binding(cluster, &Names::of(&cluster.name_any()).pooler)
+}
+
+/// The clients' Service `<cluster>-pooler-rw`.
+pub fn service(cluster: &PostgresCluster) -> Service {
+    let name = cluster.name_any();
+    Service {
+        metadata: meta(cluster, &Names::of(&name).rw),
+        spec: Some(ServiceSpec {
+            type_: Some("ClusterIP".into()),
+            selector: Some(pod_labels(&name)),
+            ports: Some(vec![ServicePort {
+                name: Some("pgbouncer".into()),
+                port: i32::from(pooler::PORT),
+                target_port: Some(IntOrString::Int(i32::from(pooler::PORT))),
+                protocol: Some("TCP".into()),
+                ..Default::default()
+            }]),
+            ..Default::default()
+        }),
+        ..Default::default()
+    }
+}
+
+/// All pooler pods but one stay through a drain (none is kept with a single one: it may go).
+pub fn disruption_budget(cluster: &PostgresCluster, spec: &Pooler) -> PodDisruptionBudget {
+    let name = cluster.name_any();
+    PodDisruptionBudget {
+        metadata: meta(cluster, &Names::of(&name).pooler),
+        spec: Some(PodDisruptionBudgetSpec {
+            min_available: Some(IntOrString::Int((spec.instances - 1).max(0))),
+            selector: Some(LabelSelector {
+                match_labels: Some(pod_labels(&name)),
+                ..Default::default()
+            }),
+            ..Default::default()
+        }),
+        ..Default::default()
+    }
+}
+
+/// The PgBouncer pods: `steward-pooler` (copied by an init container from `instance_image`,
+/// the operator's) runs PgBouncer of `spec.image` (else `default_image`). A new template
+/// rolls one pod at a time, the next only once the new one is ready (`maxUnavailable: 0`);
+/// an old pod's PgBouncer finishes its clients' transactions before it exits (the agent
+/// stops it with SIGINT, within the grace period).
+pub fn deployment(
+    cluster: &PostgresCluster,
+    spec: &Pooler,
+    instance_image: &str,
+    default_image: &str,
+) -> Deployment {
+    let name = cluster.name_any();
+    let names = Names::of(&name);
+    let labels = pod_labels(&name);
+    let probe = |path: &str, period: i32, failures: i32| {
+        http_probe(pooler::HTTP_PORT, path, period, failures)
+    };
+    let steward_mount = VolumeMount {
+        name: "steward".into(),
+        mount_path: STEWARD_DIR.into(),
+        ..Default::default()
+    };
+    let pull_policy = cluster
+        .spec
+        .image_pull_policy
+        .map(|p| p.as_str().to_string());
+    let restricted = SecurityContext {
+        allow_privilege_escalation: Some(false),
+        read_only_root_filesystem: Some(true),
+        ..Default::default()
+    };
+    let copier = Container {
+        name: "pooler-agent".into(),
+        image: Some(instance_image.to_string()),
+        image_pull_policy: pull_policy.clone(),
+        command: Some(vec![
+            BINARY_IN_IMAGE.into(),
+            "copy".into(),
+            format!("{STEWARD_DIR}/bin"),
+        ]),
+        volume_mounts: Some(vec![steward_mount.clone()]),
+        security_context: Some(restricted.clone()),
+        ..Default::default()
+    };
+    let container = Container {
+        name: "pgbouncer".into(),
+        image: Some(
+            spec.image
+                .clone()
+                .unwrap_or_else(|| default_image.to_string()),
+        ),
+        image_pull_policy: pull_policy,
+        command: Some(vec![format!("{STEWARD_DIR}/bin/{}", pooler::BINARY)]),
+        args: Some(vec![
+            "--pool-mode".into(),
+            spec.pool_mode.as_pgbouncer().into(),
+            "--default-pool-size".into(),
+            spec.default_pool_size
+                .unwrap_or(DEFAULT_POOL_SIZE)
+                .to_string(),
+            "--max-client-conn".into(),
+            spec.max_client_connections
+                .unwrap_or(DEFAULT_MAX_CLIENT_CONNECTIONS)
+                .to_string(),
+            "--run-dir".into(),
+            format!("{STEWARD_DIR}/run"),
+            "--auth-password-file".into(),
+            format!("{AUTH_DIR}/password"),
+            "--tls-dir".into(),
+            TLS_DIR.into(),
+        ]),
+        env: Some(vec![
+            field("POD_NAME", "metadata.name"),
+            field("POD_NAMESPACE", "metadata.namespace"),
+            env("CLUSTER_NAME", name.clone()),
+        ]),
+        ports: Some(vec![
+            ContainerPort {
+                name: Some("pgbouncer".into()),
+                container_port: i32::from(pooler::PORT),
+                protocol: Some("TCP".into()),
+                ..Default::default()
+            },
+            ContainerPort {
+                name: Some("pooler".into()),
+                container_port: i32::from(pooler::HTTP_PORT),
+                protocol: Some("TCP".into()),
+                ..Default::default()
+            },
+        ]),
+        readiness_probe: Some(probe("/readyz", 1, 2)),
+        liveness_probe: Some(probe("/healthz", 5, 3)),
+        volume_mounts: Some(vec![
+            steward_mount,
+            VolumeMount {
+                name: "auth".into(),
+                mount_path: AUTH_DIR.into(),
+                read_only: Some(true),
+                ..Default::default()
+            },
+            VolumeMount {
+                name: "tls".into(),
+                mount_path: TLS_DIR.into(),
+                read_only: Some(true),
+                ..Default::default()
+            },
+        ]),
+        security_context: Some(restricted),
+        ..Default::default()
+    };
+    let secret_volume = |volume: &str, secret: &str, keys: &[&str]| Volume {
+        name: volume.into(),
+        secret: Some(SecretVolumeSource {
+            secret_name: Some(secret.into()),
+            items: Some(
+                keys.iter()
+                    .map(|k| KeyToPath {
+                        key: (*k).into(),
+                        path: (*k).into(),
+                        ..Default::default()
+                    })
+                    .collect(),
+            ),
+            default_mode: Some(0o440),
+            ..Default::default()
+        }),
+        ..Default::default()
+    };
+    Deployment {
+        metadata: meta(cluster, &names.pooler),
+        spec: DeploymentSpec {
+            replicas: Some(spec.instances),
+            selector: LabelSelector {
+                match_labels: Some(labels.clone()),
+                ..Default::default()
+            },
+            strategy: Some(DeploymentStrategy {
+                type_: Some("RollingUpdate".into()),
+                rolling_update: Some(RollingUpdateDeployment {
+                    max_unavailable: Some(IntOrString::Int(0)),
+                    max_surge: Some(IntOrString::Int(1)),
+                }),
+            }),
+            template: PodTemplateSpec {
+                metadata: Some(ObjectMeta {
+                    labels: Some(labels.clone()),
+                    ..Default::default()
+                }),
+                spec: Some(PodSpec {
+                    service_account_name: Some(names.pooler.clone()),
+                    init_containers: Some(vec![copier]),
+                    containers: vec![container],
+                    security_context: Some(PodSecurityContext {
+                        run_as_user: Some(PGBOUNCER_UID),
+                        run_as_group: Some(PGBOUNCER_UID),
+                        fs_group: Some(PGBOUNCER_UID),
+                        run_as_non_root: Some(true),
+                        ..Default::default()
+                    }),
+                    // PgBouncer's clients finish their transactions (SIGINT) within it.
+                    termination_grace_period_seconds: Some(30),
+                    affinity: Some(Affinity {
+                        pod_anti_affinity: Some(PodAntiAffinity {
+                            preferred_during_scheduling_ignored_during_execution: Some(vec![
+                                WeightedPodAffinityTerm {
+                                    weight: 100,
+                                    pod_affinity_term: PodAffinityTerm {
+                                        topology_key: "kubernetes.io/hostname".into(),
+                                        label_selector: Some(LabelSelector {
+                                            match_labels: Some(labels),
+                                            ..Default::default()
+                                        }),
+                                        ..Default::default()
+                                    },
+                                },
+                            ]),
+                            ..Default::default()
+                        }),
+                        ..Default::default()
+                    }),
+                    volumes: Some(vec![
+                        Volume {
+                            name: "steward".into(),
+                            empty_dir: Some(EmptyDirVolumeSource::default()),
+                            ..Default::default()
+                        },
+                        secret_volume("auth", &names.pooler, &["password"]),
+                        secret_volume("tls", &names.tls_secret, &["tls.crt", "tls.key", "ca.crt"]),
+                    ]),
+                    ..Default::default()
+                }),
+            },
+            ..Default::default()
+        },
+        ..Default::default()
+    }
+}
+
+/// What the `postgres` database holds of the pooler's authentication, read before deciding.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct AuthSeen {
+    /// `pg_authid.rolpassword` of [`pooler::AUTH_USER`], if the role exists (`Some(None)`: it
+    /// exists without a password).
+    pub role: Option<Option<String>>,
+    /// Whether the role may log in, and is nothing more than a login.
+    pub role_is_plain_login: bool,
+    /// The lookup function's comment (its version), if it exists.
+    pub lookup_version: Option<String>,
+}
+
+/// SQL that reads [`AuthSeen`] (one row).
+pub const AUTH_OBSERVE_SQL: &str = "SELECT \
+    (SELECT rolpassword FROM pg_authid WHERE rolname = $1) AS password, \
+    EXISTS (SELECT 1 FROM pg_authid WHERE rolname = $1) AS role_exists, \
+    COALESCE((SELECT rolcanlogin AND NOT rolsuper AND NOT rolcreaterole AND NOT rolcreatedb \
+        AND NOT rolreplication AND NOT rolbypassrls FROM pg_authid WHERE rolname = $1), false) AS plain, \
+    (SELECT obj_description(p.oid, 'pg_proc') FROM pg_proc p JOIN pg_namespace n ON n.oid = p.pronamespace \
+        WHERE n.nspname = 'steward_pooler' AND p.proname = 'lookup') AS lookup";
+
+/// The statements that make the `postgres` database match: the auth role with the Secret's
+/// password (a plain login, nothing more), and the lookup function, which returns a login
+/// role's name and password verifier — never a superuser's, a replication role's or one of
+/// Steward's own (`steward_*`), so none of them can log in through the pooler, and a role
+/// past its `VALID UNTIL` gets no verifier. Empty when it matches: a converged cluster runs
+/// no statement.
+pub fn auth_plan(seen: &AuthSeen, password: &Password) -> Vec<String> {
+    let user = pooler::AUTH_USER;
+    let quoted = crate::ident::quote_literal(&password.scram_verifier());
+    let mut plan = Vec::new();
+    match &seen.role {
+        None => plan.push(format!(
+            "CREATE ROLE {user} LOGIN NOSUPERUSER NOCREATEDB NOCREATEROLE NOREPLICATION NOBYPASSRLS NOINHERIT PASSWORD {quoted}"
+        )),
+        Some(stored) => {
+            if !seen.role_is_plain_login {
+                plan.push(format!(
+                    "ALTER ROLE {user} LOGIN NOSUPERUSER NOCREATEDB NOCREATEROLE NOREPLICATION NOBYPASSRLS NOINHERIT"
+                ));
+            }
+            if !stored
+                .as_deref()
+                .is_some_and(|s| crate::password::verifies(s, password))
+            {
+                plan.push(format!("ALTER ROLE {user} PASSWORD {quoted}"));
+            }
+        }
+    }
+    if seen.lookup_version.as_deref() != Some(LOOKUP_VERSION) {
+        let function = pooler::LOOKUP_FUNCTION;
+        plan.extend([
+            "CREATE SCHEMA IF NOT EXISTS steward_pooler".to_string(),
+            "REVOKE ALL ON SCHEMA steward_pooler FROM PUBLIC".to_string(),
+            format!("GRANT USAGE ON SCHEMA steward_pooler TO {user}"),
+            // A set: a refused name is no row ("no such user" to the client), where a record
+            // would be a row of NULLs, on which PgBouncer drops its auth connection.
+            format!("DROP FUNCTION IF EXISTS {function}(text)"),
+            format!(
+                "CREATE FUNCTION {function}(i_username text) \
+                 RETURNS TABLE (usename name, passwd text) LANGUAGE sql STABLE SECURITY DEFINER SET search_path = pg_catalog AS $lookup$ \
+                 SELECT rolname, rolpassword FROM pg_catalog.pg_authid \
+                 WHERE rolname = i_username AND rolcanlogin AND NOT rolsuper AND NOT rolreplication \
+                 AND rolname !~ '^steward_' AND (rolvaliduntil IS NULL OR rolvaliduntil > now()) $lookup$"
+            ),
+            format!("REVOKE ALL ON FUNCTION {function}(text) FROM PUBLIC"),
+            format!("GRANT EXECUTE ON FUNCTION {function}(text) TO {user}"),
+            format!(
+                "COMMENT ON FUNCTION {function}(text) IS {}",
+                crate::ident::quote_literal(LOOKUP_VERSION)
+            ),
+        ]);
+    }
+    plan
+}
+
+/// The condition type: whether the pooler serves.
+pub const POOLER_READY: &str = "PoolerReady";
+
+/// Where the pooler stands, for [`POOLER_READY`].
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Pooled {
+    /// `spec.pooler` is unset.
+    NotAsked,
+    /// The auth role or lookup function could not be set up (the primary is not ready, or
+    /// the statement failed): PgBouncer cannot log clients in yet.
+    AuthPending(String),
+    /// Ready pods out of those asked for.
+    Pods { ready: i32, wanted: i32 },
+}
+
+impl Pooled {
+    /// `(status, reason, message)` of [`POOLER_READY`]; `None` removes it.
+    pub fn condition(&self) -> Option<(bool, &'static str, String)> {
+        match self {
+            Pooled::NotAsked => None,
+            Pooled::AuthPending(why) => Some((
+                false,
+                "AuthPending",
+                format!("PgBouncer's auth_query role is not set up yet: {why}"),
+            )),
+            Pooled::Pods { ready, wanted } if ready >= wanted => {
+                Some((true, "Serving", format!("{ready} PgBouncer pod(s) ready")))
+            }
+            Pooled::Pods { ready, wanted } => Some((
+                false,
+                "PodsNotReady",
+                format!("{ready} of {wanted} PgBouncer pods ready"),
+            )),
+        }
+    }
+}
+
+/// Applies the pooler's children, or deletes them once `spec.pooler` is unset. Returns the
+/// auth role's password (generated once) when the pooler is asked for.
+///
+/// # Errors
+/// [`Error`] naming the child that could not be read, applied or deleted.
+pub async fn apply(
+    ctx: &steward_core::Context<crate::State>,
+    children: &steward_core::apply::Children,
+    secrets: &kube::Api<Secret>,
+    cluster: &PostgresCluster,
+) -> Result<Option<Password>, crate::Error> {
+    let cached = &ctx.data.children;
+    let names = Names::of(&cluster.name_any());
+    let Some(spec) = &cluster.spec.pooler else {
+        let ns = cluster.namespace();
+        let ns = ns.as_deref();
+        let key =
+            kube::runtime::reflector::ObjectRef::new(&names.pooler).within(ns.unwrap_or_default());
+        let present = cached.deployments.get(&key).is_some()
+            || cached
+                .config_maps
+                .get(
+                    &kube::runtime::reflector::ObjectRef::new(&names.state)
+                        .within(ns.unwrap_or_default()),
+                )
+                .is_some();
+        if present {
+            children.delete::<Deployment>(ns, &names.pooler).await?;
+            children.delete::<Service>(ns, &names.rw).await?;
+            children
+                .delete::<PodDisruptionBudget>(ns, &names.pooler)
+                .await?;
+            children.delete::<RoleBinding>(ns, &names.pooler).await?;
+            children.delete::<Role>(ns, &names.pooler).await?;
+            children.delete::<ServiceAccount>(ns, &names.pooler).await?;
+            children.delete::<Secret>(ns, &names.tls_secret).await?;
+            children.delete::<Secret>(ns, &names.pooler).await?;
+            children.delete::<ConfigMap>(ns, &names.state).await?;
+        }
+        return Ok(None);
+    };
+    let password = super::existing_password(secrets, cluster, &names.pooler).await?;
+    children
+        .ensure_cached(&cached.secrets, auth_secret(cluster, &password))
+        .await?;
+    children
+        .ensure_cached(&cached.config_maps, state_config_map(cluster))
+        .await?;
+    children
+        .ensure_cached(&cached.service_accounts, service_account(cluster))
+        .await?;
+    children.ensure_cached(&cached.roles, role(cluster)).await?;
+    children
+        .ensure_cached(&cached.role_bindings, role_binding(cluster))
+        .await?;
+    let options = &ctx.data.options;
+    children
+        .ensure_cached(
+            &cached.deployments,
+            deployment(
+                cluster,
+                spec,
+                &options.instance_image,
+                &options.pooler_image,
+            ),
+        )
+        .await?;
+    children
+        .ensure_cached(&cached.services, service(cluster))
+        .await?;
+    children
+        .ensure_cached(&cached.pdbs, disruption_budget(cluster, spec))
+        .await?;
+    Ok(Some(password))
+}
+
+/// Sets up the auth role and lookup function on the primary (its pod's IP, when it is
+/// ready) and reads
+/// how many PgBouncer pods are ready.
+///
+/// # Errors
+/// [`crate::Error::Read`] when the Deployment cannot be read; a failed SQL step is no error
+/// (the condition says it, and the next reconcile retries).
+pub async fn serve(
+    ctx: &steward_core::Context<crate::State>,
+    cluster: &PostgresCluster,
+    namespace: &str,
+    ready_primary: Option<&str>,
+    credentials: &super::Credentials,
+) -> Result<Pooled, crate::Error> {
+    let (Some(spec), Some(auth)) = (&cluster.spec.pooler, &credentials.pooler) else {
+        return Ok(Pooled::NotAsked);
+    };
+    let Some(primary_ip) = ready_primary else {
+        return Ok(Pooled::AuthPending("the primary is not ready".into()));
+    };
+    // The primary's pod, not the `-rw` Service: no wait for the Service to follow a new
+    // primary, and no cluster DNS needed. Its certificate names the Services, not the IP:
+    // the CA is verified, as the instances verify each other.
+    let server = crate::pg::Server {
+        host: primary_ip.to_string(),
+        port: super::build::PORT as u16,
+        ssl_mode: crate::crd::SslMode::VerifyCa,
+        admin_user: "postgres".into(),
+        admin_password: credentials.superuser.clone(),
+        admin_database: "postgres".into(),
+        ca_pem: Some(credentials.ca_bundle.as_bytes().to_vec()),
+    };
+    if let Err(why) = ensure_auth(ctx, &server, auth).await {
+        return Ok(Pooled::AuthPending(why));
+    }
+    let deployments: kube::Api<Deployment> = kube::Api::namespaced(ctx.client.clone(), namespace);
+    let name = Names::of(&cluster.name_any()).pooler;
+    let ready = deployments
+        .get_opt(&name)
+        .await
+        .map_err(|source| crate::Error::Read {
+            what: format!("Deployment {name}"),
+            source,
+        })?
+        .and_then(|d| d.status?.ready_replicas)
+        .unwrap_or(0);
+    Ok(Pooled::Pods {
+        ready,
+        wanted: spec.instances,
+    })
+}
+
+/// Observe, decide ([`auth_plan`]), execute, on the `postgres` database; the error as text.
+async fn ensure_auth(
+    ctx: &steward_core::Context<crate::State>,
+    server: &crate::pg::Server,
+    password: &Password,
+) -> Result<(), String> {
+    let mut reachable = None;
+    let client = crate::pg::connect_admin(server, &ctx.leadership, &mut reachable)
+        .await
+        .map_err(|e| steward_core::chain(&e))?;
+    let row = client
+        .query_one(AUTH_OBSERVE_SQL, &[&pooler::AUTH_USER])
+        .await
+        .map_err(|e| format!("reading the auth role: {}", steward_core::chain(&e)))?;
+    let exists: bool = row.get("role_exists");
+    let seen = AuthSeen {
+        role: exists.then(|| row.get::<_, Option<String>>("password")),
+        role_is_plain_login: row.get("plain"),
+        lookup_version: row.get("lookup"),
+    };
+    let plan = auth_plan(&seen, password);
+    crate::run_plan::<PostgresCluster>(ctx, &client, &plan)
+        .await
+        .map_err(|e| steward_core::chain(&e))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn cluster() -> PostgresCluster {
+        let mut c = PostgresCluster::new("pg", crate::cluster::tests::cluster("pg").spec);
+        c.metadata.namespace = Some("apps".into());
+        c
+    }
+
+    #[test]
+    fn pooler_pods_are_no_instances_and_the_agent_may_not_move_the_primary() {
+        let c = cluster();
+        let labels = pod_labels("pg");
+        assert!(!labels.contains_key(contract::CLUSTER_LABEL));
+        let spec = Pooler {
+            instances: 2,
+            pool_mode: crate::crd::PoolMode::Transaction,
+            default_pool_size: None,
+            max_client_connections: Some(50),
+            image: None,
+        };
+        let d = deployment(&c, &spec, "op:1", "pgbouncer:1");
+        let pod = d.spec.template;
+        assert_eq!(pod.metadata.unwrap().labels.unwrap(), labels);
+        let container = &pod.spec.as_ref().unwrap().containers[0];
+        assert_eq!(container.image.as_deref(), Some("pgbouncer:1"));
+        let args = container.args.clone().unwrap().join(" ");
+        assert!(
+            args.contains("--pool-mode transaction --default-pool-size 20 --max-client-conn 50"),
+            "{args}"
+        );
+        // Read-only but for the acknowledgements: no Lease write, no pod patch, no Secret.
+        for rule in role(&c).rules.unwrap() {
+            let resources = rule.resources.unwrap_or_default();
+            let writes = rule
+                .verbs
+                .iter()
+                .any(|v| !["get", "list", "watch"].contains(&v.as_str()));
+            if writes {
+                assert_eq!(resources, vec!["configmaps".to_string()]);
+                assert_eq!(
+                    rule.resource_names,
+                    Some(vec!["pg-pooler-state".to_string()])
+                );
+            }
+            assert!(!resources.contains(&"secrets".to_string()));
+        }
+        assert_eq!(
+            disruption_budget(&c, &spec).spec.unwrap().min_available,
+            Some(IntOrString::Int(1))
+        );
+    }
+
+    #[test]
+    fn auth_plan_is_empty_once_it_matches_and_repairs_what_differs() {
+        let password = Password::from_existing("s3cret-s3cret".into());
+        let fresh = auth_plan(&AuthSeen::default(), &password);
+        assert!(
+            fresh[0].starts_with("CREATE ROLE steward_pooler LOGIN NOSUPERUSER"),
+            "{fresh:?}"
+        );
+        assert!(
+            fresh
+                .iter()
+                .any(|s| s.contains("SECURITY DEFINER") && s.contains("NOT rolsuper"))
+        );
+        assert!(
+            fresh
+                .iter()
+                .any(|s| s == "REVOKE ALL ON FUNCTION steward_pooler.lookup(text) FROM PUBLIC")
+        );
+        let converged = AuthSeen {
+            role: Some(Some(password.scram_verifier())),
+            role_is_plain_login: true,
+            lookup_version: Some(LOOKUP_VERSION.into()),
+        };
+        assert!(auth_plan(&converged, &password).is_empty());
+        // A password changed by hand, a role made superuser: both put back.
+        let drifted = AuthSeen {
+            role: Some(Some("md5abc".into())),
+            role_is_plain_login: false,
+            ..converged
+        };
+        let plan = auth_plan(&drifted, &password);
+        assert_eq!(plan.len(), 2, "{plan:?}");
+        assert!(plan[0].starts_with("ALTER ROLE steward_pooler LOGIN NOSUPERUSER"));
+        assert!(plan[1].starts_with("ALTER ROLE steward_pooler PASSWORD 'SCRAM-SHA-256$"));
+    }
+}
