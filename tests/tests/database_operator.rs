@@ -2016,6 +2016,16 @@ async fn schema_rejects_bad_input_and_quoting_defuses_it() {
     )
     .await;
     assert!(m.contains("reserved role name"), "{m}");
+    // Steward's own roles (the pooler's auth role reads every login role's verifier).
+    let m = rejected(
+        &dbs,
+        db(json!({"external": ext, "name": "ok", "owner": "steward_pooler"})),
+    )
+    .await;
+    assert!(
+        m.contains("reserved role name") && m.contains("steward_"),
+        "{m}"
+    );
     let m = rejected(&dbs, db(json!({"name": "ok", "owner": "o"}))).await;
     assert!(m.contains("exactly one of clusterRef and external"), "{m}");
     let m = rejected(

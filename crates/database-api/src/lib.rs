@@ -698,7 +698,7 @@ pub struct DatabaseSpec {
 
     /// The role owning the database; created (with login and a generated password) if missing.
     #[schemars(length(min = 1, max = 63), regex(pattern = "^[a-z_][a-z0-9_]*$"))]
-    #[x_kube(validation = Rule::new("!self.startsWith('pg_') && !(self in ['postgres', 'public', 'none', 'current_user', 'session_user', 'current_role'])").message("owner must not be a reserved role name (pg_*, postgres, public, none, current_user, session_user, current_role)"))]
+    #[x_kube(validation = Rule::new("!self.startsWith('pg_') && !self.startsWith('steward_') && !(self in ['postgres', 'public', 'none', 'current_user', 'session_user', 'current_role'])").message("owner must not be a reserved role name (pg_*, steward_*, postgres, public, none, current_user, session_user, current_role)"))]
     pub owner: String,
 
     /// Extensions to create or drop.
@@ -1014,7 +1014,7 @@ pub struct DatabaseRoleSpec {
     /// Name of the role in PostgreSQL (immutable).
     #[schemars(length(min = 1, max = 63), regex(pattern = "^[a-z_][a-z0-9_]*$"))]
     #[x_kube(validation = Rule::new("self == oldSelf").message("roleName is immutable"))]
-    #[x_kube(validation = Rule::new("!self.startsWith('pg_') && !(self in ['postgres', 'public', 'none', 'current_user', 'session_user', 'current_role'])").message("roleName must not be a reserved role name (pg_*, postgres, public, none, current_user, session_user, current_role)"))]
+    #[x_kube(validation = Rule::new("!self.startsWith('pg_') && !self.startsWith('steward_') && !(self in ['postgres', 'public', 'none', 'current_user', 'session_user', 'current_role'])").message("roleName must not be a reserved role name (pg_*, steward_*, postgres, public, none, current_user, session_user, current_role)"))]
     pub role_name: String,
 
     /// `owner` (member of the database's owner role), `readWrite` (read and write data in

@@ -111,6 +111,12 @@ pub fn validate(kind: Kind, name: &str) -> Result<(), InvalidName> {
     if kind == Kind::Role && RESERVED_ROLES.contains(&name) {
         return fail("is reserved".into());
     }
+    // Steward's own roles in its clusters (`steward_replication`, `steward_monitor`,
+    // `steward_pooler`, whose lookup reads every login role's verifier): a Database or
+    // DatabaseRole that took one over (`adopt: true`) could set its password.
+    if kind == Kind::Role && name.starts_with("steward_") {
+        return fail("the prefix steward_ is reserved for Steward's own roles".into());
+    }
     if kind == Kind::Database && RESERVED_DATABASES.contains(&name) {
         return fail("is a system database the operator never manages".into());
     }
@@ -206,6 +212,8 @@ mod tests {
             (Kind::Role, "pg_monitor", "reserved"),
             (Kind::Role, "postgres", "reserved"),
             (Kind::Role, "public", "reserved"),
+            (Kind::Role, "steward_pooler", "reserved for Steward"),
+            (Kind::Role, "steward_replication", "reserved for Steward"),
             (Kind::Database, "template1", "system database"),
             (Kind::Schema, "pg_catalog", "reserved"),
             (Kind::Schema, "a-b", "may contain only"),
