@@ -123,31 +123,20 @@ async fn postgres_cluster_streams_a_row_from_its_primary_to_its_replica() {
     }
     // `kubectl steward status pg` shows each instance by what PostgreSQL says, read through
     // the API server's pod proxy.
-    let plugins = steward_testenv::harness::kubectl_steward().expect("kubectl-steward");
-    let ran = steward_testenv::harness::kubectl(
-        &cluster._cp,
-        &plugins,
-        &["steward", "status", "pg", "-n", &cluster.ns],
-    )
-    .expect("run kubectl steward");
-    assert!(ran.success, "kubectl steward status pg: {}", ran.stderr);
-    let instances: Vec<Vec<&str>> = ran
-        .stdout
-        .lines()
-        .skip_while(|l| *l != "Instances")
-        .skip(2)
-        .take_while(|l| !l.is_empty())
+    let (stdout, rows) = plugin_section(&cluster, "Instances");
+    let instances: Vec<Vec<&str>> = rows
+        .iter()
         .map(|l| l.split_whitespace().collect())
         .collect();
-    assert_eq!(instances.len(), 2, "{}", ran.stdout);
+    assert_eq!(instances.len(), 2, "{stdout}");
     for row in &instances {
         let role = if row[0] == primary_pod {
             "primary"
         } else {
             "replica"
         };
-        assert_eq!(row[1], role, "{}", ran.stdout);
-        assert!(row[2].ends_with("/100"), "connections: {}", ran.stdout);
+        assert_eq!(row[1], role, "{stdout}");
+        assert!(row[2].ends_with("/100"), "connections: {stdout}");
     }
     // The metrics role has no password: over the network it cannot log in.
     let monitor = format!(
@@ -1194,10 +1183,7 @@ async fn refused_by_another_major(cluster: &Cluster, spec: &serde_json::Value, o
 /// With `STEWARD_BENCH_RECORD=<file>` (set by `cargo xtask bench --postgres` and `cargo xtask
 /// chaos`), appends what one fault measured as a JSON line: the bench tabulates them.
 fn record_for_bench(fault: Fault, cluster: &Cluster, seed: Option<u64>, outcome: &Outcome) {
-    let Some(path) = std::env::var_os("STEWARD_BENCH_RECORD") else {
-        return;
-    };
-    let line = json!({
+    record_line(json!({
         "scenario": format!("{fault:?}"),
         "instances": cluster.instances,
         "synchronous": cluster.synchronous_replicas,
@@ -1206,7 +1192,34 @@ fn record_for_bench(fault: Fault, cluster: &Cluster, seed: Option<u64>, outcome:
         "recovered_ms": outcome.recovered.as_millis(),
         "written": outcome.acknowledged.len(),
         "lost": outcome.lost,
-    });
+    }));
+}
+
+/// With `STEWARD_BENCH_RECORD`: what [`Load`]s saw during `scenario`, through the pooler and
+/// (when measured) straight to `-rw`.
+fn record_load_for_bench(
+    scenario: &str,
+    cluster: &Cluster,
+    pooled: &Tally,
+    direct: Option<&Tally>,
+) {
+    let tally = |t: &Tally| {
+        json!({"clients": LOAD_CLIENTS, "commits": t.commits, "errors": t.errors,
+               "broken": t.broken, "longest_ms": t.longest.as_millis()})
+    };
+    record_line(json!({
+        "scenario": scenario,
+        "instances": cluster.instances,
+        "synchronous": cluster.synchronous_replicas,
+        "pooled": tally(pooled),
+        "direct": direct.map(tally),
+    }));
+}
+
+fn record_line(line: serde_json::Value) {
+    let Some(path) = std::env::var_os("STEWARD_BENCH_RECORD") else {
+        return;
+    };
     use std::io::Write;
     let mut file = std::fs::OpenOptions::new()
         .create(true)
@@ -1527,6 +1540,7 @@ async fn postgres_cluster_switches_over_and_rolls_a_parameter_change_with_one_sw
             cluster.logs().await
         );
         record_for_bench(fault, &cluster, None, &outcome);
+        record_load_for_bench(&format!("{fault:?}"), &cluster, &pooled, Some(&direct));
         let unavailable = outcome.unavailable;
         assert_eq!(outcome.lost, 0, "{fault:?}: a clean handover loses nothing");
         // The status says so once the operator (a new one, after a kill) has looked.
@@ -1622,11 +1636,34 @@ async fn postgres_cluster_switches_over_and_rolls_a_parameter_change_with_one_sw
         panic!("{e}\npods report {annotations:?}\n{}", cluster.logs().await);
     }
     three_switchovers_in_a_row_drop_nothing_through_the_pooler(&cluster, &pooler).await;
+    a_failover_through_the_pooler_recovers_by_itself(&cluster, &pooler).await;
     a_pause_that_cannot_finish_refuses_the_switchover_and_resumes(&cluster, &pooler).await;
     a_parameter_postgresql_refuses_is_never_rolled_out(&cluster).await;
     a_replica_the_primary_removed_wal_for_is_cloned_again(&cluster, &rw).await;
 
     cluster.stop_operator().await;
+}
+
+/// `kubectl steward status pg`: its whole output and the rows of the section whose heading
+/// starts with `heading`.
+fn plugin_section(cluster: &Cluster, heading: &str) -> (String, Vec<String>) {
+    let plugins = steward_testenv::harness::kubectl_steward().expect("kubectl-steward");
+    let ran = steward_testenv::harness::kubectl(
+        &cluster._cp,
+        &plugins,
+        &["steward", "status", "pg", "-n", &cluster.ns],
+    )
+    .expect("run kubectl steward");
+    assert!(ran.success, "kubectl steward status pg: {}", ran.stderr);
+    let rows = ran
+        .stdout
+        .lines()
+        .skip_while(|l| !l.starts_with(heading))
+        .skip(2)
+        .take_while(|l| !l.is_empty())
+        .map(str::to_string)
+        .collect();
+    (ran.stdout, rows)
 }
 
 /// The application role of the pooler's load (`app`, created by the test).
@@ -1670,6 +1707,14 @@ async fn pooler_serves(cluster: &Cluster) -> String {
         let refused = verify_full_as(&name, &pooler, (user, password, "postgres"), &ca).await;
         assert!(refused.is_err(), "{user} cannot log in through the pooler");
     }
+    // `kubectl steward status pg` lists the pooler pod, serving.
+    let (stdout, poolers) = plugin_section(cluster, "Poolers");
+    assert!(
+        poolers.len() == 1
+            && poolers[0].starts_with("pg-pooler-")
+            && poolers[0].contains(" serving "),
+        "{stdout}"
+    );
     pooler
 }
 
@@ -1705,6 +1750,7 @@ async fn three_switchovers_in_a_row_drop_nothing_through_the_pooler(
         cluster.wait_ready(Duration::from_secs(120)).await;
     }
     let tally = load.stop().await;
+    record_load_for_bench("ThreeSwitchoversInARow", cluster, &tally, None);
     eprintln!(
         "three switchovers in a row, {LOAD_CLIENTS} clients through the pooler: {} commits, {} errors, {} connections broken, longest transaction {:.2?}",
         tally.commits, tally.errors, tally.broken, tally.longest
@@ -1714,6 +1760,68 @@ async fn three_switchovers_in_a_row_drop_nothing_through_the_pooler(
         "through the pooler no transaction fails and no connection breaks: {tally:?}\n{}",
         cluster.logs().await
     );
+}
+
+/// Issue #41 (d): an unplanned failover (the primary's pod deleted) under the same load:
+/// nothing pauses it, so transactions in flight fail; the pooler follows the new primary by
+/// itself. Errors and the time from the deletion to the last error are printed and recorded;
+/// asserted: the clients commit again through the pooler within the failover's bound.
+async fn a_failover_through_the_pooler_recovers_by_itself(cluster: &Cluster, pooler: &str) {
+    let load = Load::start(pooler, ("app", APP_PASSWORD), "pooled", LOAD_CLIENTS).await;
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    let (old, _) = cluster.primary().await;
+    let deleted = Instant::now();
+    cluster
+        .pods()
+        .delete(&old, &DeleteParams::default())
+        .await
+        .unwrap();
+    let old = &old;
+    let conn = format!(
+        "host={pooler} port=5432 user=app password={APP_PASSWORD} dbname=postgres connect_timeout=5"
+    );
+    let conn = &conn;
+    // Another instance leads, and a new client commits through the pooler on it.
+    let committed = eventually(
+        "a commit through the pooler on a new primary",
+        WAIT,
+        || async move {
+            let (now, _) = cluster.primary().await;
+            if now == *old {
+                return Err("the old primary still leads".to_string());
+            }
+            let (client, connection) = tokio_postgres::connect(conn, tokio_postgres::NoTls)
+                .await
+                .map_err(|e| e.to_string())?;
+            tokio::spawn(connection);
+            client
+                .batch_execute("insert into pooled (client) values (-2)")
+                .await
+                .map_err(|e| e.to_string())?;
+            Ok(deleted.elapsed())
+        },
+    )
+    .await;
+    let committed = match committed {
+        Ok(after) => after,
+        Err(e) => panic!("{e}\n{}", cluster.logs().await),
+    };
+    // A few seconds of commits on the new primary, through the pooler.
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    let tally = load.stop().await;
+    let recovered = tally.errors_between.map_or(Duration::ZERO, |(_, last)| {
+        last.saturating_duration_since(deleted)
+    });
+    record_load_for_bench("FailoverDeletePod", cluster, &tally, None);
+    eprintln!(
+        "failover (primary's pod deleted), {LOAD_CLIENTS} clients through the pooler: {} commits, {} errors, {} connections broken, last error {recovered:.1?} after the deletion, a new client committed {committed:.1?} after it ({:?})",
+        tally.commits, tally.errors, tally.broken, tally.first_error
+    );
+    assert!(
+        committed < unavailability_bound(false) && recovered < unavailability_bound(false),
+        "the clients commit through the pooler again within the failover's bound: {tally:?}"
+    );
+    cluster.wait_ready(Duration::from_secs(180)).await;
 }
 
 /// A pause that cannot finish (a client keeps a transaction open through the pooler): the
@@ -1761,6 +1869,7 @@ async fn a_pause_that_cannot_finish_refuses_the_switchover_and_resumes(
         .expect("the open transaction commits after the refusal");
     cluster.ask_switchover(None).await;
     let tally = load.stop().await;
+    record_load_for_bench("PauseRefused", cluster, &tally, None);
     eprintln!(
         "a refused pause, {LOAD_CLIENTS} clients through the pooler: {} commits, {} errors, longest transaction {:.2?}",
         tally.commits, tally.errors, tally.longest

@@ -1,7 +1,8 @@
 //! `kubectl steward status <cluster>`: a PostgresCluster's instances by what PostgreSQL says,
 //! read from each instance manager's `/metrics` through the API server's pod proxy (the user
 //! needs `get` on `pods/proxy`; without it, or with a pod unreachable, the row says why).
-//! [`rows`] is pure: the headline figures from the scraped texts.
+//! [`rows`] is pure: the headline figures from the scraped texts. `scrape`, `samples` and
+//! `label` serve [`crate::poolers`] too.
 
 use k8s_openapi::api::core::v1::Pod;
 use kube::api::{Api, ListParams};
@@ -47,24 +48,44 @@ pub async fn gather(
     namespace: &str,
     cluster: &str,
 ) -> Result<Vec<InstanceRow>, Error> {
-    let pods: Api<Pod> = Api::namespaced(client.clone(), namespace);
-    let mut listed = pods
-        .list(&ListParams::default().labels(&format!("{CLUSTER_LABEL}={cluster}")))
+    let selector = format!("{CLUSTER_LABEL}={cluster}");
+    let scraped = scrape(client, namespace, &selector, HTTP_PORT)
         .await
         .map_err(Error::api(format!("list the pods of {cluster}")))?
+        .into_iter()
+        .map(|(pod, text)| (pod.name_any(), text))
+        .collect::<Vec<_>>();
+    Ok(rows(&scraped))
+}
+
+/// The pods of `namespace` that `selector` picks, sorted by name, each with its `/metrics` on
+/// `port` read through the API server's pod proxy (`Err`: why not, in a cell's words).
+///
+/// # Errors
+/// The kube error when the pods cannot be listed.
+pub(crate) async fn scrape(
+    client: &Client,
+    namespace: &str,
+    selector: &str,
+    port: u16,
+) -> Result<Vec<(Pod, Result<String, String>)>, kube::Error> {
+    let pods: Api<Pod> = Api::namespaced(client.clone(), namespace);
+    let mut listed = pods
+        .list(&ListParams::default().labels(selector))
+        .await?
         .items;
     listed.sort_by_key(ResourceExt::name_any);
     let mut scraped = Vec::new();
     for pod in listed {
         let name = pod.name_any();
-        let path = format!("/api/v1/namespaces/{namespace}/pods/{name}:{HTTP_PORT}/proxy/metrics");
+        let path = format!("/api/v1/namespaces/{namespace}/pods/{name}:{port}/proxy/metrics");
         let text = match http::Request::get(&path).body(Vec::new()) {
             Ok(request) => client.request_text(request).await.map_err(|e| short(&e)),
             Err(e) => Err(e.to_string()),
         };
-        scraped.push((name, text));
+        scraped.push((pod, text));
     }
-    Ok(rows(&scraped))
+    Ok(scraped)
 }
 
 /// A kube error in a cell's words.
@@ -151,7 +172,7 @@ pub fn rows(scraped: &[(String, Result<String, String>)]) -> Vec<InstanceRow> {
 
 /// The samples of family `name` in an exposition: each with its label text (between the
 /// braces, empty without) and value.
-fn samples(text: &str, name: &str) -> Vec<(String, f64)> {
+pub(crate) fn samples(text: &str, name: &str) -> Vec<(String, f64)> {
     text.lines()
         .filter(|l| !l.starts_with('#'))
         .filter_map(|l| {
@@ -170,7 +191,7 @@ fn samples(text: &str, name: &str) -> Vec<(String, f64)> {
 
 /// The value of label `key` in a sample's label text (`a="x",b="y"`; values with escaped
 /// quotes are read up to the first unescaped one).
-fn label(labels: &str, key: &str) -> Option<String> {
+pub(crate) fn label(labels: &str, key: &str) -> Option<String> {
     let start = labels
         .match_indices(&format!("{key}=\""))
         .find(|(i, _)| *i == 0 || labels.as_bytes()[i - 1] == b',')?

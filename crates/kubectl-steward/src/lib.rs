@@ -11,6 +11,7 @@
 pub mod actions;
 pub mod instances;
 pub mod logs;
+pub mod poolers;
 pub mod status;
 
 use std::io::Write;
@@ -81,7 +82,9 @@ pub enum Command {
     /// primary and lag, a Tenant's namespaces and quota, an UpgradePlan's wave and next step,
     /// and which pod leads each operator. With a PostgresCluster's name: that cluster, and
     /// each of its instances by what PostgreSQL says (connections, lag, oldest transaction,
-    /// wraparound age, archiving, failing metrics queries), read from the instances'
+    /// wraparound age, archiving, failing metrics queries), and with `spec.pooler` each
+    /// PgBouncer pod by what its agent says (serving or paused, clients active and waiting,
+    /// the longest wait, server connections, switchover pauses), read from the pods'
     /// `/metrics` through the API server (needs `get` on `pods/proxy`).
     Status {
         cluster: Option<String>,
@@ -178,6 +181,7 @@ pub async fn run(cli: Cli, out: &mut (dyn Write + Send)) -> Result<(), Error> {
             if let Some(cluster) = cluster {
                 report.focus_on_cluster(&ns, &cluster)?;
                 report.instances = instances::gather(&client, &ns, &cluster).await?;
+                report.poolers = poolers::gather(&client, &ns, &cluster).await?;
             }
             match output {
                 Output::Table => status::render(&report, &scope),

@@ -36,6 +36,9 @@ pub struct Report {
     /// With `status <cluster>`: its instances, by what PostgreSQL says.
     #[serde(skip_serializing_if = "Vec::is_empty")]
     pub instances: Vec<crate::instances::InstanceRow>,
+    /// With `status <cluster>` and `spec.pooler`: its PgBouncer pods, by what their agents say.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub poolers: Vec<crate::poolers::PoolerRow>,
     /// Kinds whose CRD the cluster does not have (their operator is not installed).
     #[serde(skip_serializing_if = "Vec::is_empty")]
     pub not_installed: Vec<String>,
@@ -138,6 +141,10 @@ pub struct ClusterRow {
     /// With `spec.backup`: when the newest base backup completed, and whether WAL archiving
     /// works (the `ContinuousArchiving` condition).
     pub backup: Option<BackupCell>,
+    /// With `spec.pooler`: its `PoolerReady` condition (reason `Serving`, `PodsNotReady` or
+    /// `AuthPending`), the reason and message said even when it serves.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub pooler: Option<Readiness>,
 }
 
 /// A backed-up cluster's backup state.
@@ -349,6 +356,15 @@ pub fn cluster_row(cluster: &PostgresCluster) -> ClusterRow {
                     .map(|c| c.reason.clone()),
             }
         }),
+        pooler: status
+            .conditions
+            .iter()
+            .find(|c| c.type_ == "PoolerReady")
+            .map(|c| Readiness {
+                ready: c.status.clone(),
+                reason: Some(c.reason.clone()),
+                message: (!c.message.is_empty()).then(|| c.message.clone()),
+            }),
     }
 }
 
@@ -573,6 +589,36 @@ pub fn render(report: &Report, scope: &Scope) -> String {
             rows,
         );
     }
+    if !report.poolers.is_empty() {
+        let rows = report.poolers.iter().map(pooler_cells).collect();
+        // `status <cluster>` keeps that one cluster.
+        let condition = report
+            .postgres_clusters
+            .first()
+            .and_then(|c| c.pooler.as_ref());
+        let title = match condition.map(|c| (&c.reason, &c.message)) {
+            Some((Some(reason), Some(message))) => format!("Poolers ({reason}: {message})"),
+            Some((Some(reason), None)) => format!("Poolers ({reason})"),
+            _ => "Poolers".to_string(),
+        };
+        section(
+            &mut out,
+            &title,
+            &[
+                "NAME",
+                "READY",
+                "STATE",
+                "CLIENTS",
+                "WAITING",
+                "MAX WAIT",
+                "SERVERS",
+                "PAUSES",
+                "LAST PAUSE",
+            ]
+            .map(String::from),
+            rows,
+        );
+    }
     if !report.databases.is_empty() {
         let rows = report
             .databases
@@ -723,6 +769,42 @@ fn instance_cells(i: &crate::instances::InstanceRow) -> Vec<String> {
         },
         String::new(),
     ]
+}
+
+/// A pooler pod's cells; one whose metrics could not be read says why in its STATE.
+fn pooler_cells(p: &crate::poolers::PoolerRow) -> Vec<String> {
+    let dash = |v: Option<String>| v.unwrap_or_else(|| "-".into());
+    let count = |v: Option<u64>| dash(v.map(|n| n.to_string()));
+    vec![
+        p.name.clone(),
+        if p.ready { "True" } else { "False" }.into(),
+        match (&p.state, &p.unavailable) {
+            (Some(state), _) => state.clone(),
+            (None, Some(why)) => format!("metrics unavailable: {why}"),
+            (None, None) => "-".into(),
+        },
+        count(p.clients_active),
+        count(p.clients_waiting),
+        dash(p.max_wait_seconds.map(short_seconds)),
+        dash(
+            p.servers_active
+                .zip(p.servers_idle)
+                .map(|(active, idle)| format!("{} ({idle} idle)", active + idle)),
+        ),
+        count(p.pauses),
+        dash(p.last_pause_seconds.map(short_seconds)),
+    ]
+}
+
+/// Seconds that may be under one, as `0s`, `350ms`, `1.2s`, then as [`seconds`] says them.
+pub fn short_seconds(s: f64) -> String {
+    let ms = (s.max(0.0) * 1000.0).round() as u64;
+    match ms {
+        0 => "0s".into(),
+        1..1000 => format!("{ms}ms"),
+        1000..60_000 => format!("{:.1}s", ms as f64 / 1000.0),
+        _ => seconds(s),
+    }
 }
 
 /// Seconds as `12s`, `3m`, `2h5m`, `3d`.
@@ -1053,6 +1135,69 @@ mod tests {
         assert_eq!(seconds(59.9), "59s");
         assert_eq!(seconds(7200.0), "2h");
         assert_eq!(seconds(200_000.0), "2d");
+    }
+
+    #[test]
+    fn a_cluster_s_poolers_show_their_state_under_the_pooler_ready_condition() {
+        use crate::poolers::PoolerRow;
+        let cluster: PostgresCluster = serde_json::from_value(json!({
+            "apiVersion": "database.steward.dev/v1alpha1",
+            "kind": "PostgresCluster",
+            "metadata": {"name": "pg", "namespace": "db"},
+            "spec": {"instances": 2, "version": 17, "storage": {"size": "1Gi"}, "pooler": {}},
+            "status": {"conditions": [{"type": "PoolerReady", "status": "False", "reason": "PodsNotReady",
+                                       "message": "1 of 2 PgBouncer pods ready", "lastTransitionTime": "2026-12-02T03:00:00Z"}]},
+        }))
+        .expect("cluster");
+        let report = Report {
+            postgres_clusters: vec![cluster_row(&cluster)],
+            poolers: vec![
+                PoolerRow {
+                    name: "pg-pooler-7c9d-x2x".into(),
+                    ready: true,
+                    state: Some("serving".into()),
+                    clients_active: Some(5),
+                    clients_waiting: Some(2),
+                    max_wait_seconds: Some(1.25),
+                    servers_active: Some(5),
+                    servers_idle: Some(1),
+                    pauses: Some(2),
+                    last_pause_seconds: Some(0.35),
+                    primary_changes: Some(2),
+                    unavailable: None,
+                },
+                PoolerRow {
+                    name: "pg-pooler-7c9d-q8r".into(),
+                    unavailable: Some("forbidden (needs get on pods/proxy)".into()),
+                    ..PoolerRow::default()
+                },
+            ],
+            ..Report::default()
+        };
+        let out = render(&report, &Scope::Namespace("db".into()));
+        let section: Vec<&str> = out
+            .lines()
+            .skip_while(|l| !l.starts_with("Poolers"))
+            .collect();
+        assert_eq!(
+            section,
+            [
+                "Poolers (PodsNotReady: 1 of 2 PgBouncer pods ready)",
+                "NAME                 READY   STATE                                                      CLIENTS   WAITING   MAX WAIT   SERVERS      PAUSES   LAST PAUSE",
+                "pg-pooler-7c9d-x2x   True    serving                                                    5         2         1.2s       6 (1 idle)   2        350ms",
+                "pg-pooler-7c9d-q8r   False   metrics unavailable: forbidden (needs get on pods/proxy)   -         -         -          -            -        -",
+            ],
+            "{out}"
+        );
+        let json = serde_json::to_value(&report).expect("json");
+        assert_eq!(
+            json["postgresClusters"][0]["pooler"]["reason"],
+            "PodsNotReady"
+        );
+        assert_eq!(json["poolers"][0]["clientsActive"], 5);
+        assert_eq!(json["poolers"][1]["state"], serde_json::Value::Null);
+        assert_eq!(short_seconds(0.0), "0s");
+        assert_eq!(short_seconds(75.0), "1m");
     }
 
     #[test]

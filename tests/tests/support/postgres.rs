@@ -1237,6 +1237,8 @@ pub(crate) struct Tally {
     /// The longest transaction, from `BEGIN` sent to `COMMIT` answered.
     pub(crate) longest: Duration,
     pub(crate) first_error: Option<String>,
+    /// When the first and the last error happened.
+    pub(crate) errors_between: Option<(Instant, Instant)>,
 }
 
 impl Tally {
@@ -1248,6 +1250,18 @@ impl Tally {
         if self.first_error.is_none() {
             self.first_error = other.first_error;
         }
+        self.errors_between = match (self.errors_between, other.errors_between) {
+            (Some((a, b)), Some((c, d))) => Some((a.min(c), b.max(d))),
+            (one, other) => one.or(other),
+        };
+    }
+
+    fn error(&mut self, e: &tokio_postgres::Error) {
+        self.errors += 1;
+        self.first_error.get_or_insert_with(|| e.to_string());
+        let now = Instant::now();
+        let first = self.errors_between.map_or(now, |(first, _)| first);
+        self.errors_between = Some((first, now));
     }
 }
 
@@ -1301,8 +1315,7 @@ impl Load {
                             tally.longest = tally.longest.max(began.elapsed());
                         }
                         Err(e) => {
-                            tally.errors += 1;
-                            tally.first_error.get_or_insert_with(|| e.to_string());
+                            tally.error(&e);
                             if client.is_closed() {
                                 tally.broken += 1;
                                 loop {
@@ -1315,8 +1328,7 @@ impl Load {
                                             break;
                                         }
                                         Err(e) => {
-                                            tally.errors += 1;
-                                            tally.first_error.get_or_insert_with(|| e.to_string());
+                                            tally.error(&e);
                                             tokio::time::sleep(Duration::from_millis(100)).await;
                                         }
                                     }
