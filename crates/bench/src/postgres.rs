@@ -56,6 +56,39 @@ pub struct Record {
     /// A campaign run's end: its seed, steps, outcome and duration.
     #[serde(default)]
     pub campaign: Option<CampaignRun>,
+    /// A load line: what the clients committing through the pooler saw during the scenario
+    /// (the scenario's unavailability is its own line).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub pooled: Option<LoadTally>,
+    /// With `pooled`: the same load straight to the `-rw` Service, when the scenario ran it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub direct: Option<LoadTally>,
+}
+
+impl Record {
+    /// A load line (see [`LoadTally`]), not a fault's unavailability.
+    fn is_load(&self) -> bool {
+        self.pooled.is_some() || self.direct.is_some()
+    }
+}
+
+/// What `clients` committing short transactions (`BEGIN`, `INSERT`, `COMMIT`) back to back saw
+/// during one scenario.
+#[derive(Clone, Debug, Default, Deserialize, Serialize)]
+pub struct LoadTally {
+    #[serde(default)]
+    pub clients: u64,
+    #[serde(default)]
+    pub commits: u64,
+    /// Failed statements, broken connections and refused reconnects.
+    #[serde(default)]
+    pub errors: u64,
+    /// Connections broken.
+    #[serde(default)]
+    pub broken: u64,
+    /// The longest transaction.
+    #[serde(default)]
+    pub longest_ms: u64,
 }
 
 /// How one `cargo xtask chaos postgres` run ended.
@@ -84,6 +117,49 @@ pub struct Row {
     pub written: u64,
     /// Acknowledged rows lost, summed over the runs.
     pub lost: i64,
+}
+
+/// A scenario's load (on one cluster shape) over every run.
+#[derive(Clone, Debug, Serialize)]
+pub struct LoadRow {
+    pub scenario: String,
+    /// `3 × sync 2`, `2 × async`.
+    pub cluster: String,
+    /// Load lines recorded.
+    pub runs: usize,
+    /// Through the pooler.
+    pub pooled: LoadSum,
+    /// Straight to the `-rw` Service, when any run recorded it.
+    pub direct: Option<LoadSum>,
+}
+
+/// [`LoadTally`]s summed over runs: the most clients, the commits, errors and broken
+/// connections summed, the longest transaction of all.
+#[derive(Clone, Debug, Default, PartialEq, Serialize)]
+pub struct LoadSum {
+    /// Runs that recorded this load.
+    pub runs: usize,
+    pub clients: u64,
+    pub commits: u64,
+    pub errors: u64,
+    pub broken: u64,
+    pub longest_s: f64,
+}
+
+impl LoadSum {
+    fn of<'a>(tallies: impl IntoIterator<Item = &'a LoadTally>) -> Option<Self> {
+        tallies.into_iter().fold(None, |sum, t| {
+            let sum: LoadSum = sum.unwrap_or_default();
+            Some(LoadSum {
+                runs: sum.runs + 1,
+                clients: sum.clients.max(t.clients),
+                commits: sum.commits + t.commits,
+                errors: sum.errors + t.errors,
+                broken: sum.broken + t.broken,
+                longest_s: sum.longest_s.max(t.longest_ms as f64 / 1000.0),
+            })
+        })
+    }
 }
 
 /// `cargo test` of `tests` (exact names) in `tests/tests/postgres_cluster.rs`, one at a time.
@@ -144,7 +220,8 @@ pub fn chaos(root: &Path, seed: u64, steps: usize) -> Result<()> {
     std::fs::write(
         out.join("benchmarks-postgres-campaign.json"),
         serde_json::to_string_pretty(&serde_json::json!({
-            "settings": SETTINGS, "rows": rows(&all), "runs": runs_of(&all),
+            "settings": SETTINGS, "rows": rows(&all), "pooler_rows": load_rows(&all),
+            "runs": runs_of(&all),
         }))?,
     )?;
     std::fs::write(
@@ -201,16 +278,18 @@ pub fn run(root: &Path, runs: usize, out: &Path) -> Result<()> {
     }
     let records = read_records(&record)?;
     let rows = rows(&records);
+    let load = load_rows(&records);
     std::fs::create_dir_all(out)?;
     std::fs::write(
         out.join("benchmarks-postgres.json"),
         serde_json::to_string_pretty(&serde_json::json!({
-            "settings": SETTINGS, "runs": runs, "rows": rows, "records": records,
+            "settings": SETTINGS, "runs": runs, "rows": rows, "pooler_rows": load,
+            "records": records,
         }))?,
     )?;
     std::fs::write(
         out.join("benchmarks-postgres.md"),
-        markdown(&rows, runs, started.elapsed()),
+        markdown(&rows, &load, runs, started.elapsed()),
     )?;
     eprintln!(
         "bench: wrote {} and {}",
@@ -234,52 +313,121 @@ fn median_max(mut xs: Vec<f64>) -> (f64, f64) {
     (xs[xs.len() / 2], xs[xs.len() - 1])
 }
 
-/// One row per scenario and cluster shape, in the order first recorded (campaign ends are
-/// not scenarios).
-pub fn rows(records: &[Record]) -> Vec<Row> {
-    let mut order: Vec<(String, String)> = Vec::new();
-    let mut by: BTreeMap<(String, String), Vec<&Record>> = BTreeMap::new();
-    for r in records.iter().filter(|r| r.campaign.is_none()) {
+/// `records` by scenario and cluster shape, in the order first recorded.
+fn grouped<'a>(
+    records: impl Iterator<Item = &'a Record>,
+) -> Vec<((String, String), Vec<&'a Record>)> {
+    let mut groups: Vec<((String, String), Vec<&Record>)> = Vec::new();
+    let mut at: BTreeMap<(String, String), usize> = BTreeMap::new();
+    for r in records {
         let key = (r.scenario.clone(), shape(r));
-        if !by.contains_key(&key) {
-            order.push(key.clone());
-        }
-        by.entry(key).or_default().push(r);
+        let i = *at.entry(key.clone()).or_insert_with(|| {
+            groups.push((key, Vec::new()));
+            groups.len() - 1
+        });
+        groups[i].1.push(r);
     }
-    order
-        .into_iter()
-        .map(|key| {
-            let rs = &by[&key];
-            let mut secs: Vec<f64> = rs
-                .iter()
-                .map(|r| r.unavailable_ms as f64 / 1000.0)
-                .collect();
-            secs.sort_by(f64::total_cmp);
-            let recovered: Vec<f64> = rs
-                .iter()
-                .filter_map(|r| r.recovered_ms)
-                .map(|ms| ms as f64 / 1000.0)
-                .collect();
-            let (recovered_median_s, recovered_max_s) = if recovered.is_empty() {
-                (None, None)
-            } else {
-                let (m, x) = median_max(recovered);
-                (Some(m), Some(x))
-            };
-            Row {
-                scenario: key.0.clone(),
-                cluster: key.1.clone(),
-                runs: rs.len(),
-                min_s: secs[0],
-                median_s: secs[secs.len() / 2],
-                max_s: secs[secs.len() - 1],
-                recovered_median_s,
-                recovered_max_s,
-                written: rs.iter().filter_map(|r| r.written).sum(),
-                lost: rs.iter().map(|r| r.lost).sum(),
-            }
-        })
-        .collect()
+    groups
+}
+
+/// One row per scenario and cluster shape, in the order first recorded (campaign ends and
+/// load lines are not faults).
+pub fn rows(records: &[Record]) -> Vec<Row> {
+    grouped(
+        records
+            .iter()
+            .filter(|r| r.campaign.is_none() && !r.is_load()),
+    )
+    .into_iter()
+    .map(|((scenario, cluster), rs)| {
+        let mut secs: Vec<f64> = rs
+            .iter()
+            .map(|r| r.unavailable_ms as f64 / 1000.0)
+            .collect();
+        secs.sort_by(f64::total_cmp);
+        let recovered: Vec<f64> = rs
+            .iter()
+            .filter_map(|r| r.recovered_ms)
+            .map(|ms| ms as f64 / 1000.0)
+            .collect();
+        let (recovered_median_s, recovered_max_s) = if recovered.is_empty() {
+            (None, None)
+        } else {
+            let (m, x) = median_max(recovered);
+            (Some(m), Some(x))
+        };
+        Row {
+            scenario,
+            cluster,
+            runs: rs.len(),
+            min_s: secs[0],
+            median_s: secs[secs.len() / 2],
+            max_s: secs[secs.len() - 1],
+            recovered_median_s,
+            recovered_max_s,
+            written: rs.iter().filter_map(|r| r.written).sum(),
+            lost: rs.iter().map(|r| r.lost).sum(),
+        }
+    })
+    .collect()
+}
+
+/// One row per scenario and cluster shape with load lines, in the order first recorded.
+pub fn load_rows(records: &[Record]) -> Vec<LoadRow> {
+    grouped(
+        records
+            .iter()
+            .filter(|r| r.campaign.is_none() && r.is_load()),
+    )
+    .into_iter()
+    .map(|((scenario, cluster), rs)| LoadRow {
+        scenario,
+        cluster,
+        runs: rs.len(),
+        pooled: LoadSum::of(rs.iter().filter_map(|r| r.pooled.as_ref())).unwrap_or_default(),
+        direct: LoadSum::of(rs.iter().filter_map(|r| r.direct.as_ref())),
+    })
+    .collect()
+}
+
+/// "Through the pooler": the explanation, then the table (nothing when no load was recorded).
+fn load_table(md: &mut String, rows: &[LoadRow]) {
+    if rows.is_empty() {
+        return;
+    }
+    md.push_str(
+        "\n## Through the pooler\n\n\
+         During the scenarios below, clients commit short transactions (`BEGIN`, `INSERT`, `COMMIT`) \
+         back to back through the cluster's PgBouncer pooler and, in the scenarios that measure \
+         it, the same load straight to the `-rw` Service (\"–\" where not). \"Errors\" counts \
+         every failed statement, broken connection and refused reconnect, \"broken\" the \
+         connections lost, both summed over the runs; \"longest\" is the longest transaction \
+         of any run.\n\n",
+    );
+    md.push_str("| scenario | cluster | runs | clients | pooler commits | errors | broken | longest | `-rw` commits | errors | broken | longest |\n");
+    md.push_str("|---|---|---|---|---|---|---|---|---|---|---|---|\n");
+    let cells = |s: Option<&LoadSum>| {
+        s.map_or_else(
+            || "– | – | – | –".to_string(),
+            |s| {
+                format!(
+                    "{} | {} | {} | {:.1} s",
+                    s.commits, s.errors, s.broken, s.longest_s
+                )
+            },
+        )
+    };
+    for r in rows {
+        md.push_str(&format!(
+            "| {} | {} | {} | {} | {} | {} |\n",
+            r.scenario,
+            r.cluster,
+            r.runs,
+            r.pooled.clients,
+            cells(Some(&r.pooled)),
+            cells(r.direct.as_ref())
+        ));
+    }
 }
 
 fn table(md: &mut String, rows: &[Row]) {
@@ -303,7 +451,7 @@ fn table(md: &mut String, rows: &[Row]) {
     }
 }
 
-fn markdown(rows: &[Row], runs: usize, took: Duration) -> String {
+fn markdown(rows: &[Row], load: &[LoadRow], runs: usize, took: Duration) -> String {
     let mut md = String::from(
         "# PostgreSQL failover and switchover\n\n\
          Generated by `cargo xtask bench --postgres N` (as root: the real node); do not edit.\n\n",
@@ -321,6 +469,7 @@ fn markdown(rows: &[Row], runs: usize, took: Duration) -> String {
         took.as_secs_f64()
     ));
     table(&mut md, rows);
+    load_table(&mut md, load);
     md
 }
 
@@ -359,6 +508,7 @@ fn campaign_markdown(records: &[Record]) -> String {
     }
     md.push_str("\n## Faults by kind\n\n");
     table(&mut md, &rows);
+    load_table(&mut md, &load_rows(records));
     md
 }
 
@@ -394,7 +544,7 @@ mod tests {
             (3, 1.0, 2.0, 3.0, 2)
         );
         assert_eq!((rows[1].runs, rows[1].lost), (1, 1));
-        let md = markdown(&rows, 3, Duration::from_secs(90));
+        let md = markdown(&rows, &[], 3, Duration::from_secs(90));
         assert!(
             md.contains("| KillPostgres | 2 × async | 3 | 1.0 s | 2.0 s | 3.0 s | – | – | 0 | 2 |"),
             "{md}"
@@ -446,5 +596,103 @@ mod tests {
             "{md}"
         );
         assert!(md.contains("| 5 | 2 | failed | 2 min |"), "{md}");
+    }
+
+    /// Lines as `record_for_bench` and `record_load_for_bench` in
+    /// `tests/tests/postgres_cluster.rs` write them.
+    fn switchover_records() -> Vec<Record> {
+        [
+            r#"{"scenario":"Switchover","instances":2,"synchronous":0,"seed":null,"unavailable_ms":1500,"recovered_ms":9000,"written":40,"lost":0}"#,
+            r#"{"scenario":"Switchover","instances":2,"synchronous":0,"pooled":{"clients":20,"commits":2459,"errors":0,"broken":0,"longest_ms":2390},"direct":{"clients":20,"commits":4415,"errors":302,"broken":20,"longest_ms":402}}"#,
+            r#"{"scenario":"ThreeSwitchoversInARow","instances":2,"synchronous":0,"pooled":{"clients":20,"commits":7000,"errors":1,"broken":0,"longest_ms":3100},"direct":null}"#,
+            r#"{"scenario":"Switchover","instances":2,"synchronous":0,"seed":null,"unavailable_ms":2500,"recovered_ms":11000,"written":50,"lost":0}"#,
+            r#"{"scenario":"Switchover","instances":2,"synchronous":0,"pooled":{"clients":20,"commits":2000,"errors":3,"broken":1,"longest_ms":1800},"direct":{"clients":20,"commits":4000,"errors":250,"broken":20,"longest_ms":610}}"#,
+            r#"{"scenario":"ThreeSwitchoversInARow","instances":2,"synchronous":0,"pooled":{"clients":20,"commits":6500,"errors":0,"broken":0,"longest_ms":4200},"direct":null}"#,
+        ]
+        .iter()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect()
+    }
+
+    #[test]
+    fn load_lines_leave_the_unavailability_rows_alone() {
+        let all = switchover_records();
+        let faults: Vec<Record> = all.iter().filter(|r| !r.is_load()).cloned().collect();
+        assert_eq!(faults.len(), 2);
+        let (with, without) = (rows(&all), rows(&faults));
+        assert_eq!(
+            serde_json::to_value(&with).unwrap(),
+            serde_json::to_value(&without).unwrap()
+        );
+        assert_eq!(with.len(), 1, "{with:?}");
+        assert_eq!(
+            (with[0].runs, with[0].min_s, with[0].max_s, with[0].written),
+            (2, 1.5, 2.5, 90)
+        );
+        // Load lines round-trip; fault lines gain no `pooled` or `direct`.
+        let line = serde_json::to_string(&all[1]).unwrap();
+        assert!(
+            line.contains(r#""direct":{"clients":20,"commits":4415"#),
+            "{line}"
+        );
+        assert!(!serde_json::to_string(&all[0]).unwrap().contains("pooled"));
+    }
+
+    #[test]
+    fn pooler_rows_sum_the_counts_and_keep_the_longest_transaction() {
+        let all = switchover_records();
+        let load = load_rows(&all);
+        assert_eq!(load.len(), 2, "{load:?}");
+        assert_eq!(
+            (
+                load[0].scenario.as_str(),
+                load[0].cluster.as_str(),
+                load[0].runs
+            ),
+            ("Switchover", "2 × async", 2)
+        );
+        assert_eq!(
+            load[0].pooled,
+            LoadSum {
+                runs: 2,
+                clients: 20,
+                commits: 4459,
+                errors: 3,
+                broken: 1,
+                longest_s: 2.39
+            }
+        );
+        assert_eq!(
+            load[0].direct,
+            Some(LoadSum {
+                runs: 2,
+                clients: 20,
+                commits: 8415,
+                errors: 552,
+                broken: 40,
+                longest_s: 0.61
+            })
+        );
+        assert_eq!(load[1].scenario, "ThreeSwitchoversInARow");
+        assert_eq!(
+            (
+                load[1].pooled.commits,
+                load[1].pooled.longest_s,
+                &load[1].direct
+            ),
+            (13_500, 4.2, &None)
+        );
+        let md = markdown(&rows(&all), &load, 2, Duration::from_secs(600));
+        assert!(md.contains("## Through the pooler"), "{md}");
+        assert!(
+            md.contains("| Switchover | 2 × async | 2 | 20 | 4459 | 3 | 1 | 2.4 s | 8415 | 552 | 40 | 0.6 s |"),
+            "{md}"
+        );
+        assert!(
+            md.contains("| ThreeSwitchoversInARow | 2 × async | 2 | 20 | 13500 | 1 | 0 | 4.2 s | – | – | – | – |"),
+            "{md}"
+        );
+        // No load recorded, no pooler section.
+        assert!(!markdown(&rows(&all), &[], 2, Duration::ZERO).contains("pooler"));
     }
 }
