@@ -465,6 +465,38 @@ pub mod pooler {
     /// `SECURITY DEFINER` function in the `postgres` database returning a login role's name
     /// and password verifier, refusing superusers, replication roles and Steward's own.
     pub const LOOKUP_FUNCTION: &str = "steward_pooler.lookup";
+    /// The version of [`lookup_sql`]'s function, its comment: a newer operator replaces an
+    /// older one.
+    pub const LOOKUP_VERSION: &str = "steward-pooler lookup v1";
+
+    /// The statements that (re)create [`LOOKUP_FUNCTION`] in the `postgres` database, for
+    /// [`AUTH_USER`] (which must exist): a login role's name and password verifier, never a
+    /// superuser's, a replication role's, one of Steward's own (`steward_*`) or one past its
+    /// `VALID UNTIL`. Run by the operator as the superuser; the tests of the pooler agent run
+    /// the same.
+    pub fn lookup_sql() -> Vec<String> {
+        let (function, user) = (LOOKUP_FUNCTION, AUTH_USER);
+        vec![
+            "CREATE SCHEMA IF NOT EXISTS steward_pooler".to_string(),
+            "REVOKE ALL ON SCHEMA steward_pooler FROM PUBLIC".to_string(),
+            format!("GRANT USAGE ON SCHEMA steward_pooler TO {user}"),
+            // A set: a refused name is no row ("no such user" to the client), where a record
+            // would be a row of NULLs, on which PgBouncer drops its auth connection.
+            format!("DROP FUNCTION IF EXISTS {function}(text)"),
+            format!(
+                "CREATE FUNCTION {function}(i_username text) \
+                 RETURNS TABLE (usename name, passwd text) LANGUAGE sql STABLE SECURITY DEFINER \
+                 SET search_path = pg_catalog AS $lookup$ \
+                 SELECT rolname, rolpassword FROM pg_catalog.pg_authid \
+                 WHERE rolname = i_username AND rolcanlogin AND NOT rolsuper AND NOT rolreplication \
+                 AND rolname !~ '^steward_' AND (rolvaliduntil IS NULL OR rolvaliduntil > now()) $lookup$"
+            ),
+            format!("REVOKE ALL ON FUNCTION {function}(text) FROM PUBLIC"),
+            format!("GRANT EXECUTE ON FUNCTION {function}(text) TO {user}"),
+            format!("COMMENT ON FUNCTION {function}(text) IS '{LOOKUP_VERSION}'"),
+        ]
+    }
+
     /// The agent's binary, in the operator's image and copied into each pooler pod.
     pub const BINARY: &str = "steward-pooler";
     /// PgBouncer's port (clients).

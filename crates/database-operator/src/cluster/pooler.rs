@@ -41,9 +41,6 @@ const AUTH_DIR: &str = "/etc/steward-pooler";
 /// The default PgBouncer pool size and client limit (`spec.pooler` leaves them unset).
 pub const DEFAULT_POOL_SIZE: i32 = 20;
 pub const DEFAULT_MAX_CLIENT_CONNECTIONS: i32 = 1000;
-/// Version of the lookup function [`auth_plan`] creates (its comment): a newer operator
-/// replaces an older one.
-const LOOKUP_VERSION: &str = "steward-pooler lookup v1";
 /// A PgBouncer pod's user in testenv's image and in PgBouncer's usual images.
 const PGBOUNCER_UID: i64 = 70;
 
@@ -448,29 +445,8 @@ pub fn auth_plan(seen: &AuthSeen, password: &Password) -> Vec<String> {
             }
         }
     }
-    if seen.lookup_version.as_deref() != Some(LOOKUP_VERSION) {
-        let function = pooler::LOOKUP_FUNCTION;
-        plan.extend([
-            "CREATE SCHEMA IF NOT EXISTS steward_pooler".to_string(),
-            "REVOKE ALL ON SCHEMA steward_pooler FROM PUBLIC".to_string(),
-            format!("GRANT USAGE ON SCHEMA steward_pooler TO {user}"),
-            // A set: a refused name is no row ("no such user" to the client), where a record
-            // would be a row of NULLs, on which PgBouncer drops its auth connection.
-            format!("DROP FUNCTION IF EXISTS {function}(text)"),
-            format!(
-                "CREATE FUNCTION {function}(i_username text) \
-                 RETURNS TABLE (usename name, passwd text) LANGUAGE sql STABLE SECURITY DEFINER SET search_path = pg_catalog AS $lookup$ \
-                 SELECT rolname, rolpassword FROM pg_catalog.pg_authid \
-                 WHERE rolname = i_username AND rolcanlogin AND NOT rolsuper AND NOT rolreplication \
-                 AND rolname !~ '^steward_' AND (rolvaliduntil IS NULL OR rolvaliduntil > now()) $lookup$"
-            ),
-            format!("REVOKE ALL ON FUNCTION {function}(text) FROM PUBLIC"),
-            format!("GRANT EXECUTE ON FUNCTION {function}(text) TO {user}"),
-            format!(
-                "COMMENT ON FUNCTION {function}(text) IS {}",
-                crate::ident::quote_literal(LOOKUP_VERSION)
-            ),
-        ]);
+    if seen.lookup_version.as_deref() != Some(pooler::LOOKUP_VERSION) {
+        plan.extend(pooler::lookup_sql());
     }
     plan
 }
@@ -741,7 +717,7 @@ mod tests {
         let converged = AuthSeen {
             role: Some(Some(password.scram_verifier())),
             role_is_plain_login: true,
-            lookup_version: Some(LOOKUP_VERSION.into()),
+            lookup_version: Some(pooler::LOOKUP_VERSION.into()),
         };
         assert!(auth_plan(&converged, &password).is_empty());
         // A password changed by hand, a role made superuser: both put back.

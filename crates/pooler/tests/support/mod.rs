@@ -9,7 +9,7 @@ use std::os::unix::fs::{MetadataExt, PermissionsExt};
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
-use steward_pooler::contract::pooler::{AUTH_USER, LOOKUP_FUNCTION};
+use steward_pooler::contract::pooler::AUTH_USER;
 use steward_testenv::postgres::Postgres;
 use tokio_postgres::NoTls;
 
@@ -41,20 +41,12 @@ pub async fn prerequisites() -> Option<(PathBuf, Postgres, tokio_postgres::Clien
         .expect("superuser");
     tokio::spawn(connection);
     let quoted = AUTH_PASSWORD.replace('\'', "''");
+    // The lookup function exactly as the operator creates it.
+    let lookup = steward_pooler::contract::pooler::lookup_sql().join(";\n");
     superuser
         .batch_execute(&format!(
             "CREATE ROLE {AUTH_USER} LOGIN PASSWORD '{quoted}';
-             CREATE SCHEMA steward_pooler;
-             REVOKE ALL ON SCHEMA steward_pooler FROM PUBLIC;
-             GRANT USAGE ON SCHEMA steward_pooler TO {AUTH_USER};
-             CREATE FUNCTION {LOOKUP_FUNCTION}(i_username text, OUT usename name, OUT passwd text)
-               RETURNS record LANGUAGE sql SECURITY DEFINER SET search_path = pg_catalog AS
-               $$ SELECT rolname, rolpassword FROM pg_authid WHERE rolname = i_username
-                  AND rolcanlogin AND NOT rolsuper AND NOT rolreplication
-                  AND rolname !~ '^steward_'
-                  AND (rolvaliduntil IS NULL OR rolvaliduntil > now()) $$;
-             REVOKE ALL ON FUNCTION {LOOKUP_FUNCTION}(text) FROM PUBLIC;
-             GRANT EXECUTE ON FUNCTION {LOOKUP_FUNCTION}(text) TO {AUTH_USER};
+             {lookup};
              CREATE ROLE app LOGIN PASSWORD '{APP_PASSWORD}';"
         ))
         .await
