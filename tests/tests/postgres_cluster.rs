@@ -1507,7 +1507,21 @@ async fn postgres_cluster_switches_over_and_rolls_a_parameter_change_with_one_sw
         .unwrap();
     drop(setup);
     let pooler = pooler_serves(&cluster).await;
+    // A pause that cannot finish for another reason: the target stopped (its WAL receiver
+    // SIGSTOPped) after the poolers paused; the primary refuses the switchover once its
+    // shutdown's bound passed and lifts the pause. Clients through the pooler wait, none fails.
+    let load = Load::start(&pooler, ("app", APP_PASSWORD), "pooled", LOAD_CLIENTS).await;
     a_switchover_to_a_replica_that_lacks_acknowledged_rows_is_refused(&cluster, &rw).await;
+    let tally = load.stop().await;
+    record_load_for_bench("TargetStoppedRefused", &cluster, &tally, None);
+    eprintln!(
+        "a switchover refused after the pause (the target stopped), {LOAD_CLIENTS} clients through the pooler: {} commits, {} errors, longest transaction {:.2?}",
+        tally.commits, tally.errors, tally.longest
+    );
+    assert!(
+        tally.errors == 0 && tally.commits > 0,
+        "the clients waited through the refused switchover, without an error: {tally:?}"
+    );
     for (step, fault) in [
         Fault::Switchover,
         Fault::OperatorKilledMidSwitchover,
@@ -1732,7 +1746,7 @@ async fn three_switchovers_in_a_row_drop_nothing_through_the_pooler(
         let asked = Instant::now();
         cluster.ask_switchover(Some(to)).await;
         let moved = eventually(&format!("switchover {n} to {to}"), WAIT, || async move {
-            let (now, _) = cluster.primary().await;
+            let now = cluster.labelled_primary().await?;
             if now == to {
                 Ok(())
             } else {
@@ -1786,7 +1800,7 @@ async fn a_failover_through_the_pooler_recovers_by_itself(cluster: &Cluster, poo
         "a commit through the pooler on a new primary",
         WAIT,
         || async move {
-            let (now, _) = cluster.primary().await;
+            let now = cluster.labelled_primary().await?;
             if now == *old {
                 return Err("the old primary still leads".to_string());
             }

@@ -446,6 +446,19 @@ impl Cluster {
             .unwrap()
     }
 
+    /// The pod labelled primary now, if one is (during a switchover the label moves).
+    pub(crate) async fn labelled_primary(&self) -> Result<String, String> {
+        let list = self
+            .pods()
+            .list(&kube::api::ListParams::default().labels("database.steward.dev/role=primary"))
+            .await
+            .map_err(|e| e.to_string())?;
+        list.items
+            .first()
+            .map(ResourceExt::name_any)
+            .ok_or_else(|| "no pod labelled primary".to_string())
+    }
+
     /// The pod labelled primary, and its IP.
     pub(crate) async fn primary(&self) -> (String, String) {
         let list = self

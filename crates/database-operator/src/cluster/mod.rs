@@ -760,22 +760,33 @@ async fn clear_switchover_request(
 ) -> Result<(), Error> {
     let ns = cluster.namespace().unwrap_or_default();
     let api: Api<PostgresCluster> = Api::namespaced(client.clone(), &ns);
-    let patch = serde_json::json!({"metadata": {"annotations": {SWITCHOVER_ANNOTATION: null}}});
-    api.patch(
-        &cluster.name_any(),
-        &PatchParams::default(),
-        &Patch::Merge(&patch),
-    )
-    .await
-    .map(drop)
-    .map_err(|source| Error::Switchover {
-        to: cluster
-            .annotations()
-            .get(SWITCHOVER_ANNOTATION)
-            .cloned()
-            .unwrap_or_default(),
-        source,
-    })
+    let Some(done) = cluster.annotations().get(SWITCHOVER_ANNOTATION).cloned() else {
+        return Ok(());
+    };
+    // Only the request this reconcile saw fulfilled: a new one written since (another
+    // switchover asked for right after) stays. A blind removal dropped it.
+    let path = format!(
+        "/metadata/annotations/{}",
+        SWITCHOVER_ANNOTATION.replace('~', "~0").replace('/', "~1")
+    );
+    let patch: json_patch::Patch = serde_json::from_value(serde_json::json!([
+        {"op": "test", "path": path, "value": done},
+        {"op": "remove", "path": path},
+    ]))
+    .map_err(|e| Error::InvalidSpec(format!("the switchover request's removal: {e}")))?;
+    match api
+        .patch(
+            &cluster.name_any(),
+            &PatchParams::default(),
+            &Patch::<()>::Json(patch),
+        )
+        .await
+    {
+        Ok(_) => Ok(()),
+        // The test failed (a newer request, or none left): nothing of ours to remove.
+        Err(kube::Error::Api(s)) if s.code == 422 => Ok(()),
+        Err(source) => Err(Error::Switchover { to: done, source }),
+    }
 }
 
 /// The cluster's CA (generated once, rotated on request or a year before it ends: see
