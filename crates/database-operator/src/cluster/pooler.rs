@@ -581,23 +581,29 @@ pub async fn serve(
     let (Some(spec), Some(auth)) = (&cluster.spec.pooler, &credentials.pooler) else {
         return Ok(Pooled::NotAsked);
     };
-    let Some(primary_ip) = ready_primary else {
-        return Ok(Pooled::AuthPending("the primary is not ready".into()));
-    };
-    // The primary's pod, not the `-rw` Service: no wait for the Service to follow a new
-    // primary, and no cluster DNS needed. Its certificate names the Services, not the IP:
-    // the CA is verified, as the instances verify each other.
-    let server = crate::pg::Server {
-        host: primary_ip.to_string(),
-        port: super::build::PORT as u16,
-        ssl_mode: crate::crd::SslMode::VerifyCa,
-        admin_user: "postgres".into(),
-        admin_password: credentials.superuser.clone(),
-        admin_database: "postgres".into(),
-        ca_pem: Some(credentials.ca_bundle.as_bytes().to_vec()),
-    };
-    if let Err(why) = ensure_auth(ctx, &server, auth).await {
-        return Ok(Pooled::AuthPending(why));
+    match ready_primary {
+        Some(primary_ip) => {
+            // The primary's pod, not the `-rw` Service: no wait for the Service to follow a
+            // new primary, and no cluster DNS needed. Its certificate names the Services, not
+            // the IP: the CA is verified, as the instances verify each other.
+            let server = crate::pg::Server {
+                host: primary_ip.to_string(),
+                port: super::build::PORT as u16,
+                ssl_mode: crate::crd::SslMode::VerifyCa,
+                admin_user: "postgres".into(),
+                admin_password: credentials.superuser.clone(),
+                admin_database: "postgres".into(),
+                ca_pem: Some(credentials.ca_bundle.as_bytes().to_vec()),
+            };
+            if let Err(why) = ensure_auth(ctx, &server, auth).await {
+                return Ok(Pooled::AuthPending(why));
+            }
+        }
+        // No ready primary for a moment (a switchover, a failover): the auth role set up
+        // before still serves, so the condition says how the pods are (PgBouncer waits, paused
+        // or reconnecting), and the role is checked again once a primary is ready.
+        None if auth_set_up_before(cluster) => {}
+        None => return Ok(Pooled::AuthPending("the primary is not ready".into())),
     }
     let deployments: kube::Api<Deployment> = kube::Api::namespaced(ctx.client.clone(), namespace);
     let name = Names::of(&cluster.name_any()).pooler;
@@ -614,6 +620,16 @@ pub async fn serve(
         ready,
         wanted: spec.instances,
     })
+}
+
+/// Whether the auth role and lookup function were set up by an earlier reconcile: the last
+/// [`POOLER_READY`] written says so (any reason past `AuthPending`).
+fn auth_set_up_before(cluster: &PostgresCluster) -> bool {
+    cluster
+        .status
+        .as_ref()
+        .and_then(|s| s.conditions.iter().find(|c| c.type_ == POOLER_READY))
+        .is_some_and(|c| c.reason == "Serving" || c.reason == "PodsNotReady")
 }
 
 /// Observe, decide ([`auth_plan`]), execute, on the `postgres` database; the error as text.
@@ -694,6 +710,32 @@ mod tests {
             disruption_budget(&c, &spec).spec.unwrap().min_available,
             Some(IntOrString::Int(1))
         );
+    }
+
+    #[test]
+    fn a_primary_missing_for_a_moment_does_not_undo_an_auth_role_set_up_before() {
+        let with = |reason: Option<&str>| {
+            let mut c = cluster();
+            let mut status = crate::crd::PostgresClusterStatus::default();
+            if let Some(reason) = reason {
+                status
+                    .conditions
+                    .push(k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition {
+                        type_: POOLER_READY.into(),
+                        status: "True".into(),
+                        reason: reason.into(),
+                        message: String::new(),
+                        last_transition_time: k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(
+                            Default::default(),
+                        ),
+                        observed_generation: None,
+                    });
+            }
+            c.status = Some(status);
+            auth_set_up_before(&c)
+        };
+        assert!(with(Some("Serving")) && with(Some("PodsNotReady")));
+        assert!(!with(Some("AuthPending")) && !with(None));
     }
 
     #[test]
