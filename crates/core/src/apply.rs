@@ -425,6 +425,97 @@ impl Children {
     }
 }
 
+/// The children an owner wants, by kind, namespace and name: what [`Children::prune_unkept`]
+/// keeps. Built by a reconcile's decide step from the objects it wants (a value, so it is
+/// unit-tested with them), not collected while applying.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Kept(BTreeSet<(String, String, String)>);
+
+impl Kept {
+    /// Keeps `obj` (its kind, namespace and name).
+    pub fn insert<K: Resource<DynamicType = ()>>(&mut self, obj: &K) {
+        let meta = obj.meta();
+        self.insert_named::<K>(
+            meta.namespace.as_deref(),
+            meta.name.as_deref().unwrap_or_default(),
+        );
+    }
+
+    /// Keeps the object of kind `K` named `name` in `namespace` (`None`: cluster-scoped).
+    pub fn insert_named<K: Resource<DynamicType = ()>>(
+        &mut self,
+        namespace: Option<&str>,
+        name: &str,
+    ) {
+        self.0.insert((
+            K::kind(&()).into_owned(),
+            namespace.unwrap_or_default().to_string(),
+            name.to_string(),
+        ));
+    }
+
+    /// Whether `obj` is kept.
+    pub fn contains<K: Resource<DynamicType = ()>>(&self, obj: &K) -> bool {
+        let meta = obj.meta();
+        self.0.contains(&(
+            K::kind(&()).into_owned(),
+            meta.namespace.clone().unwrap_or_default(),
+            meta.name.clone().unwrap_or_default(),
+        ))
+    }
+
+    /// The names of the kept objects of kind `K` in `namespace` (`None`: cluster-scoped).
+    pub fn names<K: Resource<DynamicType = ()>>(&self, namespace: Option<&str>) -> Vec<&str> {
+        let kind = K::kind(&());
+        let namespace = namespace.unwrap_or_default();
+        self.0
+            .iter()
+            .filter(|(k, ns, _)| *k == kind && ns == namespace)
+            .map(|(_, _, name)| name.as_str())
+            .collect()
+    }
+
+    /// How many objects are kept.
+    pub fn len(&self) -> usize {
+        self.0.len()
+    }
+
+    /// Whether nothing is kept.
+    pub fn is_empty(&self) -> bool {
+        self.0.is_empty()
+    }
+}
+
+impl<K: Resource<DynamicType = ()>> Extend<K> for Kept {
+    fn extend<I: IntoIterator<Item = K>>(&mut self, iter: I) {
+        for obj in iter {
+            self.insert(&obj);
+        }
+    }
+}
+
+impl Children {
+    /// [`Children::prune_cached`] keeping what `kept` names: deletes the children among
+    /// `cached` that `kept` does not name, unless `spare` spares them (e.g. those in a
+    /// namespace being deleted, which go with it). Returns what it deleted.
+    ///
+    /// # Errors
+    /// [`Error::PruneChild`] for the first delete that fails.
+    pub async fn prune_unkept<K>(
+        &self,
+        cached: impl IntoIterator<Item = Arc<K>>,
+        kept: &Kept,
+        spare: impl Fn(&K) -> bool,
+    ) -> Result<Vec<ObjectRef<K>>, Error>
+    where
+        K: Resource<DynamicType = ()> + Clone + DeserializeOwned + Debug,
+        K::Scope: ScopeApi,
+    {
+        self.prune_cached(cached, |obj| kept.contains(obj) || spare(obj))
+            .await
+    }
+}
+
 /// Whether `err` is the API server refusing a stale `resourceVersion`.
 pub fn is_conflict(err: &Error) -> bool {
     matches!(err, Error::ApplyChild { source: kube::Error::Api(s), .. } if s.code == 409)
@@ -642,6 +733,31 @@ mod tests {
             "subjects": [{"kind": "User", "name": "alice"}]
         }))
         .unwrap()
+    }
+
+    /// `Kept` tells kinds, namespaces and names apart: a kept RoleBinding does not keep a
+    /// ConfigMap of the same name, nor one of its name in another namespace.
+    #[test]
+    fn kept_names_kind_namespace_and_name() {
+        let mut kept = Kept::default();
+        kept.insert(&binding("edit", json!({})));
+        kept.insert_named::<ConfigMap>(Some("m"), "cm");
+        kept.insert_named::<k8s_openapi::api::rbac::v1::ClusterRole>(None, "owners");
+        assert!(kept.contains(&binding("view", json!({}))));
+        let mut elsewhere = binding("edit", json!({}));
+        elsewhere.metadata.namespace = Some("other".into());
+        assert!(!kept.contains(&elsewhere));
+        let mut same_name = ConfigMap::default();
+        same_name.metadata.name = Some("rb".into());
+        same_name.metadata.namespace = Some("n".into());
+        assert!(!kept.contains(&same_name));
+        assert_eq!(kept.names::<ConfigMap>(Some("m")), ["cm"]);
+        assert!(kept.names::<ConfigMap>(Some("n")).is_empty());
+        assert_eq!(
+            kept.names::<k8s_openapi::api::rbac::v1::ClusterRole>(None),
+            ["owners"]
+        );
+        assert_eq!(kept.len(), 3);
     }
 
     /// The metadata the API server would store after `body` was applied as `manager`, with

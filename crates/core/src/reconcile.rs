@@ -27,11 +27,19 @@
 //! - The write is the resourceVersion-guarded, skipped-when-unchanged write of
 //!   [`crate::Context::apply_status`].
 //!
+//! - Once every child applied, the owner's children among the caches the plan prunes
+//!   ([`Plan::prune_among`]) that the plan does not name (its children and [`Plan::keep`]) are
+//!   deleted ([`Prune`], the way Stackable's `ClusterResources` deletes orphans). A failed
+//!   child prunes nothing: a later child's old copy may still be what serves.
+//!
 //! # Caveats
-//! Pruning children the plan no longer names, Events and external actions (SQL, Lease
-//! requests) are still the operator's.
+//! Events and external actions (SQL, Lease requests) are still the operator's. An operator
+//! that applies in steps of its own uses [`Prune`] with the [`Kept`] set its decide step
+//! built.
 
+use std::collections::BTreeSet;
 use std::fmt::Debug;
+use std::sync::Arc;
 use std::time::Duration;
 
 use futures::future::BoxFuture;
@@ -42,6 +50,7 @@ use serde::Serialize;
 use serde::de::DeserializeOwned;
 
 use crate::ReconcileError;
+pub use crate::apply::Kept;
 use crate::apply::{Children, Outcome};
 use crate::cache::Cache;
 use crate::object::ScopeApi;
@@ -75,6 +84,7 @@ pub trait Conditions {
 #[must_use]
 pub struct Plan<S> {
     children: Vec<Box<dyn Wanted>>,
+    prune: Prune,
     status: S,
     requeue: Option<Duration>,
 }
@@ -84,6 +94,7 @@ impl<S> Plan<S> {
     pub fn new(status: S) -> Self {
         Self {
             children: Vec::new(),
+            prune: Prune::new(Kept::default()),
             status,
             requeue: None,
         }
@@ -97,11 +108,35 @@ impl<S> Plan<S> {
         K::Scope: ScopeApi,
         C: Resource<DynamicType = ()> + Clone + Send + Sync + 'static,
     {
+        self.prune.kept.insert(&desired);
         self.children.push(Box::new(Cached {
             cache: cache.clone(),
             desired,
         }));
         self
+    }
+
+    /// Keeps `obj` from pruning without applying it (a child the plan holds back, as it is).
+    pub fn keep<K: Resource<DynamicType = ()>>(mut self, obj: &K) -> Self {
+        self.prune.kept.insert(obj);
+        self
+    }
+
+    /// Once every child applied, deletes the owner's children among `cached` (of one kind:
+    /// a cache's objects, or those an [`crate::index::Indexed`] finds by label) that the plan
+    /// does not name.
+    pub fn prune_among<K>(mut self, cached: impl IntoIterator<Item = Arc<K>>) -> Self
+    where
+        K: Child,
+        K::Scope: ScopeApi,
+    {
+        self.prune = self.prune.among(cached);
+        self
+    }
+
+    /// What the plan keeps from pruning: its children and what it [`Plan::keep`]s.
+    pub fn kept(&self) -> &Kept {
+        &self.prune.kept
     }
 
     /// Reconciles again after `after` even if nothing changes (otherwise only on a change).
@@ -136,6 +171,9 @@ pub enum Error {
     /// A child could not be applied (the status says so).
     #[error(transparent)]
     ApplyChild(crate::Error),
+    /// A child no longer wanted could not be deleted (the status says so).
+    #[error(transparent)]
+    Prune(crate::Error),
     /// The status could not be written.
     #[error("failed to write the status")]
     WriteStatus(#[source] crate::Error),
@@ -145,6 +183,7 @@ impl ReconcileError for Error {
     fn reason(&self) -> &str {
         match self {
             Error::ApplyChild(_) => "ApplyFailed",
+            Error::Prune(_) => "PruneFailed",
             Error::WriteStatus(_) => "StatusFailed",
         }
     }
@@ -175,6 +214,11 @@ where
             break;
         }
     }
+    if failed.is_none()
+        && let Err(e) = plan.prune.run(&children).await
+    {
+        failed = Some(Error::Prune(e));
+    }
     let mut status = plan.status;
     if let Some(e) = &failed {
         crate::conditions::failed(status.conditions_mut(), e, obj.meta().generation);
@@ -187,6 +231,94 @@ where
         None => Ok(plan
             .requeue
             .map_or_else(Action::await_change, Action::requeue)),
+    }
+}
+
+/// Deletes an owner's children that a [`Kept`] set does not name, among the cached objects of
+/// each kind it is given.
+///
+/// # Guarantees
+/// Only the owner's children ([`Children::is_child`]) are deleted, never one being deleted
+/// already nor one in a spared namespace; kinds are pruned in the order given (e.g. the
+/// objects before the access that lets the operator reach them).
+#[must_use]
+pub struct Prune {
+    kept: Kept,
+    spared: BTreeSet<String>,
+    among: Vec<Box<dyn Among>>,
+}
+
+impl Prune {
+    /// Prunes what `kept` does not name.
+    pub fn new(kept: Kept) -> Self {
+        Self {
+            kept,
+            spared: BTreeSet::new(),
+            among: Vec::new(),
+        }
+    }
+
+    /// Among `cached` (objects of one kind), too.
+    pub fn among<K>(mut self, cached: impl IntoIterator<Item = Arc<K>>) -> Self
+    where
+        K: Child,
+        K::Scope: ScopeApi,
+    {
+        self.among
+            .push(Box::new(cached.into_iter().collect::<Vec<_>>()));
+        self
+    }
+
+    /// Leaves alone the children in `namespaces` (namespaces being deleted: their objects go
+    /// with them).
+    pub fn sparing(mut self, namespaces: BTreeSet<String>) -> Self {
+        self.spared = namespaces;
+        self
+    }
+
+    /// Deletes the children not kept; returns how many.
+    ///
+    /// # Errors
+    /// The first delete that fails ([`crate::Error::PruneChild`]).
+    pub async fn run(self, children: &Children) -> Result<usize, crate::Error> {
+        let mut deleted = 0;
+        for among in self.among {
+            deleted += among.prune(children, &self.kept, &self.spared).await?;
+        }
+        Ok(deleted)
+    }
+}
+
+/// The cached objects of one kind a [`Prune`] looks among.
+trait Among: Send + Sync {
+    fn prune<'a>(
+        self: Box<Self>,
+        children: &'a Children,
+        kept: &'a Kept,
+        spared: &'a BTreeSet<String>,
+    ) -> BoxFuture<'a, Result<usize, crate::Error>>;
+}
+
+impl<K> Among for Vec<Arc<K>>
+where
+    K: Child,
+    K::Scope: ScopeApi,
+{
+    fn prune<'a>(
+        self: Box<Self>,
+        children: &'a Children,
+        kept: &'a Kept,
+        spared: &'a BTreeSet<String>,
+    ) -> BoxFuture<'a, Result<usize, crate::Error>> {
+        Box::pin(async move {
+            let spare = |obj: &K| {
+                obj.meta()
+                    .namespace
+                    .as_ref()
+                    .is_some_and(|ns| spared.contains(ns))
+            };
+            Ok(children.prune_unkept(*self, kept, spare).await?.len())
+        })
     }
 }
 
@@ -221,5 +353,37 @@ where
         children: &'a Children,
     ) -> BoxFuture<'a, Result<Outcome, crate::Error>> {
         Box::pin(async move { children.ensure_cached(&self.cache, self.desired).await })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use k8s_openapi::api::core::v1::ConfigMap;
+    use k8s_openapi::api::rbac::v1::RoleBinding;
+
+    fn named<K: Resource<DynamicType = ()> + Default>(ns: &str, name: &str) -> K {
+        let mut obj = K::default();
+        obj.meta_mut().namespace = Some(ns.into());
+        obj.meta_mut().name = Some(name.into());
+        obj
+    }
+
+    /// A plan keeps from pruning exactly what it names: the children it applies and those it
+    /// holds back; a child it stops naming is no longer kept.
+    #[test]
+    fn a_plan_keeps_what_it_names() {
+        let cache: Cache<ConfigMap> = Cache::unfilled();
+        let held: RoleBinding = named("n", "owners");
+        let plan = Plan::new(())
+            .child(&cache, named::<ConfigMap>("n", "settings"))
+            .keep(&held)
+            .prune_among(Vec::<Arc<ConfigMap>>::new());
+        assert!(plan.kept().contains(&named::<ConfigMap>("n", "settings")));
+        assert!(plan.kept().contains(&held));
+        assert!(!plan.kept().contains(&named::<ConfigMap>("n", "old")));
+        assert!(!plan.kept().contains(&named::<RoleBinding>("n", "settings")));
+        assert_eq!(plan.kept().len(), 2);
+        assert_eq!(plan.children(), 1);
     }
 }

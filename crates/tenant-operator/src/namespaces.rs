@@ -151,7 +151,22 @@ impl NamespacePlan {
                 "the tenant keeps {kept} namespaces, more than maxNamespaces {max} (lowered, or namespaces declared, after the others were admitted); none is removed, and no new one is admitted until it is below the limit"
             ),
         });
-        conflicts.chain(refused).chain(over).collect()
+        let terminating = self
+            .wanted
+            .iter()
+            .filter(|w| w.terminating && w.declared)
+            .map(|w| Problem {
+                reason: "NamespaceTerminating",
+                message: format!(
+                    "namespace {} is being deleted; it is re-created when it is gone",
+                    w.name
+                ),
+            });
+        conflicts
+            .chain(refused)
+            .chain(over)
+            .chain(terminating)
+            .collect()
     }
 
     /// Names of the wanted namespaces that are usable now (not terminating), sorted.
@@ -316,6 +331,23 @@ mod tests {
             conflicts: vec![("shared".into(), "team-b".into())],
             refused: vec![("kube-system".into(), "never a tenant's".into())],
             over_limit: Some((4, 3)),
+            wanted: vec![
+                Wanted {
+                    name: "going".into(),
+                    declared: true,
+                    exists: true,
+                    terminating: true,
+                    adopted: false,
+                },
+                // Not listed: it goes, and is not re-created.
+                Wanted {
+                    name: "owned".into(),
+                    declared: false,
+                    exists: true,
+                    terminating: true,
+                    adopted: false,
+                },
+            ],
             ..Default::default()
         };
         let reasons: Vec<&str> = plan.problems().iter().map(|p| p.reason).collect();
@@ -324,9 +356,11 @@ mod tests {
             [
                 "NamespaceConflict",
                 "NamespaceNotAdoptable",
-                "MaxNamespacesExceeded"
+                "MaxNamespacesExceeded",
+                "NamespaceTerminating"
             ]
         );
+        assert!(plan.problems()[3].message.contains("going"));
         assert!(NamespacePlan::default().problems().is_empty());
     }
 

@@ -12,6 +12,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use k8s_openapi::api::core::v1::{Namespace, ResourceQuota};
+use k8s_openapi::api::rbac::v1::{ClusterRole, ClusterRoleBinding, Role, RoleBinding};
 use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 use kube::api::{Api, ListParams, Patch, PatchParams, PostParams};
 use kube::runtime::controller::Action;
@@ -22,10 +23,10 @@ use serde::de::DeserializeOwned;
 use steward_core::apply::{Children, OWNER_LABEL, Outcome, ScopeApi, is_conflict};
 use steward_core::controller::Cache;
 use steward_core::finalizer::{self, Cleanup};
-use steward_core::index::Indexed;
+use steward_core::reconcile::{Kept, Prune};
 use steward_core::{Context, ReconcileError};
 
-use crate::build::{self, ACCESS_ROLE, Access, QUOTA_NAME, SharedCopy, Source};
+use crate::build::{self, ACCESS_ROLE, Access, NamespaceChildren, QUOTA_NAME, SharedCopy, Source};
 use crate::controller::State;
 use crate::crd::{
     FINALIZER, NamespaceDeletionPolicy, SharedKind, SharedObject, TENANT_LABEL, Tenant,
@@ -235,7 +236,8 @@ fn admitted_before(stores: &crate::controller::Stores, mut e: Existing) -> Exist
 
 /// Validate, then apply in order: the namespaces, the owners' cluster-scoped access, the
 /// quotas (so no namespace is usable before it is limited), each namespace's children (access
-/// last), and prune what the tenant no longer wants.
+/// last), and prune what the tenant no longer wants ([`kept`] decides what it keeps). The
+/// steps return what they found; `obs` is filled here only.
 async fn converge(
     tenant: &Arc<Tenant>,
     ctx: &Context<State>,
@@ -249,75 +251,60 @@ async fn converge(
     let stores = &ctx.data.stores;
     let children = ctx.children(tenant.as_ref());
 
-    let Namespaces {
-        active,
-        terminating,
-    } = converge_namespaces(tenant, ctx, obs).await?;
+    let namespaces = converge_namespaces(tenant, ctx).await?;
+    obs.problems.extend(namespaces.problems);
+    obs.adopted = namespaces.adopted;
+    obs.namespaces = namespaces.active.clone();
+    let (active, terminating) = (namespaces.active, namespaces.terminating);
     tracing::debug!(tenant = %name, namespaces = ?active, "namespaces applied");
 
-    // Per tenant: the owners' ClusterRole and ClusterRoleBinding.
-    ensure_child(
-        &children,
-        &stores.cluster_roles,
-        build::owner_cluster_role(tenant, &active),
-    )
-    .await?;
-    ensure_child(
-        &children,
-        &stores.cluster_role_bindings,
-        build::owner_cluster_role_binding(tenant),
-    )
-    .await?;
+    // Decide: what the tenant wants in each namespace, and so what it keeps.
+    let wanted: Vec<(String, NamespaceChildren)> = active
+        .iter()
+        .map(|ns| {
+            let children = build::namespace_children(tenant, ns, &ctx.data.settings, |shared| {
+                source(stores, shared)
+            });
+            (ns.clone(), children)
+        })
+        .collect();
+    let kept = kept(tenant, &spec, &wanted);
 
-    let mut keep = Keep::default();
-    let Some(mut soon) = converge_quotas(tenant, ctx, &spec, &active, &mut keep, obs).await? else {
+    // Per tenant: the owners' ClusterRole and ClusterRoleBinding.
+    let owner_role = build::owner_cluster_role(tenant, &active);
+    ensure_child(&children, &stores.cluster_roles, owner_role).await?;
+    let owner_binding = build::owner_cluster_role_binding(tenant);
+    ensure_child(&children, &stores.cluster_role_bindings, owner_binding).await?;
+
+    let Some(quotas) = converge_quotas(tenant, ctx, &spec, &active).await? else {
         // Usage changed since the list: plan again with fresh numbers. Nothing else is
         // applied meanwhile, so no namespace is reachable without its quota.
         return Ok(Action::requeue(Duration::from_millis(200)));
     };
+    obs.used = quotas.used;
+    obs.split = quotas.split;
+    let mut soon = quotas.held_back;
     tracing::debug!(tenant = %name, "quotas applied");
 
     // Owners get access only where every guard rail is in force: the admission policies
     // (read back from the API server, not taken on trust) and, per namespace below, the
     // parameters they read there.
-    let rails_missing = match &ctx.data.guard_rails {
-        Some(rails) => rails
-            .missing(&stores.admission)
-            .await
-            .map_err(Error::GuardRails)?,
-        None => Vec::new(),
-    };
-    if !rails_missing.is_empty() {
-        soon = true;
-        obs.problems.push(Problem {
-            reason: "GuardRailsMissing",
-            message: format!(
-                "owners get access to new namespaces once every admission policy is in force; not in force: {}",
-                rails_missing.join("; ")
-            ),
-        });
-    }
-    let not_shared: Vec<String> = tenant
-        .spec
-        .shared_objects
-        .iter()
-        .filter(|s| !stores.source_secrets.shares(&s.namespace))
-        .map(|s| format!("{:?} {}/{}", s.kind, s.namespace, s.name))
-        .collect();
+    let rails = guard_rails(ctx).await?;
+    let guarded = rails.is_none();
+    soon |= !guarded;
+    obs.problems.extend(rails);
     let mut shared = SharedOutcome::default();
-    for ns in &active {
-        let guarded = rails_missing.is_empty();
-        soon |= converge_namespace(
-            tenant,
-            ctx,
-            &children,
-            ns,
-            guarded,
-            &mut keep,
-            &mut shared,
-            obs,
-        )
-        .await?;
+    for (ns, mut wanted) in wanted {
+        shared
+            .missing_sources
+            .extend(std::mem::take(&mut wanted.missing_sources));
+        let enforced = quotas_enforced(&stores.quotas, &kept, &ns);
+        let applied =
+            converge_namespace(tenant, ctx, &children, &ns, wanted, guarded, enforced).await?;
+        shared.taken.extend(applied.taken.iter().cloned());
+        let problems = applied.problems(&ns);
+        soon |= !problems.is_empty();
+        obs.problems.extend(problems);
     }
     // Namespaces the tenant no longer has (released, or removed under `Orphan`): its copies
     // there go first, then (pruned below) the access that let the operator reach them.
@@ -328,14 +315,87 @@ async fn converge(
         }
         delete_copies(ctx, &children, &uid, &ns, &Access::of(&role)).await?;
     }
+    let not_shared = not_shared(tenant, stores);
     obs.problems
         .extend(shared.problems(&not_shared, &stores.source_secrets.namespaces()));
     tracing::debug!(tenant = %name, "children applied");
 
-    let cluster_keep = [(String::new(), build::owner_cluster_object_name(tenant))].into();
-    keep.prune(&children, &name, stores, &cluster_keep, &terminating)
-        .await?;
+    // What the tenant no longer wants, in the namespaces before the access that reached them.
+    Prune::new(kept)
+        .sparing(terminating)
+        .among(stores.quotas.labelled(&name))
+        .among(stores.limit_ranges.labelled(&name))
+        .among(stores.network_policies.labelled(&name))
+        .among(stores.role_bindings.labelled(&name))
+        .among(stores.roles.labelled(&name))
+        .among(stores.cluster_roles.labelled(&name))
+        .among(stores.cluster_role_bindings.labelled(&name))
+        .run(&children)
+        .await
+        .map_err(Error::Prune)?;
     Ok(Action::requeue(if soon { SOON } else { ctx.data.resync }))
+}
+
+/// The admission policies not in force (read back from the API server, not taken on trust),
+/// as the problem that keeps owners out of new namespaces; `None` when all are.
+async fn guard_rails(ctx: &Context<State>) -> Result<Option<Problem>, Error> {
+    let Some(rails) = &ctx.data.guard_rails else {
+        return Ok(None);
+    };
+    let missing = rails
+        .missing(&ctx.data.stores.admission)
+        .await
+        .map_err(Error::GuardRails)?;
+    Ok((!missing.is_empty()).then(|| Problem {
+        reason: "GuardRailsMissing",
+        message: format!(
+            "owners get access to new namespaces once every admission policy is in force; not in force: {}",
+            missing.join("; ")
+        ),
+    }))
+}
+
+/// The tenant's shared objects outside the namespaces the operator shares from, as
+/// `<kind> <namespace>/<name>`.
+fn not_shared(tenant: &Tenant, stores: &crate::controller::Stores) -> Vec<String> {
+    tenant
+        .spec
+        .shared_objects
+        .iter()
+        .filter(|s| !stores.source_secrets.shares(&s.namespace))
+        .map(|s| format!("{:?} {}/{}", s.kind, s.namespace, s.name))
+        .collect()
+}
+
+/// What the tenant keeps of its children (the rest is pruned), decided from what it wants
+/// (pure): the owners' cluster-scoped access; in each namespace (`wanted`) its ResourceQuota
+/// when the spec has quotas, the spec's additional quotas, limit ranges, network policies and
+/// RoleBindings (also those held back until the quotas are enforced), and the operator's
+/// access Role and binding when there is something there to reach by name.
+fn kept(
+    tenant: &Tenant,
+    spec: &validate::Validated,
+    wanted: &[(String, NamespaceChildren)],
+) -> Kept {
+    let mut kept = Kept::default();
+    let owners = build::owner_cluster_object_name(tenant);
+    kept.insert_named::<ClusterRole>(None, &owners);
+    kept.insert_named::<ClusterRoleBinding>(None, &owners);
+    let quota = !spec.tenant.is_empty() || !spec.per_namespace.is_empty();
+    for (ns, w) in wanted {
+        if quota {
+            kept.insert_named::<ResourceQuota>(Some(ns), QUOTA_NAME);
+        }
+        w.quotas.iter().for_each(|q| kept.insert(q));
+        w.limit_ranges.iter().for_each(|l| kept.insert(l));
+        w.network_policies.iter().for_each(|n| kept.insert(n));
+        w.role_bindings.iter().for_each(|rb| kept.insert(rb));
+        if !w.access().is_empty() {
+            kept.insert_named::<Role>(Some(ns), ACCESS_ROLE);
+            kept.insert_named::<RoleBinding>(Some(ns), ACCESS_ROLE);
+        }
+    }
+    kept
 }
 
 /// What the namespaces' shared copies came to: sources missing, copies whose names are taken.
@@ -389,141 +449,134 @@ impl SharedOutcome {
     }
 }
 
-/// One of the tenant's namespaces: its quotas, limit ranges and network policies; the
-/// operator's access to what it writes there by name, then the admission policies' parameters
-/// and the shared copies; the owners' access last, once the quotas are enforced and the
-/// admission policies in force (`guarded`: every policy is; and their parameters here are).
-/// Returns whether to look again soon (something is pending).
-#[allow(clippy::too_many_arguments)]
+/// What applying one namespace's children came to.
+#[derive(Debug, Default, PartialEq)]
+struct InNamespace {
+    /// Copies or parameters not written yet: the operator's access Role there was just
+    /// applied, and RBAC takes a moment to see it.
+    pending: bool,
+    /// Every admission policy parameter there is written.
+    params_written: bool,
+    /// Its ResourceQuotas are enforced.
+    enforced: bool,
+    /// Owners' RoleBindings held back (not applied yet).
+    held: bool,
+    /// Copies not made, as `<kind> <namespace>/<name>`: the name is someone else's.
+    taken: Vec<String>,
+}
+
+impl InNamespace {
+    /// The problems to report for namespace `ns` (each a reason to look again soon).
+    fn problems(&self, ns: &str) -> Vec<Problem> {
+        let mut problems = Vec::new();
+        if self.pending {
+            problems.push(Problem {
+                reason: "CopiesPending",
+                message: format!(
+                    "waiting for the operator's access to namespace {ns} (its Role there was just applied) to copy the shared objects"
+                ),
+            });
+        }
+        if self.held && !self.params_written {
+            problems.push(Problem {
+                reason: "WaitingForPolicies",
+                message: format!(
+                    "owners get access to namespace {ns} once the parameters of its admission policies are written there"
+                ),
+            });
+        } else if self.held && !self.enforced {
+            problems.push(Problem {
+                reason: "WaitingForQuota",
+                message: format!(
+                    "owners get access to namespace {ns} once its ResourceQuotas are enforced"
+                ),
+            });
+        }
+        problems
+    }
+}
+
+/// One of the tenant's namespaces (`wanted` there): its quotas, limit ranges and network
+/// policies; the operator's access to what it writes there by name, then the admission
+/// policies' parameters and the shared copies; the owners' access last, once the quotas are
+/// `enforced` and the admission policies in force (`guarded`: every policy is; and their
+/// parameters here are).
 async fn converge_namespace(
     tenant: &Arc<Tenant>,
     ctx: &Context<State>,
-    children: &steward_core::apply::Children,
-    ns: &String,
+    children: &Children,
+    ns: &str,
+    wanted: NamespaceChildren,
     guarded: bool,
-    keep: &mut Keep,
-    outcome: &mut SharedOutcome,
-    obs: &mut Observation,
-) -> Result<bool, Error> {
+    enforced: bool,
+) -> Result<InNamespace, Error> {
     let stores = &ctx.data.stores;
     let uid = tenant.uid().unwrap_or_default();
-    let mut soon = false;
-    let wanted = build::namespace_children(tenant, ns, &ctx.data.settings, |shared| {
-        source(stores, shared)
-    });
     // What the operator reaches here by name (the copies, the policy parameters).
     let want = wanted.access();
-    ensure_all(children, &stores.quotas, wanted.quotas, &mut keep.quotas).await?;
-    ensure_all(
-        children,
-        &stores.limit_ranges,
-        wanted.limit_ranges,
-        &mut keep.limit_ranges,
-    )
-    .await?;
-    ensure_all(
-        children,
-        &stores.network_policies,
-        wanted.network_policies,
-        &mut keep.network_policies,
-    )
-    .await?;
-    outcome.missing_sources.extend(wanted.missing_sources);
+    ensure_all(children, &stores.quotas, wanted.quotas).await?;
+    ensure_all(children, &stores.limit_ranges, wanted.limit_ranges).await?;
+    ensure_all(children, &stores.network_policies, wanted.network_policies).await?;
     // The operator's access to what it writes here by name, then those objects: the
     // admission parameters before the owners' access, the shared copies.
     let granted = granted(stores, ns);
     let stale = granted.minus(&want);
-    grant(tenant, ctx, children, ns, &want.union(&stale), keep).await?;
-    let mut pending = false;
-    let mut params_written = true;
+    grant(tenant, ctx, children, ns, &want.union(&stale)).await?;
+    let mut applied = InNamespace {
+        params_written: true,
+        enforced,
+        ..InNamespace::default()
+    };
     for params in wanted.policy_params {
-        let applied = apply_by_name(ctx, children, &uid, params, false).await?;
-        params_written &= applied == ByName::Applied;
-        pending |= applied == ByName::NoAccessYet;
+        let written = apply_by_name(ctx, children, &uid, params, false).await?;
+        applied.params_written &= written == ByName::Applied;
+        applied.pending |= written == ByName::NoAccessYet;
     }
     for shared in wanted.copies {
         let (kind, copy_name) = (shared.kind(), shared.name());
-        let applied = match shared {
+        let written = match shared {
             SharedCopy::Secret(s) => apply_by_name(ctx, children, &uid, s, true).await?,
             SharedCopy::ConfigMap(c) => apply_by_name(ctx, children, &uid, c, true).await?,
         };
-        match applied {
+        match written {
             ByName::Applied => {}
-            ByName::Taken => {
-                outcome.taken.insert(format!("{kind} {ns}/{copy_name}"));
-            }
-            ByName::NoAccessYet => pending = true,
+            ByName::Taken => applied.taken.push(format!("{kind} {ns}/{copy_name}")),
+            ByName::NoAccessYet => applied.pending = true,
         }
     }
     if !stale.is_empty() {
         delete_copies(ctx, children, &uid, ns, &stale).await?;
-        grant(tenant, ctx, children, ns, &want, keep).await?;
-    }
-    if pending {
-        // The Role granting the operator access here was just applied: RBAC takes a
-        // moment to see it. Not Ready until the copies are in place.
-        soon = true;
-        obs.problems.push(Problem {
-            reason: "CopiesPending",
-            message: format!(
-                "waiting for the operator's access to namespace {ns} (its Role there was just applied) to copy the shared objects"
-            ),
-        });
+        grant(tenant, ctx, children, ns, &want).await?;
     }
     // Access last, and only once the namespace's quotas are enforced: until the quota
     // controller has copied a ResourceQuota's limits into `status.hard`, the API server
     // admits anything, so an owner bound earlier could create unquoted objects.
     // And only once the admission policies and their parameters here are in force: a
-    // pod created before would never be checked.
-    let enforced = quotas_enforced(&stores.quotas, &keep.quotas, ns);
-    let guarded = guarded && params_written;
-    let (bind, wait): (Vec<_>, Vec<_>) = wanted.role_bindings.into_iter().partition(|rb| {
+    // pod created before would never be checked. A binding that exists already stays as
+    // it is applied (it is kept either way).
+    let guarded = guarded && applied.params_written;
+    let (bind, held): (Vec<_>, Vec<_>) = wanted.role_bindings.into_iter().partition(|rb| {
         (enforced && guarded)
             || stores
                 .role_bindings
                 .get(&ObjectRef::new(&rb.name_any()).within(ns))
                 .is_some()
     });
-    keep.role_bindings
-        .extend(wait.iter().map(|rb| (ns.clone(), rb.name_any())));
-    ensure_all(
-        children,
-        &stores.role_bindings,
-        bind,
-        &mut keep.role_bindings,
-    )
-    .await?;
-    if !wait.is_empty() && !params_written {
-        soon = true;
-        obs.problems.push(Problem {
-            reason: "WaitingForPolicies",
-            message: format!(
-                "owners get access to namespace {ns} once the parameters of its admission policies are written there"
-            ),
-        });
-    } else if !wait.is_empty() && !enforced {
-        soon = true;
-        obs.problems.push(Problem {
-            reason: "WaitingForQuota",
-            message: format!(
-                "owners get access to namespace {ns} once its ResourceQuotas are enforced"
-            ),
-        });
-    }
-    Ok(soon)
+    applied.held = !held.is_empty();
+    ensure_all(children, &stores.role_bindings, bind).await?;
+    Ok(applied)
 }
 
 /// Carries out the tenant's namespace plan: namespaces created beyond `maxNamespaces`
 /// deleted, the wanted ones created (only with a marker, never taking one someone else made)
 /// and applied, the removed ones handled by `deletionPolicy`; Events and problems say what
-/// happened.
+/// happened. Returns the namespaces it could not create (someone else did first).
 async fn apply_namespace_plan(
     tenant: &Arc<Tenant>,
     ctx: &Context<State>,
     plan: &namespaces::NamespacePlan,
     max: Option<usize>,
-    obs: &mut Observation,
-) -> Result<(), Error> {
+) -> Result<Vec<Problem>, Error> {
     let name = tenant.name_any();
     let stores = &ctx.data.stores;
     let ns_children = ctx.children(tenant.as_ref()).without_owner_reference();
@@ -548,26 +601,16 @@ async fn apply_namespace_plan(
             )
             .await;
     }
-    for w in &plan.wanted {
-        if w.terminating {
-            if w.declared {
-                obs.problems.push(Problem {
-                    reason: "NamespaceTerminating",
-                    message: format!(
-                        "namespace {} is being deleted; it is re-created when it is gone",
-                        w.name
-                    ),
-                });
-            }
-            continue;
-        }
+    let mut problems = Vec::new();
+    // A namespace being deleted is left alone ([`NamespacePlan::problems`] says so).
+    for w in plan.wanted.iter().filter(|w| !w.terminating) {
         let desired = build::namespace(tenant, &w.name, w.declared, w.adopted);
         if !w.exists {
             // Created with only a marker, then applied like any other: if someone created it
             // meanwhile it is not taken, and every label stays owned by the apply (so a label
             // dropped from the spec is removed later).
             if !create_namespace(ctx, &name, &w.name).await? {
-                obs.problems.push(Problem {
+                problems.push(Problem {
                     reason: "NamespaceNotAdoptable",
                     message: format!(
                         "namespace {} was created by someone else before the tenant could create it",
@@ -611,7 +654,7 @@ async fn apply_namespace_plan(
     for removed in &plan.removed {
         remove_namespace(tenant, ctx, &removed.name, removed.adopted).await?;
     }
-    Ok(())
+    Ok(problems)
 }
 
 /// The tenant's existing namespaces: those labelled for it (read from the API server rather
@@ -671,18 +714,21 @@ async fn existing_namespaces(
 
 /// The namespaces a tenant has after [`converge_namespaces`].
 struct Namespaces {
-    /// Its namespaces that are not being deleted: where its children go.
+    /// Its namespaces that are not being deleted: where its children go (sorted).
     active: Vec<String>,
+    /// Those of them it adopted (they existed before), sorted.
+    adopted: Vec<String>,
     /// Its namespaces being deleted: their children are not pruned (they go with them).
     terminating: BTreeSet<String>,
+    /// What keeps namespaces from the tenant.
+    problems: Vec<Problem>,
 }
 
 /// Decides which namespaces the tenant has ([`namespaces::plan`]), creates, adopts, applies,
-/// refuses, releases or deletes them accordingly, and records the problems in `obs`.
+/// refuses, releases or deletes them accordingly, and says what keeps any from it.
 async fn converge_namespaces(
     tenant: &Arc<Tenant>,
     ctx: &Context<State>,
-    obs: &mut Observation,
 ) -> Result<Namespaces, Error> {
     let name = tenant.name_any();
     let stores = &ctx.data.stores;
@@ -705,45 +751,53 @@ async fn converge_namespaces(
         &ctx.data.settings.protected,
         max,
     );
-    obs.problems.extend(plan.problems());
-    apply_namespace_plan(tenant, ctx, &plan, max, obs).await?;
-    obs.adopted = plan
+    let mut problems = plan.problems();
+    problems.extend(apply_namespace_plan(tenant, ctx, &plan, max).await?);
+    let adopted = plan
         .wanted
         .iter()
         .filter(|w| w.adopted && !w.terminating)
         .map(|w| w.name.clone())
         .collect();
-    let active = plan.active();
-    obs.namespaces = active.clone();
     let terminating = labelled
         .iter()
         .filter(|e| e.terminating)
         .map(|e| e.name.clone())
         .collect();
     Ok(Namespaces {
-        active,
+        active: plan.active(),
+        adopted,
         terminating,
+        problems,
     })
+}
+
+/// What [`converge_quotas`] applied.
+#[derive(Default)]
+struct Quotas {
+    /// Part of a tenant-wide split waits for the quota controller.
+    held_back: bool,
+    /// Usage per namespace, from the ResourceQuotas.
+    used: BTreeMap<String, BTreeMap<String, Milli>>,
+    /// The tenant-wide split (empty without `tenantQuota`).
+    split: BTreeMap<String, BTreeMap<String, Milli>>,
 }
 
 /// Applies the tenant's ResourceQuota [`QUOTA_NAME`] in each active namespace: the
 /// per-namespace limits, with a tenant-wide quota split across namespaces ([`quota::plan`])
-/// from a consistent read of their usage, lowered limits before raised ones. `Some(soon)`:
-/// applied, and whether a split waits for the quota controller; `None`: a quota changed
-/// since it was read (the split must be planned again).
+/// from a consistent read of their usage, lowered limits before raised ones. `Some`: applied;
+/// `None`: a quota changed since it was read (the split must be planned again).
 async fn converge_quotas(
     tenant: &Tenant,
     ctx: &Context<State>,
     spec: &validate::Validated,
     active: &[String],
-    keep: &mut Keep,
-    obs: &mut Observation,
-) -> Result<Option<bool>, Error> {
+) -> Result<Option<Quotas>, Error> {
     let name = tenant.name_any();
     let stores = &ctx.data.stores;
     let client = &ctx.client;
     let children = ctx.children(tenant);
-    let mut soon = false;
+    let mut applied = Quotas::default();
     if !spec.tenant.is_empty() || !spec.per_namespace.is_empty() {
         let current: BTreeMap<String, ResourceQuota> = if spec.tenant.is_empty() {
             stores
@@ -773,13 +827,13 @@ async fn converge_quotas(
             .map(|ns| observed_quota(ns, current.get(ns)))
             .collect();
         let plan = quota::plan(&spec.per_namespace, &spec.tenant, &observed);
-        obs.used = observed
+        applied.used = observed
             .iter()
             .map(|o| (o.namespace.clone(), o.used.clone()))
             .collect();
-        soon |= !plan.held_back.is_empty();
+        applied.held_back = !plan.held_back.is_empty();
         if !spec.tenant.is_empty() {
-            obs.split = plan.hard.clone();
+            applied.split = plan.hard.clone();
         }
         let mut order: Vec<&quota::Observed> = observed.iter().collect();
         // Lower limits before raising others.
@@ -788,7 +842,6 @@ async fn converge_quotas(
             let ns = &o.namespace;
             let hard = plan.hard.get(ns).cloned().unwrap_or_default();
             let desired = build::resource_quota(tenant, ns, &hard);
-            keep.quotas.insert((ns.clone(), QUOTA_NAME.to_string()));
             let result = if spec.tenant.is_empty() {
                 children
                     .ensure(current.get(ns).map(|q| &q.metadata), desired)
@@ -814,17 +867,7 @@ async fn converge_quotas(
         }
     }
 
-    Ok(Some(soon))
-}
-
-/// The children to keep, per kind, as `(namespace, name)`.
-#[derive(Default)]
-struct Keep {
-    quotas: BTreeSet<(String, String)>,
-    limit_ranges: BTreeSet<(String, String)>,
-    network_policies: BTreeSet<(String, String)>,
-    role_bindings: BTreeSet<(String, String)>,
-    roles: BTreeSet<(String, String)>,
+    Ok(Some(applied))
 }
 
 fn parse_quantities(map: Option<&BTreeMap<String, Quantity>>) -> BTreeMap<String, Milli> {
@@ -849,27 +892,25 @@ fn observed_quota(namespace: &str, rq: Option<&ResourceQuota>) -> quota::Observe
     }
 }
 
-/// Whether every ResourceQuota the tenant keeps in `ns` (`keep`) is enforced: the quota
-/// controller has put each of its `spec.hard` limits into `status.hard`. The store can lag
-/// the API server but never lead it, so `true` is never early.
-fn quotas_enforced(
-    store: &Store<ResourceQuota>,
-    keep: &BTreeSet<(String, String)>,
-    ns: &str,
-) -> bool {
-    keep.iter().filter(|(n, _)| n == ns).all(|(_, name)| {
-        store
-            .get(&ObjectRef::new(name).within(ns))
-            .is_some_and(|q| {
-                let enforced = q.status.as_ref().and_then(|s| s.hard.as_ref());
-                q.spec
-                    .as_ref()
-                    .and_then(|s| s.hard.as_ref())
-                    .into_iter()
-                    .flatten()
-                    .all(|(k, _)| enforced.is_some_and(|e| e.contains_key(k)))
-            })
-    })
+/// Whether every ResourceQuota the tenant keeps in `ns` is enforced: the quota controller has
+/// put each of its `spec.hard` limits into `status.hard`. The store can lag the API server but
+/// never lead it, so `true` is never early.
+fn quotas_enforced(store: &Store<ResourceQuota>, kept: &Kept, ns: &str) -> bool {
+    kept.names::<ResourceQuota>(Some(ns))
+        .into_iter()
+        .all(|name| {
+            store
+                .get(&ObjectRef::new(name).within(ns))
+                .is_some_and(|q| {
+                    let enforced = q.status.as_ref().and_then(|s| s.hard.as_ref());
+                    q.spec
+                        .as_ref()
+                        .and_then(|s| s.hard.as_ref())
+                        .into_iter()
+                        .flatten()
+                        .all(|(k, _)| enforced.is_some_and(|e| e.contains_key(k)))
+                })
+        })
 }
 
 /// [`ensure`] with the current object from `store`.
@@ -984,20 +1025,16 @@ fn granted(stores: &crate::controller::Stores, ns: &str) -> Access {
         .unwrap_or_default()
 }
 
-/// Applies the operator's access Role and its binding in `ns` for `access` (kept), or keeps
-/// neither when there is nothing to reach (they are pruned).
+/// Applies the operator's access Role and its binding in `ns` for `access`, or nothing when
+/// there is nothing to reach ([`kept`] does not keep them then: they are pruned).
 async fn grant(
     tenant: &Tenant,
     ctx: &Context<State>,
     children: &Children,
     ns: &str,
     access: &Access,
-    keep: &mut Keep,
 ) -> Result<(), Error> {
-    let key = (ns.to_string(), ACCESS_ROLE.to_string());
     if access.is_empty() {
-        keep.roles.remove(&key);
-        keep.role_bindings.remove(&key);
         return Ok(());
     }
     let me = ctx
@@ -1007,20 +1044,19 @@ async fn grant(
         .await
         .map_err(Error::WhoAmI)?;
     let stores = &ctx.data.stores;
-    ensure_all(
+    ensure_child(
         children,
         &stores.roles,
-        vec![build::access_role(tenant, ns, access)],
-        &mut keep.roles,
+        build::access_role(tenant, ns, access),
     )
     .await?;
-    ensure_all(
+    ensure_child(
         children,
         &stores.role_bindings,
-        vec![build::access_role_binding(tenant, ns, me)],
-        &mut keep.role_bindings,
+        build::access_role_binding(tenant, ns, me),
     )
     .await
+    .map(drop)
 }
 
 /// Deletes the tenant's copies (and policy parameters) named in `access` in `ns`: each is read
@@ -1071,19 +1107,13 @@ where
     }
 }
 
-/// [`ensure_child`] for each of `desired`, each recorded in `keep`.
-async fn ensure_all<K>(
-    children: &Children,
-    store: &Cache<K>,
-    desired: Vec<K>,
-    keep: &mut BTreeSet<(String, String)>,
-) -> Result<(), Error>
+/// [`ensure_child`] for each of `desired`.
+async fn ensure_all<K>(children: &Children, store: &Cache<K>, desired: Vec<K>) -> Result<(), Error>
 where
     K: Resource<DynamicType = ()> + Clone + Serialize + DeserializeOwned + Debug,
     K::Scope: ScopeApi,
 {
     for obj in desired {
-        keep.insert((obj.namespace().unwrap_or_default(), obj.name_any()));
         ensure_child(children, store, obj).await?;
     }
     Ok(())
@@ -1103,86 +1133,6 @@ fn source(stores: &crate::controller::Stores, shared: &SharedObject) -> Option<S
             .get(namespace, name)
             .map(Source::ConfigMap),
     }
-}
-
-impl Keep {
-    /// Deletes the tenant's children of every kind that are not kept; `cluster`: the
-    /// cluster-scoped ones to keep.
-    async fn prune(
-        &self,
-        children: &Children,
-        tenant: &str,
-        stores: &crate::controller::Stores,
-        cluster: &BTreeSet<(String, String)>,
-        terminating: &BTreeSet<String>,
-    ) -> Result<(), Error> {
-        prune(children, tenant, &stores.quotas, &self.quotas, terminating).await?;
-        prune(
-            children,
-            tenant,
-            &stores.limit_ranges,
-            &self.limit_ranges,
-            terminating,
-        )
-        .await?;
-        prune(
-            children,
-            tenant,
-            &stores.network_policies,
-            &self.network_policies,
-            terminating,
-        )
-        .await?;
-        prune(
-            children,
-            tenant,
-            &stores.role_bindings,
-            &self.role_bindings,
-            terminating,
-        )
-        .await?;
-        prune(children, tenant, &stores.roles, &self.roles, terminating).await?;
-        prune(
-            children,
-            tenant,
-            &stores.cluster_roles,
-            cluster,
-            terminating,
-        )
-        .await?;
-        prune(
-            children,
-            tenant,
-            &stores.cluster_role_bindings,
-            cluster,
-            terminating,
-        )
-        .await
-    }
-}
-
-/// Deletes this tenant's children of one kind that are not in `keep` (skipping those in
-/// namespaces being deleted anyway), from the operator's cache.
-async fn prune<K>(
-    children: &Children,
-    tenant: &str,
-    store: &Indexed<K>,
-    keep: &BTreeSet<(String, String)>,
-    terminating: &BTreeSet<String>,
-) -> Result<(), Error>
-where
-    K: Resource<DynamicType = ()> + Clone + DeserializeOwned + Debug + Send + Sync,
-    K::Scope: ScopeApi,
-{
-    // The tenant's children carry its name in TENANT_LABEL (prune_cached checks the owner).
-    children
-        .prune_cached(store.labelled(tenant), |obj| {
-            let namespace = obj.namespace().unwrap_or_default();
-            terminating.contains(&namespace) || keep.contains(&(namespace, obj.name_any()))
-        })
-        .await
-        .map_err(Error::Prune)?;
-    Ok(())
 }
 
 /// Creates namespace `ns` for `tenant` with only the [`crate::crd::CREATED_FOR_ANNOTATION`]
@@ -1334,8 +1284,126 @@ async fn cleanup(tenant: Arc<Tenant>, ctx: &Context<State>) -> Result<Cleanup, E
 }
 
 #[cfg(test)]
+#[allow(clippy::unwrap_used)]
 mod tests {
     use super::*;
+    use crate::build::tests::TenantFixture;
+
+    fn wanted(tenant: &Tenant, namespaces: &[&str]) -> Vec<(String, NamespaceChildren)> {
+        let settings = build::Settings {
+            protected: Default::default(),
+            owner_cluster_role: "admin".into(),
+        };
+        namespaces
+            .iter()
+            .map(|ns| {
+                let children = build::namespace_children(tenant, ns, &settings, |_| None);
+                (ns.to_string(), children)
+            })
+            .collect()
+    }
+
+    fn named<K: Resource<DynamicType = ()> + Default>(ns: Option<&str>, name: &str) -> K {
+        let mut obj = K::default();
+        obj.meta_mut().namespace = ns.map(str::to_string);
+        obj.meta_mut().name = Some(name.into());
+        obj
+    }
+
+    /// What a tenant keeps is decided from what it wants: its quota in each namespace only
+    /// with quotas in the spec, every owner binding (also one held back until the quota is
+    /// enforced), the operator's access where it writes by name, the owners' cluster access;
+    /// anything else of its children is pruned.
+    #[test]
+    fn a_tenant_keeps_what_it_wants_and_nothing_else() {
+        let tenant = TenantFixture::new("acme").owner_user("alice").build();
+        let spec = validate::validate(&tenant.spec).unwrap();
+        let wanted = wanted(&tenant, &["a", "b"]);
+        let kept = kept(&tenant, &spec, &wanted);
+        for ns in ["a", "b"] {
+            for rb in &wanted[usize::from(ns == "b")].1.role_bindings {
+                assert!(kept.contains(rb), "{rb:?}");
+            }
+            assert!(kept.contains(&named::<Role>(Some(ns), ACCESS_ROLE)));
+            assert!(kept.contains(&named::<RoleBinding>(Some(ns), ACCESS_ROLE)));
+            assert!(
+                kept.names::<ResourceQuota>(Some(ns)).is_empty(),
+                "no quota in the spec: none kept"
+            );
+            assert!(!kept.contains(&named::<RoleBinding>(Some(ns), "removed-binding")));
+        }
+        let owners = build::owner_cluster_object_name(&tenant);
+        assert!(kept.contains(&named::<ClusterRole>(None, &owners)));
+        assert!(kept.contains(&named::<ClusterRoleBinding>(None, &owners)));
+        assert!(
+            !kept.contains(&named::<Role>(Some("c"), ACCESS_ROLE)),
+            "not its namespace"
+        );
+
+        let limited = TenantFixture::new("acme")
+            .owner_user("alice")
+            .spec(|s| {
+                s.resource_quota = Some(
+                    serde_json::from_value(serde_json::json!({"hard": {"pods": "5"}})).unwrap(),
+                );
+            })
+            .build();
+        let spec = validate::validate(&limited.spec).unwrap();
+        let kept = super::kept(&limited, &spec, &wanted);
+        assert_eq!(kept.names::<ResourceQuota>(Some("a")), [QUOTA_NAME]);
+        assert_eq!(kept.names::<ResourceQuota>(Some("b")), [QUOTA_NAME]);
+    }
+
+    /// Each thing that keeps owners out of a namespace for now is said once, most basic
+    /// first: the access to copy, the policies' parameters, then the quota.
+    #[test]
+    fn a_namespace_says_what_holds_its_owners_back() {
+        let done = InNamespace {
+            params_written: true,
+            enforced: true,
+            ..InNamespace::default()
+        };
+        assert!(done.problems("a").is_empty());
+        let reasons = |applied: InNamespace| -> Vec<&'static str> {
+            applied.problems("a").iter().map(|p| p.reason).collect()
+        };
+        assert_eq!(
+            reasons(InNamespace {
+                pending: true,
+                held: true,
+                enforced: false,
+                ..InNamespace::default()
+            }),
+            ["CopiesPending", "WaitingForPolicies"]
+        );
+        assert_eq!(
+            reasons(InNamespace {
+                held: true,
+                params_written: true,
+                ..InNamespace::default()
+            }),
+            ["WaitingForQuota"]
+        );
+        // Not enforced, but no binding waits (they exist already): nothing to say.
+        assert!(
+            InNamespace {
+                params_written: true,
+                ..InNamespace::default()
+            }
+            .problems("a")
+            .is_empty()
+        );
+        assert!(
+            InNamespace {
+                held: true,
+                params_written: true,
+                ..InNamespace::default()
+            }
+            .problems("team-x")[0]
+                .message
+                .contains("team-x")
+        );
+    }
 
     #[test]
     fn shared_copies_report_each_kind_of_problem_once() {

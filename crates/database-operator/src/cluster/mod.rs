@@ -43,6 +43,13 @@ use build::{Names, ROLE_LABEL, TEMPLATE_HASH_ANNOTATION};
 
 /// Reconciles one PostgresCluster.
 ///
+/// Each step observes what it needs, decides and executes before the next one (later steps
+/// build on what earlier ones applied): the credentials and the configuration; then what
+/// `Seen` read (the StatefulSet, the pods, the Lease) drives the major upgrade, the
+/// StatefulSet's apply, the role labels and the primary's moves; then continuous backup, the
+/// metrics queries and the pooler. The status is computed from all of it and written once;
+/// the next reconcile comes when `requeue_after` says.
+///
 /// # Errors
 /// [`Error`] naming the step that failed.
 pub async fn reconcile(
@@ -76,11 +83,7 @@ pub async fn reconcile(
     // A new primary since the status was written (reported once the status write went
     // through).
     let transition = status::transition(&cluster, &roles, &names.lease);
-    let update_revision = if template_changed {
-        None
-    } else {
-        seen.statefulset.as_ref().and_then(rollout::update_revision)
-    };
+    let update_revision = seen.update_revision(template_changed);
     let moved = move_primary(
         &ctx,
         &cluster,
@@ -92,29 +95,16 @@ pub async fn reconcile(
     )
     .await?;
     // Continuous backup: the schedule and retention (its status below).
-    let primary_pod = roles
-        .primary
-        .as_deref()
-        .and_then(|p| seen.pods.iter().find(|pod| pod.name_any() == p));
+    let primary_pod = roles.primary.as_deref().and_then(|p| seen.pod(p));
     let previous_backup = cluster.status.as_ref().and_then(|s| s.backup.as_ref());
     let backups = backup::reconcile(&ctx.client, &cluster, primary_pod, previous_backup).await?;
     let scheduled = backups.as_ref().and_then(|b| b.requeue);
     let queries = monitoring::observe(&ctx.client, &ns, &cluster).await?;
-    let ready_primary = primary_pod
-        .filter(|p| seen.views.iter().any(|v| v.name == p.name_any() && v.ready))
-        .and_then(|p| p.status.as_ref()?.pod_ip.as_deref());
+    let ready_primary = roles.primary.as_deref().and_then(|p| seen.ready_ip(p));
     let pooled = pooler::serve(&ctx, &cluster, &ns, ready_primary, &credentials).await?;
     let status = status::compute(status::Inputs {
         cluster: &cluster,
-        observed: rollout::Observed {
-            generation: cluster.meta().generation,
-            instances: held.spec.instances,
-            target_version: held.spec.version,
-            update_revision,
-            pods: &seen.views,
-            primary: roles.primary.as_deref(),
-            superuser_secret: names.superuser_secret.clone(),
-        },
+        observed: seen.observed(&held, &roles, &names, update_revision),
         roles: &roles,
         asked_now: moved.asked_now,
         pods: &seen.pods,
@@ -124,8 +114,6 @@ pub async fn reconcile(
         queries: &queries,
         pooled: &pooled,
     });
-    let ready =
-        steward_core::conditions::is_true(&status.conditions, steward_core::conditions::READY);
     let written = ctx
         .apply_status(cluster.as_ref(), cluster.status.as_ref(), &status)
         .await?;
@@ -135,16 +123,26 @@ pub async fn reconcile(
     if moved.clear_request {
         clear_switchover_request(&ctx.client, &cluster).await?;
     }
+    let ready =
+        steward_core::conditions::is_true(&status.conditions, steward_core::conditions::READY);
+    let resync = ctx.data.options.resync_interval;
+    let due = [scheduled, credentials.ca_phase_due];
+    Ok(Action::requeue(requeue_after(ready, resync, due)))
+}
+
+/// When to reconcile again: after `resync` once the cluster is Ready, in 10 s while it is
+/// not; sooner when something is `due` then (the next scheduled backup, the CA's rotation).
+fn requeue_after(
+    ready: bool,
+    resync: Duration,
+    due: impl IntoIterator<Item = Option<Duration>>,
+) -> Duration {
     let requeue = if ready {
-        ctx.data.options.resync_interval
+        resync
     } else {
         Duration::from_secs(10)
     };
-    let requeue = [scheduled, credentials.ca_phase_due]
-        .into_iter()
-        .flatten()
-        .fold(requeue, Duration::min);
-    Ok(Action::requeue(requeue))
+    due.into_iter().flatten().fold(requeue, Duration::min)
 }
 
 /// What [`credentials`] made sure of.
@@ -322,6 +320,49 @@ impl Seen {
             leases,
             lease,
         })
+    }
+
+    /// The pod named `name`, if listed.
+    fn pod(&self, name: &str) -> Option<&Pod> {
+        self.pods.iter().find(|pod| pod.name_any() == name)
+    }
+
+    /// The IP of the pod named `name` while it is ready (where the pooler sends clients).
+    fn ready_ip(&self, name: &str) -> Option<&str> {
+        self.pod(name)
+            .filter(|_| self.views.iter().any(|v| v.name == name && v.ready))
+            .and_then(|p| p.status.as_ref()?.pod_ip.as_deref())
+    }
+
+    /// The StatefulSet's update revision, the one the rollout brings the pods to. `None` when
+    /// this reconcile changed the pod template (the revision as read is the old template's)
+    /// or while the StatefulSet controller has not observed the applied spec.
+    fn update_revision(&self, template_changed: bool) -> Option<&str> {
+        if template_changed {
+            return None;
+        }
+        self.statefulset.as_ref().and_then(rollout::update_revision)
+    }
+
+    /// The instances and the rollout as the status reports them: `held`'s (the cluster as
+    /// applied, its spec held on the old major during an upgrade, its metadata the cluster's)
+    /// against the pods as listed.
+    fn observed<'a>(
+        &'a self,
+        held: &PostgresCluster,
+        roles: &'a PrimaryRoles,
+        names: &Names,
+        update_revision: Option<&'a str>,
+    ) -> rollout::Observed<'a> {
+        rollout::Observed {
+            generation: held.meta().generation,
+            instances: held.spec.instances,
+            target_version: held.spec.version,
+            update_revision,
+            pods: &self.views,
+            primary: roles.primary.as_deref(),
+            superuser_secret: names.superuser_secret.clone(),
+        }
     }
 }
 
@@ -1865,5 +1906,118 @@ mod tests {
         let mut c = cluster("pg");
         c.spec.parameters.insert("bad key".into(), "x".into());
         assert!(matches!(validate(&c), Err(Error::InvalidSpec(_))));
+    }
+
+    /// Ready: the resync interval; not Ready: 10 s; either way no later than the soonest of
+    /// what is due (a scheduled backup, the CA's rotation).
+    #[test]
+    fn the_next_reconcile_is_the_soonest_of_the_resync_and_what_is_due() {
+        let secs = Duration::from_secs;
+        assert_eq!(requeue_after(true, secs(300), [None, None]), secs(300));
+        assert_eq!(requeue_after(false, secs(300), [None, None]), secs(10));
+        assert_eq!(
+            requeue_after(true, secs(300), [Some(secs(60)), Some(secs(30))]),
+            secs(30)
+        );
+        assert_eq!(
+            requeue_after(true, secs(300), [None, Some(secs(400))]),
+            secs(300)
+        );
+        assert_eq!(
+            requeue_after(false, secs(300), [Some(secs(3)), None]),
+            secs(3)
+        );
+        assert_eq!(
+            requeue_after(false, secs(300), [Some(secs(60)), None]),
+            secs(10)
+        );
+    }
+
+    /// A pod of StatefulSet `pg` with `ip` (none yet: `None`), ready or not.
+    fn listed(name: &str, ip: Option<&str>, ready: bool) -> Pod {
+        use k8s_openapi::api::core::v1::{PodCondition, PodStatus};
+        let mut pod = Pod::default();
+        pod.metadata.name = Some(name.into());
+        pod.status = Some(PodStatus {
+            pod_ip: ip.map(Into::into),
+            conditions: Some(vec![PodCondition {
+                type_: "Ready".into(),
+                status: if ready { "True" } else { "False" }.into(),
+                ..Default::default()
+            }]),
+            ..Default::default()
+        });
+        pod
+    }
+
+    /// What a reconcile of cluster `pg` saw: `statefulset` and `pods` (the API handles point
+    /// nowhere: nothing is read through them).
+    fn seen(statefulset: Option<StatefulSet>, pods: Vec<Pod>) -> Seen {
+        let names = Names::of("pg");
+        let config = kube::Config::new("http://127.0.0.1:9".parse().unwrap());
+        let client = kube::Client::try_from(config).unwrap();
+        Seen {
+            statefulset,
+            pods_api: Api::namespaced(client.clone(), "db"),
+            views: pods
+                .iter()
+                .filter_map(|p| rollout::PodView::of(p, &names.statefulset))
+                .collect(),
+            pods,
+            leases: Api::namespaced(client, "db"),
+            lease: None,
+        }
+    }
+
+    /// The pooler's primary is the listed pod's IP only while that pod is ready.
+    #[tokio::test]
+    async fn the_primarys_pod_and_its_ip_only_while_ready() {
+        let seen = seen(
+            None,
+            vec![
+                listed("pg-0", Some("198.18.0.1"), true),
+                listed("pg-1", Some("198.18.0.2"), false),
+                listed("pg-2", None, true),
+            ],
+        );
+        assert_eq!(
+            seen.pod("pg-1").map(ResourceExt::name_any).as_deref(),
+            Some("pg-1")
+        );
+        assert!(seen.pod("pg-3").is_none());
+        assert_eq!(seen.ready_ip("pg-0"), Some("198.18.0.1"));
+        assert_eq!(seen.ready_ip("pg-1"), None);
+        assert_eq!(seen.ready_ip("pg-2"), None);
+        assert_eq!(seen.ready_ip("pg-3"), None);
+    }
+
+    /// The update revision once the StatefulSet controller observed the spec, and not when
+    /// this reconcile changed the template; the status's instances are those held.
+    #[tokio::test]
+    async fn the_rollout_is_observed_against_the_held_spec_and_the_current_revision() {
+        use k8s_openapi::api::apps::v1::StatefulSetStatus;
+        let mut sts = StatefulSet::default();
+        sts.metadata.generation = Some(2);
+        sts.status = Some(StatefulSetStatus {
+            observed_generation: Some(2),
+            update_revision: Some("pg-abc".into()),
+            ..Default::default()
+        });
+        let seen = seen(Some(sts), vec![listed("pg-0", None, true)]);
+        assert_eq!(seen.update_revision(false), Some("pg-abc"));
+        assert_eq!(seen.update_revision(true), None);
+        let mut held = cluster("pg");
+        held.metadata.generation = Some(7);
+        held.spec.instances = 0;
+        let names = Names::of("pg");
+        let roles = PrimaryRoles::of(None, &names);
+        let observed = seen.observed(&held, &roles, &names, seen.update_revision(false));
+        assert_eq!(observed.generation, Some(7));
+        assert_eq!(observed.instances, 0);
+        assert_eq!(observed.target_version, held.spec.version);
+        assert_eq!(observed.update_revision, Some("pg-abc"));
+        assert_eq!(observed.pods.len(), 1);
+        assert_eq!(observed.primary, Some("pg-0"));
+        assert_eq!(observed.superuser_secret, names.superuser_secret);
     }
 }
