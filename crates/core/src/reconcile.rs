@@ -32,8 +32,12 @@
 //!   deleted ([`Prune`], the way Stackable's `ClusterResources` deletes orphans). A failed
 //!   child prunes nothing: a later child's old copy may still be what serves.
 //!
+//! - The Events the plan wants ([`Plan::event`]) are published after the status write went
+//!   through, so an Event never announces what the status does not show; a failed child or
+//!   status write publishes none (the runtime's Warning Event says why).
+//!
 //! # Caveats
-//! Events and external actions (SQL, Lease requests) are still the operator's. An operator
+//! External actions (SQL, Lease requests) are still the operator's. An operator
 //! that applies in steps of its own uses [`Prune`] with the [`Kept`] set its decide step
 //! built.
 
@@ -86,6 +90,7 @@ pub struct Plan<S> {
     children: Vec<Box<dyn Wanted>>,
     prune: Prune,
     status: S,
+    events: Vec<crate::events::Wanted>,
     requeue: Option<Duration>,
 }
 
@@ -96,6 +101,7 @@ impl<S> Plan<S> {
             children: Vec::new(),
             prune: Prune::new(Kept::default()),
             status,
+            events: Vec::new(),
             requeue: None,
         }
     }
@@ -137,6 +143,17 @@ impl<S> Plan<S> {
     /// What the plan keeps from pruning: its children and what it [`Plan::keep`]s.
     pub fn kept(&self) -> &Kept {
         &self.prune.kept
+    }
+
+    /// Publishes `event` once the status is written.
+    pub fn event(mut self, event: crate::events::Wanted) -> Self {
+        self.events.push(event);
+        self
+    }
+
+    /// The Events the plan publishes, in order (for unit tests of decide functions).
+    pub fn events(&self) -> &[crate::events::Wanted] {
+        &self.events
     }
 
     /// Reconciles again after `after` even if nothing changes (otherwise only on a change).
@@ -226,6 +243,11 @@ where
     ctx.apply_status(obj, current, &status)
         .await
         .map_err(Error::WriteStatus)?;
+    if failed.is_none() {
+        for event in plan.events {
+            ctx.recorder.emit(obj, event).await;
+        }
+    }
     match failed {
         Some(e) => Err(e),
         None => Ok(plan
@@ -378,7 +400,11 @@ mod tests {
         let plan = Plan::new(())
             .child(&cache, named::<ConfigMap>("n", "settings"))
             .keep(&held)
-            .prune_among(Vec::<Arc<ConfigMap>>::new());
+            .prune_among(Vec::<Arc<ConfigMap>>::new())
+            .event(crate::events::Wanted::normal(
+                "Applied", "Apply", "settings",
+            ));
+        assert_eq!(plan.events()[0].reason, "Applied");
         assert!(plan.kept().contains(&named::<ConfigMap>("n", "settings")));
         assert!(plan.kept().contains(&held));
         assert!(!plan.kept().contains(&named::<ConfigMap>("n", "old")));
