@@ -12,6 +12,62 @@ pub const PROGRESSING: &str = "Progressing";
 /// Condition type: the object works, but not as well as desired.
 pub const DEGRADED: &str = "Degraded";
 
+/// A condition a decide step wants: a value its unit tests compare, set by [`set_wanted`].
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Wanted {
+    /// `True` or `False`.
+    pub status: bool,
+    /// Why, in one CamelCase word.
+    pub reason: &'static str,
+    /// For a person.
+    pub message: String,
+}
+
+impl Wanted {
+    /// The condition holds (`True`).
+    pub fn holds(reason: &'static str, message: impl Into<String>) -> Self {
+        Self {
+            status: true,
+            reason,
+            message: message.into(),
+        }
+    }
+
+    /// The condition does not hold (`False`).
+    pub fn fails(reason: &'static str, message: impl Into<String>) -> Self {
+        Self {
+            status: false,
+            reason,
+            message: message.into(),
+        }
+    }
+}
+
+/// Sets condition `type_` as `wanted` says, or removes it (`None`: it does not apply);
+/// returns whether anything changed.
+pub fn set_wanted(
+    conditions: &mut Vec<Condition>,
+    type_: &str,
+    wanted: Option<&Wanted>,
+    observed_generation: Option<i64>,
+) -> bool {
+    match wanted {
+        Some(w) => set(
+            conditions,
+            type_,
+            w.status,
+            w.reason,
+            w.message.clone(),
+            observed_generation,
+        ),
+        None => {
+            let before = conditions.len();
+            conditions.retain(|c| c.type_ != type_);
+            conditions.len() != before
+        }
+    }
+}
+
 /// Sets condition `type_` in `conditions`, returning whether anything changed.
 ///
 /// # Guarantees
@@ -120,6 +176,40 @@ pub fn now() -> Time {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A wanted condition is set, and taken away when it no longer applies.
+    #[test]
+    fn a_wanted_condition_is_set_or_removed() {
+        let mut conditions = Vec::new();
+        let serving = Wanted::holds("Serving", "2 pods ready");
+        assert!(set_wanted(
+            &mut conditions,
+            "PoolerReady",
+            Some(&serving),
+            Some(1)
+        ));
+        assert!(!set_wanted(
+            &mut conditions,
+            "PoolerReady",
+            Some(&serving),
+            Some(1)
+        ));
+        assert!(is_true(&conditions, "PoolerReady"));
+        let down = Wanted::fails("PodsNotReady", "0 of 2");
+        assert!(set_wanted(
+            &mut conditions,
+            "PoolerReady",
+            Some(&down),
+            Some(1)
+        ));
+        assert_eq!(
+            get(&conditions, "PoolerReady").unwrap().reason,
+            "PodsNotReady"
+        );
+        assert!(set_wanted(&mut conditions, "PoolerReady", None, Some(2)));
+        assert!(conditions.is_empty());
+        assert!(!set_wanted(&mut conditions, "PoolerReady", None, Some(2)));
+    }
 
     fn t(secs: i64) -> Time {
         Time(k8s_openapi::jiff::Timestamp::from_second(secs).unwrap())

@@ -8,6 +8,7 @@
 //! policy removed from the object store, and reports.
 
 use std::time::Duration;
+use steward_core::conditions::Wanted;
 
 use croner::Cron;
 use croner::parser::{CronParser, Seconds, Year};
@@ -118,7 +119,7 @@ pub fn status(
 }
 
 /// The `ContinuousArchiving` condition for `status` (status, reason, message).
-pub fn archiving_condition(status: &ClusterBackupStatus) -> (bool, &'static str, String) {
+pub fn archiving_condition(status: &ClusterBackupStatus) -> Wanted {
     let archiver = Archiver {
         last_archived_wal: status.last_archived_wal.clone(),
         last_archived_at: status.last_archived_time.clone(),
@@ -130,8 +131,7 @@ pub fn archiving_condition(status: &ClusterBackupStatus) -> (bool, &'static str,
             (Some(wal), Some(at)) => format!("the last success was {wal} at {at}"),
             _ => "no WAL file was ever archived".to_string(),
         };
-        return (
-            false,
+        return Wanted::fails(
             "ArchivingFailing",
             format!(
                 "archiving WAL file {} failed at {}; {success}. PostgreSQL keeps the WAL until it is archived: see the primary's log",
@@ -141,9 +141,8 @@ pub fn archiving_condition(status: &ClusterBackupStatus) -> (bool, &'static str,
         );
     }
     match (&status.last_archived_wal, &status.last_archived_time) {
-        (Some(wal), Some(at)) => (true, "WALArchived", format!("last archived {wal} at {at}")),
-        _ => (
-            false,
+        (Some(wal), Some(at)) => Wanted::holds("WALArchived", format!("last archived {wal} at {at}")),
+        _ => Wanted::fails(
             "NoWALArchivedYet",
             "no WAL file archived yet (the primary switches to a new one when it starts and at least every archive_timeout)".to_string(),
         ),
@@ -154,7 +153,7 @@ pub fn archiving_condition(status: &ClusterBackupStatus) -> (bool, &'static str,
 pub struct Reported {
     pub status: ClusterBackupStatus,
     /// `ContinuousArchiving`: status, reason, message.
-    pub condition: (bool, &'static str, String),
+    pub condition: Wanted,
     /// When the schedule is next due.
     pub requeue: Option<Duration>,
 }
@@ -347,7 +346,11 @@ mod tests {
             s.first_recoverability_point.as_deref(),
             Some("2026-12-02T01:00:00Z")
         );
-        let (ok, reason, message) = archiving_condition(&s);
+        let Wanted {
+            status: ok,
+            reason,
+            message,
+        } = archiving_condition(&s);
         assert!(ok);
         assert_eq!(reason, "WALArchived");
         assert!(message.contains("000000010000000000000003"), "{message}");
@@ -355,7 +358,9 @@ mod tests {
 
     #[test]
     fn archiving_is_false_until_the_first_wal_and_when_the_last_attempt_failed() {
-        let (ok, reason, _) = archiving_condition(&ClusterBackupStatus::default());
+        let Wanted {
+            status: ok, reason, ..
+        } = archiving_condition(&ClusterBackupStatus::default());
         assert!(!ok);
         assert_eq!(reason, "NoWALArchivedYet");
         let failing = ClusterBackupStatus {
@@ -365,7 +370,11 @@ mod tests {
             last_failed_time: Some("2026-12-02T02:06:00Z".into()),
             ..ClusterBackupStatus::default()
         };
-        let (ok, reason, message) = archiving_condition(&failing);
+        let Wanted {
+            status: ok,
+            reason,
+            message,
+        } = archiving_condition(&failing);
         assert!(!ok);
         assert_eq!(reason, "ArchivingFailing");
         assert!(message.contains("000000010000000000000004"), "{message}");

@@ -383,51 +383,36 @@ async fn major_upgrade(
             .or_else(|| l.spec.as_ref()?.holder_identity.clone())
             .filter(|v| !v.is_empty())
     });
-    let previous = cluster.status.clone().unwrap_or_default();
+    let observed = upgrade::observe(&ctx.client, cluster).await?;
+    let previous = &observed.status;
     let running_image = seen.statefulset.as_ref().and_then(upgrade::running_image);
+    let inputs = upgrade::Inputs {
+        spec_version: cluster.spec.version,
+        spec_instances: cluster.spec.instances,
+        generation: cluster.meta().generation,
+        current_version: previous.current_version,
+        previous: previous.major_upgrade.as_ref(),
+        primary: previous.primary.as_deref(),
+        last_primary: last_primary.as_deref(),
+        running_image: running_image.as_deref(),
+        pods: seen.views.len(),
+        first_ready: seen
+            .views
+            .iter()
+            .any(|v| v.ordinal == 0 && v.ready && !v.deleting),
+        backup_configured: cluster.spec.backup.is_some(),
+        backup: observed.backup.clone(),
+        job: observed.job.clone(),
+        now: k8s_openapi::jiff::Timestamp::now().to_string(),
+    };
+    let decided = upgrade::plan(&cluster.name_any(), &inputs);
     let instance_image = &ctx.data.options.instance_image;
-    let decided = upgrade::reconcile(
-        &ctx.client,
-        cluster,
-        upgrade::Inputs {
-            spec_version: cluster.spec.version,
-            spec_instances: cluster.spec.instances,
-            generation: cluster.meta().generation,
-            current_version: previous.current_version,
-            previous: previous.major_upgrade.as_ref(),
-            primary: previous.primary.as_deref(),
-            last_primary: last_primary.as_deref(),
-            running_image: running_image.as_deref(),
-            pods: seen.views.len(),
-            first_ready: seen
-                .views
-                .iter()
-                .any(|v| v.ordinal == 0 && v.ready && !v.deleting),
-            backup_configured: cluster.spec.backup.is_some(),
-            backup: None,
-            job: upgrade::JobState::Missing,
-            now: k8s_openapi::jiff::Timestamp::now().to_string(),
-        },
-        |u| {
-            let target = build::statefulset(cluster, config_hash, instance_image);
-            upgrade::job(cluster, &target, u)
-        },
-    )
-    .await?;
-    if let Some((warning, reason, note)) = &decided.event {
-        if *warning {
-            ctx.recorder
-                .warning(cluster, reason, "MajorUpgrade", note.clone())
-                .await;
-        } else {
-            ctx.recorder
-                .normal(cluster, reason, "MajorUpgrade", note.clone())
-                .await;
-        }
-    }
-    if let Some(to) = &decided.switchover_to {
-        request_switchover(&seen.leases, &names.lease, to).await?;
-    }
+    let upgrade_job = |u: &_| {
+        let target = build::statefulset(cluster, config_hash, instance_image);
+        upgrade::job(cluster, &target, u)
+    };
+    let lease = (&seen.leases, names.lease.as_str());
+    upgrade::execute(ctx, cluster, &decided, upgrade_job, lease).await?;
     Ok(decided)
 }
 

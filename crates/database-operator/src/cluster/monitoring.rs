@@ -5,6 +5,7 @@
 
 use k8s_openapi::api::core::v1::ConfigMap;
 use kube::Api;
+use steward_core::conditions::Wanted;
 use steward_database_api::monitoring;
 
 use crate::Error;
@@ -91,11 +92,10 @@ pub fn decide(name: &str, found: Option<&ConfigMap>) -> Queries {
 
 impl Queries {
     /// The condition to set (`None`: remove it).
-    pub fn condition(&self) -> Option<(bool, &'static str, String)> {
+    pub fn condition(&self) -> Option<Wanted> {
         match self {
             Queries::NotAsked => None,
-            Queries::Missing { config_map } => Some((
-                false,
+            Queries::Missing { config_map } => Some(Wanted::fails(
                 "ConfigMapMissing",
                 format!(
                     "spec.monitoring.queriesConfigMap: ConfigMap {config_map} does not exist; the instances serve the built-in metrics only"
@@ -105,8 +105,7 @@ impl Queries {
                 config_map,
                 key,
                 why,
-            } => Some((
-                false,
+            } => Some(Wanted::fails(
                 "QueriesInvalid",
                 format!(
                     "spec.monitoring.queriesConfigMap: key {key} of ConfigMap {config_map}: {why}; the instances serve the built-in metrics and the keys that are valid"
@@ -115,8 +114,7 @@ impl Queries {
             Queries::Serving {
                 config_map,
                 queries,
-            } => Some((
-                true,
+            } => Some(Wanted::holds(
                 "Serving",
                 format!("{queries} queries of ConfigMap {config_map} are served"),
             )),
@@ -168,7 +166,11 @@ mod tests {
             }
             other => panic!("{other:?}"),
         }
-        let (ok, reason, message) = decide("q", Some(&config_map(&[("a.yaml", "- {name: x")])))
+        let Wanted {
+            status: ok,
+            reason,
+            message,
+        } = decide("q", Some(&config_map(&[("a.yaml", "- {name: x")])))
             .condition()
             .unwrap_or_else(|| panic!("a condition"));
         assert!(!ok);

@@ -12,6 +12,7 @@
 //! ConfigMap), and that ConfigMap.
 
 use std::collections::BTreeMap;
+use steward_core::conditions::Wanted;
 
 use k8s_openapi::ByteString;
 use k8s_openapi::api::apps::v1::{
@@ -468,19 +469,18 @@ pub enum Pooled {
 
 impl Pooled {
     /// `(status, reason, message)` of [`POOLER_READY`]; `None` removes it.
-    pub fn condition(&self) -> Option<(bool, &'static str, String)> {
+    pub fn condition(&self) -> Option<Wanted> {
         match self {
             Pooled::NotAsked => None,
-            Pooled::AuthPending(why) => Some((
-                false,
+            Pooled::AuthPending(why) => Some(Wanted::fails(
                 "AuthPending",
                 format!("PgBouncer's auth_query role is not set up yet: {why}"),
             )),
-            Pooled::Pods { ready, wanted } if ready >= wanted => {
-                Some((true, "Serving", format!("{ready} PgBouncer pod(s) ready")))
-            }
-            Pooled::Pods { ready, wanted } => Some((
-                false,
+            Pooled::Pods { ready, wanted } if ready >= wanted => Some(Wanted::holds(
+                "Serving",
+                format!("{ready} PgBouncer pod(s) ready"),
+            )),
+            Pooled::Pods { ready, wanted } => Some(Wanted::fails(
                 "PodsNotReady",
                 format!("{ready} of {wanted} PgBouncer pods ready"),
             )),

@@ -55,25 +55,25 @@ pub fn compute(i: Inputs<'_>) -> PostgresClusterStatus {
     if backup_status.is_some() {
         status.backup = backup_status;
     }
-    set_or_remove(
+    conditions::set_wanted(
         &mut status.conditions,
         backup::CONTINUOUS_ARCHIVING,
-        archiving,
+        archiving.as_ref(),
         generation,
     );
     // The metrics queries: whether they serve (never a reason for Ready to be false).
-    set_or_remove(
+    conditions::set_wanted(
         &mut status.conditions,
         monitoring::METRICS_QUERIES,
-        i.queries.condition(),
+        i.queries.condition().as_ref(),
         generation,
     );
     // The pooler: whether it serves (never a reason for Ready to be false either: the
     // cluster serves through its own Services).
-    set_or_remove(
+    conditions::set_wanted(
         &mut status.conditions,
         super::pooler::POOLER_READY,
-        i.pooled.condition(),
+        i.pooled.condition().as_ref(),
         generation,
     );
     // The major upgrade's progress (or outcome) as a condition; while the instances are
@@ -81,56 +81,34 @@ pub fn compute(i: Inputs<'_>) -> PostgresClusterStatus {
     let decided = i.upgrade;
     status.target_version = Some(cluster.spec.version);
     status.major_upgrade = decided.status.clone();
-    match &decided.condition {
-        Some((ok, reason, message)) => {
+    conditions::set_wanted(
+        &mut status.conditions,
+        upgrade::MAJOR_UPGRADE,
+        decided.condition.as_ref(),
+        generation,
+    );
+    if let Some(condition) = &decided.condition {
+        if decided.hold.as_ref().is_some_and(|h| h.instances == 0) {
+            status.phase = Some(ClusterPhase::Upgrading);
             conditions::set(
                 &mut status.conditions,
-                upgrade::MAJOR_UPGRADE,
-                *ok,
-                reason,
-                message.clone(),
+                READY,
+                false,
+                "MajorUpgrade",
+                condition.message.clone(),
                 generation,
             );
-            if decided.hold.as_ref().is_some_and(|h| h.instances == 0) {
-                status.phase = Some(ClusterPhase::Upgrading);
-                conditions::set(
-                    &mut status.conditions,
-                    READY,
-                    false,
-                    "MajorUpgrade",
-                    message.clone(),
-                    generation,
-                );
-            }
-            if let Some(u) = decided
-                .status
-                .as_ref()
-                .filter(|u| u.phase == MajorUpgradePhase::Completed)
-            {
-                // The data is on the new major from now on, even before a pod reports it.
-                status.current_version = status.current_version.max(Some(u.to));
-            }
         }
-        None => status
-            .conditions
-            .retain(|c| c.type_ != upgrade::MAJOR_UPGRADE),
+        if let Some(u) = decided
+            .status
+            .as_ref()
+            .filter(|u| u.phase == MajorUpgradePhase::Completed)
+        {
+            // The data is on the new major from now on, even before a pod reports it.
+            status.current_version = status.current_version.max(Some(u.to));
+        }
     }
     status
-}
-
-/// Sets condition `type_` as `wanted` says, or removes it (`None`: it does not apply).
-fn set_or_remove(
-    conditions: &mut Vec<k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition>,
-    type_: &str,
-    wanted: Option<(bool, &str, String)>,
-    generation: Option<i64>,
-) {
-    match wanted {
-        Some((ok, reason, message)) => {
-            conditions::set(conditions, type_, ok, reason, message, generation);
-        }
-        None => conditions.retain(|c| c.type_ != type_),
-    }
 }
 
 /// The Event of a new primary since the status was written (the Lease's `leaseTransitions`

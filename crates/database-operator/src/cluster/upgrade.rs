@@ -15,7 +15,8 @@
 //! directory, so the instances come back on the old major and image with their data; the
 //! `MajorUpgrade` condition says why. It is tried again when the spec changes.
 //!
-//! [`plan`] decides (pure); [`reconcile`] reads what it needs and does what it decided.
+//! [`observe`] reads what [`plan`] needs, [`plan`] decides (pure, from [`Inputs`] built whole)
+//! and [`execute`] does everything it decided, its Event and switchover request included.
 
 use k8s_openapi::api::apps::v1::StatefulSet;
 use k8s_openapi::api::batch::v1::Job;
@@ -27,9 +28,11 @@ use kube::{Resource, ResourceExt};
 use super::build;
 use crate::crd::{
     MajorUpgradePhase as Phase, MajorUpgradeStatus, PostgresBackup, PostgresBackupSpec,
-    PostgresCluster,
+    PostgresCluster, PostgresClusterStatus,
 };
 use crate::error::Error;
+use steward_core::conditions::Wanted as Condition;
+use steward_core::events::Wanted;
 use steward_database_api::contract::{BINARY, BackupPhase};
 
 /// The condition type.
@@ -45,8 +48,9 @@ pub struct Hold {
 }
 
 /// A one-off Job (the upgrade's, a parameters check), as read.
-#[derive(Clone, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub enum JobState {
+    #[default]
     Missing,
     Running,
     Succeeded,
@@ -100,9 +104,9 @@ pub struct Decision {
     /// Switch the primary over to this instance first (the upgrade starts on it).
     pub switchover_to: Option<String>,
     /// `(true|false, reason, message)` for [`MAJOR_UPGRADE`]; `None`: no condition.
-    pub condition: Option<(bool, &'static str, String)>,
-    /// An Event: (warning, reason, note).
-    pub event: Option<(bool, &'static str, String)>,
+    pub condition: Option<Condition>,
+    /// The Event to publish.
+    pub event: Option<Wanted>,
 }
 
 /// The backup taken before upgrading `cluster` to `to`.
@@ -164,8 +168,7 @@ pub fn plan(cluster: &str, i: &Inputs<'_>) -> Decision {
                         image: image.to_string(),
                         instances: i.spec_instances,
                     });
-                    d.condition = Some((
-                        false,
+                    d.condition = Some(Condition::fails(
                         "WaitingForPrimary",
                         format!(
                             "upgrading PostgreSQL {from} to {} starts once a primary runs",
@@ -186,8 +189,7 @@ pub fn plan(cluster: &str, i: &Inputs<'_>) -> Decision {
                     let first = format!("{cluster}-0");
                     d.condition = Some(if i.first_ready {
                         d.switchover_to = Some(first.clone());
-                        (
-                            false,
+                        Condition::fails(
                             "SwitchingOver",
                             format!(
                                 "upgrading PostgreSQL {from} to {} starts on the first instance: switching the primary over from {primary} to {first}",
@@ -195,8 +197,7 @@ pub fn plan(cluster: &str, i: &Inputs<'_>) -> Decision {
                             ),
                         )
                     } else {
-                        (
-                            false,
+                        Condition::fails(
                             "PrimaryNotFirst",
                             format!(
                                 "upgrading PostgreSQL {from} to {} needs the primary on the first instance: waiting for {first} to be a ready replica to switch over to (the primary is {primary})",
@@ -223,9 +224,9 @@ pub fn plan(cluster: &str, i: &Inputs<'_>) -> Decision {
                     u.backup = Some(name.clone());
                     d.create_backup = Some(name);
                 }
-                d.event = Some((
-                    false,
+                d.event = Some(Wanted::normal(
                     "MajorUpgrade",
+                    ACTION,
                     format!(
                         "upgrading PostgreSQL {from} to {} with pg_upgrade on {primary}'s volume{}",
                         u.to,
@@ -302,9 +303,9 @@ pub fn plan(cluster: &str, i: &Inputs<'_>) -> Decision {
                     // system identifier): a point in time after the upgrade needs a new one.
                     d.create_backup = Some(format!("{cluster}-after-pg{}", u.to));
                 }
-                d.event = Some((
-                    false,
+                d.event = Some(Wanted::normal(
                     "MajorUpgraded",
+                    ACTION,
                     format!(
                         "{} upgraded from PostgreSQL {} to {}: starting the instances, the replicas clone it again",
                         u.instance, u.from, u.to
@@ -317,9 +318,9 @@ pub fn plan(cluster: &str, i: &Inputs<'_>) -> Decision {
                 // Back on the old major, the same instance is the primary again.
                 d.hand_lease = (i.pods == 0).then(|| u.instance.clone());
                 d.hold = Some(hold_old(&u, i.spec_instances));
-                d.event = Some((
-                    true,
+                d.event = Some(Wanted::warning(
                     "MajorUpgradeFailed",
+                    ACTION,
                     format!(
                         "pg_upgrade failed; back on PostgreSQL {} with the data untouched: {message}",
                         u.from
@@ -349,8 +350,7 @@ fn brief(reason: &str, max: usize) -> String {
 /// The condition and status for `u` after a step.
 fn progress(mut d: Decision, u: MajorUpgradeStatus) -> Decision {
     d.condition = Some(match u.phase {
-        Phase::BackingUp => (
-            false,
+        Phase::BackingUp => Condition::fails(
             "BackingUp",
             format!(
                 "upgrading PostgreSQL {} to {}: waiting for the backup {}",
@@ -359,29 +359,25 @@ fn progress(mut d: Decision, u: MajorUpgradeStatus) -> Decision {
                 u.backup.as_deref().unwrap_or_default()
             ),
         ),
-        Phase::Stopping => (
-            false,
+        Phase::Stopping => Condition::fails(
             "Stopping",
             format!(
                 "upgrading PostgreSQL {} to {}: stopping every instance",
                 u.from, u.to
             ),
         ),
-        Phase::Upgrading => (
-            false,
+        Phase::Upgrading => Condition::fails(
             "Upgrading",
             format!(
                 "upgrading PostgreSQL {} to {}: pg_upgrade runs on {}'s volume",
                 u.from, u.to, u.instance
             ),
         ),
-        Phase::Completed => (
-            true,
+        Phase::Completed => Condition::holds(
             "Completed",
             format!("upgraded PostgreSQL {} to {}", u.from, u.to),
         ),
-        Phase::Failed => (
-            false,
+        Phase::Failed => Condition::fails(
             "Failed",
             format!(
                 "upgrading PostgreSQL {} to {} failed; the instances run {} with their data: {}. Fix the cause and change the spec to try again.",
@@ -420,53 +416,60 @@ pub fn running_image(sts: &StatefulSet) -> Option<String> {
         .clone()
 }
 
-/// Reads the Job and the backup, applies the decision's actions; returns the decision.
+/// The `action` of the upgrade's Events.
+const ACTION: &str = "MajorUpgrade";
+
+/// What [`observe`] read for [`plan`].
+#[derive(Clone, Debug, Default)]
+pub struct Observed {
+    /// The status to decide from: as stored while an upgrade may be under way (a reconcile
+    /// from a cached copy older than the last step would stop the instances again), else as
+    /// cached.
+    pub status: PostgresClusterStatus,
+    /// The current attempt's Job.
+    pub job: JobState,
+    /// The pre-upgrade backup's phase and message, if it exists.
+    pub backup: Option<(Option<BackupPhase>, Option<String>)>,
+}
+
+/// Reads the status to decide from, the attempt's Job and its backup.
 ///
 /// # Errors
-/// [`Error::Read`] / [`Error::Apply`] naming the object.
-pub async fn reconcile(
-    client: &kube::Client,
-    cluster: &PostgresCluster,
-    inputs: Inputs<'_>,
-    upgrade_job: impl FnOnce(&MajorUpgradeStatus) -> Job,
-) -> Result<Decision, Error> {
+/// [`Error::Read`] naming the object.
+pub async fn observe(client: &kube::Client, cluster: &PostgresCluster) -> Result<Observed, Error> {
     let ns = cluster.namespace().unwrap_or_default();
     let name = cluster.name_any();
-    let jobs: Api<Job> = Api::namespaced(client.clone(), &ns);
-    let mut inputs = inputs;
-    // While an upgrade may be under way, decide from the status as stored, not as cached: a
-    // reconcile from a copy older than the last step would stop the instances again.
-    let upgrading = inputs
-        .previous
+    let cached = cluster.status.clone().unwrap_or_default();
+    let upgrading = cached
+        .major_upgrade
+        .as_ref()
         .is_some_and(|u| !matches!(u.phase, Phase::Completed | Phase::Failed))
-        || inputs
+        || cached
             .current_version
-            .is_some_and(|v| inputs.spec_version > v);
-    let fresh = if upgrading {
+            .is_some_and(|v| cluster.spec.version > v);
+    let status = if upgrading {
         let clusters: Api<PostgresCluster> = Api::namespaced(client.clone(), &ns);
-        clusters
-            .get(&name)
-            .await
-            .map_err(|source| Error::Read {
-                what: format!("PostgresCluster {name}"),
-                source,
-            })?
-            .status
+        let stored = clusters.get(&name).await.map_err(|source| Error::Read {
+            what: format!("PostgresCluster {name}"),
+            source,
+        })?;
+        stored.status.unwrap_or(cached)
     } else {
-        None
+        cached
     };
-    if let Some(status) = &fresh {
-        inputs.previous = status.major_upgrade.as_ref();
-        inputs.current_version = status.current_version;
-        inputs.primary = status.primary.as_deref();
-    }
-    if let Some(u) = inputs.previous {
-        inputs.job = job_state(client, &ns, &jobs, &job_name(&name, u.generation)).await?;
-    }
-    let backups: Api<PostgresBackup> = Api::namespaced(client.clone(), &ns);
-    if let Some(backup) = inputs.previous.and_then(|u| u.backup.clone()) {
-        inputs.backup = backups
-            .get_opt(&backup)
+    let mut observed = Observed {
+        status,
+        ..Observed::default()
+    };
+    let Some(u) = &observed.status.major_upgrade else {
+        return Ok(observed);
+    };
+    let jobs: Api<Job> = Api::namespaced(client.clone(), &ns);
+    observed.job = job_state(client, &ns, &jobs, &job_name(&name, u.generation)).await?;
+    if let Some(backup) = &u.backup {
+        let backups: Api<PostgresBackup> = Api::namespaced(client.clone(), &ns);
+        observed.backup = backups
+            .get_opt(backup)
             .await
             .map_err(|source| Error::Read {
                 what: format!("PostgresBackup {backup}"),
@@ -477,7 +480,26 @@ pub async fn reconcile(
                 (status.phase, status.message)
             });
     }
-    let d = plan(&name, &inputs);
+    Ok(observed)
+}
+
+/// Does what `d` decided for `cluster`: the backup, the Jobs (the earlier attempts' deleted,
+/// this one's created as `upgrade_job` builds it, its finished pod deleted), the Lease handed
+/// over, the switchover asked for on the Lease `lease` (`leases`), the Event published.
+///
+/// # Errors
+/// [`Error::MajorUpgrade`] naming the action, or the switchover request's error.
+pub async fn execute(
+    ctx: &steward_core::Context<crate::State>,
+    cluster: &PostgresCluster,
+    d: &Decision,
+    upgrade_job: impl FnOnce(&MajorUpgradeStatus) -> Job,
+    (leases, lease): (&Api<Lease>, &str),
+) -> Result<(), Error> {
+    let client = &ctx.client;
+    let ns = cluster.namespace().unwrap_or_default();
+    let name = cluster.name_any();
+    let jobs: Api<Job> = Api::namespaced(client.clone(), &ns);
     if let Some(backup) = &d.create_backup {
         let mut pgb = PostgresBackup::new(
             backup,
@@ -487,6 +509,7 @@ pub async fn reconcile(
         );
         pgb.metadata.namespace = Some(ns.clone());
         pgb.metadata.owner_references = cluster.controller_owner_ref(&()).map(|o| vec![o]);
+        let backups: Api<PostgresBackup> = Api::namespaced(client.clone(), &ns);
         match backups.create(&PostParams::default(), &pgb).await {
             Ok(_) => {}
             Err(kube::Error::Api(s)) if s.code == 409 => {}
@@ -541,7 +564,13 @@ pub async fn reconcile(
     if let Some(instance) = &d.hand_lease {
         hand_lease(client, &ns, &name, instance).await?;
     }
-    Ok(d)
+    if let Some(event) = &d.event {
+        ctx.recorder.emit(cluster, event.clone()).await;
+    }
+    if let Some(to) = &d.switchover_to {
+        super::request_switchover(leases, lease, to).await?;
+    }
+    Ok(())
 }
 
 /// The Job's outcome; a failure's reason is its pod's termination message.
@@ -763,6 +792,7 @@ pub(crate) fn strip_instance(c: &mut k8s_openapi::api::core::v1::Container) {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use steward_core::events::EventType;
 
     fn inputs<'a>(previous: Option<&'a MajorUpgradeStatus>) -> Inputs<'a> {
         Inputs {
@@ -850,14 +880,14 @@ mod tests {
         let mut stale = inputs(Some(&upgrading_copy));
         stale.job = JobState::Succeeded;
         assert_eq!(plan("pg", &stale).hand_lease, None);
-        assert!(d.condition.as_ref().unwrap().0);
+        assert!(d.condition.as_ref().unwrap().status);
 
         // Afterwards (the data is on 17): nothing more to do.
         let mut i = inputs(Some(&u));
         i.current_version = Some(17);
         let d = plan("pg", &i);
         assert!(d.hold.is_none() && !d.create_job && d.create_backup.is_none());
-        assert_eq!(d.condition.unwrap().1, "Completed");
+        assert_eq!(d.condition.unwrap().reason, "Completed");
     }
 
     #[test]
@@ -879,12 +909,16 @@ mod tests {
                 instances: 2
             })
         );
-        let (ok, reason, message) = d.condition.unwrap();
+        let Condition {
+            status: ok,
+            reason,
+            message,
+        } = d.condition.unwrap();
         assert!(
             !ok && reason == "Failed" && message.contains("prepared transactions"),
             "{message}"
         );
-        assert!(d.event.unwrap().0, "a Warning");
+        assert_eq!(d.event.unwrap().type_, EventType::Warning);
         assert_eq!(
             d.hand_lease.as_deref(),
             Some("pg-0"),
@@ -934,7 +968,7 @@ mod tests {
         i.backup = Some((Some(BackupPhase::Failed), Some("no space".into())));
         let d = plan("pg", &i);
         assert_eq!(d.status.unwrap().phase, Phase::Failed);
-        assert!(d.condition.unwrap().2.contains("no space"));
+        assert!(d.condition.unwrap().message.contains("no space"));
     }
 
     #[test]
@@ -944,7 +978,7 @@ mod tests {
         let d = plan("pg", &i);
         assert!(d.status.is_none());
         assert_eq!(d.hold.unwrap().version, 15, "kept on the data's major");
-        assert_eq!(d.condition.unwrap().1, "WaitingForPrimary");
+        assert_eq!(d.condition.unwrap().reason, "WaitingForPrimary");
         // The primary elsewhere: switched over to the first instance, then it starts.
         let mut i = inputs(None);
         i.primary = Some("pg-1");
@@ -952,11 +986,11 @@ mod tests {
         assert!(d.status.is_none());
         assert_eq!(d.hold.unwrap().version, 15);
         assert_eq!(d.switchover_to.as_deref(), Some("pg-0"));
-        assert_eq!(d.condition.unwrap().1, "SwitchingOver");
+        assert_eq!(d.condition.unwrap().reason, "SwitchingOver");
         i.first_ready = false;
         let d = plan("pg", &i);
         assert_eq!(d.switchover_to, None);
-        assert_eq!(d.condition.unwrap().1, "PrimaryNotFirst");
+        assert_eq!(d.condition.unwrap().reason, "PrimaryNotFirst");
         let mut i = inputs(None);
         i.spec_version = 15;
         assert_eq!(plan("pg", &i), Decision::default());
