@@ -61,6 +61,21 @@ impl<K> Object for K where
 {
 }
 
+/// A create that found the name taken (409 `AlreadyExists`) is done: `Ok(None)` (the object
+/// exists, made by an earlier attempt of the same step, or by someone else: the caller decides
+/// whether that matters); `Ok(Some(created))` otherwise; any other answer is passed on. For
+/// creates that a retry may repeat.
+///
+/// # Errors
+/// The request's error, unless the name was taken.
+pub fn unless_exists<T>(result: Result<T, kube::Error>) -> Result<Option<T>, kube::Error> {
+    match result {
+        Ok(value) => Ok(Some(value)),
+        Err(kube::Error::Api(s)) if s.code == 409 => Ok(None),
+        Err(e) => Err(e),
+    }
+}
+
 /// A request about an object that turned out to be gone (404) is done: `Ok(None)`; any other
 /// answer is passed on. For deletes, and patches of objects that may have gone meanwhile.
 ///

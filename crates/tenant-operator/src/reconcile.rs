@@ -1153,21 +1153,19 @@ async fn create_namespace(ctx: &Context<State>, tenant: &str, ns: &str) -> Resul
         ..Default::default()
     };
     ctx.writes("tenant").inc("Namespace", "create");
-    match Api::<Namespace>::all(ctx.client.clone())
+    let answer = Api::<Namespace>::all(ctx.client.clone())
         .create(&params, &created)
-        .await
-    {
-        Ok(_) => Ok(true),
-        Err(kube::Error::Api(s)) if s.code == 409 => Ok(false),
-        Err(e) => Err(Error::ApplyNamespace {
+        .await;
+    let created =
+        steward_core::object::unless_exists(answer).map_err(|source| Error::ApplyNamespace {
             name: ns.to_string(),
             source: steward_core::Error::ApplyChild {
                 kind: "Namespace".into(),
                 name: ns.to_string(),
-                source: e,
+                source,
             },
-        }),
-    }
+        })?;
+    Ok(created.is_some())
 }
 
 /// Applies the deletion policy to one namespace the tenant no longer has; an adopted one is

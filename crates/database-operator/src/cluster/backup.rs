@@ -8,13 +8,14 @@
 //! policy removed from the object store, and reports.
 
 use std::time::Duration;
-use steward_core::conditions::Wanted;
 
 use croner::Cron;
 use croner::parser::{CronParser, Seconds, Year};
 use k8s_openapi::api::core::v1::Pod;
 use kube::api::{Api, DeleteParams, ListParams, PostParams};
 use kube::{Resource, ResourceExt};
+use steward_core::conditions::Wanted;
+use steward_core::object::unless_exists;
 use steward_database_api::contract::{Archiver, BackupPhase, InstanceStatus, STATUS_ANNOTATION};
 
 use crate::crd::{ClusterBackupStatus, PostgresBackup, PostgresBackupSpec, PostgresCluster};
@@ -213,16 +214,12 @@ pub async fn reconcile(
             );
             backup.meta_mut().namespace = Some(ns.clone());
             backup.meta_mut().owner_references = cluster.controller_owner_ref(&()).map(|o| vec![o]);
-            match api.create(&PostParams::default(), &backup).await {
-                Ok(created) => backups.push(created),
-                Err(kube::Error::Api(s)) if s.code == 409 => {}
-                Err(source) => {
-                    return Err(Error::Backups {
-                        what: format!("create the scheduled PostgresBackup {backup_name}"),
-                        source,
-                    });
-                }
-            }
+            let created = unless_exists(api.create(&PostParams::default(), &backup).await)
+                .map_err(|source| Error::Backups {
+                    what: format!("create the scheduled PostgresBackup {backup_name}"),
+                    source,
+                })?;
+            backups.extend(created);
             last_scheduled = Some(due.to_string());
         }
         requeue = next.map(|n| {

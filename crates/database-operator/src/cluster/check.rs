@@ -168,16 +168,11 @@ pub async fn check(
         )),
         JobState::Missing => {
             let job = job(cluster, target, &name, &config);
-            match jobs.create(&PostParams::default(), &job).await {
-                Ok(_) => {}
-                Err(kube::Error::Api(e)) if e.code == 409 => {}
-                Err(source) => {
-                    return Err(Error::CheckParameters {
-                        what: format!("create Job {name}"),
-                        source,
-                    });
-                }
-            }
+            steward_core::object::unless_exists(jobs.create(&PostParams::default(), &job).await)
+                .map_err(|source| Error::CheckParameters {
+                    what: format!("create Job {name}"),
+                    source,
+                })?;
             Checked::Running
         }
     })

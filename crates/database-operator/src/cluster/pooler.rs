@@ -12,7 +12,6 @@
 //! ConfigMap), and that ConfigMap.
 
 use std::collections::BTreeMap;
-use steward_core::conditions::Wanted;
 
 use k8s_openapi::ByteString;
 use k8s_openapi::api::apps::v1::{
@@ -29,6 +28,7 @@ use k8s_openapi::api::rbac::v1::{Role, RoleBinding};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{LabelSelector, ObjectMeta};
 use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
 use kube::ResourceExt;
+use steward_core::conditions::Wanted;
 use steward_database_api::contract::{self, pooler};
 
 use super::build::{STEWARD_DIR, TLS_DIR, binding, env, field, http_probe, meta, rule};

@@ -33,6 +33,7 @@ use crate::crd::{
 use crate::error::Error;
 use steward_core::conditions::Wanted as Condition;
 use steward_core::events::Wanted;
+use steward_core::object::{unless_exists, unless_gone};
 use steward_database_api::contract::{BINARY, BackupPhase};
 
 /// The condition type.
@@ -510,16 +511,12 @@ pub async fn execute(
         pgb.metadata.namespace = Some(ns.clone());
         pgb.metadata.owner_references = cluster.controller_owner_ref(&()).map(|o| vec![o]);
         let backups: Api<PostgresBackup> = Api::namespaced(client.clone(), &ns);
-        match backups.create(&PostParams::default(), &pgb).await {
-            Ok(_) => {}
-            Err(kube::Error::Api(s)) if s.code == 409 => {}
-            Err(source) => {
-                return Err(Error::MajorUpgrade {
-                    what: format!("create PostgresBackup {backup}"),
-                    source,
-                });
+        unless_exists(backups.create(&PostParams::default(), &pgb).await).map_err(|source| {
+            Error::MajorUpgrade {
+                what: format!("create PostgresBackup {backup}"),
+                source,
             }
-        }
+        })?;
     }
     if d.delete_old_jobs {
         let earlier = ListParams::default().labels(&format!("{UPGRADE_OF_LABEL}={name}"));
@@ -534,16 +531,12 @@ pub async fn execute(
         && let Some(u) = &d.status
     {
         let job_name = job_name(&name, u.generation);
-        match jobs.create(&PostParams::default(), &upgrade_job(u)).await {
-            Ok(_) => {}
-            Err(kube::Error::Api(s)) if s.code == 409 => {}
-            Err(source) => {
-                return Err(Error::MajorUpgrade {
-                    what: format!("create Job {job_name}"),
-                    source,
-                });
-            }
-        }
+        unless_exists(jobs.create(&PostParams::default(), &upgrade_job(u)).await).map_err(
+            |source| Error::MajorUpgrade {
+                what: format!("create Job {job_name}"),
+                source,
+            },
+        )?;
     }
     if let Some(job) = &d.release_claim {
         let pods: Api<k8s_openapi::api::core::v1::Pod> = Api::namespaced(client.clone(), &ns);
@@ -554,11 +547,8 @@ pub async fn execute(
         };
         // One by one: the operator may list and delete pods, not delete collections of them.
         for pod in pods.list_metadata(&of_job).await.map_err(failed)? {
-            match pods.delete(&pod.name_any(), &DeleteParams::default()).await {
-                Ok(_) => {}
-                Err(kube::Error::Api(s)) if s.code == 404 => {}
-                Err(source) => return Err(failed(source)),
-            }
+            unless_gone(pods.delete(&pod.name_any(), &DeleteParams::default()).await)
+                .map_err(failed)?;
         }
     }
     if let Some(instance) = &d.hand_lease {
