@@ -455,6 +455,13 @@ pub mod pooler {
     /// How long a primary waits for every pooler to acknowledge a pause before it refuses
     /// the switchover (a transaction that does not end, an agent that does not answer).
     pub const PAUSE_WAIT: Duration = Duration::from_secs(10);
+    /// How long an agent's `PAUSE` may take before it is undone and not acknowledged:
+    /// shorter than [`PAUSE_WAIT`], so that a pause that completes is acknowledged while the
+    /// primary still waits (the agent sees the pause through its Lease watch, and the primary
+    /// reads the acknowledgement by polling: the difference covers both). A longer bound
+    /// would let an agent acknowledge, and hold its clients, after the primary gave up.
+    pub const AGENT_PAUSE_WAIT: Duration = Duration::from_secs(8);
+    const _: () = assert!(AGENT_PAUSE_WAIT.as_millis() < PAUSE_WAIT.as_millis());
     /// How long an agent keeps its PgBouncer paused at most, whatever the Lease says: beyond
     /// the longest a switchover takes ([`PAUSE_WAIT`], the clean shutdown, the target's
     /// confirmation and its promotion), a pause nobody lifts (a primary killed mid-way) ends.

@@ -19,7 +19,9 @@
 //! - PgBouncer is resumed after a pause only once it points at the primary the Lease names,
 //!   or when the pause outlived [`MAX_PAUSE`].
 //! - A pause is acknowledged only after `PAUSE` returned (every in-flight transaction ended);
-//!   a `PAUSE` that does not return within [`PAUSE_WAIT`] is undone and not acknowledged.
+//!   a `PAUSE` that does not return within [`AGENT_PAUSE_WAIT`] is undone and not
+//!   acknowledged (shorter than the primary's wait, so a late acknowledgement never holds
+//!   clients after the primary gave up).
 //! - A restarted agent removes whatever its predecessor in the pod acknowledged before it
 //!   acknowledges anything.
 //!
@@ -41,7 +43,7 @@ use tokio_util::sync::CancellationToken;
 use crate::ack::{self, Acks, Written};
 use crate::admin::{self, Console, Login};
 use crate::config::{self, Target};
-use crate::contract::pooler::{MAX_PAUSE, PAUSE_WAIT};
+use crate::contract::pooler::{AGENT_PAUSE_WAIT, MAX_PAUSE};
 use crate::decide::{self, Acked, Paused, Resume, State, Step};
 use crate::http::{self, Health};
 use crate::metrics::{Counters, Metrics};
@@ -439,10 +441,14 @@ impl Agent {
         result
     }
 
-    /// `PAUSE`, bounded by [`PAUSE_WAIT`] (it returns once every server connection was
+    /// `PAUSE`, bounded by [`AGENT_PAUSE_WAIT`] (it returns once every server connection was
     /// released: in transaction mode, when in-flight transactions ended).
     async fn pause(&mut self) -> Result<(), admin::Error> {
-        let result = self.console().await?.command("PAUSE", PAUSE_WAIT).await;
+        let result = self
+            .console()
+            .await?
+            .command("PAUSE", AGENT_PAUSE_WAIT)
+            .await;
         if result.is_err() {
             // A session waiting on PAUSE takes no other command: RESUME goes in a new one.
             self.console = None;

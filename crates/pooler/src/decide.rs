@@ -124,7 +124,7 @@ pub enum Resume {
 pub enum Step {
     /// Rewrite `pgbouncer.ini` for this target and `RELOAD`.
     PointAt(Target),
-    /// `PAUSE`, bounded by [`crate::contract::pooler::PAUSE_WAIT`] (undone and given up if it
+    /// `PAUSE`, bounded by [`crate::contract::pooler::AGENT_PAUSE_WAIT`] (undone and given up if it
     /// does not finish).
     Pause(String),
     /// Already paused: the pause is now for this (newer) value.

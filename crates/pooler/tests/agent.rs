@@ -7,7 +7,7 @@
 //!
 //! Invariants: the pause is acknowledged only after the open transaction committed; a query
 //! sent while paused waits in PgBouncer and runs after the switchover; the acknowledgement
-//! goes when the pause is lifted; a `PAUSE` held up past `PAUSE_WAIT` is undone and never
+//! goes when the pause is lifted; a `PAUSE` held up past `AGENT_PAUSE_WAIT` is undone and never
 //! acknowledged; the agent stops PgBouncer and returns `Ok` on shutdown.
 
 mod support;
@@ -285,7 +285,7 @@ async fn a_planned_switchover_pauses_acknowledges_and_resumes_on_the_new_primary
     .await;
     assert_eq!(one_value(&app, "SELECT 3").await, "3");
 
-    // A pause whose PAUSE cannot finish (a transaction held past PAUSE_WAIT): the agent
+    // A pause whose PAUSE cannot finish (a transaction held past AGENT_PAUSE_WAIT): the agent
     // resumes on a fresh console session, never acknowledges it, and does not pause for it
     // again.
     let holder = connect(port, "app", APP_PASSWORD)
@@ -320,14 +320,15 @@ async fn a_planned_switchover_pauses_acknowledges_and_resumes_on_the_new_primary
         },
     )
     .await;
-    let (app, value) = tokio::time::timeout(pooler::PAUSE_WAIT + Duration::from_secs(10), waiting)
+    let bound = pooler::AGENT_PAUSE_WAIT;
+    let (app, value) = tokio::time::timeout(bound + Duration::from_secs(10), waiting)
         .await
-        .expect("the agent resumes once PAUSE_WAIT passed")
+        .expect("the agent resumes once AGENT_PAUSE_WAIT passed")
         .expect("the query task");
     assert_eq!(value, "4");
     assert!(
-        asked.elapsed() >= pooler::PAUSE_WAIT,
-        "resumed after {:?}, before PAUSE_WAIT",
+        asked.elapsed() >= bound,
+        "resumed after {:?}, before AGENT_PAUSE_WAIT",
         asked.elapsed()
     );
     assert_eq!(
