@@ -8,6 +8,9 @@
 //! `/readyz` answers 200 once every controller's caches have synced (leader or not: a
 //! follower with warm caches is ready to take over) and while every watch is current (its last
 //! event was not an error), 503 with the reason otherwise.
+//!
+//! A pod's agent that is not an operator (the PostgreSQL instance manager, the pooler agent)
+//! serves the same three paths with its own answers: [`probes`].
 
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
@@ -221,6 +224,43 @@ pub async fn serve(
     Ok((bound, task))
 }
 
+/// The routes of a pod's agent: `/healthz` and `/readyz` answer 200 `ok` when `live()` and
+/// `ready()` say so, 503 `not ok` otherwise; `/metrics` serves what `render()` renders, in
+/// Prometheus' text format.
+pub fn probes<L, R, M, F>(live: L, ready: R, render: M) -> Router
+where
+    L: Fn() -> bool + Clone + Send + Sync + 'static,
+    R: Fn() -> bool + Clone + Send + Sync + 'static,
+    M: Fn() -> F + Clone + Send + Sync + 'static,
+    F: std::future::Future<Output = String> + Send + 'static,
+{
+    fn answer(ok: bool) -> (StatusCode, &'static str) {
+        if ok {
+            (StatusCode::OK, "ok\n")
+        } else {
+            (StatusCode::SERVICE_UNAVAILABLE, "not ok\n")
+        }
+    }
+    Router::new()
+        .route(
+            "/metrics",
+            get(move || {
+                let rendered = render();
+                async move {
+                    (
+                        [(
+                            header::CONTENT_TYPE,
+                            "text/plain; version=0.0.4; charset=utf-8",
+                        )],
+                        rendered.await,
+                    )
+                }
+            }),
+        )
+        .route("/healthz", get(move || async move { answer(live()) }))
+        .route("/readyz", get(move || async move { answer(ready()) }))
+}
+
 async fn metrics_handler(State(state): State<AppState>) -> impl IntoResponse {
     state.health.export(&state.metrics);
     (
@@ -246,5 +286,44 @@ async fn readyz(State(state): State<AppState>) -> impl IntoResponse {
     match state.health.readiness() {
         Ok(()) => (StatusCode::OK, "ok".to_string()),
         Err(why) => (StatusCode::SERVICE_UNAVAILABLE, why),
+    }
+}
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used)]
+mod tests {
+    use super::*;
+    use axum::body::Body;
+    use axum::http::Request;
+    use tower::ServiceExt;
+
+    async fn get_path(app: Router, path: &str) -> (StatusCode, String) {
+        let response = app
+            .oneshot(Request::get(path).body(Body::empty()).unwrap())
+            .await
+            .unwrap();
+        let status = response.status();
+        let body = axum::body::to_bytes(response.into_body(), 1 << 16)
+            .await
+            .unwrap();
+        (status, String::from_utf8(body.to_vec()).unwrap())
+    }
+
+    /// An agent's probes answer what its functions say, and `/metrics` what it renders.
+    #[tokio::test]
+    async fn an_agents_probes_answer_what_it_says() {
+        let app = probes(|| true, || false, || async { "up 1\n".to_string() });
+        assert_eq!(
+            get_path(app.clone(), "/healthz").await,
+            (StatusCode::OK, "ok\n".into())
+        );
+        assert_eq!(
+            get_path(app.clone(), "/readyz").await,
+            (StatusCode::SERVICE_UNAVAILABLE, "not ok\n".into())
+        );
+        assert_eq!(
+            get_path(app, "/metrics").await,
+            (StatusCode::OK, "up 1\n".into())
+        );
     }
 }

@@ -10,9 +10,6 @@
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 
-use axum::Router;
-use axum::http::StatusCode;
-use axum::routing::get;
 use tokio_util::sync::CancellationToken;
 
 use crate::contract::HTTP_PORT;
@@ -53,38 +50,17 @@ impl Health {
     }
 }
 
-fn answer(ok: bool) -> (StatusCode, &'static str) {
-    if ok {
-        (StatusCode::OK, "ok\n")
-    } else {
-        (StatusCode::SERVICE_UNAVAILABLE, "not ok\n")
-    }
-}
-
 /// Serves the probes and the metrics on [`HTTP_PORT`] until `shutdown`.
 pub async fn serve(health: Health, metrics: Metrics, shutdown: CancellationToken) {
     let (live, ready) = (health.clone(), health);
-    let app = Router::new()
-        .route(
-            "/metrics",
-            get(move || {
-                let metrics = metrics.clone();
-                async move {
-                    (
-                        [(
-                            axum::http::header::CONTENT_TYPE,
-                            "text/plain; version=0.0.4; charset=utf-8",
-                        )],
-                        metrics.render().await,
-                    )
-                }
-            }),
-        )
-        .route("/healthz", get(move || async move { answer(live.live()) }))
-        .route(
-            "/readyz",
-            get(move || async move { answer(ready.ready.load(Ordering::SeqCst)) }),
-        );
+    let app = steward_core::server::probes(
+        move || live.live(),
+        move || ready.ready.load(Ordering::SeqCst),
+        move || {
+            let metrics = metrics.clone();
+            async move { metrics.render().await }
+        },
+    );
     let listener = match tokio::net::TcpListener::bind(("0.0.0.0", HTTP_PORT)).await {
         Ok(l) => l,
         Err(e) => {

@@ -13,8 +13,6 @@ use std::sync::{Arc, Mutex, PoisonError};
 use std::time::{Duration, Instant};
 
 use axum::Router;
-use axum::http::StatusCode;
-use axum::routing::get;
 use tokio_util::sync::CancellationToken;
 
 use crate::contract::pooler::HTTP_PORT;
@@ -114,35 +112,17 @@ impl Health {
     }
 }
 
-fn answer(ok: bool) -> (StatusCode, &'static str) {
-    if ok {
-        (StatusCode::OK, "ok\n")
-    } else {
-        (StatusCode::SERVICE_UNAVAILABLE, "not ok\n")
-    }
-}
-
 /// The probes' and metrics' routes.
 pub fn router(health: Health, metrics: Metrics) -> Router {
     let (live, ready) = (health.clone(), health);
-    Router::new()
-        .route(
-            "/metrics",
-            get(move || {
-                let metrics = metrics.clone();
-                async move {
-                    (
-                        [(
-                            axum::http::header::CONTENT_TYPE,
-                            "text/plain; version=0.0.4; charset=utf-8",
-                        )],
-                        metrics.render().await,
-                    )
-                }
-            }),
-        )
-        .route("/healthz", get(move || async move { answer(live.live()) }))
-        .route("/readyz", get(move || async move { answer(ready.ready()) }))
+    steward_core::server::probes(
+        move || live.live(),
+        move || ready.ready(),
+        move || {
+            let metrics = metrics.clone();
+            async move { metrics.render().await }
+        },
+    )
 }
 
 /// A failure serving the probes.
