@@ -6,6 +6,9 @@
 //!   controller of ConfigMaps whose every reconcile writes; after each write that the API
 //!   server accepted, the test checks that no other replica held that shard at that instant.
 //! - `tenants_spread_over_three_replicas`: the tenant-operator with `--shards 3`.
+//! - `database_objects_shard_by_their_server`: the database-operator with `--shards 3`: a
+//!   PostgresCluster's Databases and DatabaseRoles on its shard, an external server's on the
+//!   server's, each written by that shard's holder only.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::{Arc, Mutex};
@@ -74,6 +77,17 @@ impl Replica {
         args: CommonArgs,
         configure: impl FnOnce(&mut Operator) + Send + 'static,
     ) -> Replica {
+        Self::start_as(cp, "sharding-test", args, configure).await
+    }
+
+    /// [`Replica::start`] with the operator named `name` (its field manager and Event
+    /// reporter).
+    async fn start_as(
+        cp: &ControlPlane,
+        name: &'static str,
+        args: CommonArgs,
+        configure: impl FnOnce(&mut Operator) + Send + 'static,
+    ) -> Replica {
         let runtime = tokio::runtime::Builder::new_multi_thread()
             .worker_threads(1)
             .enable_all()
@@ -82,8 +96,7 @@ impl Replica {
         let config = cp.config().clone();
         let (tx, rx) = tokio::sync::oneshot::channel();
         runtime.spawn(async move {
-            let mut operator =
-                Operator::with_config("sharding-test", args, config).expect("operator");
+            let mut operator = Operator::with_config(name, args, config).expect("operator");
             configure(&mut operator);
             let _ = tx.send((
                 operator.leadership().identity().to_string(),
@@ -496,5 +509,456 @@ async fn tenants_spread_over_three_replicas() {
     })
     .await
     .expect("tenants deleted through their finalizers");
+    drop(replicas);
+}
+
+/// Who wrote about each object: the `reportingInstance` of every Event regarding it, with how
+/// often each reported (an Event's `count`).
+async fn reporters(client: &Client, ns: &str) -> BTreeMap<(String, String), BTreeMap<String, i32>> {
+    let events: Api<k8s_openapi::api::core::v1::Event> = Api::namespaced(client.clone(), ns);
+    let mut out: BTreeMap<(String, String), BTreeMap<String, i32>> = BTreeMap::new();
+    for e in events
+        .list(&ListParams::default())
+        .await
+        .expect("events")
+        .items
+    {
+        let (Some(kind), Some(name)) = (e.involved_object.kind, e.involved_object.name) else {
+            continue;
+        };
+        let instance = e.reporting_instance.unwrap_or_default();
+        *out.entry((kind, name))
+            .or_default()
+            .entry(instance)
+            .or_default() += e.count.unwrap_or(1);
+    }
+    out
+}
+
+/// The replicas (identities) whose sessions PostgreSQL logged (`application_name`
+/// `database-operator <identity>`), with how many lines each.
+fn sessions(log: &str) -> BTreeMap<String, usize> {
+    let mut out = BTreeMap::new();
+    for line in log.lines() {
+        if let Some(rest) = line.split_once("[database-operator ").map(|(_, r)| r)
+            && let Some((identity, _)) = rest.split_once(']')
+        {
+            *out.entry(identity.to_string()).or_default() += 1;
+        }
+    }
+    out
+}
+
+/// The database-operator with `--shards 3` on three replicas: three PostgresClusters (one per
+/// shard) with a Database each and a DatabaseRole on one of them, and two external servers
+/// with a Database and a DatabaseRole each. Every Database and DatabaseRole is labelled with
+/// its cluster's (or its server's) shard, as are their children; every object converges; and
+/// everything written about an object comes from its shard's holder alone: the Events about
+/// it (`reportingInstance`), the statements its server ran (`application_name`), its
+/// cluster's gauges (like the tenants').
+///
+/// No pod runs here and this process cannot resolve a cluster's Service, so the Databases of
+/// the clusters must not try to connect: the name of each one's credentials Secret (and the
+/// DatabaseRole's) is taken by a Secret of the test's, which the operator refuses to touch
+/// (`SecretConflict`) and retries, an Event each time, before any connection.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn database_objects_shard_by_their_server() {
+    use database_operator::crd::{
+        Database, DatabaseRole, DatabaseRoleSpec, DatabaseSpec, DeletionPolicy, ExternalServer,
+        LocalRef, PostgresCluster, Privileges,
+    };
+    use database_operator::sharding::server_key;
+    use k8s_openapi::api::apps::v1::StatefulSet;
+    use k8s_openapi::api::core::v1::Secret;
+    use steward_core::shard::shard_of;
+    use steward_testenv::postgres::Postgres;
+
+    let started = Instant::now();
+    let cp = steward_testenv::shared().await.expect("control plane");
+    for crd in database_operator::crds() {
+        cp.apply_crd(&crd).await.expect("CRD");
+    }
+    let client = cp.client().expect("client");
+    let id = format!("dbshard-{}", suffix());
+    namespace(&client, &id).await;
+    // The servers start while the replicas settle.
+    let servers = tokio::spawn(async { futures::join!(Postgres::start(), Postgres::start()) });
+    let mut replicas = Vec::new();
+    for _ in 0..3 {
+        let args = CommonArgs {
+            watch_namespace: Some(id.clone()),
+            ..args(&id, &id)
+        };
+        replicas.push(
+            Replica::start_as(cp, database_operator::NAME, args, |op| {
+                let options = database_operator::Options {
+                    resync_interval: Duration::from_secs(2),
+                    check_parameters: false,
+                    ..database_operator::Options::default()
+                };
+                database_operator::register(op, options).expect("register");
+            })
+            .await,
+        );
+    }
+    let settled = eventually("each replica holds one shard", WAIT, || async {
+        let h = holders(&client, &id, &id).await;
+        let distinct: BTreeSet<_> = h.iter().flatten().collect();
+        if h.iter().all(Option::is_some) && distinct.len() == 3 {
+            Ok(h.into_iter().flatten().collect::<Vec<String>>())
+        } else {
+            Err(format!("shard holders {h:?}"))
+        }
+    })
+    .await
+    .expect("each replica holds one shard");
+    let (a, b) = servers.await.expect("servers");
+    let pgs = [a.expect("PostgreSQL"), b.expect("PostgreSQL")];
+    eprintln!(
+        "settled after {:?}: shard holders {settled:?}",
+        started.elapsed()
+    );
+
+    let clusters: Api<PostgresCluster> = Api::namespaced(client.clone(), &id);
+    let databases: Api<Database> = Api::namespaced(client.clone(), &id);
+    let roles: Api<DatabaseRole> = Api::namespaced(client.clone(), &id);
+    let secrets: Api<Secret> = Api::namespaced(client.clone(), &id);
+    let pp = PostParams::default();
+    let role = |name: &str, db: &str| {
+        DatabaseRole::new(
+            name,
+            DatabaseRoleSpec {
+                database_ref: LocalRef { name: db.into() },
+                role_name: name.replace('-', "_"),
+                privileges: Privileges::ReadOnly,
+                password_rotation: None,
+                adopt: false,
+                deletion_policy: DeletionPolicy::Retain,
+            },
+        )
+    };
+    // A cluster on each shard (their keys are `<namespace>/<name>`).
+    let mut names: Vec<String> = Vec::new();
+    for c in 'a'..='z' {
+        let name = format!("pg-{c}");
+        let shard = shard_of(&format!("{id}/{name}"), SHARDS);
+        if names
+            .iter()
+            .all(|n| shard_of(&format!("{id}/{n}"), SHARDS) != shard)
+        {
+            names.push(name);
+        }
+        if names.len() == SHARDS as usize {
+            break;
+        }
+    }
+    assert_eq!(
+        names.len(),
+        SHARDS as usize,
+        "a cluster name for each shard"
+    );
+    // Each cluster's Database (and the first one's DatabaseRole), kept from connecting.
+    let mut cluster_objects: Vec<(&str, String, String)> = Vec::new();
+    for (i, cluster) in names.iter().enumerate() {
+        clusters
+            .create(&pp, &fixtures::postgres_cluster(cluster, 1).build())
+            .await
+            .expect("PostgresCluster");
+        let db = format!("app-{cluster}");
+        secrets
+            .create(
+                &pp,
+                &fixtures::secret(&format!("{db}-db-credentials"), [("x", "y")]),
+            )
+            .await
+            .expect("a Secret of the test's");
+        let mut spec = DatabaseSpec::on(
+            ExternalServer::plain("unused", 1, "unused"),
+            "app",
+            "app_owner",
+        );
+        spec.external = None;
+        spec.cluster_ref = Some(LocalRef {
+            name: cluster.clone(),
+        });
+        databases
+            .create(&pp, &Database::new(&db, spec))
+            .await
+            .expect("Database");
+        cluster_objects.push(("Database", db.clone(), cluster.clone()));
+        if i == 0 {
+            let r = format!("reader-{cluster}");
+            secrets
+                .create(
+                    &pp,
+                    &fixtures::secret(&format!("{r}-role-credentials"), [("x", "y")]),
+                )
+                .await
+                .expect("a Secret of the test's");
+            roles
+                .create(&pp, &role(&r, &db))
+                .await
+                .expect("DatabaseRole");
+            cluster_objects.push(("DatabaseRole", r, cluster.clone()));
+        }
+    }
+    // A Database and a DatabaseRole on each external server. Each server is named
+    // `127.0.0.1` or `localhost` (this machine both, from /etc/hosts), so that the two are on
+    // two shards where some choice allows (their ports, free ones, decide the rest).
+    let server_shard_as = |host: &str, i: usize| {
+        shard_of(
+            &server_key(&ExternalServer::plain(host, pgs[i].port(), "any")),
+            SHARDS,
+        )
+    };
+    let spellings = ["127.0.0.1", "localhost"];
+    let hosts = spellings
+        .iter()
+        .flat_map(|a| spellings.iter().map(move |b| [*a, *b]))
+        .find(|[a, b]| server_shard_as(a, 0) != server_shard_as(b, 1))
+        .unwrap_or(["127.0.0.1", "127.0.0.1"]);
+    let server_shard = |i: usize| server_shard_as(hosts[i], i);
+    let mut server_objects: Vec<(&str, String, usize)> = Vec::new();
+    for (i, pg) in pgs.iter().enumerate() {
+        let admin = format!("admin-{i}");
+        secrets
+            .create(
+                &pp,
+                &fixtures::secret(
+                    &admin,
+                    [("username", pg.superuser()), ("password", pg.password())],
+                ),
+            )
+            .await
+            .expect("admin Secret");
+        let db = format!("ext-{i}");
+        let spec = DatabaseSpec::on(
+            ExternalServer::plain(hosts[i], pg.port(), &admin),
+            &format!("ext_{i}"),
+            &format!("ext_owner_{i}"),
+        );
+        databases
+            .create(&pp, &Database::new(&db, spec))
+            .await
+            .expect("Database");
+        let r = format!("ext-reader-{i}");
+        roles
+            .create(&pp, &role(&r, &db))
+            .await
+            .expect("DatabaseRole");
+        server_objects.push(("Database", db, i));
+        server_objects.push(("DatabaseRole", r, i));
+    }
+    let label_of = |labels: &BTreeMap<String, String>| labels.get(SHARD_LABEL).cloned();
+
+    // Labels: each cluster on its own key's shard, its Database and DatabaseRole on the
+    // cluster's label, an external server's objects on the server's shard.
+    eventually("every object labelled with its shard", WAIT, || async {
+        let mut wrong = Vec::new();
+        for cluster in &names {
+            let c = clusters.get(cluster).await.map_err(|e| e.to_string())?;
+            let want = shard_of(&format!("{id}/{cluster}"), SHARDS).to_string();
+            if label_of(c.labels()) != Some(want.clone()) {
+                wrong.push(format!(
+                    "PostgresCluster {cluster}: {:?}",
+                    label_of(c.labels())
+                ));
+            }
+        }
+        for (kind, name, cluster) in &cluster_objects {
+            let cluster_label = label_of(
+                clusters
+                    .get(cluster)
+                    .await
+                    .map_err(|e| e.to_string())?
+                    .labels(),
+            );
+            let label = match *kind {
+                "Database" => label_of(
+                    databases
+                        .get(name)
+                        .await
+                        .map_err(|e| e.to_string())?
+                        .labels(),
+                ),
+                _ => label_of(roles.get(name).await.map_err(|e| e.to_string())?.labels()),
+            };
+            if label.is_none() || label != cluster_label {
+                wrong.push(format!(
+                    "{kind} {name}: {label:?}, its cluster {cluster_label:?}"
+                ));
+            }
+        }
+        for (kind, name, server) in &server_objects {
+            let label = match *kind {
+                "Database" => label_of(
+                    databases
+                        .get(name)
+                        .await
+                        .map_err(|e| e.to_string())?
+                        .labels(),
+                ),
+                _ => label_of(roles.get(name).await.map_err(|e| e.to_string())?.labels()),
+            };
+            if label != Some(server_shard(*server).to_string()) {
+                wrong.push(format!("{kind} {name}: {label:?}"));
+            }
+        }
+        wrong
+            .is_empty()
+            .then_some(())
+            .ok_or_else(|| wrong.join("; "))
+    })
+    .await
+    .expect("every object labelled with its cluster's or server's shard");
+
+    // Everything converges: each cluster's status describes its generation and its
+    // StatefulSet carries its shard; the cluster's Database and DatabaseRole are refused
+    // (their Secret is not theirs); the external ones are Ready, their Secrets on their shard.
+    let ready = |conditions: &[k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition]| {
+        conditions
+            .iter()
+            .find(|c| c.type_ == "Ready")
+            .map(|c| (c.status.clone(), c.reason.clone()))
+    };
+    eventually("every object converged", WAIT, || async {
+        let mut waiting = Vec::new();
+        for cluster in &names {
+            let c = clusters.get(cluster).await.map_err(|e| e.to_string())?;
+            let observed = c.status.as_ref().and_then(|s| s.observed_generation);
+            let sts = Api::<StatefulSet>::namespaced(client.clone(), &id)
+                .get_opt(cluster)
+                .await
+                .map_err(|e| e.to_string())?;
+            if observed != c.metadata.generation
+                || sts.is_none_or(|s| label_of(s.labels()) != label_of(c.labels()))
+            {
+                waiting.push(format!("PostgresCluster {cluster}"));
+            }
+        }
+        for (kind, name, _) in &cluster_objects {
+            let conditions = match *kind {
+                "Database" => databases
+                    .get(name)
+                    .await
+                    .map_err(|e| e.to_string())?
+                    .status
+                    .map(|s| s.conditions),
+                _ => roles
+                    .get(name)
+                    .await
+                    .map_err(|e| e.to_string())?
+                    .status
+                    .map(|s| s.conditions),
+            };
+            let r = conditions.as_deref().and_then(ready);
+            if r.as_ref()
+                .is_none_or(|(s, reason)| s != "False" || reason != "SecretConflict")
+            {
+                waiting.push(format!("{kind} {name}: {r:?}"));
+            }
+        }
+        for (kind, name, _) in &server_objects {
+            let (label, conditions, secret) = match *kind {
+                "Database" => {
+                    let d = databases.get(name).await.map_err(|e| e.to_string())?;
+                    (
+                        label_of(d.labels()),
+                        d.status.as_ref().map(|s| s.conditions.clone()),
+                        format!("{name}-db-credentials"),
+                    )
+                }
+                _ => {
+                    let r = roles.get(name).await.map_err(|e| e.to_string())?;
+                    (
+                        label_of(r.labels()),
+                        r.status.as_ref().map(|s| s.conditions.clone()),
+                        format!("{name}-role-credentials"),
+                    )
+                }
+            };
+            let r = conditions.as_deref().and_then(ready);
+            let secret_label = secrets
+                .get_opt(&secret)
+                .await
+                .map_err(|e| e.to_string())?
+                .and_then(|s| label_of(s.labels()));
+            if r.as_ref().is_none_or(|(s, _)| s != "True") || secret_label != label {
+                waiting.push(format!("{kind} {name}: {r:?}, Secret on {secret_label:?}"));
+            }
+        }
+        waiting
+            .is_empty()
+            .then_some(())
+            .ok_or_else(|| waiting.join("; "))
+    })
+    .await
+    .expect("every object converged");
+    eprintln!("converged after {:?}", started.elapsed());
+
+    // One writer per object: its shard's holder, which did not change meanwhile.
+    let now: Vec<String> = holders(&client, &id, &id)
+        .await
+        .into_iter()
+        .flatten()
+        .collect();
+    assert_eq!(now, settled, "no shard changed hands");
+    let holder_of = |shard: u32| settled[shard as usize].clone();
+    let shard_of_cluster = |cluster: &str| shard_of(&format!("{id}/{cluster}"), SHARDS);
+    let reported = reporters(&client, &id).await;
+    let mut expected: Vec<(&str, String, u32)> = Vec::new();
+    for (kind, name, cluster) in &cluster_objects {
+        expected.push((kind, name.clone(), shard_of_cluster(cluster)));
+    }
+    for (kind, name, server) in &server_objects {
+        expected.push((kind, name.clone(), server_shard(*server)));
+    }
+    for (kind, name, shard) in &expected {
+        let by = reported
+            .get(&(kind.to_string(), name.clone()))
+            .cloned()
+            .unwrap_or_default();
+        eprintln!("{kind} {name} (shard {shard}): Events by {by:?}");
+        let writers: Vec<&String> = by.keys().collect();
+        assert_eq!(
+            writers,
+            vec![&holder_of(*shard)],
+            "{kind} {name}: reported by its shard's holder alone"
+        );
+    }
+    for (i, pg) in pgs.iter().enumerate() {
+        let by = sessions(&pg.log_text());
+        eprintln!(
+            "server {i} ({}:{}, shard {}): statements by {by:?}",
+            hosts[i],
+            pg.port(),
+            server_shard(i)
+        );
+        assert_eq!(
+            by.keys().collect::<Vec<_>>(),
+            vec![&holder_of(server_shard(i))],
+            "server {i}: written by its shard's holder alone"
+        );
+    }
+    // Each cluster's gauges on one replica, its shard's holder (it caches it alone).
+    eventually("each cluster's gauge on one replica", WAIT, || async {
+        let scraped: Vec<String> = replicas.iter().map(|r| r.metrics.encode()).collect();
+        for cluster in &names {
+            let series = format!(
+                "steward_postgrescluster_instances{{namespace=\"{id}\",cluster=\"{cluster}\"}}"
+            );
+            let on: Vec<&String> = (0..scraped.len())
+                .filter(|&i| scraped[i].lines().any(|l| l.starts_with(&series)))
+                .map(|i| &replicas[i].identity)
+                .collect();
+            if on != vec![&holder_of(shard_of_cluster(cluster))] {
+                return Err(format!("{cluster}: on {on:?}"));
+            }
+        }
+        Ok(())
+    })
+    .await
+    .expect("per-cluster gauges follow the shards");
+    eprintln!("done after {:?}", started.elapsed());
     drop(replicas);
 }

@@ -419,23 +419,30 @@ pub async fn label<K>(
         let Some(k) = key(&obj.metadata) else {
             continue;
         };
-        let want = shard_of(&k, shards).to_string();
-        if obj.labels().get(SHARD_LABEL) == Some(&want) {
-            continue;
-        }
-        let api: Api<K> =
-            <K::Scope as ScopeApi>::api(client.clone(), obj.metadata.namespace.as_deref());
-        let patch = serde_json::json!({"metadata": {"labels": {SHARD_LABEL: want}}});
-        if let Err(e) = api
-            .patch_metadata(
-                &obj.name_any(),
-                &PatchParams::default(),
-                &Patch::Merge(&patch),
-            )
-            .await
-        {
-            tracing::debug!(object = %k, error = %e, "failed to label the object's shard");
-        }
+        relabel::<K>(&client, &obj.metadata, &k, shards).await;
+    }
+}
+
+/// Sets the [`SHARD_LABEL`] of the `K` whose metadata is `meta` to the shard of `key` (of
+/// `shards`), unless it carries that already. A failure is logged and left for the object's
+/// next event (the labeller sees it again).
+pub async fn relabel<K>(client: &Client, meta: &ObjectMeta, key: &str, shards: u32)
+where
+    K: Resource<DynamicType = ()> + Clone + DeserializeOwned + std::fmt::Debug,
+    K::Scope: ScopeApi,
+{
+    let want = shard_of(key, shards).to_string();
+    if meta.labels.as_ref().and_then(|l| l.get(SHARD_LABEL)) == Some(&want) {
+        return;
+    }
+    let api: Api<K> = <K::Scope as ScopeApi>::api(client.clone(), meta.namespace.as_deref());
+    let patch = serde_json::json!({"metadata": {"labels": {SHARD_LABEL: want}}});
+    let name = meta.name.as_deref().unwrap_or_default();
+    if let Err(e) = api
+        .patch_metadata(name, &PatchParams::default(), &Patch::Merge(&patch))
+        .await
+    {
+        tracing::debug!(object = %key, error = %e, "failed to label the object's shard");
     }
 }
 

@@ -14,6 +14,9 @@
 //!   (a `clusterRef` or an `external` server); drops it on delete if asked, after a dump.
 //! - [`role`]: login roles with privileges and rotated passwords.
 //!
+//! With `--shards N` the three are sharded by cluster ([`sharding`]): a cluster's Databases
+//! and DatabaseRoles (or an external server's) are on the cluster's (the server's) shard.
+//!
 //! What `spec.parameters` may hold is decided in [`parameters`] (the CRD's admission rules and
 //! the controller's value checks come from the same tables).
 //!
@@ -36,6 +39,7 @@ pub mod password;
 pub mod pg;
 pub mod role;
 pub mod server;
+pub mod sharding;
 pub mod sql;
 pub mod status;
 
@@ -154,6 +158,9 @@ pub struct State {
     /// The nodes whose change matters to each PostgresCluster, so a change of a Node wakes
     /// the clusters concerned.
     pub watched_nodes: WatchedNodes,
+    /// When each cluster's pooler auth role was last found converged (checked again only
+    /// when something changed or at the resync).
+    pub pooler_auth: cluster::pooler::AuthChecks,
 }
 
 /// The nodes that matter to each PostgresCluster, as its last reconcile saw them: its
@@ -240,6 +247,25 @@ pub struct ChildStores {
     pub pdbs: Cache<k8s_openapi::api::policy::v1::PodDisruptionBudget>,
 }
 
+impl ChildStores {
+    /// The caches of a sharded Database or DatabaseRole controller, which reads only the
+    /// Secrets': `secrets`, the other kinds' never filled (a read finds nothing and waits for
+    /// no list; a child judged by one would only be applied once more).
+    fn secrets_only(secrets: Cache<k8s_openapi::api::core::v1::Secret>) -> Self {
+        Self {
+            secrets,
+            config_maps: Cache::unfilled(),
+            services: Cache::unfilled(),
+            service_accounts: Cache::unfilled(),
+            roles: Cache::unfilled(),
+            role_bindings: Cache::unfilled(),
+            statefulsets: Cache::unfilled(),
+            deployments: Cache::unfilled(),
+            pdbs: Cache::unfilled(),
+        }
+    }
+}
+
 /// Runs `plan` on `client` as the controller of `K`: fenced by leadership and counted in
 /// `steward_sql_statements_total` ([`pg::execute`]).
 ///
@@ -264,65 +290,144 @@ pub type Cache<K> = steward_core::controller::Cache<kube::core::PartialObjectMet
 
 /// Adds the PostgresCluster, Database and DatabaseRole controllers to `operator`.
 ///
+/// With `--shards N > 1` the three are sharded by server ([`sharding`]): a cluster, its
+/// Databases and their DatabaseRoles (or every object of one external server) share a shard,
+/// whose controllers watch and cache only that shard's objects and children, so one replica
+/// writes for the whole cluster. The main leader labels PostgresClusters (steward-core's
+/// labeller) and Databases and DatabaseRoles ([`sharding::label`]). Without it (`--shards 1`)
+/// nothing of this runs.
+///
 /// # Errors
 /// None today; the `Result` leaves room for checks of the options.
 pub fn register(operator: &mut steward_core::Operator, options: Options) -> Result<(), Error> {
-    use k8s_openapi::api::apps::v1::{Deployment, StatefulSet};
-    use k8s_openapi::api::batch::v1::Job;
-    use k8s_openapi::api::core::v1::{ConfigMap, Pod, Secret, Service, ServiceAccount};
-    use k8s_openapi::api::policy::v1::PodDisruptionBudget;
-    use k8s_openapi::api::rbac::v1::{Role, RoleBinding};
-    use kube::ResourceExt;
-    use kube::core::PartialObjectMeta;
-    use kube::runtime::reflector::ObjectRef;
-    use kube::runtime::watcher::Config;
-    use steward_core::Controller;
-    use steward_core::controller::watch_metadata;
-
-    let client = operator.client();
-    let watch_namespace = operator.args().watch_namespace.clone();
-    fn scoped<K>(client: &kube::Client, ns: Option<&str>) -> kube::Api<K>
-    where
-        K: kube::Resource<DynamicType = (), Scope = k8s_openapi::NamespaceResourceScope>,
-    {
-        match ns {
-            Some(ns) => kube::Api::namespaced(client.clone(), ns),
-            None => kube::Api::all(client.clone()),
-        }
-    }
-    let ns = watch_namespace.as_deref();
-    let managed =
-        Config::default().labels(&format!("{}={NAME}", steward_core::apply::MANAGED_BY_LABEL));
-    // The children's metadata: each watch wakes the controller that owns that kind most and
-    // fills a cache all three read.
-    let (secrets, secrets_watch) = watch_metadata(scoped::<Secret>(&client, ns), managed.clone());
-    let (config_maps, config_maps_watch) =
-        watch_metadata(scoped::<ConfigMap>(&client, ns), managed.clone());
-    let (services, services_watch) =
-        watch_metadata(scoped::<Service>(&client, ns), managed.clone());
-    let (service_accounts, service_accounts_watch) =
-        watch_metadata(scoped::<ServiceAccount>(&client, ns), managed.clone());
-    let (roles, roles_watch) = watch_metadata(scoped::<Role>(&client, ns), managed.clone());
-    let (role_bindings, role_bindings_watch) =
-        watch_metadata(scoped::<RoleBinding>(&client, ns), managed.clone());
-    let (statefulsets, statefulsets_watch) =
-        watch_metadata(scoped::<StatefulSet>(&client, ns), managed.clone());
-    let (deployments, deployments_watch) =
-        watch_metadata(scoped::<Deployment>(&client, ns), managed.clone());
-    let (pdbs, pdbs_watch) =
-        watch_metadata(scoped::<PodDisruptionBudget>(&client, ns), managed.clone());
+    let namespace = operator.args().watch_namespace.clone();
     let sql_statements = SqlStatements::default();
     operator.metrics().register(
         "steward_sql_statements",
         "Statements run on PostgreSQL servers that may change them (catalog reads are not counted); a converged object adds none",
         sql_statements.0.clone(),
     );
-    let watched_nodes = WatchedNodes::default();
-    let state = State {
-        watched_nodes: watched_nodes.clone(),
+    let client = operator.client();
+    let unsharded = (operator.shards() <= 1).then(|| {
+        let (stores, watches) = children_caches(&client, namespace.as_deref(), None);
+        (stores, Mutex::new(Some(watches)))
+    });
+    let wiring = Arc::new(Wiring {
+        client,
+        namespace: namespace.clone(),
         options,
         sql_statements,
-        children: ChildStores {
+        watched_nodes: WatchedNodes::default(),
+        pooler_auth: cluster::pooler::AuthChecks::default(),
+        unsharded,
+    });
+
+    // The per-cluster gauges read the PostgresCluster cache of each shard this replica holds
+    // (the one cache when not sharded).
+    let clusters = steward_core::metrics::Stores::default();
+    cluster::metrics::register(&operator.metrics(), &clusters);
+    let held = operator.shard_leaderships();
+    let w = wiring.clone();
+    operator.sharded_controller(
+        move |shard| {
+            let (controller, state) = w.clusters(shard);
+            let leadership = shard
+                .and_then(|i| held.get(usize::try_from(i).ok()?).cloned())
+                .unwrap_or_else(steward_core::Leadership::always_leader);
+            clusters.set(shard, controller.store(), leadership);
+            (controller, state)
+        },
+        cluster::reconcile,
+    );
+    let w = wiring.clone();
+    operator.sharded_controller(move |shard| w.databases(shard), database::reconcile);
+    operator.sharded_controller(move |shard| wiring.roles(shard), role::reconcile);
+
+    // Sharded: the main leader labels each object with its shard (nothing without sharding).
+    operator.shard_labels::<PostgresCluster>(None, |m| Some(steward_core::shard::key_of(m)));
+    let shards = operator.shards();
+    if shards > 1 {
+        let client = operator.client();
+        operator.singleton(move |stop| {
+            sharding::label(
+                client.clone(),
+                namespace.clone(),
+                shards,
+                stop.cancelled_owned(),
+            )
+        });
+    }
+    Ok(())
+}
+
+/// The watches filling [`ChildStores`], for the PostgresCluster controller to drive.
+struct ChildWatches {
+    secrets: Watch<k8s_openapi::api::core::v1::Secret>,
+    config_maps: Watch<k8s_openapi::api::core::v1::ConfigMap>,
+    services: Watch<k8s_openapi::api::core::v1::Service>,
+    service_accounts: Watch<k8s_openapi::api::core::v1::ServiceAccount>,
+    roles: Watch<k8s_openapi::api::rbac::v1::Role>,
+    role_bindings: Watch<k8s_openapi::api::rbac::v1::RoleBinding>,
+    statefulsets: Watch<k8s_openapi::api::apps::v1::StatefulSet>,
+    deployments: Watch<k8s_openapi::api::apps::v1::Deployment>,
+    pdbs: Watch<k8s_openapi::api::policy::v1::PodDisruptionBudget>,
+}
+
+/// The metadata watch of one kind of child.
+type Watch<K> = steward_core::controller::Watch<kube::core::PartialObjectMeta<K>>;
+
+/// The objects of `api`'s kind in `namespace` (every namespace when `None`).
+fn scoped<K>(client: &kube::Client, namespace: Option<&str>) -> kube::Api<K>
+where
+    K: kube::Resource<DynamicType = (), Scope = k8s_openapi::NamespaceResourceScope>,
+{
+    match namespace {
+        Some(ns) => kube::Api::namespaced(client.clone(), ns),
+        None => kube::Api::all(client.clone()),
+    }
+}
+
+/// The watch of the operator's own kinds: all of them, or shard `shard`'s.
+fn own(shard: Option<u32>) -> kube::runtime::watcher::Config {
+    let config = kube::runtime::watcher::Config::default();
+    match steward_core::shard::narrow(None, shard) {
+        Some(selector) => config.labels(&selector),
+        None => config,
+    }
+}
+
+/// The watch of the operator's children (its managed-by label): all of them, or shard
+/// `shard`'s (steward-core's Children give each child its owner's shard label).
+fn managed(shard: Option<u32>) -> kube::runtime::watcher::Config {
+    let base = format!("{}={NAME}", steward_core::apply::MANAGED_BY_LABEL);
+    let selector = steward_core::shard::narrow(Some(&base), shard).unwrap_or(base);
+    kube::runtime::watcher::Config::default().labels(&selector)
+}
+
+/// The children's metadata caches (of shard `shard`, or all) and the watches filling them.
+fn children_caches(
+    client: &kube::Client,
+    namespace: Option<&str>,
+    shard: Option<u32>,
+) -> (ChildStores, ChildWatches) {
+    use steward_core::controller::watch_metadata;
+    let config = managed(shard);
+    let (secrets, secrets_watch) = watch_metadata(scoped(client, namespace), config.clone());
+    let (config_maps, config_maps_watch) =
+        watch_metadata(scoped(client, namespace), config.clone());
+    let (services, services_watch) = watch_metadata(scoped(client, namespace), config.clone());
+    let (service_accounts, service_accounts_watch) =
+        watch_metadata(scoped(client, namespace), config.clone());
+    let (roles, roles_watch) = watch_metadata(scoped(client, namespace), config.clone());
+    let (role_bindings, role_bindings_watch) =
+        watch_metadata(scoped(client, namespace), config.clone());
+    let (statefulsets, statefulsets_watch) =
+        watch_metadata(scoped(client, namespace), config.clone());
+    let (deployments, deployments_watch) =
+        watch_metadata(scoped(client, namespace), config.clone());
+    let (pdbs, pdbs_watch) = watch_metadata(scoped(client, namespace), config);
+    (
+        ChildStores {
             secrets,
             config_maps,
             services,
@@ -333,91 +438,196 @@ pub fn register(operator: &mut steward_core::Operator, options: Options) -> Resu
             deployments,
             pdbs,
         },
-    };
+        ChildWatches {
+            secrets: secrets_watch,
+            config_maps: config_maps_watch,
+            services: services_watch,
+            service_accounts: service_accounts_watch,
+            roles: roles_watch,
+            role_bindings: role_bindings_watch,
+            statefulsets: statefulsets_watch,
+            deployments: deployments_watch,
+            pdbs: pdbs_watch,
+        },
+    )
+}
 
-    // PostgresCluster: its children and its pods.
-    let clusters = Controller::new(scoped::<PostgresCluster>(&client, ns), Config::default());
-    cluster::metrics::register(&operator.metrics(), &clusters.store());
-    let clusters = clusters
-        .owns_watched(statefulsets_watch)
-        .owns_watched(deployments_watch)
-        // The major-upgrade Job.
-        .owns(scoped::<Job>(&client, ns), managed.clone())
-        .owns_watched(services_watch)
-        .owns_watched(config_maps_watch)
-        .owns_watched(secrets_watch)
-        .owns_watched(service_accounts_watch)
-        .owns_watched(roles_watch)
-        .owns_watched(role_bindings_watch)
-        .owns_watched(pdbs_watch)
-        .watches(
-            scoped::<PostgresBackup>(&client, ns),
-            Config::default(),
-            |backup: PostgresBackup| {
-                backup
-                    .namespace()
-                    .map(|ns| ObjectRef::<PostgresCluster>::new(&backup.spec.cluster).within(&ns))
-            },
-        )
-        .watches_metadata(
-            scoped::<Pod>(&client, ns),
-            Config::default().labels(cluster::build::CLUSTER_LABEL),
-            |pod: PartialObjectMeta<Pod>| {
-                let cluster = pod.labels().get(cluster::build::CLUSTER_LABEL).cloned();
-                cluster
-                    .zip(pod.namespace())
-                    .map(|(c, ns)| ObjectRef::<PostgresCluster>::new(&c).within(&ns))
-            },
-        )
-        // A Node changed (cordoned for a drain, deleted with the volumes on it): the clusters
-        // it matters to.
-        .watches_metadata(
-            kube::Api::<k8s_openapi::api::core::v1::Node>::all(client.clone()),
-            Config::default(),
-            move |node: PartialObjectMeta<k8s_openapi::api::core::v1::Node>| {
-                watched_nodes.on(&node.name_any())
-            },
-        );
-    operator.controller(clusters, state.clone(), cluster::reconcile);
+/// What the three controllers are built from, for each shard (once, with `None`, without
+/// sharding).
+struct Wiring {
+    client: kube::Client,
+    namespace: Option<String>,
+    options: Options,
+    sql_statements: SqlStatements,
+    watched_nodes: WatchedNodes,
+    pooler_auth: cluster::pooler::AuthChecks,
+    /// Without sharding: the children's caches the three controllers read, and the watches
+    /// filling them, which the PostgresCluster controller takes (each wakes the controller
+    /// owning that kind most). Sharded, each shard's controllers have their own, narrowed to
+    /// the shard.
+    unsharded: Option<(ChildStores, Mutex<Option<ChildWatches>>)>,
+}
 
-    // Database: its Secret and backup Job; woken by its DatabaseRoles (deletion waits for
-    // them) and by its PostgresCluster.
-    let databases = Controller::new(scoped::<Database>(&client, ns), Config::default());
-    let store = databases.store();
-    let databases = databases
-        .owns(scoped::<Secret>(&client, ns), managed.clone())
-        .owns(scoped::<Job>(&client, ns), managed.clone())
-        .watches(
-            scoped::<DatabaseRole>(&client, ns),
-            Config::default(),
-            |role: DatabaseRole| {
-                role.namespace()
-                    .map(|ns| ObjectRef::<Database>::new(&role.spec.database_ref.name).within(&ns))
-            },
-        )
-        .watches_metadata(
-            scoped::<PostgresCluster>(&client, ns),
-            Config::default(),
-            referring::<_, PostgresCluster>(store, |db: &Database| {
-                db.spec.cluster_ref.as_ref().map(|r| r.name.as_str())
-            }),
-        );
-    operator.controller(databases, state.clone(), database::reconcile);
+impl Wiring {
+    fn api<K>(&self) -> kube::Api<K>
+    where
+        K: kube::Resource<DynamicType = (), Scope = k8s_openapi::NamespaceResourceScope>,
+    {
+        scoped(&self.client, self.namespace.as_deref())
+    }
 
-    // DatabaseRole: its Secret; woken by its Database.
-    let roles = Controller::new(scoped::<DatabaseRole>(&client, ns), Config::default());
-    let store = roles.store();
-    let roles = roles
-        .owns(scoped::<Secret>(&client, ns), managed)
-        .watches_metadata(
-            scoped::<Database>(&client, ns),
-            Config::default(),
+    fn state(&self, children: ChildStores) -> State {
+        State {
+            options: self.options.clone(),
+            children,
+            sql_statements: self.sql_statements.clone(),
+            watched_nodes: self.watched_nodes.clone(),
+            pooler_auth: self.pooler_auth.clone(),
+        }
+    }
+
+    /// The PostgresCluster controller of `shard`: its children and its pods.
+    fn clusters(&self, shard: Option<u32>) -> (steward_core::Controller<PostgresCluster>, State) {
+        use k8s_openapi::api::batch::v1::Job;
+        use k8s_openapi::api::core::v1::{Node, Pod};
+        use kube::ResourceExt;
+        use kube::core::PartialObjectMeta;
+        use kube::runtime::reflector::ObjectRef;
+        use kube::runtime::watcher::Config;
+
+        // Without sharding `clusters(None)` is called once, and takes the shared watches.
+        let taken = match (&self.unsharded, shard) {
+            (Some((stores, watches)), None) => watches
+                .lock()
+                .ok()
+                .and_then(|mut w| w.take())
+                .map(|w| (stores.clone(), w)),
+            _ => None,
+        };
+        let (children, watches) = taken
+            .unwrap_or_else(|| children_caches(&self.client, self.namespace.as_deref(), shard));
+        let watched_nodes = self.watched_nodes.clone();
+        let controller = steward_core::Controller::new(self.api::<PostgresCluster>(), own(shard))
+            .owns_watched(watches.statefulsets)
+            .owns_watched(watches.deployments)
+            // The major-upgrade and parameter-check Jobs. They are created without
+            // steward-core's Children, so without a shard label: watched on every shard (one
+            // of another shard's cluster names no object of this shard's cache: ignored).
+            .owns(self.api::<Job>(), managed(None))
+            .owns_watched(watches.services)
+            .owns_watched(watches.config_maps)
+            .owns_watched(watches.secrets)
+            .owns_watched(watches.service_accounts)
+            .owns_watched(watches.roles)
+            .owns_watched(watches.role_bindings)
+            .owns_watched(watches.pdbs)
+            // Backups (a user's carry no shard label), pods (the StatefulSet's, unlabelled)
+            // and Nodes wake the clusters they name, watched on every shard likewise.
+            .watches(
+                self.api::<PostgresBackup>(),
+                Config::default(),
+                |backup: PostgresBackup| {
+                    backup.namespace().map(|ns| {
+                        ObjectRef::<PostgresCluster>::new(&backup.spec.cluster).within(&ns)
+                    })
+                },
+            )
+            .watches_metadata(
+                self.api::<Pod>(),
+                Config::default().labels(cluster::build::CLUSTER_LABEL),
+                |pod: PartialObjectMeta<Pod>| {
+                    let cluster = pod.labels().get(cluster::build::CLUSTER_LABEL).cloned();
+                    cluster
+                        .zip(pod.namespace())
+                        .map(|(c, ns)| ObjectRef::<PostgresCluster>::new(&c).within(&ns))
+                },
+            )
+            // A Node changed (cordoned for a drain, deleted with the volumes on it): the
+            // clusters it matters to.
+            .watches_metadata(
+                kube::Api::<Node>::all(self.client.clone()),
+                Config::default(),
+                move |node: PartialObjectMeta<Node>| watched_nodes.on(&node.name_any()),
+            );
+        (controller, self.state(children))
+    }
+
+    /// The children's caches a Database or DatabaseRole controller of `shard` reads, and the
+    /// Secret watch filling them (`None`: the shared caches, filled by the PostgresCluster
+    /// controller, without sharding).
+    fn secrets(
+        &self,
+        shard: Option<u32>,
+    ) -> (
+        ChildStores,
+        Option<Watch<k8s_openapi::api::core::v1::Secret>>,
+    ) {
+        match (&self.unsharded, shard) {
+            (Some((stores, _)), None) => (stores.clone(), None),
+            _ => {
+                let (secrets, watch) =
+                    steward_core::controller::watch_metadata(self.api(), managed(shard));
+                (ChildStores::secrets_only(secrets), Some(watch))
+            }
+        }
+    }
+
+    /// The Database controller of `shard`: its Secret and backup Job; woken by its
+    /// DatabaseRoles (deletion waits for them) and by its PostgresCluster.
+    fn databases(&self, shard: Option<u32>) -> (steward_core::Controller<Database>, State) {
+        use k8s_openapi::api::batch::v1::Job;
+        use k8s_openapi::api::core::v1::Secret;
+        use kube::ResourceExt;
+        use kube::runtime::reflector::ObjectRef;
+
+        let (children, secrets) = self.secrets(shard);
+        let controller = steward_core::Controller::new(self.api::<Database>(), own(shard));
+        let store = controller.store();
+        let controller = match secrets {
+            Some(watch) => controller.owns_watched(watch),
+            None => controller.owns(self.api::<Secret>(), managed(None)),
+        };
+        let controller = controller
+            .owns(self.api::<Job>(), managed(shard))
+            .watches(
+                self.api::<DatabaseRole>(),
+                own(shard),
+                |role: DatabaseRole| {
+                    role.namespace().map(|ns| {
+                        ObjectRef::<Database>::new(&role.spec.database_ref.name).within(&ns)
+                    })
+                },
+            )
+            .watches_metadata(
+                self.api::<PostgresCluster>(),
+                own(shard),
+                referring::<_, PostgresCluster>(store, |db: &Database| {
+                    db.spec.cluster_ref.as_ref().map(|r| r.name.as_str())
+                }),
+            );
+        (controller, self.state(children))
+    }
+
+    /// The DatabaseRole controller of `shard`: its Secret; woken by its Database.
+    fn roles(&self, shard: Option<u32>) -> (steward_core::Controller<DatabaseRole>, State) {
+        use k8s_openapi::api::core::v1::Secret;
+
+        let (children, secrets) = self.secrets(shard);
+        let controller = steward_core::Controller::new(self.api::<DatabaseRole>(), own(shard));
+        let store = controller.store();
+        let controller = match secrets {
+            Some(watch) => controller.owns_watched(watch),
+            None => controller.owns(self.api::<Secret>(), managed(None)),
+        };
+        let controller = controller.watches_metadata(
+            self.api::<Database>(),
+            own(shard),
             referring::<_, Database>(store, |r: &DatabaseRole| {
                 Some(r.spec.database_ref.name.as_str())
             }),
         );
-    operator.controller(roles, state, role::reconcile);
-    Ok(())
+        (controller, self.state(children))
+    }
 }
 
 /// A mapper for a watch of `Target`s: the objects of `store` in the same namespace whose

@@ -11,8 +11,7 @@
 //! | `steward_postgrescluster_last_base_backup_timestamp_seconds` | namespace, cluster — when the newest base backup completed |
 
 use kube::ResourceExt;
-use kube::runtime::reflector::Store;
-use steward_core::metrics::{FromStore, Metrics, SampleLabels};
+use steward_core::metrics::{FromStore, Metrics, SampleLabels, Stores};
 
 use crate::crd::PostgresCluster;
 
@@ -84,8 +83,9 @@ pub fn last_base_backup(cluster: &PostgresCluster) -> Vec<(SampleLabels, f64)> {
         .unwrap_or_default()
 }
 
-/// Registers the gauges over the PostgresCluster cache.
-pub fn register(metrics: &Metrics, clusters: &Store<PostgresCluster>) {
+/// Registers the gauges over the PostgresCluster caches (one per shard this replica holds, or
+/// the one cache when not sharded).
+pub fn register(metrics: &Metrics, clusters: &Stores<PostgresCluster>) {
     metrics.register(
         "steward_postgrescluster_instances",
         "Instances a PostgresCluster asks for (spec.instances)",

@@ -579,6 +579,7 @@ pub async fn serve(
     credentials: &super::Credentials,
 ) -> Result<Pooled, crate::Error> {
     let (Some(spec), Some(auth)) = (&cluster.spec.pooler, &credentials.pooler) else {
+        ctx.data.pooler_auth.forget(&check_key(cluster));
         return Ok(Pooled::NotAsked);
     };
     match ready_primary {
@@ -595,8 +596,14 @@ pub async fn serve(
                 admin_database: "postgres".into(),
                 ca_pem: Some(credentials.ca_bundle.as_bytes().to_vec()),
             };
-            if let Err(why) = ensure_auth(ctx, &server, auth).await {
-                return Ok(Pooled::AuthPending(why));
+            let (checks, key) = (&ctx.data.pooler_auth, check_key(cluster));
+            let resync = ctx.data.options.resync_interval;
+            if !checks.fresh(&key, primary_ip, auth, resync) {
+                if let Err(why) = ensure_auth(ctx, &server, auth).await {
+                    checks.forget(&key);
+                    return Ok(Pooled::AuthPending(why));
+                }
+                checks.record(&key, primary_ip, auth);
             }
         }
         // No ready primary for a moment (a switchover, a failover): the auth role set up
@@ -605,6 +612,7 @@ pub async fn serve(
         None if auth_set_up_before(cluster) => {}
         None => return Ok(Pooled::AuthPending("the primary is not ready".into())),
     }
+    // Read: the children's cache holds the Deployment's metadata only.
     let deployments: kube::Api<Deployment> = kube::Api::namespaced(ctx.client.clone(), namespace);
     let name = Names::of(&cluster.name_any()).pooler;
     let ready = deployments
@@ -622,6 +630,64 @@ pub async fn serve(
     })
 }
 
+/// When each cluster's auth role and lookup function were last found converged, on which
+/// primary and with which password: checked again (a superuser connection to the primary)
+/// only once [`AuthChecks::fresh`] says the check is stale — a new primary, a new password, or
+/// `within` (the resync interval) passed — instead of at every reconcile of a rollout.
+/// Drift (someone altered the role or the function) is repaired within that interval.
+#[derive(Clone, Debug, Default)]
+pub struct AuthChecks(std::sync::Arc<std::sync::Mutex<std::collections::HashMap<String, Checked>>>);
+
+/// One cluster's last converged check.
+#[derive(Clone, Debug)]
+struct Checked {
+    primary: String,
+    password: [u8; 32],
+    at: std::time::Instant,
+}
+
+fn digest(password: &Password) -> [u8; 32] {
+    use sha2::Digest;
+    sha2::Sha256::digest(password.expose().as_bytes()).into()
+}
+
+impl AuthChecks {
+    fn checks(&self) -> std::sync::MutexGuard<'_, std::collections::HashMap<String, Checked>> {
+        self.0
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
+    /// Whether cluster `key`'s auth was found converged on `primary` with `password` less
+    /// than `within` ago.
+    pub fn fresh(
+        &self,
+        key: &str,
+        primary: &str,
+        password: &Password,
+        within: std::time::Duration,
+    ) -> bool {
+        self.checks().get(key).is_some_and(|c| {
+            c.primary == primary && c.password == digest(password) && c.at.elapsed() < within
+        })
+    }
+
+    /// Records that cluster `key`'s auth was found converged on `primary` with `password`.
+    pub fn record(&self, key: &str, primary: &str, password: &Password) {
+        let checked = Checked {
+            primary: primary.to_string(),
+            password: digest(password),
+            at: std::time::Instant::now(),
+        };
+        self.checks().insert(key.to_string(), checked);
+    }
+
+    /// Forgets cluster `key`'s check (it failed, or the pooler went).
+    pub fn forget(&self, key: &str) {
+        self.checks().remove(key);
+    }
+}
+
 /// Whether the auth role and lookup function were set up by an earlier reconcile: the last
 /// [`POOLER_READY`] written says so (any reason past `AuthPending`).
 fn auth_set_up_before(cluster: &PostgresCluster) -> bool {
@@ -630,6 +696,18 @@ fn auth_set_up_before(cluster: &PostgresCluster) -> bool {
         .as_ref()
         .and_then(|s| s.conditions.iter().find(|c| c.type_ == POOLER_READY))
         .is_some_and(|c| c.reason == "Serving" || c.reason == "PodsNotReady")
+}
+
+/// The key of `cluster` in [`AuthChecks`]: its UID (a cluster deleted and created again
+/// under its name is checked afresh).
+fn check_key(cluster: &PostgresCluster) -> String {
+    cluster.uid().unwrap_or_else(|| {
+        format!(
+            "{}/{}",
+            cluster.namespace().unwrap_or_default(),
+            cluster.name_any()
+        )
+    })
 }
 
 /// Observe, decide ([`auth_plan`]), execute, on the `postgres` database; the error as text.
@@ -661,6 +739,39 @@ async fn ensure_auth(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// The auth role is checked again on a new primary, with a new password, once the
+    /// interval passed, and after a failure; not at every reconcile in between.
+    #[test]
+    fn the_auth_role_is_checked_again_only_when_something_changed() {
+        let checks = AuthChecks::default();
+        let (a, b) = (Password::generate(), Password::generate());
+        let hour = std::time::Duration::from_secs(3600);
+        assert!(
+            !checks.fresh("uid", "198.18.0.1", &a, hour),
+            "never checked"
+        );
+        checks.record("uid", "198.18.0.1", &a);
+        assert!(checks.fresh("uid", "198.18.0.1", &a, hour));
+        assert!(
+            !checks.fresh("uid", "198.18.0.2", &a, hour),
+            "a new primary"
+        );
+        assert!(
+            !checks.fresh("uid", "198.18.0.1", &b, hour),
+            "a new password"
+        );
+        assert!(
+            !checks.fresh("other", "198.18.0.1", &a, hour),
+            "another cluster"
+        );
+        assert!(
+            !checks.fresh("uid", "198.18.0.1", &a, std::time::Duration::ZERO),
+            "the interval passed"
+        );
+        checks.forget("uid");
+        assert!(!checks.fresh("uid", "198.18.0.1", &a, hour), "forgotten");
+    }
 
     fn cluster() -> PostgresCluster {
         let mut c = PostgresCluster::new("pg", crate::cluster::tests::cluster("pg").spec);
