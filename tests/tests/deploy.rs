@@ -1867,10 +1867,38 @@ impl steward_core::ReconcileError for NeverFails {}
 
 #[tokio::test]
 async fn sharded_tenant_operator_needs_only_the_sharded_overlays_rbac() -> Result<()> {
+    sharded_operator_needs_only_the_sharded_overlays_rbac::<tenant_operator::Tenant>(
+        "tenant-operator",
+    )
+    .await
+}
+
+#[tokio::test]
+async fn sharded_database_operator_needs_only_the_sharded_overlays_rbac() -> Result<()> {
+    sharded_operator_needs_only_the_sharded_overlays_rbac::<database_operator::crd::PostgresCluster>(
+        "database-operator",
+    )
+    .await
+}
+
+/// `deploy/sharded/<operator>` adds only the shard Leases' Role and binding, and two replicas
+/// of `operator` sharding its kind `K` as its ServiceAccount (the base's RBAC plus that) take a
+/// shard each, without a refused request, and leave the ring when stopped.
+async fn sharded_operator_needs_only_the_sharded_overlays_rbac<K>(operator: &str) -> Result<()>
+where
+    K: kube::Resource<DynamicType = ()>
+        + Clone
+        + serde::de::DeserializeOwned
+        + serde::Serialize
+        + std::fmt::Debug
+        + Send
+        + Sync
+        + 'static,
+    K::Scope: steward_core::apply::ScopeApi,
+{
     use steward_core::shard::{RING_LABEL, key_of, narrow};
     let cp = installed().await?;
     let admin = cp.client()?;
-    let operator = "tenant-operator";
     let ns = operator_namespace(operator);
 
     // The overlay renders the base plus exactly the shard Leases' Role and binding, with three
@@ -1931,14 +1959,14 @@ async fn sharded_tenant_operator_needs_only_the_sharded_overlays_rbac() -> Resul
             move |shard| {
                 let labels = narrow(Some(&of_test), shard).unwrap_or_default();
                 let controller = steward_core::Controller::new(
-                    Api::<tenant_operator::Tenant>::all(client.clone()),
+                    Api::<K>::all(client.clone()),
                     kube::runtime::watcher::Config::default().labels(&labels),
                 );
                 (controller, ())
             },
             |_, _| async { Ok::<_, NeverFails>(kube::runtime::controller::Action::await_change()) },
         );
-        op.shard_labels::<tenant_operator::Tenant>(Some(&selector), |m| Some(key_of(m)));
+        op.shard_labels::<K>(Some(&selector), |m| Some(key_of(m)));
         identities.insert(op.leadership().identity().to_string());
         replicas.push(Harness::start(op).await);
     }

@@ -124,28 +124,30 @@ fn the_chart_lints_and_renders_what_deploy_renders() {
         assert_eq!(&rendered[key], want, "{key} differs from deploy/");
     }
 
-    // `shards` above 1 renders what the sharded overlay renders.
-    let sharded = template(
-        &bin,
-        Some("tenantOperator.shards=3,tenantOperator.replicas=3"),
-    );
-    let overlay = steward_testenv::manifests::kustomize(
-        &binaries.kubectl,
-        &workspace_root().join("deploy/sharded/tenant-operator"),
-    )
-    .expect("kustomize the sharded overlay");
-    let overlay = by_key(steward_testenv::manifests::moved(
-        overlay,
-        "tenant-operator-system",
-        NS,
-    ));
-    assert!(overlay.contains_key("Role tenant-operator-shards"));
-    for (key, want) in overlay.iter().filter(|(k, _)| !k.starts_with("Namespace ")) {
-        assert_eq!(
-            sharded.get(key),
-            Some(want),
-            "{key}: the chart with shards=3 renders what deploy/sharded/tenant-operator does"
-        );
+    // `shards` above 1 renders what the sharded overlay renders, for each sharded operator.
+    for (operator, value) in [
+        ("tenant-operator", "tenantOperator"),
+        ("database-operator", "databaseOperator"),
+    ] {
+        let sharded = template(&bin, Some(&format!("{value}.shards=3,{value}.replicas=3")));
+        let overlay = steward_testenv::manifests::kustomize(
+            &binaries.kubectl,
+            &workspace_root().join(format!("deploy/sharded/{operator}")),
+        )
+        .expect("kustomize the sharded overlay");
+        let overlay = by_key(steward_testenv::manifests::moved(
+            overlay,
+            &format!("{operator}-system"),
+            NS,
+        ));
+        assert!(overlay.contains_key(&format!("Role {operator}-shards")));
+        for (key, want) in overlay.iter().filter(|(k, _)| !k.starts_with("Namespace ")) {
+            assert_eq!(
+                sharded.get(key),
+                Some(want),
+                "{key}: the chart with shards=3 renders what deploy/sharded/{operator} does"
+            );
+        }
     }
 
     // Values do what they say.
