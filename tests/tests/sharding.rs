@@ -773,16 +773,7 @@ async fn database_objects_shard_by_their_server() {
                     .map_err(|e| e.to_string())?
                     .labels(),
             );
-            let label = match *kind {
-                "Database" => label_of(
-                    databases
-                        .get(name)
-                        .await
-                        .map_err(|e| e.to_string())?
-                        .labels(),
-                ),
-                _ => label_of(roles.get(name).await.map_err(|e| e.to_string())?.labels()),
-            };
+            let (label, _) = database_or_role(&databases, &roles, kind, name).await?;
             if label.is_none() || label != cluster_label {
                 wrong.push(format!(
                     "{kind} {name}: {label:?}, its cluster {cluster_label:?}"
@@ -790,16 +781,7 @@ async fn database_objects_shard_by_their_server() {
             }
         }
         for (kind, name, server) in &server_objects {
-            let label = match *kind {
-                "Database" => label_of(
-                    databases
-                        .get(name)
-                        .await
-                        .map_err(|e| e.to_string())?
-                        .labels(),
-                ),
-                _ => label_of(roles.get(name).await.map_err(|e| e.to_string())?.labels()),
-            };
+            let (label, _) = database_or_role(&databases, &roles, kind, name).await?;
             if label != Some(server_shard(*server).to_string()) {
                 wrong.push(format!("{kind} {name}: {label:?}"));
             }
@@ -815,12 +797,6 @@ async fn database_objects_shard_by_their_server() {
     // Everything converges: each cluster's status describes its generation and its
     // StatefulSet carries its shard; the cluster's Database and DatabaseRole are refused
     // (their Secret is not theirs); the external ones are Ready, their Secrets on their shard.
-    let ready = |conditions: &[k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition]| {
-        conditions
-            .iter()
-            .find(|c| c.type_ == "Ready")
-            .map(|c| (c.status.clone(), c.reason.clone()))
-    };
     eventually("every object converged", WAIT, || async {
         let mut waiting = Vec::new();
         for cluster in &names {
@@ -837,21 +813,7 @@ async fn database_objects_shard_by_their_server() {
             }
         }
         for (kind, name, _) in &cluster_objects {
-            let conditions = match *kind {
-                "Database" => databases
-                    .get(name)
-                    .await
-                    .map_err(|e| e.to_string())?
-                    .status
-                    .map(|s| s.conditions),
-                _ => roles
-                    .get(name)
-                    .await
-                    .map_err(|e| e.to_string())?
-                    .status
-                    .map(|s| s.conditions),
-            };
-            let r = conditions.as_deref().and_then(ready);
+            let (_, r) = database_or_role(&databases, &roles, kind, name).await?;
             if r.as_ref()
                 .is_none_or(|(s, reason)| s != "False" || reason != "SecretConflict")
             {
@@ -859,25 +821,11 @@ async fn database_objects_shard_by_their_server() {
             }
         }
         for (kind, name, _) in &server_objects {
-            let (label, conditions, secret) = match *kind {
-                "Database" => {
-                    let d = databases.get(name).await.map_err(|e| e.to_string())?;
-                    (
-                        label_of(d.labels()),
-                        d.status.as_ref().map(|s| s.conditions.clone()),
-                        format!("{name}-db-credentials"),
-                    )
-                }
-                _ => {
-                    let r = roles.get(name).await.map_err(|e| e.to_string())?;
-                    (
-                        label_of(r.labels()),
-                        r.status.as_ref().map(|s| s.conditions.clone()),
-                        format!("{name}-role-credentials"),
-                    )
-                }
+            let (label, r) = database_or_role(&databases, &roles, kind, name).await?;
+            let secret = match *kind {
+                "Database" => format!("{name}-db-credentials"),
+                _ => format!("{name}-role-credentials"),
             };
-            let r = conditions.as_deref().and_then(ready);
             let secret_label = secrets
                 .get_opt(&secret)
                 .await
@@ -961,4 +909,30 @@ async fn database_objects_shard_by_their_server() {
     .expect("per-cluster gauges follow the shards");
     eprintln!("done after {:?}", started.elapsed());
     drop(replicas);
+}
+
+/// The shard label and the `Ready` condition (status, reason) of the Database (`kind`
+/// `"Database"`) or DatabaseRole `name`.
+async fn database_or_role(
+    databases: &Api<database_operator::crd::Database>,
+    roles: &Api<database_operator::crd::DatabaseRole>,
+    kind: &str,
+    name: &str,
+) -> Result<(Option<String>, Option<(String, String)>), String> {
+    let (labels, conditions) = match kind {
+        "Database" => {
+            let d = databases.get(name).await.map_err(|e| e.to_string())?;
+            (d.metadata.labels, d.status.map(|s| s.conditions))
+        }
+        _ => {
+            let r = roles.get(name).await.map_err(|e| e.to_string())?;
+            (r.metadata.labels, r.status.map(|s| s.conditions))
+        }
+    };
+    let ready = conditions
+        .unwrap_or_default()
+        .into_iter()
+        .find(|c| c.type_ == "Ready")
+        .map(|c| (c.status, c.reason));
+    Ok((labels.and_then(|l| l.get(SHARD_LABEL).cloned()), ready))
 }

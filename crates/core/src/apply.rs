@@ -9,7 +9,7 @@
 //! cached copy shows it already as desired, so a resync with nothing changed writes nothing;
 //! every write is counted in `steward_child_writes_total{controller, kind, verb}`.
 
-use std::collections::BTreeSet;
+use std::collections::{BTreeMap, BTreeSet};
 use std::fmt::Debug;
 use std::sync::Arc;
 
@@ -427,9 +427,10 @@ impl Children {
 
 /// The children an owner wants, by kind, namespace and name: what [`Children::prune_unkept`]
 /// keeps. Built by a reconcile's decide step from the objects it wants (a value, so it is
-/// unit-tested with them), not collected while applying.
+/// unit-tested with them), not collected while applying. Looked up without allocating: a
+/// prune asks about every cached child at every reconcile.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
-pub struct Kept(BTreeSet<(String, String, String)>);
+pub struct Kept(BTreeMap<String, BTreeMap<String, BTreeSet<String>>>);
 
 impl Kept {
     /// Keeps `obj` (its kind, namespace and name).
@@ -447,50 +448,52 @@ impl Kept {
         namespace: Option<&str>,
         name: &str,
     ) {
-        self.0.insert((
-            K::kind(&()).into_owned(),
-            namespace.unwrap_or_default().to_string(),
-            name.to_string(),
-        ));
+        self.0
+            .entry(K::kind(&()).into_owned())
+            .or_default()
+            .entry(namespace.unwrap_or_default().to_string())
+            .or_default()
+            .insert(name.to_string());
+    }
+
+    /// The kept names of kind `K` in `namespace` (`None`: cluster-scoped).
+    fn in_namespace<K: Resource<DynamicType = ()>>(
+        &self,
+        namespace: Option<&str>,
+    ) -> Option<&BTreeSet<String>> {
+        self.0
+            .get(K::kind(&()).as_ref())?
+            .get(namespace.unwrap_or_default())
     }
 
     /// Whether `obj` is kept.
     pub fn contains<K: Resource<DynamicType = ()>>(&self, obj: &K) -> bool {
         let meta = obj.meta();
-        self.0.contains(&(
-            K::kind(&()).into_owned(),
-            meta.namespace.clone().unwrap_or_default(),
-            meta.name.clone().unwrap_or_default(),
-        ))
+        self.in_namespace::<K>(meta.namespace.as_deref())
+            .is_some_and(|names| names.contains(meta.name.as_deref().unwrap_or_default()))
     }
 
     /// The names of the kept objects of kind `K` in `namespace` (`None`: cluster-scoped).
     pub fn names<K: Resource<DynamicType = ()>>(&self, namespace: Option<&str>) -> Vec<&str> {
-        let kind = K::kind(&());
-        let namespace = namespace.unwrap_or_default();
-        self.0
-            .iter()
-            .filter(|(k, ns, _)| *k == kind && ns == namespace)
-            .map(|(_, _, name)| name.as_str())
+        self.in_namespace::<K>(namespace)
+            .into_iter()
+            .flatten()
+            .map(String::as_str)
             .collect()
     }
 
     /// How many objects are kept.
     pub fn len(&self) -> usize {
-        self.0.len()
+        self.0
+            .values()
+            .flat_map(BTreeMap::values)
+            .map(BTreeSet::len)
+            .sum()
     }
 
     /// Whether nothing is kept.
     pub fn is_empty(&self) -> bool {
-        self.0.is_empty()
-    }
-}
-
-impl<K: Resource<DynamicType = ()>> Extend<K> for Kept {
-    fn extend<I: IntoIterator<Item = K>>(&mut self, iter: I) {
-        for obj in iter {
-            self.insert(&obj);
-        }
+        self.len() == 0
     }
 }
 

@@ -552,22 +552,45 @@ impl Wiring {
         (controller, self.state(children))
     }
 
-    /// The children's caches a Database or DatabaseRole controller of `shard` reads, and the
-    /// Secret watch filling them (`None`: the shared caches, filled by the PostgresCluster
-    /// controller, without sharding).
-    fn secrets(
+    /// The controller of a Database or DatabaseRole kind `K` for `shard`, owning its Secrets,
+    /// with its store (for the mappers of its other watches) and the children's caches it
+    /// reads: without sharding the shared caches (filled by the PostgresCluster controller),
+    /// sharded its own Secret cache, narrowed to the shard, whose watch wakes it.
+    fn owning_secrets<K>(
         &self,
         shard: Option<u32>,
     ) -> (
+        steward_core::Controller<K>,
+        kube::runtime::reflector::Store<K>,
         ChildStores,
-        Option<Watch<k8s_openapi::api::core::v1::Secret>>,
-    ) {
+    )
+    where
+        K: kube::Resource<DynamicType = (), Scope = k8s_openapi::NamespaceResourceScope>
+            + Clone
+            + serde::de::DeserializeOwned
+            + std::fmt::Debug
+            + Send
+            + Sync
+            + 'static,
+    {
+        use k8s_openapi::api::core::v1::Secret;
+
+        let controller = steward_core::Controller::new(self.api::<K>(), own(shard));
+        let store = controller.store();
         match (&self.unsharded, shard) {
-            (Some((stores, _)), None) => (stores.clone(), None),
+            (Some((stores, _)), None) => (
+                controller.owns(self.api::<Secret>(), managed(None)),
+                store,
+                stores.clone(),
+            ),
             _ => {
                 let (secrets, watch) =
                     steward_core::controller::watch_metadata(self.api(), managed(shard));
-                (ChildStores::secrets_only(secrets), Some(watch))
+                (
+                    controller.owns_watched(watch),
+                    store,
+                    ChildStores::secrets_only(secrets),
+                )
             }
         }
     }
@@ -576,17 +599,10 @@ impl Wiring {
     /// DatabaseRoles (deletion waits for them) and by its PostgresCluster.
     fn databases(&self, shard: Option<u32>) -> (steward_core::Controller<Database>, State) {
         use k8s_openapi::api::batch::v1::Job;
-        use k8s_openapi::api::core::v1::Secret;
         use kube::ResourceExt;
         use kube::runtime::reflector::ObjectRef;
 
-        let (children, secrets) = self.secrets(shard);
-        let controller = steward_core::Controller::new(self.api::<Database>(), own(shard));
-        let store = controller.store();
-        let controller = match secrets {
-            Some(watch) => controller.owns_watched(watch),
-            None => controller.owns(self.api::<Secret>(), managed(None)),
-        };
+        let (controller, store, children) = self.owning_secrets::<Database>(shard);
         let controller = controller
             .owns(self.api::<Job>(), managed(shard))
             .watches(
@@ -610,15 +626,7 @@ impl Wiring {
 
     /// The DatabaseRole controller of `shard`: its Secret; woken by its Database.
     fn roles(&self, shard: Option<u32>) -> (steward_core::Controller<DatabaseRole>, State) {
-        use k8s_openapi::api::core::v1::Secret;
-
-        let (children, secrets) = self.secrets(shard);
-        let controller = steward_core::Controller::new(self.api::<DatabaseRole>(), own(shard));
-        let store = controller.store();
-        let controller = match secrets {
-            Some(watch) => controller.owns_watched(watch),
-            None => controller.owns(self.api::<Secret>(), managed(None)),
-        };
+        let (controller, store, children) = self.owning_secrets::<DatabaseRole>(shard);
         let controller = controller.watches_metadata(
             self.api::<Database>(),
             own(shard),

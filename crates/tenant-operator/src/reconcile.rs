@@ -299,10 +299,10 @@ async fn converge(
             .missing_sources
             .extend(std::mem::take(&mut wanted.missing_sources));
         let enforced = quotas_enforced(&stores.quotas, &kept, &ns);
-        let applied =
+        let mut applied =
             converge_namespace(tenant, ctx, &children, &ns, wanted, guarded, enforced).await?;
-        shared.taken.extend(applied.taken.iter().cloned());
         let problems = applied.problems(&ns);
+        shared.taken.extend(std::mem::take(&mut applied.taken));
         soon |= !problems.is_empty();
         obs.problems.extend(problems);
     }
@@ -381,9 +381,8 @@ fn kept(
     let owners = build::owner_cluster_object_name(tenant);
     kept.insert_named::<ClusterRole>(None, &owners);
     kept.insert_named::<ClusterRoleBinding>(None, &owners);
-    let quota = !spec.tenant.is_empty() || !spec.per_namespace.is_empty();
     for (ns, w) in wanted {
-        if quota {
+        if spec.has_quota() {
             kept.insert_named::<ResourceQuota>(Some(ns), QUOTA_NAME);
         }
         w.quotas.iter().for_each(|q| kept.insert(q));
@@ -570,7 +569,8 @@ async fn converge_namespace(
 /// Carries out the tenant's namespace plan: namespaces created beyond `maxNamespaces`
 /// deleted, the wanted ones created (only with a marker, never taking one someone else made)
 /// and applied, the removed ones handled by `deletionPolicy`; Events and problems say what
-/// happened. Returns the namespaces it could not create (someone else did first).
+/// happened. Returns the problems of the namespaces it could not create (someone else did
+/// first).
 async fn apply_namespace_plan(
     tenant: &Arc<Tenant>,
     ctx: &Context<State>,
@@ -798,7 +798,7 @@ async fn converge_quotas(
     let client = &ctx.client;
     let children = ctx.children(tenant);
     let mut applied = Quotas::default();
-    if !spec.tenant.is_empty() || !spec.per_namespace.is_empty() {
+    if spec.has_quota() {
         let current: BTreeMap<String, ResourceQuota> = if spec.tenant.is_empty() {
             stores
                 .quotas

@@ -17,6 +17,14 @@ pub struct Validated {
     pub tenant: BTreeMap<String, Milli>,
 }
 
+impl Validated {
+    /// Whether the spec limits anything: each namespace then has the ResourceQuota
+    /// [`crate::build::QUOTA_NAME`].
+    pub fn has_quota(&self) -> bool {
+        !self.tenant.is_empty() || !self.per_namespace.is_empty()
+    }
+}
+
 /// Why a spec cannot be reconciled; waits for the spec to change.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 #[error("invalid spec: {0}")]

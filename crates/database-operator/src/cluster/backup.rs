@@ -119,7 +119,7 @@ pub fn status(
     }
 }
 
-/// The `ContinuousArchiving` condition for `status` (status, reason, message).
+/// The `ContinuousArchiving` condition for `status`.
 pub fn archiving_condition(status: &ClusterBackupStatus) -> Wanted {
     let archiver = Archiver {
         last_archived_wal: status.last_archived_wal.clone(),
@@ -153,14 +153,14 @@ pub fn archiving_condition(status: &ClusterBackupStatus) -> Wanted {
 /// What [`reconcile`] found.
 pub struct Reported {
     pub status: ClusterBackupStatus,
-    /// `ContinuousArchiving`: status, reason, message.
+    /// `ContinuousArchiving`.
     pub condition: Wanted,
     /// When the schedule is next due.
     pub requeue: Option<Duration>,
 }
 
 /// Creates the scheduled backup if one is due, deletes the backups beyond retention, and
-/// returns `status.backup`, its `ContinuousArchiving` condition (status, reason, message) and
+/// returns `status.backup`, its `ContinuousArchiving` condition and
 /// when the schedule is next due.
 ///
 /// # Errors

@@ -383,8 +383,11 @@ async fn major_upgrade(
             .or_else(|| l.spec.as_ref()?.holder_identity.clone())
             .filter(|v| !v.is_empty())
     });
-    let observed = upgrade::observe(&ctx.client, cluster).await?;
-    let previous = &observed.status;
+    let upgrade::Observed {
+        status: previous,
+        job,
+        backup,
+    } = upgrade::observe(&ctx.client, cluster).await?;
     let running_image = seen.statefulset.as_ref().and_then(upgrade::running_image);
     let inputs = upgrade::Inputs {
         spec_version: cluster.spec.version,
@@ -401,8 +404,8 @@ async fn major_upgrade(
             .iter()
             .any(|v| v.ordinal == 0 && v.ready && !v.deleting),
         backup_configured: cluster.spec.backup.is_some(),
-        backup: observed.backup.clone(),
-        job: observed.job.clone(),
+        backup,
+        job,
         now: k8s_openapi::jiff::Timestamp::now().to_string(),
     };
     let decided = upgrade::plan(&cluster.name_any(), &inputs);

@@ -468,7 +468,7 @@ pub enum Pooled {
 }
 
 impl Pooled {
-    /// `(status, reason, message)` of [`POOLER_READY`]; `None` removes it.
+    /// The [`POOLER_READY`] condition; `None` removes it.
     pub fn condition(&self) -> Option<Wanted> {
         match self {
             Pooled::NotAsked => None,
@@ -584,21 +584,21 @@ pub async fn serve(
     };
     match ready_primary {
         Some(primary_ip) => {
-            // The primary's pod, not the `-rw` Service: no wait for the Service to follow a
-            // new primary, and no cluster DNS needed. Its certificate names the Services, not
-            // the IP: the CA is verified, as the instances verify each other.
-            let server = crate::pg::Server {
-                host: primary_ip.to_string(),
-                port: super::build::PORT as u16,
-                ssl_mode: crate::crd::SslMode::VerifyCa,
-                admin_user: "postgres".into(),
-                admin_password: credentials.superuser.clone(),
-                admin_database: "postgres".into(),
-                ca_pem: Some(credentials.ca_bundle.as_bytes().to_vec()),
-            };
             let (checks, key) = (&ctx.data.pooler_auth, check_key(cluster));
             let resync = ctx.data.options.resync_interval;
             if !checks.fresh(&key, primary_ip, auth, resync) {
+                // The primary's pod, not the `-rw` Service: no wait for the Service to follow
+                // a new primary, and no cluster DNS needed. Its certificate names the
+                // Services, not the IP: the CA is verified, as the instances verify each other.
+                let server = crate::pg::Server {
+                    host: primary_ip.to_string(),
+                    port: super::build::PORT as u16,
+                    ssl_mode: crate::crd::SslMode::VerifyCa,
+                    admin_user: "postgres".into(),
+                    admin_password: credentials.superuser.clone(),
+                    admin_database: "postgres".into(),
+                    ca_pem: Some(credentials.ca_bundle.as_bytes().to_vec()),
+                };
                 if let Err(why) = ensure_auth(ctx, &server, auth).await {
                     checks.forget(&key);
                     return Ok(Pooled::AuthPending(why));

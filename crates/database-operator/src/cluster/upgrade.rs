@@ -104,7 +104,7 @@ pub struct Decision {
     pub release_claim: Option<String>,
     /// Switch the primary over to this instance first (the upgrade starts on it).
     pub switchover_to: Option<String>,
-    /// `(true|false, reason, message)` for [`MAJOR_UPGRADE`]; `None`: no condition.
+    /// The [`MAJOR_UPGRADE`] condition; `None`: no condition.
     pub condition: Option<Condition>,
     /// The Event to publish.
     pub event: Option<Wanted>,
