@@ -839,14 +839,7 @@ async fn a_stale_copy_of_a_finalized_object_is_not_an_error() {
     reconcile(Arc::new(deleting.clone()))
         .await
         .expect("cleanup, then the finalizer removed");
-    eventually("doomed gone", WAIT, || async {
-        match api.get_opt("doomed").await {
-            Ok(None) => Ok(()),
-            other => Err(format!("{other:?}")),
-        }
-    })
-    .await
-    .unwrap();
+    gone_cm(&api, "doomed").await;
     reconcile(Arc::new(deleting))
         .await
         .expect("the stale copy's reconcile is not an error");
@@ -864,6 +857,90 @@ async fn a_stale_copy_of_a_finalized_object_is_not_an_error() {
     reconcile(Arc::new(created))
         .await
         .expect("a copy of a deleted object is not an error");
+}
+
+/// The class behind a dump Job re-created after its Database was dropped: a lagging cache
+/// hands the reconcile a copy of an object whose cleanup is over (its finalizer removed, the
+/// object gone) or a copy of an object since re-created under the same name. `dispatch` runs
+/// the cleanup only on the server's own copy, so neither runs a second cleanup.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stale_copy_is_not_cleaned_up_twice() {
+    use k8s_openapi::api::core::v1::ConfigMap;
+    use std::sync::atomic::Ordering::SeqCst;
+    use steward_core::finalizer::Cleanup;
+
+    let cp = steward_testenv::shared().await.expect("control plane");
+    let ns = cp.namespace("stale-cleanup").await.expect("namespace");
+    let client = cp.client().unwrap();
+    let api: Api<ConfigMap> = Api::namespaced(client.clone(), &ns);
+    let cleanups = AtomicUsize::new(0);
+    let reconcile = |obj: Arc<ConfigMap>| {
+        let client = client.clone();
+        let cleanups = &cleanups;
+        async move {
+            finalizer::dispatch(
+                &client,
+                FINALIZER,
+                obj,
+                |_| async { Ok::<_, std::convert::Infallible>(Action::await_change()) },
+                |_| async {
+                    cleanups.fetch_add(1, SeqCst);
+                    Ok(Cleanup::Done)
+                },
+            )
+            .await
+        }
+    };
+    let cm: ConfigMap = serde_json::from_value(json!({"metadata": {"name": "once"}})).unwrap();
+    let created = api.create(&PostParams::default(), &cm).await.unwrap();
+    reconcile(Arc::new(created))
+        .await
+        .expect("adds the finalizer");
+    api.delete("once", &DeleteParams::default()).await.unwrap();
+    let deleting = api.get("once").await.unwrap();
+    reconcile(Arc::new(deleting.clone()))
+        .await
+        .expect("cleanup, then the finalizer removed");
+    assert_eq!(cleanups.load(SeqCst), 1);
+    gone_cm(&api, "once").await;
+
+    reconcile(Arc::new(deleting.clone()))
+        .await
+        .expect("the stale copy's reconcile is not an error");
+    assert_eq!(
+        cleanups.load(SeqCst),
+        1,
+        "no cleanup for a copy of a gone object"
+    );
+
+    // Re-created under the same name (and being deleted, with the finalizer): a copy of the
+    // old one does not clean up the new one.
+    let created = api.create(&PostParams::default(), &cm).await.unwrap();
+    reconcile(Arc::new(created))
+        .await
+        .expect("adds the finalizer");
+    api.delete("once", &DeleteParams::default()).await.unwrap();
+    reconcile(Arc::new(deleting))
+        .await
+        .expect("the old object's copy is not an error");
+    assert_eq!(cleanups.load(SeqCst), 1, "no cleanup of another object");
+    let current = api.get("once").await.unwrap();
+    reconcile(Arc::new(current))
+        .await
+        .expect("the new object's own cleanup");
+    assert_eq!(cleanups.load(SeqCst), 2);
+    gone_cm(&api, "once").await;
+}
+
+async fn gone_cm(api: &Api<k8s_openapi::api::core::v1::ConfigMap>, name: &str) {
+    eventually("ConfigMap gone", WAIT, || async {
+        match api.get_opt(name).await {
+            Ok(None) => Ok(()),
+            other => Err(format!("{other:?}")),
+        }
+    })
+    .await
+    .unwrap();
 }
 
 /// SIGTERM while a reconcile waits on a call that never returns (a SIGSTOPped server, a

@@ -20,7 +20,9 @@
 //! `Ok`. A failing Cleanup keeps the finalizer and the object; the error goes back to the
 //! runtime, which records a Warning Event and retries with backoff. Operators also set a
 //! condition saying why (see [`crate::conditions`]). Under [`DeletionPolicy::Retain`] the
-//! operator's Cleanup does nothing external and returns `Ok` at once.
+//! operator's Cleanup does nothing external and returns `Ok` at once. Cleanup runs on the API
+//! server's copy, read just before it: a lagging cache's copy of an object whose cleanup is
+//! already over (gone, or its finalizer removed) cleans up nothing a second time.
 
 use std::fmt::Debug;
 use std::future::Future;
@@ -58,6 +60,9 @@ pub enum Error<E: std::error::Error + 'static> {
     /// Adding the finalizer failed.
     #[error("failed to add the finalizer")]
     AddFinalizer(#[source] kube::Error),
+    /// Reading the object before its cleanup failed (the cleanup did not run).
+    #[error("failed to read the object before cleaning up")]
+    ReadBeforeCleanup(#[source] kube::Error),
     /// Removing the finalizer failed.
     #[error("failed to remove the finalizer")]
     RemoveFinalizer(#[source] kube::Error),
@@ -76,6 +81,7 @@ impl<E: crate::ReconcileError> crate::ReconcileError for Error<E> {
             Error::Cleanup(e) => e.reason(),
             Error::AddFinalizer(_) => "AddFinalizerFailed",
             Error::RemoveFinalizer(_) => "RemoveFinalizerFailed",
+            Error::ReadBeforeCleanup(_) => "ReadFailed",
             Error::UnnamedObject | Error::InvalidFinalizer => "InvalidObject",
         }
     }
@@ -163,6 +169,16 @@ where
     use crate::apply::ScopeApi;
     let api = K::Scope::api::<K>(client.clone(), obj.namespace().as_deref());
     if is_deleting(obj.as_ref()) && has_finalizer(obj.as_ref(), name) {
+        // The cache may lag: the copy in hand can be one whose cleanup another reconcile
+        // already finished (its finalizer removed, the object gone, its children being
+        // collected). A cleanup acts outside the cluster (drops, dumps, Jobs), so it runs only
+        // on the server's own copy of this object, read now.
+        let Some(obj) = still_cleaning(&api, name, &obj)
+            .await
+            .map_err(Error::ReadBeforeCleanup)?
+        else {
+            return Ok(Action::await_change());
+        };
         if let Cleanup::Pending(action) = cleanup(obj.clone()).await.map_err(Error::Cleanup)? {
             return Ok(action);
         }
@@ -181,6 +197,18 @@ where
         }
     })
     .await
+}
+
+/// The server's copy of `obj` if it is still the same object (its uid), being deleted and
+/// carrying finalizer `name`: what a cleanup may act on. `None` when the cleanup is over.
+async fn still_cleaning<K>(api: &Api<K>, name: &str, obj: &K) -> Result<Option<Arc<K>>, kube::Error>
+where
+    K: Resource + Clone + DeserializeOwned + Debug,
+{
+    let fresh = api.get_opt(&obj.name_any()).await?;
+    Ok(fresh
+        .filter(|f| f.uid() == obj.uid() && is_deleting(f) && has_finalizer(f, name))
+        .map(Arc::new))
 }
 
 /// Whether `obj` is being deleted.
