@@ -829,3 +829,665 @@ async fn a_replica_behind_the_primarys_wal_catches_up_from_the_archive(
         resumed.elapsed()
     );
 }
+
+/// The instance status pod `pod` publishes, if any.
+async fn instance_status(
+    cluster: &Cluster,
+    pod: &str,
+) -> Option<steward_pg_instance::contract::InstanceStatus> {
+    let pod = cluster.pods().get_opt(pod).await.ok()??;
+    let raw = pod
+        .annotations()
+        .get(steward_pg_instance::contract::STATUS_ANNOTATION)?
+        .clone();
+    serde_json::from_str(&raw).ok()
+}
+
+/// Disaster recovery, unplanned (issue #42, its first part; both clusters on one control
+/// plane and one node here, sharing nothing but the object store): a standby cluster of two
+/// instances (`spec.replica`) restores the source's base backup and follows its archive under
+/// a steady write load, its second instance streaming from its leader (cascading); its lag
+/// is measured. The source is then deleted whole (its volume kept), the standby promoted by
+/// the documented step (`spec.replica.enabled: false`): every row the source acknowledged
+/// more than the archive's bound before it went is there, the standby writes, and it fenced
+/// the source's store. The source created again on its kept volume never runs read-write.
+#[tokio::test]
+async fn a_standby_cluster_follows_its_source_and_its_promotion_fences_the_source() {
+    use steward_pg_instance::contract::Role;
+
+    /// `archive_timeout` of the source and `wal_retrieve_retry_interval` of the standby: how
+    /// often a segment reaches the store, and the standby looks for the next one.
+    const ARCHIVE_TIMEOUT: Duration = Duration::from_secs(2);
+    const RETRIEVE_RETRY: Duration = Duration::from_secs(1);
+
+    let _turn = NODE.lock().await;
+    let mut cluster = Cluster::new("rn-pgdr", 1).await;
+    let (s3, object_store, store) = object_store(&cluster, "pg").await;
+    let source_spec = json!({"backup": {"objectStore": object_store}, "deletionPolicy": "Retain",
+        "parameters": {"archive_timeout": format!("{}s", ARCHIVE_TIMEOUT.as_secs())}});
+    cluster.create(source_spec.clone()).await;
+    archiving(&cluster, &s3).await;
+    let rw = cluster.cluster_ip("pg-rw").await;
+    let db = connect(&rw, &cluster.password).await.unwrap();
+    db.batch_execute("create table acks (id bigint primary key)")
+        .await
+        .unwrap();
+    create_backup(&cluster, "first", "pg").await;
+    completed_backup(&cluster, "first").await;
+    let (acks, stop, writing) = start_writer(&rw, &cluster.password, 20).await;
+
+    // The standby: its own store path for after its promotion.
+    let mut own = object_store.clone();
+    own["path"] = json!(format!("{}/dr", cluster.ns));
+    cluster.volumes("dr", 2).await;
+    let standby = cluster.manifest(
+        "dr",
+        2,
+        json!({"replica": {"source": object_store}, "backup": {"objectStore": own},
+               "parameters": {"wal_retrieve_retry_interval": format!("{}s", RETRIEVE_RETRY.as_secs())}}),
+    );
+    let created = Instant::now();
+    steward_testenv::manifests::apply(&cluster.client, &standby, None, "real-node-test", false)
+        .await
+        .unwrap();
+    let followed = eventually(
+        "dr-0 follows and dr-1 streams from it",
+        Duration::from_secs(300),
+        || {
+            let cluster = &cluster;
+            async move {
+                let leader = instance_status(cluster, "dr-0").await;
+                let replica = instance_status(cluster, "dr-1").await;
+                match (&leader, &replica) {
+                    (Some(l), Some(r))
+                        if l.role == Role::Replica
+                            && l.following.as_ref().is_some_and(|f| f.source_wal.is_some())
+                            && r.role == Role::Replica =>
+                    {
+                        Ok(l.following.clone().unwrap())
+                    }
+                    _ => Err(format!("dr-0 {leader:?}, dr-1 {replica:?}")),
+                }
+            }
+        },
+    )
+    .await;
+    let followed = match followed {
+        Ok(f) => f,
+        Err(e) => panic!(
+            "{e}\n--- dr-0:\n{}\n--- dr-1:\n{}",
+            logs(&cluster.pods(), "dr-0").await,
+            logs(&cluster.pods(), "dr-1").await
+        ),
+    };
+    eprintln!(
+        "standby following {:.1?} after it was created: {followed:?}",
+        created.elapsed()
+    );
+    assert_eq!(
+        followed.source,
+        format!("s3://{BUCKET}/{}/pg", cluster.ns),
+        "{followed:?}"
+    );
+
+    // Lag under the writer's steady load: how old the newest row the standby serves is.
+    let dr_rw = cluster.cluster_ip("dr-rw").await;
+    let mut lags = Vec::new();
+    for _ in 0..15 {
+        tokio::time::sleep(Duration::from_secs(1)).await;
+        let Ok(standby_db) = connect(&dr_rw, &cluster.password).await else {
+            continue;
+        };
+        let newest: Option<i64> = standby_db
+            .query_one("select max(id) from acks", &[])
+            .await
+            .ok()
+            .and_then(|r| r.get(0));
+        let acks = acks.lock().unwrap();
+        let Some(newest) = newest else { continue };
+        // The standby lacks everything after `newest`: behind by the age of the first row it
+        // lacks.
+        let next = acks.rows.iter().find(|(id, _, _)| *id > newest);
+        lags.push(next.map_or(Duration::ZERO, |(_, t, _)| t.elapsed()));
+    }
+    lags.sort();
+    assert!(lags.len() >= 10, "{} lag samples", lags.len());
+    let status = instance_status(&cluster, "dr-0").await.unwrap();
+    eprintln!(
+        "standby lag under writes (1 row / 50 ms): median {:.1?}, max {:.1?}; dr-0 reports {:?}",
+        lags[lags.len() / 2],
+        lags[lags.len() - 1],
+        status.following
+    );
+    // The standby reads the source's WAL no faster than it is archived and looked for.
+    let bound = (ARCHIVE_TIMEOUT + RETRIEVE_RETRY) * 4;
+    assert!(
+        lags[lags.len() / 2] < bound,
+        "median lag {:.1?} over {bound:?}",
+        lags[lags.len() / 2]
+    );
+    let standby_db = connect(&dr_rw, &cluster.password).await.unwrap();
+    let refused = standby_db
+        .execute("insert into acks values (-1)", &[])
+        .await
+        .unwrap_err();
+    assert!(
+        format!("{refused:?}").contains("read-only"),
+        "a standby accepts no write: {refused:?}"
+    );
+
+    // The source goes whole (its volume kept), mid-writes.
+    let killed = Instant::now();
+    cluster
+        .clusters()
+        .delete("pg", &DeleteParams::default())
+        .await
+        .unwrap();
+    eventually("the source's pod gone", WAIT, || async {
+        match cluster.pods().get_opt("pg-0").await {
+            Ok(None) => Ok(()),
+            other => Err(format!("{:?}", other.map(|p| p.map(|p| p.name_any())))),
+        }
+    })
+    .await
+    .unwrap();
+    stop.cancel();
+    writing.await.unwrap();
+
+    // The documented step.
+    let promoting = Instant::now();
+    cluster
+        .clusters()
+        .patch(
+            "dr",
+            &PatchParams::default(),
+            &Patch::Merge(json!({"spec": {"replica": {"enabled": false}}})),
+        )
+        .await
+        .unwrap();
+    let dr_password = cluster.superuser_password("dr").await;
+    let promoted = eventually("dr accepts writes", Duration::from_secs(120), || {
+        let (dr_rw, dr_password) = (dr_rw.clone(), dr_password.clone());
+        async move {
+            let db = connect(&dr_rw, &dr_password)
+                .await
+                .map_err(|e| e.to_string())?;
+            db.execute("insert into acks values (-1)", &[])
+                .await
+                .map_err(|e| e.to_string())?;
+            Ok(db)
+        }
+    })
+    .await;
+    let promoted = match promoted {
+        Ok(db) => db,
+        Err(e) => panic!("{e}\n--- dr-0:\n{}", logs(&cluster.pods(), "dr-0").await),
+    };
+    eprintln!(
+        "promoted: writes accepted {:.1?} after the step",
+        promoting.elapsed()
+    );
+    let present: Vec<i64> = promoted
+        .query("select id from acks where id > 0", &[])
+        .await
+        .unwrap()
+        .iter()
+        .map(|r| r.get(0))
+        .collect();
+    let present: std::collections::BTreeSet<i64> = present.into_iter().collect();
+    let acks = acks.lock().unwrap();
+    let lost: Vec<(i64, Duration)> = acks
+        .rows
+        .iter()
+        .filter(|(id, _, _)| !present.contains(id))
+        .map(|(id, at, _)| (*id, killed.saturating_duration_since(*at)))
+        .collect();
+    eprintln!(
+        "{} of {} acknowledged rows lost, acknowledged at most {:.1?} before the source went",
+        lost.len(),
+        acks.rows.len(),
+        lost.iter()
+            .map(|(_, before)| *before)
+            .max()
+            .unwrap_or_default()
+    );
+    // What the source had not archived: at most an archive_timeout's worth, and the upload.
+    let archive_bound = ARCHIVE_TIMEOUT * 3;
+    assert!(
+        lost.iter().all(|(_, before)| *before < archive_bound),
+        "rows acknowledged more than {archive_bound:?} before the source went are lost: {lost:?}"
+    );
+    drop(acks);
+    let fence = store
+        .fence()
+        .await
+        .unwrap()
+        .expect("the source's store fenced");
+    assert_eq!(fence.promoted, format!("{}/dr", cluster.ns), "{fence:?}");
+    assert_eq!(fence.timeline, 1, "{fence:?}");
+
+    // The source comes back on its kept volume: it never runs read-write.
+    steward_testenv::manifests::apply(
+        &cluster.client,
+        &cluster.manifest("pg", 1, source_spec),
+        None,
+        "real-node-test",
+        false,
+    )
+    .await
+    .unwrap();
+    let why = eventually("pg-0 says it is fenced", Duration::from_secs(180), || {
+        let cluster = &cluster;
+        async move {
+            let status = instance_status(cluster, "pg-0").await;
+            match status.as_ref().and_then(|s| s.problem.clone()) {
+                Some(p) if p.contains("fenced by") => Ok(p),
+                _ => Err(format!("{status:?}")),
+            }
+        }
+    })
+    .await;
+    let why = match why {
+        Ok(why) => why,
+        Err(e) => panic!("{e}\n--- pg-0:\n{}", logs(&cluster.pods(), "pg-0").await),
+    };
+    eprintln!("the source came back: {why}");
+    let watched = Instant::now();
+    while watched.elapsed() < steward_pg_instance::standby::FENCE_CHECK * 2 {
+        let status = instance_status(&cluster, "pg-0").await;
+        assert!(
+            status.as_ref().is_none_or(|s| s.role != Role::Primary),
+            "the fenced source runs read-write: {status:?}"
+        );
+        if let Ok(rw) =
+            tokio::time::timeout(Duration::from_secs(2), cluster.cluster_ip("pg-rw")).await
+            && let Ok(Ok(db)) =
+                tokio::time::timeout(Duration::from_secs(2), connect(&rw, &cluster.password)).await
+        {
+            let wrote = db.execute("insert into acks values (-2)", &[]).await;
+            assert!(wrote.is_err(), "the fenced source took a write");
+        }
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    }
+}
+
+/// Whether the server behind `host` runs read-write, asked over a connection kept in `conn`
+/// (made again with each of `passwords` when it broke); `None`: it did not answer.
+async fn read_write(
+    conn: &mut Option<tokio_postgres::Client>,
+    host: &str,
+    passwords: &[&str],
+) -> Option<bool> {
+    if conn.as_ref().is_none_or(tokio_postgres::Client::is_closed) {
+        *conn = None;
+        for password in passwords {
+            if let Ok(Ok(c)) =
+                tokio::time::timeout(Duration::from_secs(1), connect(host, password)).await
+            {
+                *conn = Some(c);
+                break;
+            }
+        }
+    }
+    let c = conn.as_ref()?;
+    match tokio::time::timeout(
+        Duration::from_secs(1),
+        c.query_one("select pg_is_in_recovery()", &[]),
+    )
+    .await
+    {
+        Ok(Ok(row)) => Some(!row.get::<_, bool>(0)),
+        _ => {
+            *conn = None;
+            None
+        }
+    }
+}
+
+/// Inserts one row every 50 ms into whichever of `sites` (`-rw` address, superuser passwords)
+/// takes it, starting with the first, moving to the next when one refuses or does not answer;
+/// records what was acknowledged (and the `-rw` address that did).
+async fn following_writer(
+    sites: Vec<(String, Vec<String>)>,
+    acks: Arc<Mutex<Acks>>,
+    stop: tokio_util::sync::CancellationToken,
+) {
+    let mut id: i64 = 0;
+    let mut at = 0;
+    let mut client: Option<tokio_postgres::Client> = None;
+    while !stop.is_cancelled() {
+        let (host, passwords) = &sites[at];
+        if client
+            .as_ref()
+            .is_none_or(tokio_postgres::Client::is_closed)
+        {
+            client = None;
+            for password in passwords {
+                if let Ok(Ok(c)) =
+                    tokio::time::timeout(Duration::from_secs(1), connect(host, password)).await
+                {
+                    client = Some(c);
+                    break;
+                }
+            }
+        }
+        let Some(c) = client.as_ref() else {
+            at = (at + 1) % sites.len();
+            tokio::time::sleep(Duration::from_millis(50)).await;
+            continue;
+        };
+        id += 1;
+        let params: [&(dyn tokio_postgres::types::ToSql + Sync); 1] = [&id];
+        let insert = c.execute("insert into acks (id) values ($1)", &params);
+        match tokio::time::timeout(Duration::from_secs(2), insert).await {
+            Ok(Ok(_)) => acks
+                .lock()
+                .unwrap()
+                .rows
+                .push((id, Instant::now(), host.clone())),
+            Ok(Err(e)) if format!("{e:?}").contains("read-only") => {
+                // Refused by a standby: not written anywhere.
+                client = None;
+                at = (at + 1) % sites.len();
+            }
+            _ => {
+                acks.lock().unwrap().unsure.push(id);
+                client = None;
+                at = (at + 1) % sites.len();
+            }
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+/// The demotion token on PostgresCluster `name`'s Lease, once there is one.
+async fn demotion_token(cluster: &Cluster, name: &str) -> String {
+    use k8s_openapi::api::coordination::v1::Lease;
+    use steward_pg_instance::contract;
+    let leases: Api<Lease> = Api::namespaced(cluster.client.clone(), &cluster.ns);
+    let token = eventually(
+        &format!("{name}'s demotion token"),
+        Duration::from_secs(180),
+        || {
+            let leases = leases.clone();
+            async move {
+                let lease = leases
+                    .get(&contract::lease_name(name))
+                    .await
+                    .map_err(|e| e.to_string())?;
+                lease
+                    .annotations()
+                    .get(contract::DEMOTION_TOKEN_ANNOTATION)
+                    .cloned()
+                    .ok_or_else(|| format!("{:?}", lease.annotations()))
+            }
+        },
+    )
+    .await;
+    match token {
+        Ok(t) => t,
+        Err(e) => panic!(
+            "{e}\n--- {name}-0:\n{}",
+            logs(&cluster.pods(), &format!("{name}-0")).await
+        ),
+    }
+}
+
+/// Disaster recovery, planned (issue #42; both clusters on one control plane and node here,
+/// sharing nothing but the object store): under a steady write load that follows whichever
+/// cluster takes writes, the source is demoted (`spec.replica` on it: it stops cleanly,
+/// archives its last WAL and publishes its demotion token), the standby promoted with that
+/// token (it replays all of it first), then back. Throughout, the two clusters' `-rw`
+/// endpoints are probed: never both read-write. No acknowledged row is lost; the write
+/// unavailability of each switchover is measured.
+#[tokio::test]
+async fn a_planned_switchover_to_a_standby_cluster_and_back_loses_no_acknowledged_row() {
+    const ARCHIVE_TIMEOUT: &str = "2s";
+    let _turn = NODE.lock().await;
+    let mut cluster = Cluster::new("rn-pgsw", 1).await;
+    let (_s3, object_store, _store) = object_store(&cluster, "pg").await;
+    let mut dr_store = object_store.clone();
+    dr_store["path"] = json!(format!("{}/dr", cluster.ns));
+    let parameters =
+        json!({"archive_timeout": ARCHIVE_TIMEOUT, "wal_retrieve_retry_interval": "1s"});
+    cluster
+        .create(json!({"backup": {"objectStore": object_store}, "parameters": parameters}))
+        .await;
+    let rw = cluster.cluster_ip("pg-rw").await;
+    let db = connect(&rw, &cluster.password).await.unwrap();
+    db.batch_execute("create table acks (id bigint primary key)")
+        .await
+        .unwrap();
+    create_backup(&cluster, "first", "pg").await;
+    completed_backup(&cluster, "first").await;
+
+    cluster.volumes("dr", 1).await;
+    let standby = cluster.manifest(
+        "dr",
+        1,
+        json!({"replica": {"source": object_store}, "backup": {"objectStore": dr_store},
+               "parameters": parameters}),
+    );
+    steward_testenv::manifests::apply(&cluster.client, &standby, None, "real-node-test", false)
+        .await
+        .unwrap();
+    let dr_password = cluster.superuser_password("dr").await;
+    let dr_rw = eventually("dr-rw", WAIT, || async {
+        let services: Api<k8s_openapi::api::core::v1::Service> =
+            Api::namespaced(cluster.client.clone(), &cluster.ns);
+        services
+            .get("dr-rw")
+            .await
+            .map_err(|e| e.to_string())?
+            .spec
+            .and_then(|s| s.cluster_ip)
+            .ok_or("no ClusterIP".to_string())
+    })
+    .await
+    .unwrap();
+    let passwords = vec![cluster.password.clone(), dr_password.clone()];
+    let following = eventually(
+        "dr serves the source's rows read-only",
+        Duration::from_secs(300),
+        || {
+            let (dr_rw, password) = (dr_rw.clone(), cluster.password.clone());
+            async move {
+                let c = connect(&dr_rw, &password)
+                    .await
+                    .map_err(|e| e.to_string())?;
+                let in_recovery: bool = c
+                    .query_one("select pg_is_in_recovery() from acks limit 1", &[])
+                    .await
+                    .map(|r| r.get(0))
+                    .or_else(|e| {
+                        if format!("{e:?}").contains("acks") {
+                            Err(e.to_string())
+                        } else {
+                            Ok(true)
+                        }
+                    })?;
+                if in_recovery {
+                    Ok(())
+                } else {
+                    Err("read-write".to_string())
+                }
+            }
+        },
+    )
+    .await;
+    if let Err(e) = following {
+        panic!("{e}\n--- dr-0:\n{}", logs(&cluster.pods(), "dr-0").await);
+    }
+
+    // The writer and the probe of both clusters' -rw.
+    let test_started = Instant::now();
+    let acks = Arc::new(Mutex::new(Acks::default()));
+    let stop = tokio_util::sync::CancellationToken::new();
+    let writing = tokio::spawn(following_writer(
+        vec![
+            (rw.clone(), passwords.clone()),
+            (dr_rw.clone(), passwords.clone()),
+        ],
+        acks.clone(),
+        stop.clone(),
+    ));
+    let two_primaries = Arc::new(Mutex::new(Vec::<String>::new()));
+    let probing = tokio::spawn({
+        let (rw, dr_rw, stop, seen) = (
+            rw.clone(),
+            dr_rw.clone(),
+            stop.clone(),
+            two_primaries.clone(),
+        );
+        let passwords = passwords.clone();
+        async move {
+            let pw: Vec<&str> = passwords.iter().map(String::as_str).collect();
+            let (mut a, mut b) = (None, None);
+            while !stop.is_cancelled() {
+                let (on_a, on_b) = (
+                    read_write(&mut a, &rw, &pw).await,
+                    read_write(&mut b, &dr_rw, &pw).await,
+                );
+                if on_a == Some(true) && on_b == Some(true) {
+                    seen.lock().unwrap().push(format!("{:?}", Instant::now()));
+                }
+                tokio::time::sleep(Duration::from_millis(100)).await;
+            }
+        }
+    });
+    let acked = |n: usize| {
+        let acks = acks.clone();
+        async move {
+            eventually(
+                &format!("{n} acknowledged writes"),
+                Duration::from_secs(240),
+                || {
+                    let acks = acks.clone();
+                    async move {
+                        let got = acks.lock().unwrap().rows.len();
+                        if got >= n {
+                            Ok(())
+                        } else {
+                            Err(format!("{got}"))
+                        }
+                    }
+                },
+            )
+            .await
+        }
+    };
+    acked(40).await.unwrap();
+
+    // Switchover: demote pg, promote dr with pg's token.
+    let patch = |name: &'static str, replica: serde_json::Value| {
+        let clusters = cluster.clusters();
+        async move {
+            clusters
+                .patch(
+                    name,
+                    &PatchParams::default(),
+                    &Patch::Merge(json!({"spec": {"replica": replica}})),
+                )
+                .await
+                .unwrap();
+        }
+    };
+    let mut gaps = Vec::new();
+    let mut steps = Vec::new();
+    for (from, to, to_rw, to_store) in [
+        ("pg", "dr", dr_rw.clone(), dr_store.clone()),
+        ("dr", "pg", rw.clone(), object_store.clone()),
+    ] {
+        let started = Instant::now();
+        steps.push(format!(
+            "{from} -> {to} {:.1?}",
+            started.duration_since(test_started)
+        ));
+        if from == "pg" {
+            patch("pg", json!({"enabled": true, "source": to_store})).await;
+        } else {
+            patch("dr", json!({"enabled": true})).await;
+        }
+        let token = demotion_token(&cluster, from).await;
+        eprintln!(
+            "{from} demoted {:.1?} after the step: token {token}",
+            started.elapsed()
+        );
+        steps.push(format!(
+            "{from} demoted {:.1?}",
+            Instant::now().duration_since(test_started)
+        ));
+        patch(to, json!({"enabled": false, "promotionToken": token})).await;
+        let n = acks.lock().unwrap().rows.len();
+        let resumed = eventually(&format!("writes on {to}"), Duration::from_secs(240), || {
+            let (acks, to_rw) = (acks.clone(), to_rw.clone());
+            async move {
+                let acks = acks.lock().unwrap();
+                acks.rows[n..]
+                    .iter()
+                    .find(|(_, _, host)| *host == to_rw)
+                    .map(|_| ())
+                    .ok_or_else(|| format!("{} writes since", acks.rows.len() - n))
+            }
+        })
+        .await;
+        if let Err(e) = resumed {
+            panic!(
+                "{e}\n--- {to}-0:\n{}\n--- {from}-0:\n{}",
+                logs(&cluster.pods(), &format!("{to}-0")).await,
+                logs(&cluster.pods(), &format!("{from}-0")).await
+            );
+        }
+        let gap = longest_gap(&acks, started);
+        eprintln!(
+            "switchover {from} -> {to}: writes resumed {:.1?} after the step; longest write gap {gap:.1?}",
+            started.elapsed()
+        );
+        gaps.push(gap);
+        let n = acks.lock().unwrap().rows.len();
+        acked(n + 40).await.unwrap();
+    }
+    stop.cancel();
+    writing.await.unwrap();
+    probing.await.unwrap();
+    assert!(
+        two_primaries.lock().unwrap().is_empty(),
+        "both clusters ran read-write at {:?}",
+        two_primaries.lock().unwrap()
+    );
+    // Every acknowledged row is on the primary at the end (pg again).
+    let (present, total) = acknowledged_present(&rw, &cluster.password, &acks).await;
+    if present != total {
+        let db = connect(&rw, &cluster.password).await.unwrap();
+        let there: std::collections::BTreeSet<i64> = db
+            .query("select id from acks", &[])
+            .await
+            .unwrap()
+            .iter()
+            .map(|r| r.get(0))
+            .collect();
+        let lost: Vec<String> = acks
+            .lock()
+            .unwrap()
+            .rows
+            .iter()
+            .filter(|(id, _, _)| !there.contains(id))
+            .map(|(id, at, host)| {
+                format!(
+                    "{id} by {host} {:.1?} after the start",
+                    at.duration_since(test_started)
+                )
+            })
+            .collect();
+        panic!(
+            "{} of {total} acknowledged rows lost: {lost:?} (steps at {steps:?})\n--- pg-0:\n{}\n--- dr-0:\n{}",
+            total - present,
+            logs(&cluster.pods(), "pg-0").await,
+            logs(&cluster.pods(), "dr-0").await
+        );
+    }
+    eprintln!(
+        "{total} acknowledged rows, none lost; {} unsure; longest write gaps {gaps:.1?}",
+        acks.lock().unwrap().unsure.len()
+    );
+}

@@ -58,6 +58,21 @@ pub const BACKUP_ENV: &str = "STEWARD_BACKUP";
 /// The object store a new cluster is restored from (`spec.bootstrap.recovery`):
 /// `STEWARD_RECOVERY_<field>`.
 pub const RECOVERY_ENV: &str = "STEWARD_RECOVERY";
+/// The object store a standby cluster follows (`spec.replica.source`):
+/// `STEWARD_REPLICA_SOURCE_<field>`. Set, the instance manager reads `spec.replica.enabled`
+/// from its PostgresCluster each tick: the leader follows the source's archive while it is
+/// true, and fences the source's store before it promotes when it turns false.
+pub const REPLICA_SOURCE_ENV: &str = "STEWARD_REPLICA_SOURCE";
+/// The object, under a cluster's backup path, that fences it: a cluster promoted from its
+/// archive wrote it ([`Fence`]). A primary of that path on a timeline at or below the fence's
+/// never runs read-write again.
+pub const FENCE_OBJECT: &str = "fence.json";
+/// On a promoted standby cluster's Lease: the source store (`s3://bucket/path`) its
+/// promotion fenced. Its later failovers do not fence (or read) the source again.
+pub const SOURCE_FENCED_ANNOTATION: &str = "database.steward.dev/source-fenced";
+/// On a demoted cluster's Lease: where its WAL ended when it stopped as the primary
+/// ([`WalEnd`]), its demotion token; removed when it runs read-write again.
+pub const DEMOTION_TOKEN_ANNOTATION: &str = "database.steward.dev/demotion-token";
 /// The fields of an object store's environment: endpoint URL, bucket, path (the prefix
 /// every object of the cluster's backups is under), region and the credentials.
 pub const STORE_FIELDS: [&str; 6] = [
@@ -89,6 +104,10 @@ pub fn store_env(prefix: &str, field: &str) -> String {
 /// instances' RBAC rules.
 pub const BACKUP_GROUP: &str = crate::GROUP;
 pub const BACKUP_PLURAL: &str = "postgresbackups";
+/// The plural of [`PostgresCluster`](crate::PostgresCluster) (group [`crate::GROUP`]): each
+/// cluster's instance managers may `get` their own (a standby's leader reads
+/// `spec.replica.enabled`).
+pub const CLUSTER_PLURAL: &str = "postgresclusters";
 
 /// Where a base backup is.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize, schemars::JsonSchema)]
@@ -134,6 +153,51 @@ pub fn lease_name(cluster: &str) -> String {
     format!("{cluster}-primary")
 }
 
+/// What a promoted standby cluster writes into its source's object store ([`FENCE_OBJECT`]).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct Fence {
+    /// The promoted cluster, `<namespace>/<name>` (of its own Kubernetes cluster).
+    pub promoted: String,
+    /// The last timeline of the source that it replayed: a primary of the source on this
+    /// timeline or an earlier one is fenced.
+    pub timeline: u32,
+    /// Where its replay ended: what of the source it has (the data-loss bound is the source's
+    /// writes after this).
+    pub lsn: Lsn,
+    /// When (RFC 3339).
+    pub at: String,
+}
+
+/// A standby cluster's leader: how far it has followed its source.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct Following {
+    /// The source's object store (`s3://bucket/path`).
+    pub source: String,
+    /// What it has replayed.
+    pub replayed: Lsn,
+    /// The commit time of the last transaction replayed (RFC 3339).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub replayed_at: Option<String>,
+    /// The newest WAL segment the source archived, as last listed.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub source_wal: Option<String>,
+    /// Bytes of WAL the source archived beyond what was replayed (by the end of
+    /// `source_wal`: at most a segment more than the truth; the source's unarchived WAL is
+    /// not counted).
+    #[serde(default)]
+    pub lag_bytes: u64,
+    /// Why the source's store could not be listed, if it could not.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub source_error: Option<String>,
+    /// This cluster was a primary and was demoted (`spec.replica.enabled` on a running
+    /// cluster): where its WAL ends ([`WalEnd`], `<timeline>:<LSN>`), the token the new
+    /// primary's `spec.replica.promotionToken` waits for.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub demotion_token: Option<String>,
+}
+
 /// What an instance is doing, as it reports it.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]
@@ -173,6 +237,10 @@ pub struct InstanceStatus {
     /// from running, for the cluster's status. Cleared by the next step that succeeds.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub problem: Option<String>,
+    /// The leader of a standby cluster (`spec.replica`): it runs as a replica of the source's
+    /// archive, and this says how far it is.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub following: Option<Following>,
 }
 
 /// How long a commit may wait for synchronous standbys before it counts as waiting (each
@@ -331,6 +399,7 @@ mod tests {
             archiver: None,
             commits_waiting: 0,
             problem: None,
+            following: None,
         };
         let json = serde_json::to_string(&status).unwrap();
         assert_eq!(
@@ -353,6 +422,7 @@ mod tests {
             archiver: None,
             commits_waiting: 4,
             problem: None,
+            following: None,
         };
         let json = serde_json::to_string(&status).unwrap();
         assert!(json.ends_with(r#","commitsWaiting":4}"#), "{json}");
@@ -403,6 +473,7 @@ mod tests {
             archiver: None,
             commits_waiting: 0,
             problem: None,
+            following: None,
         };
         assert!(end.reached_by(&at(2, 0x300_0108)));
         assert!(end.reached_by(&at(2, 0x400_0000)));
@@ -416,6 +487,8 @@ mod tests {
         use kube::Resource;
         assert_eq!(crate::PostgresBackup::group(&()), BACKUP_GROUP);
         assert_eq!(crate::PostgresBackup::plural(&()), BACKUP_PLURAL);
+        assert_eq!(crate::PostgresCluster::group(&()), crate::GROUP);
+        assert_eq!(crate::PostgresCluster::plural(&()), CLUSTER_PLURAL);
     }
 
     #[test]

@@ -70,12 +70,18 @@ pub const OPERATOR: &str = "database-operator";
     printcolumn(name = "Ready Instances", type_ = "integer", json_path = ".status.readyInstances"),
     printcolumn(name = "Version", type_ = "integer", json_path = ".status.currentVersion"),
     printcolumn(name = "Primary", type_ = "string", json_path = ".status.primary"),
+    printcolumn(name = "Standby", type_ = "boolean", json_path = ".spec.replica.enabled"),
     printcolumn(name = "Target", type_ = "integer", json_path = ".spec.version", priority = 1),
     printcolumn(name = "Age", type_ = "date", json_path = ".metadata.creationTimestamp"),
     validation = Rule::new("size(self.metadata.name) <= 47").message("metadata.name must be at most 47 characters so that the names of its pods and Services stay valid"),
 )]
 #[serde(rename_all = "camelCase")]
 #[x_kube(validation = Rule::new("!has(self.synchronousReplicas) || self.synchronousReplicas < self.instances").message("synchronousReplicas must be below instances: a commit waits for that many replicas"))]
+#[x_kube(validation = Rule::new("!has(self.replica) || !has(self.bootstrap)").message("spec.replica: a standby cluster bootstraps from its source; remove spec.bootstrap"))]
+#[x_kube(validation = Rule::new(REPLICA_NOT_OWN_STORE).message("spec.replica.source: a cluster cannot follow its own object store"))]
+#[x_kube(validation = Rule::new("has(self.replica) || !has(oldSelf.replica) || !oldSelf.replica.enabled").message("spec.replica cannot be removed while enabled: set spec.replica.enabled to false first, which promotes the cluster and fences its source"))]
+#[x_kube(validation = Rule::new("!has(self.replica) || !self.replica.enabled || !has(oldSelf.replica) || !oldSelf.replica.enabled || (self.replica.source.bucket == oldSelf.replica.source.bucket && self.replica.source.path == oldSelf.replica.source.path)").message("spec.replica.source: the bucket and path cannot change while the cluster follows them: a standby follows one cluster's history"))]
+#[x_kube(validation = Rule::new("self.version == oldSelf.version || ((!has(self.replica) || !self.replica.enabled) && (!has(oldSelf.replica) || !oldSelf.replica.enabled))").message("spec.version cannot change while spec.replica.enabled: a standby runs its source's major version (promote it first, then upgrade)"))]
 pub struct PostgresClusterSpec {
     /// Number of instances: one primary and `instances - 1` replicas.
     #[serde(default = "default_instances")]
@@ -163,6 +169,16 @@ pub struct PostgresClusterSpec {
     /// its replicas at once. Changing it rolls the instances.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub placement: Option<Placement>,
+
+    /// A standby cluster (disaster recovery across Kubernetes clusters): this cluster follows
+    /// another one through its object store. Its first instance restores the source's newest
+    /// base backup, then replays the source's archived WAL as it arrives; its other instances
+    /// replicate from it (cascading). It accepts no writes. Setting `enabled: false` promotes
+    /// it: before it accepts a write it writes a fence into the source's object store, which
+    /// keeps the source (should it come back) from running read-write again. See
+    /// docs/disaster-recovery.md. Unset: a cluster of its own.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub replica: Option<ReplicaSpec>,
 
     /// A PgBouncer connection pooler in front of the primary: the Service
     /// `<cluster>-pooler-rw`. A planned switchover (on request, a rolling update, a drain)
@@ -339,6 +355,54 @@ pub struct ObjectStore {
     pub credentials_secret: String,
 }
 
+/// `spec.replica` of a [`PostgresCluster`]: the cluster it follows, and whether it still does.
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct ReplicaSpec {
+    /// Whether this cluster follows `source` (read-only). `false` promotes it: it fences the
+    /// source's object store, then accepts writes on a new timeline.
+    #[serde(default = "enabled")]
+    pub enabled: bool,
+    /// The source cluster's object store (its `spec.backup.objectStore`), with credentials
+    /// that may read it and write its fence.
+    pub source: ObjectStore,
+    /// A planned switchover: the source's demotion token (its `status.replica.demotionToken`
+    /// once `spec.replica.enabled` made it a standby: `<timeline>:<LSN>`, where its WAL
+    /// ends). With `enabled: false`, this cluster promotes only once it has replayed all of
+    /// it, so no write the source acknowledged is lost. Unset: an unplanned promotion, at
+    /// once, losing what the source had not archived.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(
+        length(min = 1, max = 64),
+        regex(pattern = r"^[0-9]+:[0-9A-Fa-f]{1,8}/[0-9A-Fa-f]{1,8}$")
+    )]
+    pub promotion_token: Option<String>,
+}
+
+fn enabled() -> bool {
+    true
+}
+
+/// The admission rule refusing a `spec.replica.source` that is the cluster's own
+/// `spec.backup.objectStore` (same endpoint, bucket and path, a trailing `/` aside), as
+/// [`ObjectStore::same_place`] decides in code.
+const REPLICA_NOT_OWN_STORE: &str = "!has(self.replica) || !has(self.backup) || !(self.replica.source.endpoint == self.backup.objectStore.endpoint && self.replica.source.bucket == self.backup.objectStore.bucket && (self.replica.source.path == self.backup.objectStore.path || self.replica.source.path + '/' == self.backup.objectStore.path || self.replica.source.path == self.backup.objectStore.path + '/'))";
+
+impl ObjectStore {
+    /// `s3://<bucket>/<path>`, as status and messages name a store.
+    pub fn url(&self) -> String {
+        format!("s3://{}/{}", self.bucket, self.path.trim_end_matches('/'))
+    }
+
+    /// Whether `other` is the same place: endpoint, bucket and path (a trailing `/` aside; the
+    /// schema allows no other second spelling of a path).
+    pub fn same_place(&self, other: &ObjectStore) -> bool {
+        self.endpoint == other.endpoint
+            && self.bucket == other.bucket
+            && self.path.trim_end_matches('/') == other.path.trim_end_matches('/')
+    }
+}
+
 /// How a [`PostgresCluster`] starts.
 #[derive(Serialize, Deserialize, Clone, Debug, PartialEq, JsonSchema)]
 #[serde(rename_all = "camelCase")]
@@ -467,12 +531,56 @@ pub struct PostgresClusterStatus {
     /// The last major-version upgrade (`spec.version` raised): its progress, or how it ended.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub major_upgrade: Option<MajorUpgradeStatus>,
+    /// A standby cluster (`spec.replica`): how far it has followed its source, from its
+    /// leader's report; after a promotion, where the replay ended.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub replica: Option<ReplicaStatus>,
     /// The `metadata.generation` this status describes.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub observed_generation: Option<i64>,
-    /// `Ready`, `Progressing`, `Degraded` and, with `spec.backup`, `ContinuousArchiving`.
+    /// `Ready`, `Progressing`, `Degraded` and, with `spec.backup`, `ContinuousArchiving`;
+    /// with `spec.replica`, `Standby`.
     #[serde(default)]
     pub conditions: Vec<Condition>,
+}
+
+/// `status.replica` of a standby [`PostgresCluster`] (`spec.replica`), from what its leader
+/// (the holder of the Lease `<cluster>-primary`) reports. The position fields keep their last
+/// reported values while the leader reports none (restarting, promoted): after a promotion
+/// they say where the replay of the source ended.
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct ReplicaStatus {
+    /// The source's object store, `s3://<bucket>/<path>`.
+    pub source: String,
+    /// `spec.replica.enabled`: `true` while the cluster follows its source, `false` once its
+    /// promotion was asked for (the `Standby` condition says whether it is done).
+    pub enabled: bool,
+    /// How far the leader has replayed the source's WAL (`16/B374D848`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub replayed_lsn: Option<String>,
+    /// The commit time of the last transaction replayed (RFC 3339): the source's state this
+    /// cluster shows.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub last_replayed_at: Option<String>,
+    /// Bytes of WAL the source archived beyond what was replayed (at most a WAL segment more
+    /// than the truth; what the source has not archived yet is not counted).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub lag_bytes: Option<u64>,
+    /// The newest WAL file the source archived, as the leader last listed it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub source_wal: Option<String>,
+    /// Whether the leader could list the source's object store at its last look.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub source_reachable: Option<bool>,
+    /// Why it could not, while it cannot.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub source_error: Option<String>,
+    /// This cluster was a primary and was demoted (`spec.replica.enabled` set on it): where
+    /// its WAL ended (`<timeline>:<LSN>`), the `spec.replica.promotionToken` of the cluster
+    /// that takes over.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub demotion_token: Option<String>,
 }
 
 /// A major-version upgrade: the primary's data directory is upgraded with `pg_upgrade` by a
@@ -1073,4 +1181,160 @@ pub struct DatabaseRoleStatus {
     /// `Ready` and `ServerReachable`.
     #[serde(default)]
     pub conditions: Vec<Condition>,
+}
+
+#[cfg(test)]
+mod tests {
+    use kube::CustomResourceExt;
+    use serde_json::{Value, json};
+
+    use super::PostgresCluster;
+
+    /// The spec's admission rules about `spec.replica`, as the CRD carries them: (rule,
+    /// message).
+    fn replica_rules() -> Vec<(String, String)> {
+        let crd = serde_json::to_value(PostgresCluster::crd()).unwrap();
+        let spec = &crd["spec"]["versions"][0]["schema"]["openAPIV3Schema"]["properties"]["spec"];
+        spec["x-kubernetes-validations"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|r| {
+                let text = |k: &str| r[k].as_str().unwrap_or_default().to_string();
+                (text("rule"), text("message"))
+            })
+            .filter(|(rule, _)| rule.contains("replica"))
+            .collect()
+    }
+
+    /// The messages of the rules `spec` breaks, updated from `old` (`None`: created). Rules
+    /// with `oldSelf` are transition rules, which the API server skips on create.
+    fn refusals(spec: &Value, old: Option<&Value>) -> Vec<String> {
+        replica_rules()
+            .into_iter()
+            .filter(|(rule, _)| old.is_some() || !rule.contains("oldSelf"))
+            .filter(|(rule, _)| {
+                let program = cel::Program::compile(rule).unwrap();
+                let mut context = cel::Context::default();
+                context
+                    .add_variable("self", cel::to_value(spec).unwrap())
+                    .unwrap();
+                if let Some(old) = old {
+                    context
+                        .add_variable("oldSelf", cel::to_value(old).unwrap())
+                        .unwrap();
+                }
+                match program.execute(&context) {
+                    Ok(cel::Value::Bool(holds)) => !holds,
+                    other => panic!("{rule}: {other:?}"),
+                }
+            })
+            .map(|(_, message)| message)
+            .collect()
+    }
+
+    fn store(bucket: &str, path: &str) -> Value {
+        json!({"endpoint": "https://s3.example", "bucket": bucket, "path": path,
+               "credentialsSecret": "s3"})
+    }
+
+    fn spec(replica: Option<(bool, Value)>) -> Value {
+        let mut spec = json!({"instances": 3, "version": 16, "storage": {"size": "1Gi"},
+                              "backup": {"objectStore": store("dr", "standby/orders")}});
+        if let Some((enabled, source)) = replica {
+            spec["replica"] = json!({"enabled": enabled, "source": source});
+        }
+        spec
+    }
+
+    #[test]
+    fn a_standby_is_refused_with_a_bootstrap_or_its_own_store() {
+        let standby = spec(Some((true, store("dr", "prod/orders"))));
+        assert_eq!(refusals(&standby, None), Vec::<String>::new());
+        let mut restored = standby.clone();
+        restored["bootstrap"] = json!({"recovery": {"objectStore": store("dr", "prod/orders")}});
+        assert_eq!(
+            refusals(&restored, None),
+            ["spec.replica: a standby cluster bootstraps from its source; remove spec.bootstrap"]
+        );
+        for own in ["standby/orders", "standby/orders/"] {
+            let mut itself = spec(Some((true, store("dr", own))));
+            assert_eq!(
+                refusals(&itself, None),
+                ["spec.replica.source: a cluster cannot follow its own object store"],
+                "{own}"
+            );
+            itself["backup"]["objectStore"]["path"] = json!("standby/orders/");
+            assert_eq!(
+                refusals(&itself, None).len(),
+                1,
+                "{own} against a trailing /"
+            );
+        }
+        let mut elsewhere = spec(Some((true, store("dr", "standby/orders"))));
+        elsewhere["replica"]["source"]["endpoint"] = json!("https://s3.other.example");
+        assert!(refusals(&elsewhere, None).is_empty(), "another endpoint");
+        let mut unbacked = spec(Some((true, store("dr", "prod/orders"))));
+        unbacked.as_object_mut().unwrap().remove("backup");
+        assert!(refusals(&unbacked, None).is_empty());
+    }
+
+    /// A standby moves to its promotion, and a primary may become a standby (a demotion),
+    /// but a cluster that follows does not follow another history, is not upgraded, and does
+    /// not drop `spec.replica` without a promotion (which would skip the fence).
+    #[test]
+    fn a_following_cluster_keeps_its_source_and_major_until_it_is_promoted() {
+        let source = store("dr", "prod/orders");
+        let following = spec(Some((true, source.clone())));
+        let promoted = spec(Some((false, source.clone())));
+        let plain = spec(None);
+        let refused = |new: &Value, old: &Value| refusals(new, Some(old));
+        assert!(refused(&following, &following).is_empty());
+        assert!(refused(&promoted, &following).is_empty(), "the promotion");
+        assert!(
+            refused(&plain, &promoted).is_empty(),
+            "spec.replica removed once promoted"
+        );
+        assert!(refused(&plain, &plain).is_empty());
+        assert!(refused(&following, &plain).is_empty(), "a demotion");
+        assert!(refused(&following, &promoted).is_empty(), "a switchback");
+        let one = |new: &Value, old: &Value, says: &str| {
+            let messages = refused(new, old);
+            assert_eq!(messages.len(), 1, "{messages:?}");
+            assert!(messages[0].starts_with(says), "{messages:?}");
+        };
+        one(
+            &plain,
+            &following,
+            "spec.replica cannot be removed while enabled",
+        );
+        let mut other = following.clone();
+        other["replica"]["source"]["path"] = json!("prod/other");
+        one(
+            &other,
+            &following,
+            "spec.replica.source: the bucket and path cannot change",
+        );
+        assert!(
+            refused(&other, &promoted).is_empty(),
+            "following another once promoted"
+        );
+        let mut rotated = following.clone();
+        rotated["replica"]["source"]["credentialsSecret"] = json!("s3-rotated");
+        assert!(refused(&rotated, &following).is_empty(), "new credentials");
+        let mut upgraded = following.clone();
+        upgraded["version"] = json!(17);
+        one(&upgraded, &following, "spec.version cannot change while");
+        let mut promoted_and_upgraded = promoted.clone();
+        promoted_and_upgraded["version"] = json!(17);
+        one(
+            &promoted_and_upgraded,
+            &following,
+            "spec.version cannot change while",
+        );
+        assert!(
+            refused(&promoted_and_upgraded, &promoted).is_empty(),
+            "upgraded once promoted"
+        );
+    }
 }

@@ -37,6 +37,14 @@ pub enum Error {
     #[error("{0}")]
     MissingReference(String),
 
+    /// The PostgresCluster a Database is on is a standby that follows its source
+    /// (`spec.replica.enabled`): its primary accepts no writes, and its databases and roles
+    /// are its source's. Retried; converges once the cluster is promoted.
+    #[error(
+        "PostgresCluster {cluster} is a standby of {store} (spec.replica.enabled): it accepts no writes, its databases and roles are its source's; this converges once it is promoted"
+    )]
+    Standby { cluster: String, store: String },
+
     /// Applying a child, pruning, or writing status failed.
     #[error(transparent)]
     Apply(#[from] steward_core::Error),
@@ -171,6 +179,7 @@ impl steward_core::ReconcileError for Error {
             },
             Error::Read { .. } => "ReadFailed",
             Error::MissingReference(_) => "MissingReference",
+            Error::Standby { .. } => "ClusterIsStandby",
             Error::Apply(_) => "ApplyFailed",
             Error::LabelPod { .. } => "LabelPodFailed",
             Error::ReplacePod { .. } => "ReplacePodFailed",
@@ -195,10 +204,12 @@ impl steward_core::ReconcileError for Error {
     /// An unreachable server (restarted, failed over) is retried at least every 10 s, so it is
     /// reconnected within seconds of coming back rather than after a grown backoff.
     /// A Database waiting for the others that share its admin Secret has no watch that wakes
-    /// it when they are gone, so it looks again every 2 s.
+    /// it when they are gone, so it looks again every 2 s. One on a standby cluster looks
+    /// again at least every minute (its cluster's promotion also wakes a Database).
     fn max_backoff(&self) -> Option<std::time::Duration> {
         match self {
             Error::ServerUnreachable { .. } => Some(std::time::Duration::from_secs(10)),
+            Error::Standby { .. } => Some(std::time::Duration::from_secs(60)),
             Error::WaitingForDatabases { .. } => Some(std::time::Duration::from_secs(2)),
             _ => None,
         }
@@ -260,5 +271,23 @@ mod tests {
         assert_eq!(unreachable.max_backoff(), Some(Duration::from_secs(10)));
         assert!(!unreachable.is_permanent());
         assert_eq!(Error::InvalidSpec("x".into()).max_backoff(), None);
+    }
+
+    /// A Database on a standby cluster waits (not failed for good) and says for what.
+    #[test]
+    fn a_database_on_a_standby_waits_for_its_promotion() {
+        let standby = Error::Standby {
+            cluster: "pg".into(),
+            store: "s3://dr/prod/orders".into(),
+        };
+        assert_eq!(standby.reason(), "ClusterIsStandby");
+        assert!(!standby.is_permanent());
+        assert_eq!(standby.max_backoff(), Some(Duration::from_secs(60)));
+        let message = standby.to_string();
+        assert!(
+            message.starts_with("PostgresCluster pg is a standby of s3://dr/prod/orders")
+                && message.ends_with("this converges once it is promoted"),
+            "{message}"
+        );
     }
 }

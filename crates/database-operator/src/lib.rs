@@ -726,6 +726,9 @@ mod tests {
             // checks it again in the StatefulSet's pod template (an apply it refuses leaves
             // `Ready=False` naming it).
             r"^([a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*/)?[A-Za-z0-9]([-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?$",
+            // `spec.replica.promotionToken`, `<timeline>:<LSN>`: parsed by the instance
+            // manager as a WAL end, never in SQL.
+            r"^[0-9]+:[0-9A-Fa-f]{1,8}/[0-9A-Fa-f]{1,8}$",
         ];
         assert!(
             found

@@ -19,6 +19,8 @@ use crate::pg::Server;
 ///
 /// # Errors
 /// [`Error::MissingReference`] when the cluster, the Secret or a key is missing;
+/// [`Error::Standby`] when the cluster is a standby that follows its source (its primary is
+/// read-only, its roles its source's: nothing can be written until it is promoted);
 /// [`Error::Read`] when reading fails.
 pub async fn resolve(
     client: &kube::Client,
@@ -52,7 +54,7 @@ pub async fn resolve(
     match (&spec.cluster_ref, &spec.external) {
         (Some(r), None) => {
             let clusters: Api<PostgresCluster> = Api::namespaced(client.clone(), ns);
-            clusters
+            let cluster = clusters
                 .get_opt(&r.name)
                 .await
                 .map_err(|source| Error::Read {
@@ -65,6 +67,12 @@ pub async fn resolve(
                         r.name
                     ))
                 })?;
+            if let Some(source) = crate::cluster::standby::follows(&cluster.spec) {
+                return Err(Error::Standby {
+                    cluster: r.name.clone(),
+                    store: source.url(),
+                });
+            }
             let names = Names::of(&r.name);
             let secret = read_secret(names.superuser_secret.clone()).await?;
             // The cluster's CA is in its superuser Secret: the operator and the applications

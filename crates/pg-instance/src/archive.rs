@@ -360,6 +360,36 @@ impl Store {
     }
 }
 
+impl Store {
+    /// The fence a cluster promoted from this path's archive wrote ([`contract::FENCE_OBJECT`]).
+    ///
+    /// # Errors
+    /// When the store cannot be read or the fence is not one.
+    pub async fn fence(&self) -> Result<Option<contract::Fence>, Error> {
+        let path = self.path(contract::FENCE_OBJECT);
+        self.get(&path)
+            .await?
+            .map(|bytes| {
+                serde_json::from_slice(&bytes).map_err(|e| Error::Invalid(format!("{path}: {e}")))
+            })
+            .transpose()
+    }
+
+    /// Writes `fence` ([`contract::FENCE_OBJECT`]) under this path.
+    ///
+    /// # Errors
+    /// When the store refuses it.
+    pub async fn set_fence(&self, fence: &contract::Fence) -> Result<(), Error> {
+        let path = self.path(contract::FENCE_OBJECT);
+        let body = serde_json::to_vec(fence).map_err(|e| Error::Invalid(e.to_string()))?;
+        self.inner
+            .put(&path, Bytes::from(body).into())
+            .await
+            .map_err(store_err(format!("put {path}")))?;
+        Ok(())
+    }
+}
+
 /// The object naming the system that archives to a path.
 const SYSTEM: &str = "system";
 
@@ -428,7 +458,8 @@ pub async fn claim(store: &Store, pgdata: &Path) -> Result<String, Error> {
     Ok(ours)
 }
 
-const SEGMENT_SIZE: u64 = 16 * 1024 * 1024;
+/// Bytes in a WAL segment (PostgreSQL's default).
+pub const SEGMENT_SIZE: u64 = 16 * 1024 * 1024;
 const SEGMENTS_PER_ID: u64 = 0x1_0000_0000 / SEGMENT_SIZE;
 
 /// `(timeline, segment number)` of a WAL segment's file name; `None` for any other file.

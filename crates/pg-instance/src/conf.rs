@@ -20,7 +20,7 @@ pub fn replica_conf(
     application_name: &str,
     passfile: &Path,
     ca_file: &Path,
-    archive: Option<&Path>,
+    archive: Option<(&Path, Archive)>,
 ) -> String {
     let conninfo = format!(
         "host={primary_host} port={PG_PORT} user={REPLICATION_USER} passfile={} application_name={application_name} connect_timeout=5 sslmode=verify-ca sslrootcert={}",
@@ -31,10 +31,10 @@ pub fn replica_conf(
         "# Managed by steward-pg-instance: this instance is a replica.\nprimary_conninfo = {}\n",
         quote(&conninfo)
     );
-    if let Some(exe) = archive {
+    if let Some((exe, from)) = archive {
         out.push_str(&format!(
             "restore_command = {}\n",
-            quote(&fetch_command(exe, false))
+            quote(&fetch_command(exe, from))
         ));
     }
     out.push_str("recovery_target_timeline = 'latest'\n");
@@ -43,13 +43,36 @@ pub fn replica_conf(
 
 /// The `restore_command` that fetches WAL with `exe wal-fetch`: from the store the cluster
 /// is restored from (`from_recovery`), else from its own archive.
-fn fetch_command(exe: &Path, from_recovery: bool) -> String {
-    let from = if from_recovery {
-        " --from-recovery"
-    } else {
-        ""
+/// Which store a `restore_command` reads.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Archive {
+    /// The cluster's own archive (`spec.backup`).
+    Own,
+    /// The backup a new cluster restores (`spec.bootstrap.recovery`).
+    Recovery,
+    /// The cluster a standby cluster follows (`spec.replica.source`).
+    Source,
+}
+
+fn fetch_command(exe: &Path, from: Archive) -> String {
+    let from = match from {
+        Archive::Own => "",
+        Archive::Recovery => " --from-recovery",
+        Archive::Source => " --from-source",
     };
     format!("{} wal-fetch{from} %f %p", exe.display())
+}
+
+/// `instance.conf` of a standby cluster's leader: it replays its source's archive as the
+/// files arrive (with `standby.signal`: it never ends recovery on its own), onto the newest
+/// timeline the source's archive has.
+pub fn standby_leader_conf(exe: &Path) -> String {
+    format!(
+        "# Managed by steward-pg-instance: this instance leads a standby cluster, following its source's archive.\n\
+         restore_command = {}\n\
+         recovery_target_timeline = 'latest'\n",
+        quote(&fetch_command(exe, Archive::Source))
+    )
 }
 
 pub use crate::contract::RESERVED_CONNECTIONS;
@@ -80,7 +103,7 @@ pub fn recovery_conf(exe: &Path, target_time: Option<&str>) -> String {
         String::from("# Managed by steward-pg-instance: restoring this cluster from a backup.\n");
     out.push_str(&format!(
         "restore_command = {}\n",
-        quote(&fetch_command(exe, true))
+        quote(&fetch_command(exe, Archive::Recovery))
     ));
     out.push_str("recovery_target_timeline = 'latest'\n");
     if let Some(t) = target_time {
@@ -132,7 +155,7 @@ mod tests {
             "pg-1",
             Path::new("/steward/run/pgpass"),
             Path::new("/tls/ca.crt"),
-            Some(Path::new("/steward/bin/steward-pg-instance")),
+            Some((Path::new("/steward/bin/steward-pg-instance"), Archive::Own)),
         );
         assert!(
             conf.contains(
@@ -164,6 +187,20 @@ mod tests {
     /// Issue #37, item 10: clients filling `max_connections` locked the replication role out
     /// (`pg_rewind`: too many clients already). PostgreSQL 15 has no `reserved_connections`
     /// and would refuse to start with it.
+    #[test]
+    fn a_standby_leader_replays_its_source_s_archive_and_never_promotes_on_its_own() {
+        let conf = standby_leader_conf(Path::new("/steward/bin/steward-pg-instance"));
+        assert!(
+            conf.contains(
+                "\nrestore_command = '/steward/bin/steward-pg-instance wal-fetch --from-source %f %p'\n"
+            ),
+            "{conf}"
+        );
+        assert!(conf.contains("\nrecovery_target_timeline = 'latest'\n"));
+        assert!(!conf.contains("primary_conninfo"));
+        assert!(!conf.contains("recovery_target_action"));
+    }
+
     #[test]
     fn connections_are_reserved_for_the_replication_role_from_postgresql_16_on() {
         assert!(defaults_conf(Some(17)).contains("\nreserved_connections = 3\n"));

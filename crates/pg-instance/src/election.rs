@@ -281,6 +281,7 @@ pub(crate) mod tests {
             archiver: None,
             commits_waiting: 0,
             problem: None,
+            following: None,
         }
     }
 

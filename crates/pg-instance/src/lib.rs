@@ -33,5 +33,6 @@ pub mod manager;
 pub mod metrics;
 pub mod poolers;
 pub mod postgres;
+pub mod standby;
 pub mod upgrade;
 pub mod watchdog;

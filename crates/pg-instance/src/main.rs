@@ -39,8 +39,12 @@ enum Command {
         name: String,
         dest: PathBuf,
         /// From the store a new cluster is restored from (`STEWARD_RECOVERY_*`).
-        #[arg(long)]
+        #[arg(long, conflicts_with = "from_source")]
         from_recovery: bool,
+        /// From the archive of the cluster a standby cluster follows
+        /// (`STEWARD_REPLICA_SOURCE_*`); a failure counts as a missing file, as a replica's.
+        #[arg(long)]
+        from_source: bool,
     },
     /// An init container of the old major's image: exports that PostgreSQL installation (and
     /// the libraries it links) into `to` for `major-upgrade`.
@@ -175,8 +179,11 @@ fn main() -> anyhow::Result<()> {
             name,
             dest,
             from_recovery,
+            from_source,
         } => {
-            let prefix = if from_recovery {
+            let prefix = if from_source {
+                contract::REPLICA_SOURCE_ENV
+            } else if from_recovery {
                 // A panic's exit status (101) would read as "missing" too, and end the
                 // restore early: a panicking restore stops as a failed read does.
                 let report = std::panic::take_hook();
@@ -283,6 +290,7 @@ async fn run(args: RunArgs) -> anyhow::Result<()> {
             .transpose(),
         backup_keep: args.backup_keep,
         recovery: StoreConfig::from_env(contract::RECOVERY_ENV)?,
+        replica_source: StoreConfig::from_env(contract::REPLICA_SOURCE_ENV)?,
         recovery_target_time: args.recovery_target_time,
     };
     let client = kube::Client::try_default()

@@ -40,7 +40,8 @@ use crate::election::{self, Candidacy, Peer};
 use crate::metrics::Metrics;
 use crate::postgres::{self, Observed, Paths, Postmaster};
 use crate::watchdog::Message;
-use crate::{conf, http};
+use crate::{conf, http, standby};
+use steward_database_api::PostgresCluster;
 
 /// How the instance manager is configured (from the pod's environment; see `main.rs`).
 #[derive(Clone, Debug)]
@@ -71,6 +72,18 @@ pub struct Settings {
     pub recovery: Option<StoreConfig>,
     /// Recover up to this time (RFC 3339), not to the end of the archive.
     pub recovery_target_time: Option<String>,
+    /// `spec.replica.source`: the store of the cluster this one follows while
+    /// `spec.replica.enabled` (read from the PostgresCluster each tick).
+    pub replica_source: Option<StoreConfig>,
+}
+
+/// How the first instance of a cluster restores a backup.
+#[derive(Clone, Copy, Debug)]
+enum Restore {
+    /// `spec.bootstrap.recovery`: to its target time (or the archive's end), then promoted.
+    ToTarget,
+    /// `spec.replica`: as a standby following the source's archive.
+    Follow,
 }
 
 const TICK: Duration = Duration::from_millis(500);
@@ -144,6 +157,11 @@ pub async fn run(
         .clone()
         .map(|c| c.and_then(|c| Store::open(c).map_err(|e| e.to_string())));
     let archive_to = backup_store.clone().and_then(Result::ok);
+    let source = settings
+        .replica_source
+        .clone()
+        .map(Store::open)
+        .transpose()?;
     let backups = backups::Runner::new(
         client.clone(),
         &settings.namespace,
@@ -158,6 +176,12 @@ pub async fn run(
     let mut instance = Instance {
         backups,
         archive_to,
+        source,
+        standby: false,
+        configured_standby: false,
+        demotion_token: None,
+        source_listed: None,
+        fence_checked_at: None,
         recovering,
         leases: Api::namespaced(client.clone(), &settings.namespace),
         pods: Api::namespaced(client.clone(), &settings.namespace),
@@ -387,6 +411,21 @@ struct Instance {
     backups: backups::Runner,
     /// Where WAL is archived (`spec.backup`), for what a former primary left unarchived.
     archive_to: Option<Store>,
+    /// The store of the cluster this one follows (`spec.replica.source`).
+    source: Option<Store>,
+    /// This tick: the cluster follows its source (`spec.replica.enabled`), so its leader runs
+    /// in recovery.
+    standby: bool,
+    /// The replica's `instance.conf` was written for a standby cluster (restoring from the
+    /// source's archive).
+    configured_standby: bool,
+    /// This tick: the cluster's demotion token, if it was demoted.
+    demotion_token: Option<String>,
+    /// As a standby's leader: the source's archive as last listed (its WAL file names, or
+    /// why not), and when.
+    source_listed: Option<(Instant, Result<Vec<String>, String>)>,
+    /// As the primary: when the store's fence was last read.
+    fence_checked_at: Option<Instant>,
     /// Replaying a restored backup: promoted by PostgreSQL itself at the recovery target,
     /// never by the manager.
     recovering: bool,
@@ -481,6 +520,15 @@ struct World {
     poolers_paused: bool,
     /// The instance that released the Lease on its last clean stop, and where its WAL ended.
     clean_stop: election::CleanStopRecord,
+    /// `spec.replica.enabled` of the cluster, read only when it has a source to follow.
+    follow: Option<bool>,
+    /// `spec.replica.promotionToken`: a planned promotion waits until it replayed all of it.
+    promotion_token: Option<String>,
+    /// This cluster's own demotion token ([`contract::DEMOTION_TOKEN_ANNOTATION`]).
+    demotion_token: Option<String>,
+    /// The source store a promotion of this cluster fenced
+    /// ([`contract::SOURCE_FENCED_ANNOTATION`]).
+    source_fenced: Option<String>,
     /// The StatefulSet's replicas, read only while the Lease is released by a last primary
     /// whose pod does not exist: is it coming back, or was it removed?
     instances: Option<u32>,
@@ -550,6 +598,8 @@ impl Instance {
                 return Err(e);
             }
         };
+        self.standby = world.follow == Some(true);
+        self.demotion_token.clone_from(&world.demotion_token);
         let paths = self.settings.paths.clone();
         let older = paths
             .initialized()
@@ -750,6 +800,12 @@ impl Instance {
             l.annotations()
                 .contains_key(contract::pooler::PAUSE_ANNOTATION)
         });
+        let source_fenced = lease
+            .as_ref()
+            .and_then(|l| election::named_on(l, contract::SOURCE_FENCED_ANNOTATION));
+        let demotion_token = lease
+            .as_ref()
+            .and_then(|l| election::named_on(l, contract::DEMOTION_TOKEN_ANNOTATION));
         let holder = lease.map(|l| l.spec.and_then(|s| s.holder_identity).unwrap_or_default());
         let selector = format!("{CLUSTER_LABEL}={}", self.settings.cluster);
         let pods = tokio::time::timeout(
@@ -773,9 +829,27 @@ impl Instance {
         } else {
             None
         };
+        let (follow, promotion_token) = if self.source.is_some() {
+            let clusters: Api<PostgresCluster> =
+                Api::namespaced(self.client.clone(), &self.settings.namespace);
+            let cluster =
+                tokio::time::timeout(API_TIMEOUT, clusters.get(&self.settings.cluster)).await??;
+            let replica = cluster.spec.replica;
+            (
+                Some(replica.as_ref().is_some_and(|r| r.enabled)),
+                replica.and_then(|r| r.promotion_token),
+            )
+        } else {
+            (None, None)
+        };
+
         Ok(World {
             holder,
             target,
+            follow,
+            promotion_token,
+            demotion_token,
+            source_fenced,
             poolers_paused,
             clean_stop,
             instances,
@@ -786,8 +860,14 @@ impl Instance {
     /// An empty data directory: create the cluster, or clone the primary.
     async fn prepare(&mut self, leading: bool, world: &World) -> anyhow::Result<()> {
         let paths = &self.settings.paths;
+        if leading
+            && self.standby
+            && let Some(source) = self.source.clone()
+        {
+            return self.restore(source, Restore::Follow).await;
+        }
         if leading && let Some(source) = self.settings.recovery.clone() {
-            return self.restore(source).await;
+            return self.restore(Store::open(source)?, Restore::ToTarget).await;
         }
         if leading {
             tracing::info!(
@@ -795,6 +875,13 @@ impl Instance {
             );
             postgres::initdb(paths, &self.settings.superuser_password).await?;
             return Ok(());
+        }
+        if self.standby
+            && let Some(source) = self.source.clone()
+        {
+            // Cloning the leader takes the source's replication password: a copy of the
+            // source's base backup instead, following its archive.
+            return self.restore(source, Restore::Follow).await;
         }
         let Some(host) = world.primary_host(&self.settings.pod) else {
             tracing::info!(holder = ?world.holder, "empty data directory; waiting for a primary to clone");
@@ -808,11 +895,13 @@ impl Instance {
     /// completed before the target into a sibling directory, then moves it into place with
     /// `recovery.signal` (so an interruption never leaves a half-unpacked data directory
     /// that looks initialized). PostgreSQL replays the source's archive when it starts.
-    async fn restore(&mut self, source: StoreConfig) -> anyhow::Result<()> {
+    async fn restore(&mut self, store: Store, how: Restore) -> anyhow::Result<()> {
         let paths = self.settings.paths.clone();
-        let target = self.settings.recovery_target_time.clone();
-        tracing::info!(from = %source.url(), ?target, "holding the Lease with an empty data directory: restoring the cluster from a backup");
-        let store = Store::open(source)?;
+        let target = match how {
+            Restore::ToTarget => self.settings.recovery_target_time.clone(),
+            Restore::Follow => None,
+        };
+        tracing::info!(from = %store.config().url(), ?target, ?how, "an empty data directory: restoring the cluster from a backup");
         let backups = store.base_backups().await?;
         let backup =
             archive::choose_backup(&backups, target.as_deref(), self.installed_major)?.clone();
@@ -824,17 +913,25 @@ impl Instance {
         };
         tracing::info!(backup = %backup.name, completed = %backup.completed_at, size = backup.size, "downloading the base backup");
         archive::restore(&store, &backup, &staged).await?;
-        std::fs::write(staged.recovery_signal(), "")?;
-        let _ = std::fs::remove_file(staged.standby_signal());
-        postgres::write_file(
-            &paths.instance_conf(),
-            &conf::recovery_conf(&self.settings.exe, target.as_deref()),
-            0o644,
-        )?;
+        let (signal, other, conf) = match how {
+            Restore::ToTarget => (
+                staged.recovery_signal(),
+                staged.standby_signal(),
+                conf::recovery_conf(&self.settings.exe, target.as_deref()),
+            ),
+            Restore::Follow => (
+                staged.standby_signal(),
+                staged.recovery_signal(),
+                conf::standby_leader_conf(&self.settings.exe),
+            ),
+        };
+        std::fs::write(signal, "")?;
+        let _ = std::fs::remove_file(other);
+        postgres::write_file(&paths.instance_conf(), &conf, 0o644)?;
         clear_dir(&paths.pgdata)?;
         std::fs::remove_dir(&paths.pgdata)?;
         std::fs::rename(&staging, &paths.pgdata)?;
-        self.recovering = true;
+        self.recovering = matches!(how, Restore::ToTarget);
         tracing::info!(backup = %backup.name, "base backup restored: replaying the archive");
         Ok(())
     }
@@ -867,6 +964,10 @@ impl Instance {
         if self.recovering {
             return self.run_recovery().await;
         }
+        if self.standby {
+            return self.run_standby_leader(world).await;
+        }
+        self.check_fence().await?;
         let paths = self.settings.paths.clone();
         if self.postmaster.is_none() {
             postgres::write_file(&paths.instance_conf(), &conf::primary_conf(), 0o644)?;
@@ -879,6 +980,16 @@ impl Instance {
         };
         let mut promoted_now = false;
         if observed.in_recovery {
+            if self.source.is_some() && world.source_fenced.is_none() {
+                // Out of standby mode: a planned promotion waits for all of the source's WAL.
+                standby::may_promote(
+                    world.promotion_token.as_deref(),
+                    observed.timeline,
+                    observed.lsn,
+                )
+                .map_err(anyhow::Error::msg)?;
+            }
+            self.fence_source(&observed, world).await?;
             tracing::info!(lsn = %observed.lsn, "holding the Lease: promoting");
             postgres::write_file(&paths.instance_conf(), &conf::primary_conf(), 0o644)?;
             if let Some(pm) = &self.postmaster {
@@ -924,6 +1035,10 @@ impl Instance {
                     tracing::warn!(error = %e, "the checkpoint after the promotion failed");
                 }
             }
+            if world.demotion_token.is_some() {
+                self.annotate_lease(contract::DEMOTION_TOKEN_ANNOTATION, None)
+                    .await?;
+            }
             if world.clean_stop.last_primary.is_some() {
                 // The record of a clean stop served its purpose: a primary runs. Kept, it
                 // would make the others wait for (and the named instance retake) the Lease
@@ -947,6 +1062,240 @@ impl Instance {
                 }
                 None => {}
             }
+        }
+        Ok(())
+    }
+
+    /// The leader of a standby cluster: PostgreSQL in recovery, replaying the source's archive
+    /// (the other instances stream from it), labelled `primary` so that `-rw` reaches it
+    /// (read-only). A data directory that runs read-write is not turned into a standby here.
+    async fn run_standby_leader(&mut self, world: &World) -> anyhow::Result<()> {
+        let paths = self.settings.paths.clone();
+        let exe = self.settings.exe.clone();
+        if self.postmaster.is_none() {
+            if !paths.standby_signal().exists() {
+                self.demote().await?;
+            }
+            postgres::write_file(
+                &paths.instance_conf(),
+                &conf::standby_leader_conf(&exe),
+                0o644,
+            )?;
+            self.following = None;
+            self.start(&paths)?;
+            return Ok(());
+        }
+        let Some(observed) = self.observed.clone() else {
+            return Ok(()); // starting up
+        };
+        if !observed.in_recovery {
+            // Demoted while it runs (a planned switchover): a clean stop, so that its WAL
+            // ends at a shutdown checkpoint, then it starts again as a standby from there.
+            tracing::info!("spec.replica.enabled: stopping the primary to demote it");
+            self.primary_pid.store(0, Ordering::SeqCst);
+            if let Some(pm) = self.postmaster.take() {
+                pm.stop(HANDOVER_SHUTDOWN).await;
+            }
+            self.observed = None;
+            return Ok(());
+        }
+        if self.following.is_some() {
+            // A replica of the standby cluster that took the Lease: from its leader's stream
+            // to the source's archive.
+            tracing::info!("leading the standby cluster: following the source's archive");
+            postgres::write_file(
+                &paths.instance_conf(),
+                &conf::standby_leader_conf(&exe),
+                0o644,
+            )?;
+            if let Some(pm) = &self.postmaster {
+                pm.reload();
+            }
+            self.following = None;
+        }
+        self.label(world).await?;
+        self.list_source().await;
+        self.adopt_handover_end(world).await?;
+        // A standby again: a clean stop's record is no handover to wait for, and the next
+        // promotion fences its source again.
+        if world.clean_stop.last_primary.is_some() || world.source_fenced.is_some() {
+            self.annotate_lease_all(&[
+                (contract::LAST_PRIMARY_ANNOTATION, None),
+                (contract::LAST_PRIMARY_WAL_ANNOTATION, None),
+                (contract::SOURCE_FENCED_ANNOTATION, None),
+            ])
+            .await?;
+        }
+        Ok(())
+    }
+
+    /// A cluster made a standby (`spec.replica.enabled`) whose leader last ran read-write: its
+    /// data directory, stopped cleanly, becomes a standby at the end of its own WAL. That end
+    /// ([`contract::WalEnd`]) is its demotion token, on the Lease; the WAL up to it goes to
+    /// this cluster's archive first, where the new primary replays it before it may promote
+    /// (`spec.replica.promotionToken`). A directory that did not stop cleanly is refused:
+    /// where its WAL ends is unknown, and it may hold writes the new primary never gets.
+    async fn demote(&mut self) -> anyhow::Result<()> {
+        let paths = self.settings.paths.clone();
+        let Some(end) = postgres::clean_wal_end(&paths).await? else {
+            anyhow::bail!(
+                "spec.replica.enabled, but this data directory last ran read-write and did not stop cleanly: where its WAL ends is unknown, so it cannot follow another cluster (re-create this cluster as a standby)"
+            );
+        };
+        self.archive_up_to(end).await?;
+        self.annotate_lease(contract::DEMOTION_TOKEN_ANNOTATION, Some(&end.to_string()))
+            .await?;
+        std::fs::write(paths.standby_signal(), "")?;
+        tracing::info!(token = %end, "demoted: this cluster follows its source from the end of its WAL");
+        Ok(())
+    }
+
+    /// This cluster's WAL up to `end`, in its archive: what PostgreSQL left unarchived, and
+    /// the segment holding `end` (a stopped primary never archives its last, unfinished one).
+    async fn archive_up_to(&self, end: contract::WalEnd) -> anyhow::Result<()> {
+        let Some(store) = &self.archive_to else {
+            anyhow::bail!(
+                "spec.replica.enabled on a cluster without spec.backup: the new primary replays this cluster's WAL from its archive, and it has none"
+            );
+        };
+        self.archive_leftover_wal().await?;
+        let name = archive::wal_file_name(end.timeline, Lsn(end.lsn.0.saturating_sub(1)));
+        let file = PathBuf::from("pg_wal").join(&name);
+        archive::push_wal(store, &self.settings.paths.pgdata, &file, &name)
+            .await
+            .map_err(|e| anyhow::anyhow!("archiving {name}, where this cluster's WAL ends: {e}"))?;
+        Ok(())
+    }
+
+    /// A standby cluster's leader that took over from a primary stopped by a switchover (a
+    /// rolling update that made the cluster a standby: the old primary handed over, its WAL
+    /// end on the Lease): that end is the demotion token, and the segment holding it (which
+    /// this instance streamed) goes to the archive.
+    async fn adopt_handover_end(&mut self, world: &World) -> anyhow::Result<()> {
+        if world.demotion_token.is_some() {
+            return Ok(());
+        }
+        let Some(end) = world
+            .clean_stop
+            .wal_end
+            .as_deref()
+            .and_then(|e| e.parse::<contract::WalEnd>().ok())
+        else {
+            return Ok(());
+        };
+        self.archive_up_to(end).await?;
+        self.annotate_lease(contract::DEMOTION_TOKEN_ANNOTATION, Some(&end.to_string()))
+            .await?;
+        tracing::info!(token = %end, "demoted by a handover: the last primary's WAL end is this cluster's demotion token");
+        Ok(())
+    }
+
+    /// Lists the source's archive (at most every [`standby::SOURCE_LISTING`]) for the lag
+    /// this leader publishes.
+    async fn list_source(&mut self) {
+        let Some(source) = &self.source else {
+            return;
+        };
+        if self
+            .source_listed
+            .as_ref()
+            .is_some_and(|(at, _)| at.elapsed() < standby::SOURCE_LISTING)
+        {
+            return;
+        }
+        let listed = match archive::system_identifier(&self.settings.paths.pgdata) {
+            Ok(system) => tokio::time::timeout(API_TIMEOUT, source.wal_files(&system))
+                .await
+                .map_err(|_| format!("no answer within {API_TIMEOUT:?}"))
+                .and_then(|r| r.map_err(|e| e.to_string())),
+            Err(e) => Err(e.to_string()),
+        };
+        self.source_listed = Some((Instant::now(), listed));
+    }
+
+    /// Before a standby cluster's first promotion: the fence in its source's store, so that
+    /// the source's primary never runs read-write again on the timeline this one leaves.
+    /// Refused (no promotion) when the store cannot be written, or another standby of the
+    /// source was promoted first.
+    async fn fence_source(&mut self, observed: &Observed, world: &World) -> anyhow::Result<()> {
+        let Some(source) = self.source.clone() else {
+            return Ok(());
+        };
+        let url = source.config().url();
+        if world.source_fenced.as_deref() == Some(url.as_str()) {
+            return Ok(());
+        }
+        let me = format!("{}/{}", self.settings.namespace, self.settings.cluster);
+        let existing = source.fence().await.map_err(|e| {
+            anyhow::anyhow!("not promoting: reading the fence of the source {url}: {e}")
+        })?;
+        if standby::may_fence(existing.as_ref(), &me, observed.timeline)
+            .map_err(anyhow::Error::msg)?
+        {
+            let fence = contract::Fence {
+                promoted: me,
+                timeline: observed.timeline,
+                lsn: observed.lsn,
+                at: jiff::Timestamp::now().to_string(),
+            };
+            source
+                .set_fence(&fence)
+                .await
+                .map_err(|e| anyhow::anyhow!("not promoting: fencing the source {url}: {e}"))?;
+            tracing::warn!(source = %url, timeline = fence.timeline, lsn = %fence.lsn, "fenced the source: its primary on this timeline never runs read-write again");
+        }
+        self.annotate_lease(contract::SOURCE_FENCED_ANNOTATION, Some(&url))
+            .await?;
+        Ok(())
+    }
+
+    /// As the primary (about to start or promote, then every [`standby::FENCE_CHECK`]): the
+    /// fence in this cluster's own store. Fenced, PostgreSQL is stopped (or not started) and
+    /// the step fails saying by whom. Before starting or promoting, a store that cannot be
+    /// read also stops it: whether it is fenced is unknown. While it runs, such a failure
+    /// only warns (the next check reads again).
+    async fn check_fence(&mut self) -> anyhow::Result<()> {
+        let Some(store) = self.archive_to.clone() else {
+            return Ok(());
+        };
+        let running =
+            self.postmaster.is_some() && self.observed.as_ref().is_some_and(|o| !o.in_recovery);
+        if running
+            && self
+                .fence_checked_at
+                .is_some_and(|at| at.elapsed() < standby::FENCE_CHECK)
+        {
+            return Ok(());
+        }
+        let fence = match tokio::time::timeout(API_TIMEOUT, store.fence()).await {
+            Ok(Ok(fence)) => fence,
+            Ok(Err(e)) if running => {
+                tracing::warn!(error = %e, "reading this cluster's fence failed; reading it again in {:?}", standby::FENCE_CHECK);
+                return Ok(());
+            }
+            Err(_) if running => return Ok(()),
+            Ok(Err(e)) => anyhow::bail!(
+                "not running read-write: this cluster's fence could not be read from {}: {e}",
+                store.config().url()
+            ),
+            Err(_) => anyhow::bail!(
+                "not running read-write: this cluster's fence could not be read from {} within {API_TIMEOUT:?}",
+                store.config().url()
+            ),
+        };
+        self.fence_checked_at = Some(Instant::now());
+        let timeline = match &self.observed {
+            Some(o) if self.postmaster.is_some() => o.timeline,
+            _ => archive::newest_timeline(&self.settings.paths.pgdata),
+        };
+        if let Some(why) = standby::fenced(fence.as_ref(), timeline) {
+            if let Some(pm) = self.postmaster.take() {
+                tracing::error!(%why, "stopping PostgreSQL");
+                self.primary_pid.store(0, Ordering::SeqCst);
+                pm.stop(Duration::from_secs(30)).await;
+                self.observed = None;
+            }
+            anyhow::bail!(why);
         }
         Ok(())
     }
@@ -1251,8 +1600,8 @@ impl Instance {
             self.start(&paths)?;
             return Ok(());
         }
-        if host.is_some() && self.following != host {
-            tracing::info!(?host, "following the primary");
+        if host.is_some() && (self.following != host || self.configured_standby != self.standby) {
+            tracing::info!(?host, standby = self.standby, "following the primary");
             self.configure_replica(host.as_deref())?;
             if let Some(pm) = &self.postmaster {
                 pm.reload();
@@ -1264,7 +1613,9 @@ impl Instance {
             self.rewind_failures = 0;
             self.cannot_catch_up = 0;
         }
-        if streaming || host.is_none() {
+        // A standby cluster's replica follows its source's archive: not streaming is expected
+        // (its leader's stream takes the source's replication password).
+        if streaming || host.is_none() || self.standby {
             self.not_streaming_since = None;
         } else {
             // Replaying WAL it fetched from the archive is catching up, not a broken stream:
@@ -1347,17 +1698,24 @@ impl Instance {
         self.write_replica_conf(host)?;
         std::fs::write(self.settings.paths.standby_signal(), "")?;
         self.following = host.map(str::to_string);
+        self.configured_standby = self.standby;
         Ok(())
     }
 
     /// `instance.conf` of a replica following `host` (nobody: `None`).
     fn write_replica_conf(&self, host: Option<&str>) -> anyhow::Result<()> {
         let paths = &self.settings.paths;
+        let exe = self.settings.exe.as_path();
         // Behind further than the primary keeps WAL, a replica catches up from the archive.
-        let archive = self
-            .archive_to
-            .is_some()
-            .then_some(self.settings.exe.as_path());
+        // In a standby cluster, from the source's: its leader's stream needs the source's
+        // replication password, which this cluster does not have until it is promoted.
+        let archive = if self.standby && self.source.is_some() {
+            Some((exe, conf::Archive::Source))
+        } else {
+            self.archive_to
+                .is_some()
+                .then_some((exe, conf::Archive::Own))
+        };
         let conf = match host {
             Some(host) => conf::replica_conf(
                 host,
@@ -1421,7 +1779,7 @@ impl Instance {
         let ready = is_ready(
             answering,
             self.observed.as_ref().map(|o| o.in_recovery),
-            self.election.leadership.is_leader(),
+            self.election.leadership.is_leader() && !self.standby,
             self.cannot_catch_up > 0,
         );
         self.health
@@ -1444,6 +1802,7 @@ impl Instance {
                 archiver: o.archiver.clone(),
                 commits_waiting: o.commits_waiting,
                 problem: self.failing.clone(),
+                following: self.following_source(o),
             },
             None => InstanceStatus {
                 role: Role::Down,
@@ -1453,6 +1812,7 @@ impl Instance {
                 archiver: None,
                 commits_waiting: 0,
                 problem: self.failing.clone(),
+                following: None,
             },
         };
         let peers: Vec<Peer> = world.pods.iter().map(peer).collect();
@@ -1525,6 +1885,25 @@ impl Instance {
             Ok(Err(e)) => tracing::warn!(error = %e, "publishing the instance status failed"),
             Err(_) => tracing::warn!("publishing the instance status timed out"),
         }
+    }
+
+    /// As a standby cluster's leader in recovery: how far it has followed its source.
+    fn following_source(&self, o: &Observed) -> Option<contract::Following> {
+        let source = self.source.as_ref()?;
+        let leading = self.election.leadership.is_leader();
+        (self.standby && leading && o.in_recovery).then(|| {
+            let listed = self
+                .source_listed
+                .as_ref()
+                .map_or_else(|| Ok(Vec::new()), |(_, l)| l.clone());
+            standby::following(
+                source,
+                o.lsn,
+                o.replayed_at.clone(),
+                &listed,
+                self.demotion_token.clone(),
+            )
+        })
     }
 
     /// As the primary: this pod is labelled `primary`, every other `replica`, so the `-rw`
@@ -1759,6 +2138,7 @@ mod tests {
             streaming,
             archiver: None,
             commits_waiting: 0,
+            replayed_at: None,
         };
         let mut streamed = None;
         assert_eq!(

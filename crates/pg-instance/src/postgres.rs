@@ -455,6 +455,8 @@ pub struct Observed {
     /// On the primary: commits waiting longer than [`crate::contract::COMMIT_WAIT`] for
     /// synchronous standbys.
     pub commits_waiting: u32,
+    /// In recovery: the commit time of the last transaction replayed (RFC 3339).
+    pub replayed_at: Option<String>,
 }
 
 const QUERY_TIMEOUT: Duration = Duration::from_secs(3);
@@ -492,7 +494,8 @@ pub async fn observe(client: &tokio_postgres::Client) -> Result<Observed, Error>
         a.last_archived_wal, to_json(a.last_archived_time) #>> '{}', \
         a.last_failed_wal, to_json(a.last_failed_time) #>> '{}', \
         (select count(*) from pg_stat_activity where wait_event = 'SyncRep' \
-           and clock_timestamp() - state_change > make_interval(secs => $1))::int \
+           and clock_timestamp() - state_change > make_interval(secs => $1))::int, \
+        to_json(pg_last_xact_replay_timestamp()) #>> '{}' \
         from pg_stat_archiver a";
     let waited = crate::contract::COMMIT_WAIT.as_secs_f64();
     let row = tokio::time::timeout(QUERY_TIMEOUT, client.query_one(SQL, &[&waited]))
@@ -514,6 +517,7 @@ pub async fn observe(client: &tokio_postgres::Client) -> Result<Observed, Error>
             streaming: row.get::<_, Option<String>>(5).as_deref() == Some("streaming"),
             archiver: None,
             commits_waiting: 0,
+            replayed_at: row.get(13),
         }
     } else {
         let text = |i: usize| row.get::<_, Option<String>>(i);
@@ -530,6 +534,7 @@ pub async fn observe(client: &tokio_postgres::Client) -> Result<Observed, Error>
                 last_failed_at: text(11),
             }),
             commits_waiting: u32::try_from(row.get::<_, Option<i32>>(12).unwrap_or(0)).unwrap_or(0),
+            replayed_at: None,
         }
     })
 }

@@ -482,6 +482,7 @@ pub(crate) fn postgres_cluster(name: &str, instances: i32) -> PostgresClusterBui
             bootstrap: None,
             placement: None,
             pooler: None,
+            replica: None,
             monitoring: None,
         },
     }

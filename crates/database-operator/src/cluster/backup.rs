@@ -16,7 +16,7 @@ use kube::api::{Api, DeleteParams, ListParams, PostParams};
 use kube::{Resource, ResourceExt};
 use steward_core::conditions::Wanted;
 use steward_core::object::unless_exists;
-use steward_database_api::contract::{Archiver, BackupPhase, InstanceStatus, STATUS_ANNOTATION};
+use steward_database_api::contract::{Archiver, BackupPhase};
 
 use crate::crd::{ClusterBackupStatus, PostgresBackup, PostgresBackupSpec, PostgresCluster};
 use crate::error::Error;
@@ -150,6 +150,18 @@ pub fn archiving_condition(status: &ClusterBackupStatus) -> Wanted {
     }
 }
 
+/// The `ContinuousArchiving` condition of a standby following `source`: it archives nothing
+/// of its own until it is promoted.
+pub fn standby_condition(source: &crate::crd::ObjectStore) -> Wanted {
+    Wanted::fails(
+        "Standby",
+        format!(
+            "a standby archives no WAL of its own while it follows {}: archiving to spec.backup starts when it is promoted (spec.replica.enabled: false), and so do scheduled base backups",
+            source.url()
+        ),
+    )
+}
+
 /// What [`reconcile`] found.
 pub struct Reported {
     pub status: ClusterBackupStatus,
@@ -161,7 +173,8 @@ pub struct Reported {
 
 /// Creates the scheduled backup if one is due, deletes the backups beyond retention, and
 /// returns `status.backup`, its `ContinuousArchiving` condition and
-/// when the schedule is next due.
+/// when the schedule is next due. A standby that follows its source (`spec.replica.enabled`)
+/// schedules nothing (a time missed meanwhile is made up once, after its promotion).
 ///
 /// # Errors
 /// [`Error::Backups`] when listing, creating or deleting PostgresBackups fails.
@@ -190,7 +203,8 @@ pub async fn reconcile(
     let now = jiff::Timestamp::now();
     let mut last_scheduled = previous.and_then(|p| p.last_scheduled_time.clone());
     let mut requeue = None;
-    if let Some(schedule) = &spec.schedule {
+    let standby = super::standby::follows(&cluster.spec);
+    if let Some(schedule) = spec.schedule.as_ref().filter(|_| standby.is_none()) {
         let cron = parse_schedule(schedule).map_err(Error::InvalidSpec)?;
         let since = last_scheduled
             .as_deref()
@@ -244,11 +258,10 @@ pub async fn reconcile(
     }
 
     let archiver = primary
-        .and_then(|p| p.annotations().get(STATUS_ANNOTATION))
-        .and_then(|s| serde_json::from_str::<InstanceStatus>(s).ok())
+        .and_then(super::build::instance_report)
         .and_then(|s| s.archiver);
     let status = status(archiver.as_ref(), &backups, last_scheduled);
-    let condition = archiving_condition(&status);
+    let condition = standby.map_or_else(|| archiving_condition(&status), standby_condition);
     Ok(Some(Reported {
         status,
         condition,
@@ -351,6 +364,30 @@ mod tests {
         assert!(ok);
         assert_eq!(reason, "WALArchived");
         assert!(message.contains("000000010000000000000003"), "{message}");
+    }
+
+    /// A standby archives nothing of its own: `ContinuousArchiving` says why, not that
+    /// archiving fails.
+    #[test]
+    fn a_standby_says_why_it_archives_nothing() {
+        let source = crate::crd::ObjectStore {
+            endpoint: "https://s3.example".into(),
+            bucket: "dr".into(),
+            path: "prod/orders".into(),
+            region: None,
+            credentials_secret: "s3".into(),
+        };
+        let Wanted {
+            status: ok,
+            reason,
+            message,
+        } = standby_condition(&source);
+        assert!(!ok);
+        assert_eq!(reason, "Standby");
+        assert!(
+            message.contains("follows s3://dr/prod/orders") && message.contains("promoted"),
+            "{message}"
+        );
     }
 
     #[test]

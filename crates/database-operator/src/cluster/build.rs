@@ -379,7 +379,8 @@ pub fn instance_service_account(cluster: &PostgresCluster) -> ServiceAccount {
 /// What the instance managers may do, and nothing more: take and renew this cluster's
 /// Lease, read the cluster's pods and StatefulSet, label/annotate its own pods (by name),
 /// read the poolers' acknowledgements, record Events, take PostgresBackups (read them, write
-/// their status).
+/// their status), read their own PostgresCluster (by name: a standby's leader follows
+/// `spec.replica.enabled`).
 pub fn instance_role(cluster: &PostgresCluster) -> Role {
     let name = cluster.name_any();
     let names = Names::of(&name);
@@ -407,6 +408,14 @@ pub fn instance_role(cluster: &PostgresCluster) -> Role {
                 Some(vec![names.statefulset.clone()]),
             ),
             rule(&[""], &["pods"], &["patch"], Some(pods)),
+            // A standby cluster's leader follows its source while `spec.replica.enabled`,
+            // and promotes when it turns false: it reads its own cluster, no other.
+            rule(
+                &[crate::crd::GROUP],
+                &[instance::CLUSTER_PLURAL],
+                &["get"],
+                Some(vec![name.clone()]),
+            ),
             // The poolers' acknowledgements of a switchover's pause (`spec.pooler`).
             rule(
                 &[""],
@@ -615,8 +624,10 @@ pub fn config_map(cluster: &PostgresCluster) -> ConfigMap {
 }
 
 /// The environment naming the object stores of `spec.backup` (archiving, base backups,
-/// retention) and `spec.bootstrap.recovery` (the backup a new cluster restores), credentials
-/// from their Secrets.
+/// retention), `spec.bootstrap.recovery` (the backup a new cluster restores) and
+/// `spec.replica.source` (the cluster a standby follows), credentials from their Secrets.
+/// `spec.replica.enabled` is not in it: the instance managers read it from the cluster, so a
+/// promotion rolls no pod.
 pub fn backup_env(cluster: &PostgresCluster) -> Vec<EnvVar> {
     let store = |prefix: &str, store: &ObjectStore| -> Vec<EnvVar> {
         let var = |field: &str, value: &str| EnvVar {
@@ -666,6 +677,9 @@ pub fn backup_env(cluster: &PostgresCluster) -> Vec<EnvVar> {
                 ..Default::default()
             });
         }
+    }
+    if let Some(replica) = &cluster.spec.replica {
+        env.extend(store(instance::REPLICA_SOURCE_ENV, &replica.source));
     }
     env
 }
@@ -1015,10 +1029,15 @@ pub fn statefulset(
     }
 }
 
+/// What the instance manager of `pod` reports of itself ([`instance::STATUS_ANNOTATION`]),
+/// if it published anything readable.
+pub fn instance_report(pod: &k8s_openapi::api::core::v1::Pod) -> Option<instance::InstanceStatus> {
+    serde_json::from_str(pod.annotations().get(instance::STATUS_ANNOTATION)?).ok()
+}
+
 /// The state an instance manager published on `pod`, if any.
 pub fn instance_state(pod: &k8s_openapi::api::core::v1::Pod) -> Option<crate::crd::InstanceState> {
-    let report: instance::InstanceStatus =
-        serde_json::from_str(pod.annotations().get(instance::STATUS_ANNOTATION)?).ok()?;
+    let report = instance_report(pod)?;
     let ready = instance::pod_ready(pod);
     Some(crate::crd::InstanceState {
         name: pod.name_any(),

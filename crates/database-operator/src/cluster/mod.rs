@@ -1,6 +1,8 @@
 //! The PostgresCluster controller: validate → build ([`build`]) → apply → roll ([`rollout`])
 //! → status. A raised major version holds the StatefulSet on the old one while [`upgrade`]
-//! runs `pg_upgrade`; [`backup`] keeps the schedule, retention and archiving status.
+//! runs `pg_upgrade`; [`backup`] keeps the schedule, retention and archiving status;
+//! [`standby`] reports a standby cluster (`spec.replica`) and keeps the operator's own writes
+//! off its read-only primary.
 //!
 //! No finalizer: children carry owner references, so the garbage collector removes them.
 //! The PersistentVolumeClaims follow the StatefulSet's `persistentVolumeClaimRetentionPolicy`
@@ -17,6 +19,7 @@ pub mod monitoring;
 mod moves;
 pub mod pooler;
 pub mod rollout;
+pub mod standby;
 mod status;
 pub mod tls;
 pub mod upgrade;
@@ -114,11 +117,14 @@ pub async fn reconcile(
         queries: &queries,
         pooled: &pooled,
     });
+    let promoted = standby::promoted_event(cluster.status.as_ref(), &status);
     let written = ctx
         .apply_status(cluster.as_ref(), cluster.status.as_ref(), &status)
         .await?;
-    if let Some(event) = transition.filter(|_| written) {
-        ctx.recorder.emit(cluster.as_ref(), event).await;
+    if written {
+        for event in [transition, promoted].into_iter().flatten() {
+            ctx.recorder.emit(cluster.as_ref(), event).await;
+        }
     }
     if moved.clear_request {
         clear_switchover_request(&ctx.client, &cluster).await?;
@@ -566,7 +572,8 @@ async fn refuse(ctx: &Context<State>, cluster: &PostgresCluster, error: Error) -
     }
 }
 
-/// The Secrets named by `spec.backup` and `spec.bootstrap.recovery` exist with both keys.
+/// The Secrets named by the object stores of `spec.backup`, `spec.bootstrap.recovery` and
+/// `spec.replica.source` exist with both keys.
 ///
 /// # Errors
 /// [`Error::MissingReference`] naming the field, the Secret and the key.
@@ -574,21 +581,7 @@ async fn check_store_credentials(
     secrets: &Api<Secret>,
     cluster: &PostgresCluster,
 ) -> Result<(), Error> {
-    let stores = [
-        (
-            "spec.backup",
-            cluster.spec.backup.as_ref().map(|b| &b.object_store),
-        ),
-        (
-            "spec.bootstrap.recovery",
-            cluster
-                .spec
-                .bootstrap
-                .as_ref()
-                .map(|b| &b.recovery.object_store),
-        ),
-    ];
-    for (field, store) in stores {
+    for (field, store) in object_stores(&cluster.spec) {
         let Some(store) = store else { continue };
         let name = &store.credentials_secret;
         let secret = secrets.get_opt(name).await.map_err(|source| Error::Read {
@@ -597,7 +590,7 @@ async fn check_store_credentials(
         })?;
         let Some(secret) = secret else {
             return Err(Error::MissingReference(format!(
-                "{field}.objectStore.credentialsSecret: Secret {name} does not exist"
+                "{field}.credentialsSecret: Secret {name} does not exist"
             )));
         };
         let has = |key: &str| {
@@ -612,11 +605,32 @@ async fn check_store_credentials(
             .find(|k| !has(k))
         {
             return Err(Error::MissingReference(format!(
-                "{field}.objectStore.credentialsSecret: Secret {name} has no key {key}"
+                "{field}.credentialsSecret: Secret {name} has no key {key}"
             )));
         }
     }
     Ok(())
+}
+
+/// The object stores `spec` names, each with its field: `spec.backup.objectStore`,
+/// `spec.bootstrap.recovery.objectStore`, `spec.replica.source`.
+fn object_stores(
+    spec: &crate::crd::PostgresClusterSpec,
+) -> [(&'static str, Option<&crate::crd::ObjectStore>); 3] {
+    [
+        (
+            "spec.backup.objectStore",
+            spec.backup.as_ref().map(|b| &b.object_store),
+        ),
+        (
+            "spec.bootstrap.recovery.objectStore",
+            spec.bootstrap.as_ref().map(|b| &b.recovery.object_store),
+        ),
+        (
+            "spec.replica.source",
+            spec.replica.as_ref().map(|r| &r.source),
+        ),
+    ]
 }
 
 pub use crate::crd::SWITCHOVER_ANNOTATION;
@@ -1045,14 +1059,7 @@ pub fn validate(cluster: &PostgresCluster) -> Result<(), Error> {
     if let Some(schedule) = spec.backup.as_ref().and_then(|b| b.schedule.as_deref()) {
         backup::parse_schedule(schedule).map_err(Error::InvalidSpec)?;
     }
-    let stores = [
-        ("spec.backup", spec.backup.as_ref().map(|b| &b.object_store)),
-        (
-            "spec.bootstrap.recovery",
-            spec.bootstrap.as_ref().map(|b| &b.recovery.object_store),
-        ),
-    ];
-    for (field, store) in stores {
+    for (field, store) in object_stores(spec) {
         let Some(path) = store.map(|s| s.path.as_str()) else {
             continue;
         };
@@ -1061,7 +1068,7 @@ pub fn validate(cluster: &PostgresCluster) -> Result<(), Error> {
             || path.split('/').any(|s| s == "." || s == "..")
         {
             return Err(Error::InvalidSpec(format!(
-                "{field}.objectStore.path {path:?} must be relative, without '.' or '..' segments or '//'"
+                "{field}.path {path:?} must be relative, without '.' or '..' segments or '//'"
             )));
         }
     }
@@ -1078,13 +1085,29 @@ pub fn validate(cluster: &PostgresCluster) -> Result<(), Error> {
     }
     if let (Some(backup), Some(bootstrap)) = (&spec.backup, &spec.bootstrap) {
         let (own, source) = (&backup.object_store, &bootstrap.recovery.object_store);
-        let same = own.endpoint == source.endpoint
-            && own.bucket == source.bucket
-            && own.path.trim_matches('/') == source.path.trim_matches('/');
-        if same {
+        if own.same_place(source) {
             return Err(Error::InvalidSpec(format!(
-                "spec.backup.objectStore is the recovery source (s3://{}/{}): a restored cluster must archive to another path, or it would mix its WAL with its source's",
-                own.bucket, own.path
+                "spec.backup.objectStore is the recovery source ({}): a restored cluster must archive to another path, or it would mix its WAL with its source's",
+                own.url()
+            )));
+        }
+    }
+    if let Some(replica) = &spec.replica {
+        if spec.bootstrap.is_some() {
+            return Err(Error::InvalidSpec(
+                "spec.replica: a standby cluster bootstraps from its source; remove spec.bootstrap"
+                    .into(),
+            ));
+        }
+        if let Some(own) = spec
+            .backup
+            .as_ref()
+            .map(|b| &b.object_store)
+            .filter(|own| own.same_place(&replica.source))
+        {
+            return Err(Error::InvalidSpec(format!(
+                "spec.replica.source: a cluster cannot follow its own object store ({} is its spec.backup.objectStore)",
+                own.url()
             )));
         }
     }
@@ -1200,6 +1223,7 @@ mod tests {
                 bootstrap: None,
                 placement: None,
                 pooler: None,
+                replica: None,
                 monitoring: None,
             },
         );
@@ -1330,6 +1354,147 @@ mod tests {
         });
         let err = validate(&c).unwrap_err().to_string();
         assert!(err.contains("spec.backup.schedule"), "{err}");
+    }
+
+    fn standby(c: &mut PostgresCluster, enabled: bool) {
+        c.spec.replica = Some(crate::crd::ReplicaSpec {
+            enabled,
+            source: crate::crd::ObjectStore {
+                credentials_secret: "source-s3".into(),
+                ..store("prod/orders")
+            },
+            promotion_token: None,
+        });
+    }
+
+    /// The instances learn the source like a recovery's, credentials from its Secret; not
+    /// whether to follow it (they read `spec.replica.enabled` from the cluster), so a
+    /// promotion rolls no pod.
+    #[test]
+    fn a_standby_hands_its_source_to_the_instances_and_its_promotion_rolls_nothing() {
+        let mut c = cluster("pg");
+        standby(&mut c, true);
+        let env = backup_env(&c);
+        let value = |name: &str| env.iter().find(|e| e.name == name).cloned();
+        for field in steward_database_api::contract::STORE_FIELDS {
+            let name = format!("STEWARD_REPLICA_SOURCE_{field}");
+            assert!(value(&name).is_some(), "{name} missing from {env:?}");
+        }
+        assert_eq!(
+            value("STEWARD_REPLICA_SOURCE_PATH")
+                .and_then(|e| e.value)
+                .as_deref(),
+            Some("prod/orders")
+        );
+        let key = value("STEWARD_REPLICA_SOURCE_ACCESS_KEY_ID")
+            .and_then(|e| e.value_from?.secret_key_ref)
+            .unwrap();
+        assert_eq!(
+            (key.name.as_str(), key.key.as_str()),
+            ("source-s3", "accessKeyId")
+        );
+        assert!(
+            !env.iter()
+                .any(|e| e.name.starts_with("STEWARD_RECOVERY") || e.name.contains("ENABLED")),
+            "{env:?}"
+        );
+        let pod_env = statefulset(&c, "hash", "op:1")
+            .spec
+            .template
+            .spec
+            .unwrap()
+            .containers[0]
+            .env
+            .clone()
+            .unwrap();
+        assert!(
+            pod_env
+                .iter()
+                .any(|e| e.name == "STEWARD_REPLICA_SOURCE_BUCKET")
+        );
+        let following = template_hash(&statefulset(&c, "hash", "op:1"));
+        standby(&mut c, false);
+        assert_eq!(
+            following,
+            template_hash(&statefulset(&c, "hash", "op:1")),
+            "the promotion must not replace the pods"
+        );
+        assert_eq!(
+            config_hash(&config_map(&c)),
+            config_hash(&config_map(&cluster("pg")))
+        );
+    }
+
+    #[test]
+    fn a_standby_bootstraps_from_its_source_only_and_never_follows_itself() {
+        let mut c = cluster("pg");
+        standby(&mut c, true);
+        assert!(validate(&c).is_ok());
+        c.spec.backup = Some(crate::crd::ClusterBackup {
+            object_store: store("standby/orders"),
+            schedule: Some("@daily".into()),
+            keep: None,
+        });
+        assert!(
+            validate(&c).is_ok(),
+            "a standby may archive elsewhere once promoted"
+        );
+        let mut restored = c.clone();
+        restored.spec.bootstrap = Some(crate::crd::Bootstrap {
+            recovery: crate::crd::Recovery {
+                object_store: store("prod/orders"),
+                target_time: None,
+            },
+        });
+        assert!(
+            matches!(validate(&restored), Err(Error::InvalidSpec(m)) if m == "spec.replica: a standby cluster bootstraps from its source; remove spec.bootstrap")
+        );
+        for own in ["prod/orders", "prod/orders/"] {
+            let mut itself = c.clone();
+            itself.spec.backup.as_mut().unwrap().object_store = store(own);
+            assert!(
+                matches!(validate(&itself), Err(Error::InvalidSpec(m)) if m.starts_with("spec.replica.source: a cluster cannot follow its own object store (s3://backups/prod/orders ")),
+                "{own}"
+            );
+        }
+        // The same path of another endpoint is another store.
+        let mut elsewhere = c.clone();
+        elsewhere.spec.backup.as_mut().unwrap().object_store = crate::crd::ObjectStore {
+            endpoint: "https://s3.other.example".into(),
+            ..store("prod/orders")
+        };
+        assert!(validate(&elsewhere).is_ok());
+        let mut climbing = cluster("pg");
+        standby(&mut climbing, true);
+        climbing.spec.replica.as_mut().unwrap().source.path = "../orders".into();
+        assert!(
+            matches!(validate(&climbing), Err(Error::InvalidSpec(m)) if m.starts_with("spec.replica.source.path")),
+        );
+    }
+
+    /// Every store's credentials Secret is checked before a pod needs it, named by the field
+    /// a user would fix.
+    #[test]
+    fn the_credentials_of_every_object_store_are_checked_under_their_field() {
+        let mut c = cluster("pg");
+        assert!(object_stores(&c.spec).iter().all(|(_, s)| s.is_none()));
+        standby(&mut c, true);
+        c.spec.backup = Some(crate::crd::ClusterBackup {
+            object_store: store("standby/orders"),
+            schedule: None,
+            keep: None,
+        });
+        let named: Vec<(&str, &str)> = object_stores(&c.spec)
+            .into_iter()
+            .filter_map(|(field, s)| Some((field, s?.credentials_secret.as_str())))
+            .collect();
+        assert_eq!(
+            named,
+            [
+                ("spec.backup.objectStore", "s3-credentials"),
+                ("spec.replica.source", "source-s3")
+            ]
+        );
     }
 
     #[test]
@@ -1682,6 +1847,23 @@ mod tests {
                 .iter()
                 .any(|r| r.resources.as_ref().unwrap().iter().any(|x| x == "secrets")),
             "no Secret access: passwords come as environment variables"
+        );
+        // Their own cluster, read only (a standby's leader follows spec.replica.enabled).
+        let own = rules
+            .iter()
+            .find(|r| r.resources.as_ref().unwrap()[0] == "postgresclusters")
+            .unwrap();
+        assert_eq!(
+            (
+                own.api_groups.as_deref(),
+                own.verbs.as_slice(),
+                own.resource_names.as_deref()
+            ),
+            (
+                Some(&["database.steward.dev".to_string()][..]),
+                &["get".to_string()][..],
+                Some(&["pg".to_string()][..])
+            )
         );
         let binding = instance_role_binding(&c);
         assert_eq!(binding.subjects.unwrap()[0].name, "pg-instance");

@@ -465,6 +465,9 @@ pub enum Pooled {
     AuthPending(String),
     /// Ready pods out of those asked for.
     Pods { ready: i32, wanted: i32 },
+    /// The cluster is a standby following this source (`s3://…`): its primary is read-only
+    /// and its roles are its source's, so the auth role waits for the promotion.
+    Standby(String),
 }
 
 impl Pooled {
@@ -483,6 +486,12 @@ impl Pooled {
             Pooled::Pods { ready, wanted } => Some(Wanted::fails(
                 "PodsNotReady",
                 format!("{ready} of {wanted} PgBouncer pods ready"),
+            )),
+            Pooled::Standby(source) => Some(Wanted::fails(
+                "Standby",
+                format!(
+                    "PgBouncer's auth_query role is set up once the cluster is promoted: a standby of {source} accepts no writes, and its roles (the auth role's password included) are its source's, so PgBouncer may not log clients in until then"
+                ),
             )),
         }
     }
@@ -565,8 +574,8 @@ pub async fn apply(
 }
 
 /// Sets up the auth role and lookup function on the primary (its pod's IP, when it is
-/// ready) and reads
-/// how many PgBouncer pods are ready.
+/// ready) and reads how many PgBouncer pods are ready. Nothing is tried on a standby that
+/// follows its source (its primary is read-only): [`Pooled::Standby`].
 ///
 /// # Errors
 /// [`crate::Error::Read`] when the Deployment cannot be read; a failed SQL step is no error
@@ -582,6 +591,11 @@ pub async fn serve(
         ctx.data.pooler_auth.forget(&check_key(cluster));
         return Ok(Pooled::NotAsked);
     };
+    if let Some(source) = super::standby::follows(&cluster.spec) {
+        // Checked afresh once it is promoted.
+        ctx.data.pooler_auth.forget(&check_key(cluster));
+        return Ok(Pooled::Standby(source.url()));
+    }
     match ready_primary {
         Some(primary_ip) => {
             let (checks, key) = (&ctx.data.pooler_auth, check_key(cluster));
@@ -847,6 +861,28 @@ mod tests {
         };
         assert!(with(Some("Serving")) && with(Some("PodsNotReady")));
         assert!(!with(Some("AuthPending")) && !with(None));
+        assert!(
+            !with(Some("Standby")),
+            "a promoted standby sets its auth role up afresh"
+        );
+    }
+
+    /// A standby's pooler says why it cannot log clients in yet, not that something failed
+    /// on the primary.
+    #[test]
+    fn a_standbys_pooler_waits_for_the_promotion_and_says_so() {
+        let condition = Pooled::Standby("s3://dr/prod/orders".into())
+            .condition()
+            .unwrap();
+        assert!(!condition.status);
+        assert_eq!(condition.reason, "Standby");
+        assert!(
+            condition
+                .message
+                .contains("once the cluster is promoted: a standby of s3://dr/prod/orders"),
+            "{}",
+            condition.message
+        );
     }
 
     #[test]

@@ -284,6 +284,7 @@ pub fn status(
         superuser_secret: Some(observed.superuser_secret.clone()),
         backup: None,
         major_upgrade: None,
+        replica: None,
         observed_generation: generation,
         conditions: conds,
     }

@@ -1,14 +1,16 @@
 //! The PostgresCluster's status, computed in one place from what a reconcile observed and
 //! decided: the instances and the rollout ([`rollout::status`]), the primary and its
-//! switchovers, waiting commits and failing instances, continuous backup, the major upgrade.
-//! Written once by `cluster::reconcile`.
+//! switchovers, waiting commits and failing instances, continuous backup, the major upgrade,
+//! a standby's progress ([`standby`]). Written once by `cluster::reconcile`.
 
 use k8s_openapi::api::core::v1::Pod;
 use kube::{Resource, ResourceExt};
 use steward_core::conditions::{self, READY};
 use steward_core::events::Wanted;
 
-use super::{PrimaryRoles, SWITCHOVER_ANNOTATION, backup, build, monitoring, rollout, upgrade};
+use super::{
+    PrimaryRoles, SWITCHOVER_ANNOTATION, backup, build, monitoring, rollout, standby, upgrade,
+};
 use crate::crd::{ClusterPhase, MajorUpgradePhase, PostgresCluster, PostgresClusterStatus};
 
 /// What the status is computed from.
@@ -50,6 +52,33 @@ pub fn compute(i: Inputs<'_>) -> PostgresClusterStatus {
     status.instances = i.pods.iter().filter_map(build::instance_state).collect();
     rollout::commits_waiting(&mut status, i.synchronous_replicas, generation);
     rollout::instance_problems(&mut status);
+    // A standby (`spec.replica`): its leader's progress; while it follows, a Ready cluster
+    // says it is a read-only standby.
+    let leader_report = roles
+        .primary
+        .as_deref()
+        .and_then(|p| i.pods.iter().find(|pod| pod.name_any() == p))
+        .and_then(build::instance_report);
+    let leader = roles
+        .primary
+        .as_deref()
+        .zip(leader_report.as_ref())
+        .map(|(name, report)| standby::Leader { name, report });
+    let standby = standby::report(
+        cluster.spec.replica.as_ref(),
+        leader,
+        previous.and_then(|p| p.replica.as_ref()),
+    );
+    status.replica = standby.status;
+    conditions::set_wanted(
+        &mut status.conditions,
+        standby::STANDBY,
+        standby.condition.as_ref(),
+        generation,
+    );
+    if let Some(source) = standby::follows(&cluster.spec).filter(|_| standby.following) {
+        standby_ready(&mut status, source, generation);
+    }
     // Continuous backup: the schedule, retention, and what is recoverable.
     let (archiving, backup_status) = i.backups.map(|r| (r.condition, r.status)).unzip();
     if backup_status.is_some() {
@@ -111,6 +140,33 @@ pub fn compute(i: Inputs<'_>) -> PostgresClusterStatus {
     status
 }
 
+/// A Ready standby says so: `Ready` keeps its status and gets the reason
+/// [`standby::STANDBY_REASON`] and a note naming the source (nothing when not Ready).
+fn standby_ready(
+    status: &mut PostgresClusterStatus,
+    source: &crate::crd::ObjectStore,
+    generation: Option<i64>,
+) {
+    let Some(ready) = conditions::get(&status.conditions, READY).filter(|c| c.status == "True")
+    else {
+        return;
+    };
+    let note = standby::ready_note(source);
+    let message = if ready.message.contains(&note) {
+        ready.message.clone()
+    } else {
+        format!("{}; {note}", ready.message)
+    };
+    conditions::set(
+        &mut status.conditions,
+        READY,
+        true,
+        standby::STANDBY_REASON,
+        message,
+        generation,
+    );
+}
+
 /// The Event of a new primary since the status was written (the Lease's `leaseTransitions`
 /// grew): `SwitchedOver` if it was planned (recorded in the status, or still asked for on the
 /// cluster: the operator that passed the request to the Lease may have died before it
@@ -158,6 +214,55 @@ mod tests {
             refused: None,
             transitions: Some(transitions),
         }
+    }
+
+    /// A Ready standby keeps Ready true with the reason `Standby` and the source named, the
+    /// same message every time (no write per reconcile); a standby that is not Ready is left
+    /// as the rollout says.
+    #[test]
+    fn a_ready_standby_says_it_is_one_and_an_unready_one_is_left_alone() {
+        let source = crate::crd::ObjectStore {
+            endpoint: "https://s3.example".into(),
+            bucket: "dr".into(),
+            path: "prod/orders".into(),
+            region: None,
+            credentials_secret: "s3".into(),
+        };
+        let mut s = PostgresClusterStatus::default();
+        conditions::set(
+            &mut s.conditions,
+            READY,
+            true,
+            "Ready",
+            "3 of 3 instances ready, PostgreSQL 16",
+            Some(2),
+        );
+        standby_ready(&mut s, &source, Some(2));
+        let ready = conditions::get(&s.conditions, READY).unwrap();
+        assert_eq!(
+            (ready.status.as_str(), ready.reason.as_str()),
+            ("True", standby::STANDBY_REASON)
+        );
+        assert_eq!(
+            ready.message,
+            "3 of 3 instances ready, PostgreSQL 16; a read-only standby of s3://dr/prod/orders: see the Standby condition and status.replica"
+        );
+        let once = s.clone();
+        standby_ready(&mut s, &source, Some(2));
+        assert_eq!(s, once);
+
+        let mut creating = PostgresClusterStatus::default();
+        conditions::set(
+            &mut creating.conditions,
+            READY,
+            false,
+            "Creating",
+            "0 of 3 instances ready",
+            Some(2),
+        );
+        let before = creating.clone();
+        standby_ready(&mut creating, &source, Some(2));
+        assert_eq!(creating, before);
     }
 
     #[test]
