@@ -46,10 +46,12 @@ const DEFAULT_LIMIT: Duration = Duration::from_secs(15 * 60);
 const DEFAULT_JOBS: usize = 1;
 
 /// The test targets that run in one lane, one after another: those that start testenv's real
-/// node (one per host), `cargo xtask up --check` included.
-const ONE_LANE: [&str; 7] = [
+/// node (one set per host: one control plane's, or a pair's), `cargo xtask up --check`
+/// included.
+const ONE_LANE: [&str; 8] = [
     "real_node",
     "real_nodes",
+    "two_clusters",
     "postgres_nodes",
     "postgres_cluster",
     "postgres_backup",

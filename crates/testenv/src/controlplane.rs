@@ -1,6 +1,7 @@
 //! Starting and stopping the control plane processes.
 
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use k8s_openapi::api::core::v1::Node;
@@ -9,7 +10,7 @@ use kube::config::{KubeConfigOptions, Kubeconfig};
 use kube::{Client, Config};
 
 use crate::binaries::{self, Binaries};
-use crate::node::{self, RealNode, RealNodes};
+use crate::node::{self, Cluster, Machine, RealNode, RealNodes};
 use crate::process::{Process, free_port};
 use crate::{Error, eventually};
 
@@ -41,8 +42,8 @@ pub struct Options {
     /// is one per machine, see [`crate::node`]).
     pub real_node: bool,
     /// With `real_node`, how many real nodes (0 or 1: one, in the host's network namespace;
-    /// more: each in a network namespace of its own, in zones of their own). See
-    /// [`Options::real_nodes`].
+    /// more, or any number in a pair ([`ControlPlane::start_pair`]): each in a network
+    /// namespace of its own, in zones of their own). See [`Options::real_nodes`].
     pub real_nodes: usize,
     /// Record every write (and, with their request bodies, the Lease writes) in an audit log
     /// ([`ControlPlane::audit_log`]), for tests that check who wrote what when.
@@ -87,6 +88,13 @@ impl Options {
             (true, n) => n.max(1),
         }
     }
+}
+
+/// Where a control plane's real nodes go on the host, and the machine they share with
+/// another control plane (a pair's).
+struct Placement {
+    cluster: Cluster,
+    machine: Option<Arc<Machine>>,
 }
 
 /// With several real nodes: how long the controller manager waits for a node's heartbeat
@@ -154,6 +162,54 @@ impl ControlPlane {
     /// [`Error::Build`], [`Error::Start`] or [`Error::Unhealthy`] naming the component and the
     /// path of its log. On failure the temp dir (with the logs) is kept.
     pub async fn start(options: Options) -> Result<Self, Error> {
+        let placement = match options.real_node_count() {
+            0 => None,
+            count => Some(Placement {
+                cluster: Cluster::alone(count).map_err(Error::Other)?,
+                machine: None,
+            }),
+        };
+        Self::start_placed(options, placement).await
+    }
+
+    /// Two control planes on this host, each with its own real nodes (`first` and `second`
+    /// say how many, as [`Options::real_nodes`]; one each is the least), as two Kubernetes
+    /// clusters of one site would be: every node in a network namespace of its own (one node
+    /// too), each control plane with its own Service CIDR
+    /// ([`crate::node::PAIR_SERVICE_CIDRS`]), its own CoreDNS on its own host address
+    /// ([`crate::node::PAIR_HOSTS`], [`RealNode::host_address`]) and its own host-side
+    /// kube-proxy, so the test process reaches both's Services. What links them is what a
+    /// real deployment shares: the host (an object store on either host address is reached
+    /// by the pods of both, [`crate::s3::S3Server`]) and routed pod addresses (a pod of one
+    /// reaches a pod IP of the other). See [`crate::node`] for the layout.
+    ///
+    /// They start side by side, on one claim of the machine (its lock and one sweep before
+    /// either starts); the host is swept once both are dropped. Dropped first, one stops its
+    /// nodes and their pods at once.
+    ///
+    /// # Errors
+    /// As [`ControlPlane::start`]; [`Error::Other`] when either has no real node or both
+    /// together more than [`crate::node::MAX_NODES`].
+    pub async fn start_pair(first: Options, second: Options) -> Result<(Self, Self), Error> {
+        let [a, b] = Cluster::pair([first.real_node_count(), second.real_node_count()])
+            .map_err(Error::Other)?;
+        let binaries = tokio::task::spawn_blocking(binaries::ensure)
+            .await
+            .map_err(|e| Error::Other(format!("binary build task failed: {e}")))??;
+        let machine = Arc::new(Machine::claim(binaries.kube_proxy.clone(), true).await?);
+        let place = |cluster| {
+            Some(Placement {
+                cluster,
+                machine: Some(machine.clone()),
+            })
+        };
+        tokio::try_join!(
+            Self::start_placed(first, place(a)),
+            Self::start_placed(second, place(b)),
+        )
+    }
+
+    async fn start_placed(options: Options, placement: Option<Placement>) -> Result<Self, Error> {
         let started = Instant::now();
         let binaries = tokio::task::spawn_blocking(binaries::ensure)
             .await
@@ -178,7 +234,7 @@ impl ControlPlane {
         if cp.keep_dir {
             cp.keep();
         }
-        match cp.boot(&options).await {
+        match cp.boot(&options, placement).await {
             Ok(()) => {
                 cp.started_in = started.elapsed();
                 Ok(cp)
@@ -196,7 +252,7 @@ impl ControlPlane {
         let _ = std::fs::write(self.dir.join("keep"), "kept for inspection\n");
     }
 
-    async fn boot(&mut self, options: &Options) -> Result<(), Error> {
+    async fn boot(&mut self, options: &Options, placement: Option<Placement>) -> Result<(), Error> {
         let dir = self.dir.clone();
         let io = |what: String| move |source| Error::Io { what, source };
         let b = self.binaries.clone();
@@ -289,7 +345,12 @@ impl ControlPlane {
                 "--service-account-issuer=https://kubernetes.default.svc.cluster.local".into(),
                 format!("--service-account-key-file={}", sa_key.display()),
                 format!("--service-account-signing-key-file={}", sa_key.display()),
-                format!("--service-cluster-ip-range={}", node::SERVICE_CIDR),
+                format!(
+                    "--service-cluster-ip-range={}",
+                    placement
+                        .as_ref()
+                        .map_or(node::SERVICE_CIDR, |p| p.cluster.service_cidr.as_str())
+                ),
                 "--kubelet-preferred-address-types=InternalIP,Hostname".into(),
                 "--allow-privileged=true".into(),
                 "--enable-priority-and-fairness=false".into(),
@@ -363,7 +424,10 @@ impl ControlPlane {
             "--kube-api-burst=1000".into(),
             "--v=1".into(),
         ];
-        if options.real_node_count() > 1 {
+        if placement
+            .as_ref()
+            .is_some_and(|p| p.cluster.in_namespaces())
+        {
             kcm_args.extend([
                 format!(
                     "--node-monitor-grace-period={}s",
@@ -422,12 +486,13 @@ impl ControlPlane {
             config: self.config.clone(),
         };
         let real_nodes = async {
-            if options.real_node {
-                RealNodes::start(&env, options.real_node_count(), options.timeout)
-                    .await
-                    .map(Some)
-            } else {
-                Ok(None)
+            match placement {
+                Some(Placement { cluster, machine }) => {
+                    RealNodes::start(&env, cluster, machine, options.timeout)
+                        .await
+                        .map(Some)
+                }
+                None => Ok(None),
             }
         };
         let (controllers, real_nodes) = tokio::join!(

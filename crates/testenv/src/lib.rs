@@ -14,6 +14,8 @@
 //!   containerd, CNI bridge, kube-proxy, CoreDNS) whose pods run, from images assembled by
 //!   [`images`]. Opt-in; kwok's simulated nodes stay the default. Start one per test and drop
 //!   it (not in a `static`, which is never dropped): the drop removes the node from the host.
+//! - [`ControlPlane::start_pair`]: two control planes on one host, each with its own real
+//!   nodes (two Kubernetes clusters linked by the host and routed pod addresses only).
 //! - [`deploy`]: the operators as their images on the real node, deployed by `deploy/`.
 //!
 //! The binaries are built once by [`binaries::ensure`] and cached outside the repository.

@@ -7,8 +7,20 @@ use super::{
 };
 
 /// The host's address on the link every node of a several-node cluster has to the host (the
-/// API server, CoreDNS and the object store listen there for them).
+/// API server, CoreDNS and the object store listen there for them). In a pair, the first
+/// control plane's; the second's is [`PAIR_HOSTS`]`[1]`, on the same link.
 pub const LINK_HOST: &str = "198.18.100.1";
+/// How many control planes share the host in a pair ([`Cluster::pair`]).
+pub const PAIR: usize = 2;
+/// A pair's Service CIDRs: the halves of [`SERVICE_CIDR`], so the host routes each to the
+/// kube-proxy that knows its Services.
+pub const PAIR_SERVICE_CIDRS: [&str; PAIR] = ["198.19.0.0/17", "198.19.128.0/17"];
+/// A pair's host addresses on the link (each control plane's API server and CoreDNS, as its
+/// nodes reach them).
+pub const PAIR_HOSTS: [&str; PAIR] = [LINK_HOST, "198.18.100.101"];
+/// Where a pair's second control plane's host-side kube-proxy sits on the link (a network
+/// namespace of its own: two kube-proxies cannot share one).
+const PAIR_SERVICES: &str = "198.18.100.201";
 /// The bridge on the host the nodes' links are attached to.
 pub const LINK_BRIDGE: &str = "steward-link";
 /// The prefix length of the link network (`198.18.100.0/24`).
@@ -72,6 +84,12 @@ impl Site {
     /// `steward-node-<index>`, at `198.18.100.<index+2>` on the host's link bridge, its pods
     /// in `198.18.<index+1>.0/24`, in zone `zone-<index>`.
     pub(crate) fn of_several(index: usize) -> Self {
+        Self::numbered(index, index, LINK_HOST)
+    }
+
+    /// Node `index` of the host (its name, addresses, directories and cgroup follow it), node
+    /// `local` of its control plane (its zone), whose host address is `host`.
+    fn numbered(index: usize, local: usize, host: &str) -> Self {
         let name = format!("{NODE_NAME}-{index}");
         Self {
             netns: Some(name.clone()),
@@ -81,11 +99,11 @@ impl Site {
             // Pods of other nodes, Services, the host's link: all in the benchmarking range.
             pod_routes: vec!["198.18.0.0/15".into()],
             cluster_cidr: PODS_CIDR.into(),
-            host: LINK_HOST.into(),
+            host: host.into(),
             run: PathBuf::from(NODE_RUN).join(&name),
             root: PathBuf::from(NODE_ROOT).join(&name),
             cgroup_root: Some(format!("/{name}")),
-            zone: Some(format!("zone-{index}")),
+            zone: Some(format!("zone-{local}")),
             name,
         }
     }
@@ -115,9 +133,131 @@ impl Site {
     pub(crate) fn kubeconfig(&self) -> PathBuf {
         self.run.join("kubeconfig")
     }
-    /// The Corefile of the host's CoreDNS.
-    pub(crate) fn corefile() -> PathBuf {
-        PathBuf::from(NODE_RUN).join("Corefile")
+}
+
+/// One control plane's share of the host: its nodes' sites, its Services' addresses, the
+/// host's address its nodes reach (API server, CoreDNS) and where the host-side kube-proxy
+/// runs, through which the test process reaches its Services.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub(crate) struct Cluster {
+    /// Its place on the host: 0 alone or first of a pair, 1 second of a pair.
+    pub index: usize,
+    pub sites: Vec<Site>,
+    /// The API server's `--service-cluster-ip-range`.
+    pub service_cidr: String,
+    /// The host's address as its nodes reach it: the API server, CoreDNS (kubelet's
+    /// `clusterDNS`), the `kubernetes` Service's endpoint.
+    pub host: String,
+    /// CoreDNS's Corefile and what else of the host's side is the control plane's own.
+    pub run: PathBuf,
+    /// Where the host's kube-proxy for its Services runs (named after its first node, which
+    /// kube-proxy waits for): in the host's network namespace for the first control plane,
+    /// in one of its own (`steward-node-svc-<index>`, on the link) for the second. `None`
+    /// for the single node, whose own kube-proxy is the host's.
+    pub services: Option<Site>,
+}
+
+impl Cluster {
+    /// A control plane alone on the host with `count` real nodes: one in the host's network
+    /// namespace ([`Site::single`]) or several ([`Site::of_several`]).
+    ///
+    /// # Errors
+    /// A message for a count outside 1 to [`MAX_NODES`].
+    pub(crate) fn alone(count: usize) -> Result<Self, String> {
+        if !(1..=MAX_NODES).contains(&count) {
+            return Err(format!("{count} real nodes: a host runs 1 to {MAX_NODES}"));
+        }
+        if count == 1 {
+            return Ok(Self {
+                index: 0,
+                sites: vec![Site::single()],
+                service_cidr: SERVICE_CIDR.into(),
+                host: GATEWAY.into(),
+                run: NODE_RUN.into(),
+                services: None,
+            });
+        }
+        let sites: Vec<Site> = (0..count).map(Site::of_several).collect();
+        Ok(Self {
+            index: 0,
+            services: Some(Self::host_services(&sites[0])),
+            sites,
+            service_cidr: SERVICE_CIDR.into(),
+            host: LINK_HOST.into(),
+            run: NODE_RUN.into(),
+        })
+    }
+
+    /// Two control planes on one host with `counts` real nodes each, every node in a network
+    /// namespace of its own on the one link bridge (one node too): the first's nodes are the
+    /// host's nodes `0..counts[0]`, the second's the next ones (names, addresses, pod
+    /// networks, directories and cgroups follow the host's numbering, zones the control
+    /// plane's). Each has its own Service CIDR ([`PAIR_SERVICE_CIDRS`]) and host address
+    /// ([`PAIR_HOSTS`]).
+    ///
+    /// # Errors
+    /// A message when either has no node or both together more than [`MAX_NODES`].
+    pub(crate) fn pair(counts: [usize; PAIR]) -> Result<[Self; PAIR], String> {
+        if counts.contains(&0) || counts.iter().sum::<usize>() > MAX_NODES {
+            return Err(format!(
+                "real nodes {counts:?}: each control plane of a pair needs at least one, both together at most {MAX_NODES}"
+            ));
+        }
+        let cluster = |index: usize| {
+            let first = counts[..index].iter().sum::<usize>();
+            let host = PAIR_HOSTS[index];
+            let sites: Vec<Site> = (0..counts[index])
+                .map(|local| Site::numbered(first + local, local, host))
+                .collect();
+            let run = if index == 0 {
+                PathBuf::from(NODE_RUN)
+            } else {
+                PathBuf::from(NODE_RUN).join(format!("cluster-{index}"))
+            };
+            let services = if index == 0 {
+                Self::host_services(&sites[0])
+            } else {
+                let netns = format!("{NODE_NAME}-svc-{index}");
+                Site {
+                    netns: Some(netns),
+                    node_ip: PAIR_SERVICES.into(),
+                    run: run.join("services"),
+                    root: run.join("services"),
+                    cgroup_root: None,
+                    zone: None,
+                    ..sites[0].clone()
+                }
+            };
+            Self {
+                index,
+                sites,
+                service_cidr: PAIR_SERVICE_CIDRS[index].into(),
+                host: host.into(),
+                run,
+                services: Some(services),
+            }
+        };
+        Ok([cluster(0), cluster(1)])
+    }
+
+    /// The host's own kube-proxy, in its network namespace at [`LINK_HOST`].
+    fn host_services(first: &Site) -> Site {
+        Site {
+            netns: None,
+            node_ip: LINK_HOST.into(),
+            run: PathBuf::from(NODE_RUN).join("host"),
+            ..first.clone()
+        }
+    }
+
+    /// Whether its nodes run in network namespaces of their own (several, or one of a pair).
+    pub(crate) fn in_namespaces(&self) -> bool {
+        self.sites.iter().all(|s| s.netns.is_some())
+    }
+
+    /// The Corefile of its CoreDNS.
+    pub(crate) fn corefile(&self) -> PathBuf {
+        self.run.join("Corefile")
     }
 }
 
@@ -138,6 +278,9 @@ pub(crate) struct Layout {
     pub kubelet_healthz_port: u16,
     pub proxy_healthz_port: u16,
     pub proxy_metrics_port: u16,
+    /// kube-proxy's `masqueradeAll`: a host-side kube-proxy in a network namespace of its own
+    /// (a pair's second) is a hop on the way, so the replies must come back through it.
+    pub masquerade_all: bool,
 }
 
 impl Layout {
@@ -151,11 +294,12 @@ impl Layout {
     }
 }
 
-/// The host's CoreDNS: where it listens and its health ports.
+/// The host's CoreDNS of one control plane: where it listens and its health ports.
 #[derive(Clone, Debug)]
 pub(crate) struct Dns {
     pub kubeconfig: PathBuf,
-    /// The address it serves on ([`GATEWAY`] with one node, [`LINK_HOST`] with several).
+    /// The address it serves on, its control plane's host address ([`Cluster::host`]:
+    /// [`GATEWAY`] with one node, [`LINK_HOST`] with several, [`PAIR_HOSTS`] in a pair).
     pub address: String,
     pub health_port: u16,
     pub ready_port: u16,
@@ -334,6 +478,7 @@ clusterCIDR: {cluster_cidr}
 nodePortAddresses: ["{node_ip}/32"]
 oomScoreAdj: 0
 iptables:
+  masqueradeAll: {masquerade_all}
   localhostNodePorts: false
   minSyncPeriod: 0s
 conntrack:
@@ -349,6 +494,7 @@ conntrack:
         healthz = layout.proxy_healthz_port,
         metrics = layout.proxy_metrics_port,
         cluster_cidr = site.cluster_cidr,
+        masquerade_all = layout.masquerade_all,
     )
 }
 
@@ -408,6 +554,7 @@ mod tests {
             kubelet_healthz_port: 1,
             proxy_healthz_port: 2,
             proxy_metrics_port: 3,
+            masquerade_all: false,
         }
     }
 
@@ -423,7 +570,36 @@ mod tests {
     fn sites() -> Vec<Site> {
         let mut sites = vec![Site::single()];
         sites.extend((0..MAX_NODES).map(Site::of_several));
+        for cluster in Cluster::pair([3, 2]).unwrap() {
+            sites.extend(cluster.sites.iter().cloned().chain(cluster.services));
+        }
         sites
+    }
+
+    /// `a.b.c.d/p` (or an address, as `/32`) as its first address and mask.
+    fn cidr(text: &str) -> (u32, u32) {
+        let (addr, prefix) = text.split_once('/').unwrap_or((text, "32"));
+        let addr: std::net::Ipv4Addr = addr.parse().unwrap();
+        let prefix: u32 = prefix.parse().unwrap();
+        let mask = u32::MAX.checked_shl(32 - prefix).unwrap_or(0);
+        (u32::from(addr) & mask, mask)
+    }
+
+    fn overlap(a: &str, b: &str) -> bool {
+        let ((a, am), (b, bm)) = (cidr(a), cidr(b));
+        let mask = am & bm;
+        a & mask == b & mask
+    }
+
+    /// A cluster's own addresses and networks: host, Services, its nodes' and host-side
+    /// kube-proxy's addresses, its pod networks.
+    fn networks(cluster: &Cluster) -> Vec<String> {
+        let mut all = vec![cluster.host.clone(), cluster.service_cidr.clone()];
+        for site in &cluster.sites {
+            all.extend([site.node_ip.clone(), site.pod_cidr.clone()]);
+        }
+        all.extend(cluster.services.iter().map(|s| s.node_ip.clone()));
+        all
     }
 
     #[test]
@@ -468,6 +644,105 @@ mod tests {
             assert!(a.run.starts_with(NODE_RUN) && a.root.starts_with(NODE_ROOT));
             assert_ne!(cni_conflist(a), cni_conflist(&several[(i + 1) % MAX_NODES]));
         }
+    }
+
+    #[test]
+    fn a_pair_of_control_planes_shares_no_address_network_name_path_or_cgroup() {
+        for counts in [[1, 1], [3, 2], [1, MAX_NODES - 1]] {
+            let [a, b] = Cluster::pair(counts).unwrap();
+            assert_eq!((a.sites.len(), b.sites.len()), (counts[0], counts[1]));
+            assert!(a.in_namespaces() && b.in_namespaces());
+            for x in networks(&a) {
+                for y in networks(&b) {
+                    assert!(
+                        !overlap(&x, &y),
+                        "{counts:?}: {x} (first) overlaps {y} (second)"
+                    );
+                }
+            }
+            let (sa, sb) = (a.services.clone().unwrap(), b.services.clone().unwrap());
+            for x in a.sites.iter().chain([&sa]) {
+                for y in b.sites.iter().chain([&sb]) {
+                    assert_ne!(x.name, y.name);
+                    assert_ne!(x.node_ip, y.node_ip);
+                    assert_ne!(x.run, y.run);
+                    assert_ne!(x.root, y.root);
+                    assert!(x.netns.is_none() || x.netns != y.netns);
+                    assert!(x.cgroup_root.is_none() || x.cgroup_root != y.cgroup_root);
+                    assert_ne!(x.host, y.host);
+                }
+            }
+            assert_ne!(a.corefile(), b.corefile());
+            assert!(b.run.starts_with(NODE_RUN) && b.run != a.run);
+            // Within each: its host address and host-side kube-proxy are no node's address.
+            for cluster in [&a, &b] {
+                let services = cluster.services.as_ref().unwrap();
+                for site in &cluster.sites {
+                    assert_ne!(site.node_ip, cluster.host);
+                    assert_ne!(site.node_ip, services.node_ip);
+                    assert!(overlap(
+                        &format!("{}/{LINK_PREFIX}", LINK_HOST),
+                        &site.node_ip
+                    ));
+                    assert!(!overlap(&site.pod_cidr, "198.18.100.0/24"));
+                    assert!(!overlap(&site.pod_cidr, "198.18.128.0/17"), "kwok's pods");
+                    assert_eq!(site.host, cluster.host);
+                }
+            }
+            // The first is laid out as several nodes alone (its zones too), in half the
+            // Services; the second's zones count from its own first node.
+            let alone = (0..counts[0]).map(Site::of_several).collect::<Vec<_>>();
+            assert_eq!(a.sites, alone);
+            assert_eq!(b.sites[0].zone.as_deref(), Some("zone-0"));
+            assert!(
+                overlap(SERVICE_CIDR, &a.service_cidr) && overlap(SERVICE_CIDR, &b.service_cidr)
+            );
+        }
+        assert!(Cluster::pair([0, 1]).is_err());
+        assert!(Cluster::pair([MAX_NODES, 1]).is_err());
+        assert!(Cluster::alone(0).is_err() && Cluster::alone(MAX_NODES + 1).is_err());
+    }
+
+    #[test]
+    fn the_second_of_a_pair_has_its_own_dns_services_and_host_side_kube_proxy() {
+        let [a, b] = Cluster::pair([2, 1]).unwrap();
+        let node = &b.sites[0];
+        assert_eq!(node.name, "steward-node-2");
+        let kubelet = kubelet(&layout(node.clone()));
+        assert!(
+            kubelet.contains("clusterDNS: [198.18.100.101]"),
+            "{kubelet}"
+        );
+        assert!(
+            node_kubeconfig("    server: https://127.0.0.1:1\n", &b.host)
+                .contains("https://198.18.100.101:1")
+        );
+        let services = b.services.clone().unwrap();
+        assert_eq!(services.netns.as_deref(), Some("steward-node-svc-1"));
+        assert_eq!(
+            services.name, node.name,
+            "it waits for the second's first node"
+        );
+        let proxy = kube_proxy(&Layout {
+            masquerade_all: true,
+            ..layout(services)
+        });
+        assert!(
+            proxy.contains("iptables:\n  masqueradeAll: true\n"),
+            "{proxy}"
+        );
+        assert!(proxy.contains("bindAddress: 198.18.100.201\n"));
+        assert_eq!(
+            a.services.unwrap().netns,
+            None,
+            "the first's runs in the host's namespace"
+        );
+        assert_eq!(
+            (a.service_cidr.as_str(), b.service_cidr.as_str()),
+            ("198.19.0.0/17", "198.19.128.0/17")
+        );
+        assert_eq!(Cluster::alone(3).unwrap().service_cidr, SERVICE_CIDR);
+        assert_eq!(Cluster::alone(1).unwrap().sites, vec![Site::single()]);
     }
 
     #[test]

@@ -19,6 +19,26 @@
 //!   CoreDNS and a kube-proxy of its own (so the test process reaches Services), at
 //!   [`config::LINK_HOST`], where the API server is reached too (the nodes' kubeconfig names it
 //!   there and checks the certificate for the name `kubernetes`).
+//! - **Two control planes** ([`ControlPlane::start_pair`](crate::ControlPlane::start_pair),
+//!   two Kubernetes clusters on one host, for disaster recovery across clusters): the
+//!   several-node layout for both, one node each too. The first's nodes are the host's nodes
+//!   `0..a`, the second's `a..a+b` (names `steward-node-<i>`, network namespaces, link
+//!   addresses `198.18.100.<i+2>`, pod networks `198.18.<i+1>.0/24`, directories and cgroup
+//!   roots all follow the host's index; zones count from 0 in each cluster). Each control
+//!   plane has its own Service CIDR (the halves of [`SERVICE_CIDR`]: `198.19.0.0/17`,
+//!   `198.19.128.0/17`, [`PAIR_SERVICE_CIDRS`]), its own host address on the one link bridge
+//!   ([`PAIR_HOSTS`]: `198.18.100.1` and `198.18.100.101`, where its nodes reach its API
+//!   server and its CoreDNS, their `clusterDNS`, listens) and its own host-side kube-proxy:
+//!   the first's in the host's namespace as for several nodes, the second's in a namespace of
+//!   its own (`steward-node-svc-1` at `198.18.100.201`, `masqueradeAll` so replies come back
+//!   through it), to which the host routes the second's Service CIDR — two kube-proxies
+//!   cannot share a network namespace (each rewrites `KUBE-SERVICES` and deletes the service
+//!   chains it does not know). What links the clusters is what a real deployment shares: the
+//!   host (either host address, and an object store there, is reached by the pods of both)
+//!   and routed pod addresses: a pod of one reaches a pod IP of the other (through the host,
+//!   as pods of two nodes of one cluster do). Nothing else: neither's DNS knows the other's
+//!   names, and a pod's Service addresses are its own cluster's. Both start on one claim of
+//!   the machine (one lock, one sweep before either starts, one after both are dropped).
 //! - kubelet listens on the node's address (the API server reaches it there for logs, exec
 //!   and port-forward, `--kubelet-preferred-address-types=InternalIP,Hostname`); CoreDNS
 //!   serves the cluster domain on the host's address, kubelet's `clusterDNS`.
@@ -26,7 +46,8 @@
 //!   [`crate::images`] and imported with `ctr -n k8s.io images import`.
 //! - Host paths ([`NODE_ROOT`], [`NODE_RUN`], the bridges, `/var/lib/kubelet/device-plugins`,
 //!   which every kubelet shares: no test uses device plugins) are fixed, so a machine runs one
-//!   set of real nodes at a time: a file lock serializes them across test processes, and the
+//!   set of real nodes (one control plane's, or a pair's) at a time: a file lock serializes
+//!   them across test processes ([`Machine`], which a pair's control planes share), and the
 //!   teardown sweep removes what a crashed node left before new ones start and when they are
 //!   dropped.
 //! - Node faults ([`RealNode::stop`], [`RealNode::start_again`], [`RealNode::partition`],
@@ -42,7 +63,7 @@ pub mod teardown;
 
 use std::collections::HashSet;
 use std::path::{Path, PathBuf};
-use std::sync::Mutex;
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use k8s_openapi::api::core::v1::Node;
@@ -52,9 +73,9 @@ use crate::Error;
 use crate::binaries::{self, NodeBinaries};
 use crate::images::{self, Image};
 use crate::process::{Process, free_port, wait_healthy};
-pub use config::MAX_NODES;
-pub(crate) use config::Site;
+pub(crate) use config::{Cluster, Site};
 use config::{Dns, LINK_BRIDGE, LINK_HOST, LINK_PREFIX, Layout};
+pub use config::{MAX_NODES, PAIR_HOSTS, PAIR_SERVICE_CIDRS};
 pub use faults::drain;
 
 /// The node's name (and hostname) when it is the only one; node `i` of several is
@@ -66,7 +87,8 @@ pub const BRIDGE: &str = "steward0";
 pub const GATEWAY: &str = "198.18.0.1";
 /// The single node's pod addresses.
 pub const POD_CIDR: &str = "198.18.0.0/24";
-/// Service ClusterIPs (the API server's `--service-cluster-ip-range`).
+/// Service ClusterIPs (the API server's `--service-cluster-ip-range`) of a control plane
+/// alone; a pair's split it ([`PAIR_SERVICE_CIDRS`]).
 pub const SERVICE_CIDR: &str = "198.19.0.0/16";
 /// The cluster DNS domain.
 pub const CLUSTER_DOMAIN: &str = "cluster.local";
@@ -77,17 +99,17 @@ pub const NODE_RUN: &str = "/run/steward-testenv-node";
 /// Held while real nodes run on this machine.
 const LOCK: &str = "/run/steward-testenv-node.lock";
 
-/// The real nodes of a control plane and what they share on the host: the machine's lock,
-/// CoreDNS (and, with several nodes, the host's kube-proxy). Dropping it stops every node and
+/// The real nodes of a control plane and what they have on the host: CoreDNS (and, with
+/// nodes in network namespaces, the host's kube-proxy for their Services) and the
+/// [`Machine`]. Dropping it stops every node; dropping the machine's last control plane
 /// removes all they left on the host (see [`teardown`]).
 pub(crate) struct RealNodes {
     nodes: Vec<RealNode>,
-    /// Several nodes: their volumes' provisioner ([`local_volumes`]).
+    /// Nodes in network namespaces: their volumes' provisioner ([`local_volumes`]).
     volumes: Option<local_volumes::LocalVolumes>,
-    /// CoreDNS, then (several nodes) the host's kube-proxy.
+    /// CoreDNS, then (nodes in network namespaces) the host's kube-proxy.
     host: Vec<Process>,
-    kube_proxy: PathBuf,
-    _lock: std::fs::File,
+    machine: Arc<Machine>,
 }
 
 impl std::fmt::Debug for RealNodes {
@@ -182,28 +204,35 @@ fn in_netns(site: &Site, binary: &Path, args: Vec<String>) -> (PathBuf, Vec<Stri
     }
 }
 
-impl RealNodes {
-    /// Starts `count` nodes registered with the control plane of `env` (one in the host's network namespace, or
-    /// several in namespaces of their own) and waits until each is Ready, kube-proxy is
-    /// healthy and CoreDNS answers.
-    ///
-    /// Waits for the real nodes of another process on this machine to stop first.
+/// The machine's share of real nodes: its lock, taken before the sweep that precedes them and
+/// held until the sweep that removes them, and the node binaries and pause image they use.
+/// A pair's control planes share one ([`Machine::claim`] once: a second `flock` from the same
+/// process would wait for the first); the last one dropped sweeps (see [`teardown`]).
+pub(crate) struct Machine {
+    binaries: NodeBinaries,
+    pause: Image,
+    kube_proxy: PathBuf,
+    /// A pair's host setups, one at a time (`ip netns add` mounts `/run/netns` once).
+    setup: Mutex<()>,
+    _lock: std::fs::File,
+}
+
+impl std::fmt::Debug for Machine {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("Machine")
+    }
+}
+
+impl Machine {
+    /// Waits for the real nodes of another process on this machine to stop, takes the lock,
+    /// builds (or finds) the node binaries and the pause image, removes what earlier nodes
+    /// left (with `kube_proxy --cleanup` among the rest) and, with `link`, creates the link
+    /// bridge [`LINK_BRIDGE`] the nodes in network namespaces of their own attach to.
     ///
     /// # Errors
-    /// [`Error::Build`] if a component cannot be built, [`Error::Start`] or
-    /// [`Error::Unhealthy`] naming the component and its log, [`Error::Host`] if the host
-    /// network cannot be set up; [`Error::Other`] for more than [`MAX_NODES`].
-    pub(crate) async fn start(
-        env: &NodeEnv,
-        count: usize,
-        timeout: Duration,
-    ) -> Result<Self, Error> {
-        let started = Instant::now();
-        if !(1..=MAX_NODES).contains(&count) {
-            return Err(Error::Other(format!(
-                "{count} real nodes: a host runs 1 to {MAX_NODES}"
-            )));
-        }
+    /// [`Error::Build`] if a component cannot be built, [`Error::Host`] if the host cannot be
+    /// swept or the link set up (what it set up is swept again).
+    pub(crate) async fn claim(kube_proxy: PathBuf, link: bool) -> Result<Self, Error> {
         let lock = blocking(|| {
             let file = std::fs::File::create(LOCK)
                 .map_err(|e| host_err(format!("create {LOCK}"), e.to_string()))?;
@@ -217,7 +246,6 @@ impl RealNodes {
         .await?;
         let (binaries, pause) =
             blocking(|| Ok((binaries::ensure_node()?, images::pause()?))).await?;
-        let kube_proxy = env.binaries.kube_proxy.clone();
         {
             let kube_proxy = kube_proxy.clone();
             let problems = blocking(move || Ok(teardown::sweep(Some(&kube_proxy)))).await?;
@@ -228,48 +256,100 @@ impl RealNodes {
                 ));
             }
         }
-        let sites: Vec<Site> = if count == 1 {
-            vec![Site::single()]
-        } else {
-            (0..count).map(Site::of_several).collect()
+        let machine = Self {
+            binaries,
+            pause,
+            kube_proxy,
+            setup: Mutex::new(()),
+            _lock: lock,
         };
+        if link {
+            blocking(setup_link).await?;
+        }
+        Ok(machine)
+    }
+}
+
+impl Drop for Machine {
+    fn drop(&mut self) {
+        let problems = teardown::sweep(Some(&self.kube_proxy));
+        if !problems.is_empty() {
+            eprintln!(
+                "steward-testenv: real node teardown left: {}",
+                problems.join("; ")
+            );
+        }
+    }
+}
+
+impl RealNodes {
+    /// Starts the nodes of `cluster` registered with the control plane of `env` (one in the
+    /// host's network namespace, or each in a namespace of its own) and waits until each is
+    /// Ready, kube-proxy is healthy and CoreDNS answers. On `machine` when given (the one a
+    /// pair's control planes share, its link set up), else on one it claims.
+    ///
+    /// Waits for the real nodes of another process on this machine to stop first.
+    ///
+    /// # Errors
+    /// [`Error::Build`] if a component cannot be built, [`Error::Start`] or
+    /// [`Error::Unhealthy`] naming the component and its log, [`Error::Host`] if the host
+    /// network cannot be set up.
+    pub(crate) async fn start(
+        env: &NodeEnv,
+        cluster: Cluster,
+        machine: Option<Arc<Machine>>,
+        timeout: Duration,
+    ) -> Result<Self, Error> {
+        let started = Instant::now();
+        let machine = match machine {
+            Some(machine) => machine,
+            None => Arc::new(
+                Machine::claim(env.binaries.kube_proxy.clone(), cluster.in_namespaces()).await?,
+            ),
+        };
+        let (binaries, pause) = (machine.binaries.clone(), machine.pause.clone());
         let mut nodes = Self {
             nodes: Vec::new(),
             volumes: None,
             host: Vec::new(),
-            kube_proxy,
-            _lock: lock,
+            machine: machine.clone(),
         };
         let api_port = apiserver_port(env)?;
         {
-            let sites = sites.clone();
-            blocking(move || match sites.as_slice() {
-                [_] => setup_host(api_port),
-                several => setup_several(api_port, several),
+            let cluster = cluster.clone();
+            blocking(move || {
+                if cluster.in_namespaces() {
+                    let _one_at_a_time = machine
+                        .setup
+                        .lock()
+                        .map_err(|_| Error::Other("a host setup panicked".into()))?;
+                    setup_cluster(&cluster, api_port)
+                } else {
+                    setup_host(api_port)
+                }
             })
             .await?;
         }
         let logs = env.dir.join("node");
         std::fs::create_dir_all(&logs)
             .map_err(|e| host_err(format!("create {}", logs.display()), e.to_string()))?;
-        let host = sites[0].host.clone();
         let dns = Dns {
             kubeconfig: env.kubeconfig.to_path_buf(),
-            address: host.clone(),
+            address: cluster.host.clone(),
             health_port: free_port()?,
             ready_port: free_port()?,
         };
-        std::fs::create_dir_all(NODE_RUN)
-            .map_err(|e| host_err(format!("create {NODE_RUN}"), e.to_string()))?;
-        std::fs::write(Site::corefile(), config::corefile(&dns))
+        std::fs::create_dir_all(&cluster.run)
+            .map_err(|e| host_err(format!("create {}", cluster.run.display()), e.to_string()))?;
+        std::fs::write(cluster.corefile(), config::corefile(&dns))
             .map_err(|e| host_err("write the Corefile", e.to_string()))?;
         nodes.host.push(Process::spawn(
             "coredns",
             &binaries.coredns,
-            &["-conf".into(), Site::corefile().display().to_string()],
+            &["-conf".into(), cluster.corefile().display().to_string()],
             logs.join("coredns.log"),
         )?);
-        for site in sites.iter().cloned() {
+        for site in cluster.sites.iter().cloned() {
             let mut node = RealNode {
                 site,
                 processes: Vec::new(),
@@ -290,35 +370,14 @@ impl RealNodes {
             node.wait_ready(&client, timeout).await?;
             node.started_in += waiting.elapsed();
         }
-        if count > 1 {
-            // The host's own kube-proxy: the test process reaches Services as a node would (once
-            // the node it names exists: kube-proxy waits for it).
-            let layout = Layout {
-                site: Site {
-                    name: sites[0].name.clone(),
-                    netns: None,
-                    node_ip: LINK_HOST.into(),
-                    run: PathBuf::from(NODE_RUN).join("host"),
-                    ..sites[0].clone()
-                },
-                kubeconfig: env.kubeconfig.to_path_buf(),
-                shim: binaries.containerd_shim.clone(),
-                runc: PathBuf::new(),
-                cni_bin: PathBuf::new(),
-                kubelet_healthz_port: 0,
-                proxy_healthz_port: free_port()?,
-                proxy_metrics_port: free_port()?,
-            };
-            std::fs::create_dir_all(&layout.site.run)
-                .map_err(|e| host_err("create the host's kube-proxy directory", e.to_string()))?;
-            nodes.host.push(spawn_kube_proxy(
-                env,
-                &layout,
-                &logs.join("kube-proxy-host.log"),
-            )?);
-            let proxy = std::net::SocketAddr::from(([127, 0, 0, 1], layout.proxy_healthz_port));
+        if let Some(services) = &cluster.services {
+            // The host's kube-proxy for these Services: the test process reaches them as a
+            // node would (once the node it names exists: kube-proxy waits for it).
+            let proxy = spawn_host_kube_proxy(env, services, &binaries, &logs)?;
+            nodes.host.push(proxy.0);
+            let address = proxy.1;
             wait_healthy(&mut nodes.host, 1, timeout, || async move {
-                http_ok(proxy, "/healthz").await
+                http_ok(address, "/healthz").await
             })
             .await?;
         }
@@ -327,8 +386,8 @@ impl RealNodes {
             http_ok(ready, "/ready").await
         })
         .await?;
-        kubernetes_service_endpoints(env, &host).await?;
-        if count > 1 {
+        kubernetes_service_endpoints(env, &cluster.host).await?;
+        if cluster.in_namespaces() {
             let roots = nodes
                 .nodes
                 .iter()
@@ -368,14 +427,76 @@ impl Drop for RealNodes {
         while let Some(p) = self.host.pop() {
             drop(p);
         }
-        let problems = teardown::sweep(Some(&self.kube_proxy));
-        if !problems.is_empty() {
-            eprintln!(
-                "steward-testenv: real node teardown left: {}",
-                problems.join("; ")
-            );
+        if Arc::strong_count(&self.machine) > 1 {
+            // The other control plane of a pair still runs: the sweep waits for it, but
+            // these nodes' shims and pods stop now, as they would with their machine.
+            for node in self.nodes.iter().filter(|n| n.site.netns.is_some()) {
+                let left = teardown::kill_site(&node.site);
+                if !left.is_empty() {
+                    eprintln!(
+                        "steward-testenv: stopping {} left: {}",
+                        node.site.name,
+                        left.join("; ")
+                    );
+                }
+            }
         }
+        // The last of the machine's control planes sweeps as it drops the machine.
     }
+}
+
+/// The host's kube-proxy for a control plane's Services at `site` (the host's network
+/// namespace, or one of its own, where it masquerades so replies come back through it);
+/// returns it and its health address.
+fn spawn_host_kube_proxy(
+    env: &NodeEnv,
+    site: &Site,
+    binaries: &NodeBinaries,
+    logs: &Path,
+) -> Result<(Process, std::net::SocketAddr), Error> {
+    std::fs::create_dir_all(&site.run)
+        .map_err(|e| host_err("create the host's kube-proxy directory", e.to_string()))?;
+    let own_namespace = site.netns.is_some();
+    let kubeconfig = if own_namespace {
+        node_kubeconfig(env, site)?
+    } else {
+        env.kubeconfig.to_path_buf()
+    };
+    let layout = Layout {
+        site: site.clone(),
+        kubeconfig,
+        shim: binaries.containerd_shim.clone(),
+        runc: PathBuf::new(),
+        cni_bin: PathBuf::new(),
+        kubelet_healthz_port: 0,
+        proxy_healthz_port: free_port()?,
+        proxy_metrics_port: free_port()?,
+        masquerade_all: own_namespace,
+    };
+    let health: std::net::IpAddr = layout
+        .health_ip()
+        .parse()
+        .map_err(|e| Error::Other(format!("health address: {e}")))?;
+    let process = spawn_kube_proxy(env, &layout, &logs.join("kube-proxy-host.log"))?;
+    Ok((
+        process,
+        std::net::SocketAddr::from((health, layout.proxy_healthz_port)),
+    ))
+}
+
+/// Writes the kubeconfig of `site`'s components (the API server on the site's host address)
+/// and returns its path.
+fn node_kubeconfig(env: &NodeEnv, site: &Site) -> Result<PathBuf, Error> {
+    let io = |what: String| move |e: std::io::Error| host_err(what, e.to_string());
+    let admin =
+        std::fs::read_to_string(&env.kubeconfig).map_err(io("read the admin kubeconfig".into()))?;
+    std::fs::create_dir_all(&site.run).map_err(io(format!("create {}", site.run.display())))?;
+    std::fs::write(
+        site.kubeconfig(),
+        config::node_kubeconfig(&admin, &site.host),
+    )
+    .map_err(io(format!("write {}", site.kubeconfig().display())))?;
+    Ok(site.kubeconfig())
 }
 
 /// kube-proxy with `layout`'s configuration, in its site's network namespace.
@@ -402,16 +523,7 @@ impl RealNode {
         let site = self.site.clone();
         let io = |what: String| move |e: std::io::Error| host_err(what, e.to_string());
         let kubeconfig = if site.netns.is_some() {
-            let admin = std::fs::read_to_string(&env.kubeconfig)
-                .map_err(io("read the admin kubeconfig".into()))?;
-            std::fs::create_dir_all(&site.run)
-                .map_err(io(format!("create {}", site.run.display())))?;
-            std::fs::write(
-                site.kubeconfig(),
-                config::node_kubeconfig(&admin, &site.host),
-            )
-            .map_err(io(format!("write {}", site.kubeconfig().display())))?;
-            site.kubeconfig()
+            node_kubeconfig(env, &site)?
         } else {
             env.kubeconfig.to_path_buf()
         };
@@ -424,6 +536,7 @@ impl RealNode {
             kubelet_healthz_port: free_port()?,
             proxy_healthz_port: free_port()?,
             proxy_metrics_port: free_port()?,
+            masquerade_all: false,
         };
         for (what, path) in [
             ("runc", &layout.runc),
@@ -700,7 +813,8 @@ impl RealNode {
     }
 
     /// The host's address as the node's pods reach it (where a test serves them something,
-    /// such as an object store).
+    /// such as an object store): its control plane's (in a pair, each has its own, and the
+    /// pods of both reach either).
     pub fn host_address(&self) -> &str {
         &self.site.host
     }
@@ -791,7 +905,7 @@ async fn kubernetes_service_endpoints(env: &NodeEnv, host: &str) -> Result<(), E
 }
 
 /// Host setup for the single node: sysctls (recorded for the teardown), the bridge with the
-/// node's address, and the chains of [`guard`].
+/// node's address, and the chains of [`guard`] with the API server's port.
 fn setup_host(api_port: u16) -> Result<(), Error> {
     host_sysctls()?;
     run("ip", &["link", "add", BRIDGE, "type", "bridge"])?;
@@ -800,14 +914,13 @@ fn setup_host(api_port: u16) -> Result<(), Error> {
         &["addr", "add", &format!("{GATEWAY}/24"), "dev", BRIDGE],
     )?;
     run("ip", &["link", "set", BRIDGE, "up"])?;
-    guard(BRIDGE, api_port)
+    guard(BRIDGE)?;
+    guard_api_port(api_port)
 }
 
-/// Host setup for several nodes: sysctls, the link bridge [`LINK_BRIDGE`] at [`LINK_HOST`],
-/// per node a network namespace linked to it by a veth pair (the node's address inside, its
-/// default route the host), a route from the host to its pod network and a cgroup root, and
-/// the chains of [`guard`] on the link bridge.
-fn setup_several(api_port: u16, sites: &[Site]) -> Result<(), Error> {
+/// Host setup for nodes in network namespaces of their own, once per machine: sysctls, the
+/// link bridge [`LINK_BRIDGE`] at [`LINK_HOST`] and the chains of [`guard`] on it.
+fn setup_link() -> Result<(), Error> {
     host_sysctls()?;
     run("ip", &["link", "add", LINK_BRIDGE, "type", "bridge"])?;
     run(
@@ -821,54 +934,100 @@ fn setup_several(api_port: u16, sites: &[Site]) -> Result<(), Error> {
         ],
     )?;
     run("ip", &["link", "set", LINK_BRIDGE, "up"])?;
-    // The host's own traffic to Services goes out on the link (its kube-proxy rewrites it).
-    run("ip", &["route", "add", SERVICE_CIDR, "dev", LINK_BRIDGE])?;
-    for site in sites {
-        let Some(netns) = &site.netns else { continue };
-        let veth = teardown::host_veth(&site.name);
-        run("ip", &["netns", "add", netns])?;
+    guard(LINK_BRIDGE)
+}
+
+/// Host setup for one control plane's nodes on the link (after [`setup_link`]): its host
+/// address on the link bridge, per node a network namespace linked to it (see
+/// [`add_namespace`]), a route from the host to its pod network and a cgroup root; the route
+/// of its Services (through the host's own kube-proxy, or through the kube-proxy in a
+/// namespace of its own of a pair's second), and its API server's port in [`guard`]'s chain.
+fn setup_cluster(cluster: &Cluster, api_port: u16) -> Result<(), Error> {
+    if cluster.host != LINK_HOST {
         run(
-            "ip",
-            &[
-                "link", "add", &veth, "type", "veth", "peer", "name", "eth0", "netns", netns,
-            ],
-        )?;
-        run("ip", &["link", "set", &veth, "master", LINK_BRIDGE])?;
-        run("ip", &["link", "set", &veth, "up"])?;
-        run_in(site, "ip", &["link", "set", "lo", "up"])?;
-        run_in(
-            site,
             "ip",
             &[
                 "addr",
                 "add",
-                &format!("{}/{LINK_PREFIX}", site.node_ip),
+                &format!("{}/{LINK_PREFIX}", cluster.host),
                 "dev",
-                "eth0",
+                LINK_BRIDGE,
             ],
         )?;
-        run_in(site, "ip", &["link", "set", "eth0", "up"])?;
-        run_in(site, "ip", &["route", "add", "default", "via", LINK_HOST])?;
+    }
+    for site in &cluster.sites {
+        add_namespace(site)?;
         run(
             "ip",
             &["route", "add", &site.pod_cidr, "via", &site.node_ip],
-        )?;
-        // Per network namespace: routing between the node's pods and the link, and the
-        // bridge's traffic through the node's iptables (kube-proxy's Service rules).
-        run_in(
-            site,
-            "sh",
-            &[
-                "-c",
-                "echo 1 > /proc/sys/net/ipv4/ip_forward && { echo 1 > /proc/sys/net/bridge/bridge-nf-call-iptables 2>/dev/null || true; }",
-            ],
         )?;
         if let Some(root) = &site.cgroup_root {
             teardown::create_cgroup_root(root)
                 .map_err(|e| host_err(format!("create cgroup {root}"), e.to_string()))?;
         }
     }
-    guard(LINK_BRIDGE, api_port)
+    match &cluster.services {
+        Some(services) if services.netns.is_some() => {
+            add_namespace(services)?;
+            run(
+                "ip",
+                &[
+                    "route",
+                    "add",
+                    &cluster.service_cidr,
+                    "via",
+                    &services.node_ip,
+                ],
+            )?;
+        }
+        // The host's own traffic to Services goes out on the link (its kube-proxy rewrites it).
+        _ => run(
+            "ip",
+            &["route", "add", &cluster.service_cidr, "dev", LINK_BRIDGE],
+        )?,
+    }
+    guard_api_port(api_port)
+}
+
+/// The network namespace of `site`, linked by a veth pair to the link bridge: its address
+/// inside, its default route the host, forwarding on, and bridged traffic through its own
+/// iptables (a node's kube-proxy rules its bridge's traffic too).
+fn add_namespace(site: &Site) -> Result<(), Error> {
+    let Some(netns) = &site.netns else {
+        return Ok(());
+    };
+    let veth = teardown::host_veth(netns);
+    run("ip", &["netns", "add", netns])?;
+    run(
+        "ip",
+        &[
+            "link", "add", &veth, "type", "veth", "peer", "name", "eth0", "netns", netns,
+        ],
+    )?;
+    run("ip", &["link", "set", &veth, "master", LINK_BRIDGE])?;
+    run("ip", &["link", "set", &veth, "up"])?;
+    run_in(site, "ip", &["link", "set", "lo", "up"])?;
+    run_in(
+        site,
+        "ip",
+        &[
+            "addr",
+            "add",
+            &format!("{}/{LINK_PREFIX}", site.node_ip),
+            "dev",
+            "eth0",
+        ],
+    )?;
+    run_in(site, "ip", &["link", "set", "eth0", "up"])?;
+    run_in(site, "ip", &["route", "add", "default", "via", &site.host])?;
+    run_in(
+        site,
+        "sh",
+        &[
+            "-c",
+            "echo 1 > /proc/sys/net/ipv4/ip_forward && { echo 1 > /proc/sys/net/bridge/bridge-nf-call-iptables 2>/dev/null || true; }",
+        ],
+    )
 }
 
 /// sysctls (recorded for the teardown): forwarding, and bridged traffic through iptables.
@@ -891,35 +1050,57 @@ fn host_sysctls() -> Result<(), Error> {
 }
 
 /// The chain that keeps the nodes' traffic on `bridge` (routed between its ports, never to or
-/// from another interface) and the one that keeps the nodes' listeners (the API server on all
-/// addresses, kubelet, CoreDNS and NodePorts) answering only on loopback and `bridge`.
-fn guard(bridge: &str, api_port: u16) -> Result<(), Error> {
-    run("iptables", &["-N", "STEWARD-NODE"])?;
+/// from another interface) and the one that keeps the nodes' listeners (the API servers on
+/// all addresses, kubelet, CoreDNS and NodePorts) answering only on loopback and `bridge`
+/// (each API server's port is added by [`guard_api_port`]).
+fn guard(bridge: &str) -> Result<(), Error> {
+    run("iptables", &["-w", "-N", "STEWARD-NODE"])?;
     for rule in [
         ["-i", bridge, "-o", bridge, "-j", "ACCEPT"].as_slice(),
         &["-i", bridge, "-j", "DROP"],
         &["-o", bridge, "-j", "DROP"],
     ] {
-        let mut args = vec!["-A", "STEWARD-NODE"];
-        args.extend_from_slice(rule);
-        run("iptables", &args)?;
-    }
-    run("iptables", &["-I", "FORWARD", "1", "-j", "STEWARD-NODE"])?;
-    let api_port = api_port.to_string();
-    run("iptables", &["-N", "STEWARD-NODE-INPUT"])?;
-    for rule in [
-        ["-i", "lo", "-j", "RETURN"].as_slice(),
-        &["-i", bridge, "-j", "RETURN"],
-        &["-d", "198.18.0.0/15", "-j", "DROP"],
-        &["-p", "tcp", "--dport", &api_port, "-j", "DROP"],
-    ] {
-        let mut args = vec!["-A", "STEWARD-NODE-INPUT"];
+        let mut args = vec!["-w", "-A", "STEWARD-NODE"];
         args.extend_from_slice(rule);
         run("iptables", &args)?;
     }
     run(
         "iptables",
-        &["-I", "INPUT", "1", "-j", "STEWARD-NODE-INPUT"],
+        &["-w", "-I", "FORWARD", "1", "-j", "STEWARD-NODE"],
+    )?;
+    run("iptables", &["-w", "-N", "STEWARD-NODE-INPUT"])?;
+    for rule in [
+        ["-i", "lo", "-j", "RETURN"].as_slice(),
+        &["-i", bridge, "-j", "RETURN"],
+        &["-d", "198.18.0.0/15", "-j", "DROP"],
+    ] {
+        let mut args = vec!["-w", "-A", "STEWARD-NODE-INPUT"];
+        args.extend_from_slice(rule);
+        run("iptables", &args)?;
+    }
+    run(
+        "iptables",
+        &["-w", "-I", "INPUT", "1", "-j", "STEWARD-NODE-INPUT"],
+    )
+}
+
+/// Closes an API server's port (which listens on all addresses) to all but loopback and the
+/// nodes' bridge, in [`guard`]'s chain.
+fn guard_api_port(api_port: u16) -> Result<(), Error> {
+    let api_port = api_port.to_string();
+    run(
+        "iptables",
+        &[
+            "-w",
+            "-A",
+            "STEWARD-NODE-INPUT",
+            "-p",
+            "tcp",
+            "--dport",
+            &api_port,
+            "-j",
+            "DROP",
+        ],
     )
 }
 

@@ -2,12 +2,16 @@
 //! containerd, shims, containers, kube-proxy, CoreDNS), mounts, network namespaces, cgroups,
 //! iptables chains, the bridge, files, and the sysctls the node changed.
 //!
-//! The same sweep runs when a node is dropped and before a node starts (after a crash the
-//! components die with the test process, but shims, containers, mounts and chains stay).
+//! The same sweep runs before real nodes start (after a crash the components die with the
+//! test process, but shims, containers, mounts and chains stay) and when the last control
+//! plane holding the machine drops its nodes: once for a control plane alone, once for both
+//! of a pair (before the first starts, after the second is dropped; one dropped before the
+//! other stops its own nodes' processes with [`kill_site`]).
 //! Everything it touches is found by fixed names ([`NODE_ROOT`], [`NODE_RUN`], [`BRIDGE`] and
 //! [`LINK_BRIDGE`] with their veths, network namespaces `steward-node-*`, chains named
 //! `KUBE-*`, `CNI-*`, `STEWARD-*`, cgroups named `kubepods` and `steward-node-*`), which is
-//! why only one set of real nodes runs on a machine at a time.
+//! why only one set of real nodes (one control plane's, or a pair's) runs on a machine at a
+//! time.
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -301,7 +305,8 @@ fn cgroup_path(dir: &Path) -> String {
     format!("/{}", within.display())
 }
 
-/// The host side of node `name`'s veth pair (at most 15 characters).
+/// The host side of the veth pair of network namespace `name` (a node's is named after it;
+/// at most 15 characters).
 pub(crate) fn host_veth(name: &str) -> String {
     format!("stw-{}", name.trim_start_matches("steward-"))
 }
@@ -611,8 +616,16 @@ mod tests {
 
     #[test]
     fn a_node_has_a_short_veth_and_its_cgroups_are_found_by_path() {
-        for index in 0..crate::node::MAX_NODES {
-            let veth = host_veth(&Site::of_several(index).name);
+        let pair = crate::node::Cluster::pair([1, crate::node::MAX_NODES - 1]).unwrap();
+        let namespaces = (0..crate::node::MAX_NODES)
+            .map(|index| Site::of_several(index).netns)
+            .chain(
+                pair.iter()
+                    .map(|c| c.services.clone().and_then(|s| s.netns)),
+            )
+            .flatten();
+        for netns in namespaces {
+            let veth = host_veth(&netns);
             assert!(veth.len() <= 15, "{veth}");
         }
         assert_eq!(
