@@ -48,13 +48,14 @@ const DEFAULT_JOBS: usize = 1;
 /// The test targets that run in one lane, one after another: those that start testenv's real
 /// node (one set per host: one control plane's, or a pair's), `cargo xtask up --check`
 /// included.
-const ONE_LANE: [&str; 8] = [
+const ONE_LANE: [&str; 9] = [
     "real_node",
     "real_nodes",
     "two_clusters",
     "postgres_nodes",
     "postgres_cluster",
     "postgres_backup",
+    "postgres_dr",
     "postgres_upgrade",
     "up",
 ];

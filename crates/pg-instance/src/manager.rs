@@ -969,6 +969,22 @@ impl Instance {
         }
         self.check_fence().await?;
         let paths = self.settings.paths.clone();
+        let leaving_standby = self.source.is_some() && world.source_fenced.is_none();
+        if self.postmaster.is_none() && leaving_standby && paths.standby_signal().exists() {
+            // Out of standby mode, not running: started as the standby it was, so that it
+            // promotes below like a running one, after the promotion token and the fence.
+            // Started read-write from here, PostgreSQL would end recovery at the end of its
+            // own WAL without them.
+            tracing::info!("starting as a standby of the source to promote from there");
+            postgres::write_file(
+                &paths.instance_conf(),
+                &conf::standby_leader_conf(&self.settings.exe),
+                0o644,
+            )?;
+            self.following = None;
+            self.start(&paths)?;
+            return Ok(());
+        }
         if self.postmaster.is_none() {
             postgres::write_file(&paths.instance_conf(), &conf::primary_conf(), 0o644)?;
             let _ = std::fs::remove_file(paths.standby_signal());

@@ -646,6 +646,33 @@ impl ControlPlane {
         self.wait_apiserver_ready(timeout).await
     }
 
+    /// SIGKILLs every component, the scheduler first and etcd last (the whole control plane
+    /// lost, as its machine powered off); [`ControlPlane::start_all_again`] boots it.
+    pub fn kill_all(&mut self) {
+        for process in self.processes.iter_mut().rev() {
+            process.kill();
+        }
+    }
+
+    /// Starts every component again after [`ControlPlane::kill_all`], on their data; waits
+    /// until etcd is healthy and the API server ready.
+    ///
+    /// # Errors
+    /// [`Error::Start`] or [`Error::Unhealthy`] naming the component and its log.
+    pub async fn start_all_again(&mut self, timeout: Duration) -> Result<(), Error> {
+        // All of them first: a wait fails on any component that is not running. The API
+        // server retries etcd until it answers.
+        for process in &mut self.processes {
+            process.restart()?;
+        }
+        let port = self.etcd_port;
+        self.wait_healthy(0, timeout, move || async move {
+            plain_http_get(port, "/health").await.map(|_| ())
+        })
+        .await?;
+        self.wait_apiserver_ready(timeout).await
+    }
+
     /// Sends SIGSTOP to `component` (a paused process: connections stay open, nothing answers).
     ///
     /// # Errors

@@ -25,6 +25,17 @@ pub(crate) const CA_ROTATION_GRACE: Duration = Duration::from_secs(20);
 /// One real node per machine: the tests of this binary take turns.
 pub(crate) static NODE: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
 
+/// The database-operator's and the instance manager's binaries, built.
+fn operator_binary() -> deploy::Built {
+    let mut built = deploy::build(&[deploy::Spec {
+        name: database_operator::NAME,
+        companions:
+            <database_operator::DatabaseOperator as steward_core::operator::Definition>::COMPANIONS,
+    }])
+    .expect("database-operator and steward-pg-instance binaries");
+    built.remove(0)
+}
+
 /// A PostgresCluster `pg` on the real node, reconciled by an in-process database-operator.
 pub(crate) struct Cluster {
     /// Kept alive: dropping it stops the control plane and the node.
@@ -73,29 +84,77 @@ impl Cluster {
     /// volumes provisioned by testenv on the node the scheduler chose for each instance, see
     /// `steward_testenv::node::local_volumes`).
     pub(crate) async fn on_nodes(prefix: &str, instances: i32, nodes: usize) -> Cluster {
-        let mut lap = Instant::now();
-        let mut laps = Vec::new();
-        let mut time = |what: &'static str| {
-            laps.push(format!("{what} {:.1?}", lap.elapsed()));
-            lap = Instant::now();
-        };
-        let binaries = deploy::build(&[deploy::Spec {
-            name: database_operator::NAME,
-            companions: <database_operator::DatabaseOperator as steward_core::operator::Definition>::COMPANIONS,
-        }])
-        .expect("database-operator and steward-pg-instance binaries");
-        time("binaries");
+        let built = Instant::now();
+        let binary = operator_binary();
+        let binaries = format!("binaries {:.1?}", built.elapsed());
+        let started = Instant::now();
         let cp = if nodes > 1 {
             start_nodes(nodes).await
         } else {
             start().await
         };
-        time("control plane");
+        let started = format!("control plane {:.1?}", started.elapsed());
+        let storage_class =
+            (nodes > 1).then_some(steward_testenv::node::local_volumes::STORAGE_CLASS);
+        Self::on(
+            cp,
+            prefix,
+            instances,
+            binary,
+            storage_class,
+            vec![binaries, started],
+        )
+        .await
+    }
+
+    /// Two Kubernetes clusters on the machine (two control planes with a real node each,
+    /// sharing nothing but the host, where a test's object store runs): a fixture in each,
+    /// with its own operator and a namespace named after `prefix`, of `instances[i]`.
+    pub(crate) async fn pair(prefix: &str, instances: [i32; 2]) -> (Cluster, Cluster) {
+        let binary = operator_binary();
+        let started = Instant::now();
+        let (a, b) = ControlPlane::start_pair(
+            steward_testenv::Options::real_nodes(1),
+            steward_testenv::Options::real_nodes(1),
+        )
+        .await
+        .expect("two control planes with a real node each");
+        let started = format!("two control planes {:.1?}", started.elapsed());
+        let class = Some(steward_testenv::node::local_volumes::STORAGE_CLASS);
+        let a = Self::on(
+            a,
+            prefix,
+            instances[0],
+            binary.clone(),
+            class,
+            vec![started],
+        )
+        .await;
+        let b = Self::on(b, prefix, instances[1], binary, class, Vec::new()).await;
+        (a, b)
+    }
+
+    /// The fixture on control plane `cp`: the operator's image on its nodes, a namespace,
+    /// volumes for `pg`'s instances (hostPath ones made here without `storage_class`), the
+    /// operator.
+    async fn on(
+        cp: ControlPlane,
+        prefix: &str,
+        instances: i32,
+        binary: deploy::Built,
+        storage_class: Option<&'static str>,
+        mut laps: Vec<String>,
+    ) -> Cluster {
+        let mut lap = Instant::now();
+        let mut time = |what: &'static str| {
+            laps.push(format!("{what} {:.1?}", lap.elapsed()));
+            lap = Instant::now();
+        };
         cp.install_crds(&steward_testenv::workspace_root().join("crds"))
             .await
             .expect("CRDs");
         time("CRDs");
-        let instance_image = deploy::image(&cp, &binaries[0])
+        let instance_image = deploy::image(&cp, &binary)
             .await
             .expect("the operator's image")
             .reference;
@@ -119,12 +178,11 @@ impl Cluster {
             operator: None,
             killable: None,
             instance_image,
-            built: binaries[0].clone(),
+            built: binary,
             instances,
             synchronous_replicas: 0,
             image,
-            storage_class: (nodes > 1)
-                .then_some(steward_testenv::node::local_volumes::STORAGE_CLASS),
+            storage_class,
         };
         if cluster.storage_class.is_none() {
             cluster.volumes("pg", instances).await;
@@ -138,6 +196,9 @@ impl Cluster {
 
     /// hostPath volumes for the instances of PostgresCluster `name`.
     pub(crate) async fn volumes(&self, name: &str, instances: i32) {
+        if self.storage_class.is_some() {
+            return; // provisioned by testenv
+        }
         for i in 0..instances {
             self.volume(&format!("{name}-{i}"), &format!("{}-{name}-{i}", self.ns))
                 .await;
@@ -948,10 +1009,22 @@ pub(crate) async fn object_store(
     serde_json::Value,
     steward_pg_instance::archive::Store,
 ) {
-    use steward_pg_instance::archive::{Store, StoreConfig};
-    let s3 = steward_testenv::s3::S3Server::start(steward_testenv::node::GATEWAY, &[BUCKET])
+    let host = cluster._cp.real_node().expect("a real node").host_address();
+    let s3 = steward_testenv::s3::S3Server::start(host, &[BUCKET])
         .await
         .expect("S3Proxy");
+    let (spec, store) = store_on(cluster, &s3, prefix).await;
+    (s3, spec, store)
+}
+
+/// The `s3-credentials` Secret in `cluster`'s namespace, `spec.backup.objectStore` for the
+/// prefix `<ns>/<prefix>` of `s3`, and a client of that prefix.
+pub(crate) async fn store_on(
+    cluster: &Cluster,
+    s3: &steward_testenv::s3::S3Server,
+    prefix: &str,
+) -> (serde_json::Value, steward_pg_instance::archive::Store) {
+    use steward_pg_instance::archive::{Store, StoreConfig};
     let secret = steward_testenv::s3::S3Server::credentials_secret("s3-credentials", &cluster.ns);
     steward_testenv::manifests::apply(&cluster.client, &secret, None, "real-node-test", false)
         .await
@@ -972,7 +1045,7 @@ pub(crate) async fn object_store(
         .unwrap(),
     )
     .unwrap();
-    (s3, spec, store)
+    (spec, store)
 }
 
 /// Waits until PostgresCluster `pg` says its WAL archiving works; its `status.backup` then

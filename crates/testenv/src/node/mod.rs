@@ -445,6 +445,26 @@ impl Drop for RealNodes {
     }
 }
 
+/// `Ok` once Node `name` exists with the InternalIP `ip`.
+async fn registered(client: &kube::Client, name: &str, ip: &str) -> Result<(), String> {
+    let node = Api::<Node>::all(client.clone())
+        .get_opt(name)
+        .await
+        .map_err(|e| e.to_string())?
+        .ok_or_else(|| format!("Node {name} not registered yet"))?;
+    let addresses = node.status.and_then(|s| s.addresses).unwrap_or_default();
+    if addresses
+        .iter()
+        .any(|a| a.type_ == "InternalIP" && a.address == ip)
+    {
+        Ok(())
+    } else {
+        Err(format!(
+            "Node {name} has no InternalIP {ip} yet: {addresses:?}"
+        ))
+    }
+}
+
 /// The host's kube-proxy for a control plane's Services at `site` (the host's network
 /// namespace, or one of its own, where it masquerades so replies come back through it);
 /// returns it and its health address.
@@ -588,8 +608,6 @@ impl RealNode {
         self.wait_containerd(timeout).await?;
         self.import(pause).await?;
 
-        self.processes
-            .push(spawn_kube_proxy(env, &layout, &log("kube-proxy"))?);
         let mut labels = vec!["steward.dev/node=real".to_string()];
         if let Some(zone) = &site.zone {
             labels.push(format!("topology.kubernetes.io/zone={zone}"));
@@ -610,6 +628,18 @@ impl RealNode {
         );
         self.processes
             .push(Process::spawn("kubelet", &binary, &args, log("kubelet"))?);
+        // kube-proxy once kubelet registered the Node with its address: started before, it
+        // gives up waiting for the Node on a slow start (two control planes booting at once
+        // on two cores) and then exits when the Node's addresses appear ("NodeIPs changed").
+        let (client, name, ip) = (env.client.clone(), site.name.clone(), site.node_ip.clone());
+        wait_healthy(&mut self.processes, 1, timeout, || {
+            let (client, name, ip) = (client.clone(), name.clone(), ip.clone());
+            async move { registered(&client, &name, &ip).await }
+        })
+        .await?;
+        // containerd, kube-proxy, kubelet: the order RealNode::start_again restarts them in.
+        self.processes
+            .insert(1, spawn_kube_proxy(env, &layout, &log("kube-proxy"))?);
         let health_ip: std::net::IpAddr = layout
             .health_ip()
             .parse()
