@@ -67,6 +67,10 @@ pub const REPLICA_SOURCE_ENV: &str = "STEWARD_REPLICA_SOURCE";
 /// archive wrote it ([`Fence`]). A primary of that path on a timeline at or below the fence's
 /// never runs read-write again.
 pub const FENCE_OBJECT: &str = "fence.json";
+/// The object, under a cluster's backup path, that a standby following it writes when it
+/// starts following (`{"by": "<namespace>/<name>", "at": …}`): the source then knows it may be
+/// fenced, and refuses to start read-write while it cannot read its fence.
+pub const FOLLOWED_OBJECT: &str = "followed.json";
 /// On a promoted standby cluster's Lease: the source store (`s3://bucket/path`) its
 /// promotion fenced. Its later failovers do not fence (or read) the source again.
 pub const SOURCE_FENCED_ANNOTATION: &str = "database.steward.dev/source-fenced";

@@ -375,6 +375,31 @@ impl Store {
             .transpose()
     }
 
+    /// Whether a standby follows (or followed) this path ([`contract::FOLLOWED_OBJECT`]).
+    ///
+    /// # Errors
+    /// When the store cannot be read.
+    pub async fn followed(&self) -> Result<bool, Error> {
+        Ok(self
+            .get(&self.path(contract::FOLLOWED_OBJECT))
+            .await?
+            .is_some())
+    }
+
+    /// Records that the standby `by` follows this path ([`contract::FOLLOWED_OBJECT`]).
+    ///
+    /// # Errors
+    /// When the store refuses it.
+    pub async fn set_followed(&self, by: &str) -> Result<(), Error> {
+        let path = self.path(contract::FOLLOWED_OBJECT);
+        let body = serde_json::json!({"by": by, "at": jiff::Timestamp::now().to_string()});
+        self.inner
+            .put(&path, Bytes::from(body.to_string()).into())
+            .await
+            .map_err(store_err(format!("put {path}")))?;
+        Ok(())
+    }
+
     /// Writes `fence` ([`contract::FENCE_OBJECT`]) under this path.
     ///
     /// # Errors

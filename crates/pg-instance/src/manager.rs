@@ -182,6 +182,7 @@ pub async fn run(
         demotion_token: None,
         source_listed: None,
         fence_checked_at: None,
+        announced: false,
         recovering,
         leases: Api::namespaced(client.clone(), &settings.namespace),
         pods: Api::namespaced(client.clone(), &settings.namespace),
@@ -424,6 +425,8 @@ struct Instance {
     /// As a standby's leader: the source's archive as last listed (its WAL file names, or
     /// why not), and when.
     source_listed: Option<(Instant, Result<Vec<String>, String>)>,
+    /// As a standby's leader: it recorded in the source's store that it follows it.
+    announced: bool,
     /// As the primary: when the store's fence was last read.
     fence_checked_at: Option<Instant>,
     /// Replaying a restored backup: promoted by PostgreSQL itself at the recovery target,
@@ -1219,6 +1222,15 @@ impl Instance {
         {
             return;
         }
+        if !self.announced {
+            let me = format!("{}/{}", self.settings.namespace, self.settings.cluster);
+            match source.set_followed(&me).await {
+                Ok(()) => self.announced = true,
+                Err(e) => {
+                    tracing::warn!(error = %e, "recording in the source's store that this cluster follows it failed; trying again")
+                }
+            }
+        }
         let listed = match archive::system_identifier(&self.settings.paths.pgdata) {
             Ok(system) => tokio::time::timeout(API_TIMEOUT, source.wal_files(&system))
                 .await
@@ -1283,23 +1295,21 @@ impl Instance {
         {
             return Ok(());
         }
-        let fence = match tokio::time::timeout(API_TIMEOUT, store.fence()).await {
-            Ok(Ok(fence)) => fence,
-            Ok(Err(e)) if running => {
-                tracing::warn!(error = %e, "reading this cluster's fence failed; reading it again in {:?}", standby::FENCE_CHECK);
-                return Ok(());
+        let marker = self.settings.paths.pgdata.join(standby::FOLLOWED_MARKER);
+        let read =
+            async { Ok::<_, archive::Error>((store.fence().await?, store.followed().await?)) };
+        let (fence, followed) = match tokio::time::timeout(API_TIMEOUT, read).await {
+            Ok(Ok(read)) => read,
+            Ok(Err(e)) => return self.fence_unreadable(running, &marker, &e.to_string()),
+            Err(_) => {
+                let e = format!("no answer within {API_TIMEOUT:?}");
+                return self.fence_unreadable(running, &marker, &e);
             }
-            Err(_) if running => return Ok(()),
-            Ok(Err(e)) => anyhow::bail!(
-                "not running read-write: this cluster's fence could not be read from {}: {e}",
-                store.config().url()
-            ),
-            Err(_) => anyhow::bail!(
-                "not running read-write: this cluster's fence could not be read from {} within {API_TIMEOUT:?}",
-                store.config().url()
-            ),
         };
         self.fence_checked_at = Some(Instant::now());
+        if followed && !marker.exists() {
+            std::fs::write(&marker, "")?;
+        }
         let timeline = match &self.observed {
             Some(o) if self.postmaster.is_some() => o.timeline,
             _ => archive::newest_timeline(&self.settings.paths.pgdata),
@@ -1314,6 +1324,33 @@ impl Instance {
             anyhow::bail!(why);
         }
         Ok(())
+    }
+
+    /// The store's fence could not be read (`why`): a running primary goes on (read again at
+    /// the next check); one about to start or promote does so only if no standby was ever
+    /// seen following this cluster (`marker`), since only a standby's promotion fences it.
+    fn fence_unreadable(
+        &self,
+        running: bool,
+        marker: &std::path::Path,
+        why: &str,
+    ) -> anyhow::Result<()> {
+        let url = self
+            .archive_to
+            .as_ref()
+            .map(|s| s.config().url())
+            .unwrap_or_default();
+        if running {
+            tracing::warn!(error = %why, "reading this cluster's fence from {url} failed; reading it again in {:?}", standby::FENCE_CHECK);
+            return Ok(());
+        }
+        if standby::may_start_unchecked(marker.exists()) {
+            tracing::warn!(error = %why, "this cluster's fence could not be read from {url}; no standby was ever seen following it, so none can have fenced it: going on");
+            return Ok(());
+        }
+        anyhow::bail!(
+            "not running read-write: a standby follows this cluster, and its fence could not be read from {url}: {why}"
+        )
     }
 
     /// After a major upgrade (the upgrade left [`crate::upgrade::analyze_marker`] beside the

@@ -33,6 +33,19 @@ pub fn fenced(fence: Option<&Fence>, timeline: u32) -> Option<String> {
     })
 }
 
+/// A marker in a primary's data directory: its store was seen followed by a standby
+/// ([`crate::contract::FOLLOWED_OBJECT`]), so a fence may come; while the store cannot be
+/// read, it does not start read-write ([`may_start_unchecked`]).
+pub const FOLLOWED_MARKER: &str = "steward-followed";
+
+/// Whether a primary whose store cannot be read now may start (or promote) read-write
+/// without checking its fence: only if no standby was ever seen following it (a fence can
+/// only come from one). A cluster nobody follows keeps its failovers independent of its
+/// object store's availability.
+pub fn may_start_unchecked(followed: bool) -> bool {
+    !followed
+}
+
 /// Whether the standby `me`, replaying the source's `timeline`, writes its fence before it
 /// promotes: `Ok(true)` when the source has none or one of an earlier timeline (the source
 /// moved on since: a switchback), `Ok(false)` when it already has this cluster's for this
@@ -149,6 +162,12 @@ mod tests {
         // A switchback and a later promotion: the source runs a newer timeline now.
         assert_eq!(may_fence(Some(&fence("dr/a", 1)), "dr/a", 3), Ok(true));
         assert_eq!(may_fence(Some(&fence("dr/b", 1)), "dr/a", 3), Ok(true));
+    }
+
+    #[test]
+    fn only_a_followed_primary_waits_for_its_store_to_start() {
+        assert!(may_start_unchecked(false));
+        assert!(!may_start_unchecked(true));
     }
 
     #[test]
