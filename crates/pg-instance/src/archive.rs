@@ -279,6 +279,14 @@ impl Store {
         }
     }
 
+    async fn put(&self, path: &ObjectPath, body: impl Into<Bytes>) -> Result<(), Error> {
+        self.inner
+            .put(path, body.into().into())
+            .await
+            .map_err(store_err(format!("put {path}")))?;
+        Ok(())
+    }
+
     /// One level under `dir/`: the objects' names and the "directories'" names, relative.
     async fn listing(&self, dir: &str) -> Result<(Vec<String>, Vec<String>), Error> {
         let prefix = self.path(dir);
@@ -393,11 +401,7 @@ impl Store {
     pub async fn set_followed(&self, by: &str) -> Result<(), Error> {
         let path = self.path(contract::FOLLOWED_OBJECT);
         let body = serde_json::json!({"by": by, "at": jiff::Timestamp::now().to_string()});
-        self.inner
-            .put(&path, Bytes::from(body.to_string()).into())
-            .await
-            .map_err(store_err(format!("put {path}")))?;
-        Ok(())
+        self.put(&path, body.to_string()).await
     }
 
     /// Writes `fence` ([`contract::FENCE_OBJECT`]) under this path.
@@ -407,11 +411,7 @@ impl Store {
     pub async fn set_fence(&self, fence: &contract::Fence) -> Result<(), Error> {
         let path = self.path(contract::FENCE_OBJECT);
         let body = serde_json::to_vec(fence).map_err(|e| Error::Invalid(e.to_string()))?;
-        self.inner
-            .put(&path, Bytes::from(body).into())
-            .await
-            .map_err(store_err(format!("put {path}")))?;
-        Ok(())
+        self.put(&path, body).await
     }
 }
 
@@ -475,11 +475,7 @@ pub async fn claim(store: &Store, pgdata: &Path) -> Result<String, Error> {
         tracing::info!(%previous, system = %ours, "this cluster was upgraded from the system that archived here: its WAL goes to wal/{ours}/ from now on");
     }
     let path = store.path(SYSTEM);
-    store
-        .inner
-        .put(&path, Bytes::from(format!("{ours}\n")).into())
-        .await
-        .map_err(store_err(format!("put {path}")))?;
+    store.put(&path, format!("{ours}\n")).await?;
     Ok(ours)
 }
 
@@ -642,12 +638,7 @@ pub async fn push_wal(store: &Store, pgdata: &Path, file: &Path, name: &str) -> 
         }
         return Err(Error::Conflict(name.to_string()));
     }
-    store
-        .inner
-        .put(&path, compressed.into())
-        .await
-        .map_err(store_err(format!("put {path}")))?;
-    Ok(())
+    store.put(&path, compressed).await
 }
 
 /// Whether WAL file `name` is a segment of a timeline older than `timeline` (the server's):
@@ -904,11 +895,7 @@ pub async fn base_backup(store: &Store, paths: &Paths, name: &str) -> Result<Bas
     };
     let manifest = store.path(&format!("base/{name}/backup.json"));
     let json = serde_json::to_vec_pretty(&backup).map_err(|e| Error::Invalid(e.to_string()))?;
-    store
-        .inner
-        .put(&manifest, json.into())
-        .await
-        .map_err(store_err(format!("put {manifest}")))?;
+    store.put(&manifest, json).await?;
     Ok(backup)
 }
 

@@ -179,7 +179,6 @@ pub async fn run(
         source,
         standby: false,
         configured_standby: false,
-        demotion_token: None,
         source_listed: None,
         fence_checked_at: None,
         announced: false,
@@ -420,8 +419,6 @@ struct Instance {
     /// The replica's `instance.conf` was written for a standby cluster (restoring from the
     /// source's archive).
     configured_standby: bool,
-    /// This tick: the cluster's demotion token, if it was demoted.
-    demotion_token: Option<String>,
     /// As a standby's leader: the source's archive as last listed (its WAL file names, or
     /// why not), and when.
     source_listed: Option<(Instant, Result<Vec<String>, String>)>,
@@ -602,7 +599,6 @@ impl Instance {
             }
         };
         self.standby = world.follow == Some(true);
-        self.demotion_token.clone_from(&world.demotion_token);
         let paths = self.settings.paths.clone();
         let older = paths
             .initialized()
@@ -979,14 +975,7 @@ impl Instance {
             // Started read-write from here, PostgreSQL would end recovery at the end of its
             // own WAL without them.
             tracing::info!("starting as a standby of the source to promote from there");
-            postgres::write_file(
-                &paths.instance_conf(),
-                &conf::standby_leader_conf(&self.settings.exe),
-                0o644,
-            )?;
-            self.following = None;
-            self.start(&paths)?;
-            return Ok(());
+            return self.start_standby_leader(&paths);
         }
         if self.postmaster.is_none() {
             postgres::write_file(&paths.instance_conf(), &conf::primary_conf(), 0o644)?;
@@ -1086,23 +1075,15 @@ impl Instance {
     }
 
     /// The leader of a standby cluster: PostgreSQL in recovery, replaying the source's archive
-    /// (the other instances stream from it), labelled `primary` so that `-rw` reaches it
-    /// (read-only). A data directory that runs read-write is not turned into a standby here.
+    /// (as the other instances do until the promotion), labelled `primary` so that `-rw`
+    /// reaches it (read-only). A primary running read-write is stopped cleanly and demoted.
     async fn run_standby_leader(&mut self, world: &World) -> anyhow::Result<()> {
         let paths = self.settings.paths.clone();
-        let exe = self.settings.exe.clone();
         if self.postmaster.is_none() {
             if !paths.standby_signal().exists() {
                 self.demote().await?;
             }
-            postgres::write_file(
-                &paths.instance_conf(),
-                &conf::standby_leader_conf(&exe),
-                0o644,
-            )?;
-            self.following = None;
-            self.start(&paths)?;
-            return Ok(());
+            return self.start_standby_leader(&paths);
         }
         let Some(observed) = self.observed.clone() else {
             return Ok(()); // starting up
@@ -1122,15 +1103,10 @@ impl Instance {
             // A replica of the standby cluster that took the Lease: from its leader's stream
             // to the source's archive.
             tracing::info!("leading the standby cluster: following the source's archive");
-            postgres::write_file(
-                &paths.instance_conf(),
-                &conf::standby_leader_conf(&exe),
-                0o644,
-            )?;
+            self.write_standby_leader_conf()?;
             if let Some(pm) = &self.postmaster {
                 pm.reload();
             }
-            self.following = None;
         }
         self.label(world).await?;
         self.list_source().await;
@@ -1148,6 +1124,26 @@ impl Instance {
         Ok(())
     }
 
+    /// `instance.conf` of a standby cluster's leader: the source's archive, no primary to
+    /// stream from.
+    fn write_standby_leader_conf(&mut self) -> anyhow::Result<()> {
+        let paths = &self.settings.paths;
+        postgres::write_file(
+            &paths.instance_conf(),
+            &conf::standby_leader_conf(&self.settings.exe),
+            0o644,
+        )?;
+        self.following = None;
+        Ok(())
+    }
+
+    /// Starts PostgreSQL as a standby cluster's leader (its data directory has
+    /// `standby.signal`).
+    fn start_standby_leader(&mut self, paths: &Paths) -> anyhow::Result<()> {
+        self.write_standby_leader_conf()?;
+        self.start(paths)
+    }
+
     /// A cluster made a standby (`spec.replica.enabled`) whose leader last ran read-write: its
     /// data directory, stopped cleanly, becomes a standby at the end of its own WAL. That end
     /// ([`contract::WalEnd`]) is its demotion token, on the Lease; the WAL up to it goes to
@@ -1161,17 +1157,16 @@ impl Instance {
                 "spec.replica.enabled, but this data directory last ran read-write and did not stop cleanly: where its WAL ends is unknown, so it cannot follow another cluster (re-create this cluster as a standby)"
             );
         };
-        self.archive_up_to(end).await?;
-        self.annotate_lease(contract::DEMOTION_TOKEN_ANNOTATION, Some(&end.to_string()))
-            .await?;
+        self.publish_demotion(end).await?;
         std::fs::write(paths.standby_signal(), "")?;
         tracing::info!(token = %end, "demoted: this cluster follows its source from the end of its WAL");
         Ok(())
     }
 
-    /// This cluster's WAL up to `end`, in its archive: what PostgreSQL left unarchived, and
-    /// the segment holding `end` (a stopped primary never archives its last, unfinished one).
-    async fn archive_up_to(&self, end: contract::WalEnd) -> anyhow::Result<()> {
+    /// `end` as this cluster's demotion token, on its Lease, once its WAL up to `end` is in
+    /// its archive: what PostgreSQL left unarchived, and the segment holding `end` (a stopped
+    /// primary never archives its last, unfinished one).
+    async fn publish_demotion(&self, end: contract::WalEnd) -> anyhow::Result<()> {
         let Some(store) = &self.archive_to else {
             anyhow::bail!(
                 "spec.replica.enabled on a cluster without spec.backup: the new primary replays this cluster's WAL from its archive, and it has none"
@@ -1183,7 +1178,8 @@ impl Instance {
         archive::push_wal(store, &self.settings.paths.pgdata, &file, &name)
             .await
             .map_err(|e| anyhow::anyhow!("archiving {name}, where this cluster's WAL ends: {e}"))?;
-        Ok(())
+        self.annotate_lease(contract::DEMOTION_TOKEN_ANNOTATION, Some(&end.to_string()))
+            .await
     }
 
     /// A standby cluster's leader that took over from a primary stopped by a switchover (a
@@ -1202,9 +1198,7 @@ impl Instance {
         else {
             return Ok(());
         };
-        self.archive_up_to(end).await?;
-        self.annotate_lease(contract::DEMOTION_TOKEN_ANNOTATION, Some(&end.to_string()))
-            .await?;
+        self.publish_demotion(end).await?;
         tracing::info!(token = %end, "demoted by a handover: the last primary's WAL end is this cluster's demotion token");
         Ok(())
     }
@@ -1296,8 +1290,12 @@ impl Instance {
             return Ok(());
         }
         let marker = self.settings.paths.pgdata.join(standby::FOLLOWED_MARKER);
-        let read =
-            async { Ok::<_, archive::Error>((store.fence().await?, store.followed().await?)) };
+        // Once seen followed, always: the marker stays, and the store is not asked again.
+        let known = marker.exists();
+        let read = async {
+            let followed = known || store.followed().await?;
+            Ok::<_, archive::Error>((store.fence().await?, followed))
+        };
         let (fence, followed) = match tokio::time::timeout(API_TIMEOUT, read).await {
             Ok(Ok(read)) => read,
             Ok(Err(e)) => return self.fence_unreadable(running, &marker, &e.to_string()),
@@ -1307,7 +1305,7 @@ impl Instance {
             }
         };
         self.fence_checked_at = Some(Instant::now());
-        if followed && !marker.exists() {
+        if followed && !known {
             std::fs::write(&marker, "")?;
         }
         let timeline = match &self.observed {
@@ -1855,7 +1853,7 @@ impl Instance {
                 archiver: o.archiver.clone(),
                 commits_waiting: o.commits_waiting,
                 problem: self.failing.clone(),
-                following: self.following_source(o),
+                following: self.following_source(o, world.demotion_token.as_deref()),
             },
             None => InstanceStatus {
                 role: Role::Down,
@@ -1941,7 +1939,11 @@ impl Instance {
     }
 
     /// As a standby cluster's leader in recovery: how far it has followed its source.
-    fn following_source(&self, o: &Observed) -> Option<contract::Following> {
+    fn following_source(
+        &self,
+        o: &Observed,
+        demotion_token: Option<&str>,
+    ) -> Option<contract::Following> {
         let source = self.source.as_ref()?;
         let leading = self.election.leadership.is_leader();
         (self.standby && leading && o.in_recovery).then(|| {
@@ -1954,7 +1956,7 @@ impl Instance {
                 o.lsn,
                 o.replayed_at.clone(),
                 &listed,
-                self.demotion_token.clone(),
+                demotion_token.map(str::to_string),
             )
         })
     }
