@@ -20,7 +20,7 @@ mod postgres;
 #[path = "support/real_node.rs"]
 mod support;
 use postgres::*;
-use support::{WAIT, connect, logs};
+use support::{connect, logs};
 
 /// The instance status pod `pod` publishes, if any.
 async fn instance_status(
@@ -72,21 +72,21 @@ async fn following(cluster: &Cluster, pod: &str) -> steward_pg_instance::contrac
     }
 }
 
-/// The ClusterIP of Service `name` in `cluster`'s namespace, once it has one.
-async fn service_ip(cluster: &Cluster, name: &str) -> String {
-    eventually(&format!("Service {name}"), WAIT, || async {
-        let services: Api<k8s_openapi::api::core::v1::Service> =
-            Api::namespaced(cluster.client.clone(), &cluster.ns);
-        services
-            .get(name)
-            .await
-            .map_err(|e| e.to_string())?
-            .spec
-            .and_then(|s| s.cluster_ip)
-            .ok_or("no ClusterIP".to_string())
-    })
-    .await
-    .unwrap()
+/// Creates `cluster`'s PostgresCluster `pg` archiving to `store` (with this file's
+/// parameters), the table `acks` in it and a completed base backup `first`, which a standby
+/// restores; its `-rw` address.
+async fn backed_up_source(cluster: &mut Cluster, store: &serde_json::Value) -> String {
+    cluster
+        .create(json!({"backup": {"objectStore": store}, "parameters": parameters()}))
+        .await;
+    let rw = cluster.cluster_ip("pg-rw").await;
+    let db = connect(&rw, &cluster.password).await.unwrap();
+    db.batch_execute("create table acks (id bigint primary key)")
+        .await
+        .unwrap();
+    create_backup(cluster, "first", "pg").await;
+    completed_backup(cluster, "first").await;
+    rw
 }
 
 /// Creates PostgresCluster `pg` of `instances` in `cluster` with `spec` (and this file's
@@ -119,17 +119,8 @@ async fn a_standby_in_another_kubernetes_cluster_is_promoted_when_the_source_clu
     source.start_killable_operator().await;
     let (s3, source_store, store) = object_store(&source, "pg").await;
     let (standby_store, _) = store_on(&standby, &s3, "pg").await;
-    source
-        .create(json!({"backup": {"objectStore": source_store}, "parameters": parameters()}))
-        .await;
+    let rw = backed_up_source(&mut source, &source_store).await;
     archiving(&source, &s3).await;
-    let rw = source.cluster_ip("pg-rw").await;
-    let db = connect(&rw, &source.password).await.unwrap();
-    db.batch_execute("create table acks (id bigint primary key)")
-        .await
-        .unwrap();
-    create_backup(&source, "first", "pg").await;
-    completed_backup(&source, "first").await;
     let (acks, stop, writing) = start_writer(&rw, &source.password, 20).await;
 
     let created = Instant::now();
@@ -159,7 +150,7 @@ async fn a_standby_in_another_kubernetes_cluster_is_promoted_when_the_source_clu
     .unwrap();
 
     // Lag under the writer's steady load: how old the first row the standby lacks is.
-    let standby_rw = service_ip(&standby, "pg-rw").await;
+    let standby_rw = standby.wait_cluster_ip("pg-rw").await;
     let mut lags = Vec::new();
     for _ in 0..15 {
         tokio::time::sleep(Duration::from_secs(1)).await;
@@ -391,7 +382,7 @@ async fn a_standby_in_another_kubernetes_cluster_is_promoted_when_the_source_clu
         .await
         .unwrap();
     following(&source, "pg-0").await;
-    let rw = service_ip(&source, "pg-rw").await;
+    let rw = source.wait_cluster_ip("pg-rw").await;
     let rejoined = eventually(
         "the rejoined source serves the new primary's rows",
         Duration::from_secs(180),
@@ -552,15 +543,7 @@ async fn a_planned_switchover_to_another_kubernetes_cluster_and_back_loses_no_ac
     let (mut a, b) = Cluster::pair("rn-pgsw", [1, 1]).await;
     let (s3, a_store, _) = object_store(&a, "pg").await;
     let (b_store, _) = store_on(&b, &s3, "pg").await;
-    a.create(json!({"backup": {"objectStore": a_store}, "parameters": parameters()}))
-        .await;
-    let a_rw = a.cluster_ip("pg-rw").await;
-    let db = connect(&a_rw, &a.password).await.unwrap();
-    db.batch_execute("create table acks (id bigint primary key)")
-        .await
-        .unwrap();
-    create_backup(&a, "first", "pg").await;
-    completed_backup(&a, "first").await;
+    let a_rw = backed_up_source(&mut a, &a_store).await;
     create_pg(
         &b,
         1,
@@ -568,7 +551,7 @@ async fn a_planned_switchover_to_another_kubernetes_cluster_and_back_loses_no_ac
     )
     .await;
     following(&b, "pg-0").await;
-    let b_rw = service_ip(&b, "pg-rw").await;
+    let b_rw = b.wait_cluster_ip("pg-rw").await;
     let b_password = b.superuser_password("pg").await;
     let passwords = vec![a.password.clone(), b_password.clone()];
 
@@ -608,29 +591,13 @@ async fn a_planned_switchover_to_another_kubernetes_cluster_and_back_loses_no_ac
             }
         }
     });
-    let acked = |n: usize| {
-        let acks = acks.clone();
-        async move {
-            eventually(
-                &format!("{n} acknowledged writes"),
-                Duration::from_secs(240),
-                || {
-                    let acks = acks.clone();
-                    async move {
-                        let got = acks.lock().unwrap().rows.len();
-                        if got >= n {
-                            Ok(())
-                        } else {
-                            Err(format!("{got}"))
-                        }
-                    }
-                },
-            )
-            .await
-            .unwrap();
-        }
-    };
-    acked(40).await;
+    acknowledged(
+        "40 acknowledged writes",
+        &acks,
+        40,
+        Duration::from_secs(240),
+    )
+    .await;
 
     let mut gaps = Vec::new();
     let mut steps = Vec::new();
@@ -700,8 +667,14 @@ async fn a_planned_switchover_to_another_kubernetes_cluster_and_back_loses_no_ac
             started.elapsed()
         );
         gaps.push(gap);
-        let n = acks.lock().unwrap().rows.len();
-        acked(n + 40).await;
+        let n = acks.lock().unwrap().rows.len() + 40;
+        acknowledged(
+            &format!("{n} acknowledged writes"),
+            &acks,
+            n,
+            Duration::from_secs(240),
+        )
+        .await;
     }
     stop.cancel();
     writing.await.unwrap();

@@ -20,11 +20,10 @@ use serde_json::json;
 use steward_testenv::NODE_MONITOR_GRACE;
 use steward_testenv::node::teardown::leftovers;
 use steward_testenv::{ControlPlane, eventually};
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
 #[path = "support/real_node.rs"]
 mod support;
-use support::{WAIT, logs, rand_u32, service, start_nodes as start};
+use support::{WAIT, get, logs, rand_u32, service, start_nodes as start};
 
 /// One set of real nodes at a time; the teardown check sees only what its own nodes left.
 static NODES: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
@@ -90,28 +89,6 @@ async fn running_ip_after(
     })
     .await
     .unwrap()
-}
-
-/// `GET /` from the test process (the host) to `addr:port`, within 2 s.
-async fn get(addr: &str, port: u16) -> Result<String, String> {
-    let fetch = async {
-        let mut stream = tokio::net::TcpStream::connect((addr, port))
-            .await
-            .map_err(|e| e.to_string())?;
-        stream
-            .write_all(b"GET / HTTP/1.0\r\n\r\n")
-            .await
-            .map_err(|e| e.to_string())?;
-        let mut text = String::new();
-        stream
-            .read_to_string(&mut text)
-            .await
-            .map_err(|e| e.to_string())?;
-        Ok(text)
-    };
-    tokio::time::timeout(Duration::from_secs(2), fetch)
-        .await
-        .map_err(|_| format!("{addr}:{port}: no answer within 2 s"))?
 }
 
 /// Whether node `name` is Ready (its `Ready` condition `True`).

@@ -5,7 +5,7 @@
 
 #![allow(clippy::unwrap_used)] // tests fail loudly
 
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
 use k8s_openapi::api::core::v1::{Namespace, Node, Pod, ServiceAccount};
 use kube::ResourceExt;
@@ -14,11 +14,10 @@ use serde_json::json;
 use steward_testenv::node::teardown::leftovers;
 use steward_testenv::s3::S3Server;
 use steward_testenv::{ControlPlane, Options, eventually};
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
 #[path = "support/real_node.rs"]
 mod support;
-use support::{WAIT, logs, rand_u32, service};
+use support::{WAIT, get, logs, rand_u32, service};
 
 /// A pod of `image` on the cluster's node running `script` with `sh -c`, labelled
 /// `app: <name>`.
@@ -66,28 +65,6 @@ async fn finished(pods: &Api<Pod>, name: &str) -> String {
     })
     .await
     .unwrap()
-}
-
-/// `GET /` from the test process (the host) to `addr:port`, within 2 s.
-async fn get(addr: &str, port: u16) -> Result<String, String> {
-    let fetch = async {
-        let mut stream = tokio::net::TcpStream::connect((addr, port))
-            .await
-            .map_err(|e| e.to_string())?;
-        stream
-            .write_all(b"GET / HTTP/1.0\r\n\r\n")
-            .await
-            .map_err(|e| e.to_string())?;
-        let mut text = String::new();
-        stream
-            .read_to_string(&mut text)
-            .await
-            .map_err(|e| e.to_string())?;
-        Ok(text)
-    };
-    tokio::time::timeout(Duration::from_secs(2), fetch)
-        .await
-        .map_err(|_| format!("{addr}:{port}: no answer within 2 s"))?
 }
 
 /// Creates namespace `name` and waits for its `default` ServiceAccount.

@@ -507,6 +507,22 @@ impl Cluster {
             .unwrap()
     }
 
+    /// [`Cluster::cluster_ip`] of a Service that may not exist yet: once it does.
+    pub(crate) async fn wait_cluster_ip(&self, service: &str) -> String {
+        eventually(&format!("Service {service}"), WAIT, || async {
+            let services: Api<Service> = Api::namespaced(self.client.clone(), &self.ns);
+            services
+                .get(service)
+                .await
+                .map_err(|e| e.to_string())?
+                .spec
+                .and_then(|s| s.cluster_ip)
+                .ok_or("no ClusterIP".to_string())
+        })
+        .await
+        .unwrap()
+    }
+
     /// The pod labelled primary now, if one is (during a switchover the label moves).
     pub(crate) async fn labelled_primary(&self) -> Result<String, String> {
         let list = self
@@ -721,7 +737,18 @@ pub(crate) async fn start_writer(
         acks.clone(),
         stop.clone(),
     ));
-    eventually("writes through pg-rw", WAIT, || {
+    acknowledged("writes through pg-rw", &acks, at_least, WAIT).await;
+    (acks, stop, writing)
+}
+
+/// Waits (up to `within`, as `what`) until `acks` has `at_least` acknowledged writes.
+pub(crate) async fn acknowledged(
+    what: &str,
+    acks: &Arc<Mutex<Acks>>,
+    at_least: usize,
+    within: Duration,
+) {
+    eventually(what, within, || {
         let acks = acks.clone();
         async move {
             let n = acks.lock().unwrap().rows.len();
@@ -734,7 +761,6 @@ pub(crate) async fn start_writer(
     })
     .await
     .unwrap();
-    (acks, stop, writing)
 }
 
 /// How long after `since` an instance other than the one at `old_ip` first acknowledged a write

@@ -111,3 +111,26 @@ pub fn rand_u32() -> u32 {
         .map(|d| d.subsec_nanos() ^ (d.as_secs() as u32))
         .unwrap_or(7)
 }
+
+/// `GET /` from the test process (the host) to `addr:port`, within 2 s.
+pub async fn get(addr: &str, port: u16) -> Result<String, String> {
+    let fetch = async {
+        use tokio::io::{AsyncReadExt, AsyncWriteExt};
+        let mut stream = tokio::net::TcpStream::connect((addr, port))
+            .await
+            .map_err(|e| e.to_string())?;
+        stream
+            .write_all(b"GET / HTTP/1.0\r\n\r\n")
+            .await
+            .map_err(|e| e.to_string())?;
+        let mut text = String::new();
+        stream
+            .read_to_string(&mut text)
+            .await
+            .map_err(|e| e.to_string())?;
+        Ok(text)
+    };
+    tokio::time::timeout(Duration::from_secs(2), fetch)
+        .await
+        .map_err(|_| format!("{addr}:{port}: no answer within 2 s"))?
+}

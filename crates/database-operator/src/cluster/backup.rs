@@ -370,13 +370,7 @@ mod tests {
     /// archiving fails.
     #[test]
     fn a_standby_says_why_it_archives_nothing() {
-        let source = crate::crd::ObjectStore {
-            endpoint: "https://s3.example".into(),
-            bucket: "dr".into(),
-            path: "prod/orders".into(),
-            region: None,
-            credentials_secret: "s3".into(),
-        };
+        let source = crate::cluster::standby::tests::source_store();
         let Wanted {
             status: ok,
             reason,

@@ -209,10 +209,21 @@ pub fn promoted_event(
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use steward_database_api::contract::Lsn;
 
     use super::*;
+
+    /// The store a standby of the cluster tests follows: `s3://dr/prod/orders`.
+    pub(crate) fn source_store() -> ObjectStore {
+        ObjectStore {
+            endpoint: "https://s3.example".into(),
+            bucket: "dr".into(),
+            path: "prod/orders".into(),
+            region: None,
+            credentials_secret: "s3".into(),
+        }
+    }
 
     fn spec(enabled: bool) -> ReplicaSpec {
         ReplicaSpec {

@@ -221,13 +221,7 @@ mod tests {
     /// as the rollout says.
     #[test]
     fn a_ready_standby_says_it_is_one_and_an_unready_one_is_left_alone() {
-        let source = crate::crd::ObjectStore {
-            endpoint: "https://s3.example".into(),
-            bucket: "dr".into(),
-            path: "prod/orders".into(),
-            region: None,
-            credentials_secret: "s3".into(),
-        };
+        let source = crate::cluster::standby::tests::source_store();
         let mut s = PostgresClusterStatus::default();
         conditions::set(
             &mut s.conditions,
