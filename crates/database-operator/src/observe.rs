@@ -217,29 +217,39 @@ pub async fn terminate_connections(client: &Client, db: &str) -> Result<usize, P
 /// decides from the catalog: a SIGKILLed replica's last statement keeps running on the server
 /// and can commit *after* a new replica saw nothing to drop (a role created after its cleanup
 /// finished would leak), and a statement still unread in an idle session's socket can start
-/// after any check. Terminates all those sessions and waits (up to 10 s) until they are gone,
-/// so whatever they did is either visible or never happens.
+/// after any check. Terminates all those sessions and waits (up to [`STALE_SESSIONS_WAIT`])
+/// until they are gone, so whatever they did is either visible or never happens.
 ///
 /// # Errors
-/// [`PgError::Statement`].
+/// [`PgError::Statement`], or [`PgError::StaleSessions`] when some are still there after the
+/// wait (the cleanup must not decide from the catalog yet).
 pub async fn end_stale_sessions(client: &Client, application_name: &str) -> Result<(), PgError> {
     client
         .query(sql::TERMINATE_STALE_SESSIONS, &[&application_name])
         .await
         .map_err(stmt_err("terminate other instances' sessions"))?;
-    for _ in 0..100 {
+    let started = std::time::Instant::now();
+    loop {
         let left: i64 = client
             .query_one(sql::COUNT_STALE_SESSIONS, &[&application_name])
             .await
             .map_err(stmt_err("count other instances' sessions"))?
             .get(0);
         if left == 0 {
-            break;
+            return Ok(());
+        }
+        if started.elapsed() >= STALE_SESSIONS_WAIT {
+            return Err(PgError::StaleSessions {
+                left,
+                after: STALE_SESSIONS_WAIT,
+            });
         }
         tokio::time::sleep(std::time::Duration::from_millis(100)).await;
     }
-    Ok(())
 }
+
+/// How long [`end_stale_sessions`] waits for terminated sessions to end.
+pub const STALE_SESSIONS_WAIT: std::time::Duration = std::time::Duration::from_secs(10);
 
 /// What the catalog shows about the ownership of role `name` (see [`crate::ownership`]).
 ///

@@ -94,6 +94,13 @@ pub enum PgError {
     /// sent.
     #[error("did not run `{what}`: {reason}")]
     NotLeader { what: String, reason: String },
+    /// Sessions of other instances of this operator (a SIGKILLed replica's last statement) were
+    /// terminated but still ran after the wait: a cleanup that decided now could miss what they
+    /// commit, so it waits for the next attempt.
+    #[error(
+        "{left} sessions of other operator instances still ran {after:?} after they were terminated"
+    )]
+    StaleSessions { left: i64, after: Duration },
 }
 
 impl PgError {
