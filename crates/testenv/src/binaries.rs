@@ -99,12 +99,14 @@ const CONTAINERD: Module = Module {
     tags: &["no_btrfs", "no_devmapper", "no_zfs"],
     sources: &[],
 };
+/// CoreDNS with only the plugins the node's Corefile uses (`go/coredns/main.go`): 774 Go
+/// packages instead of 1 409, a 54 MB binary instead of 80.
 const COREDNS: Module = Module {
     dir: "coredns",
     pinned: "github.com/coredns/coredns",
-    packages: &["github.com/coredns/coredns"],
+    packages: &["."],
     tags: &[],
-    sources: &[],
+    sources: &["main.go"],
 };
 
 const HELM: Module = Module {
@@ -338,10 +340,15 @@ pub fn s3proxy() -> Result<PathBuf, Error> {
 /// why in a sentence.
 pub(crate) fn download(url: &str, sha: &str, dest: &Path, log: &Path) -> Result<(), String> {
     let sha256 = |data: &[u8]| hex::encode(Sha256::digest(data));
-    if std::fs::read(dest).is_ok_and(|d| sha256(&d) == sha) {
-        return Ok(());
-    }
-    let partial = dest.with_extension("partial");
+    let built = |d: &Path| std::fs::read(d).is_ok_and(|d| sha256(&d) == sha);
+    let lock_err = |what: String, e: std::io::Error| format!("{what}: {e}");
+    crate::cache::fill(dest, built, lock_err, || fetch(url, sha, dest, log))
+}
+
+/// Downloads `url` into `dest` (under [`crate::cache::fill`]'s lock; [`download`]).
+fn fetch(url: &str, sha: &str, dest: &Path, log: &Path) -> Result<(), String> {
+    let sha256 = |data: &[u8]| hex::encode(Sha256::digest(data));
+    let partial = crate::cache::partial(dest);
     let out = Command::new("curl")
         .args(["-fsSL", "--retry", "3", "--max-time", "600", "-o"])
         .arg(&partial)
@@ -458,14 +465,26 @@ fn build(module: &Module, go: &str, ldflags: &[String]) -> Result<PathBuf, Error
     let dest = cache_dir()
         .join("controlplane")
         .join(format!("{}-{version}-{key}", module.dir));
-    if dest.join(".complete").exists() {
-        return Ok(dest);
-    }
+    let built = |d: &Path| d.join(".complete").exists();
+    let lock_err = |what, source| Error::Io { what, source };
+    crate::cache::fill(&dest, built, lock_err, || {
+        go_build(module, ldflags, &src, &version, &dest)
+    })?;
+    Ok(dest)
+}
 
+/// Builds `module` from `src` into the cache entry `dest` (under [`crate::cache::fill`]'s lock).
+fn go_build(
+    module: &Module,
+    ldflags: &[String],
+    src: &Path,
+    version: &str,
+    dest: &Path,
+) -> Result<(), Error> {
+    let io = |what: String| move |source| Error::Io { what, source };
     let parent = cache_dir().join("controlplane");
     std::fs::create_dir_all(&parent).map_err(io(format!("create {}", parent.display())))?;
-    let staging = parent.join(format!(".{}-{}-{}", module.dir, std::process::id(), key));
-    let _ = std::fs::remove_dir_all(&staging);
+    let staging = crate::cache::partial(dest);
     std::fs::create_dir_all(&staging).map_err(io(format!("create {}", staging.display())))?;
     let log_path = parent.join(format!("{}-build.log", module.dir));
     let log =
@@ -483,7 +502,7 @@ fn build(module: &Module, go: &str, ldflags: &[String]) -> Result<PathBuf, Error
     let mut ld = vec!["-s".to_string(), "-w".to_string()];
     ld.extend(ldflags.iter().cloned());
     let status = Command::new("go")
-        .current_dir(&src)
+        .current_dir(src)
         .arg("build")
         .arg("-trimpath")
         .arg(format!("-ldflags={}", ld.join(" ")))
@@ -503,21 +522,21 @@ fn build(module: &Module, go: &str, ldflags: &[String]) -> Result<PathBuf, Error
         });
     }
     if module.dir == KWOK.dir {
-        write_kwok_stages(&src, &staging.join("kwok-stages.yaml"), &log_path)?;
+        write_kwok_stages(src, &staging.join("kwok-stages.yaml"), &log_path)?;
     }
     std::fs::write(
         staging.join(".complete"),
         format!("built in {:?}\n", started.elapsed()),
     )
     .map_err(io(format!("write {}", staging.display())))?;
-    let _ = std::fs::remove_dir_all(&dest);
-    std::fs::rename(&staging, &dest).map_err(io(format!("rename into {}", dest.display())))?;
+    let _ = std::fs::remove_dir_all(dest);
+    std::fs::rename(&staging, dest).map_err(io(format!("rename into {}", dest.display())))?;
     eprintln!(
         "steward-testenv: built {} in {:.0?}",
         module.dir,
         started.elapsed()
     );
-    Ok(dest)
+    Ok(())
 }
 
 /// Concatenates kwok's own stage definitions from the module source.

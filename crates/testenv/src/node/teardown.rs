@@ -206,6 +206,9 @@ fn remove_shared_files() {
             }
         }
     }
+    // A shim killed between containerd removing its container's directory and the shim
+    // removing its socket leaves one no container id names.
+    remove_dead_sockets(Path::new("/run/containerd/s"));
     // kubelet's device-plugin socket directory is fixed (not under its root dir).
     let _ = std::fs::remove_dir_all("/var/lib/kubelet/device-plugins");
     // `ip netns add` (several nodes) bind-mounts /run/netns onto itself; once it holds no
@@ -216,6 +219,25 @@ fn remove_shared_files() {
     }
     for dir in SHARED_DIRS {
         let _ = std::fs::remove_dir(dir);
+    }
+}
+
+/// Removes the sockets in `dir` nobody listens on. A socket a live process serves (a shim of
+/// another containerd on a developer's machine) accepts the connection and stays.
+fn remove_dead_sockets(dir: &Path) {
+    use std::os::unix::fs::FileTypeExt;
+    let Ok(entries) = std::fs::read_dir(dir) else {
+        return;
+    };
+    for entry in entries.flatten() {
+        let is_socket = entry.file_type().is_ok_and(|t| t.is_socket());
+        let dead = || {
+            std::os::unix::net::UnixStream::connect(entry.path())
+                .is_err_and(|e| e.kind() == std::io::ErrorKind::ConnectionRefused)
+        };
+        if is_socket && dead() {
+            let _ = std::fs::remove_file(entry.path());
+        }
     }
 }
 
@@ -603,6 +625,22 @@ fn remove_files(problems: &mut Vec<String>) {
 
 #[cfg(test)]
 mod tests {
+
+    #[test]
+    fn a_dead_socket_is_removed_and_a_served_one_stays() {
+        let dir = tempfile::tempdir().unwrap();
+        let dead = dir.path().join("dead");
+        drop(std::os::unix::net::UnixListener::bind(&dead).unwrap());
+        let served = dir.path().join("served");
+        let _listener = std::os::unix::net::UnixListener::bind(&served).unwrap();
+        let file = dir.path().join("file");
+        std::fs::write(&file, b"not a socket").unwrap();
+        remove_dead_sockets(dir.path());
+        assert!(!dead.exists());
+        assert!(served.exists());
+        assert!(file.exists());
+    }
+
     use super::*;
 
     #[test]
