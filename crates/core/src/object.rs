@@ -76,6 +76,13 @@ pub fn unless_exists<T>(result: Result<T, kube::Error>) -> Result<Option<T>, kub
     }
 }
 
+/// Whether the API server refused a request for good: invalid (422 `Invalid`, 400
+/// `BadRequest`: a validation rule, a failed JSON patch test) or forbidden (403: the
+/// ServiceAccount may not). Retrying the same request cannot help; the caller says why instead.
+pub fn is_refusal(status: &kube::core::Status) -> bool {
+    status.is_invalid() || status.is_forbidden() || status.code == 400
+}
+
 /// A request about an object that turned out to be gone (404) is done: `Ok(None)`; any other
 /// answer is passed on. For deletes, and patches of objects that may have gone meanwhile.
 ///
@@ -86,5 +93,26 @@ pub fn unless_gone<T>(result: Result<T, kube::Error>) -> Result<Option<T>, kube:
         Ok(value) => Ok(Some(value)),
         Err(kube::Error::Api(s)) if s.is_not_found() => Ok(None),
         Err(e) => Err(e),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn status(code: u16, reason: &str) -> kube::core::Status {
+        kube::core::Status::failure("refused", reason).with_code(code)
+    }
+
+    #[test]
+    fn invalid_bad_and_forbidden_requests_are_refusals_conflicts_and_outages_are_not() {
+        assert!(is_refusal(&status(422, "Invalid")));
+        assert!(is_refusal(&status(400, "BadRequest")));
+        assert!(is_refusal(&status(403, "Forbidden")));
+        assert!(!is_refusal(&status(409, "Conflict")));
+        assert!(!is_refusal(&status(409, "AlreadyExists")));
+        assert!(!is_refusal(&status(404, "NotFound")));
+        assert!(!is_refusal(&status(503, "ServiceUnavailable")));
+        assert!(!is_refusal(&status(500, "InternalError")));
     }
 }

@@ -24,8 +24,8 @@ use k8s_openapi::jiff::Timestamp;
 use kube::api::{Api, ListParams, PostParams};
 use kube::runtime::controller::Action;
 use kube::{Client, ResourceExt};
-use steward_core::Context;
 use steward_core::finalizer::{self, Cleanup};
+use steward_core::{Context, object};
 
 use crate::crd::{Component, HookRun, HookStage, PlanPhase, TargetRef, UpgradePlan};
 use crate::error::Error;
@@ -417,7 +417,7 @@ async fn check_targets(
         {
             Ok(_) => {}
             // 403: the plan's ServiceAccount may not change it.
-            Err(kube::Error::Api(s)) if s.code == 422 || s.code == 400 || s.code == 403 => {
+            Err(kube::Error::Api(s)) if object::is_refusal(&s) => {
                 return Ok(Some(Invalid::ChangeRefused {
                     component: component.name.clone(),
                     kind: target.kind.clone(),
@@ -470,8 +470,8 @@ async fn check_hooks(
             match jobs.create(&dry_run, &job).await {
                 // AlreadyExists: the name is taken (by this plan's own Job after a crash).
                 Ok(_) => {}
-                Err(kube::Error::Api(s)) if s.code == 409 => {}
-                Err(kube::Error::Api(s)) if s.code == 422 || s.code == 400 || s.code == 403 => {
+                Err(kube::Error::Api(s)) if s.is_already_exists() || s.is_conflict() => {}
+                Err(kube::Error::Api(s)) if object::is_refusal(&s) => {
                     return Ok(Some(refused(s.message)));
                 }
                 Err(source) => {
@@ -540,10 +540,10 @@ async fn create_hook_jobs(
             Ok(_) => {
                 tracing::info!(plan = %plan.name_any(), component = %component.name, job = %run.job, "created hook Job");
             }
-            Err(kube::Error::Api(s)) if s.code == 409 => {}
+            Err(kube::Error::Api(s)) if s.is_already_exists() || s.is_conflict() => {}
             // Refused as invalid, or forbidden: retrying cannot help; the step fails the
             // component.
-            Err(kube::Error::Api(s)) if s.code == 422 || s.code == 403 => {
+            Err(kube::Error::Api(s)) if object::is_refusal(&s) => {
                 tracing::warn!(plan = %plan.name_any(), job = %run.job, message = %s.message, "hook Job refused");
                 jobs.insert(
                     run.job.clone(),
@@ -652,9 +652,7 @@ async fn apply_recorded(
             // Refused as invalid (a validation rule, e.g. a version that cannot be lowered):
             // retrying cannot help, the step fails the component (or the rollback).
             // Or forbidden (the plan's ServiceAccount may not change it).
-            Err(kube::Error::Api(s))
-                if (s.code == 422 && s.reason == "Invalid") || s.code == 403 =>
-            {
+            Err(kube::Error::Api(s)) if object::is_refusal(&s) => {
                 tracing::warn!(plan = %plan.name_any(), component = %component.name, message = %s.message, "change refused");
                 rejected.insert(component.name.clone(), s.message.clone());
                 continue;

@@ -827,7 +827,7 @@ async fn clear_switchover_request(
     {
         Ok(_) => Ok(()),
         // The test failed (a newer request, or none left): nothing of ours to remove.
-        Err(kube::Error::Api(s)) if s.code == 422 => Ok(()),
+        Err(kube::Error::Api(s)) if s.is_invalid() => Ok(()),
         Err(source) => Err(Error::Switchover { to: done, source }),
     }
 }
