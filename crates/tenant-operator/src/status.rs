@@ -1,5 +1,6 @@
 //! Status: computed in one place from what a reconcile observed and did (pure), written once.
 
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition;
 use std::collections::BTreeMap;
 
 use steward_core::conditions;
@@ -77,104 +78,10 @@ fn shared_below_per_namespace(obs: &Observation) -> String {
 pub fn compute(previous: Option<&TenantStatus>, obs: &Observation) -> TenantStatus {
     let mut conds = previous.map(|p| p.conditions.clone()).unwrap_or_default();
     let generation = obs.generation;
-
-    let ready = obs.error.is_none() && obs.problems.is_empty();
-    match (&obs.error, obs.problems.first()) {
-        (Some((reason, message)), _) => {
-            conditions::set(
-                &mut conds,
-                conditions::READY,
-                false,
-                reason,
-                message.clone(),
-                generation,
-            );
-        }
-        (None, Some(first)) => {
-            let message = obs
-                .problems
-                .iter()
-                .map(|p| p.message.as_str())
-                .collect::<Vec<_>>()
-                .join("; ");
-            conditions::set(
-                &mut conds,
-                conditions::READY,
-                false,
-                first.reason,
-                message,
-                generation,
-            );
-        }
-        (None, None) => {
-            let n = obs.namespaces.len();
-            let message = format!("{n} namespace{} reconciled", if n == 1 { "" } else { "s" });
-            conditions::set(
-                &mut conds,
-                conditions::READY,
-                true,
-                "Reconciled",
-                message,
-                generation,
-            );
-        }
-    }
-
-    let mut total: BTreeMap<String, Milli> = BTreeMap::new();
-    for per_ns in obs.used.values() {
-        for (r, v) in per_ns {
-            let e = total.entry(r.clone()).or_default();
-            *e = e.saturating_add(*v);
-        }
-    }
-    // A limited resource nobody uses yet is reported as 0 before kube-controller-manager has
-    // filled the quotas' usage, so its first report does not change the status again.
-    for r in obs.tenant_hard.keys().chain(obs.namespace_hard.keys()) {
-        total.entry(r.clone()).or_default();
-    }
+    let ready = set_ready(&mut conds, obs);
+    let total = usage(obs);
     let has_quota = !obs.tenant_hard.is_empty() || !obs.namespace_hard.is_empty();
-    let mut exceeded = Vec::new();
-    for (r, hard) in &obs.tenant_hard {
-        let used = total.get(r).copied().unwrap_or_default();
-        if reached(used, *hard) {
-            exceeded.push(format!(
-                "{r} {}/{} across the tenant",
-                used.format_for(r),
-                hard.format_for(r)
-            ));
-        }
-    }
-    for (ns, per_ns) in &obs.used {
-        for (r, hard) in &obs.namespace_hard {
-            let used = per_ns.get(r).copied().unwrap_or_default();
-            if reached(used, *hard) {
-                exceeded.push(format!(
-                    "{r} {}/{} in {ns}",
-                    used.format_for(r),
-                    hard.format_for(r)
-                ));
-            }
-        }
-    }
-    if exceeded.is_empty() {
-        conditions::set(
-            &mut conds,
-            QUOTA_EXCEEDED,
-            false,
-            "WithinLimits",
-            shared_below_per_namespace(obs),
-            generation,
-        );
-    } else {
-        conditions::set(
-            &mut conds,
-            QUOTA_EXCEEDED,
-            true,
-            "LimitReached",
-            exceeded.join(", "),
-            generation,
-        );
-    }
+    set_quota_exceeded(&mut conds, obs, &total);
 
     let phase = if obs.deleting {
         TenantPhase::Terminating
@@ -203,6 +110,123 @@ pub fn compute(previous: Option<&TenantStatus>, obs: &Observation) -> TenantStat
                 .collect(),
         }),
         conditions: conds,
+    }
+}
+
+/// Sets `Ready` from the failed step or the problems found (all of them, the first one's
+/// reason); returns whether the tenant is ready.
+fn set_ready(conds: &mut Vec<Condition>, obs: &Observation) -> bool {
+    let generation = obs.generation;
+    let ready = obs.error.is_none() && obs.problems.is_empty();
+    match (&obs.error, obs.problems.first()) {
+        (Some((reason, message)), _) => {
+            conditions::set(
+                conds,
+                conditions::READY,
+                false,
+                reason,
+                message.clone(),
+                generation,
+            );
+        }
+        (None, Some(first)) => {
+            let message = obs
+                .problems
+                .iter()
+                .map(|p| p.message.as_str())
+                .collect::<Vec<_>>()
+                .join("; ");
+            conditions::set(
+                conds,
+                conditions::READY,
+                false,
+                first.reason,
+                message,
+                generation,
+            );
+        }
+        (None, None) => {
+            let n = obs.namespaces.len();
+            let message = format!("{n} namespace{} reconciled", if n == 1 { "" } else { "s" });
+            conditions::set(
+                conds,
+                conditions::READY,
+                true,
+                "Reconciled",
+                message,
+                generation,
+            );
+        }
+    }
+    ready
+}
+
+/// What the tenant uses of each resource, summed over its namespaces; a limited resource
+/// nobody uses yet counts 0.
+fn usage(obs: &Observation) -> BTreeMap<String, Milli> {
+    let mut total: BTreeMap<String, Milli> = BTreeMap::new();
+    for per_ns in obs.used.values() {
+        for (r, v) in per_ns {
+            let e = total.entry(r.clone()).or_default();
+            *e = e.saturating_add(*v);
+        }
+    }
+    // A limited resource nobody uses yet is reported as 0 before kube-controller-manager has
+    // filled the quotas' usage, so its first report does not change the status again.
+    for r in obs.tenant_hard.keys().chain(obs.namespace_hard.keys()) {
+        total.entry(r.clone()).or_default();
+    }
+    total
+}
+
+/// Sets `QuotaExceeded`: every limit reached, across the tenant or in one namespace.
+fn set_quota_exceeded(
+    conds: &mut Vec<Condition>,
+    obs: &Observation,
+    total: &BTreeMap<String, Milli>,
+) {
+    let generation = obs.generation;
+    let mut exceeded = Vec::new();
+    for (r, hard) in &obs.tenant_hard {
+        let used = total.get(r).copied().unwrap_or_default();
+        if reached(used, *hard) {
+            exceeded.push(format!(
+                "{r} {}/{} across the tenant",
+                used.format_for(r),
+                hard.format_for(r)
+            ));
+        }
+    }
+    for (ns, per_ns) in &obs.used {
+        for (r, hard) in &obs.namespace_hard {
+            let used = per_ns.get(r).copied().unwrap_or_default();
+            if reached(used, *hard) {
+                exceeded.push(format!(
+                    "{r} {}/{} in {ns}",
+                    used.format_for(r),
+                    hard.format_for(r)
+                ));
+            }
+        }
+    }
+    if exceeded.is_empty() {
+        conditions::set(
+            conds,
+            QUOTA_EXCEEDED,
+            false,
+            "WithinLimits",
+            shared_below_per_namespace(obs),
+            generation,
+        );
+    } else {
+        conditions::set(
+            conds,
+            QUOTA_EXCEEDED,
+            true,
+            "LimitReached",
+            exceeded.join(", "),
+            generation,
+        );
     }
 }
 

@@ -133,131 +133,146 @@ pub fn job_name(cluster: &str, generation: Option<i64>) -> String {
 /// The label on every upgrade Job of a cluster.
 pub const UPGRADE_OF_LABEL: &str = "database.steward.dev/upgrade-of";
 
-/// Decides the next step (see the module documentation).
+/// Decides the next step (see the module documentation): [`start`] one when none is in
+/// flight, else [`advance`] the one that is.
 pub fn plan(cluster: &str, i: &Inputs<'_>) -> Decision {
-    let mut d = Decision::default();
-    let previous = i.previous.cloned();
-    let hold_old = |u: &MajorUpgradeStatus, instances: i32| Hold {
+    match i
+        .previous
+        .filter(|u| !matches!(u.phase, Phase::Completed | Phase::Failed))
+    {
+        Some(u) => advance(cluster, i, u.clone()),
+        None => start(cluster, i),
+    }
+}
+
+/// The old major's image, at `instances`, while `u` runs or after it failed.
+fn hold_old(u: &MajorUpgradeStatus, instances: i32) -> Hold {
+    Hold {
         version: u.from,
         image: u.from_image.clone(),
         instances,
+    }
+}
+
+/// Nothing in flight: starts an upgrade when `spec.version` is above the data's major, or
+/// reports the last one.
+fn start(cluster: &str, i: &Inputs<'_>) -> Decision {
+    let mut d = Decision::default();
+    let previous = i.previous;
+    let retry_blocked = previous.is_some_and(|u| {
+        u.phase == Phase::Failed && u.to == i.spec_version && u.generation == i.generation
+    });
+    // A completed upgrade put the data on its `to`, whatever a pod reported since.
+    let current = match previous {
+        Some(u) if u.phase == Phase::Completed => i.current_version.max(Some(u.to)),
+        _ => i.current_version,
     };
+    match (current, previous) {
+        (Some(from), _) if i.spec_version > from && !retry_blocked => {
+            let (Some(primary), Some(image)) = (i.primary, i.running_image) else {
+                // Held on the major the data is on until it can start.
+                d.hold = i.running_image.map(|image| Hold {
+                    version: from,
+                    image: image.to_string(),
+                    instances: i.spec_instances,
+                });
+                d.condition = Some(Condition::fails(
+                    "WaitingForPrimary",
+                    format!(
+                        "upgrading PostgreSQL {from} to {} starts once a primary runs",
+                        i.spec_version
+                    ),
+                ));
+                return d;
+            };
+            if !primary.ends_with("-0") {
+                // The StatefulSet starts its pods in order, each once the one before is
+                // Ready: the upgraded instance must be the first, or the others would wait
+                // for a primary that is never started. A switchover moves it there.
+                d.hold = Some(Hold {
+                    version: from,
+                    image: image.to_string(),
+                    instances: i.spec_instances,
+                });
+                let first = format!("{cluster}-0");
+                d.condition = Some(if i.first_ready {
+                    d.switchover_to = Some(first.clone());
+                    Condition::fails(
+                        "SwitchingOver",
+                        format!(
+                            "upgrading PostgreSQL {from} to {} starts on the first instance: switching the primary over from {primary} to {first}",
+                            i.spec_version
+                        ),
+                    )
+                } else {
+                    Condition::fails(
+                        "PrimaryNotFirst",
+                        format!(
+                            "upgrading PostgreSQL {from} to {} needs the primary on the first instance: waiting for {first} to be a ready replica to switch over to (the primary is {primary})",
+                            i.spec_version
+                        ),
+                    )
+                });
+                return d;
+            }
+            let mut u = MajorUpgradeStatus {
+                from,
+                to: i.spec_version,
+                phase: Phase::Stopping,
+                instance: primary.to_string(),
+                from_image: image.to_string(),
+                generation: i.generation,
+                started_at: Some(i.now.clone()),
+                ..Default::default()
+            };
+            d.delete_old_jobs = true;
+            if i.backup_configured {
+                u.phase = Phase::BackingUp;
+                let name = backup_name(cluster, u.to);
+                u.backup = Some(name.clone());
+                d.create_backup = Some(name);
+            }
+            d.event = Some(Wanted::normal(
+                "MajorUpgrade",
+                ACTION,
+                format!(
+                    "upgrading PostgreSQL {from} to {} with pg_upgrade on {primary}'s volume{}",
+                    u.to,
+                    if i.backup_configured {
+                        ", after a backup"
+                    } else {
+                        ""
+                    }
+                ),
+            ));
+            d.hold = Some(hold_old(
+                &u,
+                if u.phase == Phase::Stopping {
+                    0
+                } else {
+                    i.spec_instances
+                },
+            ));
+            return progress(d, u);
+        }
+        (_, Some(u)) if u.phase == Phase::Failed => {
+            d.hold = Some(hold_old(u, i.spec_instances));
+            return progress(d, u.clone());
+        }
+        (_, Some(u)) if u.phase == Phase::Completed => return progress(d, u.clone()),
+        _ => {}
+    }
+    d
+}
+
+/// The upgrade `u` in flight: its next phase.
+fn advance(cluster: &str, i: &Inputs<'_>, mut u: MajorUpgradeStatus) -> Decision {
+    let mut d = Decision::default();
     let finished = |u: &mut MajorUpgradeStatus, phase: Phase, message: Option<String>| {
         u.phase = phase;
         u.message = message;
         u.finished_at = Some(i.now.clone());
     };
-    let in_flight = previous
-        .as_ref()
-        .filter(|u| !matches!(u.phase, Phase::Completed | Phase::Failed));
-    let Some(mut u) = in_flight.cloned() else {
-        // Nothing running: start one when spec.version is above the data's major.
-        let retry_blocked = previous.as_ref().is_some_and(|u| {
-            u.phase == Phase::Failed && u.to == i.spec_version && u.generation == i.generation
-        });
-        // A completed upgrade put the data on its `to`, whatever a pod reported since.
-        let current = match &previous {
-            Some(u) if u.phase == Phase::Completed => i.current_version.max(Some(u.to)),
-            _ => i.current_version,
-        };
-        match (current, &previous) {
-            (Some(from), _) if i.spec_version > from && !retry_blocked => {
-                let (Some(primary), Some(image)) = (i.primary, i.running_image) else {
-                    // Held on the major the data is on until it can start.
-                    d.hold = i.running_image.map(|image| Hold {
-                        version: from,
-                        image: image.to_string(),
-                        instances: i.spec_instances,
-                    });
-                    d.condition = Some(Condition::fails(
-                        "WaitingForPrimary",
-                        format!(
-                            "upgrading PostgreSQL {from} to {} starts once a primary runs",
-                            i.spec_version
-                        ),
-                    ));
-                    return d;
-                };
-                if !primary.ends_with("-0") {
-                    // The StatefulSet starts its pods in order, each once the one before is
-                    // Ready: the upgraded instance must be the first, or the others would wait
-                    // for a primary that is never started. A switchover moves it there.
-                    d.hold = Some(Hold {
-                        version: from,
-                        image: image.to_string(),
-                        instances: i.spec_instances,
-                    });
-                    let first = format!("{cluster}-0");
-                    d.condition = Some(if i.first_ready {
-                        d.switchover_to = Some(first.clone());
-                        Condition::fails(
-                            "SwitchingOver",
-                            format!(
-                                "upgrading PostgreSQL {from} to {} starts on the first instance: switching the primary over from {primary} to {first}",
-                                i.spec_version
-                            ),
-                        )
-                    } else {
-                        Condition::fails(
-                            "PrimaryNotFirst",
-                            format!(
-                                "upgrading PostgreSQL {from} to {} needs the primary on the first instance: waiting for {first} to be a ready replica to switch over to (the primary is {primary})",
-                                i.spec_version
-                            ),
-                        )
-                    });
-                    return d;
-                }
-                let mut u = MajorUpgradeStatus {
-                    from,
-                    to: i.spec_version,
-                    phase: Phase::Stopping,
-                    instance: primary.to_string(),
-                    from_image: image.to_string(),
-                    generation: i.generation,
-                    started_at: Some(i.now.clone()),
-                    ..Default::default()
-                };
-                d.delete_old_jobs = true;
-                if i.backup_configured {
-                    u.phase = Phase::BackingUp;
-                    let name = backup_name(cluster, u.to);
-                    u.backup = Some(name.clone());
-                    d.create_backup = Some(name);
-                }
-                d.event = Some(Wanted::normal(
-                    "MajorUpgrade",
-                    ACTION,
-                    format!(
-                        "upgrading PostgreSQL {from} to {} with pg_upgrade on {primary}'s volume{}",
-                        u.to,
-                        if i.backup_configured {
-                            ", after a backup"
-                        } else {
-                            ""
-                        }
-                    ),
-                ));
-                d.hold = Some(hold_old(
-                    &u,
-                    if u.phase == Phase::Stopping {
-                        0
-                    } else {
-                        i.spec_instances
-                    },
-                ));
-                return progress(d, u);
-            }
-            (_, Some(u)) if u.phase == Phase::Failed => {
-                d.hold = Some(hold_old(u, i.spec_instances));
-                return progress(d, u.clone());
-            }
-            (_, Some(u)) if u.phase == Phase::Completed => return progress(d, u.clone()),
-            _ => {}
-        }
-        return d;
-    };
-
     match u.phase {
         Phase::BackingUp => match &i.backup {
             Some((Some(BackupPhase::Completed), _)) => {
