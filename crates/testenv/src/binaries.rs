@@ -17,6 +17,7 @@ use std::process::Command;
 use sha2::{Digest, Sha256};
 
 use crate::Error;
+use crate::images::sha256;
 
 /// Paths of the built control-plane binaries and the versions they were built from.
 #[derive(Clone, Debug)]
@@ -339,7 +340,6 @@ pub fn s3proxy() -> Result<PathBuf, Error> {
 /// interrupted download never passes for the file. curl's output goes to `log`; `Err` says
 /// why in a sentence.
 pub(crate) fn download(url: &str, sha: &str, dest: &Path, log: &Path) -> Result<(), String> {
-    let sha256 = |data: &[u8]| hex::encode(Sha256::digest(data));
     let built = |d: &Path| std::fs::read(d).is_ok_and(|d| sha256(&d) == sha);
     let lock_err = |what: String, e: std::io::Error| format!("{what}: {e}");
     crate::cache::fill(dest, built, lock_err, || fetch(url, sha, dest, log))
@@ -347,7 +347,6 @@ pub(crate) fn download(url: &str, sha: &str, dest: &Path, log: &Path) -> Result<
 
 /// Downloads `url` into `dest` (under [`crate::cache::fill`]'s lock; [`download`]).
 fn fetch(url: &str, sha: &str, dest: &Path, log: &Path) -> Result<(), String> {
-    let sha256 = |data: &[u8]| hex::encode(Sha256::digest(data));
     let partial = crate::cache::partial(dest);
     let out = Command::new("curl")
         .args(["-fsSL", "--retry", "3", "--max-time", "600", "-o"])
@@ -466,8 +465,7 @@ fn build(module: &Module, go: &str, ldflags: &[String]) -> Result<PathBuf, Error
         .join("controlplane")
         .join(format!("{}-{version}-{key}", module.dir));
     let built = |d: &Path| d.join(".complete").exists();
-    let lock_err = |what, source| Error::Io { what, source };
-    crate::cache::fill(&dest, built, lock_err, || {
+    crate::cache::fill(&dest, built, crate::cache::lock_err, || {
         go_build(module, ldflags, &src, &version, &dest)
     })?;
     Ok(dest)

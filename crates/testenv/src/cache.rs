@@ -47,6 +47,12 @@ pub(crate) fn fill<E>(
     result
 }
 
+/// [`fill`]'s error, for testenv's own [`crate::Error`], when the lock on an entry cannot be
+/// taken.
+pub(crate) fn lock_err(what: String, source: std::io::Error) -> crate::Error {
+    crate::Error::Io { what, source }
+}
+
 /// Where an entry is built before it is renamed to `dest`: `<dest>.partial`, removed first
 /// (what a killed build left). Only [`fill`]'s lock holder writes it.
 pub(crate) fn partial(dest: &Path) -> PathBuf {

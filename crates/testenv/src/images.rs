@@ -358,7 +358,7 @@ fn cached(reference: &str, config: serde_json::Value, layer: &Layer) -> Result<I
     crate::cache::fill(
         &archive,
         |a| a.exists(),
-        lock_err,
+        crate::cache::lock_err,
         || {
             OciArchive {
                 reference,
@@ -388,7 +388,7 @@ pub fn pause() -> Result<Image, Error> {
     crate::cache::fill(
         &binary,
         |b| b.exists(),
-        lock_err,
+        crate::cache::lock_err,
         || {
             let src = dir.join("pause.c");
             std::fs::write(&src, source).map_err(io(format!("write {}", src.display())))?;
@@ -633,7 +633,7 @@ pub fn postgresql_bundle_tree(version: &str) -> Result<PathBuf, Error> {
     crate::cache::fill(
         &tree,
         |t| t.join("bin/pg_upgrade").exists(),
-        lock_err,
+        crate::cache::lock_err,
         || unpack_bundle(&dir, &tree, version, url, sha),
     )?;
     Ok(tree)
@@ -775,7 +775,7 @@ pub fn pgbouncer_tree() -> Result<PathBuf, Error> {
     crate::cache::fill(
         &tree,
         |t| t.join("bin/pgbouncer").exists(),
-        lock_err,
+        crate::cache::lock_err,
         || build_pgbouncer(&dir, &tree),
     )?;
     Ok(tree)
@@ -926,13 +926,9 @@ pub fn shared_libraries(binary: &Path) -> Result<Vec<String>, Error> {
         .collect())
 }
 
-fn sha256(data: &[u8]) -> String {
+/// The hex SHA-256 of `data`.
+pub(crate) fn sha256(data: &[u8]) -> String {
     hex::encode(Sha256::digest(data))
-}
-
-/// [`crate::cache::fill`]'s error when the lock on a cache entry cannot be taken.
-fn lock_err(what: String, source: std::io::Error) -> Error {
-    Error::Io { what, source }
 }
 
 fn io(what: String) -> impl FnOnce(std::io::Error) -> Error {
