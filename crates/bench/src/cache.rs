@@ -20,6 +20,7 @@ use k8s_openapi::api::core::v1::{ConfigMap, LimitRange, Namespace, ResourceQuota
 use k8s_openapi::api::networking::v1::NetworkPolicy;
 use k8s_openapi::api::rbac::v1::{ClusterRole, ClusterRoleBinding, Role, RoleBinding};
 use kube::api::ListParams;
+use kube::core::PartialObjectMeta;
 use kube::{Api, Client, Resource};
 use serde::Serialize;
 use serde::de::DeserializeOwned;
@@ -103,23 +104,32 @@ pub async fn tenant_operator(client: &Client) -> Result<Vec<Kind>> {
     let t = TENANT_LABEL;
     let s = format!("{SHAREABLE_LABEL}=true");
     Ok(vec![
-        kind::<Tenant>(client, "").await?,
-        kind::<Namespace>(client, t).await?,
-        kind::<ResourceQuota>(client, t).await?,
-        kind::<LimitRange>(client, t).await?,
-        kind::<NetworkPolicy>(client, t).await?,
-        kind::<RoleBinding>(client, t).await?,
-        kind::<Role>(client, t).await?,
-        kind::<ClusterRole>(client, t).await?,
-        kind::<ClusterRoleBinding>(client, t).await?,
+        kind::<Tenant>(client, "", Stored::Whole).await?,
+        kind::<Namespace>(client, t, Stored::Metadata).await?,
+        kind::<ResourceQuota>(client, t, Stored::Whole).await?,
+        kind::<LimitRange>(client, t, Stored::Metadata).await?,
+        kind::<NetworkPolicy>(client, t, Stored::Metadata).await?,
+        kind::<RoleBinding>(client, t, Stored::Metadata).await?,
+        kind::<Role>(client, t, Stored::Whole).await?,
+        kind::<ClusterRole>(client, t, Stored::Metadata).await?,
+        kind::<ClusterRoleBinding>(client, t, Stored::Metadata).await?,
         // The shared sources (the operator watches them in its shared namespaces only; the
         // bench shares from none other). Its copies are read by name, never cached.
-        kind::<Secret>(client, &s).await?,
-        kind::<ConfigMap>(client, &s).await?,
+        kind::<Secret>(client, &s, Stored::Whole).await?,
+        kind::<ConfigMap>(client, &s, Stored::Whole).await?,
     ])
 }
 
-async fn kind<K>(client: &Client, selector: &str) -> Result<Kind>
+/// What a store keeps of each object of a kind (`tenant_operator::controller::build`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Stored {
+    /// The object, trimmed.
+    Whole,
+    /// Its metadata only (a metadata watch), trimmed.
+    Metadata,
+}
+
+async fn kind<K>(client: &Client, selector: &str, stored: Stored) -> Result<Kind>
 where
     K: Resource<DynamicType = ()> + Clone + DeserializeOwned + Serialize + std::fmt::Debug,
 {
@@ -148,7 +158,12 @@ where
             }
         }
         steward_core::controller::trim(&mut obj);
-        out.trimmed_bytes += heap_of::<K>(&serde_json::to_vec(&obj)?).map_or(0, |(b, _)| b);
+        let kept = serde_json::to_vec(&obj)?;
+        out.trimmed_bytes += match stored {
+            Stored::Whole => heap_of::<K>(&kept),
+            Stored::Metadata => heap_of::<PartialObjectMeta<K>>(&kept),
+        }
+        .map_or(0, |(b, _)| b);
     }
     Ok(out)
 }

@@ -197,11 +197,11 @@ fn cache_table(md: &mut String, tenants: usize, kinds: &[super::cache::Kind]) ->
     let names = super::cache::PARTS.map(|(name, _)| name);
     writeln!(
         md,
-        "\nWhat the tenant-operator's stores hold at {tenants} Tenants: the Rust heap of each cached object once deserialized (bytes requested from the allocator, counted by the harness's global allocator; see `crates/bench/src/cache.rs`), as the API server sends it and as `steward_core::controller::trim` keeps it; a part's cost is what removing it saves (`required`: the type cannot be read without it).\n"
+        "\nWhat the tenant-operator's stores hold at {tenants} Tenants: the Rust heap of each cached object once deserialized (bytes requested from the allocator, counted by the harness's global allocator; see `crates/bench/src/cache.rs`), as the API server sends it and as the store keeps it (`steward_core::controller::trim`med; only the metadata of the kinds the operator watches as metadata); a part's cost is what removing it saves (`required`: the type cannot be read without it).\n"
     )?;
     writeln!(
         md,
-        "| kind (selector) | objects | heap as sent | allocations | trimmed (stored) | {} |\n|---|---|---|---|---|{}",
+        "| kind (selector) | objects | heap as sent | allocations | stored | {} |\n|---|---|---|---|---|{}",
         names.join(" | "),
         "---|".repeat(names.len())
     )?;

@@ -4,7 +4,11 @@
 //! Every child is watched through a reflector with a label selector
 //! (`tenancy.steward.dev/tenant`), so the operator never caches unrelated objects. A child's
 //! event is mapped to its Tenant by that label, after the store saw it, so a reconcile never
-//! reads a store older than its trigger.
+//! reads a store older than its trigger. The children whose content no reconcile reads
+//! (Namespaces, LimitRanges, NetworkPolicies, RoleBindings, ClusterRoles, ClusterRoleBindings:
+//! all but the ResourceQuotas and the operator's access Roles) are watched
+//! as metadata only: the write-skip and the prune judge a child by its metadata (its digest and
+//! the operator's `managedFields` entry), so their specs would be memory held for nothing.
 //!
 //! Secrets and ConfigMaps are the exception: the operator may not read them cluster-wide.
 //! Shared sources are watched only in the shared namespaces (`--shared-namespace`, label
@@ -20,6 +24,7 @@ use k8s_openapi::api::core::v1::{ConfigMap, LimitRange, Namespace, ResourceQuota
 use k8s_openapi::api::networking::v1::NetworkPolicy;
 use k8s_openapi::api::rbac::v1::{ClusterRole, ClusterRoleBinding, Role, RoleBinding};
 use kube::api::Api;
+use kube::core::PartialObjectMeta;
 use kube::runtime::reflector::{ObjectRef, Store};
 use kube::runtime::watcher;
 use kube::{Client, Resource, ResourceExt};
@@ -36,16 +41,18 @@ use crate::crd::{SHAREABLE_LABEL, SharedKind, TENANT_LABEL, Tenant};
 pub struct Stores {
     pub tenants: Store<Tenant>,
     /// The children, each also by tenant ([`TENANT_LABEL`]): a reconcile finds its tenant's
-    /// without scanning every tenant's.
-    pub namespaces: Indexed<Namespace>,
+    /// without scanning every tenant's. Metadata only where no reconcile reads the content.
+    pub namespaces: Indexed<PartialObjectMeta<Namespace>>,
+    /// Whole: a quota's `status.hard` says whether it is enforced yet.
     pub quotas: Indexed<ResourceQuota>,
-    pub limit_ranges: Indexed<LimitRange>,
-    pub network_policies: Indexed<NetworkPolicy>,
-    pub role_bindings: Indexed<RoleBinding>,
-    /// The operator's access Roles, one per tenant namespace: which copies it may read.
+    pub limit_ranges: Indexed<PartialObjectMeta<LimitRange>>,
+    pub network_policies: Indexed<PartialObjectMeta<NetworkPolicy>>,
+    pub role_bindings: Indexed<PartialObjectMeta<RoleBinding>>,
+    /// The operator's access Roles, one per tenant namespace, whole: their rules say which
+    /// copies it may read.
     pub roles: Indexed<Role>,
-    pub cluster_roles: Indexed<ClusterRole>,
-    pub cluster_role_bindings: Indexed<ClusterRoleBinding>,
+    pub cluster_roles: Indexed<PartialObjectMeta<ClusterRole>>,
+    pub cluster_role_bindings: Indexed<PartialObjectMeta<ClusterRoleBinding>>,
     /// Shared sources (labelled shareable), per shared namespace.
     pub source_secrets: Sources<Secret>,
     pub source_config_maps: Sources<ConfigMap>,
@@ -136,8 +143,32 @@ fn reflect_children<K>(
 where
     K: steward_core::object::Object,
 {
-    let (store, watch) = reflect(api, labels, readiness);
-    let index = Indexed::new(store, TENANT_LABEL);
+    by_tenant(reflect(api, labels, readiness))
+}
+
+/// [`reflect_children`] of the objects' metadata only.
+fn reflect_children_metadata<K>(
+    api: Api<K>,
+    labels: &str,
+    readiness: &mut Vec<Listed>,
+) -> (Indexed<PartialObjectMeta<K>>, Watch<PartialObjectMeta<K>>)
+where
+    K: steward_core::object::Object,
+{
+    let (cache, watch) = steward_core::controller::watch_metadata(
+        api,
+        watcher::Config::default().labels(labels).any_semantic(),
+    );
+    readiness.push(cache.listed_handle());
+    by_tenant((cache, watch))
+}
+
+/// `cache` indexed by the tenant label, kept up to date by `watch`.
+fn by_tenant<K>((cache, watch): (Cache<K>, Watch<K>)) -> (Indexed<K>, Watch<K>)
+where
+    K: steward_core::object::Object,
+{
+    let index = Indexed::new(cache, TENANT_LABEL);
     let watch = index.follow(watch);
     (index, watch)
 }
@@ -171,26 +202,26 @@ pub fn build(
     let mut r = Vec::new();
 
     let (namespaces, ns_stream) =
-        reflect_children(Api::<Namespace>::all(client.clone()), has_tenant, &mut r);
+        reflect_children_metadata(Api::<Namespace>::all(client.clone()), has_tenant, &mut r);
     let (quotas, rq_stream) = reflect_children(
         Api::<ResourceQuota>::all(client.clone()),
         has_tenant,
         &mut r,
     );
     let (limit_ranges, lr_stream) =
-        reflect_children(Api::<LimitRange>::all(client.clone()), has_tenant, &mut r);
-    let (network_policies, np_stream) = reflect_children(
+        reflect_children_metadata(Api::<LimitRange>::all(client.clone()), has_tenant, &mut r);
+    let (network_policies, np_stream) = reflect_children_metadata(
         Api::<NetworkPolicy>::all(client.clone()),
         has_tenant,
         &mut r,
     );
     let (role_bindings, rb_stream) =
-        reflect_children(Api::<RoleBinding>::all(client.clone()), has_tenant, &mut r);
+        reflect_children_metadata(Api::<RoleBinding>::all(client.clone()), has_tenant, &mut r);
     let (roles, role_stream) =
         reflect_children(Api::<Role>::all(client.clone()), has_tenant, &mut r);
     let (cluster_roles, cr_stream) =
-        reflect_children(Api::<ClusterRole>::all(client.clone()), has_tenant, &mut r);
-    let (cluster_role_bindings, crb_stream) = reflect_children(
+        reflect_children_metadata(Api::<ClusterRole>::all(client.clone()), has_tenant, &mut r);
+    let (cluster_role_bindings, crb_stream) = reflect_children_metadata(
         Api::<ClusterRoleBinding>::all(client.clone()),
         has_tenant,
         &mut r,

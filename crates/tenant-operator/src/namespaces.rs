@@ -63,23 +63,17 @@ pub struct Existing {
 }
 
 impl Existing {
-    /// From a Namespace object.
-    pub fn of(ns: &k8s_openapi::api::core::v1::Namespace) -> Self {
-        let labels = ns.metadata.labels.as_ref();
-        let annotation = |key: &str| {
-            ns.metadata
-                .annotations
-                .as_ref()
-                .and_then(|a| a.get(key))
-                .cloned()
-        };
+    /// From a Namespace's metadata (all a decision reads of it).
+    pub fn of(meta: &k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta) -> Self {
+        let labels = meta.labels.as_ref();
+        let annotation = |key: &str| meta.annotations.as_ref().and_then(|a| a.get(key)).cloned();
         Existing {
-            name: ns.metadata.name.clone().unwrap_or_default(),
+            name: meta.name.clone().unwrap_or_default(),
             tenant: labels.and_then(|l| l.get(TENANT_LABEL)).cloned(),
             declared: labels
                 .and_then(|l| l.get(DECLARED_LABEL))
                 .is_some_and(|v| v == "true"),
-            terminating: ns.metadata.deletion_timestamp.is_some(),
+            terminating: meta.deletion_timestamp.is_some(),
             adopted: labels
                 .and_then(|l| l.get(ADOPTED_LABEL))
                 .is_some_and(|v| v == "true"),
@@ -88,7 +82,7 @@ impl Existing {
             admitted: labels
                 .and_then(|l| l.get(ADMITTED_LABEL))
                 .is_some_and(|v| v == "true"),
-            created: ns.metadata.creation_timestamp.as_ref().map(|t| t.0),
+            created: meta.creation_timestamp.as_ref().map(|t| t.0),
         }
     }
 }

@@ -211,7 +211,7 @@ fn labelled_namespaces(stores: &crate::controller::Stores, tenant: &str) -> Vec<
         .namespaces
         .labelled(tenant)
         .iter()
-        .map(|n| Existing::of(n))
+        .map(|n| Existing::of(&n.metadata))
         .collect()
 }
 
@@ -619,14 +619,9 @@ async fn apply_namespace_plan(
                 });
                 continue;
             }
-            ctx.recorder
-                .normal(
-                    tenant.as_ref(),
-                    "NamespaceAdded",
-                    "CreateNamespace",
-                    format!("namespace {} created for the tenant", w.name),
-                )
-                .await;
+            // No Event: the status lists the namespace, and one Event per namespace made as
+            // asked is a stored object per Tenant at scale (an Event stays when the unexpected
+            // happens: a namespace refused, adopted, or taken by someone else first).
         }
         let current = stores.namespaces.get(&ObjectRef::new(&w.name));
         let outcome = ns_children
@@ -684,7 +679,7 @@ async fn existing_namespaces(
             })?
             .items
             .iter()
-            .map(Existing::of)
+            .map(|ns| Existing::of(&ns.metadata))
             .collect();
     }
     let labelled: Vec<Existing> = labelled
@@ -705,7 +700,7 @@ async fn existing_namespaces(
                     source,
                 })?;
             if let Some(ns) = found {
-                unlabelled.insert(listed.clone(), Existing::of(&ns));
+                unlabelled.insert(listed.clone(), Existing::of(&ns.metadata));
             }
         }
     }
@@ -744,7 +739,7 @@ async fn converge_namespaces(
             stores
                 .namespaces
                 .get(&ObjectRef::new(n))
-                .map(|ns| Existing::of(&ns))
+                .map(|ns| Existing::of(&ns.metadata))
                 .or_else(|| unlabelled.get(n).cloned())
         },
         &labelled,
@@ -913,15 +908,16 @@ fn quotas_enforced(store: &Store<ResourceQuota>, kept: &Kept, ns: &str) -> bool 
         })
 }
 
-/// [`ensure`] with the current object from `store`.
-async fn ensure_child<K>(
+/// [`ensure`] with the current object from `store` (of its kind, or of its metadata).
+async fn ensure_child<K, C>(
     children: &Children,
-    store: &Cache<K>,
+    store: &Cache<C>,
     desired: K,
 ) -> Result<Outcome, Error>
 where
     K: Resource<DynamicType = ()> + Clone + Serialize + DeserializeOwned + Debug,
     K::Scope: ScopeApi,
+    C: Resource<DynamicType = ()> + Clone,
 {
     let name = desired.name_any();
     let namespace = desired.namespace();
@@ -1108,10 +1104,15 @@ where
 }
 
 /// [`ensure_child`] for each of `desired`.
-async fn ensure_all<K>(children: &Children, store: &Cache<K>, desired: Vec<K>) -> Result<(), Error>
+async fn ensure_all<K, C>(
+    children: &Children,
+    store: &Cache<C>,
+    desired: Vec<K>,
+) -> Result<(), Error>
 where
     K: Resource<DynamicType = ()> + Clone + Serialize + DeserializeOwned + Debug,
     K::Scope: ScopeApi,
+    C: Resource<DynamicType = ()> + Clone,
 {
     for obj in desired {
         ensure_child(children, store, obj).await?;
