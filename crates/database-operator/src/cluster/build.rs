@@ -790,146 +790,8 @@ pub fn statefulset(
 ) -> StatefulSet {
     let name = cluster.name_any();
     let names = Names::of(&name);
-    let queries = cluster
-        .spec
-        .monitoring
-        .as_ref()
-        .and_then(|m| m.queries_config_map.clone());
     let mut pod_labels = selector_labels(&name);
     pod_labels.insert(VERSION_LABEL.into(), cluster.spec.version.to_string());
-    let secret = |name: &str, secret: &str| EnvVar {
-        name: name.into(),
-        value_from: Some(EnvVarSource {
-            secret_key_ref: Some(SecretKeySelector {
-                name: secret.into(),
-                key: "password".into(),
-                optional: Some(false),
-            }),
-            ..Default::default()
-        }),
-        ..Default::default()
-    };
-    let steward_mount = VolumeMount {
-        name: "steward".into(),
-        mount_path: STEWARD_DIR.into(),
-        ..Default::default()
-    };
-    let http_probe =
-        |path: &str, period: i32, failures: i32| http_probe(HTTP_PORT, path, period, failures);
-    let copier = Container {
-        name: "instance-manager".into(),
-        image: Some(instance_image.to_string()),
-        image_pull_policy: cluster
-            .spec
-            .image_pull_policy
-            .map(|p| p.as_str().to_string()),
-        command: Some(vec![
-            INSTANCE_BINARY_IN_IMAGE.into(),
-            "copy".into(),
-            format!("{STEWARD_DIR}/bin"),
-        ]),
-        volume_mounts: Some(vec![steward_mount.clone()]),
-        ..Default::default()
-    };
-    let container = Container {
-        name: "postgres".into(),
-        image: Some(image(cluster)),
-        image_pull_policy: cluster
-            .spec
-            .image_pull_policy
-            .map(|p| p.as_str().to_string()),
-        command: Some(vec![format!("{STEWARD_DIR}/bin/{BINARY}"), "run".into()]),
-        env: Some(
-            vec![
-                field("POD_NAME", "metadata.name"),
-                field("POD_NAMESPACE", "metadata.namespace"),
-                env("CLUSTER_NAME", name.clone()),
-                secret("POSTGRES_PASSWORD", &names.superuser_secret),
-                secret("REPLICATION_PASSWORD", &names.replication_secret),
-                env("PGDATA", format!("{DATA_DIR}/pgdata")),
-                env("PG_CONFIG_FILE", format!("{CONFIG_DIR}/postgresql.conf")),
-                env("STEWARD_RUN_DIR", format!("{STEWARD_DIR}/run")),
-                env("PG_TLS_DIR", TLS_DIR.to_string()),
-            ]
-            .into_iter()
-            .chain(backup_env(cluster))
-            .collect(),
-        ),
-        ports: Some(vec![
-            ContainerPort {
-                name: Some("postgres".into()),
-                container_port: PORT,
-                protocol: Some("TCP".into()),
-                ..Default::default()
-            },
-            ContainerPort {
-                name: Some("instance".into()),
-                container_port: i32::from(HTTP_PORT),
-                protocol: Some("TCP".into()),
-                ..Default::default()
-            },
-        ]),
-        // Ready: PostgreSQL serves the role the Lease gives this instance.
-        readiness_probe: Some(http_probe("/readyz", 1, 2)),
-        // Live: the instance manager answers (a paused one does not).
-        liveness_probe: Some(http_probe("/healthz", 5, 3)),
-        resources: cluster
-            .spec
-            .resources
-            .as_ref()
-            .map(Resources::to_requirements),
-        volume_mounts: Some(
-            vec![
-                VolumeMount {
-                    name: DATA_VOLUME.into(),
-                    mount_path: DATA_DIR.into(),
-                    ..Default::default()
-                },
-                VolumeMount {
-                    name: "config".into(),
-                    mount_path: CONFIG_DIR.into(),
-                    read_only: Some(true),
-                    ..Default::default()
-                },
-                steward_mount,
-                VolumeMount {
-                    name: "tls".into(),
-                    mount_path: TLS_DIR.into(),
-                    read_only: Some(true),
-                    ..Default::default()
-                },
-            ]
-            .into_iter()
-            .chain(queries.is_some().then(|| VolumeMount {
-                name: QUERIES_VOLUME.into(),
-                mount_path: steward_database_api::monitoring::QUERIES_DIR.into(),
-                read_only: Some(true),
-                ..Default::default()
-            }))
-            .collect(),
-        ),
-        ..Default::default()
-    };
-    let claim = PersistentVolumeClaim {
-        metadata: ObjectMeta {
-            name: Some(DATA_VOLUME.into()),
-            labels: Some(selector_labels(&name)),
-            ..Default::default()
-        },
-        spec: Some(PersistentVolumeClaimSpec {
-            access_modes: Some(vec!["ReadWriteOnce".into()]),
-            storage_class_name: cluster.spec.storage.storage_class_name.clone(),
-            resources: Some(VolumeResourceRequirements {
-                requests: Some(BTreeMap::from([(
-                    "storage".to_string(),
-                    cluster.spec.storage.size.clone(),
-                )])),
-                ..Default::default()
-            }),
-            ..Default::default()
-        }),
-        ..Default::default()
-    };
     let when = match cluster.spec.deletion_policy {
         DeletionPolicy::Retain => "Retain",
         DeletionPolicy::Delete => "Delete",
@@ -965,8 +827,13 @@ pub fn statefulset(
                 }),
                 spec: Some(PodSpec {
                     affinity: affinity(cluster),
-                    init_containers: Some(vec![copier]),
-                    containers: vec![container],
+                    init_containers: Some(vec![copier(
+                        cluster,
+                        "instance-manager",
+                        instance_image,
+                        INSTANCE_BINARY_IN_IMAGE,
+                    )]),
+                    containers: vec![postgres_container(cluster, &names)],
                     service_account_name: Some(names.instance_account.clone()),
                     security_context: Some(PodSecurityContext {
                         run_as_user: Some(POSTGRES_UID),
@@ -976,55 +843,236 @@ pub fn statefulset(
                         ..Default::default()
                     }),
                     termination_grace_period_seconds: Some(60),
-                    volumes: Some(
-                        vec![
-                            Volume {
-                                name: "config".into(),
-                                config_map: Some(ConfigMapVolumeSource {
-                                    name: names.config.clone(),
-                                    default_mode: Some(0o444),
-                                    ..Default::default()
-                                }),
-                                ..Default::default()
-                            },
-                            Volume {
-                                name: "steward".into(),
-                                empty_dir: Some(EmptyDirVolumeSource::default()),
-                                ..Default::default()
-                            },
-                            // Root-owned, group postgres (fsGroup), 0640: what PostgreSQL accepts
-                            // for a key file it does not own.
-                            Volume {
-                                name: "tls".into(),
-                                secret: Some(SecretVolumeSource {
-                                    secret_name: Some(names.tls_secret.clone()),
-                                    default_mode: Some(0o640),
-                                    ..Default::default()
-                                }),
-                                ..Default::default()
-                            },
-                        ]
-                        .into_iter()
-                        // Optional: a missing ConfigMap must not keep PostgreSQL from starting
-                        // (the condition MetricsQueries says it is missing).
-                        .chain(queries.map(|name| Volume {
-                            name: QUERIES_VOLUME.into(),
-                            config_map: Some(ConfigMapVolumeSource {
-                                name,
-                                optional: Some(true),
-                                default_mode: Some(0o444),
-                                ..Default::default()
-                            }),
-                            ..Default::default()
-                        }))
-                        .collect(),
-                    ),
+                    volumes: Some(pod_volumes(cluster, &names)),
                     ..Default::default()
                 }),
             },
-            volume_claim_templates: Some(vec![claim]),
+            volume_claim_templates: Some(vec![data_claim(cluster)]),
             ..Default::default()
         },
+        ..Default::default()
+    }
+}
+
+/// The ConfigMap of `spec.monitoring.queriesConfigMap`, if any.
+fn queries_config_map(cluster: &PostgresCluster) -> Option<String> {
+    cluster
+        .spec
+        .monitoring
+        .as_ref()
+        .and_then(|m| m.queries_config_map.clone())
+}
+
+/// The mount of the pod's scratch volume ([`scratch_volume`]), where Steward's binary is
+/// copied to and runs from.
+pub(super) fn steward_mount() -> VolumeMount {
+    VolumeMount {
+        name: "steward".into(),
+        mount_path: STEWARD_DIR.into(),
+        ..Default::default()
+    }
+}
+
+/// The pod's scratch volume (an emptyDir): Steward's binary, its run directory.
+pub(super) fn scratch_volume() -> Volume {
+    Volume {
+        name: "steward".into(),
+        empty_dir: Some(EmptyDirVolumeSource::default()),
+        ..Default::default()
+    }
+}
+
+/// A read-only mount of volume `name` at `path`.
+pub(super) fn read_only_mount(name: &str, path: &str) -> VolumeMount {
+    VolumeMount {
+        name: name.into(),
+        mount_path: path.into(),
+        read_only: Some(true),
+        ..Default::default()
+    }
+}
+
+/// A named TCP port of a container.
+pub(super) fn tcp_port(name: &str, port: i32) -> ContainerPort {
+    ContainerPort {
+        name: Some(name.into()),
+        container_port: port,
+        protocol: Some("TCP".into()),
+        ..Default::default()
+    }
+}
+
+/// The cluster's `spec.imagePullPolicy`, for every container of its pods.
+pub(super) fn pull_policy(cluster: &PostgresCluster) -> Option<String> {
+    cluster
+        .spec
+        .image_pull_policy
+        .map(|p| p.as_str().to_string())
+}
+
+/// An init container `name` that copies Steward's `binary` (its path in `image`, the
+/// operator's image) into the scratch volume, where the pod's main container runs it from.
+pub(super) fn copier(
+    cluster: &PostgresCluster,
+    name: &str,
+    image: &str,
+    binary: &str,
+) -> Container {
+    Container {
+        name: name.into(),
+        image: Some(image.to_string()),
+        image_pull_policy: pull_policy(cluster),
+        command: Some(vec![
+            binary.into(),
+            "copy".into(),
+            format!("{STEWARD_DIR}/bin"),
+        ]),
+        volume_mounts: Some(vec![steward_mount()]),
+        ..Default::default()
+    }
+}
+
+/// The PostgreSQL container, its instance manager as PID 1: ready when PostgreSQL serves the
+/// role the Lease gives it, live while the instance manager answers.
+fn postgres_container(cluster: &PostgresCluster, names: &Names) -> Container {
+    let secret = |name: &str, secret: &str| EnvVar {
+        name: name.into(),
+        value_from: Some(EnvVarSource {
+            secret_key_ref: Some(SecretKeySelector {
+                name: secret.into(),
+                key: "password".into(),
+                optional: Some(false),
+            }),
+            ..Default::default()
+        }),
+        ..Default::default()
+    };
+    let http_probe =
+        |path: &str, period: i32, failures: i32| http_probe(HTTP_PORT, path, period, failures);
+    Container {
+        name: "postgres".into(),
+        image: Some(image(cluster)),
+        image_pull_policy: pull_policy(cluster),
+        command: Some(vec![format!("{STEWARD_DIR}/bin/{BINARY}"), "run".into()]),
+        env: Some(
+            vec![
+                field("POD_NAME", "metadata.name"),
+                field("POD_NAMESPACE", "metadata.namespace"),
+                env("CLUSTER_NAME", cluster.name_any()),
+                secret("POSTGRES_PASSWORD", &names.superuser_secret),
+                secret("REPLICATION_PASSWORD", &names.replication_secret),
+                env("PGDATA", format!("{DATA_DIR}/pgdata")),
+                env("PG_CONFIG_FILE", format!("{CONFIG_DIR}/postgresql.conf")),
+                env("STEWARD_RUN_DIR", format!("{STEWARD_DIR}/run")),
+                env("PG_TLS_DIR", TLS_DIR.to_string()),
+            ]
+            .into_iter()
+            .chain(backup_env(cluster))
+            .collect(),
+        ),
+        ports: Some(vec![
+            tcp_port("postgres", PORT),
+            tcp_port("instance", i32::from(HTTP_PORT)),
+        ]),
+        // Ready: PostgreSQL serves the role the Lease gives this instance.
+        readiness_probe: Some(http_probe("/readyz", 1, 2)),
+        // Live: the instance manager answers (a paused one does not).
+        liveness_probe: Some(http_probe("/healthz", 5, 3)),
+        resources: cluster
+            .spec
+            .resources
+            .as_ref()
+            .map(Resources::to_requirements),
+        volume_mounts: Some(postgres_mounts(cluster)),
+        ..Default::default()
+    }
+}
+
+/// Where the PostgreSQL container mounts its data, configuration, scratch, TLS and (with
+/// `spec.monitoring.queriesConfigMap`) metrics queries volumes.
+fn postgres_mounts(cluster: &PostgresCluster) -> Vec<VolumeMount> {
+    vec![
+        VolumeMount {
+            name: DATA_VOLUME.into(),
+            mount_path: DATA_DIR.into(),
+            ..Default::default()
+        },
+        read_only_mount("config", CONFIG_DIR),
+        steward_mount(),
+        read_only_mount("tls", TLS_DIR),
+    ]
+    .into_iter()
+    .chain(queries_config_map(cluster).is_some().then(|| {
+        read_only_mount(
+            QUERIES_VOLUME,
+            steward_database_api::monitoring::QUERIES_DIR,
+        )
+    }))
+    .collect()
+}
+
+/// The pod's volumes but the data: the configuration, the scratch volume, TLS and the optional
+/// metrics queries.
+fn pod_volumes(cluster: &PostgresCluster, names: &Names) -> Vec<Volume> {
+    vec![
+        Volume {
+            name: "config".into(),
+            config_map: Some(ConfigMapVolumeSource {
+                name: names.config.clone(),
+                default_mode: Some(0o444),
+                ..Default::default()
+            }),
+            ..Default::default()
+        },
+        scratch_volume(),
+        // Root-owned, group postgres (fsGroup), 0640: what PostgreSQL accepts for a key file
+        // it does not own.
+        Volume {
+            name: "tls".into(),
+            secret: Some(SecretVolumeSource {
+                secret_name: Some(names.tls_secret.clone()),
+                default_mode: Some(0o640),
+                ..Default::default()
+            }),
+            ..Default::default()
+        },
+    ]
+    .into_iter()
+    // Optional: a missing ConfigMap must not keep PostgreSQL from starting (the condition
+    // MetricsQueries says it is missing).
+    .chain(queries_config_map(cluster).map(|name| Volume {
+        name: QUERIES_VOLUME.into(),
+        config_map: Some(ConfigMapVolumeSource {
+            name,
+            optional: Some(true),
+            default_mode: Some(0o444),
+            ..Default::default()
+        }),
+        ..Default::default()
+    }))
+    .collect()
+}
+
+/// Each instance's data volume: `spec.storage`, ReadWriteOnce.
+fn data_claim(cluster: &PostgresCluster) -> PersistentVolumeClaim {
+    PersistentVolumeClaim {
+        metadata: ObjectMeta {
+            name: Some(DATA_VOLUME.into()),
+            labels: Some(selector_labels(&cluster.name_any())),
+            ..Default::default()
+        },
+        spec: Some(PersistentVolumeClaimSpec {
+            access_modes: Some(vec!["ReadWriteOnce".into()]),
+            storage_class_name: cluster.spec.storage.storage_class_name.clone(),
+            resources: Some(VolumeResourceRequirements {
+                requests: Some(BTreeMap::from([(
+                    "storage".to_string(),
+                    cluster.spec.storage.size.clone(),
+                )])),
+                ..Default::default()
+            }),
+            ..Default::default()
+        }),
         ..Default::default()
     }
 }

@@ -46,12 +46,11 @@ use build::{Names, ROLE_LABEL, TEMPLATE_HASH_ANNOTATION};
 
 /// Reconciles one PostgresCluster.
 ///
-/// Each step observes what it needs, decides and executes before the next one (later steps
-/// build on what earlier ones applied): the credentials and the configuration; then what
-/// `Seen` read (the StatefulSet, the pods, the Lease) drives the major upgrade, the
-/// StatefulSet's apply, the role labels and the primary's moves; then continuous backup, the
-/// metrics queries and the pooler. The status is computed from all of it and written once;
-/// the next reconcile comes when `requeue_after` says.
+/// In four phases, each step observing what it needs, deciding (pure) and executing before the
+/// next, because later steps build on what earlier ones applied: the prerequisites (the
+/// credentials and the configuration), the [`instances`], what serves [`around`] them, and
+/// [`conclude`]: the status computed from all of it and written once, its Events, and when to
+/// look again.
 ///
 /// # Errors
 /// [`Error`] naming the step that failed.
@@ -76,64 +75,149 @@ pub async fn reconcile(
         // The new parameters are being checked.
         return Ok(Action::requeue(Duration::from_secs(2)));
     };
-    let seen = Seen::observe(&ctx.client, &ns, &names).await?;
-    let decided = major_upgrade(&ctx, &cluster, &seen, &names, &config_hash).await?;
-    let held = Arc::new(upgrade::held(&cluster, decided.hold.as_ref()));
-    let template_changed =
-        apply_statefulset(&ctx, &children, &cluster, &held, &seen, &config_hash).await?;
-    let roles = PrimaryRoles::of(seen.lease.as_ref(), &names);
-    label_roles(&seen.pods_api, &seen.pods, roles.primary.as_deref()).await?;
-    // A new primary since the status was written (reported once the status write went
-    // through).
-    let transition = status::transition(&cluster, &roles, &names.lease);
-    let update_revision = seen.update_revision(template_changed);
-    let moved = move_primary(
+    let instances = instances(&ctx, &children, &cluster, &ns, &names, &config_hash).await?;
+    let around = around(&ctx, &cluster, &ns, &instances, &credentials).await?;
+    conclude(
         &ctx,
         &cluster,
-        &held,
-        &seen,
-        &roles,
         &names,
-        update_revision,
+        instances,
+        around,
+        credentials.ca_phase_due,
     )
-    .await?;
-    // Continuous backup: the schedule and retention (its status below).
-    let primary_pod = roles.primary.as_deref().and_then(|p| seen.pod(p));
+    .await
+}
+
+/// What the instance steps observed, decided and did, for the status.
+struct Instances {
+    seen: Seen,
+    /// The major upgrade's decision.
+    decided: upgrade::Decision,
+    /// The spec the instances run: the cluster's, but what a major upgrade holds back.
+    held: Arc<PostgresCluster>,
+    roles: PrimaryRoles,
+    /// Whether this reconcile changed the StatefulSet's pod template.
+    template_changed: bool,
+    moved: Moved,
+}
+
+/// The instances: observed once (the StatefulSet, the pods, the Lease), then the major
+/// upgrade, the StatefulSet's apply, the role labels and the primary's moves, each deciding on
+/// what the one before applied.
+async fn instances(
+    ctx: &Context<State>,
+    children: &Children,
+    cluster: &PostgresCluster,
+    ns: &str,
+    names: &Names,
+    config_hash: &str,
+) -> Result<Instances, Error> {
+    let seen = Seen::observe(&ctx.client, ns, names).await?;
+    let decided = major_upgrade(ctx, cluster, &seen, names, config_hash).await?;
+    let held = Arc::new(upgrade::held(cluster, decided.hold.as_ref()));
+    let template_changed =
+        apply_statefulset(ctx, children, cluster, &held, &seen, config_hash).await?;
+    let roles = PrimaryRoles::of(seen.lease.as_ref(), names);
+    label_roles(&seen.pods_api, &seen.pods, roles.primary.as_deref()).await?;
+    let update_revision = seen.update_revision(template_changed);
+    let moved = move_primary(ctx, cluster, &held, &seen, &roles, names, update_revision).await?;
+    Ok(Instances {
+        seen,
+        decided,
+        held,
+        roles,
+        template_changed,
+        moved,
+    })
+}
+
+/// What serves around the instances, for the status.
+struct Around {
+    /// Continuous backup's report (`None`: not configured).
+    backups: Option<backup::Reported>,
+    queries: monitoring::Queries,
+    pooled: pooler::Pooled,
+}
+
+/// Around the instances, each read and applied in its own step: continuous backup (the
+/// schedule and retention), the metrics queries and the pooler.
+async fn around(
+    ctx: &Context<State>,
+    cluster: &PostgresCluster,
+    ns: &str,
+    instances: &Instances,
+    credentials: &Credentials,
+) -> Result<Around, Error> {
+    let primary = instances.roles.primary.as_deref();
+    let primary_pod = primary.and_then(|p| instances.seen.pod(p));
     let previous_backup = cluster.status.as_ref().and_then(|s| s.backup.as_ref());
-    let backups = backup::reconcile(&ctx.client, &cluster, primary_pod, previous_backup).await?;
-    let scheduled = backups.as_ref().and_then(|b| b.requeue);
-    let queries = monitoring::observe(&ctx.client, &ns, &cluster).await?;
-    let ready_primary = roles.primary.as_deref().and_then(|p| seen.ready_ip(p));
-    let pooled = pooler::serve(&ctx, &cluster, &ns, ready_primary, &credentials).await?;
+    let backups = backup::reconcile(&ctx.client, cluster, primary_pod, previous_backup).await?;
+    let queries = monitoring::observe(&ctx.client, ns, cluster).await?;
+    let ready_primary = primary.and_then(|p| instances.seen.ready_ip(p));
+    let pooled = pooler::serve(ctx, cluster, ns, ready_primary, credentials).await?;
+    Ok(Around {
+        backups,
+        queries,
+        pooled,
+    })
+}
+
+/// The status, computed in one place from all the reconcile observed and did, and written
+/// once; then the Events it reports (only once the write went through), then the switchover
+/// request it lets go (removing it changes the cluster's resourceVersion, which would void the
+/// guarded status write); and when to reconcile again.
+async fn conclude(
+    ctx: &Context<State>,
+    cluster: &PostgresCluster,
+    names: &Names,
+    instances: Instances,
+    around: Around,
+    ca_phase_due: Option<Duration>,
+) -> Result<Action, Error> {
+    let Instances {
+        seen,
+        decided,
+        held,
+        roles,
+        template_changed,
+        moved,
+    } = instances;
+    // A new primary since the status was written.
+    let transition = status::transition(cluster, &roles, &names.lease);
+    let scheduled = around.backups.as_ref().and_then(|b| b.requeue);
+    let update_revision = seen.update_revision(template_changed);
     let status = status::compute(status::Inputs {
-        cluster: &cluster,
-        observed: seen.observed(&held, &roles, &names, update_revision),
+        cluster,
+        observed: seen.observed(&held, &roles, names, update_revision),
         roles: &roles,
         asked_now: moved.asked_now,
         pods: &seen.pods,
         synchronous_replicas: held.spec.synchronous_replicas,
-        backups,
+        backups: around.backups,
         upgrade: &decided,
-        queries: &queries,
-        pooled: &pooled,
+        queries: &around.queries,
+        pooled: &around.pooled,
     });
     let promoted = standby::promoted_event(cluster.status.as_ref(), &status);
     let written = ctx
-        .apply_status(cluster.as_ref(), cluster.status.as_ref(), &status)
+        .apply_status(cluster, cluster.status.as_ref(), &status)
         .await?;
     if written {
         for event in [transition, promoted].into_iter().flatten() {
-            ctx.recorder.emit(cluster.as_ref(), event).await;
+            ctx.recorder.emit(cluster, event).await;
         }
     }
     if moved.clear_request {
-        clear_switchover_request(&ctx.client, &cluster).await?;
+        clear_switchover_request(&ctx.client, cluster).await?;
     }
     let ready =
         steward_core::conditions::is_true(&status.conditions, steward_core::conditions::READY);
     let resync = ctx.data.options.resync_interval;
-    let due = [scheduled, credentials.ca_phase_due];
-    Ok(Action::requeue(requeue_after(ready, resync, due)))
+    Ok(Action::requeue(requeue_after(
+        ready,
+        resync,
+        [scheduled, ca_phase_due],
+    )))
 }
 
 /// When to reconcile again: after `resync` once the cluster is Ready, in 10 s while it is

@@ -18,10 +18,9 @@ use k8s_openapi::api::apps::v1::{
     Deployment, DeploymentSpec, DeploymentStrategy, RollingUpdateDeployment,
 };
 use k8s_openapi::api::core::v1::{
-    Affinity, ConfigMap, Container, ContainerPort, EmptyDirVolumeSource, KeyToPath,
-    PodAffinityTerm, PodAntiAffinity, PodSecurityContext, PodSpec, PodTemplateSpec, Secret,
-    SecretVolumeSource, SecurityContext, Service, ServiceAccount, ServicePort, ServiceSpec, Volume,
-    VolumeMount, WeightedPodAffinityTerm,
+    Affinity, ConfigMap, Container, KeyToPath, PodAffinityTerm, PodAntiAffinity,
+    PodSecurityContext, PodSpec, PodTemplateSpec, Secret, SecretVolumeSource, SecurityContext,
+    Service, ServiceAccount, ServicePort, ServiceSpec, Volume, WeightedPodAffinityTerm,
 };
 use k8s_openapi::api::policy::v1::{PodDisruptionBudget, PodDisruptionBudgetSpec};
 use k8s_openapi::api::rbac::v1::{Role, RoleBinding};
@@ -31,7 +30,10 @@ use kube::ResourceExt;
 use steward_core::conditions::Wanted;
 use steward_database_api::contract::{self, pooler};
 
-use super::build::{STEWARD_DIR, TLS_DIR, binding, env, field, http_probe, meta, rule};
+use super::build::{
+    STEWARD_DIR, TLS_DIR, binding, copier, env, field, http_probe, meta, pull_policy,
+    read_only_mount, rule, scratch_volume, steward_mount, tcp_port,
+};
 use crate::crd::{Pooler, PostgresCluster};
 use crate::password::Password;
 
@@ -213,102 +215,8 @@ pub fn deployment(
     let name = cluster.name_any();
     let names = Names::of(&name);
     let labels = pod_labels(&name);
-    let probe = |path: &str, period: i32, failures: i32| {
-        http_probe(pooler::HTTP_PORT, path, period, failures)
-    };
-    let steward_mount = VolumeMount {
-        name: "steward".into(),
-        mount_path: STEWARD_DIR.into(),
-        ..Default::default()
-    };
-    let pull_policy = cluster
-        .spec
-        .image_pull_policy
-        .map(|p| p.as_str().to_string());
-    let restricted = SecurityContext {
-        allow_privilege_escalation: Some(false),
-        read_only_root_filesystem: Some(true),
-        ..Default::default()
-    };
-    let copier = Container {
-        name: "pooler-agent".into(),
-        image: Some(instance_image.to_string()),
-        image_pull_policy: pull_policy.clone(),
-        command: Some(vec![
-            BINARY_IN_IMAGE.into(),
-            "copy".into(),
-            format!("{STEWARD_DIR}/bin"),
-        ]),
-        volume_mounts: Some(vec![steward_mount.clone()]),
-        security_context: Some(restricted.clone()),
-        ..Default::default()
-    };
-    let container = Container {
-        name: "pgbouncer".into(),
-        image: Some(
-            spec.image
-                .clone()
-                .unwrap_or_else(|| default_image.to_string()),
-        ),
-        image_pull_policy: pull_policy,
-        command: Some(vec![format!("{STEWARD_DIR}/bin/{}", pooler::BINARY)]),
-        args: Some(vec![
-            "--pool-mode".into(),
-            spec.pool_mode.as_pgbouncer().into(),
-            "--default-pool-size".into(),
-            spec.default_pool_size
-                .unwrap_or(DEFAULT_POOL_SIZE)
-                .to_string(),
-            "--max-client-conn".into(),
-            spec.max_client_connections
-                .unwrap_or(DEFAULT_MAX_CLIENT_CONNECTIONS)
-                .to_string(),
-            "--run-dir".into(),
-            format!("{STEWARD_DIR}/run"),
-            "--auth-password-file".into(),
-            format!("{AUTH_DIR}/password"),
-            "--tls-dir".into(),
-            TLS_DIR.into(),
-        ]),
-        env: Some(vec![
-            field("POD_NAME", "metadata.name"),
-            field("POD_NAMESPACE", "metadata.namespace"),
-            env("CLUSTER_NAME", name.clone()),
-        ]),
-        ports: Some(vec![
-            ContainerPort {
-                name: Some("pgbouncer".into()),
-                container_port: i32::from(pooler::PORT),
-                protocol: Some("TCP".into()),
-                ..Default::default()
-            },
-            ContainerPort {
-                name: Some("pooler".into()),
-                container_port: i32::from(pooler::HTTP_PORT),
-                protocol: Some("TCP".into()),
-                ..Default::default()
-            },
-        ]),
-        readiness_probe: Some(probe("/readyz", 1, 2)),
-        liveness_probe: Some(probe("/healthz", 5, 3)),
-        volume_mounts: Some(vec![
-            steward_mount,
-            VolumeMount {
-                name: "auth".into(),
-                mount_path: AUTH_DIR.into(),
-                read_only: Some(true),
-                ..Default::default()
-            },
-            VolumeMount {
-                name: "tls".into(),
-                mount_path: TLS_DIR.into(),
-                read_only: Some(true),
-                ..Default::default()
-            },
-        ]),
-        security_context: Some(restricted),
-        ..Default::default()
-    };
+    let mut copier = copier(cluster, "pooler-agent", instance_image, BINARY_IN_IMAGE);
+    copier.security_context = Some(restricted());
     let secret_volume = |volume: &str, secret: &str, keys: &[&str]| Volume {
         name: volume.into(),
         secret: Some(SecretVolumeSource {
@@ -350,7 +258,7 @@ pub fn deployment(
                 spec: Some(PodSpec {
                     service_account_name: Some(names.pooler.clone()),
                     init_containers: Some(vec![copier]),
-                    containers: vec![container],
+                    containers: vec![pgbouncer(cluster, spec, default_image)],
                     security_context: Some(PodSecurityContext {
                         run_as_user: Some(PGBOUNCER_UID),
                         run_as_group: Some(PGBOUNCER_UID),
@@ -380,11 +288,7 @@ pub fn deployment(
                         ..Default::default()
                     }),
                     volumes: Some(vec![
-                        Volume {
-                            name: "steward".into(),
-                            empty_dir: Some(EmptyDirVolumeSource::default()),
-                            ..Default::default()
-                        },
+                        scratch_volume(),
                         secret_volume("auth", &names.pooler, &["password"]),
                         secret_volume("tls", &names.tls_secret, &["tls.crt", "tls.key", "ca.crt"]),
                     ]),
@@ -393,6 +297,69 @@ pub fn deployment(
             },
             ..Default::default()
         },
+        ..Default::default()
+    }
+}
+
+/// A container that may not gain privileges nor write its root filesystem.
+fn restricted() -> SecurityContext {
+    SecurityContext {
+        allow_privilege_escalation: Some(false),
+        read_only_root_filesystem: Some(true),
+        ..Default::default()
+    }
+}
+
+/// The PgBouncer container: `steward-pooler` (from the scratch volume) runs PgBouncer of
+/// `spec.image`, else `default_image`.
+fn pgbouncer(cluster: &PostgresCluster, spec: &Pooler, default_image: &str) -> Container {
+    let probe = |path: &str, period: i32, failures: i32| {
+        http_probe(pooler::HTTP_PORT, path, period, failures)
+    };
+    Container {
+        name: "pgbouncer".into(),
+        image: Some(
+            spec.image
+                .clone()
+                .unwrap_or_else(|| default_image.to_string()),
+        ),
+        image_pull_policy: pull_policy(cluster),
+        command: Some(vec![format!("{STEWARD_DIR}/bin/{}", pooler::BINARY)]),
+        args: Some(vec![
+            "--pool-mode".into(),
+            spec.pool_mode.as_pgbouncer().into(),
+            "--default-pool-size".into(),
+            spec.default_pool_size
+                .unwrap_or(DEFAULT_POOL_SIZE)
+                .to_string(),
+            "--max-client-conn".into(),
+            spec.max_client_connections
+                .unwrap_or(DEFAULT_MAX_CLIENT_CONNECTIONS)
+                .to_string(),
+            "--run-dir".into(),
+            format!("{STEWARD_DIR}/run"),
+            "--auth-password-file".into(),
+            format!("{AUTH_DIR}/password"),
+            "--tls-dir".into(),
+            TLS_DIR.into(),
+        ]),
+        env: Some(vec![
+            field("POD_NAME", "metadata.name"),
+            field("POD_NAMESPACE", "metadata.namespace"),
+            env("CLUSTER_NAME", cluster.name_any()),
+        ]),
+        ports: Some(vec![
+            tcp_port("pgbouncer", i32::from(pooler::PORT)),
+            tcp_port("pooler", i32::from(pooler::HTTP_PORT)),
+        ]),
+        readiness_probe: Some(probe("/readyz", 1, 2)),
+        liveness_probe: Some(probe("/healthz", 5, 3)),
+        volume_mounts: Some(vec![
+            steward_mount(),
+            read_only_mount("auth", AUTH_DIR),
+            read_only_mount("tls", TLS_DIR),
+        ]),
+        security_context: Some(restricted()),
         ..Default::default()
     }
 }
