@@ -1668,6 +1668,58 @@ async fn delete_drops_and_retain_keeps_and_readopts() {
     assert_eq!(x, 42, "the data survived");
 }
 
+/// A reconcile that starts from a stale copy of a Database whose cleanup has finished — a
+/// new leader's first list served from the API server's watch cache, which `database_chaos`
+/// once caught creating a role and a database that nothing would drop — creates nothing: no
+/// role, no database, and the admin Secret is not held again by the in-use finalizer.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stale_copy_of_a_deleted_database_creates_nothing() {
+    let pg = Postgres::start().await.expect("PostgreSQL");
+    let env = env("pgstale").await;
+    env.admin_secret(&pg).await;
+    let dbs = env.api::<Database>();
+    let admin = superuser(&pg).await;
+    let mut db = database(&pg, "gone", "gone", "gone_owner");
+    db.spec.deletion_policy = DeletionPolicy::Delete;
+    dbs.create(&PostParams::default(), &db).await.unwrap();
+    // What a lagging cache still holds once the cleanup below is over: Ready, finalizer on.
+    let stale = wait_database_ready(&env, "gone").await;
+    dbs.delete("gone", &DeleteParams::default()).await.unwrap();
+    wait_gone(&dbs, "gone").await;
+    assert!(!exists(&admin, DB_EXISTS, "gone").await, "database dropped");
+    assert!(
+        !exists(&admin, ROLE_EXISTS, "gone_owner").await,
+        "role dropped"
+    );
+    let held = |s: &Secret| {
+        s.finalizers()
+            .iter()
+            .any(|f| f == database_operator::database::IN_USE_FINALIZER)
+    };
+    let secrets = env.api::<Secret>();
+    assert!(!held(&secrets.get("admin").await.unwrap()), "released");
+
+    let ctx = Arc::new(steward_core::Context::new(
+        env.client.clone(),
+        database_operator::NAME,
+        database_operator::State::unwatched(database_operator::Options::default()),
+    ));
+    let result = database_operator::database::reconcile(Arc::new(stale), ctx).await;
+    assert!(result.is_ok(), "a stale copy ends quietly: {result:?}");
+    assert!(
+        !exists(&admin, DB_EXISTS, "gone").await,
+        "no database made for a Database that is gone"
+    );
+    assert!(
+        !exists(&admin, ROLE_EXISTS, "gone_owner").await,
+        "no role made for a Database that is gone"
+    );
+    assert!(
+        !held(&secrets.get("admin").await.unwrap()),
+        "the admin Secret is not held again"
+    );
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn cleanup_blocked_by_owned_objects_explains_and_retries() {
     let pg = Postgres::start().await.expect("PostgreSQL");

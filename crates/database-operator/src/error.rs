@@ -159,6 +159,12 @@ pub enum Error {
     )]
     CleanupBlocked(#[source] Box<Error>),
 
+    /// The object this reconcile started from is gone from the API server, or being deleted,
+    /// though the cache still showed it: nothing is created or changed for it, and the
+    /// reconcile ends without a status write (there is nothing to write it to).
+    #[error("the object is gone or being deleted on the API server; nothing was changed for it")]
+    Gone,
+
     /// The pre-delete dump failed; the database is not dropped.
     #[error(
         "the pre-delete dump (Job {job}) failed, so the database was not dropped; see the Job's pods, fix the cause and delete the Job to retry"
@@ -198,6 +204,7 @@ impl steward_core::ReconcileError for Error {
             Error::WaitingForDatabases { .. } => "WaitingForDatabases",
             Error::BackupFailed { .. } => "BackupFailed",
             Error::CleanupBlocked(inner) => inner.reason(),
+            Error::Gone => "Gone",
         }
     }
 

@@ -163,6 +163,21 @@ pub struct State {
     pub pooler_auth: cluster::pooler::AuthChecks,
 }
 
+impl State {
+    /// A state whose child caches no watch fills (a child read finds nothing, and an apply is
+    /// then made rather than skipped): for driving one reconcile by hand, as a test does with
+    /// a stale copy of an object.
+    pub fn unwatched(options: Options) -> Self {
+        Self {
+            options,
+            children: ChildStores::secrets_only(Cache::unfilled()),
+            sql_statements: SqlStatements::default(),
+            watched_nodes: WatchedNodes::default(),
+            pooler_auth: cluster::pooler::AuthChecks::default(),
+        }
+    }
+}
+
 /// The nodes that matter to each PostgresCluster, as its last reconcile saw them: its
 /// primary's (cordoned: a drain, switch over) and those its unscheduled instances' volumes
 /// are pinned to (deleted: the volume is gone, replace the instance).

@@ -122,6 +122,9 @@ pub fn validate(db: &Database) -> Result<(), Error> {
 async fn apply(db: &Database, ctx: &Context<State>) -> Result<Action, Error> {
     let mut progress = Progress::default();
     let result = converge(db, ctx, &mut progress).await;
+    if matches!(result, Err(Error::Gone)) {
+        return Ok(Action::await_change());
+    }
     let status = status_of(db, &progress, result.as_ref().map(|_| ()), false);
     write_status(db, ctx, status).await?;
     result?;
@@ -144,7 +147,8 @@ async fn converge(
         )));
     }
     progress.server = Some(server.address());
-    protect_admin_secret(db, ctx, true).await?;
+    let mut still_wanted = StillWanted::new(ctx, db);
+    protect_admin_secret(db, ctx, Some(&mut still_wanted)).await?;
 
     let (name, password) = owner_secret(db, ctx, &server).await?;
     progress.secret = Some(name);
@@ -193,6 +197,7 @@ async fn converge(
         &role_claim,
         sql::comment_on_role(&spec.owner, &me.render()),
     );
+    still_wanted.before(&role_plan).await?;
     crate::run_plan::<Database>(ctx, &admin, &role_plan)
         .await
         .map_err(sql_err("create or update the owner role"))?;
@@ -204,6 +209,7 @@ async fn converge(
         &db_claim,
         sql::comment_on_database(&spec.name, &me.render()),
     );
+    still_wanted.before(&db_plan).await?;
     crate::run_plan::<Database>(ctx, &admin, &db_plan)
         .await
         .map_err(sql_err("create or update the database"))?;
@@ -215,6 +221,7 @@ async fn converge(
         .await
         .map_err(sql_err("read schemas and extensions"))?;
     let in_plan = sql::plan_in_database(&spec.owner, &spec.schemas, &spec.extensions, &in_state);
+    still_wanted.before(&in_plan).await?;
     crate::run_plan::<Database>(ctx, &inside, &in_plan)
         .await
         .map_err(sql_err("converge schemas and extensions"))?;
@@ -329,16 +336,88 @@ where
         + serde::de::DeserializeOwned
         + std::fmt::Debug,
 {
+    Ok(fresh(ctx, obj, "before dropping")
+        .await?
+        .is_some_and(|f| f.meta().deletion_timestamp.is_some()))
+}
+
+/// `obj` as the API server has it now (not the cache), if it is this very object (same UID).
+async fn fresh<K>(ctx: &Context<State>, obj: &K, when: &str) -> Result<Option<K>, Error>
+where
+    K: kube::Resource<DynamicType = (), Scope = k8s_openapi::NamespaceResourceScope>
+        + Clone
+        + serde::de::DeserializeOwned
+        + std::fmt::Debug,
+{
     let api: Api<K> = Api::namespaced(ctx.client.clone(), &obj.namespace().unwrap_or_default());
     let fresh = api
         .get_opt(&obj.name_any())
         .await
         .map_err(|source| Error::Read {
-            what: format!("{} {} (before dropping)", K::kind(&()), obj.name_any()),
+            what: format!("{} {} ({when})", K::kind(&()), obj.name_any()),
             source,
         })?;
-    Ok(fresh
-        .is_some_and(|f| f.meta().uid == obj.meta().uid && f.meta().deletion_timestamp.is_some()))
+    Ok(fresh.filter(|f| f.meta().uid == obj.meta().uid))
+}
+
+/// Guards a reconcile's first statement that creates or changes anything: it runs only if the
+/// object is, on the API server (not the cache), still there (same UID) and not being deleted.
+/// A copy from a lagging cache — a new leader's first list served from the API server's watch
+/// cache just after another replica's cleanup dropped everything and removed the finalizer —
+/// would otherwise create a role and a database that no cleanup will ever drop (found by
+/// `database_chaos`: `CREATE ROLE` and `CREATE DATABASE` for a Database deleted a moment
+/// before). Read once per reconcile, and only when a plan has statements: a converged object
+/// costs no read.
+pub(crate) struct StillWanted<'a, K> {
+    ctx: &'a Context<State>,
+    obj: &'a K,
+    checked: bool,
+}
+
+impl<'a, K> StillWanted<'a, K>
+where
+    K: kube::Resource<DynamicType = (), Scope = k8s_openapi::NamespaceResourceScope>
+        + Clone
+        + serde::de::DeserializeOwned
+        + std::fmt::Debug,
+{
+    pub(crate) fn new(ctx: &'a Context<State>, obj: &'a K) -> Self {
+        Self {
+            ctx,
+            obj,
+            checked: false,
+        }
+    }
+
+    /// Before running `plan`: [`Error::Gone`] if the object is gone or being deleted.
+    ///
+    /// # Errors
+    /// [`Error::Gone`], [`Error::Read`].
+    pub(crate) async fn before(&mut self, plan: &[String]) -> Result<(), Error> {
+        if plan.is_empty() {
+            return Ok(());
+        }
+        self.confirm().await
+    }
+
+    /// Before a change that is not a plan of statements: [`Error::Gone`] if the object is gone
+    /// or being deleted (read once per reconcile).
+    ///
+    /// # Errors
+    /// [`Error::Gone`], [`Error::Read`].
+    pub(crate) async fn confirm(&mut self) -> Result<(), Error> {
+        if self.checked {
+            return Ok(());
+        }
+        let wanted = fresh(self.ctx, self.obj, "before changing anything")
+            .await?
+            .is_some_and(|f| f.meta().deletion_timestamp.is_none());
+        if !wanted {
+            return Err(Error::Gone);
+        }
+        self.checked = true;
+        Ok(())
+    }
 }
 
 /// What the catalog shows about the ownership of `spec`'s database, knowing what it shows
@@ -671,7 +750,7 @@ async fn wait_for_sharing_databases(db: &Database, ctx: &Context<State>) -> Resu
 /// last one wait again).
 async fn release_admin_secret(db: &Database, ctx: &Context<State>) -> Result<(), Error> {
     match admin_secret_release(db, ctx).await? {
-        Some(SecretRelease::Release) => protect_admin_secret(db, ctx, false).await,
+        Some(SecretRelease::Release) => protect_admin_secret(db, ctx, None).await,
         _ => Ok(()),
     }
 }
@@ -682,7 +761,7 @@ async fn release_admin_secret(db: &Database, ctx: &Context<State>) -> Result<(),
 async fn protect_admin_secret(
     db: &Database,
     ctx: &Context<State>,
-    protect: bool,
+    protect: Option<&mut StillWanted<'_, Database>>,
 ) -> Result<(), Error> {
     let Some(ext) = &db.spec.external else {
         return Ok(());
@@ -699,7 +778,7 @@ async fn protect_admin_secret(
     };
     let has = secret.finalizers().iter().any(|f| f == IN_USE_FINALIZER);
     // No finalizer can be added to an object already being deleted.
-    let unchanged = if protect {
+    let unchanged = if protect.is_some() {
         has || secret.metadata.deletion_timestamp.is_some()
     } else {
         !has
@@ -707,10 +786,14 @@ async fn protect_admin_secret(
     if unchanged {
         return Ok(());
     }
-    let finalizers: Vec<&str> = if protect {
-        vec![IN_USE_FINALIZER]
-    } else {
-        vec![]
+    let finalizers: Vec<&str> = match protect {
+        Some(still_wanted) => {
+            // A stale copy of a Database whose cleanup released the Secret must not hold it
+            // again: nothing would ever release it.
+            still_wanted.confirm().await?;
+            vec![IN_USE_FINALIZER]
+        }
+        None => vec![],
     };
     let patch = serde_json::json!({
         "apiVersion": "v1",

@@ -142,6 +142,9 @@ struct Progress {
 async fn apply(role: &DatabaseRole, ctx: &Context<State>) -> Result<Action, Error> {
     let mut progress = Progress::default();
     let result = converge(role, ctx, &mut progress).await;
+    if matches!(result, Err(Error::Gone)) {
+        return Ok(Action::await_change());
+    }
     let status = status_of(role, &progress, result.as_ref().map(|_| ()), false);
     write_status(role, ctx, status).await?;
     let next_rotation = result?;
@@ -336,6 +339,8 @@ async fn converge(
         &claim,
         sql::comment_on_role(&role.spec.role_name, &me.render()),
     );
+    let mut still_wanted = crate::database::StillWanted::new(ctx, role);
+    still_wanted.before(&plan).await?;
     crate::run_plan::<DatabaseRole>(ctx, &admin, &plan)
         .await
         .map_err(sql_err("create or update the role"))?;
@@ -370,6 +375,7 @@ async fn converge(
         &held,
         member,
     );
+    still_wanted.before(&grants).await?;
     crate::run_plan::<DatabaseRole>(ctx, &inside, &grants)
         .await
         .map_err(sql_err("grant privileges"))?;
