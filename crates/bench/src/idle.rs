@@ -47,6 +47,9 @@ pub struct IdleWrites {
     /// Writes the API server served in the window, by `verb resource[/subresource]`, leases
     /// excluded, the background rate subtracted.
     pub writes: BTreeMap<String, f64>,
+    /// Namespaces still being deleted when the window began (the namespace controller's
+    /// deletes in them are counted too); empty: none.
+    pub overlapped: Vec<String>,
     /// Statements that changed something on the PostgreSQL server in the window (`None`
     /// where the operator uses none), and the first few of them.
     pub sql_changes: Option<usize>,
@@ -176,6 +179,10 @@ async fn reconciles(op: &Replica) -> f64 {
 }
 
 /// Stops `op`, starts it again, and measures the window from the restart.
+///
+/// The window starts once no namespace is being deleted (at most twice the window, 30 s to
+/// 5 min later): the namespace controller's deletes of an earlier scenario's objects would count
+/// as writes in it (they did: `DELETE` of every kind, in 6 namespaces).
 async fn restart_and_idle(
     client: &Client,
     baseline: &BTreeMap<Key, f64>,
@@ -183,7 +190,9 @@ async fn restart_and_idle(
     kubeconfig: &Path,
     op: &mut Replica,
     idle: Duration,
-) -> Result<(Replica, f64, BTreeMap<String, f64>, f64)> {
+) -> Result<Window> {
+    let settle = (2 * idle).clamp(Duration::from_secs(30), Duration::from_secs(300));
+    let overlapped = terminating_namespaces(client, settle).await?;
     op.signal("TERM")?;
     op.wait_exit(Duration::from_secs(30)).await?;
     let a = apiserver::read(client).await?;
@@ -191,14 +200,46 @@ async fn restart_and_idle(
     restarted.wait_ready(Duration::from_secs(120)).await?;
     tokio::time::sleep(idle).await;
     let b = apiserver::read(client).await?;
-    let n = reconciles(&restarted).await;
-    let window = b.at.duration_since(a.at).as_secs_f64();
-    Ok((
-        restarted,
-        window,
-        writes(&apiserver::delta(&a, &b, baseline)),
-        n,
-    ))
+    let reconciles = reconciles(&restarted).await;
+    Ok(Window {
+        op: restarted,
+        secs: b.at.duration_since(a.at).as_secs_f64(),
+        writes: writes(&apiserver::delta(&a, &b, baseline)),
+        reconciles,
+        overlapped,
+    })
+}
+
+/// An idle window ([`restart_and_idle`]).
+struct Window {
+    /// The restarted operator.
+    op: Replica,
+    secs: f64,
+    writes: BTreeMap<String, f64>,
+    reconciles: f64,
+    /// The namespaces still being deleted when it began.
+    overlapped: Vec<String>,
+}
+
+/// Waits until no namespace is being deleted, at most `bound`; returns those still being
+/// deleted then.
+async fn terminating_namespaces(client: &Client, bound: Duration) -> Result<Vec<String>> {
+    let api: Api<Namespace> = Api::all(client.clone());
+    let deadline = Instant::now() + bound;
+    loop {
+        let terminating: Vec<String> = api
+            .list(&Default::default())
+            .await?
+            .items
+            .into_iter()
+            .filter(|n| n.metadata.deletion_timestamp.is_some())
+            .filter_map(|n| n.metadata.name)
+            .collect();
+        if terminating.is_empty() || Instant::now() >= deadline {
+            return Ok(terminating);
+        }
+        tokio::time::sleep(Duration::from_secs(1)).await;
+    }
 }
 
 fn launch(binary: &Path, log_dir: &Path, label: &str, extra: &[String]) -> Launch {
@@ -326,8 +367,8 @@ pub async fn database_operator(
     .await?;
 
     let log_start = pg.log_text().len();
-    let (mut op, window, writes, reconciles) =
-        restart_and_idle(client, baseline, &launch, kubeconfig, &mut op, idle).await?;
+    let w = restart_and_idle(client, baseline, &launch, kubeconfig, &mut op, idle).await?;
+    let mut op = w.op;
     let log = pg.log_text();
     let changes: Vec<String> = log
         .get(log_start..)
@@ -356,10 +397,11 @@ pub async fn database_operator(
     Ok(IdleWrites {
         operator: "database-operator".into(),
         objects: format!("{n} PostgresClusters, {n} Databases, {n} DatabaseRoles"),
-        window_secs: window,
+        window_secs: w.secs,
         resync_secs: Some(resync.as_secs_f64()),
-        reconciles,
-        writes,
+        reconciles: w.reconciles,
+        writes: w.writes,
+        overlapped: w.overlapped,
         sql_changes: Some(changes.len()),
         sql_sample: changes.into_iter().take(5).collect(),
     })
@@ -414,8 +456,8 @@ pub async fn upgrade_orchestrator(
         |p| p.data["status"]["phase"] == "Succeeded",
     )
     .await?;
-    let (mut op, window, writes, reconciles) =
-        restart_and_idle(client, baseline, &launch, kubeconfig, &mut op, idle).await?;
+    let w = restart_and_idle(client, baseline, &launch, kubeconfig, &mut op, idle).await?;
+    let mut op = w.op;
     op.signal("TERM")?;
     op.wait_exit(Duration::from_secs(30)).await.ok();
     Api::<Namespace>::all(client.clone())
@@ -425,10 +467,11 @@ pub async fn upgrade_orchestrator(
     Ok(IdleWrites {
         operator: "upgrade-orchestrator".into(),
         objects: format!("{n} Succeeded UpgradePlans (one Deployment each)"),
-        window_secs: window,
+        window_secs: w.secs,
         resync_secs: None,
-        reconciles,
-        writes,
+        reconciles: w.reconciles,
+        writes: w.writes,
+        overlapped: w.overlapped,
         sql_changes: None,
         sql_sample: Vec::new(),
     })

@@ -192,6 +192,19 @@ fn mib(b: u64) -> String {
     format!("{:.1} MiB", b as f64 / 1048576.0)
 }
 
+/// What an idle window's writes include besides the operator's: the namespace controller's
+/// deletes in the namespaces still being deleted when it began.
+fn overlapped(w: &super::idle::IdleWrites) -> String {
+    if w.overlapped.is_empty() {
+        String::new()
+    } else {
+        format!(
+            " (the window began with {} namespace(s) still being deleted: the namespace controller's deletes there are counted)",
+            w.overlapped.len()
+        )
+    }
+}
+
 /// What the tenant-operator's stores hold at `tenants` Tenants, by kind and part.
 fn cache_table(md: &mut String, tenants: usize, kinds: &[super::cache::Kind]) -> Result<()> {
     let names = super::cache::PARTS.map(|(name, _)| name);
@@ -430,7 +443,7 @@ pub fn write(out: &Path, r: &Results) -> Result<()> {
                     .collect();
                 writeln!(
                     md,
-                    "| {} | {} | {:.0} | {} | {:.0} | {:.0} | {:.0} | {} | {} |",
+                    "| {} | {} | {:.0} | {} | {:.0} | {:.0}{} | {:.0} | {} | {} |",
                     w.operator,
                     w.objects,
                     w.window_secs,
@@ -440,6 +453,7 @@ pub fn write(out: &Path, r: &Results) -> Result<()> {
                         )),
                     w.reconciles,
                     w.total_writes(),
+                    overlapped(w),
                     w.event_writes(),
                     w.sql_changes.map_or("—".to_string(), |n| {
                         if w.sql_sample.is_empty() {
@@ -682,11 +696,12 @@ pub fn write(out: &Path, r: &Results) -> Result<()> {
         let sql = w.sql_changes.unwrap_or(0);
         writeln!(
             md,
-            "| {}: zero idle writes ({}; {:.0} s, restart included) | {:.0} writes{} | {} |",
+            "| {}: zero idle writes ({}; {:.0} s, restart included) | {:.0} writes{}{} | {} |",
             w.operator,
             w.objects,
             w.window_secs,
             w.total_writes(),
+            overlapped(w),
             w.sql_changes.map_or(String::new(), |n| format!(
                 ", {n} SQL statements that changed something"
             )),
