@@ -228,7 +228,7 @@ async fn terminating_namespaces(client: &Client, bound: Duration) -> Result<Vec<
     let deadline = Instant::now() + bound;
     loop {
         let terminating: Vec<String> = api
-            .list(&Default::default())
+            .list_metadata(&Default::default())
             .await?
             .items
             .into_iter()

@@ -128,10 +128,12 @@ fn cache<K>(api: Api<K>, labels: &str) -> (Cache<K>, Watch<K>)
 where
     K: steward_core::object::Object,
 {
-    steward_core::controller::watch(
-        api,
-        watcher::Config::default().labels(labels).any_semantic(),
-    )
+    steward_core::controller::watch(api, selecting(labels))
+}
+
+/// A watch of the objects `labels` selects, listed from the API server's watch cache.
+fn selecting(labels: &str) -> watcher::Config {
+    watcher::Config::default().labels(labels).any_semantic()
 }
 
 /// [`reflect`] of the objects labelled with a tenant (those `labels` selects), indexed by it.
@@ -143,7 +145,7 @@ fn reflect_children<K>(
 where
     K: steward_core::object::Object,
 {
-    by_tenant(reflect(api, labels, readiness))
+    by_tenant(cache(api, labels), readiness)
 }
 
 /// [`reflect_children`] of the objects' metadata only.
@@ -155,19 +157,22 @@ fn reflect_children_metadata<K>(
 where
     K: steward_core::object::Object,
 {
-    let (cache, watch) = steward_core::controller::watch_metadata(
-        api,
-        watcher::Config::default().labels(labels).any_semantic(),
-    );
-    readiness.push(cache.listed_handle());
-    by_tenant((cache, watch))
+    by_tenant(
+        steward_core::controller::watch_metadata(api, selecting(labels)),
+        readiness,
+    )
 }
 
-/// `cache` indexed by the tenant label, kept up to date by `watch`.
-fn by_tenant<K>((cache, watch): (Cache<K>, Watch<K>)) -> (Indexed<K>, Watch<K>)
+/// `cache` indexed by the tenant label, kept up to date by `watch`; whether it has listed is
+/// added to `readiness`.
+fn by_tenant<K>(
+    (cache, watch): (Cache<K>, Watch<K>),
+    readiness: &mut Vec<Listed>,
+) -> (Indexed<K>, Watch<K>)
 where
     K: steward_core::object::Object,
 {
+    readiness.push(cache.listed_handle());
     let index = Indexed::new(cache, TENANT_LABEL);
     let watch = index.follow(watch);
     (index, watch)

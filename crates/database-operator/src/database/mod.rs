@@ -36,6 +36,7 @@ use kube::{Resource, ResourceExt};
 use steward_core::Context;
 use steward_core::events::Wanted;
 use steward_core::finalizer::{self, Cleanup};
+use steward_core::object::Object;
 
 use crate::crd::{
     BackupStatus, Database, DatabaseRole, DatabaseSpec, DatabaseStatus, DeletionPolicy,
@@ -331,10 +332,7 @@ async fn cleanup(db: &Database, ctx: &Context<State>) -> Result<Cleanup, Error> 
 /// [`Error::Read`] when the object cannot be read.
 pub(crate) async fn still_deleting<K>(ctx: &Context<State>, obj: &K) -> Result<bool, Error>
 where
-    K: kube::Resource<DynamicType = (), Scope = k8s_openapi::NamespaceResourceScope>
-        + Clone
-        + serde::de::DeserializeOwned
-        + std::fmt::Debug,
+    K: Object + kube::Resource<Scope = k8s_openapi::NamespaceResourceScope>,
 {
     Ok(fresh(ctx, obj, "before dropping")
         .await?
@@ -344,10 +342,7 @@ where
 /// `obj` as the API server has it now (not the cache), if it is this very object (same UID).
 async fn fresh<K>(ctx: &Context<State>, obj: &K, when: &str) -> Result<Option<K>, Error>
 where
-    K: kube::Resource<DynamicType = (), Scope = k8s_openapi::NamespaceResourceScope>
-        + Clone
-        + serde::de::DeserializeOwned
-        + std::fmt::Debug,
+    K: Object + kube::Resource<Scope = k8s_openapi::NamespaceResourceScope>,
 {
     let api: Api<K> = Api::namespaced(ctx.client.clone(), &obj.namespace().unwrap_or_default());
     let fresh = api
@@ -376,10 +371,7 @@ pub(crate) struct StillWanted<'a, K> {
 
 impl<'a, K> StillWanted<'a, K>
 where
-    K: kube::Resource<DynamicType = (), Scope = k8s_openapi::NamespaceResourceScope>
-        + Clone
-        + serde::de::DeserializeOwned
-        + std::fmt::Debug,
+    K: Object + kube::Resource<Scope = k8s_openapi::NamespaceResourceScope>,
 {
     pub(crate) fn new(ctx: &'a Context<State>, obj: &'a K) -> Self {
         Self {
