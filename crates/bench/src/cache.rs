@@ -25,6 +25,7 @@ use kube::{Api, Client, Resource};
 use serde::Serialize;
 use serde::de::DeserializeOwned;
 use serde_json::Value;
+use steward_core::controller::Owners;
 use tenant_operator::crd::{SHAREABLE_LABEL, TENANT_LABEL, Tenant};
 
 /// The system allocator, counting the bytes live and the allocations made on each thread.
@@ -74,8 +75,17 @@ unsafe impl GlobalAlloc for Counting {
 /// The heap one value of `K` deserialized from `json` keeps: (bytes, allocations); `None`
 /// when `json` is not a `K` (a required part removed).
 fn heap_of<K: DeserializeOwned>(json: &[u8]) -> Option<(u64, u64)> {
+    kept_of::<K>(json, |_| {})
+}
+
+/// [`heap_of`] the value as `keep` leaves it, changed in place as a store's watch does
+/// (a trim that frees a part, or only cuts a list to its length, counts as it is).
+fn kept_of<K: DeserializeOwned>(json: &[u8], keep: impl FnOnce(&mut K)) -> Option<(u64, u64)> {
     let (b0, a0) = (LIVE.with(Cell::get), ALLOCATIONS.with(Cell::get));
-    let obj: Option<K> = serde_json::from_slice(json).ok();
+    let mut obj: Option<K> = serde_json::from_slice(json).ok();
+    if let Some(obj) = obj.as_mut() {
+        keep(obj);
+    }
     let (b1, a1) = (LIVE.with(Cell::get), ALLOCATIONS.with(Cell::get));
     // The allocations made and freed while parsing cancel out; what is left is the object's.
     let live = (b1 - b0).max(0) as u64 + std::mem::size_of::<K>() as u64;
@@ -125,7 +135,8 @@ pub async fn tenant_operator(client: &Client) -> Result<Vec<Kind>> {
 enum Stored {
     /// The object, trimmed.
     Whole,
-    /// Its metadata only (a metadata watch), trimmed.
+    /// Its metadata only (a metadata watch), trimmed, without owner references (the
+    /// tenant-operator finds its children by label).
     Metadata,
 }
 
@@ -141,7 +152,7 @@ where
         selector: selector.to_string(),
         ..Default::default()
     };
-    for mut obj in list.items {
+    for obj in list.items {
         let json = serde_json::to_value(&obj)?;
         let (whole, allocations) = heap_of::<K>(&serde_json::to_vec(&json)?)
             .ok_or_else(|| anyhow::anyhow!("a listed {} does not read back", out.kind))?;
@@ -157,11 +168,12 @@ where
                 *sum = sum.zip(saved).map(|(a, b)| a + b);
             }
         }
-        steward_core::controller::trim(&mut obj);
-        let kept = serde_json::to_vec(&obj)?;
+        let sent = serde_json::to_vec(&obj)?;
         out.trimmed_bytes += match stored {
-            Stored::Whole => heap_of::<K>(&kept),
-            Stored::Metadata => heap_of::<PartialObjectMeta<K>>(&kept),
+            Stored::Whole => kept_of::<K>(&sent, steward_core::controller::trim),
+            Stored::Metadata => kept_of::<PartialObjectMeta<K>>(&sent, |m| {
+                steward_core::controller::trim_metadata(m, Owners::Dropped);
+            }),
         }
         .map_or(0, |(b, _)| b);
     }

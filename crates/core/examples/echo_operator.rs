@@ -20,7 +20,7 @@ use kube::ResourceExt;
 use kube::core::PartialObjectMeta;
 use kube::runtime::{controller::Action, watcher};
 use steward_core::apply::{MANAGED_BY_LABEL, OWNER_LABEL};
-use steward_core::controller::{Cache, watch_metadata};
+use steward_core::controller::{Cache, Owners, watch_metadata};
 use steward_core::events::Wanted;
 use steward_core::reconcile::{self, Error, Plan};
 use steward_core::{Context, Controller, Operator};
@@ -65,6 +65,7 @@ impl steward_core::operator::Definition for Echo {
         let (echoes, watch) = watch_metadata(
             operator.api::<ConfigMap>(),
             watcher::Config::default().labels(&managed),
+            Owners::Kept,
         );
         let controller = Controller::new(operator.api::<ConfigMap>(), watcher::Config::default())
             .owns_watched(watch);

@@ -648,7 +648,7 @@ fn is_identity(path: &[String]) -> bool {
 }
 
 /// The leaf field paths `manager` owns through Apply (no subresource), from `managedFields`.
-/// `None` when the manager never applied this object.
+/// `None` when the manager never applied this object, or its fields cannot be read.
 fn owned_paths(current: &ObjectMeta, manager: &str) -> Option<BTreeSet<Vec<String>>> {
     let mut out = BTreeSet::new();
     let mut found = false;
@@ -661,33 +661,12 @@ fn owned_paths(current: &ObjectMeta, manager: &str) -> Option<BTreeSet<Vec<Strin
         }
         found = true;
         if let Some(fields) = &e.fields_v1 {
-            // Packed as JSON text in the operators' caches (crate::cache::trim).
-            let fields = crate::cache::fields_v1(&fields.0);
-            fields_paths(&fields, &mut Vec::new(), &mut out);
+            // A reference to a shared set in the operators' caches (crate::cache::trim).
+            out.extend(crate::fields::owned(&fields.0)?.iter().cloned());
         }
     }
     out.retain(|p| !is_identity(p));
     found.then_some(out)
-}
-
-/// Leaf paths of a `fieldsV1` set: descends through `f:<field>` keys; a node without such
-/// children (a scalar, or a list keyed by `k:`/`v:`/`i:`) is a leaf.
-fn fields_paths(node: &Value, prefix: &mut Vec<String>, out: &mut BTreeSet<Vec<String>>) {
-    let children: Vec<(&String, &Value)> = node
-        .as_object()
-        .map(|m| m.iter().filter(|(k, _)| k.starts_with("f:")).collect())
-        .unwrap_or_default();
-    if children.is_empty() {
-        if !prefix.is_empty() {
-            out.insert(prefix.clone());
-        }
-        return;
-    }
-    for (k, v) in children {
-        prefix.push(k[2..].to_string());
-        fields_paths(v, prefix, out);
-        prefix.pop();
-    }
 }
 
 /// Leaf paths of a desired object: objects are descended (an empty object is a leaf), arrays

@@ -45,7 +45,7 @@ use kube::runtime::watcher::{self, Event};
 use kube::{Api, Resource, ResourceExt};
 use serde::de::DeserializeOwned;
 
-pub use crate::cache::{Cache, Listed, fields_v1, trim};
+pub use crate::cache::{Cache, Listed, Owners, trim, trim_metadata};
 use crate::leader::Leadership;
 use crate::metrics::{ControllerLabels, Metrics, WatchLabels};
 use crate::object::Object;
@@ -119,13 +119,15 @@ where
     cache(reader, stream, source)
 }
 
-/// A reflector over the metadata of `api`'s objects only (name, labels, annotations, owners,
-/// this manager's `managedFields`; [`trim`]med): enough for
-/// [`crate::apply::Children::ensure`] to judge a child, at a fraction of a full object's
-/// memory. Pass the watch to [`Controller::owns_watched`].
+/// A reflector over the metadata of `api`'s objects only (name, labels, annotations, this
+/// manager's `managedFields`, and with [`Owners::Kept`] the owner references;
+/// [`trim_metadata`]ed): enough for [`crate::apply::Children::ensure`] to judge a child, at a
+/// fraction of a full object's memory. Pass the watch to [`Controller::owns_watched`] (which
+/// needs [`Owners::Kept`]) or [`Controller::watches_stream`].
 pub fn watch_metadata<K>(
     api: Api<K>,
     config: watcher::Config,
+    owners: Owners,
 ) -> (Cache<PartialObjectMeta<K>>, Watch<PartialObjectMeta<K>>)
 where
     K: Object,
@@ -134,7 +136,10 @@ where
     let source = StreamSource::new(K::kind(&()).to_string());
     #[allow(deprecated)]
     let stream = resilient(
-        kube::runtime::reflector(writer, metadata_watcher(api, config).modify(trim)),
+        kube::runtime::reflector(
+            writer,
+            metadata_watcher(api, config).modify(move |obj| trim_metadata(obj, owners)),
+        ),
         source.clone(),
     );
     cache(reader, stream, source)

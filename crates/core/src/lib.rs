@@ -19,6 +19,7 @@ pub mod conditions;
 pub mod controller;
 mod error;
 pub mod events;
+pub mod fields;
 pub mod finalizer;
 pub mod guard;
 pub mod index;

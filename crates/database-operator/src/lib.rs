@@ -425,22 +425,25 @@ fn children_caches(
     namespace: Option<&str>,
     shard: Option<u32>,
 ) -> (ChildStores, ChildWatches) {
-    use steward_core::controller::watch_metadata;
+    use steward_core::controller::{Owners, watch_metadata};
     let config = managed(shard);
-    let (secrets, secrets_watch) = watch_metadata(scoped(client, namespace), config.clone());
+    // Mapped to their owners through their owner references (`owns_watched`).
+    const KEPT: Owners = Owners::Kept;
+    let (secrets, secrets_watch) = watch_metadata(scoped(client, namespace), config.clone(), KEPT);
     let (config_maps, config_maps_watch) =
-        watch_metadata(scoped(client, namespace), config.clone());
-    let (services, services_watch) = watch_metadata(scoped(client, namespace), config.clone());
+        watch_metadata(scoped(client, namespace), config.clone(), KEPT);
+    let (services, services_watch) =
+        watch_metadata(scoped(client, namespace), config.clone(), KEPT);
     let (service_accounts, service_accounts_watch) =
-        watch_metadata(scoped(client, namespace), config.clone());
-    let (roles, roles_watch) = watch_metadata(scoped(client, namespace), config.clone());
+        watch_metadata(scoped(client, namespace), config.clone(), KEPT);
+    let (roles, roles_watch) = watch_metadata(scoped(client, namespace), config.clone(), KEPT);
     let (role_bindings, role_bindings_watch) =
-        watch_metadata(scoped(client, namespace), config.clone());
+        watch_metadata(scoped(client, namespace), config.clone(), KEPT);
     let (statefulsets, statefulsets_watch) =
-        watch_metadata(scoped(client, namespace), config.clone());
+        watch_metadata(scoped(client, namespace), config.clone(), KEPT);
     let (deployments, deployments_watch) =
-        watch_metadata(scoped(client, namespace), config.clone());
-    let (pdbs, pdbs_watch) = watch_metadata(scoped(client, namespace), config);
+        watch_metadata(scoped(client, namespace), config.clone(), KEPT);
+    let (pdbs, pdbs_watch) = watch_metadata(scoped(client, namespace), config, KEPT);
     (
         ChildStores {
             secrets,
@@ -599,8 +602,11 @@ impl Wiring {
                 stores.clone(),
             ),
             _ => {
-                let (secrets, watch) =
-                    steward_core::controller::watch_metadata(self.api(), managed(shard));
+                let (secrets, watch) = steward_core::controller::watch_metadata(
+                    self.api(),
+                    managed(shard),
+                    steward_core::controller::Owners::Kept,
+                );
                 (
                     controller.owns_watched(watch),
                     store,

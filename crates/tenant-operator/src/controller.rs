@@ -30,7 +30,7 @@ use kube::runtime::watcher;
 use kube::{Client, Resource, ResourceExt};
 use serde::de::DeserializeOwned;
 use steward_core::Controller;
-use steward_core::controller::{Cache, Listed, Watch};
+use steward_core::controller::{Cache, Listed, Owners, Watch};
 use steward_core::index::Indexed;
 
 use crate::build::Settings;
@@ -158,7 +158,8 @@ where
     K: steward_core::object::Object,
 {
     by_tenant(
-        steward_core::controller::watch_metadata(api, selecting(labels)),
+        // Found by the tenant label (`by_tenant_label`): their owner references are not kept.
+        steward_core::controller::watch_metadata(api, selecting(labels), Owners::Dropped),
         readiness,
     )
 }
