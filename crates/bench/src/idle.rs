@@ -85,11 +85,11 @@ const UP_NAMESPACE: &str = "bench-idle-up";
 const OLD: &str = "registry.example/app:1.0.0";
 const NEW: &str = "registry.example/app:2.0.0";
 
-fn resource(group: &str, kind: &str, plural: &str) -> ApiResource {
+pub(crate) fn resource(group: &str, kind: &str, plural: &str) -> ApiResource {
     ApiResource::from_gvk_with_plural(&GroupVersionKind::gvk(group, "v1alpha1", kind), plural)
 }
 
-async fn create_all(api: &Api<DynamicObject>, objects: Vec<Value>) -> Result<()> {
+pub(crate) async fn create_all(api: &Api<DynamicObject>, objects: Vec<Value>) -> Result<()> {
     for o in objects {
         let obj: DynamicObject = serde_json::from_value(o)?;
         api.create(&PostParams::default(), &obj).await?;
@@ -98,7 +98,7 @@ async fn create_all(api: &Api<DynamicObject>, objects: Vec<Value>) -> Result<()>
 }
 
 /// Waits until `done` holds for every object of `api`, at most `timeout`.
-async fn wait_all(
+pub(crate) async fn wait_all(
     what: &str,
     api: &Api<DynamicObject>,
     n: usize,
@@ -129,7 +129,7 @@ async fn wait_all(
     }
 }
 
-fn ready(o: &DynamicObject) -> bool {
+pub(crate) fn ready(o: &DynamicObject) -> bool {
     let status = &o.data["status"];
     observed(o)
         && status["conditions"]
@@ -258,7 +258,7 @@ fn launch(binary: &Path, log_dir: &Path, label: &str, extra: &[String]) -> Launc
     }
 }
 
-async fn namespace(client: &Client, name: &str) -> Result<()> {
+pub(crate) async fn namespace(client: &Client, name: &str) -> Result<()> {
     let ns: Namespace = serde_json::from_value(json!({"metadata": {"name": name}}))?;
     Api::<Namespace>::all(client.clone())
         .create(&PostParams::default(), &ns)

@@ -11,8 +11,8 @@
 //! failover (`procs`). Subjects run one after another, each starting from a cluster with
 //! none of the previous subject's Tenants or namespaces. Then the tenant-operator scaled out on
 //! three replicas with three shards, at the largest Tenant count (`sharded`), the
-//! upgrade-orchestrator's overhead (`orchestration`) and the other two operators' idle writes
-//! (`idle`). A 10 000-Tenant point is `--tenants 1000,10000` (not in the default run; from
+//! upgrade-orchestrator's overhead (`orchestration`), the other two operators' idle writes
+//! (`idle`) and the database-operator scaled out on three replicas (`db_sharded`). A 10 000-Tenant point is `--tenants 1000,10000` (not in the default run; from
 //! [`FRESH_CLUSTER_AT`] Tenants on, each subject gets a control plane of its own). `report` writes
 //! `docs/benchmarks.md` and `docs/benchmarks.json`. `--postgres N` runs [`postgres`] instead:
 //! PostgreSQL failover and switchover on the real node.
@@ -23,6 +23,7 @@
 
 mod apiserver;
 pub mod cache;
+mod db_sharded;
 mod idle;
 mod orchestration;
 pub mod postgres;
@@ -61,6 +62,7 @@ pub struct Args {
     pub orchestration_components: usize,
     pub idle_objects: usize,
     pub sharded: bool,
+    pub db_sharded: usize,
     pub skip_build: bool,
     pub out: PathBuf,
 }
@@ -111,6 +113,10 @@ pub struct Flags {
     /// largest Tenant count when `steward` is a subject).
     #[arg(long)]
     pub no_sharded: bool,
+    /// Databases, and as many DatabaseRoles, in scenario 8: the database-operator with
+    /// `--shards 3` on three replicas, over external servers (0 skips it) [default: 300].
+    #[arg(long)]
+    pub db_sharded: Option<usize>,
     /// Use the subjects' binaries already built.
     #[arg(long)]
     pub skip_build: bool,
@@ -169,6 +175,7 @@ impl Args {
             orchestration_components: flags.orchestration_components.unwrap_or(5),
             idle_objects: flags.idle_objects.unwrap_or(if smoke { 3 } else { 100 }),
             sharded: !flags.no_sharded,
+            db_sharded: flags.db_sharded.unwrap_or(if smoke { 6 } else { 300 }),
             skip_build: flags.skip_build,
             out: flags
                 .out
@@ -208,6 +215,8 @@ pub struct Measured {
     pub idle_window_secs: f64,
     pub idle: Option<apiserver::Load>,
     pub rss_bytes: Option<u64>,
+    /// CPU time the leader used from the first Tenant created until every Tenant was Ready.
+    pub convergence_cpu_secs: Option<f64>,
     pub rss_peak_bytes: Option<u64>,
     /// What the tenant-operator's stores hold (steward only).
     pub cache: Option<Vec<cache::Kind>>,
@@ -253,6 +262,8 @@ pub struct Results {
     pub idle_writes: Vec<Result<idle::IdleWrites, String>>,
     /// Scenario 7: the tenant-operator on three replicas with three shards, or why not.
     pub sharded: Result<sharded::Sharded, String>,
+    /// Scenario 8: the database-operator on three replicas with three shards, or why not.
+    pub db_sharded: Result<db_sharded::DbSharded, String>,
     pub total_secs: f64,
 }
 
@@ -351,6 +362,36 @@ pub fn run(flags: Flags) -> Result<()> {
                 let not = "not measured (--orchestration-components 0)";
                 (Err(not.to_string()), Vec::new())
             };
+        let db_sharded = if args.db_sharded > 0 {
+            let n = args.db_sharded;
+            let c = cluster_for(&mut slot, &root, &args, 0).await?;
+            eprintln!(
+                "bench: database-operator with {n} Databases and DatabaseRoles, {} shards on {} replicas",
+                sharded::SHARDS,
+                sharded::SHARDS
+            );
+            let r = db_sharded::measure(
+                &c.client,
+                &args.binary(&root, "database-operator"),
+                &log_dir,
+                c.cp.kubeconfig_path(),
+                n,
+            )
+            .await
+            .map_err(|e| format!("not measured: {e:#}"));
+            match &r {
+                Ok(m) => eprintln!(
+                    "bench: database-operator sharded: converged in {:.2}s, one writer per shard: {}",
+                    m.convergence_secs,
+                    m.one_writer_per_shard()
+                ),
+                // The last scenario: what it leaves (its namespace) no other scenario meets.
+                Err(e) => eprintln!("bench: database-operator sharded {e}"),
+            }
+            r
+        } else {
+            Err("not measured (--db-sharded 0)".to_string())
+        };
         anyhow::Ok(Results {
             args: args.clone(),
             environment,
@@ -368,6 +409,7 @@ pub fn run(flags: Flags) -> Result<()> {
             orchestration,
             idle_writes,
             sharded,
+            db_sharded,
             total_secs: 0.0,
         })
     })?;
@@ -802,9 +844,11 @@ async fn measure(
 
     // 1–2. Convergence and API load.
     let m0 = apiserver::read(client).await?;
+    let cpu0 = leader.cpu_secs()?;
     let t0 = Instant::now();
     workload::create_tenants(client, &run, n, args.namespaces_per_tenant, None).await?;
     let ready = tracker.wait_all_ready(n, timeout).await?;
+    m.convergence_cpu_secs = Some(leader.cpu_secs()? - cpu0);
     let m1 = apiserver::read(client).await?;
     fill_convergence(&mut m, t0, &ready);
     m.load = apiserver::load(&apiserver::delta(&m0, &m1, baseline), &harness);

@@ -139,6 +139,24 @@ impl Replica {
         ))
     }
 
+    /// CPU time this replica has used so far (user and system, all threads), in seconds
+    /// (`/proc/<pid>/stat`, in clock ticks of 1/100 s: Linux's `USER_HZ`).
+    pub fn cpu_secs(&self) -> Result<f64> {
+        let stat = std::fs::read_to_string(format!("/proc/{}/stat", self.pid))?;
+        // After the command name, which may hold spaces: state is field 3, utime 14, stime 15.
+        let fields: Vec<&str> = stat
+            .rsplit_once(')')
+            .map(|(_, rest)| rest.split_whitespace().collect())
+            .unwrap_or_default();
+        let ticks = |i: usize| -> Result<f64> {
+            Ok(fields
+                .get(i)
+                .context("a short /proc/<pid>/stat")?
+                .parse::<u64>()? as f64)
+        };
+        Ok((ticks(11)? + ticks(12)?) / 100.0)
+    }
+
     /// Sends `signal` (`KILL` or `TERM`) to this replica's pid.
     pub fn signal(&self, signal: &str) -> Result<()> {
         let status = Command::new("kill")

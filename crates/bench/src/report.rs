@@ -138,6 +138,56 @@ fn sharded_section(md: &mut String, r: &Results) -> Result<()> {
     Ok(())
 }
 
+/// Scenario 8: the database-operator with three shards on three replicas.
+fn db_sharded_section(md: &mut String, r: &Results) -> Result<()> {
+    writeln!(md, "## 8. Scale-out: the database-operator's shards\n")?;
+    let d = match &r.db_sharded {
+        Ok(d) => d,
+        Err(e) => {
+            writeln!(md, "{e}\n")?;
+            return Ok(());
+        }
+    };
+    writeln!(
+        md,
+        "The database-operator with `--shards {0}` on {1} replicas, {2} Databases and {3} DatabaseRoles (`crates/bench/src/db_sharded.rs`). \
+        The Databases are spread over {4} external PostgreSQL servers (each its own process and port, so its own shard key `external:<host>:<port>`); \
+        a DatabaseRole follows its Database. \
+        Writers: the replicas whose sessions (PostgreSQL's log, `application_name`) ran statements naming a shard's objects; the holder: of the shard's Lease after convergence.\n",
+        d.shards, d.replicas, d.databases, d.roles, d.servers
+    )?;
+    let rss: Vec<String> = d.rss_bytes.iter().map(|b| mib(*b)).collect();
+    writeln!(md, "| measure | value |\n|---|---|")?;
+    writeln!(
+        md,
+        "| created → every Database and DatabaseRole Ready | {:.2} s |",
+        d.convergence_secs
+    )?;
+    writeln!(md, "| RSS per replica | {} |\n", rss.join(", "))?;
+    writeln!(
+        md,
+        "| shard | servers | Databases | Lease holder | writers |\n|---|---|---|---|---|"
+    )?;
+    for s in &d.per_shard {
+        let writers: Vec<&str> = s.writers.iter().map(String::as_str).collect();
+        writeln!(
+            md,
+            "| {} | {} | {} | {} | {} |",
+            s.shard,
+            s.servers,
+            s.databases,
+            s.holder.as_deref().unwrap_or("none"),
+            if writers.is_empty() {
+                "none".to_string()
+            } else {
+                writers.join(", ")
+            }
+        )?;
+    }
+    writeln!(md)?;
+    Ok(())
+}
+
 /// The goal rows of scenario 7.
 fn sharded_goals(md: &mut String, r: &Results) -> Result<()> {
     let Ok(s) = &r.sharded else {
@@ -471,21 +521,24 @@ pub fn write(out: &Path, r: &Results) -> Result<()> {
     writeln!(md, "\n## 3. Memory\n")?;
     writeln!(
         md,
-        "Resident memory (`VmRSS`) of the leader at the end of the idle window and its peak (`VmHWM`), from `/proc/<pid>/status`.\n"
+        "Resident memory (`VmRSS`) of the leader at the end of the idle window and its peak (`VmHWM`), from `/proc/<pid>/status`; \
+        and the CPU time (user and system) it used while converging (first Tenant created → all Ready), from `/proc/<pid>/stat`.\n"
     )?;
     writeln!(
         md,
-        "| Tenants | subject | RSS | peak RSS |\n|---|---|---|---|"
+        "| Tenants | subject | RSS | peak RSS | CPU while converging |\n|---|---|---|---|---|"
     )?;
     for m in &r.runs {
         if let (Some(rss), Some(hwm)) = (m.rss_bytes, m.rss_peak_bytes) {
             writeln!(
                 md,
-                "| {} | {} | {} | {} |",
+                "| {} | {} | {} | {} | {} |",
                 m.tenants,
                 m.subject,
                 mib(rss),
-                mib(hwm)
+                mib(hwm),
+                m.convergence_cpu_secs
+                    .map_or("–".to_string(), |c| format!("{c:.1} s"))
             )?;
         }
     }
@@ -566,6 +619,7 @@ pub fn write(out: &Path, r: &Results) -> Result<()> {
         Err(e) => writeln!(md, "{e}\n")?,
     }
     sharded_section(&mut md, r)?;
+    db_sharded_section(&mut md, r)?;
     writeln!(md, "## 6. Startup and binary size\n")?;
     writeln!(
         md,
@@ -709,6 +763,25 @@ pub fn write(out: &Path, r: &Results) -> Result<()> {
         )?;
     }
     sharded_goals(&mut md, r)?;
+    match &r.db_sharded {
+        Ok(d) => writeln!(
+            md,
+            "| database-operator, {} shards over {} Databases and {} DatabaseRoles: one writer per shard | {} |  {} |",
+            d.shards,
+            d.databases,
+            d.roles,
+            d.per_shard
+                .iter()
+                .map(|s| format!("shard {}: {}", s.shard, s.writers.len()))
+                .collect::<Vec<_>>()
+                .join(", "),
+            verdict(d.one_writer_per_shard())
+        )?,
+        Err(_) => writeln!(
+            md,
+            "| database-operator, 3 shards: one writer per shard | not measured | |"
+        )?,
+    }
     let notes: Vec<String> = r
         .runs
         .iter()

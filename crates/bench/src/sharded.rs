@@ -44,7 +44,7 @@ pub struct Sharded {
 }
 
 /// The holder and acquireTime of shard `shard`'s Lease.
-async fn holder(
+pub(crate) async fn holder(
     leases: &Api<Lease>,
     id: &str,
     shard: u32,
@@ -59,7 +59,7 @@ async fn holder(
 }
 
 /// Waits until every shard is held by a distinct replica (the ring settled).
-async fn balanced(leases: &Api<Lease>, id: &str, timeout: Duration) -> Result<()> {
+pub(crate) async fn balanced(leases: &Api<Lease>, id: &str, timeout: Duration) -> Result<()> {
     let deadline = Instant::now() + timeout;
     loop {
         let mut holders = std::collections::BTreeSet::new();
