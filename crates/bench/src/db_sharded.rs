@@ -203,7 +203,11 @@ pub(super) async fn measure(
     }
 
     // Whose sessions ran statements about each shard's objects.
-    let shard_of_object = |i: usize| shard_of(&server_key(&server(i)), SHARDS);
+    // An object's shard is its server's: one key per server.
+    let server_shards: Vec<u32> = (0..servers)
+        .map(|k| shard_of(&server_key(&server(k)), SHARDS))
+        .collect();
+    let shard_of_object = |i: usize| server_shards[i % servers];
     let mut writers: BTreeMap<u32, BTreeSet<String>> = BTreeMap::new();
     let logs: Vec<String> = pgs.iter().map(Postgres::log_text).collect();
     for line in logs.iter().flat_map(|l| l.lines()) {

@@ -12,7 +12,8 @@
 //! none of the previous subject's Tenants or namespaces. Then the tenant-operator scaled out on
 //! three replicas with three shards, at the largest Tenant count (`sharded`), the
 //! upgrade-orchestrator's overhead (`orchestration`), the other two operators' idle writes
-//! (`idle`) and the database-operator scaled out on three replicas (`db_sharded`). A 10 000-Tenant point is `--tenants 1000,10000` (not in the default run; from
+//! (`idle`) and the database-operator scaled out on three replicas (`db_sharded`). A
+//! 10 000-Tenant point is `--tenants 1000,10000` (not in the default run; from
 //! [`FRESH_CLUSTER_AT`] Tenants on, each subject gets a control plane of its own). `report` writes
 //! `docs/benchmarks.md` and `docs/benchmarks.json`. `--postgres N` runs [`postgres`] instead:
 //! PostgreSQL failover and switchover on the real node.

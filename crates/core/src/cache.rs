@@ -174,9 +174,9 @@ pub fn trim<K: Resource>(obj: &mut K) {
     }
 }
 
-/// [`trim`] for a store of metadata whose owner is found by label
-/// ([`crate::controller::watch_metadata`] with [`Owners::Dropped`]): also drops the type
-/// fields (the store's type says them) and, with [`Owners::Dropped`], the owner references.
+/// [`trim`] for a store of metadata only ([`crate::controller::watch_metadata`]): also drops
+/// the type fields (the store's type says them) and, with [`Owners::Dropped`] (a store whose
+/// objects are found by label), the owner references.
 pub fn trim_metadata<K: Resource>(obj: &mut PartialObjectMeta<K>, owners: Owners) {
     trim(obj);
     obj.types = None;
